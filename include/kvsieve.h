@@ -1,0 +1,159 @@
+/*
+ * kvsieve.h — public C API of libkvsieve.
+ *
+ * kvsieve is a long-context inference engine built around context sparsity.
+ * This header is the only one applications include.  Everything behind it is
+ * reached through opaque handles created with *_create() and released with
+ * *_destroy() by the same caller; parameters come from *_default_params() so
+ * that new fields never break old callers.
+ *
+ * Error convention: every fallible call returns ks_status and writes results
+ * through out-parameters, which are left untouched on failure.  The message of
+ * the last failure on the calling thread (with the source file and line where
+ * it was detected) is available from ks_last_error().  The library never exits
+ * the process; the one exception is the allocation-failure handler (see
+ * ks_set_oom_handler), which by default aborts, as in redis.
+ */
+#ifndef KVSIEVE_H
+#define KVSIEVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVSIEVE_VERSION "0.1.0"
+
+/* Return codes.  After any error the objects involved remain valid and may be
+ * destroyed; what else survives is stated per code. */
+typedef enum ks_status {
+    KS_OK = 0,
+    KS_ERR_INVALID_ARG,  /* caller passed a bad argument; no state changed */
+    KS_ERR_IO,           /* open/read/write/mmap failed; nothing was created */
+    KS_ERR_FORMAT,       /* file malformed, truncated or corrupt; nothing was created */
+    KS_ERR_UNSUPPORTED,  /* well-formed but unsupported (architecture, type); nothing created */
+    KS_ERR_NOMEM,        /* an allocation the caller sized was refused */
+    KS_ERR_CONTEXT_FULL, /* tokens would exceed the context; the sequence is unchanged */
+    KS_ERR_NOT_FOUND,    /* a named key/tensor/token is absent */
+    KS_ERR_BACKEND,      /* accelerator failure; the context must be destroyed */
+    KS_ERR_COUNT_
+} ks_status;
+
+const char *ks_status_str(ks_status st);
+/* Message of the last failure on this thread: "file:line: what happened". */
+const char *ks_last_error(void);
+
+typedef void (*ks_oom_handler)(size_t bytes);
+/* Called when malloc fails; the default prints and aborts. */
+void ks_set_oom_handler(ks_oom_handler handler);
+
+/* ---------------------------------------------------------------- model -- */
+typedef struct ks_model ks_model;
+
+typedef struct ks_model_params {
+    bool use_mmap;   /* map weights zero-copy (default true) */
+    bool vocab_only; /* load only the tokenizer (vocabulary GGUF files) */
+} ks_model_params;
+
+ks_model_params ks_model_default_params(void);
+ks_status ks_model_load(const char *path, ks_model_params params, ks_model **out);
+void ks_model_destroy(ks_model *model);
+
+/* Human-readable summary (architecture, shapes, types, tokenizer, memory). */
+ks_status ks_model_describe(const ks_model *model, char *buf, size_t buf_size);
+int32_t ks_model_n_vocab(const ks_model *model);
+int32_t ks_model_n_ctx_train(const ks_model *model);
+
+/* ------------------------------------------------------------ tokenizer -- */
+/* Encode UTF-8 text.  *n_out receives the number of ids; if it exceeds cap
+ * the call fails with KS_ERR_INVALID_ARG and *n_out holds the needed size. */
+ks_status ks_tokenize(const ks_model *model, const char *text, size_t len, bool add_bos,
+                      bool parse_special, int32_t *ids, size_t cap, size_t *n_out);
+/* Text of one token (byte pieces decoded, SPM spaces restored). */
+ks_status ks_token_to_piece(const ks_model *model, int32_t id, char *buf, size_t cap,
+                            size_t *n_out);
+int32_t ks_token_bos(const ks_model *model);
+int32_t ks_token_eos(const ks_model *model);
+bool ks_token_is_eog(const ks_model *model, int32_t id);
+
+/* Apply the model's chat template family (llama3 or ChatML) to one user turn
+ * with an optional system prompt; writes a NUL-terminated prompt. */
+ks_status ks_chat_format(const ks_model *model, const char *system, const char *user,
+                         char *buf, size_t cap, size_t *n_out);
+
+/* -------------------------------------------------------------- context -- */
+typedef struct ks_context ks_context;
+
+typedef enum ks_kv_type { KS_KV_F16 = 0, KS_KV_Q8 = 1 } ks_kv_type;
+
+typedef struct ks_context_params {
+    int32_t n_ctx;        /* tokens per sequence (default: min(train ctx, 4096)) */
+    int32_t n_seq;        /* independent sequences decoded together (default 1) */
+    int32_t n_threads;    /* CPU worker threads (default: online cores) */
+    int32_t n_batch;      /* prefill chunk in tokens (default 256) */
+    ks_kv_type kv_type;   /* KV cache element type (default f16) */
+} ks_context_params;
+
+ks_context_params ks_context_default_params(void);
+/* The context borrows the model, which must outlive it. */
+ks_status ks_context_create(const ks_model *model, ks_context_params params, ks_context **out);
+void ks_context_destroy(ks_context *ctx);
+
+/* Append n tokens to sequence seq and compute.  If logits is non-NULL it
+ * receives the logits of the last token ([n_vocab]); if all_logits is
+ * non-NULL it receives [n][n_vocab].  KS_ERR_CONTEXT_FULL leaves the sequence
+ * unchanged. */
+ks_status ks_prefill(ks_context *ctx, int32_t seq, const int32_t *tokens, int32_t n,
+                     float *logits, float *all_logits);
+/* One decode step for n_seq sequences at once: tokens[i] goes to seqs[i];
+ * logits receives [n_seq][n_vocab].  Weights are read once for the batch. */
+ks_status ks_decode(ks_context *ctx, const int32_t *seqs, const int32_t *tokens, int32_t n_seq,
+                    float *logits);
+/* Drop all tokens of a sequence. */
+void ks_seq_reset(ks_context *ctx, int32_t seq);
+int32_t ks_seq_len(const ks_context *ctx, int32_t seq);
+
+/* Counters since the context was created (or ks_stats_reset). */
+typedef struct ks_stats {
+    uint64_t weight_bytes_read; /* bytes of weights streamed by matmuls */
+    uint64_t kv_bytes_read;     /* bytes of K and V read by attention */
+    uint64_t tokens_prefilled;
+    uint64_t tokens_decoded;
+    double prefill_seconds;
+    double decode_seconds;
+} ks_stats;
+void ks_context_stats(const ks_context *ctx, ks_stats *out);
+void ks_stats_reset(ks_context *ctx);
+
+/* Fill sequence seq to depth n with synthetic KV (deterministic noise) so that
+ * long-depth decode can be benchmarked without a long prefill. */
+ks_status ks_seq_fill_synthetic(ks_context *ctx, int32_t seq, int32_t n, uint64_t seed);
+
+/* ------------------------------------------------------------- sampling -- */
+typedef struct ks_sampler ks_sampler;
+
+typedef struct ks_sampler_params {
+    float temperature;    /* <= 0: greedy (default 0.8) */
+    int32_t top_k;        /* <= 0: off (default 40) */
+    float top_p;          /* >= 1: off (default 0.95) */
+    float min_p;          /* <= 0: off (default 0.05) */
+    float repeat_penalty; /* 1: off (default 1.0) */
+    int32_t repeat_last_n;/* window of recent tokens penalised (default 64) */
+    uint64_t seed;        /* RNG seed (default 42) */
+} ks_sampler_params;
+
+ks_sampler_params ks_sampler_default_params(void);
+ks_status ks_sampler_create(ks_sampler_params params, int32_t n_vocab, ks_sampler **out);
+void ks_sampler_destroy(ks_sampler *s);
+/* Pick a token from logits[n_vocab] (modified in place). */
+int32_t ks_sampler_sample(ks_sampler *s, float *logits);
+/* Record an accepted token (for the repetition penalty). */
+void ks_sampler_accept(ks_sampler *s, int32_t token);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

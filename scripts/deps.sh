@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kvsieve needs to build, test and run its Python
+# reference.  A no-op when everything is present, so every build target can
+# call it.  Set KVSIEVE_SKIP_DEPS=1 to skip entirely (e.g. non-Debian hosts).
+set -euo pipefail
+[ "${KVSIEVE_SKIP_DEPS:-0}" = 1 ] && exit 0
+pkgs=(build-essential cmake pkg-config libpcre2-dev libcjson-dev libcmocka-dev
+      clang libclang-rt-14-dev python3-numpy python3-torch)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "deps: installing ${missing[*]}" >&2
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO=sudo
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2

@@ -1,0 +1,120 @@
+/*
+ * core.c — error recording, allocation, logging, clocks.
+ *
+ * The error buffer is thread-local so that concurrent contexts never see
+ * each other's messages.  The OOM handler is process-wide and set once by the
+ * application, before any thread starts.
+ */
+#define _GNU_SOURCE
+#include "core.h"
+
+#include <math.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static _Thread_local char g_last_error[1024];
+
+static const char *const g_status_names[KS_ERR_COUNT_] = {
+    [KS_OK] = "ok",
+    [KS_ERR_INVALID_ARG] = "invalid argument",
+    [KS_ERR_IO] = "I/O error",
+    [KS_ERR_FORMAT] = "malformed input",
+    [KS_ERR_UNSUPPORTED] = "unsupported",
+    [KS_ERR_NOMEM] = "out of memory",
+    [KS_ERR_CONTEXT_FULL] = "context full",
+    [KS_ERR_NOT_FOUND] = "not found",
+    [KS_ERR_BACKEND] = "backend error",
+};
+
+const char *ks_status_str(ks_status st) {
+    if ((int)st < 0 || st >= KS_ERR_COUNT_) return "unknown status";
+    return g_status_names[st];
+}
+
+const char *ks_last_error(void) { return g_last_error; }
+
+ks_status ks_fail_at(ks_status st, const char *file, int line, const char *fmt, ...) {
+    const char *base = strrchr(file, '/');
+    base = base ? base + 1 : file;
+    int n = snprintf(g_last_error, sizeof g_last_error, "%s:%d: ", base, line);
+    if (n < 0 || (size_t)n >= sizeof g_last_error) n = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_last_error + n, sizeof g_last_error - (size_t)n, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+void ks_assert_fail(const char *expr, const char *file, int line) {
+    fprintf(stderr, "kvsieve: assertion failed: %s (%s:%d)\n", expr, file, line);
+    abort();
+}
+
+static void default_oom(size_t bytes) {
+    fprintf(stderr, "kvsieve: out of memory allocating %zu bytes\n", bytes);
+    abort();
+}
+static ks_oom_handler g_oom = default_oom;
+void ks_set_oom_handler(ks_oom_handler handler) { g_oom = handler ? handler : default_oom; }
+
+static void *oom(size_t n) {
+    g_oom(n);
+    abort(); /* a handler that returns must not let NULL escape */
+}
+
+void *ks_malloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    return p ? p : oom(n);
+}
+void *ks_calloc(size_t count, size_t size) {
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    return p ? p : oom(count * size);
+}
+void *ks_realloc(void *p, size_t n) {
+    void *q = realloc(p, n ? n : 1);
+    return q ? q : oom(n);
+}
+void *ks_malloc_aligned(size_t n) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? (n + 63) & ~(size_t)63 : 64) != 0) return oom(n);
+    return p;
+}
+void ks_free_aligned(void *p) { free(p); }
+char *ks_strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = ks_malloc(n);
+    memcpy(d, s, n);
+    return d;
+}
+
+static ks_log_level g_log_level = KS_LOG_INFO;
+void ks_log_set_level(ks_log_level level) { g_log_level = level; }
+void ks_log(ks_log_level level, const char *fmt, ...) {
+    if (level < g_log_level) return;
+    static const char *const tags[] = {"debug", "info", "warn", "error"};
+    fprintf(stderr, "kvsieve %s: ", tags[level]);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+double ks_time_sec(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+float ks_rng_normal(ks_rng *r) {
+    /* Box-Muller; one value per call keeps the stream simple to reproduce. */
+    double u1 = ks_rng_uniform(r), u2 = ks_rng_uniform(r);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+int ks_cpu_count(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}

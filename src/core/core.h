@@ -1,0 +1,85 @@
+/*
+ * core.h — the small utilities every module stands on.
+ *
+ * Errors: a failing function records "file:line: message" in a thread-local
+ * buffer with KS_FAIL and returns the status up the stack unchanged, so the
+ * message that reaches the module boundary names the place the problem was
+ * found, not where it was reported.  Invariants use KS_ASSERT, which stays on
+ * in release builds: a broken invariant is a bug and must stop the process
+ * loudly rather than produce wrong logits quietly.
+ *
+ * Allocation: ks_malloc/ks_calloc/ks_realloc never return NULL.  Failure goes
+ * to one handler (default: print and abort), like redis's zmalloc, so no call
+ * site carries its own out-of-memory path.  Sizes that come from untrusted
+ * input are validated against the file size *before* they reach ks_malloc.
+ */
+#ifndef KS_CORE_H
+#define KS_CORE_H
+
+#include "kvsieve.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+ks_status ks_fail_at(ks_status st, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+#define KS_FAIL(st, ...) ks_fail_at((st), __FILE__, __LINE__, __VA_ARGS__)
+/* Propagate a failure without overwriting the original message. */
+#define KS_TRY(expr)                          \
+    do {                                      \
+        ks_status ks_try_st_ = (expr);        \
+        if (ks_try_st_ != KS_OK) return ks_try_st_; \
+    } while (0)
+
+void ks_assert_fail(const char *expr, const char *file, int line) __attribute__((noreturn));
+#define KS_ASSERT(x) ((x) ? (void)0 : ks_assert_fail(#x, __FILE__, __LINE__))
+
+void *ks_malloc(size_t n);
+void *ks_calloc(size_t count, size_t size);
+void *ks_realloc(void *p, size_t n);
+/* 64-byte aligned (cache line / AVX-512); release with ks_free_aligned. */
+void *ks_malloc_aligned(size_t n);
+void ks_free_aligned(void *p);
+char *ks_strdup(const char *s);
+#define ks_free free
+
+/* Logging goes to stderr; stdout belongs to the program's output. */
+typedef enum { KS_LOG_DEBUG, KS_LOG_INFO, KS_LOG_WARN, KS_LOG_ERROR } ks_log_level;
+void ks_log_set_level(ks_log_level level);
+void ks_log(ks_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define KS_LOG(level, ...) ks_log(KS_LOG_##level, __VA_ARGS__)
+
+double ks_time_sec(void); /* monotonic seconds */
+
+/* splitmix64 / xoshiro-free small RNG: deterministic across platforms. */
+typedef struct ks_rng { uint64_t s; } ks_rng;
+static inline uint64_t ks_rng_next(ks_rng *r) {
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+/* Uniform in [0, 1). */
+static inline double ks_rng_uniform(ks_rng *r) { return (double)(ks_rng_next(r) >> 11) * 0x1.0p-53; }
+float ks_rng_normal(ks_rng *r);
+
+/* ------------------------------------------------------------ thread pool --
+ * A fixed set of workers that run one parallel-for at a time.  The caller
+ * participates as thread 0, so a pool of n threads spawns n-1 workers.  Work
+ * is split statically by the callee from (ith, nth): every kernel knows its
+ * own best split (rows for matvec, heads for attention). */
+typedef struct ks_pool ks_pool;
+typedef void (*ks_pool_fn)(void *arg, int ith, int nth);
+ks_status ks_pool_create(int n_threads, ks_pool **out);
+void ks_pool_destroy(ks_pool *pool);
+int ks_pool_size(const ks_pool *pool);
+/* Runs fn(arg, i, n) for i in [0, n) on the pool and returns when all are done. */
+void ks_pool_run(ks_pool *pool, ks_pool_fn fn, void *arg);
+
+/* Number of online CPU cores. */
+int ks_cpu_count(void);
+
+#endif

@@ -1,0 +1,72 @@
+/*
+ * dtype.h — element types of weights and caches, their block layouts, and
+ * row-level conversion between them and f32.
+ *
+ * Type ids equal GGML's so a GGUF tensor's type field maps directly.  All
+ * quantized types are block formats: a row of n elements (n a multiple of the
+ * block size) is n / block_size consecutive blocks, so a row's byte size is
+ * exact and a tensor extent can be validated before any data is touched.
+ *
+ * Block layouts (little-endian, packed, identical to GGML's so files are
+ * interchangeable):
+ *   Q8_0 [32]: f16 d; int8 q[32];                      x = d * q
+ *   Q4_0 [32]: f16 d; uint8 qs[16] (lo nibbles = x[0..15], hi = x[16..31]);
+ *              x = d * (nibble - 8)
+ *   Q4_K [256]: f16 d, dmin; uint8 scales[12] (8 six-bit scale/min pairs);
+ *              uint8 qs[128]; x = d*sc*nibble - dmin*m per 32-element sub-block
+ *   Q6_K [256]: uint8 ql[128], qh[64]; int8 scales[16]; f16 d;
+ *              x = d * scale * (q6 - 32) per 16-element sub-block
+ *   Q8_K [256]: f32 d; int8 qs[256]; int16 bsums[16] — activation-side only,
+ *              the partner of Q4_K / Q6_K in integer dot products.
+ */
+#ifndef KS_DTYPE_H
+#define KS_DTYPE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum ks_dtype {
+    KS_DTYPE_F32 = 0,
+    KS_DTYPE_F16 = 1,
+    KS_DTYPE_Q4_0 = 2,
+    KS_DTYPE_Q8_0 = 8,
+    KS_DTYPE_Q4_K = 12,
+    KS_DTYPE_Q6_K = 14,
+    KS_DTYPE_Q8_K = 15,
+    KS_DTYPE_BF16 = 30,
+    KS_DTYPE_MAX_ = 40 /* GGUF type ids at or above this are rejected */
+} ks_dtype;
+
+#define KS_QK8_0 32
+#define KS_QK4_0 32
+#define KS_QK_K 256
+
+typedef uint16_t ks_f16;  /* IEEE binary16 bits */
+typedef uint16_t ks_bf16; /* bfloat16 bits */
+
+typedef struct { ks_f16 d; int8_t qs[KS_QK8_0]; } ks_block_q8_0;
+typedef struct { ks_f16 d; uint8_t qs[KS_QK4_0 / 2]; } ks_block_q4_0;
+typedef struct { ks_f16 d; ks_f16 dmin; uint8_t scales[12]; uint8_t qs[KS_QK_K / 2]; } ks_block_q4_k;
+typedef struct { uint8_t ql[KS_QK_K / 2]; uint8_t qh[KS_QK_K / 4]; int8_t scales[KS_QK_K / 16]; ks_f16 d; } ks_block_q6_k;
+typedef struct { float d; int8_t qs[KS_QK_K]; int16_t bsums[KS_QK_K / 16]; } ks_block_q8_k;
+
+/* True for the types weights may have (the set the engine can compute with). */
+bool ks_dtype_is_weight_type(uint32_t type);
+const char *ks_dtype_name(ks_dtype t);          /* "q8_0", ...; "?" if unknown */
+bool ks_dtype_from_name(const char *name, ks_dtype *out);
+int64_t ks_dtype_block_size(ks_dtype t);         /* elements per block; 0 if unknown */
+size_t ks_dtype_block_bytes(ks_dtype t);         /* bytes per block; 0 if unknown */
+/* Bytes of a row of n elements; n must be a multiple of the block size. */
+size_t ks_dtype_row_bytes(ks_dtype t, int64_t n);
+
+float ks_f16_to_f32(ks_f16 h);
+ks_f16 ks_f32_to_f16(float f);   /* round to nearest even */
+float ks_bf16_to_f32(ks_bf16 h);
+ks_bf16 ks_f32_to_bf16(float f); /* round to nearest even */
+
+/* Row conversions; n a multiple of the block size of t. */
+void ks_dequantize_row(ks_dtype t, const void *src, float *dst, int64_t n);
+void ks_quantize_row(ks_dtype t, const float *src, void *dst, int64_t n);
+
+#endif

@@ -1,0 +1,41 @@
+/*
+ * matmul.h — the weight-streaming products of the forward pass.
+ *
+ * Y[n][rows] = X[n][cols] * W[rows][cols]^T, W in any weight type, X and Y f32.
+ * Decode is memory-bound: every weight byte is read once per step for all n
+ * sequences of the batch (rows are split across threads, and each weight row
+ * is dotted against every activation while it sits in L1).  Quantized types
+ * first quantize X to the integer partner type (Q8_0 for Q8_0/Q4_0, Q8_K for
+ * Q4_K/Q6_K) and use integer dot products with dequantization fused in.
+ * SIMD paths (AVX2+FMA, AVX-512) are chosen at run time; a portable scalar
+ * path is the reference every SIMD path is tested against.
+ */
+#ifndef KS_MATMUL_H
+#define KS_MATMUL_H
+
+#include "core/core.h"
+#include "tensor/dtype.h"
+
+typedef enum ks_simd_level { KS_SIMD_SCALAR = 0, KS_SIMD_AVX2 = 1, KS_SIMD_AVX512 = 2 } ks_simd_level;
+
+/* Best level this CPU supports (cached); KS_SIMD env var ("scalar", "avx2",
+ * "avx512") caps it for testing. */
+ks_simd_level ks_simd_detect(void);
+const char *ks_simd_name(ks_simd_level level);
+/* Force a level (tests); returns the previous one.  Not thread-safe. */
+ks_simd_level ks_simd_force(ks_simd_level level);
+
+/* Bytes of scratch ks_matmul needs for this shape (quantized activations). */
+size_t ks_matmul_scratch_bytes(ks_dtype wtype, int64_t cols, int64_t n);
+
+/* Y[n][rows] = X[n][cols] W^T.  W: [rows][cols] of wtype, rows contiguous
+ * (row stride = ks_dtype_row_bytes(wtype, cols)).  scratch: at least
+ * ks_matmul_scratch_bytes bytes, 64-byte aligned.  pool may be NULL. */
+void ks_matmul(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64_t cols,
+               const float *X, int64_t n, float *Y, void *scratch);
+
+/* Dot product of one weight row of wtype with f32 x (no threads; scalar
+ * reference used by tests and small ops). */
+float ks_dot_row_ref(ks_dtype wtype, const void *wrow, const float *x, int64_t cols);
+
+#endif
