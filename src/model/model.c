@@ -1,0 +1,289 @@
+/*
+ * model.c — bind a GGUF file to the architectures kvsieve runs.
+ *
+ * Every tensor the forward pass will touch is looked up and its shape checked
+ * against the hyper-parameters here, once, with a message naming the tensor:
+ * a file that loads is a file the forward pass can run without further checks.
+ * Mistral checkpoints converted by llama.cpp are stored as "llama"; the
+ * "mistral" name is accepted as an alias.  llama.cpp's converter permutes the
+ * Q/K rows of "llama" models so RoPE rotates adjacent pairs, while qwen2/qwen3
+ * keep Hugging Face's half-split (NEOX) pairing.
+ */
+#include "model/model.h"
+
+#include <math.h>
+#include <string.h>
+
+ks_model_params ks_model_default_params(void) {
+    return (ks_model_params){.use_mmap = true, .vocab_only = false};
+}
+
+static ks_status key_u32(const ks_gguf *g, const char *arch, const char *suffix, uint32_t *out,
+                         bool required) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    ks_status st = ks_gguf_get_u32(g, key, out);
+    if (st == KS_ERR_NOT_FOUND && !required) return KS_OK;
+    if (st == KS_ERR_NOT_FOUND) return KS_FAIL(KS_ERR_FORMAT, "required key '%s' is missing", key);
+    return st;
+}
+
+static ks_status key_f32(const ks_gguf *g, const char *arch, const char *suffix, float *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    ks_status st = ks_gguf_get_f32(g, key, out);
+    return st == KS_ERR_NOT_FOUND ? KS_OK : st;
+}
+
+static ks_status read_hparams(const ks_gguf *g, ks_hparams *hp) {
+    ks_gguf_str arch;
+    ks_status st = ks_gguf_get_str(g, "general.architecture", &arch);
+    if (st != KS_OK) return KS_FAIL(KS_ERR_FORMAT, "general.architecture is missing or not a string");
+    size_t n = arch.len < sizeof hp->arch_name - 1 ? (size_t)arch.len : sizeof hp->arch_name - 1;
+    memcpy(hp->arch_name, arch.data, n);
+    hp->arch_name[n] = 0;
+    if (!strcmp(hp->arch_name, "llama") || !strcmp(hp->arch_name, "mistral")) hp->arch = KS_ARCH_LLAMA;
+    else if (!strcmp(hp->arch_name, "qwen2")) hp->arch = KS_ARCH_QWEN2;
+    else if (!strcmp(hp->arch_name, "qwen3")) hp->arch = KS_ARCH_QWEN3;
+    else
+        return KS_FAIL(KS_ERR_UNSUPPORTED, "architecture '%s' is not supported (llama, mistral, qwen2, qwen3)",
+                       hp->arch_name);
+    const char *a = hp->arch_name;
+    uint32_t n_embd = 0, n_layer = 0, n_ff = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_rot = 0, n_ctx = 0;
+    KS_TRY(key_u32(g, a, "embedding_length", &n_embd, true));
+    KS_TRY(key_u32(g, a, "block_count", &n_layer, true));
+    KS_TRY(key_u32(g, a, "feed_forward_length", &n_ff, true));
+    KS_TRY(key_u32(g, a, "attention.head_count", &n_head, true));
+    n_head_kv = n_head;
+    KS_TRY(key_u32(g, a, "attention.head_count_kv", &n_head_kv, false));
+    KS_TRY(key_u32(g, a, "context_length", &n_ctx, true));
+    if (n_embd == 0 || n_embd > 65536 || n_layer == 0 || n_layer > 1024 || n_ff == 0 || n_ff > 1 << 20 ||
+        n_head == 0 || n_head > 1024 || n_head_kv == 0 || n_head % n_head_kv != 0 || n_ctx == 0)
+        return KS_FAIL(KS_ERR_FORMAT,
+                       "implausible hyper-parameters: n_embd %u, n_layer %u, n_ff %u, n_head %u, n_head_kv %u, ctx %u",
+                       n_embd, n_layer, n_ff, n_head, n_head_kv, n_ctx);
+    head_dim = n_embd / n_head;
+    KS_TRY(key_u32(g, a, "attention.key_length", &head_dim, false));
+    uint32_t v_dim = head_dim;
+    KS_TRY(key_u32(g, a, "attention.value_length", &v_dim, false));
+    if (v_dim != head_dim) return KS_FAIL(KS_ERR_UNSUPPORTED, "key length %u != value length %u", head_dim, v_dim);
+    if (head_dim == 0 || head_dim > 1024 || head_dim % 2)
+        return KS_FAIL(KS_ERR_FORMAT, "head dimension %u is not an even number in [2, 1024]", head_dim);
+    n_rot = head_dim;
+    KS_TRY(key_u32(g, a, "rope.dimension_count", &n_rot, false));
+    if (n_rot == 0 || n_rot > head_dim || n_rot % 2)
+        return KS_FAIL(KS_ERR_FORMAT, "rope dimension %u must be even and <= head dim %u", n_rot, head_dim);
+    hp->n_embd = (int32_t)n_embd;
+    hp->n_layer = (int32_t)n_layer;
+    hp->n_ff = (int32_t)n_ff;
+    hp->n_head = (int32_t)n_head;
+    hp->n_head_kv = (int32_t)n_head_kv;
+    hp->head_dim = (int32_t)head_dim;
+    hp->n_rot = (int32_t)n_rot;
+    hp->n_ctx_train = n_ctx > INT32_MAX ? INT32_MAX : (int32_t)n_ctx;
+    hp->rope_base = 10000.0f;
+    hp->rms_eps = 1e-5f;
+    KS_TRY(key_f32(g, a, "rope.freq_base", &hp->rope_base));
+    KS_TRY(key_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->rms_eps));
+    if (!(hp->rope_base > 0) || !(hp->rms_eps > 0) || !isfinite(hp->rope_base))
+        return KS_FAIL(KS_ERR_FORMAT, "rope base %g / rms epsilon %g must be positive", hp->rope_base, hp->rms_eps);
+    /* linear rope scaling (rope.scaling.type = linear) is not implemented: refuse it */
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    ks_gguf_str scaling;
+    if (ks_gguf_get_str(g, key, &scaling) == KS_OK && !ks_gguf_str_eq(scaling, "none") &&
+        !ks_gguf_str_eq(scaling, "llama3"))
+        return KS_FAIL(KS_ERR_UNSUPPORTED, "rope scaling type '%.*s' is not supported", (int)scaling.len, scaling.data);
+    hp->rope_neox = hp->arch != KS_ARCH_LLAMA;
+    return KS_OK;
+}
+
+/* Binds a 2-D weight and checks its shape ([rows][cols] = ne[1], ne[0]). */
+static ks_status bind_weight(ks_model *m, const char *name, int64_t rows, int64_t cols, ks_weight *w) {
+    const ks_gguf_tensor *t = ks_gguf_find_tensor(m->gguf, name);
+    if (!t) return KS_FAIL(KS_ERR_FORMAT, "tensor '%s' is missing", name);
+    if (t->n_dims > 2 || t->ne[0] != cols || t->ne[1] != rows)
+        return KS_FAIL(KS_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", name,
+                       (long long)t->ne[0], (long long)t->ne[1], (long long)cols, (long long)rows);
+    w->type = t->type;
+    w->rows = rows;
+    w->cols = cols;
+    w->data = t->data;
+    m->weight_bytes += t->nbytes;
+    m->n_params += rows * cols;
+    return KS_OK;
+}
+
+/* Loads a 1-D tensor of n elements as an owned f32 array; NULL if optional and absent. */
+static ks_status bind_vec(ks_model *m, const char *name, int64_t n, bool required, float **out) {
+    const ks_gguf_tensor *t = ks_gguf_find_tensor(m->gguf, name);
+    if (!t) {
+        if (required) return KS_FAIL(KS_ERR_FORMAT, "tensor '%s' is missing", name);
+        *out = NULL;
+        return KS_OK;
+    }
+    if (t->n_dims != 1 || t->ne[0] != n)
+        return KS_FAIL(KS_ERR_FORMAT, "tensor '%s' has %lld elements in %u dims, expected a vector of %lld", name,
+                       (long long)t->ne[0], t->n_dims, (long long)n);
+    float *v = ks_malloc((size_t)n * sizeof(float));
+    ks_dequantize_row(t->type, t->data, v, n);
+    *out = v;
+    m->weight_bytes += t->nbytes;
+    m->n_params += n;
+    return KS_OK;
+}
+
+static ks_status bind_weights(ks_model *m) {
+    const ks_hparams *hp = &m->hp;
+    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    const ks_gguf_tensor *emb = ks_gguf_find_tensor(m->gguf, "token_embd.weight");
+    if (!emb) return KS_FAIL(KS_ERR_FORMAT, "tensor 'token_embd.weight' is missing");
+    if (emb->ne[1] != m->hp.n_vocab)
+        return KS_FAIL(KS_ERR_FORMAT, "token_embd.weight has %lld rows but the vocabulary has %d tokens",
+                       (long long)emb->ne[1], m->hp.n_vocab);
+    KS_TRY(bind_weight(m, "token_embd.weight", hp->n_vocab, hp->n_embd, &m->tok_embd));
+    KS_TRY(bind_vec(m, "output_norm.weight", hp->n_embd, true, &m->output_norm));
+    if (ks_gguf_find_tensor(m->gguf, "output.weight")) {
+        KS_TRY(bind_weight(m, "output.weight", hp->n_vocab, hp->n_embd, &m->output));
+    } else {
+        m->output = m->tok_embd;
+        m->output_tied = true;
+    }
+    KS_TRY(bind_vec(m, "rope_freqs.weight", hp->n_rot / 2, false, &m->rope_freq_factors));
+    if (m->rope_freq_factors)
+        for (int i = 0; i < hp->n_rot / 2; i++)
+            if (!(m->rope_freq_factors[i] > 0) || !isfinite(m->rope_freq_factors[i]))
+                return KS_FAIL(KS_ERR_FORMAT, "rope_freqs.weight[%d] = %g is not a positive factor", i,
+                               m->rope_freq_factors[i]);
+    m->layers = ks_calloc((size_t)hp->n_layer, sizeof(ks_layer));
+    for (int il = 0; il < hp->n_layer; il++) {
+        ks_layer *L = &m->layers[il];
+        char nm[96];
+#define NAME(suffix) (snprintf(nm, sizeof nm, "blk.%d." suffix, il), nm)
+        KS_TRY(bind_vec(m, NAME("attn_norm.weight"), hp->n_embd, true, &L->attn_norm));
+        KS_TRY(bind_weight(m, NAME("attn_q.weight"), q_dim, hp->n_embd, &L->wq));
+        KS_TRY(bind_weight(m, NAME("attn_k.weight"), kv_dim, hp->n_embd, &L->wk));
+        KS_TRY(bind_weight(m, NAME("attn_v.weight"), kv_dim, hp->n_embd, &L->wv));
+        KS_TRY(bind_weight(m, NAME("attn_output.weight"), hp->n_embd, q_dim, &L->wo));
+        KS_TRY(bind_vec(m, NAME("attn_q.bias"), q_dim, false, &L->bq));
+        KS_TRY(bind_vec(m, NAME("attn_k.bias"), kv_dim, false, &L->bk));
+        KS_TRY(bind_vec(m, NAME("attn_v.bias"), kv_dim, false, &L->bv));
+        bool need_qk_norm = hp->arch == KS_ARCH_QWEN3;
+        KS_TRY(bind_vec(m, NAME("attn_q_norm.weight"), hp->head_dim, need_qk_norm, &L->q_norm));
+        KS_TRY(bind_vec(m, NAME("attn_k_norm.weight"), hp->head_dim, need_qk_norm, &L->k_norm));
+        KS_TRY(bind_vec(m, NAME("ffn_norm.weight"), hp->n_embd, true, &L->ffn_norm));
+        KS_TRY(bind_weight(m, NAME("ffn_gate.weight"), hp->n_ff, hp->n_embd, &L->w_gate));
+        KS_TRY(bind_weight(m, NAME("ffn_up.weight"), hp->n_ff, hp->n_embd, &L->w_up));
+        KS_TRY(bind_weight(m, NAME("ffn_down.weight"), hp->n_embd, hp->n_ff, &L->w_down));
+#undef NAME
+    }
+    return KS_OK;
+}
+
+void ks_model_destroy(ks_model *m) {
+    if (!m) return;
+    for (int il = 0; m->layers && il < m->hp.n_layer; il++) {
+        ks_layer *L = &m->layers[il];
+        ks_free(L->attn_norm);
+        ks_free(L->bq);
+        ks_free(L->bk);
+        ks_free(L->bv);
+        ks_free(L->q_norm);
+        ks_free(L->k_norm);
+        ks_free(L->ffn_norm);
+    }
+    ks_free(m->layers);
+    ks_free(m->output_norm);
+    ks_free(m->rope_freq_factors);
+    ks_tokenizer_destroy(m->tok);
+    ks_gguf_close(m->gguf);
+    ks_free(m);
+}
+
+ks_status ks_model_load(const char *path, ks_model_params params, ks_model **out) {
+    if (!path || !out) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL path or out");
+    ks_model *m = ks_calloc(1, sizeof *m);
+    m->vocab_only = params.vocab_only;
+    ks_status st = ks_gguf_open(path, &m->gguf);
+    if (st != KS_OK) {
+        ks_free(m);
+        return st;
+    }
+    st = ks_tokenizer_create(m->gguf, &m->tok);
+    if (st == KS_OK) m->hp.n_vocab = ks_tokenizer_n_vocab(m->tok);
+    if (st == KS_OK && !params.vocab_only) st = read_hparams(m->gguf, &m->hp);
+    if (st == KS_OK && !params.vocab_only) st = bind_weights(m);
+    if (st != KS_OK) {
+        ks_model_destroy(m);
+        return st;
+    }
+    if (params.vocab_only) m->hp.arch = KS_ARCH_NONE;
+    *out = m;
+    return KS_OK;
+}
+
+int32_t ks_model_n_vocab(const ks_model *m) { return m->hp.n_vocab; }
+int32_t ks_model_n_ctx_train(const ks_model *m) { return m->hp.n_ctx_train; }
+
+ks_status ks_model_describe(const ks_model *m, char *buf, size_t cap) {
+    size_t n = 0;
+#define OUT(...) do { int k_ = snprintf(buf + n, n < cap ? cap - n : 0, __VA_ARGS__); if (k_ > 0) n += (size_t)k_; } while (0)
+    const ks_hparams *hp = &m->hp;
+    ks_gguf_str s;
+    OUT("file:          GGUF v%u, %zu bytes, %lld tensors, %lld metadata keys\n", ks_gguf_version(m->gguf),
+        ks_gguf_file_size(m->gguf), (long long)ks_gguf_n_tensors(m->gguf), (long long)ks_gguf_n_kv(m->gguf));
+    if (ks_gguf_get_str(m->gguf, "general.name", &s) == KS_OK) OUT("name:          %.*s\n", (int)s.len, s.data);
+    if (ks_gguf_get_str(m->gguf, "tokenizer.ggml.model", &s) == KS_OK)
+        OUT("tokenizer:     %.*s, %d tokens, chat template: %s\n", (int)s.len, s.data, hp->n_vocab,
+            ks_tokenizer_chat_family(m->tok) == KS_CHAT_LLAMA3 ? "llama3"
+            : ks_tokenizer_chat_family(m->tok) == KS_CHAT_CHATML ? "chatml"
+            : ks_tokenizer_chat_family(m->tok) == KS_CHAT_LLAMA2 ? "llama2" : "none");
+    if (m->vocab_only) {
+        OUT("weights:       none (vocabulary-only file)\n");
+        return n < cap ? KS_OK : KS_FAIL(KS_ERR_INVALID_ARG, "buffer too small");
+    }
+    OUT("architecture:  %s (RoPE %s%s%s%s)\n", hp->arch_name, hp->rope_neox ? "neox" : "normal",
+        m->rope_freq_factors ? ", llama3 frequency factors" : "", m->output_tied ? ", tied output" : "",
+        hp->arch == KS_ARCH_QWEN3 ? ", q/k norm" : m->layers[0].bq ? ", qkv bias" : "");
+    const char *attn = hp->n_head_kv == hp->n_head ? "MHA" : hp->n_head_kv == 1 ? "MQA" : "GQA";
+    OUT("shape:         n_embd %d, n_layer %d, n_ff %d, heads %d/%d kv (%s, group %d), head_dim %d, n_rot %d\n",
+        hp->n_embd, hp->n_layer, hp->n_ff, hp->n_head, hp->n_head_kv, attn, hp->n_head / hp->n_head_kv,
+        hp->head_dim, hp->n_rot);
+    OUT("context:       %d trained, rope base %g, rms eps %g\n", hp->n_ctx_train, hp->rope_base, hp->rms_eps);
+    /* type histogram over the tensors */
+    int64_t count[KS_DTYPE_MAX_] = {0};
+    size_t bytes[KS_DTYPE_MAX_] = {0};
+    for (int64_t i = 0; i < ks_gguf_n_tensors(m->gguf); i++) {
+        const ks_gguf_tensor *t = ks_gguf_tensor_at(m->gguf, i);
+        count[t->type]++;
+        bytes[t->type] += t->nbytes;
+    }
+    OUT("types:        ");
+    for (int t = 0; t < KS_DTYPE_MAX_; t++)
+        if (count[t]) OUT(" %s x%lld (%.1f MiB)", ks_dtype_name((ks_dtype)t), (long long)count[t], bytes[t] / 1048576.0);
+    OUT("\n");
+    OUT("parameters:    %.3f M (%.1f MiB of weights)\n", m->n_params / 1e6, m->weight_bytes / 1048576.0);
+    double kv_tok = 2.0 * hp->n_layer * hp->n_head_kv * hp->head_dim * 2; /* K+V, f16 */
+    OUT("memory:        KV f16 %.1f KiB/token; at %d tokens %.1f MiB KV + %.1f MiB weights\n", kv_tok / 1024,
+        hp->n_ctx_train, kv_tok * hp->n_ctx_train / 1048576.0, m->weight_bytes / 1048576.0);
+    OUT("decode bytes:  %.1f MiB weights read per step (output matrix included)\n",
+        (m->weight_bytes + (m->output_tied ? ks_weight_bytes(&m->output) : 0)) / 1048576.0);
+#undef OUT
+    return n < cap ? KS_OK : KS_FAIL(KS_ERR_INVALID_ARG, "buffer too small (%zu needed)", n + 1);
+}
+
+/* ---------------------------------------------- tokenizer pass-throughs -- */
+ks_status ks_tokenize(const ks_model *m, const char *text, size_t len, bool add_bos, bool parse_special,
+                      int32_t *ids, size_t cap, size_t *n_out) {
+    return ks_tokenizer_encode(m->tok, text, len, add_bos, parse_special, ids, cap, n_out);
+}
+ks_status ks_token_to_piece(const ks_model *m, int32_t id, char *buf, size_t cap, size_t *n_out) {
+    return ks_tokenizer_piece(m->tok, id, buf, cap, n_out);
+}
+int32_t ks_token_bos(const ks_model *m) { return ks_tokenizer_bos(m->tok); }
+int32_t ks_token_eos(const ks_model *m) { return ks_tokenizer_eos(m->tok); }
+bool ks_token_is_eog(const ks_model *m, int32_t id) { return ks_tokenizer_is_eog(m->tok, id); }
+ks_status ks_chat_format(const ks_model *m, const char *system, const char *user, char *buf, size_t cap,
+                         size_t *n_out) {
+    return ks_tokenizer_chat_format(m->tok, system, user, buf, cap, n_out);
+}

@@ -1,0 +1,69 @@
+/*
+ * model.h — a loaded model: hyper-parameters, weight views, tokenizer.
+ *
+ * Weights stay in the GGUF mapping (zero-copy); only the small 1-D tensors
+ * (norm weights, biases, RoPE frequency factors) are converted to owned f32
+ * arrays at load, so the forward pass never branches on their type.  All
+ * architecture differences (RoPE pairing, q/k norms, qkv biases, tied output)
+ * are resolved here into flags and optional pointers; the forward pass has a
+ * single code path.
+ */
+#ifndef KS_MODEL_H
+#define KS_MODEL_H
+
+#include "model/gguf.h"
+#include "tokenizer/tokenizer.h"
+
+typedef enum ks_arch { KS_ARCH_LLAMA, KS_ARCH_QWEN2, KS_ARCH_QWEN3, KS_ARCH_NONE } ks_arch;
+
+/* A 2-D weight matrix: [rows][cols] of type, rows contiguous. */
+typedef struct ks_weight {
+    ks_dtype type;
+    int64_t rows, cols;
+    const void *data; /* into the GGUF mapping */
+} ks_weight;
+
+typedef struct ks_layer {
+    float *attn_norm;         /* [n_embd] */
+    ks_weight wq;             /* [n_head*head_dim][n_embd] */
+    ks_weight wk, wv;         /* [n_head_kv*head_dim][n_embd] */
+    ks_weight wo;             /* [n_embd][n_head*head_dim] */
+    float *bq;                /* [n_head*head_dim] or NULL (qwen2) */
+    float *bk, *bv;           /* [n_head_kv*head_dim] or NULL (qwen2) */
+    float *q_norm, *k_norm;   /* [head_dim] or NULL (qwen3) */
+    float *ffn_norm;          /* [n_embd] */
+    ks_weight w_gate, w_up;   /* [n_ff][n_embd] */
+    ks_weight w_down;         /* [n_embd][n_ff] */
+} ks_layer;
+
+typedef struct ks_hparams {
+    ks_arch arch;
+    char arch_name[32];
+    int32_t n_vocab, n_embd, n_layer, n_ff;
+    int32_t n_head, n_head_kv, head_dim, n_rot;
+    int32_t n_ctx_train;
+    float rope_base, rms_eps;
+    bool rope_neox;           /* rotate (x[i], x[i+n_rot/2]) instead of (x[2i], x[2i+1]) */
+} ks_hparams;
+
+struct ks_model {
+    ks_gguf *gguf;            /* owns the mapping every weight points into */
+    ks_tokenizer *tok;
+    ks_hparams hp;
+    bool vocab_only;
+    ks_weight tok_embd;       /* [n_vocab][n_embd] */
+    float *output_norm;       /* [n_embd] */
+    ks_weight output;         /* [n_vocab][n_embd] (== tok_embd when tied) */
+    bool output_tied;
+    float *rope_freq_factors; /* [n_rot/2] divisors of the rotation frequencies, or NULL */
+    ks_layer *layers;         /* [n_layer] */
+    size_t weight_bytes;      /* bytes of all weight tensors */
+    int64_t n_params;
+};
+
+/* Bytes one step streams from a weight. */
+static inline size_t ks_weight_bytes(const ks_weight *w) {
+    return ks_dtype_row_bytes(w->type, w->cols) * (size_t)w->rows;
+}
+
+#endif
