@@ -1,0 +1,59 @@
+# kvsieve — top-level convenience targets.  Every target that builds first
+# runs scripts/deps.sh (a no-op when the Debian packages are present), so on a
+# fresh Debian 12 machine `make run` and `make test` are all the set-up.
+BUILD     ?= build
+JOBS      ?= 2
+CMAKE_OPTS ?=
+FUZZ_SECONDS ?= 60
+SHARED    ?= $(CURDIR)/../shared
+KVSIEVE   := $(BUILD)/kvsieve
+# Until the bundled model lands (models/kvsieve-default.gguf), `make run` uses
+# the real pretrained tiny llama from the shared fixtures, or else a generated model.
+RUN_MODEL ?= $(firstword $(wildcard models/kvsieve-default.gguf) $(wildcard $(SHARED)/fixtures/models/aidreams260K.gguf) $(BUILD)/models/tiny-llama-q8_0.gguf)
+PROMPT    ?= Once upon a time
+N         ?= 96
+
+.PHONY: all deps build test run asan fuzz cuda-check bench clean
+
+all: build
+
+deps:
+	@bash scripts/deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_OPTS) > /dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+$(BUILD)/models/tiny-llama-q8_0.gguf: | build
+	@mkdir -p $(BUILD)/models
+	$(KVSIEVE) gen-model --shape tiny-llama --type q8_0 --vocab-from $(SHARED)/fixtures/tokenizer/ggml-vocab-llama-spm.gguf --out $@
+
+run: build $(RUN_MODEL)
+	$(KVSIEVE) run -m $(RUN_MODEL) -p "$(PROMPT)" -n $(N) --temp 0
+
+# Address + undefined-behaviour sanitizers over the whole suite.
+asan: deps
+	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVSIEVE_SANITIZE=ON > /dev/null
+	@cmake --build build-asan -j $(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
+
+# libFuzzer on the GGUF parser for FUZZ_SECONDS (clang).
+fuzz: deps
+	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVSIEVE_FUZZ=ON > /dev/null
+	@cmake --build build-fuzz --target fuzz_gguf -j $(JOBS)
+	@mkdir -p build-fuzz/corpus && cp -n tests/fuzz/corpus/* build-fuzz/corpus/ 2>/dev/null || true
+	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -max_len=65536 build-fuzz/corpus
+
+# Compile-check the CUDA backend (no GPU needed).
+cuda-check: deps
+	@cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DKVSIEVE_CUDA=ON > /dev/null
+	@cmake --build build-cuda -j $(JOBS) --target kvsieve
+
+bench: build
+	$(KVSIEVE) bench -m $(BENCH_MODEL) --depth 0,4096,16384,32768 --batch 1,4,16 -t 2
+
+clean:
+	rm -rf $(BUILD) build-asan build-fuzz build-cuda

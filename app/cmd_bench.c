@@ -1,0 +1,192 @@
+/*
+ * cmd_bench.c — `kvsieve bench`: prefill and decode throughput against the
+ * machine's own measured memory bandwidth.
+ *
+ * Decode on CPU is memory-bound, so tok/s alone says little: each row also
+ * reports the bytes a step must read (weights once per step for the whole
+ * batch, plus every sequence's KV), the achieved GB/s, that figure as a
+ * fraction of the STREAM-style triad and read bandwidth the bench measures
+ * first, and the roofline time bytes / read-bandwidth next to the measured
+ * step time.  Long depths are reached by filling the KV cache with synthetic
+ * values (ks_seq_fill_synthetic): attention cost depends on the bytes, not on
+ * the values, so no long prefill is needed.
+ */
+#include "args.h"
+#include "commands.h"
+#include "core/membw.h"
+#include "infer/infer.h"
+#include "kvsieve.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void progress(const char *what, int done, int total) {
+    if (!isatty(2)) return;
+    int w = 30, k = total ? done * w / total : w;
+    fprintf(stderr, "\r[%.*s%*s] %d/%d %-40s", k, "##############################", w - k, "", done, total, what);
+    if (done == total) fprintf(stderr, "\n");
+}
+
+static size_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return (size_t)1 << 40;
+    char line[256];
+    size_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1) break;
+    fclose(f);
+    return kb ? kb * 1024 : (size_t)1 << 40;
+}
+
+int cmd_bench(int argc, char **argv) {
+    const char *cmd = "bench", *model_path = NULL;
+    long depths[16] = {0}, batches[16] = {1};
+    int n_depth = 1, n_batch = 1;
+    long n_threads = 0, n_gen = 16, n_prompt = 256;
+    bool json = false, skip_prefill = false;
+    ks_kv_type kv_type = KS_KV_F16;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+#define VAL() do { if (!(v = arg_value(cmd, argc, argv, &i))) return 2; } while (0)
+        if (!strcmp(a, "-m")) { VAL(); model_path = v; }
+        else if (!strcmp(a, "--depth")) { VAL(); if ((n_depth = arg_long_list(cmd, a, v, 0, 1 << 22, depths, 16)) < 0) return 2; }
+        else if (!strcmp(a, "--batch")) { VAL(); if ((n_batch = arg_long_list(cmd, a, v, 1, 256, batches, 16)) < 0) return 2; }
+        else if (!strcmp(a, "-t")) { VAL(); if (!arg_long(cmd, a, v, 1, 1024, &n_threads)) return 2; }
+        else if (!strcmp(a, "--n-gen")) { VAL(); if (!arg_long(cmd, a, v, 1, 100000, &n_gen)) return 2; }
+        else if (!strcmp(a, "--n-prompt")) { VAL(); if (!arg_long(cmd, a, v, 1, 1 << 20, &n_prompt)) return 2; }
+        else if (!strcmp(a, "--no-prefill")) skip_prefill = true;
+        else if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--kv-type")) {
+            VAL();
+            if (!strcmp(v, "f16")) kv_type = KS_KV_F16;
+            else if (!strcmp(v, "q8")) kv_type = KS_KV_Q8;
+            else { fprintf(stderr, "kvsieve bench: --kv-type must be f16 or q8\n"); return 2; }
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: kvsieve bench [-m MODEL.gguf] [--depth 0,4096,...] [--batch 1,4,16] [-t THREADS]\n"
+                   "                     [--n-gen 16] [--n-prompt 256] [--no-prefill] [--kv-type f16|q8] [--json]\n");
+            return 0;
+        } else { fprintf(stderr, "kvsieve bench: unknown option '%s'\n", a); return 2; }
+#undef VAL
+    }
+    if (!model_path) model_path = app_default_model();
+    if (!model_path) { fprintf(stderr, "kvsieve bench: no model given (-m)\n"); return 2; }
+    ks_model *m = NULL;
+    ks_status st = ks_model_load(model_path, ks_model_default_params(), &m);
+    if (st != KS_OK) { app_report(cmd, "loading the model", st); return 1; }
+    if (n_threads == 0) n_threads = ks_cpu_count();
+    ks_pool *pool = NULL;
+    if ((st = ks_pool_create((int)n_threads, &pool)) != KS_OK) { app_report(cmd, "threads", st); ks_model_destroy(m); return 1; }
+    ks_membw_result bw;
+    if ((st = ks_membw_measure(pool, 0, 0, &bw)) != KS_OK) { app_report(cmd, "bandwidth probe", st); return 1; }
+    ks_pool_destroy(pool);
+    const ks_hparams *hp = &m->hp;
+    fprintf(stderr, "kvsieve bench: %s, %d threads, SIMD %s; memory bandwidth: triad %.2f GB/s, read %.2f GB/s, copy %.2f GB/s\n",
+            hp->arch_name, (int)n_threads, ks_simd_name(ks_simd_detect()), bw.triad_gbs, bw.read_gbs, bw.copy_gbs);
+    if (json)
+        printf("{\"model\": \"%s\", \"threads\": %ld, \"simd\": \"%s\", \"bandwidth\": {\"triad_gbs\": %.3f, \"read_gbs\": %.3f, \"copy_gbs\": %.3f},\n \"results\": [",
+               model_path, n_threads, ks_simd_name(ks_simd_detect()), bw.triad_gbs, bw.read_gbs, bw.copy_gbs);
+    else {
+        printf("model %s | threads %ld | triad %.2f GB/s | read %.2f GB/s\n", model_path, n_threads, bw.triad_gbs, bw.read_gbs);
+        printf("%-8s %6s %6s %11s %10s %10s %8s %8s %10s %10s\n", "test", "depth", "batch", "tok/s", "ms/step",
+               "GB/step", "GB/s", "%triad", "roof ms", "ms/roof");
+    }
+    int total = (skip_prefill ? 0 : 1) + n_depth * n_batch, done = 0;
+    bool first = true;
+    int32_t V = hp->n_vocab;
+    /* prefill */
+    if (!skip_prefill) {
+        ks_context_params cp = ks_context_default_params();
+        cp.n_ctx = (int32_t)n_prompt + 1;
+        cp.n_threads = (int32_t)n_threads;
+        cp.kv_type = kv_type;
+        ks_context *ctx = NULL;
+        if ((st = ks_context_create(m, cp, &ctx)) != KS_OK) { app_report(cmd, "context", st); return 1; }
+        int32_t *toks = malloc(sizeof(int32_t) * (size_t)n_prompt);
+        ks_rng rng = {7};
+        for (long i = 0; i < n_prompt; i++) toks[i] = (int32_t)(ks_rng_next(&rng) % (uint64_t)V);
+        progress("prefill", done, total);
+        float *logits = malloc(sizeof(float) * (size_t)V);
+        st = ks_prefill(ctx, 0, toks, (int32_t)n_prompt, logits, NULL);
+        if (st != KS_OK) { app_report(cmd, "prefill", st); return 1; }
+        ks_stats s;
+        ks_context_stats(ctx, &s);
+        double tps = n_prompt / s.prefill_seconds;
+        double gb = (s.weight_bytes_read + s.kv_bytes_read) / 1e9;
+        progress("prefill", ++done, total);
+        if (json) {
+            printf("%s\n  {\"test\": \"prefill\", \"tokens\": %ld, \"tok_s\": %.3f, \"seconds\": %.4f, \"gb_read\": %.4f}",
+                   first ? "" : ",", n_prompt, tps, s.prefill_seconds, gb);
+            first = false;
+        } else
+            printf("%-8s %6ld %6d %11.2f %10.2f %10.3f %8.2f %8s %10s %10s\n", "prefill", n_prompt, 1, tps,
+                   1e3 * s.prefill_seconds, gb, gb / s.prefill_seconds, "-", "-", "-");
+        fflush(stdout);
+        free(toks);
+        free(logits);
+        ks_context_destroy(ctx);
+    }
+    for (int di = 0; di < n_depth; di++)
+        for (int bi = 0; bi < n_batch; bi++) {
+            long depth = depths[di], batch = batches[bi];
+            char what[64];
+            snprintf(what, sizeof what, "decode depth %ld batch %ld", depth, batch);
+            progress(what, done, total);
+            ks_context_params cp = ks_context_default_params();
+            cp.n_ctx = (int32_t)(depth + n_gen + 1);
+            cp.n_seq = (int32_t)batch;
+            cp.n_threads = (int32_t)n_threads;
+            cp.kv_type = kv_type;
+            double kv_need = 2.0 * hp->n_layer * hp->n_head_kv * ks_kv_row_bytes(kv_type, hp->head_dim) * cp.n_ctx * batch;
+            if (kv_need > 0.85 * (double)mem_available()) {
+                fprintf(stderr, "\nkvsieve bench: skipping depth %ld batch %ld: KV cache of %.1f GiB exceeds available memory\n",
+                        depth, batch, kv_need / 1073741824.0);
+                if (json) { printf("%s\n  {\"test\": \"decode\", \"depth\": %ld, \"batch\": %ld, \"skipped\": \"memory\"}", first ? "" : ",", depth, batch); first = false; }
+                else printf("%-8s %6ld %6ld %11s\n", "decode", depth, batch, "skipped (memory)");
+                done++;
+                continue;
+            }
+            ks_context *ctx = NULL;
+            if ((st = ks_context_create(m, cp, &ctx)) != KS_OK) { app_report(cmd, "context", st); return 1; }
+            int32_t *seqs = malloc(sizeof(int32_t) * (size_t)batch), *toks = malloc(sizeof(int32_t) * (size_t)batch);
+            float *logits = malloc(sizeof(float) * (size_t)V * (size_t)batch);
+            for (long b = 0; b < batch; b++) {
+                seqs[b] = (int32_t)b;
+                toks[b] = (int32_t)((b * 7919 + 13) % V);
+                if ((st = ks_seq_fill_synthetic(ctx, (int32_t)b, (int32_t)depth, 1234 + (uint64_t)b)) != KS_OK) { app_report(cmd, "fill", st); return 1; }
+            }
+            /* one warm-up step (page faults, caches), then n_gen timed steps */
+            if ((st = ks_decode(ctx, seqs, toks, (int32_t)batch, logits)) != KS_OK) { app_report(cmd, "decode", st); return 1; }
+            ks_stats_reset(ctx);
+            for (long s = 0; s < n_gen; s++) {
+                if ((st = ks_decode(ctx, seqs, toks, (int32_t)batch, logits)) != KS_OK) { app_report(cmd, "decode", st); return 1; }
+                for (long b = 0; b < batch; b++) toks[b] = (int32_t)((toks[b] * 31 + 7) % V);
+            }
+            ks_stats s;
+            ks_context_stats(ctx, &s);
+            double step = s.decode_seconds / n_gen;
+            double gb_step = (s.weight_bytes_read + s.kv_bytes_read) / 1e9 / n_gen;
+            double gbs = gb_step / step, roof = gb_step / bw.read_gbs;
+            double tps = batch / step;
+            progress(what, ++done, total);
+            if (json) {
+                printf("%s\n  {\"test\": \"decode\", \"depth\": %ld, \"batch\": %ld, \"tok_s\": %.3f, \"ms_per_step\": %.3f, "
+                       "\"gb_per_step\": %.5f, \"weight_gb_per_step\": %.5f, \"kv_gb_per_step\": %.5f, \"gb_s\": %.3f, "
+                       "\"frac_triad\": %.4f, \"frac_read\": %.4f, \"roofline_ms\": %.3f}",
+                       first ? "" : ",", depth, batch, tps, 1e3 * step, gb_step, s.weight_bytes_read / 1e9 / n_gen,
+                       s.kv_bytes_read / 1e9 / n_gen, gbs, gbs / bw.triad_gbs, gbs / bw.read_gbs, 1e3 * roof);
+                first = false;
+            } else
+                printf("%-8s %6ld %6ld %11.2f %10.2f %10.3f %8.2f %7.1f%% %10.2f %10.2f\n", "decode", depth, batch, tps,
+                       1e3 * step, gb_step, gbs, 100 * gbs / bw.triad_gbs, 1e3 * roof, step / roof);
+            fflush(stdout);
+            free(seqs);
+            free(toks);
+            free(logits);
+            ks_context_destroy(ctx);
+        }
+    if (json) printf("\n]}\n");
+    ks_model_destroy(m);
+    return 0;
+}

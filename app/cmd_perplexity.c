@@ -1,0 +1,109 @@
+/*
+ * cmd_perplexity.c — `kvsieve perplexity -m M -f TEXT`.
+ *
+ * The text is cut into windows of -c tokens; each window is prefilled from an
+ * empty sequence (BOS first) and every token after the first is scored by the
+ * logits of its predecessor.  The result is exp(mean NLL) with a standard
+ * error from the per-token NLL variance.
+ */
+#include "args.h"
+#include "commands.h"
+#include "kvsieve.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int cmd_perplexity(int argc, char **argv) {
+    const char *cmd = "perplexity", *model_path = NULL, *file = NULL;
+    long n_ctx = 512, n_threads = 0, max_windows = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "-m")) { if (!(v = arg_value(cmd, argc, argv, &i))) return 2; model_path = v; }
+        else if (!strcmp(a, "-f")) { if (!(v = arg_value(cmd, argc, argv, &i))) return 2; file = v; }
+        else if (!strcmp(a, "-c")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_long(cmd, a, v, 2, 1 << 20, &n_ctx)) return 2; }
+        else if (!strcmp(a, "-t")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_long(cmd, a, v, 1, 1024, &n_threads)) return 2; }
+        else if (!strcmp(a, "--windows")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_long(cmd, a, v, 1, 1 << 20, &max_windows)) return 2; }
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: kvsieve perplexity [-m MODEL.gguf] -f TEXT [-c WINDOW (512)] [-t THREADS] [--windows N]\n");
+            return 0;
+        } else { fprintf(stderr, "kvsieve perplexity: unknown option '%s'\n", a); return 2; }
+    }
+    if (!file) { fprintf(stderr, "kvsieve perplexity: -f FILE is required\n"); return 2; }
+    if (!model_path) model_path = app_default_model();
+    if (!model_path) { fprintf(stderr, "kvsieve perplexity: no model given (-m)\n"); return 2; }
+    size_t len = 0;
+    char *text = app_read_file(cmd, file, &len);
+    if (!text) return 1;
+    int rc = 1;
+    ks_model *m = NULL;
+    ks_context *ctx = NULL;
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    ks_status st = ks_model_load(model_path, ks_model_default_params(), &m);
+    if (st != KS_OK) { app_report(cmd, "loading the model", st); goto done; }
+    if (n_ctx > ks_model_n_ctx_train(m)) {
+        fprintf(stderr, "kvsieve perplexity: window %ld exceeds the model's trained context %d\n", n_ctx, ks_model_n_ctx_train(m));
+        rc = 2;
+        goto done;
+    }
+    size_t n = 0;
+    ks_tokenize(m, text, len, false, false, NULL, 0, &n);
+    ids = malloc(sizeof(int32_t) * (n + 1));
+    if ((st = ks_tokenize(m, text, len, false, false, ids, n, &n)) != KS_OK) { app_report(cmd, "tokenizing", st); goto done; }
+    int32_t bos = ks_token_bos(m);
+    long body = bos >= 0 ? n_ctx - 1 : n_ctx; /* text tokens per window */
+    if ((long)n < 2 || (long)n < (bos >= 0 ? 1 : 2)) {
+        fprintf(stderr, "kvsieve perplexity: the text has only %zu tokens\n", n);
+        rc = 2;
+        goto done;
+    }
+    ks_context_params cp = ks_context_default_params();
+    cp.n_ctx = (int32_t)n_ctx;
+    cp.n_threads = (int32_t)n_threads;
+    if ((st = ks_context_create(m, cp, &ctx)) != KS_OK) { app_report(cmd, "creating the context", st); goto done; }
+    int32_t V = ks_model_n_vocab(m);
+    logits = malloc(sizeof(float) * (size_t)V * (size_t)n_ctx);
+    int32_t *win = malloc(sizeof(int32_t) * (size_t)n_ctx);
+    double nll = 0, nll2 = 0;
+    long count = 0, windows = 0;
+    for (size_t off = 0; off < n; off += (size_t)body) {
+        if (max_windows && windows == max_windows) break;
+        long k = 0;
+        if (bos >= 0) win[k++] = bos;
+        long take = (long)(n - off) < body ? (long)(n - off) : body;
+        memcpy(win + k, ids + off, sizeof(int32_t) * (size_t)take);
+        k += take;
+        if (k < 2) break;
+        ks_seq_reset(ctx, 0);
+        if ((st = ks_prefill(ctx, 0, win, (int32_t)k, NULL, logits)) != KS_OK) { app_report(cmd, "prefill", st); free(win); goto done; }
+        for (long i = 0; i + 1 < k; i++) {
+            const float *row = logits + (size_t)i * V;
+            float mx = row[0];
+            for (int32_t j = 1; j < V; j++) mx = row[j] > mx ? row[j] : mx;
+            double se = 0;
+            for (int32_t j = 0; j < V; j++) se += exp((double)row[j] - mx);
+            double l = -((double)row[win[i + 1]] - mx - log(se));
+            nll += l;
+            nll2 += l * l;
+            count++;
+        }
+        windows++;
+        fprintf(stderr, "\r[%ld] running ppl %.4f", windows, exp(nll / count));
+    }
+    free(win);
+    fprintf(stderr, "\n");
+    double mean = nll / count, var = nll2 / count - mean * mean;
+    double se = sqrt(var > 0 ? var / count : 0);
+    printf("perplexity: %.4f +/- %.4f over %ld tokens in %ld windows of %ld\n", exp(mean), exp(mean) * se, count,
+           windows, n_ctx);
+    rc = 0;
+done:
+    ks_context_destroy(ctx);
+    ks_model_destroy(m);
+    free(ids);
+    free(logits);
+    free(text);
+    return rc;
+}

@@ -1,0 +1,142 @@
+/*
+ * test_ops.c — the forward pass's small kernels against plain references:
+ * RMSNorm, RoPE in both pairings (and with llama3 frequency factors), softmax,
+ * and grouped attention (SIMD f16 path vs the portable path, f16 and 8-bit KV,
+ * MHA/GQA/MQA group sizes) against a double-precision reference.
+ */
+#include "infer/infer.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <string.h>
+
+static void test_rmsnorm(void **state) {
+    (void)state;
+    float x[7] = {1, -2, 3, -4, 5, -6, 7}, w[7] = {1, 1, 1, 1, 2, 2, 2}, out[7];
+    ks_rmsnorm(out, x, w, 7, 1e-6f);
+    double ms = 0;
+    for (int i = 0; i < 7; i++) ms += x[i] * x[i];
+    ms /= 7;
+    for (int i = 0; i < 7; i++) assert_float_equal(out[i], x[i] / sqrt(ms + 1e-6) * w[i], 1e-5);
+}
+
+static void test_rope_pairs(void **state) {
+    (void)state;
+    enum { D = 16 };
+    float c[D / 2], s[D / 2], ff[D / 2];
+    for (int j = 0; j < D / 2; j++) ff[j] = 1.0f + j; /* llama3-style divisors */
+    for (int use_ff = 0; use_ff < 2; use_ff++)
+        for (int neox = 0; neox < 2; neox++) {
+            int pos = 37;
+            ks_rope_angles(c, s, pos, D, 10000.0f, use_ff ? ff : NULL);
+            float v[D], ref[D];
+            for (int i = 0; i < D; i++) v[i] = ref[i] = (float)(i + 1) * 0.1f;
+            ks_rope_apply(v, D, neox, c, s);
+            for (int j = 0; j < D / 2; j++) {
+                double th = pos * pow(10000.0, -2.0 * j / D) / (use_ff ? ff[j] : 1.0);
+                int i0 = neox ? j : 2 * j, i1 = neox ? j + D / 2 : 2 * j + 1;
+                double a = ref[i0] * cos(th) - ref[i1] * sin(th), b = ref[i0] * sin(th) + ref[i1] * cos(th);
+                assert_float_equal(v[i0], a, 1e-5);
+                assert_float_equal(v[i1], b, 1e-5);
+            }
+            /* rotation preserves the norm */
+            double n0 = 0, n1 = 0;
+            for (int i = 0; i < D; i++) n0 += ref[i] * ref[i], n1 += v[i] * v[i];
+            assert_float_equal(n0, n1, 1e-4);
+        }
+    /* position 0 is the identity */
+    ks_rope_angles(c, s, 0, D, 10000.0f, NULL);
+    for (int j = 0; j < D / 2; j++) assert_float_equal(c[j], 1.0, 0), assert_float_equal(s[j], 0.0, 0);
+}
+
+static void test_softmax(void **state) {
+    (void)state;
+    float x[4] = {1000, 1000, 999, -INFINITY};
+    ks_softmax(x, 4);
+    double e = exp(-1.0), z = 2 + e;
+    assert_float_equal(x[0], 1 / z, 1e-6);
+    assert_float_equal(x[2], e / z, 1e-6);
+    assert_float_equal(x[3], 0, 0);
+}
+
+static void ref_attention(const float *Kf, const float *Vf, int len, int hd, int G, const float *q, double *out) {
+    for (int g = 0; g < G; g++) {
+        double *sc = malloc(sizeof(double) * len), mx = -1e300, sum = 0;
+        for (int t = 0; t < len; t++) {
+            double d = 0;
+            for (int i = 0; i < hd; i++) d += (double)q[g * hd + i] * Kf[t * hd + i];
+            sc[t] = d / sqrt(hd);
+            if (sc[t] > mx) mx = sc[t];
+        }
+        for (int t = 0; t < len; t++) sum += (sc[t] = exp(sc[t] - mx));
+        for (int i = 0; i < hd; i++) {
+            double acc = 0;
+            for (int t = 0; t < len; t++) acc += sc[t] / sum * Vf[t * hd + i];
+            out[g * hd + i] = acc;
+        }
+        free(sc);
+    }
+}
+
+static void check_attention(ks_kv_type kt, int len, int hd, int G, bool simd) {
+    ks_rng rng = {(uint64_t)len * 131 + (uint64_t)hd * 7 + (uint64_t)G};
+    size_t rb = ks_kv_row_bytes(kt, hd);
+    uint8_t *K = malloc(rb * len), *V = malloc(rb * len);
+    float *Kf = malloc(sizeof(float) * len * hd), *Vf = malloc(sizeof(float) * len * hd);
+    float *q = malloc(sizeof(float) * G * hd), *out = malloc(sizeof(float) * G * hd);
+    float *scores = malloc(sizeof(float) * G * len), *tmp = malloc(sizeof(float) * hd);
+    double *ref = malloc(sizeof(double) * G * hd);
+    for (int t = 0; t < len; t++) {
+        float kr[256], vr[256];
+        for (int i = 0; i < hd; i++) kr[i] = ks_rng_normal(&rng), vr[i] = ks_rng_normal(&rng);
+        if (kt == KS_KV_F16) {
+            for (int i = 0; i < hd; i++) {
+                ((ks_f16 *)(K + rb * t))[i] = ks_f32_to_f16(kr[i]);
+                ((ks_f16 *)(V + rb * t))[i] = ks_f32_to_f16(vr[i]);
+            }
+        } else {
+            ks_quantize_row(KS_DTYPE_Q8_0, kr, K + rb * t, hd);
+            ks_quantize_row(KS_DTYPE_Q8_0, vr, V + rb * t, hd);
+        }
+        /* the reference sees exactly the stored (rounded) values */
+        if (kt == KS_KV_F16)
+            for (int i = 0; i < hd; i++) {
+                Kf[t * hd + i] = ks_f16_to_f32(((ks_f16 *)(K + rb * t))[i]);
+                Vf[t * hd + i] = ks_f16_to_f32(((ks_f16 *)(V + rb * t))[i]);
+            }
+        else {
+            ks_dequantize_row(KS_DTYPE_Q8_0, K + rb * t, Kf + t * hd, hd);
+            ks_dequantize_row(KS_DTYPE_Q8_0, V + rb * t, Vf + t * hd, hd);
+        }
+    }
+    for (int i = 0; i < G * hd; i++) q[i] = ks_rng_normal(&rng);
+    ks_attention_group(kt, K, V, len, hd, G, q, scores, out, tmp, simd);
+    ref_attention(Kf, Vf, len, hd, G, q, ref);
+    float *reff = malloc(sizeof(float) * G * hd);
+    for (int i = 0; i < G * hd; i++) reff[i] = (float)ref[i];
+    double mx, e = ks_test_nmse(out, reff, (size_t)G * hd, &mx);
+    if (e > 1e-5) fail_msg("attention kt=%d len=%d hd=%d G=%d simd=%d: nmse %g max %g", kt, len, hd, G, simd, e, mx);
+    free(K); free(V); free(Kf); free(Vf); free(q); free(out); free(scores); free(tmp); free(ref); free(reff);
+}
+
+static void test_attention(void **state) {
+    (void)state;
+    int lens[] = {1, 2, 33, 500};
+    int groups[] = {1, 4, 8}; /* MHA, GQA, MQA-like group sizes */
+    int hds[] = {32, 64, 128};
+    for (int kt = 0; kt < 2; kt++)
+        for (size_t a = 0; a < 4; a++)
+            for (size_t b = 0; b < 3; b++)
+                for (size_t h = 0; h < 3; h++)
+                    for (int simd = 0; simd < 2; simd++) check_attention((ks_kv_type)kt, lens[a], hds[h], groups[b], simd);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rope_pairs),
+        cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_attention),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
