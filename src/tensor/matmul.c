@@ -1,0 +1,476 @@
+/*
+ * matmul.c — Y[n][rows] = X[n][cols] W^T for every weight type: the driver,
+ * run-time SIMD dispatch, activation quantization and the scalar kernels.
+ *
+ * Why it is shaped this way.  Decode multiplies a handful of activation
+ * vectors by matrices far larger than any cache, so the cost is the time to
+ * stream W from DRAM once; arithmetic only has to keep up.  Hence:
+ *   - rows are split across threads in contiguous, 16-row aligned ranges, so
+ *     each core reads one sequential stream the hardware prefetcher follows;
+ *   - a weight row is dotted against all n vectors (in tiles of up to 4
+ *     vectors) while it is still in L1, so W is read from memory once per
+ *     call whatever n is; for large n the vectors are taken in groups of 16
+ *     and the rows in L2-sized chunks, so prefill stays cache friendly too;
+ *   - X is quantized once per call into scratch (int8 + f32 scale per 32, or
+ *     Q8_K per 256), so the inner loops are integer dot products with the two
+ *     block scales applied once per block in f32.  The Q8_0 partner uses a
+ *     private split layout (all int8 first, then f32 scales) instead of
+ *     ks_block_q8_0: it is never stored, and aligned int8 runs plus f32 scales
+ *     save a conversion per block in the hottest loop.
+ * The scalar kernels below are the reference: the SIMD kernels (AVX2+FMA and
+ * AVX-512 VNNI, compiled from matmul_x86.c with target attributes so the
+ * library needs no -march flag) must agree with them to float rounding, which
+ * tests/test_matmul.c checks for every level the CPU has.
+ */
+#include "tensor/matmul.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+/* A kernel dots one weight row with nc (1..KS_MM_NC) quantized activation
+ * vectors xq + c*xs and stores the results at y[c*ys]. */
+typedef void (*ks_mm_kern)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols,
+                           float *y, int64_t ys);
+
+#define KS_MM_NC 4     /* vectors per kernel call */
+#define KS_MM_VG 16    /* vectors per group (L2 reuse for large n) */
+#define KS_MM_ROWS 16  /* row alignment of the thread split */
+#define KS_MM_CHUNK_BYTES (192 * 1024) /* weight bytes per row chunk (L2) */
+
+static inline size_t ks_mm_align64(size_t x) { return (x + 63) & ~(size_t)63; }
+
+/* ------------------------------------------------ activation quantization --
+ * Q8 partner layout, per vector: int8 q[cols] (padded to 64 B), then
+ * float d[cols/32] (padded to 64 B).  Values are kept in [-127, 127] so the
+ * SIMD sign trick (negating activations) can never overflow. */
+static size_t ks_mm_q8_stride(int64_t cols) {
+    return ks_mm_align64((size_t)cols) + ks_mm_align64((size_t)(cols / KS_QK8_0) * sizeof(float));
+}
+
+static void ks_mm_quantize_q8(const float *x, uint8_t *dst, int64_t cols) {
+    int8_t *q = (int8_t *)dst;
+    float *ds = (float *)(dst + ks_mm_align64((size_t)cols));
+    for (int64_t b = 0; b < cols / KS_QK8_0; b++) {
+        const float *xb = x + b * KS_QK8_0;
+        float amax = 0.0f;
+        for (int i = 0; i < KS_QK8_0; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        ds[b] = d;
+        for (int i = 0; i < KS_QK8_0; i++) q[b * KS_QK8_0 + i] = (int8_t)lrintf(xb[i] * id);
+    }
+}
+
+static size_t ks_mm_q8k_stride(int64_t cols) {
+    return ks_mm_align64((size_t)(cols / KS_QK_K) * sizeof(ks_block_q8_k));
+}
+
+/* Partner layout of a weight type; 0 = none (float weights dot f32 X). */
+typedef enum { KS_MM_XF32 = 0, KS_MM_XQ8, KS_MM_XQ8K } ks_mm_xkind;
+
+static ks_mm_xkind ks_mm_xkind_of(ks_dtype t) {
+    switch (t) {
+    case KS_DTYPE_Q8_0:
+    case KS_DTYPE_Q4_0: return KS_MM_XQ8;
+    case KS_DTYPE_Q4_K:
+    case KS_DTYPE_Q6_K: return KS_MM_XQ8K;
+    default: return KS_MM_XF32;
+    }
+}
+
+size_t ks_matmul_scratch_bytes(ks_dtype wtype, int64_t cols, int64_t n) {
+    KS_ASSERT(ks_dtype_is_weight_type((uint32_t)wtype));
+    switch (ks_mm_xkind_of(wtype)) {
+    case KS_MM_XQ8: return (size_t)n * ks_mm_q8_stride(cols);
+    case KS_MM_XQ8K: return (size_t)n * ks_mm_q8k_stride(cols);
+    default: return 0;
+    }
+}
+
+/* --------------------------------------------------------- scalar kernels -- */
+
+static void ks_mm_f32_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols,
+                             float *y, int64_t ys) {
+    const float *wr = (const float *)w;
+    for (int c = 0; c < nc; c++) {
+        const float *x = (const float *)(xq + c * xs);
+        float s = 0.0f;
+        for (int64_t i = 0; i < cols; i++) s += wr[i] * x[i];
+        y[c * ys] = s;
+    }
+}
+
+static void ks_mm_f16_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols,
+                             float *y, int64_t ys) {
+    const ks_f16 *wr = (const ks_f16 *)w;
+    for (int c = 0; c < nc; c++) {
+        const float *x = (const float *)(xq + c * xs);
+        float s = 0.0f;
+        for (int64_t i = 0; i < cols; i++) s += ks_f16_to_f32(wr[i]) * x[i];
+        y[c * ys] = s;
+    }
+}
+
+static void ks_mm_bf16_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols,
+                              float *y, int64_t ys) {
+    const ks_bf16 *wr = (const ks_bf16 *)w;
+    for (int c = 0; c < nc; c++) {
+        const float *x = (const float *)(xq + c * xs);
+        float s = 0.0f;
+        for (int64_t i = 0; i < cols; i++) s += ks_bf16_to_f32(wr[i]) * x[i];
+        y[c * ys] = s;
+    }
+}
+
+static void ks_mm_q8_0_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols,
+                              float *y, int64_t ys) {
+    const ks_block_q8_0 *wb = (const ks_block_q8_0 *)w;
+    const int64_t nb = cols / KS_QK8_0;
+    for (int c = 0; c < nc; c++) {
+        const int8_t *q = (const int8_t *)(xq + c * xs);
+        const float *d = (const float *)(xq + c * xs + ks_mm_align64((size_t)cols));
+        float s = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            int32_t isum = 0;
+            for (int i = 0; i < KS_QK8_0; i++) isum += wb[b].qs[i] * q[b * KS_QK8_0 + i];
+            s += ks_f16_to_f32(wb[b].d) * d[b] * (float)isum;
+        }
+        y[c * ys] = s;
+    }
+}
+
+static void ks_mm_q4_0_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols,
+                              float *y, int64_t ys) {
+    const ks_block_q4_0 *wb = (const ks_block_q4_0 *)w;
+    const int64_t nb = cols / KS_QK4_0;
+    for (int c = 0; c < nc; c++) {
+        const int8_t *q = (const int8_t *)(xq + c * xs);
+        const float *d = (const float *)(xq + c * xs + ks_mm_align64((size_t)cols));
+        float s = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            const int8_t *qb = q + b * KS_QK4_0;
+            int32_t isum = 0;
+            for (int i = 0; i < 16; i++)
+                isum += ((wb[b].qs[i] & 0xF) - 8) * qb[i] + ((wb[b].qs[i] >> 4) - 8) * qb[i + 16];
+            s += ks_f16_to_f32(wb[b].d) * d[b] * (float)isum;
+        }
+        y[c * ys] = s;
+    }
+}
+
+static void ks_mm_q4k_scales(const uint8_t *q, uint8_t *sc /* [8] */, uint8_t *m /* [8] */) {
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            sc[j] = q[j] & 63;
+            m[j] = q[j + 4] & 63;
+        } else {
+            sc[j] = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+            m[j] = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+        }
+    }
+}
+
+static void ks_mm_q4_k_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols,
+                              float *y, int64_t ys) {
+    const ks_block_q4_k *wb = (const ks_block_q4_k *)w;
+    const int64_t nb = cols / KS_QK_K;
+    for (int c = 0; c < nc; c++) {
+        const ks_block_q8_k *a = (const ks_block_q8_k *)(xq + c * xs);
+        float s = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t sc[8], m[8];
+            ks_mm_q4k_scales(wb[b].scales, sc, m);
+            int32_t sumi = 0, summ = 0;
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *qs = wb[b].qs + 32 * (j / 2);
+                const int8_t *aq = a[b].qs + 32 * j;
+                int shift = (j & 1) * 4, isum = 0;
+                for (int l = 0; l < 32; l++) isum += ((qs[l] >> shift) & 0xF) * aq[l];
+                sumi += sc[j] * isum;
+                summ += m[j] * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
+            }
+            s += a[b].d * (ks_f16_to_f32(wb[b].d) * (float)sumi - ks_f16_to_f32(wb[b].dmin) * (float)summ);
+        }
+        y[c * ys] = s;
+    }
+}
+
+static void ks_mm_q6_k_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols,
+                              float *y, int64_t ys) {
+    const ks_block_q6_k *wb = (const ks_block_q6_k *)w;
+    const int64_t nb = cols / KS_QK_K;
+    for (int64_t c = 0; c < nc; c++) y[c * ys] = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        int8_t v[KS_QK_K]; /* q6 - 32 in element order */
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = wb[b].ql + 64 * h, *qh = wb[b].qh + 32 * h;
+            int8_t *vh = v + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                vh[l] = (int8_t)(((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+                vh[l + 32] = (int8_t)(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                vh[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                vh[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+            }
+        }
+        float d = ks_f16_to_f32(wb[b].d);
+        for (int c = 0; c < nc; c++) {
+            const ks_block_q8_k *a = (const ks_block_q8_k *)(xq + c * xs) + b;
+            int32_t sumi = 0;
+            for (int s = 0; s < 16; s++) {
+                int32_t isum = 0;
+                for (int l = 0; l < 16; l++) isum += v[16 * s + l] * a->qs[16 * s + l];
+                sumi += wb[b].scales[s] * isum;
+            }
+            y[c * ys] += d * a->d * (float)sumi;
+        }
+    }
+}
+
+/* ------------------------------------------------------------ SIMD kernels -- */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KS_MM_HAVE_X86 1
+#include <immintrin.h>
+#define KS_MM_TEMPLATE_PASS 1
+#define KS_MM_SFX(name) name##_avx2
+#define KS_MM_TGT "avx2,fma,f16c"
+#define KS_MM_LEVEL 1
+#include "matmul_x86.c"
+#undef KS_MM_SFX
+#undef KS_MM_TGT
+#undef KS_MM_LEVEL
+#define KS_MM_SFX(name) name##_avx512
+#define KS_MM_TGT "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"
+#define KS_MM_LEVEL 2
+#include "matmul_x86.c"
+#undef KS_MM_SFX
+#undef KS_MM_TGT
+#undef KS_MM_LEVEL
+#undef KS_MM_TEMPLATE_PASS
+#else
+#define KS_MM_HAVE_X86 0
+#endif
+
+static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
+#if KS_MM_HAVE_X86
+    if (level == KS_SIMD_AVX512) {
+        switch (t) {
+        case KS_DTYPE_F32: return ks_mm_f32_avx512;
+        case KS_DTYPE_F16: return ks_mm_f16_avx512;
+        case KS_DTYPE_BF16: return ks_mm_bf16_avx512;
+        case KS_DTYPE_Q8_0: return ks_mm_q8_0_avx512;
+        case KS_DTYPE_Q4_0: return ks_mm_q4_0_avx512;
+        case KS_DTYPE_Q4_K: return ks_mm_q4_k_avx512;
+        case KS_DTYPE_Q6_K: return ks_mm_q6_k_avx512;
+        default: break;
+        }
+    }
+    if (level == KS_SIMD_AVX2) {
+        switch (t) {
+        case KS_DTYPE_F32: return ks_mm_f32_avx2;
+        case KS_DTYPE_F16: return ks_mm_f16_avx2;
+        case KS_DTYPE_BF16: return ks_mm_bf16_avx2;
+        case KS_DTYPE_Q8_0: return ks_mm_q8_0_avx2;
+        case KS_DTYPE_Q4_0: return ks_mm_q4_0_avx2;
+        case KS_DTYPE_Q4_K: return ks_mm_q4_k_avx2;
+        case KS_DTYPE_Q6_K: return ks_mm_q6_k_avx2;
+        default: break;
+        }
+    }
+#endif
+    switch (t) {
+    case KS_DTYPE_F32: return ks_mm_f32_scalar;
+    case KS_DTYPE_F16: return ks_mm_f16_scalar;
+    case KS_DTYPE_BF16: return ks_mm_bf16_scalar;
+    case KS_DTYPE_Q8_0: return ks_mm_q8_0_scalar;
+    case KS_DTYPE_Q4_0: return ks_mm_q4_0_scalar;
+    case KS_DTYPE_Q4_K: return ks_mm_q4_k_scalar;
+    case KS_DTYPE_Q6_K: return ks_mm_q6_k_scalar;
+    default: KS_ASSERT(!"ks_matmul: not a weight type"); return NULL;
+    }
+}
+
+/* ---------------------------------------------------------- SIMD dispatch -- */
+
+static _Atomic int ks_simd_hw = -1;  /* best level of this CPU, env-capped */
+static _Atomic int ks_simd_cur = -1; /* level in use (forced or detected) */
+
+ks_simd_level ks_simd_detect(void) {
+    int lv = atomic_load(&ks_simd_hw);
+    if (lv >= 0) return (ks_simd_level)lv;
+    lv = KS_SIMD_SCALAR;
+#if KS_MM_HAVE_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) lv = KS_SIMD_AVX2;
+    if (lv == KS_SIMD_AVX2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vnni"))
+        lv = KS_SIMD_AVX512;
+#endif
+    const char *env = getenv("KS_SIMD");
+    if (env) {
+        int cap = lv;
+        if (!strcmp(env, "scalar")) cap = KS_SIMD_SCALAR;
+        else if (!strcmp(env, "avx2")) cap = KS_SIMD_AVX2;
+        else if (!strcmp(env, "avx512")) cap = KS_SIMD_AVX512;
+        if (cap < lv) lv = cap;
+    }
+    atomic_store(&ks_simd_hw, lv);
+    return (ks_simd_level)lv;
+}
+
+const char *ks_simd_name(ks_simd_level level) {
+    switch (level) {
+    case KS_SIMD_SCALAR: return "scalar";
+    case KS_SIMD_AVX2: return "avx2";
+    case KS_SIMD_AVX512: return "avx512";
+    default: return "?";
+    }
+}
+
+static ks_simd_level ks_simd_current(void) {
+    int lv = atomic_load(&ks_simd_cur);
+    if (lv < 0) {
+        lv = ks_simd_detect();
+        atomic_store(&ks_simd_cur, lv);
+    }
+    return (ks_simd_level)lv;
+}
+
+ks_simd_level ks_simd_force(ks_simd_level level) {
+    ks_simd_level prev = ks_simd_current();
+    int hw = ks_simd_detect();
+    int lv = (int)level;
+    if (lv < KS_SIMD_SCALAR) lv = KS_SIMD_SCALAR;
+    if (lv > hw) lv = hw; /* never run instructions the CPU lacks */
+    atomic_store(&ks_simd_cur, lv);
+    return prev;
+}
+
+/* ----------------------------------------------------------------- driver -- */
+
+typedef struct {
+    ks_mm_kern kern;
+    ks_simd_level level;
+    ks_mm_xkind xkind;
+    const uint8_t *W;  /* [rows][wrow bytes] */
+    size_t wrow;       /* bytes per weight row */
+    int64_t rows, cols, n;
+    const float *X;    /* [n][cols] */
+    const uint8_t *xq; /* [n][xs bytes]: quantized X, or X itself */
+    uint8_t *scratch;
+    size_t xs;         /* bytes per activation vector in xq */
+    float *Y;          /* [n][rows] */
+} ks_mm_job;
+
+static void ks_mm_quantize_one(const ks_mm_job *job, int64_t c) {
+    const float *x = job->X + c * job->cols;
+    uint8_t *dst = job->scratch + (size_t)c * job->xs;
+#if KS_MM_HAVE_X86
+    if (job->level == KS_SIMD_AVX512) {
+        if (job->xkind == KS_MM_XQ8) ks_mm_quantize_q8_avx512(x, dst, job->cols);
+        else ks_mm_quantize_q8_k_avx512(x, dst, job->cols);
+        return;
+    }
+    if (job->level == KS_SIMD_AVX2) {
+        if (job->xkind == KS_MM_XQ8) ks_mm_quantize_q8_avx2(x, dst, job->cols);
+        else ks_mm_quantize_q8_k_avx2(x, dst, job->cols);
+        return;
+    }
+#endif
+    if (job->xkind == KS_MM_XQ8) ks_mm_quantize_q8(x, dst, job->cols);
+    else ks_quantize_row(KS_DTYPE_Q8_K, x, dst, job->cols);
+}
+
+static void ks_mm_quantize_worker(void *arg, int ith, int nth) {
+    const ks_mm_job *job = arg;
+    for (int64_t c = ith; c < job->n; c += nth) ks_mm_quantize_one(job, c);
+}
+
+static void ks_mm_worker(void *arg, int ith, int nth) {
+    const ks_mm_job *job = arg;
+    const int64_t units = (job->rows + KS_MM_ROWS - 1) / KS_MM_ROWS;
+    const int64_t r_begin = units * ith / nth * KS_MM_ROWS;
+    int64_t r_end = units * (ith + 1) / nth * KS_MM_ROWS;
+    if (r_end > job->rows) r_end = job->rows;
+    int64_t chunk = (int64_t)(KS_MM_CHUNK_BYTES / job->wrow) / KS_MM_ROWS * KS_MM_ROWS;
+    if (chunk < KS_MM_ROWS) chunk = KS_MM_ROWS;
+    if (job->n <= KS_MM_VG) chunk = r_end - r_begin; /* one pass: W streams once regardless */
+
+    for (int64_t r0 = r_begin; r0 < r_end; r0 += chunk) {
+        int64_t r1 = r0 + chunk < r_end ? r0 + chunk : r_end;
+        for (int64_t c0 = 0; c0 < job->n; c0 += KS_MM_VG) {
+            int64_t c1 = c0 + KS_MM_VG < job->n ? c0 + KS_MM_VG : job->n;
+            for (int64_t r = r0; r < r1; r++) {
+                const uint8_t *w = job->W + (size_t)r * job->wrow;
+                for (int64_t c = c0; c < c1; c += KS_MM_NC) {
+                    int nc = (int)(c1 - c < KS_MM_NC ? c1 - c : KS_MM_NC);
+                    job->kern(w, job->xq + (size_t)c * job->xs, job->xs, nc, job->cols,
+                              job->Y + c * job->rows + r, job->rows);
+                }
+            }
+        }
+    }
+}
+
+void ks_matmul(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64_t cols,
+               const float *X, int64_t n, float *Y, void *scratch) {
+    KS_ASSERT(ks_dtype_is_weight_type((uint32_t)wtype));
+    KS_ASSERT(rows >= 0 && cols >= 0 && n >= 0);
+    KS_ASSERT(cols % ks_dtype_block_size(wtype) == 0);
+    if (rows == 0 || n == 0) return;
+    const ks_simd_level level = ks_simd_current();
+    ks_mm_job job = {
+        .kern = ks_mm_kernel(wtype, level),
+        .level = level,
+        .xkind = ks_mm_xkind_of(wtype),
+        .W = W,
+        .wrow = ks_dtype_row_bytes(wtype, cols),
+        .rows = rows,
+        .cols = cols,
+        .n = n,
+        .X = X,
+        .scratch = scratch,
+        .Y = Y,
+    };
+    if (cols == 0) {
+        memset(Y, 0, (size_t)(n * rows) * sizeof(float));
+        return;
+    }
+    if (job.xkind == KS_MM_XF32) {
+        job.xq = (const uint8_t *)X;
+        job.xs = (size_t)cols * sizeof(float);
+    } else {
+        KS_ASSERT(scratch != NULL && ((uintptr_t)scratch & 63) == 0);
+        job.xs = job.xkind == KS_MM_XQ8 ? ks_mm_q8_stride(cols) : ks_mm_q8k_stride(cols);
+        job.xq = scratch;
+        /* Quantizing X costs ~1/rows of the product: do it inline for small
+         * batches (one dispatch saved) and in parallel by vector for prefill. */
+        if (pool && ks_pool_size(pool) > 1 && n >= 4 && n * cols >= 32768) {
+            ks_pool_run(pool, ks_mm_quantize_worker, &job);
+        } else {
+            for (int64_t c = 0; c < n; c++) ks_mm_quantize_one(&job, c);
+        }
+    }
+    ks_pool_run(pool, ks_mm_worker, &job);
+}
+
+/* ------------------------------------------------------ reference dot ----- */
+
+float ks_dot_row_ref(ks_dtype wtype, const void *wrow, const float *x, int64_t cols) {
+    KS_ASSERT(ks_dtype_is_weight_type((uint32_t)wtype));
+    const int64_t bs = ks_dtype_block_size(wtype);
+    KS_ASSERT(cols % bs == 0);
+    /* dequantize a few blocks at a time; accumulate in double so the result
+     * is the exact dot of dequant(w) and x rounded once to f32 */
+    const int64_t chunk = bs >= KS_QK_K ? bs : (256 / bs) * bs;
+    const size_t chunk_bytes = ks_dtype_row_bytes(wtype, chunk);
+    float buf[256];
+    double s = 0.0;
+    const uint8_t *w = wrow;
+    for (int64_t i = 0; i < cols; i += chunk, w += chunk_bytes) {
+        int64_t m = cols - i < chunk ? cols - i : chunk;
+        ks_dequantize_row(wtype, w, buf, m);
+        for (int64_t k = 0; k < m; k++) s += (double)buf[k] * (double)x[i + k];
+    }
+    return (float)s;
+}

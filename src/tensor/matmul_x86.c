@@ -1,0 +1,367 @@
+/*
+ * matmul_x86.c — the x86 SIMD kernels, written once and compiled twice.
+ *
+ * Why a template: the AVX2 and AVX-512 kernels differ in a handful of
+ * primitives (the u8 x s8 dot product is maddubs+madd on AVX2 and one VNNI
+ * dpbusd on AVX-512; float kernels use 8 or 16 lanes) but share every block
+ * layout detail, which is where bugs hide.  matmul.c includes this file once
+ * per level with KS_MM_SFX / KS_MM_TGT / KS_MM_LEVEL defined, and every
+ * function carries __attribute__((target(KS_MM_TGT))) so the library builds
+ * without -march flags and picks a level at run time.  Compiled on its own
+ * (CMake compiles every .c under src/tensor) the file is empty.
+ *
+ * Integer kernels work on 32-byte (ymm) runs even at the AVX-512 level: one
+ * Q8_0/Q4_0 block or one Q4_K sub-block is exactly 32 bytes, so wider
+ * registers would only add shuffles, while VNNI (on ymm via AVX512VL) already
+ * removes the instruction that bounds AVX2.  Products stay exact in int16 /
+ * int32: activations are in [-127, 127], weights in [-128, 127] (Q8_0, via the
+ * sign trick |w| * sign(a, w)), [0, 15] (Q4_K) or [0, 63] (Q6_K), so no
+ * maddubs pair can saturate (max 2 * 128 * 127 = 32512).
+ *
+ * Each kernel takes nc (1..4) vectors; a switch maps nc to an always-inline
+ * body with a constant count, so accumulators live in registers and a weight
+ * block is loaded, unpacked and scaled once for all nc vectors.
+ */
+#ifndef KS_MM_TEMPLATE_PASS
+typedef int ks_matmul_x86_is_included_by_matmul_c; /* standalone: nothing to compile */
+#else
+
+#define KS_MM_FN static __attribute__((target(KS_MM_TGT)))
+#define KS_MM_INL static inline __attribute__((target(KS_MM_TGT), always_inline))
+
+/* ---------------------------------------------------------- primitives -- */
+
+KS_MM_INL float KS_MM_SFX(ks_mm_hsum8)(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* acc + sum of 4 adjacent u8*s8 products per int32 lane */
+KS_MM_INL __m256i KS_MM_SFX(ks_mm_dot_u8s8)(__m256i acc, __m256i u, __m256i s) {
+#if KS_MM_LEVEL >= 2
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    __m256i p = _mm256_maddubs_epi16(u, s);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+#endif
+}
+
+/* acc + (int16 products p) * (int16 scales sc), pairwise summed into int32 */
+KS_MM_INL __m256i KS_MM_SFX(ks_mm_dot_i16)(__m256i acc, __m256i p, __m256i sc) {
+#if KS_MM_LEVEL >= 2
+    return _mm256_dpwssd_epi32(acc, p, sc);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
+#endif
+}
+
+KS_MM_INL float KS_MM_SFX(ks_mm_h2f)(ks_f16 h) { return _cvtsh_ss(h); }
+
+#define KS_MM_NC_SWITCH(body, ...)                 \
+    switch (nc) {                                  \
+    case 4: body(__VA_ARGS__, 4); break;           \
+    case 3: body(__VA_ARGS__, 3); break;           \
+    case 2: body(__VA_ARGS__, 2); break;           \
+    default: body(__VA_ARGS__, 1); break;          \
+    }
+
+/* --------------------------------------------------------- float weights -- */
+#if KS_MM_LEVEL >= 2
+#define KS_MM_FVL 16
+typedef __m512 KS_MM_SFX(ks_mm_fvec);
+#define KS_MM_FZERO() _mm512_setzero_ps()
+#define KS_MM_FLOAD(p) _mm512_loadu_ps(p)
+#define KS_MM_FFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define KS_MM_FHSUM(v) _mm512_reduce_add_ps(v)
+#define KS_MM_FLOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define KS_MM_FLOAD_BF16(p) \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+#else
+#define KS_MM_FVL 8
+typedef __m256 KS_MM_SFX(ks_mm_fvec);
+#define KS_MM_FZERO() _mm256_setzero_ps()
+#define KS_MM_FLOAD(p) _mm256_loadu_ps(p)
+#define KS_MM_FFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define KS_MM_FHSUM(v) KS_MM_SFX(ks_mm_hsum8)(v)
+#define KS_MM_FLOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define KS_MM_FLOAD_BF16(p) \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+#endif
+
+/* One body for f32/f16/bf16: WT is the element type, LOADW converts FVL of
+ * them to f32 lanes, CVT1 converts one (tail). */
+#define KS_MM_FLOAT_KERNEL(name, WT, LOADW, CVT1)                                                  \
+    KS_MM_INL void KS_MM_SFX(name##_body)(const uint8_t *w, const uint8_t *xq, size_t xs,          \
+                                          int64_t cols, float *y, int64_t ys, const int NC) {      \
+        const WT *wr = (const WT *)w;                                                              \
+        KS_MM_SFX(ks_mm_fvec) acc[4];                                                              \
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = KS_MM_FZERO();               \
+        int64_t i = 0;                                                                             \
+        for (; i + KS_MM_FVL <= cols; i += KS_MM_FVL) {                                            \
+            KS_MM_SFX(ks_mm_fvec) wv = LOADW(wr + i);                                              \
+            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] =                          \
+                KS_MM_FFMA(wv, KS_MM_FLOAD((const float *)(xq + c * xs) + i), acc[c]);             \
+        }                                                                                          \
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                                     \
+            const float *x = (const float *)(xq + c * xs);                                         \
+            float s = KS_MM_FHSUM(acc[c]);                                                         \
+            for (int64_t k = i; k < cols; k++) s += CVT1(wr[k]) * x[k];                            \
+            y[c * ys] = s;                                                                         \
+        }                                                                                          \
+    }                                                                                              \
+    KS_MM_FN void KS_MM_SFX(name)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc,          \
+                                  int64_t cols, float *y, int64_t ys) {                            \
+        KS_MM_NC_SWITCH(KS_MM_SFX(name##_body), w, xq, xs, cols, y, ys)                            \
+    }
+
+#define KS_MM_ID(x) (x)
+KS_MM_FLOAT_KERNEL(ks_mm_f32, float, KS_MM_FLOAD, KS_MM_ID)
+KS_MM_FLOAT_KERNEL(ks_mm_f16, ks_f16, KS_MM_FLOAD_F16, ks_f16_to_f32)
+KS_MM_FLOAT_KERNEL(ks_mm_bf16, ks_bf16, KS_MM_FLOAD_BF16, ks_bf16_to_f32)
+#undef KS_MM_ID
+#undef KS_MM_FLOAT_KERNEL
+#undef KS_MM_FVL
+#undef KS_MM_FZERO
+#undef KS_MM_FLOAD
+#undef KS_MM_FFMA
+#undef KS_MM_FHSUM
+#undef KS_MM_FLOAD_F16
+#undef KS_MM_FLOAD_BF16
+
+/* ------------------------------------------------- Q8_0 / Q4_0 weights --
+ * Both become 32 signed int8 weights + one f32 scale per block; the dot with
+ * signed activations uses |w| (unsigned) times sign(a, w). */
+
+KS_MM_INL __m256i KS_MM_SFX(ks_mm_load_q8_0)(const ks_block_q8_0 *b) {
+    return _mm256_loadu_si256((const __m256i *)b->qs);
+}
+
+KS_MM_INL __m256i KS_MM_SFX(ks_mm_load_q4_0)(const ks_block_q4_0 *b) {
+    __m128i q = _mm_loadu_si128((const __m128i *)b->qs);
+    __m128i m = _mm_set1_epi8(0x0F);
+    __m128i lo = _mm_and_si128(q, m), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m);
+    return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+}
+
+/* One block for all NC vectors into acc[]; dw is broadcast once and each
+ * vector's scale is folded in with one multiply (the f32 activation scale is
+ * a broadcast load, free of ALU work). */
+#define KS_MM_Q32_STEP(LOADB, wb, b, acc)                                                          \
+    do {                                                                                           \
+        __m256i wq = LOADB((wb) + (b));                                                            \
+        __m256i wa = _mm256_sign_epi8(wq, wq);                                                     \
+        const __m256 dwv = _mm256_set1_ps(KS_MM_SFX(ks_mm_h2f)((wb)[b].d));                        \
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                                     \
+            const uint8_t *xc = xq + c * xs;                                                       \
+            __m256i a = _mm256_loadu_si256((const __m256i *)(xc + 32 * (b)));                      \
+            __m256i p = KS_MM_SFX(ks_mm_dot_u8s8)(_mm256_setzero_si256(), wa,                      \
+                                                  _mm256_sign_epi8(a, wq));                        \
+            __m256 s = _mm256_mul_ps(dwv, _mm256_set1_ps(((const float *)(xc + doff))[b]));        \
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[c]);                            \
+        }                                                                                          \
+    } while (0)
+
+/* Two accumulator sets (even / odd blocks) hide the FMA latency at n = 1. */
+#define KS_MM_Q32_KERNEL(name, BT, LOADB)                                                          \
+    KS_MM_INL void KS_MM_SFX(name##_body)(const uint8_t *w, const uint8_t *xq, size_t xs,          \
+                                          int64_t cols, float *y, int64_t ys, const int NC) {      \
+        const BT *wb = (const BT *)w;                                                              \
+        const int64_t nb = cols / 32;                                                              \
+        const size_t doff = ks_mm_align64((size_t)cols);                                           \
+        __m256 acc0[4], acc1[4];                                                                   \
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc0[c] = acc1[c] = _mm256_setzero_ps(); \
+        int64_t b = 0;                                                                             \
+        for (; b + 1 < nb; b += 2) {                                                               \
+            KS_MM_Q32_STEP(LOADB, wb, b, acc0);                                                    \
+            KS_MM_Q32_STEP(LOADB, wb, b + 1, acc1);                                                \
+        }                                                                                          \
+        if (b < nb) KS_MM_Q32_STEP(LOADB, wb, b, acc0);                                            \
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] =                           \
+            KS_MM_SFX(ks_mm_hsum8)(_mm256_add_ps(acc0[c], acc1[c]));                               \
+    }                                                                                              \
+    KS_MM_FN void KS_MM_SFX(name)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc,          \
+                                  int64_t cols, float *y, int64_t ys) {                            \
+        KS_MM_NC_SWITCH(KS_MM_SFX(name##_body), w, xq, xs, cols, y, ys)                            \
+    }
+
+KS_MM_Q32_KERNEL(ks_mm_q8_0, ks_block_q8_0, KS_MM_SFX(ks_mm_load_q8_0))
+KS_MM_Q32_KERNEL(ks_mm_q4_0, ks_block_q4_0, KS_MM_SFX(ks_mm_load_q4_0))
+#undef KS_MM_Q32_KERNEL
+#undef KS_MM_Q32_STEP
+
+/* ------------------------------------------------------------ Q4_K -------
+ * Per super-block: sum_j sc_j * (q_j . a_j) in int32 (maddubs to int16, then
+ * times the 6-bit scale), minus sum_j m_j * (bsum pair of a), both scaled once
+ * in f32 by d*da and dmin*da. */
+
+KS_MM_INL void KS_MM_SFX(ks_mm_q4_k_body)(const uint8_t *w, const uint8_t *xq, size_t xs,
+                                          int64_t cols, float *y, int64_t ys, const int NC) {
+    const ks_block_q4_k *wb = (const ks_block_q4_k *)w;
+    const int64_t nb = cols / KS_QK_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[4];
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t sc[8], mn[8];
+        ks_mm_q4k_scales(wb[b].scales, sc, mn);
+        /* [m0 m0 m1 m1 ... m7 m7] as int16, to pair with the 16 bsums */
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(
+            _mm_loadl_epi64((const __m128i *)mn), _mm_loadl_epi64((const __m128i *)mn)));
+        const float d = KS_MM_SFX(ks_mm_h2f)(wb[b].d), dmin = KS_MM_SFX(ks_mm_h2f)(wb[b].dmin);
+        __m256i isum[4], isum2[4]; /* two chains: lo / hi sub-blocks */
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = isum2[c] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(wb[b].qs + 32 * j));
+            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            __m256i slo = _mm256_set1_epi16(sc[2 * j]), shi = _mm256_set1_epi16(sc[2 * j + 1]);
+            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+                const int8_t *aq = ((const ks_block_q8_k *)(xq + c * xs))[b].qs + 64 * j;
+                __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)aq));
+                __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(aq + 32)));
+                isum[c] = KS_MM_SFX(ks_mm_dot_i16)(isum[c], plo, slo);
+                isum2[c] = KS_MM_SFX(ks_mm_dot_i16)(isum2[c], phi, shi);
+            }
+        }
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+            const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
+            __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), mins);
+            __m256i tot = _mm256_add_epi32(isum[c], isum2[c]);
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_set1_ps(d * a->d), acc[c]);
+            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin * a->d), acc[c]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] = KS_MM_SFX(ks_mm_hsum8)(acc[c]);
+}
+
+KS_MM_FN void KS_MM_SFX(ks_mm_q4_k)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc,
+                                    int64_t cols, float *y, int64_t ys) {
+    KS_MM_NC_SWITCH(KS_MM_SFX(ks_mm_q4_k_body), w, xq, xs, cols, y, ys)
+}
+
+/* ------------------------------------------------------------ Q6_K -------
+ * q6 is used unsigned (0..63) in maddubs; the -32 offset is removed once per
+ * super-block as 32 * sum_s sc_s * bsum_s. */
+
+KS_MM_INL void KS_MM_SFX(ks_mm_q6_k_body)(const uint8_t *w, const uint8_t *xq, size_t xs,
+                                          int64_t cols, float *y, int64_t ys, const int NC) {
+    const ks_block_q6_k *wb = (const ks_block_q6_k *)w;
+    const int64_t nb = cols / KS_QK_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    /* shuffle control picking scale s for bytes 0..7 and s+1 for 8..15 */
+    const __m128i pair = _mm_set_epi64x(0x0101010101010101LL, 0);
+    __m256 acc[4];
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)wb[b].scales);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        const float d = KS_MM_SFX(ks_mm_h2f)(wb[b].d);
+        __m256i isum[4], isum2[4]; /* two chains: even / odd i */
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = isum2[c] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            __m256i ql0 = _mm256_loadu_si256((const __m256i *)(wb[b].ql + 64 * h));
+            __m256i ql1 = _mm256_loadu_si256((const __m256i *)(wb[b].ql + 64 * h + 32));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(wb[b].qh + 32 * h));
+            __m256i v[4];
+            v[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+            v[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+            v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30));
+            v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+                const int s = 8 * h + 2 * i; /* v[i] covers sub-blocks s, s+1 */
+                __m256i scv = _mm256_cvtepi8_epi16(
+                    _mm_shuffle_epi8(sc8, _mm_add_epi8(pair, _mm_set1_epi8((char)s))));
+                _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+                    const int8_t *aq = ((const ks_block_q8_k *)(xq + c * xs))[b].qs + 128 * h + 32 * i;
+                    __m256i p = _mm256_maddubs_epi16(v[i], _mm256_loadu_si256((const __m256i *)aq));
+                    if (i & 1) isum2[c] = KS_MM_SFX(ks_mm_dot_i16)(isum2[c], p, scv);
+                    else isum[c] = KS_MM_SFX(ks_mm_dot_i16)(isum[c], p, scv);
+                }
+            }
+        }
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+            const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
+            __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), sc16);
+            __m256i tot = _mm256_sub_epi32(_mm256_add_epi32(isum[c], isum2[c]), _mm256_slli_epi32(corr, 5));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_set1_ps(d * a->d), acc[c]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] = KS_MM_SFX(ks_mm_hsum8)(acc[c]);
+}
+
+KS_MM_FN void KS_MM_SFX(ks_mm_q6_k)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc,
+                                    int64_t cols, float *y, int64_t ys) {
+    KS_MM_NC_SWITCH(KS_MM_SFX(ks_mm_q6_k_body), w, xq, xs, cols, y, ys)
+}
+
+/* ------------------------------------------------ activation quantizers --
+ * Same arithmetic as the scalar versions (id = 1/d in f32, x*id rounded to
+ * nearest even by cvtps), so every level feeds the kernels identical bytes. */
+
+KS_MM_INL __m256 KS_MM_SFX(ks_mm_absmax32)(const float *x, __m256 v[4]) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_loadu_ps(x + 8 * k);
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[k]));
+    }
+    return m;
+}
+
+KS_MM_INL float KS_MM_SFX(ks_mm_hmax8)(__m256 m) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* 32 floats times id -> 32 int8 in order; also returns the int32 vectors */
+KS_MM_INL __m256i KS_MM_SFX(ks_mm_round32)(const __m256 v[4], float id, __m256i iv[4]) {
+    const __m256 idv = _mm256_set1_ps(id);
+    for (int k = 0; k < 4; k++) iv[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], idv));
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8)(const float *x, uint8_t *dst, int64_t cols) {
+    int8_t *q = (int8_t *)dst;
+    float *ds = (float *)(dst + ks_mm_align64((size_t)cols));
+    for (int64_t b = 0; b < cols / 32; b++) {
+        __m256 v[4];
+        __m256i iv[4];
+        float amax = KS_MM_SFX(ks_mm_hmax8)(KS_MM_SFX(ks_mm_absmax32)(x + 32 * b, v));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        ds[b] = d;
+        _mm256_storeu_si256((__m256i *)(q + 32 * b), KS_MM_SFX(ks_mm_round32)(v, id, iv));
+    }
+}
+
+KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8_k)(const float *x, uint8_t *dst, int64_t cols) {
+    ks_block_q8_k *y = (ks_block_q8_k *)dst;
+    for (int64_t b = 0; b < cols / KS_QK_K; b++, x += KS_QK_K) {
+        __m256 v[8][4];
+        __m256 m = _mm256_setzero_ps();
+        for (int k = 0; k < 8; k++) m = _mm256_max_ps(m, KS_MM_SFX(ks_mm_absmax32)(x + 32 * k, v[k]));
+        float amax = KS_MM_SFX(ks_mm_hmax8)(m);
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = d;
+        for (int k = 0; k < 8; k++) {
+            __m256i iv[4];
+            _mm256_storeu_si256((__m256i *)(y[b].qs + 32 * k), KS_MM_SFX(ks_mm_round32)(v[k], id, iv));
+            for (int h = 0; h < 2; h++) {
+                __m256i s = _mm256_add_epi32(iv[2 * h], iv[2 * h + 1]);
+                __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+                t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+                t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+                y[b].bsums[2 * k + h] = (int16_t)_mm_cvtsi128_si32(t);
+            }
+        }
+    }
+}
+
+#undef KS_MM_FN
+#undef KS_MM_INL
+#undef KS_MM_NC_SWITCH
+#endif /* KS_MM_TEMPLATE_PASS */

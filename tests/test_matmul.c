@@ -1,0 +1,296 @@
+/*
+ * test_matmul.c — ks_matmul against a double-precision reference, for every
+ * weight type, every SIMD level this CPU has, several shapes and batch sizes,
+ * with and without a thread pool.
+ *
+ * Error metric: ||Y - ref|| / sqrt(sum over outputs and i of (w_i x_i)^2),
+ * i.e. relative to the size of the terms each dot sums (for random data this
+ * equals the usual ||Y - ref|| / ||ref|| in expectation, but cannot blow up
+ * when a dot cancels to near zero).
+ *
+ * Why these tolerances.  The reference is dequant(W) . X in double, so weight
+ * quantization error is excluded by construction; what remains is
+ *   - float weights (f32/f16/bf16): f32 accumulation order only.  Relative L2
+ *     error ~ 1e-7 * sqrt(cols); bound 1e-5.
+ *   - quantized weights: ks_matmul also quantizes X to 8 bits (step amax/127
+ *     per 32 or 256 values).  For Gaussian X that is a relative rms error of
+ *     ~0.5-0.7% per element (see test_dtype.c), and it propagates to a dot
+ *     product of independent terms with the same relative size, so the
+ *     expected relative L2 error of Y is ~0.006; bound 0.02 (3x margin).
+ * SIMD and scalar kernels see the same quantized X and compute the same
+ * integer block sums, so they differ only by f32 summation order: bound 1e-5.
+ */
+#include "testutil.h"
+
+#include "core/core.h"
+#include "tensor/dtype.h"
+#include "tensor/matmul.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static const ks_dtype k_types[] = {KS_DTYPE_F32,  KS_DTYPE_F16,  KS_DTYPE_BF16, KS_DTYPE_Q8_0,
+                                   KS_DTYPE_Q4_0, KS_DTYPE_Q4_K, KS_DTYPE_Q6_K};
+#define N_TYPES (sizeof k_types / sizeof k_types[0])
+
+static bool is_float_type(ks_dtype t) {
+    return t == KS_DTYPE_F32 || t == KS_DTYPE_F16 || t == KS_DTYPE_BF16;
+}
+
+typedef struct {
+    ks_dtype t;
+    int64_t rows, cols;
+    void *W;   /* [rows][row bytes] */
+    float *Wd; /* [rows][cols] dequantized */
+} wmat;
+
+static wmat make_w(ks_dtype t, int64_t rows, int64_t cols, uint64_t seed) {
+    wmat m = {t, rows, cols, NULL, NULL};
+    size_t rb = ks_dtype_row_bytes(t, cols);
+    m.W = ks_malloc_aligned(rb * (size_t)rows + 64);
+    m.Wd = ks_malloc((size_t)(rows * cols) * sizeof(float));
+    float *tmp = ks_malloc((size_t)cols * sizeof(float));
+    ks_rng rng = {seed};
+    for (int64_t r = 0; r < rows; r++) {
+        float rs = 0.5f + (float)ks_rng_uniform(&rng); /* rows of different scale */
+        for (int64_t i = 0; i < cols; i++) tmp[i] = ks_rng_normal(&rng) * rs * 0.05f;
+        ks_quantize_row(t, tmp, (uint8_t *)m.W + (size_t)r * rb, cols);
+        ks_dequantize_row(t, (uint8_t *)m.W + (size_t)r * rb, m.Wd + r * cols, cols);
+    }
+    ks_free(tmp);
+    return m;
+}
+
+static void free_w(wmat *m) {
+    ks_free_aligned(m->W);
+    ks_free(m->Wd);
+}
+
+static float *make_x(int64_t n, int64_t cols, uint64_t seed) {
+    float *x = ks_malloc((size_t)(n * cols) * sizeof(float));
+    ks_rng rng = {seed};
+    for (int64_t i = 0; i < n * cols; i++) x[i] = ks_rng_normal(&rng);
+    return x;
+}
+
+/* Reference product; *scale2 (optional) receives sum over outputs of
+ * sum_i (w_i x_i)^2, the natural size of the terms the dots are made of. */
+static void ref_matmul(const wmat *m, const float *X, int64_t n, float *Y, double *scale2) {
+    double sc = 0;
+    for (int64_t c = 0; c < n; c++)
+        for (int64_t r = 0; r < m->rows; r++) {
+            double s = 0;
+            for (int64_t i = 0; i < m->cols; i++) {
+                double p = (double)m->Wd[r * m->cols + i] * X[c * m->cols + i];
+                s += p;
+                sc += p * p;
+            }
+            Y[c * m->rows + r] = (float)s;
+        }
+    if (scale2) *scale2 = sc;
+}
+
+/* ||y - ref|| / sqrt(sum_i (w_i x_i)^2): unlike ||y - ref|| / ||ref|| this
+ * does not blow up when a dot happens to cancel to near zero (a single
+ * output of a random 256-term dot can be arbitrarily small). */
+static double term_err(const float *y, const float *ref, size_t n, double scale2) {
+    double e = 0;
+    for (size_t i = 0; i < n; i++) e += ((double)y[i] - ref[i]) * ((double)y[i] - ref[i]);
+    return sqrt(e / (scale2 > 0 ? scale2 : 1));
+}
+
+static void run_matmul(ks_pool *pool, const wmat *m, const float *X, int64_t n, float *Y) {
+    size_t sb = ks_matmul_scratch_bytes(m->t, m->cols, n);
+    if (is_float_type(m->t)) assert_int_equal(sb, 0);
+    void *scratch = sb ? ks_malloc_aligned(sb) : NULL;
+    for (int64_t i = 0; i < n * m->rows; i++) Y[i] = NAN; /* every output must be written */
+    ks_matmul(pool, m->t, m->W, m->rows, m->cols, X, n, Y, scratch);
+    if (scratch) ks_free_aligned(scratch);
+}
+
+/* ---------------------------------------------------------------- tests -- */
+
+static void test_simd_levels(void **state) {
+    (void)state;
+    ks_simd_level hw = ks_simd_detect();
+    assert_true(hw >= KS_SIMD_SCALAR && hw <= KS_SIMD_AVX512);
+    assert_string_equal(ks_simd_name(KS_SIMD_SCALAR), "scalar");
+    assert_string_equal(ks_simd_name(KS_SIMD_AVX2), "avx2");
+    assert_string_equal(ks_simd_name(KS_SIMD_AVX512), "avx512");
+    fprintf(stderr, "simd: best level %s\n", ks_simd_name(hw));
+    ks_simd_level prev = ks_simd_force(KS_SIMD_SCALAR);
+    assert_int_equal(ks_simd_force(prev), KS_SIMD_SCALAR);
+    /* forcing above the hardware is clamped, never executes missing ISA */
+    prev = ks_simd_force(KS_SIMD_AVX512);
+    assert_int_equal(ks_simd_force(prev), hw);
+}
+
+static void test_dot_row_ref(void **state) {
+    (void)state;
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        wmat m = make_w(k_types[ti], 3, 512, 11 + ti);
+        float *x = make_x(1, 512, 5);
+        size_t rb = ks_dtype_row_bytes(m.t, 512);
+        for (int r = 0; r < 3; r++) {
+            double s = 0, a = 0;
+            for (int i = 0; i < 512; i++) s += (double)m.Wd[r * 512 + i] * x[i], a += fabs((double)m.Wd[r * 512 + i] * x[i]);
+            float got = ks_dot_row_ref(m.t, (uint8_t *)m.W + r * rb, x, 512);
+            assert_true(fabs(got - s) <= 1e-6 * a + 1e-30);
+        }
+        ks_free(x);
+        free_w(&m);
+    }
+}
+
+/* Every type x level x shape x n x {no pool, 2 threads} vs the reference. */
+static void test_matmul_vs_reference(void **state) {
+    (void)state;
+    ks_pool *pool2 = NULL;
+    assert_int_equal(ks_pool_create(2, &pool2), KS_OK);
+    static const int64_t shapes[][2] = {{37, 256}, {70, 512}, {16, 2048}, {1, 256}};
+    static const int64_t ns[] = {1, 3, 16, 64};
+    ks_simd_level hw = ks_simd_detect();
+    ks_simd_level saved = ks_simd_force(hw);
+    double worst[N_TYPES] = {0};
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        ks_dtype t = k_types[ti];
+        double tol = is_float_type(t) ? 1e-5 : 2e-2;
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            wmat m = make_w(t, shapes[si][0], shapes[si][1], 100 + ti * 10 + si);
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                int64_t n = ns[ni];
+                if (m.rows * m.cols * n > 4 * 1024 * 1024) continue; /* keep the test fast */
+                float *X = make_x(n, m.cols, 7 + ni);
+                float *Yr = ks_malloc((size_t)(n * m.rows) * sizeof(float));
+                float *Y = ks_malloc((size_t)(n * m.rows) * sizeof(float));
+                float *Ys = ks_malloc((size_t)(n * m.rows) * sizeof(float));
+                double scale2;
+                ref_matmul(&m, X, n, Yr, &scale2);
+                ks_simd_force(KS_SIMD_SCALAR);
+                run_matmul(NULL, &m, X, n, Ys);
+                for (int lv = KS_SIMD_SCALAR; lv <= (int)hw; lv++) {
+                    ks_simd_force((ks_simd_level)lv);
+                    for (int pi = 0; pi < 2; pi++) {
+                        run_matmul(pi ? pool2 : NULL, &m, X, n, Y);
+                        double e = term_err(Y, Yr, (size_t)(n * m.rows), scale2);
+                        double es = term_err(Y, Ys, (size_t)(n * m.rows), scale2);
+                        if (!(e <= tol) || !(es <= 1e-5))
+                            fprintf(stderr, "FAIL %s %s rows=%lld cols=%lld n=%lld pool=%d: err %.3g (tol %.3g) vs scalar %.3g\n",
+                                    ks_dtype_name(t), ks_simd_name((ks_simd_level)lv), (long long)m.rows,
+                                    (long long)m.cols, (long long)n, pi, e, tol, es);
+                        assert_true(e <= tol);
+                        assert_true(es <= 1e-5);
+                        if (e > worst[ti]) worst[ti] = e;
+                    }
+                }
+                ks_free(X);
+                ks_free(Yr);
+                ks_free(Y);
+                ks_free(Ys);
+            }
+            free_w(&m);
+        }
+    }
+    for (size_t ti = 0; ti < N_TYPES; ti++)
+        fprintf(stderr, "matmul %-5s worst rel error vs double reference %.2e\n", ks_dtype_name(k_types[ti]), worst[ti]);
+    ks_simd_force(saved);
+    ks_pool_destroy(pool2);
+}
+
+/* Float weights need no block alignment: odd column counts exercise tails. */
+static void test_matmul_float_tails(void **state) {
+    (void)state;
+    ks_simd_level hw = ks_simd_detect();
+    ks_simd_level saved = ks_simd_force(hw);
+    static const ks_dtype ft[] = {KS_DTYPE_F32, KS_DTYPE_F16, KS_DTYPE_BF16};
+    static const int64_t colss[] = {1, 7, 100, 333};
+    for (size_t ti = 0; ti < 3; ti++)
+        for (size_t ci = 0; ci < 4; ci++) {
+            wmat m = make_w(ft[ti], 19, colss[ci], 3 + ci);
+            float *X = make_x(5, colss[ci], 9);
+            float Yr[5 * 19], Y[5 * 19];
+            double scale2;
+            ref_matmul(&m, X, 5, Yr, &scale2);
+            for (int lv = KS_SIMD_SCALAR; lv <= (int)hw; lv++) {
+                ks_simd_force((ks_simd_level)lv);
+                run_matmul(NULL, &m, X, 5, Y);
+                assert_true(term_err(Y, Yr, 5 * 19, scale2) <= 1e-5);
+            }
+            ks_free(X);
+            free_w(&m);
+        }
+    ks_simd_force(saved);
+}
+
+/* Large n with long rows: several L2 row chunks and vector groups per thread. */
+static void test_matmul_chunked(void **state) {
+    (void)state;
+    ks_pool *pool2 = NULL;
+    assert_int_equal(ks_pool_create(2, &pool2), KS_OK);
+    static const ks_dtype ct[] = {KS_DTYPE_F32, KS_DTYPE_Q8_0, KS_DTYPE_Q4_K};
+    const int64_t rows = 40, cols = 8192, n = 20;
+    for (size_t ti = 0; ti < 3; ti++) {
+        wmat m = make_w(ct[ti], rows, cols, 77 + ti);
+        float *X = make_x(n, cols, 78);
+        float *Yr = ks_malloc((size_t)(n * rows) * sizeof(float));
+        float *Y = ks_malloc((size_t)(n * rows) * sizeof(float));
+        double scale2;
+        ref_matmul(&m, X, n, Yr, &scale2);
+        run_matmul(pool2, &m, X, n, Y);
+        assert_true(term_err(Y, Yr, (size_t)(n * rows), scale2) <= (is_float_type(m.t) ? 1e-5 : 2e-2));
+        ks_free(X);
+        ks_free(Yr);
+        ks_free(Y);
+        free_w(&m);
+    }
+    ks_pool_destroy(pool2);
+}
+
+/* Scale extremes: a row of zeros, a huge-scale row, and an all-zero X. */
+static void test_matmul_extremes(void **state) {
+    (void)state;
+    ks_simd_level hw = ks_simd_detect();
+    ks_simd_level saved = ks_simd_force(hw);
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        ks_dtype t = k_types[ti];
+        const int64_t rows = 3, cols = 256;
+        size_t rb = ks_dtype_row_bytes(t, cols);
+        void *W = ks_malloc_aligned(rb * rows);
+        float w[256], Xz[2 * 256], Y[2 * 3];
+        for (int i = 0; i < 256; i++) w[i] = 0.0f;
+        ks_quantize_row(t, w, W, cols);
+        for (int i = 0; i < 256; i++) w[i] = (i % 3 - 1) * 1000.0f;
+        ks_quantize_row(t, w, (uint8_t *)W + rb, cols);
+        for (int i = 0; i < 256; i++) w[i] = (i & 1) ? 0.5f : -0.25f;
+        ks_quantize_row(t, w, (uint8_t *)W + 2 * rb, cols);
+        memset(Xz, 0, sizeof Xz);
+        for (int i = 0; i < 256; i++) Xz[256 + i] = 1.0f;
+        void *scratch = ks_matmul_scratch_bytes(t, cols, 2) ? ks_malloc_aligned(ks_matmul_scratch_bytes(t, cols, 2)) : NULL;
+        for (int lv = KS_SIMD_SCALAR; lv <= (int)hw; lv++) {
+            ks_simd_force((ks_simd_level)lv);
+            ks_matmul(NULL, t, W, rows, cols, Xz, 2, Y, scratch);
+            for (int r = 0; r < 3; r++) assert_true(Y[r] == 0.0f); /* X = 0 */
+            assert_true(Y[3] == 0.0f);                               /* W row = 0 */
+            float expect1 = ks_dot_row_ref(t, (uint8_t *)W + rb, Xz + 256, cols);
+            float expect2 = ks_dot_row_ref(t, (uint8_t *)W + 2 * rb, Xz + 256, cols);
+            assert_true(fabsf(Y[4] - expect1) <= 1e-4f * 1000.0f * 256);
+            assert_true(fabsf(Y[5] - expect2) <= 1e-3f * 256);
+        }
+        if (scratch) ks_free_aligned(scratch);
+        ks_free_aligned(W);
+    }
+    ks_simd_force(saved);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_simd_levels),
+        cmocka_unit_test(test_dot_row_ref),
+        cmocka_unit_test(test_matmul_vs_reference),
+        cmocka_unit_test(test_matmul_float_tails),
+        cmocka_unit_test(test_matmul_chunked),
+        cmocka_unit_test(test_matmul_extremes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
