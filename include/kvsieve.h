@@ -138,7 +138,7 @@ typedef struct ks_sampler ks_sampler;
 typedef struct ks_sampler_params {
     float temperature;    /* <= 0: greedy (default 0.8) */
     int32_t top_k;        /* <= 0: off (default 40) */
-    float top_p;          /* >= 1: off (default 0.95) */
+    float top_p;          /* in (0, 1]; 1: off (default 0.95) */
     float min_p;          /* <= 0: off (default 0.05) */
     float repeat_penalty; /* 1: off (default 1.0) */
     int32_t repeat_last_n;/* window of recent tokens penalised (default 64) */

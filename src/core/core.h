@@ -24,6 +24,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 ks_status ks_fail_at(ks_status st, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 #define KS_FAIL(st, ...) ks_fail_at((st), __FILE__, __LINE__, __VA_ARGS__)
@@ -82,4 +86,7 @@ void ks_pool_run(ks_pool *pool, ks_pool_fn fn, void *arg);
 /* Number of online CPU cores. */
 int ks_cpu_count(void);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

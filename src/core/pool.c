@@ -48,6 +48,7 @@ static void *worker_main(void *p) {
 #if defined(__x86_64__)
                 __builtin_ia32_pause();
 #endif
+                if ((spins & 63) == 0) sched_yield(); /* let a descheduled peer run */
                 continue;
             }
             pthread_mutex_lock(&pool->mu);
@@ -125,6 +126,7 @@ void ks_pool_run(ks_pool *pool, ks_pool_fn fn, void *arg) {
 #if defined(__x86_64__)
             __builtin_ia32_pause();
 #endif
+            if ((spins & 63) == 0) sched_yield();
             continue;
         }
         pthread_mutex_lock(&pool->mu);
