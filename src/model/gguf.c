@@ -50,14 +50,14 @@ static ks_status cur_take(cursor *c, size_t n, const uint8_t **out, const char *
 }
 
 static ks_status cur_u32(cursor *c, uint32_t *v, const char *what) {
-    const uint8_t *b;
+    const uint8_t *b = NULL;
     KS_TRY(cur_take(c, 4, &b, what));
     memcpy(v, b, 4);
     return KS_OK;
 }
 
 static ks_status cur_u64(cursor *c, uint64_t *v, const char *what) {
-    const uint8_t *b;
+    const uint8_t *b = NULL;
     KS_TRY(cur_take(c, 8, &b, what));
     memcpy(v, b, 8);
     return KS_OK;
@@ -69,7 +69,7 @@ static ks_status cur_str(cursor *c, ks_gguf_str *s, const char *what) {
     if (len > cur_left(c))
         return KS_FAIL(KS_ERR_FORMAT, "%s: string length %llu at offset %zu exceeds the file",
                        what, (unsigned long long)len, c->pos - 8);
-    const uint8_t *b;
+    const uint8_t *b = NULL;
     KS_TRY(cur_take(c, (size_t)len, &b, what));
     s->len = len;
     s->data = (const char *)b;
