@@ -17,6 +17,10 @@
 #include "core/core.h"
 #include "tensor/dtype.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define KS_GGUF_MAGIC 0x46554747u /* "GGUF" little-endian */
 #define KS_GGUF_DEFAULT_ALIGNMENT 32
 #define KS_GGUF_MAX_DIMS 4
@@ -119,4 +123,7 @@ ks_status ks_gguf_writer_add_tensor(ks_gguf_writer *w, const char *name, ks_dtyp
                                     ks_gguf_fill_fn fill, void *user);
 ks_status ks_gguf_writer_write(ks_gguf_writer *w, const char *path);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -26,6 +26,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum ks_dtype {
     KS_DTYPE_F32 = 0,
     KS_DTYPE_F16 = 1,
@@ -69,4 +73,7 @@ ks_bf16 ks_f32_to_bf16(float f); /* round to nearest even */
 void ks_dequantize_row(ks_dtype t, const void *src, float *dst, int64_t n);
 void ks_quantize_row(ks_dtype t, const float *src, void *dst, int64_t n);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

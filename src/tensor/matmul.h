@@ -16,6 +16,10 @@
 #include "core/core.h"
 #include "tensor/dtype.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum ks_simd_level { KS_SIMD_SCALAR = 0, KS_SIMD_AVX2 = 1, KS_SIMD_AVX512 = 2 } ks_simd_level;
 
 /* Best level this CPU supports (cached); KS_SIMD env var ("scalar", "avx2",
@@ -38,4 +42,7 @@ void ks_matmul(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64
  * reference used by tests and small ops). */
 float ks_dot_row_ref(ks_dtype wtype, const void *wrow, const float *x, int64_t cols);
 
+#ifdef __cplusplus
+}
+#endif
 #endif
