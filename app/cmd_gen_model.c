@@ -43,7 +43,7 @@ static bool gen_model_parse_u64(const char *s, uint64_t max, uint64_t *out) {
     if (!s || !*s || *s == '-') return false;
     char *end = NULL;
     errno = 0;
-    unsigned long long v = strtoull(s, &end, 0);
+    unsigned long long v = strtoull(s, &end, 10);
     if (errno || *end || v > max) return false;
     *out = v;
     return true;
@@ -60,7 +60,7 @@ static void gen_model_on_progress(void *user, int64_t tensor, int64_t n_tensors,
     if (total < (64u << 20)) return; /* small files: stay quiet */
     int pct = (int)(100.0 * (double)done / (double)total);
     double now = ks_time_sec();
-    if (pct == pr->last_pct && now - pr->last < 5.0) return;
+    if (pct < pr->last_pct + 5 && now - pr->last < 10.0) return; /* every 5% or 10 s */
     pr->last_pct = pct;
     pr->last = now;
     fprintf(stderr, "gen-model: %3d%%  %6.2f / %.2f GiB  [%lld/%lld] %s  (%.0f s)\n", pct,
@@ -129,7 +129,7 @@ int cmd_gen_model(int argc, char **argv) {
         app_report("gen-model", "reading the vocabulary", st);
         return 1;
     }
-    gen_model_progress pr = {ks_time_sec(), 0, -1};
+    gen_model_progress pr = {ks_time_sec(), 0, -100};
     p.vocab = vocab;
     p.progress = gen_model_on_progress;
     p.progress_user = &pr;

@@ -177,6 +177,30 @@ static ks_status parse_tensor(cursor *c, ks_gguf_tensor *t, int64_t index) {
     return KS_OK;
 }
 
+static int str_cmp(const void *a, const void *b) {
+    const ks_gguf_str *x = a, *y = b;
+    size_t n = x->len < y->len ? (size_t)x->len : (size_t)y->len;
+    int c = n ? memcmp(x->data, y->data, n) : 0;
+    return c ? c : (x->len > y->len) - (x->len < y->len);
+}
+
+/* Sort a copy of the names and compare neighbours: O(n log n), so a crafted
+ * file with millions of entries cannot turn loading quadratic. */
+static ks_status check_unique(const ks_gguf_str *names, size_t stride, int64_t n, const char *what) {
+    if (n < 2) return KS_OK;
+    ks_gguf_str *sorted = ks_malloc(sizeof(ks_gguf_str) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) sorted[i] = *(const ks_gguf_str *)((const uint8_t *)names + (size_t)i * stride);
+    qsort(sorted, (size_t)n, sizeof *sorted, str_cmp);
+    ks_status st = KS_OK;
+    for (int64_t i = 1; i < n && st == KS_OK; i++)
+        if (!str_cmp(&sorted[i - 1], &sorted[i])) {
+            char nb[96];
+            st = KS_FAIL(KS_ERR_FORMAT, "duplicate %s '%s'", what, msg_str(sorted[i], nb, sizeof nb));
+        }
+    ks_free(sorted);
+    return st;
+}
+
 static void gguf_free(ks_gguf *g) {
     if (!g) return;
     for (int64_t i = 0; g->kvs && i < g->n_kv; i++) ks_free(g->kvs[i].arr_strs);
@@ -215,9 +239,6 @@ static ks_status gguf_parse(ks_gguf *g) {
         KS_TRY(cur_u32(&c, &type, "kv type"));
         kv->type = (ks_gguf_type)type;
         KS_TRY(parse_value(&c, kv, kb));
-        for (uint64_t j = 0; j < i; j++)
-            if (g->kvs[j].key.len == kv->key.len && !memcmp(g->kvs[j].key.data, kv->key.data, kv->key.len))
-                return KS_FAIL(KS_ERR_FORMAT, "duplicate key '%s'", kb);
         if (ks_gguf_str_eq(kv->key, "general.alignment")) {
             uint64_t a = 0;
             if (kv->type == KS_GGUF_UINT32) { uint32_t v; memcpy(&v, kv->scalar, 4); a = v; }
@@ -228,9 +249,11 @@ static ks_status gguf_parse(ks_gguf *g) {
             g->alignment = (uint32_t)a;
         }
     }
+    KS_TRY(check_unique(&g->kvs[0].key, sizeof(ks_gguf_kv), g->n_kv, "key"));
     g->tensors = ks_calloc((size_t)n_tensors + 1, sizeof(ks_gguf_tensor));
     g->n_tensors = (int64_t)n_tensors;
     for (uint64_t i = 0; i < n_tensors; i++) KS_TRY(parse_tensor(&c, &g->tensors[i], (int64_t)i));
+    KS_TRY(check_unique(&g->tensors[0].name, sizeof(ks_gguf_tensor), g->n_tensors, "tensor name"));
     size_t data_off = (c.pos + g->alignment - 1) / g->alignment * g->alignment;
     if (n_tensors > 0 && data_off > g->size)
         return KS_FAIL(KS_ERR_FORMAT, "truncated file: tensor data section starts at %zu, file has %zu bytes", data_off, g->size);
@@ -246,9 +269,6 @@ static ks_status gguf_parse(ks_gguf *g) {
             return KS_FAIL(KS_ERR_FORMAT, "tensor '%s': data [%llu, +%zu) lies outside the %zu-byte data section (truncated file?)",
                            nb, (unsigned long long)t->offset, t->nbytes, data_size);
         t->data = g->base + data_off + t->offset;
-        for (int64_t j = 0; j < i; j++)
-            if (g->tensors[j].name.len == t->name.len && !memcmp(g->tensors[j].name.data, t->name.data, t->name.len))
-                return KS_FAIL(KS_ERR_FORMAT, "duplicate tensor name '%s'", nb);
     }
     return KS_OK;
 }
@@ -350,6 +370,7 @@ static bool scalar_as_i64(ks_gguf_type t, const uint8_t *p, int64_t *out) {
 static bool scalar_as_f64(ks_gguf_type t, const uint8_t *p, double *out) {
     if (t == KS_GGUF_FLOAT32) { float v; memcpy(&v, p, 4); *out = v; return true; }
     if (t == KS_GGUF_FLOAT64) { memcpy(out, p, 8); return true; }
+    if (t == KS_GGUF_UINT64) { uint64_t v; memcpy(&v, p, 8); *out = (double)v; return true; }
     int64_t i;
     if (!scalar_as_i64(t, p, &i)) return false;
     *out = (double)i;
@@ -365,12 +386,14 @@ double ks_gguf_arr_f64(const ks_gguf_kv *kv, uint64_t i) {
 int64_t ks_gguf_arr_i64(const ks_gguf_kv *kv, uint64_t i) {
     KS_ASSERT(kv->type == KS_GGUF_ARRAY && i < kv->arr_n && kv->arr_data);
     int64_t v = 0;
-    if (!scalar_as_i64(kv->arr_type, kv->arr_data + i * ks_gguf_type_size(kv->arr_type), &v)) {
-        double d = 0;
-        KS_ASSERT(scalar_as_f64(kv->arr_type, kv->arr_data + i * ks_gguf_type_size(kv->arr_type), &d));
-        v = (int64_t)d;
-    }
-    return v;
+    if (scalar_as_i64(kv->arr_type, kv->arr_data + i * ks_gguf_type_size(kv->arr_type), &v)) return v;
+    /* u64 above INT64_MAX and floats saturate; NaN reads as 0 */
+    double d = 0;
+    KS_ASSERT(scalar_as_f64(kv->arr_type, kv->arr_data + i * ks_gguf_type_size(kv->arr_type), &d));
+    if (d != d) return 0;
+    if (d >= 9.2233720368547748e18) return INT64_MAX;
+    if (d <= -9.2233720368547758e18) return INT64_MIN;
+    return (int64_t)d;
 }
 
 static ks_status get_scalar(const ks_gguf *g, const char *key, const ks_gguf_kv **out) {

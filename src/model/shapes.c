@@ -1,0 +1,348 @@
+/*
+ * shapes.c — the table of model shapes and the random-weight GGUF generator.
+ *
+ * Shapes are copied from the models' published configs (hidden size, layers,
+ * heads, KV heads, head_dim, intermediate size, rope theta, rms eps, context,
+ * tie_word_embeddings, llama3 rope_scaling).  Metadata keys, tensor names and
+ * ne orders follow what llama.cpp's converter writes, so the files load in
+ * other GGUF readers too.  Mistral is stored as arch "llama", as llama.cpp
+ * does.  For llama3 rope scaling llama.cpp writes no rope.scaling.* keys, only
+ * the rope_freqs.weight tensor, and so do we.
+ *
+ * Weights.  Values are drawn per row from a stream seeded by (seed, hash of
+ * the tensor name, row), so
+ *   - any thread count gives the same bytes (rows are split across a pool);
+ *   - blk.0 of a 2-layer file equals blk.0 of the full-depth file;
+ *   - the generator never holds more than one tensor (the writer's buffer).
+ * The "normal" deviate is an Irwin-Hall sum of four 16-bit uniforms taken from
+ * one 64-bit draw, rescaled to unit variance: integer arithmetic plus one
+ * float multiply, so it is bit-identical on every platform and cheap enough
+ * for 8B parameters (Box-Muller's log/cos would dominate the run time and
+ * depend on the libm).  Its tails stop at +-3.46 sigma, harmless here.
+ *
+ * Scales (chosen so activations stay O(1) through any depth with pre-norm):
+ *   - every projection W [fan_in -> fan_out]: sigma = 1/sqrt(fan_in) (LeCun),
+ *     so each projection of a unit-RMS input has unit RMS; attention scores
+ *     q.k/sqrt(d) then have unit variance: neither uniform nor one-hot.  Each
+ *     block adds O(1) to the residual, so it grows like sqrt(n_layer) (< 10
+ *     for every shape here), which f16 and the norms absorb easily.
+ *   - token_embd / output: sigma = 2/sqrt(n_embd): logits of a unit-RMS
+ *     final state have std ~2 (sampling neither flat nor degenerate), and the
+ *     embedding RMS (~0.03 at 4096) is that of real checkpoints.
+ *   - norm weights 1 + 0.02 z, biases 0.1 z, qk-norm weights 1 + 0.02 z.
+ */
+#include "model/shapes.h"
+
+#include <math.h>
+#include <string.h>
+
+/*  name            arch    embd layer head kv  hdim  n_ff   theta    eps   ctx    tied  bias  qkn   l3   fac lo  hi  orig */
+static const ks_model_shape g_shapes[] = {
+    {"llama-3.2-1b",  "llama", 2048, 16, 32,  8,  64,     8192, 500000.f, 1e-5f, 131072, true,  false, false, true, 32.f, 1.f, 4.f, 8192},
+    {"llama-3.2-3b",  "llama", 3072, 28, 24,  8, 128,     8192, 500000.f, 1e-5f, 131072, true,  false, false, true, 32.f, 1.f, 4.f, 8192},
+    {"llama-3.1-8b",  "llama", 4096, 32, 32,  8, 128,    14336, 500000.f, 1e-5f, 131072, false, false, false, true,  8.f, 1.f, 4.f, 8192},
+    {"qwen3-8b",      "qwen3", 4096, 36, 32,  8, 128,    12288, 1000000.f, 1e-6f, 40960, false, false, true,  false, 0, 0, 0, 0},
+    {"qwen3-0.6b",    "qwen3", 1024, 28, 16,  8, 128,     3072, 1000000.f, 1e-6f, 40960, true,  false, true,  false, 0, 0, 0, 0},
+    {"qwen2.5-7b",    "qwen2", 3584, 28, 28,  4, 128,    18944, 1000000.f, 1e-6f, 32768, false, true,  false, false, 0, 0, 0, 0},
+    /* Mistral 7B v0.3 (v0.1 differs only in theta 10000 and a 32000 vocab) */
+    {"mistral-7b",    "llama", 4096, 32, 32,  8, 128,    14336, 1000000.f, 1e-5f, 32768, false, false, false, false, 0, 0, 0, 0},
+    {"llama-2-7b",    "llama", 4096, 32, 32, 32, 128,    11008, 10000.f,   1e-5f,  4096, false, false, false, false, 0, 0, 0, 0},
+    /* tiny test shapes: every dim a multiple of 256 so the K-quants apply */
+    {"tiny-llama",    "llama",  256,  2,  4,  2,  64,      512, 10000.f,   1e-5f,  8192, false, false, false, false, 0, 0, 0, 0},
+    {"tiny-llama3",   "llama",  256,  2,  4,  2,  64,      512, 500000.f,  1e-5f, 32768, true,  false, false, true,  8.f, 1.f, 4.f, 8192},
+    {"tiny-qwen2",    "qwen2",  256,  2,  4,  2,  64,      512, 1000000.f, 1e-6f,  8192, false, true,  false, false, 0, 0, 0, 0},
+    /* head_dim * n_head = 512 != n_embd, as in real qwen3 (key_length matters) */
+    {"tiny-qwen3",    "qwen3",  256,  2,  8,  2,  64,      512, 1000000.f, 1e-6f,  8192, true,  false, true,  false, 0, 0, 0, 0},
+    {"tiny-mistral",  "llama",  256,  2,  4,  2,  64,      512, 1000000.f, 1e-5f,  8192, false, false, false, false, 0, 0, 0, 0},
+    {"tiny-mha",      "llama",  256,  2,  4,  4,  64,      512, 10000.f,   1e-5f,  8192, false, false, false, false, 0, 0, 0, 0},
+    {"tiny-mqa",      "llama",  256,  2,  4,  1,  64,      512, 10000.f,   1e-5f,  8192, false, false, false, false, 0, 0, 0, 0},
+};
+
+int ks_shape_count(void) { return (int)(sizeof g_shapes / sizeof g_shapes[0]); }
+
+const ks_model_shape *ks_shape_at(int i) {
+    KS_ASSERT(i >= 0 && i < ks_shape_count());
+    return &g_shapes[i];
+}
+
+const ks_model_shape *ks_shape_find(const char *name) {
+    if (!name) return NULL;
+    for (int i = 0; i < ks_shape_count(); i++)
+        if (!strcmp(g_shapes[i].name, name)) return &g_shapes[i];
+    return NULL;
+}
+
+void ks_shape_rope_factors(const ks_model_shape *s, float *out) {
+    /* llama.cpp's converter: inverse frequencies in float32, wavelengths and
+     * the smooth blend in double, the result stored as float32. */
+    const int dim = s->head_dim;
+    const double lo_wavelen = (double)s->rope_orig_ctx / s->rope_low_freq_factor;
+    const double hi_wavelen = (double)s->rope_orig_ctx / s->rope_high_freq_factor;
+    for (int i = 0; i < dim / 2; i++) {
+        float freq = 1.0f / powf(s->rope_theta, (float)(2 * i) / (float)dim);
+        double wavelen = 2.0 * 3.141592653589793 / (double)freq;
+        double f;
+        if (wavelen < hi_wavelen) {
+            f = 1.0;
+        } else if (wavelen > lo_wavelen) {
+            f = s->rope_factor;
+        } else {
+            double smooth = ((double)s->rope_orig_ctx / wavelen - s->rope_low_freq_factor) /
+                            ((double)s->rope_high_freq_factor - s->rope_low_freq_factor);
+            f = 1.0 / ((1.0 - smooth) / s->rope_factor + smooth);
+        }
+        out[i] = (float)f;
+    }
+}
+
+uint32_t ks_shape_file_type(ks_dtype type) {
+    switch (type) {
+    case KS_DTYPE_F32: return 0;   /* ALL_F32 */
+    case KS_DTYPE_F16: return 1;   /* MOSTLY_F16 */
+    case KS_DTYPE_Q4_0: return 2;  /* MOSTLY_Q4_0 */
+    case KS_DTYPE_Q8_0: return 7;  /* MOSTLY_Q8_0 */
+    case KS_DTYPE_Q4_K: return 14; /* MOSTLY_Q4_K_S: uniform Q4_K is the "small" mix */
+    case KS_DTYPE_Q6_K: return 18; /* MOSTLY_Q6_K */
+    case KS_DTYPE_BF16: return 32; /* MOSTLY_BF16 */
+    default: return 1024;          /* GUESSED */
+    }
+}
+
+/* ----------------------------------------------------------- generator -- */
+typedef enum { KS_GEN_MATRIX, KS_GEN_ONES, KS_GEN_NOISE, KS_GEN_ROPE } ks_gen_kind;
+
+struct ks_gen;
+typedef struct ks_gen_tensor {
+    struct ks_gen *gen;
+    char name[64];
+    ks_gen_kind kind;
+    ks_dtype type;
+    int64_t ne0, ne1;    /* row length, rows */
+    float sigma;
+    uint64_t stream;     /* hash of the name: the tensor's RNG stream */
+    uint64_t nbytes;
+} ks_gen_tensor;
+
+typedef struct ks_gen {
+    const ks_model_shape *shape;
+    const ks_shape_gen_params *p;
+    ks_pool *pool;
+    ks_gen_tensor *ts;   /* [n_t] */
+    int64_t n_t;
+    uint64_t bytes_done, bytes_total;
+    /* the job of the current ks_pool_run */
+    const ks_gen_tensor *cur;
+    uint8_t *dst;
+} ks_gen;
+
+static uint64_t ks_gen_mix(uint64_t a, uint64_t b) {
+    ks_rng r = {a ^ (b * 0xD6E8FEB86659FD93ull)};
+    ks_rng_next(&r);
+    return ks_rng_next(&r);
+}
+
+static uint64_t ks_gen_hash_name(const char *s) {
+    uint64_t h = 0xCBF29CE484222325ull; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001B3ull;
+    return h;
+}
+
+/* Approximately N(0, 1): Irwin-Hall of four 16-bit uniforms, unit variance. */
+static inline float ks_gen_normal(ks_rng *r) {
+    uint64_t x = ks_rng_next(r);
+    uint32_t sum = (uint32_t)(x & 0xFFFF) + (uint32_t)((x >> 16) & 0xFFFF) + (uint32_t)((x >> 32) & 0xFFFF) +
+                   (uint32_t)(x >> 48);
+    /* mean of the sum is 4 * 65535/2 = 131070; std of U(0,65536) ~ 65536/sqrt(12) */
+    return ((float)sum - 131070.0f) * (float)(1.7320508075688772 / 65536.0);
+}
+
+static void ks_gen_row(const ks_gen_tensor *t, int64_t row, float *x /* [ne0] */) {
+    if (t->kind == KS_GEN_ROPE) {
+        ks_shape_rope_factors(t->gen->shape, x);
+        return;
+    }
+    ks_rng r = {ks_gen_mix(ks_gen_mix(t->gen->p->seed, t->stream), (uint64_t)row)};
+    float base = t->kind == KS_GEN_ONES ? 1.0f : 0.0f;
+    for (int64_t i = 0; i < t->ne0; i++) x[i] = base + t->sigma * ks_gen_normal(&r);
+}
+
+static void ks_gen_encode_row(ks_dtype type, const float *x, void *dst, int64_t n) {
+    switch (type) {
+    case KS_DTYPE_F32: memcpy(dst, x, (size_t)n * sizeof(float)); break;
+    case KS_DTYPE_F16: {
+        ks_f16 *h = dst;
+        for (int64_t i = 0; i < n; i++) h[i] = ks_f32_to_f16(x[i]);
+        break;
+    }
+    case KS_DTYPE_BF16: {
+        ks_bf16 *h = dst;
+        for (int64_t i = 0; i < n; i++) h[i] = ks_f32_to_bf16(x[i]);
+        break;
+    }
+    default: ks_quantize_row(type, x, dst, n); break;
+    }
+}
+
+static void ks_gen_rows_worker(void *arg, int ith, int nth) {
+    ks_gen *g = arg;
+    const ks_gen_tensor *t = g->cur;
+    int64_t per = (t->ne1 + nth - 1) / nth;
+    int64_t r0 = per * ith, r1 = r0 + per < t->ne1 ? r0 + per : t->ne1;
+    if (r0 >= r1) return;
+    size_t row_bytes = ks_dtype_row_bytes(t->type, t->ne0);
+    float *x = ks_malloc((size_t)t->ne0 * sizeof(float)); /* [ne0] */
+    for (int64_t r = r0; r < r1; r++) {
+        ks_gen_row(t, r, x);
+        ks_gen_encode_row(t->type, x, g->dst + (size_t)r * row_bytes, t->ne0);
+    }
+    ks_free(x);
+}
+
+static ks_status ks_gen_fill(void *user, void *dst, size_t nbytes) {
+    const ks_gen_tensor *t = user;
+    ks_gen *g = t->gen;
+    KS_ASSERT(nbytes == t->nbytes);
+    if (g->p->progress)
+        g->p->progress(g->p->progress_user, t - g->ts, g->n_t, t->name, g->bytes_done, g->bytes_total);
+    g->cur = t;
+    g->dst = dst;
+    ks_pool_run(g->pool, ks_gen_rows_worker, g);
+    g->bytes_done += nbytes;
+    return KS_OK;
+}
+
+static void ks_gen_add(ks_gen *g, int64_t *n, const char *name, ks_gen_kind kind, ks_dtype type,
+                       int64_t ne0, int64_t ne1, float sigma) {
+    ks_gen_tensor *t = &g->ts[(*n)++];
+    memset(t, 0, sizeof *t);
+    t->gen = g;
+    KS_ASSERT(strlen(name) < sizeof t->name);
+    strcpy(t->name, name);
+    t->kind = kind;
+    /* quantized rows need whole blocks; fall back to f16 as llama.cpp falls
+     * back to a non-K type for odd rows */
+    if (ks_dtype_block_size(type) <= 0 || ne0 % ks_dtype_block_size(type) != 0) type = KS_DTYPE_F16;
+    t->type = type;
+    t->ne0 = ne0;
+    t->ne1 = ne1;
+    t->sigma = sigma;
+    t->stream = ks_gen_hash_name(name);
+    t->nbytes = (uint64_t)ks_dtype_row_bytes(type, ne0) * (uint64_t)ne1;
+}
+
+/* Lists every tensor of the model, in llama.cpp's converter order. */
+static int64_t ks_gen_plan(ks_gen *g, int32_t n_layer, int64_t n_vocab) {
+    const ks_model_shape *s = g->shape;
+    const ks_dtype wt = g->p->type;
+    const int64_t E = s->n_embd, F = s->n_ff, D = s->head_dim;
+    const int64_t QD = (int64_t)s->n_head * D, KVD = (int64_t)s->n_head_kv * D;
+    const float se = 2.0f / sqrtf((float)E), sE = 1.0f / sqrtf((float)E);
+    int64_t n = 0;
+    char nm[64];
+    if (s->rope_llama3) ks_gen_add(g, &n, "rope_freqs.weight", KS_GEN_ROPE, KS_DTYPE_F32, D / 2, 1, 0);
+    ks_gen_add(g, &n, "token_embd.weight", KS_GEN_MATRIX, wt, E, n_vocab, se);
+    for (int32_t l = 0; l < n_layer; l++) {
+#define KS_GEN_T(suffix, kind, type, ne0, ne1, sigma)                  \
+    do {                                                               \
+        snprintf(nm, sizeof nm, "blk.%d." suffix, (int)l);            \
+        ks_gen_add(g, &n, nm, kind, type, ne0, ne1, sigma);            \
+    } while (0)
+        KS_GEN_T("attn_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, E, 1, 0.02f);
+        KS_GEN_T("attn_q.weight", KS_GEN_MATRIX, wt, E, QD, sE);
+        KS_GEN_T("attn_k.weight", KS_GEN_MATRIX, wt, E, KVD, sE);
+        KS_GEN_T("attn_v.weight", KS_GEN_MATRIX, wt, E, KVD, sE);
+        if (s->qkv_bias) {
+            KS_GEN_T("attn_q.bias", KS_GEN_NOISE, KS_DTYPE_F32, QD, 1, 0.1f);
+            KS_GEN_T("attn_k.bias", KS_GEN_NOISE, KS_DTYPE_F32, KVD, 1, 0.1f);
+            KS_GEN_T("attn_v.bias", KS_GEN_NOISE, KS_DTYPE_F32, KVD, 1, 0.1f);
+        }
+        if (s->qk_norm) {
+            KS_GEN_T("attn_q_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, D, 1, 0.02f);
+            KS_GEN_T("attn_k_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, D, 1, 0.02f);
+        }
+        KS_GEN_T("attn_output.weight", KS_GEN_MATRIX, wt, QD, E, 1.0f / sqrtf((float)QD));
+        KS_GEN_T("ffn_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, E, 1, 0.02f);
+        KS_GEN_T("ffn_gate.weight", KS_GEN_MATRIX, wt, E, F, sE);
+        KS_GEN_T("ffn_up.weight", KS_GEN_MATRIX, wt, E, F, sE);
+        KS_GEN_T("ffn_down.weight", KS_GEN_MATRIX, wt, F, E, 1.0f / sqrtf((float)F));
+#undef KS_GEN_T
+    }
+    ks_gen_add(g, &n, "output_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, E, 1, 0.02f);
+    if (!s->tied_output) ks_gen_add(g, &n, "output.weight", KS_GEN_MATRIX, wt, E, n_vocab, se);
+    return n;
+}
+
+static void ks_gen_set_metadata(ks_gguf_writer *w, const ks_model_shape *s, const ks_shape_gen_params *p,
+                                int32_t n_layer, int32_t n_ctx, int64_t n_vocab) {
+    char key[128];
+#define KS_GEN_KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, s->arch), key)
+    ks_gguf_writer_set_str(w, "general.architecture", s->arch);
+    ks_gguf_writer_set_str(w, "general.name", s->name);
+    ks_gguf_writer_set_u32(w, "general.alignment", KS_GGUF_DEFAULT_ALIGNMENT);
+    ks_gguf_writer_set_u32(w, "general.file_type", ks_shape_file_type(p->type));
+    ks_gguf_writer_set_u32(w, "general.quantization_version", 2);
+    ks_gguf_writer_set_u32(w, KS_GEN_KEY("context_length"), (uint32_t)n_ctx);
+    ks_gguf_writer_set_u32(w, KS_GEN_KEY("embedding_length"), (uint32_t)s->n_embd);
+    ks_gguf_writer_set_u32(w, KS_GEN_KEY("block_count"), (uint32_t)n_layer);
+    ks_gguf_writer_set_u32(w, KS_GEN_KEY("feed_forward_length"), (uint32_t)s->n_ff);
+    ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.head_count"), (uint32_t)s->n_head);
+    ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.head_count_kv"), (uint32_t)s->n_head_kv);
+    ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.key_length"), (uint32_t)s->head_dim);
+    ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.value_length"), (uint32_t)s->head_dim);
+    ks_gguf_writer_set_f32(w, KS_GEN_KEY("rope.freq_base"), s->rope_theta);
+    ks_gguf_writer_set_u32(w, KS_GEN_KEY("rope.dimension_count"), (uint32_t)s->head_dim);
+    ks_gguf_writer_set_f32(w, KS_GEN_KEY("attention.layer_norm_rms_epsilon"), s->rms_eps);
+    ks_gguf_writer_set_u32(w, KS_GEN_KEY("vocab_size"), (uint32_t)n_vocab);
+#undef KS_GEN_KEY
+    for (int64_t i = 0; i < ks_gguf_n_kv(p->vocab); i++) {
+        const ks_gguf_kv *kv = ks_gguf_kv_at(p->vocab, i);
+        if (kv->key.len >= 10 && !memcmp(kv->key.data, "tokenizer.", 10)) ks_gguf_writer_copy_kv(w, kv);
+    }
+}
+
+ks_status ks_shape_generate(const ks_model_shape *s, const ks_shape_gen_params *p, const char *path,
+                            uint64_t *out_bytes) {
+    if (!s || !p || !path || !p->vocab) return KS_FAIL(KS_ERR_INVALID_ARG, "gen-model: NULL argument");
+    if (!ks_dtype_is_weight_type((uint32_t)p->type))
+        return KS_FAIL(KS_ERR_INVALID_ARG, "gen-model: %s is not a weight type", ks_dtype_name(p->type));
+    if (p->n_layer < 0 || p->n_layer > 4096)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "gen-model: layer count %d out of range [1, 4096]", p->n_layer);
+    if (p->n_ctx < 0) return KS_FAIL(KS_ERR_INVALID_ARG, "gen-model: context length %d is negative", p->n_ctx);
+    const ks_gguf_kv *tokens = ks_gguf_find_kv(p->vocab, "tokenizer.ggml.tokens");
+    if (!tokens || tokens->type != KS_GGUF_ARRAY || tokens->arr_type != KS_GGUF_STRING || tokens->arr_n == 0 ||
+        tokens->arr_n > INT32_MAX)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "gen-model: the vocabulary file has no tokenizer.ggml.tokens string array");
+    const int64_t n_vocab = (int64_t)tokens->arr_n;
+    const int32_t n_layer = p->n_layer > 0 ? p->n_layer : s->n_layer;
+    const int32_t n_ctx = p->n_ctx > 0 ? p->n_ctx : s->n_ctx;
+
+    ks_gen g = {.shape = s, .p = p};
+    int n_threads = p->n_threads > 0 ? p->n_threads : ks_cpu_count();
+    if (n_threads > 64) n_threads = 64;
+    KS_TRY(ks_pool_create(n_threads, &g.pool));
+    /* upper bound: 2 + 14 per layer + 3 */
+    g.ts = ks_calloc((size_t)(16 * (int64_t)n_layer + 8), sizeof *g.ts);
+    g.n_t = ks_gen_plan(&g, n_layer, n_vocab);
+
+    ks_gguf_writer *w = NULL;
+    ks_status st = ks_gguf_writer_create(&w);
+    if (st == KS_OK) {
+        ks_gen_set_metadata(w, s, p, n_layer, n_ctx, n_vocab);
+        for (int64_t i = 0; i < g.n_t && st == KS_OK; i++) {
+            ks_gen_tensor *t = &g.ts[i];
+            int64_t ne[2] = {t->ne0, t->ne1};
+            st = ks_gguf_writer_add_tensor(w, t->name, t->type, t->kind == KS_GEN_MATRIX ? 2 : 1, ne, NULL, ks_gen_fill, t);
+            g.bytes_total += t->nbytes;
+        }
+    }
+    if (st == KS_OK) st = ks_gguf_writer_write(w, path);
+    if (st == KS_OK && out_bytes) {
+        FILE *f = fopen(path, "rb");
+        if (f && fseek(f, 0, SEEK_END) == 0) *out_bytes = (uint64_t)ftell(f);
+        if (f) fclose(f);
+    }
+    ks_gguf_writer_destroy(w);
+    ks_free(g.ts);
+    ks_pool_destroy(g.pool);
+    return st;
+}
