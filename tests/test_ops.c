@@ -84,7 +84,7 @@ static void check_attention(ks_kv_type kt, int len, int hd, int G, bool simd) {
     uint8_t *K = malloc(rb * len), *V = malloc(rb * len);
     float *Kf = malloc(sizeof(float) * len * hd), *Vf = malloc(sizeof(float) * len * hd);
     float *q = malloc(sizeof(float) * G * hd), *out = malloc(sizeof(float) * G * hd);
-    float *scores = malloc(sizeof(float) * G * len), *tmp = malloc(sizeof(float) * hd);
+    float *scores = malloc(sizeof(float) * (G > 4 ? G : 4) * len), *tmp = malloc(sizeof(float) * hd);
     double *ref = malloc(sizeof(double) * G * hd);
     for (int t = 0; t < len; t++) {
         float kr[256], vr[256];
@@ -122,11 +122,11 @@ static void check_attention(ks_kv_type kt, int len, int hd, int G, bool simd) {
 static void test_attention(void **state) {
     (void)state;
     int lens[] = {1, 2, 33, 500};
-    int groups[] = {1, 4, 8}; /* MHA, GQA, MQA-like group sizes */
+    int groups[] = {1, 2, 4, 7, 8}; /* MHA, GQA (incl. odd groups), MQA-like sizes */
     int hds[] = {32, 64, 128};
     for (int kt = 0; kt < 2; kt++)
         for (size_t a = 0; a < 4; a++)
-            for (size_t b = 0; b < 3; b++)
+            for (size_t b = 0; b < 5; b++)
                 for (size_t h = 0; h < 3; h++)
                     for (int simd = 0; simd < 2; simd++) check_attention((ks_kv_type)kt, lens[a], hds[h], groups[b], simd);
 }

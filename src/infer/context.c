@@ -150,6 +150,9 @@ void ks_attention_group(ks_kv_type kt, const void *K, const void *V, int len, in
                         const float *q, float *scores, float *out, float *tmp, bool allow_simd) {
     float scale = 1.0f / sqrtf((float)hd);
 #if defined(__x86_64__)
+    if (allow_simd && kt == KS_KV_F16 && ks_simd_detect() >= KS_SIMD_AVX512 &&
+        ks_attention_group_avx512(K, V, len, hd, G, q, scores, out, scale))
+        return;
     if (allow_simd && kt == KS_KV_F16 && hd % 8 == 0 && ks_simd_detect() >= KS_SIMD_AVX2) {
         attn_group_avx2(K, V, len, hd, G, q, scores, out, scale);
         return;
@@ -249,7 +252,8 @@ ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_conte
     c->gate = ks_malloc_aligned(sizeof(float) * rows * hp->n_ff);
     c->up = ks_malloc_aligned(sizeof(float) * rows * hp->n_ff);
     int G = hp->n_head / hp->n_head_kv;
-    c->att_stride = (size_t)G * c->n_ctx + (size_t)hp->head_dim + 16;
+    /* scores: [G][n_ctx] for the portable kernels, [n_ctx][4] for the AVX-512 one */
+    c->att_stride = (size_t)(G > 4 ? G : 4) * c->n_ctx + (size_t)hp->head_dim + 16;
     c->att_scratch = ks_malloc_aligned(sizeof(float) * c->att_stride * p.n_threads);
     size_t mm = 0;
     const ks_weight *ws[] = {&model->layers[0].wq, &model->layers[0].wo, &model->layers[0].w_gate,
@@ -313,7 +317,7 @@ static void attn_worker(void *arg, int ith, int nth) {
         const uint8_t *V = kv_row(c, c->v, j->il, j->seq[r], h, 0);
         const float *q = c->q + ((size_t)r * hp->n_head + (size_t)h * G) * hd;
         float *o = c->att + ((size_t)r * hp->n_head + (size_t)h * G) * hd;
-        float *tmp = scr + (size_t)G * c->n_ctx;
+        float *tmp = scr + (size_t)(G > 4 ? G : 4) * c->n_ctx;
         ks_attention_group(c->kv_type, K, V, len, hd, G, q, scr, o, tmp, true);
     }
     (void)nth;

@@ -47,6 +47,11 @@ size_t ks_kv_row_bytes(ks_kv_type t, int hd);
 void ks_attention_group(ks_kv_type kt, const void *K, const void *V, int len, int hd, int G,
                         const float *q, float *scores, float *out, float *tmp, bool allow_simd);
 
+/* AVX-512 f16 kernel for head dims 64 and 128; false if it does not apply.
+ * scores: [len][4] scratch. */
+bool ks_attention_group_avx512(const uint16_t *K, const uint16_t *V, int len, int hd, int G, const float *q,
+                               float *scores, float *out, float scale);
+
 const ks_model *ks_context_model(const ks_context *c);
 ks_pool *ks_context_pool(ks_context *c);
 
