@@ -1041,6 +1041,26 @@ static void test_generate_real_shape(void **state) {
     unlink(vp);
 }
 
+/* Fuzzer findings stay fixed: each reproducer loads and every numeric getter
+ * (including f64 views and saturating i64 views of u64/float arrays) is safe. */
+static void test_fuzz_reproducers(void **state) {
+    (void)state;
+    const char *names[] = {"arr_u64_over_int64max.gguf", "arr_f32_nan_to_i64.gguf", "arr_f32_1e30_to_i64.gguf"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "tests/fuzz/repro/%s", names[i]);
+        ks_gguf *g = NULL;
+        assert_int_equal(ks_gguf_open(ks_test_source(rel), &g), KS_OK);
+        (void)walk(g);
+        for (int64_t k = 0; k < ks_gguf_n_kv(g); k++) {
+            const ks_gguf_kv *kv = ks_gguf_kv_at(g, k);
+            if (kv->type == KS_GGUF_ARRAY && kv->arr_type != KS_GGUF_STRING)
+                for (uint64_t j = 0; j < kv->arr_n; j++) (void)ks_gguf_arr_f64(kv, j);
+        }
+        ks_gguf_close(g);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kv_roundtrip),
@@ -1055,6 +1075,7 @@ int main(void) {
         cmocka_unit_test(test_generate_tiny),
         cmocka_unit_test(test_generate_deterministic),
         cmocka_unit_test(test_generate_real_shape),
+        cmocka_unit_test(test_fuzz_reproducers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
