@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# run.sh — the user-facing subcommands end to end on the real pretrained
+# aidreams260K model: greedy text, stop strings, streaming to stdout with
+# stats on stderr, the prompt/context contract, tokenize (lines and JSON),
+# perplexity, info, and a tiny bench with --json parsed by Python.
+# Usage: bash run.sh <kvsieve> <fixtures-dir> <scratch-dir>
+set -u
+KS=$1; FIX=$2; TMP=$3
+mkdir -p "$TMP"
+MODEL="$FIX/models/aidreams260K.gguf"
+fail=0
+bad() { echo "FAIL: $*"; fail=1; }
+
+# greedy text is the fixture's documented continuation; stats go to stderr only
+out=$("$KS" run -m "$MODEL" -p "Once upon a time" -n 24 --temp 0 -t 2 2>"$TMP/err")
+[ $? -eq 0 ] || bad "run exited non-zero: $(cat "$TMP/err")"
+case "$out" in ", pixels unfolding like petals."*) ;; *) bad "greedy text: '$out'";; esac
+grep -q "tok/s" "$TMP/err" || bad "no throughput on stderr"
+grep -q "GB/s" "$TMP/err" || bad "no bandwidth on stderr"
+
+# a stop string ends generation and is never printed
+out=$("$KS" run -m "$MODEL" -p "Once upon a time" -n 60 --temp 0 --stop "petals" 2>"$TMP/err")
+[ "$out" = ", pixels unfolding like " ] || bad "stop string: '$out'"
+grep -q "stopped by stop string" "$TMP/err" || bad "stop reason not reported"
+
+# seeded sampling is reproducible; different seeds differ
+a=$("$KS" run -m "$MODEL" -p "Once upon a time" -n 40 --temp 1.0 --seed 7 2>/dev/null)
+b=$("$KS" run -m "$MODEL" -p "Once upon a time" -n 40 --temp 1.0 --seed 7 2>/dev/null)
+c=$("$KS" run -m "$MODEL" -p "Once upon a time" -n 40 --temp 1.0 --seed 8 2>/dev/null)
+[ "$a" = "$b" ] || bad "same seed, different text"
+[ "$a" != "$c" ] || bad "different seeds gave identical text"
+
+# prompt from a file; -n 0 generates nothing
+printf 'Once upon a time' > "$TMP/prompt.txt"
+out=$("$KS" run -m "$MODEL" -f "$TMP/prompt.txt" -n 8 --temp 0 2>/dev/null)
+case "$out" in ", pixels"*) ;; *) bad "-f prompt: '$out'";; esac
+"$KS" run -m "$MODEL" -p "hi" -n 0 >/dev/null 2>&1 || bad "-n 0 failed"
+
+# the context contract: clear errors, exit 2
+"$KS" run -m "$MODEL" -p "" -n 4 >/dev/null 2>"$TMP/err"; rc=$?
+[ $rc -eq 2 ] && grep -q "empty" "$TMP/err" || bad "empty prompt: rc $rc $(cat "$TMP/err")"
+long=$(for i in $(seq 1 200); do printf 'once upon a time '; done)
+"$KS" run -m "$MODEL" -p "$long" -n 4 >/dev/null 2>"$TMP/err"; rc=$?
+[ $rc -eq 2 ] && grep -q "exceed the context" "$TMP/err" || bad "prompt over context: rc $rc $(cat "$TMP/err")"
+"$KS" run -m "$MODEL" -p "hi" -n 4 -c 100000 >/dev/null 2>"$TMP/err" || bad "-c beyond the trained context should warn, not fail"
+"$KS" run -m "$MODEL" -p "hi" --temp -1 >/dev/null 2>&1; [ $? -eq 2 ] || bad "negative temperature accepted"
+"$KS" run -m "$MODEL" -p "hi" -f x >/dev/null 2>&1; [ $? -eq 2 ] || bad "-p and -f together accepted"
+
+# tokenize: one id per line, JSON, and on a vocabulary-only file
+ids=$("$KS" tokenize -m "$MODEL" -p "Once upon a time" | tr '\n' ' ')
+json=$("$KS" tokenize -m "$MODEL" -p "Once upon a time" --json)
+[ -n "$ids" ] || bad "tokenize printed nothing"
+[ "$json" = "[$(echo $ids | sed 's/ /, /g')]" ] || bad "tokenize json '$json' vs lines '$ids'"
+v=$("$KS" tokenize -m "$FIX/tokenizer/ggml-vocab-gpt-2.gguf" -p "Hello world" --json)
+[ "$v" = "[15496, 995]" ] || bad "gpt-2 vocab-only tokenize: $v"
+
+# perplexity of the model's own greedy text is low; of shuffled text higher
+"$KS" run -m "$MODEL" -p "Once upon a time" -n 100 --temp 0 2>/dev/null > "$TMP/own.txt"
+p=$("$KS" perplexity -m "$MODEL" -f "$TMP/own.txt" -c 128 2>/dev/null | sed -n 's/^perplexity: \([0-9.]*\).*/\1/p')
+[ -n "$p" ] || bad "perplexity printed nothing"
+python3 -c "import sys; sys.exit(0 if float('$p') < 3.0 else 1)" || bad "perplexity of greedy text $p >= 3"
+
+# info and a tiny bench with parseable JSON
+"$KS" info "$MODEL" | grep -q "n_embd 64" || bad "info shape"
+"$KS" bench -m "$MODEL" --depth 0,64 --batch 1,2 --n-gen 2 --n-prompt 16 -t 2 --json 2>/dev/null > "$TMP/bench.json" || bad "bench failed"
+python3 - "$TMP/bench.json" <<'PY' || bad "bench JSON"
+import json, sys
+d = json.load(open(sys.argv[1]))
+rows = [r for r in d["results"] if r["test"] == "decode"]
+assert len(rows) == 4 and all(r["tok_s"] > 0 and r["gb_s"] > 0 for r in rows), rows
+assert d["bandwidth"]["best_gbs"] > 0
+PY
+
+[ $fail -eq 0 ] && echo "run.sh: all checks passed"
+exit $fail
