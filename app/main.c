@@ -20,6 +20,7 @@ static const subcommand g_commands[] = {
     {"perplexity", cmd_perplexity, "perplexity of a text file"},
     {"gen-model", cmd_gen_model, "write a GGUF with random weights of a real model shape"},
     {"bench", cmd_bench, "prefill/decode throughput and achieved memory bandwidth"},
+    {"eval", cmd_eval, "long-context task accuracy and agreement with dense attention"},
 };
 
 void app_report(const char *cmd, const char *what, int status) {
