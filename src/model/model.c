@@ -266,8 +266,10 @@ ks_status ks_model_describe(const ks_model *m, char *buf, size_t cap) {
     double kv_tok = 2.0 * hp->n_layer * hp->n_head_kv * hp->head_dim * 2; /* K+V, f16 */
     OUT("memory:        KV f16 %.1f KiB/token; at %d tokens %.1f MiB KV + %.1f MiB weights\n", kv_tok / 1024,
         hp->n_ctx_train, kv_tok * hp->n_ctx_train / 1048576.0, m->weight_bytes / 1048576.0);
-    OUT("decode bytes:  %.1f MiB weights read per step (output matrix included)\n",
-        (m->weight_bytes + (m->output_tied ? ks_weight_bytes(&m->output) : 0)) / 1048576.0);
+    /* a step streams every matrix once; of the embedding table only one row,
+     * unless it doubles as the (tied) output matrix */
+    size_t step_bytes = m->weight_bytes - (m->output_tied ? 0 : ks_weight_bytes(&m->tok_embd));
+    OUT("decode bytes:  %.1f MiB of weights read per step (output matrix included)\n", step_bytes / 1048576.0);
 #undef OUT
     return n < cap ? KS_OK : KS_FAIL(KS_ERR_INVALID_ARG, "buffer too small (%zu needed)", n + 1);
 }
