@@ -273,9 +273,6 @@ ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_conte
     c->mm_scratch = ks_malloc_aligned(mm ? mm : 64);
     c->rope_cos = ks_malloc(sizeof(float) * rows * (hp->n_rot / 2));
     c->rope_sin = ks_malloc(sizeof(float) * rows * (hp->n_rot / 2));
-    /* bytes streamed per step for weights: every matrix once; of the
-     * embedding table one row, unless it is also the (tied) output matrix */
-    c->step_weight_bytes = model->weight_bytes - (model->output_tied ? 0 : ks_weight_bytes(&model->tok_embd));
     *out = c;
     return KS_OK;
 }

@@ -29,7 +29,6 @@ struct ks_context {
     size_t att_stride;
     void *mm_scratch;        /* quantized activations for ks_matmul */
     float *rope_cos, *rope_sin; /* [max_rows][n_rot/2] */
-    size_t step_weight_bytes;   /* weight bytes streamed by one forward step */
     ks_stats stats;
 };
 
