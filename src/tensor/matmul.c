@@ -9,14 +9,18 @@
  *     each core reads one sequential stream the hardware prefetcher follows;
  *   - a weight row is dotted against all n vectors (in tiles of up to 4
  *     vectors) while it is still in L1, so W is read from memory once per
- *     call whatever n is; for large n the vectors are taken in groups of 16
- *     and the rows in L2-sized chunks, so prefill stays cache friendly too;
+ *     call whatever n is; when n vectors outgrow L1 they are taken in groups
+ *     that fit (at most 16) and the rows in L2-sized chunks, so batched
+ *     decode and prefill stay cache friendly too;
  *   - X is quantized once per call into scratch (int8 + f32 scale per 32, or
  *     Q8_K per 256), so the inner loops are integer dot products with the two
  *     block scales applied once per block in f32.  The Q8_0 partner uses a
  *     private split layout (all int8 first, then f32 scales) instead of
  *     ks_block_q8_0: it is never stored, and aligned int8 runs plus f32 scales
- *     save a conversion per block in the hottest loop.
+ *     save a conversion per block in the hottest loop.  At the AVX-512 level Q8_0 and
+ *     Q4_0 use a grouped partner instead (4 blocks per zmm, lane order,
+ *     expanded scales, weight-offset correction; see matmul_x86.c), about
+ *     2x fewer vector ops per MAC.
  * The scalar kernels below are the reference: the SIMD kernels (AVX2+FMA and
  * AVX-512 VNNI, compiled from matmul_x86.c with target attributes so the
  * library needs no -march flag) must agree with them to float rounding, which
@@ -33,8 +37,14 @@
 typedef void (*ks_mm_kern)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols,
                            float *y, int64_t ys);
 
+/* Optional two-row form: rows w and w + wrow, results at y[c*ys] and
+ * y[c*ys + 1]; kernels with one share each activation load by both rows. */
+typedef void (*ks_mm_kern2)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int nc,
+                            int64_t cols, float *y, int64_t ys);
+
 #define KS_MM_NC 4     /* vectors per kernel call */
-#define KS_MM_VG 16    /* vectors per group (L2 reuse for large n) */
+#define KS_MM_VG 16    /* most vectors per group (L2 reuse for large n) */
+#define KS_MM_GROUP_L1 (20 * 1024) /* activation bytes a group may keep in L1 */
 #define KS_MM_ROWS 16  /* row alignment of the thread split */
 #define KS_MM_CHUNK_BYTES (192 * 1024) /* weight bytes per row chunk (L2) */
 
@@ -61,6 +71,14 @@ static void ks_mm_quantize_q8(const float *x, uint8_t *dst, int64_t cols) {
     }
 }
 
+/* AVX-512 grouped Q8 partner (see matmul_x86.c): 256 bytes per group of
+ * four 32-blocks, in dpbusd lane order with expanded scales and the weight
+ * offset correction.  Used only at that level, by Q8_0 and Q4_0. */
+#define KS_MM_Q8X_GROUP 256
+static size_t ks_mm_q8x_stride(int64_t cols) {
+    return (size_t)((cols / KS_QK8_0 + 3) / 4) * KS_MM_Q8X_GROUP;
+}
+
 static size_t ks_mm_q8k_stride(int64_t cols) {
     return ks_mm_align64((size_t)(cols / KS_QK_K) * sizeof(ks_block_q8_k));
 }
@@ -81,7 +99,10 @@ static ks_mm_xkind ks_mm_xkind_of(ks_dtype t) {
 size_t ks_matmul_scratch_bytes(ks_dtype wtype, int64_t cols, int64_t n) {
     KS_ASSERT(ks_dtype_is_weight_type((uint32_t)wtype));
     switch (ks_mm_xkind_of(wtype)) {
-    case KS_MM_XQ8: return (size_t)n * ks_mm_q8_stride(cols);
+    case KS_MM_XQ8: { /* the level may change after sizing: fit every layout */
+        size_t a = ks_mm_q8_stride(cols), b = ks_mm_q8x_stride(cols);
+        return (size_t)n * (a > b ? a : b);
+    }
     case KS_MM_XQ8K: return (size_t)n * ks_mm_q8k_stride(cols);
     default: return 0;
     }
@@ -250,6 +271,16 @@ static void ks_mm_q6_k_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, in
 #define KS_MM_HAVE_X86 0
 #endif
 
+static ks_mm_kern2 ks_mm_kernel2(ks_dtype t, ks_simd_level level) {
+#if KS_MM_HAVE_X86
+    if (level == KS_SIMD_AVX512 && t == KS_DTYPE_Q8_0) return ks_mm_q8_0x2_avx512;
+    if (level == KS_SIMD_AVX512 && t == KS_DTYPE_Q4_0) return ks_mm_q4_0x2_avx512;
+#else
+    (void)t, (void)level;
+#endif
+    return NULL;
+}
+
 static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
 #if KS_MM_HAVE_X86
     if (level == KS_SIMD_AVX512) {
@@ -257,8 +288,8 @@ static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
         case KS_DTYPE_F32: return ks_mm_f32_avx512;
         case KS_DTYPE_F16: return ks_mm_f16_avx512;
         case KS_DTYPE_BF16: return ks_mm_bf16_avx512;
-        case KS_DTYPE_Q8_0: return ks_mm_q8_0_avx512;
-        case KS_DTYPE_Q4_0: return ks_mm_q4_0_avx512;
+        case KS_DTYPE_Q8_0: return ks_mm_q8_0x_avx512; /* grouped partner layout */
+        case KS_DTYPE_Q4_0: return ks_mm_q4_0x_avx512;
         case KS_DTYPE_Q4_K: return ks_mm_q4_k_avx512;
         case KS_DTYPE_Q6_K: return ks_mm_q6_k_avx512;
         default: break;
@@ -350,7 +381,9 @@ ks_simd_level ks_simd_force(ks_simd_level level) {
 
 typedef struct {
     ks_mm_kern kern;
+    ks_mm_kern2 kern2; /* two-row form, or NULL */
     ks_simd_level level;
+    ks_dtype wtype;
     ks_mm_xkind xkind;
     const uint8_t *W;  /* [rows][wrow bytes] */
     size_t wrow;       /* bytes per weight row */
@@ -367,7 +400,8 @@ static void ks_mm_quantize_one(const ks_mm_job *job, int64_t c) {
     uint8_t *dst = job->scratch + (size_t)c * job->xs;
 #if KS_MM_HAVE_X86
     if (job->level == KS_SIMD_AVX512) {
-        if (job->xkind == KS_MM_XQ8) ks_mm_quantize_q8_avx512(x, dst, job->cols);
+        if (job->xkind == KS_MM_XQ8) /* grouped layout; u8 weight offset 128 (Q8_0) or 8 (Q4_0) */
+            ks_mm_quantize_q8x_avx512(x, dst, job->cols, job->wtype == KS_DTYPE_Q8_0 ? 128 : 8);
         else ks_mm_quantize_q8_k_avx512(x, dst, job->cols);
         return;
     }
@@ -394,19 +428,37 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
     if (r_end > job->rows) r_end = job->rows;
     int64_t chunk = (int64_t)(KS_MM_CHUNK_BYTES / job->wrow) / KS_MM_ROWS * KS_MM_ROWS;
     if (chunk < KS_MM_ROWS) chunk = KS_MM_ROWS;
-    if (job->n <= KS_MM_VG) chunk = r_end - r_begin; /* one pass: W streams once regardless */
+    /* Vectors per group: as many as stay in L1 beside the weight row (at
+     * least one kernel tile), so a row's NC-vector tiles do not evict each
+     * other; each row chunk is still finished for all groups before the
+     * next, so W streams from memory once whatever n is. */
+    int64_t vg = (int64_t)(KS_MM_GROUP_L1 / job->xs) / KS_MM_NC * KS_MM_NC;
+    if (vg < KS_MM_NC) vg = KS_MM_NC;
+    if (vg > KS_MM_VG) vg = KS_MM_VG;
+    if (job->n <= vg) chunk = r_end - r_begin; /* one pass: W streams once regardless */
+    /* Two-row tiles share each activation load by two rows, halving L2
+     * traffic, which only matters once a tile's activations outgrow L1 (long
+     * rows, n > 1); on short rows streaming two rows at once measured up to
+     * 3x slower at n = 1 (prefetch), so they are used only where they pay. */
+    const bool pair = job->kern2 && job->n > 1 && KS_MM_NC * job->xs > KS_MM_GROUP_L1;
 
     for (int64_t r0 = r_begin; r0 < r_end; r0 += chunk) {
         int64_t r1 = r0 + chunk < r_end ? r0 + chunk : r_end;
-        for (int64_t c0 = 0; c0 < job->n; c0 += KS_MM_VG) {
-            int64_t c1 = c0 + KS_MM_VG < job->n ? c0 + KS_MM_VG : job->n;
-            for (int64_t r = r0; r < r1; r++) {
+        for (int64_t c0 = 0; c0 < job->n; c0 += vg) {
+            int64_t c1 = c0 + vg < job->n ? c0 + vg : job->n;
+            for (int64_t r = r0; r < r1;) {
                 const uint8_t *w = job->W + (size_t)r * job->wrow;
+                const bool two = pair && r + 1 < r1;
                 for (int64_t c = c0; c < c1; c += KS_MM_NC) {
                     int nc = (int)(c1 - c < KS_MM_NC ? c1 - c : KS_MM_NC);
-                    job->kern(w, job->xq + (size_t)c * job->xs, job->xs, nc, job->cols,
-                              job->Y + c * job->rows + r, job->rows);
+                    if (two)
+                        job->kern2(w, job->wrow, job->xq + (size_t)c * job->xs, job->xs, nc, job->cols,
+                                   job->Y + c * job->rows + r, job->rows);
+                    else
+                        job->kern(w, job->xq + (size_t)c * job->xs, job->xs, nc, job->cols,
+                                  job->Y + c * job->rows + r, job->rows);
                 }
+                r += two ? 2 : 1;
             }
         }
     }
@@ -421,7 +473,9 @@ void ks_matmul(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64
     const ks_simd_level level = ks_simd_current();
     ks_mm_job job = {
         .kern = ks_mm_kernel(wtype, level),
+        .kern2 = ks_mm_kernel2(wtype, level),
         .level = level,
+        .wtype = wtype,
         .xkind = ks_mm_xkind_of(wtype),
         .W = W,
         .wrow = ks_dtype_row_bytes(wtype, cols),
@@ -441,7 +495,9 @@ void ks_matmul(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64
         job.xs = (size_t)cols * sizeof(float);
     } else {
         KS_ASSERT(scratch != NULL && ((uintptr_t)scratch & 63) == 0);
-        job.xs = job.xkind == KS_MM_XQ8 ? ks_mm_q8_stride(cols) : ks_mm_q8k_stride(cols);
+        job.xs = job.xkind == KS_MM_XQ8K      ? ks_mm_q8k_stride(cols)
+                 : level == KS_SIMD_AVX512 ? ks_mm_q8x_stride(cols)
+                                           : ks_mm_q8_stride(cols);
         job.xq = scratch;
         /* Quantizing X costs ~1/rows of the product: do it inline for small
          * batches (one dispatch saved) and in parallel by vector for prefill. */

@@ -132,7 +132,9 @@ KS_MM_FLOAT_KERNEL(ks_mm_bf16, ks_bf16, KS_MM_FLOAD_BF16, ks_bf16_to_f32)
 
 /* ------------------------------------------------- Q8_0 / Q4_0 weights --
  * Both become 32 signed int8 weights + one f32 scale per block; the dot with
- * signed activations uses |w| (unsigned) times sign(a, w). */
+ * signed activations uses |w| (unsigned) times sign(a, w).  AVX2 only: the
+ * AVX-512 level uses the grouped kernels below. */
+#if KS_MM_LEVEL < 2
 
 KS_MM_INL __m256i KS_MM_SFX(ks_mm_load_q8_0)(const ks_block_q8_0 *b) {
     return _mm256_loadu_si256((const __m256i *)b->qs);
@@ -190,6 +192,168 @@ KS_MM_Q32_KERNEL(ks_mm_q8_0, ks_block_q8_0, KS_MM_SFX(ks_mm_load_q8_0))
 KS_MM_Q32_KERNEL(ks_mm_q4_0, ks_block_q4_0, KS_MM_SFX(ks_mm_load_q4_0))
 #undef KS_MM_Q32_KERNEL
 #undef KS_MM_Q32_STEP
+#endif /* KS_MM_LEVEL < 2 */
+
+/* ------------------------------------- Q8_0 / Q4_0, AVX-512 grouped form --
+ * Why a second kernel at this level.  The ymm kernel above spends five
+ * vector ops per 32-MAC block and vector (sign of the activation, dpbusd,
+ * int->float, scale multiply, FMA), and on a core that runs zmm ops as two
+ * 256-bit halves (Zen 4) widening alone gains nothing: only removing ops per
+ * MAC does.  Three of the five are the per-block float epilogue, paid on
+ * eight int32 lanes that all belong to one block.  So the grouped form packs
+ * FOUR blocks into one zmm with only four lanes each: 128-bit lane k holds
+ * elements 0-15 of block 4g+k in register LO and elements 16-31 in HI, two
+ * dpbusd fill each int32 lane with eight products of one block, and one
+ * cvt + mul + fma covers 128 MACs.  Per vector and 4 blocks that is 5 zmm
+ * ops (10 half-ops) for 128 MACs against the ymm kernel's 20.
+ *
+ * What makes it possible is that the activation side is ours: the AVX-512
+ * quantizer (ks_mm_quantize_q8x) writes each vector group by group in
+ * exactly that lane order, so the activations are dpbusd's memory operand,
+ * with no per-vector shuffle, and the weight side is rearranged once per
+ * group for all vectors of the tile (two 128-bit lane shuffles for Q8_0; for
+ * Q4_0 the nibble split gives the halves for free).  dpbusd wants u8 x s8,
+ * so the weights are made unsigned — Q8_0 as w + 128 (xor 0x80), Q4_0 as the
+ * raw nibble, i.e. w + 8 — and the offset is removed exactly in int32: the
+ * quantizer stores, per lane, corr = -off * (sum of the eight activations the
+ * lane multiplies), and the kernel starts the dpbusd chain from it (a plain
+ * load).  The activation scale arrives pre-expanded to 16 floats (one per
+ * lane), so scaling is one multiply with a memory operand by the group's
+ * weight-scale vector, built once per group for all vectors.
+ *
+ * Partner layout per vector (KS_MM_Q8X_GROUP = 256 bytes per 4 blocks):
+ *   int8  lo[64]    lo[16k + i] = q[4g+k][i]        (i < 16)
+ *   int8  hi[64]    hi[16k + i] = q[4g+k][16 + i]
+ *   float d[16]     d[4k + m]   = scale of block 4g+k
+ *   int32 corr[16]  corr[4k+m]  = -off * sum_{j<4} (q[4g+k][4m+j] + q[4g+k][16+4m+j])
+ * A trailing partial group is zero-padded (q = d = corr = 0), and the kernel
+ * reads no weight block past the row: missing blocks dot zero activations
+ * with zero weights and a zero scale.  Products stay exact: a lane sums at
+ * most 8 * 255 * 127 plus the correction. */
+#if KS_MM_LEVEL >= 2
+
+/* The 64-bit word of four f16 block scales -> one f32 per lane, in the
+ * group's lane order ([d0 x4, d1 x4, d2 x4, d3 x4]). */
+KS_MM_INL __m512 KS_MM_SFX(ks_mm_dw4)(uint64_t h4) {
+    const __m128 f = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)h4));
+    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f));
+}
+
+/* Q8_0 group: four blocks (pointers, so a tail can point at zeros) -> LO, HI
+ * as u8 (w + 128) and the weight-scale vector. */
+KS_MM_INL void KS_MM_SFX(ks_mm_q8x_wgroup)(const ks_block_q8_0 *b0, const ks_block_q8_0 *b1,
+                                           const ks_block_q8_0 *b2, const ks_block_q8_0 *b3,
+                                           __m512i *lo, __m512i *hi, __m512 *dw) {
+    const __m512i z01 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b0->qs)),
+                                           _mm256_loadu_si256((const __m256i *)b1->qs), 1);
+    const __m512i z23 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b2->qs)),
+                                           _mm256_loadu_si256((const __m256i *)b3->qs), 1);
+    const __m512i x80 = _mm512_set1_epi8((char)0x80);
+    /* 128-bit lanes of z01 = [b0 lo, b0 hi, b1 lo, b1 hi]: pick 0,2 | 1,3 */
+    *lo = _mm512_xor_si512(_mm512_shuffle_i64x2(z01, z23, _MM_SHUFFLE(2, 0, 2, 0)), x80);
+    *hi = _mm512_xor_si512(_mm512_shuffle_i64x2(z01, z23, _MM_SHUFFLE(3, 1, 3, 1)), x80);
+    *dw = KS_MM_SFX(ks_mm_dw4)((uint64_t)b0->d | (uint64_t)b1->d << 16 | (uint64_t)b2->d << 32 |
+                               (uint64_t)b3->d << 48);
+}
+
+/* Q4_0 group: the 16 packed bytes of block k fill 128-bit lane k; low
+ * nibbles are elements 0-15 (LO), high nibbles 16-31 (HI), both u8 = w + 8. */
+KS_MM_INL void KS_MM_SFX(ks_mm_q4x_wgroup)(const ks_block_q4_0 *b0, const ks_block_q4_0 *b1,
+                                           const ks_block_q4_0 *b2, const ks_block_q4_0 *b3,
+                                           __m512i *lo, __m512i *hi, __m512 *dw) {
+    const __m256i y01 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)b0->qs)),
+                                                _mm_loadu_si128((const __m128i *)b1->qs), 1);
+    const __m256i y23 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)b2->qs)),
+                                                _mm_loadu_si128((const __m128i *)b3->qs), 1);
+    const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(y01), y23, 1);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    *lo = _mm512_and_si512(z, m4);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+    *dw = KS_MM_SFX(ks_mm_dw4)((uint64_t)b0->d | (uint64_t)b1->d << 16 | (uint64_t)b2->d << 32 |
+                               (uint64_t)b3->d << 48);
+}
+
+/* One group of NR rows (wg[r]: that row's first block of the group) for NC
+ * vectors: corr + LO.lo + HI.hi in int32, then one cvt, one multiply by the
+ * pre-expanded activation scale, one FMA.  The activation loads of a vector
+ * are shared by the NR rows, which halves L1/L2 traffic per MAC at NR = 2
+ * (the activations of a 4-vector tile outgrow L1 once cols > ~2048). */
+#define KS_MM_QX_GROUP(BT, WGROUP, wg, nblk, goff)                                                 \
+    do {                                                                                           \
+        __m512i lo[2], hi[2];                                                                      \
+        __m512 dw[2];                                                                              \
+        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {                                     \
+            static const BT zb; /* d = 0, qs = 0: stands in for blocks past the row */             \
+            const BT *b0 = (wg)[r];                                                                \
+            WGROUP(b0, (nblk) > 1 ? b0 + 1 : &zb, (nblk) > 2 ? b0 + 2 : &zb, (nblk) > 3 ? b0 + 3 : &zb, \
+                   &lo[r], &hi[r], &dw[r]);                                                        \
+        }                                                                                          \
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                                     \
+            const uint8_t *xg = xq + c * xs + (goff);                                              \
+            const __m512i corr = _mm512_load_si512((const void *)(xg + 192));                      \
+            const __m512i alo = _mm512_load_si512((const void *)xg);                               \
+            const __m512i ahi = _mm512_load_si512((const void *)(xg + 64));                        \
+            const __m512 dx = _mm512_load_ps((const void *)(xg + 128));                            \
+            _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {                                 \
+                __m512i p = _mm512_dpbusd_epi32(corr, lo[r], alo);                                 \
+                p = _mm512_dpbusd_epi32(p, hi[r], ahi);                                            \
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx),       \
+                                            acc[r][c]);                                            \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+/* NR (1..2) rows from w, row stride wrow, times NC vectors; y[c*ys + r]. */
+#define KS_MM_QX_KERNEL(name, BT, WGROUP)                                                          \
+    KS_MM_INL void KS_MM_SFX(name##_body)(const uint8_t *w, size_t wrow, const uint8_t *xq,        \
+                                          size_t xs, int64_t cols, float *y, int64_t ys,           \
+                                          const int NR, const int NC) {                            \
+        const int64_t nb = cols / 32;                                                              \
+        __m512 acc[2][4];                                                                          \
+        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)                                       \
+            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[r][c] = _mm512_setzero_ps();  \
+        const BT *wg[2] = {(const BT *)w, (const BT *)(w + (NR > 1 ? wrow : 0))};                  \
+        int64_t b = 0;                                                                             \
+        for (; b + 4 <= nb; b += 4) {                                                              \
+            KS_MM_QX_GROUP(BT, WGROUP, wg, 4, (size_t)b / 4 * KS_MM_Q8X_GROUP);                    \
+            wg[0] += 4;                                                                            \
+            wg[1] += 4;                                                                            \
+        }                                                                                          \
+        if (b < nb) { /* 1-3 trailing blocks, zero-padded in the partner */                        \
+            const int64_t left = nb - b;                                                           \
+            KS_MM_QX_GROUP(BT, WGROUP, wg, left, (size_t)b / 4 * KS_MM_Q8X_GROUP);                 \
+        }                                                                                          \
+        _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++)                                       \
+            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys + r] =                   \
+                _mm512_reduce_add_ps(acc[r][c]);                                                   \
+    }                                                                                              \
+    KS_MM_INL void KS_MM_SFX(name##_r1)(const uint8_t *w, const uint8_t *xq, size_t xs,            \
+                                        int64_t cols, float *y, int64_t ys, const int NC) {        \
+        KS_MM_SFX(name##_body)(w, 0, xq, xs, cols, y, ys, 1, NC);                                  \
+    }                                                                                              \
+    KS_MM_INL void KS_MM_SFX(name##_r2)(const uint8_t *w, size_t wrow, const uint8_t *xq,          \
+                                        size_t xs, int64_t cols, float *y, int64_t ys,             \
+                                        const int NC) {                                            \
+        KS_MM_SFX(name##_body)(w, wrow, xq, xs, cols, y, ys, 2, NC);                               \
+    }                                                                                              \
+    KS_MM_FN void KS_MM_SFX(name)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc,          \
+                                  int64_t cols, float *y, int64_t ys) {                            \
+        KS_ASSERT(((uintptr_t)xq & 63) == 0 && (xs & 63) == 0);                                    \
+        KS_MM_NC_SWITCH(KS_MM_SFX(name##_r1), w, xq, xs, cols, y, ys)                              \
+    }                                                                                              \
+    KS_MM_FN void KS_MM_SFX(name##2)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs,  \
+                                     int nc, int64_t cols, float *y, int64_t ys) {                 \
+        KS_ASSERT(((uintptr_t)xq & 63) == 0 && (xs & 63) == 0);                                    \
+        KS_MM_NC_SWITCH(KS_MM_SFX(name##_r2), w, wrow, xq, xs, cols, y, ys)                        \
+    }
+
+KS_MM_QX_KERNEL(ks_mm_q8_0x, ks_block_q8_0, KS_MM_SFX(ks_mm_q8x_wgroup))
+KS_MM_QX_KERNEL(ks_mm_q4_0x, ks_block_q4_0, KS_MM_SFX(ks_mm_q4x_wgroup))
+#undef KS_MM_QX_KERNEL
+#undef KS_MM_QX_GROUP
+
+#endif /* KS_MM_LEVEL >= 2 */
 
 /* ------------------------------------------------------------ Q4_K -------
  * Per super-block: sum_j sc_j * (q_j . a_j) in int32 (maddubs to int16, then
@@ -325,6 +489,7 @@ KS_MM_INL __m256i KS_MM_SFX(ks_mm_round32)(const __m256 v[4], float id, __m256i 
     return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+#if KS_MM_LEVEL < 2 /* AVX-512 quantizes into the grouped layout instead */
 KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8)(const float *x, uint8_t *dst, int64_t cols) {
     int8_t *q = (int8_t *)dst;
     float *ds = (float *)(dst + ks_mm_align64((size_t)cols));
@@ -337,6 +502,7 @@ KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8)(const float *x, uint8_t *dst, int64_t
         _mm256_storeu_si256((__m256i *)(q + 32 * b), KS_MM_SFX(ks_mm_round32)(v, id, iv));
     }
 }
+#endif
 
 KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8_k)(const float *x, uint8_t *dst, int64_t cols) {
     ks_block_q8_k *y = (ks_block_q8_k *)dst;
@@ -360,6 +526,41 @@ KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8_k)(const float *x, uint8_t *dst, int64
         }
     }
 }
+
+#if KS_MM_LEVEL >= 2
+/* Grouped partner of the AVX-512 Q8_0/Q4_0 kernels (layout above the
+ * kernels): same per-block arithmetic as ks_mm_quantize_q8, so the integers
+ * are identical to every other level's, only placed in lane order, with the
+ * expanded scale and the -off * (lane sum) weight-offset correction. */
+KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8x)(const float *x, uint8_t *dst, int64_t cols, int off) {
+    const int64_t nb = cols / 32, ng = (nb + 3) / 4;
+    const __m256i ones = _mm256_set1_epi8(1);
+    const __m128i moff = _mm_set1_epi32(-off);
+    for (int64_t g = 0; g < ng; g++) {
+        uint8_t *grp = dst + (size_t)g * KS_MM_Q8X_GROUP; /* [lo 64 | hi 64 | d 16 f32 | corr 16 i32] */
+        for (int k = 0; k < 4; k++) {
+            const int64_t b = 4 * g + k;
+            __m256i q = _mm256_setzero_si256();
+            float d = 0.0f;
+            if (b < nb) {
+                __m256 v[4];
+                __m256i iv[4];
+                float amax = KS_MM_SFX(ks_mm_hmax8)(KS_MM_SFX(ks_mm_absmax32)(x + 32 * b, v));
+                d = amax / 127.0f;
+                float id = d != 0.0f ? 1.0f / d : 0.0f;
+                q = KS_MM_SFX(ks_mm_round32)(v, id, iv);
+            }
+            /* lane m of s: elements 4m..4m+3 (m < 4) or 16+4(m-4).. (m >= 4) */
+            const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q);
+            const __m128i lsum = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            _mm_store_si128((__m128i *)(grp + 16 * k), _mm256_castsi256_si128(q));
+            _mm_store_si128((__m128i *)(grp + 64 + 16 * k), _mm256_extracti128_si256(q, 1));
+            _mm_store_ps((float *)(grp + 128 + 16 * k), _mm_set1_ps(d));
+            _mm_store_si128((__m128i *)(grp + 192 + 16 * k), _mm_mullo_epi32(lsum, moff));
+        }
+    }
+}
+#endif
 
 #undef KS_MM_FN
 #undef KS_MM_INL
