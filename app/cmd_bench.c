@@ -45,7 +45,7 @@ int cmd_bench(int argc, char **argv) {
     long depths[16] = {0}, batches[16] = {1};
     int n_depth = 1, n_batch = 1;
     long n_threads = 0, n_gen = 16, n_prompt = 256;
-    bool json = false, skip_prefill = false;
+    bool json = false, skip_prefill = false, use_mmap = true;
     ks_kv_type kv_type = KS_KV_F16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -58,6 +58,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--n-prompt")) { VAL(); if (!arg_long(cmd, a, v, 1, 1 << 20, &n_prompt)) return 2; }
         else if (!strcmp(a, "--no-prefill")) skip_prefill = true;
         else if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--no-mmap")) use_mmap = false;
         else if (!strcmp(a, "--kv-type")) {
             VAL();
             if (!strcmp(v, "f16")) kv_type = KS_KV_F16;
@@ -65,7 +66,8 @@ int cmd_bench(int argc, char **argv) {
             else { fprintf(stderr, "kvsieve bench: --kv-type must be f16 or q8\n"); return 2; }
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: kvsieve bench [-m MODEL.gguf] [--depth 0,4096,...] [--batch 1,4,16] [-t THREADS]\n"
-                   "                     [--n-gen 16] [--n-prompt 256] [--no-prefill] [--kv-type f16|q8] [--json]\n");
+                   "                     [--n-gen 16] [--n-prompt 256] [--no-prefill] [--kv-type f16|q8] [--no-mmap] [--json]\n"
+                   "  --no-mmap  read the weights into huge-page memory instead of mapping the file\n");
             return 0;
         } else { fprintf(stderr, "kvsieve bench: unknown option '%s'\n", a); return 2; }
 #undef VAL
@@ -73,7 +75,9 @@ int cmd_bench(int argc, char **argv) {
     if (!model_path) model_path = app_default_model();
     if (!model_path) { fprintf(stderr, "kvsieve bench: no model given (-m)\n"); return 2; }
     ks_model *m = NULL;
-    ks_status st = ks_model_load(model_path, ks_model_default_params(), &m);
+    ks_model_params mp = ks_model_default_params();
+    mp.use_mmap = use_mmap;
+    ks_status st = ks_model_load(model_path, mp, &m);
     if (st != KS_OK) { app_report(cmd, "loading the model", st); return 1; }
     if (n_threads == 0) n_threads = ks_cpu_count();
     ks_pool *pool = NULL;

@@ -64,6 +64,9 @@ typedef struct ks_gguf ks_gguf;
 /* Open and validate a file (mmap).  KS_ERR_IO / KS_ERR_FORMAT /
  * KS_ERR_UNSUPPORTED (tensor types outside the supported set) with a message. */
 ks_status ks_gguf_open(const char *path, ks_gguf **out);
+/* As ks_gguf_open; use_mmap=false reads the file into huge-page-advised
+ * memory instead of mapping it (faster weight streaming, costs RAM + load time). */
+ks_status ks_gguf_open_ex(const char *path, bool use_mmap, ks_gguf **out);
 /* Parse a caller-owned buffer (borrowed: must outlive the handle).  Used by
  * the fuzz target and tests. */
 ks_status ks_gguf_open_buffer(const void *buf, size_t size, ks_gguf **out);

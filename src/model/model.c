@@ -204,7 +204,7 @@ ks_status ks_model_load(const char *path, ks_model_params params, ks_model **out
     if (!path || !out) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL path or out");
     ks_model *m = ks_calloc(1, sizeof *m);
     m->vocab_only = params.vocab_only;
-    ks_status st = ks_gguf_open(path, &m->gguf);
+    ks_status st = ks_gguf_open_ex(path, params.use_mmap, &m->gguf);
     if (st != KS_OK) {
         ks_free(m);
         return st;
