@@ -286,6 +286,58 @@ static void test_matmul_extremes(void **state) {
     ks_simd_force(saved);
 }
 
+/* K-quant blocks of random bytes: every 6-bit Q4_K scale/min pattern
+ * (including the high bits packed into scales[0..7]) and negative Q6_K
+ * scales, which quantized smooth data rarely produces.  Each level must
+ * match the scalar kernel to f32 summation order, for nc = 1..4 and a tail. */
+static void test_matmul_kquant_raw(void **state) {
+    (void)state;
+    ks_simd_level hw = ks_simd_detect();
+    ks_simd_level saved = ks_simd_force(hw);
+    static const ks_dtype kt[] = {KS_DTYPE_Q4_K, KS_DTYPE_Q6_K};
+    const int64_t rows = 9, cols = 768, n = 5;
+    ks_rng rng = {1234};
+    for (size_t ti = 0; ti < 2; ti++) {
+        const ks_dtype t = kt[ti];
+        const size_t rb = ks_dtype_row_bytes(t, cols), bb = ks_dtype_block_bytes(t);
+        uint8_t *W = ks_malloc_aligned(rb * rows);
+        for (size_t i = 0; i < rb * rows; i++) W[i] = (uint8_t)ks_rng_next(&rng);
+        for (size_t off = 0; off < rb * rows; off += bb) { /* finite, varied block scales */
+            ks_f16 d = ks_f32_to_f16((float)(0.001 + 0.01 * ks_rng_uniform(&rng)));
+            ks_f16 dm = ks_f32_to_f16((float)(0.001 + 0.01 * ks_rng_uniform(&rng)));
+            if (t == KS_DTYPE_Q4_K) {
+                memcpy(W + off, &d, 2);
+                memcpy(W + off + 2, &dm, 2);
+            } else {
+                memcpy(W + off + bb - 2, &d, 2);
+            }
+        }
+        float *X = make_x(n, cols, 21 + ti);
+        float *Wd = ks_malloc((size_t)cols * sizeof(float));
+        double scale2 = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            ks_dequantize_row(t, W + (size_t)r * rb, Wd, cols);
+            for (int64_t c = 0; c < n; c++)
+                for (int64_t i = 0; i < cols; i++) scale2 += (double)Wd[i] * X[c * cols + i] * Wd[i] * X[c * cols + i];
+        }
+        float Ys[5 * 9], Y[5 * 9];
+        wmat m = {t, rows, cols, W, NULL};
+        ks_simd_force(KS_SIMD_SCALAR);
+        run_matmul(NULL, &m, X, n, Ys);
+        for (int lv = KS_SIMD_SCALAR + 1; lv <= (int)hw; lv++) {
+            ks_simd_force((ks_simd_level)lv);
+            run_matmul(NULL, &m, X, n, Y);
+            double e = term_err(Y, Ys, (size_t)(n * rows), scale2);
+            if (!(e <= 1e-5)) fprintf(stderr, "FAIL raw %s %s: err %.3g\n", ks_dtype_name(t), ks_simd_name((ks_simd_level)lv), e);
+            assert_true(e <= 1e-5);
+        }
+        ks_free(Wd);
+        ks_free(X);
+        ks_free_aligned(W);
+    }
+    ks_simd_force(saved);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_simd_levels),
@@ -294,6 +346,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_float_tails),
         cmocka_unit_test(test_matmul_chunked),
         cmocka_unit_test(test_matmul_extremes),
+        cmocka_unit_test(test_matmul_kquant_raw),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,7 +20,9 @@
  *     save a conversion per block in the hottest loop.  At the AVX-512 level Q8_0 and
  *     Q4_0 use a grouped partner instead (4 blocks per zmm, lane order,
  *     expanded scales, weight-offset correction; see matmul_x86.c), about
- *     2x fewer vector ops per MAC.
+ *     2x fewer vector ops per MAC.  Q4_K and Q6_K keep the ordinary Q8_K
+ *     partner at every level; their AVX-512 kernels read it as four zmm per
+ *     super-block (per-lane sub-block scales, SIMD scale unpacking).
  * The scalar kernels below are the reference: the SIMD kernels (AVX2+FMA and
  * AVX-512 VNNI, compiled from matmul_x86.c with target attributes so the
  * library needs no -march flag) must agree with them to float rounding, which
@@ -290,8 +292,8 @@ static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
         case KS_DTYPE_BF16: return ks_mm_bf16_avx512;
         case KS_DTYPE_Q8_0: return ks_mm_q8_0x_avx512; /* grouped partner layout */
         case KS_DTYPE_Q4_0: return ks_mm_q4_0x_avx512;
-        case KS_DTYPE_Q4_K: return ks_mm_q4_k_avx512;
-        case KS_DTYPE_Q6_K: return ks_mm_q6_k_avx512;
+        case KS_DTYPE_Q4_K: return ks_mm_q4_kz_avx512; /* zmm form */
+        case KS_DTYPE_Q6_K: return ks_mm_q6_kz_avx512;
         default: break;
         }
     }

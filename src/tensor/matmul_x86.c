@@ -10,13 +10,16 @@
  * without -march flags and picks a level at run time.  Compiled on its own
  * (CMake compiles every .c under src/tensor) the file is empty.
  *
- * Integer kernels work on 32-byte (ymm) runs even at the AVX-512 level: one
- * Q8_0/Q4_0 block or one Q4_K sub-block is exactly 32 bytes, so wider
- * registers would only add shuffles, while VNNI (on ymm via AVX512VL) already
- * removes the instruction that bounds AVX2.  Products stay exact in int16 /
- * int32: activations are in [-127, 127], weights in [-128, 127] (Q8_0, via the
- * sign trick |w| * sign(a, w)), [0, 15] (Q4_K) or [0, 63] (Q6_K), so no
- * maddubs pair can saturate (max 2 * 128 * 127 = 32512).
+ * The AVX2 integer kernels work on 32-byte (ymm) runs: one Q8_0/Q4_0 block
+ * or one Q4_K sub-block is exactly 32 bytes.  At the AVX-512 level every
+ * integer kernel has a zmm form instead (Q8_0/Q4_0 grouped four blocks per
+ * zmm, Q4_K/Q6_K a super-block as four zmm; see their sections): at n = 1
+ * these kernels were bound by vector ops per MAC and per-block bookkeeping,
+ * not by the multiplies, and the zmm forms cut both.  Products stay exact in
+ * int16 / int32: activations are in [-127, 127], weights in [-128, 127]
+ * (Q8_0, via the sign trick |w| * sign(a, w), or w + 128 unsigned at the
+ * AVX-512 level), [0, 15] (Q4_K) or [0, 63] (Q6_K), so no maddubs pair can
+ * saturate (max 2 * 128 * 127 = 32512).
  *
  * Each kernel takes nc (1..4) vectors; a switch maps nc to an always-inline
  * body with a constant count, so accumulators live in registers and a weight
@@ -355,8 +358,151 @@ KS_MM_QX_KERNEL(ks_mm_q4_0x, ks_block_q4_0, KS_MM_SFX(ks_mm_q4x_wgroup))
 
 #endif /* KS_MM_LEVEL >= 2 */
 
+/* ------------------------------------------- Q4_K / Q6_K, AVX-512 zmm form --
+ * Why a second pair of kernels at this level.  The ymm kernels below were
+ * bound not by multiplies but by per-super-block bookkeeping at n = 1: the
+ * 6-bit Q4_K scales unpacked in scalar code, one GPR->vector broadcast per
+ * sub-block scale, a scale shuffle per 32 bytes for Q6_K, and a float
+ * epilogue on ymm.  Here a super-block is four zmm of weights (64 weights
+ * each) against four plain zmm loads of the ordinary Q8_K partner, and each
+ * int32 lane of a dpbusd holds four products of ONE sub-block, so the
+ * sub-block scale is applied per lane by one dpwssd whose int32 scale lanes
+ * are (scale, 0) int16 pairs: the dpbusd result fits int16 (|p| <= 4 * 63 *
+ * 127 < 32768) and its sign-extension half meets the zero.  Per vector and
+ * super-block that is 4 dpbusd + 4 dpwssd + a short float epilogue; the
+ * weight side (nibble split, scale vectors) is built once for all nc.
+ *
+ * Q4_K: byte i of qs[32j..] holds element i of sub-block 2j (low nibble)
+ * and 2j+1 (high), so the nibble planes of one 64-byte load are
+ * [sb0 | sb2] and [sb1 | sb3]; one vshufi64x2 each puts them in element
+ * order ([sb0 | sb1], [sb2 | sb3]) to match the activations.  The per-lane
+ * scale vectors come from the zero-extended scales by one vpermd each.  Nibbles are
+ * u8 in [0, 15] as dpbusd wants, no sign trick.  The 12 scale bytes are
+ * unpacked with two pshufb, shifts and masks into [sc0..7 | m0..7]; the mins
+ * meet the Q8_K bsums in one madd, scaled in f32 by dmin * da.
+ *
+ * Q6_K: ql[0..63] & 15 is elements 0-63 in order and ql >> 4 elements
+ * 64-127, the two high bits coming from qh[0..31] at a per-half shift; q is
+ * used unsigned (0..63) and the -32 offset is folded into the int32 chain as
+ * -32 * sum_s sc_s * bsum_s (one madd, the chain's starting value). */
+#if KS_MM_LEVEL >= 2
+
+KS_MM_INL void KS_MM_SFX(ks_mm_q4_kz_body)(const uint8_t *w, const uint8_t *xq, size_t xs,
+                                           int64_t cols, float *y, int64_t ys, const int NC) {
+    const ks_block_q4_k *wb = (const ks_block_q4_k *)w;
+    const int64_t nb = cols / KS_QK_K;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    /* scales[i] sits at byte 4 + i of the block's first 16 bytes */
+    const __m128i i1 = _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m128i i2 = _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11);
+    const __m128i mlo = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15);
+    /* lane l of weight zmm k belongs to sub-block 2k + l / 8 */
+    const __m512i s0i = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    __m512 accd[4];
+    __m256 accm[4];
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+        accd[c] = _mm512_setzero_ps();
+        accm[c] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const __m128i hd = _mm_loadu_si128((const __m128i *)(wb + b)); /* d, dmin, scales */
+        const __m128i t1 = _mm_shuffle_epi8(hd, i1), t2 = _mm_shuffle_epi8(hd, i2);
+        const __m128i u = _mm_mask_blend_epi8(0xF000, t1, _mm_srli_epi16(t1, 4));
+        const __m128i scm = _mm_or_si128(_mm_and_si128(u, mlo),
+                                         _mm_and_si128(_mm_srli_epi16(t2, 2), _mm_set1_epi8(0x30)));
+        const __m512i sc32 = _mm512_cvtepu8_epi32(scm); /* [sc0..7, m0..7] */
+        __m512i S[4];
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) S[k] = _mm512_permutexvar_epi32(
+            _mm512_add_epi32(s0i, _mm512_set1_epi32(2 * k)), sc32);
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm)); /* m0 m0 m1 m1 .. */
+        const __m128 dd = _mm_cvtph_ps(hd);
+        const __m512 dv = _mm512_broadcastss_ps(dd);
+        const __m256 mv = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
+        __m512i W[4];
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            const __m512i z = _mm512_loadu_si512((const void *)(wb[b].qs + 64 * h));
+            const __m512i lo = _mm512_and_si512(z, m4), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+            W[2 * h] = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
+            W[2 * h + 1] = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2));
+        }
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+            const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
+            __m512i isum = _mm512_setzero_si512();
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[k],
+                                                      _mm512_loadu_si512((const void *)(a->qs + 64 * k)));
+                isum = _mm512_dpwssd_epi32(isum, p, S[k]);
+            }
+            const __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), mins);
+            const __m512 da = _mm512_set1_ps(a->d);
+            accd[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dv, da), accd[c]);
+            accm[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(mv, _mm512_castps512_ps256(da)),
+                                      accm[c]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] =
+        _mm512_reduce_add_ps(accd[c]) - KS_MM_SFX(ks_mm_hsum8)(accm[c]);
+}
+
+KS_MM_FN void KS_MM_SFX(ks_mm_q4_kz)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc,
+                                     int64_t cols, float *y, int64_t ys) {
+    KS_MM_NC_SWITCH(KS_MM_SFX(ks_mm_q4_kz_body), w, xq, xs, cols, y, ys)
+}
+
+KS_MM_INL void KS_MM_SFX(ks_mm_q6_kz_body)(const uint8_t *w, const uint8_t *xq, size_t xs,
+                                           int64_t cols, float *y, int64_t ys, const int NC) {
+    const ks_block_q6_k *wb = (const ks_block_q6_k *)w;
+    const int64_t nb = cols / KS_QK_K;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    /* per-half shifts that bring the 2 high bits of an element to bits 4-5 */
+    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    /* lane l of weight zmm k belongs to 16-element sub-block 4k + l / 4 */
+    const __m512i s0i = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    __m512 acc[4];
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)wb[b].scales));
+        const __m512i sc32 = _mm512_cvtepu16_epi32(sc16); /* (scale, 0) int16 pairs */
+        const __m256i neg = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
+        __m512i S[4];
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) S[k] = _mm512_permutexvar_epi32(
+            _mm512_add_epi32(s0i, _mm512_set1_epi32(4 * k)), sc32);
+        const __m512 dv = _mm512_set1_ps(KS_MM_SFX(ks_mm_h2f)(wb[b].d));
+        __m512i W[4];
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            const __m512i ql = _mm512_loadu_si512((const void *)(wb[b].ql + 64 * h));
+            const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(wb[b].qh + 32 * h)));
+            W[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
+            W[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                           _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
+        }
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+            const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
+            __m512i isum = _mm512_zextsi256_si512(
+                _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), neg));
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[k],
+                                                      _mm512_loadu_si512((const void *)(a->qs + 64 * k)));
+                isum = _mm512_dpwssd_epi32(isum, p, S[k]);
+            }
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dv, _mm512_set1_ps(a->d)), acc[c]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] = _mm512_reduce_add_ps(acc[c]);
+}
+
+KS_MM_FN void KS_MM_SFX(ks_mm_q6_kz)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc,
+                                     int64_t cols, float *y, int64_t ys) {
+    KS_MM_NC_SWITCH(KS_MM_SFX(ks_mm_q6_kz_body), w, xq, xs, cols, y, ys)
+}
+
+#endif /* KS_MM_LEVEL >= 2 */
+
+#if KS_MM_LEVEL < 2
 /* ------------------------------------------------------------ Q4_K -------
- * Per super-block: sum_j sc_j * (q_j . a_j) in int32 (maddubs to int16, then
+ * AVX2 only (AVX-512 uses the zmm forms above).  Per super-block:
+ * sum_j sc_j * (q_j . a_j) in int32 (maddubs to int16, then
  * times the 6-bit scale), minus sum_j m_j * (bsum pair of a), both scaled once
  * in f32 by d*da and dmin*da. */
 
@@ -459,6 +605,7 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q6_k)(const uint8_t *w, const uint8_t *xq, size_t 
                                     int64_t cols, float *y, int64_t ys) {
     KS_MM_NC_SWITCH(KS_MM_SFX(ks_mm_q6_k_body), w, xq, xs, cols, y, ys)
 }
+#endif /* KS_MM_LEVEL < 2 */
 
 /* ------------------------------------------------ activation quantizers --
  * Same arithmetic as the scalar versions (id = 1/d in f32, x*id rounded to
