@@ -52,8 +52,14 @@ cuda-check: deps
 	@cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DKVSIEVE_CUDA=ON > /dev/null
 	@cmake --build build-cuda -j $(JOBS) --target kvsieve
 
-bench: build
-	$(KVSIEVE) bench -m $(BENCH_MODEL) --depth 0,4096,16384,32768 --batch 1,4,16 -t 2
+BENCH_MODEL ?= $(BUILD)/models/llama-3.2-1b-q8_0.gguf
+$(BUILD)/models/llama-3.2-1b-q8_0.gguf: | build
+	@mkdir -p $(BUILD)/models
+	$(KVSIEVE) gen-model --shape llama-3.2-1b --type q8_0 --vocab-from $(SHARED)/fixtures/tokenizer/ggml-vocab-llama-spm.gguf --out $@
+
+# The benchmark of docs/BENCHMARKS.md (generates a Llama-3.2-1B-shaped model once).
+bench: build $(BENCH_MODEL)
+	$(KVSIEVE) bench -m $(BENCH_MODEL) --depth 0,4096,16384,32768 --batch 1,4,16 -t 2 --n-gen 8 --n-prompt 256
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz build-cuda
