@@ -132,23 +132,29 @@ static void cand_insertion_sort(ks_cand *c, int64_t n) {
     }
 }
 
+/* Hoare partition of b[0..m) (m > 16) around a median-of-3 pivot; returns j
+ * such that b[0..j] come before (or tie with) b[j+1..m). */
+static int64_t cand_partition(ks_cand *b, int64_t m) {
+    int64_t mid = m / 2;
+    if (cand_before(&b[mid], &b[0])) cand_swap(&b[mid], &b[0]);
+    if (cand_before(&b[m - 1], &b[0])) cand_swap(&b[m - 1], &b[0]);
+    if (cand_before(&b[m - 1], &b[mid])) cand_swap(&b[m - 1], &b[mid]);
+    ks_cand pivot = b[mid];
+    int64_t i = 0, j = m - 1;
+    for (;;) {
+        while (cand_before(&b[i], &pivot)) i++;
+        while (cand_before(&pivot, &b[j])) j--;
+        if (i >= j) return j;
+        cand_swap(&b[i], &b[j]);
+        i++;
+        j--;
+    }
+}
+
 /* Sort c[0..n) by rank: quicksort with median-of-3, insertion below 16. */
 static void cand_sort(ks_cand *c, int64_t n) {
     while (n > 16) {
-        int64_t mid = n / 2;
-        if (cand_before(&c[mid], &c[0])) cand_swap(&c[mid], &c[0]);
-        if (cand_before(&c[n - 1], &c[0])) cand_swap(&c[n - 1], &c[0]);
-        if (cand_before(&c[n - 1], &c[mid])) cand_swap(&c[n - 1], &c[mid]);
-        ks_cand pivot = c[mid];
-        int64_t i = 0, j = n - 1;
-        for (;;) { /* Hoare partition; the order is strict so no element equals the pivot but itself */
-            while (cand_before(&c[i], &pivot)) i++;
-            while (cand_before(&pivot, &c[j])) j--;
-            if (i >= j) break;
-            cand_swap(&c[i], &c[j]);
-            i++;
-            j--;
-        }
+        int64_t j = cand_partition(c, n); /* the order is strict: only the pivot equals itself */
         /* [0, j] ranks before-or-at pivot, [j+1, n) after; recurse on the smaller. */
         int64_t nl = j + 1;
         if (nl < n - nl) {
@@ -170,20 +176,7 @@ static void cand_select(ks_cand *c, int64_t n, int64_t k) {
     int64_t lo = 0, hi = n; /* the boundary k lies within [lo, hi) */
     while (hi - lo > 16) {
         ks_cand *b = c + lo;
-        int64_t m = hi - lo, mid = m / 2;
-        if (cand_before(&b[mid], &b[0])) cand_swap(&b[mid], &b[0]);
-        if (cand_before(&b[m - 1], &b[0])) cand_swap(&b[m - 1], &b[0]);
-        if (cand_before(&b[m - 1], &b[mid])) cand_swap(&b[m - 1], &b[mid]);
-        ks_cand pivot = b[mid];
-        int64_t i = 0, j = m - 1;
-        for (;;) {
-            while (cand_before(&b[i], &pivot)) i++;
-            while (cand_before(&pivot, &b[j])) j--;
-            if (i >= j) break;
-            cand_swap(&b[i], &b[j]);
-            i++;
-            j--;
-        }
+        int64_t j = cand_partition(b, hi - lo);
         int64_t split = lo + j + 1; /* [lo, split) before [split, hi) */
         if (split == k) return;
         if (split < k) lo = split;
@@ -265,20 +258,7 @@ static int64_t cand_nucleus(ks_cand *c, int64_t n, double target) {
     double acc = 0.0; /* mass of c[0..lo), all of which is in the nucleus */
     while (hi - lo > 16) {
         ks_cand *b = c + lo;
-        int64_t m = hi - lo, mid = m / 2;
-        if (cand_before(&b[mid], &b[0])) cand_swap(&b[mid], &b[0]);
-        if (cand_before(&b[m - 1], &b[0])) cand_swap(&b[m - 1], &b[0]);
-        if (cand_before(&b[m - 1], &b[mid])) cand_swap(&b[m - 1], &b[mid]);
-        ks_cand pivot = b[mid];
-        int64_t i = 0, j = m - 1;
-        for (;;) {
-            while (cand_before(&b[i], &pivot)) i++;
-            while (cand_before(&pivot, &b[j])) j--;
-            if (i >= j) break;
-            cand_swap(&b[i], &b[j]);
-            i++;
-            j--;
-        }
+        int64_t j = cand_partition(b, hi - lo);
         int64_t split = lo + j + 1;
         double ml = 0.0;
         for (int64_t t = lo; t < split; t++) ml += c[t].v;

@@ -92,18 +92,9 @@ static uint32_t ks_gguf_f32_bits(float f) {
     memcpy(&u, &f, 4);
     return u;
 }
-static size_t ks_gguf_scalar_size(ks_gguf_type t) {
-    switch (t) {
-    case KS_GGUF_UINT8: case KS_GGUF_INT8: case KS_GGUF_BOOL: return 1;
-    case KS_GGUF_UINT16: case KS_GGUF_INT16: return 2;
-    case KS_GGUF_UINT32: case KS_GGUF_INT32: case KS_GGUF_FLOAT32: return 4;
-    case KS_GGUF_UINT64: case KS_GGUF_INT64: case KS_GGUF_FLOAT64: return 8;
-    default: return 0;
-    }
-}
 /* Append n scalars of type t from host memory, converted to little-endian. */
 static void ks_gguf_bytes_put_scalars(ks_gguf_bytes *b, ks_gguf_type t, const void *data, uint64_t n) {
-    size_t sz = ks_gguf_scalar_size(t);
+    size_t sz = ks_gguf_type_size(t);
     KS_ASSERT(sz != 0);
     const uint8_t *src = data;
     for (uint64_t i = 0; i < n; i++) {
@@ -148,7 +139,7 @@ static void ks_gguf_writer_put(ks_gguf_writer *w, const char *key, ks_gguf_type 
 }
 static void ks_gguf_writer_set_scalar(ks_gguf_writer *w, const char *key, ks_gguf_type t, uint64_t bits) {
     ks_gguf_bytes b = {0};
-    ks_gguf_bytes_put_le(&b, bits, (int)ks_gguf_scalar_size(t));
+    ks_gguf_bytes_put_le(&b, bits, (int)ks_gguf_type_size(t));
     ks_gguf_writer_put(w, key, t, &b);
 }
 
@@ -190,7 +181,7 @@ void ks_gguf_writer_set_str(ks_gguf_writer *w, const char *key, const char *v) {
 }
 
 void ks_gguf_writer_set_arr(ks_gguf_writer *w, const char *key, ks_gguf_type t, const void *data, uint64_t n) {
-    KS_ASSERT(ks_gguf_scalar_size(t) != 0); /* string arrays: copy_kv */
+    KS_ASSERT(ks_gguf_type_size(t) != 0); /* string arrays: copy_kv */
     KS_ASSERT(data != NULL || n == 0);
     ks_gguf_bytes b = {0};
     ks_gguf_bytes_put_le(&b, (uint32_t)t, 4);
@@ -214,13 +205,13 @@ void ks_gguf_writer_copy_kv(ks_gguf_writer *w, const ks_gguf_kv *kv) {
             for (uint64_t i = 0; i < kv->arr_n; i++)
                 ks_gguf_bytes_put_str(&b, kv->arr_strs[i].data, kv->arr_strs[i].len);
         } else {
-            size_t sz = ks_gguf_scalar_size(kv->arr_type);
+            size_t sz = ks_gguf_type_size(kv->arr_type);
             KS_ASSERT(sz != 0);
             /* already little-endian in the file: copy the raw bytes */
             ks_gguf_bytes_put(&b, kv->arr_data, (size_t)(kv->arr_n * sz));
         }
     } else {
-        size_t sz = ks_gguf_scalar_size(kv->type);
+        size_t sz = ks_gguf_type_size(kv->type);
         KS_ASSERT(sz != 0);
         ks_gguf_bytes_put(&b, kv->scalar, sz);
     }
