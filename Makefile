@@ -13,12 +13,16 @@ RUN_MODEL ?= $(firstword $(wildcard models/kvsieve-default.gguf) $(wildcard $(SH
 PROMPT    ?= Once upon a time
 N         ?= 96
 
-.PHONY: all deps build test run asan fuzz cuda-check bench clean
+.PHONY: all deps reference-deps build test run asan fuzz cuda-check bench clean
 
 all: build
 
 deps:
 	@bash scripts/deps.sh
+
+# PyTorch for tools/reference.py (only to regenerate tests/golden).
+reference-deps:
+	@bash scripts/deps.sh --reference
 
 build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_OPTS) > /dev/null

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Installs the Debian packages kvsieve needs to build, test and run its Python
-# reference.  A no-op when everything is present, so every build target can
-# call it.  Set KVSIEVE_SKIP_DEPS=1 to skip entirely (e.g. non-Debian hosts).
+# Installs the Debian packages kvsieve needs to build and test.  A no-op when
+# everything is present, so every build target can call it.  `--reference`
+# adds PyTorch for tools/reference.py (regenerating golden logits; the tests
+# only read the committed goldens).  KVSIEVE_SKIP_DEPS=1 skips entirely
+# (e.g. non-Debian hosts).
 set -euo pipefail
 [ "${KVSIEVE_SKIP_DEPS:-0}" = 1 ] && exit 0
 pkgs=(build-essential cmake pkg-config libpcre2-dev libcjson-dev libcmocka-dev
-      clang libclang-rt-14-dev python3-numpy python3-torch)
+      clang libclang-rt-14-dev python3 python3-numpy)
+[ "${1:-}" = "--reference" ] && pkgs+=(python3-torch)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
