@@ -71,5 +71,13 @@ assert len(rows) == 4 and all(r["tok_s"] > 0 and r["gb_s"] > 0 for r in rows), r
 assert d["bandwidth"]["best_gbs"] > 0
 PY
 
+# --chat: a model whose vocabulary carries a template (phi-3) formats the turn
+# with its special tokens parsed; one without a template is a clear error
+"$KS" gen-model --shape tiny-llama --type q8_0 --vocab-from "$FIX/tokenizer/ggml-vocab-phi-3.gguf" --out "$TMP/phi3.gguf" >/dev/null 2>&1 || bad "gen-model phi-3 vocab"
+"$KS" run -m "$TMP/phi3.gguf" --chat --system "Be brief." -p "Hello" -n 4 --temp 0 >/dev/null 2>"$TMP/err" || bad "--chat on a templated model: $(cat "$TMP/err")"
+grep -q "prompt:  *[0-9]* tokens" "$TMP/err" || bad "--chat prompt stats missing"
+"$KS" run -m "$MODEL" --chat -p "Hello" -n 4 >/dev/null 2>"$TMP/err"; rc=$?
+[ $rc -eq 1 ] && grep -q "chat template" "$TMP/err" || bad "--chat without a template: rc $rc $(cat "$TMP/err")"
+
 [ $fail -eq 0 ] && echo "run.sh: all checks passed"
 exit $fail
