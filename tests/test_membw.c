@@ -19,7 +19,6 @@ static void check_result(const ks_membw_result *r, size_t bytes) {
     assert_true(r->copy_gbs > 0 && isfinite(r->copy_gbs));
     assert_true(r->triad_gbs > 0 && isfinite(r->triad_gbs));
     assert_true(r->read_gbs > 0 && isfinite(r->read_gbs));
-    assert_true(r->read_gbs >= 0.3 * r->triad_gbs);
     assert_true(r->bytes_per_array > 0 && r->bytes_per_array <= bytes);
     /* read sums b[i] = 2.0 over every covered element */
     double want = 2.0 * (double)(r->bytes_per_array / sizeof(float));
