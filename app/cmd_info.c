@@ -17,14 +17,15 @@ static void print_kv(const ks_gguf_kv *kv) {
         printf("%s\"\n", kv->str.len > 80 ? "..." : "");
     } else if (kv->type == KS_GGUF_ARRAY) {
         printf("[%s x %llu]\n", ks_gguf_type_name(kv->arr_type), (unsigned long long)kv->arr_n);
-    } else if (kv->type == KS_GGUF_FLOAT32 || kv->type == KS_GGUF_FLOAT64) {
-        ks_gguf_kv tmp = *kv; /* view the scalar as a 1-element array */
-        tmp.type = KS_GGUF_ARRAY; tmp.arr_type = kv->type; tmp.arr_n = 1; tmp.arr_data = kv->scalar;
-        printf("%g\n", ks_gguf_arr_f64(&tmp, 0));
     } else {
-        ks_gguf_kv tmp = *kv;
-        tmp.type = KS_GGUF_ARRAY; tmp.arr_type = kv->type; tmp.arr_n = 1; tmp.arr_data = kv->scalar;
-        printf("%lld\n", (long long)ks_gguf_arr_i64(&tmp, 0));
+        /* view the scalar as a 1-element array to reuse the checked getters */
+        ks_gguf_kv one = *kv;
+        one.type = KS_GGUF_ARRAY;
+        one.arr_type = kv->type;
+        one.arr_n = 1;
+        one.arr_data = kv->scalar;
+        if (kv->type == KS_GGUF_FLOAT32 || kv->type == KS_GGUF_FLOAT64) printf("%g\n", ks_gguf_arr_f64(&one, 0));
+        else printf("%lld\n", (long long)ks_gguf_arr_i64(&one, 0));
     }
 }
 

@@ -235,9 +235,7 @@ ks_status ks_model_describe(const ks_model *m, char *buf, size_t cap) {
     if (ks_gguf_get_str(m->gguf, "general.name", &s) == KS_OK) OUT("name:          %.*s\n", (int)s.len, s.data);
     if (ks_gguf_get_str(m->gguf, "tokenizer.ggml.model", &s) == KS_OK)
         OUT("tokenizer:     %.*s, %d tokens, chat template: %s\n", (int)s.len, s.data, hp->n_vocab,
-            ks_tokenizer_chat_family(m->tok) == KS_CHAT_LLAMA3 ? "llama3"
-            : ks_tokenizer_chat_family(m->tok) == KS_CHAT_CHATML ? "chatml"
-            : ks_tokenizer_chat_family(m->tok) == KS_CHAT_LLAMA2 ? "llama2" : "none");
+            ks_chat_family_name(ks_tokenizer_chat_family(m->tok)));
     if (m->vocab_only) {
         OUT("weights:       none (vocabulary-only file)\n");
         return n < cap ? KS_OK : KS_FAIL(KS_ERR_INVALID_ARG, "buffer too small");
