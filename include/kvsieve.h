@@ -95,6 +95,19 @@ typedef struct ks_context_params {
     int32_t n_threads;    /* CPU worker threads (default: online cores) */
     int32_t n_batch;      /* prefill chunk in tokens (default 256) */
     ks_kv_type kv_type;   /* KV cache element type (default f16) */
+    /* Selection policy (docs/POLICIES.md): which KV entries a decode step reads. */
+    const char *policy;        /* "dense" (default), "quest", "snapkv+quest", ... (copied) */
+    int32_t budget;            /* entries per KV head per decode step, sinks + window included; 0: all */
+    int32_t sink;              /* leading entries always attended (default 4) */
+    int32_t window;            /* most recent entries always attended (default 64) */
+    int32_t page;              /* tokens per KV page (default 32) */
+    int32_t dense_layers;      /* first N layers dense at decode; -1: the policy's default */
+    const char *policy_args;   /* policy-specific "k=v,k=v" (copied) */
+    /* Slow tier: the last kv_offload_layers layers keep their KV in the slow
+     * tier (a file per layer in kv_offload_dir, or host memory when NULL) and
+     * attention reads them through fast-tier slots. */
+    const char *kv_offload_dir;
+    int32_t kv_offload_layers;
 } ks_context_params;
 
 ks_context_params ks_context_default_params(void);
@@ -112,6 +125,9 @@ ks_status ks_prefill(ks_context *ctx, int32_t seq, const int32_t *tokens, int32_
  * logits receives [n_seq][n_vocab].  Weights are read once for the batch. */
 ks_status ks_decode(ks_context *ctx, const int32_t *seqs, const int32_t *tokens, int32_t n_seq,
                     float *logits);
+/* Move layer's KV between the fast (offload = false) and the slow tier for
+ * all sequences; nothing is lost.  KS_ERR_IO/NOMEM leave the layer where it was. */
+ks_status ks_context_offload_layer(ks_context *ctx, int32_t layer, bool offload);
 /* Drop all tokens of a sequence. */
 void ks_seq_reset(ks_context *ctx, int32_t seq);
 int32_t ks_seq_len(const ks_context *ctx, int32_t seq);
@@ -124,6 +140,14 @@ typedef struct ks_stats {
     uint64_t tokens_decoded;
     double prefill_seconds;
     double decode_seconds;
+    uint64_t kv_entries_attended; /* KV entries read by decode attention (all layers, heads) */
+    uint64_t kv_entries_total;    /* entries dense decode attention would have read */
+    double select_seconds;        /* policy selection, summed over worker threads */
+    uint64_t kv_bytes_loaded;     /* slow -> fast tier */
+    uint64_t kv_bytes_stored;     /* fast -> slow tier */
+    uint64_t kv_pages_loaded, kv_pages_hit;
+    double kv_wait_seconds;       /* compute waiting on slow-tier loads */
+    double kv_copy_seconds;       /* copy-engine busy time */
 } ks_stats;
 void ks_context_stats(const ks_context *ctx, ks_stats *out);
 void ks_stats_reset(ks_context *ctx);

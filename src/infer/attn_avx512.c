@@ -1,5 +1,5 @@
 /*
- * attn_avx512.c — grouped decode attention over an f16 KV range, AVX-512.
+ * attn_avx512.c — grouped decode attention over f16 KV segments, AVX-512.
  *
  * Long-context decode is bound by reading the KV cache, so the kernel's job
  * is to keep up with memory: every K and V row is converted from f16 once and
@@ -66,10 +66,16 @@ INL __m512 reduce16(const __m512 v[16]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(e01, e23, 0x88), _mm512_shuffle_f32x4(e01, e23, 0xDD));
 }
 
-/* scores[t][4] for heads g0..g0+ng-1 (ng <= 4; missing heads get zero q).
- * Four rows at a time: their 16 (row, head) partial dot products are reduced
- * together by reduce16, whose output order (row-major, head-minor) is exactly
- * the t-major score layout. */
+/* scores[t][4] for heads g0..g0+ng-1 (ng <= 4; missing heads get zero q),
+ * t running over the concatenated segments.  Four rows at a time: their 16
+ * (row, head) partial dot products are reduced together by reduce16, whose
+ * output order (row-major, head-minor) is exactly the t-major score layout.
+ * Prefetches run ahead into the next segment near a segment's end, since the
+ * next page of a head is usually not the next address. */
+#define PF_PTR(base, len, t, next, hd)                                                           \
+    ((t) + KS_ATTN_PREFETCH_ROWS < (len) ? (base) + (size_t)((t) + KS_ATTN_PREFETCH_ROWS) * (hd) \
+     : (next) ? (next) + (size_t)((t) + KS_ATTN_PREFETCH_ROWS - (len)) * (hd)                  \
+              : (base))
 #define SCORE_BODY(HDV)                                                                           \
     do {                                                                                          \
         __m512 qv[4][HDV];                                                                        \
@@ -78,37 +84,45 @@ INL __m512 reduce16(const __m512 v[16]) {
                 qv[g][i] = g < ng ? _mm512_mul_ps(_mm512_loadu_ps(q + (size_t)(g0 + g) * hd + 16 * i), \
                                                   _mm512_set1_ps(scale))                          \
                                   : _mm512_setzero_ps();                                          \
-        int t = 0;                                                                                \
-        for (; t + 4 <= len; t += 4) {                                                            \
-            __m512 part[16];                                                                      \
-            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                                 \
-                const uint16_t *k = K + (size_t)(t + r) * hd;                                     \
-                _mm_prefetch((const char *)(k + KS_ATTN_PREFETCH_ROWS * hd), _MM_HINT_T0);                           \
+        int base = 0;                                                                             \
+        for (int si = 0; si < nseg; si++) {                                                       \
+            const uint16_t *K = segs[si].K;                                                       \
+            const uint16_t *Kn = si + 1 < nseg ? segs[si + 1].K : NULL;                           \
+            int len = segs[si].len, t = 0;                                                        \
+            float *sc = scores + 4 * (size_t)base;                                                \
+            for (; t + 4 <= len; t += 4) {                                                        \
+                __m512 part[16];                                                                  \
+                const uint16_t *pf = PF_PTR(K, len, t, Kn, hd);                                   \
+                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                             \
+                    const uint16_t *k = K + (size_t)(t + r) * hd;                                 \
+                    _mm_prefetch((const char *)(pf + (size_t)r * hd), _MM_HINT_T0);               \
+                    __m512 kv[HDV];                                                               \
+                    _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                        \
+                        kv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + 16 * i))); \
+                    _Pragma("GCC unroll 16") for (int g = 0; g < 4; g++) {                        \
+                        __m512 acc = _mm512_mul_ps(kv[0], qv[g][0]);                              \
+                        _Pragma("GCC unroll 16") for (int i = 1; i < HDV; i++)                    \
+                            acc = _mm512_fmadd_ps(kv[i], qv[g][i], acc);                          \
+                        part[4 * r + g] = acc;                                                    \
+                    }                                                                             \
+                }                                                                                 \
+                _mm512_storeu_ps(sc + 4 * (size_t)t, reduce16(part));                             \
+            }                                                                                     \
+            for (; t < len; t++) {                                                                \
+                const uint16_t *k = K + (size_t)t * hd;                                           \
                 __m512 kv[HDV];                                                                   \
                 _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                            \
                     kv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + 16 * i)));   \
+                __m128 part[4];                                                                   \
                 _Pragma("GCC unroll 16") for (int g = 0; g < 4; g++) {                            \
                     __m512 acc = _mm512_mul_ps(kv[0], qv[g][0]);                                  \
-                    _Pragma("GCC unroll 16") for (int i = 1; i < HDV; i++)                        \
-                        acc = _mm512_fmadd_ps(kv[i], qv[g][i], acc);                              \
-                    part[4 * r + g] = acc;                                                        \
+                    _Pragma("GCC unroll 16") for (int i = 1; i < HDV; i++) acc = _mm512_fmadd_ps(kv[i], qv[g][i], acc); \
+                    part[g] = fold512(acc);                                                       \
                 }                                                                                 \
+                __m128 sv = _mm_hadd_ps(_mm_hadd_ps(part[0], part[1]), _mm_hadd_ps(part[2], part[3])); \
+                _mm_storeu_ps(sc + 4 * (size_t)t, sv);                                            \
             }                                                                                     \
-            _mm512_storeu_ps(scores + 4 * (size_t)t, reduce16(part));                             \
-        }                                                                                         \
-        for (; t < len; t++) {                                                                    \
-            const uint16_t *k = K + (size_t)t * hd;                                               \
-            __m512 kv[HDV];                                                                       \
-            _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                                \
-                kv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + 16 * i)));       \
-            __m128 part[4];                                                                       \
-            _Pragma("GCC unroll 16") for (int g = 0; g < 4; g++) {                                \
-                __m512 acc = _mm512_mul_ps(kv[0], qv[g][0]);                                      \
-                _Pragma("GCC unroll 16") for (int i = 1; i < HDV; i++) acc = _mm512_fmadd_ps(kv[i], qv[g][i], acc); \
-                part[g] = fold512(acc);                                                           \
-            }                                                                                     \
-            __m128 sv = _mm_hadd_ps(_mm_hadd_ps(part[0], part[1]), _mm_hadd_ps(part[2], part[3])); \
-            _mm_storeu_ps(scores + 4 * (size_t)t, sv);                                            \
+            base += len;                                                                          \
         }                                                                                         \
     } while (0)
 
@@ -141,65 +155,82 @@ TGT static void softmax_lanes4(float *scores, int len) {
     for (; i < n; i += 4) _mm_storeu_ps(scores + i, _mm_mul_ps(_mm_loadu_ps(scores + i), _mm512_castps512_ps128(inv)));
 }
 
-/* out[g0+g][hd] += sum_t p[t][g] * V[t]; heads g < ng, VG heads per pass. */
+/* out[g0+g][hd] = sum_t p[t][g] * V[t]; heads g < ng, VG heads per pass.
+ * Segments are taken in chunks of >= BLOCK rows that stay in L1/L2 while
+ * every head pass reads them, so V comes from memory once per step. */
 #define VALUE_BODY(HDV, VG)                                                                       \
     do {                                                                                          \
         enum { BLOCK = 256 };                                                                     \
-        for (int t0 = 0; t0 < len; t0 += BLOCK) {                                                 \
-            int t1 = t0 + BLOCK < len ? t0 + BLOCK : len;                                         \
+        int base = 0;                                                                             \
+        for (int s0 = 0; s0 < nseg;) {                                                            \
+            int s1 = s0, rows = 0;                                                                \
+            while (s1 < nseg && rows < BLOCK) rows += segs[s1++].len;                             \
             for (int gs = 0; gs < ng; gs += VG) {                                                 \
                 __m512 acc[VG][HDV];                                                              \
-                _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++)                                                      \
-                    _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                                                 \
-                        acc[g][i] = (gs + g < ng && t0 > 0)                             \
+                _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++)                             \
+                    _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                        \
+                        acc[g][i] = (gs + g < ng && base > 0)                                     \
                                         ? _mm512_loadu_ps(out + (size_t)(g0 + gs + g) * hd + 16 * i) \
                                         : _mm512_setzero_ps();                                    \
-                for (int t = t0; t < t1; t++) {                                                   \
-                    const uint16_t *v = V + (size_t)t * hd;                                       \
-                    _mm_prefetch((const char *)(v + KS_ATTN_PREFETCH_ROWS * hd), _MM_HINT_T0);                       \
-                    __m512 vv[HDV];                                                               \
-                    _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                                                 \
-                        vv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 16 * i))); \
-                    _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++) {                                                \
-                        __m512 p = _mm512_set1_ps(scores[4 * (size_t)t + gs + g]);                \
-                        _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++) acc[g][i] = _mm512_fmadd_ps(p, vv[i], acc[g][i]); \
+                int tb = base;                                                                    \
+                for (int si = s0; si < s1; si++) {                                                \
+                    const uint16_t *V = segs[si].V;                                               \
+                    const uint16_t *Vn = si + 1 < nseg ? segs[si + 1].V : NULL;                   \
+                    int len = segs[si].len;                                                       \
+                    const float *sc = scores + 4 * (size_t)tb;                                    \
+                    for (int t = 0; t < len; t++) {                                               \
+                        const uint16_t *v = V + (size_t)t * hd;                                   \
+                        _mm_prefetch((const char *)PF_PTR(V, len, t, Vn, hd), _MM_HINT_T0);       \
+                        __m512 vv[HDV];                                                           \
+                        _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                    \
+                            vv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 16 * i))); \
+                        _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++) {                   \
+                            __m512 p = _mm512_set1_ps(sc[4 * (size_t)t + gs + g]);                \
+                            _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++) acc[g][i] = _mm512_fmadd_ps(p, vv[i], acc[g][i]); \
+                        }                                                                         \
                     }                                                                             \
+                    tb += len;                                                                    \
                 }                                                                                 \
-                _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++)                                                      \
+                _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++)                             \
                     if (gs + g < ng)                                                              \
-                        _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                                             \
+                        _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                    \
                             _mm512_storeu_ps(out + (size_t)(g0 + gs + g) * hd + 16 * i, acc[g][i]); \
             }                                                                                     \
+            base += rows;                                                                         \
+            s0 = s1;                                                                              \
         }                                                                                         \
     } while (0)
 
-TGT static void group64(const uint16_t *K, const uint16_t *V, int len, int hd, int g0, int ng, const float *q,
+TGT static void group64(const ks_kv_seg16 *segs, int nseg, int total, int hd, int g0, int ng, const float *q,
                         float *scores, float *out, float scale) {
     SCORE_BODY(4);
-    softmax_lanes4(scores, len);
+    softmax_lanes4(scores, total);
     VALUE_BODY(4, 4);
 }
 
-TGT static void group128(const uint16_t *K, const uint16_t *V, int len, int hd, int g0, int ng, const float *q,
+TGT static void group128(const ks_kv_seg16 *segs, int nseg, int total, int hd, int g0, int ng, const float *q,
                          float *scores, float *out, float scale) {
     SCORE_BODY(8);
-    softmax_lanes4(scores, len);
+    softmax_lanes4(scores, total);
     VALUE_BODY(8, 2);
 }
 
-bool ks_attention_group_avx512(const uint16_t *K, const uint16_t *V, int len, int hd, int G, const float *q,
-                               float *scores, float *out, float scale) {
+bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
+                              float *scores, float *out, float scale, float *weights) {
     if (hd != 64 && hd != 128) return false;
     for (int g0 = 0; g0 < G; g0 += 4) {
         int ng = G - g0 < 4 ? G - g0 : 4;
-        if (hd == 64) group64(K, V, len, hd, g0, ng, q, scores, out, scale);
-        else group128(K, V, len, hd, g0, ng, q, scores, out, scale);
+        if (hd == 64) group64(segs, nseg, total, hd, g0, ng, q, scores, out, scale);
+        else group128(segs, nseg, total, hd, g0, ng, q, scores, out, scale);
+        if (weights)
+            for (int t = 0; t < total; t++)
+                for (int g = 0; g < ng; g++) weights[t] += scores[4 * (size_t)t + g];
     }
     return true;
 }
 #else
-bool ks_attention_group_avx512(const uint16_t *K, const uint16_t *V, int len, int hd, int G, const float *q,
-                               float *scores, float *out, float scale) {
+bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
+                              float *scores, float *out, float scale, float *weights) {
     return false;
 }
 #endif

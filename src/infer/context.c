@@ -1,5 +1,6 @@
 /*
- * context.c — the forward pass: sequences, KV cache, prefill and batched decode.
+ * context.c — the forward pass: sequences, prefill, batched decode, and the
+ * place where a selection policy meets the paged KV store.
  *
  * One function, forward_rows(), runs every case.  Its input is a list of rows
  * (sequence, position, token): a prefill chunk is rows of one sequence at
@@ -7,33 +8,56 @@
  * sequences.  Each weight matrix is multiplied against all rows at once, so a
  * decode step of 16 sequences streams the weights once instead of 16 times —
  * the reason batching pays on memory-bound hardware.  K and V of every row are
- * written to the cache before attention runs, which makes causal attention
- * inside a prefill chunk fall out of "attend to positions 0..pos".
+ * appended to the store before attention runs, and each row remembers how
+ * many entries existed right after its own append, which makes causal
+ * attention inside a prefill chunk fall out of "attend to entries 0..n_att".
  *
- * The KV cache here is contiguous per (layer, sequence, KV head) —
- * [n_layer][n_seq][n_head_kv][n_ctx][head_dim] — so attention for one KV head
- * streams one contiguous range.  Attention processes a whole GQA group per KV
- * head: each K/V row is converted once and used by all G query heads, so
- * long-context decode reads the KV exactly once per step.
+ * KV lives in the paged store (src/kv): head-pages of P rows, K then V.
+ * Attention runs per (row, KV head) over a list of segments — runs of
+ * consecutive entries inside one page, read in place — so dense attention is
+ * "every page in order" and sparse attention is "the selected runs", through
+ * the same kernel: a policy with a budget >= the context reproduces dense
+ * bit for bit.  At a decode step each (row, layer >= dense_layers, KV head)
+ * asks the policy for a selection inside the attention worker (selection is
+ * parallel with attention), the framework adds sinks and the recent window
+ * in a bitmap, extracts runs, and — for a layer in the slow tier — fetches
+ * the touched pages into fast slots (or gathers them when the slots are too
+ * few) before the kernel reads them.
  *
- * Byte accounting (weights and KV actually read) is kept per call, so every
- * benchmark can print GB/s beside tok/s.
+ * Attention processes a whole GQA group per KV head: each K/V row is
+ * converted once and used by all G query heads, so long-context decode reads
+ * each selected entry exactly once per step.  Byte accounting (weights and KV
+ * actually read, tier traffic) is kept per call, so every benchmark prints
+ * GB/s beside tok/s.
  */
 #define _GNU_SOURCE
 #include "infer/infer.h"
 
 #include <math.h>
 #include <stdatomic.h>
-#include <sys/mman.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
 ks_context_params ks_context_default_params(void) {
-    return (ks_context_params){
-        .n_ctx = 0, .n_seq = 1, .n_threads = 0, .n_batch = 256, .kv_type = KS_KV_F16};
+    return (ks_context_params){.n_ctx = 0,
+                               .n_seq = 1,
+                               .n_threads = 0,
+                               .n_batch = 256,
+                               .kv_type = KS_KV_F16,
+                               .policy = "dense",
+                               .budget = 0,
+                               .sink = 4,
+                               .window = 64,
+                               .page = 32,
+                               .dense_layers = -1,
+                               .policy_args = NULL,
+                               .kv_offload_dir = NULL,
+                               .kv_offload_layers = 0};
 }
 
 /* ----------------------------------------------------------- small ops -- */
@@ -77,7 +101,7 @@ void ks_softmax(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
-/* ------------------------------------------------------- KV row access -- */
+/* ------------------------------------------------- attention kernels -- */
 static void kv_row_to_f32_scalar(ks_kv_type t, const void *row, float *dst, int hd) {
     if (t == KS_KV_F16) {
         const ks_f16 *h = row;
@@ -88,35 +112,43 @@ static void kv_row_to_f32_scalar(ks_kv_type t, const void *row, float *dst, int 
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma,f16c"))) static void attn_group_avx2(
-    const uint16_t *K, const uint16_t *V, int len, int hd, int G, const float *q, float *scores,
-    float *out, float scale) {
-    /* K, V: [len][hd] f16; q: [G][hd]; scores: [G][len]; out: [G][hd]; hd % 8 == 0 */
-    for (int t = 0; t < len; t++) {
-        const uint16_t *k = K + (size_t)t * hd;
-        for (int g = 0; g < G; g++) {
-            const float *qg = q + (size_t)g * hd;
-            __m256 acc = _mm256_setzero_ps();
-            for (int i = 0; i < hd; i += 8) {
-                __m256 kf = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i)));
-                acc = _mm256_fmadd_ps(kf, _mm256_loadu_ps(qg + i), acc);
+/* K, V segments of f16 rows; q: [G][hd]; scores: [G][total]; out: [G][hd]; hd % 8 == 0 */
+__attribute__((target("avx2,fma,f16c"))) static void attn_segs_avx2(const ks_kv_seg *segs, int nseg, int total,
+                                                                    int hd, int G, const float *q, float *scores,
+                                                                    float *out, float scale) {
+    int t = 0;
+    for (int si = 0; si < nseg; si++) {
+        const uint16_t *K = segs[si].K;
+        for (int j = 0; j < segs[si].len; j++, t++) {
+            const uint16_t *k = K + (size_t)j * hd;
+            for (int g = 0; g < G; g++) {
+                const float *qg = q + (size_t)g * hd;
+                __m256 acc = _mm256_setzero_ps();
+                for (int i = 0; i < hd; i += 8) {
+                    __m256 kf = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i)));
+                    acc = _mm256_fmadd_ps(kf, _mm256_loadu_ps(qg + i), acc);
+                }
+                __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+                s = _mm_hadd_ps(s, s);
+                s = _mm_hadd_ps(s, s);
+                scores[(size_t)g * total + t] = _mm_cvtss_f32(s) * scale;
             }
-            __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-            s = _mm_hadd_ps(s, s);
-            s = _mm_hadd_ps(s, s);
-            scores[(size_t)g * len + t] = _mm_cvtss_f32(s) * scale;
         }
     }
-    for (int g = 0; g < G; g++) ks_softmax(scores + (size_t)g * len, len);
+    for (int g = 0; g < G; g++) ks_softmax(scores + (size_t)g * total, total);
     for (int g = 0; g < G; g++) memset(out + (size_t)g * hd, 0, sizeof(float) * hd);
-    for (int t = 0; t < len; t++) {
-        const uint16_t *v = V + (size_t)t * hd;
-        for (int i = 0; i < hd; i += 8) {
-            __m256 vf = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i)));
-            for (int g = 0; g < G; g++) {
-                float *o = out + (size_t)g * hd + i;
-                __m256 p = _mm256_set1_ps(scores[(size_t)g * len + t]);
-                _mm256_storeu_ps(o, _mm256_fmadd_ps(p, vf, _mm256_loadu_ps(o)));
+    t = 0;
+    for (int si = 0; si < nseg; si++) {
+        const uint16_t *V = segs[si].V;
+        for (int j = 0; j < segs[si].len; j++, t++) {
+            const uint16_t *v = V + (size_t)j * hd;
+            for (int i = 0; i < hd; i += 8) {
+                __m256 vf = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i)));
+                for (int g = 0; g < G; g++) {
+                    float *o = out + (size_t)g * hd + i;
+                    __m256 p = _mm256_set1_ps(scores[(size_t)g * total + t]);
+                    _mm256_storeu_ps(o, _mm256_fmadd_ps(p, vf, _mm256_loadu_ps(o)));
+                }
             }
         }
     }
@@ -124,42 +156,59 @@ __attribute__((target("avx2,fma,f16c"))) static void attn_group_avx2(
 #endif
 
 /* Portable reference: any KV type, any head dim.  tmp: [hd]. */
-static void attn_group_ref(ks_kv_type kt, const uint8_t *K, const uint8_t *V, size_t row_bytes, int len,
-                           int hd, int G, const float *q, float *scores, float *out, float scale, float *tmp) {
-    for (int t = 0; t < len; t++) {
-        kv_row_to_f32_scalar(kt, K + (size_t)t * row_bytes, tmp, hd);
-        for (int g = 0; g < G; g++) {
-            const float *qg = q + (size_t)g * hd;
-            float acc = 0;
-            for (int i = 0; i < hd; i++) acc += qg[i] * tmp[i];
-            scores[(size_t)g * len + t] = acc * scale;
+static void attn_segs_ref(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, size_t row_bytes, int hd,
+                          int G, const float *q, float *scores, float *out, float scale, float *tmp) {
+    int t = 0;
+    for (int si = 0; si < nseg; si++)
+        for (int j = 0; j < segs[si].len; j++, t++) {
+            kv_row_to_f32_scalar(kt, (const uint8_t *)segs[si].K + (size_t)j * row_bytes, tmp, hd);
+            for (int g = 0; g < G; g++) {
+                const float *qg = q + (size_t)g * hd;
+                float acc = 0;
+                for (int i = 0; i < hd; i++) acc += qg[i] * tmp[i];
+                scores[(size_t)g * total + t] = acc * scale;
+            }
         }
-    }
-    for (int g = 0; g < G; g++) ks_softmax(scores + (size_t)g * len, len);
+    for (int g = 0; g < G; g++) ks_softmax(scores + (size_t)g * total, total);
     for (int g = 0; g < G; g++) memset(out + (size_t)g * hd, 0, sizeof(float) * hd);
-    for (int t = 0; t < len; t++) {
-        kv_row_to_f32_scalar(kt, V + (size_t)t * row_bytes, tmp, hd);
-        for (int g = 0; g < G; g++) {
-            float p = scores[(size_t)g * len + t];
-            float *o = out + (size_t)g * hd;
-            for (int i = 0; i < hd; i++) o[i] += p * tmp[i];
+    t = 0;
+    for (int si = 0; si < nseg; si++)
+        for (int j = 0; j < segs[si].len; j++, t++) {
+            kv_row_to_f32_scalar(kt, (const uint8_t *)segs[si].V + (size_t)j * row_bytes, tmp, hd);
+            for (int g = 0; g < G; g++) {
+                float p = scores[(size_t)g * total + t];
+                float *o = out + (size_t)g * hd;
+                for (int i = 0; i < hd; i++) o[i] += p * tmp[i];
+            }
         }
+}
+
+void ks_attention_segs(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
+                       float *scores, float *out, float *tmp, float *weights, bool allow_simd) {
+    KS_ASSERT(total > 0);
+    float scale = 1.0f / sqrtf((float)hd);
+#if defined(__x86_64__)
+    if (allow_simd && kt == KS_KV_F16 && ks_simd_detect() >= KS_SIMD_AVX512 &&
+        ks_attention_segs_avx512((const ks_kv_seg16 *)segs, nseg, total, hd, G, q, scores, out, scale, weights))
+        return;
+    if (allow_simd && kt == KS_KV_F16 && hd % 8 == 0 && ks_simd_detect() >= KS_SIMD_AVX2) {
+        attn_segs_avx2(segs, nseg, total, hd, G, q, scores, out, scale);
+        goto weights_out;
     }
+#endif
+    attn_segs_ref(kt, segs, nseg, total, ks_kv_row_bytes(kt, hd), hd, G, q, scores, out, scale, tmp);
+#if defined(__x86_64__)
+weights_out:
+#endif
+    if (weights)
+        for (int g = 0; g < G; g++)
+            for (int t = 0; t < total; t++) weights[t] += scores[(size_t)g * total + t];
 }
 
 void ks_attention_group(ks_kv_type kt, const void *K, const void *V, int len, int hd, int G,
                         const float *q, float *scores, float *out, float *tmp, bool allow_simd) {
-    float scale = 1.0f / sqrtf((float)hd);
-#if defined(__x86_64__)
-    if (allow_simd && kt == KS_KV_F16 && ks_simd_detect() >= KS_SIMD_AVX512 &&
-        ks_attention_group_avx512(K, V, len, hd, G, q, scores, out, scale))
-        return;
-    if (allow_simd && kt == KS_KV_F16 && hd % 8 == 0 && ks_simd_detect() >= KS_SIMD_AVX2) {
-        attn_group_avx2(K, V, len, hd, G, q, scores, out, scale);
-        return;
-    }
-#endif
-    attn_group_ref(kt, K, V, ks_kv_row_bytes(kt, hd), len, hd, G, q, scores, out, scale, tmp);
+    ks_kv_seg seg = {K, V, len};
+    ks_attention_segs(kt, &seg, 1, len, hd, G, q, scores, out, tmp, NULL, allow_simd);
 }
 
 size_t ks_kv_row_bytes(ks_kv_type t, int hd) {
@@ -167,35 +216,33 @@ size_t ks_kv_row_bytes(ks_kv_type t, int hd) {
 }
 
 /* ------------------------------------------------------------ context -- */
-/* KV buffers are streamed end to end every step; backing them with huge pages
- * (where the kernel allows, THP "madvise" mode) removes a TLB miss per 4 KiB
- * of a multi-GB scan.  Caller-sized: NULL is reported, not aborted on. */
-static uint8_t *kv_alloc(size_t bytes) {
-    const size_t huge = (size_t)2 << 20;
-    void *p = NULL;
-    if (bytes >= huge) {
-        if (posix_memalign(&p, huge, (bytes + huge - 1) / huge * huge) != 0) return NULL;
-        madvise(p, (bytes + huge - 1) / huge * huge, MADV_HUGEPAGE);
-        return p;
-    }
-    return malloc(bytes ? bytes : 1);
-}
-
-static uint8_t *kv_row(const ks_context *c, uint8_t *const *cache, int il, int seq, int h, int32_t pos) {
-    const ks_hparams *hp = &c->model->hp;
-    size_t idx = (((size_t)seq * hp->n_head_kv + h) * c->n_ctx + pos);
-    return cache[il] + idx * c->kv_row_bytes;
+static void record_failure(ks_context *c, ks_status st) {
+    if (!atomic_flag_test_and_set(&c->step_failed)) c->step_status = st;
 }
 
 void ks_context_destroy(ks_context *c) {
     if (!c) return;
-    for (int il = 0; c->k && il < c->model->hp.n_layer; il++) {
-        free(c->k[il]);
-        free(c->v[il]);
+    ks_policy_destroy(c->policy);
+    ks_kv_destroy(c->kv);
+    for (int i = 0; c->scr && i < c->params.n_threads; i++) {
+        ks_attn_scratch *s = &c->scr[i];
+        ks_free_aligned(s->scores);
+        ks_free_aligned(s->tmp);
+        ks_free(s->weights);
+        ks_free(s->entries);
+        ks_free(s->mask);
+        ks_free(s->sel);
+        ks_free(s->pages);
+        ks_free(s->segs);
+        free(s->gather);
     }
-    ks_free(c->k);
-    ks_free(c->v);
+    ks_free(c->scr);
+    ks_free(c->obs_q);
+    ks_free(c->n_att);
     ks_free(c->seq_len);
+    ks_free((char *)c->params.policy);
+    ks_free((char *)c->params.policy_args);
+    ks_free((char *)c->params.kv_offload_dir);
     ks_free_aligned(c->x);
     ks_free_aligned(c->xn);
     ks_free_aligned(c->q);
@@ -204,12 +251,56 @@ void ks_context_destroy(ks_context *c) {
     ks_free_aligned(c->att);
     ks_free_aligned(c->gate);
     ks_free_aligned(c->up);
-    ks_free_aligned(c->att_scratch);
     ks_free_aligned(c->mm_scratch);
     ks_free(c->rope_cos);
     ks_free(c->rope_sin);
     ks_pool_destroy(c->pool);
     ks_free(c);
+}
+
+/* Attention probabilities of nq query rows over every entry of a head, for
+ * policies that score entries at prefill (SnapKV, H2O, DapQ).  Slow-tier
+ * pages are gathered into a temporary buffer: this runs once per prompt. */
+static ks_status svc_attn_probs(void *svc, int32_t seq, int32_t layer, int32_t head, const float *q, int32_t nq,
+                                float *acc) {
+    ks_context *c = svc;
+    const ks_hparams *hp = &c->model->hp;
+    int32_t n = ks_kv_n_entries(c->kv, seq, layer, head), np = ks_kv_n_pages(c->kv, seq, layer, head);
+    int32_t P = ks_kv_page_size(c->kv), G = hp->n_head / hp->n_head_kv, hd = hp->head_dim;
+    if (n == 0) return KS_OK;
+    size_t pb = ks_kv_page_bytes(c->kv), row = ks_kv_row_size(c->kv);
+    bool slow = ks_kv_layer_tier(c->kv, layer) == KS_TIER_SLOW;
+    uint8_t *buf = slow ? ks_malloc(pb * (size_t)np) : NULL;
+    ks_kv_seg *segs = ks_malloc(sizeof(ks_kv_seg) * (size_t)np);
+    ks_status st = KS_OK;
+    for (int32_t lp = 0; lp < np && st == KS_OK; lp++) {
+        const uint8_t *K, *V;
+        if (slow) {
+            st = ks_kv_read_page(c->kv, seq, layer, head, lp, buf + (size_t)lp * pb);
+            K = buf + (size_t)lp * pb;
+            V = K + (size_t)P * row;
+        } else {
+            ks_kv_page_rows(c->kv, seq, layer, head, lp, &K, &V);
+        }
+        segs[lp] = (ks_kv_seg){K, V, n - lp * P < P ? n - lp * P : P};
+    }
+    if (st == KS_OK) {
+        float *scores = ks_malloc_aligned(sizeof(float) * ((size_t)(G > 4 ? G : 4) * n + 16));
+        float *out = ks_malloc(sizeof(float) * (size_t)G * hd), *tmp = ks_malloc(sizeof(float) * ((size_t)hd + 16));
+        for (int32_t r = 0; r < nq; r++)
+            ks_attention_segs(c->kv_type, segs, np, n, hd, G, q + (size_t)r * G * hd, scores, out, tmp, acc, true);
+        ks_free_aligned(scores);
+        ks_free(out);
+        ks_free(tmp);
+    }
+    ks_free(segs);
+    ks_free(buf);
+    return st;
+}
+
+static ks_status svc_evict(void *svc, int32_t seq, int32_t layer, int32_t head, const uint8_t *keep) {
+    ks_context *c = svc;
+    return ks_kv_compact(c->kv, seq, layer, head, keep);
 }
 
 ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_context **out) {
@@ -219,16 +310,26 @@ ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_conte
     if (p.n_ctx <= 0) p.n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
     if (p.n_threads <= 0) p.n_threads = ks_cpu_count();
     if (p.n_batch <= 0) p.n_batch = 256;
+    if (!p.policy || !*p.policy) p.policy = "dense";
+    if (p.page <= 0) p.page = 32;
     if (p.n_seq <= 0 || p.n_seq > 4096) return KS_FAIL(KS_ERR_INVALID_ARG, "n_seq %d out of range [1, 4096]", p.n_seq);
     if (p.n_ctx > (1 << 24)) return KS_FAIL(KS_ERR_INVALID_ARG, "n_ctx %d is too large", p.n_ctx);
     if (p.kv_type != KS_KV_F16 && p.kv_type != KS_KV_Q8)
         return KS_FAIL(KS_ERR_INVALID_ARG, "unknown KV type %d", (int)p.kv_type);
     if (p.kv_type == KS_KV_Q8 && hp->head_dim % KS_QK8_0)
         return KS_FAIL(KS_ERR_UNSUPPORTED, "8-bit KV needs a head dim multiple of 32 (have %d)", hp->head_dim);
+    if (p.budget < 0 || p.sink < 0 || p.window < 0)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "budget, sink and window must be >= 0");
+    if (p.page > 4096) return KS_FAIL(KS_ERR_INVALID_ARG, "page size %d out of range [1, 4096]", p.page);
+    if (p.kv_offload_layers < 0 || p.kv_offload_layers > hp->n_layer)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "cannot offload %d of %d layers", p.kv_offload_layers, hp->n_layer);
     if (p.n_ctx > hp->n_ctx_train)
         KS_LOG(WARN, "context %d exceeds the model's trained context %d", p.n_ctx, hp->n_ctx_train);
     ks_context *c = ks_calloc(1, sizeof *c);
     c->model = model;
+    p.policy = ks_strdup(p.policy);
+    p.policy_args = p.policy_args ? ks_strdup(p.policy_args) : NULL;
+    p.kv_offload_dir = p.kv_offload_dir ? ks_strdup(p.kv_offload_dir) : NULL;
     c->params = p;
     c->n_ctx = p.n_ctx;
     c->n_seq = p.n_seq;
@@ -236,27 +337,68 @@ ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_conte
     c->kv_row_bytes = ks_kv_row_bytes(p.kv_type, hp->head_dim);
     ks_status st = ks_pool_create(p.n_threads, &c->pool);
     if (st != KS_OK) {
-        ks_free(c);
+        c->params.n_threads = 0;
+        ks_context_destroy(c);
         return st;
     }
-    size_t layer_bytes = c->kv_row_bytes * (size_t)hp->n_head_kv * (size_t)c->n_ctx * (size_t)c->n_seq;
-    c->k = ks_calloc((size_t)hp->n_layer, sizeof(uint8_t *));
-    c->v = ks_calloc((size_t)hp->n_layer, sizeof(uint8_t *));
-    for (int il = 0; il < hp->n_layer; il++) {
-        /* caller-sized: a refusal is an error to report, not an abort */
-        c->k[il] = kv_alloc(layer_bytes);
-        c->v[il] = kv_alloc(layer_bytes);
-        if (!c->k[il] || !c->v[il]) {
+    /* slots of an offloaded layer: what one step's selection can touch, with
+     * headroom so pages stay resident across steps; all pages when dense */
+    int32_t max_pages = (p.n_ctx + p.page - 1) / p.page, slot_pages = 0;
+    if (p.budget > 0) {
+        slot_pages = 2 * ((p.budget + p.page - 1) / p.page) + 4;
+        if (slot_pages > max_pages) slot_pages = 0;
+    }
+    ks_kv_params kp = ks_kv_default_params();
+    kp.n_layer = hp->n_layer;
+    kp.n_head_kv = hp->n_head_kv;
+    kp.head_dim = hp->head_dim;
+    kp.n_seq = p.n_seq;
+    kp.n_ctx = p.n_ctx;
+    kp.page = p.page;
+    kp.type = p.kv_type;
+    kp.offload_dir = p.kv_offload_dir;
+    kp.slot_pages = slot_pages;
+    st = ks_kv_create(&kp, &c->kv);
+    if (st != KS_OK) {
+        ks_context_destroy(c);
+        return st;
+    }
+    for (int32_t l = hp->n_layer - p.kv_offload_layers; l < hp->n_layer; l++) {
+        st = ks_kv_set_layer_tier(c->kv, l, KS_TIER_SLOW);
+        if (st != KS_OK) {
             ks_context_destroy(c);
-            return KS_FAIL(KS_ERR_NOMEM, "KV cache of %.1f GiB (%d seqs x %d tokens) does not fit in memory",
-                           2.0 * hp->n_layer * layer_bytes / 1073741824.0, p.n_seq, p.n_ctx);
+            return st;
         }
     }
-    c->kv_bytes = 2 * (size_t)hp->n_layer * layer_bytes;
+    c->penv = (ks_policy_env){.n_layer = hp->n_layer,
+                              .n_head = hp->n_head,
+                              .n_head_kv = hp->n_head_kv,
+                              .head_dim = hp->head_dim,
+                              .n_seq = p.n_seq,
+                              .n_ctx = p.n_ctx,
+                              .kv = c->kv,
+                              .svc = c,
+                              .attn_probs = svc_attn_probs,
+                              .evict = svc_evict};
+    ks_policy_params pp = ks_policy_default_params();
+    pp.budget = p.budget;
+    pp.sink = p.sink;
+    pp.window = p.window;
+    pp.dense_layers = p.dense_layers;
+    pp.args = p.policy_args;
+    st = ks_policy_create(p.policy, &c->penv, &pp, &c->policy);
+    if (st != KS_OK) {
+        ks_context_destroy(c);
+        return st;
+    }
+    c->dense_layers = ks_policy_dense_layers(c->policy);
+    c->obs_window = ks_policy_obs_window(c->policy);
     c->seq_len = ks_calloc((size_t)c->n_seq, sizeof(int32_t));
     int rows = p.n_batch > c->n_seq ? p.n_batch : c->n_seq;
     c->max_rows = rows;
+    c->n_att = ks_calloc((size_t)rows * hp->n_head_kv, sizeof(int32_t));
     size_t q_dim = (size_t)hp->n_head * hp->head_dim, kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    if (c->obs_window > 0) c->obs_q = ks_malloc(sizeof(float) * (size_t)hp->n_layer * c->obs_window * q_dim);
     size_t wide = (size_t)hp->n_embd > q_dim ? (size_t)hp->n_embd : q_dim;
     c->x = ks_malloc_aligned(sizeof(float) * rows * hp->n_embd);
     c->xn = ks_malloc_aligned(sizeof(float) * rows * wide);
@@ -267,9 +409,19 @@ ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_conte
     c->gate = ks_malloc_aligned(sizeof(float) * rows * hp->n_ff);
     c->up = ks_malloc_aligned(sizeof(float) * rows * hp->n_ff);
     int G = hp->n_head / hp->n_head_kv;
-    /* scores: [G][n_ctx] for the portable kernels, [n_ctx][4] for the AVX-512 one */
-    c->att_stride = (size_t)(G > 4 ? G : 4) * c->n_ctx + (size_t)hp->head_dim + 16;
-    c->att_scratch = ks_malloc_aligned(sizeof(float) * c->att_stride * p.n_threads);
+    c->scr = ks_calloc((size_t)p.n_threads, sizeof(ks_attn_scratch));
+    for (int i = 0; i < p.n_threads; i++) {
+        ks_attn_scratch *s = &c->scr[i];
+        /* scores: [G][n_ctx] for the portable kernels, [n_ctx][4] for the AVX-512 one */
+        s->scores = ks_malloc_aligned(sizeof(float) * ((size_t)(G > 4 ? G : 4) * c->n_ctx + 16));
+        s->tmp = ks_malloc_aligned(sizeof(float) * ((size_t)hp->head_dim + 16));
+        s->weights = ks_malloc(sizeof(float) * (size_t)c->n_ctx);
+        s->entries = ks_malloc(sizeof(int32_t) * (size_t)c->n_ctx);
+        s->mask = ks_malloc(sizeof(uint64_t) * ((size_t)c->n_ctx / 64 + 2));
+        s->sel = ks_malloc(sizeof(int32_t) * (size_t)c->n_ctx);
+        s->pages = ks_malloc(sizeof(int32_t) * ((size_t)max_pages + 1));
+        s->segs = ks_malloc(sizeof(ks_kv_seg) * ((size_t)c->n_ctx + 1));
+    }
     size_t mm = 0;
     const ks_weight *ws[] = {&model->layers[0].wq, &model->layers[0].wo, &model->layers[0].w_gate,
                              &model->layers[0].w_down, &model->output};
@@ -292,8 +444,16 @@ ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_conte
     return KS_OK;
 }
 
+ks_status ks_context_offload_layer(ks_context *c, int32_t layer, bool offload) {
+    if (!c || layer < 0 || layer >= c->model->hp.n_layer)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "layer %d out of range", layer);
+    return ks_kv_set_layer_tier(c->kv, layer, offload ? KS_TIER_SLOW : KS_TIER_FAST);
+}
+
 void ks_seq_reset(ks_context *c, int32_t seq) {
     KS_ASSERT(seq >= 0 && seq < c->n_seq);
+    ks_kv_seq_clear(c->kv, seq);
+    ks_policy_seq_reset(c->policy, seq);
     c->seq_len[seq] = 0;
 }
 int32_t ks_seq_len(const ks_context *c, int32_t seq) {
@@ -310,39 +470,147 @@ typedef struct {
     ks_context *c;
     int il, n;
     const int32_t *seq, *pos;
+    bool sparse;          /* this layer of this step runs the policy */
     atomic_int next;
 } attn_job;
+
+/* Next index >= t (and < n) whose bit equals `value`, or n. */
+static int32_t mask_next(const uint64_t *m, int32_t t, int32_t n, bool value) {
+    while (t < n) {
+        uint64_t w = m[t >> 6];
+        if (!value) w = ~w;
+        w >>= (t & 63);
+        if (w) {
+            t += __builtin_ctzll(w);
+            return t < n ? t : n;
+        }
+        t = (t | 63) + 1;
+    }
+    return n;
+}
+
+static void mask_set_range(uint64_t *m, int32_t a, int32_t b) {
+    for (int32_t t = a; t < b;) {
+        if ((t & 63) == 0 && b - t >= 64) {
+            m[t >> 6] = ~0ull;
+            t += 64;
+        } else {
+            m[t >> 6] |= 1ull << (t & 63);
+            t++;
+        }
+    }
+}
+
+/* One (row, KV head): selection (decode, sparse layers), segments, kernel. */
+static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int r, int h) {
+    const ks_hparams *hp = &c->model->hp;
+    int G = hp->n_head / hp->n_head_kv, hd = hp->head_dim;
+    int32_t seq = j->seq[r], n = c->n_att[(size_t)r * hp->n_head_kv + h], P = c->params.page;
+    const float *q = c->q + ((size_t)r * hp->n_head + (size_t)h * G) * hd;
+    float *o = c->att + ((size_t)r * hp->n_head + (size_t)h * G) * hd;
+    ks_select_req req = {.row = r, .seq = seq, .layer = j->il, .head = h, .pos = j->pos[r], .n_entries = n, .q = q};
+    /* runs of entries to attend: one [0, n) when dense, else from the mask */
+    ks_kv_seg *segs = s->segs;
+    int32_t nseg = 0, total = 0, npages = 0;
+    bool all = true;
+    if (j->sparse) {
+        const ks_policy_params *pp = ks_policy_params_of(c->policy);
+        req.sink = pp->sink < n ? pp->sink : n;
+        req.window = pp->window < n ? pp->window : n;
+        req.n_select = pp->budget > 0 ? pp->budget - req.sink - req.window : n;
+        if (req.n_select < 0) req.n_select = 0;
+        ks_selection sel = {.cap = c->n_ctx, .idx = s->sel};
+        double t0 = ks_time_sec();
+        KS_TRY(ks_policy_select(c->policy, &req, &sel));
+        s->select_seconds += ks_time_sec() - t0;
+        if (!sel.all) {
+            all = false;
+            memset(s->mask, 0, sizeof(uint64_t) * ((size_t)n / 64 + 1));
+            mask_set_range(s->mask, 0, req.sink);
+            mask_set_range(s->mask, n - req.window, n);
+            for (int32_t i = 0; i < sel.n; i++) {
+                int32_t x = sel.idx[i];
+                if (sel.pages) {
+                    if (x >= 0 && (int64_t)x * P < n) mask_set_range(s->mask, x * P, (x + 1) * P < n ? (x + 1) * P : n);
+                } else if (x >= 0 && x < n) {
+                    s->mask[x >> 6] |= 1ull << (x & 63);
+                }
+            }
+        }
+    }
+    /* runs -> page-bounded segments (entries listed only when weights are wanted) */
+    bool want_w = j->sparse && ks_policy_wants_weights(c->policy);
+    bool slow = ks_kv_layer_tier(c->kv, j->il) == KS_TIER_SLOW;
+    for (int32_t a = all ? 0 : mask_next(s->mask, 0, n, true); a < n;) {
+        int32_t b = all ? n : mask_next(s->mask, a, n, false);
+        for (int32_t t = a; t < b;) {
+            int32_t lp = t / P, e = (lp + 1) * P < b ? (lp + 1) * P : b;
+            if (npages == 0 || s->pages[npages - 1] != lp) s->pages[npages++] = lp;
+            segs[nseg++] = (ks_kv_seg){(const void *)(intptr_t)t, NULL, e - t}; /* first entry; resolved below */
+            if (want_w)
+                for (int32_t x = t; x < e; x++) s->entries[total + (x - t)] = x;
+            total += e - t;
+            t = e;
+        }
+        a = all ? n : mask_next(s->mask, b, n, true);
+    }
+    KS_ASSERT(total > 0 && total <= n);
+    /* resolve segment pointers: in place (fast tier or fetched slots) or gathered */
+    bool gather = false;
+    if (slow) {
+        if (npages <= ks_kv_slot_pages(c->kv)) {
+            KS_TRY(ks_kv_fetch(c->kv, seq, j->il, h, s->pages, npages, false));
+        } else {
+            gather = true;
+            if (!s->gather) {
+                s->gather = malloc(ks_kv_page_bytes(c->kv) * ((size_t)c->n_ctx / P + 1));
+                if (!s->gather) return KS_FAIL(KS_ERR_NOMEM, "gather buffer for a slow-tier layer refused");
+            }
+        }
+    }
+    size_t row = ks_kv_row_size(c->kv), pb = ks_kv_page_bytes(c->kv);
+    const uint8_t *K = NULL, *V = NULL;
+    for (int32_t i = 0, pi = 0, cur = -1; i < nseg; i++) {
+        int32_t t = (int32_t)(intptr_t)segs[i].K, lp = t / P;
+        if (lp != cur) { /* segments are in entry order: pages advance monotonically */
+            while (s->pages[pi] != lp) pi++;
+            cur = lp;
+            if (gather) {
+                uint8_t *dst = s->gather + (size_t)pi * pb;
+                KS_TRY(ks_kv_read_page(c->kv, seq, j->il, h, lp, dst));
+                K = dst;
+                V = dst + (size_t)P * row;
+            } else {
+                ks_kv_page_rows(c->kv, seq, j->il, h, lp, &K, &V);
+            }
+        }
+        segs[i].K = K + (size_t)(t % P) * row;
+        segs[i].V = V + (size_t)(t % P) * row;
+    }
+    float *w = NULL;
+    if (want_w) {
+        w = s->weights;
+        memset(w, 0, sizeof(float) * (size_t)total);
+    }
+    ks_attention_segs(c->kv_type, segs, nseg, total, hd, G, q, s->scores, o, s->tmp, w, true);
+    if (want_w) ks_policy_after_attention(c->policy, &req, s->entries, w, total);
+    s->entries_attended += (uint64_t)total;
+    return KS_OK;
+}
 
 static void attn_worker(void *arg, int ith, int nth) {
     attn_job *j = arg;
     ks_context *c = j->c;
     const ks_hparams *hp = &c->model->hp;
-    int G = hp->n_head / hp->n_head_kv, hd = hp->head_dim;
-    float *scr = c->att_scratch + c->att_stride * ith;
+    ks_attn_scratch *s = &c->scr[ith];
     int total = j->n * hp->n_head_kv;
     for (;;) {
         int task = atomic_fetch_add(&j->next, 1);
         if (task >= total) break;
-        int r = task / hp->n_head_kv, h = task % hp->n_head_kv;
-        int len = j->pos[r] + 1;
-        const uint8_t *K = kv_row(c, c->k, j->il, j->seq[r], h, 0);
-        const uint8_t *V = kv_row(c, c->v, j->il, j->seq[r], h, 0);
-        const float *q = c->q + ((size_t)r * hp->n_head + (size_t)h * G) * hd;
-        float *o = c->att + ((size_t)r * hp->n_head + (size_t)h * G) * hd;
-        float *tmp = scr + (size_t)(G > 4 ? G : 4) * c->n_ctx;
-        ks_attention_group(c->kv_type, K, V, len, hd, G, q, scr, o, tmp, true);
+        ks_status st = attend_one(c, j, s, task / hp->n_head_kv, task % hp->n_head_kv);
+        if (st != KS_OK) record_failure(c, st);
     }
     (void)nth;
-}
-
-static void store_kv_row(ks_context *c, uint8_t *dst, const float *src) {
-    int hd = c->model->hp.head_dim;
-    if (c->kv_type == KS_KV_F16) {
-        ks_f16 *h = (ks_f16 *)dst;
-        for (int i = 0; i < hd; i++) h[i] = ks_f32_to_f16(src[i]);
-    } else {
-        ks_quantize_row(KS_DTYPE_Q8_0, src, dst, hd);
-    }
 }
 
 static void matmul_w(ks_context *c, const ks_weight *w, const float *X, int n, float *Y) {
@@ -351,14 +619,17 @@ static void matmul_w(ks_context *c, const ks_weight *w, const float *X, int n, f
 }
 
 /* rows: n entries (seq[i], pos[i], tok[i]); logits rows selected by want[i]
- * (NULL = none) are written consecutively to logits_out [n_want][n_vocab]. */
-static void forward_rows(ks_context *c, int n, const int32_t *seq, const int32_t *pos, const int32_t *tok,
-                         const bool *want, float *logits_out) {
+ * (NULL = none) are written consecutively to logits_out [n_want][n_vocab].
+ * obs_slot[i] >= 0 (optional) copies row i's queries to obs_q for on_prefill.
+ * On failure the appended entries stay; callers reset the sequence. */
+static ks_status forward_rows(ks_context *c, int n, const int32_t *seq, const int32_t *pos, const int32_t *tok,
+                              const bool *want, float *logits_out, const int32_t *obs_slot) {
     const ks_model *m = c->model;
     const ks_hparams *hp = &m->hp;
     int D = hp->n_embd, hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv, half = hp->n_rot / 2;
     size_t q_dim = (size_t)nh * hd, kv_dim = (size_t)nkv * hd;
     KS_ASSERT(n > 0 && n <= c->max_rows);
+    bool selects = c->decoding && ks_policy_selects(c->policy);
     for (int r = 0; r < n; r++) {
         ks_dequantize_row(m->tok_embd.type,
                           (const uint8_t *)m->tok_embd.data + ks_dtype_row_bytes(m->tok_embd.type, D) * (size_t)tok[r],
@@ -382,17 +653,22 @@ static void forward_rows(ks_context *c, int n, const int32_t *seq, const int32_t
                 if (L->q_norm) ks_rmsnorm(q + (size_t)h * hd, q + (size_t)h * hd, L->q_norm, hd, hp->rms_eps);
                 ks_rope_apply(q + (size_t)h * hd, hp->n_rot, hp->rope_neox, cs, sn);
             }
+            if (obs_slot && obs_slot[r] >= 0)
+                memcpy(c->obs_q + ((size_t)il * c->obs_window + obs_slot[r]) * q_dim, q, sizeof(float) * q_dim);
             for (int h = 0; h < nkv; h++) {
                 if (L->k_norm) ks_rmsnorm(k + (size_t)h * hd, k + (size_t)h * hd, L->k_norm, hd, hp->rms_eps);
                 ks_rope_apply(k + (size_t)h * hd, hp->n_rot, hp->rope_neox, cs, sn);
-                store_kv_row(c, kv_row(c, c->k, il, seq[r], h, pos[r]), k + (size_t)h * hd);
-                store_kv_row(c, kv_row(c, c->v, il, seq[r], h, pos[r]), v + (size_t)h * hd);
+                KS_TRY(ks_kv_append(c->kv, seq[r], il, h, pos[r], k + (size_t)h * hd, v + (size_t)h * hd));
+                c->n_att[(size_t)r * nkv + h] = ks_kv_n_entries(c->kv, seq[r], il, h);
+                if (c->decoding) ks_policy_on_append(c->policy, seq[r], il, h, pos[r], k + (size_t)h * hd);
             }
-            c->stats.kv_bytes_read += 2 * (uint64_t)(pos[r] + 1) * nkv * c->kv_row_bytes;
         }
-        attn_job job = {.c = c, .il = il, .n = n, .seq = seq, .pos = pos};
+        attn_job job = {.c = c, .il = il, .n = n, .seq = seq, .pos = pos, .sparse = selects && il >= c->dense_layers};
         atomic_init(&job.next, 0);
+        atomic_flag_clear(&c->step_failed);
         ks_pool_run(c->pool, attn_worker, &job);
+        if (atomic_flag_test_and_set(&c->step_failed)) return c->step_status;
+        atomic_flag_clear(&c->step_failed);
         matmul_w(c, &L->wo, c->att, n, c->xn);
         for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->xn[i];
         for (int r = 0; r < n; r++) ks_rmsnorm(c->xn + (size_t)r * D, c->x + (size_t)r * D, L->ffn_norm, D, hp->rms_eps);
@@ -405,11 +681,35 @@ static void forward_rows(ks_context *c, int n, const int32_t *seq, const int32_t
         matmul_w(c, &L->w_down, c->gate, n, c->xn);
         for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->xn[i];
     }
-    if (!want || !logits_out) return;
+    /* traffic and attention counters of this call */
+    uint64_t attended = 0;
+    for (int i = 0; i < c->params.n_threads; i++) {
+        attended += c->scr[i].entries_attended;
+        c->stats.select_seconds += c->scr[i].select_seconds;
+        c->scr[i].entries_attended = 0;
+        c->scr[i].select_seconds = 0;
+    }
+    c->stats.kv_bytes_read += 2 * attended * c->kv_row_bytes;
+    if (c->decoding) {
+        c->stats.kv_entries_attended += attended;
+        for (int il = 0; il < hp->n_layer; il++)
+            for (int r = 0; r < n; r++)
+                for (int h = 0; h < nkv; h++) c->stats.kv_entries_total += (uint64_t)ks_kv_n_entries(c->kv, seq[r], il, h);
+    }
+    ks_kv_traffic tr;
+    ks_kv_take_traffic(c->kv, &tr);
+    c->stats.kv_bytes_loaded += tr.bytes_loaded;
+    c->stats.kv_bytes_stored += tr.bytes_stored;
+    c->stats.kv_pages_loaded += tr.pages_loaded;
+    c->stats.kv_pages_hit += tr.pages_hit;
+    c->stats.kv_wait_seconds += tr.wait_seconds;
+    c->stats.kv_copy_seconds += tr.copy_seconds;
+    if (!want || !logits_out) return KS_OK;
     int n_want = 0;
     for (int r = 0; r < n; r++)
         if (want[r]) ks_rmsnorm(c->xn + (size_t)(n_want++) * D, c->x + (size_t)r * D, m->output_norm, D, hp->rms_eps);
     if (n_want) matmul_w(c, &m->output, c->xn, n_want, logits_out);
+    return KS_OK;
 }
 
 static ks_status check_tokens(const ks_context *c, const int32_t *tokens, int32_t n) {
@@ -432,24 +732,37 @@ ks_status ks_prefill(ks_context *c, int32_t seq, const int32_t *tokens, int32_t 
     double t0 = ks_time_sec();
     int chunk = c->params.n_batch;
     int32_t *sq = ks_malloc(sizeof(int32_t) * chunk), *ps = ks_malloc(sizeof(int32_t) * chunk);
+    int32_t *obs = ks_malloc(sizeof(int32_t) * chunk);
     bool *want = ks_calloc((size_t)chunk, sizeof(bool));
     size_t V = (size_t)c->model->hp.n_vocab;
-    for (int32_t off = 0; off < n; off += chunk) {
+    int32_t n_obs = c->obs_window < n ? c->obs_window : n;
+    ks_status st = KS_OK;
+    for (int32_t off = 0; off < n && st == KS_OK; off += chunk) {
         int m = n - off < chunk ? n - off : chunk;
         bool last_chunk = off + m == n;
         for (int i = 0; i < m; i++) {
             sq[i] = seq;
             ps[i] = c->seq_len[seq] + i;
             want[i] = all_logits != NULL || (logits != NULL && last_chunk && i == m - 1);
+            obs[i] = off + i >= n - n_obs ? off + i - (n - n_obs) : -1;
         }
         float *dst = all_logits ? all_logits + (size_t)off * V : logits;
-        forward_rows(c, m, sq, ps, tokens + off, want, dst);
-        c->seq_len[seq] += m;
+        st = forward_rows(c, m, sq, ps, tokens + off, want, dst, n_obs > 0 ? obs : NULL);
+        if (st == KS_OK) c->seq_len[seq] += m;
     }
-    if (all_logits && logits) memcpy(logits, all_logits + (size_t)(n - 1) * V, V * sizeof(float));
+    if (st == KS_OK) {
+        ks_prefill_info info = {.seq = seq, .n_prompt = n, .n_obs = n_obs, .obs_q = c->obs_q};
+        st = ks_policy_on_prefill(c->policy, &info);
+    }
+    if (st == KS_OK && all_logits && logits) memcpy(logits, all_logits + (size_t)(n - 1) * V, V * sizeof(float));
     ks_free(sq);
     ks_free(ps);
+    ks_free(obs);
     ks_free(want);
+    if (st != KS_OK) {
+        ks_seq_reset(c, seq); /* nothing half-appended survives */
+        return st;
+    }
     c->stats.tokens_prefilled += (uint64_t)n;
     c->stats.prefill_seconds += ks_time_sec() - t0;
     return KS_OK;
@@ -474,10 +787,20 @@ ks_status ks_decode(ks_context *c, const int32_t *seqs, const int32_t *tokens, i
         ps[i] = c->seq_len[seqs[i]];
         want[i] = true;
     }
-    forward_rows(c, n, seqs, ps, tokens, logits ? want : NULL, logits);
-    for (int32_t i = 0; i < n; i++) c->seq_len[seqs[i]]++;
+    ks_step_info step = {.n = n, .seq = seqs, .token = tokens, .pos = ps};
+    double ts = ks_time_sec();
+    ks_status st = ks_policy_before_step(c->policy, &step);
+    c->stats.select_seconds += ks_time_sec() - ts;
+    if (st == KS_OK) {
+        c->decoding = true;
+        st = forward_rows(c, n, seqs, ps, tokens, logits ? want : NULL, logits, NULL);
+        c->decoding = false;
+    }
+    if (st == KS_OK)
+        for (int32_t i = 0; i < n; i++) c->seq_len[seqs[i]]++;
     ks_free(ps);
     ks_free(want);
+    if (st != KS_OK) return st;
     c->stats.tokens_decoded += (uint64_t)n;
     c->stats.decode_seconds += ks_time_sec() - t0;
     return KS_OK;
@@ -488,6 +811,7 @@ typedef struct {
     int32_t seq, n;
     const float *noise; /* [n_noise] */
     size_t n_noise;
+    atomic_int failed;
 } fill_job;
 
 static void fill_worker(void *arg, int ith, int nth) {
@@ -495,28 +819,37 @@ static void fill_worker(void *arg, int ith, int nth) {
     ks_context *c = j->c;
     const ks_hparams *hp = &c->model->hp;
     int hd = hp->head_dim;
-    size_t units = (size_t)hp->n_layer * hp->n_head_kv * 2;
-    for (size_t u = (size_t)ith; u < units; u += (size_t)nth) {
-        int il = (int)(u / (hp->n_head_kv * 2)), h = (int)(u / 2 % hp->n_head_kv);
-        uint8_t *const *cache = (u % 2) ? c->v : c->k;
-        for (int32_t p = 0; p < j->n; p++) {
-            size_t off = ((size_t)p * 7919 + u * 104729) % (j->n_noise - (size_t)hd);
-            store_kv_row(c, kv_row(c, cache, il, j->seq, h, p), j->noise + off);
-        }
-    }
+    /* whole layers per worker: appends to one layer must stay serial */
+    for (int il = ith; il < hp->n_layer; il += nth)
+        for (int32_t p = 0; p < j->n; p++)
+            for (int h = 0; h < hp->n_head_kv; h++) {
+                size_t u = ((size_t)il * hp->n_head_kv + h) * 2;
+                size_t ko = ((size_t)p * 7919 + u * 104729) % (j->n_noise - (size_t)hd);
+                size_t vo = ((size_t)p * 7919 + (u + 1) * 104729) % (j->n_noise - (size_t)hd);
+                if (ks_kv_append(c->kv, j->seq, il, h, p, j->noise + ko, j->noise + vo) != KS_OK) {
+                    atomic_store(&j->failed, 1);
+                    return;
+                }
+            }
 }
 
 ks_status ks_seq_fill_synthetic(ks_context *c, int32_t seq, int32_t n, uint64_t seed) {
     if (seq < 0 || seq >= c->n_seq) return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d out of range", seq);
     if (n < 0 || n > c->n_ctx) return KS_FAIL(KS_ERR_CONTEXT_FULL, "depth %d exceeds the context of %d", n, c->n_ctx);
+    ks_seq_reset(c, seq);
     /* values are Gaussian noise: only the bytes matter for bandwidth benchmarks */
     size_t n_noise = 1 << 16;
     float *noise = ks_malloc(sizeof(float) * n_noise);
     ks_rng rng = {seed};
     for (size_t i = 0; i < n_noise; i++) noise[i] = ks_rng_normal(&rng);
     fill_job j = {.c = c, .seq = seq, .n = n, .noise = noise, .n_noise = n_noise};
+    atomic_init(&j.failed, 0);
     ks_pool_run(c->pool, fill_worker, &j);
     ks_free(noise);
+    if (atomic_load(&j.failed)) {
+        ks_seq_reset(c, seq);
+        return KS_FAIL(KS_ERR_IO, "could not fill the KV cache of sequence %d: %s", seq, ks_last_error());
+    }
     c->seq_len[seq] = n;
     return KS_OK;
 }

@@ -8,6 +8,25 @@
 
 #include "model/model.h"
 #include "tensor/matmul.h"
+#include "kv/kv.h"
+#include "select/policy.h"
+
+#include <stdatomic.h>
+
+/* Per-worker scratch of the attention jobs. */
+typedef struct ks_attn_scratch {
+    float *scores;        /* [max(G, 4) * n_ctx] scores / probabilities */
+    float *tmp;           /* [head_dim + 16] */
+    float *weights;       /* [n_ctx] attention weight per attended entry (policies that ask) */
+    int32_t *entries;     /* [n_ctx] entry index of each attended row */
+    uint64_t *mask;       /* [n_ctx / 64 + 1] selected entries */
+    int32_t *sel;         /* [n_ctx] policy output buffer */
+    int32_t *pages;       /* [n_ctx / P + 1] logical pages touched */
+    void *segs;           /* [n_ctx] kernel segments */
+    uint8_t *gather;      /* [n_ctx / P + 1][page_bytes] slow-tier pages when the slots are too few (lazy) */
+    double select_seconds;
+    uint64_t entries_attended;
+} ks_attn_scratch;
 
 struct ks_context {
     const ks_model *model;   /* borrowed; outlives the context */
@@ -16,19 +35,26 @@ struct ks_context {
     int32_t n_ctx, n_seq, max_rows;
     ks_kv_type kv_type;
     size_t kv_row_bytes;     /* bytes of one token's K (or V) for one KV head */
-    uint8_t **k, **v;        /* [n_layer] -> [n_seq][n_head_kv][n_ctx][kv_row_bytes] */
-    size_t kv_bytes;         /* total allocated K+V bytes */
-    int32_t *seq_len;        /* [n_seq] tokens in each sequence */
+    ks_kv_store *kv;         /* paged, tiered K/V of every sequence */
+    ks_policy *policy;       /* the selection policy (dense by default) */
+    ks_policy_env penv;      /* what the policy sees; svc = this context */
+    int32_t dense_layers;    /* layers attending densely at decode */
+    int32_t obs_window;      /* query rows of a prompt's end kept for on_prefill */
+    float *obs_q;            /* [n_layer][obs_window][n_head*head_dim] */
+    int32_t *n_att;          /* [max_rows][n_head_kv] entries row r attends (causal bound) */
+    int32_t *seq_len;        /* [n_seq] next position of each sequence */
+    bool decoding;           /* the rows being computed are a decode step */
     float *x;                /* [max_rows][n_embd] residual stream */
     float *xn;               /* [max_rows][max(n_embd, q_dim)] normed input / sublayer output */
     float *q;                /* [max_rows][n_head*head_dim] */
     float *kk, *vv;          /* [max_rows][n_head_kv*head_dim] */
     float *att;              /* [max_rows][n_head*head_dim] attention output */
     float *gate, *up;        /* [max_rows][n_ff] */
-    float *att_scratch;      /* [n_threads][att_stride]: scores [G][n_ctx] + tmp [head_dim] */
-    size_t att_stride;
+    ks_attn_scratch *scr;    /* [n_threads] */
     void *mm_scratch;        /* quantized activations for ks_matmul */
     float *rope_cos, *rope_sin; /* [max_rows][n_rot/2] */
+    ks_status step_status;   /* first failure inside a parallel section */
+    atomic_flag step_failed;
     ks_stats stats;
 };
 
@@ -46,10 +72,27 @@ size_t ks_kv_row_bytes(ks_kv_type t, int hd);
 void ks_attention_group(ks_kv_type kt, const void *K, const void *V, int len, int hd, int G,
                         const float *q, float *scores, float *out, float *tmp, bool allow_simd);
 
+/* A run of consecutive KV rows: K and V each [len][row], read in place. */
+typedef struct ks_kv_seg {
+    const void *K, *V;
+    int32_t len;
+} ks_kv_seg;
+typedef struct ks_kv_seg16 {
+    const uint16_t *K, *V;
+    int32_t len;
+} ks_kv_seg16;
+
+/* Attention of G query heads over the concatenation of nseg segments (total
+ * rows): softmax renormalised over exactly these rows.  weights (optional,
+ * [total], accumulated +=): each row's probability summed over the G heads.
+ * scores: [max(G, 4)][total] scratch; tmp: [hd + 16]. */
+void ks_attention_segs(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
+                       float *scores, float *out, float *tmp, float *weights, bool allow_simd);
+
 /* AVX-512 f16 kernel for head dims 64 and 128; false if it does not apply.
- * scores: [len][4] scratch. */
-bool ks_attention_group_avx512(const uint16_t *K, const uint16_t *V, int len, int hd, int G, const float *q,
-                               float *scores, float *out, float scale);
+ * scores: [total][4] scratch. */
+bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
+                              float *scores, float *out, float scale, float *weights);
 
 const ks_model *ks_context_model(const ks_context *c);
 ks_pool *ks_context_pool(ks_context *c);

@@ -1,0 +1,125 @@
+/*
+ * kv.h — the paged, tiered KV store.
+ *
+ * The unit of storage is the *head-page*: K [P][row] followed by V [P][row]
+ * of one (layer, KV head), contiguous, so one KV head's page is one transfer
+ * between tiers (FreeKV's host layout) and one stretch the attention kernel
+ * streams.  Every layer has a pool of head-pages shared by all sequences of
+ * the batch; each (sequence, layer, KV head) owns a page table (logical page
+ * -> physical id) and an entry count.  Tables are per KV head so evictors
+ * (SnapKV, H2O, DapQ) can drop different tokens per head and really free
+ * pages: survivors are compacted toward the front, and each entry keeps its
+ * original position in the page metadata, since its K is already rotated.
+ *
+ * Metadata lives apart from the data, indexed by physical id: positions,
+ * per-channel min / max and the key sum (mean key = sum / fill), updated on
+ * every append from the *stored* (rounded) rows, so summaries are exact at
+ * page boundaries and identical whether a row came from prefill or decode.
+ * Policies read metadata through kv_meta.h only; they never see tiers.
+ *
+ * Tiers are per layer (SpeContext's adaptive manager moves whole layers):
+ *  - FAST: every page in compute memory; attention reads in place.
+ *  - SLOW: pages live in host memory (the CUDA backend's slow tier; on CPU a
+ *    stand-in useful for tests) or in a file per layer in the offload
+ *    directory, read with pread, so a context bigger than RAM still runs.
+ *    Attention then reads fast-tier *slots*: a fixed set of head-page slots
+ *    per (sequence, layer, KV head).  kv_fetch maps the pages a selection
+ *    needs to slots (hits reused, misses evict the least recently used slot
+ *    not needed now) and queues only the misses on the copy engine, whose
+ *    worker threads signal one completion counter per layer, so loads for
+ *    layer l overlap the compute of layers < l and layer l waits only on its
+ *    own.  Every byte moved is counted.
+ * Appends to a SLOW layer write through to the slow copy (and the slot, when
+ * mapped) after that layer's in-flight loads have landed, so a load can never
+ * overwrite a newer row.
+ *
+ * Return codes: KS_OK; KS_ERR_NOMEM (pool or slots exhausted: the store is
+ * unchanged); KS_ERR_IO (slow-tier read/write failed: the layer's slow copy
+ * may be partial, the caller must treat the sequence as lost); invalid
+ * arguments are asserted (the context validates user input before).
+ */
+#ifndef KS_KV_H
+#define KS_KV_H
+
+#include "core/core.h"
+#include "kv/kv_meta.h"
+
+#define KS_KV_MAX_HEAD_DIM 512
+
+typedef enum ks_kv_tier { KS_TIER_FAST = 0, KS_TIER_SLOW = 1 } ks_kv_tier;
+
+typedef struct ks_kv_params {
+    int32_t n_layer, n_head_kv, head_dim;
+    int32_t n_seq;            /* sequences sharing the pools */
+    int32_t n_ctx;            /* max entries per (sequence, KV head) */
+    int32_t page;             /* P: tokens per head-page (default 32) */
+    ks_kv_type type;          /* element type of K and V rows */
+    const char *offload_dir;  /* slow tier directory; NULL = host memory */
+    int32_t slot_pages;       /* fast slots per (seq, layer, head) of a SLOW layer; 0 = all pages */
+    int32_t n_copy_threads;   /* copy engine workers (default 1) */
+} ks_kv_params;
+
+ks_kv_params ks_kv_default_params(void);
+
+ks_status ks_kv_create(const ks_kv_params *p, ks_kv_store **out);
+void ks_kv_destroy(ks_kv_store *kv);
+
+/* Bytes of one head-page (K and V) and of one row. */
+size_t ks_kv_page_bytes(const ks_kv_store *kv);
+size_t ks_kv_row_size(const ks_kv_store *kv);
+
+/* Append one entry (position pos) to (seq, layer, head); k, v: [head_dim].
+ * Appends to different layers may run concurrently; one layer's are serial.
+ * KS_ERR_NOMEM when the layer's pool is exhausted, KS_ERR_IO when the slow
+ * tier refused the write. */
+ks_status ks_kv_append(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t pos, const float *k,
+                       const float *v);
+/* Drop every entry of a sequence (all layers and heads); pages return to the pools. */
+void ks_kv_seq_clear(ks_kv_store *kv, int32_t seq);
+/* Keep only the entries with keep[i] != 0 (i < n_entries) of (seq, layer,
+ * head), in order; pages freed by the compaction return to the pool. */
+ks_status ks_kv_compact(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, const uint8_t *keep);
+
+/* ----------------------------------------------------------- tiers -- */
+ks_kv_tier ks_kv_layer_tier(const ks_kv_store *kv, int32_t layer);
+/* Move a layer between tiers (all sequences); its data is copied, nothing is
+ * lost.  Moving to SLOW allocates its slots; KS_ERR_IO/NOMEM leave it FAST. */
+ks_status ks_kv_set_layer_tier(ks_kv_store *kv, int32_t layer, ks_kv_tier tier);
+
+/* Make logical pages lp[0..n) of (seq, layer, head) readable in the fast
+ * tier.  FAST layers: nothing to do.  SLOW layers: hits stay, misses are
+ * queued on the copy engine (async) or copied by the caller (sync).  Fails
+ * with KS_ERR_NOMEM if more distinct pages are asked than there are slots.
+ * Safe to call concurrently for different (seq, head) of one layer. */
+ks_status ks_kv_fetch(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, const int32_t *lp, int32_t n,
+                      bool async);
+/* Wait for the queued loads of a layer; returns the first I/O error seen. */
+ks_status ks_kv_wait_layer(ks_kv_store *kv, int32_t layer);
+
+/* K and V rows of a logical page, readable now: [P][row] each.  For SLOW
+ * layers the page must have been fetched (and waited for) this step. */
+void ks_kv_page_rows(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp,
+                     const uint8_t **K, const uint8_t **V);
+
+/* Copy logical page lp of (seq, layer, head) into buf [page_bytes] from
+ * wherever it lives (a synchronous slow-tier read when needed). */
+ks_status ks_kv_read_page(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp, uint8_t *buf);
+int32_t ks_kv_slot_pages(const ks_kv_store *kv);
+
+/* Bytes moved between tiers and slot hits since the last call (then zeroed). */
+typedef struct ks_kv_traffic {
+    uint64_t bytes_loaded;   /* slow -> fast */
+    uint64_t bytes_stored;   /* fast -> slow (appends and layer moves) */
+    uint64_t pages_loaded, pages_hit;
+    double copy_seconds;     /* time the copy workers spent copying */
+    double wait_seconds;     /* time compute waited on loads */
+} ks_kv_traffic;
+void ks_kv_take_traffic(ks_kv_store *kv, ks_kv_traffic *out);
+
+/* Memory in use: fast (pages of FAST layers + slots) and slow bytes. */
+void ks_kv_memory(const ks_kv_store *kv, uint64_t *fast_bytes, uint64_t *slow_bytes);
+
+/* Test hook: make every later slow-tier read of a layer fail (I/O error path). */
+void ks_kv_debug_fail_reads(ks_kv_store *kv, int32_t layer, bool fail);
+
+#endif

@@ -1,0 +1,37 @@
+/*
+ * kv_meta.h — the part of the KV store a selection policy may see.
+ *
+ * Policies choose *which* entries attention reads; they must not know where
+ * the entries live (fast or slow tier) or how they are stored.  So this
+ * header exposes only logical structure and page summaries: the entry count
+ * of a (sequence, layer, KV head), the page size, and per logical page its
+ * fill, positions, per-channel key min / max and key sum.  All summaries are
+ * of the stored (rounded) keys, exact at every append.  Pointers returned
+ * stay valid until the next append, compaction or clear of that head.
+ */
+#ifndef KS_KV_META_H
+#define KS_KV_META_H
+
+#include "kvsieve.h"
+
+#include <stdint.h>
+
+typedef struct ks_kv_store ks_kv_store;
+
+int32_t ks_kv_page_size(const ks_kv_store *kv);
+int32_t ks_kv_head_dim(const ks_kv_store *kv);
+/* Entries of (seq, layer, head); logical page i holds entries [i*P, i*P+fill). */
+int32_t ks_kv_n_entries(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head);
+int32_t ks_kv_n_pages(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head);
+
+typedef struct ks_kv_page_meta {
+    int32_t fill;          /* valid entries in the page (P except maybe the last) */
+    const int32_t *pos;    /* [fill] position of each entry */
+    const float *kmin;     /* [head_dim] per-channel minimum of the stored keys */
+    const float *kmax;     /* [head_dim] per-channel maximum */
+    const float *ksum;     /* [head_dim] sum of the stored keys (mean = ksum / fill) */
+} ks_kv_page_meta;
+void ks_kv_page_meta_get(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp,
+                         ks_kv_page_meta *out);
+
+#endif

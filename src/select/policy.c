@@ -1,0 +1,361 @@
+/*
+ * policy.c — the policy registry, composition, argument parsing and the
+ * small numeric helpers every selector shares (top-k, page bounds, group
+ * reductions).
+ *
+ * Composition: "a+b" runs a's prefill hooks (an evictor: SnapKV, DapQ) and
+ * then b's, and b's decode hooks.  Both states live side by side; each sees
+ * the same env and params.  The registry is a static table: adding a policy
+ * is one file in src/select/ and one line here.
+ */
+#define _GNU_SOURCE
+#include "select/policy.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern const ks_policy_i ks_policy_dense;
+extern const ks_policy_i ks_policy_streaming;
+extern const ks_policy_i ks_policy_h2o;
+extern const ks_policy_i ks_policy_snapkv;
+extern const ks_policy_i ks_policy_quest;
+
+static const ks_policy_i *const registry[] = {
+    &ks_policy_dense, &ks_policy_streaming, &ks_policy_h2o, &ks_policy_snapkv, &ks_policy_quest, NULL,
+};
+
+const ks_policy_i *const *ks_policy_list(void) { return registry; }
+
+const ks_policy_i *ks_policy_find(const char *name) {
+    for (int i = 0; registry[i]; i++)
+        if (strcmp(registry[i]->name, name) == 0) return registry[i];
+    return NULL;
+}
+
+ks_policy_params ks_policy_default_params(void) {
+    return (ks_policy_params){.budget = 0, .sink = 4, .window = 64, .dense_layers = -1, .args = NULL};
+}
+
+enum { MAX_PARTS = 2 };
+
+struct ks_policy {
+    char name[128];
+    ks_policy_params p;
+    char *args;                        /* owned copy of p.args */
+    int n;                             /* parts: 1, or 2 when composed */
+    const ks_policy_i *vt[MAX_PARTS];  /* [n] */
+    void *st[MAX_PARTS];               /* [n] */
+};
+
+void ks_policy_destroy(ks_policy *pol) {
+    if (!pol) return;
+    for (int i = 0; i < pol->n; i++)
+        if (pol->st[i]) pol->vt[i]->destroy(pol->st[i]);
+    ks_free(pol->args);
+    ks_free(pol);
+}
+
+ks_status ks_policy_create(const char *spec, const ks_policy_env *env, const ks_policy_params *p, ks_policy **out) {
+    if (!spec || !*spec) return KS_FAIL(KS_ERR_INVALID_ARG, "empty policy name");
+    if (strlen(spec) >= sizeof((ks_policy *)0)->name) return KS_FAIL(KS_ERR_INVALID_ARG, "policy spec too long");
+    ks_policy *pol = ks_calloc(1, sizeof *pol);
+    snprintf(pol->name, sizeof pol->name, "%s", spec);
+    pol->p = *p;
+    if (p->args) pol->args = ks_strdup(p->args);
+    pol->p.args = pol->args;
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", spec);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, "+", &save); tok; tok = strtok_r(NULL, "+", &save)) {
+        const ks_policy_i *vt = ks_policy_find(tok);
+        if (!vt) {
+            ks_policy_destroy(pol);
+            char names[512] = "";
+            for (int i = 0; registry[i]; i++) {
+                strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
+                strncat(names, registry[i]->name, sizeof names - strlen(names) - 1);
+            }
+            return KS_FAIL(KS_ERR_NOT_FOUND, "unknown policy '%s' (known: %s)", tok, names);
+        }
+        if (pol->n == MAX_PARTS) {
+            ks_policy_destroy(pol);
+            return KS_FAIL(KS_ERR_INVALID_ARG, "policy '%s': at most an evictor and a selector can be composed", spec);
+        }
+        pol->vt[pol->n++] = vt;
+    }
+    if (pol->n == 0) {
+        ks_policy_destroy(pol);
+        return KS_FAIL(KS_ERR_INVALID_ARG, "empty policy name");
+    }
+    if (pol->n == 2 && !pol->vt[0]->on_prefill) {
+        ks_policy_destroy(pol);
+        return KS_FAIL(KS_ERR_INVALID_ARG, "policy '%s': the first of a composition must evict at prefill (e.g. snapkv)",
+                       spec);
+    }
+    const char *known[64];
+    int n_known = 0;
+    for (int i = 0; i < pol->n; i++)
+        for (int j = 0; pol->vt[i]->arg_names && pol->vt[i]->arg_names[j] && n_known < 63; j++)
+            known[n_known++] = pol->vt[i]->arg_names[j];
+    known[n_known] = NULL;
+    ks_status ast = ks_args_check(pol->args, spec, known);
+    if (ast != KS_OK) {
+        ks_policy_destroy(pol);
+        return ast;
+    }
+    if (p->sink < 0 || p->window < 0) {
+        ks_policy_destroy(pol);
+        return KS_FAIL(KS_ERR_INVALID_ARG, "sink and window must be >= 0");
+    }
+    for (int i = 0; i < pol->n; i++) {
+        ks_status st = pol->vt[i]->create(env, &pol->p, &pol->st[i]);
+        if (st != KS_OK) {
+            ks_policy_destroy(pol);
+            return st;
+        }
+    }
+    *out = pol;
+    return KS_OK;
+}
+
+static const ks_policy_i *decoder(const ks_policy *pol) { return pol->vt[pol->n - 1]; }
+static void *decoder_state(const ks_policy *pol) { return pol->st[pol->n - 1]; }
+
+const char *ks_policy_name(const ks_policy *pol) { return pol->name; }
+const ks_policy_params *ks_policy_params_of(const ks_policy *pol) { return &pol->p; }
+int32_t ks_policy_dense_layers(const ks_policy *pol) {
+    return pol->p.dense_layers >= 0 ? pol->p.dense_layers : decoder(pol)->default_dense_layers;
+}
+int32_t ks_policy_obs_window(const ks_policy *pol) {
+    int32_t w = 0;
+    for (int i = 0; i < pol->n; i++)
+        if (pol->vt[i]->obs_window > w) w = pol->vt[i]->obs_window;
+    return w;
+}
+bool ks_policy_selects(const ks_policy *pol) { return decoder(pol)->select_layer != NULL; }
+bool ks_policy_is_global(const ks_policy *pol) { return decoder(pol)->global; }
+bool ks_policy_wants_weights(const ks_policy *pol) { return decoder(pol)->after_attention != NULL; }
+
+void ks_policy_seq_reset(ks_policy *pol, int32_t seq) {
+    for (int i = 0; i < pol->n; i++)
+        if (pol->vt[i]->seq_reset) pol->vt[i]->seq_reset(pol->st[i], seq);
+}
+ks_status ks_policy_on_prefill(ks_policy *pol, const ks_prefill_info *info) {
+    for (int i = 0; i < pol->n; i++)
+        if (pol->vt[i]->on_prefill) KS_TRY(pol->vt[i]->on_prefill(pol->st[i], info));
+    return KS_OK;
+}
+ks_status ks_policy_before_step(ks_policy *pol, const ks_step_info *step) {
+    return decoder(pol)->before_step ? decoder(pol)->before_step(decoder_state(pol), step) : KS_OK;
+}
+ks_status ks_policy_select(ks_policy *pol, const ks_select_req *req, ks_selection *out) {
+    out->all = false;
+    out->pages = false;
+    out->n = 0;
+    if (!decoder(pol)->select_layer) {
+        out->all = true;
+        return KS_OK;
+    }
+    return decoder(pol)->select_layer(decoder_state(pol), req, out);
+}
+void ks_policy_after_attention(ks_policy *pol, const ks_select_req *req, const int32_t *entries, const float *w,
+                               int32_t n) {
+    if (decoder(pol)->after_attention) decoder(pol)->after_attention(decoder_state(pol), req, entries, w, n);
+}
+void ks_policy_on_append(ks_policy *pol, int32_t seq, int32_t layer, int32_t head, int32_t pos, const float *k) {
+    for (int i = 0; i < pol->n; i++)
+        if (pol->vt[i]->on_append) pol->vt[i]->on_append(pol->st[i], seq, layer, head, pos, k);
+}
+
+/* -------------------------------------------------------------- args -- */
+/* Find key in "k=v,k=v"; value span into *v, *vn. */
+static bool args_find(const char *args, const char *key, const char **v, size_t *vn) {
+    if (!args) return false;
+    size_t kl = strlen(key);
+    const char *s = args;
+    while (*s) {
+        const char *end = strchr(s, ',');
+        size_t n = end ? (size_t)(end - s) : strlen(s);
+        const char *eq = memchr(s, '=', n);
+        if (eq && (size_t)(eq - s) == kl && strncmp(s, key, kl) == 0) {
+            *v = eq + 1;
+            *vn = n - kl - 1;
+            return true;
+        }
+        s += n;
+        if (*s == ',') s++;
+    }
+    return false;
+}
+
+ks_status ks_args_int(const char *args, const char *key, int64_t def, int64_t lo, int64_t hi, int64_t *out) {
+    const char *v;
+    size_t vn;
+    if (!args_find(args, key, &v, &vn)) {
+        *out = def;
+        return KS_OK;
+    }
+    char buf[64];
+    if (vn == 0 || vn >= sizeof buf) return KS_FAIL(KS_ERR_INVALID_ARG, "policy argument %s needs an integer", key);
+    memcpy(buf, v, vn);
+    buf[vn] = 0;
+    char *end;
+    errno = 0;
+    long long x = strtoll(buf, &end, 10);
+    if (*end || errno || x < lo || x > hi)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "policy argument %s=%s: expected an integer in [%lld, %lld]", key, buf,
+                       (long long)lo, (long long)hi);
+    *out = x;
+    return KS_OK;
+}
+
+ks_status ks_args_float(const char *args, const char *key, double def, double lo, double hi, double *out) {
+    const char *v;
+    size_t vn;
+    if (!args_find(args, key, &v, &vn)) {
+        *out = def;
+        return KS_OK;
+    }
+    char buf[64];
+    if (vn == 0 || vn >= sizeof buf) return KS_FAIL(KS_ERR_INVALID_ARG, "policy argument %s needs a number", key);
+    memcpy(buf, v, vn);
+    buf[vn] = 0;
+    char *end;
+    errno = 0;
+    double x = strtod(buf, &end);
+    if (*end || errno || !(x >= lo && x <= hi))
+        return KS_FAIL(KS_ERR_INVALID_ARG, "policy argument %s=%s: expected a number in [%g, %g]", key, buf, lo, hi);
+    *out = x;
+    return KS_OK;
+}
+
+ks_status ks_args_str(const char *args, const char *key, const char *def, char *out, size_t cap) {
+    const char *v;
+    size_t vn;
+    if (!args_find(args, key, &v, &vn)) {
+        snprintf(out, cap, "%s", def ? def : "");
+        return KS_OK;
+    }
+    if (vn >= cap) return KS_FAIL(KS_ERR_INVALID_ARG, "policy argument %s is too long", key);
+    memcpy(out, v, vn);
+    out[vn] = 0;
+    return KS_OK;
+}
+
+ks_status ks_args_check(const char *args, const char *policy, const char *const *known) {
+    if (!args) return KS_OK;
+    const char *s = args;
+    while (*s) {
+        const char *end = strchr(s, ',');
+        size_t n = end ? (size_t)(end - s) : strlen(s);
+        const char *eq = memchr(s, '=', n);
+        if (!eq) return KS_FAIL(KS_ERR_INVALID_ARG, "policy argument '%.*s' is not key=value", (int)n, s);
+        size_t kl = (size_t)(eq - s);
+        bool ok = false;
+        for (int i = 0; known && known[i]; i++)
+            if (strlen(known[i]) == kl && strncmp(known[i], s, kl) == 0) ok = true;
+        if (!ok) return KS_FAIL(KS_ERR_INVALID_ARG, "policy %s has no argument '%.*s'", policy, (int)kl, s);
+        s += n;
+        if (*s == ',') s++;
+    }
+    return KS_OK;
+}
+
+/* ----------------------------------------------------------- helpers -- */
+/* Heap-free partial selection: a min-heap of the best k (value, index). */
+static bool better(float a, int32_t ia, float b, int32_t ib) { return a > b || (a == b && ia < ib); }
+
+int32_t ks_topk(const float *x, int32_t n, int32_t k, int32_t *idx) {
+    if (k <= 0 || n <= 0) return 0;
+    if (k >= n) {
+        for (int32_t i = 0; i < n; i++) idx[i] = i;
+        return n;
+    }
+    /* idx[0..k) is a min-heap under `better` (root = worst kept) */
+    int32_t m = 0;
+    for (int32_t i = 0; i < n; i++) {
+        float v = x[i] != x[i] ? -INFINITY : x[i];
+        if (m < k) {
+            int32_t c = m++;
+            idx[c] = i;
+            while (c > 0) {
+                int32_t p = (c - 1) / 2;
+                float vp = x[idx[p]] != x[idx[p]] ? -INFINITY : x[idx[p]];
+                float vc = x[idx[c]] != x[idx[c]] ? -INFINITY : x[idx[c]];
+                if (!better(vp, idx[p], vc, idx[c])) break;
+                int32_t t = idx[p];
+                idx[p] = idx[c];
+                idx[c] = t;
+                c = p;
+            }
+            continue;
+        }
+        float vr = x[idx[0]] != x[idx[0]] ? -INFINITY : x[idx[0]];
+        if (!better(v, i, vr, idx[0])) continue;
+        idx[0] = i;
+        int32_t c = 0;
+        for (;;) {
+            int32_t l = 2 * c + 1, r = l + 1, w = c;
+            float vw = x[idx[w]] != x[idx[w]] ? -INFINITY : x[idx[w]];
+            if (l < k) {
+                float vl = x[idx[l]] != x[idx[l]] ? -INFINITY : x[idx[l]];
+                if (better(vw, idx[w], vl, idx[l])) w = l, vw = vl;
+            }
+            if (r < k) {
+                float vr2 = x[idx[r]] != x[idx[r]] ? -INFINITY : x[idx[r]];
+                if (better(vw, idx[w], vr2, idx[r])) w = r;
+            }
+            if (w == c) break;
+            int32_t t = idx[w];
+            idx[w] = idx[c];
+            idx[c] = t;
+            c = w;
+        }
+    }
+    return k;
+}
+
+float ks_page_upper_bound(const float *q, const float *kmin, const float *kmax, int32_t hd) {
+    float s = 0;
+    for (int32_t i = 0; i < hd; i++) {
+        float a = q[i] * kmin[i], b = q[i] * kmax[i];
+        s += a > b ? a : b;
+    }
+    return s;
+}
+
+void ks_group_reduce_scores(const float *scores, int32_t G, int32_t n, ks_group_reduce how, float *out) {
+    if (how == KS_GROUP_SOFTMAX_MEAN) {
+        for (int32_t i = 0; i < n; i++) out[i] = 0;
+        for (int32_t g = 0; g < G; g++) {
+            const float *s = scores + (size_t)g * n;
+            float mx = -INFINITY;
+            for (int32_t i = 0; i < n; i++) mx = s[i] > mx ? s[i] : mx;
+            double sum = 0;
+            for (int32_t i = 0; i < n; i++) sum += exp((double)s[i] - mx);
+            for (int32_t i = 0; i < n; i++) out[i] += (float)(exp((double)s[i] - mx) / sum / G);
+        }
+        return;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        float acc = how == KS_GROUP_MAX ? -INFINITY : 0;
+        for (int32_t g = 0; g < G; g++) {
+            float v = scores[(size_t)g * n + i];
+            if (how == KS_GROUP_MAX) acc = v > acc ? v : acc;
+            else acc += v / G;
+        }
+        out[i] = acc;
+    }
+}
+
+ks_status ks_group_reduce_parse(const char *s, ks_group_reduce *out) {
+    if (strcmp(s, "max") == 0) *out = KS_GROUP_MAX;
+    else if (strcmp(s, "mean") == 0) *out = KS_GROUP_MEAN;
+    else if (strcmp(s, "softmax") == 0) *out = KS_GROUP_SOFTMAX_MEAN;
+    else return KS_FAIL(KS_ERR_INVALID_ARG, "group reduction '%s': expected max, mean or softmax", s);
+    return KS_OK;
+}

@@ -1,0 +1,173 @@
+/*
+ * policy.h — the one interface every sparse-attention method plugs into.
+ *
+ * A policy decides *which* KV entries attention reads; the framework (infer)
+ * decides everything else: it adds the sinks and the recent window, clips to
+ * the budget's bookkeeping, fetches what the selection needs from the slow
+ * tier, and runs the same attention kernel for every policy, so policies are
+ * compared on identical kernels.  A policy sees model shapes, the page
+ * metadata of kv_meta.h and the queries of the step — never tiers or storage.
+ *
+ * The interface is a const table of function pointers (like llama.cpp's
+ * sampler interface).  Every slot is marked REQUIRED or OPTIONAL; a NULL
+ * optional slot means "nothing to do".  A policy with no select_layer attends
+ * densely at decode (it may still evict at prefill: SnapKV, DapQ).
+ *
+ * Lifecycle and threading:
+ *   create            once per context (all sequences), REQUIRED
+ *   seq_reset         a sequence was cleared, OPTIONAL
+ *   on_prefill        after a prompt was prefilled; may evict entries through
+ *                     env->evict (SnapKV, DapQ) or build structures (LRQK), OPTIONAL
+ *   before_step       once per decode step, before layer 0: one global
+ *                     selection for all layers (SpeContext, CHESS), OPTIONAL
+ *   select_layer      per decode row, layer >= dense_layers and KV head; may be
+ *                     called concurrently for different (seq, head) pairs of
+ *                     one layer, so it may only write state of its own
+ *                     (seq, layer, head), OPTIONAL
+ *   after_attention   the attention weights the selection received (summed
+ *                     over the query heads of the group), same threading as
+ *                     select_layer (H2O's accumulated scores), OPTIONAL
+ *   on_append         a decode step appended the entry of a new token, OPTIONAL
+ *   destroy           REQUIRED
+ *
+ * Budget convention: `budget` counts every entry a KV head attends at a
+ * decode step, sinks and window included; the policy is asked for
+ * n_select = budget - sink - window more.  With budget >= the entries in the
+ * head every policy must select everything, which tests check bit for bit
+ * against dense attention.
+ *
+ * Return codes: KS_OK, or KS_ERR_INVALID_ARG (bad arguments at create: the
+ * policy is not created) / KS_ERR_NOMEM (the step fails; the sequence must be
+ * reset).  Policy hooks never exit or print to stdout.
+ */
+#ifndef KS_SELECT_POLICY_H
+#define KS_SELECT_POLICY_H
+
+#include "kv/kv_meta.h"
+#include "core/core.h"
+
+typedef struct ks_policy_params {
+    int32_t budget;       /* entries per KV head at a decode step, sinks + window included; <= 0: all */
+    int32_t sink;         /* leading entries always attended (default 4) */
+    int32_t window;       /* most recent entries always attended (default 64) */
+    int32_t dense_layers; /* the first N layers attend densely; -1: the policy's own default */
+    const char *args;     /* policy-specific "k=v,k=v" (NULL: none) */
+} ks_policy_params;
+
+ks_policy_params ks_policy_default_params(void);
+
+/* What a policy may see and ask for; owned by the context, borrowed. */
+typedef struct ks_policy_env {
+    int32_t n_layer, n_head, n_head_kv, head_dim, n_seq, n_ctx;
+    const ks_kv_store *kv; /* metadata through kv_meta.h only */
+    void *svc;             /* opaque to the policy: first argument of the services */
+    /* acc[e] += sum over the nq query rows and the G heads of the group of
+     * softmax(q k^T / sqrt(d))[e], for every entry e of (seq, layer, head).
+     * q: [nq][G][head_dim] with RoPE applied.  acc: [n_entries]. */
+    ks_status (*attn_probs)(void *svc, int32_t seq, int32_t layer, int32_t head, const float *q, int32_t nq,
+                            float *acc);
+    /* Keep only entries with keep[e] != 0 of (seq, layer, head) (permanent). */
+    ks_status (*evict)(void *svc, int32_t seq, int32_t layer, int32_t head, const uint8_t *keep);
+} ks_policy_env;
+
+/* One prompt, prefilled (obs_q as requested by the policy's obs_window). */
+typedef struct ks_prefill_info {
+    int32_t seq;
+    int32_t n_prompt;     /* tokens of this prefill call */
+    int32_t n_obs;        /* query rows kept: the last min(obs_window, n_prompt) */
+    const float *obs_q;   /* [n_layer][n_obs][n_head * head_dim] queries with RoPE */
+} ks_prefill_info;
+
+/* One decode step (all rows of the batch). */
+typedef struct ks_step_info {
+    int32_t n;            /* rows */
+    const int32_t *seq;   /* [n] */
+    const int32_t *token; /* [n] */
+    const int32_t *pos;   /* [n] */
+} ks_step_info;
+
+/* A selection request for one (row, layer, KV head) of a decode step. */
+typedef struct ks_select_req {
+    int32_t row, seq, layer, head;
+    int32_t pos;          /* position of the token being decoded */
+    int32_t n_entries;    /* entries of the head, the new token's included */
+    const float *q;       /* [G][head_dim] queries of the group with RoPE; NULL in prefetch calls of global policies */
+    int32_t n_select;     /* entries wanted beyond sinks and window (>= 0) */
+    int32_t sink, window; /* what the framework adds: [0, sink) and [n_entries - window, n_entries) */
+} ks_select_req;
+
+/* The answer: a set of logical pages or entries (any order, duplicates allowed,
+ * out-of-range ignored), or `all`.  idx is owned by the framework. */
+typedef struct ks_selection {
+    bool all;             /* attend every entry */
+    bool pages;           /* idx holds logical pages (true) or entry indices */
+    int32_t n, cap;
+    int32_t *idx;         /* [cap] */
+} ks_selection;
+
+typedef struct ks_policy_i {
+    const char *name;     /* REQUIRED: the name --policy takes */
+    const char *summary;  /* REQUIRED: one line for --help and docs */
+    int32_t default_dense_layers; /* used when params.dense_layers < 0 */
+    int32_t obs_window;   /* query rows of the prompt's end passed to on_prefill (0: none) */
+    bool global;          /* select_layer does not depend on the layer's queries (q may be NULL) */
+    const char *const *arg_names; /* NULL-terminated keys --policy-arg accepts (NULL: none) */
+    ks_status (*create)(const ks_policy_env *env, const ks_policy_params *p, void **state); /* REQUIRED */
+    void (*destroy)(void *state);                                                          /* REQUIRED */
+    void (*seq_reset)(void *state, int32_t seq);                                           /* OPTIONAL */
+    ks_status (*on_prefill)(void *state, const ks_prefill_info *info);                     /* OPTIONAL */
+    ks_status (*before_step)(void *state, const ks_step_info *step);                       /* OPTIONAL */
+    ks_status (*select_layer)(void *state, const ks_select_req *req, ks_selection *out);   /* OPTIONAL */
+    void (*after_attention)(void *state, const ks_select_req *req, const int32_t *entries, const float *weight,
+                            int32_t n);                                                    /* OPTIONAL */
+    void (*on_append)(void *state, int32_t seq, int32_t layer, int32_t head, int32_t pos, const float *k); /* OPTIONAL */
+} ks_policy_i;
+
+/* ------------------------------------------------------------ registry -- */
+/* A running policy: one interface, or an evictor composed with a selector
+ * ("snapkv+quest": prefill hooks of the first, decode hooks of the last). */
+typedef struct ks_policy ks_policy;
+
+const ks_policy_i *ks_policy_find(const char *name);
+/* All registered policies, NULL-terminated. */
+const ks_policy_i *const *ks_policy_list(void);
+/* spec: "name" or "evictor+selector".  KS_ERR_NOT_FOUND for unknown names. */
+ks_status ks_policy_create(const char *spec, const ks_policy_env *env, const ks_policy_params *p, ks_policy **out);
+void ks_policy_destroy(ks_policy *pol);
+const char *ks_policy_name(const ks_policy *pol);
+const ks_policy_params *ks_policy_params_of(const ks_policy *pol);
+int32_t ks_policy_dense_layers(const ks_policy *pol);
+int32_t ks_policy_obs_window(const ks_policy *pol);
+bool ks_policy_selects(const ks_policy *pol);   /* has a decode selector */
+bool ks_policy_is_global(const ks_policy *pol);
+bool ks_policy_wants_weights(const ks_policy *pol);
+void ks_policy_seq_reset(ks_policy *pol, int32_t seq);
+ks_status ks_policy_on_prefill(ks_policy *pol, const ks_prefill_info *info);
+ks_status ks_policy_before_step(ks_policy *pol, const ks_step_info *step);
+ks_status ks_policy_select(ks_policy *pol, const ks_select_req *req, ks_selection *out);
+void ks_policy_after_attention(ks_policy *pol, const ks_select_req *req, const int32_t *entries, const float *w,
+                               int32_t n);
+void ks_policy_on_append(ks_policy *pol, int32_t seq, int32_t layer, int32_t head, int32_t pos, const float *k);
+
+/* ------------------------------------------------------------- helpers -- */
+/* Typed "k=v,k=v" lookups; unknown keys are reported by ks_args_check. */
+ks_status ks_args_int(const char *args, const char *key, int64_t def, int64_t lo, int64_t hi, int64_t *out);
+ks_status ks_args_float(const char *args, const char *key, double def, double lo, double hi, double *out);
+ks_status ks_args_str(const char *args, const char *key, const char *def, char *out, size_t cap);
+/* KS_ERR_INVALID_ARG naming the first key not in the NULL-terminated list. */
+ks_status ks_args_check(const char *args, const char *policy, const char *const *known);
+
+/* Indices of the k largest of x[0..n) (any order) into idx; returns k' = min(k, n).
+ * Ties break toward the lower index, so results are deterministic. */
+int32_t ks_topk(const float *x, int32_t n, int32_t k, int32_t *idx);
+
+/* Quest's upper bound of q . k over a page: sum_i max(q_i min_i, q_i max_i). */
+float ks_page_upper_bound(const float *q, const float *kmin, const float *kmax, int32_t hd);
+
+typedef enum ks_group_reduce { KS_GROUP_MAX = 0, KS_GROUP_MEAN = 1, KS_GROUP_SOFTMAX_MEAN = 2 } ks_group_reduce;
+/* scores [G][n] -> out [n] by the reduction (softmax_mean: softmax over n per
+ * head, then mean over heads: FreeKV's group-consistent choice). */
+void ks_group_reduce_scores(const float *scores, int32_t G, int32_t n, ks_group_reduce how, float *out);
+ks_status ks_group_reduce_parse(const char *s, ks_group_reduce *out);
+
+#endif
