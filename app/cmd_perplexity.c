@@ -5,10 +5,16 @@
  * empty sequence (BOS first) and every token after the first is scored by the
  * logits of its predecessor.  The result is exp(mean NLL) with a standard
  * error from the per-token NLL variance.
+ *
+ * With a selection policy (--policy/--budget), or --decode-from N, the first N
+ * tokens of each window (default half the window) are prefilled and every
+ * later token is fed by a decode step, so each scored prediction is made by
+ * the policy's sparse attention over the KV — teacher-forced decoding.
  */
 #include "args.h"
 #include "commands.h"
 #include "kvsieve.h"
+#include "policy_opts.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -17,16 +23,23 @@
 
 int cmd_perplexity(int argc, char **argv) {
     const char *cmd = "perplexity", *model_path = NULL, *file = NULL;
-    long n_ctx = 512, n_threads = 0, max_windows = 0;
+    long n_ctx = 512, n_threads = 0, max_windows = 0, decode_from = -1;
+    app_policy_opts po;
+    app_policy_opts_init(&po);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
+        int pr = app_policy_opt(cmd, argc, argv, &i, &po, false);
+        if (pr < 0) return 2;
+        if (pr > 0) continue;
         if (!strcmp(a, "-m")) { if (!(v = arg_value(cmd, argc, argv, &i))) return 2; model_path = v; }
         else if (!strcmp(a, "-f")) { if (!(v = arg_value(cmd, argc, argv, &i))) return 2; file = v; }
         else if (!strcmp(a, "-c")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_long(cmd, a, v, 2, 1 << 20, &n_ctx)) return 2; }
         else if (!strcmp(a, "-t")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_long(cmd, a, v, 1, 1024, &n_threads)) return 2; }
         else if (!strcmp(a, "--windows")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_long(cmd, a, v, 1, 1 << 20, &max_windows)) return 2; }
+        else if (!strcmp(a, "--decode-from")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_long(cmd, a, v, 1, 1 << 24, &decode_from)) return 2; }
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: kvsieve perplexity [-m MODEL.gguf] -f TEXT [-c WINDOW (512)] [-t THREADS] [--windows N]\n");
+            printf("usage: kvsieve perplexity [-m MODEL.gguf] -f TEXT [-c WINDOW (512)] [-t THREADS] [--windows N]\n"
+                   "                          [--decode-from N] [policy flags]\n%s", app_policy_usage());
             return 0;
         } else { fprintf(stderr, "kvsieve perplexity: unknown option '%s'\n", a); return 2; }
     }
@@ -62,6 +75,9 @@ int cmd_perplexity(int argc, char **argv) {
     ks_context_params cp = ks_context_default_params();
     cp.n_ctx = (int32_t)n_ctx;
     cp.n_threads = (int32_t)n_threads;
+    app_policy_apply(&po, 0, app_budget_tokens(&po.budgets[0], (int32_t)n_ctx), &cp);
+    bool teacher = decode_from > 0 || strcmp(po.names[0], "dense") != 0 || cp.budget > 0;
+    if (teacher && decode_from <= 0) decode_from = n_ctx / 2;
     if ((st = ks_context_create(m, cp, &ctx)) != KS_OK) { app_report(cmd, "creating the context", st); goto done; }
     int32_t V = ks_model_n_vocab(m);
     logits = malloc(sizeof(float) * (size_t)V * (size_t)n_ctx);
@@ -77,8 +93,18 @@ int cmd_perplexity(int argc, char **argv) {
         k += take;
         if (k < 2) break;
         ks_seq_reset(ctx, 0);
-        if ((st = ks_prefill(ctx, 0, win, (int32_t)k, NULL, logits)) != KS_OK) { app_report(cmd, "prefill", st); free(win); goto done; }
-        for (long i = 0; i + 1 < k; i++) {
+        long first = 0; /* first predicting position scored */
+        if (!teacher) {
+            if ((st = ks_prefill(ctx, 0, win, (int32_t)k, NULL, logits)) != KS_OK) { app_report(cmd, "prefill", st); free(win); goto done; }
+        } else {
+            long pre = decode_from < k ? decode_from : k - 1;
+            if ((st = ks_prefill(ctx, 0, win, (int32_t)pre, NULL, logits + (size_t)(pre - 1) * V)) != KS_OK) { app_report(cmd, "prefill", st); free(win); goto done; }
+            int32_t s0 = 0;
+            for (long i = pre; i < k - 1; i++)
+                if ((st = ks_decode(ctx, &s0, &win[i], 1, logits + (size_t)i * V)) != KS_OK) { app_report(cmd, "decode", st); free(win); goto done; }
+            first = pre - 1;
+        }
+        for (long i = first; i + 1 < k; i++) {
             const float *row = logits + (size_t)i * V;
             float mx = row[0];
             for (int32_t j = 1; j < V; j++) mx = row[j] > mx ? row[j] : mx;
@@ -98,6 +124,12 @@ int cmd_perplexity(int argc, char **argv) {
     double se = sqrt(var > 0 ? var / count : 0);
     printf("perplexity: %.4f +/- %.4f over %ld tokens in %ld windows of %ld\n", exp(mean), exp(mean) * se, count,
            windows, n_ctx);
+    if (teacher) {
+        ks_stats stt;
+        ks_context_stats(ctx, &stt);
+        printf("policy %s budget %d: decoded from token %ld; attended %.1f%% of the KV entries\n", po.names[0],
+               cp.budget, decode_from, stt.kv_entries_total ? 100.0 * stt.kv_entries_attended / stt.kv_entries_total : 100.0);
+    }
     rc = 0;
 done:
     ks_context_destroy(ctx);

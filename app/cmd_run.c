@@ -10,6 +10,7 @@
 #include "infer/infer.h"
 #include "infer/stop.h"
 #include "kvsieve.h"
+#include "policy_opts.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,7 +38,8 @@ static void usage(FILE *f) {
             "  --kv-type f16|q8   KV cache element type (default f16)\n"
             "  --batch N          prefill chunk size in tokens (default 256)\n"
             "  --no-bos           do not prepend BOS\n"
-            "  --verbose          log level debug\n");
+            "  --verbose          log level debug\n"
+            "%s", app_policy_usage());
 }
 
 int cmd_run(int argc, char **argv) {
@@ -48,9 +50,14 @@ int cmd_run(int argc, char **argv) {
     ks_kv_type kv_type = KS_KV_F16;
     const char *stops[16];
     size_t n_stops = 0;
+    app_policy_opts po;
+    app_policy_opts_init(&po);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         long lv;
+        int pr = app_policy_opt(cmd, argc, argv, &i, &po, false);
+        if (pr < 0) return 2;
+        if (pr > 0) continue;
 #define VAL() do { if (!(v = arg_value(cmd, argc, argv, &i))) return 2; } while (0)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         else if (!strcmp(a, "-m")) { VAL(); model_path = v; }
@@ -152,6 +159,7 @@ int cmd_run(int argc, char **argv) {
     cp.n_threads = (int32_t)n_threads;
     cp.n_batch = (int32_t)n_batch;
     cp.kv_type = kv_type;
+    app_policy_apply(&po, 0, app_budget_tokens(&po.budgets[0], (int32_t)n_ctx), &cp);
     if ((st = ks_context_create(model, cp, &ctx)) != KS_OK) { app_report(cmd, "creating the context", st); goto done; }
     int32_t n_vocab = ks_model_n_vocab(model);
     logits = malloc(sizeof(float) * (size_t)n_vocab);
@@ -196,6 +204,13 @@ int cmd_run(int argc, char **argv) {
                 (unsigned long long)sd.tokens_decoded, dc_s, sd.tokens_decoded / dc_s,
                 (sd.weight_bytes_read + sd.kv_bytes_read) / dc_s / 1e9, sd.weight_bytes_read / 1e9,
                 sd.kv_bytes_read / 1e9);
+    if (sd.tokens_decoded && (strcmp(cp.policy, "dense") != 0 || cp.kv_offload_layers > 0))
+        fprintf(stderr, "  policy:  %s budget %d: attended %.1f%% of KV entries; selection %.2f ms/token (thread time); "
+                        "slow tier: %.2f MB loaded, %.2f MB stored, %llu page hits / %llu loads\n",
+                cp.policy, cp.budget,
+                sd.kv_entries_total ? 100.0 * sd.kv_entries_attended / sd.kv_entries_total : 100.0,
+                1e3 * sd.select_seconds / sd.tokens_decoded, sd.kv_bytes_loaded / 1e6, sd.kv_bytes_stored / 1e6,
+                (unsigned long long)sd.kv_pages_hit, (unsigned long long)sd.kv_pages_loaded);
     rc = 0;
 done:
     ks_stop_destroy(stop);

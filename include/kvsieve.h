@@ -125,6 +125,10 @@ ks_status ks_prefill(ks_context *ctx, int32_t seq, const int32_t *tokens, int32_
  * logits receives [n_seq][n_vocab].  Weights are read once for the batch. */
 ks_status ks_decode(ks_context *ctx, const int32_t *seqs, const int32_t *tokens, int32_t n_seq,
                     float *logits);
+/* Registered selection policies: count, and name (summary optional) of the i-th. */
+int32_t ks_policy_count(void);
+const char *ks_policy_name_at(int32_t i, const char **summary);
+
 /* Move layer's KV between the fast (offload = false) and the slow tier for
  * all sequences; nothing is lost.  KS_ERR_IO/NOMEM leave the layer where it was. */
 ks_status ks_context_offload_layer(ks_context *ctx, int32_t layer, bool offload);

@@ -30,6 +30,18 @@ static const ks_policy_i *const registry[] = {
 
 const ks_policy_i *const *ks_policy_list(void) { return registry; }
 
+int32_t ks_policy_count(void) {
+    int32_t n = 0;
+    while (registry[n]) n++;
+    return n;
+}
+
+const char *ks_policy_name_at(int32_t i, const char **summary) {
+    KS_ASSERT(i >= 0 && i < ks_policy_count());
+    if (summary) *summary = registry[i]->summary;
+    return registry[i]->name;
+}
+
 const ks_policy_i *ks_policy_find(const char *name) {
     for (int i = 0; registry[i]; i++)
         if (strcmp(registry[i]->name, name) == 0) return registry[i];

@@ -1,0 +1,172 @@
+/*
+ * policy_opts.c — parsing of the shared policy flags (see policy_opts.h).
+ * Values are checked strictly; unknown policy names are caught here with the
+ * list of known ones, before any model is loaded.
+ */
+#define _GNU_SOURCE
+#include "policy_opts.h"
+
+#include "args.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void app_policy_opts_init(app_policy_opts *o) {
+    memset(o, 0, sizeof *o);
+    snprintf(o->names[0], sizeof o->names[0], "dense");
+    o->n_names = 1;
+    o->n_budgets = 1; /* 0 = all */
+    ks_context_params d = ks_context_default_params();
+    o->sink = d.sink;
+    o->window = d.window;
+    o->page = d.page;
+    o->dense_layers = -1;
+}
+
+const char *app_policy_usage(void) {
+    return "  --policy NAME      selection policy: dense (default), streaming, h2o, snapkv, quest, or\n"
+           "                     EVICTOR+SELECTOR (e.g. snapkv+quest); bench/eval take a comma list\n"
+           "  --budget N|P%      KV entries per head per decode step, sinks and window included\n"
+           "                     (default 0 = all; P% of the context); bench/eval take a comma list\n"
+           "  --sink N           leading entries always attended (default 4)\n"
+           "  --window N         recent entries always attended (default 64)\n"
+           "  --page N           tokens per KV page (default 32)\n"
+           "  --dense-layers N   first N layers attend densely (default: the policy's own)\n"
+           "  --policy-arg K=V   policy-specific argument (repeatable; docs/POLICIES.md)\n"
+           "  --kv-offload-dir D slow tier: a file per offloaded layer in D (default: host memory)\n"
+           "  --kv-offload-layers N  keep the last N layers' KV in the slow tier (default 0)\n";
+}
+
+static bool parse_budget(const char *cmd, const char *s, app_budget *b) {
+    size_t n = strlen(s);
+    char buf[64];
+    if (n == 0 || n >= sizeof buf) goto bad;
+    memcpy(buf, s, n + 1);
+    b->pct = buf[n - 1] == '%';
+    if (b->pct) buf[n - 1] = 0;
+    char *end;
+    double v = strtod(buf, &end);
+    if (*end || end == buf || v < 0 || (b->pct && v > 100) || (!b->pct && (v > (1 << 24) || v != (long)v))) goto bad;
+    b->value = v;
+    return true;
+bad:
+    fprintf(stderr, "kvsieve %s: --budget wants N tokens or P%% (0..100), got '%s'\n", cmd, s);
+    return false;
+}
+
+int app_policy_opt(const char *cmd, int argc, char **argv, int *i, app_policy_opts *o, bool lists) {
+    const char *a = argv[*i], *v;
+    long lv;
+    if (!strcmp(a, "--policy")) {
+        if (!(v = arg_value(cmd, argc, argv, i))) return -1;
+        o->n_names = 0;
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s", v);
+        char *save = NULL;
+        for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            if (o->n_names == APP_MAX_POLICIES || strlen(t) >= sizeof o->names[0]) {
+                fprintf(stderr, "kvsieve %s: too many or too long --policy names\n", cmd);
+                return -1;
+            }
+            /* every part of a composition must be known */
+            char part[64];
+            snprintf(part, sizeof part, "%s", t);
+            char *s2 = NULL;
+            for (char *p = strtok_r(part, "+", &s2); p; p = strtok_r(NULL, "+", &s2)) {
+                bool known = false;
+                for (int k = 0; k < ks_policy_count(); k++)
+                    if (!strcmp(ks_policy_name_at(k, NULL), p)) known = true;
+                if (!known) {
+                    fprintf(stderr, "kvsieve %s: unknown policy '%s' (known:", cmd, p);
+                    for (int k = 0; k < ks_policy_count(); k++) fprintf(stderr, " %s", ks_policy_name_at(k, NULL));
+                    fprintf(stderr, ")\n");
+                    return -1;
+                }
+            }
+            snprintf(o->names[o->n_names++], sizeof o->names[0], "%s", t);
+        }
+        if (o->n_names == 0 || (!lists && o->n_names > 1)) {
+            fprintf(stderr, "kvsieve %s: --policy takes %s\n", cmd, lists ? "a comma list of names" : "one name");
+            return -1;
+        }
+        return 1;
+    }
+    if (!strcmp(a, "--budget")) {
+        if (!(v = arg_value(cmd, argc, argv, i))) return -1;
+        o->n_budgets = 0;
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s", v);
+        char *save = NULL;
+        for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            if (o->n_budgets == APP_MAX_BUDGETS) {
+                fprintf(stderr, "kvsieve %s: at most %d budgets\n", cmd, APP_MAX_BUDGETS);
+                return -1;
+            }
+            if (!parse_budget(cmd, t, &o->budgets[o->n_budgets++])) return -1;
+        }
+        if (o->n_budgets == 0 || (!lists && o->n_budgets > 1)) {
+            fprintf(stderr, "kvsieve %s: --budget takes %s\n", cmd, lists ? "a comma list" : "one value");
+            return -1;
+        }
+        return 1;
+    }
+    if (!strcmp(a, "--sink") || !strcmp(a, "--window") || !strcmp(a, "--page") || !strcmp(a, "--dense-layers") ||
+        !strcmp(a, "--kv-offload-layers")) {
+        if (!(v = arg_value(cmd, argc, argv, i))) return -1;
+        long lo = !strcmp(a, "--page") ? 1 : 0, hi = !strcmp(a, "--page") ? 4096 : (1 << 24);
+        if (!arg_long(cmd, a, v, lo, hi, &lv)) return -1;
+        if (!strcmp(a, "--sink")) o->sink = lv;
+        else if (!strcmp(a, "--window")) o->window = lv;
+        else if (!strcmp(a, "--page")) o->page = lv;
+        else if (!strcmp(a, "--dense-layers")) o->dense_layers = lv;
+        else o->offload_layers = lv;
+        return 1;
+    }
+    if (!strcmp(a, "--policy-arg")) {
+        if (!(v = arg_value(cmd, argc, argv, i))) return -1;
+        if (!strchr(v, '=') || strchr(v, ',') || *v == '=') {
+            fprintf(stderr, "kvsieve %s: --policy-arg wants KEY=VALUE, got '%s'\n", cmd, v);
+            return -1;
+        }
+        size_t used = strlen(o->args);
+        if (used + strlen(v) + 2 > sizeof o->args) {
+            fprintf(stderr, "kvsieve %s: too many --policy-arg values\n", cmd);
+            return -1;
+        }
+        if (used) strcat(o->args, ",");
+        strcat(o->args, v);
+        return 1;
+    }
+    if (!strcmp(a, "--kv-offload-dir")) {
+        if (!(v = arg_value(cmd, argc, argv, i))) return -1;
+        o->offload_dir = v;
+        return 1;
+    }
+    return 0;
+}
+
+int32_t app_budget_tokens(const app_budget *b, int32_t length) {
+    if (!b->pct) return (int32_t)b->value;
+    if (b->value <= 0) return 0;
+    int32_t t = (int32_t)(b->value / 100.0 * length + 0.5);
+    return t < 1 ? 1 : t;
+}
+
+void app_policy_apply(const app_policy_opts *o, int k, int32_t budget, ks_context_params *cp) {
+    cp->policy = o->names[k];
+    cp->budget = budget;
+    cp->sink = (int32_t)o->sink;
+    cp->window = (int32_t)o->window;
+    cp->page = (int32_t)o->page;
+    cp->dense_layers = (int32_t)o->dense_layers;
+    cp->policy_args = o->args[0] ? o->args : NULL;
+    cp->kv_offload_dir = o->offload_dir;
+    cp->kv_offload_layers = (int32_t)o->offload_layers;
+}
+
+void app_budget_label(const app_budget *b, char *out, size_t cap) {
+    if (b->pct) snprintf(out, cap, "%g%%", b->value);
+    else if (b->value == 0) snprintf(out, cap, "all");
+    else snprintf(out, cap, "%.0f", b->value);
+}

@@ -1,0 +1,47 @@
+/*
+ * policy_opts.h — the policy flags every subcommand shares:
+ *   --policy NAME[,NAME...]  --budget N[%][,...]  --sink N  --window N
+ *   --page N  --dense-layers N  --policy-arg k=v (repeatable)
+ *   --kv-offload-dir DIR  --kv-offload-layers N
+ * run and perplexity take one policy and one budget; bench and eval take
+ * lists and compare them in one run.  A budget "6%" is a share of the
+ * context (eval: of each instance's length).
+ */
+#ifndef KS_APP_POLICY_OPTS_H
+#define KS_APP_POLICY_OPTS_H
+
+#include "kvsieve.h"
+
+#include <stdbool.h>
+
+enum { APP_MAX_POLICIES = 16, APP_MAX_BUDGETS = 16 };
+
+typedef struct app_budget {
+    double value;   /* tokens, or percent when pct */
+    bool pct;
+} app_budget;
+
+typedef struct app_policy_opts {
+    char names[APP_MAX_POLICIES][64];
+    int n_names;
+    app_budget budgets[APP_MAX_BUDGETS];
+    int n_budgets;
+    long sink, window, page, dense_layers, offload_layers;
+    char args[1024];
+    const char *offload_dir;
+} app_policy_opts;
+
+void app_policy_opts_init(app_policy_opts *o);
+/* 1: argv[*i] was a policy flag (consumed with its value), 0: not one,
+ * -1: bad value (message printed; exit 2). */
+int app_policy_opt(const char *cmd, int argc, char **argv, int *i, app_policy_opts *o, bool lists);
+/* Help text for the flags. */
+const char *app_policy_usage(void);
+/* Budget in entries for a context / instance of `length` tokens (0 = all). */
+int32_t app_budget_tokens(const app_budget *b, int32_t length);
+/* Fill the policy fields of cp for policy names[k] and budget b. */
+void app_policy_apply(const app_policy_opts *o, int k, int32_t budget, ks_context_params *cp);
+/* "6%" or "2048" for tables. */
+void app_budget_label(const app_budget *b, char *out, size_t cap);
+
+#endif
