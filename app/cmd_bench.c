@@ -16,6 +16,7 @@
 #include "core/membw.h"
 #include "infer/infer.h"
 #include "kvsieve.h"
+#include "policy_opts.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,8 +55,13 @@ int cmd_bench(int argc, char **argv) {
     long n_threads = 0, n_gen = 16, n_prompt = 256;
     bool json = false, skip_prefill = false, use_mmap = true;
     ks_kv_type kv_type = KS_KV_F16;
+    app_policy_opts po;
+    app_policy_opts_init(&po);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
+        int pr = app_policy_opt(cmd, argc, argv, &i, &po, true);
+        if (pr < 0) return 2;
+        if (pr > 0) continue;
 #define VAL() do { if (!(v = arg_value(cmd, argc, argv, &i))) return 2; } while (0)
         if (!strcmp(a, "-m")) { VAL(); model_path = v; }
         else if (!strcmp(a, "--depth")) { VAL(); if ((n_depth = arg_long_list(cmd, a, v, 0, 1 << 22, depths, 16)) < 0) return 2; }
@@ -74,7 +80,8 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: kvsieve bench [-m MODEL.gguf] [--depth 0,4096,...] [--batch 1,4,16] [-t THREADS]\n"
                    "                     [--n-gen 16] [--n-prompt 256] [--no-prefill] [--kv-type f16|q8] [--no-mmap] [--json]\n"
-                   "  --no-mmap  read the weights into huge-page memory instead of mapping the file\n");
+                   "  --no-mmap  read the weights into huge-page memory instead of mapping the file\n%s",
+                   app_policy_usage());
             return 0;
         } else { fprintf(stderr, "kvsieve bench: unknown option '%s'\n", a); return 2; }
 #undef VAL
@@ -101,10 +108,19 @@ int cmd_bench(int argc, char **argv) {
     else {
         printf("model %s | threads %ld | bandwidth %.2f GB/s (triad %.2f, read %.2f, copy %.2f)\n", model_path, n_threads,
                bw_best, bw.triad_gbs, bw.read_gbs, bw.copy_gbs);
-        printf("%-8s %6s %6s %11s %10s %10s %8s %8s %8s %10s %10s\n", "test", "depth", "batch", "tok/s", "ms/step",
-               "GB/step", "GB/s", "bw GB/s", "%bw", "roof ms", "ms/roof");
+        printf("%-14s %6s %6s %6s %11s %9s %9s %8s %8s %7s %9s %8s %6s %6s %9s\n", "test", "budget", "depth", "batch",
+               "tok/s", "x dense", "ms/step", "GB/step", "GB/s", "%bw", "roof ms", "ms/roof", "sel%", "att%",
+               "MB moved");
     }
-    int total = (skip_prefill ? 0 : 1) + n_depth * n_batch, done = 0;
+    int n_pol = po.n_names, n_bud = po.n_budgets;
+    for (int k = 1; k < n_pol; k++) /* dense first, so every row can be divided by it */
+        if (!strcmp(po.names[k], "dense")) {
+            char tmp[64];
+            memcpy(tmp, po.names[k], sizeof tmp);
+            memmove(po.names[1], po.names[0], sizeof po.names[0] * (size_t)k);
+            memcpy(po.names[0], tmp, sizeof tmp);
+        }
+    int total = (skip_prefill ? 0 : 1) + n_depth * n_batch * n_pol * n_bud, done = 0;
     bool first = true;
     int32_t V = hp->n_vocab;
     /* prefill */
@@ -132,8 +148,8 @@ int cmd_bench(int argc, char **argv) {
                    first ? "" : ",", n_prompt, tps, s.prefill_seconds, gb);
             first = false;
         } else
-            printf("%-8s %6ld %6d %11.2f %10.2f %10.3f %8.2f %8s %8s %10s %10s\n", "prefill", n_prompt, 1, tps,
-                   1e3 * s.prefill_seconds, gb, gb / s.prefill_seconds, "-", "-", "-", "-");
+            printf("%-14s %6s %6ld %6d %11.2f %9s %9.2f %8.3f %8.2f %7s %9s %8s %6s %6s %9s\n", "prefill", "-", n_prompt, 1,
+                   tps, "-", 1e3 * s.prefill_seconds, gb, gb / s.prefill_seconds, "-", "-", "-", "-", "-", "-");
         fflush(stdout);
         free(toks);
         free(logits);
@@ -141,21 +157,28 @@ int cmd_bench(int argc, char **argv) {
     }
     for (int di = 0; di < n_depth; di++)
         for (int bi = 0; bi < n_batch; bi++) {
+          double dense_tps = 0;
+          for (int pi = 0; pi < n_pol; pi++)
+          for (int ui = 0; ui < n_bud; ui++) {
             long depth = depths[di], batch = batches[bi];
-            char what[64];
-            snprintf(what, sizeof what, "decode depth %ld batch %ld", depth, batch);
+            char what[128], blabel[32];
+            app_budget_label(&po.budgets[ui], blabel, sizeof blabel);
+            snprintf(what, sizeof what, "%s %s depth %ld batch %ld", po.names[pi], blabel, depth, batch);
             progress(what, done, total);
             ks_context_params cp = ks_context_default_params();
             cp.n_ctx = (int32_t)(depth + n_gen + 1);
             cp.n_seq = (int32_t)batch;
             cp.n_threads = (int32_t)n_threads;
             cp.kv_type = kv_type;
+            app_policy_apply(&po, pi, app_budget_tokens(&po.budgets[ui], (int32_t)(depth + 1)), &cp);
+            bool is_dense = !strcmp(po.names[pi], "dense");
+            if (is_dense && ui > 0) { done++; continue; } /* dense ignores the budget: one row */
             double kv_need = 2.0 * hp->n_layer * hp->n_head_kv * ks_kv_row_bytes(kv_type, hp->head_dim) * cp.n_ctx * batch;
             if (kv_need > 0.85 * (double)mem_available()) {
                 fprintf(stderr, "\nkvsieve bench: skipping depth %ld batch %ld: KV cache of %.1f GiB exceeds available memory\n",
                         depth, batch, kv_need / 1073741824.0);
-                if (json) { printf("%s\n  {\"test\": \"decode\", \"depth\": %ld, \"batch\": %ld, \"skipped\": \"memory\"}", first ? "" : ",", depth, batch); first = false; }
-                else printf("%-8s %6ld %6ld %11s\n", "decode", depth, batch, "skipped (memory)");
+                if (json) { printf("%s\n  {\"test\": \"decode\", \"policy\": \"%s\", \"budget\": %d, \"depth\": %ld, \"batch\": %ld, \"skipped\": \"memory\"}", first ? "" : ",", po.names[pi], cp.budget, depth, batch); first = false; }
+                else printf("%-14s %6s %6ld %6ld %11s\n", po.names[pi], blabel, depth, batch, "skipped (memory)");
                 done++;
                 continue;
             }
@@ -185,22 +208,34 @@ int cmd_bench(int argc, char **argv) {
             double bw_now = ks_membw_measure(pool, 0, 0, &bw_row) == KS_OK ? membw_best(&bw_row) : bw_best;
             double gbs = gb_step / step, roof = gb_step / bw_now;
             double tps = batch / step;
+            if (is_dense) dense_tps = tps;
+            double sel = s.select_seconds / (double)n_threads / s.decode_seconds;
+            double att = s.kv_entries_total ? (double)s.kv_entries_attended / s.kv_entries_total : 1.0;
+            double moved_mb = (s.kv_bytes_loaded + s.kv_bytes_stored) / 1e6 / n_gen;
+            char xd[16] = "-";
+            if (dense_tps > 0) snprintf(xd, sizeof xd, "%.2fx", tps / dense_tps);
             progress(what, ++done, total);
             if (json) {
-                printf("%s\n  {\"test\": \"decode\", \"depth\": %ld, \"batch\": %ld, \"tok_s\": %.3f, \"ms_per_step\": %.3f, "
+                printf("%s\n  {\"test\": \"decode\", \"policy\": \"%s\", \"budget\": %d, \"depth\": %ld, \"batch\": %ld, "
+                       "\"tok_s\": %.3f, \"vs_dense\": %.4f, \"ms_per_step\": %.3f, "
                        "\"gb_per_step\": %.5f, \"weight_gb_per_step\": %.5f, \"kv_gb_per_step\": %.5f, \"gb_s\": %.3f, "
-                       "\"bw_gbs\": %.3f, \"frac_bw\": %.4f, \"roofline_ms\": %.3f}",
-                       first ? "" : ",", depth, batch, tps, 1e3 * step, gb_step, s.weight_bytes_read / 1e9 / n_gen,
-                       s.kv_bytes_read / 1e9 / n_gen, gbs, bw_now, gbs / bw_now, 1e3 * roof);
+                       "\"bw_gbs\": %.3f, \"frac_bw\": %.4f, \"roofline_ms\": %.3f, \"select_share\": %.4f, "
+                       "\"attended_share\": %.4f, \"mb_moved_per_step\": %.4f, \"pages_loaded\": %llu, \"pages_hit\": %llu}",
+                       first ? "" : ",", po.names[pi], cp.budget, depth, batch, tps, dense_tps > 0 ? tps / dense_tps : 0,
+                       1e3 * step, gb_step, s.weight_bytes_read / 1e9 / n_gen, s.kv_bytes_read / 1e9 / n_gen, gbs, bw_now,
+                       gbs / bw_now, 1e3 * roof, sel, att, moved_mb, (unsigned long long)s.kv_pages_loaded,
+                       (unsigned long long)s.kv_pages_hit);
                 first = false;
             } else
-                printf("%-8s %6ld %6ld %11.2f %10.2f %10.3f %8.2f %8.2f %7.1f%% %10.2f %10.2f\n", "decode", depth, batch, tps,
-                       1e3 * step, gb_step, gbs, bw_now, 100 * gbs / bw_now, 1e3 * roof, step / roof);
+                printf("%-14s %6s %6ld %6ld %11.2f %9s %9.2f %8.3f %8.2f %6.1f%% %9.2f %8.2f %5.1f%% %5.1f%% %9.2f\n",
+                       po.names[pi], blabel, depth, batch, tps, xd, 1e3 * step, gb_step, gbs, 100 * gbs / bw_now,
+                       1e3 * roof, step / roof, 100 * sel, 100 * att, moved_mb);
             fflush(stdout);
             free(seqs);
             free(toks);
             free(logits);
             ks_context_destroy(ctx);
+          }
         }
     if (json) printf("\n]}\n");
     ks_pool_destroy(pool);

@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 struct ks_copy_engine {
@@ -34,11 +35,24 @@ void ks_copy_run(const ks_copy_job *j) {
         ok = false;
         snprintf(msg, sizeof msg, "%s:%d: slow-tier read of %zu bytes failed (injected)", __FILE__, __LINE__, j->bytes);
     } else if (j->src) {
-        memcpy(j->dst, j->src, j->bytes);
+        if (j->dst2) {
+            memcpy(j->dst, j->src, j->bytes / 2);
+            memcpy(j->dst2, j->src + j->bytes / 2, j->bytes - j->bytes / 2);
+        } else {
+            memcpy(j->dst, j->src, j->bytes);
+        }
     } else {
-        size_t done = 0;
+        size_t done = 0, h = j->dst2 ? j->bytes / 2 : j->bytes;
         while (done < j->bytes) {
-            ssize_t r = pread(j->fd, j->dst + done, j->bytes - done, j->offset + (off_t)done);
+            /* one read, two destinations: the iovec of what is still missing */
+            struct iovec iov[2];
+            int n_iov = 0;
+            if (done < h) iov[n_iov++] = (struct iovec){j->dst + done, h - done};
+            if (j->dst2) {
+                size_t d2 = done > h ? done - h : 0;
+                iov[n_iov++] = (struct iovec){j->dst2 + d2, j->bytes - h - d2};
+            }
+            ssize_t r = preadv(j->fd, iov, n_iov, j->offset + (off_t)done);
             if (r < 0 && errno == EINTR) continue;
             if (r <= 0) {
                 ok = false;

@@ -3,7 +3,8 @@
  * slow tier into fast-tier slots while the caller computes.
  *
  * A job is one contiguous transfer (a head-page: K then V), read from memory
- * or with pread from a file.  Jobs carry an event; an event counts its
+ * or with preadv from a file, optionally split into two destinations (the
+ * fast tier keeps K and V apart).  Jobs carry an event; an event counts its
  * pending jobs and keeps the first error (with file and line), so a layer
  * waits only for its own loads and a failed read surfaces as KS_ERR_IO at the
  * wait instead of as stale data in attention.
@@ -28,7 +29,8 @@ typedef struct ks_copy_job {
     const uint8_t *src;   /* memory source, or NULL to pread from fd */
     int fd;
     off_t offset;         /* file offset when src == NULL */
-    uint8_t *dst;
+    uint8_t *dst;         /* first half of the bytes (all of them when dst2 is NULL) */
+    uint8_t *dst2;        /* optional: second half (a page's V goes apart from its K) */
     size_t bytes;
     bool fail;            /* test hook: report an I/O error instead of copying */
     ks_copy_event *ev;

@@ -229,11 +229,29 @@ static size_t row_off(const ks_kv_store *kv, int32_t slot, bool is_v) {
     return ((is_v ? (size_t)kv->P : 0) + (size_t)slot) * kv->row;
 }
 
-/* Directly addressable bytes of a physical page, or NULL (file tier). */
-static uint8_t *page_mem(const ks_kv_store *kv, const kv_layer *L, int32_t id) {
-    if (L->tier == KS_TIER_FAST) return L->fast + (size_t)id * kv->page_bytes;
-    if (L->slow) return L->slow + (size_t)id * kv->page_bytes;
-    return NULL;
+/* Fast-tier layout (FreeKV's hybrid layout): all K halves of a layer's pages
+ * back to back, then all V halves, so the K rows of a head whose pages are
+ * consecutive ids form one sequential stream for the attention kernel, as in
+ * a flat cache.  The slow tier keeps each page's K and V together (one
+ * transfer); loads split it into the two halves. */
+static size_t half_bytes(const ks_kv_store *kv) { return (size_t)kv->P * kv->row; }
+static uint8_t *fast_k(const ks_kv_store *kv, const kv_layer *L, int32_t id) {
+    return L->fast + (size_t)id * half_bytes(kv);
+}
+static uint8_t *fast_v(const ks_kv_store *kv, const kv_layer *L, int32_t id) {
+    return L->fast + ((size_t)kv->n_phys + (size_t)id) * half_bytes(kv);
+}
+static size_t n_slots_total(const ks_kv_store *kv) { return (size_t)kv->n_sh * kv->n_slot; }
+static uint8_t *slot_k(const ks_kv_store *kv, const kv_layer *L, int32_t s) {
+    return L->slots + (size_t)s * half_bytes(kv);
+}
+static uint8_t *slot_v(const ks_kv_store *kv, const kv_layer *L, int32_t s) {
+    return L->slots + (n_slots_total(kv) + (size_t)s) * half_bytes(kv);
+}
+
+/* Contiguous bytes (K then V) of a page in the memory slow tier, or NULL. */
+static uint8_t *slow_mem(const ks_kv_store *kv, const kv_layer *L, int32_t id) {
+    return L->tier == KS_TIER_SLOW && L->slow ? L->slow + (size_t)id * kv->page_bytes : NULL;
 }
 
 static ks_status file_write(int fd, const void *src, size_t n, off_t off) {
@@ -260,7 +278,12 @@ static ks_status file_read(int fd, void *dst, size_t n, off_t off) {
 
 /* Whole page to buf (any tier). */
 static ks_status page_read(const ks_kv_store *kv, const kv_layer *L, int32_t id, uint8_t *buf) {
-    const uint8_t *m = page_mem(kv, L, id);
+    if (L->tier == KS_TIER_FAST) {
+        memcpy(buf, fast_k(kv, L, id), half_bytes(kv));
+        memcpy(buf + half_bytes(kv), fast_v(kv, L, id), half_bytes(kv));
+        return KS_OK;
+    }
+    const uint8_t *m = slow_mem(kv, L, id);
     if (m) {
         memcpy(buf, m, kv->page_bytes);
         return KS_OK;
@@ -270,13 +293,19 @@ static ks_status page_read(const ks_kv_store *kv, const kv_layer *L, int32_t id,
 }
 
 static ks_status page_write(ks_kv_store *kv, kv_layer *L, int32_t id, const uint8_t *buf) {
-    uint8_t *m = page_mem(kv, L, id);
+    if (L->tier == KS_TIER_FAST) {
+        memcpy(fast_k(kv, L, id), buf, half_bytes(kv));
+        memcpy(fast_v(kv, L, id), buf + half_bytes(kv), half_bytes(kv));
+        return KS_OK;
+    }
+    uint8_t *m = slow_mem(kv, L, id);
     if (m) memcpy(m, buf, kv->page_bytes);
     else KS_TRY(file_write(L->fd, buf, kv->page_bytes, (off_t)id * (off_t)kv->page_bytes));
-    if (L->tier == KS_TIER_SLOW) {
-        atomic_fetch_add(&kv->bytes_stored, kv->page_bytes);
-        int32_t s = L->slot_of[id];
-        if (s >= 0) memcpy(L->slots + (size_t)s * kv->page_bytes, buf, kv->page_bytes);
+    atomic_fetch_add(&kv->bytes_stored, kv->page_bytes);
+    int32_t s = L->slot_of[id];
+    if (s >= 0) {
+        memcpy(slot_k(kv, L, s), buf, half_bytes(kv));
+        memcpy(slot_v(kv, L, s), buf + half_bytes(kv), half_bytes(kv));
     }
     return KS_OK;
 }
@@ -348,15 +377,17 @@ ks_status ks_kv_append(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head
         }
         atomic_fetch_add(&kv->bytes_stored, 2 * kv->row);
         if (L->slot_of[id] >= 0) {
-            uint8_t *sp = L->slots + (size_t)L->slot_of[id] * kv->page_bytes;
-            memcpy(sp + row_off(kv, slot, false), krow, kv->row);
-            memcpy(sp + row_off(kv, slot, true), vrow, kv->row);
+            memcpy(slot_k(kv, L, L->slot_of[id]) + (size_t)slot * kv->row, krow, kv->row);
+            memcpy(slot_v(kv, L, L->slot_of[id]) + (size_t)slot * kv->row, vrow, kv->row);
         }
-    }
-    uint8_t *m = page_mem(kv, L, id);
-    if (m) {
-        memcpy(m + row_off(kv, slot, false), krow, kv->row);
-        memcpy(m + row_off(kv, slot, true), vrow, kv->row);
+        uint8_t *m = slow_mem(kv, L, id);
+        if (m) {
+            memcpy(m + row_off(kv, slot, false), krow, kv->row);
+            memcpy(m + row_off(kv, slot, true), vrow, kv->row);
+        }
+    } else {
+        memcpy(fast_k(kv, L, id) + (size_t)slot * kv->row, krow, kv->row);
+        memcpy(fast_v(kv, L, id) + (size_t)slot * kv->row, vrow, kv->row);
     }
     row_to_f32(kv, krow, key);
     meta_add(kv, L, id, slot, pos, key);
@@ -486,7 +517,9 @@ ks_status ks_kv_set_layer_tier(ks_kv_store *kv, int32_t layer, ks_kv_tier tier) 
         /* copy the pages in use; the rest of the file stays reserved */
         for (int32_t id = 0; id < kv->n_phys; id++) {
             if (!L->in_use[id]) continue;
-            const uint8_t *src = L->fast + (size_t)id * kv->page_bytes;
+            uint8_t *src = kv->page_tmp;
+            memcpy(src, fast_k(kv, L, id), half_bytes(kv));
+            memcpy(src + half_bytes(kv), fast_v(kv, L, id), half_bytes(kv));
             if (slow) memcpy(slow + (size_t)id * kv->page_bytes, src, kv->page_bytes);
             else {
                 ks_status st = file_write(fd, src, kv->page_bytes, (off_t)id * (off_t)kv->page_bytes);
@@ -515,11 +548,13 @@ ks_status ks_kv_set_layer_tier(ks_kv_store *kv, int32_t layer, ks_kv_tier tier) 
     if (!fast) return KS_FAIL(KS_ERR_NOMEM, "fast tier of %zu bytes refused for layer %d", total, layer);
     for (int32_t id = 0; id < kv->n_phys; id++) {
         if (!L->in_use[id]) continue;
-        ks_status st = page_read(kv, L, id, fast + (size_t)id * kv->page_bytes);
+        ks_status st = page_read(kv, L, id, kv->page_tmp);
         if (st != KS_OK) {
             free(fast);
             return st;
         }
+        memcpy(fast + (size_t)id * half_bytes(kv), kv->page_tmp, half_bytes(kv));
+        memcpy(fast + ((size_t)kv->n_phys + id) * half_bytes(kv), kv->page_tmp + half_bytes(kv), half_bytes(kv));
         atomic_fetch_add(&kv->bytes_loaded, kv->page_bytes);
     }
     free(L->slow);
@@ -594,7 +629,8 @@ ks_status ks_kv_fetch(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head,
         ks_copy_job job = {.src = L->slow ? L->slow + (size_t)id * kv->page_bytes : NULL,
                            .fd = L->fd,
                            .offset = (off_t)id * (off_t)kv->page_bytes,
-                           .dst = L->slots + ((size_t)sh * kv->n_slot + s) * kv->page_bytes,
+                           .dst = slot_k(kv, L, sh * kv->n_slot + s),
+                           .dst2 = slot_v(kv, L, sh * kv->n_slot + s),
                            .bytes = kv->page_bytes,
                            .fail = L->fail_reads,
                            .ev = &L->ev};
@@ -635,16 +671,15 @@ void ks_kv_page_rows(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t 
                      const uint8_t **V) {
     const kv_layer *L = &kv->layers[layer];
     int32_t id = table_of(kv, seq, layer, head)[lp];
-    const uint8_t *base;
     if (L->tier == KS_TIER_FAST) {
-        base = L->fast + (size_t)id * kv->page_bytes;
+        *K = fast_k(kv, L, id);
+        *V = fast_v(kv, L, id);
     } else {
         int32_t s = L->slot_of[id];
         KS_ASSERT(s >= 0); /* the page was fetched this step */
-        base = L->slots + (size_t)s * kv->page_bytes;
+        *K = slot_k(kv, L, s);
+        *V = slot_v(kv, L, s);
     }
-    *K = base;
-    *V = base + (size_t)kv->P * kv->row;
 }
 
 void ks_kv_take_traffic(ks_kv_store *kv, ks_kv_traffic *out) {

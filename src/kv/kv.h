@@ -1,10 +1,13 @@
 /*
  * kv.h — the paged, tiered KV store.
  *
- * The unit of storage is the *head-page*: K [P][row] followed by V [P][row]
- * of one (layer, KV head), contiguous, so one KV head's page is one transfer
- * between tiers (FreeKV's host layout) and one stretch the attention kernel
- * streams.  Every layer has a pool of head-pages shared by all sequences of
+ * The unit of storage is the *head-page*: P rows of K and P rows of V of one
+ * (layer, KV head).  In the slow tier a page is K [P][row] followed by V
+ * [P][row], contiguous, so one KV head's page is one transfer (FreeKV's host
+ * layout).  In the fast tier K halves and V halves live in two regions
+ * (FreeKV's hybrid layout): a head whose pages have consecutive ids is then
+ * one sequential K stream and one V stream for the attention kernel, as fast
+ * as a flat cache (interleaving K and V pages cost 40% at 32K depth).  Every layer has a pool of head-pages shared by all sequences of
  * the batch; each (sequence, layer, KV head) owns a page table (logical page
  * -> physical id) and an entry count.  Tables are per KV head so evictors
  * (SnapKV, H2O, DapQ) can drop different tokens per head and really free
