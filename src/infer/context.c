@@ -513,8 +513,11 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
     ks_kv_seg *segs = s->segs;
     int32_t nseg = 0, total = 0, npages = 0;
     bool all = true;
-    if (j->sparse) {
-        const ks_policy_params *pp = ks_policy_params_of(c->policy);
+    const ks_policy_params *pp = ks_policy_params_of(c->policy);
+    /* a budget that covers the head leaves nothing to choose: attend all (the
+     * policy still sees the weights below), which is also what makes a full
+     * budget bit-identical to dense for page-granular policies */
+    if (j->sparse && pp->budget > 0 && pp->budget < n) {
         req.sink = pp->sink < n ? pp->sink : n;
         req.window = pp->window < n ? pp->window : n;
         req.n_select = pp->budget > 0 ? pp->budget - req.sink - req.window : n;
@@ -559,7 +562,9 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
     bool gather = false;
     if (slow) {
         if (npages <= ks_kv_slot_pages(c->kv)) {
-            KS_TRY(ks_kv_fetch(c->kv, seq, j->il, h, s->pages, npages, false));
+            /* prefill rows share their sequence's slots: forward_rows loaded
+             * them before the parallel section; a decode row owns (seq, h) */
+            if (c->decoding) KS_TRY(ks_kv_fetch(c->kv, seq, j->il, h, s->pages, npages, false));
         } else {
             gather = true;
             if (!s->gather) {
@@ -662,6 +667,21 @@ static ks_status forward_rows(ks_context *c, int n, const int32_t *seq, const in
                 c->n_att[(size_t)r * nkv + h] = ks_kv_n_entries(c->kv, seq[r], il, h);
                 if (c->decoding) ks_policy_on_append(c->policy, seq[r], il, h, pos[r], k + (size_t)h * hd);
             }
+        }
+        if (!c->decoding && ks_kv_layer_tier(c->kv, il) == KS_TIER_SLOW) {
+            /* prefill: every page of each sequence's heads, loaded once here
+             * (rows of one sequence run in parallel and share the slots) */
+            for (int r = 0; r < n; r++) {
+                if (r > 0 && seq[r] == seq[r - 1]) continue;
+                for (int h = 0; h < nkv; h++) {
+                    int32_t np = ks_kv_n_pages(c->kv, seq[r], il, h);
+                    if (np > ks_kv_slot_pages(c->kv)) continue; /* workers gather */
+                    int32_t *lp = c->scr[0].pages;
+                    for (int32_t i = 0; i < np; i++) lp[i] = i;
+                    KS_TRY(ks_kv_fetch(c->kv, seq[r], il, h, lp, np, true));
+                }
+            }
+            KS_TRY(ks_kv_wait_layer(c->kv, il));
         }
         attn_job job = {.c = c, .il = il, .n = n, .seq = seq, .pos = pos, .sparse = selects && il >= c->dense_layers};
         atomic_init(&job.next, 0);

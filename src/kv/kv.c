@@ -283,12 +283,12 @@ static ks_status page_read(const ks_kv_store *kv, const kv_layer *L, int32_t id,
         memcpy(buf + half_bytes(kv), fast_v(kv, L, id), half_bytes(kv));
         return KS_OK;
     }
+    if (L->fail_reads) return KS_FAIL(KS_ERR_IO, "slow-tier read failed (injected)");
     const uint8_t *m = slow_mem(kv, L, id);
     if (m) {
         memcpy(buf, m, kv->page_bytes);
         return KS_OK;
     }
-    if (L->fail_reads) return KS_FAIL(KS_ERR_IO, "slow-tier read failed (injected)");
     return file_read(L->fd, buf, kv->page_bytes, (off_t)id * (off_t)kv->page_bytes);
 }
 

@@ -1,0 +1,320 @@
+/*
+ * test_kv.c — the paged, tiered KV store on hand-made rows.
+ *
+ * Invariants checked: page summaries (positions, min, max, key sum) equal a
+ * recomputation from the stored rows after appends that cross page
+ * boundaries; compaction keeps survivors in order with their positions and
+ * frees pages; moving a layer to the slow tier (memory or file) and back is
+ * bit-identical; fetches reuse resident slots and load only misses; a failed
+ * slow-tier read and a full offload directory give KS_ERR_IO, never data.
+ */
+#define _GNU_SOURCE
+#include "kv/kv.h"
+#include "tensor/dtype.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+enum { HD = 64, NH = 2, NL = 2, P = 8, CTX = 100 };
+
+static ks_kv_store *make_store(int n_seq, int slot_pages, const char *dir) {
+    ks_kv_params p = ks_kv_default_params();
+    p.n_layer = NL;
+    p.n_head_kv = NH;
+    p.head_dim = HD;
+    p.n_seq = n_seq;
+    p.n_ctx = CTX;
+    p.page = P;
+    p.slot_pages = slot_pages;
+    p.offload_dir = dir;
+    ks_kv_store *kv = NULL;
+    assert_int_equal(ks_kv_create(&p, &kv), KS_OK);
+    return kv;
+}
+
+/* deterministic row values for (seq, layer, head, i, which) */
+static void row_values(int seq, int layer, int head, int i, int which, float *out) {
+    for (int d = 0; d < HD; d++)
+        out[d] = sinf(0.37f * (float)(d + 1) * (float)(i + 1) + 1.3f * seq + 0.7f * layer + 0.11f * head + which);
+}
+
+static void fill(ks_kv_store *kv, int seq, int n) {
+    float k[HD], v[HD];
+    for (int i = 0; i < n; i++)
+        for (int l = 0; l < NL; l++)
+            for (int h = 0; h < NH; h++) {
+                row_values(seq, l, h, i, 0, k);
+                row_values(seq, l, h, i, 1, v);
+                assert_int_equal(ks_kv_append(kv, seq, l, h, 1000 + i, k, v), KS_OK);
+            }
+}
+
+/* the stored (f16-rounded) K row of entry e */
+static void stored_key(const ks_kv_store *kv, int seq, int l, int h, int e, float *out) {
+    const uint8_t *K, *V;
+    ks_kv_page_rows(kv, seq, l, h, e / P, &K, &V);
+    const ks_f16 *r = (const ks_f16 *)(K + (size_t)(e % P) * ks_kv_row_size(kv));
+    for (int d = 0; d < HD; d++) out[d] = ks_f16_to_f32(r[d]);
+}
+
+static void check_meta(const ks_kv_store *kv, int seq, int l, int h, const int32_t *expect_pos) {
+    int n = ks_kv_n_entries(kv, seq, l, h);
+    assert_int_equal(ks_kv_n_pages(kv, seq, l, h), (n + P - 1) / P);
+    for (int lp = 0; lp < ks_kv_n_pages(kv, seq, l, h); lp++) {
+        ks_kv_page_meta m;
+        ks_kv_page_meta_get(kv, seq, l, h, lp, &m);
+        int fill = n - lp * P < P ? n - lp * P : P;
+        assert_int_equal(m.fill, fill);
+        float mn[HD], mx[HD], sm[HD], key[HD];
+        for (int s = 0; s < fill; s++) {
+            stored_key(kv, seq, l, h, lp * P + s, key);
+            assert_int_equal(m.pos[s], expect_pos[lp * P + s]);
+            for (int d = 0; d < HD; d++) {
+                mn[d] = s ? fminf(mn[d], key[d]) : key[d];
+                mx[d] = s ? fmaxf(mx[d], key[d]) : key[d];
+                sm[d] = s ? sm[d] + key[d] : key[d];
+            }
+        }
+        assert_memory_equal(m.kmin, mn, sizeof mn);
+        assert_memory_equal(m.kmax, mx, sizeof mx);
+        assert_memory_equal(m.ksum, sm, sizeof sm);
+    }
+}
+
+static void test_append_meta_exact(void **state) {
+    (void)state;
+    ks_kv_store *kv = make_store(2, 0, NULL);
+    fill(kv, 0, 37); /* 4 full pages + 5 */
+    fill(kv, 1, 8);  /* exactly one page */
+    int32_t pos[CTX];
+    for (int i = 0; i < CTX; i++) pos[i] = 1000 + i;
+    for (int l = 0; l < NL; l++)
+        for (int h = 0; h < NH; h++) {
+            assert_int_equal(ks_kv_n_entries(kv, 0, l, h), 37);
+            check_meta(kv, 0, l, h, pos);
+            check_meta(kv, 1, l, h, pos);
+        }
+    /* values read back through the page table */
+    float key[HD], want[HD];
+    row_values(0, 1, 1, 33, 0, want);
+    stored_key(kv, 0, 1, 1, 33, key);
+    for (int d = 0; d < HD; d++) assert_true(fabsf(key[d] - want[d]) < 1e-3f);
+    ks_kv_seq_clear(kv, 0);
+    assert_int_equal(ks_kv_n_entries(kv, 0, 0, 0), 0);
+    assert_int_equal(ks_kv_n_entries(kv, 1, 0, 0), 8);
+    fill(kv, 0, 20); /* recycled pages */
+    check_meta(kv, 0, 0, 1, pos);
+    ks_kv_destroy(kv);
+}
+
+static void test_compact(void **state) {
+    (void)state;
+    ks_kv_store *kv = make_store(1, 0, NULL);
+    fill(kv, 0, 37);
+    uint8_t keep[37];
+    int32_t pos[CTX];
+    float before[37][HD];
+    for (int i = 0; i < 37; i++) stored_key(kv, 0, 1, 0, i, before[i]);
+    int m = 0;
+    for (int i = 0; i < 37; i++) {
+        keep[i] = (i % 3 == 0) || i > 30;
+        if (keep[i]) pos[m++] = 1000 + i;
+    }
+    assert_int_equal(ks_kv_compact(kv, 0, 1, 0, keep), KS_OK);
+    assert_int_equal(ks_kv_n_entries(kv, 0, 1, 0), m);
+    assert_int_equal(ks_kv_n_entries(kv, 0, 1, 1), 37); /* other heads untouched */
+    check_meta(kv, 0, 1, 0, pos);
+    for (int i = 0, w = 0; i < 37; i++) {
+        if (!keep[i]) continue;
+        float key[HD];
+        stored_key(kv, 0, 1, 0, w++, key);
+        assert_memory_equal(key, before[i], sizeof key);
+    }
+    /* appends continue after the survivors */
+    float k[HD], v[HD];
+    row_values(0, 1, 0, 99, 0, k);
+    row_values(0, 1, 0, 99, 1, v);
+    assert_int_equal(ks_kv_append(kv, 0, 1, 0, 2000, k, v), KS_OK);
+    pos[m] = 2000;
+    check_meta(kv, 0, 1, 0, pos);
+    ks_kv_destroy(kv);
+}
+
+/* every page of every head, as bytes */
+static uint8_t *snapshot(ks_kv_store *kv, int seq) {
+    size_t pb = ks_kv_page_bytes(kv), off = 0;
+    uint8_t *buf = malloc(pb * NL * NH * (CTX / P + 1));
+    for (int l = 0; l < NL; l++)
+        for (int h = 0; h < NH; h++)
+            for (int lp = 0; lp < ks_kv_n_pages(kv, seq, l, h); lp++, off += pb) {
+                assert_int_equal(ks_kv_read_page(kv, seq, l, h, lp, buf + off), KS_OK);
+                /* bytes past the fill are not data: zero them for the comparison */
+                ks_kv_page_meta m;
+                ks_kv_page_meta_get(kv, seq, l, h, lp, &m);
+                size_t row = ks_kv_row_size(kv);
+                memset(buf + off + m.fill * row, 0, (P - m.fill) * row);
+                memset(buf + off + (P + m.fill) * row, 0, (P - m.fill) * row);
+            }
+    return buf;
+}
+
+static void tier_roundtrip(const char *dir) {
+    ks_kv_store *kv = make_store(1, 3, dir);
+    fill(kv, 0, 37);
+    uint8_t *a = snapshot(kv, 0);
+    assert_int_equal(ks_kv_set_layer_tier(kv, 1, KS_TIER_SLOW), KS_OK);
+    assert_int_equal(ks_kv_layer_tier(kv, 1), KS_TIER_SLOW);
+    uint8_t *b = snapshot(kv, 0);
+    size_t bytes = ks_kv_page_bytes(kv) * NL * NH * 5;
+    assert_memory_equal(a, b, bytes);
+    /* appends to a slow layer go to the slow copy */
+    float k[HD], v[HD];
+    for (int h = 0; h < NH; h++) {
+        row_values(0, 1, h, 37, 0, k);
+        row_values(0, 1, h, 37, 1, v);
+        assert_int_equal(ks_kv_append(kv, 0, 1, h, 1037, k, v), KS_OK);
+        row_values(0, 0, h, 37, 0, k);
+        row_values(0, 0, h, 37, 1, v);
+        assert_int_equal(ks_kv_append(kv, 0, 0, h, 1037, k, v), KS_OK);
+    }
+    /* fetch through 3 slots: misses load, hits stay */
+    ks_kv_traffic tr;
+    ks_kv_take_traffic(kv, &tr);
+    int32_t want[3] = {0, 1, 4};
+    assert_int_equal(ks_kv_fetch(kv, 0, 1, 0, want, 3, true), KS_OK);
+    assert_int_equal(ks_kv_wait_layer(kv, 1), KS_OK);
+    ks_kv_take_traffic(kv, &tr);
+    assert_int_equal(tr.pages_loaded, 3);
+    assert_int_equal(tr.bytes_loaded, 3 * ks_kv_page_bytes(kv));
+    int32_t next[3] = {1, 2, 4};
+    assert_int_equal(ks_kv_fetch(kv, 0, 1, 0, next, 3, false), KS_OK);
+    ks_kv_take_traffic(kv, &tr);
+    assert_int_equal(tr.pages_loaded, 1);
+    assert_int_equal(tr.pages_hit, 2);
+    /* slots hold exactly the slow copy */
+    for (int i = 0; i < 3; i++) {
+        const uint8_t *K, *V;
+        uint8_t page[2 * P * HD * 2];
+        ks_kv_page_rows(kv, 0, 1, 0, next[i], &K, &V);
+        assert_int_equal(ks_kv_read_page(kv, 0, 1, 0, next[i], page), KS_OK);
+        ks_kv_page_meta m;
+        ks_kv_page_meta_get(kv, 0, 1, 0, next[i], &m);
+        size_t row = ks_kv_row_size(kv);
+        assert_memory_equal(K, page, m.fill * row);
+        assert_memory_equal(V, page + P * row, m.fill * row);
+    }
+    int32_t too_many[4] = {0, 1, 2, 3};
+    assert_int_equal(ks_kv_fetch(kv, 0, 1, 0, too_many, 4, false), KS_ERR_NOMEM);
+    /* back to the fast tier: identical to a store that never moved */
+    assert_int_equal(ks_kv_set_layer_tier(kv, 1, KS_TIER_FAST), KS_OK);
+    ks_kv_store *ref = make_store(1, 0, NULL);
+    fill(ref, 0, 37);
+    for (int h = 0; h < NH; h++)
+        for (int l = 0; l < NL; l++) {
+            row_values(0, l, h, 37, 0, k);
+            row_values(0, l, h, 37, 1, v);
+            assert_int_equal(ks_kv_append(ref, 0, l, h, 1037, k, v), KS_OK);
+        }
+    uint8_t *c = snapshot(kv, 0), *d = snapshot(ref, 0);
+    assert_memory_equal(c, d, bytes);
+    free(a);
+    free(b);
+    free(c);
+    free(d);
+    ks_kv_destroy(ref);
+    ks_kv_destroy(kv);
+}
+
+static void test_tier_memory(void **state) {
+    (void)state;
+    tier_roundtrip(NULL);
+}
+
+static char g_dir[256];
+
+static void test_tier_file(void **state) {
+    (void)state;
+    snprintf(g_dir, sizeof g_dir, "/tmp/kvsieve-test-kv-XXXXXX");
+    assert_non_null(mkdtemp(g_dir));
+    tier_roundtrip(g_dir);
+    rmdir(g_dir); /* files are unlinked at creation: the directory is empty */
+}
+
+static void test_failed_read(void **state) {
+    (void)state;
+    ks_kv_store *kv = make_store(1, 4, NULL);
+    fill(kv, 0, 20);
+    assert_int_equal(ks_kv_set_layer_tier(kv, 0, KS_TIER_SLOW), KS_OK);
+    ks_kv_debug_fail_reads(kv, 0, true);
+    int32_t lp[2] = {0, 1};
+    assert_int_equal(ks_kv_fetch(kv, 0, 0, 0, lp, 2, false), KS_ERR_IO);
+    assert_non_null(strstr(ks_last_error(), "failed"));
+    assert_int_equal(ks_kv_fetch(kv, 0, 0, 1, lp, 2, true), KS_OK);
+    assert_int_equal(ks_kv_wait_layer(kv, 0), KS_ERR_IO);
+    uint8_t page[2 * P * HD * 2];
+    assert_int_equal(ks_kv_read_page(kv, 0, 0, 0, 0, page), KS_ERR_IO);
+    /* reads work again once the fault is gone; nothing stale was kept */
+    ks_kv_debug_fail_reads(kv, 0, false);
+    assert_int_equal(ks_kv_fetch(kv, 0, 0, 1, lp, 2, false), KS_OK);
+    ks_kv_destroy(kv);
+}
+
+static void test_full_directory(void **state) {
+    (void)state;
+    snprintf(g_dir, sizeof g_dir, "/tmp/kvsieve-test-kv-XXXXXX");
+    assert_non_null(mkdtemp(g_dir));
+    ks_kv_store *kv = make_store(1, 0, g_dir);
+    fill(kv, 0, 20);
+    /* a file-size limit stands in for a full disk: the reservation fails */
+    struct rlimit old, lim;
+    getrlimit(RLIMIT_FSIZE, &old);
+    lim = old;
+    lim.rlim_cur = 1024;
+    void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
+    setrlimit(RLIMIT_FSIZE, &lim);
+    ks_status st = ks_kv_set_layer_tier(kv, 1, KS_TIER_SLOW);
+    setrlimit(RLIMIT_FSIZE, &old);
+    signal(SIGXFSZ, prev);
+    assert_int_equal(st, KS_ERR_IO);
+    assert_non_null(strstr(ks_last_error(), "cannot reserve"));
+    assert_int_equal(ks_kv_layer_tier(kv, 1), KS_TIER_FAST); /* nothing moved */
+    int32_t pos[CTX];
+    for (int i = 0; i < CTX; i++) pos[i] = 1000 + i;
+    check_meta(kv, 0, 1, 0, pos);
+    ks_kv_destroy(kv);
+    rmdir(g_dir);
+}
+
+static void test_bad_directory(void **state) {
+    (void)state;
+    ks_kv_store *kv = make_store(1, 0, "/nonexistent/kvsieve");
+    assert_int_equal(ks_kv_set_layer_tier(kv, 0, KS_TIER_SLOW), KS_ERR_IO);
+    assert_non_null(strstr(ks_last_error(), "cannot create"));
+    ks_kv_destroy(kv);
+}
+
+static void test_pool_exhausted_and_full(void **state) {
+    (void)state;
+    ks_kv_store *kv = make_store(1, 0, NULL);
+    fill(kv, 0, CTX);
+    float k[HD] = {0}, v[HD] = {0};
+    assert_int_equal(ks_kv_append(kv, 0, 0, 0, 5000, k, v), KS_ERR_CONTEXT_FULL);
+    assert_int_equal(ks_kv_n_entries(kv, 0, 0, 0), CTX);
+    ks_kv_destroy(kv);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_append_meta_exact), cmocka_unit_test(test_compact),
+        cmocka_unit_test(test_tier_memory),       cmocka_unit_test(test_tier_file),
+        cmocka_unit_test(test_failed_read),       cmocka_unit_test(test_full_directory),
+        cmocka_unit_test(test_bad_directory),     cmocka_unit_test(test_pool_exhausted_and_full),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

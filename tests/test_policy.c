@@ -1,0 +1,415 @@
+/*
+ * test_policy.c — the selection-policy interface and the baseline policies.
+ *
+ * 1. Exactness: with a budget >= the context, every policy (and a
+ *    composition) produces logits bit-identical to dense, for batch 1 and
+ *    batch 2, with and without layers in the slow tier (memory and file),
+ *    on a generated GQA model whose head dim takes the AVX-512 kernel and on
+ *    the real MHA aidreams260K model (portable kernels).
+ * 2. Selections on hand-made KV where the right answer is known: Quest's
+ *    page bound finds the page aligned with the query; H2O keeps the entries
+ *    that received the most weight; streaming keeps the entries just before
+ *    the window; SnapKV keeps what the observation queries attend to.
+ * 3. Helpers: top-k (deterministic ties), group reductions, argument parsing.
+ */
+#define _GNU_SOURCE
+#include "infer/infer.h"
+#include "model/gguf.h"
+#include "model/shapes.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static ks_model *g_gqa, *g_mha;
+static char g_path[256], g_dir[256];
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(g_path, sizeof g_path, "/tmp/kvsieve-test-policy-%d.gguf", (int)getpid());
+    ks_gguf *vocab = NULL;
+    if (ks_gguf_open(ks_test_fixture("models/aidreams260K.gguf"), &vocab) != KS_OK) return -1;
+    ks_shape_gen_params gp = {.type = KS_DTYPE_F16, .vocab = vocab, .seed = 5, .n_layer = 3, .n_ctx = 512};
+    ks_status st = ks_shape_generate(ks_shape_find("tiny-llama"), &gp, g_path, NULL);
+    ks_gguf_close(vocab);
+    if (st != KS_OK) return -1;
+    if (ks_model_load(g_path, ks_model_default_params(), &g_gqa) != KS_OK) return -1;
+    if (ks_model_load(ks_test_fixture("models/aidreams260K.gguf"), ks_model_default_params(), &g_mha) != KS_OK) return -1;
+    snprintf(g_dir, sizeof g_dir, "/tmp/kvsieve-test-policy-XXXXXX");
+    return mkdtemp(g_dir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    ks_model_destroy(g_gqa);
+    ks_model_destroy(g_mha);
+    unlink(g_path);
+    rmdir(g_dir);
+    return 0;
+}
+
+typedef struct {
+    const char *policy;
+    int32_t budget, page, offload_layers;
+    const char *dir;
+    const char *args;
+} run_cfg;
+
+/* Prefill two different prompts, then decode n_steps greedy steps as a batch
+ * of two; returns every step's logits [n_steps][2][V] (malloc'd). */
+static float *run_decode(ks_model *m, const run_cfg *cfg, int n_prompt, int n_steps, int n_seq) {
+    ks_context_params p = ks_context_default_params();
+    p.n_ctx = n_prompt + n_steps + 1;
+    p.n_seq = n_seq;
+    p.n_threads = 2;
+    p.n_batch = 64;
+    p.policy = cfg->policy;
+    p.budget = cfg->budget;
+    p.page = cfg->page;
+    p.sink = 4;
+    p.window = 8;
+    p.kv_offload_layers = cfg->offload_layers;
+    p.kv_offload_dir = cfg->dir;
+    p.policy_args = cfg->args;
+    ks_context *c = NULL;
+    assert_int_equal(ks_context_create(m, p, &c), KS_OK);
+    int32_t V = m->hp.n_vocab;
+    float *out = malloc(sizeof(float) * (size_t)n_steps * n_seq * V);
+    float *logits = malloc(sizeof(float) * (size_t)n_seq * V);
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)n_prompt);
+    int32_t seqs[4], toks[4];
+    for (int s = 0; s < n_seq; s++) {
+        for (int i = 0; i < n_prompt; i++) prompt[i] = (int32_t)((i * 37 + s * 101 + 11) % V);
+        assert_int_equal(ks_prefill(c, s, prompt, n_prompt, logits + (size_t)s * V, NULL), KS_OK);
+        seqs[s] = s;
+    }
+    for (int t = 0; t < n_steps; t++) {
+        for (int s = 0; s < n_seq; s++) {
+            const float *row = logits + (size_t)s * V;
+            int32_t best = 0;
+            for (int32_t j = 1; j < V; j++) best = row[j] > row[best] ? j : best;
+            toks[s] = best;
+        }
+        assert_int_equal(ks_decode(c, seqs, toks, n_seq, logits), KS_OK);
+        memcpy(out + (size_t)t * n_seq * V, logits, sizeof(float) * (size_t)n_seq * V);
+    }
+    free(logits);
+    free(prompt);
+    ks_context_destroy(c);
+    return out;
+}
+
+static void check_equal_dense(ks_model *m, int n_prompt, int page) {
+    const int steps = 6;
+    int32_t V = m->hp.n_vocab;
+    for (int n_seq = 1; n_seq <= 2; n_seq++) {
+        run_cfg dense = {.policy = "dense", .page = page};
+        float *ref = run_decode(m, &dense, n_prompt, steps, n_seq);
+        const char *names[] = {"streaming", "h2o", "snapkv", "quest", "snapkv+quest", "snapkv+h2o"};
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+            for (int off = 0; off < 3; off++) {
+                run_cfg cfg = {.policy = names[i], .budget = n_prompt + steps + 1, .page = page,
+                               .offload_layers = off ? 1 : 0, .dir = off == 2 ? g_dir : NULL};
+                float *got = run_decode(m, &cfg, n_prompt, steps, n_seq);
+                if (memcmp(got, ref, sizeof(float) * (size_t)steps * n_seq * V) != 0)
+                    fail_msg("policy %s (batch %d, offload %d) differs from dense with a full budget", names[i], n_seq, off);
+                free(got);
+            }
+        }
+        /* dense itself through the slow tier */
+        run_cfg slow = {.policy = "dense", .page = page, .offload_layers = (int32_t)m->hp.n_layer, .dir = g_dir};
+        float *got = run_decode(m, &slow, n_prompt, steps, n_seq);
+        assert_memory_equal(got, ref, sizeof(float) * (size_t)steps * n_seq * V);
+        free(got);
+        free(ref);
+    }
+}
+
+static void test_full_budget_equals_dense_gqa(void **state) {
+    (void)state;
+    check_equal_dense(g_gqa, 150, 32);
+}
+
+static void test_full_budget_equals_dense_mha(void **state) {
+    (void)state;
+    check_equal_dense(g_mha, 90, 8);
+}
+
+static void test_sparse_differs_and_counts(void **state) {
+    (void)state;
+    /* a real budget must change what is attended (else the tests above prove nothing) */
+    ks_context_params p = ks_context_default_params();
+    p.n_ctx = 200;
+    p.n_threads = 2;
+    p.policy = "quest";
+    p.budget = 48;
+    p.page = 8;
+    p.sink = 4;
+    p.window = 8;
+    ks_context *c = NULL;
+    assert_int_equal(ks_context_create(g_gqa, p, &c), KS_OK);
+    int32_t prompt[150];
+    for (int i = 0; i < 150; i++) prompt[i] = (i * 37 + 11) % g_gqa->hp.n_vocab;
+    float *logits = malloc(sizeof(float) * g_gqa->hp.n_vocab);
+    assert_int_equal(ks_prefill(c, 0, prompt, 150, logits, NULL), KS_OK);
+    int32_t seq = 0, tok = 5;
+    assert_int_equal(ks_decode(c, &seq, &tok, 1, logits), KS_OK);
+    ks_stats st;
+    ks_context_stats(c, &st);
+    assert_true(st.kv_entries_attended < st.kv_entries_total);
+    /* 1 of 3 layers dense by default? quest keeps 2 dense: layer 2 is sparse */
+    assert_true(st.kv_entries_attended >= (uint64_t)(2 * 2 * 151 + 2 * 48 - 2 * 8));
+    free(logits);
+    ks_context_destroy(c);
+}
+
+static void test_bad_policy_args(void **state) {
+    (void)state;
+    ks_context_params p = ks_context_default_params();
+    p.n_ctx = 64;
+    p.n_threads = 1;
+    ks_context *c = NULL;
+    p.policy = "nosuch";
+    assert_int_equal(ks_context_create(g_gqa, p, &c), KS_ERR_NOT_FOUND);
+    assert_non_null(strstr(ks_last_error(), "quest"));
+    p.policy = "quest";
+    p.policy_args = "group=median";
+    assert_int_equal(ks_context_create(g_gqa, p, &c), KS_ERR_INVALID_ARG);
+    p.policy_args = "nokey=1";
+    assert_int_equal(ks_context_create(g_gqa, p, &c), KS_ERR_INVALID_ARG);
+    assert_non_null(strstr(ks_last_error(), "nokey"));
+    p.policy = "quest+snapkv";
+    p.policy_args = NULL;
+    assert_int_equal(ks_context_create(g_gqa, p, &c), KS_ERR_INVALID_ARG);
+    p.policy = "snapkv+quest";
+    p.policy_args = "obs=16,group=mean";
+    assert_int_equal(ks_context_create(g_gqa, p, &c), KS_OK);
+    ks_context_destroy(c);
+}
+
+/* ------------------------------------------------ hand-made selections -- */
+enum { HD = 8, NKV = 1, NQ = 2, CTX = 64, PG = 4 };
+
+typedef struct {
+    ks_kv_store *kv;
+    uint8_t keep[CTX];
+    int evicted;
+} fake_svc;
+
+static ks_status fake_probs(void *svc, int32_t seq, int32_t layer, int32_t head, const float *q, int32_t nq,
+                            float *acc) {
+    fake_svc *f = svc;
+    int32_t n = ks_kv_n_entries(f->kv, seq, layer, head);
+    for (int32_t r = 0; r < nq; r++)
+        for (int g = 0; g < NQ; g++) {
+            float s[CTX], mx = -INFINITY, sum = 0;
+            for (int32_t e = 0; e < n; e++) {
+                const uint8_t *K, *V;
+                ks_kv_page_rows(f->kv, seq, layer, head, e / PG, &K, &V);
+                const ks_f16 *k = (const ks_f16 *)K + (e % PG) * HD;
+                s[e] = 0;
+                for (int d = 0; d < HD; d++) s[e] += q[((size_t)r * NQ + g) * HD + d] * ks_f16_to_f32(k[d]);
+                mx = fmaxf(mx, s[e]);
+            }
+            for (int32_t e = 0; e < n; e++) sum += (s[e] = expf(s[e] - mx));
+            for (int32_t e = 0; e < n; e++) acc[e] += s[e] / sum;
+        }
+    return KS_OK;
+}
+
+static ks_status fake_evict(void *svc, int32_t seq, int32_t layer, int32_t head, const uint8_t *keep) {
+    fake_svc *f = svc;
+    memcpy(f->keep, keep, (size_t)ks_kv_n_entries(f->kv, seq, layer, head));
+    f->evicted++;
+    return ks_kv_compact(f->kv, seq, layer, head, keep);
+}
+
+/* 40 entries of small noise keys; entries in `hot` get a large key along dim 0 */
+static void make_kv(fake_svc *f, const int *hot, int n_hot) {
+    ks_kv_params kp = ks_kv_default_params();
+    kp.n_layer = 1;
+    kp.n_head_kv = NKV;
+    kp.head_dim = HD;
+    kp.n_ctx = CTX;
+    kp.page = PG;
+    assert_int_equal(ks_kv_create(&kp, &f->kv), KS_OK);
+    for (int e = 0; e < 40; e++) {
+        float k[HD], v[HD];
+        for (int d = 0; d < HD; d++) {
+            k[d] = 0.1f * sinf((float)(e * HD + d));
+            v[d] = (float)e;
+        }
+        for (int i = 0; i < n_hot; i++)
+            if (hot[i] == e) k[0] = 4.0f;
+        assert_int_equal(ks_kv_append(f->kv, 0, 0, 0, e, k, v), KS_OK);
+    }
+}
+
+static ks_policy *make_policy(fake_svc *f, const char *name, int32_t budget, const char *args) {
+    ks_policy_env env = {.n_layer = 1, .n_head = NQ, .n_head_kv = NKV, .head_dim = HD, .n_seq = 1, .n_ctx = CTX,
+                         .kv = f->kv, .svc = f, .attn_probs = fake_probs, .evict = fake_evict};
+    ks_policy_params pp = ks_policy_default_params();
+    pp.budget = budget;
+    pp.sink = 2;
+    pp.window = 4;
+    pp.dense_layers = 0;
+    pp.args = args;
+    ks_policy *pol = NULL;
+    assert_int_equal(ks_policy_create(name, &env, &pp, &pol), KS_OK);
+    return pol;
+}
+
+static ks_select_req req_for(const float *q, int32_t n_select) {
+    return (ks_select_req){.seq = 0, .layer = 0, .head = 0, .pos = 40, .n_entries = 40, .q = q,
+                           .n_select = n_select, .sink = 2, .window = 4};
+}
+
+static void test_quest_finds_the_page(void **state) {
+    (void)state;
+    fake_svc f = {0};
+    int hot[] = {21}; /* page 5 */
+    make_kv(&f, hot, 1);
+    ks_policy *pol = make_policy(&f, "quest", 10, NULL);
+    float q[NQ * HD] = {0};
+    q[0] = 1.0f;      /* head 0 looks along dim 0 */
+    q[HD + 3] = 0.1f; /* head 1 looks elsewhere: max over the group keeps head 0's page */
+    int32_t idx[CTX];
+    ks_selection sel = {.cap = CTX, .idx = idx};
+    ks_select_req r = req_for(q, 4);
+    assert_int_equal(ks_policy_select(pol, &r, &sel), KS_OK);
+    assert_true(sel.pages);
+    assert_int_equal(sel.n, 1);
+    assert_int_equal(idx[0], 5);
+    /* a budget covering every page selects all of them */
+    r.n_select = 40;
+    assert_int_equal(ks_policy_select(pol, &r, &sel), KS_OK);
+    assert_true(sel.all || sel.n == 10);
+    ks_policy_destroy(pol);
+    ks_kv_destroy(f.kv);
+}
+
+static void test_h2o_keeps_heavy_hitters(void **state) {
+    (void)state;
+    fake_svc f = {0};
+    make_kv(&f, NULL, 0);
+    ks_policy *pol = make_policy(&f, "h2o", 9, NULL);
+    float q[NQ * HD] = {0};
+    ks_select_req r = req_for(q, 3);
+    int32_t entries[40];
+    float w[40];
+    for (int e = 0; e < 40; e++) {
+        entries[e] = e;
+        w[e] = (e == 7 || e == 19 || e == 30) ? 0.3f : 0.001f;
+    }
+    ks_policy_after_attention(pol, &r, entries, w, 40);
+    int32_t idx[CTX];
+    ks_selection sel = {.cap = CTX, .idx = idx};
+    assert_int_equal(ks_policy_select(pol, &r, &sel), KS_OK);
+    assert_false(sel.pages);
+    assert_int_equal(sel.n, 3);
+    int seen = 0;
+    for (int i = 0; i < 3; i++) seen |= (idx[i] == 7) << 0 | (idx[i] == 19) << 1 | (idx[i] == 30) << 2;
+    assert_int_equal(seen, 7);
+    ks_policy_seq_reset(pol, 0);
+    ks_policy_destroy(pol);
+    ks_kv_destroy(f.kv);
+}
+
+static void test_streaming_window(void **state) {
+    (void)state;
+    fake_svc f = {0};
+    make_kv(&f, NULL, 0);
+    ks_policy *pol = make_policy(&f, "streaming", 12, NULL);
+    int32_t idx[CTX];
+    ks_selection sel = {.cap = CTX, .idx = idx};
+    ks_select_req r = req_for(NULL, 6);
+    assert_int_equal(ks_policy_select(pol, &r, &sel), KS_OK);
+    assert_int_equal(sel.n, 6);
+    for (int i = 0; i < 6; i++) assert_int_equal(idx[i], 30 + i); /* just before the window [36, 40) */
+    ks_policy_destroy(pol);
+    ks_kv_destroy(f.kv);
+}
+
+static void test_snapkv_keeps_attended(void **state) {
+    (void)state;
+    fake_svc f = {0};
+    int hot[] = {12, 25};
+    make_kv(&f, hot, 2);
+    ks_policy *pol = make_policy(&f, "snapkv", 12, "obs=4,pool=1");
+    /* observation queries [n_layer=1][n_obs=4][NQ*HD], all looking along dim 0 */
+    float obs[4 * NQ * HD] = {0};
+    for (int r = 0; r < 4; r++)
+        for (int g = 0; g < NQ; g++) obs[(r * NQ + g) * HD] = 2.0f;
+    ks_prefill_info info = {.seq = 0, .n_prompt = 40, .n_obs = 4, .obs_q = obs};
+    assert_int_equal(ks_policy_on_prefill(pol, &info), KS_OK);
+    assert_int_equal(f.evicted, 1);
+    assert_true(f.keep[12] && f.keep[25]);          /* the attended entries */
+    assert_true(f.keep[0] && f.keep[1]);            /* sinks */
+    for (int e = 36; e < 40; e++) assert_true(f.keep[e]); /* the observation window */
+    int kept = 0;
+    for (int e = 0; e < 40; e++) kept += f.keep[e];
+    assert_int_equal(kept, 12);
+    assert_int_equal(ks_kv_n_entries(f.kv, 0, 0, 0), 12);
+    ks_kv_page_meta m;
+    ks_kv_page_meta_get(f.kv, 0, 0, 0, 0, &m);
+    assert_int_equal(m.pos[0], 0); /* positions travel with their rows */
+    ks_policy_destroy(pol);
+    ks_kv_destroy(f.kv);
+}
+
+static void test_helpers(void **state) {
+    (void)state;
+    float x[] = {1, 5, 3, 5, -1, 2};
+    int32_t idx[6];
+    assert_int_equal(ks_topk(x, 6, 2, idx), 2);
+    assert_true((idx[0] == 1 && idx[1] == 3) || (idx[0] == 3 && idx[1] == 1)); /* ties: lower index first */
+    assert_int_equal(ks_topk(x, 6, 3, idx), 3);
+    int has2 = 0;
+    for (int i = 0; i < 3; i++) has2 |= idx[i] == 2;
+    assert_true(has2);
+    assert_int_equal(ks_topk(x, 6, 10, idx), 6);
+    float tie[] = {1, 1, 1, 1};
+    assert_int_equal(ks_topk(tie, 4, 2, idx), 2);
+    assert_true((idx[0] == 0 && idx[1] == 1) || (idx[0] == 1 && idx[1] == 0));
+    float q[2] = {1, -1}, mn[2] = {-2, -3}, mx[2] = {3, 1};
+    assert_true(fabsf(ks_page_upper_bound(q, mn, mx, 2) - 6.0f) < 1e-6f);
+    float sc[2 * 3] = {0, 1, 2, 2, 1, 0}, out[3];
+    ks_group_reduce_scores(sc, 2, 3, KS_GROUP_MAX, out);
+    assert_true(out[0] == 2 && out[1] == 1 && out[2] == 2);
+    ks_group_reduce_scores(sc, 2, 3, KS_GROUP_MEAN, out);
+    assert_true(out[0] == 1 && out[1] == 1 && out[2] == 1);
+    ks_group_reduce_scores(sc, 2, 3, KS_GROUP_SOFTMAX_MEAN, out);
+    assert_true(fabsf(out[0] + out[1] + out[2] - 1.0f) < 1e-6f);
+    int64_t v;
+    double d;
+    char s[16];
+    assert_int_equal(ks_args_int("a=3,b=x", "a", 0, 0, 10, &v), KS_OK);
+    assert_int_equal(v, 3);
+    assert_int_equal(ks_args_int("a=3,b=x", "c", 7, 0, 10, &v), KS_OK);
+    assert_int_equal(v, 7);
+    assert_int_equal(ks_args_int("a=30", "a", 0, 0, 10, &v), KS_ERR_INVALID_ARG);
+    assert_int_equal(ks_args_int("a=3x", "a", 0, 0, 10, &v), KS_ERR_INVALID_ARG);
+    assert_int_equal(ks_args_float("tau=0.8", "tau", 0.9, 0, 1, &d), KS_OK);
+    assert_true(d == 0.8);
+    assert_int_equal(ks_args_str("group=mean", "group", "max", s, sizeof s), KS_OK);
+    assert_string_equal(s, "mean");
+    const char *known[] = {"a", NULL};
+    assert_int_equal(ks_args_check("a=1,b=2", "p", known), KS_ERR_INVALID_ARG);
+    assert_int_equal(ks_args_check("a", "p", known), KS_ERR_INVALID_ARG);
+    assert_int_equal(ks_args_check("a=1", "p", known), KS_OK);
+    assert_int_equal(ks_policy_count(), 5);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_full_budget_equals_dense_gqa), cmocka_unit_test(test_full_budget_equals_dense_mha),
+        cmocka_unit_test(test_sparse_differs_and_counts),    cmocka_unit_test(test_bad_policy_args),
+        cmocka_unit_test(test_quest_finds_the_page),         cmocka_unit_test(test_h2o_keeps_heavy_hitters),
+        cmocka_unit_test(test_streaming_window),             cmocka_unit_test(test_snapkv_keeps_attended),
+        cmocka_unit_test(test_helpers),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
