@@ -9,17 +9,22 @@
  * same prompt whatever else is swept — the property that makes a policy run
  * comparable with a dense run cell by cell.
  *
- * Only dense attention exists today; --policy and --budget are parsed now
- * so scripts written against this interface keep working when the KV-store
- * issue brings policies, at which point each instance will also run on a
- * policy context teacher-forced with the dense tokens (ks_eval_run).
- * Lengths over the model's trained context are skipped with a note, since
- * accuracy past it measures extrapolation, not the policy.
+ * Dense attention always runs first: it is the reference.  Every other
+ * --policy x --budget configuration then runs each instance twice on its own
+ * context: free-running (task accuracy, token agreement with the dense
+ * output) and teacher-forced with the dense tokens (top-1 agreement and
+ * KL(dense || policy) position by position, and the attention recall probe:
+ * the share of the dense attention mass its selections cover).  A budget
+ * "6%" is 6% of each instance's length.  Lengths over the model's trained
+ * context are skipped with a note, since accuracy past it measures
+ * extrapolation, not the policy.
  */
 #include "args.h"
 #include "commands.h"
 #include "infer/eval.h"
+#include "infer/infer.h"
 #include "kvsieve.h"
+#include "policy_opts.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -30,12 +35,16 @@
 
 #define EVAL_MAX_LIST 32
 
-static const char *const g_usage =
-    "usage: kvsieve eval [-m MODEL.gguf] [--task passkey,multikey,multivalue,vartrack,longgen|all]\n"
-    "                    [--lengths 1024,4096,8192] [--depths 0,0.25,0.5,0.75,1] [--samples N (4)]\n"
-    "                    [--seed S (1)] [-t THREADS] [--json] [--plot FILE.svg] [--policy dense] [--budget N]\n"
-    "  lengths count every token of an instance (prompt and answer budget); lengths above\n"
-    "  the model's trained context are skipped.  Only the dense policy exists so far.\n";
+static void eval_usage(FILE *f) {
+    fprintf(f,
+            "usage: kvsieve eval [-m MODEL.gguf] [--task passkey,multikey,multivalue,vartrack,longgen|all]\n"
+            "                    [--lengths 1024,4096,8192] [--depths 0,0.25,0.5,0.75,1] [--samples N (4)]\n"
+            "                    [--seed S (1)] [-t THREADS] [--json] [--plot FILE.svg]\n"
+            "                    [--policy dense,quest,...] [--budget 3%%,6%%,12%%] [policy flags]\n"
+            "  lengths count every token of an instance (prompt and answer budget); lengths above\n"
+            "  the model's trained context are skipped.  Dense always runs as the reference.\n%s",
+            app_policy_usage());
+}
 
 static int eval_parse_depths(const char *s, double *out, int cap) {
     int n = 0;
@@ -99,7 +108,23 @@ typedef struct eval_cell {
     double score_sum;
     double tokens, seconds;
     double total_sum;   /* instance lengths, to report the mean */
+    /* policy configurations only (vs the dense run of the same instance) */
+    double agree_tf_sum, agree_free_sum, kl_sum, recall_sum;
+    int recall_runs;
 } eval_cell;
+
+/* One compared configuration: config 0 is dense, the reference. */
+typedef struct eval_cfg {
+    int pi, bi;         /* indices into the policy / budget lists; -1: dense */
+    char label[96];
+} eval_cfg;
+
+typedef struct eval_summary {
+    double task_acc[KS_EVAL_TASK_COUNT];
+    int task_cells[KS_EVAL_TASK_COUNT];
+    double acc, agree_tf, agree_free, kl, recall, tok_s;
+    int n_tasks, runs, recall_runs;
+} eval_summary;
 
 static bool eval_write_file(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
@@ -113,57 +138,116 @@ static bool eval_write_file(const char *path, const char *text) {
     return ok;
 }
 
-static bool eval_plot(const char *path, const eval_cell *cells, const bool *task_on, const int32_t *lens,
-                      int n_len, const double *depths, int n_depth, double overall, long budget) {
-    const char *docs[KS_EVAL_TASK_COUNT + 2];
-    char *own[KS_EVAL_TASK_COUNT + 2] = {0};
-    int nd = 0;
+/* heat maps of dense accuracy (all tasks, then each task), one "all tasks"
+ * heat map per policy configuration, then accuracy vs budget per policy */
+static bool eval_plot(const char *path, const eval_cell *cells, const bool *task_on, const int32_t *lens, int n_len,
+                      const double *depths, int n_depth, const eval_cfg *cfgs, int n_cfg, const eval_summary *sum,
+                      const app_policy_opts *po) {
+    int cap = KS_EVAL_TASK_COUNT + n_cfg + 2, nd = 0;
+    const char **docs = calloc((size_t)cap, sizeof *docs);
+    char **own = calloc((size_t)cap, sizeof *own);
     double *acc = malloc(sizeof(double) * (size_t)n_len * (size_t)n_depth); /* [n_depth][n_len] */
+    size_t per_cfg = (size_t)KS_EVAL_TASK_COUNT * n_len * n_depth;
     bool ok = true;
-    for (int t = -1; t < KS_EVAL_TASK_COUNT && ok; t++) {
-        if (t >= 0 && !task_on[t]) continue;
-        for (int d = 0; d < n_depth; d++)
-            for (int l = 0; l < n_len; l++) {
-                double s = 0;
-                int r = 0;
-                for (int tt = 0; tt < KS_EVAL_TASK_COUNT; tt++) {
-                    if (!task_on[tt] || (t >= 0 && tt != t)) continue;
-                    const eval_cell *c = &cells[((size_t)tt * n_len + l) * n_depth + d];
-                    if (c->runs) s += c->score_sum / c->runs, r++;
+    for (int k = 0; k < n_cfg && ok; k++)
+        for (int t = -1; t < KS_EVAL_TASK_COUNT && ok; t++) {
+            if (t >= 0 && (!task_on[t] || k > 0)) continue;
+            for (int d = 0; d < n_depth; d++)
+                for (int l = 0; l < n_len; l++) {
+                    double sc = 0;
+                    int r = 0;
+                    for (int tt = 0; tt < KS_EVAL_TASK_COUNT; tt++) {
+                        if (!task_on[tt] || (t >= 0 && tt != t)) continue;
+                        const eval_cell *c = &cells[k * per_cfg + ((size_t)tt * n_len + l) * n_depth + d];
+                        if (c->runs) sc += c->score_sum / c->runs, r++;
+                    }
+                    acc[(size_t)d * n_len + l] = r ? sc / r : NAN;
                 }
-                acc[(size_t)d * n_len + l] = r ? s / r : NAN;
-            }
-        char title[96];
-        snprintf(title, sizeof title, "dense accuracy: %s", t < 0 ? "all tasks" : ks_eval_task_name((ks_eval_task)t));
-        if (ks_eval_svg_heatmap(title, lens, n_len, depths, n_depth, acc, &own[nd]) != KS_OK) ok = false;
-        else docs[nd] = own[nd], nd++;
-    }
+            char title[160];
+            snprintf(title, sizeof title, "%s accuracy: %s", cfgs[k].label,
+                     t < 0 ? "all tasks" : ks_eval_task_name((ks_eval_task)t));
+            if (ks_eval_svg_heatmap(title, lens, n_len, depths, n_depth, acc, &own[nd]) != KS_OK) ok = false;
+            else docs[nd] = own[nd], nd++;
+        }
     free(acc);
-    double x = budget > 0 ? (double)budget : (double)lens[n_len - 1];
-    ks_eval_series dense = {"dense", 1, &x, &overall, true};
-    if (ok && ks_eval_svg_budget_chart("accuracy vs KV budget (all tasks)", &dense, 1, &own[nd]) == KS_OK)
-        docs[nd] = own[nd], nd++;
-    else
-        ok = false;
+    /* accuracy vs budget: x is the budget as % of the context when budgets are relative */
+    ks_eval_series *series = calloc((size_t)po->n_names + 1, sizeof *series);
+    double *xs = calloc((size_t)(po->n_names + 1) * (po->n_budgets + 1), sizeof(double));
+    double *ys = calloc((size_t)(po->n_names + 1) * (po->n_budgets + 1), sizeof(double));
+    int ns = 0;
+    double dense_x = po->budgets[0].pct ? 100.0 : (double)lens[n_len - 1];
+    xs[0] = dense_x;
+    ys[0] = sum[0].acc;
+    series[ns++] = (ks_eval_series){"dense", 1, xs, ys, true};
+    for (int pi = 0; pi < po->n_names; pi++) {
+        if (!strcmp(po->names[pi], "dense")) continue;
+        double *x = xs + (size_t)ns * (po->n_budgets + 1), *y = ys + (size_t)ns * (po->n_budgets + 1);
+        int n = 0;
+        for (int k = 1; k < n_cfg; k++)
+            if (cfgs[k].pi == pi) {
+                x[n] = po->budgets[cfgs[k].bi].value;
+                y[n++] = sum[k].acc;
+            }
+        series[ns++] = (ks_eval_series){po->names[pi], n, x, y, false};
+    }
+    const char *title = po->budgets[0].pct ? "accuracy vs KV budget (% of context, all tasks)"
+                                           : "accuracy vs KV budget (tokens, all tasks)";
+    if (ok && ks_eval_svg_budget_chart(title, series, ns, &own[nd]) == KS_OK) docs[nd] = own[nd], nd++;
+    else ok = false;
+    free(series);
+    free(xs);
+    free(ys);
     char *svg = NULL;
     if (ok && ks_eval_svg_stack(docs, nd, &svg) != KS_OK) ok = false;
     if (!ok) app_report("eval", "drawing the plot", KS_ERR_INVALID_ARG);
     if (ok) ok = eval_write_file(path, svg);
     free(svg);
     for (int i = 0; i < nd; i++) free(own[i]);
+    free(own);
+    free(docs);
     return ok;
 }
 
+static void eval_summarize(const eval_cell *cells, size_t n_cells, eval_summary *out) {
+    memset(out, 0, sizeof *out);
+    double secs = 0, toks = 0;
+    for (size_t i = 0; i < n_cells; i++) {
+        const eval_cell *c = &cells[i];
+        if (!c->runs) continue;
+        out->task_acc[c->task] += c->score_sum / c->runs;
+        out->task_cells[c->task]++;
+        out->agree_tf += c->agree_tf_sum;
+        out->agree_free += c->agree_free_sum;
+        out->kl += c->kl_sum;
+        out->recall += c->recall_sum;
+        out->recall_runs += c->recall_runs;
+        out->runs += c->runs;
+        secs += c->seconds;
+        toks += c->tokens;
+    }
+    for (int t = 0; t < KS_EVAL_TASK_COUNT; t++)
+        if (out->task_cells[t]) out->task_acc[t] /= out->task_cells[t], out->acc += out->task_acc[t], out->n_tasks++;
+    if (out->n_tasks) out->acc /= out->n_tasks;
+    if (out->runs) out->agree_tf /= out->runs, out->agree_free /= out->runs, out->kl /= out->runs;
+    out->recall = out->recall_runs ? out->recall / out->recall_runs : NAN;
+    out->tok_s = secs > 0 ? toks / secs : 0;
+}
+
 int cmd_eval(int argc, char **argv) {
-    const char *cmd = "eval", *model_path = NULL, *plot = NULL, *policy = "dense";
+    const char *cmd = "eval", *model_path = NULL, *plot = NULL;
     bool task_on[KS_EVAL_TASK_COUNT] = {0}, json = false, tasks_given = false;
     long lens_l[EVAL_MAX_LIST] = {1024, 4096, 8192};
     int n_len = 3;
     double depths[EVAL_MAX_LIST] = {0, 0.25, 0.5, 0.75, 1};
     int n_depth = 5;
-    long samples = 4, seed = 1, n_threads = 0, budget = 0;
+    long samples = 4, seed = 1, n_threads = 0;
+    app_policy_opts po;
+    app_policy_opts_init(&po);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
+        int pr = app_policy_opt(cmd, argc, argv, &i, &po, true);
+        if (pr < 0) return 2;
+        if (pr > 0) continue;
         if (!strcmp(a, "-m")) { if (!(v = arg_value(cmd, argc, argv, &i))) return 2; model_path = v; }
         else if (!strcmp(a, "--task")) {
             if (!(v = arg_value(cmd, argc, argv, &i)) || eval_parse_tasks(v, task_on) <= 0) return 2;
@@ -176,32 +260,39 @@ int cmd_eval(int argc, char **argv) {
         } else if (!strcmp(a, "--samples")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_long(cmd, a, v, 1, 100000, &samples)) return 2; }
         else if (!strcmp(a, "--seed")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_long(cmd, a, v, 0, 0x7fffffffL, &seed)) return 2; }
         else if (!strcmp(a, "-t")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_long(cmd, a, v, 1, 1024, &n_threads)) return 2; }
-        else if (!strcmp(a, "--budget")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_long(cmd, a, v, 1, 1 << 24, &budget)) return 2; }
-        else if (!strcmp(a, "--policy")) { if (!(v = arg_value(cmd, argc, argv, &i))) return 2; policy = v; }
         else if (!strcmp(a, "--plot")) { if (!(v = arg_value(cmd, argc, argv, &i))) return 2; plot = v; }
         else if (!strcmp(a, "--json")) json = true;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(g_usage, stdout); return 0; }
-        else { fprintf(stderr, "kvsieve eval: unknown option '%s'\n%s", a, g_usage); return 2; }
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { eval_usage(stdout); return 0; }
+        else { fprintf(stderr, "kvsieve eval: unknown option '%s'\n", a); eval_usage(stderr); return 2; }
     }
-    if (strcmp(policy, "dense")) {
-        fprintf(stderr, "kvsieve eval: unknown policy '%s': only 'dense' exists so far; sparse policies arrive "
-                        "with the KV-store issue\n", policy);
-        return 2;
-    }
-    if (budget > 0) fprintf(stderr, "kvsieve eval: note: dense attention uses the whole context; --budget %ld is ignored\n", budget);
     if (!tasks_given)
         for (int t = 0; t < KS_EVAL_TASK_COUNT; t++) task_on[t] = true;
     if (!model_path) model_path = app_default_model();
     if (!model_path) { fprintf(stderr, "kvsieve eval: no model given (-m)\n"); return 2; }
+    /* configurations: dense first, then every other policy x budget */
+    eval_cfg cfgs[1 + APP_MAX_POLICIES * APP_MAX_BUDGETS];
+    int n_cfg = 0;
+    cfgs[n_cfg++] = (eval_cfg){-1, -1, "dense"};
+    for (int pi = 0; pi < po.n_names; pi++) {
+        if (!strcmp(po.names[pi], "dense")) continue;
+        for (int bi = 0; bi < po.n_budgets; bi++) {
+            eval_cfg *c = &cfgs[n_cfg++];
+            char bl[32];
+            app_budget_label(&po.budgets[bi], bl, sizeof bl);
+            *c = (eval_cfg){pi, bi, ""};
+            snprintf(c->label, sizeof c->label, "%s@%s", po.names[pi], bl);
+        }
+    }
 
     ks_model *m = NULL;
-    ks_context *ctx = NULL;
+    ks_context **ctxs = calloc((size_t)n_cfg, sizeof *ctxs);
     eval_cell *cells = NULL;
+    eval_summary *sums = NULL;
     cJSON *root = NULL;
     int rc = 1;
     ks_status st = ks_model_load(model_path, ks_model_default_params(), &m);
-    if (st != KS_OK) { app_report(cmd, "loading the model", st); return 1; }
-    int32_t n_train = ks_model_n_ctx_train(m);
+    if (st != KS_OK) { app_report(cmd, "loading the model", st); free(ctxs); return 1; }
+    int32_t n_train = ks_model_n_ctx_train(m), V = ks_model_n_vocab(m);
     int32_t lens[EVAL_MAX_LIST];
     int kept = 0;
     for (int i = 0; i < n_len; i++) {
@@ -218,22 +309,31 @@ int cmd_eval(int argc, char **argv) {
         goto done;
     }
     n_len = kept;
-    int32_t max_len = 0;
-    for (int i = 0; i < n_len; i++) max_len = lens[i] > max_len ? lens[i] : max_len;
-    ks_context_params cp = ks_context_default_params();
-    cp.n_ctx = max_len;
-    if (n_threads) cp.n_threads = (int32_t)n_threads;
-    if ((st = ks_context_create(m, cp, &ctx)) != KS_OK) { app_report(cmd, "creating the context", st); goto done; }
-
-    size_t n_cells = (size_t)KS_EVAL_TASK_COUNT * n_len * n_depth;
-    cells = calloc(n_cells, sizeof *cells); /* [task][n_len][n_depth] */
+    size_t per_cfg = (size_t)KS_EVAL_TASK_COUNT * n_len * n_depth;
+    cells = calloc(per_cfg * n_cfg, sizeof *cells); /* [cfg][task][n_len][n_depth] */
+    sums = calloc((size_t)n_cfg, sizeof *sums);
     int ran = 0;
-    for (int t = 0; t < KS_EVAL_TASK_COUNT; t++) {
-        if (!task_on[t]) continue;
-        for (int l = 0; l < n_len; l++)
+    for (int l = 0; l < n_len; l++) {
+        /* one context per configuration, sized for this length (budgets in % follow it) */
+        for (int k = 0; k < n_cfg; k++) {
+            ks_context_params cp = ks_context_default_params();
+            cp.n_ctx = lens[l];
+            if (n_threads) cp.n_threads = (int32_t)n_threads;
+            app_policy_apply(&po, cfgs[k].pi < 0 ? 0 : cfgs[k].pi,
+                             cfgs[k].bi < 0 ? 0 : app_budget_tokens(&po.budgets[cfgs[k].bi], lens[l]), &cp);
+            if (cfgs[k].pi < 0) {
+                cp.policy = "dense";
+                cp.budget = 0;
+                cp.kv_offload_layers = 0;
+            }
+            if ((st = ks_context_create(m, cp, &ctxs[k])) != KS_OK) { app_report(cmd, "creating a context", st); goto done; }
+            ks_context_set_recall_probe(ctxs[k], k > 0);
+        }
+        for (int t = 0; t < KS_EVAL_TASK_COUNT; t++) {
+            if (!task_on[t]) continue;
             for (int d = 0; d < n_depth; d++) {
-                eval_cell *c = &cells[((size_t)t * n_len + l) * n_depth + d];
-                *c = (eval_cell){.task = t, .li = l, .di = d};
+                for (int k = 0; k < n_cfg; k++)
+                    cells[k * per_cfg + ((size_t)t * n_len + l) * n_depth + d] = (eval_cell){.task = t, .li = l, .di = d};
                 for (long s = 0; s < samples; s++) {
                     uint64_t sd = eval_mix(eval_mix(eval_mix(eval_mix((uint64_t)seed) ^ (uint64_t)t) ^ (uint64_t)lens[l]) ^
                                            (uint64_t)llround(depths[d] * 1e6)) ^ (uint64_t)s;
@@ -246,87 +346,176 @@ int cmd_eval(int argc, char **argv) {
                         break;
                     }
                     if (st != KS_OK) { app_report(cmd, "generating a task", st); goto done; }
-                    ks_eval_result res;
+                    ks_eval_result ref;
                     ks_eval_run_opts o = ks_eval_run_default_opts();
-                    st = ks_eval_run(ctx, m, &inst, &o, &res);
+                    o.keep_logits = n_cfg > 1;
+                    st = ks_eval_run(ctxs[0], m, &inst, &o, &ref);
+                    if (st != KS_OK) { ks_eval_instance_free(&inst); app_report(cmd, "running an instance", st); goto done; }
+                    eval_cell *c0 = &cells[((size_t)t * n_len + l) * n_depth + d];
+                    c0->runs++;
+                    c0->score_sum += ref.score;
+                    c0->tokens += ref.n_prompt + ref.n_gen;
+                    c0->seconds += ref.seconds;
+                    c0->total_sum += inst.n_total;
+                    for (int k = 1; k < n_cfg && st == KS_OK; k++) {
+                        eval_cell *c = &cells[k * per_cfg + ((size_t)t * n_len + l) * n_depth + d];
+                        ks_eval_result fr, tf;
+                        ks_eval_run_opts of = ks_eval_run_default_opts();
+                        if ((st = ks_eval_run(ctxs[k], m, &inst, &of, &fr)) != KS_OK) break;
+                        ks_context_take_recall(ctxs[k], NULL, NULL); /* count the forced run only */
+                        ks_eval_run_opts ot = ks_eval_run_default_opts();
+                        ot.forced = ref.tokens;
+                        ot.n_forced = ref.n_gen;
+                        ot.keep_logits = true;
+                        if ((st = ks_eval_run(ctxs[k], m, &inst, &ot, &tf)) != KS_OK) { ks_eval_result_free(&fr); break; }
+                        double agree_tf = 1, agree_free = 1, kl = 0, recall = NAN;
+                        int32_t nf = fr.n_gen < ref.n_gen ? fr.n_gen : ref.n_gen;
+                        if (ref.n_gen > 0 && tf.n_gen == ref.n_gen) {
+                            ks_eval_top1_agreement(tf.logits, ref.logits, ref.n_gen, V, &agree_tf);
+                            ks_eval_mean_kl(ref.logits, tf.logits, ref.n_gen, V, &kl);
+                        }
+                        if (nf > 0) ks_eval_token_agreement(fr.tokens, ref.tokens, nf, &agree_free);
+                        if (fr.n_gen != ref.n_gen && ref.n_gen > 0) /* stopped at a different length */
+                            agree_free = agree_free * nf / (fr.n_gen > ref.n_gen ? fr.n_gen : ref.n_gen);
+                        ks_context_take_recall(ctxs[k], NULL, &recall);
+                        c->runs++;
+                        c->score_sum += fr.score;
+                        c->tokens += fr.n_prompt + fr.n_gen;
+                        c->seconds += fr.seconds;
+                        c->total_sum += inst.n_total;
+                        c->agree_tf_sum += agree_tf;
+                        c->agree_free_sum += agree_free;
+                        c->kl_sum += kl;
+                        if (recall == recall) c->recall_sum += recall, c->recall_runs++;
+                        ks_eval_result_free(&fr);
+                        ks_eval_result_free(&tf);
+                    }
+                    ks_eval_result_free(&ref);
                     ks_eval_instance_free(&inst);
-                    if (st != KS_OK) { app_report(cmd, "running an instance", st); goto done; }
-                    c->runs++;
-                    c->score_sum += res.score;
-                    c->tokens += res.n_prompt + res.n_gen;
-                    c->seconds += res.seconds;
-                    c->total_sum += inst.n_total;
-                    ks_eval_result_free(&res);
+                    if (st != KS_OK) { app_report(cmd, "running an instance on a policy", st); goto done; }
                 }
-                ran += c->runs;
-                if (c->runs)
-                    fprintf(stderr, "kvsieve eval: %-10s len %6d depth %.2f: %.3f\n", ks_eval_task_name((ks_eval_task)t),
-                            lens[l], depths[d], c->score_sum / c->runs);
+                for (int k = 0; k < n_cfg; k++) {
+                    const eval_cell *c = &cells[k * per_cfg + ((size_t)t * n_len + l) * n_depth + d];
+                    if (k == 0) ran += c->runs;
+                    if (c->runs)
+                        fprintf(stderr, "kvsieve eval: %-18s %-10s len %6d depth %.2f: %.3f\n", cfgs[k].label,
+                                ks_eval_task_name((ks_eval_task)t), lens[l], depths[d], c->score_sum / c->runs);
+                }
             }
+        }
+        for (int k = 0; k < n_cfg; k++) {
+            ks_context_destroy(ctxs[k]);
+            ctxs[k] = NULL;
+        }
     }
     if (!ran) {
         fprintf(stderr, "kvsieve eval: no instance fits the lengths given\n");
         rc = 2;
         goto done;
     }
-
-    /* per-task means (over cells) and the overall mean (over tasks) */
-    double task_acc[KS_EVAL_TASK_COUNT] = {0}, overall = 0;
-    int task_cells[KS_EVAL_TASK_COUNT] = {0}, n_tasks = 0;
-    for (size_t i = 0; i < n_cells; i++)
-        if (cells[i].runs) task_acc[cells[i].task] += cells[i].score_sum / cells[i].runs, task_cells[cells[i].task]++;
-    for (int t = 0; t < KS_EVAL_TASK_COUNT; t++)
-        if (task_cells[t]) task_acc[t] /= task_cells[t], overall += task_acc[t], n_tasks++;
-    overall /= n_tasks;
+    for (int k = 0; k < n_cfg; k++) eval_summarize(cells + k * per_cfg, per_cfg, &sums[k]);
 
     if (json) {
         root = cJSON_CreateObject();
         cJSON_AddStringToObject(root, "model", model_path);
-        cJSON_AddStringToObject(root, "policy", policy);
-        if (budget > 0) cJSON_AddNumberToObject(root, "budget", (double)budget);
-        else cJSON_AddNullToObject(root, "budget");
         cJSON_AddNumberToObject(root, "seed", (double)seed);
         cJSON_AddNumberToObject(root, "samples", (double)samples);
         cJSON_AddNumberToObject(root, "n_ctx_train", n_train);
+        cJSON_AddNumberToObject(root, "sink", (double)po.sink);
+        cJSON_AddNumberToObject(root, "window", (double)po.window);
+        cJSON_AddNumberToObject(root, "page", (double)po.page);
         cJSON *res = cJSON_AddArrayToObject(root, "results");
-        for (size_t i = 0; i < n_cells; i++) {
-            const eval_cell *c = &cells[i];
-            if (!c->runs) continue;
-            cJSON *r = cJSON_CreateObject();
-            cJSON_AddStringToObject(r, "task", ks_eval_task_name((ks_eval_task)c->task));
-            cJSON_AddNumberToObject(r, "length", lens[c->li]);
-            cJSON_AddNumberToObject(r, "depth", depths[c->di]);
-            cJSON_AddNumberToObject(r, "samples", c->runs);
-            cJSON_AddNumberToObject(r, "accuracy", c->score_sum / c->runs);
-            cJSON_AddNumberToObject(r, "mean_tokens", c->total_sum / c->runs);
-            cJSON_AddNumberToObject(r, "tok_s", c->seconds > 0 ? c->tokens / c->seconds : 0);
-            cJSON_AddItemToArray(res, r);
+        for (int k = 0; k < n_cfg; k++)
+            for (size_t i = 0; i < per_cfg; i++) {
+                const eval_cell *c = &cells[k * per_cfg + i];
+                if (!c->runs) continue;
+                cJSON *r = cJSON_CreateObject();
+                cJSON_AddStringToObject(r, "config", cfgs[k].label);
+                cJSON_AddStringToObject(r, "policy", k ? po.names[cfgs[k].pi] : "dense");
+                if (k) {
+                    char bl[32];
+                    app_budget_label(&po.budgets[cfgs[k].bi], bl, sizeof bl);
+                    cJSON_AddStringToObject(r, "budget", bl);
+                    cJSON_AddNumberToObject(r, "budget_tokens", app_budget_tokens(&po.budgets[cfgs[k].bi], lens[c->li]));
+                } else {
+                    cJSON_AddNullToObject(r, "budget");
+                }
+                cJSON_AddStringToObject(r, "task", ks_eval_task_name((ks_eval_task)c->task));
+                cJSON_AddNumberToObject(r, "length", lens[c->li]);
+                cJSON_AddNumberToObject(r, "depth", depths[c->di]);
+                cJSON_AddNumberToObject(r, "samples", c->runs);
+                cJSON_AddNumberToObject(r, "accuracy", c->score_sum / c->runs);
+                cJSON_AddNumberToObject(r, "mean_tokens", c->total_sum / c->runs);
+                cJSON_AddNumberToObject(r, "tok_s", c->seconds > 0 ? c->tokens / c->seconds : 0);
+                if (k) {
+                    cJSON_AddNumberToObject(r, "agreement_forced", c->agree_tf_sum / c->runs);
+                    cJSON_AddNumberToObject(r, "agreement_free", c->agree_free_sum / c->runs);
+                    cJSON_AddNumberToObject(r, "kl", c->kl_sum / c->runs);
+                    if (c->recall_runs) cJSON_AddNumberToObject(r, "attention_recall", c->recall_sum / c->recall_runs);
+                }
+                cJSON_AddItemToArray(res, r);
+            }
+        cJSON *sarr = cJSON_AddArrayToObject(root, "summary");
+        for (int k = 0; k < n_cfg; k++) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "config", cfgs[k].label);
+            for (int t = 0; t < KS_EVAL_TASK_COUNT; t++)
+                if (sums[k].task_cells[t]) cJSON_AddNumberToObject(o, ks_eval_task_name((ks_eval_task)t), sums[k].task_acc[t]);
+            cJSON_AddNumberToObject(o, "all", sums[k].acc);
+            cJSON_AddNumberToObject(o, "tok_s", sums[k].tok_s);
+            if (k) {
+                cJSON_AddNumberToObject(o, "agreement_forced", sums[k].agree_tf);
+                cJSON_AddNumberToObject(o, "agreement_free", sums[k].agree_free);
+                cJSON_AddNumberToObject(o, "kl", sums[k].kl);
+                if (sums[k].recall == sums[k].recall) cJSON_AddNumberToObject(o, "attention_recall", sums[k].recall);
+            }
+            cJSON_AddItemToArray(sarr, o);
         }
-        cJSON *sum = cJSON_AddObjectToObject(root, "summary");
-        for (int t = 0; t < KS_EVAL_TASK_COUNT; t++)
-            if (task_cells[t]) cJSON_AddNumberToObject(sum, ks_eval_task_name((ks_eval_task)t), task_acc[t]);
-        cJSON_AddNumberToObject(sum, "all", overall);
         char *text = cJSON_Print(root);
         printf("%s\n", text);
         cJSON_free(text);
     } else {
-        printf("%-10s %7s %6s %7s %9s %9s\n", "task", "length", "depth", "samples", "accuracy", "tok/s");
-        for (size_t i = 0; i < n_cells; i++) {
-            const eval_cell *c = &cells[i];
-            if (!c->runs) continue;
-            printf("%-10s %7d %6.2f %7d %9.3f %9.1f\n", ks_eval_task_name((ks_eval_task)c->task), lens[c->li],
-                   depths[c->di], c->runs, c->score_sum / c->runs, c->seconds > 0 ? c->tokens / c->seconds : 0);
-        }
+        printf("%-18s %-10s %7s %6s %7s %9s %8s %8s %8s %8s %9s\n", "config", "task", "length", "depth", "samples",
+               "accuracy", "agree_tf", "agree_fr", "KL", "recall", "tok/s");
+        for (int k = 0; k < n_cfg; k++)
+            for (size_t i = 0; i < per_cfg; i++) {
+                const eval_cell *c = &cells[k * per_cfg + i];
+                if (!c->runs) continue;
+                char a1[16] = "-", a2[16] = "-", a3[16] = "-", a4[16] = "-";
+                if (k) {
+                    snprintf(a1, sizeof a1, "%.3f", c->agree_tf_sum / c->runs);
+                    snprintf(a2, sizeof a2, "%.3f", c->agree_free_sum / c->runs);
+                    snprintf(a3, sizeof a3, "%.4f", c->kl_sum / c->runs);
+                    if (c->recall_runs) snprintf(a4, sizeof a4, "%.3f", c->recall_sum / c->recall_runs);
+                }
+                printf("%-18s %-10s %7d %6.2f %7d %9.3f %8s %8s %8s %8s %9.1f\n", cfgs[k].label,
+                       ks_eval_task_name((ks_eval_task)c->task), lens[c->li], depths[c->di], c->runs,
+                       c->score_sum / c->runs, a1, a2, a3, a4, c->seconds > 0 ? c->tokens / c->seconds : 0);
+            }
+        printf("\n%-18s", "summary");
         for (int t = 0; t < KS_EVAL_TASK_COUNT; t++)
-            if (task_cells[t]) printf("mean %-10s %.3f\n", ks_eval_task_name((ks_eval_task)t), task_acc[t]);
-        printf("mean all        %.3f  (policy %s)\n", overall, policy);
+            if (sums[0].task_cells[t]) printf(" %10s", ks_eval_task_name((ks_eval_task)t));
+        printf(" %8s %8s %8s %8s %8s %9s\n", "all", "agree_tf", "agree_fr", "KL", "recall", "tok/s");
+        for (int k = 0; k < n_cfg; k++) {
+            printf("%-18s", cfgs[k].label);
+            for (int t = 0; t < KS_EVAL_TASK_COUNT; t++)
+                if (sums[0].task_cells[t]) printf(" %10.3f", sums[k].task_acc[t]);
+            if (k)
+                printf(" %8.3f %8.3f %8.3f %8.4f %8.3f %9.1f\n", sums[k].acc, sums[k].agree_tf, sums[k].agree_free,
+                       sums[k].kl, sums[k].recall, sums[k].tok_s);
+            else
+                printf(" %8.3f %8s %8s %8s %8s %9.1f\n", sums[k].acc, "-", "-", "-", "-", sums[k].tok_s);
+        }
+        printf("mean all        %.3f  (policy dense)\n", sums[0].acc);
     }
-    if (plot && !eval_plot(plot, cells, task_on, lens, n_len, depths, n_depth, overall, budget)) goto done;
+    if (plot && !eval_plot(plot, cells, task_on, lens, n_len, depths, n_depth, cfgs, n_cfg, sums, &po)) goto done;
     rc = 0;
 done:
     cJSON_Delete(root);
     free(cells);
-    ks_context_destroy(ctx);
+    free(sums);
+    for (int k = 0; k < n_cfg; k++) ks_context_destroy(ctxs[k]);
+    free(ctxs);
     ks_model_destroy(m);
     return rc;
 }

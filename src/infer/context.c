@@ -235,6 +235,9 @@ void ks_context_destroy(ks_context *c) {
         ks_free(s->pages);
         ks_free(s->segs);
         free(s->gather);
+        ks_free(s->probe_out);
+        ks_free(s->recall_sum);
+        ks_free(s->recall_n);
     }
     ks_free(c->scr);
     ks_free(c->obs_q);
@@ -421,6 +424,9 @@ ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_conte
         s->sel = ks_malloc(sizeof(int32_t) * (size_t)c->n_ctx);
         s->pages = ks_malloc(sizeof(int32_t) * ((size_t)max_pages + 1));
         s->segs = ks_malloc(sizeof(ks_kv_seg) * ((size_t)c->n_ctx + 1));
+        s->probe_out = ks_malloc(sizeof(float) * (size_t)hp->n_head * hp->head_dim);
+        s->recall_sum = ks_calloc((size_t)hp->n_layer * hp->n_head_kv, sizeof(double));
+        s->recall_n = ks_calloc((size_t)hp->n_layer * hp->n_head_kv, sizeof(uint32_t));
     }
     size_t mm = 0;
     const ks_weight *ws[] = {&model->layers[0].wq, &model->layers[0].wo, &model->layers[0].w_gate,
@@ -463,6 +469,28 @@ int32_t ks_seq_len(const ks_context *c, int32_t seq) {
 void ks_context_stats(const ks_context *c, ks_stats *out) { *out = c->stats; }
 void ks_stats_reset(ks_context *c) { memset(&c->stats, 0, sizeof c->stats); }
 const ks_model *ks_context_model(const ks_context *c) { return c->model; }
+
+void ks_context_set_recall_probe(ks_context *c, bool on) { c->recall_probe = on; }
+
+void ks_context_take_recall(ks_context *c, double *per, double *mean) {
+    const ks_hparams *hp = &c->model->hp;
+    size_t n = (size_t)hp->n_layer * hp->n_head_kv;
+    double tot = 0;
+    size_t cnt = 0;
+    for (size_t i = 0; i < n; i++) {
+        double sum = 0;
+        uint32_t k = 0;
+        for (int t = 0; t < c->params.n_threads; t++) {
+            sum += c->scr[t].recall_sum[i];
+            k += c->scr[t].recall_n[i];
+            c->scr[t].recall_sum[i] = 0;
+            c->scr[t].recall_n[i] = 0;
+        }
+        if (per) per[i] = k ? sum / k : NAN;
+        if (k) tot += sum / k, cnt++;
+    }
+    if (mean) *mean = cnt ? tot / (double)cnt : NAN;
+}
 ks_pool *ks_context_pool(ks_context *c) { return c->pool; }
 
 /* ------------------------------------------------------------ forward -- */
@@ -541,9 +569,34 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
             }
         }
     }
+    bool slow = ks_kv_layer_tier(c->kv, j->il) == KS_TIER_SLOW;
+    /* after a prefill eviction the evicted entries are gone: no dense mass to compare with */
+    if (c->recall_probe && c->decoding && n == j->pos[r] + 1) {
+        size_t slot = (size_t)j->il * hp->n_head_kv + (size_t)h;
+        double recall = 1.0;
+        if (!all && !slow) { /* dense pass over resident pages: mass covered by the mask */
+            for (int32_t lp = 0, t = 0; t < n; lp++, t += P) {
+                const uint8_t *K, *V;
+                ks_kv_page_rows(c->kv, seq, j->il, h, lp, &K, &V);
+                segs[lp] = (ks_kv_seg){K, V, n - t < P ? n - t : P};
+            }
+            memset(s->weights, 0, sizeof(float) * (size_t)n);
+            ks_attention_segs(c->kv_type, segs, (n + P - 1) / P, n, hd, G, q, s->scores, s->probe_out, s->tmp,
+                              s->weights, true);
+            double in = 0, tot = 0;
+            for (int32_t e = 0; e < n; e++) {
+                tot += s->weights[e];
+                if (s->mask[e >> 6] >> (e & 63) & 1) in += s->weights[e];
+            }
+            recall = tot > 0 ? in / tot : 1.0;
+        }
+        if (!slow || all) {
+            s->recall_sum[slot] += recall;
+            s->recall_n[slot]++;
+        }
+    }
     /* runs -> page-bounded segments (entries listed only when weights are wanted) */
     bool want_w = j->sparse && ks_policy_wants_weights(c->policy);
-    bool slow = ks_kv_layer_tier(c->kv, j->il) == KS_TIER_SLOW;
     for (int32_t a = all ? 0 : mask_next(s->mask, 0, n, true); a < n;) {
         int32_t b = all ? n : mask_next(s->mask, a, n, false);
         for (int32_t t = a; t < b;) {

@@ -24,6 +24,9 @@ typedef struct ks_attn_scratch {
     int32_t *pages;       /* [n_ctx / P + 1] logical pages touched */
     void *segs;           /* [n_ctx] kernel segments */
     uint8_t *gather;      /* [n_ctx / P + 1][page_bytes] slow-tier pages when the slots are too few (lazy) */
+    float *probe_out;     /* [G][head_dim] throwaway output of the recall probe */
+    double *recall_sum;   /* [n_layer][n_head_kv] recall probe sums of this worker */
+    uint32_t *recall_n;   /* [n_layer][n_head_kv] */
     double select_seconds;
     uint64_t entries_attended;
 } ks_attn_scratch;
@@ -53,6 +56,7 @@ struct ks_context {
     ks_attn_scratch *scr;    /* [n_threads] */
     void *mm_scratch;        /* quantized activations for ks_matmul */
     float *rope_cos, *rope_sin; /* [max_rows][n_rot/2] */
+    bool recall_probe;       /* eval: measure the dense attention mass each selection covers */
     ks_status step_status;   /* first failure inside a parallel section */
     atomic_flag step_failed;
     ks_stats stats;
@@ -95,6 +99,14 @@ bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int 
                               float *scores, float *out, float scale, float *weights);
 
 const ks_model *ks_context_model(const ks_context *c);
+/* Attention recall probe (eval only; costs a dense attention pass per
+ * sparse head): at every decode step, for each (layer, KV head) the share of
+ * the dense attention mass (summed over the group's query heads) that the
+ * attended entries cover; 1 where everything is attended.  take() returns
+ * the mean per (layer, head) since the last take ([n_layer][n_head_kv], NaN
+ * where no step ran) and the overall mean, then resets. */
+void ks_context_set_recall_probe(ks_context *c, bool on);
+void ks_context_take_recall(ks_context *c, double *per_layer_head, double *mean);
 ks_pool *ks_context_pool(ks_context *c);
 
 #endif

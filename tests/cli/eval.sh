@@ -2,9 +2,11 @@
 # eval.sh — `kvsieve eval` end to end on the real aidreams260K model (context
 # 128): every task runs at length ~100 with 2 samples, the table and the JSON
 # agree on the cells, --plot writes SVG that an XML parser accepts, lengths
-# over the trained context are skipped (or refused when nothing is left), and
-# bad flags / unknown policies are usage errors (exit 2).  The tiny model
-# scores ~0 on these tasks; only the harness is under test here.
+# over the trained context are skipped (or refused when nothing is left),
+# policies run beside dense with their comparison metrics (a full budget
+# agrees with dense exactly), and bad flags / unknown policies are usage
+# errors (exit 2).  The tiny model scores ~0 on these tasks; only the harness
+# is under test here.
 # Usage: bash eval.sh <kvsieve> <fixtures-dir> <scratch-dir>
 set -u
 KS=$1; FIX=$2; TMP=$3
@@ -18,7 +20,7 @@ out=$("$KS" eval -m "$MODEL" --lengths 100 --depths 0,0.5,1 --samples 2 -t 2 2>"
 [ $? -eq 0 ] || bad "table run failed: $(cat "$TMP/err")"
 echo "$out" | head -1 | grep -q "accuracy" || bad "no table header: $out"
 for t in passkey multikey multivalue vartrack longgen; do
-  n=$(echo "$out" | grep -c "^$t ")
+  n=$(echo "$out" | grep -c "^dense  *$t ")
   [ "$n" -eq 3 ] || bad "$t: $n rows, want 3"
 done
 echo "$out" | grep -q "^mean all" || bad "no overall mean"
@@ -31,7 +33,7 @@ python3 - "$TMP/eval.json" "$out" <<'PY' || bad "eval JSON"
 import json, sys
 d = json.load(open(sys.argv[1]))
 rows = d["results"]
-assert d["policy"] == "dense" and d["samples"] == 2, d
+assert d["samples"] == 2, d
 assert {r["task"] for r in rows} == {"passkey", "multikey", "multivalue", "vartrack", "longgen"}, rows
 assert len(rows) == 15 and all(r["length"] == 100 for r in rows), rows
 for r in rows:
@@ -39,11 +41,11 @@ for r in rows:
 table = {}
 for line in sys.argv[2].splitlines()[1:]:
     f = line.split()
-    if len(f) == 6:
-        table[(f[0], float(f[2]))] = float(f[4])
+    if len(f) == 11 and f[0] == "dense":
+        table[(f[1], float(f[3]))] = float(f[5])
 for r in rows:
     assert abs(table[(r["task"], r["depth"])] - r["accuracy"]) < 1e-3, (r, table)
-assert 0 <= d["summary"]["all"] <= 1
+assert 0 <= d["summary"][0]["all"] <= 1 and d["summary"][0]["config"] == "dense"
 PY
 [ -s "$TMP/eval.svg" ] || bad "no SVG written"
 python3 -c 'import xml.dom.minidom,sys; xml.dom.minidom.parse(sys.argv[1])' "$TMP/eval.svg" || bad "SVG is not well-formed XML"
@@ -53,13 +55,38 @@ grep -q "KV budget" "$TMP/eval.svg" || bad "SVG lacks the budget chart"
 # one task, deterministic across runs
 a=$("$KS" eval -m "$MODEL" --task passkey,longgen --lengths 100 --depths 0.5 --samples 1 --seed 9 2>/dev/null)
 b=$("$KS" eval -m "$MODEL" --task passkey,longgen --lengths 100 --depths 0.5 --samples 1 --seed 9 2>/dev/null)
-[ "$(echo "$a" | awk '{print $5}')" = "$(echo "$b" | awk '{print $5}')" ] || bad "same seed, different accuracies"
-[ "$(echo "$a" | grep -c '^passkey \|^longgen ')" -eq 2 ] || bad "--task selection: $a"
+[ "$(echo "$a" | awk '{print $6}')" = "$(echo "$b" | awk '{print $6}')" ] || bad "same seed, different accuracies"
+[ "$(echo "$a" | grep -c '^dense  *passkey \|^dense  *longgen ')" -eq 2 ] || bad "--task selection: $a"
+
+# policies beside dense: a budget covering the context agrees with dense exactly;
+# a small one attends less (recall < 1) and reports every metric
+"$KS" eval -m "$MODEL" --task passkey,longgen --lengths 100 --depths 0.5 --samples 1 -t 2 --page 8 --window 8 \
+  --policy dense,quest,streaming,h2o,snapkv+quest --budget 100%,25% --json >"$TMP/pol.json" 2>"$TMP/err" \
+  || bad "policy eval failed: $(cat "$TMP/err")"
+python3 - "$TMP/pol.json" <<'PY' || bad "policy eval JSON"
+import json, sys
+d = json.load(open(sys.argv[1]))
+s = {x["config"]: x for x in d["summary"]}
+assert set(s) == {"dense", "quest@100%", "quest@25%", "streaming@100%", "streaming@25%", "h2o@100%", "h2o@25%",
+                  "snapkv+quest@100%", "snapkv+quest@25%"}, s.keys()
+for name, x in s.items():
+    if name == "dense":
+        continue
+    assert 0 <= x["agreement_forced"] <= 1 and 0 <= x["agreement_free"] <= 1 and x["kl"] >= -1e-9, x
+    if name.endswith("@100%"):
+        assert x["agreement_forced"] == 1 and x["agreement_free"] == 1 and abs(x["kl"]) < 1e-9, x
+        assert x["all"] == s["dense"]["all"], x
+        if "attention_recall" in x:
+            assert x["attention_recall"] == 1, x
+assert s["streaming@25%"]["attention_recall"] < 1, s["streaming@25%"]
+assert "attention_recall" not in s["snapkv+quest@25%"], "recall after eviction is not measurable"
+PY"
 
 # usage errors exit 2
 expect2() { "$KS" eval -m "$MODEL" "$@" >/dev/null 2>"$TMP/err"; rc=$?; [ $rc -eq 2 ] || bad "eval $* exited $rc"; }
-expect2 --policy quest --budget 64
-grep -q "KV-store issue" "$TMP/err" || bad "unknown policy message: $(cat "$TMP/err")"
+expect2 --policy nosuch --budget 64
+grep -q "unknown policy 'nosuch'" "$TMP/err" || bad "unknown policy message: $(cat "$TMP/err")"
+expect2 --policy quest --budget 101%
 expect2 --task nope
 expect2 --lengths 100,abc
 expect2 --depths 0,1.5
