@@ -312,11 +312,25 @@ static void test_dtype_table(void **state) {
     assert_string_equal(ks_st_shape_str(0, s, b, sizeof b), "[]");
 }
 
+/* The fuzz seeds are valid files (so the fuzzer starts from the happy path). */
+static void test_fuzz_seeds(void **state) {
+    const char *seeds[] = {"mixed.safetensors", "eagle3_head.safetensors", "empty_header.safetensors",
+                           "metadata_only.safetensors"};
+    for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "tests/fuzz/corpus_safetensors/%s", seeds[i]);
+        ks_safetensors *st = NULL;
+        if (ks_safetensors_open(ks_test_source(rel), i % 2 == 0, &st) != KS_OK) fail_msg("%s: %s", rel, ks_last_error());
+        ks_safetensors_close(st);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),        cmocka_unit_test(test_shape_check_message),
         cmocka_unit_test(test_malformed_headers), cmocka_unit_test(test_truncated_and_huge),
         cmocka_unit_test(test_sharded),          cmocka_unit_test(test_dtype_table),
+        cmocka_unit_test(test_fuzz_seeds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
