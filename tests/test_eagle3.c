@@ -5,6 +5,7 @@
  * the head's Q/K against an independent plain computation; RoPE scaling
  * (YaRN, llama3) against the published formulas.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "testutil.h"
 
 #include "model/eagle3.h"
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #ifndef M_PI
@@ -576,13 +578,36 @@ static void test_check_target(void **state) {
     ks_eagle3_destroy(d);
 }
 
+/* `kvsieve info DIR` describes a checkpoint directory; a non-EAGLE one fails cleanly. */
+static void test_cli_info(void **state) {
+    const char *dir = tmp_dir("ckpt_cli");
+    write_ckpt(dir, (ckpt_opts){.prefix = "midlayer.", .embed = false});
+    char cmd[4096], out[8192];
+    snprintf(cmd, sizeof cmd, "'%s' info '%s' --tensors 2>&1", KS_CLI, dir);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = 0;
+    int rc = pclose(f);
+    if (rc != 0) fail_msg("exit %d: %s", rc, out);
+    assert_non_null(strstr(out, "EAGLE-3 draft model (LlamaForCausalLMEagle3)"));
+    assert_non_null(strstr(out, "midlayer.self_attn.q_proj.weight"));
+    assert_non_null(strstr(out, "embed_tokens absent"));
+    assert_non_null(strstr(out, "retrieval head 400 (55.4% fewer)"));
+    const char *bad = tmp_dir("ckpt_cli_bad");
+    write_ckpt(bad, (ckpt_opts){.prefix = "blocks.0.", .embed = true});
+    snprintf(cmd, sizeof cmd, "'%s' info '%s' >/dev/null 2>&1", KS_CLI, bad);
+    rc = system(cmd);
+    assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_load_full_and_head), cmocka_unit_test(test_embed_only_head),
         cmocka_unit_test(test_bad_checkpoints),    cmocka_unit_test(test_ambiguous_prefix),
         cmocka_unit_test(test_sharded_bf16),       cmocka_unit_test(test_head_qk_exact),
         cmocka_unit_test(test_yarn_formula),       cmocka_unit_test(test_config_rope_and_aux),
-        cmocka_unit_test(test_check_target),
+        cmocka_unit_test(test_check_target),       cmocka_unit_test(test_cli_info),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -644,7 +644,7 @@ ks_status ks_eagle3_describe(const ks_eagle3 *d, char *buf, size_t cap) {
     char a[32], b[32], e[32], f[32];
     human((double)d->n_params_full, a, sizeof a);
     human((double)d->n_params_head, b, sizeof b);
-    P("  params: full DLM %s, retrieval head %s (%.1f%% fewer)\n", a, b,
+    P("  params: full DLM (every checkpoint tensor) %s, retrieval head %s (%.1f%% fewer)\n", a, b,
       d->n_params_full ? 100.0 * (1.0 - (double)d->n_params_head / (double)d->n_params_full) : 0.0);
     if (d->n_params_embed) {
         int64_t fx = d->n_params_full - d->n_params_embed, hx = d->n_params_head - d->n_params_embed;
