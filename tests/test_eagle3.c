@@ -547,6 +547,34 @@ static void test_config_rope_and_aux(void **state) {
     ks_eagle3_destroy(d);
 }
 
+/* vllm-project/speculators layout: Llama fields under transformer_layer_config. */
+static void test_speculators_config(void **state) {
+    const char *dir = tmp_dir("ckpt_speculators");
+    write_ckpt(dir, (ckpt_opts){.prefix = "layers.0.", .embed = false});
+    const char *cfg =
+        "{\"architectures\":[\"Eagle3Speculator\"],\"draft_vocab_size\":8,\"speculators_model_type\":\"eagle3\","
+        "\"eagle_aux_hidden_state_layer_ids\":[2,8,13],"
+        "\"transformer_layer_config\":{\"head_dim\":4,\"hidden_size\":8,\"intermediate_size\":12,"
+        "\"max_position_embeddings\":131072,\"num_attention_heads\":2,\"num_hidden_layers\":1,\"num_key_value_heads\":1,"
+        "\"rms_norm_eps\":1e-05,\"rope_scaling\":{\"factor\":8.0,\"high_freq_factor\":4.0,\"low_freq_factor\":1.0,"
+        "\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"},\"rope_theta\":500000.0,\"vocab_size\":16}}";
+    char p[1300];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    assert_int_equal(ks_test_write_file(p, cfg, strlen(cfg)), 0);
+    ks_eagle3 *d = NULL;
+    assert_int_equal(ks_eagle3_load(dir, ks_eagle3_default_params(), &d), KS_OK);
+    assert_string_equal(d->cfg.arch, "Eagle3Speculator");
+    assert_int_equal(d->cfg.hidden_size, H);
+    assert_int_equal(d->cfg.vocab_size, V);
+    assert_int_equal(d->cfg.draft_vocab_size, DV);
+    assert_int_equal(d->cfg.max_pos, 131072);
+    assert_int_equal(d->cfg.rope.type, KS_ROPE_SCALING_LLAMA3);
+    assert_int_equal(d->cfg.rope.orig_max_pos, 8192);
+    assert_true(d->cfg.rope_theta == 500000.0f);
+    assert_true(d->cfg.aux_layers_set && d->cfg.aux_layers[1] == 8);
+    ks_eagle3_destroy(d);
+}
+
 static void test_check_target(void **state) {
     const char *dir = tmp_dir("ckpt_target");
     write_ckpt(dir, (ckpt_opts){.prefix = "midlayer.", .embed = true, .extra_config = ",\"rope_scaling\":null"});
@@ -608,6 +636,7 @@ int main(void) {
         cmocka_unit_test(test_sharded_bf16),       cmocka_unit_test(test_head_qk_exact),
         cmocka_unit_test(test_yarn_formula),       cmocka_unit_test(test_config_rope_and_aux),
         cmocka_unit_test(test_check_target),       cmocka_unit_test(test_cli_info),
+        cmocka_unit_test(test_speculators_config),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

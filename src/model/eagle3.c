@@ -139,10 +139,24 @@ static ks_status read_text(const char *path, size_t cap, char **out, size_t *len
     return KS_OK;
 }
 
+/* vllm-project/speculators configs ("Eagle3Speculator") nest the Llama
+ * fields under "transformer_layer_config" and keep vocabulary sizes and aux
+ * layer ids at the top level: keys are looked up in that object first, then
+ * at the root. */
+typedef struct {
+    const cJSON *first, *second; /* second may be NULL */
+} cfg_src;
+
+static const cJSON *cfg_item(const cfg_src *src, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(src->first, key);
+    if (!v && src->second) v = cJSON_GetObjectItemCaseSensitive(src->second, key);
+    return v;
+}
+
 /* Integer config key in [lo, hi]; absent -> dflt (or an error when required). */
-static ks_status cfg_int(const cJSON *root, const char *key, bool required, int64_t dflt, int64_t lo, int64_t hi,
+static ks_status cfg_int(const cfg_src *root, const char *key, bool required, int64_t dflt, int64_t lo, int64_t hi,
                          int32_t *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    const cJSON *v = cfg_item(root, key);
     if (!v || cJSON_IsNull(v)) {
         if (required) return KS_FAIL(KS_ERR_FORMAT, "config.json: missing \"%s\"", key);
         *out = (int32_t)dflt;
@@ -155,8 +169,8 @@ static ks_status cfg_int(const cJSON *root, const char *key, bool required, int6
     return KS_OK;
 }
 
-static ks_status cfg_float(const cJSON *root, const char *key, double dflt, double lo, double hi, float *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+static ks_status cfg_float(const cfg_src *root, const char *key, double dflt, double lo, double hi, float *out) {
+    const cJSON *v = cfg_item(root, key);
     if (!v || cJSON_IsNull(v)) {
         *out = (float)dflt;
         return KS_OK;
@@ -187,13 +201,14 @@ static ks_status parse_rope_scaling(const cJSON *rs, int32_t max_pos, ks_rope_sc
         return KS_FAIL(KS_ERR_UNSUPPORTED, "config.json: rope_scaling type '%s' is not supported (default, linear, llama3, yarn)", nb);
     }
     if (out->type == KS_ROPE_SCALING_NONE) return KS_OK;
-    KS_TRY(cfg_float(rs, "factor", 1.0, 1.0, 1e6, &out->factor));
-    KS_TRY(cfg_int(rs, "original_max_position_embeddings", false, max_pos, 1, 1 << 24, &out->orig_max_pos));
-    KS_TRY(cfg_float(rs, "beta_fast", 32.0, 1e-3, 1e6, &out->beta_fast));
-    KS_TRY(cfg_float(rs, "beta_slow", 1.0, 1e-3, 1e6, &out->beta_slow));
-    KS_TRY(cfg_float(rs, "attention_factor", 0.0, 0.0, 1e3, &out->attention_factor));
-    KS_TRY(cfg_float(rs, "low_freq_factor", 1.0, 1e-6, 1e6, &out->low_freq_factor));
-    KS_TRY(cfg_float(rs, "high_freq_factor", 4.0, 1e-6, 1e6, &out->high_freq_factor));
+    const cfg_src src = {rs, NULL};
+    KS_TRY(cfg_float(&src, "factor", 1.0, 1.0, 1e6, &out->factor));
+    KS_TRY(cfg_int(&src, "original_max_position_embeddings", false, max_pos, 1, 1 << 24, &out->orig_max_pos));
+    KS_TRY(cfg_float(&src, "beta_fast", 32.0, 1e-3, 1e6, &out->beta_fast));
+    KS_TRY(cfg_float(&src, "beta_slow", 1.0, 1e-3, 1e6, &out->beta_slow));
+    KS_TRY(cfg_float(&src, "attention_factor", 0.0, 0.0, 1e3, &out->attention_factor));
+    KS_TRY(cfg_float(&src, "low_freq_factor", 1.0, 1e-6, 1e6, &out->low_freq_factor));
+    KS_TRY(cfg_float(&src, "high_freq_factor", 4.0, 1e-6, 1e6, &out->high_freq_factor));
     return KS_OK;
 }
 
@@ -212,10 +227,14 @@ static ks_status parse_aux_layers(const cJSON *v, ks_eagle3_config *c) {
     return KS_OK;
 }
 
-static ks_status parse_config(const cJSON *root, ks_eagle3_config *c) {
+static ks_status parse_config(const cJSON *json, ks_eagle3_config *c) {
     memset(c, 0, sizeof *c);
-    if (!cJSON_IsObject(root)) return KS_FAIL(KS_ERR_FORMAT, "config.json is not a JSON object");
-    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    if (!cJSON_IsObject(json)) return KS_FAIL(KS_ERR_FORMAT, "config.json is not a JSON object");
+    const cJSON *nested = cJSON_GetObjectItemCaseSensitive(json, "transformer_layer_config");
+    const cfg_src src = cJSON_IsObject(nested) && !cJSON_GetObjectItemCaseSensitive(json, "hidden_size")
+                            ? (cfg_src){nested, json} : (cfg_src){json, NULL};
+    const cfg_src *root = &src;
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(json, "architectures");
     if (cJSON_IsArray(arch) && cJSON_IsString(arch->child)) snprintf(c->arch, sizeof c->arch, "%s", arch->child->valuestring);
     else snprintf(c->arch, sizeof c->arch, "?");
     const int64_t big = 1 << 20;
@@ -236,10 +255,10 @@ static ks_status parse_config(const cJSON *root, ks_eagle3_config *c) {
         return KS_FAIL(KS_ERR_FORMAT, "config.json: num_attention_heads %d is not a multiple of num_key_value_heads %d", c->n_head, c->n_head_kv);
     if (c->draft_vocab_size > c->vocab_size)
         return KS_FAIL(KS_ERR_FORMAT, "config.json: draft_vocab_size %d exceeds vocab_size %d", c->draft_vocab_size, c->vocab_size);
-    KS_TRY(parse_rope_scaling(cJSON_GetObjectItemCaseSensitive(root, "rope_scaling"), c->max_pos, &c->rope));
+    KS_TRY(parse_rope_scaling(cfg_item(root, "rope_scaling"), c->max_pos, &c->rope));
     c->aux_layers[0] = c->aux_layers[1] = c->aux_layers[2] = -1;
-    const cJSON *aux = cJSON_GetObjectItemCaseSensitive(root, "eagle_aux_hidden_state_layer_ids");
-    const cJSON *ec = cJSON_GetObjectItemCaseSensitive(root, "eagle_config");
+    const cJSON *aux = cfg_item(root, "eagle_aux_hidden_state_layer_ids");
+    const cJSON *ec = cfg_item(root, "eagle_config");
     if (!aux && cJSON_IsObject(ec)) aux = cJSON_GetObjectItemCaseSensitive(ec, "eagle_aux_hidden_state_layer_ids");
     KS_TRY(parse_aux_layers(aux, c));
     return KS_OK;
