@@ -299,6 +299,24 @@ static void test_sharded(void **state) {
     assert_non_null(strstr(ks_last_error(), "duplicate tensor name 'x.weight'"));
 }
 
+/* A repeated metadata key keeps its first value; lookups work after sorting. */
+static void test_metadata_duplicates(void **state) {
+    size_t n;
+    uint8_t *img = ks_test_safetensors_raw("{\"__metadata__\":{\"z\":\"1\",\"a\":\"2\",\"z\":\"3\",\"m\":\"4\"}}", NULL, 0, &n);
+    ks_safetensors *st = NULL;
+    assert_int_equal(ks_safetensors_open_buffer(img, n, &st), KS_OK);
+    assert_int_equal(ks_safetensors_n_metadata(st), 3);
+    assert_string_equal(ks_safetensors_metadata(st, "z"), "1");
+    assert_string_equal(ks_safetensors_metadata(st, "a"), "2");
+    assert_string_equal(ks_safetensors_metadata(st, "m"), "4");
+    const char *k, *v;
+    ks_safetensors_metadata_at(st, 0, &k, &v);
+    assert_string_equal(k, "a");
+    assert_int_equal(ks_safetensors_count(st), 0);
+    ks_safetensors_close(st);
+    free(img);
+}
+
 static void test_dtype_table(void **state) {
     ks_st_dtype t;
     assert_true(ks_st_dtype_from_name("BF16", &t) && t == KS_ST_BF16);
@@ -330,7 +348,7 @@ int main(void) {
         cmocka_unit_test(test_roundtrip),        cmocka_unit_test(test_shape_check_message),
         cmocka_unit_test(test_malformed_headers), cmocka_unit_test(test_truncated_and_huge),
         cmocka_unit_test(test_sharded),          cmocka_unit_test(test_dtype_table),
-        cmocka_unit_test(test_fuzz_seeds),
+        cmocka_unit_test(test_fuzz_seeds),       cmocka_unit_test(test_metadata_duplicates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

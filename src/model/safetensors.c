@@ -106,9 +106,9 @@ static void push_tensor(ks_safetensors *st, const ks_st_tensor *t) {
     st->tensors[st->n_tensors++] = *t;
 }
 
+/* Appended as found; finish() sorts them and drops repeated keys (the first
+ * occurrence wins), so a header with millions of keys stays O(n log n). */
 static void push_meta(ks_safetensors *st, const char *k, const char *v) {
-    for (int64_t i = 0; i < st->n_meta; i++)
-        if (!strcmp(st->meta_keys[i], k)) return; /* first shard wins */
     if (st->n_meta == st->cap_meta) {
         st->cap_meta = st->cap_meta ? st->cap_meta * 2 : 8;
         st->meta_keys = ks_realloc(st->meta_keys, (size_t)st->cap_meta * sizeof(char *));
@@ -274,8 +274,38 @@ static int tensor_name_cmp(const void *a, const void *b) {
     return strcmp(((const ks_st_tensor *)a)->name, ((const ks_st_tensor *)b)->name);
 }
 
+typedef struct { const char *key, *val; int64_t order; } meta_entry;
+
+static int meta_cmp(const void *a, const void *b) {
+    const meta_entry *x = a, *y = b;
+    int c = strcmp(x->key, y->key);
+    return c ? c : (x->order > y->order) - (x->order < y->order);
+}
+
+/* Sort metadata by key, keeping the first occurrence of each key. */
+static void finish_metadata(ks_safetensors *st) {
+    if (st->n_meta < 2) return;
+    meta_entry *e = ks_malloc(sizeof *e * (size_t)st->n_meta);
+    for (int64_t i = 0; i < st->n_meta; i++) e[i] = (meta_entry){st->meta_keys[i], st->meta_vals[i], i};
+    qsort(e, (size_t)st->n_meta, sizeof *e, meta_cmp);
+    int64_t n = 0;
+    for (int64_t i = 0; i < st->n_meta; i++) {
+        if (n > 0 && !strcmp(st->meta_keys[n - 1], e[i].key)) {
+            ks_free((void *)e[i].key);
+            ks_free((void *)e[i].val);
+            continue;
+        }
+        st->meta_keys[n] = (char *)e[i].key;
+        st->meta_vals[n] = (char *)e[i].val;
+        n++;
+    }
+    st->n_meta = n;
+    ks_free(e);
+}
+
 /* Sort by name and reject duplicates (cJSON keeps both members of a repeated key). */
 static ks_status finish(ks_safetensors *st) {
+    finish_metadata(st);
     if (st->n_tensors > 1) qsort(st->tensors, (size_t)st->n_tensors, sizeof *st->tensors, tensor_name_cmp);
     for (int64_t i = 1; i < st->n_tensors; i++)
         if (!strcmp(st->tensors[i - 1].name, st->tensors[i].name)) {
@@ -421,6 +451,8 @@ static ks_status add_shard(ks_safetensors *st, const char *path, bool use_mmap) 
 
 #define KS_ST_MAX_INDEX ((size_t)64 << 20)
 
+static int cstr_cmp(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
 /* A shard file name from an index must stay inside the checkpoint directory. */
 static bool safe_shard_name(const char *s) {
     if (!s[0] || strchr(s, '/') || strchr(s, '\\') || !strcmp(s, ".") || !strcmp(s, "..")) return false;
@@ -451,7 +483,7 @@ static ks_status open_index(ks_safetensors *st, const char *index_path, bool use
     char *slash = strrchr(dir, '/');
     if (slash) *slash = 0;
     else strcpy(dir, ".");
-    /* distinct shard names in order of first appearance */
+    /* distinct shard names, sorted (O(n log n) however long the map) */
     int n_names = 0, cap = cJSON_GetArraySize(wm);
     const char **names = ks_malloc(sizeof(char *) * (size_t)(cap + 1));
     ks_status s = KS_OK;
@@ -462,9 +494,14 @@ static ks_status open_index(ks_safetensors *st, const char *index_path, bool use
                         msg_name(e->string ? e->string : "", nb, sizeof nb));
             break;
         }
-        bool seen = false;
-        for (int i = 0; i < n_names && !seen; i++) seen = !strcmp(names[i], e->valuestring);
-        if (!seen) names[n_names++] = e->valuestring;
+        names[n_names++] = e->valuestring;
+    }
+    if (s == KS_OK && n_names > 1) {
+        qsort(names, (size_t)n_names, sizeof *names, cstr_cmp);
+        int u = 1;
+        for (int i = 1; i < n_names; i++)
+            if (strcmp(names[i], names[u - 1])) names[u++] = names[i];
+        n_names = u;
     }
     for (int i = 0; i < n_names && s == KS_OK; i++) {
         char *p = path_join(dir, names[i]);
@@ -560,8 +597,14 @@ void ks_safetensors_metadata_at(const ks_safetensors *st, int64_t i, const char 
 }
 
 const char *ks_safetensors_metadata(const ks_safetensors *st, const char *key) {
-    for (int64_t i = 0; i < st->n_meta; i++)
-        if (!strcmp(st->meta_keys[i], key)) return st->meta_vals[i];
+    int64_t lo = 0, hi = st->n_meta;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(st->meta_keys[mid], key);
+        if (!c) return st->meta_vals[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
     return NULL;
 }
 

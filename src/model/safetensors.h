@@ -76,7 +76,8 @@ int ks_safetensors_n_shards(const ks_safetensors *st);
 /* Total bytes of the files. */
 size_t ks_safetensors_file_bytes(const ks_safetensors *st);
 
-/* "__metadata__" entries (merged over shards; first one wins). */
+/* "__metadata__" entries, sorted by key (merged over shards; the first
+ * occurrence of a repeated key wins). */
 int64_t ks_safetensors_n_metadata(const ks_safetensors *st);
 void ks_safetensors_metadata_at(const ks_safetensors *st, int64_t i, const char **key, const char **value);
 /* NULL if absent. */
