@@ -44,12 +44,16 @@ asan: deps
 	@cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
 
-# libFuzzer on the GGUF parser for FUZZ_SECONDS (clang).
+# libFuzzer on the GGUF and safetensors parsers (clang), FUZZ_SECONDS in all:
+# each fuzzer runs for half of it.
+FUZZ_HALF = $(shell echo $$(( ($(FUZZ_SECONDS) + 1) / 2 )))
 fuzz: deps
 	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVSIEVE_FUZZ=ON > /dev/null
-	@cmake --build build-fuzz --target fuzz_gguf -j $(JOBS)
+	@cmake --build build-fuzz --target fuzz_gguf fuzz_safetensors -j $(JOBS)
 	@mkdir -p build-fuzz/corpus && cp -n tests/fuzz/corpus/* build-fuzz/corpus/ 2>/dev/null || true
-	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -max_len=65536 build-fuzz/corpus
+	@mkdir -p build-fuzz/corpus_safetensors && cp -n tests/fuzz/corpus_safetensors/* build-fuzz/corpus_safetensors/ 2>/dev/null || true
+	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_HALF) -rss_limit_mb=2048 -max_len=65536 build-fuzz/corpus
+	build-fuzz/fuzz_safetensors -max_total_time=$(FUZZ_HALF) -rss_limit_mb=2048 -max_len=65536 -dict=tests/fuzz/safetensors.dict build-fuzz/corpus_safetensors
 
 # Compile-check the CUDA backend (no GPU needed).
 cuda-check: deps

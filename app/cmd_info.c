@@ -1,12 +1,69 @@
 /*
  * cmd_info.c — `kvsieve info FILE`: what a GGUF holds and what running it costs.
  * Works on vocabulary-only files; --kv and --tensors list the raw metadata.
+ * Given a directory, describes an EAGLE-3 draft checkpoint (config.json +
+ * safetensors): its shapes and the parameters of the full DLM vs the
+ * SpeContext retrieval head; --kv and --tensors list the safetensors
+ * metadata and tensors.
  */
 #include "commands.h"
+#include "model/eagle3.h"
 #include "model/model.h"
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+
+/* A checkpoint directory: load it in full (or, if only the head is there,
+ * head-only) and describe it. */
+static int info_eagle3(const char *dir, bool show_kv, bool show_tensors) {
+    ks_eagle3 *d = NULL;
+    ks_eagle3_params p = ks_eagle3_default_params();
+    ks_status st = ks_eagle3_load(dir, p, &d);
+    if (st == KS_ERR_FORMAT) {
+        char full_msg[1024];
+        snprintf(full_msg, sizeof full_msg, "%s", ks_last_error());
+        p.head_only = true;
+        if (ks_eagle3_load(dir, p, &d) == KS_OK) {
+            printf("note: only the retrieval head loads (full model: %s)\n", full_msg);
+        } else {
+            ks_fail_at(st, __FILE__, __LINE__, "%s", full_msg); /* report the full load's reason */
+            d = NULL;
+        }
+    }
+    if (!d) {
+        app_report("info", "reading the EAGLE-3 checkpoint", st);
+        return 1;
+    }
+    if ((show_kv || show_tensors) && !d->st) {
+        /* head-only loads close the checkpoint: reopen it for the listing */
+        ks_safetensors *s = NULL;
+        if (ks_safetensors_open(dir, true, &s) == KS_OK) d->st = s;
+    }
+    if (show_kv && d->st) {
+        printf("safetensors metadata (%lld keys):\n", (long long)ks_safetensors_n_metadata(d->st));
+        for (int64_t i = 0; i < ks_safetensors_n_metadata(d->st); i++) {
+            const char *k, *v;
+            ks_safetensors_metadata_at(d->st, i, &k, &v);
+            printf("  %-48s \"%.80s\"\n", k, v);
+        }
+    }
+    if (show_tensors && d->st) {
+        printf("tensors (%lld in %d file%s):\n", (long long)ks_safetensors_count(d->st), ks_safetensors_n_shards(d->st),
+               ks_safetensors_n_shards(d->st) == 1 ? "" : "s");
+        for (int64_t i = 0; i < ks_safetensors_count(d->st); i++) {
+            const ks_st_tensor *t = ks_safetensors_at(d->st, i);
+            char sb[160];
+            printf("  %-48s %-5s %s %zu bytes\n", t->name, ks_st_dtype_name(t->dtype),
+                   ks_st_shape_str(t->n_dims, t->shape, sb, sizeof sb), t->nbytes);
+        }
+    }
+    char buf[4096];
+    st = ks_eagle3_describe(d, buf, sizeof buf);
+    fputs(buf, stdout);
+    ks_eagle3_destroy(d);
+    return st == KS_OK ? 0 : 1;
+}
 
 static void print_kv(const ks_gguf_kv *kv) {
     printf("  %-48.*s %-8s ", (int)kv->key.len, kv->key.data, ks_gguf_type_name(kv->type));
@@ -37,7 +94,7 @@ int cmd_info(int argc, char **argv) {
         else if (!strcmp(argv[i], "--tensors")) show_tensors = true;
         else if (!strcmp(argv[i], "-m") && i + 1 < argc) path = argv[++i];
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: kvsieve info [-m] FILE.gguf [--kv] [--tensors]\n");
+            printf("usage: kvsieve info [-m] FILE.gguf|EAGLE3_DIR [--kv] [--tensors]\n");
             return 0;
         } else if (argv[i][0] != '-' && !path) path = argv[i];
         else {
@@ -49,6 +106,8 @@ int cmd_info(int argc, char **argv) {
         fprintf(stderr, "usage: kvsieve info FILE.gguf [--kv] [--tensors]\n");
         return 2;
     }
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return info_eagle3(path, show_kv, show_tensors);
     ks_gguf *g = NULL;
     ks_status st = ks_gguf_open(path, &g);
     if (st != KS_OK) {

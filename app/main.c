@@ -15,7 +15,7 @@ typedef struct {
 
 static const subcommand g_commands[] = {
     {"run", cmd_run, "generate text from a prompt"},
-    {"info", cmd_info, "print a GGUF model's architecture, shapes, types and memory needs"},
+    {"info", cmd_info, "print a GGUF model's architecture, shapes, types and memory needs (or an EAGLE-3 checkpoint dir)"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"perplexity", cmd_perplexity, "perplexity of a text file"},
     {"gen-model", cmd_gen_model, "write a GGUF with random weights of a real model shape"},

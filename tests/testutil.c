@@ -2,6 +2,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 const char *ks_test_fixture(const char *rel) {
     static char buf[4096];
@@ -36,4 +37,50 @@ double ks_test_nmse(const float *a, const float *b, size_t n, double *max_abs) {
     }
     if (max_abs) *max_abs = mx;
     return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+uint8_t *ks_test_safetensors_raw(const char *header, const void *data, size_t data_len, size_t *size) {
+    size_t h = strlen(header);
+    uint8_t *b = malloc(8 + h + data_len + 1);
+    uint64_t n = h;
+    memcpy(b, &n, 8);
+    memcpy(b + 8, header, h);
+    if (data_len) memcpy(b + 8 + h, data, data_len);
+    *size = 8 + h + data_len;
+    return b;
+}
+
+uint8_t *ks_test_safetensors_build(const ks_test_st_tensor *t, int n, const char *metadata, size_t *size) {
+    size_t cap = 256 + (metadata ? strlen(metadata) : 0), len = 0, off = 0, data_len = 0;
+    for (int i = 0; i < n; i++) cap += strlen(t[i].name) + 160 + 24 * (size_t)t[i].n_dims;
+    char *hdr = malloc(cap + 8);
+    len += (size_t)snprintf(hdr + len, cap - len, "{");
+    if (metadata) len += (size_t)snprintf(hdr + len, cap - len, "\"__metadata__\":%s%s", metadata, n ? "," : "");
+    for (int i = 0; i < n; i++) {
+        len += (size_t)snprintf(hdr + len, cap - len, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", i ? "," : "", t[i].name, t[i].dtype);
+        for (int d = 0; d < t[i].n_dims; d++) len += (size_t)snprintf(hdr + len, cap - len, "%s%lld", d ? "," : "", (long long)t[i].shape[d]);
+        len += (size_t)snprintf(hdr + len, cap - len, "],\"data_offsets\":[%zu,%zu]}", off, off + t[i].nbytes);
+        off += t[i].nbytes;
+    }
+    len += (size_t)snprintf(hdr + len, cap - len, "}");
+    while (len % 8) hdr[len++] = ' ';
+    hdr[len] = 0;
+    data_len = off;
+    uint8_t *data = malloc(data_len + 1);
+    off = 0;
+    for (int i = 0; i < n; i++) {
+        if (t[i].nbytes) memcpy(data + off, t[i].data, t[i].nbytes);
+        off += t[i].nbytes;
+    }
+    uint8_t *img = ks_test_safetensors_raw(hdr, data, data_len, size);
+    free(hdr);
+    free(data);
+    return img;
+}
+
+int ks_test_write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    size_t w = fwrite(data, 1, n, f);
+    return fclose(f) == 0 && w == n ? 0 : -1;
 }

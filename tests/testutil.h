@@ -18,4 +18,23 @@ const char *ks_test_source(const char *rel);
 char *ks_test_read_file(const char *path, size_t *len);
 /* Normalized error ||a-b|| / ||b|| and max abs error. */
 double ks_test_nmse(const float *a, const float *b, size_t n, double *max_abs);
+
+/* One tensor for ks_test_safetensors_build: dtype is the safetensors name
+ * ("F32", "BF16", ...); data holds nbytes (may be NULL when nbytes is 0). */
+typedef struct ks_test_st_tensor {
+    const char *name;
+    const char *dtype;
+    int n_dims;
+    int64_t shape[8];
+    const void *data;
+    size_t nbytes;
+} ks_test_st_tensor;
+/* A safetensors image: header with consecutive data_offsets (space-padded to
+ * 8 bytes, like the reference writer), optional metadata JSON object text
+ * (e.g. "{\"format\":\"pt\"}") or NULL.  malloc'd; *size receives its length. */
+uint8_t *ks_test_safetensors_build(const ks_test_st_tensor *t, int n, const char *metadata, size_t *size);
+/* Image from a raw header string and a data section (for malformed files). */
+uint8_t *ks_test_safetensors_raw(const char *header, const void *data, size_t data_len, size_t *size);
+/* Write bytes to path; 0 on success. */
+int ks_test_write_file(const char *path, const void *data, size_t n);
 #endif
