@@ -152,6 +152,8 @@ typedef struct ks_stats {
     uint64_t kv_pages_loaded, kv_pages_hit;
     double kv_wait_seconds;       /* compute waiting on slow-tier loads */
     double kv_copy_seconds;       /* copy-engine busy time */
+    /* the policy's own counters (not reset by ks_stats_reset) */
+    uint64_t policy_selections, policy_hits, policy_misses, policy_corrections, policy_rebuilds;
 } ks_stats;
 void ks_context_stats(const ks_context *ctx, ks_stats *out);
 void ks_stats_reset(ks_context *ctx);

@@ -400,7 +400,7 @@ static void test_helpers(void **state) {
     assert_int_equal(ks_args_check("a=1,b=2", "p", known), KS_ERR_INVALID_ARG);
     assert_int_equal(ks_args_check("a", "p", known), KS_ERR_INVALID_ARG);
     assert_int_equal(ks_args_check("a=1", "p", known), KS_OK);
-    assert_int_equal(ks_policy_count(), 5);
+    assert_true(ks_policy_count() >= 5);
 }
 
 int main(void) {

@@ -232,6 +232,7 @@ void ks_context_destroy(ks_context *c) {
         ks_free(s->entries);
         ks_free(s->mask);
         ks_free(s->sel);
+        ks_free(s->next);
         ks_free(s->pages);
         ks_free(s->segs);
         free(s->gather);
@@ -241,6 +242,8 @@ void ks_context_destroy(ks_context *c) {
     }
     ks_free(c->scr);
     ks_free(c->obs_q);
+    ks_free(c->entropy);
+    ks_free(c->varentropy);
     ks_free(c->n_att);
     ks_free(c->seq_len);
     ks_free((char *)c->params.policy);
@@ -297,6 +300,26 @@ static ks_status svc_attn_probs(void *svc, int32_t seq, int32_t layer, int32_t h
         ks_free(tmp);
     }
     ks_free(segs);
+    ks_free(buf);
+    return st;
+}
+
+static ks_status svc_read_keys(void *svc, int32_t seq, int32_t layer, int32_t head, int32_t first, int32_t n,
+                               float *out) {
+    ks_context *c = svc;
+    int32_t P = ks_kv_page_size(c->kv), hd = c->model->hp.head_dim;
+    if (first < 0 || n < 0 || first + n > ks_kv_n_entries(c->kv, seq, layer, head))
+        return KS_FAIL(KS_ERR_INVALID_ARG, "read_keys [%d, %d) outside the head", first, first + n);
+    uint8_t *buf = ks_malloc(ks_kv_page_bytes(c->kv));
+    size_t row = ks_kv_row_size(c->kv);
+    ks_status st = KS_OK;
+    for (int32_t e = first, lp = -1; e < first + n && st == KS_OK; e++) {
+        if (e / P != lp) {
+            lp = e / P;
+            st = ks_kv_read_page(c->kv, seq, layer, head, lp, buf);
+        }
+        if (st == KS_OK) kv_row_to_f32_scalar(c->kv_type, buf + (size_t)(e % P) * row, out + (size_t)(e - first) * hd, hd);
+    }
     ks_free(buf);
     return st;
 }
@@ -382,7 +405,8 @@ ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_conte
                               .kv = c->kv,
                               .svc = c,
                               .attn_probs = svc_attn_probs,
-                              .evict = svc_evict};
+                              .evict = svc_evict,
+                              .read_keys = svc_read_keys};
     ks_policy_params pp = ks_policy_default_params();
     pp.budget = p.budget;
     pp.sink = p.sink;
@@ -401,7 +425,9 @@ ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_conte
     c->max_rows = rows;
     c->n_att = ks_calloc((size_t)rows * hp->n_head_kv, sizeof(int32_t));
     size_t q_dim = (size_t)hp->n_head * hp->head_dim, kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
-    if (c->obs_window > 0) c->obs_q = ks_malloc(sizeof(float) * (size_t)hp->n_layer * c->obs_window * q_dim);
+    c->entropy = ks_malloc(sizeof(float) * (size_t)c->n_seq);
+    c->varentropy = ks_malloc(sizeof(float) * (size_t)c->n_seq);
+    for (int i = 0; i < c->n_seq; i++) c->entropy[i] = c->varentropy[i] = NAN;
     size_t wide = (size_t)hp->n_embd > q_dim ? (size_t)hp->n_embd : q_dim;
     c->x = ks_malloc_aligned(sizeof(float) * rows * hp->n_embd);
     c->xn = ks_malloc_aligned(sizeof(float) * rows * wide);
@@ -422,6 +448,7 @@ ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_conte
         s->entries = ks_malloc(sizeof(int32_t) * (size_t)c->n_ctx);
         s->mask = ks_malloc(sizeof(uint64_t) * ((size_t)c->n_ctx / 64 + 2));
         s->sel = ks_malloc(sizeof(int32_t) * (size_t)c->n_ctx);
+        s->next = ks_malloc(sizeof(int32_t) * (size_t)c->n_ctx);
         s->pages = ks_malloc(sizeof(int32_t) * ((size_t)max_pages + 1));
         s->segs = ks_malloc(sizeof(ks_kv_seg) * ((size_t)c->n_ctx + 1));
         s->probe_out = ks_malloc(sizeof(float) * (size_t)hp->n_head * hp->head_dim);
@@ -461,12 +488,39 @@ void ks_seq_reset(ks_context *c, int32_t seq) {
     ks_kv_seq_clear(c->kv, seq);
     ks_policy_seq_reset(c->policy, seq);
     c->seq_len[seq] = 0;
+    c->entropy[seq] = c->varentropy[seq] = NAN;
 }
 int32_t ks_seq_len(const ks_context *c, int32_t seq) {
     KS_ASSERT(seq >= 0 && seq < c->n_seq);
     return c->seq_len[seq];
 }
-void ks_context_stats(const ks_context *c, ks_stats *out) { *out = c->stats; }
+void ks_context_stats(const ks_context *c, ks_stats *out) {
+    *out = c->stats;
+    ks_policy_counters pc;
+    ks_policy_get_counters(c->policy, &pc);
+    out->policy_selections = pc.selections;
+    out->policy_hits = pc.hits;
+    out->policy_misses = pc.misses;
+    out->policy_corrections = pc.corrections;
+    out->policy_rebuilds = pc.rebuilds;
+}
+
+/* Entropy and varentropy (nats) of softmax(logits): H = -sum p log p,
+ * V = sum p (log p + H)^2 — CHESS's quality signals. */
+static void entropy_of(const float *logits, int32_t n, float *H, float *Var) {
+    float mx = logits[0];
+    for (int32_t i = 1; i < n; i++) mx = logits[i] > mx ? logits[i] : mx;
+    double z = 0;
+    for (int32_t i = 0; i < n; i++) z += exp((double)logits[i] - mx);
+    double lz = log(z), h = 0, m2 = 0;
+    for (int32_t i = 0; i < n; i++) {
+        double lp = (double)logits[i] - mx - lz, p = exp(lp);
+        h -= p * lp;
+        m2 += p * lp * lp;
+    }
+    *H = (float)h;
+    *Var = (float)(m2 - h * h > 0 ? m2 - h * h : 0);
+}
 void ks_stats_reset(ks_context *c) { memset(&c->stats, 0, sizeof c->stats); }
 const ks_model *ks_context_model(const ks_context *c) { return c->model; }
 
@@ -539,8 +593,8 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
     ks_select_req req = {.row = r, .seq = seq, .layer = j->il, .head = h, .pos = j->pos[r], .n_entries = n, .q = q};
     /* runs of entries to attend: one [0, n) when dense, else from the mask */
     ks_kv_seg *segs = s->segs;
-    int32_t nseg = 0, total = 0, npages = 0;
-    bool all = true;
+    int32_t nseg = 0, total = 0, npages = 0, n_next = 0;
+    bool all = true, next_pages = false;
     const ks_policy_params *pp = ks_policy_params_of(c->policy);
     /* a budget that covers the head leaves nothing to choose: attend all (the
      * policy still sees the weights below), which is also what makes a full
@@ -550,10 +604,12 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
         req.window = pp->window < n ? pp->window : n;
         req.n_select = pp->budget > 0 ? pp->budget - req.sink - req.window : n;
         if (req.n_select < 0) req.n_select = 0;
-        ks_selection sel = {.cap = c->n_ctx, .idx = s->sel};
+        ks_selection sel = {.cap = c->n_ctx, .idx = s->sel, .next = s->next};
         double t0 = ks_time_sec();
         KS_TRY(ks_policy_select(c->policy, &req, &sel));
         s->select_seconds += ks_time_sec() - t0;
+        n_next = sel.n_next;
+        next_pages = sel.next_pages;
         if (!sel.all) {
             all = false;
             memset(s->mask, 0, sizeof(uint64_t) * ((size_t)n / 64 + 1));
@@ -653,6 +709,17 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
     ks_attention_segs(c->kv_type, segs, nseg, total, hd, G, q, s->scores, o, s->tmp, w, true);
     if (want_w) ks_policy_after_attention(c->policy, &req, s->entries, w, total);
     s->entries_attended += (uint64_t)total;
+    if (slow && n_next > 0) { /* speculative recall for the next step, overlapped with the rest of this one */
+        int32_t np = ks_kv_n_pages(c->kv, seq, j->il, h), m = 0;
+        for (int32_t i = 0; i < n_next; i++) {
+            int32_t lp = next_pages ? s->next[i] : s->next[i] / P;
+            if (lp < 0 || lp >= np) continue;
+            bool dup = false;
+            for (int32_t k = m - 1; k >= 0 && k >= m - 4 && !dup; k--) dup = s->pages[k] == lp;
+            if (!dup) s->pages[m++] = lp;
+        }
+        if (m <= ks_kv_slot_pages(c->kv)) KS_TRY(ks_kv_fetch(c->kv, seq, j->il, h, s->pages, m, true));
+    }
     return KS_OK;
 }
 
@@ -712,7 +779,7 @@ static ks_status forward_rows(ks_context *c, int n, const int32_t *seq, const in
                 ks_rope_apply(q + (size_t)h * hd, hp->n_rot, hp->rope_neox, cs, sn);
             }
             if (obs_slot && obs_slot[r] >= 0)
-                memcpy(c->obs_q + ((size_t)il * c->obs_window + obs_slot[r]) * q_dim, q, sizeof(float) * q_dim);
+                memcpy(c->obs_q + ((size_t)il * c->obs_cap + obs_slot[r]) * q_dim, q, sizeof(float) * q_dim);
             for (int h = 0; h < nkv; h++) {
                 if (L->k_norm) ks_rmsnorm(k + (size_t)h * hd, k + (size_t)h * hd, L->k_norm, hd, hp->rms_eps);
                 ks_rope_apply(k + (size_t)h * hd, hp->n_rot, hp->rope_neox, cs, sn);
@@ -793,6 +860,50 @@ static ks_status check_tokens(const ks_context *c, const int32_t *tokens, int32_
     return KS_OK;
 }
 
+/* DapQ-style pseudo queries: run the policy's pseudo tokens at the positions
+ * that follow the prompt, keep their queries in obs_q, then remove their KV
+ * (and leave the sequence's position where the prompt ended). */
+static ks_status prefill_pseudo(ks_context *c, int32_t seq, const int32_t *prompt, int32_t n, int32_t *n_obs) {
+    const ks_hparams *hp = &c->model->hp;
+    int32_t cap = c->max_rows < 1024 ? c->max_rows : 1024;
+    int32_t *pt = ks_malloc(sizeof(int32_t) * (size_t)cap);
+    int32_t np = ks_policy_pseudo_tokens(c->policy, prompt, n, pt, cap);
+    *n_obs = 0;
+    if (np <= 0) {
+        ks_free(pt);
+        return KS_OK;
+    }
+    if (np > cap || c->seq_len[seq] + np > c->n_ctx) {
+        ks_free(pt);
+        return KS_FAIL(KS_ERR_CONTEXT_FULL, "%d pseudo tokens do not fit after the prompt (context %d)", np, c->n_ctx);
+    }
+    KS_TRY(check_tokens(c, pt, np));
+    int32_t *sq = ks_malloc(sizeof(int32_t) * (size_t)np), *ps = ks_malloc(sizeof(int32_t) * (size_t)np);
+    int32_t *obs = ks_malloc(sizeof(int32_t) * (size_t)np);
+    int32_t *before = ks_malloc(sizeof(int32_t) * (size_t)hp->n_layer * hp->n_head_kv);
+    for (int32_t l = 0; l < hp->n_layer; l++)
+        for (int32_t h = 0; h < hp->n_head_kv; h++) before[l * hp->n_head_kv + h] = ks_kv_n_entries(c->kv, seq, l, h);
+    for (int32_t i = 0; i < np; i++) {
+        sq[i] = seq;
+        ps[i] = c->seq_len[seq] + i;
+        obs[i] = i;
+    }
+    ks_free(c->obs_q);
+    c->obs_cap = np;
+    c->obs_q = ks_malloc(sizeof(float) * (size_t)hp->n_layer * np * hp->n_head * hp->head_dim);
+    ks_status st = forward_rows(c, np, sq, ps, pt, NULL, NULL, obs);
+    for (int32_t l = 0; l < hp->n_layer && st == KS_OK; l++)
+        for (int32_t h = 0; h < hp->n_head_kv && st == KS_OK; h++)
+            st = ks_kv_truncate(c->kv, seq, l, h, before[l * hp->n_head_kv + h]);
+    if (st == KS_OK) *n_obs = np;
+    ks_free(pt);
+    ks_free(sq);
+    ks_free(ps);
+    ks_free(obs);
+    ks_free(before);
+    return st;
+}
+
 ks_status ks_prefill(ks_context *c, int32_t seq, const int32_t *tokens, int32_t n, float *logits,
                      float *all_logits) {
     if (!c || !tokens) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL context or tokens");
@@ -802,13 +913,20 @@ ks_status ks_prefill(ks_context *c, int32_t seq, const int32_t *tokens, int32_t 
         return KS_FAIL(KS_ERR_CONTEXT_FULL, "%d tokens + %d already in sequence %d exceed the context of %d", n,
                        c->seq_len[seq], seq, c->n_ctx);
     KS_TRY(check_tokens(c, tokens, n));
+    const ks_hparams *hp = &c->model->hp;
     double t0 = ks_time_sec();
     int chunk = c->params.n_batch;
     int32_t *sq = ks_malloc(sizeof(int32_t) * chunk), *ps = ks_malloc(sizeof(int32_t) * chunk);
     int32_t *obs = ks_malloc(sizeof(int32_t) * chunk);
     bool *want = ks_calloc((size_t)chunk, sizeof(bool));
-    size_t V = (size_t)c->model->hp.n_vocab;
-    int32_t n_obs = c->obs_window < n ? c->obs_window : n;
+    size_t V = (size_t)hp->n_vocab;
+    int32_t first_pos = c->seq_len[seq];
+    int32_t n_obs = c->obs_window < 0 ? n : (c->obs_window < n ? c->obs_window : n);
+    ks_free(c->obs_q);
+    c->obs_q = NULL;
+    c->obs_cap = n_obs;
+    if (n_obs > 0) c->obs_q = ks_malloc(sizeof(float) * (size_t)hp->n_layer * n_obs * hp->n_head * hp->head_dim);
+    float *last = logits ? logits : (ks_policy_wants_entropy(c->policy) ? ks_malloc(sizeof(float) * V) : NULL);
     ks_status st = KS_OK;
     for (int32_t off = 0; off < n && st == KS_OK; off += chunk) {
         int m = n - off < chunk ? n - off : chunk;
@@ -816,18 +934,34 @@ ks_status ks_prefill(ks_context *c, int32_t seq, const int32_t *tokens, int32_t 
         for (int i = 0; i < m; i++) {
             sq[i] = seq;
             ps[i] = c->seq_len[seq] + i;
-            want[i] = all_logits != NULL || (logits != NULL && last_chunk && i == m - 1);
+            want[i] = all_logits != NULL || (last != NULL && last_chunk && i == m - 1);
             obs[i] = off + i >= n - n_obs ? off + i - (n - n_obs) : -1;
         }
-        float *dst = all_logits ? all_logits + (size_t)off * V : logits;
+        float *dst = all_logits ? all_logits + (size_t)off * V : last;
         st = forward_rows(c, m, sq, ps, tokens + off, want, dst, n_obs > 0 ? obs : NULL);
         if (st == KS_OK) c->seq_len[seq] += m;
     }
+    if (st == KS_OK && all_logits && last) memcpy(last, all_logits + (size_t)(n - 1) * V, V * sizeof(float));
+    bool pseudo = false;
     if (st == KS_OK) {
-        ks_prefill_info info = {.seq = seq, .n_prompt = n, .n_obs = n_obs, .obs_q = c->obs_q};
+        int32_t n_pseudo = 0;
+        st = prefill_pseudo(c, seq, tokens, n, &n_pseudo);
+        if (n_pseudo > 0) {
+            pseudo = true;
+            n_obs = n_pseudo;
+        }
+    }
+    if (st == KS_OK) {
+        ks_prefill_info info = {.seq = seq, .n_prompt = n, .prompt = tokens, .n_obs = n_obs, .obs_q = c->obs_q,
+                                .pseudo = pseudo, .first_pos = first_pos};
         st = ks_policy_on_prefill(c->policy, &info);
     }
-    if (st == KS_OK && all_logits && logits) memcpy(logits, all_logits + (size_t)(n - 1) * V, V * sizeof(float));
+    if (st == KS_OK && last && ks_policy_wants_entropy(c->policy))
+        entropy_of(last, (int32_t)V, &c->entropy[seq], &c->varentropy[seq]);
+    ks_free(c->obs_q);
+    c->obs_q = NULL;
+    c->obs_cap = 0;
+    if (last != logits) ks_free(last);
     ks_free(sq);
     ks_free(ps);
     ks_free(obs);
@@ -860,7 +994,12 @@ ks_status ks_decode(ks_context *c, const int32_t *seqs, const int32_t *tokens, i
         ps[i] = c->seq_len[seqs[i]];
         want[i] = true;
     }
-    ks_step_info step = {.n = n, .seq = seqs, .token = tokens, .pos = ps};
+    float *ent = ks_malloc(sizeof(float) * 2 * (size_t)n);
+    for (int32_t i = 0; i < n; i++) {
+        ent[i] = c->entropy[seqs[i]];
+        ent[n + i] = c->varentropy[seqs[i]];
+    }
+    ks_step_info step = {.n = n, .seq = seqs, .token = tokens, .pos = ps, .entropy = ent, .varentropy = ent + n};
     double ts = ks_time_sec();
     ks_status st = ks_policy_before_step(c->policy, &step);
     c->stats.select_seconds += ks_time_sec() - ts;
@@ -870,7 +1009,13 @@ ks_status ks_decode(ks_context *c, const int32_t *seqs, const int32_t *tokens, i
         c->decoding = false;
     }
     if (st == KS_OK)
-        for (int32_t i = 0; i < n; i++) c->seq_len[seqs[i]]++;
+        for (int32_t i = 0; i < n; i++) {
+            c->seq_len[seqs[i]]++;
+            if (logits && ks_policy_wants_entropy(c->policy))
+                entropy_of(logits + (size_t)i * c->model->hp.n_vocab, c->model->hp.n_vocab, &c->entropy[seqs[i]],
+                           &c->varentropy[seqs[i]]);
+        }
+    ks_free(ent);
     ks_free(ps);
     ks_free(want);
     if (st != KS_OK) return st;

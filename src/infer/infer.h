@@ -21,6 +21,7 @@ typedef struct ks_attn_scratch {
     int32_t *entries;     /* [n_ctx] entry index of each attended row */
     uint64_t *mask;       /* [n_ctx / 64 + 1] selected entries */
     int32_t *sel;         /* [n_ctx] policy output buffer */
+    int32_t *next;        /* [n_ctx] policy prefetch hint buffer */
     int32_t *pages;       /* [n_ctx / P + 1] logical pages touched */
     void *segs;           /* [n_ctx] kernel segments */
     uint8_t *gather;      /* [n_ctx / P + 1][page_bytes] slow-tier pages when the slots are too few (lazy) */
@@ -42,8 +43,10 @@ struct ks_context {
     ks_policy *policy;       /* the selection policy (dense by default) */
     ks_policy_env penv;      /* what the policy sees; svc = this context */
     int32_t dense_layers;    /* layers attending densely at decode */
-    int32_t obs_window;      /* query rows of a prompt's end kept for on_prefill */
-    float *obs_q;            /* [n_layer][obs_window][n_head*head_dim] */
+    int32_t obs_window;      /* query rows of a prompt's end kept for on_prefill (-1: all) */
+    int32_t obs_cap;         /* rows of obs_q during the current prefill */
+    float *obs_q;            /* [n_layer][obs_cap][n_head*head_dim] (per prefill) */
+    float *entropy, *varentropy; /* [n_seq] of each sequence's last output distribution (NaN: none) */
     int32_t *n_att;          /* [max_rows][n_head_kv] entries row r attends (causal bound) */
     int32_t *seq_len;        /* [n_seq] next position of each sequence */
     bool decoding;           /* the rows being computed are a decode step */

@@ -583,6 +583,9 @@ ks_status ks_kv_fetch(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head,
                       bool async) {
     kv_layer *L = &kv->layers[layer];
     if (L->tier == KS_TIER_FAST || n <= 0) return KS_OK;
+    /* a synchronous fetch reads what it maps right away: earlier loads of the
+     * layer (prefetches into slots this call may reuse) must have landed */
+    if (!async && atomic_load(&L->ev.pending) > 0) KS_TRY(ks_copy_wait(&L->ev, &kv->wait_seconds));
     int32_t sh = seq * kv->nh + head, np = ks_kv_n_pages(kv, seq, layer, head);
     const int32_t *tab = table_of(kv, seq, layer, head);
     int32_t *sp = L->slot_page + (size_t)sh * kv->n_slot;
@@ -604,6 +607,8 @@ ks_status ks_kv_fetch(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head,
     }
     if (n_miss == 0) {
         atomic_fetch_add(&kv->pages_hit, (uint64_t)n);
+        /* hits may still be loading (prefetched): a synchronous caller reads now */
+        if (!async && atomic_load(&L->ev.pending) > 0) KS_TRY(ks_copy_wait(&L->ev, &kv->wait_seconds));
         return KS_OK;
     }
     /* victims: slots not needed by this request, least recently used first */
@@ -706,6 +711,17 @@ void ks_kv_memory(const ks_kv_store *kv, uint64_t *fast_bytes, uint64_t *slow_by
 }
 
 void ks_kv_debug_fail_reads(ks_kv_store *kv, int32_t layer, bool fail) { kv->layers[layer].fail_reads = fail; }
+
+ks_status ks_kv_truncate(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t n_keep) {
+    int32_t n = ks_kv_n_entries(kv, seq, layer, head);
+    KS_ASSERT(n_keep >= 0 && n_keep <= n);
+    if (n_keep == n) return KS_OK;
+    uint8_t *keep = ks_malloc((size_t)n);
+    for (int32_t i = 0; i < n; i++) keep[i] = i < n_keep;
+    ks_status st = ks_kv_compact(kv, seq, layer, head, keep);
+    ks_free(keep);
+    return st;
+}
 
 ks_status ks_kv_read_page(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp, uint8_t *buf) {
     KS_ASSERT(lp >= 0 && lp < ks_kv_n_pages(kv, seq, layer, head));

@@ -83,6 +83,9 @@ void ks_kv_seq_clear(ks_kv_store *kv, int32_t seq);
  * head), in order; pages freed by the compaction return to the pool. */
 ks_status ks_kv_compact(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, const uint8_t *keep);
 
+/* Drop every entry after the first n_keep of (seq, layer, head). */
+ks_status ks_kv_truncate(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t n_keep);
+
 /* ----------------------------------------------------------- tiers -- */
 ks_kv_tier ks_kv_layer_tier(const ks_kv_store *kv, int32_t layer);
 /* Move a layer between tiers (all sequences); its data is copied, nothing is

@@ -144,9 +144,22 @@ int32_t ks_policy_dense_layers(const ks_policy *pol) {
 }
 int32_t ks_policy_obs_window(const ks_policy *pol) {
     int32_t w = 0;
-    for (int i = 0; i < pol->n; i++)
+    for (int i = 0; i < pol->n; i++) {
+        if (pol->vt[i]->obs_window < 0) return -1;
         if (pol->vt[i]->obs_window > w) w = pol->vt[i]->obs_window;
+    }
     return w;
+}
+bool ks_policy_wants_entropy(const ks_policy *pol) { return decoder(pol)->wants_entropy; }
+int32_t ks_policy_pseudo_tokens(ks_policy *pol, const int32_t *prompt, int32_t n_prompt, int32_t *out, int32_t cap) {
+    for (int i = 0; i < pol->n; i++)
+        if (pol->vt[i]->pseudo_tokens) return pol->vt[i]->pseudo_tokens(pol->st[i], prompt, n_prompt, out, cap);
+    return 0;
+}
+void ks_policy_get_counters(const ks_policy *pol, ks_policy_counters *out) {
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < pol->n; i++)
+        if (pol->vt[i]->counters) pol->vt[i]->counters(pol->st[i], out);
 }
 bool ks_policy_selects(const ks_policy *pol) { return decoder(pol)->select_layer != NULL; }
 bool ks_policy_is_global(const ks_policy *pol) { return decoder(pol)->global; }
@@ -168,6 +181,7 @@ ks_status ks_policy_select(ks_policy *pol, const ks_select_req *req, ks_selectio
     out->all = false;
     out->pages = false;
     out->n = 0;
+    out->n_next = 0;
     if (!decoder(pol)->select_layer) {
         out->all = true;
         return KS_OK;

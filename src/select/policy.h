@@ -28,6 +28,8 @@
  *                     over the query heads of the group), same threading as
  *                     select_layer (H2O's accumulated scores), OPTIONAL
  *   on_append         a decode step appended the entry of a new token, OPTIONAL
+ *   pseudo_tokens     tokens whose queries score the prompt at prefill (DapQ), OPTIONAL
+ *   counters          hits / misses / corrections / rebuilds so far, OPTIONAL
  *   destroy           REQUIRED
  *
  * Budget convention: `budget` counts every entry a KV head attends at a
@@ -68,14 +70,30 @@ typedef struct ks_policy_env {
                             float *acc);
     /* Keep only entries with keep[e] != 0 of (seq, layer, head) (permanent). */
     ks_status (*evict)(void *svc, int32_t seq, int32_t layer, int32_t head, const uint8_t *keep);
+    /* Stored keys of entries [first, first + n) of (seq, layer, head) as f32:
+     * out [n][head_dim] (RoPE applied, as attention sees them). */
+    ks_status (*read_keys)(void *svc, int32_t seq, int32_t layer, int32_t head, int32_t first, int32_t n, float *out);
 } ks_policy_env;
 
-/* One prompt, prefilled (obs_q as requested by the policy's obs_window). */
+/* Counters a policy reports (summed over its parts), surfaced by bench/eval. */
+typedef struct ks_policy_counters {
+    uint64_t selections;   /* selections made (per row, layer, head) */
+    uint64_t hits, misses; /* entries already resident vs to load (LRQK, FreeKV) */
+    uint64_t corrections;  /* speculative selections corrected (FreeKV) */
+    uint64_t rebuilds;     /* selections rebuilt on a trigger (CHESS) */
+} ks_policy_counters;
+
+/* One prompt, prefilled (obs_q as requested by the policy's obs_window, or
+ * the queries of its pseudo tokens). */
 typedef struct ks_prefill_info {
     int32_t seq;
     int32_t n_prompt;     /* tokens of this prefill call */
-    int32_t n_obs;        /* query rows kept: the last min(obs_window, n_prompt) */
+    const int32_t *prompt;/* [n_prompt] */
+    int32_t n_obs;        /* query rows: the last min(obs_window, n_prompt), all when obs_window < 0,
+                             or the pseudo tokens' */
     const float *obs_q;   /* [n_layer][n_obs][n_head * head_dim] queries with RoPE */
+    bool pseudo;          /* obs_q are pseudo queries (their KV is already gone) */
+    int32_t first_pos;    /* position of the prompt's first token */
 } ks_prefill_info;
 
 /* One decode step (all rows of the batch). */
@@ -84,6 +102,10 @@ typedef struct ks_step_info {
     const int32_t *seq;   /* [n] */
     const int32_t *token; /* [n] */
     const int32_t *pos;   /* [n] */
+    /* entropy and varentropy (nats) of each row's previous output
+     * distribution, the one `token` was drawn from; NaN when unknown.  Only
+     * computed for policies with wants_entropy. */
+    const float *entropy, *varentropy;
 } ks_step_info;
 
 /* A selection request for one (row, layer, KV head) of a decode step. */
@@ -103,15 +125,22 @@ typedef struct ks_selection {
     bool pages;           /* idx holds logical pages (true) or entry indices */
     int32_t n, cap;
     int32_t *idx;         /* [cap] */
+    /* optional prefetch hint: what the policy expects to select at the next
+     * step (FreeKV's speculative recall); the framework starts loading it for
+     * layers in the slow tier while the step goes on.  Same conventions. */
+    bool next_pages;
+    int32_t n_next;
+    int32_t *next;        /* [cap] */
 } ks_selection;
 
 typedef struct ks_policy_i {
     const char *name;     /* REQUIRED: the name --policy takes */
     const char *summary;  /* REQUIRED: one line for --help and docs */
     int32_t default_dense_layers; /* used when params.dense_layers < 0 */
-    int32_t obs_window;   /* query rows of the prompt's end passed to on_prefill (0: none) */
+    int32_t obs_window;   /* query rows of the prompt's end passed to on_prefill (0: none, -1: all) */
     bool global;          /* select_layer does not depend on the layer's queries (q may be NULL) */
     const char *const *arg_names; /* NULL-terminated keys --policy-arg accepts (NULL: none) */
+    bool wants_entropy;   /* fill ks_step_info.entropy / varentropy */
     ks_status (*create)(const ks_policy_env *env, const ks_policy_params *p, void **state); /* REQUIRED */
     void (*destroy)(void *state);                                                          /* REQUIRED */
     void (*seq_reset)(void *state, int32_t seq);                                           /* OPTIONAL */
@@ -121,6 +150,11 @@ typedef struct ks_policy_i {
     void (*after_attention)(void *state, const ks_select_req *req, const int32_t *entries, const float *weight,
                             int32_t n);                                                    /* OPTIONAL */
     void (*on_append)(void *state, int32_t seq, int32_t layer, int32_t head, int32_t pos, const float *k); /* OPTIONAL */
+    /* Pseudo tokens to run after the prompt (DapQ): written to out[cap],
+     * count returned.  They are prefilled at positions L_p.., their queries
+     * passed to on_prefill (pseudo = true), and their KV removed. OPTIONAL */
+    int32_t (*pseudo_tokens)(void *state, const int32_t *prompt, int32_t n_prompt, int32_t *out, int32_t cap);
+    void (*counters)(void *state, ks_policy_counters *out);                                /* OPTIONAL: += */
 } ks_policy_i;
 
 /* ------------------------------------------------------------ registry -- */
@@ -148,6 +182,10 @@ ks_status ks_policy_select(ks_policy *pol, const ks_select_req *req, ks_selectio
 void ks_policy_after_attention(ks_policy *pol, const ks_select_req *req, const int32_t *entries, const float *w,
                                int32_t n);
 void ks_policy_on_append(ks_policy *pol, int32_t seq, int32_t layer, int32_t head, int32_t pos, const float *k);
+bool ks_policy_wants_entropy(const ks_policy *pol);
+/* Pseudo tokens of the first part that has them; 0 if none. */
+int32_t ks_policy_pseudo_tokens(ks_policy *pol, const int32_t *prompt, int32_t n_prompt, int32_t *out, int32_t cap);
+void ks_policy_get_counters(const ks_policy *pol, ks_policy_counters *out);
 
 /* ------------------------------------------------------------- helpers -- */
 /* Typed "k=v,k=v" lookups; unknown keys are reported by ks_args_check. */
