@@ -242,6 +242,7 @@ void ks_context_destroy(ks_context *c) {
     }
     ks_free(c->scr);
     ks_free(c->obs_q);
+    ks_free(c->aux_h);
     ks_free(c->entropy);
     ks_free(c->varentropy);
     ks_free(c->n_att);
@@ -396,7 +397,9 @@ ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_conte
             return st;
         }
     }
-    c->penv = (ks_policy_env){.n_layer = hp->n_layer,
+    c->penv = (ks_policy_env){.model = model,
+                              .pool = c->pool,
+                              .n_layer = hp->n_layer,
                               .n_head = hp->n_head,
                               .n_head_kv = hp->n_head_kv,
                               .head_dim = hp->head_dim,
@@ -419,11 +422,20 @@ ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_conte
         return st;
     }
     c->dense_layers = ks_policy_dense_layers(c->policy);
+    c->n_aux = ks_policy_hidden_layers(c->policy, c->aux_layer);
+    KS_ASSERT(c->n_aux >= 0 && c->n_aux <= 3);
+    for (int k = 0; k < c->n_aux; k++)
+        if (c->aux_layer[k] < 0 || c->aux_layer[k] > hp->n_layer) {
+            int32_t bad = c->aux_layer[k];
+            ks_context_destroy(c);
+            return KS_FAIL(KS_ERR_INVALID_ARG, "policy asks for the hidden state of layer %d of %d", bad, hp->n_layer);
+        }
     c->obs_window = ks_policy_obs_window(c->policy);
     c->seq_len = ks_calloc((size_t)c->n_seq, sizeof(int32_t));
     int rows = p.n_batch > c->n_seq ? p.n_batch : c->n_seq;
     c->max_rows = rows;
     c->n_att = ks_calloc((size_t)rows * hp->n_head_kv, sizeof(int32_t));
+    if (c->n_aux) c->aux_h = ks_malloc(sizeof(float) * (size_t)rows * c->n_aux * hp->n_embd);
     size_t q_dim = (size_t)hp->n_head * hp->head_dim, kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
     c->entropy = ks_malloc(sizeof(float) * (size_t)c->n_seq);
     c->varentropy = ks_malloc(sizeof(float) * (size_t)c->n_seq);
@@ -670,7 +682,9 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
     /* resolve segment pointers: in place (fast tier or fetched slots) or gathered */
     bool gather = false;
     if (slow) {
-        if (npages <= ks_kv_slot_pages(c->kv)) {
+        /* prefill: forward_rows loaded every page of the head when they all fit */
+        int32_t need = c->decoding ? npages : ks_kv_n_pages(c->kv, seq, j->il, h);
+        if (need <= ks_kv_slot_pages(c->kv)) {
             /* prefill rows share their sequence's slots: forward_rows loaded
              * them before the parallel section; a decode row owns (seq, h) */
             if (c->decoding) KS_TRY(ks_kv_fetch(c->kv, seq, j->il, h, s->pages, npages, false));
@@ -743,6 +757,16 @@ static void matmul_w(ks_context *c, const ks_weight *w, const float *X, int n, f
     c->stats.weight_bytes_read += ks_weight_bytes(w);
 }
 
+/* Copy the residual stream entering layer il (n_layer: after the last) of
+ * every row, when the policy asked for it (SpeContext's fused states). */
+static void capture_hidden(ks_context *c, int il, int n) {
+    int D = c->model->hp.n_embd;
+    for (int k = 0; k < c->n_aux; k++)
+        if (c->aux_layer[k] == il)
+            for (int r = 0; r < n; r++)
+                memcpy(c->aux_h + ((size_t)r * c->n_aux + k) * D, c->x + (size_t)r * D, sizeof(float) * D);
+}
+
 /* rows: n entries (seq[i], pos[i], tok[i]); logits rows selected by want[i]
  * (NULL = none) are written consecutively to logits_out [n_want][n_vocab].
  * obs_slot[i] >= 0 (optional) copies row i's queries to obs_q for on_prefill.
@@ -764,6 +788,7 @@ static ks_status forward_rows(ks_context *c, int n, const int32_t *seq, const in
     }
     for (int il = 0; il < hp->n_layer; il++) {
         const ks_layer *L = &m->layers[il];
+        capture_hidden(c, il, n);
         for (int r = 0; r < n; r++) ks_rmsnorm(c->xn + (size_t)r * D, c->x + (size_t)r * D, L->attn_norm, D, hp->rms_eps);
         matmul_w(c, &L->wq, c->xn, n, c->q);
         matmul_w(c, &L->wk, c->xn, n, c->kk);
@@ -821,6 +846,9 @@ static ks_status forward_rows(ks_context *c, int n, const int32_t *seq, const in
         matmul_w(c, &L->w_down, c->gate, n, c->xn);
         for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->xn[i];
     }
+    capture_hidden(c, hp->n_layer, n);
+    for (int r = 0; c->n_aux && r < n; r++)
+        ks_policy_on_hidden(c->policy, seq[r], pos[r], tok[r], c->aux_h + (size_t)r * c->n_aux * D);
     /* traffic and attention counters of this call */
     uint64_t attended = 0;
     for (int i = 0; i < c->params.n_threads; i++) {
@@ -849,6 +877,48 @@ static ks_status forward_rows(ks_context *c, int n, const int32_t *seq, const in
     for (int r = 0; r < n; r++)
         if (want[r]) ks_rmsnorm(c->xn + (size_t)(n_want++) * D, c->x + (size_t)r * D, m->output_norm, D, hp->rms_eps);
     if (n_want) matmul_w(c, &m->output, c->xn, n_want, logits_out);
+    return KS_OK;
+}
+
+/* SpeContext's asynchronous prefetch: a global selection does not depend on
+ * the layer, so right after before_step the pages of every slow-tier layer
+ * are queued on the copy engine; layer l's loads then overlap the compute of
+ * layers < l, and attend_one's fetch only waits for (and maps) what is left.
+ * Pages already in a slot stay (elastic loading: only the set difference is
+ * transferred). */
+static ks_status prefetch_global(ks_context *c, int32_t n, const int32_t *seqs, const int32_t *pos) {
+    const ks_hparams *hp = &c->model->hp;
+    const ks_policy_params *pp = ks_policy_params_of(c->policy);
+    ks_attn_scratch *s = &c->scr[0];
+    int32_t P = c->params.page;
+    for (int il = c->dense_layers; il < hp->n_layer; il++) {
+        if (ks_kv_layer_tier(c->kv, il) != KS_TIER_SLOW) continue;
+        for (int32_t r = 0; r < n; r++)
+            for (int h = 0; h < hp->n_head_kv; h++) {
+                int32_t ne = ks_kv_n_entries(c->kv, seqs[r], il, h), np = (ne + P - 1) / P, e1 = ne + 1;
+                if (np == 0 || pp->budget <= 0 || pp->budget >= e1) continue; /* dense: attend_one loads */
+                ks_select_req req = {.row = r, .seq = seqs[r], .layer = il, .head = h, .pos = pos[r], .n_entries = e1};
+                req.sink = pp->sink < e1 ? pp->sink : e1;
+                req.window = pp->window < e1 ? pp->window : e1;
+                req.n_select = pp->budget - req.sink - req.window > 0 ? pp->budget - req.sink - req.window : 0;
+                ks_selection sel = {.cap = c->n_ctx, .idx = s->sel, .next = s->next};
+                double t0 = ks_time_sec();
+                KS_TRY(ks_policy_select(c->policy, &req, &sel));
+                c->stats.select_seconds += ks_time_sec() - t0;
+                if (sel.all) continue;
+                memset(s->mask, 0, sizeof(uint64_t) * ((size_t)np / 64 + 1));
+                for (int32_t p = 0; p * P < req.sink && p < np; p++) s->mask[p >> 6] |= 1ull << (p & 63);
+                for (int32_t p = (e1 - req.window) / P; p < np; p++) s->mask[p >> 6] |= 1ull << (p & 63);
+                for (int32_t i = 0; i < sel.n; i++) {
+                    int32_t p = sel.pages ? sel.idx[i] : sel.idx[i] / P;
+                    if (p >= 0 && p < np) s->mask[p >> 6] |= 1ull << (p & 63);
+                }
+                int32_t m = 0;
+                for (int32_t p = 0; p < np; p++)
+                    if (s->mask[p >> 6] >> (p & 63) & 1) s->pages[m++] = p;
+                if (m <= ks_kv_slot_pages(c->kv)) KS_TRY(ks_kv_fetch(c->kv, seqs[r], il, h, s->pages, m, true));
+            }
+    }
     return KS_OK;
 }
 
@@ -1003,6 +1073,8 @@ ks_status ks_decode(ks_context *c, const int32_t *seqs, const int32_t *tokens, i
     double ts = ks_time_sec();
     ks_status st = ks_policy_before_step(c->policy, &step);
     c->stats.select_seconds += ks_time_sec() - ts;
+    if (st == KS_OK && ks_policy_is_global(c->policy))
+        st = prefetch_global(c, n, seqs, ps);
     if (st == KS_OK) {
         c->decoding = true;
         st = forward_rows(c, n, seqs, ps, tokens, logits ? want : NULL, logits, NULL);

@@ -59,6 +59,9 @@ struct ks_context {
     ks_attn_scratch *scr;    /* [n_threads] */
     void *mm_scratch;        /* quantized activations for ks_matmul */
     float *rope_cos, *rope_sin; /* [max_rows][n_rot/2] */
+    int32_t n_aux;           /* hidden states captured for the policy (<= 3) */
+    int32_t aux_layer[3];    /* layer whose input residual is captured (n_layer: final) */
+    float *aux_h;            /* [max_rows][n_aux][n_embd] */
     bool recall_probe;       /* eval: measure the dense attention mass each selection covers */
     ks_status step_status;   /* first failure inside a parallel section */
     atomic_flag step_failed;

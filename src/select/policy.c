@@ -23,9 +23,11 @@ extern const ks_policy_i ks_policy_streaming;
 extern const ks_policy_i ks_policy_h2o;
 extern const ks_policy_i ks_policy_snapkv;
 extern const ks_policy_i ks_policy_quest;
+extern const ks_policy_i ks_policy_spec;
 
 static const ks_policy_i *const registry[] = {
-    &ks_policy_dense, &ks_policy_streaming, &ks_policy_h2o, &ks_policy_snapkv, &ks_policy_quest, NULL,
+    &ks_policy_dense, &ks_policy_streaming, &ks_policy_h2o, &ks_policy_snapkv, &ks_policy_quest, &ks_policy_spec,
+    NULL,
 };
 
 const ks_policy_i *const *ks_policy_list(void) { return registry; }
@@ -155,6 +157,12 @@ int32_t ks_policy_pseudo_tokens(ks_policy *pol, const int32_t *prompt, int32_t n
     for (int i = 0; i < pol->n; i++)
         if (pol->vt[i]->pseudo_tokens) return pol->vt[i]->pseudo_tokens(pol->st[i], prompt, n_prompt, out, cap);
     return 0;
+}
+int32_t ks_policy_hidden_layers(ks_policy *pol, int32_t out[3]) {
+    return decoder(pol)->hidden_layers ? decoder(pol)->hidden_layers(decoder_state(pol), out) : 0;
+}
+void ks_policy_on_hidden(ks_policy *pol, int32_t seq, int32_t pos, int32_t token, const float *h) {
+    if (decoder(pol)->on_hidden) decoder(pol)->on_hidden(decoder_state(pol), seq, pos, token, h);
 }
 void ks_policy_get_counters(const ks_policy *pol, ks_policy_counters *out) {
     memset(out, 0, sizeof *out);

@@ -30,6 +30,8 @@
  *   on_append         a decode step appended the entry of a new token, OPTIONAL
  *   pseudo_tokens     tokens whose queries score the prompt at prefill (DapQ), OPTIONAL
  *   counters          hits / misses / corrections / rebuilds so far, OPTIONAL
+ *   hidden_layers     target layers whose input hidden states it wants, OPTIONAL
+ *   on_hidden         those states, per row after every forward, OPTIONAL
  *   destroy           REQUIRED
  *
  * Budget convention: `budget` counts every entry a KV head attends at a
@@ -47,6 +49,7 @@
 
 #include "kv/kv_meta.h"
 #include "core/core.h"
+#include "model/model.h"
 
 typedef struct ks_policy_params {
     int32_t budget;       /* entries per KV head at a decode step, sinks + window included; <= 0: all */
@@ -60,6 +63,8 @@ ks_policy_params ks_policy_default_params(void);
 
 /* What a policy may see and ask for; owned by the context, borrowed. */
 typedef struct ks_policy_env {
+    const ks_model *model; /* the target model (borrowed): shapes, embedding */
+    ks_pool *pool;         /* the context's worker threads (before_step / on_prefill may use them) */
     int32_t n_layer, n_head, n_head_kv, head_dim, n_seq, n_ctx;
     const ks_kv_store *kv; /* metadata through kv_meta.h only */
     void *svc;             /* opaque to the policy: first argument of the services */
@@ -155,6 +160,13 @@ typedef struct ks_policy_i {
      * passed to on_prefill (pseudo = true), and their KV removed. OPTIONAL */
     int32_t (*pseudo_tokens)(void *state, const int32_t *prompt, int32_t n_prompt, int32_t *out, int32_t cap);
     void (*counters)(void *state, ks_policy_counters *out);                                /* OPTIONAL: += */
+    /* Target hidden states the policy reads (SpeContext's DLM fuses three):
+     * layer ids whose *input* residual stream is captured (n_layer = the
+     * final hidden state); returns how many (<= 3). OPTIONAL */
+    int32_t (*hidden_layers)(void *state, int32_t out[3]);
+    /* After each forward, for every row in order (prefill rows, then decode
+     * rows): its token, position and captured states h [n][n_embd]. OPTIONAL */
+    void (*on_hidden)(void *state, int32_t seq, int32_t pos, int32_t token, const float *h);
 } ks_policy_i;
 
 /* ------------------------------------------------------------ registry -- */
@@ -186,6 +198,8 @@ bool ks_policy_wants_entropy(const ks_policy *pol);
 /* Pseudo tokens of the first part that has them; 0 if none. */
 int32_t ks_policy_pseudo_tokens(ks_policy *pol, const int32_t *prompt, int32_t n_prompt, int32_t *out, int32_t cap);
 void ks_policy_get_counters(const ks_policy *pol, ks_policy_counters *out);
+int32_t ks_policy_hidden_layers(ks_policy *pol, int32_t out[3]);
+void ks_policy_on_hidden(ks_policy *pol, int32_t seq, int32_t pos, int32_t token, const float *h);
 
 /* ------------------------------------------------------------- helpers -- */
 /* Typed "k=v,k=v" lookups; unknown keys are reported by ks_args_check. */

@@ -1,0 +1,541 @@
+/*
+ * p_spec.c — `spec`: SpeContext's lightweight retrieval head.
+ *
+ * The distilled draft model (an EAGLE-3 DLM of the target) is loaded pruned
+ * to what computes attention weights — embedding (or the target's), fc over
+ * three fused target hidden states, the two norms, q_proj and k_proj — and
+ * runs once per decode step, *before* the target, to choose the tokens every
+ * layer of the target will read:
+ *
+ *   x_t = [input_norm(e(tok_t)); hidden_norm(fc([h_lo; h_mid; h_hi]_{t-1}))]
+ *   q_t = RoPE(q_proj x_t),  k_t = RoPE(k_proj x_t)    (EAGLE's one-token shift)
+ *   p_g = softmax(q_t,g . K / sqrt(d)) per DLM query head g
+ *   w   = max over the query heads of a KV head's group of p_g  (GQA / MQA;
+ *         MHA: G = 1, per head)
+ *   top-B tokens per KV head, the same set for every layer (plus the
+ *   framework's sinks and recent window).
+ *
+ * The head keeps its own full K cache (one layer, f16) indexed by position.
+ * Prompt keys are computed from the hidden states the framework captures
+ * during prefill (on_hidden), batched through ks_matmul; a decode step's key
+ * is computed in before_step together with its query.  Scores for each
+ * (row, KV head) run in parallel on the context's pool.  Positions map to
+ * the target's entries directly unless a prefill evictor ran (dapq+spec),
+ * in which case each layer/head translates positions through its page
+ * metadata.
+ *
+ * Long contexts: when the context exceeds the DLM's trained length the head's
+ * RoPE gets YaRN scaling (training-free; `yarn=auto` default, `off`, or an
+ * explicit factor).  `variant=embed` is the embedding-only head (no fused
+ * states) the paper describes as the cheaper option.
+ *
+ * Arguments: dlm=DIR (required: an EAGLE-3 checkpoint directory),
+ * variant=fused|embed, yarn=auto|off|FACTOR.
+ */
+#include "select/policy.h"
+
+#include "model/eagle3.h"
+#include "tensor/dtype.h"
+#include "tensor/matmul.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+enum { SPEC_RING = 64, SPEC_FLUSH = 256 };
+
+typedef struct {
+    ks_policy_env env;
+    ks_policy_params p;
+    ks_eagle3 *dlm;
+    bool embed_only;
+    int32_t n_aux, aux[3];
+    int32_t H, Hq, Hkv, hd, G, tH;        /* DLM hidden, heads, kv heads, head dim, group, target hidden */
+    ks_dtype t_fc, t_q, t_k;              /* weight types for ks_matmul */
+    ks_f16 *kc;                           /* [n_seq][Hkv][n_ctx][hd] head K cache by position */
+    int32_t *klen;                        /* [n_seq] positions with a key */
+    float *ring;                          /* [n_seq][SPEC_RING][n_aux * tH] hidden states by position */
+    int32_t *ring_pos;                    /* [n_seq][SPEC_RING] position held, -1 */
+    /* pending prompt rows (keys to compute) */
+    int32_t n_pend, pend_seq[SPEC_FLUSH], pend_pos[SPEC_FLUSH], pend_tok[SPEC_FLUSH];
+    float *pend_h;                        /* [SPEC_FLUSH][n_aux * tH] hidden of pos-1 */
+    /* batched scratch */
+    float *x, *f, *q, *k, *emb;           /* [rows][2H], [rows][H], [rows][Hq*hd], [rows][Hkv*hd], [H] */
+    void *mm;
+    int32_t rows_cap;
+    /* selections of the current step */
+    int32_t *sel;                         /* [n_seq][Hkv][n_ctx] positions */
+    int32_t *sel_n;                       /* [n_seq][Hkv] */
+    int32_t *sel_pos;                     /* [n_seq] position the selection was made for */
+    float *scr;                           /* [n_threads][Hq_group(G) * n_ctx + n_ctx] score scratch */
+    int32_t n_scr_threads;
+    uint64_t selections;
+} spec_state;
+
+static const char *const spec_args[] = {"dlm", "variant", "yarn", NULL};
+
+static ks_status dtype_of(const ks_eagle3_mat *m, ks_dtype *out) {
+    switch (m->dtype) {
+    case KS_ST_F32: *out = KS_DTYPE_F32; return KS_OK;
+    case KS_ST_F16: *out = KS_DTYPE_F16; return KS_OK;
+    case KS_ST_BF16: *out = KS_DTYPE_BF16; return KS_OK;
+    default: return KS_FAIL(KS_ERR_UNSUPPORTED, "DLM weights of type %s are not supported", ks_st_dtype_name(m->dtype));
+    }
+}
+
+static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float s = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++) out[i] = x[i] * s * w[i];
+}
+
+static void rope_neox(float *v, int hd, const float *inv_freq, float mscale, int32_t pos) {
+    int half = hd / 2;
+    for (int j = 0; j < half; j++) {
+        double a = (double)pos * inv_freq[j];
+        float c = (float)cos(a) * mscale, s = (float)sin(a) * mscale;
+        float x0 = v[j], x1 = v[j + half];
+        v[j] = x0 * c - x1 * s;
+        v[j + half] = x1 * c + x0 * s;
+    }
+}
+
+static ks_f16 *kc_at(spec_state *s, int32_t seq, int32_t kvh, int32_t pos) {
+    return s->kc + (((size_t)seq * s->Hkv + kvh) * s->env.n_ctx + pos) * s->hd;
+}
+
+static void grow_rows(spec_state *s, int32_t rows) {
+    if (rows <= s->rows_cap) return;
+    ks_free_aligned(s->x);
+    ks_free_aligned(s->f);
+    ks_free_aligned(s->q);
+    ks_free_aligned(s->k);
+    ks_free_aligned(s->mm);
+    s->rows_cap = rows;
+    s->x = ks_malloc_aligned(sizeof(float) * (size_t)rows * 2 * s->H);
+    s->f = ks_malloc_aligned(sizeof(float) * (size_t)rows * s->H);
+    s->q = ks_malloc_aligned(sizeof(float) * (size_t)rows * s->Hq * s->hd);
+    s->k = ks_malloc_aligned(sizeof(float) * (size_t)rows * s->Hkv * s->hd);
+    size_t mm = ks_matmul_scratch_bytes(s->t_q, 2 * s->H, rows);
+    size_t m2 = ks_matmul_scratch_bytes(s->t_k, 2 * s->H, rows);
+    if (!s->embed_only) {
+        size_t m3 = ks_matmul_scratch_bytes(s->t_fc, (int64_t)s->n_aux * s->tH, rows);
+        if (m3 > mm) mm = m3;
+    }
+    s->mm = ks_malloc_aligned((mm > m2 ? mm : m2) + 64);
+}
+
+static void embed(spec_state *s, int32_t tok, float *out) {
+    if (s->dlm->has_embed && ks_eagle3_embed(s->dlm, tok, out) == KS_OK) return;
+    const ks_weight *w = &s->env.model->tok_embd;
+    ks_dequantize_row(w->type, (const uint8_t *)w->data + ks_dtype_row_bytes(w->type, s->H) * (size_t)tok, out, s->H);
+}
+
+/* Rows: token, position, hidden of the previous position ([n_aux*tH] or
+ * NULL = zeros).  Computes x for each row, then q (optional) and k in one
+ * batched matmul each; q/k get norms and RoPE.  Results in s->q / s->k. */
+static void head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_t *pos, const float *const *h,
+                      bool want_q) {
+    grow_rows(s, n);
+    const ks_eagle3_config *c = &s->dlm->cfg;
+    float *fin = NULL;
+    if (!s->embed_only) {
+        size_t w = (size_t)s->n_aux * s->tH;
+        fin = ks_malloc(sizeof(float) * (size_t)n * w);
+        for (int32_t r = 0; r < n; r++) {
+            if (h[r]) memcpy(fin + r * w, h[r], sizeof(float) * w);
+            else memset(fin + r * w, 0, sizeof(float) * w);
+        }
+        ks_matmul(s->env.pool, s->t_fc, s->dlm->fc.data, s->H, (int64_t)w, fin, n, s->f, s->mm);
+    }
+    for (int32_t r = 0; r < n; r++) {
+        float *x = s->x + (size_t)r * 2 * s->H;
+        embed(s, tok[r], s->emb);
+        rmsnorm(x, s->emb, s->dlm->input_norm, s->H, c->rms_eps);
+        if (s->embed_only) {
+            memset(x + s->H, 0, sizeof(float) * s->H);
+        } else {
+            float *f = s->f + (size_t)r * s->H;
+            if (s->dlm->fc_bias)
+                for (int i = 0; i < s->H; i++) f[i] += s->dlm->fc_bias[i];
+            rmsnorm(x + s->H, f, s->dlm->hidden_norm, s->H, c->rms_eps);
+        }
+    }
+    ks_free(fin);
+    if (want_q) ks_matmul(s->env.pool, s->t_q, s->dlm->wq.data, (int64_t)s->Hq * s->hd, 2 * s->H, s->x, n, s->q, s->mm);
+    ks_matmul(s->env.pool, s->t_k, s->dlm->wk.data, (int64_t)s->Hkv * s->hd, 2 * s->H, s->x, n, s->k, s->mm);
+    for (int32_t r = 0; r < n; r++) {
+        for (int g = 0; want_q && g < s->Hq; g++) {
+            float *q = s->q + ((size_t)r * s->Hq + g) * s->hd;
+            if (s->dlm->q_norm) rmsnorm(q, q, s->dlm->q_norm, s->hd, c->rms_eps);
+            rope_neox(q, s->hd, s->dlm->inv_freq, s->dlm->mscale, pos[r]);
+        }
+        for (int g = 0; g < s->Hkv; g++) {
+            float *k = s->k + ((size_t)r * s->Hkv + g) * s->hd;
+            if (s->dlm->k_norm) rmsnorm(k, k, s->dlm->k_norm, s->hd, c->rms_eps);
+            rope_neox(k, s->hd, s->dlm->inv_freq, s->dlm->mscale, pos[r]);
+        }
+    }
+}
+
+static void store_keys(spec_state *s, int32_t n, const int32_t *seq, const int32_t *pos) {
+    for (int32_t r = 0; r < n; r++) {
+        for (int g = 0; g < s->Hkv; g++) {
+            ks_f16 *dst = kc_at(s, seq[r], g, pos[r]);
+            const float *k = s->k + ((size_t)r * s->Hkv + g) * s->hd;
+            for (int i = 0; i < s->hd; i++) dst[i] = ks_f32_to_f16(k[i]);
+        }
+        if (pos[r] + 1 > s->klen[seq[r]]) s->klen[seq[r]] = pos[r] + 1;
+    }
+}
+
+static void flush_pending(spec_state *s) {
+    if (!s->n_pend) return;
+    const float *h[SPEC_FLUSH];
+    size_t w = (size_t)s->n_aux * s->tH;
+    for (int32_t i = 0; i < s->n_pend; i++) h[i] = s->pend_pos[i] > 0 && w ? s->pend_h + i * w : NULL;
+    head_rows(s, s->n_pend, s->pend_tok, s->pend_pos, h, false);
+    store_keys(s, s->n_pend, s->pend_seq, s->pend_pos);
+    s->n_pend = 0;
+}
+
+static const float *ring_get(spec_state *s, int32_t seq, int32_t pos) {
+    if (pos < 0 || !s->n_aux) return NULL;
+    int32_t slot = pos % SPEC_RING;
+    if (s->ring_pos[(size_t)seq * SPEC_RING + slot] != pos) return NULL;
+    return s->ring + ((size_t)seq * SPEC_RING + slot) * s->n_aux * s->tH;
+}
+
+/* ------------------------------------------------------------- hooks -- */
+static void spec_destroy(void *state) {
+    spec_state *s = state;
+    if (!s) return;
+    ks_eagle3_destroy(s->dlm);
+    ks_free(s->kc);
+    ks_free(s->klen);
+    ks_free(s->ring);
+    ks_free(s->ring_pos);
+    ks_free(s->pend_h);
+    ks_free_aligned(s->x);
+    ks_free_aligned(s->f);
+    ks_free_aligned(s->q);
+    ks_free_aligned(s->k);
+    ks_free_aligned(s->mm);
+    ks_free(s->emb);
+    ks_free(s->sel);
+    ks_free(s->sel_n);
+    ks_free(s->sel_pos);
+    ks_free(s->scr);
+    ks_free(s);
+}
+
+static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
+    char dir[1024], variant[16], yarn[32];
+    KS_TRY(ks_args_str(p->args, "dlm", "", dir, sizeof dir));
+    KS_TRY(ks_args_str(p->args, "variant", "fused", variant, sizeof variant));
+    KS_TRY(ks_args_str(p->args, "yarn", "auto", yarn, sizeof yarn));
+    if (!dir[0])
+        return KS_FAIL(KS_ERR_INVALID_ARG, "policy spec needs its draft model: --policy-arg dlm=DIR (an EAGLE-3 checkpoint)");
+    bool embed_only = !strcmp(variant, "embed");
+    if (!embed_only && strcmp(variant, "fused"))
+        return KS_FAIL(KS_ERR_INVALID_ARG, "spec variant=%s: expected fused or embed", variant);
+    if (!env->model || !env->pool) return KS_FAIL(KS_ERR_INVALID_ARG, "spec needs the target model and a thread pool");
+    ks_eagle3_params ep = ks_eagle3_default_params();
+    ep.head_only = true;
+    ep.embed_only = embed_only;
+    ks_eagle3 *dlm = NULL;
+    KS_TRY(ks_eagle3_load(dir, ep, &dlm));
+    spec_state *s = ks_calloc(1, sizeof *s);
+    s->dlm = dlm;
+    s->env = *env;
+    s->p = *p;
+    s->embed_only = embed_only;
+    ks_status st = ks_eagle3_check_target(dlm, &env->model->hp);
+    const ks_eagle3_config *c = &dlm->cfg;
+    if (st == KS_OK && c->head_dim % 2)
+        st = KS_FAIL(KS_ERR_UNSUPPORTED, "DLM head dim %d is odd", c->head_dim);
+    if (st == KS_OK && !dlm->has_embed && c->hidden_size != env->model->hp.n_embd)
+        st = KS_FAIL(KS_ERR_INVALID_ARG, "DLM without embed_tokens needs the target's hidden size %d (has %d)",
+                     env->model->hp.n_embd, c->hidden_size);
+    if (st == KS_OK) st = dtype_of(&dlm->wq, &s->t_q);
+    if (st == KS_OK) st = dtype_of(&dlm->wk, &s->t_k);
+    if (st == KS_OK && !embed_only) st = dtype_of(&dlm->fc, &s->t_fc);
+    /* YaRN when the context outgrows the DLM's training length */
+    if (st == KS_OK && strcmp(yarn, "off")) {
+        double factor = 0;
+        if (!strcmp(yarn, "auto")) {
+            if (c->max_pos > 0 && env->n_ctx > c->max_pos) factor = (double)env->n_ctx / c->max_pos;
+        } else {
+            char *end;
+            factor = strtod(yarn, &end);
+            if (*end || !(factor >= 1.0 && factor <= 1024))
+                st = KS_FAIL(KS_ERR_INVALID_ARG, "spec yarn=%s: expected auto, off or a factor >= 1", yarn);
+        }
+        if (st == KS_OK && factor > 1.0) {
+            ks_rope_scaling sc = ks_rope_scaling_yarn((float)factor, c->max_pos > 0 ? c->max_pos : env->n_ctx);
+            st = ks_eagle3_set_rope_scaling(dlm, &sc);
+            if (st == KS_OK)
+                KS_LOG(INFO, "spec: YaRN x%.2f on the retrieval head (trained %d, context %d)", factor, c->max_pos,
+                       env->n_ctx);
+        }
+    }
+    if (st != KS_OK) {
+        spec_destroy(s);
+        return st;
+    }
+    s->H = c->hidden_size;
+    s->tH = env->model->hp.n_embd;
+    s->Hq = c->n_head;
+    s->Hkv = c->n_head_kv;
+    s->hd = c->head_dim;
+    s->G = s->Hq / s->Hkv;
+    if (!embed_only) {
+        s->n_aux = 3;
+        ks_eagle3_aux_layers(dlm, env->n_layer, s->aux);
+    }
+    size_t n_seq = (size_t)env->n_seq, n_ctx = (size_t)env->n_ctx;
+    s->kc = ks_malloc(sizeof(ks_f16) * n_seq * s->Hkv * n_ctx * s->hd);
+    s->klen = ks_calloc(n_seq, sizeof(int32_t));
+    if (s->n_aux) {
+        s->ring = ks_malloc(sizeof(float) * n_seq * SPEC_RING * s->n_aux * s->tH);
+        s->pend_h = ks_malloc(sizeof(float) * SPEC_FLUSH * s->n_aux * s->tH);
+    }
+    s->ring_pos = ks_malloc(sizeof(int32_t) * n_seq * SPEC_RING);
+    for (size_t i = 0; i < n_seq * SPEC_RING; i++) s->ring_pos[i] = -1;
+    s->emb = ks_malloc(sizeof(float) * (size_t)(s->H > s->tH ? s->H : s->tH));
+    s->sel = ks_malloc(sizeof(int32_t) * n_seq * s->Hkv * n_ctx);
+    s->sel_n = ks_calloc(n_seq * s->Hkv, sizeof(int32_t));
+    s->sel_pos = ks_malloc(sizeof(int32_t) * n_seq);
+    for (size_t i = 0; i < n_seq; i++) s->sel_pos[i] = -1;
+    s->n_scr_threads = ks_pool_size(env->pool);
+    s->scr = ks_malloc(sizeof(float) * (size_t)s->n_scr_threads * (s->G + 1) * n_ctx);
+    char desc[512];
+    if (ks_eagle3_describe(dlm, desc, sizeof desc) == KS_OK) KS_LOG(DEBUG, "spec: %s", desc);
+    KS_LOG(INFO, "spec: retrieval head %.2fM params of %.2fM (%.1f%% fewer)%s", dlm->n_params_head / 1e6,
+           dlm->n_params_ckpt / 1e6, dlm->n_params_ckpt ? 100.0 * (1 - (double)dlm->n_params_head / dlm->n_params_ckpt) : 0,
+           embed_only ? ", embedding-only variant" : "");
+    *state = s;
+    return KS_OK;
+}
+
+static void spec_seq_reset(void *state, int32_t seq) {
+    spec_state *s = state;
+    s->klen[seq] = 0;
+    s->sel_pos[seq] = -1;
+    for (int i = 0; i < SPEC_RING; i++) s->ring_pos[(size_t)seq * SPEC_RING + i] = -1;
+    for (int32_t k = 0; k < s->Hkv; k++) s->sel_n[(size_t)seq * s->Hkv + k] = 0;
+    int32_t w = 0;
+    for (int32_t i = 0; i < s->n_pend; i++)
+        if (s->pend_seq[i] != seq) { /* keep other sequences' pending rows */
+            s->pend_seq[w] = s->pend_seq[i];
+            s->pend_pos[w] = s->pend_pos[i];
+            s->pend_tok[w] = s->pend_tok[i];
+            if (s->n_aux)
+                memmove(s->pend_h + (size_t)w * s->n_aux * s->tH, s->pend_h + (size_t)i * s->n_aux * s->tH,
+                        sizeof(float) * s->n_aux * s->tH);
+            w++;
+        }
+    s->n_pend = w;
+}
+
+static int32_t spec_hidden_layers(void *state, int32_t out[3]) {
+    spec_state *s = state;
+    for (int i = 0; i < s->n_aux; i++) out[i] = s->aux[i];
+    return s->n_aux;
+}
+
+static void spec_on_hidden(void *state, int32_t seq, int32_t pos, int32_t token, const float *h) {
+    spec_state *s = state;
+    size_t w = (size_t)s->n_aux * s->tH;
+    if (pos >= s->env.n_ctx) return; /* pseudo tokens past the context: nothing to keep */
+    if (pos >= s->klen[seq] || s->sel_pos[seq] != pos) {
+        /* a prompt row: its key needs the previous position's states */
+        if (s->n_pend == SPEC_FLUSH) flush_pending(s);
+        int32_t i = s->n_pend++;
+        s->pend_seq[i] = seq;
+        s->pend_pos[i] = pos;
+        s->pend_tok[i] = token;
+        const float *prev = ring_get(s, seq, pos - 1);
+        if (w) {
+            if (prev) memcpy(s->pend_h + i * w, prev, sizeof(float) * w);
+            else memset(s->pend_h + i * w, 0, sizeof(float) * w);
+        }
+    }
+    if (w) {
+        int32_t slot = pos % SPEC_RING;
+        memcpy(s->ring + ((size_t)seq * SPEC_RING + slot) * w, h, sizeof(float) * w);
+        s->ring_pos[(size_t)seq * SPEC_RING + slot] = pos;
+    }
+}
+
+static ks_status spec_prefill(void *state, const ks_prefill_info *info) {
+    spec_state *s = state;
+    if (s->embed_only) { /* no hidden states: keys from the prompt tokens alone */
+        for (int32_t i = 0; i < info->n_prompt; i++) {
+            if (s->n_pend == SPEC_FLUSH) flush_pending(s);
+            int32_t j = s->n_pend++;
+            s->pend_seq[j] = info->seq;
+            s->pend_pos[j] = info->first_pos + i;
+            s->pend_tok[j] = info->prompt[i];
+        }
+    }
+    flush_pending(s);
+    /* a longer earlier history (pseudo tokens) must not count as keys */
+    int32_t end = info->first_pos + info->n_prompt;
+    if (s->klen[info->seq] > end) s->klen[info->seq] = end;
+    return KS_OK;
+}
+
+/* scores of G query heads against keys [0, n): out[g][j] (f16 keys) */
+#if defined(__x86_64__)
+__attribute__((target("avx512f,f16c,fma"))) static void scores_avx512(const float *q, const ks_f16 *K, int32_t n,
+                                                                      int hd, int G, float scale, float *out) {
+    for (int32_t j = 0; j < n; j++) {
+        const ks_f16 *k = K + (size_t)j * hd;
+        for (int g = 0; g < G; g++) {
+            __m512 acc = _mm512_setzero_ps();
+            const float *qg = q + (size_t)g * hd;
+            for (int i = 0; i < hd; i += 16) {
+                __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + i)));
+                acc = _mm512_fmadd_ps(kv, _mm512_loadu_ps(qg + i), acc);
+            }
+            out[(size_t)g * n + j] = _mm512_reduce_add_ps(acc) * scale;
+        }
+    }
+}
+#endif
+
+static void scores_ref(const float *q, const ks_f16 *K, int32_t n, int hd, int G, float scale, float *out) {
+    for (int32_t j = 0; j < n; j++)
+        for (int g = 0; g < G; g++) {
+            float acc = 0;
+            for (int i = 0; i < hd; i++) acc += q[(size_t)g * hd + i] * ks_f16_to_f32(K[(size_t)j * hd + i]);
+            out[(size_t)g * n + j] = acc * scale;
+        }
+}
+
+typedef struct {
+    spec_state *s;
+    const ks_step_info *step;
+    int32_t n_select;
+    _Atomic int next;
+} spec_job;
+
+static void select_worker(void *arg, int ith, int nth) {
+    spec_job *j = arg;
+    spec_state *s = j->s;
+    int32_t n_ctx = s->env.n_ctx;
+    float *sc = s->scr + (size_t)ith * (s->G + 1) * n_ctx, *w = sc + (size_t)s->G * n_ctx;
+    int total = j->step->n * s->Hkv;
+    for (;;) {
+        int task = atomic_fetch_add(&j->next, 1);
+        if (task >= total) break;
+        int32_t r = task / s->Hkv, kvh = task % s->Hkv, seq = j->step->seq[r];
+        int32_t n = s->klen[seq];
+        const float *q = s->q + ((size_t)r * s->Hq + (size_t)kvh * s->G) * s->hd;
+        float scale = 1.0f / sqrtf((float)s->hd);
+#if defined(__x86_64__)
+        if (s->hd % 16 == 0 && ks_simd_detect() >= KS_SIMD_AVX512)
+            scores_avx512(q, kc_at(s, seq, kvh, 0), n, s->hd, s->G, scale, sc);
+        else
+#endif
+            scores_ref(q, kc_at(s, seq, kvh, 0), n, s->hd, s->G, scale, sc);
+        /* per-head softmax, then the element-wise max over the group */
+        for (int g = 0; g < s->G; g++) {
+            float *x = sc + (size_t)g * n, mx = -INFINITY;
+            for (int32_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+            double sum = 0;
+            for (int32_t i = 0; i < n; i++) sum += (x[i] = expf(x[i] - mx));
+            float inv = (float)(1.0 / sum);
+            for (int32_t i = 0; i < n; i++) {
+                float p = x[i] * inv;
+                w[i] = g == 0 || p > w[i] ? p : w[i];
+            }
+        }
+        /* top-B outside the framework's sinks and window (positions) */
+        int32_t lo = s->p.sink < n ? s->p.sink : n, hi = n - s->p.window > lo ? n - s->p.window : lo;
+        int32_t *out = s->sel + ((size_t)seq * s->Hkv + kvh) * n_ctx;
+        int32_t k = ks_topk(w + lo, hi - lo, j->n_select, out);
+        for (int32_t i = 0; i < k; i++) out[i] += lo;
+        s->sel_n[(size_t)seq * s->Hkv + kvh] = k;
+    }
+    (void)nth;
+}
+
+static ks_status spec_before_step(void *state, const ks_step_info *step) {
+    spec_state *s = state;
+    flush_pending(s);
+    int32_t n = step->n;
+    const float **h = ks_malloc(sizeof(float *) * (size_t)n);
+    for (int32_t r = 0; r < n; r++) h[r] = ring_get(s, step->seq[r], step->pos[r] - 1);
+    head_rows(s, n, step->token, step->pos, h, true);
+    ks_free(h);
+    store_keys(s, n, step->seq, step->pos);
+    for (int32_t r = 0; r < n; r++) s->sel_pos[step->seq[r]] = step->pos[r];
+    int32_t n_select = s->p.budget - s->p.sink - s->p.window;
+    if (s->p.budget <= 0) n_select = s->env.n_ctx;
+    if (n_select < 0) n_select = 0;
+    spec_job job = {.s = s, .step = step, .n_select = n_select};
+    atomic_init(&job.next, 0);
+    ks_pool_run(s->env.pool, select_worker, &job);
+    s->selections += (uint64_t)n * s->Hkv;
+    return KS_OK;
+}
+
+/* entry index of position pos in (seq, layer, head), or -1 (binary search over
+ * the increasing positions of the entries) */
+static int32_t entry_of(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t pos, int32_t n) {
+    int32_t P = ks_kv_page_size(kv), lo = 0, hi = n - 1;
+    while (lo <= hi) {
+        int32_t mid = (lo + hi) / 2;
+        ks_kv_page_meta m;
+        ks_kv_page_meta_get(kv, seq, layer, head, mid / P, &m);
+        int32_t p = m.pos[mid % P];
+        if (p == pos) return mid;
+        if (p < pos) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return -1;
+}
+
+static ks_status spec_select(void *state, const ks_select_req *req, ks_selection *out) {
+    spec_state *s = state;
+    out->pages = false;
+    out->n = 0;
+    if (s->sel_pos[req->seq] != req->pos) return KS_OK; /* no selection for this step: sinks + window */
+    int32_t kvh = req->head; /* DLM KV heads map one to one to the target's */
+    const int32_t *sel = s->sel + ((size_t)req->seq * s->Hkv + kvh) * s->env.n_ctx;
+    int32_t k = s->sel_n[(size_t)req->seq * s->Hkv + kvh];
+    bool evicted = req->n_entries != req->pos + 1;
+    for (int32_t i = 0; i < k && out->n < out->cap; i++) {
+        int32_t e = evicted ? entry_of(s->env.kv, req->seq, req->layer, req->head, sel[i], req->n_entries) : sel[i];
+        if (e >= 0) out->idx[out->n++] = e;
+    }
+    return KS_OK;
+}
+
+static void spec_counters(void *state, ks_policy_counters *out) { out->selections += ((spec_state *)state)->selections; }
+
+const ks_policy_i ks_policy_spec = {
+    .name = "spec",
+    .summary = "SpeContext: a distilled retrieval head picks the top tokens per KV head once per step for all layers",
+    .default_dense_layers = 0,
+    .global = true,
+    .arg_names = spec_args,
+    .create = spec_create,
+    .destroy = spec_destroy,
+    .seq_reset = spec_seq_reset,
+    .on_prefill = spec_prefill,
+    .before_step = spec_before_step,
+    .select_layer = spec_select,
+    .counters = spec_counters,
+    .hidden_layers = spec_hidden_layers,
+    .on_hidden = spec_on_hidden,
+};

@@ -1,0 +1,333 @@
+/*
+ * test_spec.c — SpeContext in kvsieve: the `spec` policy and the tiers it
+ * drives.
+ *
+ *  - Head-level selection on hand-made DLM weights picks the known tokens:
+ *    MHA (per head), GQA (element-wise max over the group) and MQA.
+ *  - With a budget >= the sequence, spec equals dense bit for bit (batch 1
+ *    and 2, with slow-tier layers in memory and in files).
+ *  - Elastic loading: with a small budget and layers in the slow tier, the
+ *    logits equal those of the same policy with everything resident, so the
+ *    slots hold exactly what a full reload would.
+ *  - Offloading a layer in the middle of decoding leaves the logits unchanged.
+ * The DLMs are written here as EAGLE-3 checkpoints (safetensors +
+ * config.json) for generated tiny targets.
+ */
+#define _GNU_SOURCE
+#include "infer/infer.h"
+#include "model/gguf.h"
+#include "model/shapes.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum { H = 256, HD = 64, NQ = 4, V = 512 };
+
+static char g_tmp[256];
+static ks_model *g_llama; /* tiny-llama: 4 heads / 2 KV, 3 layers */
+
+static ks_model *gen_target(const char *shape, int n_layer, const char *name) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.gguf", g_tmp, name);
+    ks_gguf *vocab = NULL;
+    assert_int_equal(ks_gguf_open(ks_test_fixture("models/aidreams260K.gguf"), &vocab), KS_OK);
+    ks_shape_gen_params gp = {.type = KS_DTYPE_F16, .vocab = vocab, .seed = 11, .n_layer = n_layer, .n_ctx = 1024};
+    assert_int_equal(ks_shape_generate(ks_shape_find(shape), &gp, path, NULL), KS_OK);
+    ks_gguf_close(vocab);
+    ks_model *m = NULL;
+    assert_int_equal(ks_model_load(path, ks_model_default_params(), &m), KS_OK);
+    return m;
+}
+
+/* Write an EAGLE-3 head checkpoint.  q, k: [nq*HD][2H] and [nkv*HD][2H]. */
+static void write_dlm(const char *dir, int nkv, const float *embed, const float *fc, const float *q, const float *k,
+                      int aux_layers_max) {
+    mkdir(dir, 0700);
+    char cfg[1024], p[600];
+    snprintf(cfg, sizeof cfg,
+             "{\"architectures\":[\"LlamaForCausalLMEagle3\"],\"hidden_size\":%d,\"intermediate_size\":64,"
+             "\"num_attention_heads\":%d,\"num_key_value_heads\":%d,\"head_dim\":%d,\"vocab_size\":%d,"
+             "\"rms_norm_eps\":1e-5,\"rope_theta\":1000000000.0,\"max_position_embeddings\":4096,"
+             "\"eagle_aux_hidden_state_layer_ids\":[0,%d,%d]}",
+             H, NQ, nkv, HD, V, aux_layers_max / 2, aux_layers_max);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    assert_int_equal(ks_test_write_file(p, cfg, strlen(cfg)), 0);
+    static float ones[H];
+    for (int i = 0; i < H; i++) ones[i] = 1.0f;
+    ks_test_st_tensor t[] = {
+        {"embed_tokens.weight", "F32", 2, {V, H}, embed, sizeof(float) * V * H},
+        {"fc.weight", "F32", 2, {H, 3 * H}, fc, sizeof(float) * H * 3 * H},
+        {"midlayer.hidden_norm.weight", "F32", 1, {H}, ones, sizeof ones},
+        {"midlayer.input_layernorm.weight", "F32", 1, {H}, ones, sizeof ones},
+        {"midlayer.self_attn.q_proj.weight", "F32", 2, {NQ * HD, 2 * H}, q, sizeof(float) * NQ * HD * 2 * H},
+        {"midlayer.self_attn.k_proj.weight", "F32", 2, {nkv * HD, 2 * H}, k, sizeof(float) * nkv * HD * 2 * H},
+    };
+    size_t size = 0;
+    uint8_t *img = ks_test_safetensors_build(t, 6, NULL, &size);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    assert_int_equal(ks_test_write_file(p, img, size), 0);
+    free(img);
+}
+
+static void random_fill(float *x, size_t n, uint64_t seed, float scale) {
+    ks_rng r = {seed};
+    for (size_t i = 0; i < n; i++) x[i] = scale * (float)(ks_rng_uniform(&r) * 2 - 1);
+}
+
+static char g_dlm_rand[400];
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/kvsieve-test-spec-XXXXXX");
+    if (!mkdtemp(g_tmp)) return -1;
+    g_llama = gen_target("tiny-llama", 3, "llama");
+    /* a random DLM for tiny-llama: everything plausible, nothing meaningful */
+    float *embed = malloc(sizeof(float) * V * H), *fc = malloc(sizeof(float) * H * 3 * H);
+    float *q = malloc(sizeof(float) * NQ * HD * 2 * H), *k = malloc(sizeof(float) * 2 * HD * 2 * H);
+    random_fill(embed, (size_t)V * H, 1, 1.0f);
+    random_fill(fc, (size_t)H * 3 * H, 2, 0.05f);
+    random_fill(q, (size_t)NQ * HD * 2 * H, 3, 0.1f);
+    random_fill(k, (size_t)2 * HD * 2 * H, 4, 0.1f);
+    snprintf(g_dlm_rand, sizeof g_dlm_rand, "%s/dlm-rand", g_tmp);
+    write_dlm(g_dlm_rand, 2, embed, fc, q, k, 2);
+    free(embed);
+    free(fc);
+    free(q);
+    free(k);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    ks_model_destroy(g_llama);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* ----------------------------------------------- hand-made selection -- */
+/* Embedding of token t: one-hot on dim t % H (rmsnorm makes it 16 e_t).
+ * Query token QT; KV head h's key dims 30 + g (g < G) light up for the
+ * token its query head g seeks: target[h][g].  Dims 30, 31 barely rotate
+ * (rope_theta 1e9). */
+enum { QT = 300 };
+
+static void check_selection(const char *shape, int nkv, const int *seek /* [NQ] token each query head seeks */,
+                            const int *expect /* [nkv][G] positions expected in each KV head's set */) {
+    int G = NQ / nkv;
+    ks_model *m = gen_target(shape, 1, shape);
+    float *embed = calloc((size_t)V * H, sizeof(float)), *fc = calloc((size_t)H * 3 * H, sizeof(float));
+    float *q = calloc((size_t)NQ * HD * 2 * H, sizeof(float)), *k = calloc((size_t)nkv * HD * 2 * H, sizeof(float));
+    for (int t = 0; t < V; t++) embed[(size_t)t * H + t % H] = 1.0f;
+    for (int g = 0; g < NQ; g++) { /* query head g, dim 30 + g % G: the query token */
+        int d = 30 + g % G;
+        q[((size_t)g * HD + d) * 2 * H + QT % H] = 1.0f;
+        int kvh = g / G; /* its KV head's dim d: the sought token */
+        k[((size_t)kvh * HD + d) * 2 * H + seek[g] % H] = 1.0f;
+    }
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/dlm-%s", g_tmp, shape);
+    write_dlm(dir, nkv, embed, fc, q, k, 0);
+    free(embed);
+    free(fc);
+    free(q);
+    free(k);
+    ks_pool *pool = NULL;
+    assert_int_equal(ks_pool_create(2, &pool), KS_OK);
+    ks_policy_env env = {.model = m, .pool = pool, .n_layer = 1, .n_head = NQ, .n_head_kv = nkv, .head_dim = HD,
+                         .n_seq = 1, .n_ctx = 64};
+    ks_policy_params pp = ks_policy_default_params();
+    pp.budget = 2 + 4 + G; /* sink 2 + window 4 + one token per query head */
+    pp.sink = 2;
+    pp.window = 4;
+    char args[500];
+    snprintf(args, sizeof args, "dlm=%s,variant=embed", dir);
+    pp.args = args;
+    ks_policy *pol = NULL;
+    ks_status st = ks_policy_create("spec", &env, &pp, &pol);
+    if (st != KS_OK) fail_msg("spec create: %s", ks_last_error());
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++) prompt[i] = 5 + i % 3;
+    for (int g = 0; g < NQ; g++) prompt[expect[g]] = seek[g]; /* the sought tokens at known positions */
+    ks_prefill_info info = {.seq = 0, .n_prompt = 40, .prompt = prompt, .first_pos = 0};
+    assert_int_equal(ks_policy_on_prefill(pol, &info), KS_OK);
+    int32_t seq = 0, tok = QT, pos = 40;
+    ks_step_info step = {.n = 1, .seq = &seq, .token = &tok, .pos = &pos};
+    assert_int_equal(ks_policy_before_step(pol, &step), KS_OK);
+    for (int h = 0; h < nkv; h++) {
+        int32_t idx[64];
+        ks_selection sel = {.cap = 64, .idx = idx};
+        ks_select_req req = {.seq = 0, .layer = 0, .head = h, .pos = 40, .n_entries = 41, .q = NULL,
+                             .n_select = G, .sink = 2, .window = 4};
+        assert_int_equal(ks_policy_select(pol, &req, &sel), KS_OK);
+        assert_false(sel.pages);
+        assert_int_equal(sel.n, G);
+        for (int g = 0; g < G; g++) {
+            bool found = false;
+            for (int i = 0; i < sel.n; i++) found |= idx[i] == expect[h * G + g];
+            if (!found) fail_msg("%s: KV head %d did not select position %d", shape, h, expect[h * G + g]);
+        }
+    }
+    ks_policy_destroy(pol);
+    ks_pool_destroy(pool);
+    ks_model_destroy(m);
+}
+
+static void test_select_mha(void **state) {
+    (void)state;
+    int seek[NQ] = {100, 101, 102, 103}, expect[NQ] = {10, 15, 20, 25};
+    check_selection("tiny-mha", 4, seek, expect);
+}
+
+static void test_select_gqa(void **state) {
+    (void)state;
+    int seek[NQ] = {100, 101, 102, 103}, expect[NQ] = {10, 15, 20, 25}; /* KV head 0: {10, 15}; 1: {20, 25} */
+    check_selection("tiny-llama", 2, seek, expect);
+}
+
+static void test_select_mqa(void **state) {
+    (void)state;
+    int seek[NQ] = {100, 101, 102, 103}, expect[NQ] = {10, 15, 20, 25}; /* one KV head, all four */
+    check_selection("tiny-mqa", 1, seek, expect);
+}
+
+/* ------------------------------------------------- end-to-end runs -- */
+static float *run(const char *policy, int32_t budget, int offload, const char *dir, int n_seq, int n_prompt, int steps,
+                  int offload_at /* step at which layer 2 moves to the slow tier, or -1 */) {
+    ks_context_params p = ks_context_default_params();
+    p.n_ctx = n_prompt + steps + 1;
+    p.n_seq = n_seq;
+    p.n_threads = 2;
+    p.n_batch = 64;
+    p.policy = policy;
+    p.budget = budget;
+    p.page = 16;
+    p.sink = 4;
+    p.window = 16;
+    p.kv_offload_layers = offload;
+    p.kv_offload_dir = dir;
+    char args[500];
+    snprintf(args, sizeof args, "dlm=%s", g_dlm_rand);
+    p.policy_args = strcmp(policy, "dense") ? args : NULL;
+    ks_context *c = NULL;
+    if (ks_context_create(g_llama, p, &c) != KS_OK) fail_msg("context: %s", ks_last_error());
+    int32_t Vv = g_llama->hp.n_vocab;
+    float *out = malloc(sizeof(float) * (size_t)steps * n_seq * Vv), *logits = malloc(sizeof(float) * n_seq * Vv);
+    int32_t *prompt = malloc(sizeof(int32_t) * n_prompt), seqs[2] = {0, 1}, toks[2];
+    for (int s = 0; s < n_seq; s++) {
+        for (int i = 0; i < n_prompt; i++) prompt[i] = (i * 29 + s * 7 + 3) % Vv;
+        assert_int_equal(ks_prefill(c, s, prompt, n_prompt, logits + (size_t)s * Vv, NULL), KS_OK);
+    }
+    for (int t = 0; t < steps; t++) {
+        if (t == offload_at) assert_int_equal(ks_context_offload_layer(c, 2, true), KS_OK);
+        for (int s = 0; s < n_seq; s++) {
+            const float *row = logits + (size_t)s * Vv;
+            int32_t best = 0;
+            for (int32_t j = 1; j < Vv; j++) best = row[j] > row[best] ? j : best;
+            toks[s] = best;
+        }
+        if (ks_decode(c, seqs, toks, n_seq, logits) != KS_OK) fail_msg("decode: %s", ks_last_error());
+        memcpy(out + (size_t)t * n_seq * Vv, logits, sizeof(float) * n_seq * Vv);
+    }
+    ks_stats st;
+    ks_context_stats(c, &st);
+    if (budget > 0 && budget < n_prompt && strcmp(policy, "dense")) assert_true(st.kv_entries_attended < st.kv_entries_total);
+    free(logits);
+    free(prompt);
+    ks_context_destroy(c);
+    return out;
+}
+
+static void test_full_budget_equals_dense(void **state) {
+    (void)state;
+    const int np = 120, steps = 5;
+    size_t bytes = sizeof(float) * steps * g_llama->hp.n_vocab;
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/slow", g_tmp);
+    mkdir(dir, 0700);
+    for (int n_seq = 1; n_seq <= 2; n_seq++) {
+        float *ref = run("dense", 0, 0, NULL, n_seq, np, steps, -1);
+        for (int off = 0; off < 3; off++) {
+            float *got = run("spec", np + steps + 1, off ? 2 : 0, off == 2 ? dir : NULL, n_seq, np, steps, -1);
+            if (memcmp(got, ref, bytes * n_seq)) fail_msg("spec (batch %d, offload %d) differs from dense", n_seq, off);
+            free(got);
+        }
+        float *snap = run("snapkv+spec", np + steps + 1, 0, NULL, n_seq, np, steps, -1);
+        assert_memory_equal(snap, ref, bytes * n_seq);
+        free(snap);
+        free(ref);
+    }
+}
+
+static void test_elastic_loading_exact(void **state) {
+    (void)state;
+    const int np = 200, steps = 8;
+    size_t bytes = sizeof(float) * steps * 2 * g_llama->hp.n_vocab;
+    float *ref = run("spec", 48, 0, NULL, 2, np, steps, -1);
+    float *mem = run("spec", 48, 3, NULL, 2, np, steps, -1);
+    assert_memory_equal(mem, ref, bytes);
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/slow2", g_tmp);
+    mkdir(dir, 0700);
+    float *file = run("spec", 48, 2, dir, 2, np, steps, -1);
+    assert_memory_equal(file, ref, bytes);
+    free(ref);
+    free(mem);
+    free(file);
+}
+
+static void test_offload_mid_sequence(void **state) {
+    (void)state;
+    const int np = 100, steps = 6;
+    size_t bytes = sizeof(float) * steps * g_llama->hp.n_vocab;
+    float *ref = run("dense", 0, 0, NULL, 1, np, steps, -1);
+    float *got = run("dense", 0, 0, NULL, 1, np, steps, 3);
+    assert_memory_equal(got, ref, bytes);
+    float *sref = run("spec", 40, 0, NULL, 1, np, steps, -1);
+    float *sgot = run("spec", 40, 0, NULL, 1, np, steps, 2);
+    assert_memory_equal(sgot, sref, bytes);
+    free(ref);
+    free(got);
+    free(sref);
+    free(sgot);
+}
+
+static void test_bad_dlm(void **state) {
+    (void)state;
+    ks_context_params p = ks_context_default_params();
+    p.n_ctx = 64;
+    p.n_threads = 1;
+    p.policy = "spec";
+    ks_context *c = NULL;
+    assert_int_equal(ks_context_create(g_llama, p, &c), KS_ERR_INVALID_ARG); /* no dlm= */
+    assert_non_null(strstr(ks_last_error(), "dlm=DIR"));
+    p.policy_args = "dlm=/nonexistent/dlm";
+    assert_true(ks_context_create(g_llama, p, &c) != KS_OK);
+    /* the MQA test DLM (1 KV head) does not fit tiny-llama (2) */
+    char args[500];
+    snprintf(args, sizeof args, "dlm=%s/dlm-tiny-mqa", g_tmp);
+    p.policy_args = args;
+    ks_status st = ks_context_create(g_llama, p, &c);
+    assert_int_equal(st, KS_ERR_INVALID_ARG);
+    assert_non_null(strstr(ks_last_error(), "KV heads"));
+    snprintf(args, sizeof args, "dlm=%s,variant=odd", g_dlm_rand);
+    assert_int_equal(ks_context_create(g_llama, p, &c), KS_ERR_INVALID_ARG);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_select_mha),
+        cmocka_unit_test(test_select_gqa),
+        cmocka_unit_test(test_select_mqa),
+        cmocka_unit_test(test_full_budget_equals_dense),
+        cmocka_unit_test(test_elastic_loading_exact),
+        cmocka_unit_test(test_offload_mid_sequence),
+        cmocka_unit_test(test_bad_dlm),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
