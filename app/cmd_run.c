@@ -211,6 +211,12 @@ int cmd_run(int argc, char **argv) {
                 sd.kv_entries_total ? 100.0 * sd.kv_entries_attended / sd.kv_entries_total : 100.0,
                 1e3 * sd.select_seconds / sd.tokens_decoded, sd.kv_bytes_loaded / 1e6, sd.kv_bytes_stored / 1e6,
                 (unsigned long long)sd.kv_pages_hit, (unsigned long long)sd.kv_pages_loaded);
+    if (cp.mem_cap > 0) {
+        ks_memplan_info pl;
+        ks_context_memplan(ctx, &pl);
+        fprintf(stderr, "  memory:  cap %.2f GB: %d of %d layers offloaded at the end (%llu offload events, logged above)\n",
+                cp.mem_cap / 1e9, pl.offloaded, pl.n_layer, (unsigned long long)sd.kv_offload_events);
+    }
     rc = 0;
 done:
     ks_stop_destroy(stop);

@@ -21,6 +21,7 @@ static const subcommand g_commands[] = {
     {"gen-model", cmd_gen_model, "write a GGUF with random weights of a real model shape"},
     {"bench", cmd_bench, "prefill/decode throughput and achieved memory bandwidth"},
     {"eval", cmd_eval, "long-context task accuracy and agreement with dense attention"},
+    {"plan", cmd_plan, "adaptive memory plan: sequence-length thresholds and the fast/slow layer split"},
 };
 
 void app_report(const char *cmd, const char *what, int status) {

@@ -22,6 +22,22 @@ void app_policy_opts_init(app_policy_opts *o) {
     o->window = d.window;
     o->page = d.page;
     o->dense_layers = -1;
+    o->mem_overhead = 1.3;
+}
+
+bool app_parse_size(const char *s, double *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v < 0) return false;
+    double mul = 1;
+    if (*end == 'K' || *end == 'k') mul = 1e3, end++;
+    else if (*end == 'M' || *end == 'm') mul = 1e6, end++;
+    else if (*end == 'G' || *end == 'g') mul = 1e9, end++;
+    else if (*end == 'T' || *end == 't') mul = 1e12, end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end) return false;
+    *out = v * mul;
+    return true;
 }
 
 const char *app_policy_usage(void) {
@@ -35,7 +51,10 @@ const char *app_policy_usage(void) {
            "  --dense-layers N   first N layers attend densely (default: the policy's own)\n"
            "  --policy-arg K=V   policy-specific argument (repeatable; docs/POLICIES.md)\n"
            "  --kv-offload-dir D slow tier: a file per offloaded layer in D (default: host memory)\n"
-           "  --kv-offload-layers N  keep the last N layers' KV in the slow tier (default 0)\n";
+           "  --kv-offload-layers N  keep the last N layers' KV in the slow tier (default 0)\n"
+           "  --mem-cap SIZE     adaptive memory management: fast-tier capacity (e.g. 4G); layers move to\n"
+           "                     the slow tier one by one as the sequences grow (needs --budget)\n"
+           "  --mem-overhead X   factor on weight bytes in the memory model (default 1.3)\n";
 }
 
 static bool parse_budget(const char *cmd, const char *s, app_budget *b) {
@@ -138,6 +157,26 @@ int app_policy_opt(const char *cmd, int argc, char **argv, int *i, app_policy_op
         strcat(o->args, v);
         return 1;
     }
+    if (!strcmp(a, "--mem-cap") || !strcmp(a, "--mem-overhead")) {
+        if (!(v = arg_value(cmd, argc, argv, i))) return -1;
+        double x;
+        if (!strcmp(a, "--mem-cap")) {
+            if (!app_parse_size(v, &x) || x <= 0) {
+                fprintf(stderr, "kvsieve %s: --mem-cap wants a size like 4G or 512M, got '%s'\n", cmd, v);
+                return -1;
+            }
+            o->mem_cap = x;
+        } else {
+            char *end;
+            x = strtod(v, &end);
+            if (*end || !(x >= 1.0 && x <= 10.0)) {
+                fprintf(stderr, "kvsieve %s: --mem-overhead wants a number in [1, 10], got '%s'\n", cmd, v);
+                return -1;
+            }
+            o->mem_overhead = x;
+        }
+        return 1;
+    }
     if (!strcmp(a, "--kv-offload-dir")) {
         if (!(v = arg_value(cmd, argc, argv, i))) return -1;
         o->offload_dir = v;
@@ -163,6 +202,8 @@ void app_policy_apply(const app_policy_opts *o, int k, int32_t budget, ks_contex
     cp->policy_args = o->args[0] ? o->args : NULL;
     cp->kv_offload_dir = o->offload_dir;
     cp->kv_offload_layers = (int32_t)o->offload_layers;
+    cp->mem_cap = o->mem_cap;
+    cp->mem_overhead = o->mem_overhead;
 }
 
 void app_budget_label(const app_budget *b, char *out, size_t cap) {

@@ -2,7 +2,7 @@
  * policy_opts.h — the policy flags every subcommand shares:
  *   --policy NAME[,NAME...]  --budget N[%][,...]  --sink N  --window N
  *   --page N  --dense-layers N  --policy-arg k=v (repeatable)
- *   --kv-offload-dir DIR  --kv-offload-layers N
+ *   --kv-offload-dir DIR  --kv-offload-layers N  --mem-cap SIZE  --mem-overhead X
  * run and perplexity take one policy and one budget; bench and eval take
  * lists and compare them in one run.  A budget "6%" is a share of the
  * context (eval: of each instance's length).
@@ -29,7 +29,11 @@ typedef struct app_policy_opts {
     long sink, window, page, dense_layers, offload_layers;
     char args[1024];
     const char *offload_dir;
+    double mem_cap, mem_overhead;   /* --mem-cap SIZE (bytes; 0 off), --mem-overhead X */
 } app_policy_opts;
+
+/* "4G", "512M", "300K", "12345" (bytes) -> bytes; false if malformed. */
+bool app_parse_size(const char *s, double *out);
 
 void app_policy_opts_init(app_policy_opts *o);
 /* 1: argv[*i] was a policy flag (consumed with its value), 0: not one,

@@ -108,6 +108,11 @@ typedef struct ks_context_params {
      * attention reads them through fast-tier slots. */
     const char *kv_offload_dir;
     int32_t kv_offload_layers;
+    /* Adaptive memory management (SpeContext, Section 6): with a fast-tier
+     * capacity in bytes, layers move to the slow tier one by one (last
+     * first) as the sequences grow past precomputed thresholds.  0: off. */
+    double mem_cap;
+    double mem_overhead;       /* factor on weight bytes in the memory model (default 1.3) */
 } ks_context_params;
 
 ks_context_params ks_context_default_params(void);
@@ -154,7 +159,22 @@ typedef struct ks_stats {
     double kv_copy_seconds;       /* copy-engine busy time */
     /* the policy's own counters (not reset by ks_stats_reset) */
     uint64_t policy_selections, policy_hits, policy_misses, policy_corrections, policy_rebuilds;
+    uint64_t kv_offload_events;   /* layers moved to the slow tier by the memory manager */
 } ks_stats;
+
+/* The memory plan of a context (mem_cap > 0): thresholds[k] = longest
+ * sequence with k layers offloaded (-1: never fits), k = 0..n_layer. */
+typedef struct ks_memplan_info {
+    bool active;
+    double model_bytes, dlm_bytes, alpha, overhead, mem_cap;
+    int32_t n_layer, requests, budget;
+    int64_t thresholds[257];
+    int32_t offloaded;            /* layers in the slow tier now */
+} ks_memplan_info;
+void ks_context_memplan(const ks_context *ctx, ks_memplan_info *out);
+/* Apply Algorithm 2 now for the current sequence lengths (also done before
+ * every decode step and prefill). */
+ks_status ks_context_apply_memplan(ks_context *ctx);
 void ks_context_stats(const ks_context *ctx, ks_stats *out);
 void ks_stats_reset(ks_context *ctx);
 

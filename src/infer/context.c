@@ -57,7 +57,9 @@ ks_context_params ks_context_default_params(void) {
                                .dense_layers = -1,
                                .policy_args = NULL,
                                .kv_offload_dir = NULL,
-                               .kv_offload_layers = 0};
+                               .kv_offload_layers = 0,
+                               .mem_cap = 0,
+                               .mem_overhead = 1.3};
 }
 
 /* ----------------------------------------------------------- small ops -- */
@@ -242,6 +244,7 @@ void ks_context_destroy(ks_context *c) {
     }
     ks_free(c->scr);
     ks_free(c->obs_q);
+    ks_free(c->plan_thr);
     ks_free(c->aux_h);
     ks_free(c->entropy);
     ks_free(c->varentropy);
@@ -329,6 +332,8 @@ static ks_status svc_evict(void *svc, int32_t seq, int32_t layer, int32_t head, 
     ks_context *c = svc;
     return ks_kv_compact(c->kv, seq, layer, head, keep);
 }
+
+static ks_status plan_init(ks_context *c);
 
 ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_context **out) {
     if (!model || !out) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL model or out");
@@ -485,8 +490,92 @@ ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_conte
     c->mm_scratch = ks_malloc_aligned(mm ? mm : 64);
     c->rope_cos = ks_malloc(sizeof(float) * rows * (hp->n_rot / 2));
     c->rope_sin = ks_malloc(sizeof(float) * rows * (hp->n_rot / 2));
+    if (p.mem_cap > 0) {
+        st = plan_init(c);
+        if (st != KS_OK) {
+            ks_context_destroy(c);
+            return st;
+        }
+    }
     *out = c;
     return KS_OK;
+}
+
+/* The memory model over this context's real sizes: weights as loaded, the
+ * policy's own weights, the KV element size, R = n_seq, B = the budget, and
+ * alpha measured from the per-token scratch the workers allocate. */
+static ks_status plan_init(ks_context *c) {
+    const ks_hparams *hp = &c->model->hp;
+    const ks_context_params *p = &c->params;
+    if (p->budget <= 0)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "adaptive memory management needs a budget: offloaded layers keep B entries fast");
+    int G = hp->n_head / hp->n_head_kv;
+    double per_tok_scratch = (double)p->n_threads *
+                             (4.0 * (G > 4 ? G : 4) + 4 + 4 + 4 + 4 + sizeof(ks_kv_seg) + 1.0 / 8 +
+                              2.0 * c->kv_row_bytes /* gather buffer */);
+    double elem = (double)c->kv_row_bytes / hp->head_dim;
+    c->plan = (ks_memplan_params){.model_bytes = (double)c->model->weight_bytes,
+                                  .dlm_bytes = (double)ks_policy_weight_bytes(c->policy),
+                                  .overhead = p->mem_overhead > 0 ? p->mem_overhead : 1.3,
+                                  .n_layer = hp->n_layer,
+                                  .n_head_kv = hp->n_head_kv,
+                                  .head_dim = hp->head_dim,
+                                  .kv_elem_bytes = elem,
+                                  .requests = c->n_seq,
+                                  .budget = p->budget,
+                                  .dlm_cache = ks_policy_own_kcache(c->policy),
+                                  .alpha = per_tok_scratch / (2.0 * elem * c->n_seq * hp->n_head_kv * hp->head_dim),
+                                  .mem_cap = p->mem_cap};
+    c->plan_thr = ks_malloc(sizeof(int64_t) * (size_t)(hp->n_layer + 1));
+    KS_TRY(ks_memplan_thresholds(&c->plan, c->plan_thr));
+    if (c->plan_thr[hp->n_layer] < 0)
+        return KS_FAIL(KS_ERR_NOMEM, "a fast tier of %.2f GB cannot hold the weights (%.2f GB x %.1f) and %d x %d budget "
+                       "entries", p->mem_cap / 1e9, c->plan.model_bytes / 1e9, c->plan.overhead, c->n_seq, p->budget);
+    KS_LOG(INFO, "memory plan: cap %.2f GB, weights %.2f GB (+%.3f GB policy), alpha %.3f; all layers fast up to S=%lld, "
+           "all offloaded up to S=%lld", p->mem_cap / 1e9, c->plan.model_bytes / 1e9, c->plan.dlm_bytes / 1e9,
+           c->plan.alpha, (long long)c->plan_thr[0], (long long)c->plan_thr[hp->n_layer]);
+    return KS_OK;
+}
+
+void ks_context_memplan(const ks_context *c, ks_memplan_info *out) {
+    memset(out, 0, sizeof *out);
+    if (!c->plan_thr) return;
+    out->active = true;
+    out->model_bytes = c->plan.model_bytes;
+    out->dlm_bytes = c->plan.dlm_bytes;
+    out->alpha = c->plan.alpha;
+    out->overhead = c->plan.overhead;
+    out->mem_cap = c->plan.mem_cap;
+    out->n_layer = c->plan.n_layer;
+    out->requests = c->plan.requests;
+    out->budget = c->plan.budget;
+    for (int32_t k = 0; k <= c->plan.n_layer && k < 257; k++) out->thresholds[k] = c->plan_thr[k];
+    out->offloaded = c->n_offloaded;
+}
+
+/* Algorithm 2 for the longest sequence at length S. */
+static ks_status plan_apply(ks_context *c, int64_t S) {
+    if (!c->plan_thr) return KS_OK;
+    int32_t L = c->model->hp.n_layer, want = ks_memplan_offloaded_at(c->plan_thr, L, S);
+    if (want > L) {
+        KS_LOG(WARN, "memory plan: S=%lld exceeds the fast tier even with every layer offloaded", (long long)S);
+        want = L;
+    }
+    while (c->n_offloaded < want) {
+        int32_t layer = L - 1 - c->n_offloaded;
+        if (ks_kv_layer_tier(c->kv, layer) == KS_TIER_FAST) KS_TRY(ks_kv_set_layer_tier(c->kv, layer, KS_TIER_SLOW));
+        c->n_offloaded++;
+        c->stats.kv_offload_events++;
+        KS_LOG(INFO, "memory plan: S=%lld crossed %lld: layer %d moved to the slow tier (%d of %d offloaded)",
+               (long long)S, (long long)c->plan_thr[c->n_offloaded - 1], layer, c->n_offloaded, L);
+    }
+    return KS_OK;
+}
+
+ks_status ks_context_apply_memplan(ks_context *c) {
+    int64_t S = 0;
+    for (int32_t i = 0; i < c->n_seq; i++) S = c->seq_len[i] > S ? c->seq_len[i] : S;
+    return plan_apply(c, S);
 }
 
 ks_status ks_context_offload_layer(ks_context *c, int32_t layer, bool offload) {
@@ -983,6 +1072,7 @@ ks_status ks_prefill(ks_context *c, int32_t seq, const int32_t *tokens, int32_t 
         return KS_FAIL(KS_ERR_CONTEXT_FULL, "%d tokens + %d already in sequence %d exceed the context of %d", n,
                        c->seq_len[seq], seq, c->n_ctx);
     KS_TRY(check_tokens(c, tokens, n));
+    KS_TRY(plan_apply(c, (int64_t)c->seq_len[seq] + n));
     const ks_hparams *hp = &c->model->hp;
     double t0 = ks_time_sec();
     int chunk = c->params.n_batch;
@@ -1057,6 +1147,11 @@ ks_status ks_decode(ks_context *c, const int32_t *seqs, const int32_t *tokens, i
             return KS_FAIL(KS_ERR_CONTEXT_FULL, "sequence %d is full (%d tokens)", seqs[i], c->n_ctx);
     }
     KS_TRY(check_tokens(c, tokens, n));
+    if (c->plan_thr) { /* Algorithm 2: the step will make the longest sequence one longer */
+        int64_t S = 0;
+        for (int32_t i = 0; i < n; i++) S = c->seq_len[seqs[i]] + 1 > S ? c->seq_len[seqs[i]] + 1 : S;
+        KS_TRY(plan_apply(c, S));
+    }
     double t0 = ks_time_sec();
     int32_t *ps = ks_malloc(sizeof(int32_t) * (size_t)n);
     bool *want = ks_malloc(sizeof(bool) * (size_t)n);

@@ -10,6 +10,7 @@
 #include "tensor/matmul.h"
 #include "kv/kv.h"
 #include "select/policy.h"
+#include "kv/memplan.h"
 
 #include <stdatomic.h>
 
@@ -62,6 +63,9 @@ struct ks_context {
     int32_t n_aux;           /* hidden states captured for the policy (<= 3) */
     int32_t aux_layer[3];    /* layer whose input residual is captured (n_layer: final) */
     float *aux_h;            /* [max_rows][n_aux][n_embd] */
+    ks_memplan_params plan;  /* adaptive memory management (plan.mem_cap > 0) */
+    int64_t *plan_thr;       /* [n_layer + 1] Algorithm 1 thresholds */
+    int32_t n_offloaded;     /* layers the manager moved to the slow tier */
     bool recall_probe;       /* eval: measure the dense attention mass each selection covers */
     ks_status step_status;   /* first failure inside a parallel section */
     atomic_flag step_failed;

@@ -521,6 +521,12 @@ static ks_status spec_select(void *state, const ks_select_req *req, ks_selection
     return KS_OK;
 }
 
+static size_t spec_weight_bytes(void *state) {
+    const ks_eagle3 *d = ((spec_state *)state)->dlm;
+    size_t b = (size_t)(d->n_params_head - d->n_params_embed) * 4; /* f32 as used */
+    return d->has_embed ? b + (size_t)d->n_params_embed * ks_st_dtype_size(d->embed.dtype) : b;
+}
+
 static void spec_counters(void *state, ks_policy_counters *out) { out->selections += ((spec_state *)state)->selections; }
 
 const ks_policy_i ks_policy_spec = {
@@ -536,6 +542,8 @@ const ks_policy_i ks_policy_spec = {
     .before_step = spec_before_step,
     .select_layer = spec_select,
     .counters = spec_counters,
+    .weight_bytes = spec_weight_bytes,
+    .own_kcache = true,
     .hidden_layers = spec_hidden_layers,
     .on_hidden = spec_on_hidden,
 };

@@ -164,6 +164,13 @@ int32_t ks_policy_hidden_layers(ks_policy *pol, int32_t out[3]) {
 void ks_policy_on_hidden(ks_policy *pol, int32_t seq, int32_t pos, int32_t token, const float *h) {
     if (decoder(pol)->on_hidden) decoder(pol)->on_hidden(decoder_state(pol), seq, pos, token, h);
 }
+size_t ks_policy_weight_bytes(ks_policy *pol) {
+    size_t b = 0;
+    for (int i = 0; i < pol->n; i++)
+        if (pol->vt[i]->weight_bytes) b += pol->vt[i]->weight_bytes(pol->st[i]);
+    return b;
+}
+bool ks_policy_own_kcache(const ks_policy *pol) { return decoder(pol)->own_kcache; }
 void ks_policy_get_counters(const ks_policy *pol, ks_policy_counters *out) {
     memset(out, 0, sizeof *out);
     for (int i = 0; i < pol->n; i++)

@@ -167,6 +167,10 @@ typedef struct ks_policy_i {
     /* After each forward, for every row in order (prefill rows, then decode
      * rows): its token, position and captured states h [n][n_embd]. OPTIONAL */
     void (*on_hidden)(void *state, int32_t seq, int32_t pos, int32_t token, const float *h);
+    /* Bytes of weights the policy keeps (SpeContext's M_D). OPTIONAL */
+    size_t (*weight_bytes)(void *state);
+    /* Whether it keeps a K cache of its own, one layer's worth (the memory model's "+1"). */
+    bool own_kcache;
 } ks_policy_i;
 
 /* ------------------------------------------------------------ registry -- */
@@ -200,6 +204,8 @@ int32_t ks_policy_pseudo_tokens(ks_policy *pol, const int32_t *prompt, int32_t n
 void ks_policy_get_counters(const ks_policy *pol, ks_policy_counters *out);
 int32_t ks_policy_hidden_layers(ks_policy *pol, int32_t out[3]);
 void ks_policy_on_hidden(ks_policy *pol, int32_t seq, int32_t pos, int32_t token, const float *h);
+size_t ks_policy_weight_bytes(ks_policy *pol);
+bool ks_policy_own_kcache(const ks_policy *pol);
 
 /* ------------------------------------------------------------- helpers -- */
 /* Typed "k=v,k=v" lookups; unknown keys are reported by ks_args_check. */

@@ -1,0 +1,46 @@
+/*
+ * memplan.c — the memory model and Algorithms 1 and 2 (see memplan.h).
+ * Pure arithmetic on doubles: tests compare it with a hand calculation.
+ * Thresholds are not forced to be monotonic: while S < B an offloaded layer
+ * costs more fast memory than a resident one, and Algorithm 2 simply takes
+ * the smallest k that fits.
+ */
+#include "kv/memplan.h"
+
+#include <math.h>
+
+static double per_token_layer(const ks_memplan_params *p) {
+    return 2.0 * p->kv_elem_bytes * (double)p->requests * p->n_head_kv * p->head_dim;
+}
+
+double ks_memplan_bytes(const ks_memplan_params *p, int32_t l_fast, int64_t S) {
+    double e = per_token_layer(p);
+    double extra = (p->dlm_cache ? 1.0 : 0.0) + p->alpha;
+    return p->overhead * (p->model_bytes + p->dlm_bytes) +
+           e * (((double)l_fast + extra) * (double)S + (double)(p->n_layer - l_fast) * p->budget);
+}
+
+ks_status ks_memplan_thresholds(const ks_memplan_params *p, int64_t *thr) {
+    if (p->n_layer < 1 || p->requests < 1 || p->n_head_kv < 1 || p->head_dim < 1 || p->kv_elem_bytes <= 0 ||
+        p->mem_cap <= 0 || p->budget < 0 || p->alpha < 0 || p->overhead <= 0)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "memory plan: bad parameters");
+    double e = per_token_layer(p), extra = (p->dlm_cache ? 1.0 : 0.0) + p->alpha;
+    double fixed = p->overhead * (p->model_bytes + p->dlm_bytes);
+    for (int32_t k = 0; k <= p->n_layer; k++) {
+        int32_t l_fast = p->n_layer - k;
+        double room = p->mem_cap - fixed - e * (double)k * p->budget;
+        double per_s = e * ((double)l_fast + extra);
+        double s;
+        if (room < 0) s = -1;
+        else if (per_s <= 0) s = 9.0e18;
+        else s = floor(room / per_s);
+        thr[k] = s > 9.0e18 ? (int64_t)9.0e18 : (int64_t)s;
+    }
+    return KS_OK;
+}
+
+int32_t ks_memplan_offloaded_at(const int64_t *thr, int32_t n_layer, int64_t S) {
+    for (int32_t k = 0; k <= n_layer; k++)
+        if (thr[k] >= 0 && S <= thr[k]) return k;
+    return n_layer + 1;
+}
