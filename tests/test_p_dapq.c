@@ -11,7 +11,7 @@
  *    strictly increasing subset of 0..L_p-1 that starts with the sinks (so
  *    no pseudo token survived), ks_seq_len stays L_p, and the next decode
  *    step appends position L_p.  Also composed with quest and h2o.
- * 3. The pseudo-token round trip alone is invisible: a sequence whose heads
+ * 3. The pseudo-token round trip alone is invisible (dapq and dapq+quest): a sequence whose heads
  *    fit the budget (pseudo tokens run because another sequence is longer)
  *    decodes bit for bit like dense.  (budget >= context == dense for dapq
  *    and dapq+quest is in test_policy.c's check_equal_dense.)
@@ -373,13 +373,11 @@ static void test_real_mha(void **state) {
 /* Seq 1 (150 tokens) makes the pseudo tokens run for seq 0 (100 tokens,
  * within the budget of 120): the round trip (append at L_p.., truncate) must
  * leave seq 0 exactly as dense leaves it. */
-static void test_pseudo_round_trip_is_invisible(void **state) {
-    (void)state;
-    ks_model *m = g_gqa;
+static void round_trip(ks_model *m, const char *policy) {
     int32_t V = m->hp.n_vocab;
     const int n0 = 100, n1 = 150, steps = 4;
     ks_context *cd = make_ctx(m, "dense", 0, n1 + 32 + steps, 2);
-    ks_context *cp = make_ctx(m, "dapq", 120, n1 + 32 + steps, 2);
+    ks_context *cp = make_ctx(m, policy, 120, n1 + 32 + steps, 2);
     int32_t prompt[150];
     float *ld = malloc(sizeof(float) * (size_t)V), *lp = malloc(sizeof(float) * (size_t)V);
     fill_prompt(prompt, n1, 1, V);
@@ -402,6 +400,12 @@ static void test_pseudo_round_trip_is_invisible(void **state) {
     free(lp);
     ks_context_destroy(cd);
     ks_context_destroy(cp);
+}
+
+static void test_pseudo_round_trip_is_invisible(void **state) {
+    (void)state;
+    round_trip(g_gqa, "dapq");
+    round_trip(g_gqa, "dapq+quest"); /* quest's page summaries are rebuilt by the truncation */
 }
 
 int main(void) {
