@@ -321,10 +321,12 @@ int cmd_eval(int argc, char **argv) {
             if (n_threads) cp.n_threads = (int32_t)n_threads;
             app_policy_apply(&po, cfgs[k].pi < 0 ? 0 : cfgs[k].pi,
                              cfgs[k].bi < 0 ? 0 : app_budget_tokens(&po.budgets[cfgs[k].bi], lens[l]), &cp);
-            if (cfgs[k].pi < 0) {
+            if (cfgs[k].pi < 0) { /* the reference: dense, resident, none of the policy's arguments */
                 cp.policy = "dense";
                 cp.budget = 0;
+                cp.policy_args = NULL;
                 cp.kv_offload_layers = 0;
+                cp.mem_cap = 0;
             }
             if ((st = ks_context_create(m, cp, &ctxs[k])) != KS_OK) { app_report(cmd, "creating a context", st); goto done; }
             ks_context_set_recall_probe(ctxs[k], k > 0);

@@ -1024,7 +1024,9 @@ static ks_status check_tokens(const ks_context *c, const int32_t *tokens, int32_
  * (and leave the sequence's position where the prompt ended). */
 static ks_status prefill_pseudo(ks_context *c, int32_t seq, const int32_t *prompt, int32_t n, int32_t *n_obs) {
     const ks_hparams *hp = &c->model->hp;
-    int32_t cap = c->max_rows < 1024 ? c->max_rows : 1024;
+    int32_t cap = c->max_rows < 1024 ? c->max_rows : 1024, room = c->n_ctx - c->seq_len[seq];
+    if (room < cap) cap = room; /* pseudo tokens only ever use the room after the prompt */
+    if (cap <= 0) return KS_OK;
     int32_t *pt = ks_malloc(sizeof(int32_t) * (size_t)cap);
     int32_t np = ks_policy_pseudo_tokens(c->policy, prompt, n, pt, cap);
     *n_obs = 0;
@@ -1036,7 +1038,11 @@ static ks_status prefill_pseudo(ks_context *c, int32_t seq, const int32_t *promp
         ks_free(pt);
         return KS_FAIL(KS_ERR_CONTEXT_FULL, "%d pseudo tokens do not fit after the prompt (context %d)", np, c->n_ctx);
     }
-    KS_TRY(check_tokens(c, pt, np));
+    ks_status cst = check_tokens(c, pt, np);
+    if (cst != KS_OK) {
+        ks_free(pt);
+        return cst;
+    }
     int32_t *sq = ks_malloc(sizeof(int32_t) * (size_t)np), *ps = ks_malloc(sizeof(int32_t) * (size_t)np);
     int32_t *obs = ks_malloc(sizeof(int32_t) * (size_t)np);
     int32_t *before = ks_malloc(sizeof(int32_t) * (size_t)hp->n_layer * hp->n_head_kv);

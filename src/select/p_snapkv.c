@@ -44,7 +44,8 @@ static ks_status snapkv_prefill(void *state, const ks_prefill_info *info) {
     const ks_policy_env *e = &s->env;
     int32_t G = e->n_head / e->n_head_kv, hd = e->head_dim;
     int32_t nobs = info->n_obs < s->obs ? info->n_obs : s->obs;
-    if (s->p.budget <= 0 || nobs <= 0) return KS_OK;
+    /* pseudo queries (a DapQ pass) are not SnapKV's observation window */
+    if (s->p.budget <= 0 || nobs <= 0 || info->pseudo) return KS_OK;
     float *q = ks_malloc(sizeof(float) * (size_t)nobs * G * hd);
     float *acc = ks_malloc(sizeof(float) * (size_t)e->n_ctx), *pooled = ks_malloc(sizeof(float) * (size_t)e->n_ctx);
     int32_t *idx = ks_malloc(sizeof(int32_t) * (size_t)e->n_ctx);

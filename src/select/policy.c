@@ -24,9 +24,16 @@ extern const ks_policy_i ks_policy_h2o;
 extern const ks_policy_i ks_policy_snapkv;
 extern const ks_policy_i ks_policy_quest;
 extern const ks_policy_i ks_policy_spec;
+extern const ks_policy_i ks_policy_dapq;
 
 static const ks_policy_i *const registry[] = {
-    &ks_policy_dense, &ks_policy_streaming, &ks_policy_h2o, &ks_policy_snapkv, &ks_policy_quest, &ks_policy_spec,
+    &ks_policy_dense,
+    &ks_policy_streaming,
+    &ks_policy_h2o,
+    &ks_policy_snapkv,
+    &ks_policy_quest,
+    &ks_policy_spec,
+    &ks_policy_dapq,
     NULL,
 };
 

@@ -1,0 +1,172 @@
+/*
+ * p_dapq.c — `dapq`: prefill-time eviction scored by position-aware pseudo
+ * queries (DapQ, "Where Matters More Than What", papers/dapq.txt).
+ *
+ * SnapKV scores the prompt with the queries of its own last tokens, which
+ * sit at prompt positions and carry prompt content.  DapQ's observation is
+ * that a query is dominated by its RoPE position, so queries placed where the
+ * *answer* will be (positions L_p, L_p+1, ...) predict what decoding attends
+ * far better, whatever their content.  So: after the prompt, the framework
+ * prefills N pseudo tokens (ours: the first `n_head_tokens` and the last
+ * N - n_head_tokens prompt tokens, the paper's prefix-suffix construction,
+ * default 4 + 28) at positions L_p .. L_p+N-1, hands their queries to
+ * on_prefill with info->pseudo set, and removes their KV; decoding starts at
+ * L_p as if they had never been there.
+ *
+ * Scoring: S(j) = sum over the pseudo queries and over the query heads of
+ * the KV head's group of softmax(q k^T / sqrt(d))[j] (env->attn_probs; the
+ * softmax runs over the prompt entries only, the pseudo tokens' own keys are
+ * already gone — the paper's Eq. 4 scores prompt keys only as well).  The
+ * scores are smoothed by an average pool of width `pool` (SnapKV's
+ * clustering; the paper does not mention one, so pool=1 is the literal
+ * paper) computed over the candidate range only, so the sinks' large mass
+ * does not spill onto their neighbours.
+ *
+ * Budget (per KV head, the framework's convention): each head with more
+ * than `budget` entries keeps exactly `budget`: the first `sink` entries,
+ * the last `keep_recent` entries (default 0: the paper keeps a plain top-K
+ * over [0, L_p); the pseudo queries *are* the observation window, and a
+ * recent window is what they replace), and the top-scoring rest.  Every KV
+ * head chooses for itself; the paper leaves per-head vs per-layer budgets
+ * open, and per head is what the decode budget of every other policy means
+ * here, so "dapq+quest" budgets stay comparable.  Layers are all evicted
+ * (dense_layers only concerns decode selection).
+ *
+ * No decode hooks: decoding is dense over what is left, so dapq composes as
+ * the evictor of "dapq+<selector>".
+ *
+ * Pseudo-token count: min(n_pseudo, n_prompt, the framework's cap, the room
+ * left in the context).  pseudo_tokens() does not learn the sequence, so the
+ * room is bounded by the longest sequence in the store (the last entry of
+ * each sequence's (layer 0, head 0) is its newest position: the prompt was
+ * just appended, so for the calling sequence it is exact, for the others an
+ * over-estimate, which only makes the bound safe).  When no head can exceed
+ * the budget (budget <= 0 or >= that length) no pseudo tokens are run at
+ * all: nothing would be evicted, and the prefill stays bit-identical to dense.
+ */
+#include "select/policy.h"
+
+#include <string.h>
+
+typedef struct {
+    ks_policy_env env;
+    ks_policy_params p;
+    int32_t n_pseudo, n_head_tokens, pool, keep_recent;
+} dapq_state;
+
+static const char *const dapq_args[] = {"n_pseudo", "n_head_tokens", "pool", "keep_recent", NULL};
+
+static ks_status dapq_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
+    int64_t n_pseudo, n_head, pool, recent;
+    KS_TRY(ks_args_int(p->args, "n_pseudo", 32, 1, 1024, &n_pseudo));
+    KS_TRY(ks_args_int(p->args, "n_head_tokens", 4, 0, 1024, &n_head));
+    KS_TRY(ks_args_int(p->args, "pool", 5, 1, 63, &pool));
+    KS_TRY(ks_args_int(p->args, "keep_recent", 0, 0, 1 << 24, &recent));
+    if (pool % 2 == 0) return KS_FAIL(KS_ERR_INVALID_ARG, "dapq pool=%lld must be odd", (long long)pool);
+    if (n_head > n_pseudo)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "dapq n_head_tokens=%lld exceeds n_pseudo=%lld", (long long)n_head,
+                       (long long)n_pseudo);
+    dapq_state *s = ks_calloc(1, sizeof *s);
+    s->env = *env;
+    s->p = *p;
+    s->n_pseudo = (int32_t)n_pseudo;
+    s->n_head_tokens = (int32_t)n_head;
+    s->pool = (int32_t)pool;
+    s->keep_recent = (int32_t)recent;
+    *state = s;
+    return KS_OK;
+}
+
+static void dapq_destroy(void *state) { ks_free(state); }
+
+/* Upper bound on the calling sequence's length: max over sequences of the
+ * newest position in (layer 0, head 0) plus one (see the essay). */
+static int32_t longest_seq(const ks_policy_env *e) {
+    int32_t m = 0;
+    for (int32_t s = 0; s < e->n_seq; s++) {
+        int32_t np = ks_kv_n_pages(e->kv, s, 0, 0);
+        if (np <= 0) continue;
+        ks_kv_page_meta meta;
+        ks_kv_page_meta_get(e->kv, s, 0, 0, np - 1, &meta);
+        if (meta.fill > 0 && meta.pos[meta.fill - 1] + 1 > m) m = meta.pos[meta.fill - 1] + 1;
+    }
+    return m;
+}
+
+static int32_t dapq_pseudo_tokens(void *state, const int32_t *prompt, int32_t n_prompt, int32_t *out, int32_t cap) {
+    dapq_state *s = state;
+    if (s->p.budget <= 0 || n_prompt <= 0) return 0;
+    int32_t len = longest_seq(&s->env);
+    if (len < n_prompt) len = n_prompt; /* defensive: the prompt is in the store already */
+    if (s->p.budget >= len) return 0;   /* no head can exceed the budget: nothing to score */
+    int32_t n = s->n_pseudo;
+    if (n > n_prompt) n = n_prompt;
+    if (n > cap) n = cap;
+    if (n > s->env.n_ctx - len) n = s->env.n_ctx - len;
+    if (n <= 0) return 0;
+    int32_t head = s->n_head_tokens < n ? s->n_head_tokens : n, tail = n - head;
+    for (int32_t i = 0; i < head; i++) out[i] = prompt[i];
+    for (int32_t i = 0; i < tail; i++) out[head + i] = prompt[n_prompt - tail + i];
+    return n;
+}
+
+static ks_status dapq_prefill(void *state, const ks_prefill_info *info) {
+    dapq_state *s = state;
+    const ks_policy_env *e = &s->env;
+    int32_t G = e->n_head / e->n_head_kv, hd = e->head_dim, nq = info->n_obs;
+    if (!info->pseudo || s->p.budget <= 0 || nq <= 0) return KS_OK;
+    float *q = ks_malloc(sizeof(float) * (size_t)nq * G * hd);                          /* [nq][G][hd] */
+    float *acc = ks_malloc(sizeof(float) * (size_t)e->n_ctx);                            /* [n] */
+    float *pooled = ks_malloc(sizeof(float) * (size_t)e->n_ctx);                         /* [n] */
+    int32_t *idx = ks_malloc(sizeof(int32_t) * (size_t)e->n_ctx);                        /* [n] */
+    uint8_t *keep = ks_malloc((size_t)e->n_ctx);                                         /* [n] */
+    ks_status st = KS_OK;
+    for (int32_t l = 0; l < e->n_layer && st == KS_OK; l++) {
+        const float *lq = info->obs_q + (size_t)l * nq * e->n_head * hd; /* [nq][n_head * hd] */
+        for (int32_t h = 0; h < e->n_head_kv && st == KS_OK; h++) {
+            int32_t n = ks_kv_n_entries(e->kv, info->seq, l, h);
+            if (n <= s->p.budget) continue;
+            for (int32_t r = 0; r < nq; r++)
+                memcpy(q + (size_t)r * G * hd, lq + ((size_t)r * e->n_head + (size_t)h * G) * hd,
+                       sizeof(float) * G * hd);
+            memset(acc, 0, sizeof(float) * (size_t)n);
+            st = e->attn_probs(e->svc, info->seq, l, h, q, nq, acc);
+            if (st != KS_OK) break;
+            /* [0, lo): sinks, [hi, n): recent window, [lo, hi): candidates */
+            int32_t K = s->p.budget;
+            int32_t lo = s->p.sink < K ? s->p.sink : K;
+            int32_t r = s->keep_recent < K - lo ? s->keep_recent : K - lo;
+            int32_t hi = n - r, want = K - lo - r, half = s->pool / 2;
+            KS_ASSERT(lo <= hi);
+            for (int32_t i = lo; i < hi; i++) { /* average pool, clipped at the candidate range's edges */
+                int32_t a = i - half < lo ? lo : i - half, b = i + half + 1 > hi ? hi : i + half + 1;
+                float sum = 0;
+                for (int32_t j = a; j < b; j++) sum += acc[j];
+                pooled[i] = sum / (float)(b - a);
+            }
+            memset(keep, 0, (size_t)n);
+            for (int32_t i = 0; i < lo; i++) keep[i] = 1;
+            for (int32_t i = hi; i < n; i++) keep[i] = 1;
+            int32_t got = ks_topk(pooled + lo, hi - lo, want, idx);
+            for (int32_t i = 0; i < got; i++) keep[lo + idx[i]] = 1;
+            st = e->evict(e->svc, info->seq, l, h, keep);
+        }
+    }
+    ks_free(q);
+    ks_free(acc);
+    ks_free(pooled);
+    ks_free(idx);
+    ks_free(keep);
+    return st;
+}
+
+const ks_policy_i ks_policy_dapq = {
+    .name = "dapq",
+    .summary = "DapQ: prefill eviction scored by pseudo queries at the decode positions (pooled, per KV head), dense decode",
+    .obs_window = 0,
+    .arg_names = dapq_args,
+    .create = dapq_create,
+    .destroy = dapq_destroy,
+    .on_prefill = dapq_prefill,
+    .pseudo_tokens = dapq_pseudo_tokens,
+};
