@@ -13,6 +13,7 @@
  */
 #include "commands.h"
 #include "model/gguf.h"
+#include "model/eagle3.h"
 #include "model/shapes.h"
 
 #include <errno.h>
@@ -23,7 +24,7 @@
 static void gen_model_usage(FILE *f) {
     fprintf(f,
             "usage: kvsieve gen-model --shape NAME --type TYPE --vocab-from VOCAB.gguf --out FILE\n"
-            "                         [--seed N] [--layers N] [--ctx N] [--threads N]\n\n"
+            "                         [--seed N] [--layers N] [--ctx N] [--threads N] [--dlm-out DIR]\n\n"
             "Writes a GGUF with deterministic pseudo-random weights of a real model shape\n"
             "(same arguments -> byte-identical file).  tokenizer.* keys are copied from\n"
             "VOCAB.gguf and its token count is the vocabulary size.\n\n"
@@ -69,7 +70,7 @@ static void gen_model_on_progress(void *user, int64_t tensor, int64_t n_tensors,
 }
 
 int cmd_gen_model(int argc, char **argv) {
-    const char *shape_name = NULL, *type_name = NULL, *vocab_path = NULL, *out_path = NULL;
+    const char *shape_name = NULL, *type_name = NULL, *vocab_path = NULL, *out_path = NULL, *dlm_out = NULL;
     ks_shape_gen_params p = {0};
     p.seed = 42;
     for (int i = 1; i < argc; i++) {
@@ -84,6 +85,7 @@ int cmd_gen_model(int argc, char **argv) {
         else if (!strcmp(a, "--type") && v) type_name = v;
         else if (!strcmp(a, "--vocab-from") && v) vocab_path = v;
         else if (!strcmp(a, "--out") && v) out_path = v;
+        else if (!strcmp(a, "--dlm-out") && v) dlm_out = v;
         else if (!strcmp(a, "--seed") && v) {
             if (!gen_model_parse_u64(v, UINT64_MAX, &n)) goto bad_value;
             p.seed = n;
@@ -145,5 +147,13 @@ int cmd_gen_model(int argc, char **argv) {
     printf("gen-model: wrote %s: %s (%s) %s, %d layers, n_vocab %lld, seed %llu, %.1f MiB in %.1f s\n", out_path,
            shape->name, shape->arch, ks_dtype_name(p.type), p.n_layer > 0 ? p.n_layer : shape->n_layer, n_vocab,
            (unsigned long long)p.seed, (double)bytes / (1u << 20), ks_time_sec() - pr.t0);
+    if (dlm_out) {
+        st = ks_eagle3_generate_head(shape, p.n_layer, (int32_t)n_vocab, p.n_ctx > 0 ? p.n_ctx : 2048, p.seed + 1, dlm_out);
+        if (st != KS_OK) {
+            app_report("gen-model", "writing the retrieval head", st);
+            return 1;
+        }
+        printf("gen-model: wrote %s: random EAGLE-3 retrieval head (BF16, shares the target's embedding)\n", dlm_out);
+    }
     return 0;
 }

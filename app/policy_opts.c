@@ -192,14 +192,48 @@ int32_t app_budget_tokens(const app_budget *b, int32_t length) {
     return t < 1 ? 1 : t;
 }
 
-void app_policy_apply(const app_policy_opts *o, int k, int32_t budget, ks_context_params *cp) {
+void app_policy_apply(app_policy_opts *o, int k, int32_t budget, ks_context_params *cp) {
     cp->policy = o->names[k];
+    /* the args this policy takes: unscoped keys it knows, or NAME.key=v for it */
+    char *dst = o->scoped[k];
+    dst[0] = 0;
+    const char *a = o->args;
+    while (*a) {
+        const char *end = strchr(a, ',');
+        size_t n = end ? (size_t)(end - a) : strlen(a);
+        char item[1024], key[256];
+        snprintf(item, sizeof item, "%.*s", (int)n, a);
+        char *eq = strchr(item, '=');
+        const char *use = NULL;
+        if (eq) {
+            snprintf(key, sizeof key, "%.*s", (int)(eq - item), item);
+            char *dot = strchr(key, '.');
+            if (dot) { /* scoped: only for the named policy (or a composition containing it) */
+                *dot = 0;
+                char names[128];
+                snprintf(names, sizeof names, "+%s+", o->names[k]);
+                char pat[260];
+                snprintf(pat, sizeof pat, "+%s+", key);
+                if (strstr(names, pat)) use = item + strlen(key) + 1;
+            } else if (o->n_names == 1 || ks_policy_accepts_arg(o->names[k], key)) {
+                use = item; /* one policy: pass everything, unknown keys are reported */
+            }
+        } else if (o->n_names == 1) {
+            use = item;
+        }
+        if (use && strlen(dst) + strlen(use) + 2 < sizeof o->scoped[k]) {
+            if (dst[0]) strcat(dst, ",");
+            strcat(dst, use);
+        }
+        a += n;
+        if (*a == ',') a++;
+    }
     cp->budget = budget;
     cp->sink = (int32_t)o->sink;
     cp->window = (int32_t)o->window;
     cp->page = (int32_t)o->page;
     cp->dense_layers = (int32_t)o->dense_layers;
-    cp->policy_args = o->args[0] ? o->args : NULL;
+    cp->policy_args = dst[0] ? dst : NULL;
     cp->kv_offload_dir = o->offload_dir;
     cp->kv_offload_layers = (int32_t)o->offload_layers;
     cp->mem_cap = o->mem_cap;

@@ -28,6 +28,7 @@ typedef struct app_policy_opts {
     int n_budgets;
     long sink, window, page, dense_layers, offload_layers;
     char args[1024];
+    char scoped[APP_MAX_POLICIES][1024]; /* per policy: the args it takes (app_policy_apply) */
     const char *offload_dir;
     double mem_cap, mem_overhead;   /* --mem-cap SIZE (bytes; 0 off), --mem-overhead X */
 } app_policy_opts;
@@ -43,8 +44,11 @@ int app_policy_opt(const char *cmd, int argc, char **argv, int *i, app_policy_op
 const char *app_policy_usage(void);
 /* Budget in entries for a context / instance of `length` tokens (0 = all). */
 int32_t app_budget_tokens(const app_budget *b, int32_t length);
-/* Fill the policy fields of cp for policy names[k] and budget b. */
-void app_policy_apply(const app_policy_opts *o, int k, int32_t budget, ks_context_params *cp);
+/* Fill the policy fields of cp for policy names[k] and budget b.  With
+ * several policies, each gets the --policy-arg keys it takes ("key=v"), or
+ * those scoped to it ("NAME.key=v"); a key no listed policy takes is an
+ * error at context creation. */
+void app_policy_apply(app_policy_opts *o, int k, int32_t budget, ks_context_params *cp);
 /* "6%" or "2048" for tables. */
 void app_budget_label(const app_budget *b, char *out, size_t cap);
 

@@ -132,6 +132,8 @@ ks_status ks_decode(ks_context *ctx, const int32_t *seqs, const int32_t *tokens,
                     float *logits);
 /* Registered selection policies: count, and name (summary optional) of the i-th. */
 int32_t ks_policy_count(void);
+/* Whether a policy spec ("quest", "dapq+spec") takes argument key. */
+bool ks_policy_accepts_arg(const char *spec, const char *key);
 const char *ks_policy_name_at(int32_t i, const char **summary);
 
 /* Move layer's KV between the fast (offload = false) and the slow tier for

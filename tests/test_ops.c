@@ -119,6 +119,61 @@ static void check_attention(ks_kv_type kt, int len, int hd, int G, bool simd) {
     free(K); free(V); free(Kf); free(Vf); free(q); free(out); free(scores); free(tmp); free(ref); free(reff);
 }
 
+/* A fragmented selection (runs of 1-3 rows out of len) through every kernel
+ * path — row pointers, segments, portable — against the float64 reference
+ * over exactly the selected rows. */
+static void check_segments(int len, int hd, int G) {
+    ks_rng rng = {(uint64_t)len * 17 + (uint64_t)hd + (uint64_t)G * 3};
+    size_t rb = ks_kv_row_bytes(KS_KV_F16, hd);
+    uint8_t *K = malloc(rb * len), *V = malloc(rb * len);
+    float *Kf = malloc(sizeof(float) * len * hd), *Vf = malloc(sizeof(float) * len * hd);
+    for (int t = 0; t < len; t++)
+        for (int i = 0; i < hd; i++) {
+            ((ks_f16 *)(K + rb * t))[i] = ks_f32_to_f16(ks_rng_normal(&rng));
+            ((ks_f16 *)(V + rb * t))[i] = ks_f32_to_f16(ks_rng_normal(&rng));
+        }
+    ks_kv_seg *segs = malloc(sizeof(ks_kv_seg) * len);
+    int nseg = 0, total = 0;
+    for (int t = 0; t < len;) {
+        int run = 1 + (int)(ks_rng_next(&rng) % 3), gap = 1 + (int)(ks_rng_next(&rng) % 5);
+        if (t + run > len) run = len - t;
+        segs[nseg++] = (ks_kv_seg){K + rb * t, V + rb * t, run};
+        for (int j = 0; j < run; j++, total++)
+            for (int i = 0; i < hd; i++) {
+                Kf[total * hd + i] = ks_f16_to_f32(((ks_f16 *)(K + rb * (t + j)))[i]);
+                Vf[total * hd + i] = ks_f16_to_f32(((ks_f16 *)(V + rb * (t + j)))[i]);
+            }
+        t += run + gap;
+    }
+    float *q = malloc(sizeof(float) * G * hd), *out = malloc(sizeof(float) * G * hd), *reff = malloc(sizeof(float) * G * hd);
+    float *scores = malloc(sizeof(float) * ((G > 4 ? G : 4) * total + 16)), *tmp = malloc(sizeof(float) * (hd + 16));
+    float *w = calloc((size_t)total, sizeof(float));
+    const void **rows = malloc(sizeof(void *) * 2 * total);
+    double *ref = malloc(sizeof(double) * G * hd);
+    for (int i = 0; i < G * hd; i++) q[i] = ks_rng_normal(&rng);
+    ref_attention(Kf, Vf, total, hd, G, q, ref);
+    for (int i = 0; i < G * hd; i++) reff[i] = (float)ref[i];
+    for (int path = 0; path < 3; path++) {
+        memset(w, 0, sizeof(float) * total);
+        ks_attention_segs(KS_KV_F16, segs, nseg, total, hd, G, q, scores, out, tmp, w, path == 0 ? rows : NULL, path < 2);
+        double mx, e = ks_test_nmse(out, reff, (size_t)G * hd, &mx);
+        if (e > 1e-5) fail_msg("segments len=%d hd=%d G=%d path %d: nmse %g", len, hd, G, path, e);
+        double sum = 0;
+        for (int t = 0; t < total; t++) sum += w[t];
+        if (fabs(sum - G) > 1e-3) fail_msg("segments path %d: weights sum %g, want %d", path, sum, G);
+    }
+    free(K); free(V); free(Kf); free(Vf); free(segs); free(q); free(out); free(reff); free(scores); free(tmp);
+    free(w); free(rows); free(ref);
+}
+
+static void test_attention_segments(void **state) {
+    (void)state;
+    int hds[] = {64, 128, 16};
+    int groups[] = {1, 4, 7};
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) check_segments(700, hds[a], groups[b]);
+}
+
 static void test_attention(void **state) {
     (void)state;
     int lens[] = {1, 2, 33, 500};
@@ -137,6 +192,7 @@ int main(void) {
         cmocka_unit_test(test_rope_pairs),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_segments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -201,6 +201,102 @@ TGT static void softmax_lanes4(float *scores, int len) {
         }                                                                                         \
     } while (0)
 
+/* Fragmented selections (token-level policies: a few rows per segment) run
+ * on a flat list of row pointers instead: the four-row blocks and the
+ * prefetch distance then ignore segment boundaries. */
+#define SCORE_ROWS(HDV)                                                                           \
+    do {                                                                                          \
+        __m512 qv[4][HDV];                                                                        \
+        _Pragma("GCC unroll 16") for (int g = 0; g < 4; g++)                                      \
+            _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                                \
+                qv[g][i] = g < ng ? _mm512_mul_ps(_mm512_loadu_ps(q + (size_t)(g0 + g) * hd + 16 * i), \
+                                                  _mm512_set1_ps(scale))                          \
+                                  : _mm512_setzero_ps();                                          \
+        int t = 0;                                                                                \
+        for (; t + 4 <= total; t += 4) {                                                          \
+            __m512 part[16];                                                                      \
+            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                                 \
+                const uint16_t *k = KR[t + r];                                                    \
+                if (t + r + KS_ATTN_PREFETCH_ROWS < total) {                                      \
+                    _mm_prefetch((const char *)KR[t + r + KS_ATTN_PREFETCH_ROWS], _MM_HINT_T0);   \
+                    _mm_prefetch((const char *)(KR[t + r + KS_ATTN_PREFETCH_ROWS] + hd - 1), _MM_HINT_T0); \
+                }                                                                                 \
+                __m512 kv[HDV];                                                                   \
+                _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                            \
+                    kv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + 16 * i)));   \
+                _Pragma("GCC unroll 16") for (int g = 0; g < 4; g++) {                            \
+                    __m512 acc = _mm512_mul_ps(kv[0], qv[g][0]);                                  \
+                    _Pragma("GCC unroll 16") for (int i = 1; i < HDV; i++)                        \
+                        acc = _mm512_fmadd_ps(kv[i], qv[g][i], acc);                              \
+                    part[4 * r + g] = acc;                                                        \
+                }                                                                                 \
+            }                                                                                     \
+            _mm512_storeu_ps(scores + 4 * (size_t)t, reduce16(part));                             \
+        }                                                                                         \
+        for (; t < total; t++) {                                                                  \
+            const uint16_t *k = KR[t];                                                            \
+            __m512 kv[HDV];                                                                       \
+            _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                                \
+                kv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + 16 * i)));       \
+            __m128 part[4];                                                                       \
+            _Pragma("GCC unroll 16") for (int g = 0; g < 4; g++) {                                \
+                __m512 acc = _mm512_mul_ps(kv[0], qv[g][0]);                                      \
+                _Pragma("GCC unroll 16") for (int i = 1; i < HDV; i++) acc = _mm512_fmadd_ps(kv[i], qv[g][i], acc); \
+                part[g] = fold512(acc);                                                           \
+            }                                                                                     \
+            __m128 sv = _mm_hadd_ps(_mm_hadd_ps(part[0], part[1]), _mm_hadd_ps(part[2], part[3])); \
+            _mm_storeu_ps(scores + 4 * (size_t)t, sv);                                            \
+        }                                                                                         \
+    } while (0)
+
+#define VALUE_ROWS(HDV, VG)                                                                       \
+    do {                                                                                          \
+        enum { BLOCK = 256 };                                                                     \
+        for (int t0 = 0; t0 < total; t0 += BLOCK) {                                               \
+            int t1 = t0 + BLOCK < total ? t0 + BLOCK : total;                                     \
+            for (int gs = 0; gs < ng; gs += VG) {                                                 \
+                __m512 acc[VG][HDV];                                                              \
+                _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++)                             \
+                    _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                        \
+                        acc[g][i] = (gs + g < ng && t0 > 0)                                       \
+                                        ? _mm512_loadu_ps(out + (size_t)(g0 + gs + g) * hd + 16 * i) \
+                                        : _mm512_setzero_ps();                                    \
+                for (int t = t0; t < t1; t++) {                                                   \
+                    const uint16_t *v = VR[t];                                                    \
+                    if (t + KS_ATTN_PREFETCH_ROWS < total) {                                      \
+                        _mm_prefetch((const char *)VR[t + KS_ATTN_PREFETCH_ROWS], _MM_HINT_T0);   \
+                        _mm_prefetch((const char *)(VR[t + KS_ATTN_PREFETCH_ROWS] + hd - 1), _MM_HINT_T0); \
+                    }                                                                             \
+                    __m512 vv[HDV];                                                               \
+                    _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                        \
+                        vv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 16 * i))); \
+                    _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++) {                       \
+                        __m512 p = _mm512_set1_ps(scores[4 * (size_t)t + gs + g]);                \
+                        _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++) acc[g][i] = _mm512_fmadd_ps(p, vv[i], acc[g][i]); \
+                    }                                                                             \
+                }                                                                                 \
+                _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++)                             \
+                    if (gs + g < ng)                                                              \
+                        _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                    \
+                            _mm512_storeu_ps(out + (size_t)(g0 + gs + g) * hd + 16 * i, acc[g][i]); \
+            }                                                                                     \
+        }                                                                                         \
+    } while (0)
+
+TGT static void rows64(const uint16_t *const *KR, const uint16_t *const *VR, int total, int hd, int g0, int ng,
+                       const float *q, float *scores, float *out, float scale) {
+    SCORE_ROWS(4);
+    softmax_lanes4(scores, total);
+    VALUE_ROWS(4, 4);
+}
+
+TGT static void rows128(const uint16_t *const *KR, const uint16_t *const *VR, int total, int hd, int g0, int ng,
+                        const float *q, float *scores, float *out, float scale) {
+    SCORE_ROWS(8);
+    softmax_lanes4(scores, total);
+    VALUE_ROWS(8, 2);
+}
+
 TGT static void group64(const ks_kv_seg16 *segs, int nseg, int total, int hd, int g0, int ng, const float *q,
                         float *scores, float *out, float scale) {
     SCORE_BODY(4);
@@ -216,11 +312,24 @@ TGT static void group128(const ks_kv_seg16 *segs, int nseg, int total, int hd, i
 }
 
 bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
-                              float *scores, float *out, float scale, float *weights) {
+                              float *scores, float *out, float scale, float *weights, const void **rows) {
     if (hd != 64 && hd != 128) return false;
+    /* short segments on average: flatten to row pointers (rows: [2][total]) */
+    const uint16_t **KR = NULL, **VR = NULL;
+    if (rows && (size_t)nseg * 8 > (size_t)total) {
+        KR = (const uint16_t **)rows;
+        VR = KR + total;
+        for (int si = 0, t = 0; si < nseg; si++)
+            for (int j = 0; j < segs[si].len; j++, t++) {
+                KR[t] = segs[si].K + (size_t)j * hd;
+                VR[t] = segs[si].V + (size_t)j * hd;
+            }
+    }
     for (int g0 = 0; g0 < G; g0 += 4) {
         int ng = G - g0 < 4 ? G - g0 : 4;
-        if (hd == 64) group64(segs, nseg, total, hd, g0, ng, q, scores, out, scale);
+        if (KR && hd == 64) rows64(KR, VR, total, hd, g0, ng, q, scores, out, scale);
+        else if (KR) rows128(KR, VR, total, hd, g0, ng, q, scores, out, scale);
+        else if (hd == 64) group64(segs, nseg, total, hd, g0, ng, q, scores, out, scale);
         else group128(segs, nseg, total, hd, g0, ng, q, scores, out, scale);
         if (weights)
             for (int t = 0; t < total; t++)
@@ -230,7 +339,7 @@ bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int 
 }
 #else
 bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
-                              float *scores, float *out, float scale, float *weights) {
+                              float *scores, float *out, float scale, float *weights, const void **rows) {
     return false;
 }
 #endif

@@ -25,6 +25,7 @@ typedef struct ks_attn_scratch {
     int32_t *next;        /* [n_ctx] policy prefetch hint buffer */
     int32_t *pages;       /* [n_ctx / P + 1] logical pages touched */
     void *segs;           /* [n_ctx] kernel segments */
+    const void **rows;    /* [2][n_ctx] row pointers for fragmented selections */
     uint8_t *gather;      /* [n_ctx / P + 1][page_bytes] slow-tier pages when the slots are too few (lazy) */
     float *probe_out;     /* [G][head_dim] throwaway output of the recall probe */
     double *recall_sum;   /* [n_layer][n_head_kv] recall probe sums of this worker */
@@ -99,14 +100,16 @@ typedef struct ks_kv_seg16 {
 /* Attention of G query heads over the concatenation of nseg segments (total
  * rows): softmax renormalised over exactly these rows.  weights (optional,
  * [total], accumulated +=): each row's probability summed over the G heads.
- * scores: [max(G, 4)][total] scratch; tmp: [hd + 16]. */
+ * scores: [max(G, 4)][total] scratch; tmp: [hd + 16]; rows (optional):
+ * [2][total] pointer scratch that lets fragmented selections run as a flat
+ * row list. */
 void ks_attention_segs(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
-                       float *scores, float *out, float *tmp, float *weights, bool allow_simd);
+                       float *scores, float *out, float *tmp, float *weights, const void **rows, bool allow_simd);
 
 /* AVX-512 f16 kernel for head dims 64 and 128; false if it does not apply.
  * scores: [total][4] scratch. */
 bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
-                              float *scores, float *out, float scale, float *weights);
+                              float *scores, float *out, float scale, float *weights, const void **rows);
 
 const ks_model *ks_context_model(const ks_context *c);
 /* Attention recall probe (eval only; costs a dense attention pass per

@@ -527,6 +527,18 @@ static size_t spec_weight_bytes(void *state) {
     return d->has_embed ? b + (size_t)d->n_params_embed * ks_st_dtype_size(d->embed.dtype) : b;
 }
 
+/* benchmarks: a K cache of noise, as deep as the synthetic KV */
+static void spec_fill_synthetic(void *state, int32_t seq, int32_t n, uint64_t seed) {
+    spec_state *s = state;
+    ks_rng r = {seed ^ 0x5eedull};
+    for (int32_t kvh = 0; kvh < s->Hkv; kvh++)
+        for (int32_t p = 0; p < n && p < s->env.n_ctx; p++) {
+            ks_f16 *k = kc_at(s, seq, kvh, p);
+            for (int i = 0; i < s->hd; i++) k[i] = ks_f32_to_f16(ks_rng_normal(&r));
+        }
+    s->klen[seq] = n;
+}
+
 static void spec_counters(void *state, ks_policy_counters *out) { out->selections += ((spec_state *)state)->selections; }
 
 const ks_policy_i ks_policy_spec = {
@@ -544,6 +556,7 @@ const ks_policy_i ks_policy_spec = {
     .counters = spec_counters,
     .weight_bytes = spec_weight_bytes,
     .own_kcache = true,
+    .seq_fill_synthetic = spec_fill_synthetic,
     .hidden_layers = spec_hidden_layers,
     .on_hidden = spec_on_hidden,
 };

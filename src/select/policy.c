@@ -45,6 +45,18 @@ int32_t ks_policy_count(void) {
     return n;
 }
 
+bool ks_policy_accepts_arg(const char *spec, const char *key) {
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", spec);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, "+", &save); tok; tok = strtok_r(NULL, "+", &save)) {
+        const ks_policy_i *vt = ks_policy_find(tok);
+        for (int j = 0; vt && vt->arg_names && vt->arg_names[j]; j++)
+            if (!strcmp(vt->arg_names[j], key)) return true;
+    }
+    return false;
+}
+
 const char *ks_policy_name_at(int32_t i, const char **summary) {
     KS_ASSERT(i >= 0 && i < ks_policy_count());
     if (summary) *summary = registry[i]->summary;
@@ -178,6 +190,10 @@ size_t ks_policy_weight_bytes(ks_policy *pol) {
     return b;
 }
 bool ks_policy_own_kcache(const ks_policy *pol) { return decoder(pol)->own_kcache; }
+void ks_policy_seq_fill_synthetic(ks_policy *pol, int32_t seq, int32_t n, uint64_t seed) {
+    for (int i = 0; i < pol->n; i++)
+        if (pol->vt[i]->seq_fill_synthetic) pol->vt[i]->seq_fill_synthetic(pol->st[i], seq, n, seed);
+}
 void ks_policy_get_counters(const ks_policy *pol, ks_policy_counters *out) {
     memset(out, 0, sizeof *out);
     for (int i = 0; i < pol->n; i++)

@@ -171,6 +171,9 @@ typedef struct ks_policy_i {
     size_t (*weight_bytes)(void *state);
     /* Whether it keeps a K cache of its own, one layer's worth (the memory model's "+1"). */
     bool own_kcache;
+    /* The sequence was filled to n entries with synthetic KV (benchmarks):
+     * fill the policy's own per-token state likewise. OPTIONAL */
+    void (*seq_fill_synthetic)(void *state, int32_t seq, int32_t n, uint64_t seed);
 } ks_policy_i;
 
 /* ------------------------------------------------------------ registry -- */
@@ -206,6 +209,7 @@ int32_t ks_policy_hidden_layers(ks_policy *pol, int32_t out[3]);
 void ks_policy_on_hidden(ks_policy *pol, int32_t seq, int32_t pos, int32_t token, const float *h);
 size_t ks_policy_weight_bytes(ks_policy *pol);
 bool ks_policy_own_kcache(const ks_policy *pol);
+void ks_policy_seq_fill_synthetic(ks_policy *pol, int32_t seq, int32_t n, uint64_t seed);
 
 /* ------------------------------------------------------------- helpers -- */
 /* Typed "k=v,k=v" lookups; unknown keys are reported by ks_args_check. */
