@@ -57,8 +57,26 @@ int cmd_bench(int argc, char **argv) {
     ks_kv_type kv_type = KS_KV_F16;
     app_policy_opts po;
     app_policy_opts_init(&po);
+    enum { OFF_NONE, OFF_ALL, OFF_ADAPTIVE };
+    int modes[3] = {OFF_NONE}, n_modes = 1;
+    static const char *const mode_name[] = {"none", "all", "adaptive"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
+        if (!strcmp(a, "--offload")) {
+            if (!(v = arg_value(cmd, argc, argv, &i))) return 2;
+            n_modes = 0;
+            char buf[64];
+            snprintf(buf, sizeof buf, "%s", v);
+            for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
+                int m = !strcmp(t, "none") ? OFF_NONE : !strcmp(t, "all") ? OFF_ALL : !strcmp(t, "adaptive") ? OFF_ADAPTIVE : -1;
+                if (m < 0 || n_modes == 3) {
+                    fprintf(stderr, "kvsieve bench: --offload takes none,all,adaptive (got '%s')\n", v);
+                    return 2;
+                }
+                modes[n_modes++] = m;
+            }
+            continue;
+        }
         int pr = app_policy_opt(cmd, argc, argv, &i, &po, true);
         if (pr < 0) return 2;
         if (pr > 0) continue;
@@ -80,7 +98,9 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: kvsieve bench [-m MODEL.gguf] [--depth 0,4096,...] [--batch 1,4,16] [-t THREADS]\n"
                    "                     [--n-gen 16] [--n-prompt 256] [--no-prefill] [--kv-type f16|q8] [--no-mmap] [--json]\n"
-                   "  --no-mmap  read the weights into huge-page memory instead of mapping the file\n%s",
+                   "  --no-mmap  read the weights into huge-page memory instead of mapping the file\n"
+                   "  --offload none,all,adaptive  slow-tier modes to compare: nothing offloaded, every layer\n"
+                   "             offloaded, or SpeContext's adaptive manager under --mem-cap (default none)\n%s",
                    app_policy_usage());
             return 0;
         } else { fprintf(stderr, "kvsieve bench: unknown option '%s'\n", a); return 2; }
@@ -120,7 +140,12 @@ int cmd_bench(int argc, char **argv) {
             memmove(po.names[1], po.names[0], sizeof po.names[0] * (size_t)k);
             memcpy(po.names[0], tmp, sizeof tmp);
         }
-    int total = (skip_prefill ? 0 : 1) + n_depth * n_batch * n_pol * n_bud, done = 0;
+    for (int k = 0; k < n_modes; k++)
+        if (modes[k] == OFF_ADAPTIVE && po.mem_cap <= 0) {
+            fprintf(stderr, "kvsieve bench: --offload adaptive needs --mem-cap SIZE\n");
+            return 2;
+        }
+    int total = (skip_prefill ? 0 : 1) + n_depth * n_batch * n_pol * n_bud * n_modes, done = 0;
     bool first = true;
     int32_t V = hp->n_vocab;
     /* prefill */
@@ -159,11 +184,14 @@ int cmd_bench(int argc, char **argv) {
         for (int bi = 0; bi < n_batch; bi++) {
           double dense_tps = 0;
           for (int pi = 0; pi < n_pol; pi++)
-          for (int ui = 0; ui < n_bud; ui++) {
+          for (int ui = 0; ui < n_bud; ui++)
+          for (int mi = 0; mi < n_modes; mi++) {
             long depth = depths[di], batch = batches[bi];
-            char what[128], blabel[32];
+            char what[128], blabel[32], label[96];
             app_budget_label(&po.budgets[ui], blabel, sizeof blabel);
-            snprintf(what, sizeof what, "%s %s depth %ld batch %ld", po.names[pi], blabel, depth, batch);
+            snprintf(label, sizeof label, "%s%s%s", po.names[pi], n_modes > 1 ? "/" : "",
+                     n_modes > 1 ? mode_name[modes[mi]] : "");
+            snprintf(what, sizeof what, "%s %s depth %ld batch %ld", label, blabel, depth, batch);
             progress(what, done, total);
             ks_context_params cp = ks_context_default_params();
             cp.n_ctx = (int32_t)(depth + n_gen + 1);
@@ -171,14 +199,18 @@ int cmd_bench(int argc, char **argv) {
             cp.n_threads = (int32_t)n_threads;
             cp.kv_type = kv_type;
             app_policy_apply(&po, pi, app_budget_tokens(&po.budgets[ui], (int32_t)(depth + 1)), &cp);
-            bool is_dense = !strcmp(po.names[pi], "dense");
-            if (is_dense && ui > 0) { done++; continue; } /* dense ignores the budget: one row */
+            cp.mem_cap = 0;
+            if (modes[mi] == OFF_ALL) cp.kv_offload_layers = hp->n_layer;
+            if (modes[mi] == OFF_ADAPTIVE) cp.mem_cap = po.mem_cap;
+            if (modes[mi] != OFF_NONE && cp.budget <= 0) cp.budget = (int32_t)(depth + 1);
+            bool is_dense = !strcmp(po.names[pi], "dense") && modes[mi] == OFF_NONE;
+            if (!strcmp(po.names[pi], "dense") && ui > 0) { done++; continue; } /* dense ignores the budget: one row */
             double kv_need = 2.0 * hp->n_layer * hp->n_head_kv * ks_kv_row_bytes(kv_type, hp->head_dim) * cp.n_ctx * batch;
             if (kv_need > 0.85 * (double)mem_available()) {
                 fprintf(stderr, "\nkvsieve bench: skipping depth %ld batch %ld: KV cache of %.1f GiB exceeds available memory\n",
                         depth, batch, kv_need / 1073741824.0);
-                if (json) { printf("%s\n  {\"test\": \"decode\", \"policy\": \"%s\", \"budget\": %d, \"depth\": %ld, \"batch\": %ld, \"skipped\": \"memory\"}", first ? "" : ",", po.names[pi], cp.budget, depth, batch); first = false; }
-                else printf("%-14s %6s %6ld %6ld %11s\n", po.names[pi], blabel, depth, batch, "skipped (memory)");
+                if (json) { printf("%s\n  {\"test\": \"decode\", \"policy\": \"%s\", \"budget\": %d, \"depth\": %ld, \"batch\": %ld, \"skipped\": \"memory\"}", first ? "" : ",", label, cp.budget, depth, batch); first = false; }
+                else printf("%-14s %6s %6ld %6ld %11s\n", label, blabel, depth, batch, "skipped (memory)");
                 done++;
                 continue;
             }
@@ -193,6 +225,8 @@ int cmd_bench(int argc, char **argv) {
             }
             /* one warm-up step (page faults, caches), then n_gen timed steps */
             if ((st = ks_decode(ctx, seqs, toks, (int32_t)batch, logits)) != KS_OK) { app_report(cmd, "decode", st); return 1; }
+            ks_memplan_info plan;
+            ks_context_memplan(ctx, &plan);
             ks_stats_reset(ctx);
             for (long s = 0; s < n_gen; s++) {
                 if ((st = ks_decode(ctx, seqs, toks, (int32_t)batch, logits)) != KS_OK) { app_report(cmd, "decode", st); return 1; }
@@ -214,22 +248,34 @@ int cmd_bench(int argc, char **argv) {
             double moved_mb = (s.kv_bytes_loaded + s.kv_bytes_stored) / 1e6 / n_gen;
             char xd[16] = "-";
             if (dense_tps > 0) snprintf(xd, sizeof xd, "%.2fx", tps / dense_tps);
+            /* how many layers the slow tier holds, and whether "none" would fit the cap */
+            int n_slow = modes[mi] == OFF_ALL ? hp->n_layer : modes[mi] == OFF_ADAPTIVE ? plan.offloaded : 0;
+            double kv_fast = kv_need * (double)(hp->n_layer - n_slow) / hp->n_layer;
+            bool over_cap = po.mem_cap > 0 && kv_fast + (double)m->weight_bytes > po.mem_cap;
             progress(what, ++done, total);
             if (json) {
                 printf("%s\n  {\"test\": \"decode\", \"policy\": \"%s\", \"budget\": %d, \"depth\": %ld, \"batch\": %ld, "
                        "\"tok_s\": %.3f, \"vs_dense\": %.4f, \"ms_per_step\": %.3f, "
                        "\"gb_per_step\": %.5f, \"weight_gb_per_step\": %.5f, \"kv_gb_per_step\": %.5f, \"gb_s\": %.3f, "
                        "\"bw_gbs\": %.3f, \"frac_bw\": %.4f, \"roofline_ms\": %.3f, \"select_share\": %.4f, "
-                       "\"attended_share\": %.4f, \"mb_moved_per_step\": %.4f, \"pages_loaded\": %llu, \"pages_hit\": %llu}",
-                       first ? "" : ",", po.names[pi], cp.budget, depth, batch, tps, dense_tps > 0 ? tps / dense_tps : 0,
+                       "\"attended_share\": %.4f, \"mb_moved_per_step\": %.4f, \"pages_loaded\": %llu, \"pages_hit\": %llu, "
+                       "\"slow_layers\": %d, \"over_cap\": %s, \"copy_ms_per_step\": %.3f, \"wait_ms_per_step\": %.3f, "
+                       "\"policy_hits\": %llu, \"policy_misses\": %llu, \"policy_corrections\": %llu, \"policy_rebuilds\": %llu}",
+                       first ? "" : ",", label, cp.budget, depth, batch, tps, dense_tps > 0 ? tps / dense_tps : 0,
                        1e3 * step, gb_step, s.weight_bytes_read / 1e9 / n_gen, s.kv_bytes_read / 1e9 / n_gen, gbs, bw_now,
                        gbs / bw_now, 1e3 * roof, sel, att, moved_mb, (unsigned long long)s.kv_pages_loaded,
-                       (unsigned long long)s.kv_pages_hit);
+                       (unsigned long long)s.kv_pages_hit, n_slow, over_cap ? "true" : "false",
+                       1e3 * s.kv_copy_seconds / n_gen, 1e3 * s.kv_wait_seconds / n_gen,
+                       (unsigned long long)s.policy_hits, (unsigned long long)s.policy_misses,
+                       (unsigned long long)s.policy_corrections, (unsigned long long)s.policy_rebuilds);
                 first = false;
             } else
-                printf("%-14s %6s %6ld %6ld %11.2f %9s %9.2f %8.3f %8.2f %6.1f%% %9.2f %8.2f %5.1f%% %5.1f%% %9.2f\n",
-                       po.names[pi], blabel, depth, batch, tps, xd, 1e3 * step, gb_step, gbs, 100 * gbs / bw_now,
-                       1e3 * roof, step / roof, 100 * sel, 100 * att, moved_mb);
+                printf("%-14s %6s %6ld %6ld %11.2f %9s %9.2f %8.3f %8.2f %6.1f%% %9.2f %8.2f %5.1f%% %5.1f%% %9.2f%s%s\n",
+                       label, blabel, depth, batch, tps, xd, 1e3 * step, gb_step, gbs, 100 * gbs / bw_now,
+                       1e3 * roof, step / roof, 100 * sel, 100 * att, moved_mb,
+                       n_modes > 1 ? (n_slow ? "  slow layers " : "  slow layers 0") : "",
+                       over_cap ? "  OVER CAP" : "");
+            if (!json && n_modes > 1 && n_slow) printf("\033[1A\033[200C%d\n", n_slow);
             fflush(stdout);
             free(seqs);
             free(toks);
