@@ -9,11 +9,13 @@
  *    (speculative) while hinting the fresh ones; an orthogonal query is
  *    corrected (fresh pages now, counted); the prompt's last query seeds the
  *    first decode step; resets and position gaps start cold; hits / misses
- *    against the previous selection; the centre summary; bad arguments.
+ *    against the previous selection; the centre summary is the public code's
+ *    (tighter than min/max) and read once per full page; bad arguments.
  * 2. Real models: a budget >= the context is bit-identical to dense (batch 1
  *    and 2, with and without slow-tier layers, alone and after snapkv), and a
  *    real sparse budget gives the same logits whether layers live in the fast
- *    or the slow tier (the prefetch hint changes traffic, never results).
+ *    or the slow tier (the prefetch hint changes traffic, never results),
+ *    with either page summary.
  */
 #define _GNU_SOURCE
 #include "infer/infer.h"
@@ -329,6 +331,41 @@ static void test_budget_covers_candidates(void **state) {
     ks_kv_destroy(f.kv);
 }
 
+/* The public code's centre summary c -/+ mean|c - k| is tighter than
+ * [kmin, kmax]: page 3 spreads its keys over [0, 4] along dim 0 (box [1, 3]),
+ * page 6 holds four keys at 3.5 (box [3.5, 3.5]).  The bound prefers page 3
+ * (4 > 3.5), the centre summary page 6 (3 < 3.5). */
+static void test_centre_summary_is_tighter(void **state) {
+    (void)state;
+    for (int v = 0; v < 2; v++) {
+        fake_svc f = {0};
+        ks_kv_params kp = ks_kv_default_params();
+        kp.n_layer = 1;
+        kp.n_head_kv = NKV;
+        kp.head_dim = HD;
+        kp.n_ctx = CTX;
+        kp.page = PG;
+        assert_int_equal(ks_kv_create(&kp, &f.kv), KS_OK);
+        const float spread[4] = {0, 2, 2, 4};
+        for (int e = 0; e < 40; e++) {
+            float k[HD] = {0}, val[HD] = {0};
+            for (int d = 1; d < HD; d++) k[d] = 0.1f * sinf((float)(e * HD + d));
+            if (e / PG == 3) k[0] = spread[e % PG];
+            if (e / PG == 6) k[0] = 3.5f;
+            assert_int_equal(ks_kv_append(f.kv, 0, 0, 0, e, k, val), KS_OK);
+        }
+        ks_policy *pol = make_policy(&f, v ? "summary=centre" : NULL);
+        float q[NQ * HD];
+        set_q(q, 1, 0, 1, 0);
+        sel_buf b;
+        ks_select_req r = req_at(q, 40);
+        assert_int_equal(ks_policy_select(pol, &r, sel_of(&b)), KS_OK);
+        expect_one(&b.sel, v ? 6 : 3, v ? 6 : 3);
+        ks_policy_destroy(pol);
+        ks_kv_destroy(f.kv);
+    }
+}
+
 static void test_bad_args(void **state) {
     (void)state;
     fake_svc f = {0};
@@ -470,12 +507,12 @@ static void test_full_budget_equals_dense_mha(void **state) {
 /* A real budget: the policy selects, speculates and corrects; the slow tier
  * (memory or file, all layers) with its prefetch hints gives the same logits
  * as the fast tier, for batch 1 and 2. */
-static void check_sparse_tiers(ks_model *m, int n_prompt, int page, int budget) {
+static void check_sparse_tiers(ks_model *m, int n_prompt, int page, int budget, const char *args) {
     const int steps = 8;
     int32_t V = m->hp.n_vocab;
     for (int n_seq = 1; n_seq <= 2; n_seq++) {
         ks_stats st;
-        run_cfg fast = {.policy = "freekv", .budget = budget, .page = page};
+        run_cfg fast = {.policy = "freekv", .budget = budget, .page = page, .args = args};
         float *ref = run_decode(m, &fast, n_prompt, steps, n_seq, &st);
         assert_true(st.kv_entries_attended < st.kv_entries_total);
         /* one selection per row, sparse layer (all but layer 0) and KV head per step */
@@ -486,7 +523,7 @@ static void check_sparse_tiers(ks_model *m, int n_prompt, int page, int budget) 
         assert_true(st.policy_corrections <= st.policy_selections);
         for (int off = 1; off < 3; off++) {
             run_cfg slow = {.policy = "freekv", .budget = budget, .page = page, .offload_layers = (int32_t)m->hp.n_layer,
-                            .dir = off == 2 ? g_dir : NULL};
+                            .dir = off == 2 ? g_dir : NULL, .args = args};
             ks_stats st2;
             float *got = run_decode(m, &slow, n_prompt, steps, n_seq, &st2);
             if (memcmp(got, ref, sizeof(float) * (size_t)steps * n_seq * V) != 0)
@@ -508,12 +545,14 @@ static void check_sparse_tiers(ks_model *m, int n_prompt, int page, int budget) 
 
 static void test_sparse_tiers_gqa(void **state) {
     (void)state;
-    check_sparse_tiers(g_gqa, 150, 8, 48);
+    check_sparse_tiers(g_gqa, 150, 8, 48, NULL);
+    check_sparse_tiers(g_gqa, 150, 8, 48, "summary=centre"); /* key reads from workers, both tiers */
 }
 
 static void test_sparse_tiers_mha(void **state) {
     (void)state;
-    check_sparse_tiers(g_mha, 90, 8, 40);
+    check_sparse_tiers(g_mha, 90, 8, 40, NULL);
+    check_sparse_tiers(g_mha, 90, 8, 40, "summary=centre,scale=sqrt");
 }
 
 int main(void) {
@@ -521,6 +560,7 @@ int main(void) {
         cmocka_unit_test(test_highest_bound_and_hint),       cmocka_unit_test(test_speculation_and_correction),
         cmocka_unit_test(test_tau_bounds_correction),        cmocka_unit_test(test_prefill_seeds_first_step),
         cmocka_unit_test(test_budget_covers_candidates),     cmocka_unit_test(test_bad_args),
+        cmocka_unit_test(test_centre_summary_is_tighter),
         cmocka_unit_test(test_full_budget_equals_dense_gqa), cmocka_unit_test(test_full_budget_equals_dense_mha),
         cmocka_unit_test(test_sparse_tiers_gqa),             cmocka_unit_test(test_sparse_tiers_mha),
     };
