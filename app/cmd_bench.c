@@ -187,7 +187,7 @@ int cmd_bench(int argc, char **argv) {
           for (int ui = 0; ui < n_bud; ui++)
           for (int mi = 0; mi < n_modes; mi++) {
             long depth = depths[di], batch = batches[bi];
-            char what[128], blabel[32], label[96];
+            char what[256], blabel[32], label[96];
             app_budget_label(&po.budgets[ui], blabel, sizeof blabel);
             snprintf(label, sizeof label, "%s%s%s", po.names[pi], n_modes > 1 ? "/" : "",
                      n_modes > 1 ? mode_name[modes[mi]] : "");

@@ -41,20 +41,29 @@ bool app_parse_size(const char *s, double *out) {
 }
 
 const char *app_policy_usage(void) {
-    return "  --policy NAME      selection policy: dense (default), streaming, h2o, snapkv, quest, or\n"
+    static char buf[4096];
+    char names[512] = "";
+    for (int k = 0; k < ks_policy_count(); k++) {
+        if (k) strncat(names, ", ", sizeof names - strlen(names) - 1);
+        strncat(names, ks_policy_name_at(k, NULL), sizeof names - strlen(names) - 1);
+    }
+    snprintf(buf, sizeof buf,
+           "  --policy NAME      selection policy (%s; default dense), or\n"
            "                     EVICTOR+SELECTOR (e.g. snapkv+quest); bench/eval take a comma list\n"
-           "  --budget N|P%      KV entries per head per decode step, sinks and window included\n"
-           "                     (default 0 = all; P% of the context); bench/eval take a comma list\n"
+           "  --budget N|P%%      KV entries per head per decode step, sinks and window included\n"
+           "                     (default 0 = all; P%% of the context); bench/eval take a comma list\n"
            "  --sink N           leading entries always attended (default 4)\n"
            "  --window N         recent entries always attended (default 64)\n"
            "  --page N           tokens per KV page (default 32)\n"
            "  --dense-layers N   first N layers attend densely (default: the policy's own)\n"
-           "  --policy-arg K=V   policy-specific argument (repeatable; docs/POLICIES.md)\n"
+           "  --policy-arg K=V   policy-specific argument (repeatable; docs/POLICIES.md); with several\n"
+           "                     policies each takes the keys it knows, or NAME.K=V for one of them\n"
            "  --kv-offload-dir D slow tier: a file per offloaded layer in D (default: host memory)\n"
            "  --kv-offload-layers N  keep the last N layers' KV in the slow tier (default 0)\n"
            "  --mem-cap SIZE     adaptive memory management: fast-tier capacity (e.g. 4G); layers move to\n"
            "                     the slow tier one by one as the sequences grow (needs --budget)\n"
-           "  --mem-overhead X   factor on weight bytes in the memory model (default 1.3)\n";
+           "  --mem-overhead X   factor on weight bytes in the memory model (default 1.3)\n", names);
+    return buf;
 }
 
 static bool parse_budget(const char *cmd, const char *s, app_budget *b) {

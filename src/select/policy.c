@@ -25,6 +25,7 @@ extern const ks_policy_i ks_policy_snapkv;
 extern const ks_policy_i ks_policy_quest;
 extern const ks_policy_i ks_policy_spec;
 extern const ks_policy_i ks_policy_dapq;
+extern const ks_policy_i ks_policy_freekv;
 
 static const ks_policy_i *const registry[] = {
     &ks_policy_dense,
@@ -34,6 +35,7 @@ static const ks_policy_i *const registry[] = {
     &ks_policy_quest,
     &ks_policy_spec,
     &ks_policy_dapq,
+    &ks_policy_freekv,
     NULL,
 };
 
