@@ -120,6 +120,7 @@ typedef struct eval_cfg {
 } eval_cfg;
 
 typedef struct eval_summary {
+    uint64_t selections, hits, misses, corrections, rebuilds; /* the policy's counters, all lengths */
     double task_acc[KS_EVAL_TASK_COUNT];
     int task_cells[KS_EVAL_TASK_COUNT];
     double acc, agree_tf, agree_free, kl, recall, tok_s;
@@ -268,6 +269,7 @@ int cmd_eval(int argc, char **argv) {
     if (!tasks_given)
         for (int t = 0; t < KS_EVAL_TASK_COUNT; t++) task_on[t] = true;
     if (!model_path) model_path = app_default_model();
+    po.model_path = model_path;
     if (!model_path) { fprintf(stderr, "kvsieve eval: no model given (-m)\n"); return 2; }
     /* configurations: dense first, then every other policy x budget */
     eval_cfg cfgs[1 + APP_MAX_POLICIES * APP_MAX_BUDGETS];
@@ -406,6 +408,13 @@ int cmd_eval(int argc, char **argv) {
             }
         }
         for (int k = 0; k < n_cfg; k++) {
+            ks_stats cs;
+            ks_context_stats(ctxs[k], &cs);
+            sums[k].selections += cs.policy_selections;
+            sums[k].hits += cs.policy_hits;
+            sums[k].misses += cs.policy_misses;
+            sums[k].corrections += cs.policy_corrections;
+            sums[k].rebuilds += cs.policy_rebuilds;
             ks_context_destroy(ctxs[k]);
             ctxs[k] = NULL;
         }
@@ -415,7 +424,15 @@ int cmd_eval(int argc, char **argv) {
         rc = 2;
         goto done;
     }
-    for (int k = 0; k < n_cfg; k++) eval_summarize(cells + k * per_cfg, per_cfg, &sums[k]);
+    for (int k = 0; k < n_cfg; k++) {
+        eval_summary counters = sums[k];
+        eval_summarize(cells + k * per_cfg, per_cfg, &sums[k]);
+        sums[k].selections = counters.selections;
+        sums[k].hits = counters.hits;
+        sums[k].misses = counters.misses;
+        sums[k].corrections = counters.corrections;
+        sums[k].rebuilds = counters.rebuilds;
+    }
 
     if (json) {
         root = cJSON_CreateObject();
@@ -470,6 +487,12 @@ int cmd_eval(int argc, char **argv) {
                 cJSON_AddNumberToObject(o, "agreement_free", sums[k].agree_free);
                 cJSON_AddNumberToObject(o, "kl", sums[k].kl);
                 if (sums[k].recall == sums[k].recall) cJSON_AddNumberToObject(o, "attention_recall", sums[k].recall);
+                cJSON *pc = cJSON_AddObjectToObject(o, "policy_counters");
+                cJSON_AddNumberToObject(pc, "selections", (double)sums[k].selections);
+                cJSON_AddNumberToObject(pc, "hits", (double)sums[k].hits);
+                cJSON_AddNumberToObject(pc, "misses", (double)sums[k].misses);
+                cJSON_AddNumberToObject(pc, "corrections", (double)sums[k].corrections);
+                cJSON_AddNumberToObject(pc, "rebuilds", (double)sums[k].rebuilds);
             }
             cJSON_AddItemToArray(sarr, o);
         }
@@ -508,6 +531,16 @@ int cmd_eval(int argc, char **argv) {
             else
                 printf(" %8.3f %8s %8s %8s %8s %9.1f\n", sums[k].acc, "-", "-", "-", "-", sums[k].tok_s);
         }
+        for (int k = 1; k < n_cfg; k++)
+            if (sums[k].selections || sums[k].hits || sums[k].misses || sums[k].corrections || sums[k].rebuilds) {
+                uint64_t hm = sums[k].hits + sums[k].misses;
+                printf("counters %-18s selections %llu, hits %llu, misses %llu (miss rate %.3f), corrections %llu "
+                       "(%.3f of selections), rebuilds %llu\n", cfgs[k].label, (unsigned long long)sums[k].selections,
+                       (unsigned long long)sums[k].hits, (unsigned long long)sums[k].misses,
+                       hm ? (double)sums[k].misses / hm : 0.0, (unsigned long long)sums[k].corrections,
+                       sums[k].selections ? (double)sums[k].corrections / sums[k].selections : 0.0,
+                       (unsigned long long)sums[k].rebuilds);
+            }
         printf("mean all        %.3f  (policy dense)\n", sums[0].acc);
     }
     if (plot && !eval_plot(plot, cells, task_on, lens, n_len, depths, n_depth, cfgs, n_cfg, sums, &po)) goto done;

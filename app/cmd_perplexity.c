@@ -45,6 +45,7 @@ int cmd_perplexity(int argc, char **argv) {
     }
     if (!file) { fprintf(stderr, "kvsieve perplexity: -f FILE is required\n"); return 2; }
     if (!model_path) model_path = app_default_model();
+    po.model_path = model_path;
     if (!model_path) { fprintf(stderr, "kvsieve perplexity: no model given (-m)\n"); return 2; }
     size_t len = 0;
     char *text = app_read_file(cmd, file, &len);

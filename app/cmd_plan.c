@@ -61,6 +61,7 @@ int cmd_plan(int argc, char **argv) {
         return 2;
     }
     if (!model_path) model_path = app_default_model();
+    po.model_path = model_path;
     if (!model_path) { fprintf(stderr, "kvsieve plan: no model given (-m)\n"); return 2; }
     ks_model *m = NULL;
     ks_context *ctx = NULL;

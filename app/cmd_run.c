@@ -99,6 +99,7 @@ int cmd_run(int argc, char **argv) {
         return 2;
     }
     if (!model_path) model_path = app_default_model();
+    po.model_path = model_path;
     if (!model_path) {
         fprintf(stderr, "kvsieve run: no model given (-m) and no bundled model found (set KVSIEVE_MODEL)\n");
         return 2;

@@ -242,6 +242,24 @@ void app_policy_apply(app_policy_opts *o, int k, int32_t budget, ks_context_para
     cp->window = (int32_t)o->window;
     cp->page = (int32_t)o->page;
     cp->dense_layers = (int32_t)o->dense_layers;
+    /* spec without dlm=: the draft model shipped beside the model (MODEL.gguf -> MODEL-dlm/) */
+    if (o->model_path && strstr(cp->policy, "spec") && !strstr(dst, "dlm=")) {
+        char dir[1024];
+        size_t n = strlen(o->model_path);
+        if (n > 5 && !strcmp(o->model_path + n - 5, ".gguf")) n -= 5;
+        snprintf(dir, sizeof dir, "%.*s-dlm", (int)n, o->model_path);
+        char cfg[1100];
+        snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+        FILE *f = fopen(cfg, "r");
+        if (f) {
+            fclose(f);
+            if (strlen(dst) + strlen(dir) + 6 < sizeof o->scoped[k]) {
+                if (dst[0]) strcat(dst, ",");
+                strcat(dst, "dlm=");
+                strcat(dst, dir);
+            }
+        }
+    }
     cp->policy_args = dst[0] ? dst : NULL;
     cp->kv_offload_dir = o->offload_dir;
     cp->kv_offload_layers = (int32_t)o->offload_layers;

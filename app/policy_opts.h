@@ -31,6 +31,7 @@ typedef struct app_policy_opts {
     char scoped[APP_MAX_POLICIES][1024]; /* per policy: the args it takes (app_policy_apply) */
     const char *offload_dir;
     double mem_cap, mem_overhead;   /* --mem-cap SIZE (bytes; 0 off), --mem-overhead X */
+    const char *model_path;         /* set by the command: spec finds MODEL-dlm/ beside it */
 } app_policy_opts;
 
 /* "4G", "512M", "300K", "12345" (bytes) -> bytes; false if malformed. */
