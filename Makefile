@@ -13,7 +13,7 @@ RUN_MODEL ?= $(firstword $(wildcard models/kvsieve-default.gguf) $(wildcard $(SH
 PROMPT    ?= Once upon a time
 N         ?= 96
 
-.PHONY: all deps reference-deps build test run asan fuzz cuda-check bench clean
+.PHONY: bench-policies bench-memcap all deps reference-deps build test run asan fuzz cuda-check bench clean
 
 all: build
 
@@ -63,11 +63,23 @@ cuda-check: deps
 BENCH_MODEL ?= $(BUILD)/models/llama-3.2-1b-q8_0.gguf
 $(BUILD)/models/llama-3.2-1b-q8_0.gguf: | build
 	@mkdir -p $(BUILD)/models
-	$(KVSIEVE) gen-model --shape llama-3.2-1b --type q8_0 --vocab-from $(SHARED)/fixtures/tokenizer/ggml-vocab-llama-spm.gguf --out $@
+	$(KVSIEVE) gen-model --shape llama-3.2-1b --type q8_0 --vocab-from $(SHARED)/fixtures/tokenizer/ggml-vocab-llama-spm.gguf \
+	  --out $@ --dlm-out $(BUILD)/models/llama-3.2-1b-q8_0-dlm
 
 # The benchmark of docs/BENCHMARKS.md (generates a Llama-3.2-1B-shaped model once).
 bench: build $(BENCH_MODEL)
 	$(KVSIEVE) bench -m $(BENCH_MODEL) --depth 0,4096,16384,32768 --batch 1,4,16 -t 2 --n-gen 8 --n-prompt 256
+
+# Every policy side by side at budget 2048 (docs/BENCHMARKS.md, "Policies"); spec uses the
+# random retrieval head gen-model wrote beside the model.
+bench-policies: build $(BENCH_MODEL)
+	$(KVSIEVE) bench -m $(BENCH_MODEL) --depth 4096,16384,32768 --batch 1,4,16 -t 2 --n-gen 4 --no-prefill \
+	  --policy dense,streaming,h2o,quest,freekv,lrqk,chess,spec --budget 2048
+
+# SpeContext's adaptive memory management against static splits under a fast-tier cap.
+bench-memcap: build $(BENCH_MODEL)
+	$(KVSIEVE) bench -m $(BENCH_MODEL) --depth 4096,8192,16384,32768 --batch 4 -t 2 --n-gen 4 --no-prefill \
+	  --policy spec --budget 2048 --mem-cap 4G --offload none,all,adaptive
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz build-cuda
