@@ -29,6 +29,7 @@ typedef struct app_policy_opts {
     long sink, window, page, dense_layers, offload_layers;
     char args[1024];
     const char *offload_dir;
+    char chess_args[128]; /* calibrated "h_max=..,v_max=.." added for policies with a chess part */
 } app_policy_opts;
 
 void app_policy_opts_init(app_policy_opts *o);
@@ -41,6 +42,12 @@ const char *app_policy_usage(void);
 int32_t app_budget_tokens(const app_budget *b, int32_t length);
 /* Fill the policy fields of cp for policy names[k] and budget b. */
 void app_policy_apply(const app_policy_opts *o, int k, int32_t budget, ks_context_params *cp);
+/* CHESS thresholds: when a --policy name has a chess part and --policy-arg
+ * did not give h_max / v_max, read the missing ones from MODEL.chess.json
+ * (written by `kvsieve eval --calibrate`) and note it on stderr; they are
+ * added to chess's arguments only (app_policy_apply).  Returns false (message
+ * printed) when the file exists but is malformed. */
+bool app_policy_calibration(app_policy_opts *o, const char *cmd, const char *model_path);
 /* "6%" or "2048" for tables. */
 void app_budget_label(const app_budget *b, char *out, size_t cap);
 
