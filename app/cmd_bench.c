@@ -109,6 +109,7 @@ int cmd_bench(int argc, char **argv) {
     if (!model_path) model_path = app_default_model();
     po.model_path = model_path;
     if (!model_path) { fprintf(stderr, "kvsieve bench: no model given (-m)\n"); return 2; }
+    if (!app_policy_calibration(&po, cmd, model_path)) return 2;
     ks_model *m = NULL;
     ks_model_params mp = ks_model_default_params();
     mp.use_mmap = use_mmap;

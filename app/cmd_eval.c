@@ -15,11 +15,15 @@
  * output) and teacher-forced with the dense tokens (top-1 agreement and
  * KL(dense || policy) position by position, and the attention recall probe:
  * the share of the dense attention mass its selections cover).  A budget
- * "6%" is 6% of each instance's length.  Lengths over the model's trained
+ * "6%" is 6% of each instance's length.  --calibrate also collects the
+ * entropy and varentropy of every dense output distribution and stores their
+ * 99th percentiles beside the model as CHESS's reconstruction thresholds
+ * (calibrate.h); policy counters (selections, rebuilds) go to stderr and JSON.  Lengths over the model's trained
  * context are skipped with a note, since accuracy past it measures
  * extrapolation, not the policy.
  */
 #include "args.h"
+#include "calibrate.h"
 #include "commands.h"
 #include "infer/eval.h"
 #include "infer/infer.h"
@@ -39,10 +43,12 @@ static void eval_usage(FILE *f) {
     fprintf(f,
             "usage: kvsieve eval [-m MODEL.gguf] [--task passkey,multikey,multivalue,vartrack,longgen|all]\n"
             "                    [--lengths 1024,4096,8192] [--depths 0,0.25,0.5,0.75,1] [--samples N (4)]\n"
-            "                    [--seed S (1)] [-t THREADS] [--json] [--plot FILE.svg]\n"
+            "                    [--seed S (1)] [-t THREADS] [--json] [--plot FILE.svg] [--calibrate]\n"
             "                    [--policy dense,quest,...] [--budget 3%%,6%%,12%%] [policy flags]\n"
             "  lengths count every token of an instance (prompt and answer budget); lengths above\n"
-            "  the model's trained context are skipped.  Dense always runs as the reference.\n%s",
+            "  the model's trained context are skipped.  Dense always runs as the reference.\n"
+            "  --calibrate: write CHESS's thresholds (99th percentile of the dense runs' entropy and\n"
+            "  varentropy) to MODEL.chess.json, which run/bench/eval then pass to chess.\n%s",
             app_policy_usage());
 }
 
@@ -236,7 +242,7 @@ static void eval_summarize(const eval_cell *cells, size_t n_cells, eval_summary 
 
 int cmd_eval(int argc, char **argv) {
     const char *cmd = "eval", *model_path = NULL, *plot = NULL;
-    bool task_on[KS_EVAL_TASK_COUNT] = {0}, json = false, tasks_given = false;
+    bool task_on[KS_EVAL_TASK_COUNT] = {0}, json = false, tasks_given = false, calibrate = false;
     long lens_l[EVAL_MAX_LIST] = {1024, 4096, 8192};
     int n_len = 3;
     double depths[EVAL_MAX_LIST] = {0, 0.25, 0.5, 0.75, 1};
@@ -263,6 +269,7 @@ int cmd_eval(int argc, char **argv) {
         else if (!strcmp(a, "-t")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_long(cmd, a, v, 1, 1024, &n_threads)) return 2; }
         else if (!strcmp(a, "--plot")) { if (!(v = arg_value(cmd, argc, argv, &i))) return 2; plot = v; }
         else if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--calibrate")) calibrate = true;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { eval_usage(stdout); return 0; }
         else { fprintf(stderr, "kvsieve eval: unknown option '%s'\n", a); eval_usage(stderr); return 2; }
     }
@@ -271,6 +278,7 @@ int cmd_eval(int argc, char **argv) {
     if (!model_path) model_path = app_default_model();
     po.model_path = model_path;
     if (!model_path) { fprintf(stderr, "kvsieve eval: no model given (-m)\n"); return 2; }
+    if (!app_policy_calibration(&po, cmd, model_path)) return 2;
     /* configurations: dense first, then every other policy x budget */
     eval_cfg cfgs[1 + APP_MAX_POLICIES * APP_MAX_BUDGETS];
     int n_cfg = 0;
@@ -292,8 +300,11 @@ int cmd_eval(int argc, char **argv) {
     eval_summary *sums = NULL;
     cJSON *root = NULL;
     int rc = 1;
+    double *cal_h = NULL, *cal_v = NULL; /* [n_cal] entropies of the dense runs (--calibrate) */
+    size_t n_cal = 0, cap_cal = 0;
+    uint64_t *pol_sel = calloc((size_t)n_cfg * 2, sizeof(uint64_t)), *pol_reb = pol_sel + n_cfg;
     ks_status st = ks_model_load(model_path, ks_model_default_params(), &m);
-    if (st != KS_OK) { app_report(cmd, "loading the model", st); free(ctxs); return 1; }
+    if (st != KS_OK) { app_report(cmd, "loading the model", st); free(ctxs); free(pol_sel); return 1; }
     int32_t n_train = ks_model_n_ctx_train(m), V = ks_model_n_vocab(m);
     int32_t lens[EVAL_MAX_LIST];
     int kept = 0;
@@ -329,6 +340,7 @@ int cmd_eval(int argc, char **argv) {
                 cp.policy_args = NULL;
                 cp.kv_offload_layers = 0;
                 cp.mem_cap = 0;
+                cp.policy_args = NULL; /* the reference takes no policy's arguments */
             }
             if ((st = ks_context_create(m, cp, &ctxs[k])) != KS_OK) { app_report(cmd, "creating a context", st); goto done; }
             ks_context_set_recall_probe(ctxs[k], k > 0);
@@ -352,9 +364,20 @@ int cmd_eval(int argc, char **argv) {
                     if (st != KS_OK) { app_report(cmd, "generating a task", st); goto done; }
                     ks_eval_result ref;
                     ks_eval_run_opts o = ks_eval_run_default_opts();
-                    o.keep_logits = n_cfg > 1;
+                    o.keep_logits = n_cfg > 1 || calibrate;
                     st = ks_eval_run(ctxs[0], m, &inst, &o, &ref);
                     if (st != KS_OK) { ks_eval_instance_free(&inst); app_report(cmd, "running an instance", st); goto done; }
+                    for (int32_t g = 0; calibrate && g < ref.n_gen; g++) {
+                        if (n_cal == cap_cal) {
+                            cap_cal = cap_cal ? 2 * cap_cal : 1024;
+                            cal_h = realloc(cal_h, sizeof(double) * cap_cal);
+                            cal_v = realloc(cal_v, sizeof(double) * cap_cal);
+                        }
+                        float H, Var;
+                        app_entropy_of(ref.logits + (size_t)g * V, V, &H, &Var);
+                        cal_h[n_cal] = H;
+                        cal_v[n_cal++] = Var;
+                    }
                     eval_cell *c0 = &cells[((size_t)t * n_len + l) * n_depth + d];
                     c0->runs++;
                     c0->score_sum += ref.score;
@@ -415,6 +438,13 @@ int cmd_eval(int argc, char **argv) {
             sums[k].misses += cs.policy_misses;
             sums[k].corrections += cs.policy_corrections;
             sums[k].rebuilds += cs.policy_rebuilds;
+            ks_stats ps;
+            ks_context_stats(ctxs[k], &ps);
+            pol_sel[k] += ps.policy_selections;
+            pol_reb[k] += ps.policy_rebuilds;
+            if (k && ps.policy_selections)
+                fprintf(stderr, "kvsieve eval: %-18s len %6d: %llu selections, %llu rebuilds\n", cfgs[k].label, lens[l],
+                        (unsigned long long)ps.policy_selections, (unsigned long long)ps.policy_rebuilds);
             ks_context_destroy(ctxs[k]);
             ctxs[k] = NULL;
         }
@@ -432,6 +462,17 @@ int cmd_eval(int argc, char **argv) {
         sums[k].misses = counters.misses;
         sums[k].corrections = counters.corrections;
         sums[k].rebuilds = counters.rebuilds;
+    }
+    if (calibrate) {
+        if (!n_cal) {
+            fprintf(stderr, "kvsieve eval: --calibrate: the dense runs decoded no token\n");
+            goto done;
+        }
+        double h = app_percentile(cal_h, n_cal, APP_CHESS_CALIB_PERCENTILE);
+        double v = app_percentile(cal_v, n_cal, APP_CHESS_CALIB_PERCENTILE);
+        if (!app_chess_calib_write(cmd, model_path, h, v, n_cal)) goto done;
+        fprintf(stderr, "kvsieve eval: chess calibration over %zu dense tokens: h_max=%.9g v_max=%.9g -> %s%s\n", n_cal, h,
+                v, model_path, APP_CHESS_CALIB_SUFFIX);
     }
 
     if (json) {
@@ -493,6 +534,10 @@ int cmd_eval(int argc, char **argv) {
                 cJSON_AddNumberToObject(pc, "misses", (double)sums[k].misses);
                 cJSON_AddNumberToObject(pc, "corrections", (double)sums[k].corrections);
                 cJSON_AddNumberToObject(pc, "rebuilds", (double)sums[k].rebuilds);
+                if (pol_sel[k]) {
+                    cJSON_AddNumberToObject(o, "selections", (double)pol_sel[k]);
+                    cJSON_AddNumberToObject(o, "rebuilds", (double)pol_reb[k]);
+                }
             }
             cJSON_AddItemToArray(sarr, o);
         }
@@ -546,6 +591,9 @@ int cmd_eval(int argc, char **argv) {
     if (plot && !eval_plot(plot, cells, task_on, lens, n_len, depths, n_depth, cfgs, n_cfg, sums, &po)) goto done;
     rc = 0;
 done:
+    free(cal_h);
+    free(cal_v);
+    free(pol_sel);
     cJSON_Delete(root);
     free(cells);
     free(sums);

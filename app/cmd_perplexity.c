@@ -47,6 +47,7 @@ int cmd_perplexity(int argc, char **argv) {
     if (!model_path) model_path = app_default_model();
     po.model_path = model_path;
     if (!model_path) { fprintf(stderr, "kvsieve perplexity: no model given (-m)\n"); return 2; }
+    if (!app_policy_calibration(&po, cmd, model_path)) return 2;
     size_t len = 0;
     char *text = app_read_file(cmd, file, &len);
     if (!text) return 1;

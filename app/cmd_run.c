@@ -104,6 +104,7 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "kvsieve run: no model given (-m) and no bundled model found (set KVSIEVE_MODEL)\n");
         return 2;
     }
+    if (!app_policy_calibration(&po, cmd, model_path)) return 2;
     char *file_text = NULL;
     size_t prompt_len = 0;
     if (prompt_file) {

@@ -7,6 +7,7 @@
 #include "policy_opts.h"
 
 #include "args.h"
+#include "calibrate.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -201,6 +202,55 @@ int32_t app_budget_tokens(const app_budget *b, int32_t length) {
     return t < 1 ? 1 : t;
 }
 
+/* Does the spec "a" or "a+b" have the part `name`? */
+static bool has_part(const char *spec, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = spec; *p;) {
+        const char *e = strchr(p, '+');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && !strncmp(p, name, n)) return true;
+        p += len + (e != NULL);
+    }
+    return false;
+}
+
+/* Does "k=v,k=v" set key? */
+static bool has_key(const char *args, const char *key) {
+    size_t n = strlen(key);
+    for (const char *p = args; *p;) {
+        if (!strncmp(p, key, n) && p[n] == '=') return true;
+        const char *e = strchr(p, ',');
+        if (!e) break;
+        p = e + 1;
+    }
+    return false;
+}
+
+bool app_policy_calibration(app_policy_opts *o, const char *cmd, const char *model_path) {
+    o->chess_args[0] = 0;
+    bool chess = false;
+    for (int k = 0; k < o->n_names; k++) chess |= has_part(o->names[k], "chess");
+    bool need_h = !has_key(o->args, "h_max"), need_v = !has_key(o->args, "v_max");
+    if (!chess || !model_path || (!need_h && !need_v)) return true;
+    double h, v;
+    int r = app_chess_calib_read(cmd, model_path, &h, &v);
+    if (r < 0) return false;
+    if (r == 0) {
+        fprintf(stderr,
+                "kvsieve %s: no chess calibration beside the model (%s%s; kvsieve eval --calibrate writes it):"
+                " chess rebuilds only on its horizon\n",
+                cmd, model_path, APP_CHESS_CALIB_SUFFIX);
+        return true;
+    }
+    char hb[48] = "", vb[48] = "";
+    if (need_h) snprintf(hb, sizeof hb, "h_max=%.9g", h);
+    if (need_v) snprintf(vb, sizeof vb, "v_max=%.9g", v);
+    snprintf(o->chess_args, sizeof o->chess_args, "%s%s%s", hb, need_h && need_v ? "," : "", vb);
+    fprintf(stderr, "kvsieve %s: chess thresholds from %s%s: %s\n", cmd, model_path, APP_CHESS_CALIB_SUFFIX,
+            o->chess_args);
+    return true;
+}
+
 void app_policy_apply(app_policy_opts *o, int k, int32_t budget, ks_context_params *cp) {
     cp->policy = o->names[k];
     /* the args this policy takes: unscoped keys it knows, or NAME.key=v for it */
@@ -259,6 +309,10 @@ void app_policy_apply(app_policy_opts *o, int k, int32_t budget, ks_context_para
                 strcat(dst, dir);
             }
         }
+    }
+    if (o->chess_args[0] && has_part(o->names[k], "chess")) {
+        size_t used = strlen(dst);
+        snprintf(dst + used, sizeof o->scoped[k] - used, "%s%s", used ? "," : "", o->chess_args);
     }
     cp->policy_args = dst[0] ? dst : NULL;
     cp->kv_offload_dir = o->offload_dir;

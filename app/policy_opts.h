@@ -32,6 +32,7 @@ typedef struct app_policy_opts {
     const char *offload_dir;
     double mem_cap, mem_overhead;   /* --mem-cap SIZE (bytes; 0 off), --mem-overhead X */
     const char *model_path;         /* set by the command: spec finds MODEL-dlm/ beside it */
+    char chess_args[128]; /* calibrated "h_max=..,v_max=.." added for policies with a chess part */
 } app_policy_opts;
 
 /* "4G", "512M", "300K", "12345" (bytes) -> bytes; false if malformed. */
@@ -50,6 +51,12 @@ int32_t app_budget_tokens(const app_budget *b, int32_t length);
  * those scoped to it ("NAME.key=v"); a key no listed policy takes is an
  * error at context creation. */
 void app_policy_apply(app_policy_opts *o, int k, int32_t budget, ks_context_params *cp);
+/* CHESS thresholds: when a --policy name has a chess part and --policy-arg
+ * did not give h_max / v_max, read the missing ones from MODEL.chess.json
+ * (written by `kvsieve eval --calibrate`) and note it on stderr; they are
+ * added to chess's arguments only (app_policy_apply).  Returns false (message
+ * printed) when the file exists but is malformed. */
+bool app_policy_calibration(app_policy_opts *o, const char *cmd, const char *model_path);
 /* "6%" or "2048" for tables. */
 void app_budget_label(const app_budget *b, char *out, size_t cap);
 

@@ -26,6 +26,7 @@ extern const ks_policy_i ks_policy_quest;
 extern const ks_policy_i ks_policy_spec;
 extern const ks_policy_i ks_policy_dapq;
 extern const ks_policy_i ks_policy_freekv;
+extern const ks_policy_i ks_policy_chess;
 
 static const ks_policy_i *const registry[] = {
     &ks_policy_dense,
@@ -36,6 +37,7 @@ static const ks_policy_i *const registry[] = {
     &ks_policy_spec,
     &ks_policy_dapq,
     &ks_policy_freekv,
+    &ks_policy_chess,
     NULL,
 };
 
