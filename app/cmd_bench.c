@@ -130,9 +130,9 @@ int cmd_bench(int argc, char **argv) {
     else {
         printf("model %s | threads %ld | bandwidth %.2f GB/s (triad %.2f, read %.2f, copy %.2f)\n", model_path, n_threads,
                bw_best, bw.triad_gbs, bw.read_gbs, bw.copy_gbs);
-        printf("%-14s %6s %6s %6s %11s %9s %9s %8s %8s %7s %9s %8s %6s %6s %9s\n", "test", "budget", "depth", "batch",
-               "tok/s", "x dense", "ms/step", "GB/step", "GB/s", "%bw", "roof ms", "ms/roof", "sel%", "att%",
-               "MB moved");
+        printf("%-14s %6s %6s %6s %11s %9s %9s %8s %8s %7s %9s %8s %6s %6s %9s %7s %7s %5s\n", "test", "budget", "depth",
+               "batch", "tok/s", "x dense", "ms/step", "GB/step", "GB/s", "%bw", "roof ms", "ms/roof", "sel%", "att%",
+               "MB moved", "reload", "hidden", "slow");
     }
     int n_pol = po.n_names, n_bud = po.n_budgets;
     for (int k = 1; k < n_pol; k++) /* dense first, so every row can be divided by it */
@@ -254,6 +254,15 @@ int cmd_bench(int argc, char **argv) {
             int n_slow = modes[mi] == OFF_ALL ? hp->n_layer : modes[mi] == OFF_ADAPTIVE ? plan.offloaded : 0;
             double kv_fast = kv_need * (double)(hp->n_layer - n_slow) / hp->n_layer;
             bool over_cap = po.mem_cap > 0 && kv_fast + (double)m->weight_bytes > po.mem_cap;
+            /* elastic loading: pages loaded vs a full reload of every page attended from the slow tier;
+             * copy time hidden behind compute */
+            uint64_t needed = s.kv_pages_loaded + s.kv_pages_hit;
+            char reload[16] = "-", hidden[16] = "-";
+            if (needed) snprintf(reload, sizeof reload, "%.1f%%", 100.0 * s.kv_pages_loaded / needed);
+            if (s.kv_copy_seconds > 0)
+                snprintf(hidden, sizeof hidden, "%.0f%%",
+                         100.0 * (s.kv_copy_seconds - s.kv_wait_seconds > 0 ? s.kv_copy_seconds - s.kv_wait_seconds : 0) /
+                             s.kv_copy_seconds);
             progress(what, ++done, total);
             if (json) {
                 printf("%s\n  {\"test\": \"decode\", \"policy\": \"%s\", \"budget\": %d, \"depth\": %ld, \"batch\": %ld, "
@@ -272,12 +281,10 @@ int cmd_bench(int argc, char **argv) {
                        (unsigned long long)s.policy_corrections, (unsigned long long)s.policy_rebuilds);
                 first = false;
             } else
-                printf("%-14s %6s %6ld %6ld %11.2f %9s %9.2f %8.3f %8.2f %6.1f%% %9.2f %8.2f %5.1f%% %5.1f%% %9.2f%s%s\n",
+                printf("%-14s %6s %6ld %6ld %11.2f %9s %9.2f %8.3f %8.2f %6.1f%% %9.2f %8.2f %5.1f%% %5.1f%% %9.2f %7s %7s %5d%s\n",
                        label, blabel, depth, batch, tps, xd, 1e3 * step, gb_step, gbs, 100 * gbs / bw_now,
-                       1e3 * roof, step / roof, 100 * sel, 100 * att, moved_mb,
-                       n_modes > 1 ? (n_slow ? "  slow layers " : "  slow layers 0") : "",
+                       1e3 * roof, step / roof, 100 * sel, 100 * att, moved_mb, reload, hidden, n_slow,
                        over_cap ? "  OVER CAP" : "");
-            if (!json && n_modes > 1 && n_slow) printf("\033[1A\033[200C%d\n", n_slow);
             fflush(stdout);
             free(seqs);
             free(toks);

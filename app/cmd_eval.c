@@ -388,14 +388,29 @@ int cmd_eval(int argc, char **argv) {
                         eval_cell *c = &cells[k * per_cfg + ((size_t)t * n_len + l) * n_depth + d];
                         ks_eval_result fr, tf;
                         ks_eval_run_opts of = ks_eval_run_default_opts();
+                        of.keep_logits = true;
                         if ((st = ks_eval_run(ctxs[k], m, &inst, &of, &fr)) != KS_OK) break;
-                        ks_context_take_recall(ctxs[k], NULL, NULL); /* count the forced run only */
-                        ks_eval_run_opts ot = ks_eval_run_default_opts();
-                        ot.forced = ref.tokens;
-                        ot.n_forced = ref.n_gen;
-                        ot.keep_logits = true;
-                        if ((st = ks_eval_run(ctxs[k], m, &inst, &ot, &tf)) != KS_OK) { ks_eval_result_free(&fr); break; }
-                        double agree_tf = 1, agree_free = 1, kl = 0, recall = NAN;
+                        /* a free run that produced exactly the dense tokens *is* the teacher-forced
+                         * run (same inputs, same steps): reuse it instead of running again */
+                        bool same = fr.n_gen == ref.n_gen &&
+                                    (ref.n_gen == 0 || !memcmp(fr.tokens, ref.tokens, sizeof(int32_t) * ref.n_gen));
+                        double recall = NAN;
+                        if (same) {
+                            ks_context_take_recall(ctxs[k], NULL, &recall);
+                            tf = fr;
+                            tf.answer = NULL;
+                            tf.tokens = NULL;
+                            tf.logits = fr.logits;
+                        } else {
+                            ks_context_take_recall(ctxs[k], NULL, NULL); /* count the forced run only */
+                            ks_eval_run_opts ot = ks_eval_run_default_opts();
+                            ot.forced = ref.tokens;
+                            ot.n_forced = ref.n_gen;
+                            ot.keep_logits = true;
+                            if ((st = ks_eval_run(ctxs[k], m, &inst, &ot, &tf)) != KS_OK) { ks_eval_result_free(&fr); break; }
+                            ks_context_take_recall(ctxs[k], NULL, &recall);
+                        }
+                        double agree_tf = 1, agree_free = 1, kl = 0;
                         int32_t nf = fr.n_gen < ref.n_gen ? fr.n_gen : ref.n_gen;
                         if (ref.n_gen > 0 && tf.n_gen == ref.n_gen) {
                             ks_eval_top1_agreement(tf.logits, ref.logits, ref.n_gen, V, &agree_tf);
@@ -404,7 +419,6 @@ int cmd_eval(int argc, char **argv) {
                         if (nf > 0) ks_eval_token_agreement(fr.tokens, ref.tokens, nf, &agree_free);
                         if (fr.n_gen != ref.n_gen && ref.n_gen > 0) /* stopped at a different length */
                             agree_free = agree_free * nf / (fr.n_gen > ref.n_gen ? fr.n_gen : ref.n_gen);
-                        ks_context_take_recall(ctxs[k], NULL, &recall);
                         c->runs++;
                         c->score_sum += fr.score;
                         c->tokens += fr.n_prompt + fr.n_gen;
@@ -414,6 +428,7 @@ int cmd_eval(int argc, char **argv) {
                         c->agree_free_sum += agree_free;
                         c->kl_sum += kl;
                         if (recall == recall) c->recall_sum += recall, c->recall_runs++;
+                        if (same) tf.logits = NULL; /* owned by fr */
                         ks_eval_result_free(&fr);
                         ks_eval_result_free(&tf);
                     }
