@@ -375,6 +375,31 @@ static void test_helpers(void **state) {
     float tie[] = {1, 1, 1, 1};
     assert_int_equal(ks_topk(tie, 4, 2, idx), 2);
     assert_true((idx[0] == 0 && idx[1] == 1) || (idx[0] == 1 && idx[1] == 0));
+    /* the O(n) path (large k): same set as sorting by (value desc, index asc), ties and NaN included */
+    {
+        enum { N = 5000, K = 300 };
+        static float v[N];
+        static int32_t got[N];
+        static uint8_t in[N];
+        ks_rng r = {99};
+        for (int i = 0; i < N; i++) v[i] = (float)(int)(ks_rng_uniform(&r) * 200) / 10.0f; /* many ties */
+        v[17] = NAN;
+        assert_int_equal(ks_topk(v, N, K, got), K);
+        memset(in, 0, sizeof in);
+        for (int i = 0; i < K; i++) in[got[i]] = 1;
+        int chosen = 0;
+        for (int pass = 0; pass < N && chosen < K; pass++) { /* brute force: repeatedly the best remaining */
+            int best = -1;
+            for (int i = 0; i < N; i++) {
+                float vi = v[i] != v[i] ? -INFINITY : v[i];
+                if (in[i] == 2) continue;
+                if (best < 0 || vi > (v[best] != v[best] ? -INFINITY : v[best])) best = i;
+            }
+            if (!in[best]) fail_msg("topk missed index %d", best);
+            in[best] = 2;
+            chosen++;
+        }
+    }
     float q[2] = {1, -1}, mn[2] = {-2, -3}, mx[2] = {3, 1};
     assert_true(fabsf(ks_page_upper_bound(q, mn, mx, 2) - 6.0f) < 1e-6f);
     float sc[2 * 3] = {0, 1, 2, 2, 1, 0}, out[3];

@@ -410,6 +410,46 @@ __attribute__((target("avx512f,f16c,fma"))) static void scores_avx512(const floa
         }
     }
 }
+
+/* softmax of x[0..n) (in place), then w = p (first) or max(w, p): the
+ * group reduction fused with the normalisation; polynomial exp (rel. error
+ * ~2e-7), the selection only ranks these values */
+__attribute__((target("avx512f,avx512dq,fma"))) static void softmax_max_avx512(float *x, int32_t n, float *w,
+                                                                               bool first) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(x + i));
+    float m = _mm512_reduce_max_ps(mx);
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    __m512 mv = _mm512_set1_ps(m), sum = _mm512_setzero_ps();
+    for (i = 0; i + 16 <= n; i += 16) {
+        __m512 t = _mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv), _mm512_set1_ps(-87.0f));
+        __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(t, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
+        __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), t);
+        r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+        __m512 p = _mm512_set1_ps(1.0f / 720);
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+        __m512 e = _mm512_scalef_ps(p, k);
+        _mm512_storeu_ps(x + i, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    float tot = _mm512_reduce_add_ps(sum);
+    for (; i < n; i++) tot += (x[i] = expf(x[i] - m));
+    __m512 inv = _mm512_set1_ps(1.0f / tot);
+    for (i = 0; i + 16 <= n; i += 16) {
+        __m512 p = _mm512_mul_ps(_mm512_loadu_ps(x + i), inv);
+        _mm512_storeu_ps(w + i, first ? p : _mm512_max_ps(p, _mm512_loadu_ps(w + i)));
+    }
+    for (; i < n; i++) {
+        float p = x[i] / tot;
+        w[i] = first || p > w[i] ? p : w[i];
+    }
+}
 #endif
 
 static void scores_ref(const float *q, const ks_f16 *K, int32_t n, int hd, int G, float scale, float *out) {
@@ -449,7 +489,14 @@ static void select_worker(void *arg, int ith, int nth) {
             scores_ref(q, kc_at(s, seq, kvh, 0), n, s->hd, s->G, scale, sc);
         /* per-head softmax, then the element-wise max over the group */
         for (int g = 0; g < s->G; g++) {
-            float *x = sc + (size_t)g * n, mx = -INFINITY;
+            float *x = sc + (size_t)g * n;
+#if defined(__x86_64__)
+            if (ks_simd_detect() >= KS_SIMD_AVX512) {
+                softmax_max_avx512(x, n, w, g == 0);
+                continue;
+            }
+#endif
+            float mx = -INFINITY;
             for (int32_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
             double sum = 0;
             for (int32_t i = 0; i < n; i++) sum += (x[i] = expf(x[i] - mx));

@@ -337,11 +337,60 @@ ks_status ks_args_check(const char *args, const char *policy, const char *const 
 /* Heap-free partial selection: a min-heap of the best k (value, index). */
 static bool better(float a, int32_t ia, float b, int32_t ib) { return a > b || (a == b && ia < ib); }
 
+/* k-th largest value of v[0..n) (1-based k), by quickselect: O(n) expected,
+ * reorders v.  NaN must have been mapped to -inf by the caller. */
+static float kth_largest(float *v, int32_t n, int32_t k) {
+    int32_t lo = 0, hi = n - 1, want = k - 1;
+    uint64_t seed = 0x9E3779B97F4A7C15ull;
+    while (lo < hi) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        float pivot = v[lo + (int32_t)((seed >> 33) % (uint64_t)(hi - lo + 1))];
+        int32_t i = lo, j = hi;
+        while (i <= j) { /* descending partition */
+            while (v[i] > pivot) i++;
+            while (v[j] < pivot) j--;
+            if (i <= j) {
+                float t = v[i];
+                v[i] = v[j];
+                v[j] = t;
+                i++;
+                j--;
+            }
+        }
+        if (want <= j) hi = j;
+        else if (want >= i) lo = i;
+        else return v[want];
+    }
+    return v[want];
+}
+
 int32_t ks_topk(const float *x, int32_t n, int32_t k, int32_t *idx) {
     if (k <= 0 || n <= 0) return 0;
     if (k >= n) {
         for (int32_t i = 0; i < n; i++) idx[i] = i;
         return n;
+    }
+    if (k > 64 && n > 1024) {
+        /* large k (token budgets over long contexts): threshold by quickselect,
+         * then every index above it and, among ties, the lowest ones — the
+         * same set the heap below returns, in index order, in O(n) */
+        float *v = ks_malloc(sizeof(float) * (size_t)n);
+        for (int32_t i = 0; i < n; i++) v[i] = x[i] != x[i] ? -INFINITY : x[i];
+        float th = kth_largest(v, n, k);
+        int32_t above = 0, m = 0;
+        for (int32_t i = 0; i < n; i++) {
+            float xi = x[i] != x[i] ? -INFINITY : x[i];
+            above += xi > th;
+        }
+        int32_t ties = k - above;
+        for (int32_t i = 0; i < n; i++) {
+            float xi = x[i] != x[i] ? -INFINITY : x[i];
+            if (xi > th) idx[m++] = i;
+            else if (xi == th && ties > 0) idx[m++] = i, ties--;
+        }
+        ks_free(v);
+        KS_ASSERT(m == k);
+        return k;
     }
     /* idx[0..k) is a min-heap under `better` (root = worst kept) */
     int32_t m = 0;
