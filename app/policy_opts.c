@@ -61,6 +61,7 @@ const char *app_policy_usage(void) {
            "                     policies each takes the keys it knows, or NAME.K=V for one of them\n"
            "  --kv-offload-dir D slow tier: a file per offloaded layer in D (default: host memory)\n"
            "  --kv-offload-layers N  keep the last N layers' KV in the slow tier (default 0)\n"
+           "  --kv-slots N       fast slots (pages) per KV head of a slow-tier layer (default 2 x budget pages + 4)\n"
            "  --mem-cap SIZE     adaptive memory management: fast-tier capacity (e.g. 4G); layers move to\n"
            "                     the slow tier one by one as the sequences grow (needs --budget)\n"
            "  --mem-overhead X   factor on weight bytes in the memory model (default 1.3)\n", names);
@@ -141,7 +142,7 @@ int app_policy_opt(const char *cmd, int argc, char **argv, int *i, app_policy_op
         return 1;
     }
     if (!strcmp(a, "--sink") || !strcmp(a, "--window") || !strcmp(a, "--page") || !strcmp(a, "--dense-layers") ||
-        !strcmp(a, "--kv-offload-layers")) {
+        !strcmp(a, "--kv-offload-layers") || !strcmp(a, "--kv-slots")) {
         if (!(v = arg_value(cmd, argc, argv, i))) return -1;
         long lo = !strcmp(a, "--page") ? 1 : 0, hi = !strcmp(a, "--page") ? 4096 : (1 << 24);
         if (!arg_long(cmd, a, v, lo, hi, &lv)) return -1;
@@ -149,6 +150,7 @@ int app_policy_opt(const char *cmd, int argc, char **argv, int *i, app_policy_op
         else if (!strcmp(a, "--window")) o->window = lv;
         else if (!strcmp(a, "--page")) o->page = lv;
         else if (!strcmp(a, "--dense-layers")) o->dense_layers = lv;
+        else if (!strcmp(a, "--kv-slots")) o->kv_slots = lv;
         else o->offload_layers = lv;
         return 1;
     }
@@ -317,6 +319,7 @@ void app_policy_apply(app_policy_opts *o, int k, int32_t budget, ks_context_para
     cp->policy_args = dst[0] ? dst : NULL;
     cp->kv_offload_dir = o->offload_dir;
     cp->kv_offload_layers = (int32_t)o->offload_layers;
+    cp->kv_slots = (int32_t)o->kv_slots;
     cp->mem_cap = o->mem_cap;
     cp->mem_overhead = o->mem_overhead;
 }

@@ -26,7 +26,7 @@ typedef struct app_policy_opts {
     int n_names;
     app_budget budgets[APP_MAX_BUDGETS];
     int n_budgets;
-    long sink, window, page, dense_layers, offload_layers;
+    long sink, window, page, dense_layers, offload_layers, kv_slots;
     char args[1024];
     char scoped[APP_MAX_POLICIES][1024]; /* per policy: the args it takes (app_policy_apply) */
     const char *offload_dir;

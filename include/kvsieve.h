@@ -108,6 +108,7 @@ typedef struct ks_context_params {
      * attention reads them through fast-tier slots. */
     const char *kv_offload_dir;
     int32_t kv_offload_layers;
+    int32_t kv_slots;          /* fast slots (pages) per head of a slow-tier layer; 0: 2 x budget pages + 4 */
     /* Adaptive memory management (SpeContext, Section 6): with a fast-tier
      * capacity in bytes, layers move to the slow tier one by one (last
      * first) as the sequences grow past precomputed thresholds.  0: off. */

@@ -377,7 +377,10 @@ ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_conte
     /* slots of an offloaded layer: what one step's selection can touch, with
      * headroom so pages stay resident across steps; all pages when dense */
     int32_t max_pages = (p.n_ctx + p.page - 1) / p.page, slot_pages = 0;
-    if (p.budget > 0) {
+    if (p.kv_slots < 0) return KS_FAIL(KS_ERR_INVALID_ARG, "kv_slots %d < 0", p.kv_slots);
+    if (p.kv_slots > 0) {
+        slot_pages = p.kv_slots < max_pages ? p.kv_slots : 0;
+    } else if (p.budget > 0) {
         slot_pages = 2 * ((p.budget + p.page - 1) / p.page) + 4;
         if (slot_pages > max_pages) slot_pages = 0;
     }
