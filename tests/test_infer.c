@@ -140,7 +140,9 @@ static void test_prefill_chunking(void **state) {
     for (size_t i = 1; i < n; i++) {
         assert_int_equal(ks_decode(d, &z, &ids[i], 1, step), KS_OK);
         e = ks_test_nmse(step, all + i * V, V, &mx);
-        if (e > 1e-5) fail_msg("decode position %zu nmse %g", i, e);
+        /* prefill runs the blocked kernel (polynomial exp, other summation
+         * order), decode the per-row one: equal up to rounding */
+        if (e > 2e-4) fail_msg("decode position %zu nmse %g", i, e); /* test_golden bounds both against float64 */
     }
     ks_context_destroy(a);
     ks_context_destroy(b);

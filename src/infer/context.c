@@ -240,6 +240,8 @@ void ks_context_destroy(ks_context *c) {
         ks_free(s->rows);
         free(s->gather);
         ks_free(s->probe_out);
+        ks_free(s->blk_S);
+        ks_free(s->blk_tile);
         ks_free(s->recall_sum);
         ks_free(s->recall_n);
     }
@@ -659,6 +661,7 @@ typedef struct {
     int il, n;
     const int32_t *seq, *pos;
     bool sparse;          /* this layer of this step runs the policy */
+    bool blocked;         /* prefill of one sequence: blocks of rows per task */
     atomic_int next;
 } attn_job;
 
@@ -831,11 +834,65 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
     return KS_OK;
 }
 
+/* Prefill rows r0..r0+R-1 (one sequence, consecutive) of KV head h as one
+ * block: every page is read once for the block.  false: use attend_one. */
+static bool attend_block(ks_context *c, attn_job *j, ks_attn_scratch *s, int r0, int R, int h) {
+    const ks_hparams *hp = &c->model->hp;
+    int G = hp->n_head / hp->n_head_kv, hd = hp->head_dim, nkv = hp->n_head_kv;
+    int32_t P = c->params.page, seq = j->seq[r0];
+    int32_t n_att[KS_PREFILL_BLOCK];
+    for (int r = 0; r < R; r++) n_att[r] = c->n_att[(size_t)(r0 + r) * nkv + h];
+    int32_t n = n_att[R - 1];
+    if (!s->blk_S) s->blk_S = ks_malloc(sizeof(float) * (size_t)KS_PREFILL_BLOCK * G * c->n_ctx);
+    if (!s->blk_tile) s->blk_tile = ks_malloc(sizeof(float) * (size_t)P * hd);
+    ks_kv_seg *segs = s->segs;
+    int32_t nseg = 0;
+    /* a slow-tier layer: its pages are in the slots (forward_rows loaded them) or gathered here */
+    bool gather = ks_kv_layer_tier(c->kv, j->il) == KS_TIER_SLOW &&
+                  ks_kv_n_pages(c->kv, seq, j->il, h) > ks_kv_slot_pages(c->kv);
+    size_t pb = ks_kv_page_bytes(c->kv), row = ks_kv_row_size(c->kv);
+    if (gather && !s->gather && !(s->gather = malloc(pb * ((size_t)c->n_ctx / P + 1)))) return false;
+    for (int32_t lp = 0, t = 0; t < n; lp++, t += P) {
+        const uint8_t *K, *V;
+        if (gather) {
+            uint8_t *dst = s->gather + (size_t)lp * pb;
+            if (ks_kv_read_page(c->kv, seq, j->il, h, lp, dst) != KS_OK) return false; /* attend_one reports it */
+            K = dst;
+            V = dst + (size_t)P * row;
+        } else {
+            ks_kv_page_rows(c->kv, seq, j->il, h, lp, &K, &V);
+        }
+        segs[nseg++] = (ks_kv_seg){K, V, n - t < P ? n - t : P};
+    }
+    const float *q = c->q + ((size_t)r0 * hp->n_head + (size_t)h * G) * hd;
+    float *o = c->att + ((size_t)r0 * hp->n_head + (size_t)h * G) * hd;
+    if (!ks_attention_block_avx512((const ks_kv_seg16 *)segs, nseg, n_att, R, hd, G, q, (size_t)hp->n_head * hd, o,
+                                   (size_t)hp->n_head * hd, s->blk_S, s->blk_tile, 1.0f / sqrtf((float)hd)))
+        return false;
+    for (int r = 0; r < R; r++) s->entries_attended += (uint64_t)n_att[r];
+    return true;
+}
+
 static void attn_worker(void *arg, int ith, int nth) {
     attn_job *j = arg;
     ks_context *c = j->c;
     const ks_hparams *hp = &c->model->hp;
     ks_attn_scratch *s = &c->scr[ith];
+    if (j->blocked) { /* prefill: tasks are (block of rows, KV head) */
+        int nb = (j->n + KS_PREFILL_BLOCK - 1) / KS_PREFILL_BLOCK, total = nb * hp->n_head_kv;
+        for (;;) {
+            int task = atomic_fetch_add(&j->next, 1);
+            if (task >= total) break;
+            int b = task / hp->n_head_kv, h = task % hp->n_head_kv;
+            int r0 = b * KS_PREFILL_BLOCK, R = j->n - r0 < KS_PREFILL_BLOCK ? j->n - r0 : KS_PREFILL_BLOCK;
+            if (attend_block(c, j, s, r0, R, h)) continue;
+            for (int r = r0; r < r0 + R; r++) {
+                ks_status st = attend_one(c, j, s, r, h);
+                if (st != KS_OK) record_failure(c, st);
+            }
+        }
+        return;
+    }
     int total = j->n * hp->n_head_kv;
     for (;;) {
         int task = atomic_fetch_add(&j->next, 1);
@@ -923,6 +980,9 @@ static ks_status forward_rows(ks_context *c, int n, const int32_t *seq, const in
             KS_TRY(ks_kv_wait_layer(c->kv, il));
         }
         attn_job job = {.c = c, .il = il, .n = n, .seq = seq, .pos = pos, .sparse = selects && il >= c->dense_layers};
+        /* prefill chunks of one sequence on a resident f16 layer take the blocked kernel */
+        job.blocked = !c->decoding && n > 1 && seq[0] == seq[n - 1] && c->kv_type == KS_KV_F16 &&
+                      hd % 16 == 0 && ks_simd_detect() >= KS_SIMD_AVX512;
         atomic_init(&job.next, 0);
         atomic_flag_clear(&c->step_failed);
         ks_pool_run(c->pool, attn_worker, &job);

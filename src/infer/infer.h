@@ -14,6 +14,9 @@
 
 #include <stdatomic.h>
 
+/* Query rows per prefill attention block (each KV page is read once per block). */
+#define KS_PREFILL_BLOCK 16
+
 /* Per-worker scratch of the attention jobs. */
 typedef struct ks_attn_scratch {
     float *scores;        /* [max(G, 4) * n_ctx] scores / probabilities */
@@ -28,6 +31,8 @@ typedef struct ks_attn_scratch {
     const void **rows;    /* [2][n_ctx] row pointers for fragmented selections */
     uint8_t *gather;      /* [n_ctx / P + 1][page_bytes] slow-tier pages when the slots are too few (lazy) */
     float *probe_out;     /* [G][head_dim] throwaway output of the recall probe */
+    float *blk_S;         /* [KS_PREFILL_BLOCK * G][n_ctx] prefill block scores (lazy) */
+    float *blk_tile;      /* [page][head_dim] f32 tile of one page (lazy) */
     double *recall_sum;   /* [n_layer][n_head_kv] recall probe sums of this worker */
     uint32_t *recall_n;   /* [n_layer][n_head_kv] */
     double select_seconds;
@@ -105,6 +110,14 @@ typedef struct ks_kv_seg16 {
  * row list. */
 void ks_attention_segs(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                        float *scores, float *out, float *tmp, float *weights, const void **rows, bool allow_simd);
+
+/* Prefill: causal attention of R consecutive query rows (G heads each) of one
+ * sequence over one KV head's pages, each page read once for the whole
+ * block.  n_att[r]: entries row r sees.  S: [R*G][n_att[R-1]], tile: [P][hd].
+ * f16 KV, hd % 16 == 0, AVX-512; false if it does not apply. */
+bool ks_attention_block_avx512(const ks_kv_seg16 *segs, int nseg, const int32_t *n_att, int R, int hd, int G,
+                               const float *q, size_t q_stride, float *out, size_t out_stride, float *S, float *tile,
+                               float scale);
 
 /* AVX-512 f16 kernel for head dims 64 and 128; false if it does not apply.
  * scores: [total][4] scratch. */
