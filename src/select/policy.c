@@ -23,9 +23,10 @@ extern const ks_policy_i ks_policy_streaming;
 extern const ks_policy_i ks_policy_h2o;
 extern const ks_policy_i ks_policy_snapkv;
 extern const ks_policy_i ks_policy_quest;
+extern const ks_policy_i ks_policy_lrqk;
 
 static const ks_policy_i *const registry[] = {
-    &ks_policy_dense, &ks_policy_streaming, &ks_policy_h2o, &ks_policy_snapkv, &ks_policy_quest, NULL,
+    &ks_policy_dense, &ks_policy_streaming, &ks_policy_h2o, &ks_policy_snapkv, &ks_policy_quest, &ks_policy_lrqk, NULL,
 };
 
 const ks_policy_i *const *ks_policy_list(void) { return registry; }

@@ -1,0 +1,361 @@
+/*
+ * p_lrqk.c — `lrqk` (Low Rank Query and Key attention, Li et al.): select
+ * the top-k entries by a rank-r proxy of q . k, plus sinks and the window.
+ *
+ * Prefill (obs_window = -1: the queries of every prompt row): per (layer,
+ * KV head) the prompt's queries Q and the stored keys K are factored
+ * jointly, Q ~ A_Q B_Q, K ~ A_K B_K with Q K^T ~ A_Q A_K^T (lrqk_math.c,
+ * block coordinate descent in fp32, randn start with a fixed seed per
+ * (layer, head), `iters` rounds or until the mean squared change of A_Q and
+ * A_K is below `tol`).  GQA: the public code factors per query head with K
+ * repeated, which stores G copies of A_K.  Here the G query heads of a group
+ * are *stacked* as G x n_obs rows of Q sharing one B_Q, so one A_K [n][r]
+ * per KV head serves the whole group (the state the brief sizes) and the
+ * factorisation sees every head's queries; A_Q is discarded after prefill.
+ *
+ * Decode, per (seq, layer, KV head): on_append extends A_K with the k-only
+ * estimate k B_K^T (B_K B_K^T)^-1 (the public code's starting guess) and
+ * keeps k; select_layer then runs the paper's alternating closed-form steps
+ * for q^_g (one per query head, shared system) and k^ against B_Q, B_K and
+ * the previous step's attended rows O, overwrites the new row of A_K with
+ * k^, updates B_Q and B_K by one exact-line-search gradient step, and ranks
+ * [sink, n - window) by max_g A_K q^_g (no softmax; max over the group: an
+ * entry any head needs is kept, like the union of the public code's
+ * per-head selections).  Token granularity; n_select entries.
+ *
+ * Deviation: the paper's q-update uses the keys K_O of the cache-resident
+ * set; policies cannot read stored keys cheaply at every step (read_keys
+ * copies whole pages), so K_O is taken as A_KO B_K, which makes the term
+ * (q B_K^T)(A_KO^T A_KO).  The Gram A_KO^T A_KO is kept incrementally in
+ * double as entries enter and leave O — the same hit/miss bookkeeping.
+ *
+ * Hit/miss: O of the previous select (the selected entries plus the sinks
+ * and window the framework added) is what the paper's GPU cache holds; a
+ * selected entry in it is a hit, else a miss (a transfer).  counters()
+ * reports selections, hits, misses.
+ *
+ * No prefill (bench fills KV synthetically; a sequence whose entries no
+ * longer match A_K, e.g. after a composed evictor or a skipped hook): the
+ * first select_layer of the (seq, layer, head) rebuilds the factors from the
+ * stored keys alone (read_keys) with Q := K, i.e. the keys' own low-rank
+ * subspace, then proceeds as above.  That one-off cost lands in the first
+ * decode step.  Numeric failure (non-finite keys/queries) answers `all`.
+ *
+ * State per (seq, layer >= dense_layers, KV head), allocated at the first
+ * on_prefill / select of the sequence and freed by seq_reset:
+ *   4 (n_ctx r + 2 r hd + hd) + 8 r^2 + n_ctx / 8 bytes
+ * (A_K [n_ctx][r], B_Q and B_K [r][hd], the pending key, the Gram, the
+ * resident bitmap); e.g. n_ctx 8192, r 32, hd 64: 1.06 MiB per KV head.
+ * Prefill adds transient 4 (G n_obs + n)(hd + 2 r) bytes for one head.
+ * The paper applies LRQK to every layer: default_dense_layers = 0.
+ */
+#include "select/lrqk_math.h"
+#include "select/policy.h"
+
+#include <math.h>
+#include <string.h>
+
+enum { LRQK_MAX_RANK = 64 };
+
+typedef struct {
+    int32_t n;          /* A_K rows filled; -1: no valid factors (rebuild at select) */
+    int32_t updated;    /* n at the last B update (the new row was refined) */
+    float *ak;          /* [n_ctx][r] */
+    float *bq, *bk;     /* [r][hd] */
+    float *kpend;       /* [hd] key of the newest entry */
+    uint64_t *res;      /* [n_ctx / 64 + 1] entries attended at the previous select (O) */
+    double *gram;       /* [r][r] sum over O of A_K[e]^T A_K[e] */
+    uint64_t selections, hits, misses;
+} lrqk_slot;
+
+typedef struct {
+    ks_policy_env env;
+    int32_t rank, iters, dense;
+    float tol, lambda;
+    lrqk_slot **slots;  /* [n_seq][n_layer][n_head_kv], NULL until used */
+    uint64_t done_sel, done_hits, done_misses; /* of slots freed by seq_reset */
+} lrqk_state;
+
+static const char *const lrqk_args[] = {"rank", "iters", "tol", "lambda", NULL};
+
+static size_t slot_index(const lrqk_state *s, int32_t seq, int32_t layer, int32_t head) {
+    return ((size_t)seq * s->env.n_layer + layer) * s->env.n_head_kv + head;
+}
+
+static int32_t words_of(const lrqk_state *s) { return s->env.n_ctx / 64 + 1; }
+
+static lrqk_slot *slot_get(lrqk_state *s, int32_t seq, int32_t layer, int32_t head) {
+    lrqk_slot **p = &s->slots[slot_index(s, seq, layer, head)];
+    if (!*p) {
+        int32_t r = s->rank, hd = s->env.head_dim;
+        lrqk_slot *t = ks_calloc(1, sizeof *t);
+        t->n = -1;
+        t->updated = -1;
+        t->ak = ks_malloc(sizeof(float) * (size_t)s->env.n_ctx * r);
+        t->bq = ks_calloc((size_t)r * hd, sizeof(float));
+        t->bk = ks_calloc((size_t)r * hd, sizeof(float));
+        t->kpend = ks_calloc((size_t)hd, sizeof(float));
+        t->res = ks_calloc((size_t)words_of(s), sizeof(uint64_t));
+        t->gram = ks_calloc((size_t)r * r, sizeof(double));
+        *p = t;
+    }
+    return *p;
+}
+
+static void slot_free(lrqk_state *s, lrqk_slot *t) {
+    if (!t) return;
+    s->done_sel += t->selections;
+    s->done_hits += t->hits;
+    s->done_misses += t->misses;
+    ks_free(t->ak);
+    ks_free(t->bq);
+    ks_free(t->bk);
+    ks_free(t->kpend);
+    ks_free(t->res);
+    ks_free(t->gram);
+    ks_free(t);
+}
+
+static void slot_clear_resident(const lrqk_state *s, lrqk_slot *t) {
+    memset(t->res, 0, sizeof(uint64_t) * (size_t)words_of(s));
+    memset(t->gram, 0, sizeof(double) * (size_t)s->rank * s->rank);
+}
+
+static ks_status lrqk_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
+    int64_t rank, iters;
+    double tol, lambda;
+    KS_TRY(ks_args_int(p->args, "rank", 32, 1, LRQK_MAX_RANK, &rank));
+    KS_TRY(ks_args_int(p->args, "iters", 2, 1, 100, &iters));
+    KS_TRY(ks_args_float(p->args, "tol", 0.01, 0.0, 1e30, &tol));
+    KS_TRY(ks_args_float(p->args, "lambda", 1.0, 1e-6, 1e6, &lambda));
+    if (env->n_head_kv <= 0 || env->n_head % env->n_head_kv != 0 || env->n_head / env->n_head_kv > 64 ||
+        env->head_dim <= 0 || env->n_ctx <= 0 || env->n_seq <= 0 || env->n_layer <= 0)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "lrqk: unsupported shape (%d heads, %d KV heads, head dim %d)", env->n_head,
+                       env->n_head_kv, env->head_dim);
+    lrqk_state *s = ks_calloc(1, sizeof *s);
+    s->env = *env;
+    s->rank = (int32_t)rank;
+    s->iters = (int32_t)iters;
+    s->tol = (float)tol;
+    s->lambda = (float)lambda;
+    s->dense = p->dense_layers >= 0 ? p->dense_layers : 0;
+    s->slots = ks_calloc((size_t)env->n_seq * env->n_layer * env->n_head_kv, sizeof(lrqk_slot *));
+    *state = s;
+    return KS_OK;
+}
+
+static void lrqk_destroy(void *state) {
+    lrqk_state *s = state;
+    size_t n = (size_t)s->env.n_seq * s->env.n_layer * s->env.n_head_kv;
+    for (size_t i = 0; i < n; i++) slot_free(s, s->slots[i]);
+    ks_free(s->slots);
+    ks_free(s);
+}
+
+static void lrqk_seq_reset(void *state, int32_t seq) {
+    lrqk_state *s = state;
+    if (seq < 0 || seq >= s->env.n_seq) return;
+    for (int32_t l = 0; l < s->env.n_layer; l++)
+        for (int32_t h = 0; h < s->env.n_head_kv; h++) {
+            lrqk_slot **p = &s->slots[slot_index(s, seq, l, h)];
+            slot_free(s, *p);
+            *p = NULL;
+        }
+}
+
+static uint64_t seed_of(int32_t layer, int32_t head) {
+    return 0x4C52514Bull * 0x9E3779B97F4A7C15ull + ((uint64_t)layer << 20) + (uint64_t)head;
+}
+
+/* Factor Q [nq][hd] (NULL: Q := K) against the n stored keys of (seq, layer,
+ * head) into the slot; keys [n][hd] is scratch. */
+static ks_status factor_slot(lrqk_state *s, lrqk_slot *t, int32_t seq, int32_t layer, int32_t head, const float *Q,
+                             int32_t nq, int32_t n, float *keys) {
+    const ks_policy_env *e = &s->env;
+    t->n = -1;
+    t->updated = -1;
+    slot_clear_resident(s, t);
+    KS_TRY(e->read_keys(e->svc, seq, layer, head, 0, n, keys));
+    ks_lrqk_factor_params fp = {.rank = s->rank, .iters = s->iters, .tol = s->tol, .lambda = s->lambda,
+                                .seed = seed_of(layer, head)};
+    if (ks_lrqk_factor(Q ? Q : keys, Q ? nq : n, keys, n, e->head_dim, &fp, NULL, t->ak, t->bq, t->bk) != KS_OK)
+        return KS_OK; /* numeric trouble (non-finite keys): stay invalid, select answers `all` */
+    memcpy(t->kpend, keys + (size_t)(n - 1) * e->head_dim, sizeof(float) * (size_t)e->head_dim);
+    t->n = n;
+    return KS_OK;
+}
+
+static ks_status lrqk_prefill(void *state, const ks_prefill_info *info) {
+    lrqk_state *s = state;
+    const ks_policy_env *e = &s->env;
+    int32_t G = e->n_head / e->n_head_kv, hd = e->head_dim, nobs = info->n_obs > 0 && info->obs_q ? info->n_obs : 0;
+    if (info->seq < 0 || info->seq >= e->n_seq) return KS_FAIL(KS_ERR_INVALID_ARG, "lrqk: sequence %d", info->seq);
+    float *keys = ks_malloc(sizeof(float) * (size_t)e->n_ctx * hd);
+    float *Q = nobs ? ks_malloc(sizeof(float) * (size_t)nobs * G * hd) : NULL;
+    ks_status st = KS_OK;
+    for (int32_t l = s->dense; l < e->n_layer && st == KS_OK; l++) {
+        const float *lq = nobs ? info->obs_q + (size_t)l * nobs * e->n_head * hd : NULL;
+        for (int32_t h = 0; h < e->n_head_kv && st == KS_OK; h++) {
+            int32_t n = ks_kv_n_entries(e->kv, info->seq, l, h);
+            lrqk_slot *t = slot_get(s, info->seq, l, h);
+            if (n <= 0) { /* nothing stored: no factors, rebuilt at the first select */
+                t->n = -1;
+                continue;
+            }
+            for (int32_t r = 0; r < nobs; r++) /* stacked group: row (r, g) */
+                memcpy(Q + (size_t)r * G * hd, lq + ((size_t)r * e->n_head + (size_t)h * G) * hd,
+                       sizeof(float) * (size_t)G * hd);
+            st = factor_slot(s, t, info->seq, l, h, Q, nobs * G, n, keys);
+        }
+    }
+    ks_free(keys);
+    ks_free(Q);
+    return st;
+}
+
+static void lrqk_append(void *state, int32_t seq, int32_t layer, int32_t head, int32_t pos, const float *k) {
+    (void)pos;
+    lrqk_state *s = state;
+    if (layer < s->dense || layer >= s->env.n_layer || seq < 0 || seq >= s->env.n_seq || head < 0 ||
+        head >= s->env.n_head_kv || !k)
+        return;
+    lrqk_slot *t = s->slots[slot_index(s, seq, layer, head)];
+    if (!t || t->n < 0) return; /* no factors: rebuilt from the keys at select */
+    if (t->n >= s->env.n_ctx) {
+        t->n = -1;
+        return;
+    }
+    float *row = t->ak + (size_t)t->n * s->rank;
+    if (t->n == 0 || ks_lrqk_project(t->bk, s->rank, s->env.head_dim, k, row) != KS_OK)
+        memset(row, 0, sizeof(float) * (size_t)s->rank);
+    memcpy(t->kpend, k, sizeof(float) * (size_t)s->env.head_dim);
+    t->n++;
+}
+
+/* O_t = selected + [0, sink) + [n - window, n); update the Gram by the rows
+ * entering and leaving, then count hits against O_{t-1}. */
+static void update_resident(lrqk_state *s, lrqk_slot *t, const ks_select_req *req, const int32_t *idx, int32_t k,
+                            uint64_t *nw) {
+    int32_t r = s->rank, n = req->n_entries, W = words_of(s);
+    memset(nw, 0, sizeof(uint64_t) * (size_t)W);
+    for (int32_t i = 0; i < req->sink && i < n; i++) nw[i >> 6] |= 1ull << (i & 63);
+    for (int32_t i = n - req->window > 0 ? n - req->window : 0; i < n; i++) nw[i >> 6] |= 1ull << (i & 63);
+    for (int32_t i = 0; i < k; i++) {
+        int32_t x = idx[i];
+        if (t->res[x >> 6] >> (x & 63) & 1) t->hits++;
+        else t->misses++;
+        nw[x >> 6] |= 1ull << (x & 63);
+    }
+    for (int32_t w = 0; w < W; w++) {
+        uint64_t diff = nw[w] ^ t->res[w];
+        while (diff) {
+            int b = __builtin_ctzll(diff);
+            diff &= diff - 1;
+            int32_t x = w * 64 + b;
+            double sign = nw[w] >> b & 1 ? 1.0 : -1.0;
+            const float *a = t->ak + (size_t)x * r;
+            for (int32_t i = 0; i < r; i++) {
+                double ai = sign * a[i];
+                for (int32_t j = 0; j < r; j++) t->gram[(size_t)i * r + j] += ai * a[j];
+            }
+        }
+        t->res[w] = nw[w];
+    }
+}
+
+static ks_status lrqk_select(void *state, const ks_select_req *req, ks_selection *out) {
+    lrqk_state *s = state;
+    const ks_policy_env *e = &s->env;
+    int32_t n = req->n_entries, lo = req->sink, hi = req->n_entries - req->window, r = s->rank, hd = e->head_dim;
+    int32_t G = e->n_head / e->n_head_kv;
+    out->pages = false;
+    out->n = 0;
+    if (req->seq < 0 || req->seq >= e->n_seq || req->layer < 0 || req->layer >= e->n_layer || req->head < 0 ||
+        req->head >= e->n_head_kv || n <= 0 || n > e->n_ctx || !req->q) {
+        out->all = true;
+        return KS_OK;
+    }
+    if (hi <= lo || req->n_select <= 0) return KS_OK;
+    lrqk_slot *t = slot_get(s, req->seq, req->layer, req->head);
+    if (t->n != n) { /* no prefill factors, or out of sync: rebuild from the keys */
+        float *keys = ks_malloc(sizeof(float) * (size_t)n * hd);
+        ks_status st = factor_slot(s, t, req->seq, req->layer, req->head, NULL, 0, n, keys);
+        ks_free(keys);
+        KS_TRY(st);
+        if (t->n != n) {
+            out->all = true;
+            return KS_OK;
+        }
+    }
+    float qhat[64 * LRQK_MAX_RANK], khat[LRQK_MAX_RANK];
+    ks_status st;
+    if (t->updated != n) {
+        st = ks_lrqk_decode(t->bq, t->bk, r, hd, t->gram, req->q, G, t->kpend, s->iters, s->tol, s->lambda, qhat,
+                            khat);
+        if (st == KS_OK) {
+            memcpy(t->ak + (size_t)(n - 1) * r, khat, sizeof(float) * (size_t)r);
+            t->updated = n;
+        }
+    } else { /* asked again for the same token: estimate on copies, no second update */
+        float *bq = ks_malloc(sizeof(float) * (size_t)r * hd * 2), *bk = bq + (size_t)r * hd;
+        memcpy(bq, t->bq, sizeof(float) * (size_t)r * hd);
+        memcpy(bk, t->bk, sizeof(float) * (size_t)r * hd);
+        st = ks_lrqk_decode(bq, bk, r, hd, t->gram, req->q, G, t->kpend, s->iters, s->tol, s->lambda, qhat, khat);
+        ks_free(bq);
+    }
+    if (st != KS_OK) {
+        out->all = true;
+        return KS_OK;
+    }
+    int32_t m = hi - lo, k = req->n_select < out->cap ? req->n_select : out->cap;
+    float *sc = ks_malloc(sizeof(float) * (size_t)m);
+    for (int32_t i = 0; i < m; i++) {
+        const float *a = t->ak + (size_t)(lo + i) * r;
+        float best = -INFINITY;
+        for (int32_t g = 0; g < G; g++) {
+            const float *qh = qhat + (size_t)g * r;
+            float v = 0;
+            for (int32_t j = 0; j < r; j++) v += a[j] * qh[j];
+            best = v > best ? v : best;
+        }
+        sc[i] = best;
+    }
+    out->n = ks_topk(sc, m, k, out->idx);
+    for (int32_t i = 0; i < out->n; i++) out->idx[i] += lo;
+    ks_free(sc);
+    uint64_t *nw = ks_malloc(sizeof(uint64_t) * (size_t)words_of(s));
+    update_resident(s, t, req, out->idx, out->n, nw);
+    ks_free(nw);
+    t->selections++;
+    return KS_OK;
+}
+
+static void lrqk_counters(void *state, ks_policy_counters *out) {
+    lrqk_state *s = state;
+    uint64_t sel = s->done_sel, hits = s->done_hits, misses = s->done_misses;
+    size_t n = (size_t)s->env.n_seq * s->env.n_layer * s->env.n_head_kv;
+    for (size_t i = 0; i < n; i++)
+        if (s->slots[i]) {
+            sel += s->slots[i]->selections;
+            hits += s->slots[i]->hits;
+            misses += s->slots[i]->misses;
+        }
+    out->selections += sel;
+    out->hits += hits;
+    out->misses += misses;
+}
+
+const ks_policy_i ks_policy_lrqk = {
+    .name = "lrqk",
+    .summary = "LRQK: top-k by a joint low-rank proxy of q.k (prefill factorisation, decode updates) + sinks + window",
+    .default_dense_layers = 0,
+    .obs_window = -1,
+    .arg_names = lrqk_args,
+    .create = lrqk_create,
+    .destroy = lrqk_destroy,
+    .seq_reset = lrqk_seq_reset,
+    .on_prefill = lrqk_prefill,
+    .select_layer = lrqk_select,
+    .on_append = lrqk_append,
+    .counters = lrqk_counters,
+};
