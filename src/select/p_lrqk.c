@@ -308,16 +308,21 @@ static ks_status lrqk_select(void *state, const ks_select_req *req, ks_selection
         return KS_OK;
     }
     int32_t m = hi - lo, k = req->n_select < out->cap ? req->n_select : out->cap;
-    float *sc = ks_malloc(sizeof(float) * (size_t)m);
+    /* sc[i] = max_g A_K[lo + i] . q^_g; q^ transposed [r][G] so the inner
+     * loop runs over the group (vectorises without fast-math) */
+    float *sc = ks_malloc(sizeof(float) * (size_t)m), qt[LRQK_MAX_RANK * 64], v[64];
+    for (int32_t j = 0; j < r; j++)
+        for (int32_t g = 0; g < G; g++) qt[(size_t)j * G + g] = qhat[(size_t)g * r + j];
     for (int32_t i = 0; i < m; i++) {
         const float *a = t->ak + (size_t)(lo + i) * r;
-        float best = -INFINITY;
-        for (int32_t g = 0; g < G; g++) {
-            const float *qh = qhat + (size_t)g * r;
-            float v = 0;
-            for (int32_t j = 0; j < r; j++) v += a[j] * qh[j];
-            best = v > best ? v : best;
+        for (int32_t g = 0; g < G; g++) v[g] = 0;
+        for (int32_t j = 0; j < r; j++) {
+            float aj = a[j];
+            const float *q = qt + (size_t)j * G;
+            for (int32_t g = 0; g < G; g++) v[g] += aj * q[g];
         }
+        float best = v[0];
+        for (int32_t g = 1; g < G; g++) best = v[g] > best ? v[g] : best;
         sc[i] = best;
     }
     out->n = ks_topk(sc, m, k, out->idx);
