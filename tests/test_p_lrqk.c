@@ -277,12 +277,15 @@ static void test_hot_key_ranks_first(void **state) {
     for (int with_prefill = 1; with_prefill >= 0; with_prefill--) {
         fake_svc f = {0};
         make_kv(&f, 21);
-        ks_policy *pol = make_policy(&f, "rank=4");
-        if (with_prefill) prefill(pol);
-        int32_t idx[CTX];
-        assert_int_equal(step(&f, pol, N0, 21, 1, 3.0f, idx), 1);
-        assert_int_equal(idx[0], 21);
-        ks_policy_destroy(pol);
+        const char *args[] = {"rank=4", "rank=3"}; /* vector and scalar kernels */
+        for (int a = 0; a < 2; a++) {
+            ks_policy *pol = make_policy(&f, args[a]);
+            if (with_prefill) prefill(pol);
+            int32_t idx[CTX];
+            assert_int_equal(step(&f, pol, N0 + a, 21, 1, 3.0f, idx), 1);
+            assert_int_equal(idx[0], 21);
+            ks_policy_destroy(pol);
+        }
         ks_kv_destroy(f.kv);
     }
 }

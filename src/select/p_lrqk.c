@@ -26,8 +26,8 @@
  * Deviation: the paper's q-update uses the keys K_O of the cache-resident
  * set; policies cannot read stored keys cheaply at every step (read_keys
  * copies whole pages), so K_O is taken as A_KO B_K, which makes the term
- * (q B_K^T)(A_KO^T A_KO).  The Gram A_KO^T A_KO is kept incrementally in
- * double as entries enter and leave O — the same hit/miss bookkeeping.
+ * (q B_K^T)(A_KO^T A_KO).  The Gram A_KO^T A_KO is kept incrementally (fp32)
+ * as entries enter and leave O — the same hit/miss bookkeeping.
  *
  * Hit/miss: O of the previous select (the selected entries plus the sinks
  * and window the framework added) is what the paper's GPU cache holds; a
@@ -43,7 +43,7 @@
  *
  * State per (seq, layer >= dense_layers, KV head), allocated at the first
  * on_prefill / select of the sequence and freed by seq_reset:
- *   4 (n_ctx r + 2 r hd + hd) + 8 r^2 + n_ctx / 8 bytes
+ *   4 (n_ctx r + 2 r hd + hd + r^2) + n_ctx / 8 bytes
  * (A_K [n_ctx][r], B_Q and B_K [r][hd], the pending key, the Gram, the
  * resident bitmap); e.g. n_ctx 8192, r 32, hd 64: 1.06 MiB per KV head.
  * Prefill adds transient 4 (G n_obs + n)(hd + 2 r) bytes for one head.
@@ -64,7 +64,8 @@ typedef struct {
     float *bq, *bk;     /* [r][hd] */
     float *kpend;       /* [hd] key of the newest entry */
     uint64_t *res;      /* [n_ctx / 64 + 1] entries attended at the previous select (O) */
-    double *gram;       /* [r][r] sum over O of A_K[e]^T A_K[e] */
+    float *gram;        /* [r][r] sum over O of A_K[e]^T A_K[e] */
+    int32_t gram_age;   /* incremental updates since the last full recompute */
     uint64_t selections, hits, misses;
 } lrqk_slot;
 
@@ -96,7 +97,7 @@ static lrqk_slot *slot_get(lrqk_state *s, int32_t seq, int32_t layer, int32_t he
         t->bk = ks_calloc((size_t)r * hd, sizeof(float));
         t->kpend = ks_calloc((size_t)hd, sizeof(float));
         t->res = ks_calloc((size_t)words_of(s), sizeof(uint64_t));
-        t->gram = ks_calloc((size_t)r * r, sizeof(double));
+        t->gram = ks_calloc((size_t)r * r, sizeof(float));
         *p = t;
     }
     return *p;
@@ -118,7 +119,8 @@ static void slot_free(lrqk_state *s, lrqk_slot *t) {
 
 static void slot_clear_resident(const lrqk_state *s, lrqk_slot *t) {
     memset(t->res, 0, sizeof(uint64_t) * (size_t)words_of(s));
-    memset(t->gram, 0, sizeof(double) * (size_t)s->rank * s->rank);
+    memset(t->gram, 0, sizeof(float) * (size_t)s->rank * s->rank);
+    t->gram_age = 0;
 }
 
 static ks_status lrqk_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
@@ -232,8 +234,62 @@ static void lrqk_append(void *state, int32_t seq, int32_t layer, int32_t head, i
     t->n++;
 }
 
-/* O_t = selected + [0, sink) + [n - window, n); update the Gram by the rows
- * entering and leaving, then count hits against O_{t-1}. */
+/* ------------------------------------------------------------ kernels --
+ * The two per-step loops over entries (proxy scores over [sink, n - window),
+ * Gram updates over the rows entering / leaving O) use GCC/clang vector
+ * extensions in blocks of 4 lanes (SSE2's width, so no ABI questions) when
+ * r % 4 == 0 (the default 32), so they
+ * vectorise at -O2 without fast-math; other ranks take the scalar loops. */
+typedef float lrqk_v4 __attribute__((vector_size(16)));
+
+static inline lrqk_v4 v4_load(const float *p) {
+    lrqk_v4 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* gram [r][r] += sign * a^T a */
+static void gram_add(float *gram, const float *a, int32_t r, float sign) {
+    if (r % 4 == 0) {
+        for (int32_t i = 0; i < r; i++) {
+            lrqk_v4 ai = (lrqk_v4){0} + sign * a[i];
+            float *g = gram + (size_t)i * r;
+            for (int32_t j = 0; j < r; j += 4) {
+                lrqk_v4 v = v4_load(g + j) + ai * v4_load(a + j);
+                memcpy(g + j, &v, sizeof v);
+            }
+        }
+        return;
+    }
+    for (int32_t i = 0; i < r; i++)
+        for (int32_t j = 0; j < r; j++) gram[(size_t)i * r + j] += sign * a[i] * a[j];
+}
+
+/* sc[i] = max_g A_K[i] . q^_g for m rows of ak [m][r], qhat [G][r] */
+static void proxy_scores(const float *ak, int32_t m, int32_t r, const float *qhat, int32_t G, float *sc) {
+    for (int32_t i = 0; i < m; i++) {
+        const float *a = ak + (size_t)i * r;
+        float best = -INFINITY;
+        for (int32_t g = 0; g < G; g++) {
+            const float *q = qhat + (size_t)g * r;
+            float v = 0;
+            if (r % 4 == 0) {
+                lrqk_v4 acc = {0};
+                for (int32_t j = 0; j < r; j += 4) acc += v4_load(a + j) * v4_load(q + j);
+                v = (acc[0] + acc[2]) + (acc[1] + acc[3]);
+            } else {
+                for (int32_t j = 0; j < r; j++) v += a[j] * q[j];
+            }
+            best = v > best ? v : best;
+        }
+        sc[i] = best;
+    }
+}
+
+/* O_t = selected + [0, sink) + [n - window, n); count hits against O_{t-1},
+ * then bring the Gram to O_t: by the rows entering and leaving when they are
+ * fewer than |O_t| (the usual case at a low miss rate), else, and every 64
+ * steps against fp32 drift, from scratch. */
 static void update_resident(lrqk_state *s, lrqk_slot *t, const ks_select_req *req, const int32_t *idx, int32_t k,
                             uint64_t *nw) {
     int32_t r = s->rank, n = req->n_entries, W = words_of(s);
@@ -246,18 +302,25 @@ static void update_resident(lrqk_state *s, lrqk_slot *t, const ks_select_req *re
         else t->misses++;
         nw[x >> 6] |= 1ull << (x & 63);
     }
+    int64_t changes = 0, size = 0;
     for (int32_t w = 0; w < W; w++) {
-        uint64_t diff = nw[w] ^ t->res[w];
-        while (diff) {
-            int b = __builtin_ctzll(diff);
-            diff &= diff - 1;
+        changes += __builtin_popcountll(nw[w] ^ t->res[w]);
+        size += __builtin_popcountll(nw[w]);
+    }
+    bool full = changes > size || t->gram_age >= 64;
+    if (full) {
+        memset(t->gram, 0, sizeof(float) * (size_t)r * r);
+        t->gram_age = 0;
+    } else {
+        t->gram_age++;
+    }
+    for (int32_t w = 0; w < W; w++) {
+        uint64_t bits = full ? nw[w] : nw[w] ^ t->res[w];
+        while (bits) {
+            int b = __builtin_ctzll(bits);
+            bits &= bits - 1;
             int32_t x = w * 64 + b;
-            double sign = nw[w] >> b & 1 ? 1.0 : -1.0;
-            const float *a = t->ak + (size_t)x * r;
-            for (int32_t i = 0; i < r; i++) {
-                double ai = sign * a[i];
-                for (int32_t j = 0; j < r; j++) t->gram[(size_t)i * r + j] += ai * a[j];
-            }
+            gram_add(t->gram, t->ak + (size_t)x * r, r, nw[w] >> b & 1 ? 1.0f : -1.0f);
         }
         t->res[w] = nw[w];
     }
@@ -288,9 +351,11 @@ static ks_status lrqk_select(void *state, const ks_select_req *req, ks_selection
         }
     }
     float qhat[64 * LRQK_MAX_RANK], khat[LRQK_MAX_RANK];
+    double gram[LRQK_MAX_RANK * LRQK_MAX_RANK];
+    for (int32_t i = 0; i < r * r; i++) gram[i] = t->gram[i];
     ks_status st;
     if (t->updated != n) {
-        st = ks_lrqk_decode(t->bq, t->bk, r, hd, t->gram, req->q, G, t->kpend, s->iters, s->tol, s->lambda, qhat,
+        st = ks_lrqk_decode(t->bq, t->bk, r, hd, gram, req->q, G, t->kpend, s->iters, s->tol, s->lambda, qhat,
                             khat);
         if (st == KS_OK) {
             memcpy(t->ak + (size_t)(n - 1) * r, khat, sizeof(float) * (size_t)r);
@@ -300,7 +365,7 @@ static ks_status lrqk_select(void *state, const ks_select_req *req, ks_selection
         float *bq = ks_malloc(sizeof(float) * (size_t)r * hd * 2), *bk = bq + (size_t)r * hd;
         memcpy(bq, t->bq, sizeof(float) * (size_t)r * hd);
         memcpy(bk, t->bk, sizeof(float) * (size_t)r * hd);
-        st = ks_lrqk_decode(bq, bk, r, hd, t->gram, req->q, G, t->kpend, s->iters, s->tol, s->lambda, qhat, khat);
+        st = ks_lrqk_decode(bq, bk, r, hd, gram, req->q, G, t->kpend, s->iters, s->tol, s->lambda, qhat, khat);
         ks_free(bq);
     }
     if (st != KS_OK) {
@@ -308,23 +373,8 @@ static ks_status lrqk_select(void *state, const ks_select_req *req, ks_selection
         return KS_OK;
     }
     int32_t m = hi - lo, k = req->n_select < out->cap ? req->n_select : out->cap;
-    /* sc[i] = max_g A_K[lo + i] . q^_g; q^ transposed [r][G] so the inner
-     * loop runs over the group (vectorises without fast-math) */
-    float *sc = ks_malloc(sizeof(float) * (size_t)m), qt[LRQK_MAX_RANK * 64], v[64];
-    for (int32_t j = 0; j < r; j++)
-        for (int32_t g = 0; g < G; g++) qt[(size_t)j * G + g] = qhat[(size_t)g * r + j];
-    for (int32_t i = 0; i < m; i++) {
-        const float *a = t->ak + (size_t)(lo + i) * r;
-        for (int32_t g = 0; g < G; g++) v[g] = 0;
-        for (int32_t j = 0; j < r; j++) {
-            float aj = a[j];
-            const float *q = qt + (size_t)j * G;
-            for (int32_t g = 0; g < G; g++) v[g] += aj * q[g];
-        }
-        float best = v[0];
-        for (int32_t g = 1; g < G; g++) best = v[g] > best ? v[g] : best;
-        sc[i] = best;
-    }
+    float *sc = ks_malloc(sizeof(float) * (size_t)m);
+    proxy_scores(t->ak + (size_t)lo * r, m, r, qhat, G, sc);
     out->n = ks_topk(sc, m, k, out->idx);
     for (int32_t i = 0; i < out->n; i++) out->idx[i] += lo;
     ks_free(sc);
