@@ -101,6 +101,30 @@ static void test_solver(void **state) {
     assert_int_equal(ks_lrqk_solve(0, Nn, nb, 1), KS_ERR_INVALID_ARG);
 }
 
+static int cmp_i32(const void *a, const void *b) { return *(const int32_t *)a - *(const int32_t *)b; }
+
+static void test_topk_matches_ks_topk(void **state) {
+    (void)state;
+    enum { M = 300 };
+    float x[M], tmp[M];
+    int32_t a[M], b[M];
+    for (int trial = 0; trial < 40; trial++) {
+        ks_lrqk_randn(x, M, (uint64_t)trial);
+        for (int i = 0; i < M; i++) {
+            if (trial % 2) x[i] = roundf(x[i] * 2); /* many ties */
+            if (i % 37 == trial % 37) x[i] = NAN;
+        }
+        int32_t ks[] = {0, 1, 7, 150, 299, 300, 400};
+        for (size_t j = 0; j < sizeof ks / sizeof ks[0]; j++) {
+            int32_t na = ks_lrqk_topk(x, M, ks[j], a, tmp), nb = ks_topk(x, M, ks[j], b);
+            assert_int_equal(na, nb);
+            qsort(a, (size_t)na, sizeof *a, cmp_i32);
+            qsort(b, (size_t)nb, sizeof *b, cmp_i32);
+            assert_memory_equal(a, b, sizeof(int32_t) * (size_t)na);
+        }
+    }
+}
+
 /* rows [n][d] = U [n][8] V [8][d] + noise */
 static void low_rank_rows(float *out, int n, int d, const float *V, uint64_t seed, float noise) {
     float *U = malloc(sizeof(float) * (size_t)n * 8), *z = malloc(sizeof(float) * (size_t)n * d);
@@ -454,6 +478,7 @@ static void test_sparse_runs_and_counts(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_solver),
+        cmocka_unit_test(test_topk_matches_ks_topk),
         cmocka_unit_test(test_factor_error_falls_with_rank),
         cmocka_unit_test(test_decode_step),
         cmocka_unit_test(test_hot_key_ranks_first),

@@ -344,6 +344,48 @@ ks_status ks_lrqk_decode(float *bq, float *bk, int32_t r, int32_t d, const doubl
     return KS_OK;
 }
 
+/* The k largest of sc[0..m) into idx (any order), ties toward the lower
+ * index, NaN lowest — ks_topk's contract in O(m): quickselect the k-th
+ * largest value on a copy, then take everything above it and the lowest
+ * indices equal to it.  tmp [m]. */
+int32_t ks_lrqk_topk(const float *sc, int32_t m, int32_t k, int32_t *idx, float *tmp) {
+    if (k <= 0 || m <= 0) return 0;
+    if (k >= m) {
+        for (int32_t i = 0; i < m; i++) idx[i] = i;
+        return m;
+    }
+    for (int32_t i = 0; i < m; i++) tmp[i] = sc[i] != sc[i] ? -INFINITY : sc[i];
+    /* Hoare-style quickselect for the element of descending rank k - 1 */
+    int32_t lo = 0, hi = m - 1, want = k - 1;
+    while (lo < hi) {
+        float piv = tmp[lo + (hi - lo) / 2];
+        int32_t i = lo, j = hi;
+        while (i <= j) {
+            while (tmp[i] > piv) i++;
+            while (tmp[j] < piv) j--;
+            if (i <= j) {
+                float t = tmp[i];
+                tmp[i++] = tmp[j];
+                tmp[j--] = t;
+            }
+        }
+        if (want <= j) hi = j;
+        else if (want >= i) lo = i;
+        else break;
+    }
+    float thr = tmp[want];
+    int32_t n = 0;
+    for (int32_t i = 0; i < m; i++) {
+        float v = sc[i] != sc[i] ? -INFINITY : sc[i];
+        if (v > thr) idx[n++] = i;
+    }
+    for (int32_t i = 0; i < m && n < k; i++) {
+        float v = sc[i] != sc[i] ? -INFINITY : sc[i];
+        if (v == thr) idx[n++] = i;
+    }
+    return n;
+}
+
 double ks_lrqk_rel_error(const float *X, int32_t nx, const float *Y, int32_t ny, int32_t d, const float *A,
                          const float *B, int32_t r) {
     double num = 0, den = 0;

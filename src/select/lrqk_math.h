@@ -58,6 +58,11 @@ ks_status ks_lrqk_project(const float *bk, int32_t r, int32_t d, const float *k,
 ks_status ks_lrqk_decode(float *bq, float *bk, int32_t r, int32_t d, const double *gram, const float *q, int32_t G,
                          const float *k, int32_t iters, float tol, float lambda, float *qhat, float *khat);
 
+/* The k largest of sc[0..m) into idx (any order; ties toward the lower
+ * index, NaN lowest: ks_topk's contract, same set) in O(m) by quickselect
+ * instead of ks_topk's O(m log k) heap.  tmp [m] scratch; returns min(k, m). */
+int32_t ks_lrqk_topk(const float *sc, int32_t m, int32_t k, int32_t *idx, float *tmp);
+
 /* Deterministic N(0, 1) fill (splitmix64 + Box-Muller). */
 void ks_lrqk_randn(float *x, size_t n, uint64_t seed);
 

@@ -248,13 +248,14 @@ static inline lrqk_v4 v4_load(const float *p) {
     return v;
 }
 
-/* gram [r][r] += sign * a^T a */
+/* gram [r][r] += sign * a^T a, on the blocks at or right of the diagonal
+ * (the lower triangle is mirrored when the Gram is read: gram_read) */
 static void gram_add(float *gram, const float *a, int32_t r, float sign) {
     if (r % 4 == 0) {
         for (int32_t i = 0; i < r; i++) {
             lrqk_v4 ai = (lrqk_v4){0} + sign * a[i];
             float *g = gram + (size_t)i * r;
-            for (int32_t j = 0; j < r; j += 4) {
+            for (int32_t j = i & ~3; j < r; j += 4) {
                 lrqk_v4 v = v4_load(g + j) + ai * v4_load(a + j);
                 memcpy(g + j, &v, sizeof v);
             }
@@ -262,7 +263,12 @@ static void gram_add(float *gram, const float *a, int32_t r, float sign) {
         return;
     }
     for (int32_t i = 0; i < r; i++)
-        for (int32_t j = 0; j < r; j++) gram[(size_t)i * r + j] += sign * a[i] * a[j];
+        for (int32_t j = i; j < r; j++) gram[(size_t)i * r + j] += sign * a[i] * a[j];
+}
+
+static void gram_read(const float *gram, int32_t r, double *out) {
+    for (int32_t i = 0; i < r; i++)
+        for (int32_t j = 0; j < r; j++) out[(size_t)i * r + j] = j >= i ? gram[(size_t)i * r + j] : gram[(size_t)j * r + i];
 }
 
 /* sc[i] = max_g A_K[i] . q^_g for m rows of ak [m][r], qhat [G][r] */
@@ -352,7 +358,7 @@ static ks_status lrqk_select(void *state, const ks_select_req *req, ks_selection
     }
     float qhat[64 * LRQK_MAX_RANK], khat[LRQK_MAX_RANK];
     double gram[LRQK_MAX_RANK * LRQK_MAX_RANK];
-    for (int32_t i = 0; i < r * r; i++) gram[i] = t->gram[i];
+    gram_read(t->gram, r, gram);
     ks_status st;
     if (t->updated != n) {
         st = ks_lrqk_decode(t->bq, t->bk, r, hd, gram, req->q, G, t->kpend, s->iters, s->tol, s->lambda, qhat,
@@ -373,9 +379,9 @@ static ks_status lrqk_select(void *state, const ks_select_req *req, ks_selection
         return KS_OK;
     }
     int32_t m = hi - lo, k = req->n_select < out->cap ? req->n_select : out->cap;
-    float *sc = ks_malloc(sizeof(float) * (size_t)m);
+    float *sc = ks_malloc(sizeof(float) * (size_t)m * 2);
     proxy_scores(t->ak + (size_t)lo * r, m, r, qhat, G, sc);
-    out->n = ks_topk(sc, m, k, out->idx);
+    out->n = ks_lrqk_topk(sc, m, k, out->idx, sc + m);
     for (int32_t i = 0; i < out->n; i++) out->idx[i] += lo;
     ks_free(sc);
     uint64_t *nw = ks_malloc(sizeof(uint64_t) * (size_t)words_of(s));
