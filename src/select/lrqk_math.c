@@ -122,14 +122,24 @@ static void x_st(const float *X, int32_t n, int32_t d, const double *S, int32_t 
     }
 }
 
-/* out [r][r] = B B^T for B [r][d] (float or double source). */
+/* fp32 dot product of two d-vectors */
+static inline float dot(const float *a, const float *b, int32_t d) {
+    int32_t c = 0;
+    float s = 0;
+    if (d % 4 == 0) {
+        lrqk_v4 acc = {0};
+        for (; c < d; c += 4) acc += v4_load(a + c) * v4_load(b + c);
+        s = (acc[0] + acc[2]) + (acc[1] + acc[3]);
+    }
+    for (; c < d; c++) s += a[c] * b[c];
+    return s;
+}
+
+/* out [r][r] = B B^T for B [r][d]. */
 static void bbt(const float *B, int32_t r, int32_t d, double *out) {
     for (int32_t i = 0; i < r; i++)
-        for (int32_t j = i; j < r; j++) {
-            double s = 0;
-            for (int32_t c = 0; c < d; c++) s += (double)B[(size_t)i * d + c] * B[(size_t)j * d + c];
-            out[(size_t)i * r + j] = out[(size_t)j * r + i] = s;
-        }
+        for (int32_t j = i; j < r; j++)
+            out[(size_t)i * r + j] = out[(size_t)j * r + i] = dot(B + (size_t)i * d, B + (size_t)j * d, d);
 }
 
 void ks_lrqk_randn(float *x, size_t n, uint64_t seed) {

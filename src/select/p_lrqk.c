@@ -13,15 +13,17 @@
  * per KV head serves the whole group (the state the brief sizes) and the
  * factorisation sees every head's queries; A_Q is discarded after prefill.
  *
- * Decode, per (seq, layer, KV head): on_append extends A_K with the k-only
- * estimate k B_K^T (B_K B_K^T)^-1 (the public code's starting guess) and
- * keeps k; select_layer then runs the paper's alternating closed-form steps
+ * Decode, per (seq, layer, KV head): on_append (serial, main thread) only
+ * reserves the new row of A_K and keeps k; select_layer (parallel) runs the paper's alternating closed-form steps
  * for q^_g (one per query head, shared system) and k^ against B_Q, B_K and
  * the previous step's attended rows O, overwrites the new row of A_K with
  * k^, updates B_Q and B_K by one exact-line-search gradient step, and ranks
  * [sink, n - window) by max_g A_K q^_g (no softmax; max over the group: an
  * entry any head needs is kept, like the union of the public code's
- * per-head selections).  Token granularity; n_select entries.
+ * per-head selections).  Token granularity; n_select entries.  A token
+ * no select saw (dense phase: budget >= entries, or nothing to choose) gets
+ * the k-only estimate k B_K^T (B_K B_K^T)^-1 (the public code's starting
+ * guess) at the next append.
  *
  * Deviation: the paper's q-update uses the keys K_O of the cache-resident
  * set; policies cannot read stored keys cheaply at every step (read_keys
@@ -43,9 +45,11 @@
  *
  * State per (seq, layer >= dense_layers, KV head), allocated at the first
  * on_prefill / select of the sequence and freed by seq_reset:
- *   4 (n_ctx r + 2 r hd + hd + r^2) + n_ctx / 8 bytes
+ *   4 (n_ctx (r + 2) + 2 r hd + hd + r^2) + n_ctx / 4 bytes
  * (A_K [n_ctx][r], B_Q and B_K [r][hd], the pending key, the Gram, the
- * resident bitmap); e.g. n_ctx 8192, r 32, hd 64: 1.06 MiB per KV head.
+ * resident bitmaps, and [2][n_ctx] score scratch kept per slot so a step
+ * allocates nothing); e.g. n_ctx 8192, r 32, hd 64: 1.14 MiB per KV head,
+ * 146 MiB per sequence for Llama-3.2-1B (16 layers x 8 KV heads).
  * Prefill adds transient 4 (G n_obs + n)(hd + 2 r) bytes for one head.
  * The paper applies LRQK to every layer: default_dense_layers = 0.
  */
@@ -59,11 +63,14 @@ enum { LRQK_MAX_RANK = 64 };
 
 typedef struct {
     int32_t n;          /* A_K rows filled; -1: no valid factors (rebuild at select) */
-    int32_t updated;    /* n at the last B update (the new row was refined) */
+    int32_t final_rows; /* rows [0, final_rows) of A_K are final; row n - 1 may await select's k^ */
+    int32_t updated;    /* n at the last B update */
     float *ak;          /* [n_ctx][r] */
     float *bq, *bk;     /* [r][hd] */
     float *kpend;       /* [hd] key of the newest entry */
     uint64_t *res;      /* [n_ctx / 64 + 1] entries attended at the previous select (O) */
+    uint64_t *nres;     /* [n_ctx / 64 + 1] scratch: O of this select */
+    float *sc;          /* [2][n_ctx] scratch: proxy scores, top-k workspace */
     float *gram;        /* [r][r] sum over O of A_K[e]^T A_K[e] */
     int32_t gram_age;   /* incremental updates since the last full recompute */
     uint64_t selections, hits, misses;
@@ -97,6 +104,8 @@ static lrqk_slot *slot_get(lrqk_state *s, int32_t seq, int32_t layer, int32_t he
         t->bk = ks_calloc((size_t)r * hd, sizeof(float));
         t->kpend = ks_calloc((size_t)hd, sizeof(float));
         t->res = ks_calloc((size_t)words_of(s), sizeof(uint64_t));
+        t->nres = ks_calloc((size_t)words_of(s), sizeof(uint64_t));
+        t->sc = ks_malloc(sizeof(float) * 2 * (size_t)s->env.n_ctx);
         t->gram = ks_calloc((size_t)r * r, sizeof(float));
         *p = t;
     }
@@ -113,6 +122,8 @@ static void slot_free(lrqk_state *s, lrqk_slot *t) {
     ks_free(t->bk);
     ks_free(t->kpend);
     ks_free(t->res);
+    ks_free(t->nres);
+    ks_free(t->sc);
     ks_free(t->gram);
     ks_free(t);
 }
@@ -183,7 +194,7 @@ static ks_status factor_slot(lrqk_state *s, lrqk_slot *t, int32_t seq, int32_t l
     if (ks_lrqk_factor(Q ? Q : keys, Q ? nq : n, keys, n, e->head_dim, &fp, NULL, t->ak, t->bq, t->bk) != KS_OK)
         return KS_OK; /* numeric trouble (non-finite keys): stay invalid, select answers `all` */
     memcpy(t->kpend, keys + (size_t)(n - 1) * e->head_dim, sizeof(float) * (size_t)e->head_dim);
-    t->n = n;
+    t->n = t->final_rows = n;
     return KS_OK;
 }
 
@@ -227,9 +238,14 @@ static void lrqk_append(void *state, int32_t seq, int32_t layer, int32_t head, i
         t->n = -1;
         return;
     }
-    float *row = t->ak + (size_t)t->n * s->rank;
-    if (t->n == 0 || ks_lrqk_project(t->bk, s->rank, s->env.head_dim, k, row) != KS_OK)
-        memset(row, 0, sizeof(float) * (size_t)s->rank);
+    if (t->final_rows < t->n) { /* no select refined the previous token: its k-only estimate */
+        float *prev = t->ak + (size_t)(t->n - 1) * s->rank;
+        if (ks_lrqk_project(t->bk, s->rank, s->env.head_dim, t->kpend, prev) != KS_OK)
+            memset(prev, 0, sizeof(float) * (size_t)s->rank);
+        t->final_rows = t->n;
+    }
+    /* the new row waits for select_layer (the joint q^/k^ step) or the next append */
+    memset(t->ak + (size_t)t->n * s->rank, 0, sizeof(float) * (size_t)s->rank);
     memcpy(t->kpend, k, sizeof(float) * (size_t)s->env.head_dim);
     t->n++;
 }
@@ -271,8 +287,31 @@ static void gram_read(const float *gram, int32_t r, double *out) {
         for (int32_t j = 0; j < r; j++) out[(size_t)i * r + j] = j >= i ? gram[(size_t)i * r + j] : gram[(size_t)j * r + i];
 }
 
-/* sc[i] = max_g A_K[i] . q^_g for m rows of ak [m][r], qhat [G][r] */
+/* sc[i] = max_g A_K[i] . q^_g for m rows of ak [m][r], qhat [G][r].
+ * With G >= 3 the lanes run over the group: q^ is transposed to [r][Gp]
+ * (Gp = G rounded up to 4, padded with copies of head 0, which leaves the
+ * max unchanged), so a row costs r * Gp / 4 vector FMAs and no horizontal
+ * sums; with G <= 2 they run over r. */
 static void proxy_scores(const float *ak, int32_t m, int32_t r, const float *qhat, int32_t G, float *sc) {
+    if (G >= 3) {
+        int32_t Gp = (G + 3) & ~3;
+        float qt[LRQK_MAX_RANK * 64];
+        for (int32_t j = 0; j < r; j++)
+            for (int32_t g = 0; g < Gp; g++) qt[(size_t)j * Gp + g] = qhat[(size_t)(g < G ? g : 0) * r + j];
+        for (int32_t i = 0; i < m; i++) {
+            const float *a = ak + (size_t)i * r;
+            float best = -INFINITY;
+            for (int32_t g = 0; g < Gp; g += 4) {
+                lrqk_v4 acc = {0};
+                for (int32_t j = 0; j < r; j++) acc += a[j] * v4_load(qt + (size_t)j * Gp + g);
+                float v01 = acc[0] > acc[1] ? acc[0] : acc[1], v23 = acc[2] > acc[3] ? acc[2] : acc[3];
+                float v = v01 > v23 ? v01 : v23;
+                best = v > best ? v : best;
+            }
+            sc[i] = best;
+        }
+        return;
+    }
     for (int32_t i = 0; i < m; i++) {
         const float *a = ak + (size_t)i * r;
         float best = -INFINITY;
@@ -346,7 +385,7 @@ static ks_status lrqk_select(void *state, const ks_select_req *req, ks_selection
     }
     if (hi <= lo || req->n_select <= 0) return KS_OK;
     lrqk_slot *t = slot_get(s, req->seq, req->layer, req->head);
-    if (t->n != n) { /* no prefill factors, or out of sync: rebuild from the keys */
+    if (t->n != n || t->final_rows < n - 1) { /* no prefill factors, or out of sync: rebuild from the keys */
         float *keys = ks_malloc(sizeof(float) * (size_t)n * hd);
         ks_status st = factor_slot(s, t, req->seq, req->layer, req->head, NULL, 0, n, keys);
         ks_free(keys);
@@ -364,7 +403,8 @@ static ks_status lrqk_select(void *state, const ks_select_req *req, ks_selection
         st = ks_lrqk_decode(t->bq, t->bk, r, hd, gram, req->q, G, t->kpend, s->iters, s->tol, s->lambda, qhat,
                             khat);
         if (st == KS_OK) {
-            memcpy(t->ak + (size_t)(n - 1) * r, khat, sizeof(float) * (size_t)r);
+            if (t->final_rows == n - 1) memcpy(t->ak + (size_t)(n - 1) * r, khat, sizeof(float) * (size_t)r);
+            t->final_rows = n;
             t->updated = n;
         }
     } else { /* asked again for the same token: estimate on copies, no second update */
@@ -379,14 +419,10 @@ static ks_status lrqk_select(void *state, const ks_select_req *req, ks_selection
         return KS_OK;
     }
     int32_t m = hi - lo, k = req->n_select < out->cap ? req->n_select : out->cap;
-    float *sc = ks_malloc(sizeof(float) * (size_t)m * 2);
-    proxy_scores(t->ak + (size_t)lo * r, m, r, qhat, G, sc);
-    out->n = ks_lrqk_topk(sc, m, k, out->idx, sc + m);
+    proxy_scores(t->ak + (size_t)lo * r, m, r, qhat, G, t->sc);
+    out->n = ks_lrqk_topk(t->sc, m, k, out->idx, t->sc + m);
     for (int32_t i = 0; i < out->n; i++) out->idx[i] += lo;
-    ks_free(sc);
-    uint64_t *nw = ks_malloc(sizeof(uint64_t) * (size_t)words_of(s));
-    update_resident(s, t, req, out->idx, out->n, nw);
-    ks_free(nw);
+    update_resident(s, t, req, out->idx, out->n, t->nres);
     t->selections++;
     return KS_OK;
 }
