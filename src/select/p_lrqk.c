@@ -147,7 +147,9 @@ static ks_status lrqk_create(const ks_policy_env *env, const ks_policy_params *p
                        env->n_head_kv, env->head_dim);
     lrqk_state *s = ks_calloc(1, sizeof *s);
     s->env = *env;
-    s->rank = (int32_t)rank;
+    /* a rank above the head dim adds nothing (Q K^T has rank <= hd) and
+     * leaves B_Q B_Q^T singular: clamp */
+    s->rank = (int32_t)(rank < env->head_dim ? rank : env->head_dim);
     s->iters = (int32_t)iters;
     s->tol = (float)tol;
     s->lambda = (float)lambda;
