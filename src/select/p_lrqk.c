@@ -50,7 +50,7 @@
  * resident bitmaps, and [2][n_ctx] score scratch kept per slot so a step
  * allocates nothing); e.g. n_ctx 8192, r 32, hd 64: 1.14 MiB per KV head,
  * 146 MiB per sequence for Llama-3.2-1B (16 layers x 8 KV heads).
- * Prefill adds transient 4 (G n_obs + n)(hd + 2 r) bytes for one head.
+ * Prefill adds transient 4 (n_ctx hd + G n hd + 2 G n r + n r) bytes (n prompt rows).
  * The paper applies LRQK to every layer: default_dense_layers = 0.
  */
 #include "select/lrqk_math.h"
