@@ -10,12 +10,12 @@
  * A_K is below `tol`).  GQA: the public code factors per query head with K
  * repeated, which stores G copies of A_K.  Here the G query heads of a group
  * are *stacked* as G x n_obs rows of Q sharing one B_Q, so one A_K [n][r]
- * per KV head serves the whole group (the state the brief sizes) and the
+ * per KV head serves the whole group and the
  * factorisation sees every head's queries; A_Q is discarded after prefill.
  *
  * Decode, per (seq, layer, KV head): on_append (serial, main thread) only
- * reserves the new row of A_K and keeps k; select_layer (parallel) runs the paper's alternating closed-form steps
- * for q^_g (one per query head, shared system) and k^ against B_Q, B_K and
+ * reserves the new row of A_K and keeps k; select_layer (parallel) runs the
+ * paper's alternating closed-form steps for q^_g (one per query head, shared system) and k^ against B_Q, B_K and
  * the previous step's attended rows O, overwrites the new row of A_K with
  * k^, updates B_Q and B_K by one exact-line-search gradient step, and ranks
  * [sink, n - window) by max_g A_K q^_g (no softmax; max over the group: an
@@ -36,8 +36,8 @@
  * selected entry in it is a hit, else a miss (a transfer).  counters()
  * reports selections, hits, misses.
  *
- * No prefill (bench fills KV synthetically; a sequence whose entries no
- * longer match A_K, e.g. after a composed evictor or a skipped hook): the
+ * No prefill (bench fills KV synthetically; a head whose entries no longer
+ * match A_K, e.g. changed outside the hooks): the
  * first select_layer of the (seq, layer, head) rebuilds the factors from the
  * stored keys alone (read_keys) with Q := K, i.e. the keys' own low-rank
  * subspace, then proceeds as above.  That one-off cost lands in the first
@@ -48,10 +48,11 @@
  *   4 (n_ctx (r + 2) + 2 r hd + hd + r^2) + n_ctx / 4 bytes
  * (A_K [n_ctx][r], B_Q and B_K [r][hd], the pending key, the Gram, the
  * resident bitmaps, and [2][n_ctx] score scratch kept per slot so a step
- * allocates nothing); e.g. n_ctx 8192, r 32, hd 64: 1.14 MiB per KV head,
- * 146 MiB per sequence for Llama-3.2-1B (16 layers x 8 KV heads).
+ * allocates nothing); e.g. n_ctx 8192, r 32, hd 64: 1.08 MiB per KV head,
+ * 139 MiB per sequence for Llama-3.2-1B (16 layers x 8 KV heads).
  * Prefill adds transient 4 (n_ctx hd + G n hd + 2 G n r + n r) bytes (n prompt rows).
- * The paper applies LRQK to every layer: default_dense_layers = 0.
+ * The paper applies LRQK to every layer: default_dense_layers = 0.  `rank`
+ * is clamped to head_dim (Q K^T has rank <= head_dim).
  */
 #include "select/lrqk_math.h"
 #include "select/policy.h"
