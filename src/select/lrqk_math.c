@@ -248,7 +248,8 @@ ks_status ks_lrqk_project(const float *bk, int32_t r, int32_t d, const float *k,
 
 /* One gradient step on B [r][d] for rows xs [n][r] against targets ts [n][d]:
  * dB = sum x^T (x B - t), B -= ||dB||^2 / (sum ||x dB||^2 + 1e-6) dB. */
-static void grad_step(float *B, int32_t r, int32_t d, const float *xs, const float *ts, int32_t n, float *dB, float *e) {
+static void grad_step(float *B, int32_t r, int32_t d, const float *xs, const float *ts, int32_t n, float *dB,
+                      float *e) {
     memset(dB, 0, sizeof(float) * (size_t)r * d);
     for (int32_t g = 0; g < n; g++) {
         const float *x = xs + (size_t)g * r, *t = ts + (size_t)g * d;

@@ -287,7 +287,8 @@ static void gram_add(float *gram, const float *a, int32_t r, float sign) {
 
 static void gram_read(const float *gram, int32_t r, double *out) {
     for (int32_t i = 0; i < r; i++)
-        for (int32_t j = 0; j < r; j++) out[(size_t)i * r + j] = j >= i ? gram[(size_t)i * r + j] : gram[(size_t)j * r + i];
+        for (int32_t j = 0; j < r; j++)
+            out[(size_t)i * r + j] = j >= i ? gram[(size_t)i * r + j] : gram[(size_t)j * r + i];
 }
 
 /* sc[i] = max_g A_K[i] . q^_g for m rows of ak [m][r], qhat [G][r].
