@@ -109,7 +109,7 @@ static void check_equal_dense(ks_model *m, int n_prompt, int page) {
         run_cfg dense = {.policy = "dense", .page = page};
         float *ref = run_decode(m, &dense, n_prompt, steps, n_seq);
         const char *names[] = {"streaming", "h2o",  "snapkv",     "quest",  "snapkv+quest", "snapkv+h2o",
-                               "dapq",      "dapq+quest", "freekv", "snapkv+freekv", "chess"};
+                               "dapq",      "dapq+quest", "freekv", "snapkv+freekv", "chess", "lrqk", "snapkv+lrqk"};
         for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
             for (int off = 0; off < 3; off++) {
                 run_cfg cfg = {.policy = names[i], .budget = n_prompt + steps + 1, .page = page,

@@ -27,6 +27,7 @@ extern const ks_policy_i ks_policy_spec;
 extern const ks_policy_i ks_policy_dapq;
 extern const ks_policy_i ks_policy_freekv;
 extern const ks_policy_i ks_policy_chess;
+extern const ks_policy_i ks_policy_lrqk;
 
 static const ks_policy_i *const registry[] = {
     &ks_policy_dense,
@@ -38,6 +39,7 @@ static const ks_policy_i *const registry[] = {
     &ks_policy_dapq,
     &ks_policy_freekv,
     &ks_policy_chess,
+    &ks_policy_lrqk,
     NULL,
 };
 
