@@ -208,7 +208,10 @@ int cmd_bench(int argc, char **argv) {
             bool is_dense = !strcmp(po.names[pi], "dense") && modes[mi] == OFF_NONE;
             if (!strcmp(po.names[pi], "dense") && ui > 0) { done++; continue; } /* dense ignores the budget: one row */
             double kv_need = 2.0 * hp->n_layer * hp->n_head_kv * ks_kv_row_bytes(kv_type, hp->head_dim) * cp.n_ctx * batch;
-            if (kv_need > 0.85 * (double)mem_available()) {
+            /* KV plus its page metadata (positions, per-channel min/max/sum: ~11% at hd 64, P 32) */
+            double meta = kv_need / (2.0 * cp.page * ks_kv_row_bytes(kv_type, hp->head_dim)) *
+                          (4.0 * cp.page + 12.0 * hp->head_dim);
+            if (kv_need + meta > 0.80 * (double)mem_available()) {
                 fprintf(stderr, "\nkvsieve bench: skipping depth %ld batch %ld: KV cache of %.1f GiB exceeds available memory\n",
                         depth, batch, kv_need / 1073741824.0);
                 if (json) { printf("%s\n  {\"test\": \"decode\", \"policy\": \"%s\", \"budget\": %d, \"depth\": %ld, \"batch\": %ld, \"skipped\": \"memory\"}", first ? "" : ",", label, cp.budget, depth, batch); first = false; }
