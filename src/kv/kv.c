@@ -728,7 +728,10 @@ ks_status ks_kv_read_page(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t h
     kv_layer *L = &kv->layers[layer];
     int32_t id = table_of(kv, seq, layer, head)[lp];
     KS_TRY(page_read(kv, L, id, buf));
-    if (L->tier == KS_TIER_SLOW) atomic_fetch_add(&kv->bytes_loaded, kv->page_bytes);
+    if (L->tier == KS_TIER_SLOW) { /* a gathered page is a load that no slot will keep */
+        atomic_fetch_add(&kv->bytes_loaded, kv->page_bytes);
+        atomic_fetch_add(&kv->pages_loaded, 1);
+    }
     return KS_OK;
 }
 
