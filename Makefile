@@ -10,8 +10,8 @@ KVSIEVE   := $(BUILD)/kvsieve
 # Until the bundled model lands (models/kvsieve-default.gguf), `make run` uses
 # the real pretrained tiny llama from the shared fixtures, or else a generated model.
 RUN_MODEL ?= $(firstword $(wildcard models/kvsieve-default.gguf) $(wildcard $(SHARED)/fixtures/models/aidreams260K.gguf) $(BUILD)/models/tiny-llama-q8_0.gguf)
-PROMPT    ?= Once upon a time
-N         ?= 96
+PROMPT    ?= A pass key is hidden in the text below. Remember it. The pass key is 31415. 31415 is the pass key. The quiet farmer walks near the old bridge. A small bird sings by the river today. What is the pass key? The pass key is
+N         ?= 8
 
 .PHONY: bench-policies bench-memcap all deps reference-deps build test run asan fuzz cuda-check bench clean
 
