@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# model.sh — the bundled model (models/kvsieve-default.gguf): it loads with
+# valid metadata (llama architecture, GQA, 8K context, its tokenizer), the
+# default model path finds it, and greedy output on a fixed retrieval prompt
+# matches the committed golden continuation (tests/golden/bundled_continuation.txt)
+# — the needle's digits, retrieved by attention, not memorised.
+# Usage: bash model.sh <kvsieve> <fixtures-dir> <scratch-dir>
+set -u
+KS=$(readlink -f "$1"); FIX=$2; TMP=$3
+mkdir -p "$TMP"
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+MODEL="$SRC/models/kvsieve-default.gguf"
+fail=0
+bad() { echo "FAIL: $*"; fail=1; }
+[ -f "$MODEL" ] || { echo "FAIL: $MODEL missing"; exit 1; }
+size=$(stat -c %s "$MODEL")
+[ "$size" -le $((30 * 1024 * 1024)) ] || bad "bundled model is $size bytes (> 30 MB)"
+
+info=$("$KS" info "$MODEL" 2>&1) || bad "info failed: $info"
+echo "$info" | grep -q "architecture:  llama" || bad "architecture: $info"
+echo "$info" | grep -q "8192 trained" || bad "context length: $info"
+echo "$info" | grep -q "GQA" || bad "not GQA: $info"
+echo "$info" | grep -q "tokenizer:     llama, 32000 tokens" || bad "tokenizer: $info"
+
+PROMPT="A pass key is hidden in the text below. Remember it. The pass key is 31415. 31415 is the pass key. The quiet farmer walks near the old bridge. A small bird sings by the river today. What is the pass key? The pass key is"
+out=$("$KS" run -m "$MODEL" -p "$PROMPT" -n 8 --temp 0 -t 2 2>"$TMP/err") || bad "run failed: $(cat "$TMP/err")"
+want=$(cat "$SRC/tests/golden/bundled_continuation.txt")
+[ "$out" = "$want" ] || bad "greedy continuation '$out', want '$want'"
+# the needle changes, the answer follows it: retrieval, not memory
+out2=$("$KS" run -m "$MODEL" -p "${PROMPT//31415/27182}" -n 8 --temp 0 -t 2 2>/dev/null)
+case "$out2" in *27182*) ;; *) bad "changed needle not retrieved: '$out2'";; esac
+# with no -m and KVSIEVE_MODEL unset the binary finds the bundled model (build/kvsieve -> ../models)
+out3=$(cd "$TMP" && env -u KVSIEVE_MODEL "$KS" run -p "$PROMPT" -n 8 --temp 0 -t 2 2>/dev/null)
+[ "$out3" = "$want" ] || bad "default model run: '$out3'"
+
+[ $fail -eq 0 ] && echo "model.sh: all checks passed"
+exit $fail
