@@ -3,7 +3,10 @@
 # valid metadata (llama architecture, GQA, 8K context, its tokenizer), the
 # default model path finds it, and greedy output on a fixed retrieval prompt
 # matches the committed golden continuation (tests/golden/bundled_continuation.txt)
-# — the needle's digits, retrieved by attention, not memorised.
+# — the needle's digits, retrieved by attention, not memorised.  Its DLM
+# (models/kvsieve-default-dlm, tools/make_dlm.py) loads as an EAGLE-3 checkpoint
+# and, as the `spec` retrieval head, finds the needle with 8 selected entries
+# where StreamingLLM with the same budget cannot.
 # Usage: bash model.sh <kvsieve> <fixtures-dir> <scratch-dir>
 set -u
 KS=$(readlink -f "$1"); FIX=$2; TMP=$3
@@ -32,6 +35,22 @@ case "$out2" in *27182*) ;; *) bad "changed needle not retrieved: '$out2'";; esa
 # with no -m and KVSIEVE_MODEL unset the binary finds the bundled model (build/kvsieve -> ../models)
 out3=$(cd "$TMP" && env -u KVSIEVE_MODEL "$KS" run -p "$PROMPT" -n 8 --temp 0 -t 2 2>/dev/null)
 [ "$out3" = "$want" ] || bad "default model run: '$out3'"
+
+DLM="$SRC/models/kvsieve-default-dlm"
+[ -f "$DLM/config.json" ] && [ -f "$DLM/model.safetensors" ] || bad "DLM missing in $DLM"
+dsize=$(du -sb "$DLM" | cut -f1)
+[ "$dsize" -le $((10 * 1024 * 1024)) ] || bad "DLM is $dsize bytes (> 10 MB)"
+dinfo=$("$KS" info "$DLM" 2>&1) || bad "info DLM failed: $dinfo"
+echo "$dinfo" | grep -q "EAGLE-3 draft model" || bad "DLM info: $dinfo"
+echo "$dinfo" | grep -q "hidden 352 (target 352)" || bad "DLM hidden size: $dinfo"
+echo "$dinfo" | grep -q "kv 2 x" || bad "DLM KV heads: $dinfo"
+echo "$dinfo" | grep -q "aux layers \[0, 1, 1\]" || bad "DLM aux layers: $dinfo"
+SMALL="--budget 8 --sink 1 --window 4 --dense-layers 1"
+out4=$("$KS" run -m "$MODEL" -p "$PROMPT" -n 8 --temp 0 -t 2 --policy spec $SMALL 2>"$TMP/err") ||
+    bad "spec run failed: $(cat "$TMP/err")"
+[ "$out4" = "$want" ] || bad "spec (DLM found beside the model) at 8 entries: '$out4', want '$want'"
+out5=$("$KS" run -m "$MODEL" -p "$PROMPT" -n 8 --temp 0 -t 2 --policy streaming $SMALL 2>/dev/null)
+case "$out5" in *31415*) bad "streaming at 8 entries still answers: the prompt does not test selection";; esac
 
 [ $fail -eq 0 ] && echo "model.sh: all checks passed"
 exit $fail
