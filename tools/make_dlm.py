@@ -12,7 +12,7 @@ public drafts use (config.json + model.safetensors, layer tensors under
 (src/model/eagle3.c) serves ours and the public ones.  See docs/DLM.md.
 
 Shape (EAGLE-3): x_t = [input_norm(e(tok_t)); hidden_norm(fc([h_lo; h_mid; h_hi]_{t-1}))],
-one decoder layer over x (4 query / 2 KV heads, head_dim 264: the KV heads map one
+one decoder layer over x (4 query / 2 KV heads, head_dim 272: the KV heads map one
 to one onto the target's), a SwiGLU MLP, final norm and an LM head over a reduced
 draft vocabulary (d2t / t2d as EAGLE-3).  The fused states are the residual
 streams entering target layers [0, 1, 1] (a 2-layer target has no layers
@@ -57,7 +57,7 @@ import make_bundled_model as MB  # noqa: E402
 
 D = MB.D                      # token code width
 H = MB.H                      # target and draft hidden size (352)
-HQ, HKV, HD = 4, 2, 264       # draft heads: query, KV (= target's), head dim (4 code blocks + sink)
+HQ, HKV, HD = 4, 2, 272       # draft heads: query, KV (= target's), head dim (4 code blocks + sink, padded to 16)
 X_SINK = 4 * D
 OUT_BLK = D * 4               # residual block [256, 320) (slot S4, dropped by fc) holds the draft's output
 N_FF = 384
