@@ -26,7 +26,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { H = 256, HD = 64, NQ = 4, V = 512 };
+/* H, DHD: the draft's hidden size and head dim (72: not a multiple of 16, so the
+ * scoring kernel's masked tail runs); HD: the target's head dim */
+enum { H = 256, DHD = 72, HD = 64, NQ = 4, V = 512 };
 
 static char g_tmp[256];
 static ks_model *g_llama; /* tiny-llama: 4 heads / 2 KV, 3 layers */
@@ -44,7 +46,7 @@ static ks_model *gen_target(const char *shape, int n_layer, const char *name) {
     return m;
 }
 
-/* Write an EAGLE-3 head checkpoint.  q, k: [nq*HD][2H] and [nkv*HD][2H]. */
+/* Write an EAGLE-3 head checkpoint.  q, k: [nq*DHD][2H] and [nkv*DHD][2H]. */
 static void write_dlm(const char *dir, int nkv, const float *embed, const float *fc, const float *q, const float *k,
                       int aux_layers_max) {
     mkdir(dir, 0700);
@@ -54,7 +56,7 @@ static void write_dlm(const char *dir, int nkv, const float *embed, const float 
              "\"num_attention_heads\":%d,\"num_key_value_heads\":%d,\"head_dim\":%d,\"vocab_size\":%d,"
              "\"rms_norm_eps\":1e-5,\"rope_theta\":1000000000.0,\"max_position_embeddings\":4096,"
              "\"eagle_aux_hidden_state_layer_ids\":[0,%d,%d]}",
-             H, NQ, nkv, HD, V, aux_layers_max / 2, aux_layers_max);
+             H, NQ, nkv, DHD, V, aux_layers_max / 2, aux_layers_max);
     snprintf(p, sizeof p, "%s/config.json", dir);
     assert_int_equal(ks_test_write_file(p, cfg, strlen(cfg)), 0);
     static float ones[H];
@@ -64,8 +66,8 @@ static void write_dlm(const char *dir, int nkv, const float *embed, const float 
         {"fc.weight", "F32", 2, {H, 3 * H}, fc, sizeof(float) * H * 3 * H},
         {"midlayer.hidden_norm.weight", "F32", 1, {H}, ones, sizeof ones},
         {"midlayer.input_layernorm.weight", "F32", 1, {H}, ones, sizeof ones},
-        {"midlayer.self_attn.q_proj.weight", "F32", 2, {NQ * HD, 2 * H}, q, sizeof(float) * NQ * HD * 2 * H},
-        {"midlayer.self_attn.k_proj.weight", "F32", 2, {nkv * HD, 2 * H}, k, sizeof(float) * nkv * HD * 2 * H},
+        {"midlayer.self_attn.q_proj.weight", "F32", 2, {NQ * DHD, 2 * H}, q, sizeof(float) * NQ * DHD * 2 * H},
+        {"midlayer.self_attn.k_proj.weight", "F32", 2, {nkv * DHD, 2 * H}, k, sizeof(float) * nkv * DHD * 2 * H},
     };
     size_t size = 0;
     uint8_t *img = ks_test_safetensors_build(t, 6, NULL, &size);
@@ -88,11 +90,11 @@ static int setup(void **state) {
     g_llama = gen_target("tiny-llama", 3, "llama");
     /* a random DLM for tiny-llama: everything plausible, nothing meaningful */
     float *embed = malloc(sizeof(float) * V * H), *fc = malloc(sizeof(float) * H * 3 * H);
-    float *q = malloc(sizeof(float) * NQ * HD * 2 * H), *k = malloc(sizeof(float) * 2 * HD * 2 * H);
+    float *q = malloc(sizeof(float) * NQ * DHD * 2 * H), *k = malloc(sizeof(float) * 2 * DHD * 2 * H);
     random_fill(embed, (size_t)V * H, 1, 1.0f);
     random_fill(fc, (size_t)H * 3 * H, 2, 0.05f);
-    random_fill(q, (size_t)NQ * HD * 2 * H, 3, 0.1f);
-    random_fill(k, (size_t)2 * HD * 2 * H, 4, 0.1f);
+    random_fill(q, (size_t)NQ * DHD * 2 * H, 3, 0.1f);
+    random_fill(k, (size_t)2 * DHD * 2 * H, 4, 0.1f);
     snprintf(g_dlm_rand, sizeof g_dlm_rand, "%s/dlm-rand", g_tmp);
     write_dlm(g_dlm_rand, 2, embed, fc, q, k, 2);
     free(embed);
@@ -112,9 +114,9 @@ static int teardown(void **state) {
 
 /* ----------------------------------------------- hand-made selection -- */
 /* Embedding of token t: one-hot on dim t % H (rmsnorm makes it 16 e_t).
- * Query token QT; KV head h's key dims 30 + g (g < G) light up for the
- * token its query head g seeks: target[h][g].  Dims 30, 31 barely rotate
- * (rope_theta 1e9). */
+ * Query token QT; KV head h's key dims 66 + g (g < G) light up for the
+ * token its query head g seeks: target[h][g].  Those dims lie in the scoring
+ * kernel's masked tail (64..71) and barely rotate (rope_theta 1e9). */
 enum { QT = 300 };
 
 static void check_selection(const char *shape, int nkv, const int *seek /* [NQ] token each query head seeks */,
@@ -122,13 +124,13 @@ static void check_selection(const char *shape, int nkv, const int *seek /* [NQ] 
     int G = NQ / nkv;
     ks_model *m = gen_target(shape, 1, shape);
     float *embed = calloc((size_t)V * H, sizeof(float)), *fc = calloc((size_t)H * 3 * H, sizeof(float));
-    float *q = calloc((size_t)NQ * HD * 2 * H, sizeof(float)), *k = calloc((size_t)nkv * HD * 2 * H, sizeof(float));
+    float *q = calloc((size_t)NQ * DHD * 2 * H, sizeof(float)), *k = calloc((size_t)nkv * DHD * 2 * H, sizeof(float));
     for (int t = 0; t < V; t++) embed[(size_t)t * H + t % H] = 1.0f;
-    for (int g = 0; g < NQ; g++) { /* query head g, dim 30 + g % G: the query token */
-        int d = 30 + g % G;
-        q[((size_t)g * HD + d) * 2 * H + QT % H] = 1.0f;
+    for (int g = 0; g < NQ; g++) { /* query head g, dim 66 + g % G: the query token */
+        int d = DHD - 6 + g % G;
+        q[((size_t)g * DHD + d) * 2 * H + QT % H] = 1.0f;
         int kvh = g / G; /* its KV head's dim d: the sought token */
-        k[((size_t)kvh * HD + d) * 2 * H + seek[g] % H] = 1.0f;
+        k[((size_t)kvh * DHD + d) * 2 * H + seek[g] % H] = 1.0f;
     }
     char dir[400];
     snprintf(dir, sizeof dir, "%s/dlm-%s", g_tmp, shape);

@@ -395,16 +395,25 @@ static ks_status spec_prefill(void *state, const ks_prefill_info *info) {
 
 /* scores of G query heads against keys [0, n): out[g][j] (f16 keys) */
 #if defined(__x86_64__)
-__attribute__((target("avx512f,f16c,fma"))) static void scores_avx512(const float *q, const ks_f16 *K, int32_t n,
-                                                                      int hd, int G, float scale, float *out) {
+/* any head dim: the last hd % 16 lanes go through masked loads (drafts need
+ * not pad their heads to 16) */
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) static void scores_avx512(const float *q, const ks_f16 *K,
+                                                                                    int32_t n, int hd, int G,
+                                                                                    float scale, float *out) {
+    const int body = hd & ~15;
+    const __mmask16 tail = (__mmask16)((1u << (hd - body)) - 1u);
     for (int32_t j = 0; j < n; j++) {
         const ks_f16 *k = K + (size_t)j * hd;
         for (int g = 0; g < G; g++) {
             __m512 acc = _mm512_setzero_ps();
             const float *qg = q + (size_t)g * hd;
-            for (int i = 0; i < hd; i += 16) {
+            for (int i = 0; i < body; i += 16) {
                 __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + i)));
                 acc = _mm512_fmadd_ps(kv, _mm512_loadu_ps(qg + i), acc);
+            }
+            if (tail) {
+                __m512 kv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail, k + body));
+                acc = _mm512_fmadd_ps(kv, _mm512_maskz_loadu_ps(tail, qg + body), acc);
             }
             out[(size_t)g * n + j] = _mm512_reduce_add_ps(acc) * scale;
         }
@@ -482,7 +491,7 @@ static void select_worker(void *arg, int ith, int nth) {
         const float *q = s->q + ((size_t)r * s->Hq + (size_t)kvh * s->G) * s->hd;
         float scale = 1.0f / sqrtf((float)s->hd);
 #if defined(__x86_64__)
-        if (s->hd % 16 == 0 && ks_simd_detect() >= KS_SIMD_AVX512)
+        if (ks_simd_detect() >= KS_SIMD_AVX512)
             scores_avx512(q, kc_at(s, seq, kvh, 0), n, s->hd, s->G, scale, sc);
         else
 #endif
