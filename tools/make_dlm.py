@@ -24,7 +24,9 @@ How it is made — constructed retrieval head, distilled remainder:
     codes of (j-1 .. j-4).  The DLM sees e(tok_t) and the target's residual at
     t-1, which holds the codes of t-1 .. t-5, so the same match is computable
     exactly: fc passes the layer-1 residual through, q_proj reads
-    (e(t), A, S1, S2) and k_proj reads (A, S1, S2, S3) of x.  These tensors
+    (e(t), A, S1, S2) and k_proj reads (A, S1, S2, S3) of x (plus a BOS sink);
+    each KV head's second query head matches (A, S1, S2, S3) against the same
+    keys, i.e. finds the current token, which the layer input lacks.  These tensors
     (fc, hidden_norm, input_layernorm, q_proj, k_proj: the retrieval head) are
     set by construction and frozen.  Position enters the target's induction
     only through its content, so the head's RoPE is made (almost) inert with
@@ -36,7 +38,8 @@ How it is made — constructed retrieval head, distilled remainder:
     v/o/lm_head start from the copy path (v = e(tok_j), o into a free block,
     lm_head = the target's tied embedding rows), the MLP from small noise.
 The script prints the draft's top-1 agreement with the target before and after
-training on held-out sequences.  About 3-6 minutes on 2 cores.
+training on held-out sequences.  About 4-8 minutes on 2 cores (with OpenBLAS:
+scripts/deps.sh --reference).
 """
 import argparse
 import json
