@@ -277,14 +277,6 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4x_wgroup)(const ks_block_q4_0 *b0, const ks_blo
                                (uint64_t)b3->d << 48);
 }
 
-/* One group of NR rows (wg[r]: that row's first block of the group) for NC
- * vectors: corr + LO.lo + HI.hi in int32, then one cvt, one multiply by the
- * pre-expanded activation scale, one FMA.  The activation loads of a vector
- * are shared by the NR rows, which halves L1/L2 traffic per MAC at NR = 2
- * (the activations of a 4-vector tile outgrow L1 once cols > ~2048). */
-
-
-
 /* Software prefetch distance of the grouped Q8_0/Q4_0 kernels, in blocks of a
  * row (128 Q8_0 blocks = 4.3 KB; past a row's end it lands in the rows the
  * thread takes next).  Measured on this host, alternating binaries: a
@@ -293,6 +285,14 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4x_wgroup)(const ks_block_q4_0 *b0, const ks_blo
  * 2048-column rows are prefetched well by the hardware).  64 and 512 were
  * worse than 128-256. */
 #define KS_MM_PF_BLOCKS 128
+/* as an address offset: prefetching past the array's end is harmless, forming the pointer is not */
+#define KS_MM_PF_BYTES(BT) ((uintptr_t)KS_MM_PF_BLOCKS * sizeof(BT))
+
+/* One group of NR rows (wg[r]: that row's first block of the group) for NC
+ * vectors: corr + LO.lo + HI.hi in int32, then one cvt, one multiply by the
+ * pre-expanded activation scale, one FMA.  The activation loads of a vector
+ * are shared by the NR rows, which halves L1/L2 traffic per MAC at NR = 2
+ * (the activations of a 4-vector tile outgrow L1 once cols > ~2048). */
 #define KS_MM_QX_GROUP(BT, WGROUP, wg, nblk, goff)                                                 \
     do {                                                                                           \
         __m512i lo[2], hi[2];                                                                      \
@@ -331,8 +331,8 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4x_wgroup)(const ks_block_q4_0 *b0, const ks_blo
         int64_t b = 0;                                                                             \
         for (; b + 4 <= nb; b += 4) {                                                              \
             _Pragma("GCC unroll 2") for (int r = 0; r < NR; r++) {                                 \
-                _mm_prefetch((const char *)(wg[r] + KS_MM_PF_BLOCKS), _MM_HINT_T0);                \
-                _mm_prefetch((const char *)(wg[r] + KS_MM_PF_BLOCKS) + 64, _MM_HINT_T0);           \
+                _mm_prefetch((const char *)((uintptr_t)wg[r] + KS_MM_PF_BYTES(BT)), _MM_HINT_T0);  \
+                _mm_prefetch((const char *)((uintptr_t)wg[r] + KS_MM_PF_BYTES(BT) + 64), _MM_HINT_T0); \
             }                                                                                      \
             KS_MM_QX_GROUP(BT, WGROUP, wg, 4, (size_t)b / 4 * KS_MM_Q8X_GROUP);                    \
             wg[0] += 4;                                                                            \
