@@ -15,15 +15,17 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 MODEL="$SRC/models/kvsieve-default.gguf"
 fail=0
 bad() { echo "FAIL: $*"; fail=1; }
+# has TEXT PATTERN WHAT: TEXT contains PATTERN (grep -e), else a failure naming WHAT
+has() { echo "$1" | grep -q -e "$2" || bad "$3: $1"; }
 [ -f "$MODEL" ] || { echo "FAIL: $MODEL missing"; exit 1; }
 size=$(stat -c %s "$MODEL")
 [ "$size" -le $((30 * 1024 * 1024)) ] || bad "bundled model is $size bytes (> 30 MB)"
 
 info=$("$KS" info "$MODEL" 2>&1) || bad "info failed: $info"
-echo "$info" | grep -q "architecture:  llama" || bad "architecture: $info"
-echo "$info" | grep -q "8192 trained" || bad "context length: $info"
-echo "$info" | grep -q "GQA" || bad "not GQA: $info"
-echo "$info" | grep -q "tokenizer:     llama, 32000 tokens" || bad "tokenizer: $info"
+has "$info" "architecture:  llama" "architecture"
+has "$info" "8192 trained" "context length"
+has "$info" "GQA" "not GQA"
+has "$info" "tokenizer:     llama, 32000 tokens" "tokenizer"
 
 PROMPT="A pass key is hidden in the text below. Remember it. The pass key is 31415. 31415 is the pass key. The quiet farmer walks near the old bridge. A small bird sings by the river today. What is the pass key? The pass key is"
 out=$("$KS" run -m "$MODEL" -p "$PROMPT" -n 8 --temp 0 -t 2 2>"$TMP/err") || bad "run failed: $(cat "$TMP/err")"
@@ -41,10 +43,10 @@ DLM="$SRC/models/kvsieve-default-dlm"
 dsize=$(du -sb "$DLM" | cut -f1)
 [ "$dsize" -le $((10 * 1024 * 1024)) ] || bad "DLM is $dsize bytes (> 10 MB)"
 dinfo=$("$KS" info "$DLM" 2>&1) || bad "info DLM failed: $dinfo"
-echo "$dinfo" | grep -q "EAGLE-3 draft model" || bad "DLM info: $dinfo"
-echo "$dinfo" | grep -q "hidden 352 (target 352)" || bad "DLM hidden size: $dinfo"
-echo "$dinfo" | grep -q "kv 2 x" || bad "DLM KV heads: $dinfo"
-echo "$dinfo" | grep -q "aux layers \[0, 1, 1\]" || bad "DLM aux layers: $dinfo"
+has "$dinfo" "EAGLE-3 draft model" "DLM info"
+has "$dinfo" "hidden 352 (target 352)" "DLM hidden size"
+has "$dinfo" "kv 2 x" "DLM KV heads"
+has "$dinfo" "aux layers \[0, 1, 1\]" "DLM aux layers"
 SMALL="--budget 8 --sink 1 --window 4 --dense-layers 1"
 out4=$("$KS" run -m "$MODEL" -p "$PROMPT" -n 8 --temp 0 -t 2 --policy spec $SMALL 2>"$TMP/err") ||
     bad "spec run failed: $(cat "$TMP/err")"
