@@ -25,10 +25,12 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-/* Rows ahead to prefetch (2 KiB at hd 64), into L2 (T1): a one-thread scan of
- * 16 layers x 8 heads x 32K rows in 32-row pages interleaved by head, three
- * rounds of alternating binaries: T1 18.7-19.0 GB/s vs T0 16.1-18.6; 8, 24,
- * 32 and 64 rows were no better. */
+/* Rows ahead to prefetch (2 KiB at hd 64), into L2 (T1).  One-thread scans of
+ * 16 layers x 8 heads x 32K rows, alternating binaries: with a head's pages
+ * at consecutive ids (the store's home ids: one K stream per head) T1 and T0
+ * are equal (~22-25 GB/s); with 32-row pages interleaved by head (ids off
+ * the free list) T1 reads 18.7-19.0 GB/s against 16.1-18.6.  8, 24, 32 and
+ * 64 rows were no better. */
 #define KS_ATTN_PREFETCH_ROWS 16
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
 #define INL static inline __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"), always_inline))
