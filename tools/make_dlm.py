@@ -68,10 +68,11 @@ AUX = [0, 1, 1]
 ROPE_THETA = 10000.0
 ROPE_LINEAR = 5e5
 MAX_POS = 8192
-U = 24.0                      # attention logit per matched code (as the target)
-SINK = 3.5                    # BOS sink score of the induction heads, in matches
-COPY = 3.0
-OUT_GAIN = 4.0
+U, SINK, COPY, OUT_GAIN = MB.U, MB.SINK, MB.COPY, MB.OUT_GAIN  # the target's match logit, sink, copy and output gains
+
+
+def rms(x, w, eps=MB.EPS):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
 
 
 # ------------------------------------------------------------ target --
@@ -93,7 +94,7 @@ class Target:
         assert self.emb.shape[1] == H and self.n_kv == HKV, "make_dlm.py expects the bundled model's shape"
 
     def rms(self, x, w):
-        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.eps) * w
+        return rms(x, w, self.eps)
 
     def rope(self, x, T):
         i = torch.arange(self.n_rot // 2, dtype=torch.float64)
@@ -289,7 +290,7 @@ class Draft(torch.nn.Module):
         self.lm_head = torch.nn.Parameter(lm)
 
     def rms(self, x, w):
-        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.eps) * w
+        return rms(x, w, self.eps)
 
     def forward(self, emb, h3):
         """emb [B, T, H] embeddings of tok_t; h3 [B, T, 3H] target states of t-1 -> logits [B, T, Vd]."""
@@ -411,8 +412,6 @@ def main(argv=None):
     seqs = torch.tensor([gen.sequence(a.seq) for _ in range(a.n_train + a.n_eval)], dtype=torch.long)
     used = set(MB.used_tokens(vocab)) | {vocab.index[p] for p in MB.ONEHOT_PIECES} | set(seqs.flatten().tolist())
     draft_ids = sorted(used)
-    d_of = torch.full((n_vocab,), -1, dtype=torch.long)
-    d_of[torch.tensor(draft_ids)] = torch.arange(len(draft_ids))
     log("target %s: %d sequences of %d tokens, draft vocabulary %d of %d"
         % (a.target, len(seqs), a.seq, len(draft_ids), n_vocab))
 
