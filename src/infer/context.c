@@ -113,50 +113,6 @@ static void kv_row_to_f32_scalar(ks_kv_type t, const void *row, float *dst, int 
     }
 }
 
-#if defined(__x86_64__)
-/* K, V segments of f16 rows; q: [G][hd]; scores: [G][total]; out: [G][hd]; hd % 8 == 0 */
-__attribute__((target("avx2,fma,f16c"))) static void attn_segs_avx2(const ks_kv_seg *segs, int nseg, int total,
-                                                                    int hd, int G, const float *q, float *scores,
-                                                                    float *out, float scale) {
-    int t = 0;
-    for (int si = 0; si < nseg; si++) {
-        const uint16_t *K = segs[si].K;
-        for (int j = 0; j < segs[si].len; j++, t++) {
-            const uint16_t *k = K + (size_t)j * hd;
-            for (int g = 0; g < G; g++) {
-                const float *qg = q + (size_t)g * hd;
-                __m256 acc = _mm256_setzero_ps();
-                for (int i = 0; i < hd; i += 8) {
-                    __m256 kf = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i)));
-                    acc = _mm256_fmadd_ps(kf, _mm256_loadu_ps(qg + i), acc);
-                }
-                __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-                s = _mm_hadd_ps(s, s);
-                s = _mm_hadd_ps(s, s);
-                scores[(size_t)g * total + t] = _mm_cvtss_f32(s) * scale;
-            }
-        }
-    }
-    for (int g = 0; g < G; g++) ks_softmax(scores + (size_t)g * total, total);
-    for (int g = 0; g < G; g++) memset(out + (size_t)g * hd, 0, sizeof(float) * hd);
-    t = 0;
-    for (int si = 0; si < nseg; si++) {
-        const uint16_t *V = segs[si].V;
-        for (int j = 0; j < segs[si].len; j++, t++) {
-            const uint16_t *v = V + (size_t)j * hd;
-            for (int i = 0; i < hd; i += 8) {
-                __m256 vf = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i)));
-                for (int g = 0; g < G; g++) {
-                    float *o = out + (size_t)g * hd + i;
-                    __m256 p = _mm256_set1_ps(scores[(size_t)g * total + t]);
-                    _mm256_storeu_ps(o, _mm256_fmadd_ps(p, vf, _mm256_loadu_ps(o)));
-                }
-            }
-        }
-    }
-}
-#endif
-
 /* Portable reference: any KV type, any head dim.  tmp: [hd]. */
 static void attn_segs_ref(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, size_t row_bytes, int hd,
                           int G, const float *q, float *scores, float *out, float scale, float *tmp) {
@@ -193,15 +149,11 @@ void ks_attention_segs(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total
     if (allow_simd && kt == KS_KV_F16 && ks_simd_detect() >= KS_SIMD_AVX512 &&
         ks_attention_segs_avx512((const ks_kv_seg16 *)segs, nseg, total, hd, G, q, scores, out, scale, weights, rows))
         return;
-    if (allow_simd && kt == KS_KV_F16 && hd % 8 == 0 && ks_simd_detect() >= KS_SIMD_AVX2) {
-        attn_segs_avx2(segs, nseg, total, hd, G, q, scores, out, scale);
-        goto weights_out;
-    }
+    if (allow_simd && kt == KS_KV_F16 && ks_simd_detect() >= KS_SIMD_AVX2 &&
+        ks_attention_segs_avx2((const ks_kv_seg16 *)segs, nseg, total, hd, G, q, scores, out, scale, weights, rows))
+        return;
 #endif
     attn_segs_ref(kt, segs, nseg, total, ks_kv_row_bytes(kt, hd), hd, G, q, scores, out, scale, tmp);
-#if defined(__x86_64__)
-weights_out:
-#endif
     if (weights)
         for (int g = 0; g < G; g++)
             for (int t = 0; t < total; t++) weights[t] += scores[(size_t)g * total + t];

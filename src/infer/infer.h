@@ -124,6 +124,11 @@ bool ks_attention_block_avx512(const ks_kv_seg16 *segs, int nseg, const int32_t 
 bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
                               float *scores, float *out, float scale, float *weights, const void **rows);
 
+/* AVX2 + FMA + F16C f16 kernel for head dims that are multiples of 16 (up to
+ * 256); false if it does not apply.  scores: [total][4] scratch. */
+bool ks_attention_segs_avx2(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
+                            float *scores, float *out, float scale, float *weights, const void **rows);
+
 const ks_model *ks_context_model(const ks_context *c);
 /* Attention recall probe (eval only; costs a dense attention pass per
  * sparse head): at every decode step, for each (layer, KV head) the share of

@@ -1,0 +1,326 @@
+/*
+ * attn_avx2.c — grouped decode attention over f16 KV segments, AVX2 + FMA.
+ *
+ * The same plan as attn_avx512.c, fitted to sixteen 8-lane registers, for
+ * the CPUs most edge users have (laptops, many cloud AMD parts without
+ * AVX-512).  Long-context decode is bound by reading the KV cache, so every
+ * K and V row is converted from f16 once, used by every query head of its
+ * GQA group, and nothing but the scores leaves the registers:
+ *  - Scores: eight accumulators = (8 / NG) rows x NG heads (NG = the group
+ *    padded to 1, 2 or 4), reduced together by one hadd/permute butterfly
+ *    into a vector that is already the t-major layout scores[t][NG]; no
+ *    horizontal sum per score.
+ *  - Softmax runs vectorised over that [len][NG] block (lane mod NG = head)
+ *    with a polynomial exp (relative error ~2e-7; 2^n built in the exponent
+ *    bits, as AVX2 has no scalef).
+ *  - V: rows are taken in blocks that stay in L1 while the head dim is swept
+ *    in slices of 64 / NG floats; each slice keeps NG heads x (8 / NG)
+ *    accumulators in registers, so every V element is converted once and V
+ *    is read from memory once per step.
+ * Rows are walked with a cursor over the segments (or a flat row-pointer
+ * list for fragmented selections), so groups of rows may straddle pages.
+ * Head dims that are multiples of 16 take this path; others go portable.
+ */
+#include "infer/infer.h"
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+/* Rows ahead to prefetch (2 KiB at hd 64): the next page of a head is
+ * usually not the next address, so the hardware prefetcher alone stalls at
+ * every page boundary.  Same distance as the AVX-512 kernel. */
+#define ATTN2_PREFETCH_ROWS 16
+#define ATTN2_VBLOCK 128 /* V rows per L1 block (16 KiB at hd 64) */
+#define TGT __attribute__((target("avx2,fma,f16c")))
+#define INL static inline __attribute__((target("avx2,fma,f16c"), always_inline))
+
+INL __m256 exp256(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    /* n in [-126, 0] here (x <= 0 after the max is subtracted): a normal 2^n */
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* Eight horizontal sums at once: r[k] = sum of the lanes of a[k]. */
+INL __m256 reduce8(const __m256 a[8]) {
+    __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 l = _mm256_hadd_ps(h01, h23), h = _mm256_hadd_ps(h45, h67); /* per 128-bit half */
+    return _mm256_add_ps(_mm256_permute2f128_ps(l, h, 0x20), _mm256_permute2f128_ps(l, h, 0x31));
+}
+
+/* Every lane gets op over the lanes of the same head (lane mod ng). */
+#define FOLD_LANES(v, ng, OP)                                                              \
+    do {                                                                                   \
+        if ((ng) <= 4) v = OP(v, _mm256_permute2f128_ps(v, v, 0x01));                      \
+        if ((ng) <= 2) v = OP(v, _mm256_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));           \
+        if ((ng) <= 1) v = OP(v, _mm256_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1)));           \
+    } while (0)
+
+/* Both ends of a row (two lines at hd 64). */
+INL void prefetch_row(const uint16_t *p, int hd) {
+    _mm_prefetch((const char *)p, _MM_HINT_T0);
+    _mm_prefetch((const char *)(p + hd - 1), _MM_HINT_T0);
+}
+
+/* Scores of 8 / NG rows k[] against NG heads: dst[r][NG] for the first nr
+ * rows.  qs: [NG][hd] scaled queries (padded heads zero). */
+INL void score_rows(const uint16_t *const *k, const float *qs, int hd, int NG, float *dst, int nr) {
+    const int rps = 8 / NG;
+    __m256 acc[8];
+    _Pragma("GCC unroll 8") for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 16") for (int i = 0; i < hd; i += 8) {
+        __m256 qv[4];
+        _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++) {
+            qv[g] = _mm256_loadu_ps(qs + g * hd + i);
+            __asm__("" : "+x"(qv[g])); /* one load per use by all rows (load ports) */
+        }
+        _Pragma("GCC unroll 8") for (int r = 0; r < rps; r++) {
+            __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k[r] + i)));
+            _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++)
+                acc[r * NG + g] = _mm256_fmadd_ps(kv, qv[g], acc[r * NG + g]);
+        }
+    }
+    __m256 s = reduce8(acc);
+    if (nr == rps) {
+        _mm256_storeu_ps(dst, s);
+    } else {
+        float tmp8[8];
+        _mm256_storeu_ps(tmp8, s);
+        memcpy(dst, tmp8, sizeof(float) * (size_t)(nr * NG));
+    }
+}
+
+/* scores[t][NG] over the rows of the segments (or of the flat list KR). */
+INL void score_pass(const ks_kv_seg16 *segs, int nseg, const uint16_t *const *KR, int total, int hd, int NG,
+                    const float *qs, float *scores) {
+    const int rps = 8 / NG, pf = ATTN2_PREFETCH_ROWS;
+    const uint16_t *k[8];
+    if (KR) {
+        for (int t = 0; t < total; t += rps) {
+            int nr = total - t < rps ? total - t : rps;
+            for (int r = 0; r < rps; r++) {
+                k[r] = KR[r < nr ? t + r : t];
+                if (t + r + pf < total) prefetch_row(KR[t + r + pf], hd);
+            }
+            score_rows(k, qs, hd, NG, scores + (size_t)t * NG, nr);
+        }
+        return;
+    }
+    int t = 0, n = 0; /* n rows of k[] pending, straddling a page boundary */
+    for (int si = 0; si < nseg; si++) {
+        const uint16_t *K = segs[si].K, *Kn = si + 1 < nseg ? segs[si + 1].K : NULL;
+        int len = segs[si].len, j = 0;
+        while (n > 0 && n < rps && j < len) k[n++] = K + (size_t)j++ * hd;
+        if (n == rps) {
+            score_rows(k, qs, hd, NG, scores + (size_t)t * NG, rps);
+            t += rps;
+            n = 0;
+        }
+        for (; j + rps <= len; j += rps, t += rps) {
+            for (int r = 0; r < rps; r++) {
+                k[r] = K + (size_t)(j + r) * hd;
+                int a = j + r + pf;
+                if (a < len) prefetch_row(K + (size_t)a * hd, hd);
+                else if (Kn && a - len < segs[si + 1].len) prefetch_row(Kn + (size_t)(a - len) * hd, hd);
+            }
+            score_rows(k, qs, hd, NG, scores + (size_t)t * NG, rps);
+        }
+        while (j < len) k[n++] = K + (size_t)j++ * hd;
+    }
+    if (n > 0) {
+        for (int r = n; r < rps; r++) k[r] = k[0];
+        score_rows(k, qs, hd, NG, scores + (size_t)t * NG, n);
+    }
+}
+
+/* out[g0+g] (+)= sum_t p[t][g] V[t] for the real heads g < ng, over the rows
+ * of the segments (or VR) in blocks of ATTN2_VBLOCK that stay in L1. */
+INL void value_pass(const ks_kv_seg16 *segs, int nseg, const uint16_t *const *VR, int total, int hd, int NG,
+                    int g0, int ng, const float *scores, float *out) {
+    const int SL = 8 / NG; /* ymm per head per slice of 64 / NG floats */
+    const uint16_t *buf[2][ATTN2_VBLOCK];
+    int si = 0, j = 0; /* segment walk */
+    /* row pointers of the block starting at t0; its length */
+#define VALUE_FILL(dst, t0)                                                            \
+    do {                                                                               \
+        nfill = total - (t0) < ATTN2_VBLOCK ? total - (t0) : ATTN2_VBLOCK;             \
+        if (nfill < 0) nfill = 0;                                                      \
+        for (int b_ = 0; b_ < nfill; b_++) {                                           \
+            if (VR) (dst)[b_] = VR[(t0) + b_];                                         \
+            else {                                                                     \
+                while (j >= segs[si].len) si++, j = 0;                                 \
+                (dst)[b_] = segs[si].V + (size_t)j++ * hd;                             \
+            }                                                                          \
+        }                                                                              \
+    } while (0)
+    int nfill, nb;
+    VALUE_FILL(buf[0], 0);
+    nb = nfill;
+    for (int t0 = 0, cur = 0; t0 < total; t0 += ATTN2_VBLOCK, cur ^= 1) {
+        const uint16_t *const *vr = buf[cur], *const *vn = buf[cur ^ 1];
+        VALUE_FILL(buf[cur ^ 1], t0 + ATTN2_VBLOCK); /* the next block, prefetched while this one runs */
+        int nn = nfill;
+        const float *p = scores + (size_t)t0 * NG;
+        for (int x = 0; x < hd; x += 8 * SL) {
+            __m256 acc[4][8];
+            _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++)
+                _Pragma("GCC unroll 8") for (int i = 0; i < SL; i++)
+                    acc[g][i] = t0 > 0 && g < ng ? _mm256_loadu_ps(out + (size_t)(g0 + g) * hd + x + 8 * i)
+                                                 : _mm256_setzero_ps();
+            for (int b = 0; b < nb; b++) {
+                /* during the first slice, fetch the next block's rows */
+                if (x == 0 && b < nn) prefetch_row(vn[b], hd);
+                __m256 pv[4];
+                _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++) pv[g] = _mm256_broadcast_ss(p + (size_t)b * NG + g);
+                _Pragma("GCC unroll 8") for (int i = 0; i < SL; i++) {
+                    __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vr[b] + x + 8 * i)));
+                    _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++)
+                        acc[g][i] = _mm256_fmadd_ps(pv[g], vv, acc[g][i]);
+                }
+            }
+            _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++)
+                if (g < ng)
+                    _Pragma("GCC unroll 8") for (int i = 0; i < SL; i++)
+                        _mm256_storeu_ps(out + (size_t)(g0 + g) * hd + x + 8 * i, acc[g][i]);
+        }
+        nb = nn;
+    }
+#undef VALUE_FILL
+}
+
+/* Softmax numerators over t of each head lane of scores[len][ng] (ng in 1,
+ * 2, 4): exp(s - max) in place; inv[g] = 1 / sum for head g. */
+TGT static void softmax_lanes(float *scores, int len, int ng, float inv[4]) {
+    int n = ng * len, i;
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    for (i = 0; i + 8 <= n; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(scores + i));
+    FOLD_LANES(mx, ng, _mm256_max_ps);
+    float m[8];
+    _mm256_storeu_ps(m, mx);
+    for (; i < n; i++) m[i % ng] = scores[i] > m[i % ng] ? scores[i] : m[i % ng];
+    for (int l = ng; l < 8; l++) m[l] = m[l % ng];
+    mx = _mm256_loadu_ps(m);
+    __m256 sum = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(scores + i), mx));
+        _mm256_storeu_ps(scores + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    FOLD_LANES(sum, ng, _mm256_add_ps);
+    float s[8];
+    _mm256_storeu_ps(s, sum);
+    if (i < n) { /* the tail through one vector */
+        float x[8] = {0}, e[8];
+        for (int k = 0; k < n - i; k++) x[k] = scores[i + k] - m[(i + k) % ng];
+        _mm256_storeu_ps(e, exp256(_mm256_loadu_ps(x)));
+        for (int k = 0; k < n - i; k++) {
+            scores[i + k] = e[k];
+            s[(i + k) % ng] += e[k];
+        }
+    }
+    for (int g = 0; g < ng; g++) inv[g] = 1.0f / s[g];
+}
+
+/* probabilities in place (only when the caller wants them) */
+TGT static void normalize_lanes(float *scores, int len, int ng, const float inv[4]) {
+    float iv8[8];
+    for (int l = 0; l < 8; l++) iv8[l] = inv[l % ng];
+    __m256 iv = _mm256_loadu_ps(iv8);
+    int n = ng * len, i;
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(scores + i, _mm256_mul_ps(_mm256_loadu_ps(scores + i), iv));
+    for (; i < n; i++) scores[i] *= inv[i % ng];
+}
+
+/* One head group: scores, softmax, values; hd and NG constant per instance. */
+#define GROUP_FN(NAME, HD, NG)                                                                           \
+    TGT static void NAME(const ks_kv_seg16 *segs, int nseg, const uint16_t *const *KR,                   \
+                         const uint16_t *const *VR, int total, int hd_rt, int g0, int ng, const float *qs, \
+                         float *scores, float *out, bool want_p) {                                       \
+        const int hd = (HD) ? (HD) : hd_rt;                                                              \
+        float inv[4];                                                                                    \
+        score_pass(segs, nseg, KR, total, hd, NG, qs, scores);                                           \
+        softmax_lanes(scores, total, NG, inv);                                                           \
+        if (want_p) normalize_lanes(scores, total, NG, inv);                                             \
+        value_pass(segs, nseg, VR, total, hd, NG, g0, ng, scores, out);                                  \
+        if (!want_p) /* normalise the (few) outputs instead of every score */                            \
+            for (int g = 0; g < ng; g++)                                                                 \
+                for (int i = 0; i < hd; i++) out[(size_t)(g0 + g) * hd + i] *= inv[g];                   \
+    }
+GROUP_FN(group_64_4, 64, 4)
+GROUP_FN(group_64_2, 64, 2)
+GROUP_FN(group_64_1, 64, 1)
+GROUP_FN(group_128_4, 128, 4)
+GROUP_FN(group_128_2, 128, 2)
+GROUP_FN(group_128_1, 128, 1)
+GROUP_FN(group_any_4, 0, 4)
+GROUP_FN(group_any_2, 0, 2)
+GROUP_FN(group_any_1, 0, 1)
+
+bool ks_attention_segs_avx2(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
+                            float *scores, float *out, float scale, float *weights, const void **rows) {
+    if (hd % 16 || hd > 256) return false;
+    /* short segments on average: flatten to row pointers (rows: [2][total]) */
+    const uint16_t **KR = NULL, **VR = NULL;
+    if (rows && (size_t)nseg * 8 > (size_t)total) {
+        KR = (const uint16_t **)rows;
+        VR = KR + total;
+        for (int si = 0, t = 0; si < nseg; si++)
+            for (int j = 0; j < segs[si].len; j++, t++) {
+                KR[t] = segs[si].K + (size_t)j * hd;
+                VR[t] = segs[si].V + (size_t)j * hd;
+            }
+    }
+    for (int g0 = 0; g0 < G; g0 += 4) {
+        int ng = G - g0 < 4 ? G - g0 : 4;
+        /* the group padded to 1, 2 or 4 heads; a V slice (64 / NGP floats) must divide hd */
+        int NGP = ng == 1 ? 1 : ng == 2 ? 2 : 4;
+        while (NGP < 4 && hd % (64 / NGP)) NGP *= 2;
+        float qs[4 * 256]; /* [NGP][hd] scaled queries, padded heads zero */
+        for (int g = 0; g < NGP; g++)
+            for (int i = 0; i < hd; i++) qs[g * hd + i] = g < ng ? q[(size_t)(g0 + g) * hd + i] * scale : 0.0f;
+        bool want_p = weights != NULL;
+        const uint16_t *const *kr = KR, *const *vr = VR;
+#define GROUP_CALL(F) F(segs, nseg, kr, vr, total, hd, g0, ng, qs, scores, out, want_p)
+        if (hd == 64) {
+            if (NGP == 4) GROUP_CALL(group_64_4);
+            else if (NGP == 2) GROUP_CALL(group_64_2);
+            else GROUP_CALL(group_64_1);
+        } else if (hd == 128) {
+            if (NGP == 4) GROUP_CALL(group_128_4);
+            else if (NGP == 2) GROUP_CALL(group_128_2);
+            else GROUP_CALL(group_128_1);
+        } else {
+            if (NGP == 4) GROUP_CALL(group_any_4);
+            else if (NGP == 2) GROUP_CALL(group_any_2);
+            else GROUP_CALL(group_any_1);
+        }
+#undef GROUP_CALL
+        if (weights)
+            for (int t = 0; t < total; t++)
+                for (int g = 0; g < ng; g++) weights[t] += scores[(size_t)NGP * t + g];
+    }
+    return true;
+}
+#else
+bool ks_attention_segs_avx2(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
+                            float *scores, float *out, float scale, float *weights, const void **rows) {
+    (void)segs, (void)nseg, (void)total, (void)hd, (void)G, (void)q, (void)scores, (void)out, (void)scale;
+    (void)weights, (void)rows;
+    return false;
+}
+#endif
