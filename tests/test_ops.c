@@ -235,7 +235,10 @@ static void test_attention_pages(void **state) {
 /* The prefill block kernel: R query rows with causal limits over pages, each
  * row against the float64 reference over its visible rows. */
 static void check_block(int n, int hd, int G, int P) {
-    if (ks_simd_detect() < KS_SIMD_AVX512) return;
+    if (ks_simd_detect() < KS_SIMD_AVX2) return;
+    bool (*block)(const ks_kv_seg16 *, int, const int32_t *, int, int, int, const float *, size_t, float *, size_t,
+                  float *, float *, float) =
+        ks_simd_detect() >= KS_SIMD_AVX512 ? ks_attention_block_avx512 : ks_attention_block_avx2;
     enum { R = 16 };
     ks_rng rng = {(uint64_t)n * 7 + (uint64_t)hd + (uint64_t)G * 11};
     size_t rb = ks_kv_row_bytes(KS_KV_F16, hd);
@@ -256,8 +259,7 @@ static void check_block(int n, int hd, int G, int P) {
     float *q = malloc(sizeof(float) * R * G * hd), *out = malloc(sizeof(float) * R * G * hd);
     float *S = malloc(sizeof(float) * R * G * n), *tile = malloc(sizeof(float) * P * hd);
     for (int i = 0; i < R * G * hd; i++) q[i] = ks_rng_normal(&rng);
-    assert_true(ks_attention_block_avx512(segs, nseg, n_att, R, hd, G, q, (size_t)G * hd, out, (size_t)G * hd, S, tile,
-                                          1.0f / sqrtf((float)hd)));
+    assert_true(block(segs, nseg, n_att, R, hd, G, q, (size_t)G * hd, out, (size_t)G * hd, S, tile, 1.0f / sqrtf((float)hd)));
     double *ref = malloc(sizeof(double) * G * hd);
     float *reff = malloc(sizeof(float) * G * hd);
     for (int r = 0; r < R; r++) {
@@ -271,10 +273,12 @@ static void check_block(int n, int hd, int G, int P) {
 
 static void test_attention_block(void **state) {
     (void)state;
-    check_block(20, 16, 1, 8);
-    check_block(300, 64, 4, 32);
-    check_block(513, 128, 2, 32);
-    check_block(100, 288, 2, 16);
+    FOR_EACH_SIMD_LEVEL({
+        check_block(20, 16, 1, 8);
+        check_block(300, 64, 4, 32);
+        check_block(513, 128, 2, 32);
+        check_block(100, 288, 2, 16);
+    });
 }
 
 static void test_attention(void **state) {
