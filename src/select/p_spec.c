@@ -19,7 +19,9 @@
  * Prompt keys are computed from the hidden states the framework captures
  * during prefill (on_hidden), batched through ks_matmul; a decode step's key
  * is computed in before_step together with its query.  Scores for each
- * (row, KV head) run in parallel on the context's pool.  Positions map to
+ * (row, KV head) run in parallel on the context's pool, through AVX-512 or
+ * AVX2 kernels where the CPU has them (scoring and softmax are nearly all of
+ * a step at long contexts: scalar code is ~30x slower).  Positions map to
  * the target's entries directly unless a prefill evictor ran (dapq+spec),
  * in which case each layer/head translates positions through its page
  * metadata.
@@ -394,6 +396,15 @@ static ks_status spec_prefill(void *state, const ks_prefill_info *info) {
 }
 
 /* scores of G query heads against keys [0, n): out[g][j] (f16 keys) */
+static void scores_ref(const float *q, const ks_f16 *K, int32_t n, int hd, int G, float scale, float *out) {
+    for (int32_t j = 0; j < n; j++)
+        for (int g = 0; g < G; g++) {
+            float acc = 0;
+            for (int i = 0; i < hd; i++) acc += q[(size_t)g * hd + i] * ks_f16_to_f32(K[(size_t)j * hd + i]);
+            out[(size_t)g * n + j] = acc * scale;
+        }
+}
+
 #if defined(__x86_64__)
 /* any head dim: the last hd % 16 lanes go through masked loads (drafts need
  * not pad their heads to 16) */
@@ -459,21 +470,161 @@ __attribute__((target("avx512f,avx512dq,fma"))) static void softmax_max_avx512(f
         w[i] = first || p > w[i] ? p : w[i];
     }
 }
-#endif
 
-static void scores_ref(const float *q, const ks_f16 *K, int32_t n, int hd, int G, float scale, float *out) {
-    for (int32_t j = 0; j < n; j++)
-        for (int g = 0; g < G; g++) {
-            float acc = 0;
-            for (int i = 0; i < hd; i++) acc += q[(size_t)g * hd + i] * ks_f16_to_f32(K[(size_t)j * hd + i]);
-            out[(size_t)g * n + j] = acc * scale;
-        }
+/* AVX2 + FMA + F16C (AMD parts and most laptops lack AVX-512).  Scores:
+ * eight accumulators = R rows x GB heads (GB: the largest of 8, 4, 2, 1
+ * dividing G), reduced together by one hadd/permute butterfly into a vector
+ * whose lanes are (head, row) pairs, so no horizontal sum per score; every K
+ * chunk is converted from f16 once for the GB heads.  Any head dim >= 8: the
+ * tail is one more chunk loaded at hd - 8 (in bounds) with the lanes the body
+ * already counted zeroed, so nothing past the row is read. */
+#define SPEC_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define SPEC_AVX2_INL static inline __attribute__((target("avx2,fma,f16c"), always_inline))
+
+/* r[k] = sum of the lanes of a[k] */
+SPEC_AVX2_INL __m256 reduce8_avx2(const __m256 a[8]) {
+    __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 l = _mm256_hadd_ps(h01, h23), h = _mm256_hadd_ps(h45, h67); /* per 128-bit half */
+    return _mm256_add_ps(_mm256_permute2f128_ps(l, h, 0x20), _mm256_permute2f128_ps(l, h, 0x31));
 }
+
+/* acc[h * R + r] += q[h] * K[r] over the 8 lanes at off; masked: zero the K
+ * lanes outside mask (the tail chunk) */
+SPEC_AVX2_INL void scores_chunk_avx2(__m256 acc[8], const float *qg, const ks_f16 *const k[8], int hd, int off,
+                                     const bool masked, __m256 mask, const int GB) {
+    const int R = 8 / GB;
+    __m256 qv[8];
+    _Pragma("GCC unroll 8") for (int h = 0; h < GB; h++) {
+        qv[h] = _mm256_loadu_ps(qg + (size_t)h * hd + off);
+        if (GB < 8) __asm__("" : "+x"(qv[h])); /* one load per head, not one per row (load ports) */
+    }
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+        __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k[r] + off)));
+        if (masked) kv = _mm256_and_ps(kv, mask);
+        _Pragma("GCC unroll 8") for (int h = 0; h < GB; h++)
+            acc[h * R + r] = _mm256_fmadd_ps(kv, qv[h], acc[h * R + r]);
+    }
+}
+
+/* out[g0 + h][j + r] for h < GB, r < nr: rows j.. of K against heads g0.. */
+SPEC_AVX2_INL void scores_block_avx2(const float *q, const ks_f16 *K, int32_t n, int hd, int g0, int32_t j, int nr,
+                                     float scale, __m256 tmask, float *out, const int GB) {
+    const int R = 8 / GB;
+    const ks_f16 *k[8];
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) /* a short block repeats row j */
+        k[r] = K + (size_t)(j + (r < nr ? r : 0)) * hd;
+    const float *qg = q + (size_t)g0 * hd;
+    __m256 acc[8]; /* [GB][R] */
+    _Pragma("GCC unroll 8") for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= hd; i += 8) scores_chunk_avx2(acc, qg, k, hd, i, false, tmask, GB);
+    if (i < hd) scores_chunk_avx2(acc, qg, k, hd, hd - 8, true, tmask, GB);
+    __m256 s = _mm256_mul_ps(reduce8_avx2(acc), _mm256_set1_ps(scale)); /* lane h * R + r */
+    float *o = out + (size_t)g0 * n + j;
+    if (nr == R && R == 8) {
+        _mm256_storeu_ps(o, s);
+    } else if (nr == R && R == 4) {
+        _mm_storeu_ps(o, _mm256_castps256_ps128(s));
+        _mm_storeu_ps(o + n, _mm256_extractf128_ps(s, 1));
+    } else if (nr == R && R == 2) {
+        __m128 lo = _mm256_castps256_ps128(s), hi = _mm256_extractf128_ps(s, 1);
+        _mm_storel_pi((__m64 *)o, lo);
+        _mm_storeh_pi((__m64 *)(o + n), lo);
+        _mm_storel_pi((__m64 *)(o + 2 * (size_t)n), hi);
+        _mm_storeh_pi((__m64 *)(o + 3 * (size_t)n), hi);
+    } else {
+        float t[8];
+        _mm256_storeu_ps(t, s);
+        for (int h = 0; h < GB; h++)
+            for (int r = 0; r < nr; r++) o[(size_t)h * n + r] = t[h * R + r];
+    }
+}
+
+SPEC_AVX2_INL void scores_blocked_avx2(const float *q, const ks_f16 *K, int32_t n, int hd, int G, float scale,
+                                       float *out, const int GB) {
+    const int R = 8 / GB;
+    /* tail lanes hd - 8 + l hold new elements for l >= 8 - hd % 8 */
+    __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 tmask = _mm256_castsi256_ps(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32(7 - hd % 8)));
+    for (int32_t j = 0; j < n; j += R) { /* heads inner: the R rows stay in L1 for the whole group */
+        int nr = n - j < R ? (int)(n - j) : R;
+        for (int g0 = 0; g0 < G; g0 += GB) scores_block_avx2(q, K, n, hd, g0, j, nr, scale, tmask, out, GB);
+    }
+}
+
+SPEC_AVX2 static void scores_avx2(const float *q, const ks_f16 *K, int32_t n, int hd, int G, float scale,
+                                  float *out) {
+    if (hd < 8) {
+        scores_ref(q, K, n, hd, G, scale, out);
+        return;
+    }
+    switch (G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1) {
+    case 8: scores_blocked_avx2(q, K, n, hd, G, scale, out, 8); break;
+    case 4: scores_blocked_avx2(q, K, n, hd, G, scale, out, 4); break;
+    case 2: scores_blocked_avx2(q, K, n, hd, G, scale, out, 2); break;
+    default: scores_blocked_avx2(q, K, n, hd, G, scale, out, 1); break;
+    }
+}
+
+/* e^x for x <= 0 (the max is subtracted first): softmax_max_avx512's
+ * polynomial, with 2^n built in the exponent bits (AVX2 has no scalef) */
+SPEC_AVX2_INL __m256 exp_avx2(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    /* k in [-126, 0]: 2^k is a normal float */
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* softmax_max_avx512 in 8 lanes */
+SPEC_AVX2 static void softmax_max_avx2(float *x, int32_t n, float *w, bool first) {
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(x + i));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float m = _mm_cvtss_f32(m4);
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    __m256 mv = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+        _mm256_storeu_ps(x + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+    float tot = _mm_cvtss_f32(s4);
+    for (; i < n; i++) tot += (x[i] = expf(x[i] - m));
+    __m256 inv = _mm256_set1_ps(1.0f / tot);
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 p = _mm256_mul_ps(_mm256_loadu_ps(x + i), inv);
+        _mm256_storeu_ps(w + i, first ? p : _mm256_max_ps(p, _mm256_loadu_ps(w + i)));
+    }
+    for (; i < n; i++) {
+        float p = x[i] / tot;
+        w[i] = first || p > w[i] ? p : w[i];
+    }
+}
+#endif
 
 typedef struct {
     spec_state *s;
     const ks_step_info *step;
     int32_t n_select;
+    ks_simd_level simd;
     _Atomic int next;
 } spec_job;
 
@@ -491,8 +642,10 @@ static void select_worker(void *arg, int ith, int nth) {
         const float *q = s->q + ((size_t)r * s->Hq + (size_t)kvh * s->G) * s->hd;
         float scale = 1.0f / sqrtf((float)s->hd);
 #if defined(__x86_64__)
-        if (ks_simd_detect() >= KS_SIMD_AVX512)
+        if (j->simd >= KS_SIMD_AVX512)
             scores_avx512(q, kc_at(s, seq, kvh, 0), n, s->hd, s->G, scale, sc);
+        else if (j->simd >= KS_SIMD_AVX2)
+            scores_avx2(q, kc_at(s, seq, kvh, 0), n, s->hd, s->G, scale, sc);
         else
 #endif
             scores_ref(q, kc_at(s, seq, kvh, 0), n, s->hd, s->G, scale, sc);
@@ -500,8 +653,12 @@ static void select_worker(void *arg, int ith, int nth) {
         for (int g = 0; g < s->G; g++) {
             float *x = sc + (size_t)g * n;
 #if defined(__x86_64__)
-            if (ks_simd_detect() >= KS_SIMD_AVX512) {
+            if (j->simd >= KS_SIMD_AVX512) {
                 softmax_max_avx512(x, n, w, g == 0);
+                continue;
+            }
+            if (j->simd >= KS_SIMD_AVX2) {
+                softmax_max_avx2(x, n, w, g == 0);
                 continue;
             }
 #endif
@@ -538,7 +695,12 @@ static ks_status spec_before_step(void *state, const ks_step_info *step) {
     int32_t n_select = s->p.budget - s->p.sink - s->p.window;
     if (s->p.budget <= 0) n_select = s->env.n_ctx;
     if (n_select < 0) n_select = 0;
-    spec_job job = {.s = s, .step = step, .n_select = n_select};
+    /* the level in use, which tests lower with ks_simd_force: matmul.h has no
+     * getter for it, so read it by a round trip that writes back the value it
+     * found (the detected level unless a test forced one) */
+    ks_simd_level simd = ks_simd_force(ks_simd_detect());
+    ks_simd_force(simd);
+    spec_job job = {.s = s, .step = step, .n_select = n_select, .simd = simd};
     atomic_init(&job.next, 0);
     ks_pool_run(s->env.pool, select_worker, &job);
     s->selections += (uint64_t)n * s->Hkv;
