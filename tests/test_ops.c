@@ -235,10 +235,10 @@ static void test_attention_pages(void **state) {
 /* The prefill block kernel: R query rows with causal limits over pages, each
  * row against the float64 reference over its visible rows. */
 static void check_block(int n, int hd, int G, int P) {
-    if (ks_simd_detect() < KS_SIMD_AVX2) return;
+    if (ks_simd_current() < KS_SIMD_AVX2) return;
     bool (*block)(const ks_kv_seg16 *, int, const int32_t *, int, int, int, const float *, size_t, float *, size_t,
                   float *, float *, float) =
-        ks_simd_detect() >= KS_SIMD_AVX512 ? ks_attention_block_avx512 : ks_attention_block_avx2;
+        ks_simd_current() >= KS_SIMD_AVX512 ? ks_attention_block_avx512 : ks_attention_block_avx2;
     enum { R = 16 };
     ks_rng rng = {(uint64_t)n * 7 + (uint64_t)hd + (uint64_t)G * 11};
     size_t rb = ks_kv_row_bytes(KS_KV_F16, hd);

@@ -246,20 +246,20 @@ TGT static void normalize_lanes(float *scores, int len, int ng, const float inv[
     for (; i < n; i++) scores[i] *= inv[i % ng];
 }
 
-/* One head group: scores, softmax, values; hd and NG constant per instance. */
+/* One head group: scores, softmax numerators, values; hd and NG constant
+ * per instance.  The outputs are normalised at the end (hd values per head,
+ * not one per row), and the same way whether or not the caller wants the
+ * probabilities, so a policy that reads them stays bit-exact with dense. */
 #define GROUP_FN(NAME, HD, NG)                                                                           \
     TGT static void NAME(const ks_kv_seg16 *segs, int nseg, const uint16_t *const *KR,                   \
                          const uint16_t *const *VR, int total, int hd_rt, int g0, int ng, const float *qs, \
-                         float *scores, float *out, bool want_p) {                                       \
+                         float *scores, float *out, float inv[4]) {                                      \
         const int hd = (HD) ? (HD) : hd_rt;                                                              \
-        float inv[4];                                                                                    \
         score_pass(segs, nseg, KR, total, hd, NG, qs, scores);                                           \
         softmax_lanes(scores, total, NG, inv);                                                           \
-        if (want_p) normalize_lanes(scores, total, NG, inv);                                             \
         value_pass(segs, nseg, VR, total, hd, NG, g0, ng, scores, out);                                  \
-        if (!want_p) /* normalise the (few) outputs instead of every score */                            \
-            for (int g = 0; g < ng; g++)                                                                 \
-                for (int i = 0; i < hd; i++) out[(size_t)(g0 + g) * hd + i] *= inv[g];                   \
+        for (int g = 0; g < ng; g++)                                                                     \
+            for (int i = 0; i < hd; i++) out[(size_t)(g0 + g) * hd + i] *= inv[g];                       \
     }
 GROUP_FN(group_64_4, 64, 4)
 GROUP_FN(group_64_2, 64, 2)
@@ -293,9 +293,9 @@ bool ks_attention_segs_avx2(const ks_kv_seg16 *segs, int nseg, int total, int hd
         float qs[4 * 256]; /* [NGP][hd] scaled queries, padded heads zero */
         for (int g = 0; g < NGP; g++)
             for (int i = 0; i < hd; i++) qs[g * hd + i] = g < ng ? q[(size_t)(g0 + g) * hd + i] * scale : 0.0f;
-        bool want_p = weights != NULL;
+        float inv[4];
         const uint16_t *const *kr = KR, *const *vr = VR;
-#define GROUP_CALL(F) F(segs, nseg, kr, vr, total, hd, g0, ng, qs, scores, out, want_p)
+#define GROUP_CALL(F) F(segs, nseg, kr, vr, total, hd, g0, ng, qs, scores, out, inv)
         if (hd == 64) {
             if (NGP == 4) GROUP_CALL(group_64_4);
             else if (NGP == 2) GROUP_CALL(group_64_2);
@@ -312,7 +312,7 @@ bool ks_attention_segs_avx2(const ks_kv_seg16 *segs, int nseg, int total, int hd
 #undef GROUP_CALL
         if (weights)
             for (int t = 0; t < total; t++)
-                for (int g = 0; g < ng; g++) weights[t] += scores[(size_t)NGP * t + g];
+                for (int g = 0; g < ng; g++) weights[t] += scores[(size_t)NGP * t + g] * inv[g];
     }
     return true;
 }

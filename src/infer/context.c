@@ -146,10 +146,10 @@ void ks_attention_segs(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total
     KS_ASSERT(total > 0);
     float scale = 1.0f / sqrtf((float)hd);
 #if defined(__x86_64__)
-    if (allow_simd && kt == KS_KV_F16 && ks_simd_detect() >= KS_SIMD_AVX512 &&
+    if (allow_simd && kt == KS_KV_F16 && ks_simd_current() >= KS_SIMD_AVX512 &&
         ks_attention_segs_avx512((const ks_kv_seg16 *)segs, nseg, total, hd, G, q, scores, out, scale, weights, rows))
         return;
-    if (allow_simd && kt == KS_KV_F16 && ks_simd_detect() >= KS_SIMD_AVX2 &&
+    if (allow_simd && kt == KS_KV_F16 && ks_simd_current() >= KS_SIMD_AVX2 &&
         ks_attention_segs_avx2((const ks_kv_seg16 *)segs, nseg, total, hd, G, q, scores, out, scale, weights, rows))
         return;
 #endif
@@ -820,7 +820,7 @@ static bool attend_block(ks_context *c, attn_job *j, ks_attn_scratch *s, int r0,
     float *o = c->att + ((size_t)r0 * hp->n_head + (size_t)h * G) * hd;
     bool (*block)(const ks_kv_seg16 *, int, const int32_t *, int, int, int, const float *, size_t, float *, size_t,
                   float *, float *, float) =
-        ks_simd_detect() >= KS_SIMD_AVX512 ? ks_attention_block_avx512 : ks_attention_block_avx2;
+        ks_simd_current() >= KS_SIMD_AVX512 ? ks_attention_block_avx512 : ks_attention_block_avx2;
     if (!block((const ks_kv_seg16 *)segs, nseg, n_att, R, hd, G, q, (size_t)hp->n_head * hd, o, (size_t)hp->n_head * hd,
                s->blk_S, s->blk_tile, 1.0f / sqrtf((float)hd)))
         return false;
@@ -937,7 +937,7 @@ static ks_status forward_rows(ks_context *c, int n, const int32_t *seq, const in
         attn_job job = {.c = c, .il = il, .n = n, .seq = seq, .pos = pos, .sparse = selects && il >= c->dense_layers};
         /* prefill chunks of one sequence on a resident f16 layer take the blocked kernel */
         job.blocked = !c->decoding && n > 1 && seq[0] == seq[n - 1] && c->kv_type == KS_KV_F16 &&
-                      hd % 16 == 0 && ks_simd_detect() >= KS_SIMD_AVX2;
+                      hd % 16 == 0 && ks_simd_current() >= KS_SIMD_AVX2;
         atomic_init(&job.next, 0);
         atomic_flag_clear(&c->step_failed);
         ks_pool_run(c->pool, attn_worker, &job);

@@ -695,11 +695,7 @@ static ks_status spec_before_step(void *state, const ks_step_info *step) {
     int32_t n_select = s->p.budget - s->p.sink - s->p.window;
     if (s->p.budget <= 0) n_select = s->env.n_ctx;
     if (n_select < 0) n_select = 0;
-    /* the level in use, which tests lower with ks_simd_force: matmul.h has no
-     * getter for it, so read it by a round trip that writes back the value it
-     * found (the detected level unless a test forced one) */
-    ks_simd_level simd = ks_simd_force(ks_simd_detect());
-    ks_simd_force(simd);
+    ks_simd_level simd = ks_simd_current(); /* tests lower it with ks_simd_force */
     spec_job job = {.s = s, .step = step, .n_select = n_select, .simd = simd};
     atomic_init(&job.next, 0);
     ks_pool_run(s->env.pool, select_worker, &job);

@@ -360,7 +360,7 @@ const char *ks_simd_name(ks_simd_level level) {
     }
 }
 
-static ks_simd_level ks_simd_current(void) {
+ks_simd_level ks_simd_current(void) {
     int lv = atomic_load(&ks_simd_cur);
     if (lv < 0) {
         lv = ks_simd_detect();

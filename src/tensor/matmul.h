@@ -26,6 +26,9 @@ typedef enum ks_simd_level { KS_SIMD_SCALAR = 0, KS_SIMD_AVX2 = 1, KS_SIMD_AVX51
  * "avx512") caps it for testing. */
 ks_simd_level ks_simd_detect(void);
 const char *ks_simd_name(ks_simd_level level);
+/* The level kernels dispatch on: the detected one unless a test forced
+ * another.  Every SIMD dispatch (matmul, attention, selection) reads this. */
+ks_simd_level ks_simd_current(void);
 /* Force a level (tests); returns the previous one.  Not thread-safe. */
 ks_simd_level ks_simd_force(ks_simd_level level);
 

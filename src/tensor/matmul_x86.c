@@ -168,6 +168,13 @@ KS_MM_INL __m256i KS_MM_SFX(ks_mm_load_q4_0)(const ks_block_q4_0 *b) {
         }                                                                                          \
     } while (0)
 
+/* Software prefetch distance in blocks.  A row of a 2048-column matrix is
+ * 64 blocks, so the prefetch runs into the next row, which the hardware
+ * prefetcher (it stops at 4 KiB pages) would otherwise find late. */
+#ifndef KS_MM_Q32_PF_BLOCKS
+#define KS_MM_Q32_PF_BLOCKS 128
+#endif
+
 /* Two accumulator sets (even / odd blocks) hide the FMA latency at n = 1. */
 #define KS_MM_Q32_KERNEL(name, BT, LOADB)                                                          \
     KS_MM_INL void KS_MM_SFX(name##_body)(const uint8_t *w, const uint8_t *xq, size_t xs,          \
@@ -179,6 +186,9 @@ KS_MM_INL __m256i KS_MM_SFX(ks_mm_load_q4_0)(const ks_block_q4_0 *b) {
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc0[c] = acc1[c] = _mm256_setzero_ps(); \
         int64_t b = 0;                                                                             \
         for (; b + 1 < nb; b += 2) {                                                               \
+            /* two lines per two blocks (<= 68 bytes), KS_MM_Q32_PF_BLOCKS ahead (into the next row) */ \
+            _mm_prefetch((const char *)((uintptr_t)(wb + b) + KS_MM_Q32_PF_BLOCKS * sizeof(BT)), _MM_HINT_T0); \
+            _mm_prefetch((const char *)((uintptr_t)(wb + b) + KS_MM_Q32_PF_BLOCKS * sizeof(BT) + 64), _MM_HINT_T0); \
             KS_MM_Q32_STEP(LOADB, wb, b, acc0);                                                    \
             KS_MM_Q32_STEP(LOADB, wb, b + 1, acc1);                                                \
         }                                                                                          \
