@@ -21,6 +21,7 @@
 #include "select/lrqk_math.h"
 #include "select/policy.h"
 #include "tensor/dtype.h"
+#include "tensor/matmul.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -314,6 +315,39 @@ static void test_hot_key_ranks_first(void **state) {
     }
 }
 
+/* The AVX2 proxy scores (r % 8 == 0) against the SSE/scalar ones: the same
+ * hot key ranks first, and the same selection, at every level the CPU has. */
+static void test_proxy_kernels_agree(void **state) {
+    (void)state;
+    fake_svc f = {0};
+    make_kv(&f, 21);
+    int32_t first[CTX], got[CTX], n_first = -1;
+    ks_simd_level hw = ks_simd_detect(), saved = ks_simd_force(hw);
+    for (int lv = KS_SIMD_SCALAR; lv <= (int)hw; lv++) {
+        ks_simd_force((ks_simd_level)lv);
+        ks_policy *pol = make_policy(&f, "rank=8");
+        prefill(pol);
+        int32_t n = step(&f, pol, N0, 21, 6, 3.0f, got);
+        qsort(got, (size_t)n, sizeof(int32_t), cmp_i32);
+        bool hot = false;
+        for (int32_t i = 0; i < n; i++) hot |= got[i] == 21;
+        assert_true(hot);
+        if (n_first < 0) {
+            n_first = n;
+            memcpy(first, got, sizeof(int32_t) * (size_t)n);
+        } else {
+            assert_int_equal(n, n_first);
+            for (int32_t i = 0; i < n; i++) assert_int_equal(got[i], first[i]);
+        }
+        ks_policy_destroy(pol);
+        /* the step appended entry N0: start the next level from the same cache */
+        ks_kv_destroy(f.kv);
+        make_kv(&f, 21);
+    }
+    ks_simd_force(saved);
+    ks_kv_destroy(f.kv);
+}
+
 static void test_hit_miss_counting(void **state) {
     (void)state;
     fake_svc f = {0};
@@ -482,6 +516,7 @@ int main(void) {
         cmocka_unit_test(test_factor_error_falls_with_rank),
         cmocka_unit_test(test_decode_step),
         cmocka_unit_test(test_hot_key_ranks_first),
+        cmocka_unit_test(test_proxy_kernels_agree),
         cmocka_unit_test(test_hit_miss_counting),
         cmocka_unit_test(test_bad_args),
         cmocka_unit_test(test_full_budget_equals_dense_gqa),

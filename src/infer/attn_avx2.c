@@ -29,6 +29,8 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "tensor/simd_avx2.h"
+
 /* Rows ahead to prefetch (2 KiB at hd 64): the next page of a head is
  * usually not the next address, so the hardware prefetcher alone stalls at
  * every page boundary.  Same distance as the AVX-512 kernel. */
@@ -36,32 +38,6 @@
 #define ATTN2_VBLOCK 128 /* V rows per L1 block (16 KiB at hd 64) */
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define INL static inline __attribute__((target("avx2,fma,f16c"), always_inline))
-
-INL __m256 exp256(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    /* n in [-126, 0] here (x <= 0 after the max is subtracted): a normal 2^n */
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-/* Eight horizontal sums at once: r[k] = sum of the lanes of a[k]. */
-INL __m256 reduce8(const __m256 a[8]) {
-    __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
-    __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
-    __m256 l = _mm256_hadd_ps(h01, h23), h = _mm256_hadd_ps(h45, h67); /* per 128-bit half */
-    return _mm256_add_ps(_mm256_permute2f128_ps(l, h, 0x20), _mm256_permute2f128_ps(l, h, 0x31));
-}
 
 /* Every lane gets op over the lanes of the same head (lane mod ng). */
 #define FOLD_LANES(v, ng, OP)                                                              \
@@ -95,7 +71,7 @@ INL void score_rows(const uint16_t *const *k, const float *qs, int hd, int NG, f
                 acc[r * NG + g] = _mm256_fmadd_ps(kv, qv[g], acc[r * NG + g]);
         }
     }
-    __m256 s = reduce8(acc);
+    __m256 s = ks_avx2_reduce8(acc);
     if (nr == rps) {
         _mm256_storeu_ps(dst, s);
     } else {
@@ -217,7 +193,7 @@ TGT static void softmax_lanes(float *scores, int len, int ng, float inv[4]) {
     mx = _mm256_loadu_ps(m);
     __m256 sum = _mm256_setzero_ps();
     for (i = 0; i + 8 <= n; i += 8) {
-        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(scores + i), mx));
+        __m256 e = ks_avx2_exp_neg(_mm256_sub_ps(_mm256_loadu_ps(scores + i), mx));
         _mm256_storeu_ps(scores + i, e);
         sum = _mm256_add_ps(sum, e);
     }
@@ -227,7 +203,7 @@ TGT static void softmax_lanes(float *scores, int len, int ng, float inv[4]) {
     if (i < n) { /* the tail through one vector */
         float x[8] = {0}, e[8];
         for (int k = 0; k < n - i; k++) x[k] = scores[i + k] - m[(i + k) % ng];
-        _mm256_storeu_ps(e, exp256(_mm256_loadu_ps(x)));
+        _mm256_storeu_ps(e, ks_avx2_exp_neg(_mm256_loadu_ps(x)));
         for (int k = 0; k < n - i; k++) {
             scores[i + k] = e[k];
             s[(i + k) % ng] += e[k];
@@ -349,7 +325,7 @@ TGT bool ks_attention_block_avx2(const ks_kv_seg16 *segs, int nseg, const int32_
                     for (int a = 0; a < 8; a++)
                         acc[a] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(tile + (size_t)(t + a) * hd + i), acc[a]);
                 }
-                _mm256_storeu_ps(srow + t, _mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale)));
+                _mm256_storeu_ps(srow + t, _mm256_mul_ps(ks_avx2_reduce8(acc), _mm256_set1_ps(scale)));
             }
             for (; t < lim; t++) {
                 __m256 acc = _mm256_setzero_ps();

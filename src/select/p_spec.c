@@ -39,6 +39,7 @@
 #include "model/eagle3.h"
 #include "tensor/dtype.h"
 #include "tensor/matmul.h"
+#include "tensor/simd_avx2.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -481,14 +482,6 @@ __attribute__((target("avx512f,avx512dq,fma"))) static void softmax_max_avx512(f
 #define SPEC_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define SPEC_AVX2_INL static inline __attribute__((target("avx2,fma,f16c"), always_inline))
 
-/* r[k] = sum of the lanes of a[k] */
-SPEC_AVX2_INL __m256 reduce8_avx2(const __m256 a[8]) {
-    __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
-    __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
-    __m256 l = _mm256_hadd_ps(h01, h23), h = _mm256_hadd_ps(h45, h67); /* per 128-bit half */
-    return _mm256_add_ps(_mm256_permute2f128_ps(l, h, 0x20), _mm256_permute2f128_ps(l, h, 0x31));
-}
-
 /* acc[h * R + r] += q[h] * K[r] over the 8 lanes at off; masked: zero the K
  * lanes outside mask (the tail chunk) */
 SPEC_AVX2_INL void scores_chunk_avx2(__m256 acc[8], const float *qg, const ks_f16 *const k[8], int hd, int off,
@@ -520,7 +513,7 @@ SPEC_AVX2_INL void scores_block_avx2(const float *q, const ks_f16 *K, int32_t n,
     int i = 0;
     for (; i + 8 <= hd; i += 8) scores_chunk_avx2(acc, qg, k, hd, i, false, tmask, GB);
     if (i < hd) scores_chunk_avx2(acc, qg, k, hd, hd - 8, true, tmask, GB);
-    __m256 s = _mm256_mul_ps(reduce8_avx2(acc), _mm256_set1_ps(scale)); /* lane h * R + r */
+    __m256 s = _mm256_mul_ps(ks_avx2_reduce8(acc), _mm256_set1_ps(scale)); /* lane h * R + r */
     float *o = out + (size_t)g0 * n + j;
     if (nr == R && R == 8) {
         _mm256_storeu_ps(o, s);
@@ -567,26 +560,6 @@ SPEC_AVX2 static void scores_avx2(const float *q, const ks_f16 *K, int32_t n, in
     }
 }
 
-/* e^x for x <= 0 (the max is subtracted first): softmax_max_avx512's
- * polynomial, with 2^n built in the exponent bits (AVX2 has no scalef) */
-SPEC_AVX2_INL __m256 exp_avx2(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    /* k in [-126, 0]: 2^k is a normal float */
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
 /* softmax_max_avx512 in 8 lanes */
 SPEC_AVX2 static void softmax_max_avx2(float *x, int32_t n, float *w, bool first) {
     __m256 mx = _mm256_set1_ps(-INFINITY);
@@ -599,7 +572,7 @@ SPEC_AVX2 static void softmax_max_avx2(float *x, int32_t n, float *w, bool first
     for (; i < n; i++) m = x[i] > m ? x[i] : m;
     __m256 mv = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
     for (i = 0; i + 8 <= n; i += 8) {
-        __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+        __m256 e = ks_avx2_exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
         _mm256_storeu_ps(x + i, e);
         sum = _mm256_add_ps(sum, e);
     }
