@@ -89,7 +89,7 @@ static void check_attention(ks_kv_type kt, int len, int hd, int G, bool simd) {
     float *scores = malloc(sizeof(float) * (G > 4 ? G : 4) * len), *tmp = malloc(sizeof(float) * hd);
     double *ref = malloc(sizeof(double) * G * hd);
     for (int t = 0; t < len; t++) {
-        float kr[256], vr[256];
+        float kr[512], vr[512];
         for (int i = 0; i < hd; i++) kr[i] = ks_rng_normal(&rng), vr[i] = ks_rng_normal(&rng);
         if (kt == KS_KV_F16) {
             for (int i = 0; i < hd; i++) {
@@ -285,9 +285,9 @@ static void test_attention(void **state) {
     (void)state;
     int lens[] = {1, 2, 33, 500};
     int groups[] = {1, 2, 4, 7, 8}; /* MHA, GQA (incl. odd groups), MQA-like sizes */
-    int hds[] = {32, 64, 128, 80, 48};
+    int hds[] = {32, 64, 128, 80, 48, 288};
     FOR_EACH_SIMD_LEVEL(for (int kt = 0; kt < 2; kt++) for (size_t a = 0; a < 4; a++) for (size_t b = 0; b < 5; b++)
-                            for (size_t h = 0; h < 5; h++) for (int simd = 0; simd < 2; simd++)
+                            for (size_t h = 0; h < 6; h++) for (int simd = 0; simd < 2; simd++)
                                 check_attention((ks_kv_type)kt, lens[a], hds[h], groups[b], simd));
 }
 

@@ -36,6 +36,7 @@
  * every page boundary.  Same distance as the AVX-512 kernel. */
 #define ATTN2_PREFETCH_ROWS 16
 #define ATTN2_VBLOCK 128 /* V rows per L1 block (16 KiB at hd 64) */
+#define KS_ATTN2_MAX_HD 512 /* the bundled model has 288; 4 x 512 scaled queries live on the stack */
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define INL static inline __attribute__((target("avx2,fma,f16c"), always_inline))
 
@@ -249,7 +250,7 @@ GROUP_FN(group_any_1, 0, 1)
 
 bool ks_attention_segs_avx2(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
                             float *scores, float *out, float scale, float *weights, const void **rows) {
-    if (hd % 16 || hd > 256) return false;
+    if (hd % 16 || hd > KS_ATTN2_MAX_HD) return false;
     /* short segments on average: flatten to row pointers (rows: [2][total]) */
     const uint16_t **KR = NULL, **VR = NULL;
     if (rows && (size_t)nseg * 8 > (size_t)total) {
@@ -266,7 +267,7 @@ bool ks_attention_segs_avx2(const ks_kv_seg16 *segs, int nseg, int total, int hd
         /* the group padded to 1, 2 or 4 heads; a V slice (64 / NGP floats) must divide hd */
         int NGP = ng == 1 ? 1 : ng == 2 ? 2 : 4;
         while (NGP < 4 && hd % (64 / NGP)) NGP *= 2;
-        float qs[4 * 256]; /* [NGP][hd] scaled queries, padded heads zero */
+        float qs[4 * KS_ATTN2_MAX_HD]; /* [NGP][hd] scaled queries, padded heads zero */
         for (int g = 0; g < NGP; g++)
             for (int i = 0; i < hd; i++) qs[g * hd + i] = g < ng ? q[(size_t)(g0 + g) * hd + i] * scale : 0.0f;
         float inv[4];

@@ -130,7 +130,7 @@ bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int 
                               float *scores, float *out, float scale, float *weights, const void **rows);
 
 /* AVX2 + FMA + F16C f16 kernel for head dims that are multiples of 16 (up to
- * 256); false if it does not apply.  scores: [total][4] scratch. */
+ * 512); false if it does not apply.  scores: [total][4] scratch. */
 bool ks_attention_segs_avx2(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
                             float *scores, float *out, float scale, float *weights, const void **rows);
 
