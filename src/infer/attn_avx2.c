@@ -49,14 +49,28 @@
     } while (0)
 
 /* Both ends of a row (two lines at hd 64). */
-INL void prefetch_row(const uint16_t *p, int hd) {
+INL void prefetch_row(const uint8_t *p, size_t rb) {
     _mm_prefetch((const char *)p, _MM_HINT_T0);
-    _mm_prefetch((const char *)(p + hd - 1), _MM_HINT_T0);
+    _mm_prefetch((const char *)(p + rb - 1), _MM_HINT_T0);
+}
+
+/* Eight elements i..i+7 of a row as f32.  KT 0: f16; KT 1: Q8_0 blocks
+ * (34 bytes: f16 scale, 32 int8), where 8 | 32 keeps a chunk in one block;
+ * int8 -> f32 is exact and the scale multiply is the one rounding the
+ * portable dequantizer also does. */
+INL __m256 load8(const uint8_t *row, int i, const int KT) {
+    if (KT == 0) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)i)));
+    const uint8_t *blk = row + (size_t)(i >> 5) * 34;
+    uint16_t h;
+    memcpy(&h, blk, 2);
+    __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
+    __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + (i & 31))));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
 }
 
 /* Scores of 8 / NG rows k[] against NG heads: dst[r][NG] for the first nr
  * rows.  qs: [NG][hd] scaled queries (padded heads zero). */
-INL void score_rows(const uint16_t *const *k, const float *qs, int hd, int NG, float *dst, int nr) {
+INL void score_rows(const uint8_t *const *k, const float *qs, int hd, int NG, const int KT, float *dst, int nr) {
     const int rps = 8 / NG;
     __m256 acc[8];
     _Pragma("GCC unroll 8") for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
@@ -67,7 +81,7 @@ INL void score_rows(const uint16_t *const *k, const float *qs, int hd, int NG, f
             __asm__("" : "+x"(qv[g])); /* one load per use by all rows (load ports) */
         }
         _Pragma("GCC unroll 8") for (int r = 0; r < rps; r++) {
-            __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k[r] + i)));
+            __m256 kv = load8(k[r], i, KT);
             _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++)
                 acc[r * NG + g] = _mm256_fmadd_ps(kv, qv[g], acc[r * NG + g]);
         }
@@ -82,55 +96,56 @@ INL void score_rows(const uint16_t *const *k, const float *qs, int hd, int NG, f
     }
 }
 
-/* scores[t][NG] over the rows of the segments (or of the flat list KR). */
-INL void score_pass(const ks_kv_seg16 *segs, int nseg, const uint16_t *const *KR, int total, int hd, int NG,
-                    const float *qs, float *scores) {
+/* scores[t][NG] over the rows of the segments (or of the flat list KR);
+ * rows are rb bytes. */
+INL void score_pass(const ks_kv_seg *segs, int nseg, const uint8_t *const *KR, int total, int hd, size_t rb,
+                    int NG, const int KT, const float *qs, float *scores) {
     const int rps = 8 / NG, pf = ATTN2_PREFETCH_ROWS;
-    const uint16_t *k[8];
+    const uint8_t *k[8];
     if (KR) {
         for (int t = 0; t < total; t += rps) {
             int nr = total - t < rps ? total - t : rps;
             for (int r = 0; r < rps; r++) {
                 k[r] = KR[r < nr ? t + r : t];
-                if (t + r + pf < total) prefetch_row(KR[t + r + pf], hd);
+                if (t + r + pf < total) prefetch_row(KR[t + r + pf], rb);
             }
-            score_rows(k, qs, hd, NG, scores + (size_t)t * NG, nr);
+            score_rows(k, qs, hd, NG, KT, scores + (size_t)t * NG, nr);
         }
         return;
     }
     int t = 0, n = 0; /* n rows of k[] pending, straddling a page boundary */
     for (int si = 0; si < nseg; si++) {
-        const uint16_t *K = segs[si].K, *Kn = si + 1 < nseg ? segs[si + 1].K : NULL;
+        const uint8_t *K = segs[si].K, *Kn = si + 1 < nseg ? segs[si + 1].K : NULL;
         int len = segs[si].len, j = 0;
-        while (n > 0 && n < rps && j < len) k[n++] = K + (size_t)j++ * hd;
+        while (n > 0 && n < rps && j < len) k[n++] = K + (size_t)j++ * rb;
         if (n == rps) {
-            score_rows(k, qs, hd, NG, scores + (size_t)t * NG, rps);
+            score_rows(k, qs, hd, NG, KT, scores + (size_t)t * NG, rps);
             t += rps;
             n = 0;
         }
         for (; j + rps <= len; j += rps, t += rps) {
             for (int r = 0; r < rps; r++) {
-                k[r] = K + (size_t)(j + r) * hd;
+                k[r] = K + (size_t)(j + r) * rb;
                 int a = j + r + pf;
-                if (a < len) prefetch_row(K + (size_t)a * hd, hd);
-                else if (Kn && a - len < segs[si + 1].len) prefetch_row(Kn + (size_t)(a - len) * hd, hd);
+                if (a < len) prefetch_row(K + (size_t)a * rb, rb);
+                else if (Kn && a - len < segs[si + 1].len) prefetch_row(Kn + (size_t)(a - len) * rb, rb);
             }
-            score_rows(k, qs, hd, NG, scores + (size_t)t * NG, rps);
+            score_rows(k, qs, hd, NG, KT, scores + (size_t)t * NG, rps);
         }
-        while (j < len) k[n++] = K + (size_t)j++ * hd;
+        while (j < len) k[n++] = K + (size_t)j++ * rb;
     }
     if (n > 0) {
         for (int r = n; r < rps; r++) k[r] = k[0];
-        score_rows(k, qs, hd, NG, scores + (size_t)t * NG, n);
+        score_rows(k, qs, hd, NG, KT, scores + (size_t)t * NG, n);
     }
 }
 
 /* out[g0+g] (+)= sum_t p[t][g] V[t] for the real heads g < ng, over the rows
  * of the segments (or VR) in blocks of ATTN2_VBLOCK that stay in L1. */
-INL void value_pass(const ks_kv_seg16 *segs, int nseg, const uint16_t *const *VR, int total, int hd, int NG,
-                    int g0, int ng, const float *scores, float *out) {
+INL void value_pass(const ks_kv_seg *segs, int nseg, const uint8_t *const *VR, int total, int hd, size_t rb, int NG,
+                    const int KT, int g0, int ng, const float *scores, float *out) {
     const int SL = 8 / NG; /* ymm per head per slice of 64 / NG floats */
-    const uint16_t *buf[2][ATTN2_VBLOCK];
+    const uint8_t *buf[2][ATTN2_VBLOCK];
     int si = 0, j = 0; /* segment walk */
     /* row pointers of the block starting at t0; its length */
 #define VALUE_FILL(dst, t0)                                                            \
@@ -141,7 +156,7 @@ INL void value_pass(const ks_kv_seg16 *segs, int nseg, const uint16_t *const *VR
             if (VR) (dst)[b_] = VR[(t0) + b_];                                         \
             else {                                                                     \
                 while (j >= segs[si].len) si++, j = 0;                                 \
-                (dst)[b_] = segs[si].V + (size_t)j++ * hd;                             \
+                (dst)[b_] = (const uint8_t *)segs[si].V + (size_t)j++ * rb;            \
             }                                                                          \
         }                                                                              \
     } while (0)
@@ -149,7 +164,7 @@ INL void value_pass(const ks_kv_seg16 *segs, int nseg, const uint16_t *const *VR
     VALUE_FILL(buf[0], 0);
     nb = nfill;
     for (int t0 = 0, cur = 0; t0 < total; t0 += ATTN2_VBLOCK, cur ^= 1) {
-        const uint16_t *const *vr = buf[cur], *const *vn = buf[cur ^ 1];
+        const uint8_t *const *vr = buf[cur], *const *vn = buf[cur ^ 1];
         VALUE_FILL(buf[cur ^ 1], t0 + ATTN2_VBLOCK); /* the next block, prefetched while this one runs */
         int nn = nfill;
         const float *p = scores + (size_t)t0 * NG;
@@ -161,11 +176,11 @@ INL void value_pass(const ks_kv_seg16 *segs, int nseg, const uint16_t *const *VR
                                                  : _mm256_setzero_ps();
             for (int b = 0; b < nb; b++) {
                 /* during the first slice, fetch the next block's rows */
-                if (x == 0 && b < nn) prefetch_row(vn[b], hd);
+                if (x == 0 && b < nn) prefetch_row(vn[b], rb);
                 __m256 pv[4];
                 _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++) pv[g] = _mm256_broadcast_ss(p + (size_t)b * NG + g);
                 _Pragma("GCC unroll 8") for (int i = 0; i < SL; i++) {
-                    __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vr[b] + x + 8 * i)));
+                    __m256 vv = load8(vr[b], x + 8 * i, KT);
                     _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++)
                         acc[g][i] = _mm256_fmadd_ps(pv[g], vv, acc[g][i]);
                 }
@@ -227,39 +242,45 @@ TGT static void normalize_lanes(float *scores, int len, int ng, const float inv[
  * per instance.  The outputs are normalised at the end (hd values per head,
  * not one per row), and the same way whether or not the caller wants the
  * probabilities, so a policy that reads them stays bit-exact with dense. */
-#define GROUP_FN(NAME, HD, NG)                                                                           \
-    TGT static void NAME(const ks_kv_seg16 *segs, int nseg, const uint16_t *const *KR,                   \
-                         const uint16_t *const *VR, int total, int hd_rt, int g0, int ng, const float *qs, \
-                         float *scores, float *out, float inv[4]) {                                      \
-        const int hd = (HD) ? (HD) : hd_rt;                                                              \
-        score_pass(segs, nseg, KR, total, hd, NG, qs, scores);                                           \
-        softmax_lanes(scores, total, NG, inv);                                                           \
-        value_pass(segs, nseg, VR, total, hd, NG, g0, ng, scores, out);                                  \
-        for (int g = 0; g < ng; g++)                                                                     \
-            for (int i = 0; i < hd; i++) out[(size_t)(g0 + g) * hd + i] *= inv[g];                       \
+#define GROUP_FN(NAME, HD, NG, KT)                                                                       \
+    TGT static void NAME(const ks_kv_seg *segs, int nseg, const uint8_t *const *KR, const uint8_t *const *VR,  \
+                         int total, int hd_rt, size_t rb, int g0, int ng, const float *qs, float *scores,        \
+                         float *out, float inv[4]) {                                                             \
+        const int hd = (HD) ? (HD) : hd_rt;                                                                      \
+        score_pass(segs, nseg, KR, total, hd, rb, NG, KT, qs, scores);                                           \
+        softmax_lanes(scores, total, NG, inv);                                                                   \
+        value_pass(segs, nseg, VR, total, hd, rb, NG, KT, g0, ng, scores, out);                                  \
+        for (int g = 0; g < ng; g++)                                                                             \
+            for (int i = 0; i < hd; i++) out[(size_t)(g0 + g) * hd + i] *= inv[g];                               \
     }
-GROUP_FN(group_64_4, 64, 4)
-GROUP_FN(group_64_2, 64, 2)
-GROUP_FN(group_64_1, 64, 1)
-GROUP_FN(group_128_4, 128, 4)
-GROUP_FN(group_128_2, 128, 2)
-GROUP_FN(group_128_1, 128, 1)
-GROUP_FN(group_any_4, 0, 4)
-GROUP_FN(group_any_2, 0, 2)
-GROUP_FN(group_any_1, 0, 1)
+GROUP_FN(group_64_4, 64, 4, 0)
+GROUP_FN(group_64_2, 64, 2, 0)
+GROUP_FN(group_64_1, 64, 1, 0)
+GROUP_FN(group_128_4, 128, 4, 0)
+GROUP_FN(group_128_2, 128, 2, 0)
+GROUP_FN(group_128_1, 128, 1, 0)
+GROUP_FN(group_any_4, 0, 4, 0)
+GROUP_FN(group_any_2, 0, 2, 0)
+GROUP_FN(group_any_1, 0, 1, 0)
+/* 8-bit KV: one generic instance per group width (the type is for memory,
+ * not speed; hd is a multiple of 32) */
+GROUP_FN(group_q8_4, 0, 4, 1)
+GROUP_FN(group_q8_2, 0, 2, 1)
+GROUP_FN(group_q8_1, 0, 1, 1)
 
-bool ks_attention_segs_avx2(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
+bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                             float *scores, float *out, float scale, float *weights, const void **rows) {
-    if (hd % 16 || hd > KS_ATTN2_MAX_HD) return false;
+    if (hd % 16 || hd > KS_ATTN2_MAX_HD || (kt != KS_KV_F16 && (kt != KS_KV_Q8 || hd % 32))) return false;
+    size_t rb = ks_kv_row_bytes(kt, hd);
     /* short segments on average: flatten to row pointers (rows: [2][total]) */
-    const uint16_t **KR = NULL, **VR = NULL;
+    const uint8_t **KR = NULL, **VR = NULL;
     if (rows && (size_t)nseg * 8 > (size_t)total) {
-        KR = (const uint16_t **)rows;
+        KR = (const uint8_t **)rows;
         VR = KR + total;
         for (int si = 0, t = 0; si < nseg; si++)
             for (int j = 0; j < segs[si].len; j++, t++) {
-                KR[t] = segs[si].K + (size_t)j * hd;
-                VR[t] = segs[si].V + (size_t)j * hd;
+                KR[t] = (const uint8_t *)segs[si].K + (size_t)j * rb;
+                VR[t] = (const uint8_t *)segs[si].V + (size_t)j * rb;
             }
     }
     for (int g0 = 0; g0 < G; g0 += 4) {
@@ -271,9 +292,13 @@ bool ks_attention_segs_avx2(const ks_kv_seg16 *segs, int nseg, int total, int hd
         for (int g = 0; g < NGP; g++)
             for (int i = 0; i < hd; i++) qs[g * hd + i] = g < ng ? q[(size_t)(g0 + g) * hd + i] * scale : 0.0f;
         float inv[4];
-        const uint16_t *const *kr = KR, *const *vr = VR;
-#define GROUP_CALL(F) F(segs, nseg, kr, vr, total, hd, g0, ng, qs, scores, out, inv)
-        if (hd == 64) {
+        const uint8_t *const *kr = KR, *const *vr = VR;
+#define GROUP_CALL(F) F(segs, nseg, kr, vr, total, hd, rb, g0, ng, qs, scores, out, inv)
+        if (kt == KS_KV_Q8) {
+            if (NGP == 4) GROUP_CALL(group_q8_4);
+            else if (NGP == 2) GROUP_CALL(group_q8_2);
+            else GROUP_CALL(group_q8_1);
+        } else if (hd == 64) {
             if (NGP == 4) GROUP_CALL(group_64_4);
             else if (NGP == 2) GROUP_CALL(group_64_2);
             else GROUP_CALL(group_64_1);
@@ -394,9 +419,9 @@ bool ks_attention_block_avx2(const ks_kv_seg16 *segs, int nseg, const int32_t *n
     (void)out_stride, (void)S, (void)tile, (void)scale;
     return false;
 }
-bool ks_attention_segs_avx2(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
+bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                             float *scores, float *out, float scale, float *weights, const void **rows) {
-    (void)segs, (void)nseg, (void)total, (void)hd, (void)G, (void)q, (void)scores, (void)out, (void)scale;
+    (void)kt, (void)segs, (void)nseg, (void)total, (void)hd, (void)G, (void)q, (void)scores, (void)out, (void)scale;
     (void)weights, (void)rows;
     return false;
 }

@@ -149,8 +149,8 @@ void ks_attention_segs(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total
     if (allow_simd && kt == KS_KV_F16 && ks_simd_current() >= KS_SIMD_AVX512 &&
         ks_attention_segs_avx512((const ks_kv_seg16 *)segs, nseg, total, hd, G, q, scores, out, scale, weights, rows))
         return;
-    if (allow_simd && kt == KS_KV_F16 && ks_simd_current() >= KS_SIMD_AVX2 &&
-        ks_attention_segs_avx2((const ks_kv_seg16 *)segs, nseg, total, hd, G, q, scores, out, scale, weights, rows))
+    if (allow_simd && ks_simd_current() >= KS_SIMD_AVX2 &&
+        ks_attention_segs_avx2(kt, segs, nseg, total, hd, G, q, scores, out, scale, weights, rows))
         return;
 #endif
     attn_segs_ref(kt, segs, nseg, total, ks_kv_row_bytes(kt, hd), hd, G, q, scores, out, scale, tmp);

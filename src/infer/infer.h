@@ -129,9 +129,10 @@ bool ks_attention_block_avx2(const ks_kv_seg16 *segs, int nseg, const int32_t *n
 bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
                               float *scores, float *out, float scale, float *weights, const void **rows);
 
-/* AVX2 + FMA + F16C f16 kernel for head dims that are multiples of 16 (up to
- * 512); false if it does not apply.  scores: [total][4] scratch. */
-bool ks_attention_segs_avx2(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
+/* AVX2 + FMA + F16C kernel for f16 KV (head dims that are multiples of 16,
+ * up to 512) and 8-bit KV (multiples of 32); false if it does not apply.
+ * scores: [total][4] scratch. */
+bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                             float *scores, float *out, float scale, float *weights, const void **rows);
 
 const ks_model *ks_context_model(const ks_context *c);
