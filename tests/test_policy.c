@@ -16,6 +16,7 @@
 #include "infer/infer.h"
 #include "model/gguf.h"
 #include "model/shapes.h"
+#include "tensor/matmul.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -402,6 +403,25 @@ static void test_helpers(void **state) {
     }
     float q[2] = {1, -1}, mn[2] = {-2, -3}, mx[2] = {3, 1};
     assert_true(fabsf(ks_page_upper_bound(q, mn, mx, 2) - 6.0f) < 1e-6f);
+    { /* the SIMD bound (hd >= 16, with a tail) against a double-precision sum at every level */
+        enum { D = 72 };
+        float qq[D], lo[D], hi[D];
+        double want = 0;
+        for (int i = 0; i < D; i++) {
+            qq[i] = sinf(0.37f * (float)i) * 2.0f;
+            lo[i] = cosf(0.11f * (float)i) - 1.0f;
+            hi[i] = lo[i] + 0.5f + 0.25f * (float)(i % 5);
+            double a = (double)qq[i] * lo[i], b = (double)qq[i] * hi[i];
+            want += a > b ? a : b;
+        }
+        ks_simd_level hw = ks_simd_detect(), saved = ks_simd_force(hw);
+        for (int lv = KS_SIMD_SCALAR; lv <= (int)hw; lv++) {
+            ks_simd_force((ks_simd_level)lv);
+            float got = ks_page_upper_bound(qq, lo, hi, D);
+            if (fabs(got - want) > 1e-4 * (1 + fabs(want))) fail_msg("page bound level %d: %g, want %g", lv, got, want);
+        }
+        ks_simd_force(saved);
+    }
     float sc[2 * 3] = {0, 1, 2, 2, 1, 0}, out[3];
     ks_group_reduce_scores(sc, 2, 3, KS_GROUP_MAX, out);
     assert_true(out[0] == 2 && out[1] == 1 && out[2] == 2);

@@ -10,6 +10,8 @@
  */
 #define _GNU_SOURCE
 #include "select/policy.h"
+#include "tensor/matmul.h"
+#include "tensor/simd_avx2.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -438,7 +440,35 @@ int32_t ks_topk(const float *x, int32_t n, int32_t k, int32_t *idx) {
     return k;
 }
 
+#if defined(__x86_64__)
+/* Eight lanes of max(q*min, q*max), summed at the end: the scalar loop's add
+ * chain made Quest's page scoring ~12% of a 16K decode step on AVX2 hosts. */
+KS_AVX2_TGT static float page_upper_bound_avx2(const float *q, const float *kmin, const float *kmax, int32_t hd) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int32_t i = 0;
+    for (; i + 16 <= hd; i += 16) {
+        __m256 q0 = _mm256_loadu_ps(q + i), q1 = _mm256_loadu_ps(q + i + 8);
+        acc0 = _mm256_add_ps(acc0, _mm256_max_ps(_mm256_mul_ps(q0, _mm256_loadu_ps(kmin + i)),
+                                                 _mm256_mul_ps(q0, _mm256_loadu_ps(kmax + i))));
+        acc1 = _mm256_add_ps(acc1, _mm256_max_ps(_mm256_mul_ps(q1, _mm256_loadu_ps(kmin + i + 8)),
+                                                 _mm256_mul_ps(q1, _mm256_loadu_ps(kmax + i + 8))));
+    }
+    __m256 acc = _mm256_add_ps(acc0, acc1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    float s = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    for (; i < hd; i++) {
+        float a = q[i] * kmin[i], b = q[i] * kmax[i];
+        s += a > b ? a : b;
+    }
+    return s;
+}
+#endif
+
 float ks_page_upper_bound(const float *q, const float *kmin, const float *kmax, int32_t hd) {
+#if defined(__x86_64__)
+    if (hd >= 16 && ks_simd_current() >= KS_SIMD_AVX2) return page_upper_bound_avx2(q, kmin, kmax, hd);
+#endif
     float s = 0;
     for (int32_t i = 0; i < hd; i++) {
         float a = q[i] * kmin[i], b = q[i] * kmax[i];
