@@ -1,25 +1,31 @@
 /*
- * attn_avx2.c — grouped decode attention over f16 KV segments, AVX2 + FMA.
+ * attn_avx2.c — grouped decode attention over KV segments (f16 or 8-bit
+ * rows), and the prefill block kernel, on AVX2 + FMA + F16C.
  *
  * The same plan as attn_avx512.c, fitted to sixteen 8-lane registers, for
  * the CPUs most edge users have (laptops, many cloud AMD parts without
- * AVX-512).  Long-context decode is bound by reading the KV cache, so every
- * K and V row is converted from f16 once, used by every query head of its
- * GQA group, and nothing but the scores leaves the registers:
+ * AVX-512; AVX-512 machines run it for 8-bit KV).  Long-context decode is
+ * bound by reading the KV cache, so every K and V row is converted once,
+ * used by every query head of its GQA group, and nothing but the scores
+ * leaves the registers:
  *  - Scores: eight accumulators = (8 / NG) rows x NG heads (NG = the group
  *    padded to 1, 2 or 4), reduced together by one hadd/permute butterfly
  *    into a vector that is already the t-major layout scores[t][NG]; no
  *    horizontal sum per score.
  *  - Softmax runs vectorised over that [len][NG] block (lane mod NG = head)
- *    with a polynomial exp (relative error ~2e-7; 2^n built in the exponent
- *    bits, as AVX2 has no scalef).
+ *    with a polynomial exp (relative error ~2e-7); outputs are normalised at
+ *    the end, the same way whether or not the caller wants the weights.
  *  - V: rows are taken in blocks that stay in L1 while the head dim is swept
  *    in slices of 64 / NG floats; each slice keeps NG heads x (8 / NG)
  *    accumulators in registers, so every V element is converted once and V
  *    is read from memory once per step.
- * Rows are walked with a cursor over the segments (or a flat row-pointer
- * list for fragmented selections), so groups of rows may straddle pages.
- * Head dims that are multiples of 16 take this path; others go portable.
+ * Rows are walked segment by segment (groups of rows may straddle pages) or
+ * through a flat row-pointer list for fragmented selections.  On Zen 3 the
+ * kernel is bound by FP-pipe issue, not memory: per 128-byte f16 row each
+ * pass spends ~24 cycles against 16 for its FMAs, the rest being the f16
+ * conversions (docs/BENCHMARKS.md, "On an AVX2-only host").
+ * Head dims that are multiples of 16 up to 512 (32 for 8-bit KV) take this
+ * path; others go portable.
  */
 #include "infer/infer.h"
 
