@@ -479,12 +479,10 @@ __attribute__((target("avx512f,avx512dq,fma"))) static void softmax_max_avx512(f
  * chunk is converted from f16 once for the GB heads.  Any head dim >= 8: the
  * tail is one more chunk loaded at hd - 8 (in bounds) with the lanes the body
  * already counted zeroed, so nothing past the row is read. */
-#define SPEC_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define SPEC_AVX2_INL static inline __attribute__((target("avx2,fma,f16c"), always_inline))
 
 /* acc[h * R + r] += q[h] * K[r] over the 8 lanes at off; masked: zero the K
  * lanes outside mask (the tail chunk) */
-SPEC_AVX2_INL void scores_chunk_avx2(__m256 acc[8], const float *qg, const ks_f16 *const k[8], int hd, int off,
+KS_AVX2_INL void scores_chunk_avx2(__m256 acc[8], const float *qg, const ks_f16 *const k[8], int hd, int off,
                                      const bool masked, __m256 mask, const int GB) {
     const int R = 8 / GB;
     __m256 qv[8];
@@ -501,7 +499,7 @@ SPEC_AVX2_INL void scores_chunk_avx2(__m256 acc[8], const float *qg, const ks_f1
 }
 
 /* out[g0 + h][j + r] for h < GB, r < nr: rows j.. of K against heads g0.. */
-SPEC_AVX2_INL void scores_block_avx2(const float *q, const ks_f16 *K, int32_t n, int hd, int g0, int32_t j, int nr,
+KS_AVX2_INL void scores_block_avx2(const float *q, const ks_f16 *K, int32_t n, int hd, int g0, int32_t j, int nr,
                                      float scale, __m256 tmask, float *out, const int GB) {
     const int R = 8 / GB;
     const ks_f16 *k[8];
@@ -534,7 +532,7 @@ SPEC_AVX2_INL void scores_block_avx2(const float *q, const ks_f16 *K, int32_t n,
     }
 }
 
-SPEC_AVX2_INL void scores_blocked_avx2(const float *q, const ks_f16 *K, int32_t n, int hd, int G, float scale,
+KS_AVX2_INL void scores_blocked_avx2(const float *q, const ks_f16 *K, int32_t n, int hd, int G, float scale,
                                        float *out, const int GB) {
     const int R = 8 / GB;
     /* tail lanes hd - 8 + l hold new elements for l >= 8 - hd % 8 */
@@ -546,7 +544,7 @@ SPEC_AVX2_INL void scores_blocked_avx2(const float *q, const ks_f16 *K, int32_t 
     }
 }
 
-SPEC_AVX2 static void scores_avx2(const float *q, const ks_f16 *K, int32_t n, int hd, int G, float scale,
+KS_AVX2_TGT static void scores_avx2(const float *q, const ks_f16 *K, int32_t n, int hd, int G, float scale,
                                   float *out) {
     if (hd < 8) {
         scores_ref(q, K, n, hd, G, scale, out);
@@ -561,7 +559,7 @@ SPEC_AVX2 static void scores_avx2(const float *q, const ks_f16 *K, int32_t n, in
 }
 
 /* softmax_max_avx512 in 8 lanes */
-SPEC_AVX2 static void softmax_max_avx2(float *x, int32_t n, float *w, bool first) {
+KS_AVX2_TGT static void softmax_max_avx2(float *x, int32_t n, float *w, bool first) {
     __m256 mx = _mm256_set1_ps(-INFINITY);
     int32_t i = 0;
     for (; i + 8 <= n; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(x + i));
