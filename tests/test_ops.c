@@ -234,39 +234,52 @@ static void test_attention_pages(void **state) {
 
 /* The prefill block kernel: R query rows with causal limits over pages, each
  * row against the float64 reference over its visible rows. */
-static void check_block(int n, int hd, int G, int P) {
+static void check_block(ks_kv_type kt, int n, int hd, int G, int P) {
     if (ks_simd_current() < KS_SIMD_AVX2) return;
-    bool (*block)(const ks_kv_seg16 *, int, const int32_t *, int, int, int, const float *, size_t, float *, size_t,
-                  float *, float *, float) =
-        ks_simd_current() >= KS_SIMD_AVX512 ? ks_attention_block_avx512 : ks_attention_block_avx2;
     enum { R = 16 };
     ks_rng rng = {(uint64_t)n * 7 + (uint64_t)hd + (uint64_t)G * 11};
-    size_t rb = ks_kv_row_bytes(KS_KV_F16, hd);
+    size_t rb = ks_kv_row_bytes(kt, hd);
     uint8_t *K = malloc(rb * n), *V = malloc(rb * n);
     float *Kf = malloc(sizeof(float) * n * hd), *Vf = malloc(sizeof(float) * n * hd);
-    for (int t = 0; t < n; t++)
-        for (int i = 0; i < hd; i++) {
-            ((ks_f16 *)(K + rb * t))[i] = ks_f32_to_f16(ks_rng_normal(&rng));
-            ((ks_f16 *)(V + rb * t))[i] = ks_f32_to_f16(ks_rng_normal(&rng));
-            Kf[t * hd + i] = ks_f16_to_f32(((ks_f16 *)(K + rb * t))[i]);
-            Vf[t * hd + i] = ks_f16_to_f32(((ks_f16 *)(V + rb * t))[i]);
+    for (int t = 0; t < n; t++) { /* the reference sees exactly the stored (rounded) values */
+        float kr[512], vr[512];
+        for (int i = 0; i < hd; i++) kr[i] = ks_rng_normal(&rng), vr[i] = ks_rng_normal(&rng);
+        if (kt == KS_KV_F16) {
+            for (int i = 0; i < hd; i++) {
+                ((ks_f16 *)(K + rb * t))[i] = ks_f32_to_f16(kr[i]);
+                ((ks_f16 *)(V + rb * t))[i] = ks_f32_to_f16(vr[i]);
+                Kf[t * hd + i] = ks_f16_to_f32(((ks_f16 *)(K + rb * t))[i]);
+                Vf[t * hd + i] = ks_f16_to_f32(((ks_f16 *)(V + rb * t))[i]);
+            }
+        } else {
+            ks_quantize_row(KS_DTYPE_Q8_0, kr, K + rb * t, hd);
+            ks_quantize_row(KS_DTYPE_Q8_0, vr, V + rb * t, hd);
+            ks_dequantize_row(KS_DTYPE_Q8_0, K + rb * t, Kf + t * hd, hd);
+            ks_dequantize_row(KS_DTYPE_Q8_0, V + rb * t, Vf + t * hd, hd);
         }
-    ks_kv_seg16 segs[256];
+    }
+    ks_kv_seg segs[256];
     int nseg = 0;
-    for (int t = 0; t < n; t += P) segs[nseg++] = (ks_kv_seg16){(const uint16_t *)(K + rb * t), (const uint16_t *)(V + rb * t), n - t < P ? n - t : P};
+    for (int t = 0; t < n; t += P) segs[nseg++] = (ks_kv_seg){K + rb * t, V + rb * t, n - t < P ? n - t : P};
     int32_t n_att[R];
     for (int r = 0; r < R; r++) n_att[r] = n - R + 1 + r;
     float *q = malloc(sizeof(float) * R * G * hd), *out = malloc(sizeof(float) * R * G * hd);
     float *S = malloc(sizeof(float) * R * G * n), *tile = malloc(sizeof(float) * P * hd);
     for (int i = 0; i < R * G * hd; i++) q[i] = ks_rng_normal(&rng);
-    assert_true(block(segs, nseg, n_att, R, hd, G, q, (size_t)G * hd, out, (size_t)G * hd, S, tile, 1.0f / sqrtf((float)hd)));
+    float scale = 1.0f / sqrtf((float)hd);
+    bool ok = kt == KS_KV_F16 && ks_simd_current() >= KS_SIMD_AVX512
+                  ? ks_attention_block_avx512((const ks_kv_seg16 *)segs, nseg, n_att, R, hd, G, q, (size_t)G * hd, out,
+                                              (size_t)G * hd, S, tile, scale)
+                  : ks_attention_block_avx2(kt, segs, nseg, n_att, R, hd, G, q, (size_t)G * hd, out, (size_t)G * hd, S,
+                                            tile, scale);
+    assert_true(ok);
     double *ref = malloc(sizeof(double) * G * hd);
     float *reff = malloc(sizeof(float) * G * hd);
     for (int r = 0; r < R; r++) {
         ref_attention(Kf, Vf, n_att[r], hd, G, q + (size_t)r * G * hd, ref);
         for (int i = 0; i < G * hd; i++) reff[i] = (float)ref[i];
         double mx, e = ks_test_nmse(out + (size_t)r * G * hd, reff, (size_t)G * hd, &mx);
-        if (e > 1e-5) fail_msg("block n=%d hd=%d G=%d P=%d row %d: nmse %g", n, hd, G, P, r, e);
+        if (e > 1e-5) fail_msg("block kt=%d n=%d hd=%d G=%d P=%d row %d: nmse %g", kt, n, hd, G, P, r, e);
     }
     free(K); free(V); free(Kf); free(Vf); free(q); free(out); free(S); free(tile); free(ref); free(reff);
 }
@@ -274,10 +287,12 @@ static void check_block(int n, int hd, int G, int P) {
 static void test_attention_block(void **state) {
     (void)state;
     FOR_EACH_SIMD_LEVEL({
-        check_block(20, 16, 1, 8);
-        check_block(300, 64, 4, 32);
-        check_block(513, 128, 2, 32);
-        check_block(100, 288, 2, 16);
+        check_block(KS_KV_F16, 20, 16, 1, 8);
+        check_block(KS_KV_F16, 300, 64, 4, 32);
+        check_block(KS_KV_F16, 513, 128, 2, 32);
+        check_block(KS_KV_F16, 100, 288, 2, 16);
+        check_block(KS_KV_Q8, 300, 64, 4, 32);
+        check_block(KS_KV_Q8, 100, 288, 2, 16);
     });
 }
 

@@ -331,17 +331,26 @@ bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int 
  * query of the block (see ks_attention_block_avx512).  Scores of one query
  * take eight tile rows at a time, reduced together by reduce8; values keep
  * four 8-float chunks of the output in registers across a page. */
-TGT bool ks_attention_block_avx2(const ks_kv_seg16 *segs, int nseg, const int32_t *n_att, int R, int hd, int G,
-                                 const float *q, size_t q_stride, float *out, size_t out_stride, float *S, float *tile,
-                                 float scale) {
-    if (hd % 8) return false;
-    int n_max = n_att[R - 1], RG = R * G, hv = hd / 8;
+/* a page's rows [L] as f32 into tile [L][hd] */
+TGT static void block_tile(ks_kv_type kt, const void *rows, int L, int hd, float *tile) {
+    size_t rb = ks_kv_row_bytes(kt, hd);
+    for (int t = 0; t < L; t++) {
+        const uint8_t *row = (const uint8_t *)rows + (size_t)t * rb;
+        if (kt == KS_KV_F16)
+            for (int i = 0; i < hd; i += 8) _mm256_storeu_ps(tile + (size_t)t * hd + i, load8(row, i, 0));
+        else
+            for (int i = 0; i < hd; i += 8) _mm256_storeu_ps(tile + (size_t)t * hd + i, load8(row, i, 1));
+    }
+}
+
+TGT bool ks_attention_block_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, const int32_t *n_att, int R, int hd,
+                                 int G, const float *q, size_t q_stride, float *out, size_t out_stride, float *S,
+                                 float *tile, float scale) {
+    if (hd % 8 || (kt != KS_KV_F16 && (kt != KS_KV_Q8 || hd % 32))) return false;
+    int n_max = n_att[R - 1], RG = R * G;
     for (int si = 0, e0 = 0; si < nseg; e0 += segs[si].len, si++) {
         int L = segs[si].len;
-        for (int t = 0; t < L; t++)
-            for (int i = 0; i < hv; i++)
-                _mm256_storeu_ps(tile + (size_t)t * hd + 8 * i,
-                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(segs[si].K + (size_t)t * hd + 8 * i))));
+        block_tile(kt, segs[si].K, L, hd, tile);
         for (int x = 0; x < RG; x++) {
             int r = x / G, g = x % G, lim = n_att[r] - e0;
             if (lim <= 0) continue;
@@ -380,10 +389,7 @@ TGT bool ks_attention_block_avx2(const ks_kv_seg16 *segs, int nseg, const int32_
     }
     for (int si = 0, e0 = 0; si < nseg; e0 += segs[si].len, si++) {
         int L = segs[si].len;
-        for (int t = 0; t < L; t++)
-            for (int i = 0; i < hv; i++)
-                _mm256_storeu_ps(tile + (size_t)t * hd + 8 * i,
-                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(segs[si].V + (size_t)t * hd + 8 * i))));
+        block_tile(kt, segs[si].V, L, hd, tile);
         for (int x = 0; x < RG; x++) {
             int lim = n_att[x / G] - e0;
             if (lim <= 0) continue;
@@ -418,10 +424,10 @@ TGT bool ks_attention_block_avx2(const ks_kv_seg16 *segs, int nseg, const int32_
     return true;
 }
 #else
-bool ks_attention_block_avx2(const ks_kv_seg16 *segs, int nseg, const int32_t *n_att, int R, int hd, int G,
-                             const float *q, size_t q_stride, float *out, size_t out_stride, float *S, float *tile,
-                             float scale) {
-    (void)segs, (void)nseg, (void)n_att, (void)R, (void)hd, (void)G, (void)q, (void)q_stride, (void)out;
+bool ks_attention_block_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, const int32_t *n_att, int R, int hd,
+                             int G, const float *q, size_t q_stride, float *out, size_t out_stride, float *S,
+                             float *tile, float scale) {
+    (void)kt, (void)segs, (void)nseg, (void)n_att, (void)R, (void)hd, (void)G, (void)q, (void)q_stride, (void)out;
     (void)out_stride, (void)S, (void)tile, (void)scale;
     return false;
 }

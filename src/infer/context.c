@@ -818,12 +818,14 @@ static bool attend_block(ks_context *c, attn_job *j, ks_attn_scratch *s, int r0,
     }
     const float *q = c->q + ((size_t)r0 * hp->n_head + (size_t)h * G) * hd;
     float *o = c->att + ((size_t)r0 * hp->n_head + (size_t)h * G) * hd;
-    bool (*block)(const ks_kv_seg16 *, int, const int32_t *, int, int, int, const float *, size_t, float *, size_t,
-                  float *, float *, float) =
-        ks_simd_current() >= KS_SIMD_AVX512 ? ks_attention_block_avx512 : ks_attention_block_avx2;
-    if (!block((const ks_kv_seg16 *)segs, nseg, n_att, R, hd, G, q, (size_t)hp->n_head * hd, o, (size_t)hp->n_head * hd,
-               s->blk_S, s->blk_tile, 1.0f / sqrtf((float)hd)))
-        return false;
+    size_t qo_stride = (size_t)hp->n_head * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    bool done = c->kv_type == KS_KV_F16 && ks_simd_current() >= KS_SIMD_AVX512
+                    ? ks_attention_block_avx512((const ks_kv_seg16 *)segs, nseg, n_att, R, hd, G, q, qo_stride, o,
+                                                qo_stride, s->blk_S, s->blk_tile, scale)
+                    : ks_attention_block_avx2(c->kv_type, segs, nseg, n_att, R, hd, G, q, qo_stride, o, qo_stride,
+                                              s->blk_S, s->blk_tile, scale);
+    if (!done) return false;
     for (int r = 0; r < R; r++) s->entries_attended += (uint64_t)n_att[r];
     return true;
 }
@@ -935,8 +937,9 @@ static ks_status forward_rows(ks_context *c, int n, const int32_t *seq, const in
             KS_TRY(ks_kv_wait_layer(c->kv, il));
         }
         attn_job job = {.c = c, .il = il, .n = n, .seq = seq, .pos = pos, .sparse = selects && il >= c->dense_layers};
-        /* prefill chunks of one sequence on a resident f16 layer take the blocked kernel */
-        job.blocked = !c->decoding && n > 1 && seq[0] == seq[n - 1] && c->kv_type == KS_KV_F16 &&
+        /* prefill chunks of one sequence take the blocked kernel (f16, or 8-bit KV in whole Q8_0 blocks) */
+        job.blocked = !c->decoding && n > 1 && seq[0] == seq[n - 1] &&
+                      (c->kv_type == KS_KV_F16 || hd % 32 == 0) &&
                       hd % 16 == 0 && ks_simd_current() >= KS_SIMD_AVX2;
         atomic_init(&job.next, 0);
         atomic_flag_clear(&c->step_failed);

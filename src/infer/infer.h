@@ -119,10 +119,11 @@ bool ks_attention_block_avx512(const ks_kv_seg16 *segs, int nseg, const int32_t 
                                const float *q, size_t q_stride, float *out, size_t out_stride, float *S, float *tile,
                                float scale);
 
-/* The same on AVX2 + FMA + F16C, hd % 8 == 0. */
-bool ks_attention_block_avx2(const ks_kv_seg16 *segs, int nseg, const int32_t *n_att, int R, int hd, int G,
-                             const float *q, size_t q_stride, float *out, size_t out_stride, float *S, float *tile,
-                             float scale);
+/* The same on AVX2 + FMA + F16C, for f16 KV (hd % 8 == 0) and 8-bit KV
+ * (hd % 32 == 0; pages dequantized into the tile). */
+bool ks_attention_block_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, const int32_t *n_att, int R, int hd,
+                             int G, const float *q, size_t q_stride, float *out, size_t out_stride, float *S,
+                             float *tile, float scale);
 
 /* AVX-512 f16 kernel for head dims 64 and 128; false if it does not apply.
  * scores: [total][4] scratch. */
