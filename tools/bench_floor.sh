@@ -7,8 +7,14 @@
 set -euo pipefail
 KS=$1; MODEL=$2; RUNS=${3:-5}
 frac0=(); ratio32=()
+# the floors depend on the host: say which one (CPU model, the kernels' SIMD level)
+cpu=$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ *//')
 for i in $(seq 1 "$RUNS"); do
   json=$("$KS" bench -m "$MODEL" --depth 0,32768 --batch 1 -t 2 --n-gen 16 --no-prefill --json 2>/dev/null)
+  if [ "$i" = 1 ]; then
+    simd=$(/usr/bin/python3 -c 'import json,sys; print(json.loads(sys.argv[1])["simd"])' "$json")
+    echo "host: ${cpu:-unknown CPU}, $(nproc) cpus, kernels: $simd"
+  fi
   line=$(/usr/bin/python3 -c '
 import json,sys
 d=json.loads(sys.argv[1]); r={x["depth"]:x for x in d["results"]}
