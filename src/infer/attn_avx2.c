@@ -22,8 +22,9 @@
  * Rows are walked segment by segment (groups of rows may straddle pages) or
  * through a flat row-pointer list for fragmented selections.  On Zen 3 the
  * kernel is bound by FP-pipe issue, not memory: per 128-byte f16 row each
- * pass spends ~24 cycles against 16 for its FMAs, the rest being the f16
- * conversions (docs/BENCHMARKS.md, "On an AVX2-only host").
+ * pass spends ~24 cycles against 16 for its FMAs, most likely the f16
+ * conversions sharing the FMA pipes (docs/BENCHMARKS.md, "On an AVX2-only
+ * host").
  * Head dims that are multiples of 16 up to 512 (32 for 8-bit KV) take this
  * path; others go portable.
  */
