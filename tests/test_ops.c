@@ -79,6 +79,29 @@ static void ref_attention(const float *Kf, const float *Vf, int len, int hd, int
     }
 }
 
+/* n random K and V rows stored as kt (K, V: [n][row bytes]) and, for the
+ * reference, exactly the stored (rounded) values as f32 (Kf, Vf: [n][hd]). */
+static void fill_kv(ks_kv_type kt, ks_rng *rng, int n, int hd, uint8_t *K, uint8_t *V, float *Kf, float *Vf) {
+    size_t rb = ks_kv_row_bytes(kt, hd);
+    for (int t = 0; t < n; t++) {
+        float kr[512], vr[512];
+        for (int i = 0; i < hd; i++) kr[i] = ks_rng_normal(rng), vr[i] = ks_rng_normal(rng);
+        if (kt == KS_KV_F16) {
+            for (int i = 0; i < hd; i++) {
+                ((ks_f16 *)(K + rb * t))[i] = ks_f32_to_f16(kr[i]);
+                ((ks_f16 *)(V + rb * t))[i] = ks_f32_to_f16(vr[i]);
+                Kf[t * hd + i] = ks_f16_to_f32(((ks_f16 *)(K + rb * t))[i]);
+                Vf[t * hd + i] = ks_f16_to_f32(((ks_f16 *)(V + rb * t))[i]);
+            }
+        } else {
+            ks_quantize_row(KS_DTYPE_Q8_0, kr, K + rb * t, hd);
+            ks_quantize_row(KS_DTYPE_Q8_0, vr, V + rb * t, hd);
+            ks_dequantize_row(KS_DTYPE_Q8_0, K + rb * t, Kf + t * hd, hd);
+            ks_dequantize_row(KS_DTYPE_Q8_0, V + rb * t, Vf + t * hd, hd);
+        }
+    }
+}
+
 static void check_attention(ks_kv_type kt, int len, int hd, int G, bool simd) {
     if (kt != KS_KV_F16 && hd % 32) return; /* 8-bit KV rows are whole Q8_0 blocks */
     ks_rng rng = {(uint64_t)len * 131 + (uint64_t)hd * 7 + (uint64_t)G};
@@ -88,29 +111,7 @@ static void check_attention(ks_kv_type kt, int len, int hd, int G, bool simd) {
     float *q = malloc(sizeof(float) * G * hd), *out = malloc(sizeof(float) * G * hd);
     float *scores = malloc(sizeof(float) * (G > 4 ? G : 4) * len), *tmp = malloc(sizeof(float) * hd);
     double *ref = malloc(sizeof(double) * G * hd);
-    for (int t = 0; t < len; t++) {
-        float kr[512], vr[512];
-        for (int i = 0; i < hd; i++) kr[i] = ks_rng_normal(&rng), vr[i] = ks_rng_normal(&rng);
-        if (kt == KS_KV_F16) {
-            for (int i = 0; i < hd; i++) {
-                ((ks_f16 *)(K + rb * t))[i] = ks_f32_to_f16(kr[i]);
-                ((ks_f16 *)(V + rb * t))[i] = ks_f32_to_f16(vr[i]);
-            }
-        } else {
-            ks_quantize_row(KS_DTYPE_Q8_0, kr, K + rb * t, hd);
-            ks_quantize_row(KS_DTYPE_Q8_0, vr, V + rb * t, hd);
-        }
-        /* the reference sees exactly the stored (rounded) values */
-        if (kt == KS_KV_F16)
-            for (int i = 0; i < hd; i++) {
-                Kf[t * hd + i] = ks_f16_to_f32(((ks_f16 *)(K + rb * t))[i]);
-                Vf[t * hd + i] = ks_f16_to_f32(((ks_f16 *)(V + rb * t))[i]);
-            }
-        else {
-            ks_dequantize_row(KS_DTYPE_Q8_0, K + rb * t, Kf + t * hd, hd);
-            ks_dequantize_row(KS_DTYPE_Q8_0, V + rb * t, Vf + t * hd, hd);
-        }
-    }
+    fill_kv(kt, &rng, len, hd, K, V, Kf, Vf);
     for (int i = 0; i < G * hd; i++) q[i] = ks_rng_normal(&rng);
     ks_attention_group(kt, K, V, len, hd, G, q, scores, out, tmp, simd);
     ref_attention(Kf, Vf, len, hd, G, q, ref);
@@ -241,23 +242,7 @@ static void check_block(ks_kv_type kt, int n, int hd, int G, int P) {
     size_t rb = ks_kv_row_bytes(kt, hd);
     uint8_t *K = malloc(rb * n), *V = malloc(rb * n);
     float *Kf = malloc(sizeof(float) * n * hd), *Vf = malloc(sizeof(float) * n * hd);
-    for (int t = 0; t < n; t++) { /* the reference sees exactly the stored (rounded) values */
-        float kr[512], vr[512];
-        for (int i = 0; i < hd; i++) kr[i] = ks_rng_normal(&rng), vr[i] = ks_rng_normal(&rng);
-        if (kt == KS_KV_F16) {
-            for (int i = 0; i < hd; i++) {
-                ((ks_f16 *)(K + rb * t))[i] = ks_f32_to_f16(kr[i]);
-                ((ks_f16 *)(V + rb * t))[i] = ks_f32_to_f16(vr[i]);
-                Kf[t * hd + i] = ks_f16_to_f32(((ks_f16 *)(K + rb * t))[i]);
-                Vf[t * hd + i] = ks_f16_to_f32(((ks_f16 *)(V + rb * t))[i]);
-            }
-        } else {
-            ks_quantize_row(KS_DTYPE_Q8_0, kr, K + rb * t, hd);
-            ks_quantize_row(KS_DTYPE_Q8_0, vr, V + rb * t, hd);
-            ks_dequantize_row(KS_DTYPE_Q8_0, K + rb * t, Kf + t * hd, hd);
-            ks_dequantize_row(KS_DTYPE_Q8_0, V + rb * t, Vf + t * hd, hd);
-        }
-    }
+    fill_kv(kt, &rng, n, hd, K, V, Kf, Vf);
     ks_kv_seg segs[256];
     int nseg = 0;
     for (int t = 0; t < n; t += P) segs[nseg++] = (ks_kv_seg){K + rb * t, V + rb * t, n - t < P ? n - t : P};

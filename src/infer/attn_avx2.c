@@ -278,6 +278,14 @@ GROUP_FN(group_q8_4, 0, 4, 1)
 GROUP_FN(group_q8_2, 0, 2, 1)
 GROUP_FN(group_q8_1, 0, 1, 1)
 
+typedef void (*group_fn)(const ks_kv_seg *, int, const uint8_t *const *, const uint8_t *const *, int, int, size_t,
+                         int, int, const float *, float *, float *, float[4]);
+/* [f16 hd 64, f16 hd 128, f16 other hd, 8-bit][NGP 1, 2, 4] */
+static const group_fn group_fns[4][3] = {{group_64_1, group_64_2, group_64_4},
+                                         {group_128_1, group_128_2, group_128_4},
+                                         {group_any_1, group_any_2, group_any_4},
+                                         {group_q8_1, group_q8_2, group_q8_4}};
+
 bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                             float *scores, float *out, float scale, float *weights, const void **rows) {
     if (hd % 16 || hd > KS_ATTN2_MAX_HD || (kt != KS_KV_F16 && (kt != KS_KV_Q8 || hd % 32))) return false;
@@ -302,26 +310,8 @@ bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int 
         for (int g = 0; g < NGP; g++)
             for (int i = 0; i < hd; i++) qs[g * hd + i] = g < ng ? q[(size_t)(g0 + g) * hd + i] * scale : 0.0f;
         float inv[4];
-        const uint8_t *const *kr = KR, *const *vr = VR;
-#define GROUP_CALL(F) F(segs, nseg, kr, vr, total, hd, rb, g0, ng, qs, scores, out, inv)
-        if (kt == KS_KV_Q8) {
-            if (NGP == 4) GROUP_CALL(group_q8_4);
-            else if (NGP == 2) GROUP_CALL(group_q8_2);
-            else GROUP_CALL(group_q8_1);
-        } else if (hd == 64) {
-            if (NGP == 4) GROUP_CALL(group_64_4);
-            else if (NGP == 2) GROUP_CALL(group_64_2);
-            else GROUP_CALL(group_64_1);
-        } else if (hd == 128) {
-            if (NGP == 4) GROUP_CALL(group_128_4);
-            else if (NGP == 2) GROUP_CALL(group_128_2);
-            else GROUP_CALL(group_128_1);
-        } else {
-            if (NGP == 4) GROUP_CALL(group_any_4);
-            else if (NGP == 2) GROUP_CALL(group_any_2);
-            else GROUP_CALL(group_any_1);
-        }
-#undef GROUP_CALL
+        int kind = kt == KS_KV_Q8 ? 3 : hd == 64 ? 0 : hd == 128 ? 1 : 2;
+        group_fns[kind][NGP == 4 ? 2 : NGP - 1](segs, nseg, KR, VR, total, hd, rb, g0, ng, qs, scores, out, inv);
         if (weights)
             for (int t = 0; t < total; t++)
                 for (int g = 0; g < ng; g++) weights[t] += scores[(size_t)NGP * t + g] * inv[g];
