@@ -47,9 +47,16 @@ DEFAULT_VOCAB = os.path.join(ROOT, "..", "shared", "fixtures", "tokenizer", "ggm
 D = 64            # code width of one token
 N_ONEHOT = 32     # one-hot part of the code
 N_SLOT = 4        # previous tokens kept in the residual
-H = D * (1 + N_SLOT) + 32
-E0 = D * (1 + N_SLOT)        # constant bias coordinate
-N_LAYER = 2
+H = 512
+E0 = D * (1 + N_SLOT)        # 320: constant bias coordinate
+J_IND, J_NAME, J_P = E0 + 1, E0 + 2, E0 + 3  # norm-keeping dummies (see "constant norm" below)
+F_SEP = E0 + 4               # "a digit right after ▁ . or :" (layer 1's FFN)
+C0 = E0 + 32                 # 352: clean copy of the current token's code (layer 0's FFN)
+P0 = C0 + D                  # 416: PREVNUM, digits of the last number that ended (3 x 10) + NULL
+P_NULL = P0 + 30
+N0 = P0 + 31                 # 447: NAME, code of the last assignment's left-hand name + HN flag
+N_HN = N0 + D                # 511
+N_LAYER = 3
 N_HEAD = 4
 N_KV = 2
 N_ROT = 16
@@ -57,10 +64,10 @@ HD = N_ROT + 4 * D + 16      # 288: rotary part | 4-gram part | extra (sink)
 X_SINK = N_ROT + 4 * D
 ROPE_BASE = 10000.0
 N_CTX = 8192
-N_FF = 320
+N_FF = 352
 EPS = 1e-5
-EPS_COPY = 0.3              # size of the current token's one-hot copy in E
 BIAS = 1.0                   # value of E0 in every embedding row
+UPPER_K = 0.6                # size of the "upper-case piece" flag in a code (dim UPPER_DIM)
 
 U = 24.0          # attention logit per matched token of the 4-gram
 SINK = 3.5        # BOS sink score, in matches
@@ -68,12 +75,15 @@ POS_T = 105.0     # positional-head score at the target offset (before its min g
 COPY = 3.0        # size of the copied code in A
 PRIOR = 1.5       # size of the MLP prior in A
 OUT_GAIN = 4.0    # output_norm gain on A (sharpens the distribution)
+REC_R = 100.0     # recency heads: logit scale of the kernel (peak amplitude sum 1)
+W_P, W_H = 0.6, 0.5          # PREVNUM digit size, NAME flag size (NULL is sqrt(3) W_P)
+COPY_VS, COPY_C, COPY_N = 6.0, 4.0, 6.0   # layer 2's copies into A
 
-# the tokens with exact one-hot codes (order = code dim)
+# the tokens with exact one-hot codes (order = code dim); dim UPPER_DIM is a flag, not a token
 ONEHOT_PIECES = ["<s>", "\u2581", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", ".", "<0x0A>", "?",
                  ":", "-", "\u2581is", "\u2581The", "\u2581pass", "\u2581key", "\u2581magic", "\u2581number",
-                 "\u2581for", "\u2581V", "AR", "\u2581=", "\u2581One", "\u2581are", "\u2581to", "\u2581equal",
-                 "\u2581numbers"]
+                 "\u2581for", "\u2581V", "AR", "\u2581=", "\u2581One", "\u2581are", "\u2581to", "VAR"]
+UPPER_DIM = 31
 
 # eval_tasks.c word lists and templates (to find the tokens prompts use)
 FILLER = """the a one every that this some quiet green old bright small warm cold tall busy gentle brown soft
@@ -166,11 +176,26 @@ def make_codes(v, rng, log):
         codes[i] = 0
         codes[i, k] = 1.0
     # a word and its space-prefixed form share a code ("\nThe" starts with "The", not "▁The")
+    fixed = set(onehot) | set(upper_tokens(v))  # name pieces: "TH" and "▁TH" must stay apart
     for i, t in enumerate(v.tokens):
         j = v.index.get("\u2581" + t)
-        if j is not None and len(t) >= 2 and t.isalpha():
+        if j is not None and len(t) >= 2 and t.isalpha() and i not in fixed:
             codes[i] = codes[j]
+    # upper-case pieces (variable names, "VAR") carry a flag in dim UPPER_DIM, so layer 2
+    # can tell "inside a name" from the token itself; codes stay unit vectors
+    for i in upper_tokens(v):
+        codes[i] *= math.sqrt(1 - UPPER_K ** 2)
+        codes[i, UPPER_DIM] = UPPER_K
     return codes, onehot
+
+
+def upper_tokens(v):
+    out = []
+    for i, t in enumerate(v.tokens):
+        s = t[1:] if t.startswith("\u2581") else t
+        if s and s.isascii() and s.isalpha() and s.isupper():
+            out.append(i)
+    return out
 
 
 def pos_kernel():
@@ -193,18 +218,64 @@ def pos_kernel():
     return w, A, float((1 - C.numpy() @ A).min())
 
 
+def recency_kernel(gap, win):
+    """Per-frequency (cos, sin) coefficients of a RoPE score f(d), d = query - key position,
+    with sum |coef| <= 1, maximising t such that f(d) - f(d') >= t whenever d <= win and
+    d' >= d + gap (d' up to the context): "the nearest marked key within win tokens
+    wins over any older one by t", without an alias anywhere in the context.  A linear
+    program (scipy's HiGHS), so the result is exact and reproducible."""
+    from scipy.optimize import linprog
+    w = ROPE_BASE ** (-2.0 * np.arange(N_ROT // 2) / N_ROT)
+    d = np.arange(0, N_CTX + 1)
+    B = np.concatenate([np.cos(np.outer(d, w)), np.sin(np.outer(d, w))], 1)
+    n = B.shape[1]
+    rows = []
+    for d0 in range(win + 1):
+        dd = np.arange(d0 + gap, N_CTX + 1)
+        r = np.zeros((len(dd), 2 * n + 1))
+        r[:, :n] = B[dd] - B[d0]
+        r[:, -1] = 1.0
+        rows.append(r)
+    eye = np.eye(n)
+    rows.append(np.hstack([eye, -eye, np.zeros((n, 1))]))
+    rows.append(np.hstack([-eye, -eye, np.zeros((n, 1))]))
+    r = np.zeros((1, 2 * n + 1))
+    r[0, n:2 * n] = 1.0
+    rows.append(r)
+    A = np.vstack(rows)
+    ub = np.zeros(len(A))
+    ub[-1] = 1.0
+    c = np.zeros(2 * n + 1)
+    c[-1] = -1.0
+    res = linprog(c, A_ub=A, b_ub=ub, bounds=[(None, None)] * n + [(0, None)] * n + [(None, None)],
+                  method="highs")
+    assert res.status == 0, res.message
+    x = res.x[:n]
+    f = B @ x
+    return x[:n // 2], x[n // 2:], float(res.x[-1]), f
+
+
 def build(v, seed, log):
     rng = np.random.default_rng(seed)
     codes, onehot = make_codes(v, rng, log)
     oh = {p: k for k, p in enumerate(ONEHOT_PIECES)}  # piece -> one-hot dim
     n_vocab = len(v.tokens)
+    DIG = [oh[str(d)] for d in range(10)]
+    SEP = [oh["\u2581"], oh["."], oh[":"]]
+    RU = math.sqrt(1 - UPPER_K ** 2)              # one-hot entry of a flagged token (AR, ▁V, VAR)
     W = {}
     emb = np.zeros((n_vocab, H))
     emb[:, :D] = codes
     emb[:, E0] = BIAS
     W["token_embd.weight"] = emb
-    s0 = math.sqrt(H / (1 + BIAS ** 2))          # RMSNorm factor at layer 0
-    s1 = math.sqrt(H / (1 + N_SLOT + BIAS ** 2))  # at layer 1 (slots filled)
+    # RMSNorm factors: sqrt(H / |x|^2) with every code a unit vector and the norm of
+    # each block's content held constant by construction (the dummies J_*)
+    s0 = math.sqrt(H / (1 + BIAS ** 2))                   # layer 0 attention: A, E0
+    sf0 = math.sqrt(H / (1 + N_SLOT + BIAS ** 2))         # layer 0 FFN: + S1..S4
+    s1 = math.sqrt(H / (2 + N_SLOT + BIAS ** 2))          # layer 1: + C0
+    n_p, n_n = 3 * W_P ** 2, 1 + W_H ** 2
+    sf1 = math.sqrt(H / (2 + N_SLOT + BIAS ** 2 + COPY ** 2 + n_p + n_n))  # layer 1 FFN
+    s2 = sf1                                              # layer 2 (the P gate keeps the norm)
     sq = math.sqrt(HD)
 
     omega, amp, gap = pos_kernel()
@@ -215,8 +286,7 @@ def build(v, seed, log):
             for f in range(N_ROT // 2):
                 wk[kv * HD + 2 * f, E0] = math.sqrt(amp[f] * POS_T * sq) / (s * BIAS)
             for i in range(D):
-                if i != oh["<s>"] or True:
-                    wv[kv * HD + i, i] = 1.0 / s
+                wv[kv * HD + i, i] = 1.0 / s
         for h, o, blk, g in zip(heads, offsets, out_blocks, gains):
             for f in range(N_ROT // 2):
                 a = math.sqrt(amp[f] * POS_T * sq) / (s * BIAS)
@@ -224,6 +294,28 @@ def build(v, seed, log):
                 wq[h * HD + 2 * f + 1, E0] = -a * math.sin(o * omega[f])
             for i in range(D):
                 wo[blk + i, h * HD + i] = g
+
+    def S(m):  # residual block of slot m (0 = the clean current code C0)
+        return C0 if m == 0 else D * m
+
+    def recency(wq, wk, h, kv, s, gap_, win, alpha_row, name):
+        """RoPE part of a recency head: keys carry 1 per rotary pair, the query the kernel.
+        Returns (alpha, sink) in logits: a marked key (content 1 at alpha_row) within win
+        tokens beats every unmarked key and every older marked key by >= M."""
+        ca, cb, t, f = recency_kernel(gap_, win)
+        for fr in range(N_ROT // 2):
+            wk[kv * HD + 2 * fr, E0] = 1.0 / (s * BIAS)
+            wk[kv * HD + 2 * fr, oh["<s>"]] = -1.0 / s   # BOS, the sink, has no position
+            wq[h * HD + 2 * fr, E0] = ca[fr] * REC_R * sq / (s * BIAS)
+            wq[h * HD + 2 * fr + 1, E0] = -cb[fr] * REC_R * sq / (s * BIAS)
+        M = REC_R * t / 2
+        alpha = REC_R * (f[0] - f[win]) + 2 * M
+        sink = REC_R * f[0] + M
+        log("%s kernel: nearest-within-%d wins by %.1f logits (older keys >= %d back), content %.1f"
+            % (name, win, REC_R * t, gap_, alpha))
+        wq[h * HD + alpha_row, E0] = alpha * sq / (s * BIAS)
+        wq[h * HD + X_SINK, E0] = sink * sq / (s * BIAS)
+        return alpha, sink
 
     for l in range(N_LAYER):
         p = "blk.%d." % l
@@ -237,18 +329,20 @@ def build(v, seed, log):
         if l == 0:
             positional(wq, wk, wv, wo, [0, 1, 2, 3], [0, 1], [1, 2, 3, 4], s0,
                        [D * (m + 1) for m in range(4)], [1.0] * 4)
-            # FFN: copy the one-hot part of the current token's code (small, EPS_COPY) into
-            # E[1:32), where layer 1's MLP reads it undisturbed by the copy written into A
+            # FFN: copy the current token's code into C0, where layer 2 reads it undisturbed
+            # by the copies layer 1 writes into A (silu of a large constant gate is linear)
             GB = 30.0
-            for k in range(1, N_ONEHOT):
-                gate[k, E0] = GB / (s1 * BIAS)
-                up[k, k] = 1.0 / s1
-                down[E0 + k, k] = EPS_COPY / (GB / (1 + math.exp(-GB)))
-        else:
-            # induction head: q head 0 on kv head 0
+            for i in range(D):
+                gate[i, E0] = GB / (sf0 * BIAS)
+                up[i, i] = 1.0 / sf0
+                down[C0 + i, i] = 1.0 / (GB / (1 + math.exp(-GB)))
+        elif l == 1:
+            # head 0: induction head (q head 0 on kv head 0)
             lam = U * sq
             for m in range(4):
                 for i in range(D):
+                    if i == UPPER_DIM:
+                        continue
                     wq[N_ROT + D * m + i, D * m + i] = lam / s1
                     wk[N_ROT + D * m + i, D * (m + 1) + i] = 1.0 / s1
             wk[X_SINK, oh["<s>"]] = 1.0 / s1
@@ -257,7 +351,81 @@ def build(v, seed, log):
                 if i != oh["<s>"]:
                     wv[i, i] = 1.0 / s1
                 wo[i, i] = COPY
-            prior_mlp(gate, up, down, oh, codes, onehot, rng, s1, log)
+            wv[D, oh["<s>"]] = 1.0 / s1           # the sink's value: a dummy of the copy's norm
+            wo[J_IND, D] = COPY
+            # kv head 1: recency keys for heads 2 (PREVNUM) and 3 (NAME)
+            kb = HD
+            X_AFTER, X_NAME = N_ROT, N_ROT + 1
+            for d in DIG:   # "the previous token ended a number": S2 digit, S1 not
+                wk[kb + X_AFTER, S(2) + d] += 1.0 / s1
+                wk[kb + X_AFTER, S(1) + d] -= 1.0 / s1
+            for b in ("<0x0A>", "?"):  # ... or was a line / question break (value NULL)
+                wk[kb + X_AFTER, S(1) + oh[b]] += 1.0 / s1
+            # left-hand name start: "VAR ▁X" not after "▁=" (1), or a break (1); else <= 0
+            wk[kb + X_NAME, S(1) + oh["AR"]] += 1.0 / (RU * s1)
+            wk[kb + X_NAME, S(1) + oh["VAR"]] += 2.0 / (RU * s1)
+            wk[kb + X_NAME, S(2) + oh["\u2581V"]] += 1.0 / (RU * s1)
+            wk[kb + X_NAME, S(3) + oh["\u2581="]] -= 1.0 / s1
+            for b in ("<0x0A>", "?"):
+                wk[kb + X_NAME, oh[b]] += 2.0 / s1
+            wk[kb + X_NAME, E0] -= 1.0 / (s1 * BIAS)
+            wk[kb + X_SINK, oh["<s>"]] = 1.0 / s1
+            recency(wq, wk, 2, 1, s1, 12, 18, X_AFTER, "PREVNUM")
+            recency(wq, wk, 3, 1, s1, 8, 12, X_NAME, "NAME")
+            # values: digits of S2..S4 (the number's last three digits), NULL, the token's
+            # code, HN (it is a name start) and its complement (keeps the norm)
+            for r in range(3):
+                for k, d in enumerate(DIG):
+                    wv[kb + 10 * r + k, S(r + 2) + d] = 1.0 / s1
+                    wv[kb + 30, S(r + 2) + d] = -1.0 / (3 * s1)
+            wv[kb + 30, E0] = 1.0 / (s1 * BIAS)
+            for i in range(D):
+                wv[kb + 31 + i, i] = 1.0 / s1
+            for q in ("AR", "VAR"):
+                wv[kb + 95, S(1) + oh[q]] = 1.0 / (RU * s1)
+                wv[kb + 96, S(1) + oh[q]] = -1.0 / (RU * s1)
+            wv[kb + 96, E0] = 1.0 / (s1 * BIAS)
+            for k in range(30):
+                wo[P0 + k, 2 * HD + k] = W_P
+            wo[P_NULL, 2 * HD + 30] = math.sqrt(3) * W_P
+            for i in range(D):
+                wo[N0 + i, 3 * HD + 31 + i] = 1.0
+            wo[N_HN, 3 * HD + 95] = W_H
+            wo[J_NAME, 3 * HD + 96] = W_H
+            u0 = 0
+            # P is only kept at digits and the token after one (layer 2 compares it between
+            # those); a dummy of its norm replaces it elsewhere
+            GP = 20.0
+            sg = GP / (1 + math.exp(-GP))
+            for k in range(32):
+                u = u0 + k
+                gate[u, E0] = GP / (sf1 * BIAS)
+                for d in DIG:
+                    gate[u, C0 + d] = -2 * GP / sf1
+                    gate[u, S(1) + d] = -2 * GP / sf1
+                if k < 31:
+                    up[u, P0 + k] = 1.0 / sf1
+                    down[P0 + k, u] = -1.0 / sg
+                else:
+                    up[u, E0] = 1.0 / (sf1 * BIAS)
+                    down[J_P, u] = math.sqrt(n_p) / sg
+            # F_SEP = [current is a digit and the previous token a separator]: CONT's class
+            # match at the first digit of a number, which a linear query cannot gate
+            u = u0 + 32
+            GF = 20.0
+            for d in DIG:
+                gate[u, C0 + d] = GF / sf1
+            for c in SEP:
+                gate[u, S(1) + c] = GF / sf1
+            gate[u, E0] = -1.5 * GF / (sf1 * BIAS)
+            up[u, E0] = 1.0 / (sf1 * BIAS)
+            down[F_SEP, u] = 1.0 / (0.5 * GF / (1 + math.exp(-0.5 * GF)))
+            assert u0 + 33 <= N_FF
+        else:
+            layer2(wq, wk, wv, wo, oh, DIG, SEP, RU, s2, sq, S)
+            # the list prior lives after layer 2's attention, so its output never changes
+            # the norm of what layer 2's heads compare
+            prior_mlp(gate, up, down, oh, codes, onehot, rng, s2, log)
         W[p + "attn_norm.weight"] = np.ones(H)
         W[p + "ffn_norm.weight"] = np.ones(H)
         W[p + "attn_q.weight"] = wq
@@ -271,6 +439,107 @@ def build(v, seed, log):
     on[:D] = OUT_GAIN
     W["output_norm.weight"] = on
     return W
+
+
+def layer2(wq, wk, wv, wo, oh, DIG, SEP, RU, s, sq, S):
+    """Heads that read layer 1's PREVNUM / NAME features (all scores in logits):
+      0 VS    at ':' or at a '.' ending a number, attends to the first digit of a value
+              ("is ▁d") whose PREVNUM is the number just ended (or NULL after ':').
+      1 CONT  continues a number or a name being copied: 3-gram (separators ▁ . : as one
+              class) plus PREVNUM equality at digits; its sink is low only at digits
+              and upper-case pieces.
+      2 LOOK  at ':' after "... equal to N are", attends to the '.' ending an assignment
+              of N that has a left-hand name, and copies that name's first piece.
+      3 CHAIN at the last piece of a name X (3-gram), attends to the '.' ending
+              "VAR Y = VAR X." and copies Y's first piece."""
+    b1 = HD  # kv head 1
+    nseg = [i for i in range(D) if i != UPPER_DIM and i not in SEP]
+    for kb in (0, b1):
+        for m in range(3):
+            for i in nseg:
+                wk[kb + N_ROT + D * m + i, S(m + 1) + i] = 1.0 / s
+        wk[kb + X_SINK, C0 + oh["<s>"]] = 1.0 / s
+    # kv head 0 extras: SEP class, PREVNUM, value-start flag
+    X_SEP, X_P, X_VSF, X_NS = N_ROT + 3 * D, N_ROT + 3 * D + 3, N_ROT + 3 * D + 34, N_ROT + 3 * D + 35
+    # X_NS: j follows the first piece of a left-hand name ("VAR X1 j", not after "▁="):
+    # a name piece that also occurs in the text ("▁A") continues as the name
+    wk[X_NS, S(2) + oh["AR"]] += 1.0 / (RU * s)
+    wk[X_NS, S(2) + oh["VAR"]] += 2.0 / (RU * s)
+    wk[X_NS, S(3) + oh["\u2581V"]] += 1.0 / (RU * s)
+    wk[X_NS, S(4) + oh["\u2581="]] -= 1.0 / s   # 2 after a left-hand first piece, 1 right-hand
+    for c in SEP:
+        wk[X_SEP, S(2) + c] = 1.0 / s
+    for k in range(31):
+        wk[X_P + k, P0 + k] = 1.0 / s
+    wk[X_VSF, S(1) + oh["\u2581"]] = 1.0 / s
+    wk[X_VSF, S(2) + oh["\u2581is"]] = 1.0 / s
+    for d in DIG:
+        wk[X_VSF, C0 + d] = 1.0 / s
+    wk[X_VSF, E0] = -2.0 / (s * BIAS)
+    wk[X_VSF, C0 + oh["<s>"]] = 2.0 / s    # 0 at BOS, the sink
+    for i in range(D):
+        if i != oh["<s>"]:
+            wv[i, C0 + i] = 1.0 / s
+        wo[i, 0 * HD + i] = COPY_VS
+        wo[i, 1 * HD + i] = COPY_C
+    WN = math.sqrt(3) * W_P
+    # head 0: VS
+    G_VS, L_VS, SK_VS = 40.0, 12.0, 58.0
+    for c in (":", "."):
+        wq[0 * HD + X_VSF, C0 + oh[c]] = G_VS * sq / s
+    for r in range(3):
+        for k, d in enumerate(DIG):
+            wq[0 * HD + X_P + 10 * r + k, S(r + 1) + d] = L_VS * sq / (W_P * s)
+    wq[0 * HD + X_P + 30, C0 + oh[":"]] = 3 * L_VS * sq / (WN * s)
+    wq[0 * HD + X_SINK, E0] = SK_VS * sq / (s * BIAS)
+    # head 1: CONT
+    # match weights by slot pair (t, j-1), (t-1, j-2), (t-2, j-3): a name piece continues
+    # on the current piece alone, which must outweigh the two older slots together
+    U_C, L_C, SK_D, SK_U, SK_X = (40.0, 12.0, 8.0), 16.0, 92.0, 19.0, 200.0
+    for m in range(3):
+        for i in nseg:
+            wq[1 * HD + N_ROT + D * m + i, S(m) + i] = U_C[m] * sq / s
+    wq[1 * HD + X_SEP, F_SEP] = U_C[1] * sq / s
+    wq[1 * HD + X_NS, E0] = 6.0 * sq / (s * BIAS)
+    for k in range(30):
+        wq[1 * HD + X_P + k, P0 + k] = L_C * sq / (W_P ** 2 * s)
+    wq[1 * HD + X_P + 30, P_NULL] = 3 * L_C * sq / (WN ** 2 * s)
+    wq[1 * HD + X_SINK, E0] = SK_X * sq / (s * BIAS)
+    for d in DIG:
+        wq[1 * HD + X_SINK, C0 + d] += (SK_D - SK_X) * sq / s
+    wq[1 * HD + X_SINK, C0 + UPPER_DIM] += (SK_U - SK_X) * sq / (UPPER_K * s)
+    # kv head 1 extras: digits of S1..S3, number end, HN, '.'
+    X_DG, X_NE, X_HN, X_DOT = N_ROT + 3 * D, N_ROT + 3 * D + 30, N_ROT + 3 * D + 31, N_ROT + 3 * D + 32
+    for r in range(3):
+        for k, d in enumerate(DIG):
+            wk[b1 + X_DG + 10 * r + k, S(r + 1) + d] = 1.0 / s
+    for d in DIG:
+        wk[b1 + X_NE, S(1) + d] += 1.0 / s
+        wk[b1 + X_NE, C0 + d] -= 1.0 / s
+    wk[b1 + X_HN, N_HN] = 1.0 / (W_H * s)
+    wk[b1 + X_DOT, C0 + oh["."]] = 1.0 / s
+    for i in range(D):
+        if i != oh["<s>"]:   # NAME is BOS's code where no name is near: the sink copies nothing
+            wv[b1 + i, N0 + i] = 1.0 / s
+        wo[i, 2 * HD + i] = COPY_N
+        wo[i, 3 * HD + i] = COPY_N
+    # head 2: LOOK
+    L_L, G_L, H_L, SK_L = 10.0, 30.0, 30.0, 75.0
+    for r in range(3):
+        for k, d in enumerate(DIG):
+            wq[2 * HD + X_DG + 10 * r + k, S(r + 2) + d] = L_L * sq / s
+    wq[2 * HD + X_NE, C0 + oh[":"]] = G_L * sq / s
+    wq[2 * HD + X_HN, E0] = H_L * sq / (s * BIAS)
+    wq[2 * HD + X_SINK, E0] = SK_L * sq / (s * BIAS)
+    # head 3: CHAIN
+    M_C, H_C, P_C, SK_C, B_C = 20.0 / (1 - UPPER_K ** 2), 40.0, 40.0, 110.0, 200.0  # a piece matches itself at 1-K^2
+    for m in range(3):
+        for i in nseg:
+            wq[3 * HD + N_ROT + D * m + i, S(m) + i] = M_C * sq / s
+    wq[3 * HD + X_HN, E0] = H_C * sq / (s * BIAS)
+    wq[3 * HD + X_DOT, E0] = P_C * sq / (s * BIAS)
+    wq[3 * HD + X_SINK, E0] = (SK_C + B_C) * sq / (s * BIAS)
+    wq[3 * HD + X_SINK, C0 + UPPER_DIM] = -B_C * sq / (UPPER_K * s)
 
 
 def prior_mlp(gate, up, down, oh, codes, onehot, rng, s, log):
@@ -291,7 +560,7 @@ def prior_mlp(gate, up, down, oh, codes, onehot, rng, s, log):
             pieces = DIG if piece == "DIGIT" else [piece]
             for pc in pieces:
                 if m == 0:
-                    gate[u, E0 + oh[pc]] += ALPHA * wgt / EPS_COPY
+                    gate[u, C0 + oh[pc]] += ALPHA * wgt
                 else:
                     gate[u, blk[m] + oh[pc]] += ALPHA * wgt
         gate[u, E0] += -ALPHA * thresh / BIAS
@@ -325,6 +594,7 @@ def prior_mlp(gate, up, down, oh, codes, onehot, rng, s, log):
     assert unit[0] <= N_FF, unit[0]
     log("prior MLP: %d units" % unit[0])
     del perm
+    return unit[0]
 
 
 # ------------------------------------------------------------ GGUF --
@@ -430,8 +700,10 @@ def main(argv=None):
             t = G.GGML_Q8_0 if a.embd_type == "q8_0" else G.GGML_F16
         elif w.ndim == 1:
             t = G.GGML_F32
+        elif name.endswith(("attn_q.weight", "attn_k.weight")):
+            t = G.GGML_F16   # the RoPE kernels and match scores want f16's precision
         else:
-            t = G.GGML_F16
+            t = G.GGML_Q8_0  # copies and gates: exact in Q8_0 (one magnitude per block)
         tensors.append((name, w, t))
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     write_gguf(a.out, gguf_kvs(v), tensors)
