@@ -54,8 +54,10 @@ F_SEP = E0 + 4               # "a digit right after ▁ . or :" (layer 1's FFN)
 C0 = E0 + 32                 # 352: clean copy of the current token's code (layer 0's FFN)
 P0 = C0 + D                  # 416: PREVNUM, digits of the last number that ended (3 x 10) + NULL
 P_NULL = P0 + 30
-N0 = P0 + 31                 # 447: NAME, code of the last assignment's left-hand name + HN flag
-N_HN = N0 + D                # 511
+N0 = P0 + 31                 # 447: NAME, the code (CODE_SUB dims) of the last left-hand name's
+N_HN = N0 + 35               #   first piece, then HN ("a name is near"), then NAME2 (its second piece)
+J_N2 = E0 + 5
+NAME2_DIMS = list(range(N0 + 36, H)) + list(range(E0 + 6, E0 + 12))   # 29 + 6
 N_LAYER = 3
 N_HEAD = 4
 N_KV = 2
@@ -84,6 +86,10 @@ ONEHOT_PIECES = ["<s>", "\u2581", "0", "1", "2", "3", "4", "5", "6", "7", "8", "
                  ":", "-", "\u2581is", "\u2581The", "\u2581pass", "\u2581key", "\u2581magic", "\u2581number",
                  "\u2581for", "\u2581V", "AR", "\u2581=", "\u2581One", "\u2581are", "\u2581to", "VAR"]
 UPPER_DIM = 31
+# the code dims a name piece can use: its random part, the flag, and the one-hots of the
+# two upper-case pieces that have one ("▁V" starts names like VXKQR, "AR" continues them)
+CODE_SUB = [24, 25, UPPER_DIM] + list(range(N_ONEHOT, D))
+assert ONEHOT_PIECES[24] == "\u2581V" and ONEHOT_PIECES[25] == "AR" and len(CODE_SUB) == 35
 
 # eval_tasks.c word lists and templates (to find the tokens prompts use)
 FILLER = """the a one every that this some quiet green old bright small warm cold tall busy gentle brown soft
@@ -273,7 +279,7 @@ def build(v, seed, log):
     s0 = math.sqrt(H / (1 + BIAS ** 2))                   # layer 0 attention: A, E0
     sf0 = math.sqrt(H / (1 + N_SLOT + BIAS ** 2))         # layer 0 FFN: + S1..S4
     s1 = math.sqrt(H / (2 + N_SLOT + BIAS ** 2))          # layer 1: + C0
-    n_p, n_n = 3 * W_P ** 2, 1 + W_H ** 2
+    n_p, n_n = 3 * W_P ** 2, 1 + W_H ** 2 + 1          # PREVNUM; NAME + HN + NAME2
     sf1 = math.sqrt(H / (2 + N_SLOT + BIAS ** 2 + COPY ** 2 + n_p + n_n))  # layer 1 FFN
     s2 = sf1                                              # layer 2 (the P gate keeps the norm)
     sq = math.sqrt(HD)
@@ -388,10 +394,34 @@ def build(v, seed, log):
             for k in range(30):
                 wo[P0 + k, 2 * HD + k] = W_P
             wo[P_NULL, 2 * HD + 30] = math.sqrt(3) * W_P
-            for i in range(D):
-                wo[N0 + i, 3 * HD + 31 + i] = 1.0
+            for k, i in enumerate(CODE_SUB):
+                wo[N0 + k, 3 * HD + 31 + i] = 1.0
             wo[N_HN, 3 * HD + 95] = W_H
-            wo[J_NAME, 3 * HD + 96] = W_H
+            wo[J_NAME, 3 * HD + 96] = math.sqrt(1 + W_H ** 2)
+            # head 1 (on kv head 0, whose values are the token codes): NAME2, the second
+            # piece of the last left-hand name ("VAR X1 j" not after "▁=")
+            X_NS2 = X_SINK + 1
+            for fr in range(N_ROT // 2):
+                wk[2 * fr, E0] = 1.0 / (s1 * BIAS)
+                wk[2 * fr, oh["<s>"]] = -1.0 / s1
+            wk[X_NS2, E0] = 1.0 / (s1 * BIAS)
+            wk[X_NS2, oh["<s>"]] = -1.0 / s1
+            ca, cb, t_n, f_n = recency_kernel(8, 12)
+            M = REC_R * t_n / 2
+            alpha = REC_R * (f_n[0] - f_n[12]) + 2 * M
+            for fr in range(N_ROT // 2):
+                wq[HD + 2 * fr, E0] = ca[fr] * REC_R * sq / (s1 * BIAS)
+                wq[HD + 2 * fr + 1, E0] = -cb[fr] * REC_R * sq / (s1 * BIAS)
+            kq = alpha * sq / s1   # on the induction keys: S2 in block 1, S3 in 2, S4 in 3
+            wq[HD + N_ROT + D * 1 + oh["AR"], E0] = kq / (RU * BIAS)
+            wq[HD + N_ROT + D * 1 + oh["VAR"], E0] = 2 * kq / (RU * BIAS)
+            wq[HD + N_ROT + D * 2 + oh["\u2581V"], E0] = kq / (RU * BIAS)
+            wq[HD + N_ROT + D * 3 + oh["\u2581="], E0] = -kq / BIAS
+            wq[HD + X_NS2, E0] = -alpha * sq / (s1 * BIAS)
+            wq[HD + X_SINK, E0] = (REC_R * f_n[0] + M) * sq / (s1 * BIAS)
+            for k, i in enumerate(CODE_SUB):
+                wo[NAME2_DIMS[k], HD + i] = 1.0
+            wo[J_N2, HD + D] = 1.0   # the sink's dummy (value 1 at BOS) keeps the norm
             u0 = 0
             # P is only kept at digits and the token after one (layer 2 compares it between
             # those); a dummy of its norm replaces it elsewhere
@@ -454,10 +484,10 @@ def layer2(wq, wk, wv, wo, oh, DIG, SEP, RU, s, sq, S):
               "VAR Y = VAR X." and copies Y's first piece."""
     b1 = HD  # kv head 1
     nseg = [i for i in range(D) if i != UPPER_DIM and i not in SEP]
+    for m in range(3):
+        for i in nseg:
+            wk[N_ROT + D * m + i, S(m + 1) + i] = 1.0 / s
     for kb in (0, b1):
-        for m in range(3):
-            for i in nseg:
-                wk[kb + N_ROT + D * m + i, S(m + 1) + i] = 1.0 / s
         wk[kb + X_SINK, C0 + oh["<s>"]] = 1.0 / s
     # kv head 0 extras: SEP class, PREVNUM, value-start flag
     X_SEP, X_P, X_VSF, X_NS = N_ROT + 3 * D, N_ROT + 3 * D + 3, N_ROT + 3 * D + 34, N_ROT + 3 * D + 35
@@ -508,8 +538,12 @@ def layer2(wq, wk, wv, wo, oh, DIG, SEP, RU, s, sq, S):
     for d in DIG:
         wq[1 * HD + X_SINK, C0 + d] += (SK_D - SK_X) * sq / s
     wq[1 * HD + X_SINK, C0 + UPPER_DIM] += (SK_U - SK_X) * sq / (UPPER_K * s)
-    # kv head 1 extras: digits of S1..S3, number end, HN, '.'
-    X_DG, X_NE, X_HN, X_DOT = N_ROT + 3 * D, N_ROT + 3 * D + 30, N_ROT + 3 * D + 31, N_ROT + 3 * D + 32
+    # kv head 1: (S1, S2) codes, digits of S1..S3, number end, HN, '.', NAME
+    X_DG, X_NE, X_HN, X_DOT, X_N1 = (N_ROT + 2 * D, N_ROT + 2 * D + 30, N_ROT + 2 * D + 31,
+                                     N_ROT + 2 * D + 32, N_ROT + 2 * D + 33)
+    for m in range(2):
+        for i in nseg:
+            wk[b1 + N_ROT + D * m + i, S(m + 1) + i] = 1.0 / s
     for r in range(3):
         for k, d in enumerate(DIG):
             wk[b1 + X_DG + 10 * r + k, S(r + 1) + d] = 1.0 / s
@@ -518,28 +552,44 @@ def layer2(wq, wk, wv, wo, oh, DIG, SEP, RU, s, sq, S):
         wk[b1 + X_NE, C0 + d] -= 1.0 / s
     wk[b1 + X_HN, N_HN] = 1.0 / (W_H * s)
     wk[b1 + X_DOT, C0 + oh["."]] = 1.0 / s
-    for i in range(D):
-        if i != oh["<s>"]:   # NAME is BOS's code where no name is near: the sink copies nothing
-            wv[b1 + i, N0 + i] = 1.0 / s
-        wo[i, 2 * HD + i] = COPY_N
-        wo[i, 3 * HD + i] = COPY_N
-    # head 2: LOOK
-    L_L, G_L, H_L, SK_L = 10.0, 30.0, 30.0, 75.0
+    for k in range(35):
+        wk[b1 + X_N1 + k, N0 + k] = 1.0 / s
+    for k, i in enumerate(CODE_SUB):   # values: NAME (first piece), NAME2 (second piece)
+        wv[b1 + k, N0 + k] = 1.0 / s
+        wv[b1 + 35 + k, NAME2_DIMS[k]] = 1.0 / s
+        wo[i, 2 * HD + k] = COPY_N
+        wo[i, 3 * HD + 35 + k] = COPY_N
+    KU = 1 - UPPER_K ** 2       # a name piece matches itself at 1 - K^2 (the flag is left out)
+    # head 2: LOOK (at ':' after "equal to N are") and CHAIN (at a name's last piece)
+    L_L, G_L, H_L, P_L, M_L, SK_L, B_L = 10.0, 30.0, 40.0, 40.0, 20.0 / KU, 110.0, 200.0
     for r in range(3):
         for k, d in enumerate(DIG):
             wq[2 * HD + X_DG + 10 * r + k, S(r + 2) + d] = L_L * sq / s
     wq[2 * HD + X_NE, C0 + oh[":"]] = G_L * sq / s
     wq[2 * HD + X_HN, E0] = H_L * sq / (s * BIAS)
-    wq[2 * HD + X_SINK, E0] = SK_L * sq / (s * BIAS)
-    # head 3: CHAIN
-    M_C, H_C, P_C, SK_C, B_C = 20.0 / (1 - UPPER_K ** 2), 40.0, 40.0, 110.0, 200.0  # a piece matches itself at 1-K^2
-    for m in range(3):
+    wq[2 * HD + X_DOT, E0] = P_L * sq / (s * BIAS)
+    for m in range(2):
         for i in nseg:
-            wq[3 * HD + N_ROT + D * m + i, S(m) + i] = M_C * sq / s
-    wq[3 * HD + X_HN, E0] = H_C * sq / (s * BIAS)
-    wq[3 * HD + X_DOT, E0] = P_C * sq / (s * BIAS)
-    wq[3 * HD + X_SINK, E0] = (SK_C + B_C) * sq / (s * BIAS)
-    wq[3 * HD + X_SINK, C0 + UPPER_DIM] = -B_C * sq / (UPPER_K * s)
+            wq[2 * HD + N_ROT + D * m + i, S(m) + i] = M_L * sq / s
+    wq[2 * HD + X_SINK, E0] = (SK_L + B_L) * sq / (s * BIAS)
+    wq[2 * HD + X_SINK, C0 + UPPER_DIM] = -B_L * sq / (UPPER_K * s)
+    wq[2 * HD + X_SINK, C0 + oh[":"]] = -B_L * sq / s
+    # head 3: SECOND, at the first piece of a name just copied, attends to the same '.'
+    # again (its NAME is the current token; the context before it is the previous name's
+    # end or the question's number) and copies the name's second piece
+    A_2, C_2, L_2, P_2, H_2, SK_2, B_2 = 30.0, 20.0 / KU, 15.0, 20.0, 20.0, 88.0, 200.0
+    for k, i in enumerate(CODE_SUB):
+        wq[3 * HD + X_N1 + k, C0 + i] = A_2 * sq / s
+    for m in range(2):
+        for i in nseg:
+            wq[3 * HD + N_ROT + D * m + i, S(m + 1) + i] = C_2 * sq / s
+    for r in range(2):
+        for k, d in enumerate(DIG):
+            wq[3 * HD + X_DG + 10 * r + k, S(r + 3) + d] = L_2 * sq / s
+    wq[3 * HD + X_DOT, E0] = P_2 * sq / (s * BIAS)
+    wq[3 * HD + X_HN, E0] = H_2 * sq / (s * BIAS)
+    wq[3 * HD + X_SINK, E0] = (SK_2 + B_2) * sq / (s * BIAS)
+    wq[3 * HD + X_SINK, C0 + UPPER_DIM] = -B_2 * sq / (UPPER_K * s)
 
 
 def prior_mlp(gate, up, down, oh, codes, onehot, rng, s, log):
