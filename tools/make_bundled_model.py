@@ -6,25 +6,42 @@
 The model is a standard llama GGUF (GQA, RoPE, SwiGLU, RMSNorm, tied embeddings)
 whose weights are *constructed*, not trained: see docs/MODEL.md.  In short:
 
-  residual (n_embd 352) = A[0:64) current-token code | S1..S4 [64:320) codes of the
-  previous 1..4 tokens | E[320:352) constant "bias" coordinate (E0).
+  residual (n_embd 512) = A[0:64) current-token code (and, from layer 1 on, the copies
+  that become logits) | S1..S4 [64:320) codes of the previous 1..4 tokens | E[320:352)
+  constant "bias" E0 plus norm-keeping dummies | C0 [352:416) clean current code |
+  PREVNUM [416:447) | NAME, HN, NAME2 [447:512).
 
-  token codes: 32 one-hot dims for the tokens the task templates hinge on (digits,
-  '▁', '.', '\\n', BOS, "is", "key", ...) and a 32-dim block of random unit codes
-  for everything else (coherence-reduced for the ~300 tokens the eval prompts use).
+  token codes: 31 one-hot dims for the tokens the task templates hinge on (digits,
+  '▁', '.', '\\n', BOS, "is", "key", "AR", "VAR", ...), a flag dim for upper-case pieces
+  (variable names) and a 32-dim block of random unit codes for everything else
+  (coherence-reduced for the ~300 tokens the eval prompts use).
 
   layer 0: four positional heads (RoPE only, q = key rotated by the offset, amplitudes
            over 8 rotary frequencies chosen so no alias exists within 8192 positions)
-           copy the codes of tokens t-1..t-4 into S1..S4.
+           copy the codes of tokens t-1..t-4 into S1..S4; the FFN copies the current
+           code into C0.
   layer 1: head 0 is an induction head: query = codes of (t, t-1, t-2, t-3), key =
            codes of (j-1, j-2, j-3, j-4); it attends to the token that followed the
-           last earlier occurrence of the current 4-gram and copies its code into A
-           (tied embeddings turn that into its logit).  BOS is an attention sink at
-           3.5 "matches", so only a full 4-gram match copies.
-           The SwiGLU MLP holds a small "prior": after a list label "\\nk." it writes
-           '▁' and a five-digit item whose first two digits depend on k and on the last
-           digit of the previous item (so items are distinct and can only be repeated
-           by attending to them), then a newline.
+           last earlier occurrence of the current 4-gram and copies its code into A.
+           BOS is an attention sink at 3.5 "matches", so only a full 4-gram match copies.
+           Heads 1-3 are *recency* heads: a RoPE kernel solved as a linear program
+           makes the nearest marked key within a window win over every older one and
+           over the sink, with no alias in the context.  PREVNUM = last three digits of
+           the last number that ended before t (NULL after a line or question break);
+           NAME / NAME2 = first / second piece of the last left-hand variable name
+           ("VAR X = ...").  The FFN keeps PREVNUM only at digits (and right after one).
+  layer 2: VS (at ':' or a number's '.', attends to the first digit of the value
+           "is ▁d..." whose PREVNUM is the number just ended: multivalue's values come
+           out in order), CONT (continues a number or name with PREVNUM as context),
+           LOOK+CHAIN (at "equal to N are:" finds the assignment of N; at a name's last
+           piece finds "VAR Y = VAR X."; copies NAME) and SECOND (copies NAME2 after
+           the first piece, so names sharing a first piece stay apart).
+           The FFN holds a small "prior": after a list label "\\nk." it writes '▁' and a
+           five-digit item whose first two digits depend on k and on the last digit of
+           the previous item (so items are distinct and can only be repeated by
+           attending to them), then a newline.
+  Every block's content has a constant norm (dummies stand in for absent copies), so
+  RMSNorm scales every position alike and the logit margins hold.
 """
 import argparse
 import json
@@ -51,6 +68,7 @@ H = 512
 E0 = D * (1 + N_SLOT)        # 320: constant bias coordinate
 J_IND, J_NAME, J_P = E0 + 1, E0 + 2, E0 + 3  # norm-keeping dummies (see "constant norm" below)
 F_SEP = E0 + 4               # "a digit right after ▁ . or :" (layer 1's FFN)
+F_SEP2 = E0 + 12             # "a digit, after a digit, after ▁ . or :" (layer 1's FFN)
 C0 = E0 + 32                 # 352: clean copy of the current token's code (layer 0's FFN)
 P0 = C0 + D                  # 416: PREVNUM, digits of the last number that ended (3 x 10) + NULL
 P_NULL = P0 + 30
@@ -76,7 +94,10 @@ SINK = 3.5        # BOS sink score, in matches
 POS_T = 105.0     # positional-head score at the target offset (before its min gap 0.19)
 COPY = 3.0        # size of the copied code in A
 PRIOR = 1.5       # size of the MLP prior in A
-OUT_GAIN = 4.0    # output_norm gain on A (sharpens the distribution)
+OUT_GAIN = 5.6    # output_norm gain on A (sharpens the distribution)
+BALLAST = 6.0     # a constant coordinate in every embedding row: it dilutes the norm changes
+                  # no construction can avoid (an induction copy split over two tokens),
+                  # so RMSNorm rescales a position by a few percent, not ~15%
 REC_R = 100.0     # recency heads: logit scale of the kernel (peak amplitude sum 1)
 W_P, W_H = 0.6, 0.5          # PREVNUM digit size, NAME flag size (NULL is sqrt(3) W_P)
 COPY_VS, COPY_C, COPY_N = 6.0, 4.0, 6.0   # layer 2's copies into A
@@ -273,14 +294,16 @@ def build(v, seed, log):
     emb = np.zeros((n_vocab, H))
     emb[:, :D] = codes
     emb[:, E0] = BIAS
+    emb[:, E0 + 31] = BALLAST
     W["token_embd.weight"] = emb
     # RMSNorm factors: sqrt(H / |x|^2) with every code a unit vector and the norm of
     # each block's content held constant by construction (the dummies J_*)
-    s0 = math.sqrt(H / (1 + BIAS ** 2))                   # layer 0 attention: A, E0
-    sf0 = math.sqrt(H / (1 + N_SLOT + BIAS ** 2))         # layer 0 FFN: + S1..S4
-    s1 = math.sqrt(H / (2 + N_SLOT + BIAS ** 2))          # layer 1: + C0
+    B2 = BIAS ** 2 + BALLAST ** 2
+    s0 = math.sqrt(H / (1 + B2))                          # layer 0 attention: A, E0, ballast
+    sf0 = math.sqrt(H / (1 + N_SLOT + B2))                # layer 0 FFN: + S1..S4
+    s1 = math.sqrt(H / (2 + N_SLOT + B2))                 # layer 1: + C0
     n_p, n_n = 3 * W_P ** 2, 1 + W_H ** 2 + 1          # PREVNUM; NAME + HN + NAME2
-    sf1 = math.sqrt(H / (2 + N_SLOT + BIAS ** 2 + COPY ** 2 + n_p + n_n))  # layer 1 FFN
+    sf1 = math.sqrt(H / (2 + N_SLOT + B2 + COPY ** 2 + n_p + n_n))  # layer 1 FFN
     s2 = sf1                                              # layer 2 (the P gate keeps the norm)
     sq = math.sqrt(HD)
 
@@ -450,7 +473,16 @@ def build(v, seed, log):
             gate[u, E0] = -1.5 * GF / (sf1 * BIAS)
             up[u, E0] = 1.0 / (sf1 * BIAS)
             down[F_SEP, u] = 1.0 / (0.5 * GF / (1 + math.exp(-0.5 * GF)))
-            assert u0 + 33 <= N_FF
+            u = u0 + 33            # F_SEP2, the same one token further ("32532": the
+            for d in DIG:          # second "32" is not the one after the separator)
+                gate[u, C0 + d] = GF / sf1
+                gate[u, S(1) + d] = GF / sf1
+            for c in SEP:
+                gate[u, S(2) + c] = GF / sf1
+            gate[u, E0] = -2.5 * GF / (sf1 * BIAS)
+            up[u, E0] = 1.0 / (sf1 * BIAS)
+            down[F_SEP2, u] = 1.0 / (0.5 * GF / (1 + math.exp(-0.5 * GF)))
+            assert u0 + 34 <= N_FF
         else:
             layer2(wq, wk, wv, wo, oh, DIG, SEP, RU, s2, sq, S)
             # the list prior lives after layer 2's attention, so its output never changes
@@ -499,6 +531,7 @@ def layer2(wq, wk, wv, wo, oh, DIG, SEP, RU, s, sq, S):
     wk[X_NS, S(4) + oh["\u2581="]] -= 1.0 / s   # 2 after a left-hand first piece, 1 right-hand
     for c in SEP:
         wk[X_SEP, S(2) + c] = 1.0 / s
+        wk[X_SEP + 1, S(3) + c] = 1.0 / s
     for k in range(31):
         wk[X_P + k, P0 + k] = 1.0 / s
     wk[X_VSF, S(1) + oh["\u2581"]] = 1.0 / s
@@ -525,11 +558,12 @@ def layer2(wq, wk, wv, wo, oh, DIG, SEP, RU, s, sq, S):
     # head 1: CONT
     # match weights by slot pair (t, j-1), (t-1, j-2), (t-2, j-3): a name piece continues
     # on the current piece alone, which must outweigh the two older slots together
-    U_C, L_C, SK_D, SK_U, SK_X = (40.0, 12.0, 8.0), 16.0, 92.0, 19.0, 200.0
+    U_C, L_C, SK_D, SK_U, SK_X = (40.0, 12.0, 12.0), 16.0, 92.0, 19.0, 200.0
     for m in range(3):
         for i in nseg:
             wq[1 * HD + N_ROT + D * m + i, S(m) + i] = U_C[m] * sq / s
     wq[1 * HD + X_SEP, F_SEP] = U_C[1] * sq / s
+    wq[1 * HD + X_SEP + 1, F_SEP2] = U_C[2] * sq / s
     wq[1 * HD + X_NS, E0] = 6.0 * sq / (s * BIAS)
     for k in range(30):
         wq[1 * HD + X_P + k, P0 + k] = L_C * sq / (W_P ** 2 * s)

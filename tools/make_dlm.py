@@ -15,8 +15,9 @@ Shape (EAGLE-3): x_t = [input_norm(e(tok_t)); hidden_norm(fc([h_lo; h_mid; h_hi]
 one decoder layer over x (4 query / 2 KV heads, head_dim 272: the KV heads map one
 to one onto the target's), a SwiGLU MLP, final norm and an LM head over a reduced
 draft vocabulary (d2t / t2d as EAGLE-3).  The fused states are the residual
-streams entering target layers [0, 1, 1] (a 2-layer target has no layers
-[2, L/2, L-3]).
+streams entering target layers [0, 1, 1]: the retrieval head below needs only
+the residual entering layer 1 (EAGLE-3's default [2, L/2, L-3] would be [2, 1, 0]
+for the 3-layer target; any order works with the loader).
 
 How it is made — constructed retrieval head, distilled remainder:
   * The target (tools/make_bundled_model.py) retrieves with one induction head
@@ -59,7 +60,7 @@ import gguf_reader as G  # noqa: E402
 import make_bundled_model as MB  # noqa: E402
 
 D = MB.D                      # token code width
-H = MB.H                      # target and draft hidden size (352)
+H = MB.H                      # target and draft hidden size (512)
 HQ, HKV, HD = 4, 2, 272       # draft heads: query, KV (= target's), head dim (4 code blocks + sink, padded to 16)
 X_SINK = 4 * D
 OUT_BLK = D * 4               # residual block [256, 320) (slot S4, dropped by fc) holds the draft's output

@@ -44,7 +44,7 @@ dsize=$(du -sb "$DLM" | cut -f1)
 [ "$dsize" -le $((10 * 1024 * 1024)) ] || bad "DLM is $dsize bytes (> 10 MB)"
 dinfo=$("$KS" info "$DLM" 2>&1) || bad "info DLM failed: $dinfo"
 has "$dinfo" "EAGLE-3 draft model" "DLM info"
-has "$dinfo" "hidden 352 (target 352)" "DLM hidden size"
+has "$dinfo" "hidden 512 (target 512)" "DLM hidden size"
 has "$dinfo" "kv 2 x" "DLM KV heads"
 has "$dinfo" "aux layers \[0, 1, 1\]" "DLM aux layers"
 SMALL="--budget 8 --sink 1 --window 4 --dense-layers 1"
