@@ -388,8 +388,10 @@ def build(v, seed, log):
             for d in DIG:   # "the previous token ended a number": S2 digit, S1 not
                 wk[kb + X_AFTER, S(2) + d] += 1.0 / s1
                 wk[kb + X_AFTER, S(1) + d] -= 1.0 / s1
-            for b in ("<0x0A>", "?"):  # ... or was a line / question break (value NULL)
-                wk[kb + X_AFTER, S(1) + oh[b]] += 1.0 / s1
+            # ... or was a question mark (value NULL: "...for K? They are:" starts afresh).
+            # Not a newline: after a list item it would count twice and outrank the nearer
+            # label, whose digit keeps the items' PREVNUM apart
+            wk[kb + X_AFTER, S(1) + oh["?"]] += 1.0 / s1
             # left-hand name start: "VAR ▁X" not after "▁=" (1), or a break (1); else <= 0
             wk[kb + X_NAME, S(1) + oh["AR"]] += 1.0 / (RU * s1)
             wk[kb + X_NAME, S(1) + oh["VAR"]] += 2.0 / (RU * s1)
@@ -558,11 +560,11 @@ def layer2(wq, wk, wv, wo, oh, DIG, SEP, RU, s, sq, S):
     # head 1: CONT
     # match weights by slot pair (t, j-1), (t-1, j-2), (t-2, j-3): a name piece continues
     # on the current piece alone, which must outweigh the two older slots together
-    U_C, L_C, SK_D, SK_U, SK_X = (40.0, 12.0, 12.0), 16.0, 92.0, 19.0, 200.0
+    U_C, L_C, SK_D, SK_U, SK_X = (40.0, 12.0, 12.0), 16.0, 100.0, 19.0, 200.0
     for m in range(3):
         for i in nseg:
             wq[1 * HD + N_ROT + D * m + i, S(m) + i] = U_C[m] * sq / s
-    wq[1 * HD + X_SEP, F_SEP] = U_C[1] * sq / s
+    wq[1 * HD + X_SEP, F_SEP] = 2 * U_C[1] * sq / s   # "the value's first digit" is worth two
     wq[1 * HD + X_SEP + 1, F_SEP2] = U_C[2] * sq / s
     wq[1 * HD + X_NS, E0] = 6.0 * sq / (s * BIAS)
     for k in range(30):
