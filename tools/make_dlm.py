@@ -39,7 +39,7 @@ How it is made — constructed retrieval head, distilled remainder:
     v/o/lm_head start from the copy path (v = e(tok_j), o into a free block,
     lm_head = the target's tied embedding rows), the MLP from small noise.
 The script prints the draft's top-1 agreement with the target before and after
-training on held-out sequences.  About 4-8 minutes on 2 cores (with OpenBLAS:
+training on held-out sequences.  About 8-14 minutes on 2 cores (with OpenBLAS:
 scripts/deps.sh --reference).
 """
 import argparse
