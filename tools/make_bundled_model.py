@@ -44,6 +44,7 @@ whose weights are *constructed*, not trained: see docs/MODEL.md.  In short:
   RMSNorm scales every position alike and the logit margins hold.
 """
 import argparse
+import functools
 import json
 import math
 import os
@@ -245,6 +246,7 @@ def pos_kernel():
     return w, A, float((1 - C.numpy() @ A).min())
 
 
+@functools.lru_cache(maxsize=None)
 def recency_kernel(gap, win):
     """Per-frequency (cos, sin) coefficients of a RoPE score f(d), d = query - key position,
     with sum |coef| <= 1, maximising t such that f(d) - f(d') >= t whenever d <= win and
@@ -330,7 +332,8 @@ def build(v, seed, log):
     def recency(wq, wk, h, kv, s, gap_, win, alpha_row, name):
         """RoPE part of a recency head: keys carry 1 per rotary pair, the query the kernel.
         Returns (alpha, sink) in logits: a marked key (content 1 at alpha_row) within win
-        tokens beats every unmarked key and every older marked key by >= M."""
+        tokens beats every unmarked key and every older marked key by >= M.  alpha_row
+        None: the caller spreads alpha over several key features itself."""
         ca, cb, t, f = recency_kernel(gap_, win)
         for fr in range(N_ROT // 2):
             wk[kv * HD + 2 * fr, E0] = 1.0 / (s * BIAS)
@@ -342,7 +345,8 @@ def build(v, seed, log):
         sink = REC_R * f[0] + M
         log("%s kernel: nearest-within-%d wins by %.1f logits (older keys >= %d back), content %.1f"
             % (name, win, REC_R * t, gap_, alpha))
-        wq[h * HD + alpha_row, E0] = alpha * sq / (s * BIAS)
+        if alpha_row is not None:
+            wq[h * HD + alpha_row, E0] = alpha * sq / (s * BIAS)
         wq[h * HD + X_SINK, E0] = sink * sq / (s * BIAS)
         return alpha, sink
 
@@ -426,65 +430,49 @@ def build(v, seed, log):
             # head 1 (on kv head 0, whose values are the token codes): NAME2, the second
             # piece of the last left-hand name ("VAR X1 j" not after "▁=")
             X_NS2 = X_SINK + 1
-            for fr in range(N_ROT // 2):
-                wk[2 * fr, E0] = 1.0 / (s1 * BIAS)
-                wk[2 * fr, oh["<s>"]] = -1.0 / s1
             wk[X_NS2, E0] = 1.0 / (s1 * BIAS)
             wk[X_NS2, oh["<s>"]] = -1.0 / s1
-            ca, cb, t_n, f_n = recency_kernel(8, 12)
-            M = REC_R * t_n / 2
-            alpha = REC_R * (f_n[0] - f_n[12]) + 2 * M
-            for fr in range(N_ROT // 2):
-                wq[HD + 2 * fr, E0] = ca[fr] * REC_R * sq / (s1 * BIAS)
-                wq[HD + 2 * fr + 1, E0] = -cb[fr] * REC_R * sq / (s1 * BIAS)
+            alpha, _ = recency(wq, wk, 1, 0, s1, 8, 12, None, "NAME2")
             kq = alpha * sq / s1   # on the induction keys: S2 in block 1, S3 in 2, S4 in 3
             wq[HD + N_ROT + D * 1 + oh["AR"], E0] = kq / (RU * BIAS)
             wq[HD + N_ROT + D * 1 + oh["VAR"], E0] = 2 * kq / (RU * BIAS)
             wq[HD + N_ROT + D * 2 + oh["\u2581V"], E0] = kq / (RU * BIAS)
             wq[HD + N_ROT + D * 3 + oh["\u2581="], E0] = -kq / BIAS
             wq[HD + X_NS2, E0] = -alpha * sq / (s1 * BIAS)
-            wq[HD + X_SINK, E0] = (REC_R * f_n[0] + M) * sq / (s1 * BIAS)
             for k, i in enumerate(CODE_SUB):
                 wo[NAME2_DIMS[k], HD + i] = 1.0
             wo[J_N2, HD + D] = 1.0   # the sink's dummy (value 1 at BOS) keeps the norm
-            u0 = 0
             # P is only kept at digits and the token after one (layer 2 compares it between
-            # those); a dummy of its norm replaces it elsewhere
+            # those); a dummy of its norm replaces it elsewhere (units 0..31)
             GP = 20.0
             sg = GP / (1 + math.exp(-GP))
-            for k in range(32):
-                u = u0 + k
+            for u in range(32):
                 gate[u, E0] = GP / (sf1 * BIAS)
                 for d in DIG:
                     gate[u, C0 + d] = -2 * GP / sf1
                     gate[u, S(1) + d] = -2 * GP / sf1
-                if k < 31:
-                    up[u, P0 + k] = 1.0 / sf1
-                    down[P0 + k, u] = -1.0 / sg
+                if u < 31:
+                    up[u, P0 + u] = 1.0 / sf1
+                    down[P0 + u, u] = -1.0 / sg
                 else:
                     up[u, E0] = 1.0 / (sf1 * BIAS)
                     down[J_P, u] = math.sqrt(n_p) / sg
-            # F_SEP = [current is a digit and the previous token a separator]: CONT's class
-            # match at the first digit of a number, which a linear query cannot gate
-            u = u0 + 32
-            GF = 20.0
-            for d in DIG:
-                gate[u, C0 + d] = GF / sf1
-            for c in SEP:
-                gate[u, S(1) + c] = GF / sf1
-            gate[u, E0] = -1.5 * GF / (sf1 * BIAS)
-            up[u, E0] = 1.0 / (sf1 * BIAS)
-            down[F_SEP, u] = 1.0 / (0.5 * GF / (1 + math.exp(-0.5 * GF)))
-            u = u0 + 33            # F_SEP2, the same one token further ("32532": the
-            for d in DIG:          # second "32" is not the one after the separator)
-                gate[u, C0 + d] = GF / sf1
-                gate[u, S(1) + d] = GF / sf1
-            for c in SEP:
-                gate[u, S(2) + c] = GF / sf1
-            gate[u, E0] = -2.5 * GF / (sf1 * BIAS)
-            up[u, E0] = 1.0 / (sf1 * BIAS)
-            down[F_SEP2, u] = 1.0 / (0.5 * GF / (1 + math.exp(-0.5 * GF)))
-            assert u0 + 34 <= N_FF
+
+            def and_unit(u, slots, out):
+                """out = 1 where every (slot, piece set) holds, else ~0: CONT's class
+                matches, which a linear query cannot gate."""
+                GF = 20.0
+                for m, pieces in slots:
+                    for c in pieces:
+                        gate[u, S(m) + c] = GF / sf1
+                gate[u, E0] = -(len(slots) - 0.5) * GF / (sf1 * BIAS)
+                up[u, E0] = 1.0 / (sf1 * BIAS)
+                down[out, u] = 1.0 / (0.5 * GF / (1 + math.exp(-0.5 * GF)))
+
+            # F_SEP: a digit right after a separator; F_SEP2: the same one token further
+            # ("32532": the second "32" is not the one after the separator)
+            and_unit(32, [(0, DIG), (1, SEP)], F_SEP)
+            and_unit(33, [(0, DIG), (1, DIG), (2, SEP)], F_SEP2)
         else:
             layer2(wq, wk, wv, wo, oh, DIG, SEP, RU, s2, sq, S)
             # the list prior lives after layer 2's attention, so its output never changes
@@ -512,10 +500,11 @@ def layer2(wq, wk, wv, wo, oh, DIG, SEP, RU, s, sq, S):
       1 CONT  continues a number or a name being copied: 3-gram (separators ▁ . : as one
               class) plus PREVNUM equality at digits; its sink is low only at digits
               and upper-case pieces.
-      2 LOOK  at ':' after "... equal to N are", attends to the '.' ending an assignment
-              of N that has a left-hand name, and copies that name's first piece.
-      3 CHAIN at the last piece of a name X (3-gram), attends to the '.' ending
-              "VAR Y = VAR X." and copies Y's first piece."""
+      2 LOOK+CHAIN  at ':' after "... equal to N are", attends to the '.' ending an
+              assignment of N that has a left-hand name; at the last piece of a name X
+              (2-gram), to the '.' ending "VAR Y = VAR X."; copies NAME (Y's first piece).
+      3 SECOND at the first piece just copied, attends to the same '.' again (its NAME
+              is the current token) and copies NAME2, the name's second piece."""
     b1 = HD  # kv head 1
     nseg = [i for i in range(D) if i != UPPER_DIM and i not in SEP]
     for m in range(3):
