@@ -26,10 +26,11 @@
  *    is read from memory once per step.
  * Rows are walked segment by segment (groups of rows may straddle pages) or
  * through a flat row-pointer list for fragmented selections.  On Zen 3 the
- * kernel is bound by FP-pipe issue, not memory: per 128-byte f16 row each
- * pass spends ~24 cycles against 16 for its FMAs, most likely the f16
- * conversions sharing the FMA pipes (docs/BENCHMARKS.md, "On an AVX2-only
- * host").
+ * kernel is bound by FP-pipe issue, not memory: a row (GQA 4, hd 64) costs
+ * ~49 cycles against 32 for its FMAs.  Measured, not guessed: the f16
+ * conversions are free (a convert+FMA loop runs at the FMA bound); the
+ * excess is the hadd reduction of the scores (~4 cycles a row), the exp
+ * (~5) and loop overhead (docs/BENCHMARKS.md, "On an AVX2-only host").
  * Head dims that are multiples of 16 up to 512 (32 for 8-bit KV) take this
  * path; others go portable.
  */
