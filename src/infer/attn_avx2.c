@@ -23,11 +23,15 @@
  *  - V: rows are taken in blocks that stay in L1 while the head dim is swept
  *    in slices of 64 / NG floats; each slice keeps NG heads x (8 / NG)
  *    accumulators in registers, so every V element is converted once and V
- *    is read from memory once per step.
+ *    is read from memory once per step.  A block is a few runs of
+ *    consecutive rows (pages), and the next block is prefetched evenly over
+ *    all slices of the current one: issued in one burst it stalled the
+ *    kernel on DRAM.
  * Rows are walked segment by segment (groups of rows may straddle pages) or
  * through a flat row-pointer list for fragmented selections.  On Zen 3 the
- * kernel is bound by FP-pipe issue, not memory: a row (GQA 4, hd 64) costs
- * ~49 cycles against 32 for its FMAs.  Measured, not guessed: the f16
+ * kernel, held in cache, is bound by FP-pipe issue: a row (GQA 4, hd 64)
+ * costs ~48 cycles against 32 for its FMAs; on two threads from DRAM it
+ * reaches the rate of a plain read loop in the host's quiet phases.  Measured, not guessed: the f16
  * conversions are free (a convert+FMA loop runs at the FMA bound); the
  * excess is the hadd reduction of the scores (~4 cycles a row), the exp
  * (~5) and loop overhead (docs/BENCHMARKS.md, "On an AVX2-only host").
