@@ -31,10 +31,11 @@
  * through a flat row-pointer list for fragmented selections.  On Zen 3 the
  * kernel, held in cache, is bound by FP-pipe issue: a row (GQA 4, hd 64)
  * costs ~48 cycles against 32 for its FMAs; on two threads from DRAM it
- * reaches the rate of a plain read loop in the host's quiet phases.  Measured, not guessed: the f16
- * conversions are free (a convert+FMA loop runs at the FMA bound); the
- * excess is the hadd reduction of the scores (~4 cycles a row), the exp
- * (~5) and loop overhead (docs/BENCHMARKS.md, "On an AVX2-only host").
+ * reaches the rate of a plain read loop in the host's quiet phases.
+ * Measured, not guessed: the f16 conversions are free (a convert+FMA loop
+ * runs at the FMA bound); the excess is the hadd reduction of the scores
+ * (~4 cycles a row), the exp (~4) and loop overhead (docs/BENCHMARKS.md,
+ * "On an AVX2-only host").
  * Head dims that are multiples of 16 up to 512 (32 for 8-bit KV) take this
  * path; others go portable.
  */
