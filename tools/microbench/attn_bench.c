@@ -1,0 +1,174 @@
+/*
+ * attn_bench.c — the decode attention kernel alone, in the engine's KV
+ * layout, against a plain read of the same bytes (diagnostics, not a test).
+ *
+ * Why it exists: `kvsieve bench` times whole decode steps, where the
+ * attention kernel shares each step with the weight matvec and the host's
+ * noise.  To tell compute from memory one needs the kernel alone, hot (rows
+ * reused from L2, so only its instructions count) and cold (every row from
+ * DRAM), next to a plain read loop of the same bytes, on the same threads,
+ * alternated in one run.  docs/BENCHMARKS.md ("compute, memory and the
+ * second vCPU") reports its figures.
+ *
+ * Layout, as the KV store lays out a dense f16 head: pages of P K rows then
+ * P V rows, a head's pages back to back, 2 MiB pages (MADV_HUGEPAGE).
+ * Shape: L layers x H KV heads x N rows, head_dim 64, GQA group 4: the
+ * Llama-3.2-1B shape at 32K, 1.07 GB of K and V.  Thread i takes heads
+ * i, i + T, ... of every layer with a barrier per layer, as the engine's
+ * pool does.
+ *
+ * Usage: attn_bench [threads=2] [rounds=3] [hot_rows=1024]
+ * Prints, per round, the best of 5 repetitions of: plain read, kernel hot,
+ * kernel from DRAM (ms for the whole L x H x N), and cycles per row hot at
+ * the clock given by KS_GHZ (default 3.0; the host has no PMU to read).
+ */
+#define _GNU_SOURCE
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "infer/infer.h"
+
+enum { L = 16, H = 8, N = 32768, HD = 64, G = 4, P = 32, REPS = 5 };
+#define ROW_BYTES ((size_t)HD * 2)
+#define HEAD_BYTES ((size_t)N * ROW_BYTES * 2) /* K and V */
+#define LAYER_BYTES (HEAD_BYTES * H)
+
+typedef enum { MODE_READ, MODE_HOT, MODE_COLD } bench_mode;
+
+typedef struct {
+    int id, nthr, hot_rows;
+    bench_mode mode;
+    uint8_t *const *layers; /* borrowed: [L] LAYER_BYTES each */
+    pthread_barrier_t *bar; /* borrowed */
+    float *q;               /* [G][HD] */
+    float *scores;          /* [N][4] */
+    float *out;             /* [G][HD] */
+    float *tmp;             /* portable-path scratch */
+    ks_kv_seg *segs;        /* [N / P] */
+    float sink;             /* keeps the read loop's sum alive */
+} bench_thread;
+
+static double now_sec(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* A plain AVX2 read of [p, p + n): the rate the kernel's bytes could come at. */
+__attribute__((target("avx2"))) static float read_bytes(const uint8_t *p, size_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i + 128 <= n; i += 128) {
+        s0 = _mm256_add_ps(s0, _mm256_load_ps((const float *)(p + i)));
+        s1 = _mm256_add_ps(s1, _mm256_load_ps((const float *)(p + i + 32)));
+        s2 = _mm256_add_ps(s2, _mm256_load_ps((const float *)(p + i + 64)));
+        s3 = _mm256_add_ps(s3, _mm256_load_ps((const float *)(p + i + 96)));
+    }
+    float v[8];
+    _mm256_storeu_ps(v, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    return v[0] + v[7];
+}
+
+static void attend_head(bench_thread *t, const uint8_t *head, int rows) {
+    for (int p = 0; p < rows / P; p++) {
+        const uint8_t *page = head + (size_t)p * P * ROW_BYTES * 2;
+        t->segs[p] = (ks_kv_seg){page, page + (size_t)P * ROW_BYTES, P};
+    }
+    ks_attention_segs(KS_KV_F16, t->segs, rows / P, rows, HD, G, t->q, t->scores, t->out, t->tmp, NULL, NULL, true);
+}
+
+static void *bench_worker(void *arg) {
+    bench_thread *t = arg;
+    for (int l = 0; l < L; l++) {
+        for (int h = t->id; h < H; h += t->nthr) {
+            const uint8_t *head = t->layers[l] + (size_t)h * HEAD_BYTES;
+            if (t->mode == MODE_READ) {
+                t->sink += read_bytes(head, HEAD_BYTES);
+            } else if (t->mode == MODE_COLD) {
+                attend_head(t, head, N);
+            } else { /* the same hot_rows of this thread's own region, as many rows in all */
+                const uint8_t *own = t->layers[0] + (size_t)t->id * HEAD_BYTES;
+                for (int r = 0; r < N / t->hot_rows; r++) attend_head(t, own, t->hot_rows);
+            }
+        }
+        pthread_barrier_wait(t->bar);
+    }
+    return NULL;
+}
+
+static double run_best(bench_thread *th, int nthr, bench_mode mode) {
+    double best = 1e30;
+    for (int rep = 0; rep < REPS; rep++) {
+        pthread_t pt[64];
+        double t0 = now_sec();
+        for (int i = 0; i < nthr; i++) {
+            th[i].mode = mode;
+            if (pthread_create(&pt[i], NULL, bench_worker, &th[i]) != 0) {
+                fprintf(stderr, "attn_bench: pthread_create failed\n");
+                exit(1);
+            }
+        }
+        for (int i = 0; i < nthr; i++) pthread_join(pt[i], NULL);
+        double dt = now_sec() - t0;
+        if (dt < best) best = dt;
+    }
+    return best * 1e3;
+}
+
+int main(int argc, char **argv) {
+    int nthr = argc > 1 ? atoi(argv[1]) : 2, rounds = argc > 2 ? atoi(argv[2]) : 3;
+    int hot_rows = argc > 3 ? atoi(argv[3]) : 1024;
+    const char *ghz_env = getenv("KS_GHZ");
+    double ghz = ghz_env ? atof(ghz_env) : 3.0;
+    if (nthr < 1 || nthr > 64 || rounds < 1 || hot_rows < P || hot_rows % P || N % hot_rows) {
+        fprintf(stderr, "usage: attn_bench [threads 1-64] [rounds] [hot_rows: a multiple of %d dividing %d]\n", P, N);
+        return 2;
+    }
+    uint8_t *layers[L];
+    for (int l = 0; l < L; l++) {
+        if (posix_memalign((void **)&layers[l], (size_t)1 << 21, LAYER_BYTES) != 0) {
+            fprintf(stderr, "attn_bench: out of memory (%zu bytes per layer)\n", LAYER_BYTES);
+            return 1;
+        }
+        (void)madvise(layers[l], LAYER_BYTES, MADV_HUGEPAGE); /* advice only */
+        uint16_t *h = (uint16_t *)layers[l];
+        for (size_t i = 0; i < LAYER_BYTES / 2; i++) /* f16 values in [0.125, 0.25): no denormals, no overflow */
+            h[i] = (uint16_t)(0x3000 + ((i * 2654435761u) >> 22));
+    }
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)nthr);
+    bench_thread *th = calloc((size_t)nthr, sizeof *th);
+    if (!th) return 1;
+    for (int i = 0; i < nthr; i++) {
+        th[i] = (bench_thread){.id = i, .nthr = nthr, .hot_rows = hot_rows, .layers = layers, .bar = &bar};
+        th[i].q = malloc(sizeof(float) * G * HD);
+        th[i].scores = malloc(sizeof(float) * (size_t)N * 4);
+        th[i].out = malloc(sizeof(float) * G * HD);
+        th[i].tmp = malloc(sizeof(float) * (size_t)N * 4 + 65536);
+        th[i].segs = malloc(sizeof(ks_kv_seg) * (N / P));
+        if (!th[i].q || !th[i].scores || !th[i].out || !th[i].tmp || !th[i].segs) return 1;
+        for (int j = 0; j < G * HD; j++) th[i].q[j] = (float)(j % 7) * 0.1f;
+    }
+    double gb = (double)LAYER_BYTES * L / 1e9, rows = (double)L * H * N;
+    printf("attn_bench: %d x %d heads x %d rows, hd %d, GQA %d, %.2f GB of K+V, %d thread(s), hot set %d rows\n", L, H,
+           N, HD, G, gb, nthr, hot_rows);
+    for (int r = 1; r <= rounds; r++) {
+        double rd = run_best(th, nthr, MODE_READ), hot = run_best(th, nthr, MODE_HOT);
+        double cold = run_best(th, nthr, MODE_COLD);
+        printf("round %d: read %.1f ms (%.1f GB/s) | kernel hot %.1f ms (%.1f cycles/row/thread at %.2f GHz) | kernel "
+               "from DRAM %.1f ms (%.1f GB/s)\n",
+               r, rd, gb / rd * 1e3, hot, hot * 1e-3 * ghz * 1e9 * nthr / rows, ghz, cold, gb / cold * 1e3);
+    }
+    for (int i = 0; i < nthr; i++) {
+        free(th[i].q), free(th[i].scores), free(th[i].out), free(th[i].tmp), free(th[i].segs);
+    }
+    free(th);
+    pthread_barrier_destroy(&bar);
+    for (int l = 0; l < L; l++) free(layers[l]);
+    return 0;
+}
