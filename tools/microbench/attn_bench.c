@@ -129,6 +129,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: attn_bench [threads 1-64] [rounds] [hot_rows: a multiple of %d dividing %d]\n", P, N);
         return 2;
     }
+    if (!__builtin_cpu_supports("avx2")) { /* the read loop is AVX2 */
+        fprintf(stderr, "attn_bench: needs an AVX2 CPU\n");
+        return 1;
+    }
     uint8_t *layers[L];
     for (int l = 0; l < L; l++) {
         if (posix_memalign((void **)&layers[l], (size_t)1 << 21, LAYER_BYTES) != 0) {
