@@ -92,7 +92,7 @@ static void *bench_worker(void *arg) {
             } else if (t->mode == MODE_COLD) {
                 attend_head(t, head, N);
             } else { /* the same hot_rows of this thread's own region, as many rows in all */
-                const uint8_t *own = t->layers[0] + (size_t)t->id * HEAD_BYTES;
+                const uint8_t *own = t->layers[t->id / H] + (size_t)(t->id % H) * HEAD_BYTES; /* L * H >= 64 */
                 for (int r = 0; r < N / t->hot_rows; r++) attend_head(t, own, t->hot_rows);
             }
         }
