@@ -5,17 +5,25 @@
  * is to keep up with memory: every K and V row is converted from f16 once and
  * used by all query heads of its GQA group, and nothing but the scores leaves
  * the registers.
+ *  - One pass, page by page (online softmax): a page's K rows give its
+ *    scores, the running max and denominator are updated (the accumulators
+ *    rescaled when the max grows), then the same page's V rows are weighted
+ *    in.  The store lays a page out as K rows then V rows, so a head is read
+ *    as one forward stream that the hardware prefetchers follow.  The
+ *    two-pass kernel this replaced (all K, softmax, all V) read K and V as
+ *    4 KiB pieces with 4 KiB holes; it needed 53-61 ms for 1.07 GB of KV on
+ *    two threads where this one needs 30-38 and a plain read 30 (Zen 4,
+ *    tools/microbench/attn_bench.c), since its compute (~25 ms) and its
+ *    misses did not overlap.
  *  - Scores: four rows x a group of up to 4 heads give 16 zmm partial dot
  *    products, reduced together by one unpack/shuffle butterfly into a
- *    16-vector that is already in the t-major layout scores[t][4]; no
- *    horizontal sum per score.
- *  - Softmax runs vectorised over that [len][4] block (lane = head) with a
- *    polynomial exp (relative error ~2e-7) scaled by scalef.
- *  - V: rows are taken in blocks that stay in L1/L2 while each head group
- *    accumulates its outputs in registers (hd 64: 4 heads x 4 zmm; hd 128:
- *    2 heads x 8 zmm), so V is read from memory once per step.
+ *    16-vector that is already in the row-major layout [row][4 heads]; no
+ *    horizontal sum per score.  exp is a polynomial (relative error ~2e-7).
+ *  - V: the page's rows are accumulated into registers per head group
+ *    (hd 64: 4 heads x 4 zmm; hd 128: 2 heads x 8 zmm, two passes over the
+ *    page while it is in L1).
  * Only head dims 64 and 128 (nearly every current model) take this path; the
- * caller falls back to the portable kernel otherwise.
+ * caller falls back to the AVX2 or portable kernel otherwise.
  */
 #include "infer/infer.h"
 
@@ -25,13 +33,16 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-/* Rows ahead to prefetch (2 KiB at hd 64), into L2 (T1).  One-thread scans of
- * 16 layers x 8 heads x 32K rows, alternating binaries: with a head's pages
- * at consecutive ids (the store's home ids: one K stream per head) T1 and T0
- * are equal (~22-25 GB/s); with 32-row pages interleaved by head (ids off
- * the free list) T1 reads 18.7-19.0 GB/s against 16.1-18.6.  8, 24, 32 and
- * 64 rows were no better. */
-#define KS_ATTN_PREFETCH_ROWS 16
+/* Rows of a block: the unit of the online softmax, and of the memory order.
+ * A block is one page (K rows then V rows, adjacent in memory), so the
+ * kernel reads each head as one forward stream, which the hardware
+ * prefetchers follow.  Blocks of two 32-row pages (K0 K1 V0 V1) fell back
+ * to the two-pass kernel's speed: 54-60 ms against 33-36 ms for 1.07 GB on
+ * two threads (attn_bench).  Pages longer than this are taken in pieces
+ * (two forward streams, K and V); runs shorter than BLOCK_MIN (token-level
+ * selections) are merged into one block and the next block's rows are
+ * prefetched, since their addresses follow no stream. */
+enum { BLOCK_MAX = 32, BLOCK_MIN = 16 };
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
 #define INL static inline __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"), always_inline))
 
@@ -50,9 +61,18 @@ INL __m512 exp512(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+INL __m128 exp128(__m128 x) { return _mm512_castps512_ps128(exp512(_mm512_castps128_ps512(x))); }
+
 INL __m128 fold512(__m512 v) {
     __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* The four 128-bit lanes of v added: for a [4 rows][4 heads] vector, the
+ * per-head sum. */
+INL __m128 sum_lanes4(__m512 v) {
+    return _mm_add_ps(_mm_add_ps(_mm512_castps512_ps128(v), _mm512_extractf32x4_ps(v, 1)),
+                      _mm_add_ps(_mm512_extractf32x4_ps(v, 2), _mm512_extractf32x4_ps(v, 3)));
 }
 
 /* Sixteen horizontal sums at once: r[k] = sum of the lanes of v[k].  A
@@ -71,17 +91,39 @@ INL __m512 reduce16(const __m512 v[16]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(e01, e23, 0x88), _mm512_shuffle_f32x4(e01, e23, 0xDD));
 }
 
-/* scores[t][4] for heads g0..g0+ng-1 (ng <= 4; missing heads get zero q),
- * t running over the concatenated segments.  Four rows at a time: their 16
- * (row, head) partial dot products are reduced together by reduce16, whose
- * output order (row-major, head-minor) is exactly the t-major score layout.
- * Prefetches run ahead into the next segment near a segment's end, since the
- * next page of a head is usually not the next address. */
-#define PF_PTR(base, len, t, next, hd)                                                           \
-    ((t) + KS_ATTN_PREFETCH_ROWS < (len) ? (base) + (size_t)((t) + KS_ATTN_PREFETCH_ROWS) * (hd) \
-     : (next) ? (next) + (size_t)((t) + KS_ATTN_PREFETCH_ROWS - (len)) * (hd)                  \
-              : (base))
-#define SCORE_BODY(HDV)                                                                           \
+/* The next block from cursor (*si, *sj): its rows' K and V pointers into
+ * kp/vp [BLOCK_MAX] and its row count; *frag is set when it merged runs. */
+INL int next_block(const ks_kv_seg16 *segs, int nseg, int hd, int *si, int *sj, const uint16_t **kp,
+                   const uint16_t **vp, int *frag) {
+    int n = 0, runs = 0;
+    while (*si < nseg && n < BLOCK_MAX) {
+        int left = segs[*si].len - *sj, take = left < BLOCK_MAX - n ? left : BLOCK_MAX - n;
+        const uint16_t *k = segs[*si].K + (size_t)*sj * hd, *v = segs[*si].V + (size_t)*sj * hd;
+        for (int j = 0; j < take; j++) {
+            kp[n + j] = k + (size_t)j * hd;
+            vp[n + j] = v + (size_t)j * hd;
+        }
+        n += take, runs += take > 0;
+        *sj += take;
+        if (*sj == segs[*si].len) ++*si, *sj = 0;
+        if (n >= BLOCK_MIN) break; /* a page, or a piece of a long one */
+    }
+    *frag = runs > 1;
+    return n;
+}
+
+/* One pass over the segments for heads g0..g0+ng-1 (ng <= 4; absent heads
+ * get zero q), block by block: the block's scores [n][4] (lane = head) by
+ * four-row dot products reduced together (reduce16's output order is that
+ * layout), the running max and denominator per head, the accumulators
+ * rescaled when the max grows, then the block's V rows weighted into them.
+ * K and V of a page are read back to back while the page is in L1.
+ * The result depends only on the sequence of rows and where blocks fall,
+ * which is fixed by the segments: a policy that selects every page passes
+ * the dense segments and gets dense output bit for bit.  With want_probs the
+ * raw scores are kept in scores[total][4] and turned into probabilities at
+ * the end (for the policies that accumulate attention weights). */
+#define DECODE_BODY(HDV, VG)                                                                      \
     do {                                                                                          \
         __m512 qv[4][HDV];                                                                        \
         _Pragma("GCC unroll 16") for (int g = 0; g < 4; g++)                                      \
@@ -89,253 +131,139 @@ INL __m512 reduce16(const __m512 v[16]) {
                 qv[g][i] = g < ng ? _mm512_mul_ps(_mm512_loadu_ps(q + (size_t)(g0 + g) * hd + 16 * i), \
                                                   _mm512_set1_ps(scale))                          \
                                   : _mm512_setzero_ps();                                          \
-        int base = 0;                                                                             \
-        for (int si = 0; si < nseg; si++) {                                                       \
-            const uint16_t *K = segs[si].K;                                                       \
-            const uint16_t *Kn = si + 1 < nseg ? segs[si + 1].K : NULL;                           \
-            int len = segs[si].len, t = 0;                                                        \
-            float *sc = scores + 4 * (size_t)base;                                                \
-            for (; t + 4 <= len; t += 4) {                                                        \
+        float acc_mem[4][16 * HDV] __attribute__((aligned(64))); /* [head][hd] running sums */    \
+        float p_blk[4 * BLOCK_MAX] __attribute__((aligned(64)));  /* [row][head] exp(s - max) */  \
+        float s_blk[4 * BLOCK_MAX] __attribute__((aligned(64)));  /* [row][head] raw scores */    \
+        const uint16_t *kp[2][BLOCK_MAX], *vp[2][BLOCK_MAX];                                      \
+        memset(acc_mem, 0, sizeof acc_mem);                                                       \
+        __m128 run_max = _mm_set1_ps(-INFINITY), run_sum = _mm_setzero_ps();                      \
+        int si = 0, sj = 0, cur = 0, frag = 0, nfrag = 0, done = 0;                               \
+        int n = next_block(segs, nseg, hd, &si, &sj, kp[0], vp[0], &frag);                        \
+        while (n > 0) {                                                                           \
+            int nx = cur ^ 1;                                                                     \
+            int nn = next_block(segs, nseg, hd, &si, &sj, kp[nx], vp[nx], &nfrag);                \
+            int pf = frag || nfrag ? nn : 0; /* rows of the next block to prefetch */             \
+            float *sc = want_probs ? scores + 4 * (size_t)done : s_blk;                           \
+            int t = 0;                                                                            \
+            for (; t + 4 <= n; t += 4) {                                                          \
                 __m512 part[16];                                                                  \
-                const uint16_t *pf = PF_PTR(K, len, t, Kn, hd);                                   \
                 _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                             \
-                    const uint16_t *k = K + (size_t)(t + r) * hd;                                 \
-                    _mm_prefetch((const char *)(pf + (size_t)r * hd), _MM_HINT_T1);               \
+                    const uint16_t *k = kp[cur][t + r];                                           \
+                    if (t + r < pf) _mm_prefetch((const char *)kp[nx][t + r], _MM_HINT_T0);       \
                     __m512 kv[HDV];                                                               \
                     _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                        \
                         kv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + 16 * i))); \
                     _Pragma("GCC unroll 16") for (int g = 0; g < 4; g++) {                        \
-                        __m512 acc = _mm512_mul_ps(kv[0], qv[g][0]);                              \
+                        __m512 a = _mm512_mul_ps(kv[0], qv[g][0]);                                \
                         _Pragma("GCC unroll 16") for (int i = 1; i < HDV; i++)                    \
-                            acc = _mm512_fmadd_ps(kv[i], qv[g][i], acc);                          \
-                        part[4 * r + g] = acc;                                                    \
+                            a = _mm512_fmadd_ps(kv[i], qv[g][i], a);                              \
+                        part[4 * r + g] = a;                                                      \
                     }                                                                             \
                 }                                                                                 \
                 _mm512_storeu_ps(sc + 4 * (size_t)t, reduce16(part));                             \
             }                                                                                     \
-            for (; t < len; t++) {                                                                \
-                const uint16_t *k = K + (size_t)t * hd;                                           \
+            for (; t < n; t++) {                                                                  \
+                const uint16_t *k = kp[cur][t];                                                   \
+                if (t < pf) _mm_prefetch((const char *)kp[nx][t], _MM_HINT_T0);                   \
                 __m512 kv[HDV];                                                                   \
                 _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                            \
                     kv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + 16 * i)));   \
                 __m128 part[4];                                                                   \
-                _Pragma("GCC unroll 16") for (int g = 0; g < 4; g++) {                            \
-                    __m512 acc = _mm512_mul_ps(kv[0], qv[g][0]);                                  \
-                    _Pragma("GCC unroll 16") for (int i = 1; i < HDV; i++) acc = _mm512_fmadd_ps(kv[i], qv[g][i], acc); \
-                    part[g] = fold512(acc);                                                       \
+                _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {                             \
+                    __m512 a = _mm512_mul_ps(kv[0], qv[g][0]);                                    \
+                    _Pragma("GCC unroll 16") for (int i = 1; i < HDV; i++) a = _mm512_fmadd_ps(kv[i], qv[g][i], a); \
+                    part[g] = fold512(a);                                                         \
                 }                                                                                 \
-                __m128 sv = _mm_hadd_ps(_mm_hadd_ps(part[0], part[1]), _mm_hadd_ps(part[2], part[3])); \
-                _mm_storeu_ps(sc + 4 * (size_t)t, sv);                                            \
+                _mm_storeu_ps(sc + 4 * (size_t)t, _mm_hadd_ps(_mm_hadd_ps(part[0], part[1]), _mm_hadd_ps(part[2], part[3]))); \
             }                                                                                     \
-            base += len;                                                                          \
-        }                                                                                         \
-    } while (0)
-
-/* softmax over t for each of the 4 lanes of scores[len][4] */
-TGT static void softmax_lanes4(float *scores, int len) {
-    int n = 4 * len, i;
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (i = 0; i + 16 <= n; i += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(scores + i));
-    __m128 m4 = _mm_max_ps(_mm_max_ps(_mm512_castps512_ps128(mx), _mm512_extractf32x4_ps(mx, 1)),
-                           _mm_max_ps(_mm512_extractf32x4_ps(mx, 2), _mm512_extractf32x4_ps(mx, 3)));
-    for (; i < n; i += 4) m4 = _mm_max_ps(m4, _mm_loadu_ps(scores + i));
-    __m512 m16 = _mm512_broadcast_f32x4(m4);
-    __m512 sum = _mm512_setzero_ps();
-    for (i = 0; i + 16 <= n; i += 16) {
-        __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(scores + i), m16));
-        _mm512_storeu_ps(scores + i, e);
-        sum = _mm512_add_ps(sum, e);
-    }
-    __m128 s4 = _mm_add_ps(_mm_add_ps(_mm512_castps512_ps128(sum), _mm512_extractf32x4_ps(sum, 1)),
-                           _mm_add_ps(_mm512_extractf32x4_ps(sum, 2), _mm512_extractf32x4_ps(sum, 3)));
-    for (; i < n; i += 4) {
-        __m512 x = _mm512_castps128_ps512(_mm_sub_ps(_mm_loadu_ps(scores + i), m4));
-        __m128 e = _mm512_castps512_ps128(exp512(x));
-        _mm_storeu_ps(scores + i, e);
-        s4 = _mm_add_ps(s4, e);
-    }
-    /* lanes of absent heads are exp(0 - 0) = 1 each: harmless, never read */
-    __m512 inv = _mm512_broadcast_f32x4(_mm_div_ps(_mm_set1_ps(1.0f), s4));
-    for (i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(scores + i, _mm512_mul_ps(_mm512_loadu_ps(scores + i), inv));
-    for (; i < n; i += 4) _mm_storeu_ps(scores + i, _mm_mul_ps(_mm_loadu_ps(scores + i), _mm512_castps512_ps128(inv)));
-}
-
-/* out[g0+g][hd] = sum_t p[t][g] * V[t]; heads g < ng, VG heads per pass.
- * Segments are taken in chunks of >= BLOCK rows that stay in L1/L2 while
- * every head pass reads them, so V comes from memory once per step. */
-#define VALUE_BODY(HDV, VG)                                                                       \
-    do {                                                                                          \
-        enum { BLOCK = 256 };                                                                     \
-        int base = 0;                                                                             \
-        for (int s0 = 0; s0 < nseg;) {                                                            \
-            int s1 = s0, rows = 0;                                                                \
-            while (s1 < nseg && rows < BLOCK) rows += segs[s1++].len;                             \
+            /* online softmax: new max, rescale factor, this block's exps */                      \
+            __m128 blk_max = run_max;                                                             \
+            for (int r = 0; r < n; r++) blk_max = _mm_max_ps(blk_max, _mm_loadu_ps(sc + 4 * r));  \
+            __m128 alpha = exp128(_mm_sub_ps(run_max, blk_max)); /* exp(-inf) clamps to ~1e-38 */ \
+            run_max = blk_max;                                                                    \
+            __m512 m16 = _mm512_broadcast_f32x4(run_max), psum = _mm512_setzero_ps();             \
+            int i4 = 0;                                                                           \
+            for (; i4 + 16 <= 4 * n; i4 += 16) {                                                  \
+                __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(sc + i4), m16));                  \
+                _mm512_store_ps(p_blk + i4, e);                                                   \
+                psum = _mm512_add_ps(psum, e);                                                    \
+            }                                                                                     \
+            __m128 s4 = sum_lanes4(psum);                                                         \
+            for (; i4 < 4 * n; i4 += 4) {                                                         \
+                __m128 e = exp128(_mm_sub_ps(_mm_loadu_ps(sc + i4), run_max));                    \
+                _mm_store_ps(p_blk + i4, e);                                                      \
+                s4 = _mm_add_ps(s4, e);                                                           \
+            }                                                                                     \
+            run_sum = _mm_add_ps(_mm_mul_ps(run_sum, alpha), s4);                                 \
+            float al[4];                                                                          \
+            _mm_storeu_ps(al, alpha);                                                             \
             for (int gs = 0; gs < ng; gs += VG) {                                                 \
                 __m512 acc[VG][HDV];                                                              \
-                _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++)                             \
+                _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++) {                           \
+                    __m512 a = _mm512_set1_ps(al[(gs + g) & 3]);                                  \
                     _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                        \
-                        acc[g][i] = (gs + g < ng && base > 0)                                     \
-                                        ? _mm512_loadu_ps(out + (size_t)(g0 + gs + g) * hd + 16 * i) \
-                                        : _mm512_setzero_ps();                                    \
-                int tb = base;                                                                    \
-                for (int si = s0; si < s1; si++) {                                                \
-                    const uint16_t *V = segs[si].V;                                               \
-                    const uint16_t *Vn = si + 1 < nseg ? segs[si + 1].V : NULL;                   \
-                    int len = segs[si].len;                                                       \
-                    const float *sc = scores + 4 * (size_t)tb;                                    \
-                    for (int t = 0; t < len; t++) {                                               \
-                        const uint16_t *v = V + (size_t)t * hd;                                   \
-                        _mm_prefetch((const char *)PF_PTR(V, len, t, Vn, hd), _MM_HINT_T1);       \
-                        __m512 vv[HDV];                                                           \
-                        _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                    \
-                            vv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 16 * i))); \
-                        _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++) {                   \
-                            __m512 p = _mm512_set1_ps(sc[4 * (size_t)t + gs + g]);                \
-                            _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++) acc[g][i] = _mm512_fmadd_ps(p, vv[i], acc[g][i]); \
-                        }                                                                         \
-                    }                                                                             \
-                    tb += len;                                                                    \
+                        acc[g][i] = _mm512_mul_ps(_mm512_load_ps(&acc_mem[(gs + g) & 3][16 * i]), a); \
                 }                                                                                 \
-                _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++)                             \
-                    if (gs + g < ng)                                                              \
-                        _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                    \
-                            _mm512_storeu_ps(out + (size_t)(g0 + gs + g) * hd + 16 * i, acc[g][i]); \
-            }                                                                                     \
-            base += rows;                                                                         \
-            s0 = s1;                                                                              \
-        }                                                                                         \
-    } while (0)
-
-/* Fragmented selections (token-level policies: a few rows per segment) run
- * on a flat list of row pointers instead: the four-row blocks and the
- * prefetch distance then ignore segment boundaries. */
-#define SCORE_ROWS(HDV)                                                                           \
-    do {                                                                                          \
-        __m512 qv[4][HDV];                                                                        \
-        _Pragma("GCC unroll 16") for (int g = 0; g < 4; g++)                                      \
-            _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                                \
-                qv[g][i] = g < ng ? _mm512_mul_ps(_mm512_loadu_ps(q + (size_t)(g0 + g) * hd + 16 * i), \
-                                                  _mm512_set1_ps(scale))                          \
-                                  : _mm512_setzero_ps();                                          \
-        int t = 0;                                                                                \
-        for (; t + 4 <= total; t += 4) {                                                          \
-            __m512 part[16];                                                                      \
-            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                                 \
-                const uint16_t *k = KR[t + r];                                                    \
-                if (t + r + KS_ATTN_PREFETCH_ROWS < total) {                                      \
-                    _mm_prefetch((const char *)KR[t + r + KS_ATTN_PREFETCH_ROWS], _MM_HINT_T1);   \
-                    _mm_prefetch((const char *)(KR[t + r + KS_ATTN_PREFETCH_ROWS] + hd - 1), _MM_HINT_T1); \
-                }                                                                                 \
-                __m512 kv[HDV];                                                                   \
-                _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                            \
-                    kv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + 16 * i)));   \
-                _Pragma("GCC unroll 16") for (int g = 0; g < 4; g++) {                            \
-                    __m512 acc = _mm512_mul_ps(kv[0], qv[g][0]);                                  \
-                    _Pragma("GCC unroll 16") for (int i = 1; i < HDV; i++)                        \
-                        acc = _mm512_fmadd_ps(kv[i], qv[g][i], acc);                              \
-                    part[4 * r + g] = acc;                                                        \
-                }                                                                                 \
-            }                                                                                     \
-            _mm512_storeu_ps(scores + 4 * (size_t)t, reduce16(part));                             \
-        }                                                                                         \
-        for (; t < total; t++) {                                                                  \
-            const uint16_t *k = KR[t];                                                            \
-            __m512 kv[HDV];                                                                       \
-            _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                                \
-                kv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + 16 * i)));       \
-            __m128 part[4];                                                                       \
-            _Pragma("GCC unroll 16") for (int g = 0; g < 4; g++) {                                \
-                __m512 acc = _mm512_mul_ps(kv[0], qv[g][0]);                                      \
-                _Pragma("GCC unroll 16") for (int i = 1; i < HDV; i++) acc = _mm512_fmadd_ps(kv[i], qv[g][i], acc); \
-                part[g] = fold512(acc);                                                           \
-            }                                                                                     \
-            __m128 sv = _mm_hadd_ps(_mm_hadd_ps(part[0], part[1]), _mm_hadd_ps(part[2], part[3])); \
-            _mm_storeu_ps(scores + 4 * (size_t)t, sv);                                            \
-        }                                                                                         \
-    } while (0)
-
-#define VALUE_ROWS(HDV, VG)                                                                       \
-    do {                                                                                          \
-        enum { BLOCK = 256 };                                                                     \
-        for (int t0 = 0; t0 < total; t0 += BLOCK) {                                               \
-            int t1 = t0 + BLOCK < total ? t0 + BLOCK : total;                                     \
-            for (int gs = 0; gs < ng; gs += VG) {                                                 \
-                __m512 acc[VG][HDV];                                                              \
-                _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++)                             \
-                    _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                        \
-                        acc[g][i] = (gs + g < ng && t0 > 0)                                       \
-                                        ? _mm512_loadu_ps(out + (size_t)(g0 + gs + g) * hd + 16 * i) \
-                                        : _mm512_setzero_ps();                                    \
-                for (int t = t0; t < t1; t++) {                                                   \
-                    const uint16_t *v = VR[t];                                                    \
-                    if (t + KS_ATTN_PREFETCH_ROWS < total) {                                      \
-                        _mm_prefetch((const char *)VR[t + KS_ATTN_PREFETCH_ROWS], _MM_HINT_T1);   \
-                        _mm_prefetch((const char *)(VR[t + KS_ATTN_PREFETCH_ROWS] + hd - 1), _MM_HINT_T1); \
-                    }                                                                             \
+                for (int r = 0; r < n; r++) {                                                     \
+                    const uint16_t *v = vp[cur][r];                                               \
+                    if (gs == 0 && r < pf) _mm_prefetch((const char *)vp[nx][r], _MM_HINT_T0);    \
                     __m512 vv[HDV];                                                               \
                     _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                        \
                         vv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 16 * i))); \
                     _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++) {                       \
-                        __m512 p = _mm512_set1_ps(scores[4 * (size_t)t + gs + g]);                \
-                        _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++) acc[g][i] = _mm512_fmadd_ps(p, vv[i], acc[g][i]); \
+                        __m512 pr = _mm512_set1_ps(p_blk[4 * r + ((gs + g) & 3)]);                \
+                        _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                    \
+                            acc[g][i] = _mm512_fmadd_ps(pr, vv[i], acc[g][i]);                    \
                     }                                                                             \
                 }                                                                                 \
                 _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++)                             \
-                    if (gs + g < ng)                                                              \
-                        _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                    \
-                            _mm512_storeu_ps(out + (size_t)(g0 + gs + g) * hd + 16 * i, acc[g][i]); \
+                    _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                        \
+                        _mm512_store_ps(&acc_mem[(gs + g) & 3][16 * i], acc[g][i]);               \
             }                                                                                     \
+            done += n;                                                                            \
+            n = nn;                                                                               \
+            frag = nfrag;                                                                         \
+            cur = nx;                                                                             \
+        }                                                                                         \
+        KS_ASSERT(done == total);                                                                 \
+        float sums[4];                                                                            \
+        _mm_storeu_ps(sums, run_sum);                                                             \
+        for (int g = 0; g < ng; g++) {                                                            \
+            __m512 inv = _mm512_set1_ps(1.0f / sums[g]);                                          \
+            _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                                \
+                _mm512_storeu_ps(out + (size_t)(g0 + g) * hd + 16 * i,                            \
+                                 _mm512_mul_ps(_mm512_load_ps(&acc_mem[g][16 * i]), inv));        \
+        }                                                                                         \
+        if (want_probs) {                                                                         \
+            __m128 inv4 = _mm_div_ps(_mm_set1_ps(1.0f), run_sum);                                 \
+            __m512 m16 = _mm512_broadcast_f32x4(run_max), inv16 = _mm512_broadcast_f32x4(inv4);   \
+            int i4 = 0;                                                                           \
+            for (; i4 + 16 <= 4 * total; i4 += 16)                                                \
+                _mm512_storeu_ps(scores + i4,                                                     \
+                                 _mm512_mul_ps(exp512(_mm512_sub_ps(_mm512_loadu_ps(scores + i4), m16)), inv16)); \
+            for (; i4 < 4 * total; i4 += 4)                                                       \
+                _mm_storeu_ps(scores + i4, _mm_mul_ps(exp128(_mm_sub_ps(_mm_loadu_ps(scores + i4), run_max)), inv4)); \
         }                                                                                         \
     } while (0)
 
-TGT static void rows64(const uint16_t *const *KR, const uint16_t *const *VR, int total, int hd, int g0, int ng,
-                       const float *q, float *scores, float *out, float scale) {
-    SCORE_ROWS(4);
-    softmax_lanes4(scores, total);
-    VALUE_ROWS(4, 4);
+TGT static void decode64(const ks_kv_seg16 *segs, int nseg, int total, int hd, int g0, int ng, const float *q,
+                         float *scores, float *out, float scale, bool want_probs) {
+    DECODE_BODY(4, 4);
 }
 
-TGT static void rows128(const uint16_t *const *KR, const uint16_t *const *VR, int total, int hd, int g0, int ng,
-                        const float *q, float *scores, float *out, float scale) {
-    SCORE_ROWS(8);
-    softmax_lanes4(scores, total);
-    VALUE_ROWS(8, 2);
-}
-
-TGT static void group64(const ks_kv_seg16 *segs, int nseg, int total, int hd, int g0, int ng, const float *q,
-                        float *scores, float *out, float scale) {
-    SCORE_BODY(4);
-    softmax_lanes4(scores, total);
-    VALUE_BODY(4, 4);
-}
-
-TGT static void group128(const ks_kv_seg16 *segs, int nseg, int total, int hd, int g0, int ng, const float *q,
-                         float *scores, float *out, float scale) {
-    SCORE_BODY(8);
-    softmax_lanes4(scores, total);
-    VALUE_BODY(8, 2);
+TGT static void decode128(const ks_kv_seg16 *segs, int nseg, int total, int hd, int g0, int ng, const float *q,
+                          float *scores, float *out, float scale, bool want_probs) {
+    DECODE_BODY(8, 2);
 }
 
 bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
                               float *scores, float *out, float scale, float *weights, const void **rows) {
+    (void)rows; /* blocks carry their own row pointers */
     if (hd != 64 && hd != 128) return false;
-    /* short segments on average: flatten to row pointers (rows: [2][total]) */
-    const uint16_t **KR = NULL, **VR = NULL;
-    if (rows && (size_t)nseg * 8 > (size_t)total) {
-        KR = (const uint16_t **)rows;
-        VR = KR + total;
-        for (int si = 0, t = 0; si < nseg; si++)
-            for (int j = 0; j < segs[si].len; j++, t++) {
-                KR[t] = segs[si].K + (size_t)j * hd;
-                VR[t] = segs[si].V + (size_t)j * hd;
-            }
-    }
     for (int g0 = 0; g0 < G; g0 += 4) {
         int ng = G - g0 < 4 ? G - g0 : 4;
-        if (KR && hd == 64) rows64(KR, VR, total, hd, g0, ng, q, scores, out, scale);
-        else if (KR) rows128(KR, VR, total, hd, g0, ng, q, scores, out, scale);
-        else if (hd == 64) group64(segs, nseg, total, hd, g0, ng, q, scores, out, scale);
-        else group128(segs, nseg, total, hd, g0, ng, q, scores, out, scale);
+        if (hd == 64) decode64(segs, nseg, total, hd, g0, ng, q, scores, out, scale, weights != NULL);
+        else decode128(segs, nseg, total, hd, g0, ng, q, scores, out, scale, weights != NULL);
         if (weights)
             for (int t = 0; t < total; t++)
                 for (int g = 0; g < ng; g++) weights[t] += scores[4 * (size_t)t + g];
