@@ -8,34 +8,26 @@
  * bound by reading the KV cache, so every K and V row is converted once,
  * used by every query head of its GQA group, and nothing but the scores
  * leaves the registers:
+ *  - One pass, page by page (online softmax): a page's K rows give its
+ *    scores, the running max and denominator per head are updated (the
+ *    accumulators rescaled when the max grows), then the same page's V rows
+ *    are weighted in while the page is in L1.  The store lays a page out as
+ *    K rows then V rows, so a head is read as one forward stream.  The
+ *    two-pass kernel this replaced (all K, softmax, all V) read 4 KiB pieces
+ *    with 4 KiB holes and its compute did not overlap its misses: 1.07 GB
+ *    of KV took 56-59 ms on two threads where this one takes 32-37 and a
+ *    plain read 30 (AVX2 kernels on a Zen 4 host, attn_bench).
  *  - Scores: eight accumulators = (8 / NG) rows x NG heads (NG = the group
  *    padded to 1, 2 or 4), reduced together by one hadd/permute butterfly
- *    into a vector that is already the t-major layout scores[t][NG]; no
- *    horizontal sum per score.
- *  - Softmax is fused into the other two passes: the score pass keeps each
- *    lane's running max (lane mod NG = head), and the value pass turns a
- *    block's scores into exp(s - max) (polynomial, relative error ~2e-7)
- *    just before using them, while they sit in L1.  A pass of its own read
- *    and wrote the [len][NG] scores twice more: 512 KiB per head at 32K, from
- *    L3 on a Zen 3 core (512 KiB L2); fusing it cut the 32K decode kernel's
- *    time by ~6% on two threads.  Outputs are normalised at the end, the
- *    same way whether or not the caller wants the weights.
- *  - V: rows are taken in blocks that stay in L1 while the head dim is swept
- *    in slices of 64 / NG floats; each slice keeps NG heads x (8 / NG)
- *    accumulators in registers, so every V element is converted once and V
- *    is read from memory once per step.  A block is a few runs of
- *    consecutive rows (pages), and the next block is prefetched evenly over
- *    all slices of the current one: issued in one burst it stalled the
- *    kernel on DRAM.
- * Rows are walked segment by segment (groups of rows may straddle pages) or
- * through a flat row-pointer list for fragmented selections.  On Zen 3 the
- * kernel, held in cache, is bound by FP-pipe issue: a row (GQA 4, hd 64)
- * costs ~48 cycles against 32 for its FMAs; on two threads from DRAM it
- * reaches the rate of a plain read loop in the host's quiet phases.
- * Measured, not guessed: the f16 conversions are free (a convert+FMA loop
- * runs at the FMA bound); the excess is the hadd reduction of the scores
- * (~4 cycles a row), the exp (~4) and loop overhead (docs/BENCHMARKS.md,
- * "On an AVX2-only host").
+ *    into a vector that is already the layout [row][NG]; no horizontal sum
+ *    per score.  exp is a polynomial (relative error ~2e-7).
+ *  - V: the head dim is swept in slices of 64 / NG floats; each slice keeps
+ *    NG heads x (8 / NG) accumulators in registers, so every V element is
+ *    converted once and V is read from memory once per step.
+ * Held in cache, the kernel is bound by FP-pipe issue: a row (GQA 4, hd 64)
+ * costs ~40-48 cycles against 32 for its FMAs; the f16 conversions are free,
+ * the excess is the hadd reduction (~4 cycles a row), the exp (~4) and loop
+ * overhead (docs/BENCHMARKS.md, "On an AVX2-only host").
  * Head dims that are multiples of 16 up to 512 (32 for 8-bit KV) take this
  * path; others go portable.
  */
@@ -49,14 +41,10 @@
 
 #include "tensor/simd_avx2.h"
 
-/* Rows ahead to prefetch (2 KiB at hd 64): the next page of a head is
- * usually not the next address, so the hardware prefetcher alone stalls at
- * every page boundary.  Same distance as the AVX-512 kernel; on Zen 3, 8,
- * 32, 48 and 64 rows and the T1 hint measured no better (the kernel is
- * issue-bound there, and with no software prefetch at all it lost ~7% on
- * two threads). */
-#define ATTN2_PREFETCH_ROWS 16
-#define ATTN2_VBLOCK 128 /* V rows per L1 block (16 KiB at hd 64) */
+/* A block: the unit of the online softmax and of the memory order, as in
+ * attn_avx512.c: one page (K rows then V rows, adjacent), a piece of a
+ * longer one, or short runs merged (then the next block is prefetched). */
+enum { ATTN2_BLOCK_MAX = 32, ATTN2_BLOCK_MIN = 16 };
 #define KS_ATTN2_MAX_HD 512 /* the bundled model has 288; 4 x 512 scaled queries live on the stack */
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define INL static inline __attribute__((target("avx2,fma,f16c"), always_inline))
@@ -119,177 +107,6 @@ INL void score_rows(const uint8_t *const *k, const float *qs, int hd, int NG, co
     }
 }
 
-/* scores[t][NG] over the rows of the segments (or of the flat list KR);
- * rows are rb bytes.  Returns each lane's running max (lane mod NG = head),
- * so the softmax needs no pass of its own over the scores. */
-INL __m256 score_pass(const ks_kv_seg *segs, int nseg, const uint8_t *const *KR, int total, int hd, size_t rb,
-                      int NG, const int KT, const float *qs, float *scores) {
-    const int rps = 8 / NG, pf = ATTN2_PREFETCH_ROWS;
-    const uint8_t *k[8];
-    __m256 mx = _mm256_set1_ps(-INFINITY);
-    if (KR) {
-        for (int t = 0; t < total; t += rps) {
-            int nr = total - t < rps ? total - t : rps;
-            for (int r = 0; r < rps; r++) {
-                k[r] = KR[r < nr ? t + r : t];
-                if (t + r + pf < total) prefetch_row(KR[t + r + pf], rb);
-            }
-            score_rows(k, qs, hd, NG, KT, scores + (size_t)t * NG, nr, &mx);
-        }
-        return mx;
-    }
-    int t = 0, n = 0; /* n rows of k[] pending, straddling a page boundary */
-    for (int si = 0; si < nseg; si++) {
-        const uint8_t *K = segs[si].K, *Kn = si + 1 < nseg ? segs[si + 1].K : NULL;
-        int len = segs[si].len, j = 0;
-        while (n > 0 && n < rps && j < len) k[n++] = K + (size_t)j++ * rb;
-        if (n == rps) {
-            score_rows(k, qs, hd, NG, KT, scores + (size_t)t * NG, rps, &mx);
-            t += rps;
-            n = 0;
-        }
-        for (; j + rps <= len; j += rps, t += rps) {
-            for (int r = 0; r < rps; r++) {
-                k[r] = K + (size_t)(j + r) * rb;
-                int a = j + r + pf;
-                if (a < len) prefetch_row(K + (size_t)a * rb, rb);
-                else if (Kn && a - len < segs[si + 1].len) prefetch_row(Kn + (size_t)(a - len) * rb, rb);
-            }
-            score_rows(k, qs, hd, NG, KT, scores + (size_t)t * NG, rps, &mx);
-        }
-        while (j < len) k[n++] = K + (size_t)j++ * rb;
-    }
-    if (n > 0) {
-        for (int r = n; r < rps; r++) k[r] = k[0];
-        score_rows(k, qs, hd, NG, KT, scores + (size_t)t * NG, n, &mx);
-    }
-    return mx;
-}
-
-/* Softmax numerators of one block's scores, in place: exp(s - m) with m the
- * per-head max (lanes mod NG), the vector sum accumulated in *sum.  Full
- * vectors only; the last block's tail (< 8 values) goes through the same
- * exp in one padded vector, into e_tail.  Summation order is that of a
- * separate softmax pass: vectors in order, then the tail after the fold. */
-INL void softmax_block(float *p, int n, __m256 m, __m256 *sum, float *e_tail, int *n_tail) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 e = ks_avx2_exp_neg(_mm256_sub_ps(_mm256_loadu_ps(p + i), m));
-        _mm256_storeu_ps(p + i, e);
-        *sum = _mm256_add_ps(*sum, e);
-    }
-    if (i < n) {
-        float x[8] = {0}, mm[8];
-        _mm256_storeu_ps(mm, m);
-        for (int k = 0; k < n - i; k++) x[k] = p[i + k] - mm[k]; /* 8 | i, so lane k is head k mod NG */
-        _mm256_storeu_ps(e_tail, ks_avx2_exp_neg(_mm256_loadu_ps(x)));
-        for (int k = 0; k < n - i; k++) p[i + k] = e_tail[k];
-        *n_tail = n - i;
-    }
-}
-
-/* A stretch of consecutive rows (rb bytes apart) of one V block. */
-typedef struct attn2_run {
-    const uint8_t *row; /* first row */
-    int n;              /* rows */
-} attn2_run;
-
-/* The rows [t0, t0 + ATTN2_VBLOCK) of the segments (walk state *si, *j) or
- * of the flat list VR, as runs: a page is one run, adjacent rows of a flat
- * list merge.  The value loop then steps a row by one add instead of loading
- * a pointer per row and slice (~3-5 cycles a row on Zen 3, measured in a
- * microbenchmark).  Returns the run count; *nrows = rows in the block. */
-INL int block_runs(const ks_kv_seg *segs, const uint8_t *const *VR, int total, int t0, size_t rb, int *si, int *j,
-                   attn2_run *runs, int *nrows) {
-    int n = total - t0 < ATTN2_VBLOCK ? total - t0 : ATTN2_VBLOCK, nr = 0;
-    if (n < 0) n = 0;
-    *nrows = n;
-    if (VR) {
-        for (int b = 0; b < n; b++) {
-            const uint8_t *r = VR[t0 + b];
-            if (nr > 0 && runs[nr - 1].row + (size_t)runs[nr - 1].n * rb == r) runs[nr - 1].n++;
-            else runs[nr++] = (attn2_run){r, 1};
-        }
-        return nr;
-    }
-    for (int left = n; left > 0;) {
-        while (*j >= segs[*si].len) (*si)++, *j = 0;
-        int take = segs[*si].len - *j < left ? segs[*si].len - *j : left;
-        runs[nr++] = (attn2_run){(const uint8_t *)segs[*si].V + (size_t)*j * rb, take};
-        *j += take;
-        left -= take;
-    }
-    return nr;
-}
-
-/* out[g0+g] (+)= sum_t p[t][g] V[t] for the real heads g < ng, over the rows
- * of the segments (or VR) in blocks of ATTN2_VBLOCK that stay in L1.  The
- * softmax is fused in: each block's scores become exp(s - m) (m: the score
- * pass's per-head max, folded) just before the block is used, while they are
- * in L1, so no pass of its own re-reads the [total][NG] scores (512 KiB per
- * head at 32K: from L3 on a 512 KiB-L2 core).  inv[g] = 1 / sum for g < NG. */
-INL void value_pass(const ks_kv_seg *segs, int nseg, const uint8_t *const *VR, int total, int hd, size_t rb, int NG,
-                    const int KT, int g0, int ng, float *scores, __m256 m, float *out, float inv[4]) {
-    __m256 sum = _mm256_setzero_ps();
-    float e_tail[8];
-    int n_tail = 0;
-    const int SL = 8 / NG; /* ymm per head per slice of 64 / NG floats */
-    attn2_run runs[2][ATTN2_VBLOCK];
-    int nrun[2], nrows[2], si = 0, j = 0; /* si, j: segment walk */
-    nrun[0] = block_runs(segs, VR, total, 0, rb, &si, &j, runs[0], &nrows[0]);
-    for (int t0 = 0, cur = 0; t0 < total; t0 += ATTN2_VBLOCK, cur ^= 1) {
-        const int nx = cur ^ 1;
-        /* the next block, prefetched while this one runs */
-        nrun[nx] = block_runs(segs, VR, total, t0 + ATTN2_VBLOCK, rb, &si, &j, runs[nx], &nrows[nx]);
-        softmax_block(scores + (size_t)t0 * NG, nrows[cur] * NG, m, &sum, e_tail, &n_tail);
-        const float *p = scores + (size_t)t0 * NG;
-        /* The next block's rows are prefetched one every nsl steps, spread
-         * over all nsl slices of this block: issued all in the first slice
-         * (256 lines in ~200 ns) they overflowed the core's miss queue, and
-         * the next block's first slice stalled on DRAM (a quarter of the
-         * kernel's samples on one vcvtph2ps).  Spread, the demand matches
-         * what one core streams; 32K, 2 threads: 45.6 -> 36.4 ms. */
-        const int nsl = hd / (8 * SL);
-        int pr = 0, po = 0, pf_wait = 1; /* next row to prefetch: run pr, offset po; steps until then */
-        for (int x = 0; x < hd; x += 8 * SL) {
-            __m256 acc[4][8];
-            _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++)
-                _Pragma("GCC unroll 8") for (int i = 0; i < SL; i++)
-                    acc[g][i] = t0 > 0 && g < ng ? _mm256_loadu_ps(out + (size_t)(g0 + g) * hd + x + 8 * i)
-                                                 : _mm256_setzero_ps();
-            const float *pp = p;
-            for (int r = 0; r < nrun[cur]; r++) {
-                const uint8_t *row = runs[cur][r].row;
-                for (int b = 0; b < runs[cur][r].n; b++, row += rb, pp += NG) {
-                    if (--pf_wait == 0) {
-                        pf_wait = nsl;
-                        if (pr < nrun[nx]) {
-                            prefetch_row(runs[nx][pr].row + (size_t)po * rb, rb);
-                            if (++po == runs[nx][pr].n) pr++, po = 0;
-                        }
-                    }
-                    __m256 pv[4];
-                    _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++) pv[g] = _mm256_broadcast_ss(pp + g);
-                    _Pragma("GCC unroll 8") for (int i = 0; i < SL; i++) {
-                        __m256 vv = load8(row, x + 8 * i, KT);
-                        _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++)
-                            acc[g][i] = _mm256_fmadd_ps(pv[g], vv, acc[g][i]);
-                    }
-                }
-            }
-            _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++)
-                if (g < ng)
-                    _Pragma("GCC unroll 8") for (int i = 0; i < SL; i++)
-                        _mm256_storeu_ps(out + (size_t)(g0 + g) * hd + x + 8 * i, acc[g][i]);
-        }
-    }
-    FOLD_LANES(sum, NG, _mm256_add_ps);
-    float s8[8];
-    _mm256_storeu_ps(s8, sum);
-    for (int k = 0; k < n_tail; k++) s8[k % NG] += e_tail[k];
-    for (int g = 0; g < NG; g++) inv[g] = 1.0f / s8[g];
-}
-
 /* Softmax numerators over t of each head lane of scores[len][ng] (ng in 1,
  * 2, 4): exp(s - max) in place; inv[g] = 1 / sum for head g. */
 TGT static void softmax_lanes(float *scores, int len, int ng, float inv[4]) {
@@ -333,20 +150,176 @@ TGT static void normalize_lanes(float *scores, int len, int ng, const float inv[
     for (; i < n; i++) scores[i] *= inv[i % ng];
 }
 
-/* One head group: scores, softmax numerators, values; hd and NG constant
- * per instance.  The outputs are normalised at the end (hd values per head,
- * not one per row), and the same way whether or not the caller wants the
- * probabilities, so a policy that reads them stays bit-exact with dense. */
-#define GROUP_FN(NAME, HD, NG, KT)                                                                       \
-    TGT static void NAME(const ks_kv_seg *segs, int nseg, const uint8_t *const *KR, const uint8_t *const *VR,  \
-                         int total, int hd_rt, size_t rb, int g0, int ng, const float *qs, float *scores,        \
-                         float *out, float inv[4]) {                                                             \
-        const int hd = (HD) ? (HD) : hd_rt;                                                                      \
-        __m256 mx = score_pass(segs, nseg, KR, total, hd, rb, NG, KT, qs, scores);                               \
-        FOLD_LANES(mx, NG, _mm256_max_ps);                                                                       \
-        value_pass(segs, nseg, VR, total, hd, rb, NG, KT, g0, ng, scores, mx, out, inv);                         \
-        for (int g = 0; g < ng; g++)                                                                             \
-            for (int i = 0; i < hd; i++) out[(size_t)(g0 + g) * hd + i] *= inv[g];                               \
+/* A stretch of consecutive rows (rb bytes apart) of one block. */
+typedef struct attn2_run {
+    const uint8_t *row; /* first row */
+    int n;              /* rows */
+} attn2_run;
+
+/* The next block from the walk (*si, *sj): its rows' K pointers into kp
+ * [ATTN2_BLOCK_MAX], its V rows as runs of consecutive rows (the value loop
+ * steps a row by one add: a pointer load per row and slice cost ~3-5 cycles
+ * a row on Zen 3), its row count; *frag is set when it merged runs. */
+INL int next_block(const ks_kv_seg *segs, int nseg, size_t rb, int *si, int *sj, const uint8_t **kp,
+                   attn2_run *vruns, int *nvrun, int *frag) {
+    int n = 0, nr = 0;
+    while (*si < nseg && n < ATTN2_BLOCK_MAX) {
+        int left = segs[*si].len - *sj, take = left < ATTN2_BLOCK_MAX - n ? left : ATTN2_BLOCK_MAX - n;
+        const uint8_t *k = (const uint8_t *)segs[*si].K + (size_t)*sj * rb;
+        for (int j = 0; j < take; j++) kp[n + j] = k + (size_t)j * rb;
+        if (take > 0) vruns[nr++] = (attn2_run){(const uint8_t *)segs[*si].V + (size_t)*sj * rb, take};
+        n += take;
+        *sj += take;
+        if (*sj == segs[*si].len) ++*si, *sj = 0;
+        if (n >= ATTN2_BLOCK_MIN) break; /* a page, or a piece of a long one */
+    }
+    *nvrun = nr;
+    *frag = nr > 1;
+    return n;
+}
+
+/* One head group in one pass over the segments, block by block: the block's
+ * scores [n][NG] (lane mod NG = head), the running max and denominator per
+ * head (accumulators rescaled when the max grows), then the block's V rows
+ * weighted in, slice by slice of the head dim while the block is in L1.  A
+ * page's K and V rows are read back to back, so a head is one forward
+ * stream; the two-pass kernel this replaced (all K, then all V) read 4 KiB
+ * pieces with 4 KiB holes and overlapped its compute with its misses badly
+ * (docs/BENCHMARKS.md).  The result depends only on the rows and on where
+ * blocks fall, which the segments fix: a policy that selects every page
+ * gets dense output bit for bit.  With want_probs the raw scores are kept in
+ * scores[total][NG] and become probabilities at the end.  Outputs are
+ * normalised at the end (hd values per head, not one per row). */
+/* A block's scores sc[n][NG] from its K rows kp[n] (prefetching the first
+ * pf rows of kp_next); returns mx maxed with them, lane by lane.  A function
+ * of its own, not inlined: inlined into the block loop, its eight
+ * accumulators were spilled (1.4x the cycles a row). */
+#define SCORE_BLOCK_FN(NAME, HD, NG, KT)                                                                       \
+    TGT __attribute__((noinline)) static __m256 NAME(const uint8_t *const *kp, int n, const uint8_t *const *kp_next, \
+                                                     int pf, int hd_rt, size_t rb, const float *qs, float *sc,  \
+                                                     __m256 mx) {                                               \
+        const int hd = (HD) ? (HD) : hd_rt, rps = 8 / (NG);                                                    \
+        for (int t = 0; t < n; t += rps) {                                                                     \
+            const uint8_t *k[8];                                                                               \
+            int nr = n - t < rps ? n - t : rps;                                                                \
+            for (int r = 0; r < rps; r++) {                                                                    \
+                k[r] = kp[r < nr ? t + r : t]; /* padded rows repeat a real one: harmless for the max */       \
+                if (t + r < pf) prefetch_row(kp_next[t + r], rb);                                              \
+            }                                                                                                  \
+            score_rows(k, qs, hd, NG, KT, sc + (size_t)t * (NG), nr, &mx);                                     \
+        }                                                                                                      \
+        return mx;                                                                                             \
+    }
+
+typedef __m256 (*score_block_fn)(const uint8_t *const *kp, int n, const uint8_t *const *kp_next, int pf, int hd,
+                                 size_t rb, const float *qs, float *sc, __m256 mx);
+
+INL void decode_group(const ks_kv_seg *segs, int nseg, int total, int hd, size_t rb, int NG, const int KT, int g0,
+                      int ng, const float *qs, float *scores, float *out, bool want_probs, score_block_fn score_block) {
+    const int SL = 8 / NG; /* ymm per head per V slice of 64 / NG floats */
+    float acc_mem[4 * KS_ATTN2_MAX_HD] __attribute__((aligned(32))); /* [NG][hd] running sums */
+    float s_blk[4 * ATTN2_BLOCK_MAX + 8] __attribute__((aligned(32)));  /* [row][NG] raw scores */
+    float p_blk[4 * ATTN2_BLOCK_MAX + 8] __attribute__((aligned(32)));  /* [row][NG] exp(s - max) */
+    const uint8_t *kp[2][ATTN2_BLOCK_MAX];
+    attn2_run vr[2][ATTN2_BLOCK_MAX];
+    int nvr[2], frag[2];
+    memset(acc_mem, 0, sizeof(float) * (size_t)NG * hd);
+    __m256 run_max = _mm256_set1_ps(-INFINITY), run_sum = _mm256_setzero_ps(); /* lanes mod NG = head */
+    int si = 0, sj = 0, cur = 0, done = 0;
+    int n = next_block(segs, nseg, rb, &si, &sj, kp[0], vr[0], &nvr[0], &frag[0]);
+    while (n > 0) {
+        const int nx = cur ^ 1;
+        int nn = next_block(segs, nseg, rb, &si, &sj, kp[nx], vr[nx], &nvr[nx], &frag[nx]);
+        int pf = frag[cur] || frag[nx] ? nn : 0; /* rows of the next block to prefetch */
+        float *sc = want_probs ? scores + (size_t)done * NG : s_blk;
+        __m256 blk_max = score_block(kp[cur], n, kp[nx], pf, hd, rb, qs, sc, run_max);
+        FOLD_LANES(blk_max, NG, _mm256_max_ps);
+        __m256 alpha = ks_avx2_exp_neg(_mm256_sub_ps(run_max, blk_max)); /* exp(-inf) clamps to ~1e-38 */
+        run_max = blk_max;
+        __m256 psum = _mm256_setzero_ps();
+        int nv = n * NG, i = 0;
+        for (; i + 8 <= nv; i += 8) {
+            __m256 e = ks_avx2_exp_neg(_mm256_sub_ps(_mm256_loadu_ps(sc + i), run_max));
+            _mm256_store_ps(p_blk + i, e);
+            psum = _mm256_add_ps(psum, e);
+        }
+        if (i < nv) { /* the tail through one vector, lanes past it masked out of the sum (8 | i: lane k is head k mod NG) */
+            float x[8];
+            memcpy(x, sc + i, sizeof(float) * (size_t)(nv - i));
+            for (int k = nv - i; k < 8; k++) x[k] = -INFINITY;
+            __m256 e = ks_avx2_exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x), run_max));
+            __m256 live = _mm256_cmp_ps(_mm256_loadu_ps(x), _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+            e = _mm256_and_ps(e, live);
+            _mm256_store_ps(p_blk + i, e);
+            psum = _mm256_add_ps(psum, e);
+        }
+        FOLD_LANES(psum, NG, _mm256_add_ps);
+        run_sum = _mm256_fmadd_ps(run_sum, alpha, psum);
+        float al[8];
+        _mm256_storeu_ps(al, alpha);
+        for (int x = 0; x < hd; x += 8 * SL) {
+            __m256 acc[4][8];
+            _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++) {
+                __m256 a = _mm256_set1_ps(al[g]);
+                _Pragma("GCC unroll 8") for (int j = 0; j < SL; j++)
+                    acc[g][j] = _mm256_mul_ps(_mm256_load_ps(acc_mem + (size_t)g * hd + x + 8 * j), a);
+            }
+            const float *pp = p_blk;
+            int pr = 0, po = 0, pleft = x == 0 ? pf : 0; /* next block's V rows to prefetch: run pr, offset po */
+            for (int r = 0; r < nvr[cur]; r++) {
+                const uint8_t *row = vr[cur][r].row;
+                for (int j = 0; j < vr[cur][r].n; j++, row += rb, pp += NG) {
+                    if (pleft > 0) {
+                        pleft--;
+                        prefetch_row(vr[nx][pr].row + (size_t)po * rb, rb);
+                        if (++po == vr[nx][pr].n) pr++, po = 0;
+                    }
+                    __m256 pv[4];
+                    _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++) pv[g] = _mm256_broadcast_ss(pp + g);
+                    _Pragma("GCC unroll 8") for (int l = 0; l < SL; l++) {
+                        __m256 vv = load8(row, x + 8 * l, KT);
+                        _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++)
+                            acc[g][l] = _mm256_fmadd_ps(pv[g], vv, acc[g][l]);
+                    }
+                }
+            }
+            _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++)
+                _Pragma("GCC unroll 8") for (int j = 0; j < SL; j++)
+                    _mm256_store_ps(acc_mem + (size_t)g * hd + x + 8 * j, acc[g][j]);
+        }
+        done += n;
+        n = nn;
+        cur = nx;
+    }
+    KS_ASSERT(done == total);
+    float sums[8], mxs[8];
+    _mm256_storeu_ps(sums, run_sum);
+    _mm256_storeu_ps(mxs, run_max);
+    for (int g = 0; g < ng; g++) {
+        __m256 inv = _mm256_set1_ps(1.0f / sums[g]);
+        for (int i = 0; i < hd; i += 8)
+            _mm256_storeu_ps(out + (size_t)(g0 + g) * hd + i, _mm256_mul_ps(_mm256_load_ps(acc_mem + (size_t)g * hd + i), inv));
+    }
+    if (want_probs) { /* scores -> probabilities, for the policies that accumulate attention weights */
+        __m256 inv = _mm256_div_ps(_mm256_set1_ps(1.0f), run_sum);
+        int nv = total * NG, i = 0;
+        for (; i + 8 <= nv; i += 8)
+            _mm256_storeu_ps(scores + i, _mm256_mul_ps(ks_avx2_exp_neg(_mm256_sub_ps(_mm256_loadu_ps(scores + i), run_max)), inv));
+        for (; i < nv; i++) {
+            int g = i % NG;
+            float x8[8] = {scores[i] - mxs[g]}, e8[8];
+            _mm256_storeu_ps(e8, ks_avx2_exp_neg(_mm256_loadu_ps(x8)));
+            scores[i] = e8[0] / sums[g];
+        }
+    }
+}
+
+#define GROUP_FN(NAME, HD, NG, KT)                                                                              \
+    SCORE_BLOCK_FN(NAME##_scores, HD, NG, KT)                                                                   \
+    TGT static void NAME(const ks_kv_seg *segs, int nseg, int total, int hd_rt, size_t rb, int g0, int ng,       \
+                         const float *qs, float *scores, float *out, bool want_probs) {                          \
+        decode_group(segs, nseg, total, (HD) ? (HD) : hd_rt, rb, NG, KT, g0, ng, qs, scores, out, want_probs, \
+                     NAME##_scores);                                                                           \
     }
 GROUP_FN(group_64_4, 64, 4, 0)
 GROUP_FN(group_64_2, 64, 2, 0)
@@ -363,8 +336,7 @@ GROUP_FN(group_q8_4, 0, 4, 1)
 GROUP_FN(group_q8_2, 0, 2, 1)
 GROUP_FN(group_q8_1, 0, 1, 1)
 
-typedef void (*group_fn)(const ks_kv_seg *, int, const uint8_t *const *, const uint8_t *const *, int, int, size_t,
-                         int, int, const float *, float *, float *, float[4]);
+typedef void (*group_fn)(const ks_kv_seg *, int, int, int, size_t, int, int, const float *, float *, float *, bool);
 /* [f16 hd 64, f16 hd 128, f16 other hd, 8-bit][NGP 1, 2, 4] */
 static const group_fn group_fns[4][3] = {{group_64_1, group_64_2, group_64_4},
                                          {group_128_1, group_128_2, group_128_4},
@@ -373,19 +345,9 @@ static const group_fn group_fns[4][3] = {{group_64_1, group_64_2, group_64_4},
 
 bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                             float *scores, float *out, float scale, float *weights, const void **rows) {
+    (void)rows; /* blocks carry their own row pointers */
     if (hd % 16 || hd > KS_ATTN2_MAX_HD || (kt != KS_KV_F16 && (kt != KS_KV_Q8 || hd % 32))) return false;
     size_t rb = ks_kv_row_bytes(kt, hd);
-    /* short segments on average: flatten to row pointers (rows: [2][total]) */
-    const uint8_t **KR = NULL, **VR = NULL;
-    if (rows && (size_t)nseg * 8 > (size_t)total) {
-        KR = (const uint8_t **)rows;
-        VR = KR + total;
-        for (int si = 0, t = 0; si < nseg; si++)
-            for (int j = 0; j < segs[si].len; j++, t++) {
-                KR[t] = (const uint8_t *)segs[si].K + (size_t)j * rb;
-                VR[t] = (const uint8_t *)segs[si].V + (size_t)j * rb;
-            }
-    }
     for (int g0 = 0; g0 < G; g0 += 4) {
         int ng = G - g0 < 4 ? G - g0 : 4;
         /* the group padded to 1, 2 or 4 heads; a V slice (64 / NGP floats) must divide hd */
@@ -394,12 +356,11 @@ bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int 
         float qs[4 * KS_ATTN2_MAX_HD]; /* [NGP][hd] scaled queries, padded heads zero */
         for (int g = 0; g < NGP; g++)
             for (int i = 0; i < hd; i++) qs[g * hd + i] = g < ng ? q[(size_t)(g0 + g) * hd + i] * scale : 0.0f;
-        float inv[4];
         int kind = kt == KS_KV_Q8 ? 3 : hd == 64 ? 0 : hd == 128 ? 1 : 2;
-        group_fns[kind][NGP == 4 ? 2 : NGP - 1](segs, nseg, KR, VR, total, hd, rb, g0, ng, qs, scores, out, inv);
+        group_fns[kind][NGP == 4 ? 2 : NGP - 1](segs, nseg, total, hd, rb, g0, ng, qs, scores, out, weights != NULL);
         if (weights)
             for (int t = 0; t < total; t++)
-                for (int g = 0; g < ng; g++) weights[t] += scores[(size_t)NGP * t + g] * inv[g];
+                for (int g = 0; g < ng; g++) weights[t] += scores[(size_t)NGP * t + g];
     }
     return true;
 }
