@@ -10,14 +10,18 @@
  * alternated in one run.  docs/BENCHMARKS.md ("compute, memory and the
  * second vCPU") reports its figures.
  *
- * Layout, as the KV store lays out a dense f16 head: pages of P K rows then
- * P V rows, a head's pages back to back, 2 MiB pages (MADV_HUGEPAGE).
+ * Layout, as the KV store lays out a dense f16 head (2 MiB pages,
+ * MADV_HUGEPAGE): "split" (default), the fast tier's and the slots': all K
+ * halves of a layer in one region and all V halves in another, a head's
+ * pages back to back in each (one K stream and one V stream per head);
+ * "paged", the slow tier's and the gather buffer's: pages of P K rows then
+ * P V rows, a head's pages back to back.
  * Shape: L layers x H KV heads x N rows, head_dim 64, GQA group 4: the
  * Llama-3.2-1B shape at 32K, 1.07 GB of K and V.  Thread i takes heads
  * i, i + T, ... of every layer with a barrier per layer, as the engine's
  * pool does.
  *
- * Usage: attn_bench [threads=2] [rounds=3] [hot_rows=1024]
+ * Usage: attn_bench [threads=2] [rounds=3] [hot_rows=1024] [split|paged]
  * Prints, per round, the best of 5 repetitions of: plain read, kernel hot,
  * kernel from DRAM (ms for the whole L x H x N), and cycles per row hot at
  * the clock given by KS_GHZ (default 3.0; the host has no PMU to read).
@@ -42,7 +46,7 @@ enum { L = 16, H = 8, N = 32768, HD = 64, G = 4, P = 32, REPS = 5 };
 typedef enum { MODE_READ, MODE_HOT, MODE_COLD } bench_mode;
 
 typedef struct {
-    int id, nthr, hot_rows;
+    int id, nthr, hot_rows, paged;
     bench_mode mode;
     uint8_t *const *layers; /* borrowed: [L] LAYER_BYTES each */
     pthread_barrier_t *bar; /* borrowed */
@@ -74,11 +78,23 @@ __attribute__((target("avx2"))) static float read_bytes(const uint8_t *p, size_t
     return v[0] + v[7];
 }
 
-static void attend_head(bench_thread *t, const uint8_t *head, int rows) {
-    for (int p = 0; p < rows / P; p++) {
-        const uint8_t *page = head + (size_t)p * P * ROW_BYTES * 2;
-        t->segs[p] = (ks_kv_seg){page, page + (size_t)P * ROW_BYTES, P};
+/* Head h of a layer: its K rows start at *K, its V rows at *V; in the
+ * paged layout K and V alternate page by page from the head's start. */
+static void head_rows(const bench_thread *t, const uint8_t *layer, int h, const uint8_t **K, const uint8_t **V) {
+    if (t->paged) {
+        *K = layer + (size_t)h * HEAD_BYTES;
+        *V = *K + (size_t)P * ROW_BYTES;
+    } else {
+        *K = layer + (size_t)h * N * ROW_BYTES;
+        *V = layer + (size_t)(H + h) * N * ROW_BYTES;
     }
+}
+
+static void attend_head(bench_thread *t, const uint8_t *layer, int h, int rows) {
+    const uint8_t *K, *V;
+    head_rows(t, layer, h, &K, &V);
+    size_t stride = t->paged ? (size_t)P * ROW_BYTES * 2 : (size_t)P * ROW_BYTES; /* page to page */
+    for (int p = 0; p < rows / P; p++) t->segs[p] = (ks_kv_seg){K + (size_t)p * stride, V + (size_t)p * stride, P};
     ks_attention_segs(KS_KV_F16, t->segs, rows / P, rows, HD, G, t->q, t->scores, t->out, t->tmp, NULL, NULL, true);
 }
 
@@ -86,14 +102,15 @@ static void *bench_worker(void *arg) {
     bench_thread *t = arg;
     for (int l = 0; l < L; l++) {
         for (int h = t->id; h < H; h += t->nthr) {
-            const uint8_t *head = t->layers[l] + (size_t)h * HEAD_BYTES;
-            if (t->mode == MODE_READ) {
-                t->sink += read_bytes(head, HEAD_BYTES);
+            if (t->mode == MODE_READ) { /* a head's bytes, wherever the layout puts them */
+                const uint8_t *K, *V;
+                head_rows(t, t->layers[l], h, &K, &V);
+                if (t->paged) t->sink += read_bytes(K, HEAD_BYTES);
+                else t->sink += read_bytes(K, HEAD_BYTES / 2) + read_bytes(V, HEAD_BYTES / 2);
             } else if (t->mode == MODE_COLD) {
-                attend_head(t, head, N);
-            } else { /* the same hot_rows of this thread's own region, as many rows in all */
-                const uint8_t *own = t->layers[t->id / H] + (size_t)(t->id % H) * HEAD_BYTES; /* L * H >= 64 */
-                for (int r = 0; r < N / t->hot_rows; r++) attend_head(t, own, t->hot_rows);
+                attend_head(t, t->layers[l], h, N);
+            } else { /* the same hot_rows of a head of this thread's own (layer, head), as many rows in all */
+                for (int r = 0; r < N / t->hot_rows; r++) attend_head(t, t->layers[t->id / H], t->id % H, t->hot_rows);
             }
         }
         pthread_barrier_wait(t->bar);
@@ -123,6 +140,11 @@ static double run_best(bench_thread *th, int nthr, bench_mode mode) {
 int main(int argc, char **argv) {
     int nthr = argc > 1 ? atoi(argv[1]) : 2, rounds = argc > 2 ? atoi(argv[2]) : 3;
     int hot_rows = argc > 3 ? atoi(argv[3]) : 1024;
+    int paged = argc > 4 && !strcmp(argv[4], "paged");
+    if (argc > 4 && !paged && strcmp(argv[4], "split")) {
+        fprintf(stderr, "attn_bench: layout must be split or paged\n");
+        return 2;
+    }
     const char *ghz_env = getenv("KS_GHZ");
     double ghz = ghz_env ? atof(ghz_env) : 3.0;
     if (nthr < 1 || nthr > 64 || rounds < 1 || hot_rows < P || hot_rows % P || N % hot_rows) {
@@ -149,7 +171,7 @@ int main(int argc, char **argv) {
     bench_thread *th = calloc((size_t)nthr, sizeof *th);
     if (!th) return 1;
     for (int i = 0; i < nthr; i++) {
-        th[i] = (bench_thread){.id = i, .nthr = nthr, .hot_rows = hot_rows, .layers = layers, .bar = &bar};
+        th[i] = (bench_thread){.id = i, .nthr = nthr, .hot_rows = hot_rows, .paged = paged, .layers = layers, .bar = &bar};
         th[i].q = malloc(sizeof(float) * G * HD);
         th[i].scores = malloc(sizeof(float) * (size_t)N * 4);
         th[i].out = malloc(sizeof(float) * G * HD);
@@ -159,8 +181,8 @@ int main(int argc, char **argv) {
         for (int j = 0; j < G * HD; j++) th[i].q[j] = (float)(j % 7) * 0.1f;
     }
     double gb = (double)LAYER_BYTES * L / 1e9, rows = (double)L * H * N;
-    printf("attn_bench: %d x %d heads x %d rows, hd %d, GQA %d, %.2f GB of K+V, %d thread(s), hot set %d rows\n", L, H,
-           N, HD, G, gb, nthr, hot_rows);
+    printf("attn_bench: %d x %d heads x %d rows, hd %d, GQA %d, %.2f GB of K+V, %d thread(s), hot set %d rows, %s layout\n",
+           L, H, N, HD, G, gb, nthr, hot_rows, paged ? "paged" : "split");
     for (int r = 1; r <= rounds; r++) {
         double rd = run_best(th, nthr, MODE_READ), hot = run_best(th, nthr, MODE_HOT);
         double cold = run_best(th, nthr, MODE_COLD);
