@@ -123,8 +123,8 @@ static void check_attention(ks_kv_type kt, int len, int hd, int G, bool simd) {
 }
 
 /* A fragmented selection (runs of 1-3 rows out of len) through every kernel
- * path — row pointers, segments, portable — against the float64 reference
- * over exactly the selected rows. */
+ * path — SIMD (blocks merged from short runs), portable — against the
+ * float64 reference over exactly the selected rows. */
 static void check_segments(int len, int hd, int G) {
     ks_rng rng = {(uint64_t)len * 17 + (uint64_t)hd + (uint64_t)G * 3};
     size_t rb = ks_kv_row_bytes(KS_KV_F16, hd);
@@ -151,14 +151,13 @@ static void check_segments(int len, int hd, int G) {
     float *q = malloc(sizeof(float) * G * hd), *out = malloc(sizeof(float) * G * hd), *reff = malloc(sizeof(float) * G * hd);
     float *scores = malloc(sizeof(float) * ((G > 4 ? G : 4) * total + 16)), *tmp = malloc(sizeof(float) * (hd + 16));
     float *w = calloc((size_t)total, sizeof(float));
-    const void **rows = malloc(sizeof(void *) * 2 * total);
     double *ref = malloc(sizeof(double) * G * hd);
     for (int i = 0; i < G * hd; i++) q[i] = ks_rng_normal(&rng);
     ref_attention(Kf, Vf, total, hd, G, q, ref);
     for (int i = 0; i < G * hd; i++) reff[i] = (float)ref[i];
-    for (int path = 0; path < 3; path++) {
+    for (int path = 0; path < 2; path++) {
         memset(w, 0, sizeof(float) * total);
-        ks_attention_segs(KS_KV_F16, segs, nseg, total, hd, G, q, scores, out, tmp, w, path == 0 ? rows : NULL, path < 2);
+        ks_attention_segs(KS_KV_F16, segs, nseg, total, hd, G, q, scores, out, tmp, w, path == 0);
         double mx, e = ks_test_nmse(out, reff, (size_t)G * hd, &mx);
         if (e > 1e-5) fail_msg("segments len=%d hd=%d G=%d path %d: nmse %g", len, hd, G, path, e);
         double sum = 0;
@@ -166,7 +165,7 @@ static void check_segments(int len, int hd, int G) {
         if (fabs(sum - G) > 1e-3) fail_msg("segments path %d: weights sum %g, want %d", path, sum, G);
     }
     free(K); free(V); free(Kf); free(Vf); free(segs); free(q); free(out); free(reff); free(scores); free(tmp);
-    free(w); free(rows); free(ref);
+    free(w); free(ref);
 }
 
 /* Runs body once per SIMD kernel family this CPU has (AVX2, then AVX-512),
@@ -216,7 +215,7 @@ static void check_pages(int len, int hd, int G) {
     ref_attention(Kf, Vf, len, hd, G, q, ref);
     for (int i = 0; i < G * hd; i++) reff[i] = (float)ref[i];
     for (int path = 0; path < 2; path++) { /* 0: SIMD (chunked for hd 64/128), 1: portable */
-        ks_attention_segs(KS_KV_F16, segs, nseg, len, hd, G, q, scores, out, tmp, w[path], NULL, path == 0);
+        ks_attention_segs(KS_KV_F16, segs, nseg, len, hd, G, q, scores, out, tmp, w[path], path == 0);
         double mx, e = ks_test_nmse(out, reff, (size_t)G * hd, &mx);
         if (e > 1e-5) fail_msg("pages len=%d hd=%d G=%d path %d: nmse %g", len, hd, G, path, e);
     }

@@ -11,12 +11,14 @@
  *  - One pass, page by page (online softmax): a page's K rows give its
  *    scores, the running max and denominator per head are updated (the
  *    accumulators rescaled when the max grows), then the same page's V rows
- *    are weighted in while the page is in L1.  The store lays a page out as
- *    K rows then V rows, so a head is read as one forward stream.  The
- *    two-pass kernel this replaced (all K, softmax, all V) read 4 KiB pieces
- *    with 4 KiB holes and its compute did not overlap its misses: 1.07 GB
- *    of KV took 56-59 ms on two threads where this one takes 32-37 and a
- *    plain read 30 (AVX2 kernels on a Zen 4 host, attn_bench).
+ *    are weighted in while the page is in L1: one forward stream per head
+ *    where a page is K rows then V rows (slow tier, gather buffer), two
+ *    where K and V have regions of their own (fast tier, slots).  The
+ *    two-pass kernel this replaced (all K, softmax, all V) read the paged
+ *    layout as 4 KiB pieces with 4 KiB holes and its compute did not
+ *    overlap its misses: 1.07 GB of KV took 56-59 ms on two threads where
+ *    this one takes 32-37 and a plain read 30 (AVX2 kernels on a Zen 4
+ *    host, attn_bench); on the split layout the two are even.
  *  - Scores: eight accumulators = (8 / NG) rows x NG heads (NG = the group
  *    padded to 1, 2 or 4), reduced together by one hadd/permute butterfly
  *    into a vector that is already the layout [row][NG]; no horizontal sum
@@ -183,9 +185,9 @@ INL int next_block(const ks_kv_seg *segs, int nseg, size_t rb, int *si, int *sj,
  * head (accumulators rescaled when the max grows), then the block's V rows
  * weighted in, slice by slice of the head dim while the block is in L1.  A
  * page's K and V rows are read back to back, so a head is one forward
- * stream; the two-pass kernel this replaced (all K, then all V) read 4 KiB
- * pieces with 4 KiB holes and overlapped its compute with its misses badly
- * (docs/BENCHMARKS.md).  The result depends only on the rows and on where
+ * stream in the paged layout; the two-pass kernel this replaced (all K, then
+ * all V) read it as 4 KiB pieces with 4 KiB holes and overlapped its compute
+ * with its misses badly (docs/BENCHMARKS.md).  The result depends only on the rows and on where
  * blocks fall, which the segments fix: a policy that selects every page
  * gets dense output bit for bit.  With want_probs the raw scores are kept in
  * scores[total][NG] and become probabilities at the end.  Outputs are
@@ -344,8 +346,7 @@ static const group_fn group_fns[4][3] = {{group_64_1, group_64_2, group_64_4},
                                          {group_q8_1, group_q8_2, group_q8_4}};
 
 bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
-                            float *scores, float *out, float scale, float *weights, const void **rows) {
-    (void)rows; /* blocks carry their own row pointers */
+                            float *scores, float *out, float scale, float *weights) {
     if (hd % 16 || hd > KS_ATTN2_MAX_HD || (kt != KS_KV_F16 && (kt != KS_KV_Q8 || hd % 32))) return false;
     size_t rb = ks_kv_row_bytes(kt, hd);
     for (int g0 = 0; g0 < G; g0 += 4) {
@@ -472,7 +473,7 @@ bool ks_attention_block_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, con
     return false;
 }
 bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
-                            float *scores, float *out, float scale, float *weights, const void **rows) {
+                            float *scores, float *out, float scale, float *weights) {
     (void)kt, (void)segs, (void)nseg, (void)total, (void)hd, (void)G, (void)q, (void)scores, (void)out, (void)scale;
     (void)weights, (void)rows;
     return false;

@@ -8,13 +8,14 @@
  *  - One pass, page by page (online softmax): a page's K rows give its
  *    scores, the running max and denominator are updated (the accumulators
  *    rescaled when the max grows), then the same page's V rows are weighted
- *    in.  The store lays a page out as K rows then V rows, so a head is read
- *    as one forward stream that the hardware prefetchers follow.  The
- *    two-pass kernel this replaced (all K, softmax, all V) read K and V as
- *    4 KiB pieces with 4 KiB holes; it needed 53-61 ms for 1.07 GB of KV on
- *    two threads where this one needs 30-38 and a plain read 30 (Zen 4,
- *    tools/microbench/attn_bench.c), since its compute (~25 ms) and its
- *    misses did not overlap.
+ *    in.  A head is then one forward stream where a page is K rows then V
+ *    rows (slow tier, gather buffer) and two where K and V live in regions
+ *    of their own (fast tier, slots), which the hardware prefetchers follow.
+ *    The two-pass kernel this replaced (all K, softmax, all V) read the
+ *    paged layout as 4 KiB pieces with 4 KiB holes: 53-61 ms for 1.07 GB of
+ *    KV on two threads where this one needs 30-38 and a plain read 30 (Zen
+ *    4, tools/microbench/attn_bench.c); on the split layout the two are
+ *    even (31-35 ms).
  *  - Scores: four rows x a group of up to 4 heads give 16 zmm partial dot
  *    products, reduced together by one unpack/shuffle butterfly into a
  *    16-vector that is already in the row-major layout [row][4 heads]; no
@@ -34,11 +35,10 @@
 #include <immintrin.h>
 
 /* Rows of a block: the unit of the online softmax, and of the memory order.
- * A block is one page (K rows then V rows, adjacent in memory), so the
- * kernel reads each head as one forward stream, which the hardware
- * prefetchers follow.  Blocks of two 32-row pages (K0 K1 V0 V1) fell back
- * to the two-pass kernel's speed: 54-60 ms against 33-36 ms for 1.07 GB on
- * two threads (attn_bench).  Pages longer than this are taken in pieces
+ * A block is one page, so a page's K and V rows are read back to back.
+ * Blocks of two 32-row pages (K0 K1 V0 V1) fell back to the two-pass
+ * kernel's speed on the paged layout: 54-60 ms against 33-36 ms for 1.07 GB
+ * on two threads (attn_bench).  Pages longer than this are taken in pieces
  * (two forward streams, K and V); runs shorter than BLOCK_MIN (token-level
  * selections) are merged into one block and the next block's rows are
  * prefetched, since their addresses follow no stream. */
@@ -257,8 +257,7 @@ TGT static void decode128(const ks_kv_seg16 *segs, int nseg, int total, int hd, 
 }
 
 bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
-                              float *scores, float *out, float scale, float *weights, const void **rows) {
-    (void)rows; /* blocks carry their own row pointers */
+                              float *scores, float *out, float scale, float *weights) {
     if (hd != 64 && hd != 128) return false;
     for (int g0 = 0; g0 < G; g0 += 4) {
         int ng = G - g0 < 4 ? G - g0 : 4;
@@ -272,7 +271,7 @@ bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int 
 }
 #else
 bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
-                              float *scores, float *out, float scale, float *weights, const void **rows) {
+                              float *scores, float *out, float scale, float *weights) {
     return false;
 }
 #endif

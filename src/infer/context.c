@@ -142,15 +142,15 @@ static void attn_segs_ref(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int to
 }
 
 void ks_attention_segs(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
-                       float *scores, float *out, float *tmp, float *weights, const void **rows, bool allow_simd) {
+                       float *scores, float *out, float *tmp, float *weights, bool allow_simd) {
     KS_ASSERT(total > 0);
     float scale = 1.0f / sqrtf((float)hd);
 #if defined(__x86_64__)
     if (allow_simd && kt == KS_KV_F16 && ks_simd_current() >= KS_SIMD_AVX512 &&
-        ks_attention_segs_avx512((const ks_kv_seg16 *)segs, nseg, total, hd, G, q, scores, out, scale, weights, rows))
+        ks_attention_segs_avx512((const ks_kv_seg16 *)segs, nseg, total, hd, G, q, scores, out, scale, weights))
         return;
     if (allow_simd && ks_simd_current() >= KS_SIMD_AVX2 &&
-        ks_attention_segs_avx2(kt, segs, nseg, total, hd, G, q, scores, out, scale, weights, rows))
+        ks_attention_segs_avx2(kt, segs, nseg, total, hd, G, q, scores, out, scale, weights))
         return;
 #endif
     attn_segs_ref(kt, segs, nseg, total, ks_kv_row_bytes(kt, hd), hd, G, q, scores, out, scale, tmp);
@@ -162,7 +162,7 @@ void ks_attention_segs(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total
 void ks_attention_group(ks_kv_type kt, const void *K, const void *V, int len, int hd, int G,
                         const float *q, float *scores, float *out, float *tmp, bool allow_simd) {
     ks_kv_seg seg = {K, V, len};
-    ks_attention_segs(kt, &seg, 1, len, hd, G, q, scores, out, tmp, NULL, NULL, allow_simd);
+    ks_attention_segs(kt, &seg, 1, len, hd, G, q, scores, out, tmp, NULL, allow_simd);
 }
 
 size_t ks_kv_row_bytes(ks_kv_type t, int hd) {
@@ -189,7 +189,6 @@ void ks_context_destroy(ks_context *c) {
         ks_free(s->next);
         ks_free(s->pages);
         ks_free(s->segs);
-        ks_free(s->rows);
         free(s->gather);
         ks_free(s->probe_out);
         ks_free(s->blk_S);
@@ -253,7 +252,7 @@ static ks_status svc_attn_probs(void *svc, int32_t seq, int32_t layer, int32_t h
         float *scores = ks_malloc_aligned(sizeof(float) * ((size_t)(G > 4 ? G : 4) * n + 16));
         float *out = ks_malloc(sizeof(float) * (size_t)G * hd), *tmp = ks_malloc(sizeof(float) * ((size_t)hd + 16));
         for (int32_t r = 0; r < nq; r++)
-            ks_attention_segs(c->kv_type, segs, np, n, hd, G, q + (size_t)r * G * hd, scores, out, tmp, acc, NULL, true);
+            ks_attention_segs(c->kv_type, segs, np, n, hd, G, q + (size_t)r * G * hd, scores, out, tmp, acc, true);
         ks_free_aligned(scores);
         ks_free(out);
         ks_free(tmp);
@@ -426,7 +425,6 @@ ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_conte
         s->next = ks_malloc(sizeof(int32_t) * (size_t)c->n_ctx);
         s->pages = ks_malloc(sizeof(int32_t) * ((size_t)max_pages + 1));
         s->segs = ks_malloc(sizeof(ks_kv_seg) * ((size_t)c->n_ctx + 1));
-        s->rows = ks_malloc(sizeof(void *) * 2 * ((size_t)c->n_ctx + 1));
         s->probe_out = ks_malloc(sizeof(float) * (size_t)hp->n_head * hp->head_dim);
         s->recall_sum = ks_calloc((size_t)hp->n_layer * hp->n_head_kv, sizeof(double));
         s->recall_n = ks_calloc((size_t)hp->n_layer * hp->n_head_kv, sizeof(uint32_t));
@@ -699,7 +697,7 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
             }
             memset(s->weights, 0, sizeof(float) * (size_t)n);
             ks_attention_segs(c->kv_type, segs, (n + P - 1) / P, n, hd, G, q, s->scores, s->probe_out, s->tmp,
-                              s->weights, NULL, true);
+                              s->weights, true);
             double in = 0, tot = 0;
             for (int32_t e = 0; e < n; e++) {
                 tot += s->weights[e];
@@ -769,7 +767,7 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
         w = s->weights;
         memset(w, 0, sizeof(float) * (size_t)total);
     }
-    ks_attention_segs(c->kv_type, segs, nseg, total, hd, G, q, s->scores, o, s->tmp, w, s->rows, true);
+    ks_attention_segs(c->kv_type, segs, nseg, total, hd, G, q, s->scores, o, s->tmp, w, true);
     if (want_w) ks_policy_after_attention(c->policy, &req, s->entries, w, total);
     s->entries_attended += (uint64_t)total;
     if (slow && n_next > 0) { /* speculative recall for the next step, overlapped with the rest of this one */

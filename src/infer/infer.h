@@ -28,7 +28,6 @@ typedef struct ks_attn_scratch {
     int32_t *next;        /* [n_ctx] policy prefetch hint buffer */
     int32_t *pages;       /* [n_ctx / P + 1] logical pages touched */
     void *segs;           /* [n_ctx] kernel segments */
-    const void **rows;    /* [2][n_ctx] row pointers for fragmented selections */
     uint8_t *gather;      /* [n_ctx / P + 1][page_bytes] slow-tier pages when the slots are too few (lazy) */
     float *probe_out;     /* [G][head_dim] throwaway output of the recall probe */
     float *blk_S;         /* [KS_PREFILL_BLOCK * G][n_ctx] prefill block scores (lazy) */
@@ -105,11 +104,9 @@ typedef struct ks_kv_seg16 {
 /* Attention of G query heads over the concatenation of nseg segments (total
  * rows): softmax renormalised over exactly these rows.  weights (optional,
  * [total], accumulated +=): each row's probability summed over the G heads.
- * scores: [max(G, 4)][total] scratch; tmp: [hd + 16]; rows (optional):
- * [2][total] pointer scratch that lets fragmented selections run as a flat
- * row list. */
+ * scores: [max(G, 4)][total] scratch; tmp: [hd + 16]. */
 void ks_attention_segs(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
-                       float *scores, float *out, float *tmp, float *weights, const void **rows, bool allow_simd);
+                       float *scores, float *out, float *tmp, float *weights, bool allow_simd);
 
 /* Prefill: causal attention of R consecutive query rows (G heads each) of one
  * sequence over one KV head's pages, each page read once for the whole
@@ -128,13 +125,13 @@ bool ks_attention_block_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, con
 /* AVX-512 f16 kernel for head dims 64 and 128; false if it does not apply.
  * scores: [total][4] scratch. */
 bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
-                              float *scores, float *out, float scale, float *weights, const void **rows);
+                              float *scores, float *out, float scale, float *weights);
 
 /* AVX2 + FMA + F16C kernel for f16 KV (head dims that are multiples of 16,
  * up to 512) and 8-bit KV (multiples of 32); false if it does not apply.
  * scores: [total][4] scratch. */
 bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
-                            float *scores, float *out, float scale, float *weights, const void **rows);
+                            float *scores, float *out, float scale, float *weights);
 
 const ks_model *ks_context_model(const ks_context *c);
 /* Attention recall probe (eval only; costs a dense attention pass per

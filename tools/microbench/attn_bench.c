@@ -95,7 +95,7 @@ static void attend_head(bench_thread *t, const uint8_t *layer, int h, int rows) 
     head_rows(t, layer, h, &K, &V);
     size_t stride = t->paged ? (size_t)P * ROW_BYTES * 2 : (size_t)P * ROW_BYTES; /* page to page */
     for (int p = 0; p < rows / P; p++) t->segs[p] = (ks_kv_seg){K + (size_t)p * stride, V + (size_t)p * stride, P};
-    ks_attention_segs(KS_KV_F16, t->segs, rows / P, rows, HD, G, t->q, t->scores, t->out, t->tmp, NULL, NULL, true);
+    ks_attention_segs(KS_KV_F16, t->segs, rows / P, rows, HD, G, t->q, t->scores, t->out, t->tmp, NULL, true);
 }
 
 static void *bench_worker(void *arg) {
