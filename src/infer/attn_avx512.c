@@ -177,8 +177,20 @@ INL int next_block(const ks_kv_seg16 *segs, int nseg, int hd, int *si, int *sj, 
                 _mm_storeu_ps(sc + 4 * (size_t)t, _mm_hadd_ps(_mm_hadd_ps(part[0], part[1]), _mm_hadd_ps(part[2], part[3]))); \
             }                                                                                     \
             /* online softmax: new max, rescale factor, this block's exps */                      \
-            __m128 blk_max = run_max;                                                             \
-            for (int r = 0; r < n; r++) blk_max = _mm_max_ps(blk_max, _mm_loadu_ps(sc + 4 * r));  \
+            __m512 bm_a = _mm512_set1_ps(-INFINITY), bm_b = bm_a; /* two chains: max is exact in any order */ \
+            int m4 = 0;                                                                           \
+            for (; m4 + 32 <= 4 * n; m4 += 32) {                                                  \
+                bm_a = _mm512_max_ps(bm_a, _mm512_loadu_ps(sc + m4));                             \
+                bm_b = _mm512_max_ps(bm_b, _mm512_loadu_ps(sc + m4 + 16));                        \
+            }                                                                                     \
+            for (; m4 + 16 <= 4 * n; m4 += 16) bm_a = _mm512_max_ps(bm_a, _mm512_loadu_ps(sc + m4)); \
+            bm_a = _mm512_max_ps(bm_a, bm_b);                                                     \
+            __m128 blk_max = _mm_max_ps(_mm_max_ps(_mm512_castps512_ps128(bm_a), _mm512_extractf32x4_ps(bm_a, 1)), \
+                                        _mm_max_ps(_mm512_extractf32x4_ps(bm_a, 2), _mm512_extractf32x4_ps(bm_a, 3))); \
+            blk_max = _mm_max_ps(blk_max, run_max);                                               \
+            for (; m4 < 4 * n; m4 += 4) blk_max = _mm_max_ps(blk_max, _mm_loadu_ps(sc + m4));    \
+            /* the max unchanged (most blocks once it settles): alpha is exactly 1 */             \
+            const bool rescale = _mm_movemask_ps(_mm_cmpeq_ps(blk_max, run_max)) != 0xF;         \
             __m128 alpha = exp128(_mm_sub_ps(run_max, blk_max)); /* exp(-inf) clamps to ~1e-38 */ \
             run_max = blk_max;                                                                    \
             __m512 m16 = _mm512_broadcast_f32x4(run_max), psum = _mm512_setzero_ps();             \
@@ -201,8 +213,10 @@ INL int next_block(const ks_kv_seg16 *segs, int nseg, int hd, int *si, int *sj, 
                 __m512 acc[VG][HDV];                                                              \
                 _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++) {                           \
                     __m512 a = _mm512_set1_ps(al[(gs + g) & 3]);                                  \
-                    _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                        \
-                        acc[g][i] = _mm512_mul_ps(_mm512_load_ps(&acc_mem[(gs + g) & 3][16 * i]), a); \
+                    _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++) {                      \
+                        acc[g][i] = _mm512_load_ps(&acc_mem[(gs + g) & 3][16 * i]);              \
+                        if (rescale) acc[g][i] = _mm512_mul_ps(acc[g][i], a);                      \
+                    }                                                                             \
                 }                                                                                 \
                 for (int r = 0; r < n; r++) {                                                     \
                     const uint16_t *v = vp[cur][r];                                               \
