@@ -245,13 +245,11 @@ INL void decode_group(const ks_kv_seg *segs, int nseg, int total, int hd, size_t
             _mm256_store_ps(p_blk + i, e);
             psum = _mm256_add_ps(psum, e);
         }
-        if (i < nv) { /* the tail through one vector, lanes past it masked out of the sum (8 | i: lane k is head k mod NG) */
-            float x[8];
+        if (i < nv) { /* the tail through one vector, lanes past it zeroed (8 | i: lane k is head k mod NG) */
+            float x[8] = {0};
             memcpy(x, sc + i, sizeof(float) * (size_t)(nv - i));
-            for (int k = nv - i; k < 8; k++) x[k] = -INFINITY;
-            __m256 e = ks_avx2_exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x), run_max));
-            __m256 live = _mm256_cmp_ps(_mm256_loadu_ps(x), _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-            e = _mm256_and_ps(e, live);
+            __m256 live = _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_ps((float)(nv - i)), _CMP_LT_OQ);
+            __m256 e = _mm256_and_ps(ks_avx2_exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x), run_max)), live);
             _mm256_store_ps(p_blk + i, e);
             psum = _mm256_add_ps(psum, e);
         }

@@ -212,9 +212,9 @@ INL int next_block(const ks_kv_seg16 *segs, int nseg, int hd, int *si, int *sj, 
             for (int gs = 0; gs < ng; gs += VG) {                                                 \
                 __m512 acc[VG][HDV];                                                              \
                 _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++) {                           \
-                    __m512 a = _mm512_set1_ps(al[(gs + g) & 3]);                                  \
+                    __m512 a = _mm512_set1_ps(al[gs + g]);                                  \
                     _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++) {                      \
-                        acc[g][i] = _mm512_load_ps(&acc_mem[(gs + g) & 3][16 * i]);              \
+                        acc[g][i] = _mm512_load_ps(&acc_mem[gs + g][16 * i]);              \
                         if (rescale) acc[g][i] = _mm512_mul_ps(acc[g][i], a);                      \
                     }                                                                             \
                 }                                                                                 \
@@ -225,14 +225,14 @@ INL int next_block(const ks_kv_seg16 *segs, int nseg, int hd, int *si, int *sj, 
                     _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                        \
                         vv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 16 * i))); \
                     _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++) {                       \
-                        __m512 pr = _mm512_set1_ps(p_blk[4 * r + ((gs + g) & 3)]);                \
+                        __m512 pr = _mm512_set1_ps(p_blk[4 * r + (gs + g)]);                \
                         _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                    \
                             acc[g][i] = _mm512_fmadd_ps(pr, vv[i], acc[g][i]);                    \
                     }                                                                             \
                 }                                                                                 \
                 _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++)                             \
                     _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                        \
-                        _mm512_store_ps(&acc_mem[(gs + g) & 3][16 * i], acc[g][i]);               \
+                        _mm512_store_ps(&acc_mem[gs + g][16 * i], acc[g][i]);               \
             }                                                                                     \
             done += n;                                                                            \
             n = nn;                                                                               \
