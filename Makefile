@@ -5,11 +5,11 @@ BUILD     ?= build
 JOBS      ?= 2
 CMAKE_OPTS ?=
 FUZZ_SECONDS ?= 60
-SHARED    ?= $(CURDIR)/../shared
+FIXTURES  ?= $(CURDIR)/tests/fixtures
 KVSIEVE   := $(BUILD)/kvsieve
-# Until the bundled model lands (models/kvsieve-default.gguf), `make run` uses
-# the real pretrained tiny llama from the shared fixtures, or else a generated model.
-RUN_MODEL ?= $(firstword $(wildcard models/kvsieve-default.gguf) $(wildcard $(SHARED)/fixtures/models/aidreams260K.gguf) $(BUILD)/models/tiny-llama-q8_0.gguf)
+# `make run` uses the bundled model (models/kvsieve-default.gguf), else the real
+# pretrained tiny llama from the test fixtures, or else a generated model.
+RUN_MODEL ?= $(firstword $(wildcard models/kvsieve-default.gguf) $(wildcard $(FIXTURES)/models/aidreams260K.gguf) $(BUILD)/models/tiny-llama-q8_0.gguf)
 PROMPT    ?= A pass key is hidden in the text below. Remember it. The pass key is 31415. 31415 is the pass key. The quiet farmer walks near the old bridge. A small bird sings by the river today. What is the pass key? The pass key is
 N         ?= 8
 
@@ -33,7 +33,7 @@ test: build
 
 $(BUILD)/models/tiny-llama-q8_0.gguf: | build
 	@mkdir -p $(BUILD)/models
-	$(KVSIEVE) gen-model --shape tiny-llama --type q8_0 --vocab-from $(SHARED)/fixtures/tokenizer/ggml-vocab-llama-spm.gguf --out $@
+	$(KVSIEVE) gen-model --shape tiny-llama --type q8_0 --vocab-from $(FIXTURES)/tokenizer/ggml-vocab-llama-spm.gguf --out $@
 
 run: build $(RUN_MODEL)
 	$(KVSIEVE) run -m $(RUN_MODEL) -p "$(PROMPT)" -n $(N) --temp 0
@@ -55,15 +55,16 @@ fuzz: deps
 	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_HALF) -rss_limit_mb=2048 -max_len=65536 build-fuzz/corpus
 	build-fuzz/fuzz_safetensors -max_total_time=$(FUZZ_HALF) -rss_limit_mb=2048 -max_len=65536 -dict=tests/fuzz/safetensors.dict build-fuzz/corpus_safetensors
 
-# Compile-check the CUDA backend (no GPU needed).
+# Compile-check the optional CUDA code, target ks_cuda (no GPU needed; not used
+# by the engine yet: src/cuda/ks_cuda.h).
 cuda-check: deps
 	@cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DKVSIEVE_CUDA=ON > /dev/null
-	@cmake --build build-cuda -j $(JOBS) --target kvsieve
+	@cmake --build build-cuda -j $(JOBS) --target ks_cuda
 
 BENCH_MODEL ?= $(BUILD)/models/llama-3.2-1b-q8_0.gguf
 $(BUILD)/models/llama-3.2-1b-q8_0.gguf: | build
 	@mkdir -p $(BUILD)/models
-	$(KVSIEVE) gen-model --shape llama-3.2-1b --type q8_0 --vocab-from $(SHARED)/fixtures/tokenizer/ggml-vocab-llama-spm.gguf \
+	$(KVSIEVE) gen-model --shape llama-3.2-1b --type q8_0 --vocab-from $(FIXTURES)/tokenizer/ggml-vocab-llama-spm.gguf \
 	  --out $@ --dlm-out $(BUILD)/models/llama-3.2-1b-q8_0-dlm
 
 # The benchmark of docs/BENCHMARKS.md (generates a Llama-3.2-1B-shaped model once).

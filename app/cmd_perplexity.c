@@ -10,6 +10,15 @@
  * tokens of each window (default half the window) are prefilled and every
  * later token is fed by a decode step, so each scored prediction is made by
  * the policy's sparse attention over the KV — teacher-forced decoding.
+ *
+ * --score-second-half reproduces llama.cpp's llama-perplexity, so figures can
+ * be set beside the ones it prints: the text is tokenized with BOS when the
+ * vocabulary asks for one, cut into whole chunks of -c tokens (a shorter tail
+ * is dropped), the first token of every chunk is replaced by BOS, and only
+ * the predictions from position c/2 on are scored — every scored token has
+ * at least half a window of context.  The default mode also scores the
+ * first tokens of a window, which have little context, so on the same text
+ * its figure is usually higher.
  */
 #include "args.h"
 #include "commands.h"
@@ -24,6 +33,7 @@
 int cmd_perplexity(int argc, char **argv) {
     const char *cmd = "perplexity", *model_path = NULL, *file = NULL;
     long n_ctx = 512, n_threads = 0, max_windows = 0, decode_from = -1;
+    bool second_half = false;
     app_policy_opts po;
     app_policy_opts_init(&po);
     for (int i = 1; i < argc; i++) {
@@ -37,13 +47,26 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(a, "-t")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_long(cmd, a, v, 1, 1024, &n_threads)) return 2; }
         else if (!strcmp(a, "--windows")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_long(cmd, a, v, 1, 1 << 20, &max_windows)) return 2; }
         else if (!strcmp(a, "--decode-from")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_long(cmd, a, v, 1, 1 << 24, &decode_from)) return 2; }
+        else if (!strcmp(a, "--score-second-half")) second_half = true;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: kvsieve perplexity [-m MODEL.gguf] -f TEXT [-c WINDOW (512)] [-t THREADS] [--windows N]\n"
-                   "                          [--decode-from N] [policy flags]\n%s", app_policy_usage());
+                   "                          [--score-second-half] [--decode-from N] [policy flags]\n"
+                   "  --score-second-half  score only the second half of each window of -c tokens, as llama.cpp's\n"
+                   "                       llama-perplexity does (whole windows only, BOS first): comparable figures\n%s",
+                   app_policy_usage());
             return 0;
         } else { fprintf(stderr, "kvsieve perplexity: unknown option '%s'\n", a); return 2; }
     }
     if (!file) { fprintf(stderr, "kvsieve perplexity: -f FILE is required\n"); return 2; }
+    if (second_half && n_ctx < 3) {
+        fprintf(stderr, "kvsieve perplexity: --score-second-half needs a window (-c) of at least 3 tokens, got %ld\n", n_ctx);
+        return 2;
+    }
+    if (second_half && decode_from > n_ctx / 2 + 1) {
+        fprintf(stderr, "kvsieve perplexity: --decode-from %ld is past the scored half of a %ld-token window (at most %ld)\n",
+                decode_from, n_ctx, n_ctx / 2 + 1);
+        return 2;
+    }
     if (!model_path) model_path = app_default_model();
     po.model_path = model_path;
     if (!model_path) { fprintf(stderr, "kvsieve perplexity: no model given (-m)\n"); return 2; }
@@ -63,14 +86,24 @@ int cmd_perplexity(int argc, char **argv) {
         rc = 2;
         goto done;
     }
+    /* --score-second-half: BOS as the vocabulary's add_bos says (llama.cpp's
+     * common_tokenize(..., add_special = true)); otherwise no BOS here, one is
+     * put before every window below */
     size_t n = 0;
-    ks_tokenize(m, text, len, false, false, NULL, 0, &n);
+    ks_tokenize(m, text, len, second_half, false, NULL, 0, &n);
     ids = malloc(sizeof(int32_t) * (n + 1));
-    if ((st = ks_tokenize(m, text, len, false, false, ids, n, &n)) != KS_OK) { app_report(cmd, "tokenizing", st); goto done; }
+    if ((st = ks_tokenize(m, text, len, second_half, false, ids, n, &n)) != KS_OK) { app_report(cmd, "tokenizing", st); goto done; }
     int32_t bos = ks_token_bos(m);
-    long body = bos >= 0 ? n_ctx - 1 : n_ctx; /* text tokens per window */
+    bool chunk_bos = second_half && bos >= 0 && n > 0 && ids[0] == bos; /* the vocabulary adds BOS */
+    long body = second_half ? n_ctx : bos >= 0 ? n_ctx - 1 : n_ctx; /* stream tokens per window */
     if ((long)n < 2 || (long)n < (bos >= 0 ? 1 : 2)) {
         fprintf(stderr, "kvsieve perplexity: the text has only %zu tokens\n", n);
+        rc = 2;
+        goto done;
+    }
+    if (second_half && (long)n < n_ctx) {
+        fprintf(stderr, "kvsieve perplexity: --score-second-half scores whole windows only; the text has %zu tokens, "
+                        "fewer than one window of %ld (-c)\n", n, n_ctx);
         rc = 2;
         goto done;
     }
@@ -88,11 +121,13 @@ int cmd_perplexity(int argc, char **argv) {
     long count = 0, windows = 0;
     for (size_t off = 0; off < n; off += (size_t)body) {
         if (max_windows && windows == max_windows) break;
+        if (second_half && off + (size_t)n_ctx > n) break; /* the tail short of a window is dropped */
         long k = 0;
-        if (bos >= 0) win[k++] = bos;
+        if (bos >= 0 && !second_half) win[k++] = bos;
         long take = (long)(n - off) < body ? (long)(n - off) : body;
         memcpy(win + k, ids + off, sizeof(int32_t) * (size_t)take);
         k += take;
+        if (chunk_bos) win[0] = bos; /* llama-perplexity: BOS replaces the chunk's first token */
         if (k < 2) break;
         ks_seq_reset(ctx, 0);
         long first = 0; /* first predicting position scored */
@@ -106,6 +141,7 @@ int cmd_perplexity(int argc, char **argv) {
                 if ((st = ks_decode(ctx, &s0, &win[i], 1, logits + (size_t)i * V)) != KS_OK) { app_report(cmd, "decode", st); free(win); goto done; }
             first = pre - 1;
         }
+        if (second_half) first = n_ctx / 2; /* >= pre - 1: checked with the options */
         for (long i = first; i + 1 < k; i++) {
             const float *row = logits + (size_t)i * V;
             float mx = row[0];
@@ -124,8 +160,8 @@ int cmd_perplexity(int argc, char **argv) {
     fprintf(stderr, "\n");
     double mean = nll / count, var = nll2 / count - mean * mean;
     double se = sqrt(var > 0 ? var / count : 0);
-    printf("perplexity: %.4f +/- %.4f over %ld tokens in %ld windows of %ld\n", exp(mean), exp(mean) * se, count,
-           windows, n_ctx);
+    printf("perplexity: %.4f +/- %.4f over %ld tokens in %ld windows of %ld%s\n", exp(mean), exp(mean) * se, count,
+           windows, n_ctx, second_half ? ", second halves scored" : "");
     if (teacher) {
         ks_stats stt;
         ks_context_stats(ctx, &stt);

@@ -4,6 +4,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The fixtures live in the repository (tests/fixtures, see its README.md);
+ * CMake passes KS_FIXTURES_DIR, which a build may point elsewhere. */
+#ifndef KS_FIXTURES_DIR
+#define KS_FIXTURES_DIR KS_SOURCE_DIR "/tests/fixtures"
+#endif
+
 const char *ks_test_fixture(const char *rel) {
     static char buf[4096];
     snprintf(buf, sizeof buf, "%s/%s", KS_FIXTURES_DIR, rel);

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-/* Path under the shared fixtures dir; returns a static buffer. */
+/* Path under the test fixtures dir (tests/fixtures); returns a static buffer. */
 const char *ks_test_fixture(const char *rel);
 /* Path under the source tree; returns a static buffer. */
 const char *ks_test_source(const char *rel);

@@ -8,6 +8,7 @@
 # Usage: bash chess.sh <kvsieve> <fixtures-dir> <scratch-dir>
 set -u
 KS=$1; FIX=$2; TMP=$3
+command -v python3 >/dev/null 2>&1 || { echo "SKIP: python3 not found (it checks the JSON)"; exit 77; }  # CTest SKIP_RETURN_CODE
 rm -rf "$TMP"; mkdir -p "$TMP"
 cp "$FIX/models/aidreams260K.gguf" "$TMP/model.gguf"
 MODEL="$TMP/model.gguf"

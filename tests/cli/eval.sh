@@ -10,6 +10,7 @@
 # Usage: bash eval.sh <kvsieve> <fixtures-dir> <scratch-dir>
 set -u
 KS=$1; FIX=$2; TMP=$3
+command -v python3 >/dev/null 2>&1 || { echo "SKIP: python3 not found (it checks the JSON and SVG)"; exit 77; }  # CTest SKIP_RETURN_CODE
 mkdir -p "$TMP"
 MODEL="$FIX/models/aidreams260K.gguf"
 fail=0
