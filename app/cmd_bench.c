@@ -14,6 +14,7 @@
 #include "args.h"
 #include "commands.h"
 #include "core/membw.h"
+#include "core/simd.h"
 #include "infer/infer.h"
 #include "kvsieve.h"
 #include "policy_opts.h"

@@ -25,7 +25,7 @@
 #include "args.h"
 #include "calibrate.h"
 #include "commands.h"
-#include "infer/eval.h"
+#include "eval/eval.h"
 #include "infer/infer.h"
 #include "kvsieve.h"
 #include "policy_opts.h"

@@ -12,7 +12,7 @@
  * a while, and prints one summary line on stdout.
  */
 #include "commands.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "model/eagle3.h"
 #include "model/shapes.h"
 

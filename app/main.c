@@ -22,6 +22,7 @@ static const subcommand g_commands[] = {
     {"bench", cmd_bench, "prefill/decode throughput and achieved memory bandwidth"},
     {"eval", cmd_eval, "long-context task accuracy and agreement with dense attention"},
     {"plan", cmd_plan, "adaptive memory plan: sequence-length thresholds and the fast/slow layer split"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server with continuous batching (docs/SERVER.md)"},
 };
 
 void app_report(const char *cmd, const char *what, int status) {

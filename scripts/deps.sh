@@ -5,13 +5,18 @@
 # (regenerating goldens, the bundled model and its DLM; the tests only read the
 # committed files), with OpenBLAS: Debian's torch otherwise calls the
 # reference BLAS, ~40x slower; and SciPy, whose LP solver make_bundled_model.py
-# uses for its recency kernels.  KVSIEVE_SKIP_DEPS=1 skips entirely
+# uses for its recency kernels.  `--train` is listed below.  KVSIEVE_SKIP_DEPS=1 skips entirely
 # (e.g. non-Debian hosts).
 set -euo pipefail
 [ "${KVSIEVE_SKIP_DEPS:-0}" = 1 ] && exit 0
 pkgs=(build-essential cmake pkg-config libpcre2-dev libcjson-dev libcmocka-dev
       clang libclang-rt-14-dev python3 python3-numpy)
 [ "${1:-}" = "--reference" ] && pkgs+=(python3-torch libopenblas0-pthread python3-scipy)
+# --train: tools/train_model.py (the bundled model) and tools/make_dlm.py: PyTorch,
+# SentencePiece, tcmalloc (Debian's torch page-faults every large activation under
+# glibc malloc), and the Debian packages whose English text is the corpus.
+[ "${1:-}" = "--train" ] && pkgs+=(python3-torch libopenblas0-pthread python3-numpy python3-sentencepiece
+                                 libtcmalloc-minimal4 bible-kjv fortunes dict-gcide)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -319,7 +319,7 @@ static void test_embed_only_head(void **state) {
     ref_head_qk(NULL, g_w.embed + 3 * H, 5, true, inv, 1.0, rq, rk);
     for (int i = 0; i < NH * HD; i++) assert_true(fabs(q[i] - rq[i]) < 1e-5);
     for (int i = 0; i < NKV * HD; i++) assert_true(fabs(k[i] - rk[i]) < 1e-5);
-    ks_hparams hp = {.n_embd = H, .n_vocab = V, .n_layer = 2, .n_head = NH, .n_head_kv = NKV, .head_dim = HD};
+    ks_eagle3_target hp = {.n_embd = H, .n_vocab = V, .n_layer = 2, .n_head = NH, .n_head_kv = NKV, .head_dim = HD};
     assert_int_equal(ks_eagle3_check_target(d, &hp), KS_OK); /* aux layers irrelevant */
     hp.n_embd = 16;
     assert_int_equal(ks_eagle3_check_target(d, &hp), KS_ERR_INVALID_ARG);
@@ -538,7 +538,7 @@ static void test_config_rope_and_aux(void **state) {
     int32_t aux[3];
     ks_eagle3_aux_layers(d, 32, aux);
     assert_true(aux[0] == 1 && aux[1] == 5 && aux[2] == 30);
-    ks_hparams hp = {.n_embd = H, .n_vocab = V, .n_layer = 32, .n_head = NH, .n_head_kv = NKV, .head_dim = HD};
+    ks_eagle3_target hp = {.n_embd = H, .n_vocab = V, .n_layer = 32, .n_head = NH, .n_head_kv = NKV, .head_dim = HD};
     assert_int_equal(ks_eagle3_check_target(d, &hp), KS_OK);
     hp.n_layer = 16;
     assert_int_equal(ks_eagle3_check_target(d, &hp), KS_ERR_INVALID_ARG);
@@ -582,12 +582,12 @@ static void test_check_target(void **state) {
     ks_eagle3_params p = ks_eagle3_default_params();
     p.head_only = true;
     assert_int_equal(ks_eagle3_load(dir, p, &d), KS_OK);
-    ks_hparams ok = {.n_embd = H, .n_vocab = V, .n_layer = 32, .n_head = NH, .n_head_kv = NKV, .head_dim = HD};
+    ks_eagle3_target ok = {.n_embd = H, .n_vocab = V, .n_layer = 32, .n_head = NH, .n_head_kv = NKV, .head_dim = HD};
     assert_int_equal(ks_eagle3_check_target(d, &ok), KS_OK);
     int32_t aux[3];
     ks_eagle3_aux_layers(d, 32, aux); /* EAGLE-3 default for a 32-layer target */
     assert_true(aux[0] == 2 && aux[1] == 16 && aux[2] == 29);
-    ks_hparams t = ok;
+    ks_eagle3_target t = ok;
     t.n_embd = 16;
     assert_int_equal(ks_eagle3_check_target(d, &t), KS_ERR_INVALID_ARG);
     assert_non_null(strstr(ks_last_error(), "hidden size 8"));

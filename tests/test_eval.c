@@ -18,7 +18,7 @@
 #include "testutil.h"
 
 #include "core/core.h"
-#include "infer/eval.h"
+#include "eval/eval.h"
 
 #include <math.h>
 #include <stdlib.h>

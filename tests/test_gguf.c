@@ -18,7 +18,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "testutil.h"
 
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "model/shapes.h"
 
 #include <math.h>

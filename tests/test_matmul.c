@@ -24,6 +24,7 @@
 
 #include "core/core.h"
 #include "tensor/dtype.h"
+#include "core/simd.h"
 #include "tensor/matmul.h"
 
 #include <math.h>

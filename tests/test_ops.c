@@ -6,7 +6,7 @@
  */
 #include "infer/infer.h"
 #include "testutil.h"
-#include "tensor/matmul.h"
+#include "core/simd.h"
 
 #include <math.h>
 #include <string.h>

@@ -22,7 +22,7 @@
  */
 #define _GNU_SOURCE
 #include "infer/infer.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "model/shapes.h"
 #include "testutil.h"
 

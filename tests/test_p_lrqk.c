@@ -16,12 +16,12 @@
  */
 #define _GNU_SOURCE
 #include "infer/infer.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "model/shapes.h"
 #include "select/lrqk_math.h"
 #include "select/policy.h"
 #include "tensor/dtype.h"
-#include "tensor/matmul.h"
+#include "core/simd.h"
 #include "testutil.h"
 
 #include <math.h>

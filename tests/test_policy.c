@@ -14,9 +14,9 @@
  */
 #define _GNU_SOURCE
 #include "infer/infer.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "model/shapes.h"
-#include "tensor/matmul.h"
+#include "core/simd.h"
 #include "testutil.h"
 
 #include <math.h>

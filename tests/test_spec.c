@@ -18,9 +18,9 @@
  */
 #define _GNU_SOURCE
 #include "infer/infer.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "model/shapes.h"
-#include "tensor/matmul.h"
+#include "core/simd.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -151,8 +151,9 @@ static void check_selection(const char *shape, int nkv, const int *seek /* [NQ] 
     free(k);
     ks_pool *pool = NULL;
     assert_int_equal(ks_pool_create(2, &pool), KS_OK);
-    ks_policy_env env = {.model = m, .pool = pool, .n_layer = 1, .n_head = NQ, .n_head_kv = nkv, .head_dim = HD,
-                         .n_seq = 1, .n_ctx = 64};
+    ks_policy_env env = {.pool = pool, .n_layer = 1, .n_head = NQ, .n_head_kv = nkv, .head_dim = HD,
+                         .n_seq = 1, .n_ctx = 64, .n_vocab = m->hp.n_vocab, .n_embd = m->hp.n_embd,
+                         .tok_embd = m->tok_embd};
     ks_simd_level hw = ks_simd_detect();
     for (int lv = KS_SIMD_SCALAR; lv <= (int)hw; lv++) {
         ks_simd_level prev = ks_simd_force((ks_simd_level)lv);
@@ -225,8 +226,9 @@ static void select_at_level(ks_model *m, const char *dir, int nq, int nkv, ks_si
     ks_simd_level prev = ks_simd_force(lv);
     ks_pool *pool = NULL;
     assert_int_equal(ks_pool_create(2, &pool), KS_OK);
-    ks_policy_env env = {.model = m, .pool = pool, .n_layer = 1, .n_head = m->hp.n_head, .n_head_kv = nkv,
-                         .head_dim = HD, .n_seq = 1, .n_ctx = LV_CTX};
+    ks_policy_env env = {.pool = pool, .n_layer = 1, .n_head = m->hp.n_head, .n_head_kv = nkv,
+                         .head_dim = HD, .n_seq = 1, .n_ctx = LV_CTX, .n_vocab = m->hp.n_vocab,
+                         .n_embd = m->hp.n_embd, .tok_embd = m->tok_embd};
     ks_policy_params pp = ks_policy_default_params();
     pp.budget = LV_BUDGET;
     pp.sink = 2;

@@ -15,7 +15,7 @@
  */
 #include "testutil.h"
 
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 #include <stdio.h>

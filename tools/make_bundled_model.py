@@ -59,7 +59,7 @@ import gguf_reader as G  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-DEFAULT_VOCAB = os.path.join(ROOT, "..", "shared", "fixtures", "tokenizer", "ggml-vocab-llama-spm.gguf")
+DEFAULT_VOCAB = os.path.join(ROOT, "tests", "fixtures", "tokenizer", "ggml-vocab-llama-spm.gguf")
 
 # ------------------------------------------------------------ shape --
 D = 64            # code width of one token

@@ -137,7 +137,7 @@ class Target:
 
 # --------------------------------------------------------------- data --
 class TextGen:
-    """Seeded sequences in the eval templates' style (src/infer/eval_tasks.c)."""
+    """Seeded sequences in the eval templates' style (src/eval/eval_tasks.c)."""
 
     def __init__(self, vocab, seed):
         self.v = vocab

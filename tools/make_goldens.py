@@ -7,7 +7,7 @@
 Each golden holds a prompt, the reference's teacher-forced logits for the last
 n_logit_rows prompt positions, and its greedy continuation with the top-2
 margin of every step (format: docs/REFERENCE.md).  Models come from either the
-shared fixtures (real models) or `kvsieve gen-model` (random weights of a real
+test fixtures (real models) or `kvsieve gen-model` (random weights of a real
 model's shape; byte-reproducible, so the FNV-1a hash in each golden detects
 drift in the generator).
 
@@ -30,7 +30,7 @@ sys.path.insert(0, HERE)
 import gguf_reader as G  # noqa: E402
 import reference as R  # noqa: E402
 
-FIXTURES = os.path.normpath(os.path.join(ROOT, "..", "shared", "fixtures"))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 GOLDEN_DIR = os.path.join(ROOT, "tests", "golden")
 SPM_VOCAB = "tokenizer/ggml-vocab-llama-spm.gguf"
 # "The quick brown fox jumps" with BOS, in the llama SPM vocabulary

@@ -33,7 +33,9 @@
  * Head dims that are multiples of 16 up to 512 (32 for 8-bit KV) take this
  * path; others go portable.
  */
-#include "infer/infer.h"
+#include "infer/attn.h"
+
+#include "core/core.h"
 
 #include <math.h>
 #include <string.h>

@@ -26,7 +26,9 @@
  * Only head dims 64 and 128 (nearly every current model) take this path; the
  * caller falls back to the AVX2 or portable kernel otherwise.
  */
-#include "infer/infer.h"
+#include "infer/attn.h"
+
+#include "core/core.h"
 
 #include <math.h>
 #include <string.h>

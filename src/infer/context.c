@@ -33,6 +33,8 @@
 #define _GNU_SOURCE
 #include "infer/infer.h"
 
+#include "core/simd.h"
+
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -60,47 +62,6 @@ ks_context_params ks_context_default_params(void) {
                                .kv_offload_layers = 0,
                                .mem_cap = 0,
                                .mem_overhead = 1.3};
-}
-
-/* ----------------------------------------------------------- small ops -- */
-void ks_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float scale = (float)(1.0 / sqrt(ss / n + eps));
-    for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
-}
-
-void ks_rope_angles(float *cos_out, float *sin_out, int32_t pos, int n_rot, float base,
-                    const float *freq_factors) {
-    for (int j = 0; j < n_rot / 2; j++) {
-        double freq = pow((double)base, -2.0 * j / n_rot);
-        if (freq_factors) freq /= freq_factors[j];
-        double a = (double)pos * freq;
-        cos_out[j] = (float)cos(a);
-        sin_out[j] = (float)sin(a);
-    }
-}
-
-void ks_rope_apply(float *v, int n_rot, bool neox, const float *c, const float *s) {
-    int half = n_rot / 2;
-    for (int j = 0; j < half; j++) {
-        int i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
-        float x0 = v[i0], x1 = v[i1];
-        v[i0] = x0 * c[j] - x1 * s[j];
-        v[i1] = x0 * s[j] + x1 * c[j];
-    }
-}
-
-void ks_softmax(float *x, int n) {
-    float mx = -INFINITY;
-    for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-    double sum = 0;
-    for (int i = 0; i < n; i++) {
-        x[i] = expf(x[i] - mx);
-        sum += x[i];
-    }
-    float inv = (float)(1.0 / sum);
-    for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
 /* ------------------------------------------------- attention kernels -- */
@@ -163,10 +124,6 @@ void ks_attention_group(ks_kv_type kt, const void *K, const void *V, int len, in
                         const float *q, float *scores, float *out, float *tmp, bool allow_simd) {
     ks_kv_seg seg = {K, V, len};
     ks_attention_segs(kt, &seg, 1, len, hd, G, q, scores, out, tmp, NULL, allow_simd);
-}
-
-size_t ks_kv_row_bytes(ks_kv_type t, int hd) {
-    return t == KS_KV_F16 ? (size_t)hd * 2 : ks_dtype_row_bytes(KS_DTYPE_Q8_0, hd);
 }
 
 /* ------------------------------------------------------------ context -- */
@@ -359,14 +316,16 @@ ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_conte
             return st;
         }
     }
-    c->penv = (ks_policy_env){.model = model,
-                              .pool = c->pool,
+    c->penv = (ks_policy_env){.pool = c->pool,
                               .n_layer = hp->n_layer,
                               .n_head = hp->n_head,
                               .n_head_kv = hp->n_head_kv,
                               .head_dim = hp->head_dim,
                               .n_seq = p.n_seq,
                               .n_ctx = p.n_ctx,
+                              .n_vocab = hp->n_vocab,
+                              .n_embd = hp->n_embd,
+                              .tok_embd = model->tok_embd,
                               .kv = c->kv,
                               .svc = c,
                               .attn_probs = svc_attn_probs,

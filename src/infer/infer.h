@@ -1,16 +1,20 @@
 /*
  * infer.h — internals of the forward pass shared by the context, tests and
- * the benchmark: the context struct and the small ops with their plain-C
- * semantics (tests compare SIMD paths against these).
+ * the benchmark: the context struct and the attention entry points with
+ * their plain-C reference (tests compare SIMD paths against it).  The small
+ * ops (RMSNorm, RoPE, softmax) live in tensor/ops.h, the SIMD attention
+ * kernels in infer/attn.h.
  */
 #ifndef KS_INFER_H
 #define KS_INFER_H
 
-#include "model/model.h"
-#include "tensor/matmul.h"
+#include "infer/attn.h"
 #include "kv/kv.h"
-#include "select/policy.h"
 #include "kv/memplan.h"
+#include "model/model.h"
+#include "select/policy.h"
+#include "tensor/matmul.h"
+#include "tensor/ops.h"
 
 #include <stdatomic.h>
 
@@ -77,29 +81,11 @@ struct ks_context {
     ks_stats stats;
 };
 
-void ks_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
-/* cos/sin of the rotation angles of position pos: [n_rot/2] each. */
-void ks_rope_angles(float *cos_out, float *sin_out, int32_t pos, int n_rot, float base,
-                    const float *freq_factors);
-/* Rotate the first n_rot dims of v: adjacent pairs, or halves when neox. */
-void ks_rope_apply(float *v, int n_rot, bool neox, const float *c, const float *s);
-void ks_softmax(float *x, int n);
-size_t ks_kv_row_bytes(ks_kv_type t, int hd);
 /* Attention of G query heads (q [G][hd]) over one KV head's rows K, V
  * ([len][row]) : out [G][hd].  scores: [G][len] scratch, tmp: [hd] scratch.
  * allow_simd=false forces the portable reference. */
 void ks_attention_group(ks_kv_type kt, const void *K, const void *V, int len, int hd, int G,
                         const float *q, float *scores, float *out, float *tmp, bool allow_simd);
-
-/* A run of consecutive KV rows: K and V each [len][row], read in place. */
-typedef struct ks_kv_seg {
-    const void *K, *V;
-    int32_t len;
-} ks_kv_seg;
-typedef struct ks_kv_seg16 {
-    const uint16_t *K, *V;
-    int32_t len;
-} ks_kv_seg16;
 
 /* Attention of G query heads over the concatenation of nseg segments (total
  * rows): softmax renormalised over exactly these rows.  weights (optional,
@@ -107,31 +93,6 @@ typedef struct ks_kv_seg16 {
  * scores: [max(G, 4)][total] scratch; tmp: [hd + 16]. */
 void ks_attention_segs(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                        float *scores, float *out, float *tmp, float *weights, bool allow_simd);
-
-/* Prefill: causal attention of R consecutive query rows (G heads each) of one
- * sequence over one KV head's pages, each page read once for the whole
- * block.  n_att[r]: entries row r sees.  S: [R*G][n_att[R-1]], tile: [P][hd].
- * f16 KV, hd % 16 == 0, AVX-512; false if it does not apply. */
-bool ks_attention_block_avx512(const ks_kv_seg16 *segs, int nseg, const int32_t *n_att, int R, int hd, int G,
-                               const float *q, size_t q_stride, float *out, size_t out_stride, float *S, float *tile,
-                               float scale);
-
-/* The same on AVX2 + FMA + F16C, for f16 KV (hd % 8 == 0) and 8-bit KV
- * (hd % 32 == 0; pages dequantized into the tile). */
-bool ks_attention_block_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, const int32_t *n_att, int R, int hd,
-                             int G, const float *q, size_t q_stride, float *out, size_t out_stride, float *S,
-                             float *tile, float scale);
-
-/* AVX-512 f16 kernel for head dims 64 and 128; false if it does not apply.
- * scores: [total][4] scratch. */
-bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
-                              float *scores, float *out, float scale, float *weights);
-
-/* AVX2 + FMA + F16C kernel for f16 KV (head dims that are multiples of 16,
- * up to 512) and 8-bit KV (multiples of 32); false if it does not apply.
- * scores: [total][4] scratch. */
-bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
-                            float *scores, float *out, float scale, float *weights);
 
 const ks_model *ks_context_model(const ks_context *c);
 /* Attention recall probe (eval only; costs a dense attention pass per

@@ -22,7 +22,7 @@
  *
  * Tiers are per layer (SpeContext's adaptive manager moves whole layers):
  *  - FAST: every page in compute memory; attention reads in place.
- *  - SLOW: pages live in host memory (the CUDA backend's slow tier; on CPU a
+ *  - SLOW: pages live in host memory (a GPU engine's slow tier; on CPU a
  *    stand-in useful for tests) or in a file per layer in the offload
  *    directory, read with pread, so a context bigger than RAM still runs.
  *    Attention then reads fast-tier *slots*: a fixed set of head-page slots

@@ -23,7 +23,8 @@
  *  - RoPE: cnets.py's rotate_half / apply_rotary_pos_emb (halves, "neox").
  *  - YaRN: HF transformers _compute_yarn_parameters (find_correction_dim,
  *    linear_ramp_factor, get_mscale = 0.1 ln(s) + 1, beta_fast 32,
- *    beta_slow 1); llama3: _compute_llama3_parameters.
+ *    beta_slow 1); llama3: _compute_llama3_parameters.  The RoPE, scaling
+ *    and RMSNorm code itself is shared with the forward pass: tensor/ops.c.
  *
  * Storage: a full load keeps the checkpoint open and views its bytes; a
  * head-only load copies the handful of head tensors into one arena and
@@ -38,77 +39,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#ifndef M_PI
-#define M_PI 3.14159265358979323846
-#endif
-
 ks_eagle3_params ks_eagle3_default_params(void) {
     return (ks_eagle3_params){.head_only = false, .embed_only = false, .use_mmap = true};
-}
-
-ks_rope_scaling ks_rope_scaling_yarn(float factor, int32_t orig_max_pos) {
-    return (ks_rope_scaling){.type = KS_ROPE_SCALING_YARN, .factor = factor, .orig_max_pos = orig_max_pos,
-                             .beta_fast = 32.0f, .beta_slow = 1.0f, .attention_factor = 0.0f,
-                             .low_freq_factor = 1.0f, .high_freq_factor = 4.0f};
-}
-
-/* ------------------------------------------------------------------ RoPE -- */
-
-static double yarn_correction_dim(double n_rot_dims, double rotations, double base, double orig) {
-    return n_rot_dims * log(orig / (rotations * 2.0 * M_PI)) / (2.0 * log(base));
-}
-
-ks_status ks_rope_inv_freq(int n_rot, float base, const ks_rope_scaling *sc, float *inv_freq, float *mscale) {
-    if (n_rot < 2 || n_rot % 2) return KS_FAIL(KS_ERR_INVALID_ARG, "RoPE dimension %d is not a positive even number", n_rot);
-    if (!(base > 1.0f)) return KS_FAIL(KS_ERR_INVALID_ARG, "RoPE base %g must exceed 1", (double)base);
-    ks_rope_scaling_type type = sc ? sc->type : KS_ROPE_SCALING_NONE;
-    if (type != KS_ROPE_SCALING_NONE && !(sc->factor >= 1.0f && sc->factor < 1e6f))
-        return KS_FAIL(KS_ERR_INVALID_ARG, "RoPE scaling factor %g must be in [1, 1e6)", (double)sc->factor);
-    if ((type == KS_ROPE_SCALING_YARN || type == KS_ROPE_SCALING_LLAMA3) && sc->orig_max_pos < 1)
-        return KS_FAIL(KS_ERR_INVALID_ARG, "RoPE scaling needs original_max_position_embeddings >= 1 (got %d)", sc->orig_max_pos);
-    const int half = n_rot / 2;
-    double ms = 1.0;
-    double low = 0, high = 0;
-    if (type == KS_ROPE_SCALING_YARN) {
-        if (!(sc->beta_fast > 0 && sc->beta_slow > 0 && sc->beta_fast >= sc->beta_slow))
-            return KS_FAIL(KS_ERR_INVALID_ARG, "YaRN beta_fast %g / beta_slow %g must be positive with beta_fast >= beta_slow",
-                           (double)sc->beta_fast, (double)sc->beta_slow);
-        low = floor(yarn_correction_dim(n_rot, sc->beta_fast, base, sc->orig_max_pos));
-        high = ceil(yarn_correction_dim(n_rot, sc->beta_slow, base, sc->orig_max_pos));
-        if (low < 0) low = 0;
-        if (high > n_rot - 1) high = n_rot - 1;
-        if (low == high) high += 0.001; /* avoid a zero-width ramp */
-        ms = sc->attention_factor > 0 ? sc->attention_factor : (sc->factor <= 1 ? 1.0 : 0.1 * log(sc->factor) + 1.0);
-    }
-    if (type == KS_ROPE_SCALING_LLAMA3 && !(sc->high_freq_factor > sc->low_freq_factor && sc->low_freq_factor > 0))
-        return KS_FAIL(KS_ERR_INVALID_ARG, "llama3 RoPE scaling needs high_freq_factor > low_freq_factor > 0");
-    for (int j = 0; j < half; j++) {
-        double f = pow((double)base, -2.0 * j / n_rot);
-        switch (type) {
-        case KS_ROPE_SCALING_NONE: break;
-        case KS_ROPE_SCALING_LINEAR: f /= sc->factor; break;
-        case KS_ROPE_SCALING_YARN: {
-            double ramp = ((double)j - low) / (high - low);
-            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
-            /* ramp 0: extrapolate (keep f), ramp 1: interpolate (f / s) */
-            f = f / sc->factor * ramp + f * (1.0 - ramp);
-            break;
-        }
-        case KS_ROPE_SCALING_LLAMA3: {
-            double old = sc->orig_max_pos, wavelen = 2.0 * M_PI / f;
-            double low_wl = old / sc->low_freq_factor, high_wl = old / sc->high_freq_factor;
-            if (wavelen > low_wl) f /= sc->factor;
-            else if (wavelen >= high_wl) {
-                double smooth = (old / wavelen - sc->low_freq_factor) / (sc->high_freq_factor - sc->low_freq_factor);
-                f = (1.0 - smooth) * f / sc->factor + smooth * f;
-            }
-            break;
-        }
-        }
-        inv_freq[j] = (float)f;
-    }
-    *mscale = (float)ms;
-    return KS_OK;
 }
 
 /* ---------------------------------------------------------------- config -- */
@@ -526,7 +458,7 @@ void ks_eagle3_aux_layers(const ks_eagle3 *d, int32_t n_layer, int32_t out[3]) {
     out[2] = n_layer - 3;
 }
 
-ks_status ks_eagle3_check_target(const ks_eagle3 *d, const ks_hparams *t) {
+ks_status ks_eagle3_check_target(const ks_eagle3 *d, const ks_eagle3_target *t) {
     const ks_eagle3_config *c = &d->cfg;
     if (!d->embed_only && t->n_embd != c->target_hidden_size)
         return KS_FAIL(KS_ERR_INVALID_ARG, "EAGLE-3 draft expects a target with hidden size %d (fc is [%d, 3*%d]) but the target has n_embd %d",
@@ -566,26 +498,6 @@ void ks_eagle3_mat_vec(const ks_eagle3_mat *w, const float *x, float *y) {
     ks_free(row);
 }
 
-/* HF LlamaRMSNorm: w * x / sqrt(mean(x^2) + eps) */
-static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
-    double ss = 0;
-    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float inv = (float)(1.0 / sqrt(ss / (double)n + eps));
-    for (int64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * inv);
-}
-
-/* rotate_half RoPE (pairs (j, j + hd/2)), cos/sin scaled by mscale as in HF */
-static void rope_neox(float *v, int hd, const float *inv_freq, float mscale, int32_t pos) {
-    int half = hd / 2;
-    for (int j = 0; j < half; j++) {
-        double a = (double)pos * inv_freq[j];
-        float c = (float)cos(a) * mscale, s = (float)sin(a) * mscale;
-        float x0 = v[j], x1 = v[j + half];
-        v[j] = x0 * c - x1 * s;
-        v[j + half] = x1 * c + x0 * s;
-    }
-}
-
 ks_status ks_eagle3_head_qk(const ks_eagle3 *d, const float *h3, const float *emb, int32_t pos, float *q_out, float *k_out) {
     if (!emb || !q_out || !k_out) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL embedding or output");
     if (!d->embed_only && !h3) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL aux hidden states (load with embed_only for the embedding-only head)");
@@ -593,28 +505,33 @@ ks_status ks_eagle3_head_qk(const ks_eagle3 *d, const float *h3, const float *em
     const ks_eagle3_config *c = &d->cfg;
     const int64_t H = c->hidden_size, hd = c->head_dim;
     float *x = ks_calloc((size_t)(2 * H), sizeof(float)); /* [2H] = [input_norm(e); hidden_norm(f)] */
-    rmsnorm(x, emb, d->input_norm, H, c->rms_eps);
+    /* HF LlamaRMSNorm (w * x / sqrt(mean(x^2) + eps)) and rotate_half RoPE with
+     * cos/sin scaled by mscale, as in HF: tensor/ops.h */
+    ks_rmsnorm(x, emb, d->input_norm, (int)H, c->rms_eps);
     if (!d->embed_only) {
         float *f = ks_malloc(sizeof(float) * (size_t)H); /* [H] fused aux states */
         ks_eagle3_mat_vec(&d->fc, h3, f);
         if (d->fc_bias)
             for (int64_t i = 0; i < H; i++) f[i] += d->fc_bias[i];
-        rmsnorm(x + H, f, d->hidden_norm, H, c->rms_eps);
+        ks_rmsnorm(x + H, f, d->hidden_norm, (int)H, c->rms_eps);
         ks_free(f);
     }
     ks_eagle3_mat_vec(&d->wq, x, q_out);
     ks_eagle3_mat_vec(&d->wk, x, k_out);
     ks_free(x);
+    float *cs = ks_malloc(sizeof(float) * (size_t)hd), *sn = cs + hd / 2; /* [hd/2] cos, [hd/2] sin */
+    ks_rope_angles_freq(cs, sn, pos, (int)hd, d->inv_freq, d->mscale);
     for (int h = 0; h < c->n_head; h++) {
         float *q = q_out + (size_t)h * hd;
-        if (d->q_norm) rmsnorm(q, q, d->q_norm, hd, c->rms_eps);
-        rope_neox(q, (int)hd, d->inv_freq, d->mscale, pos);
+        if (d->q_norm) ks_rmsnorm(q, q, d->q_norm, (int)hd, c->rms_eps);
+        ks_rope_apply(q, (int)hd, true, cs, sn);
     }
     for (int h = 0; h < c->n_head_kv; h++) {
         float *k = k_out + (size_t)h * hd;
-        if (d->k_norm) rmsnorm(k, k, d->k_norm, hd, c->rms_eps);
-        rope_neox(k, (int)hd, d->inv_freq, d->mscale, pos);
+        if (d->k_norm) ks_rmsnorm(k, k, d->k_norm, (int)hd, c->rms_eps);
+        ks_rope_apply(k, (int)hd, true, cs, sn);
     }
+    ks_free(cs);
     return KS_OK;
 }
 

@@ -30,43 +30,12 @@
 #ifndef KS_EAGLE3_H
 #define KS_EAGLE3_H
 
-#include "model/model.h"
 #include "model/safetensors.h"
+#include "tensor/ops.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef enum ks_rope_scaling_type {
-    KS_ROPE_SCALING_NONE,
-    KS_ROPE_SCALING_LINEAR, /* positions / factor */
-    KS_ROPE_SCALING_LLAMA3, /* Llama 3.1 wavelength-banded interpolation */
-    KS_ROPE_SCALING_YARN,   /* YaRN: ramped interpolation + attention temperature */
-} ks_rope_scaling_type;
-
-typedef struct ks_rope_scaling {
-    ks_rope_scaling_type type;
-    float factor;                 /* s = new context / original context (>= 1) */
-    int32_t orig_max_pos;         /* original_max_position_embeddings */
-    float beta_fast, beta_slow;   /* YaRN ramp bounds in rotations (32, 1) */
-    float attention_factor;       /* YaRN: 0 = default 0.1 ln(s) + 1 */
-    float low_freq_factor, high_freq_factor; /* llama3 (1, 4) */
-} ks_rope_scaling;
-
-/* YaRN with the paper's defaults for factor s over orig_max_pos positions. */
-ks_rope_scaling ks_rope_scaling_yarn(float factor, int32_t orig_max_pos);
-
-/* Per-dimension inverse frequencies ([n_rot/2]) and the scale applied to
- * cos/sin (YaRN's sqrt(1/t) = 0.1 ln(s) + 1, applied to q and k alike so the
- * logits scale by 1/t; 1 for the other types).  sc NULL = plain RoPE.
- * Formulas follow the YaRN paper (Peng et al. 2023) as implemented in HF
- * transformers' _compute_yarn_parameters: correction dims
- *   d(r) = n_rot * ln(orig / (2 pi r)) / (2 ln base),
- *   low = floor(d(beta_fast)), high = ceil(d(beta_slow)) clamped to [0, n_rot-1],
- *   ramp_j = clamp((j - low) / (high - low), 0, 1),
- *   inv_j = base^(-2j/n_rot) * (ramp_j / s + (1 - ramp_j)).
- * KS_ERR_INVALID_ARG on bad parameters. */
-ks_status ks_rope_inv_freq(int n_rot, float base, const ks_rope_scaling *sc, float *inv_freq, float *mscale);
 
 /* A matrix view: [rows][cols] row-major in the file dtype (F32/F16/BF16). */
 typedef struct ks_eagle3_mat {
@@ -143,9 +112,15 @@ void ks_eagle3_destroy(ks_eagle3 *dlm);
 
 /* Aux layer ids for an n_layer target: the config's, or EAGLE-3's default. */
 void ks_eagle3_aux_layers(const ks_eagle3 *dlm, int32_t n_layer, int32_t out[3]);
+/* The shapes of the target model a draft is checked against (a GGUF model's
+ * hyper-parameters, or what a selection policy is told of its target). */
+typedef struct ks_eagle3_target {
+    int32_t n_vocab, n_embd, n_layer;
+    int32_t n_head, n_head_kv, head_dim;
+} ks_eagle3_target;
 /* The DLM fits a target with these hyper-parameters (hidden size, vocab,
  * aux layer ids in range, head dim vs RoPE); KS_ERR_FORMAT with a message. */
-ks_status ks_eagle3_check_target(const ks_eagle3 *dlm, const ks_hparams *target);
+ks_status ks_eagle3_check_target(const ks_eagle3 *dlm, const ks_eagle3_target *target);
 
 /* Replace the RoPE scaling (e.g. YaRN for long contexts) and rebuild tables. */
 ks_status ks_eagle3_set_rope_scaling(ks_eagle3 *dlm, const ks_rope_scaling *sc);

@@ -11,17 +11,10 @@
 #ifndef KS_MODEL_H
 #define KS_MODEL_H
 
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 typedef enum ks_arch { KS_ARCH_LLAMA, KS_ARCH_QWEN2, KS_ARCH_QWEN3, KS_ARCH_NONE } ks_arch;
-
-/* A 2-D weight matrix: [rows][cols] of type, rows contiguous. */
-typedef struct ks_weight {
-    ks_dtype type;
-    int64_t rows, cols;
-    const void *data; /* into the GGUF mapping */
-} ks_weight;
 
 typedef struct ks_layer {
     float *attn_norm;         /* [n_embd] */
@@ -60,10 +53,5 @@ struct ks_model {
     size_t weight_bytes;      /* bytes of all weight tensors */
     int64_t n_params;
 };
-
-/* Bytes one step streams from a weight. */
-static inline size_t ks_weight_bytes(const ks_weight *w) {
-    return ks_dtype_row_bytes(w->type, w->cols) * (size_t)w->rows;
-}
 
 #endif

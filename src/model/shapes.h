@@ -15,7 +15,7 @@
 #define KS_SHAPES_H
 
 #include "core/core.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 typedef struct ks_model_shape {
     const char *name;      /* "llama-3.1-8b" */

@@ -56,7 +56,7 @@
  */
 #include "select/lrqk_math.h"
 #include "select/policy.h"
-#include "tensor/matmul.h"
+#include "core/simd.h"
 #include "tensor/simd_avx2.h"
 
 #include <math.h>

@@ -36,9 +36,11 @@
  */
 #include "select/policy.h"
 
+#include "core/simd.h"
 #include "model/eagle3.h"
 #include "tensor/dtype.h"
 #include "tensor/matmul.h"
+#include "tensor/ops.h"
 #include "tensor/simd_avx2.h"
 
 #include <math.h>
@@ -92,24 +94,6 @@ static ks_status dtype_of(const ks_eagle3_mat *m, ks_dtype *out) {
     }
 }
 
-static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float s = (float)(1.0 / sqrt(ss / n + eps));
-    for (int i = 0; i < n; i++) out[i] = x[i] * s * w[i];
-}
-
-static void rope_neox(float *v, int hd, const float *inv_freq, float mscale, int32_t pos) {
-    int half = hd / 2;
-    for (int j = 0; j < half; j++) {
-        double a = (double)pos * inv_freq[j];
-        float c = (float)cos(a) * mscale, s = (float)sin(a) * mscale;
-        float x0 = v[j], x1 = v[j + half];
-        v[j] = x0 * c - x1 * s;
-        v[j + half] = x1 * c + x0 * s;
-    }
-}
-
 static ks_f16 *kc_at(spec_state *s, int32_t seq, int32_t kvh, int32_t pos) {
     return s->kc + (((size_t)seq * s->Hkv + kvh) * s->env.n_ctx + pos) * s->hd;
 }
@@ -137,7 +121,7 @@ static void grow_rows(spec_state *s, int32_t rows) {
 
 static void embed(spec_state *s, int32_t tok, float *out) {
     if (s->dlm->has_embed && ks_eagle3_embed(s->dlm, tok, out) == KS_OK) return;
-    const ks_weight *w = &s->env.model->tok_embd;
+    const ks_weight *w = &s->env.tok_embd;
     ks_dequantize_row(w->type, (const uint8_t *)w->data + ks_dtype_row_bytes(w->type, s->H) * (size_t)tok, out, s->H);
 }
 
@@ -161,31 +145,35 @@ static void head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_
     for (int32_t r = 0; r < n; r++) {
         float *x = s->x + (size_t)r * 2 * s->H;
         embed(s, tok[r], s->emb);
-        rmsnorm(x, s->emb, s->dlm->input_norm, s->H, c->rms_eps);
+        ks_rmsnorm(x, s->emb, s->dlm->input_norm, s->H, c->rms_eps);
         if (s->embed_only) {
             memset(x + s->H, 0, sizeof(float) * s->H);
         } else {
             float *f = s->f + (size_t)r * s->H;
             if (s->dlm->fc_bias)
                 for (int i = 0; i < s->H; i++) f[i] += s->dlm->fc_bias[i];
-            rmsnorm(x + s->H, f, s->dlm->hidden_norm, s->H, c->rms_eps);
+            ks_rmsnorm(x + s->H, f, s->dlm->hidden_norm, s->H, c->rms_eps);
         }
     }
     ks_free(fin);
     if (want_q) ks_matmul(s->env.pool, s->t_q, s->dlm->wq.data, (int64_t)s->Hq * s->hd, 2 * s->H, s->x, n, s->q, s->mm);
     ks_matmul(s->env.pool, s->t_k, s->dlm->wk.data, (int64_t)s->Hkv * s->hd, 2 * s->H, s->x, n, s->k, s->mm);
+    /* rotate_half RoPE (pairs (j, j + hd/2)), cos/sin scaled by mscale as in HF */
+    float *cs = ks_malloc(sizeof(float) * (size_t)s->hd), *sn = cs + s->hd / 2; /* [hd/2] cos, [hd/2] sin */
     for (int32_t r = 0; r < n; r++) {
+        ks_rope_angles_freq(cs, sn, pos[r], s->hd, s->dlm->inv_freq, s->dlm->mscale);
         for (int g = 0; want_q && g < s->Hq; g++) {
             float *q = s->q + ((size_t)r * s->Hq + g) * s->hd;
-            if (s->dlm->q_norm) rmsnorm(q, q, s->dlm->q_norm, s->hd, c->rms_eps);
-            rope_neox(q, s->hd, s->dlm->inv_freq, s->dlm->mscale, pos[r]);
+            if (s->dlm->q_norm) ks_rmsnorm(q, q, s->dlm->q_norm, s->hd, c->rms_eps);
+            ks_rope_apply(q, s->hd, true, cs, sn);
         }
         for (int g = 0; g < s->Hkv; g++) {
             float *k = s->k + ((size_t)r * s->Hkv + g) * s->hd;
-            if (s->dlm->k_norm) rmsnorm(k, k, s->dlm->k_norm, s->hd, c->rms_eps);
-            rope_neox(k, s->hd, s->dlm->inv_freq, s->dlm->mscale, pos[r]);
+            if (s->dlm->k_norm) ks_rmsnorm(k, k, s->dlm->k_norm, s->hd, c->rms_eps);
+            ks_rope_apply(k, s->hd, true, cs, sn);
         }
     }
+    ks_free(cs);
 }
 
 static void store_keys(spec_state *s, int32_t n, const int32_t *seq, const int32_t *pos) {
@@ -249,7 +237,7 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p
     bool embed_only = !strcmp(variant, "embed");
     if (!embed_only && strcmp(variant, "fused"))
         return KS_FAIL(KS_ERR_INVALID_ARG, "spec variant=%s: expected fused or embed", variant);
-    if (!env->model || !env->pool) return KS_FAIL(KS_ERR_INVALID_ARG, "spec needs the target model and a thread pool");
+    if (!env->tok_embd.data || !env->pool) return KS_FAIL(KS_ERR_INVALID_ARG, "spec needs the target model and a thread pool");
     ks_eagle3_params ep = ks_eagle3_default_params();
     ep.head_only = true;
     ep.embed_only = embed_only;
@@ -260,13 +248,19 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p
     s->env = *env;
     s->p = *p;
     s->embed_only = embed_only;
-    ks_status st = ks_eagle3_check_target(dlm, &env->model->hp);
+    ks_eagle3_target target = {.n_vocab = env->n_vocab,
+                               .n_embd = env->n_embd,
+                               .n_layer = env->n_layer,
+                               .n_head = env->n_head,
+                               .n_head_kv = env->n_head_kv,
+                               .head_dim = env->head_dim};
+    ks_status st = ks_eagle3_check_target(dlm, &target);
     const ks_eagle3_config *c = &dlm->cfg;
     if (st == KS_OK && c->head_dim % 2)
         st = KS_FAIL(KS_ERR_UNSUPPORTED, "DLM head dim %d is odd", c->head_dim);
-    if (st == KS_OK && !dlm->has_embed && c->hidden_size != env->model->hp.n_embd)
+    if (st == KS_OK && !dlm->has_embed && c->hidden_size != env->n_embd)
         st = KS_FAIL(KS_ERR_INVALID_ARG, "DLM without embed_tokens needs the target's hidden size %d (has %d)",
-                     env->model->hp.n_embd, c->hidden_size);
+                     env->n_embd, c->hidden_size);
     if (st == KS_OK) st = dtype_of(&dlm->wq, &s->t_q);
     if (st == KS_OK) st = dtype_of(&dlm->wk, &s->t_k);
     if (st == KS_OK && !embed_only) st = dtype_of(&dlm->fc, &s->t_fc);
@@ -294,7 +288,7 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p
         return st;
     }
     s->H = c->hidden_size;
-    s->tH = env->model->hp.n_embd;
+    s->tH = env->n_embd;
     s->Hq = c->n_head;
     s->Hkv = c->n_head_kv;
     s->hd = c->head_dim;
@@ -633,15 +627,8 @@ static void select_worker(void *arg, int ith, int nth) {
                 continue;
             }
 #endif
-            float mx = -INFINITY;
-            for (int32_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-            double sum = 0;
-            for (int32_t i = 0; i < n; i++) sum += (x[i] = expf(x[i] - mx));
-            float inv = (float)(1.0 / sum);
-            for (int32_t i = 0; i < n; i++) {
-                float p = x[i] * inv;
-                w[i] = g == 0 || p > w[i] ? p : w[i];
-            }
+            ks_softmax(x, n);
+            for (int32_t i = 0; i < n; i++) w[i] = g == 0 || x[i] > w[i] ? x[i] : w[i];
         }
         /* top-B outside the framework's sinks and window (positions) */
         int32_t lo = s->p.sink < n ? s->p.sink : n, hi = n - s->p.window > lo ? n - s->p.window : lo;

@@ -10,7 +10,7 @@
  */
 #define _GNU_SOURCE
 #include "select/policy.h"
-#include "tensor/matmul.h"
+#include "core/simd.h"
 #include "tensor/simd_avx2.h"
 
 #include <ctype.h>

@@ -5,8 +5,9 @@
  * decides everything else: it adds the sinks and the recent window, clips to
  * the budget's bookkeeping, fetches what the selection needs from the slow
  * tier, and runs the same attention kernel for every policy, so policies are
- * compared on identical kernels.  A policy sees model shapes, the page
- * metadata of kv_meta.h and the queries of the step — never tiers or storage.
+ * compared on identical kernels.  A policy sees model shapes (and the token
+ * embedding), the page metadata of kv_meta.h and the queries of the step —
+ * never the loaded model, tiers or storage.
  *
  * The interface is a const table of function pointers (like llama.cpp's
  * sampler interface).  Every slot is marked REQUIRED or OPTIONAL; a NULL
@@ -47,9 +48,9 @@
 #ifndef KS_SELECT_POLICY_H
 #define KS_SELECT_POLICY_H
 
-#include "kv/kv_meta.h"
 #include "core/core.h"
-#include "model/model.h"
+#include "kv/kv_meta.h"
+#include "tensor/dtype.h"
 
 typedef struct ks_policy_params {
     int32_t budget;       /* entries per KV head at a decode step, sinks + window included; <= 0: all */
@@ -63,9 +64,10 @@ ks_policy_params ks_policy_default_params(void);
 
 /* What a policy may see and ask for; owned by the context, borrowed. */
 typedef struct ks_policy_env {
-    const ks_model *model; /* the target model (borrowed): shapes, embedding */
     ks_pool *pool;         /* the context's worker threads (before_step / on_prefill may use them) */
     int32_t n_layer, n_head, n_head_kv, head_dim, n_seq, n_ctx;
+    int32_t n_vocab, n_embd; /* the target model's vocabulary and hidden size */
+    ks_weight tok_embd;    /* [n_vocab][n_embd] the target's token embedding (borrowed; data NULL: none) */
     const ks_kv_store *kv; /* metadata through kv_meta.h only */
     void *svc;             /* opaque to the policy: first argument of the services */
     /* acc[e] += sum over the nq query rows and the G heads of the group of

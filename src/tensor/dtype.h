@@ -73,6 +73,19 @@ ks_bf16 ks_f32_to_bf16(float f); /* round to nearest even */
 void ks_dequantize_row(ks_dtype t, const void *src, float *dst, int64_t n);
 void ks_quantize_row(ks_dtype t, const float *src, void *dst, int64_t n);
 
+/* A 2-D weight matrix: [rows][cols] of type, rows contiguous (a model's
+ * weights point into the GGUF mapping). */
+typedef struct ks_weight {
+    ks_dtype type;
+    int64_t rows, cols;
+    const void *data;
+} ks_weight;
+
+/* Bytes one step streams from a weight. */
+static inline size_t ks_weight_bytes(const ks_weight *w) {
+    return ks_dtype_row_bytes(w->type, w->cols) * (size_t)w->rows;
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -7,7 +7,7 @@
  * is dotted against every activation while it sits in L1).  Quantized types
  * first quantize X to the integer partner type (Q8_0 for Q8_0/Q4_0, Q8_K for
  * Q4_K/Q6_K) and use integer dot products with dequantization fused in.
- * SIMD paths (AVX2+FMA, AVX-512) are chosen at run time; a portable scalar
+ * SIMD paths (AVX2+FMA, AVX-512) are chosen at run time (core/simd.h); a portable scalar
  * path is the reference every SIMD path is tested against.
  */
 #ifndef KS_MATMUL_H
@@ -19,18 +19,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef enum ks_simd_level { KS_SIMD_SCALAR = 0, KS_SIMD_AVX2 = 1, KS_SIMD_AVX512 = 2 } ks_simd_level;
-
-/* Best level this CPU supports (cached); KS_SIMD env var ("scalar", "avx2",
- * "avx512") caps it for testing. */
-ks_simd_level ks_simd_detect(void);
-const char *ks_simd_name(ks_simd_level level);
-/* The level kernels dispatch on: the detected one unless a test forced
- * another.  Every SIMD dispatch (matmul, attention, selection) reads this. */
-ks_simd_level ks_simd_current(void);
-/* Force a level (tests); returns the previous one.  Not thread-safe. */
-ks_simd_level ks_simd_force(ks_simd_level level);
 
 /* Bytes of scratch ks_matmul needs for this shape (quantized activations). */
 size_t ks_matmul_scratch_bytes(ks_dtype wtype, int64_t cols, int64_t n);

@@ -23,7 +23,7 @@
 #define KS_TOKENIZER_H
 
 #include "core/core.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 #include <stdbool.h>
 #include <stddef.h>

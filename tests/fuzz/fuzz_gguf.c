@@ -9,7 +9,7 @@
  * getter is exercised on every key.  Built only with clang and
  * -DKVSIEVE_FUZZ=ON (see CMakeLists.txt); seeds live in tests/fuzz/corpus/.
  */
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -12,8 +12,8 @@
  * takes the same stop decisions at the same positions.
  */
 #include "core/core.h"
-#include "infer/eval.h"
-#include "infer/eval_internal.h"
+#include "eval/eval.h"
+#include "eval/eval_internal.h"
 
 #include <string.h>
 

@@ -30,8 +30,8 @@
  * the prefix of the whole.
  */
 #include "core/core.h"
-#include "infer/eval.h"
-#include "infer/eval_internal.h"
+#include "eval/eval.h"
+#include "eval/eval_internal.h"
 
 #include <ctype.h>
 #include <math.h>

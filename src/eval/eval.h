@@ -21,8 +21,8 @@
  *
  * Everything here is library code: it never prints or exits; the CLI does.
  */
-#ifndef KS_INFER_EVAL_H
-#define KS_INFER_EVAL_H
+#ifndef KS_EVAL_H
+#define KS_EVAL_H
 
 #include "kvsieve.h"
 

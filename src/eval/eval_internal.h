@@ -5,8 +5,8 @@
  * unknown size; one tiny append-only buffer (ks_malloc-backed, so it cannot
  * fail) keeps every caller free of length arithmetic.
  */
-#ifndef KS_INFER_EVAL_INTERNAL_H
-#define KS_INFER_EVAL_INTERNAL_H
+#ifndef KS_EVAL_INTERNAL_H
+#define KS_EVAL_INTERNAL_H
 
 #include <stdarg.h>
 #include <stddef.h>

@@ -30,7 +30,7 @@
  *   if it is a regular file (never unlink a device such as /dev/full).
  */
 #define _POSIX_C_SOURCE 200809L
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 #include <errno.h>
 #include <string.h>

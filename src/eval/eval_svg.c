@@ -10,8 +10,8 @@
  * attributes back.  All caller text (titles, policy names) is XML-escaped.
  */
 #include "core/core.h"
-#include "infer/eval.h"
-#include "infer/eval_internal.h"
+#include "eval/eval.h"
+#include "eval/eval_internal.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -11,7 +11,7 @@
  * lives as long as the handle.
  */
 #define _GNU_SOURCE
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 #include <errno.h>
 #include <fcntl.h>

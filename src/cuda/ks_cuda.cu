@@ -1,5 +1,6 @@
 /*
- * backend_cuda.cu — the CUDA implementation of the backend seam (first cut).
+ * ks_cuda.cu — the optional CUDA code (cuda/ks_cuda.h): compile-checked by
+ * `make cuda-check`, not used by the engine yet.
  *
  * Why it looks the way it does:
  *   - Two streams.  Compute (cuBLAS, kernels) runs on one; optional async
@@ -17,13 +18,14 @@
  *     GEMM, where tensor cores pay for the extra pass.
  *   - Every CUDA/cuBLAS call is checked; failures become KS_ERR_BACKEND with
  *     the call text and file:line (KS_FAIL), because an accelerator error
- *     leaves the context unusable and the message is all the user gets.
+ *     leaves the handle unusable and the message is all the user gets.
  *
- * The C headers are included inside extern "C": core.h and dtype.h carry no
- * C++ guards of their own (see the lead's note), and their system headers
- * are included first so that no libc++ header lands inside the C block.
- * This file is built only with -DKVSIEVE_CUDA=ON; the device is selected at
- * init (cudaSetDevice) and all calls on an instance must come from one host
+ * It began as the CUDA side of a backend function table that no engine path
+ * ever called; the table is gone and these are plain functions, so that
+ * wiring a GPU path in later starts from what it needs rather than from a
+ * seam designed in advance.  The C headers carry their own extern "C"
+ * guards.  Built only with -DKVSIEVE_CUDA=ON; the device is selected at
+ * create (cudaSetDevice) and all calls on a handle must come from one host
  * thread.
  */
 #include <stdarg.h>
@@ -34,15 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifndef KVSIEVE_CUDA
-#define KVSIEVE_CUDA 1 /* this file is the CUDA backend; declare its registration */
-#endif
-
-extern "C" {
-#include "core/core.h"
-#include "tensor/backend.h"
-#include "tensor/dtype.h"
-}
+#include "cuda/ks_cuda.h"
 
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -81,7 +75,7 @@ extern "C" {
 
 /* --------------------------------------------------------------- state -- */
 
-struct cuda_ctx {
+struct ks_cuda {
     int device;
     cudaStream_t compute; /* cuBLAS and kernels */
     cudaStream_t copy;    /* async uploads */
@@ -90,13 +84,11 @@ struct cuda_ctx {
     size_t scratch_bytes;
 };
 
-struct ks_backend_event {
+struct ks_cuda_event {
     cudaEvent_t ev;
 };
 
-static cuda_ctx *ctx_of(ks_backend *be) { return (cuda_ctx *)be->ctx; }
-
-static void cuda_ctx_release(cuda_ctx *c) {
+static void cuda_release(ks_cuda *c) {
     if (!c) return;
     if (c->compute) KS_CUDA_WARN(cudaStreamSynchronize(c->compute));
     if (c->copy) KS_CUDA_WARN(cudaStreamSynchronize(c->copy));
@@ -107,11 +99,11 @@ static void cuda_ctx_release(cuda_ctx *c) {
     ks_free(c);
 }
 
-static ks_status cuda_init_into(cuda_ctx *c, int device) {
+static ks_status cuda_init_into(ks_cuda *c, int device) {
     int n_dev = 0;
     KS_CUDA_CHECK(cudaGetDeviceCount(&n_dev));
     if (device < 0 || device >= n_dev)
-        return KS_FAIL(KS_ERR_INVALID_ARG, "cuda backend: device %d not in [0, %d)", device, n_dev);
+        return KS_FAIL(KS_ERR_INVALID_ARG, "cuda: device %d not in [0, %d)", device, n_dev);
     c->device = device;
     KS_CUDA_CHECK(cudaSetDevice(device));
     KS_CUDA_CHECK(cudaStreamCreateWithFlags(&c->compute, cudaStreamNonBlocking));
@@ -121,25 +113,22 @@ static ks_status cuda_init_into(cuda_ctx *c, int device) {
     return KS_OK;
 }
 
-static ks_status cuda_init(ks_backend *be, const ks_backend_params *params) {
-    cuda_ctx *c = (cuda_ctx *)ks_calloc(1, sizeof *c);
-    ks_status st = cuda_init_into(c, params ? params->device : 0);
+ks_status ks_cuda_create(int device, ks_cuda **out) {
+    if (!out) return KS_FAIL(KS_ERR_INVALID_ARG, "cuda: out is NULL");
+    ks_cuda *c = (ks_cuda *)ks_calloc(1, sizeof *c);
+    ks_status st = cuda_init_into(c, device);
     if (st != KS_OK) {
-        cuda_ctx_release(c);
-        be->ctx = NULL;
+        cuda_release(c);
         return st;
     }
-    be->ctx = c;
+    *out = c;
     return KS_OK;
 }
 
-static void cuda_free(ks_backend *be) {
-    cuda_ctx_release(ctx_of(be));
-    be->ctx = NULL;
-}
+void ks_cuda_destroy(ks_cuda *cu) { cuda_release(cu); }
 
 /* Grow the scratch buffer to at least bytes (contents not kept). */
-static ks_status cuda_scratch(cuda_ctx *c, size_t bytes, void **out) {
+static ks_status cuda_scratch(ks_cuda *c, size_t bytes, void **out) {
     if (bytes > c->scratch_bytes) {
         if (c->scratch) {
             KS_CUDA_CHECK(cudaStreamSynchronize(c->compute)); /* old scratch may be in use */
@@ -156,8 +145,9 @@ static ks_status cuda_scratch(cuda_ctx *c, size_t bytes, void **out) {
 
 /* ------------------------------------------------------------- buffers -- */
 
-static ks_status cuda_buffer_alloc(ks_backend *be, size_t bytes, void **dev_out) {
-    if (bytes == 0 || !dev_out) return KS_FAIL(KS_ERR_INVALID_ARG, "cuda backend: bad buffer request");
+ks_status ks_cuda_buffer_alloc(ks_cuda *cu, size_t bytes, void **dev_out) {
+    (void)cu;
+    if (bytes == 0 || !dev_out) return KS_FAIL(KS_ERR_INVALID_ARG, "cuda: bad buffer request");
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes);
     if (e != cudaSuccess) {
@@ -169,25 +159,24 @@ static ks_status cuda_buffer_alloc(ks_backend *be, size_t bytes, void **dev_out)
     return KS_OK;
 }
 
-static void cuda_buffer_free(ks_backend *be, void *dev) {
+void ks_cuda_buffer_free(ks_cuda *cu, void *dev) {
+    (void)cu;
     if (dev) KS_CUDA_WARN(cudaFree(dev)); /* cudaFree waits for work using it */
 }
 
-static ks_status cuda_sync_all(cuda_ctx *c) {
+static ks_status cuda_sync_all(ks_cuda *c) {
     KS_CUDA_CHECK(cudaStreamSynchronize(c->copy));
     KS_CUDA_CHECK(cudaStreamSynchronize(c->compute));
     return KS_OK;
 }
 
-static ks_status cuda_copy_to_device(ks_backend *be, void *dev_dst, const void *host_src, size_t bytes) {
-    cuda_ctx *c = ctx_of(be);
+ks_status ks_cuda_copy_to_device(ks_cuda *c, void *dev_dst, const void *host_src, size_t bytes) {
     if (bytes == 0) return KS_OK;
     KS_CUDA_CHECK(cudaMemcpyAsync(dev_dst, host_src, bytes, cudaMemcpyHostToDevice, c->compute));
     return cuda_sync_all(c);
 }
 
-static ks_status cuda_copy_to_host(ks_backend *be, void *host_dst, const void *dev_src, size_t bytes) {
-    cuda_ctx *c = ctx_of(be);
+ks_status ks_cuda_copy_to_host(ks_cuda *c, void *host_dst, const void *dev_src, size_t bytes) {
     if (bytes == 0) return KS_OK;
     KS_CUDA_CHECK(cudaMemcpyAsync(host_dst, dev_src, bytes, cudaMemcpyDeviceToHost, c->compute));
     return cuda_sync_all(c);
@@ -195,11 +184,10 @@ static ks_status cuda_copy_to_host(ks_backend *be, void *host_dst, const void *d
 
 /* The destination must not be read by compute still in flight: the copy
  * stream does not wait for the compute stream. */
-static ks_status cuda_copy_to_device_async(ks_backend *be, void *dev_dst, const void *host_src,
-                                           size_t bytes, ks_backend_event **ev_out) {
-    cuda_ctx *c = ctx_of(be);
-    if (!ev_out) return KS_FAIL(KS_ERR_INVALID_ARG, "cuda backend: ev_out is NULL");
-    ks_backend_event *ev = (ks_backend_event *)ks_calloc(1, sizeof *ev);
+ks_status ks_cuda_copy_to_device_async(ks_cuda *c, void *dev_dst, const void *host_src, size_t bytes,
+                                       ks_cuda_event **ev_out) {
+    if (!ev_out) return KS_FAIL(KS_ERR_INVALID_ARG, "cuda: ev_out is NULL");
+    ks_cuda_event *ev = (ks_cuda_event *)ks_calloc(1, sizeof *ev);
     cudaError_t e = cudaEventCreateWithFlags(&ev->ev, cudaEventDisableTiming);
     if (e != cudaSuccess) {
         ks_free(ev);
@@ -217,13 +205,14 @@ static ks_status cuda_copy_to_device_async(ks_backend *be, void *dev_dst, const 
     return KS_OK;
 }
 
-static ks_status cuda_event_wait(ks_backend *be, ks_backend_event *ev) {
-    if (!ev) return KS_FAIL(KS_ERR_INVALID_ARG, "cuda backend: NULL event");
-    KS_CUDA_CHECK(cudaStreamWaitEvent(ctx_of(be)->compute, ev->ev, 0));
+ks_status ks_cuda_event_wait(ks_cuda *c, ks_cuda_event *ev) {
+    if (!ev) return KS_FAIL(KS_ERR_INVALID_ARG, "cuda: NULL event");
+    KS_CUDA_CHECK(cudaStreamWaitEvent(c->compute, ev->ev, 0));
     return KS_OK;
 }
 
-static void cuda_event_free(ks_backend *be, ks_backend_event *ev) {
+void ks_cuda_event_free(ks_cuda *cu, ks_cuda_event *ev) {
+    (void)cu;
     if (!ev) return;
     KS_CUDA_WARN(cudaEventDestroy(ev->ev)); /* safe while pending: released on completion */
     ks_free(ev);
@@ -290,12 +279,12 @@ static unsigned ks_cuda_grid_1d(int64_t n, int block) {
 
 /* -------------------------------------------------------------- matmul -- */
 
-static bool cuda_supports_matmul(const ks_backend *be, ks_dtype wtype) {
+bool ks_cuda_supports_matmul(ks_dtype wtype) {
     return wtype == KS_DTYPE_F32 || wtype == KS_DTYPE_F16 || wtype == KS_DTYPE_Q8_0;
 }
 
 /* Column-major view: C(m x n, ldc) = op_T(A: k x m, lda=k) * B(k x n, ldb=k). */
-static ks_status cuda_gemm_tn(cuda_ctx *c, cudaDataType ab_type, const void *A, const void *B,
+static ks_status cuda_gemm_tn(ks_cuda *c, cudaDataType ab_type, const void *A, const void *B,
                               float *C, int m, int n, int k, int ldc) {
     const float alpha = 1.0f, beta = 0.0f;
     KS_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, A, ab_type, k, B,
@@ -304,14 +293,13 @@ static ks_status cuda_gemm_tn(cuda_ctx *c, cudaDataType ab_type, const void *A, 
     return KS_OK;
 }
 
-static ks_status cuda_matmul(ks_backend *be, ks_dtype wtype, const void *W, int64_t rows, int64_t cols,
-                             const float *X, int64_t n, float *Y) {
-    cuda_ctx *c = ctx_of(be);
-    if (!cuda_supports_matmul(be, wtype))
-        return KS_FAIL(KS_ERR_UNSUPPORTED, "cuda backend: matmul weight type %s", ks_dtype_name(wtype));
+ks_status ks_cuda_matmul(ks_cuda *c, ks_dtype wtype, const void *W, int64_t rows, int64_t cols, const float *X,
+                         int64_t n, float *Y) {
+    if (!ks_cuda_supports_matmul(wtype))
+        return KS_FAIL(KS_ERR_UNSUPPORTED, "cuda: matmul weight type %s", ks_dtype_name(wtype));
     if (rows <= 0 || cols <= 0 || n <= 0 || rows > INT32_MAX || cols > INT32_MAX || n > INT32_MAX ||
         cols % ks_dtype_block_size(wtype) != 0)
-        return KS_FAIL(KS_ERR_INVALID_ARG, "cuda backend: matmul shape rows=%lld cols=%lld n=%lld",
+        return KS_FAIL(KS_ERR_INVALID_ARG, "cuda: matmul shape rows=%lld cols=%lld n=%lld",
                        (long long)rows, (long long)cols, (long long)n);
     const int m = (int)rows, nn = (int)n, k = (int)cols;
 
@@ -359,31 +347,8 @@ static ks_status cuda_matmul(ks_backend *be, ks_dtype wtype, const void *W, int6
     return KS_OK;
 }
 
-static ks_status cuda_synchronize(ks_backend *be) {
-    cuda_ctx *c = ctx_of(be);
+ks_status ks_cuda_synchronize(ks_cuda *c) {
     KS_TRY(cuda_sync_all(c));
     KS_CUDA_CHECK(cudaGetLastError()); /* sticky errors from kernels */
     return KS_OK;
 }
-
-/* ---------------------------------------------------------- registration -- */
-
-/* Positional: C++17 has no designated initialisers.  Order = ks_backend_i. */
-static const ks_backend_i g_cuda_backend = {
-    "cuda",                    /* name */
-    cuda_init,                 /* init */
-    cuda_free,                 /* free */
-    cuda_buffer_alloc,         /* buffer_alloc */
-    cuda_buffer_free,          /* buffer_free */
-    cuda_copy_to_device,       /* copy_to_device */
-    cuda_copy_to_host,         /* copy_to_host */
-    cuda_copy_to_device_async, /* copy_to_device_async */
-    cuda_event_wait,           /* event_wait */
-    cuda_event_free,           /* event_free */
-    cuda_supports_matmul,      /* supports_matmul */
-    cuda_matmul,               /* matmul */
-    NULL,                      /* attention: not yet */
-    cuda_synchronize,          /* synchronize */
-};
-
-extern "C" const ks_backend_i *ks_backend_cuda(void) { return &g_cuda_backend; }

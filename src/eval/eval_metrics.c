@@ -17,7 +17,7 @@
  * small probabilities that dominate a KL; a term with p = 0 contributes 0.
  */
 #include "core/core.h"
-#include "infer/eval.h"
+#include "eval/eval.h"
 
 #include <ctype.h>
 #include <math.h>

@@ -1,0 +1,62 @@
+/*
+ * attn.h — the attention kernels' own header: the segment a kernel reads,
+ * the KV row format, and the SIMD kernels (attn_avx512.c, attn_avx2.c).
+ *
+ * The kernels need nothing of the context: they take query rows and runs of
+ * K/V rows and write outputs, so they include only this header and the
+ * context (context.c, through infer.h) includes it to call them.  Keeping the
+ * context struct out of the kernels' sight is what lets either side change
+ * without the other.  The portable reference and the dispatch that picks a
+ * kernel (ks_attention_segs) are declared in infer.h.
+ */
+#ifndef KS_INFER_ATTN_H
+#define KS_INFER_ATTN_H
+
+#include "kvsieve.h"
+#include "tensor/dtype.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Bytes of one KV row of hd elements: f16, or Q8_0 blocks for 8-bit KV. */
+static inline size_t ks_kv_row_bytes(ks_kv_type t, int hd) {
+    return t == KS_KV_F16 ? (size_t)hd * 2 : ks_dtype_row_bytes(KS_DTYPE_Q8_0, hd);
+}
+
+/* A run of consecutive KV rows: K and V each [len][row], read in place. */
+typedef struct ks_kv_seg {
+    const void *K, *V;
+    int32_t len;
+} ks_kv_seg;
+typedef struct ks_kv_seg16 {
+    const uint16_t *K, *V;
+    int32_t len;
+} ks_kv_seg16;
+
+/* Prefill: causal attention of R consecutive query rows (G heads each) of one
+ * sequence over one KV head's pages, each page read once for the whole
+ * block.  n_att[r]: entries row r sees.  S: [R*G][n_att[R-1]], tile: [P][hd].
+ * f16 KV, hd % 16 == 0, AVX-512; false if it does not apply. */
+bool ks_attention_block_avx512(const ks_kv_seg16 *segs, int nseg, const int32_t *n_att, int R, int hd, int G,
+                               const float *q, size_t q_stride, float *out, size_t out_stride, float *S, float *tile,
+                               float scale);
+
+/* The same on AVX2 + FMA + F16C, for f16 KV (hd % 8 == 0) and 8-bit KV
+ * (hd % 32 == 0; pages dequantized into the tile). */
+bool ks_attention_block_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, const int32_t *n_att, int R, int hd,
+                             int G, const float *q, size_t q_stride, float *out, size_t out_stride, float *S,
+                             float *tile, float scale);
+
+/* AVX-512 f16 kernel for head dims 64 and 128; false if it does not apply.
+ * scores: [total][4] scratch. */
+bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
+                              float *scores, float *out, float scale, float *weights);
+
+/* AVX2 + FMA + F16C kernel for f16 KV (head dims that are multiples of 16,
+ * up to 512) and 8-bit KV (multiples of 32); false if it does not apply.
+ * scores: [total][4] scratch. */
+bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
+                            float *scores, float *out, float scale, float *weights);
+
+#endif

@@ -1,0 +1,199 @@
+/*
+ * sched.h — continuous batching over the public API (kvsieve.h).
+ *
+ * A server receives requests at any time, each with its own prompt, length,
+ * sampling and selection policy, and must run many of them at once without
+ * reading the weights once per request.  The scheduler owns that: one thread
+ * drives the engine; clients submit requests from any thread and read their
+ * text back as it is produced.
+ *
+ * Groups.  The engine fixes the selection policy (policy, budget, sink,
+ * window, page, dense layers, policy arguments) per ks_context, so requests
+ * are grouped by that configuration: a group is one context with `n_parallel`
+ * sequence slots, created on demand and destroyed when idle.  Within a group
+ * every step is one ks_decode call for all of its decoding sequences, at
+ * whatever depths they are (the weights are read once for all of them), plus
+ * at most one prefill chunk of one newly admitted prompt, so a long prompt
+ * does not stall the running decodes.  Groups are stepped in turn; sequences
+ * of different policies therefore do not share one step yet (that needs a
+ * per-sequence policy inside the engine).
+ *
+ * Prefill chunks are n_batch tokens, the engine's own chunking, so the
+ * result is bit-identical to one ks_prefill of the whole prompt.  That holds
+ * only for policies without a prefill hook (their state after a prompt does
+ * not depend on how it was split): dense, streaming, quest, chess.  Prompts
+ * of other policies (SnapKV's eviction, SpeContext's retrieval cache, ...)
+ * are prefilled in one call, as `kvsieve run` does, so they keep their
+ * semantics at the cost of a stall of the other sequences.
+ *
+ * Admission.  A request waits until its group has a free slot; its worst
+ * case (prompt + max_tokens) must fit the context (checked at submit: the
+ * prompt is never truncated) and, under a memory cap, the longest sequence
+ * the engine's memory plan allows with every layer offloaded (checked when
+ * its group's context exists).  The waiting queue is bounded: beyond it
+ * submit refuses (the server answers 429).  The engine's adaptive memory
+ * manager moves whole layers to the slow tier as sequences grow; a group
+ * context with offloaded layers is recreated once it is idle, so the next
+ * requests start with every layer fast again.  With a memory cap only
+ * `max_groups` contexts (default 1) live at once, each under the cap.
+ *
+ * Output.  Tokens are sampled per request (its own sampler and seed), turned
+ * into text, and passed through stop-string matching with a hold-back
+ * buffer (no part of a stop string, no broken UTF-8 character is released).
+ * A client takes the text released since its last take with
+ * ks_sched_req_take, which blocks up to a timeout for news.  Cancellation
+ * removes a waiting request at once and frees a running one's slot before
+ * the next step.
+ *
+ * Threads: every ks_context is touched only by the scheduler thread; the
+ * request state is guarded by one mutex; the model is shared read-only.
+ */
+#ifndef KS_SCHED_H
+#define KS_SCHED_H
+
+#include "kvsieve.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ks_sched ks_sched;
+typedef struct ks_sched_req ks_sched_req;
+
+/* The selection-policy configuration of a request: requests with equal
+ * configurations share a group (one context). */
+typedef struct ks_sched_policy {
+    char policy[128];      /* "dense", "quest", "snapkv+quest", ... */
+    int32_t budget;        /* entries per KV head per step (0: all) */
+    int32_t sink, window, page;
+    int32_t dense_layers;  /* -1: the policy's default */
+    char args[1024];       /* "k=v,k=v" or "" */
+} ks_sched_policy;
+
+/* The engine defaults (dense, budget 0, sink/window/page from
+ * ks_context_default_params). */
+ks_sched_policy ks_sched_policy_default(void);
+
+typedef struct ks_sched_params {
+    int32_t n_ctx;           /* tokens per sequence (default: min(train ctx, 4096)) */
+    int32_t n_parallel;      /* sequence slots per group (default 4) */
+    int32_t n_threads;       /* engine threads (0: all cores) */
+    int32_t n_batch;         /* prefill chunk (default 256) */
+    ks_kv_type kv_type;
+    int32_t max_waiting;     /* waiting-queue bound (default 64); beyond it submit refuses */
+    int32_t max_groups;      /* contexts alive at once (default 4; 1 with a memory cap) */
+    double mem_cap;          /* fast-tier bytes per context (0: no cap) */
+    double mem_overhead;     /* factor on weight bytes in the memory model (0: engine default) */
+    const char *kv_offload_dir; /* slow tier in files (NULL: host memory); copied */
+    int32_t kv_offload_layers;
+    int32_t kv_slots;
+    ks_sched_policy defaults; /* the default group, created at start to validate the flags */
+} ks_sched_params;
+
+ks_sched_params ks_sched_default_params(void);
+
+/* Why a submit was refused or a request failed. */
+typedef enum ks_sched_error {
+    KS_SCHED_ERR_NONE = 0,
+    KS_SCHED_ERR_INVALID,    /* bad request (policy or sampling configuration): HTTP 400 */
+    KS_SCHED_ERR_TOO_LONG,   /* prompt + max_tokens exceed the context or the memory plan: 400 */
+    KS_SCHED_ERR_QUEUE_FULL, /* waiting queue full: 429 */
+    KS_SCHED_ERR_SHUTDOWN,   /* the scheduler is shutting down: 503 */
+    KS_SCHED_ERR_INTERNAL,   /* engine failure: 500 */
+} ks_sched_error;
+
+typedef enum ks_sched_finish {
+    KS_SCHED_FINISH_NONE = 0,
+    KS_SCHED_FINISH_STOP,      /* end-of-generation token or a stop string */
+    KS_SCHED_FINISH_LENGTH,    /* max_tokens reached */
+    KS_SCHED_FINISH_CANCELLED, /* cancelled by the client */
+    KS_SCHED_FINISH_ERROR,     /* failed: see the error and message */
+} ks_sched_finish;
+
+typedef enum ks_sched_state {
+    KS_SCHED_WAITING = 0,
+    KS_SCHED_RUNNING,   /* admitted: has a slot (prefilling or decoding) */
+    KS_SCHED_FINISHED,
+} ks_sched_state;
+
+typedef struct ks_sched_req_params {
+    const int32_t *prompt;      /* [n_prompt] token ids (copied) */
+    int32_t n_prompt;           /* >= 1 */
+    int32_t max_tokens;         /* >= 1 */
+    ks_sampler_params sampling;
+    const char *const *stops;   /* [n_stops] non-empty strings (copied) */
+    int32_t n_stops;            /* <= KS_SCHED_MAX_STOPS */
+    bool ignore_eos;            /* keep generating past end-of-generation tokens */
+    ks_sched_policy policy;
+} ks_sched_req_params;
+
+enum { KS_SCHED_MAX_STOPS = 16 };
+
+/* A snapshot of a request for its client.  text is what was released since
+ * the previous take (malloc'd, NUL-terminated, the caller frees; NULL when
+ * nothing new). */
+typedef struct ks_sched_update {
+    ks_sched_state state;
+    char *text;
+    size_t len;
+    ks_sched_finish finish;
+    ks_sched_error error;
+    char message[1024];
+    int32_t n_prompt, n_generated;
+    double t_submit, t_admit, t_first; /* ks_sched_now() times; 0 when not yet */
+} ks_sched_update;
+
+/* Loads nothing: the model is borrowed and must outlive the scheduler.  The
+ * default group's context is created now, so bad flags fail here (message in
+ * err). */
+ks_status ks_sched_create(const ks_model *model, const ks_sched_params *params, ks_sched **out, char *err,
+                          size_t err_cap);
+/* Cancels everything still queued or running, joins the thread, frees. */
+void ks_sched_destroy(ks_sched *s);
+
+/* Queue a request.  On refusal returns NULL and sets *why and msg. The
+ * handle belongs to the caller until ks_sched_req_release. */
+ks_sched_req *ks_sched_submit(ks_sched *s, const ks_sched_req_params *p, ks_sched_error *why, char *msg,
+                              size_t msg_cap);
+/* Wait up to timeout_s (0: do not wait) for news (new text or a state
+ * change); fill out.  Returns true when there was news. */
+bool ks_sched_req_take(ks_sched *s, ks_sched_req *r, double timeout_s, ks_sched_update *out);
+/* Cancel (idempotent; no effect on a finished request). */
+void ks_sched_req_cancel(ks_sched *s, ks_sched_req *r);
+/* Drop the caller's handle; an unfinished request is cancelled. */
+void ks_sched_req_release(ks_sched *s, ks_sched_req *r);
+
+/* Stop admitting: queued requests fail with KS_SCHED_ERR_SHUTDOWN, running
+ * ones go on for up to grace_s seconds, then are ended with that error. */
+void ks_sched_shutdown(ks_sched *s, double grace_s);
+/* No request queued or running. */
+bool ks_sched_idle(ks_sched *s);
+
+typedef struct ks_sched_metrics {
+    int32_t running, waiting, groups, n_parallel, n_ctx, max_waiting;
+    uint64_t requests_submitted, requests_rejected, requests_completed, requests_cancelled, requests_failed;
+    uint64_t tokens_prompt, tokens_generated;
+    double tokens_per_second;   /* generated, over the last 10 s */
+    uint64_t decode_steps, prefill_chunks;
+    ks_stats engine;            /* summed over every context, live and retired */
+    int32_t layers_offloaded;   /* now, summed over live contexts */
+    uint64_t contexts_created, contexts_recycled;
+} ks_sched_metrics;
+
+void ks_sched_get_metrics(ks_sched *s, ks_sched_metrics *out);
+
+/* Monotonic seconds (the clock of ks_sched_update). */
+double ks_sched_now(void);
+
+/* Whether a policy spec's prefill may be split into separate ks_prefill
+ * calls without changing its results (every part has no prefill hook). */
+bool ks_sched_policy_chunkable(const char *spec);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,630 @@
+/*
+ * api.c — parsing and validation of OpenAI-style request bodies (api.h).
+ *
+ * Every field goes through one of a few typed getters (string, integer in a
+ * range, number in a range, boolean), each of which treats JSON null as
+ * absent and reports a wrong type or value with the field's name as the
+ * error's `param`, so that every rejection reads the same way to a client.
+ * Only the public API is used (the policy registry, to name unknown
+ * policies), so the fuzzer links nothing but this file and libkvsieve.
+ */
+#define _GNU_SOURCE
+#include "server/api.h"
+
+#include "kvsieve.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "kvsieve server: out of memory (%zu bytes)\n", n);
+        abort();
+    }
+    return p;
+}
+
+static char *xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    return memcpy(xmalloc(n), s, n);
+}
+
+void ks_api_error_set(ks_api_error *e, int status, const char *type, const char *code, const char *param,
+                      const char *fmt, ...) {
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+}
+
+#define BAD(code, param, ...) ks_api_error_set(err, 400, "invalid_request_error", (code), (param), __VA_ARGS__)
+
+char *ks_api_utf8_clean(const char *s, size_t len) {
+    char *o = xmalloc(len * 3 + 1), *w = o;
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < len) {
+        unsigned c = p[i];
+        size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+        bool ok = n > 0 && i + n <= len;
+        for (size_t k = 1; ok && k < n; k++) ok = (p[i + k] & 0xC0) == 0x80;
+        if (ok && n > 1) { /* no overlong forms, surrogates or code points past U+10FFFF */
+            unsigned cp = n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
+            for (size_t k = 1; k < n; k++) cp = (cp << 6) | (p[i + k] & 0x3F);
+            ok = (n == 2 && cp >= 0x80) || (n == 3 && cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF)) ||
+                 (n == 4 && cp >= 0x10000 && cp <= 0x10FFFF);
+        }
+        if (ok && c == 0) ok = false; /* a NUL would end the C string */
+        if (ok) {
+            memcpy(w, p + i, n);
+            w += n;
+            i += n;
+        } else {
+            memcpy(w, "\xEF\xBF\xBD", 3);
+            w += 3;
+            i++;
+        }
+    }
+    *w = 0;
+    return o;
+}
+
+char *ks_api_error_json(const ks_api_error *e) {
+    cJSON *root = cJSON_CreateObject(), *o = cJSON_AddObjectToObject(root, "error");
+    char *msg = ks_api_utf8_clean(e->message, strlen(e->message));
+    cJSON_AddStringToObject(o, "message", msg);
+    free(msg);
+    cJSON_AddStringToObject(o, "type", e->type ? e->type : "invalid_request_error");
+    if (e->param[0]) cJSON_AddStringToObject(o, "param", e->param);
+    else cJSON_AddNullToObject(o, "param");
+    if (e->code) cJSON_AddStringToObject(o, "code", e->code);
+    else cJSON_AddNullToObject(o, "code");
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+/* ------------------------------------------------------ typed getters -- */
+/* Each returns 1 when the field is present and valid (value written), 0
+ * when absent or null, -1 on a bad field (err filled). */
+
+static const char *type_name(const cJSON *v) {
+    if (cJSON_IsString(v)) return "a string";
+    if (cJSON_IsNumber(v)) return "a number";
+    if (cJSON_IsBool(v)) return "a boolean";
+    if (cJSON_IsArray(v)) return "an array";
+    if (cJSON_IsObject(v)) return "an object";
+    return "null";
+}
+
+static int get_bool(const cJSON *o, const char *key, const char *param, bool *out, ks_api_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsBool(v)) {
+        BAD("invalid_type", param, "'%s' must be a boolean, got %s", param, type_name(v));
+        return -1;
+    }
+    *out = cJSON_IsTrue(v);
+    return 1;
+}
+
+static int get_int(const cJSON *o, const char *key, const char *param, double lo, double hi, double *out,
+                   ks_api_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v)) {
+        BAD("invalid_type", param, "'%s' must be an integer, got %s", param, type_name(v));
+        return -1;
+    }
+    double d = v->valuedouble;
+    if (!isfinite(d) || d != floor(d)) {
+        BAD("invalid_type", param, "'%s' must be an integer, got %g", param, d);
+        return -1;
+    }
+    if (d < lo || d > hi) {
+        BAD("invalid_value", param, "'%s' must be in [%.0f, %.0f], got %.0f", param, lo, hi, d);
+        return -1;
+    }
+    *out = d;
+    return 1;
+}
+
+/* lo_open: the lower bound is excluded. */
+static int get_num(const cJSON *o, const char *key, const char *param, double lo, bool lo_open, double hi,
+                   bool hi_open, float *out, ks_api_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v)) {
+        BAD("invalid_type", param, "'%s' must be a number, got %s", param, type_name(v));
+        return -1;
+    }
+    double d = v->valuedouble;
+    if (!isfinite(d) || (lo_open ? d <= lo : d < lo) || (hi_open ? d >= hi : d > hi)) {
+        BAD("invalid_value", param, "'%s' must be in %c%g, %g%c, got %g", param, lo_open ? '(' : '[', lo, hi,
+            hi_open ? ')' : ']', d);
+        return -1;
+    }
+    *out = (float)d;
+    return 1;
+}
+
+static int get_str(const cJSON *o, const char *key, const char *param, const char **out, ks_api_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsString(v)) {
+        BAD("invalid_type", param, "'%s' must be a string, got %s", param, type_name(v));
+        return -1;
+    }
+    *out = v->valuestring;
+    return 1;
+}
+
+/* ------------------------------------------------------------- fields -- */
+
+/* Text of a message's content: a string, or an array of {"type":"text",
+ * "text":...} parts (joined). */
+static char *content_text(const cJSON *c, int idx, ks_api_error *err) {
+    char param[64];
+    snprintf(param, sizeof param, "messages[%d].content", idx);
+    if (cJSON_IsString(c)) return xstrdup(c->valuestring);
+    if (!cJSON_IsArray(c)) {
+        BAD("invalid_type", param, "'%s' must be a string or an array of text parts, got %s", param,
+            c ? type_name(c) : "nothing");
+        return NULL;
+    }
+    size_t n = 0, cap = 64;
+    char *s = xmalloc(cap);
+    s[0] = 0;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, c) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "type"), *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsObject(part) || !cJSON_IsString(t) || strcmp(t->valuestring, "text") || !cJSON_IsString(tx)) {
+            BAD(cJSON_IsObject(part) && cJSON_IsString(t) ? "unsupported" : "invalid_type", param,
+                "'%s' parts must be {\"type\": \"text\", \"text\": \"...\"} (only text is supported)", param);
+            free(s);
+            return NULL;
+        }
+        size_t m = strlen(tx->valuestring);
+        if (n + m + 1 > cap) {
+            cap = (n + m + 1) * 2;
+            char *ns = realloc(s, cap);
+            if (!ns) abort();
+            s = ns;
+        }
+        memcpy(s + n, tx->valuestring, m + 1);
+        n += m;
+    }
+    return s;
+}
+
+static bool parse_messages(const cJSON *root, ks_api_request *r, ks_api_error *err) {
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    if (!msgs || cJSON_IsNull(msgs)) {
+        BAD("missing_required_parameter", "messages", "'messages' is required");
+        return false;
+    }
+    if (!cJSON_IsArray(msgs)) {
+        BAD("invalid_type", "messages", "'messages' must be an array, got %s", type_name(msgs));
+        return false;
+    }
+    int n = cJSON_GetArraySize(msgs), i = 0;
+    if (n == 0) {
+        BAD("invalid_value", "messages", "'messages' must not be empty");
+        return false;
+    }
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        char param[64];
+        snprintf(param, sizeof param, "messages[%d]", i);
+        if (!cJSON_IsObject(m)) {
+            BAD("invalid_type", param, "'%s' must be an object, got %s", param, type_name(m));
+            return false;
+        }
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        snprintf(param, sizeof param, "messages[%d].role", i);
+        if (!cJSON_IsString(role)) {
+            BAD(role ? "invalid_type" : "missing_required_parameter", param, "'%s' must be a string", param);
+            return false;
+        }
+        const char *rn = role->valuestring;
+        bool sys = !strcmp(rn, "system") || !strcmp(rn, "developer"), user = !strcmp(rn, "user");
+        if (!sys && !user) {
+            if (!strcmp(rn, "assistant") || !strcmp(rn, "tool") || !strcmp(rn, "function"))
+                BAD("unsupported", "messages",
+                    "multi-turn conversations are not supported yet: give system messages and one user message");
+            else
+                BAD("invalid_value", param, "'%s' must be system, developer, user or assistant, got '%s'", param, rn);
+            return false;
+        }
+        char *text = content_text(cJSON_GetObjectItemCaseSensitive(m, "content"), i, err);
+        if (!text) return false;
+        if (user) {
+            if (r->user) {
+                free(text);
+                BAD("unsupported", "messages",
+                    "multi-turn conversations are not supported yet: give system messages and one user message");
+                return false;
+            }
+            r->user = text;
+        } else if (r->user) {
+            free(text);
+            BAD("unsupported", "messages", "system messages must come before the user message");
+            return false;
+        } else if (!r->system) {
+            r->system = text;
+        } else { /* several system messages: joined by a newline */
+            size_t a = strlen(r->system), b = strlen(text);
+            char *j = xmalloc(a + b + 2);
+            memcpy(j, r->system, a);
+            j[a] = '\n';
+            memcpy(j + a + 1, text, b + 1);
+            free(r->system);
+            free(text);
+            r->system = j;
+        }
+        i++;
+    }
+    if (!r->user) {
+        BAD("invalid_value", "messages", "'messages' needs one message with role 'user'");
+        return false;
+    }
+    return true;
+}
+
+static bool parse_prompt(const cJSON *root, ks_api_request *r, ks_api_error *err) {
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    if (!p || cJSON_IsNull(p)) {
+        BAD("missing_required_parameter", "prompt", "'prompt' is required");
+        return false;
+    }
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 &&
+        (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
+        p = p->child; /* a batch of one prompt */
+    if (cJSON_IsString(p)) {
+        if (!p->valuestring[0]) {
+            BAD("invalid_value", "prompt", "'prompt' must not be empty");
+            return false;
+        }
+        r->prompt = xstrdup(p->valuestring);
+        return true;
+    }
+    if (cJSON_IsArray(p)) {
+        int n = cJSON_GetArraySize(p);
+        if (n == 0) {
+            BAD("invalid_value", "prompt", "'prompt' must not be empty");
+            return false;
+        }
+        const cJSON *t;
+        bool ids = true;
+        cJSON_ArrayForEach(t, p) ids = ids && cJSON_IsNumber(t);
+        if (!ids) {
+            BAD("unsupported", "prompt",
+                "'prompt' must be a string, one string in an array, or an array of token ids (batches of "
+                "several prompts are not supported)");
+            return false;
+        }
+        r->prompt_ids = xmalloc(sizeof(int32_t) * (size_t)n);
+        cJSON_ArrayForEach(t, p) {
+            double d = t->valuedouble;
+            if (!isfinite(d) || d != floor(d) || d < 0 || d > 2147483647.0) {
+                BAD("invalid_value", "prompt", "token ids must be non-negative integers, got %g", d);
+                return false;
+            }
+            r->prompt_ids[r->n_prompt_ids++] = (int32_t)d;
+        }
+        return true;
+    }
+    BAD("invalid_type", "prompt", "'prompt' must be a string or an array of token ids, got %s", type_name(p));
+    return false;
+}
+
+static bool parse_stop(const cJSON *root, ks_api_request *r, ks_api_error *err) {
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(root, "stop");
+    if (!s || cJSON_IsNull(s)) return true;
+    if (cJSON_IsString(s)) {
+        if (!s->valuestring[0]) {
+            BAD("invalid_value", "stop", "stop strings must not be empty");
+            return false;
+        }
+        r->stops[r->n_stops++] = xstrdup(s->valuestring);
+        return true;
+    }
+    if (!cJSON_IsArray(s)) {
+        BAD("invalid_type", "stop", "'stop' must be a string or an array of strings, got %s", type_name(s));
+        return false;
+    }
+    if (cJSON_GetArraySize(s) > KS_API_MAX_STOPS) {
+        BAD("invalid_value", "stop", "at most %d stop strings", KS_API_MAX_STOPS);
+        return false;
+    }
+    const cJSON *t;
+    cJSON_ArrayForEach(t, s) {
+        if (!cJSON_IsString(t)) {
+            BAD("invalid_type", "stop", "'stop' must be an array of strings, found %s", type_name(t));
+            return false;
+        }
+        if (!t->valuestring[0]) {
+            BAD("invalid_value", "stop", "stop strings must not be empty");
+            return false;
+        }
+        r->stops[r->n_stops++] = xstrdup(t->valuestring);
+    }
+    return true;
+}
+
+/* "k=v" items: non-empty keys, no empty items. */
+static bool args_syntax_ok(const char *a) {
+    if (!*a) return true;
+    for (const char *p = a;;) {
+        const char *e = strchr(p, ','), *end = e ? e : p + strlen(p);
+        const char *eq = memchr(p, '=', (size_t)(end - p));
+        if (!eq || eq == p) return false;
+        if (!e) return true;
+        p = e + 1;
+    }
+}
+
+static bool policy_known(const char *spec, char *bad, size_t bad_cap) {
+    if (!*spec) {
+        snprintf(bad, bad_cap, "%s", "");
+        return false;
+    }
+    for (const char *p = spec;;) {
+        const char *e = strchr(p, '+');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        bool ok = false;
+        for (int32_t k = 0; k < ks_policy_count() && !ok; k++) {
+            const char *name = ks_policy_name_at(k, NULL);
+            ok = strlen(name) == n && !strncmp(name, p, n);
+        }
+        if (!ok) {
+            snprintf(bad, bad_cap, "%.*s", (int)(n < 64 ? n : 64), p);
+            return false;
+        }
+        if (!e) return true;
+        p = e + 1;
+    }
+}
+
+static bool parse_ext(const cJSON *root, ks_api_request *r, ks_api_error *err) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(root, "kvsieve");
+    if (!x || cJSON_IsNull(x)) return true;
+    if (!cJSON_IsObject(x)) {
+        BAD("invalid_type", "kvsieve", "'kvsieve' must be an object, got %s", type_name(x));
+        return false;
+    }
+    const char *s = NULL;
+    int k = get_str(x, "policy", "kvsieve.policy", &s, err);
+    if (k < 0) return false;
+    if (k > 0) {
+        char bad[80];
+        if (strlen(s) >= sizeof r->policy || !policy_known(s, bad, sizeof bad)) {
+            char known[512] = "";
+            for (int32_t i = 0; i < ks_policy_count(); i++) {
+                if (i) strncat(known, ", ", sizeof known - strlen(known) - 1);
+                strncat(known, ks_policy_name_at(i, NULL), sizeof known - strlen(known) - 1);
+            }
+            BAD("unknown_policy", "kvsieve.policy", "unknown policy '%s' (known: %s; or EVICTOR+SELECTOR)",
+                bad[0] ? bad : s, known);
+            return false;
+        }
+        snprintf(r->policy, sizeof r->policy, "%s", s);
+        r->ext_set |= KS_API_EXT_POLICY;
+    }
+    double d;
+    struct {
+        const char *key, *param;
+        double lo, hi;
+        int32_t *dst;
+        unsigned bit;
+    } ints[] = {
+        {"budget", "kvsieve.budget", 0, 1 << 24, &r->budget, KS_API_EXT_BUDGET},
+        {"sink", "kvsieve.sink", 0, 1 << 24, &r->sink, KS_API_EXT_SINK},
+        {"window", "kvsieve.window", 0, 1 << 24, &r->window, KS_API_EXT_WINDOW},
+        {"page", "kvsieve.page", 1, 4096, &r->page, KS_API_EXT_PAGE},
+        {"dense_layers", "kvsieve.dense_layers", -1, 1 << 16, &r->dense_layers, KS_API_EXT_DENSE_LAYERS},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        k = get_int(x, ints[i].key, ints[i].param, ints[i].lo, ints[i].hi, &d, err);
+        if (k < 0) return false;
+        if (k > 0) {
+            *ints[i].dst = (int32_t)d;
+            r->ext_set |= ints[i].bit;
+        }
+    }
+    if (get_bool(x, "ignore_eos", "kvsieve.ignore_eos", &r->ignore_eos, err) < 0) return false;
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(x, "policy_args");
+    if (a && !cJSON_IsNull(a)) {
+        char *dst = r->policy_args;
+        size_t cap = sizeof r->policy_args;
+        if (cJSON_IsString(a)) {
+            if (strlen(a->valuestring) >= cap || !args_syntax_ok(a->valuestring)) {
+                BAD("invalid_value", "kvsieve.policy_args",
+                    "'kvsieve.policy_args' must be \"key=value,key=value\" (under %zu bytes)", cap);
+                return false;
+            }
+            snprintf(dst, cap, "%s", a->valuestring);
+        } else if (cJSON_IsObject(a)) {
+            const cJSON *kv;
+            cJSON_ArrayForEach(kv, a) {
+                char val[256];
+                if (cJSON_IsString(kv)) snprintf(val, sizeof val, "%s", kv->valuestring);
+                else if (cJSON_IsNumber(kv) && isfinite(kv->valuedouble)) snprintf(val, sizeof val, "%.17g", kv->valuedouble);
+                else if (cJSON_IsBool(kv)) snprintf(val, sizeof val, "%d", cJSON_IsTrue(kv) ? 1 : 0);
+                else {
+                    BAD("invalid_type", "kvsieve.policy_args", "policy argument '%s' must be a string, number or boolean",
+                        kv->string ? kv->string : "");
+                    return false;
+                }
+                const char *key = kv->string ? kv->string : "";
+                if (!*key || strpbrk(key, ",=") || strchr(val, ',') || !*val) {
+                    BAD("invalid_value", "kvsieve.policy_args", "bad policy argument '%s'", key);
+                    return false;
+                }
+                size_t used = strlen(dst);
+                int w = snprintf(dst + used, cap - used, "%s%s=%s", used ? "," : "", key, val);
+                if (w < 0 || (size_t)w >= cap - used) {
+                    BAD("invalid_value", "kvsieve.policy_args", "policy arguments too long (at most %zu bytes)", cap - 1);
+                    return false;
+                }
+            }
+        } else {
+            BAD("invalid_type", "kvsieve.policy_args", "'kvsieve.policy_args' must be a string or an object, got %s",
+                type_name(a));
+            return false;
+        }
+        r->ext_set |= KS_API_EXT_ARGS;
+    }
+    return true;
+}
+
+bool ks_api_check_policy_args(const char *policy, const char *args, ks_api_error *err) {
+    for (const char *p = args; p && *p;) {
+        const char *e = strchr(p, ','), *eq = strchr(p, '=');
+        size_t n = eq && (!e || eq < e) ? (size_t)(eq - p) : e ? (size_t)(e - p) : strlen(p);
+        char key[256];
+        snprintf(key, sizeof key, "%.*s", (int)(n < 255 ? n : 255), p);
+        if (!ks_policy_accepts_arg(policy, key)) {
+            BAD("invalid_value", "kvsieve.policy_args", "policy '%s' takes no argument '%s' (docs/POLICIES.md)", policy,
+                key);
+            return false;
+        }
+        if (!e) break;
+        p = e + 1;
+    }
+    return true;
+}
+
+void ks_api_request_free(ks_api_request *r) {
+    if (!r) return;
+    free(r->model);
+    free(r->prompt);
+    free(r->prompt_ids);
+    free(r->system);
+    free(r->user);
+    for (int32_t i = 0; i < r->n_stops; i++) free(r->stops[i]);
+    memset(r, 0, sizeof *r);
+}
+
+bool ks_api_parse(const char *body, size_t len, ks_api_kind kind, ks_api_request *out, ks_api_error *err) {
+    memset(out, 0, sizeof *out);
+    out->kind = kind;
+    out->dense_layers = -1;
+    const char *end = NULL;
+    cJSON *root = body && len ? cJSON_ParseWithLengthOpts(body, len, &end, 0) : NULL;
+    if (root && end) { /* only whitespace may follow the value */
+        for (const char *p = end; p < body + len; p++)
+            if (!(*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) {
+                cJSON_Delete(root);
+                root = NULL;
+                break;
+            }
+    }
+    if (!root) {
+        BAD("invalid_json", NULL,
+            "the request body is not valid JSON (expected one object, e.g. {\"prompt\": \"...\"})");
+        return false;
+    }
+    bool ok = false;
+    if (!cJSON_IsObject(root)) {
+        BAD("invalid_json", NULL, "the request body must be a JSON object, got %s", type_name(root));
+        goto done;
+    }
+    const char *s = NULL;
+    int k = get_str(root, "model", "model", &s, err);
+    if (k < 0) goto done;
+    if (k > 0) out->model = xstrdup(s);
+    if (kind == KS_API_CHAT ? !parse_messages(root, out, err) : !parse_prompt(root, out, err)) goto done;
+    if (get_bool(root, "stream", "stream", &out->stream, err) < 0) goto done;
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    if (so && !cJSON_IsNull(so)) {
+        if (!cJSON_IsObject(so)) {
+            BAD("invalid_type", "stream_options", "'stream_options' must be an object, got %s", type_name(so));
+            goto done;
+        }
+        if (get_bool(so, "include_usage", "stream_options.include_usage", &out->include_usage, err) < 0) goto done;
+    }
+    double d;
+    const char *mt = kind == KS_API_CHAT && cJSON_GetObjectItemCaseSensitive(root, "max_completion_tokens")
+                         ? "max_completion_tokens" : "max_tokens";
+    if ((k = get_int(root, mt, mt, 1, 1 << 24, &d, err)) < 0) goto done;
+    if (k > 0) out->max_tokens = (int32_t)d;
+    if ((k = get_int(root, "n", "n", 1, 1 << 20, &d, err)) < 0) goto done;
+    if (k > 0 && d != 1) {
+        BAD("unsupported", "n", "only n = 1 is supported");
+        goto done;
+    }
+    if ((k = get_int(root, "best_of", "best_of", 1, 1 << 20, &d, err)) < 0) goto done;
+    if (k > 0 && d != 1) {
+        BAD("unsupported", "best_of", "only best_of = 1 is supported");
+        goto done;
+    }
+    struct {
+        const char *key;
+        double lo;
+        bool lo_open;
+        double hi;
+        bool hi_open;
+        float *dst;
+        unsigned bit;
+    } nums[] = {
+        {"temperature", 0, false, 2, false, &out->temperature, KS_API_SET_TEMPERATURE},
+        {"top_p", 0, true, 1, false, &out->top_p, KS_API_SET_TOP_P},
+        {"min_p", 0, false, 1, true, &out->min_p, KS_API_SET_MIN_P},
+        {"repeat_penalty", 0, true, 100, false, &out->repeat_penalty, KS_API_SET_REPEAT_PENALTY},
+    };
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        if ((k = get_num(root, nums[i].key, nums[i].key, nums[i].lo, nums[i].lo_open, nums[i].hi, nums[i].hi_open,
+                         nums[i].dst, err)) < 0)
+            goto done;
+        if (k > 0) out->set |= nums[i].bit;
+    }
+    float ignored;
+    if (get_num(root, "presence_penalty", "presence_penalty", -2, false, 2, false, &ignored, err) < 0 ||
+        get_num(root, "frequency_penalty", "frequency_penalty", -2, false, 2, false, &ignored, err) < 0)
+        goto done;
+    if ((k = get_int(root, "top_k", "top_k", 0, 1 << 30, &d, err)) < 0) goto done;
+    if (k > 0) {
+        out->top_k = (int32_t)d;
+        out->set |= KS_API_SET_TOP_K;
+    }
+    if ((k = get_int(root, "seed", "seed", -9007199254740991.0, 9007199254740991.0, &d, err)) < 0) goto done;
+    if (k > 0) {
+        out->seed = (uint64_t)(int64_t)d;
+        out->set |= KS_API_SET_SEED;
+    }
+    if (!parse_stop(root, out, err)) goto done;
+    /* asked-for features that are not there: an error, not a silently different answer */
+    const cJSON *v;
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "logprobs")) && !cJSON_IsNull(v) && !cJSON_IsFalse(v)) {
+        BAD("unsupported", "logprobs", "logprobs are not supported");
+        goto done;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "echo")) && cJSON_IsTrue(v)) {
+        BAD("unsupported", "echo", "echo is not supported");
+        goto done;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "suffix")) && !cJSON_IsNull(v)) {
+        BAD("unsupported", "suffix", "suffix (insertion) is not supported");
+        goto done;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "tools")) && cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0) {
+        BAD("unsupported", "tools", "tools are not supported");
+        goto done;
+    }
+    if (!parse_ext(root, out, err)) goto done;
+    ok = true;
+done:
+    cJSON_Delete(root);
+    if (!ok) ks_api_request_free(out);
+    return ok;
+}

@@ -1,0 +1,182 @@
+/*
+ * test_api.c — the request-body parser of the server (src/server/api.c).
+ *
+ * Each rule a client can run into is checked once with the exact error a
+ * client would read: the status, the OpenAI `type`, `code` and `param`.
+ * Valid bodies are checked field by field, including the `kvsieve`
+ * extension object and the forms OpenAI clients send (content parts,
+ * a batch of one prompt, token-id prompts, null for absent).
+ */
+#include "testutil.h"
+
+#include "server/api.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static bool parse(const char *body, ks_api_kind kind, ks_api_request *r, ks_api_error *e) {
+    return ks_api_parse(body, strlen(body), kind, r, e);
+}
+
+/* The body must fail with this status, code and param ("" for null). */
+static void expect_error(const char *body, ks_api_kind kind, int status, const char *code, const char *param) {
+    ks_api_request r;
+    ks_api_error e;
+    if (parse(body, kind, &r, &e)) {
+        ks_api_request_free(&r);
+        fail_msg("accepted: %s", body);
+    }
+    if (e.status != status || strcmp(e.code ? e.code : "", code) || strcmp(e.param, param))
+        fail_msg("%s: got %d %s param '%s' (%s)", body, e.status, e.code ? e.code : "null", e.param, e.message);
+}
+
+static void test_completion_fields(void **state) {
+    (void)state;
+    ks_api_request r;
+    ks_api_error e;
+    const char *b = "{\"model\":\"m\",\"prompt\":\"Once\",\"max_tokens\":8,\"temperature\":0,\"top_p\":0.5,"
+                    "\"top_k\":3,\"min_p\":0.1,\"seed\":-5,\"stop\":[\"a\",\"bc\"],\"stream\":true,"
+                    "\"stream_options\":{\"include_usage\":true},\"user\":\"x\",\"unknown\":[1,{}],"
+                    "\"presence_penalty\":0.5,\"n\":1,\"logprobs\":null,\"echo\":false}";
+    assert_true(parse(b, KS_API_COMPLETIONS, &r, &e));
+    assert_string_equal(r.model, "m");
+    assert_string_equal(r.prompt, "Once");
+    assert_int_equal(r.max_tokens, 8);
+    assert_true(r.stream && r.include_usage);
+    assert_int_equal(r.set, KS_API_SET_TEMPERATURE | KS_API_SET_TOP_P | KS_API_SET_TOP_K | KS_API_SET_MIN_P |
+                                KS_API_SET_SEED);
+    assert_true(r.temperature == 0.0f && r.top_p == 0.5f && r.top_k == 3);
+    assert_true(r.seed == (uint64_t)(int64_t)-5);
+    assert_int_equal(r.n_stops, 2);
+    assert_string_equal(r.stops[1], "bc");
+    assert_int_equal(r.ext_set, 0);
+    ks_api_request_free(&r);
+
+    /* a batch of one prompt, token ids, and null meaning absent */
+    assert_true(parse("{\"prompt\":[\"hi\"],\"max_tokens\":null,\"stop\":\"x\"}", KS_API_COMPLETIONS, &r, &e));
+    assert_string_equal(r.prompt, "hi");
+    assert_int_equal(r.max_tokens, 0);
+    assert_int_equal(r.n_stops, 1);
+    ks_api_request_free(&r);
+    assert_true(parse("{\"prompt\":[[1,2,3]]}", KS_API_COMPLETIONS, &r, &e));
+    assert_int_equal(r.n_prompt_ids, 3);
+    assert_int_equal(r.prompt_ids[2], 3);
+    assert_null(r.prompt);
+    ks_api_request_free(&r);
+}
+
+static void test_chat_fields(void **state) {
+    (void)state;
+    ks_api_request r;
+    ks_api_error e;
+    const char *b = "{\"messages\":[{\"role\":\"system\",\"content\":\"A\"},{\"role\":\"developer\",\"content\":"
+                    "[{\"type\":\"text\",\"text\":\"B\"},{\"type\":\"text\",\"text\":\"C\"}]},"
+                    "{\"role\":\"user\",\"content\":\"Q?\"}],\"max_completion_tokens\":4}";
+    assert_true(parse(b, KS_API_CHAT, &r, &e));
+    assert_string_equal(r.system, "A\nBC");
+    assert_string_equal(r.user, "Q?");
+    assert_int_equal(r.max_tokens, 4);
+    ks_api_request_free(&r);
+}
+
+static void test_extension(void **state) {
+    (void)state;
+    ks_api_request r;
+    ks_api_error e;
+    const char *b = "{\"prompt\":\"x\",\"kvsieve\":{\"policy\":\"snapkv+quest\",\"budget\":64,\"sink\":2,"
+                    "\"window\":8,\"page\":16,\"dense_layers\":1,\"ignore_eos\":true,"
+                    "\"policy_args\":{\"a\":1.5,\"b\":\"v\",\"c\":true}}}";
+    assert_true(parse(b, KS_API_COMPLETIONS, &r, &e));
+    assert_string_equal(r.policy, "snapkv+quest");
+    assert_int_equal(r.budget, 64);
+    assert_int_equal(r.sink, 2);
+    assert_int_equal(r.window, 8);
+    assert_int_equal(r.page, 16);
+    assert_int_equal(r.dense_layers, 1);
+    assert_true(r.ignore_eos);
+    assert_string_equal(r.policy_args, "a=1.5,b=v,c=1");
+    assert_int_equal(r.ext_set, KS_API_EXT_POLICY | KS_API_EXT_BUDGET | KS_API_EXT_SINK | KS_API_EXT_WINDOW |
+                                    KS_API_EXT_PAGE | KS_API_EXT_DENSE_LAYERS | KS_API_EXT_ARGS);
+    ks_api_request_free(&r);
+    assert_true(parse("{\"prompt\":\"x\",\"kvsieve\":{\"policy_args\":\"k=1,j=2\"}}", KS_API_COMPLETIONS, &r, &e));
+    assert_string_equal(r.policy_args, "k=1,j=2");
+    ks_api_request_free(&r);
+
+    /* policy arguments are checked against the policy that will run */
+    assert_false(ks_api_check_policy_args("dense", "nonsense_key=1", &e));
+    assert_string_equal(e.param, "kvsieve.policy_args");
+    assert_non_null(strstr(e.message, "nonsense_key"));
+    assert_true(ks_api_check_policy_args("dense", "", &e));
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    const ks_api_kind C = KS_API_COMPLETIONS, H = KS_API_CHAT;
+    /* malformed JSON */
+    expect_error("", C, 400, "invalid_json", "");
+    expect_error("{\"prompt\":\"x\",", C, 400, "invalid_json", "");
+    expect_error("{\"prompt\":\"x\"} trailing", C, 400, "invalid_json", "");
+    expect_error("[1,2]", C, 400, "invalid_json", "");
+    /* missing required fields */
+    expect_error("{\"max_tokens\":3}", C, 400, "missing_required_parameter", "prompt");
+    expect_error("{\"prompt\":\"x\"}", H, 400, "missing_required_parameter", "messages");
+    /* wrong types */
+    expect_error("{\"prompt\":1}", C, 400, "invalid_type", "prompt");
+    expect_error("{\"prompt\":\"x\",\"max_tokens\":\"8\"}", C, 400, "invalid_type", "max_tokens");
+    expect_error("{\"prompt\":\"x\",\"max_tokens\":2.5}", C, 400, "invalid_type", "max_tokens");
+    expect_error("{\"prompt\":\"x\",\"temperature\":\"hot\"}", C, 400, "invalid_type", "temperature");
+    expect_error("{\"prompt\":\"x\",\"stream\":\"yes\"}", C, 400, "invalid_type", "stream");
+    expect_error("{\"prompt\":\"x\",\"stop\":5}", C, 400, "invalid_type", "stop");
+    expect_error("{\"prompt\":\"x\",\"stop\":[\"a\",3]}", C, 400, "invalid_type", "stop");
+    expect_error("{\"prompt\":\"x\",\"kvsieve\":[]}", C, 400, "invalid_type", "kvsieve");
+    expect_error("{\"prompt\":\"x\",\"kvsieve\":{\"budget\":\"all\"}}", C, 400, "invalid_type", "kvsieve.budget");
+    expect_error("{\"messages\":\"hi\"}", H, 400, "invalid_type", "messages");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":7}]}", H, 400, "invalid_type", "messages[0].content");
+    expect_error("{\"messages\":[{\"content\":\"x\"}]}", H, 400, "missing_required_parameter", "messages[0].role");
+    /* values out of range */
+    expect_error("{\"prompt\":\"x\",\"max_tokens\":0}", C, 400, "invalid_value", "max_tokens");
+    expect_error("{\"prompt\":\"x\",\"max_tokens\":-3}", C, 400, "invalid_value", "max_tokens");
+    expect_error("{\"prompt\":\"x\",\"max_tokens\":1e12}", C, 400, "invalid_value", "max_tokens");
+    expect_error("{\"prompt\":\"x\",\"temperature\":3}", C, 400, "invalid_value", "temperature");
+    expect_error("{\"prompt\":\"x\",\"top_p\":0}", C, 400, "invalid_value", "top_p");
+    expect_error("{\"prompt\":\"\"}", C, 400, "invalid_value", "prompt");
+    expect_error("{\"prompt\":[-1]}", C, 400, "invalid_value", "prompt");
+    expect_error("{\"prompt\":\"x\",\"stop\":\"\"}", C, 400, "invalid_value", "stop");
+    expect_error("{\"prompt\":\"x\",\"kvsieve\":{\"page\":0}}", C, 400, "invalid_value", "kvsieve.page");
+    expect_error("{\"prompt\":\"x\",\"kvsieve\":{\"policy_args\":\"novalue\"}}", C, 400, "invalid_value",
+                 "kvsieve.policy_args");
+    expect_error("{\"messages\":[]}", H, 400, "invalid_value", "messages");
+    expect_error("{\"messages\":[{\"role\":\"system\",\"content\":\"s\"}]}", H, 400, "invalid_value", "messages");
+    /* unknown policy */
+    expect_error("{\"prompt\":\"x\",\"kvsieve\":{\"policy\":\"magic\"}}", C, 400, "unknown_policy", "kvsieve.policy");
+    expect_error("{\"prompt\":\"x\",\"kvsieve\":{\"policy\":\"snapkv+magic\"}}", C, 400, "unknown_policy",
+                 "kvsieve.policy");
+    /* asked-for features that are not there */
+    expect_error("{\"prompt\":\"x\",\"n\":2}", C, 400, "unsupported", "n");
+    expect_error("{\"prompt\":\"x\",\"logprobs\":2}", C, 400, "unsupported", "logprobs");
+    expect_error("{\"prompt\":[\"a\",\"b\"]}", C, 400, "unsupported", "prompt");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\"},"
+                 "{\"role\":\"user\",\"content\":\"c\"}]}", H, 400, "unsupported", "messages");
+}
+
+static void test_error_json_and_utf8(void **state) {
+    (void)state;
+    ks_api_error e;
+    ks_api_error_set(&e, 429, "requests", "rate_limit_exceeded", NULL, "too many: %d", 3);
+    char *j = ks_api_error_json(&e);
+    assert_string_equal(j, "{\"error\":{\"message\":\"too many: 3\",\"type\":\"requests\",\"param\":null,"
+                           "\"code\":\"rate_limit_exceeded\"}}");
+    free(j);
+    char *c = ks_api_utf8_clean("a\xC3\xA9" "b\xC3" "c\xED\xA0\x80" "d", 10);
+    assert_string_equal(c, "a\xC3\xA9" "b\xEF\xBF\xBD" "c\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD" "d");
+    free(c);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_completion_fields), cmocka_unit_test(test_chat_fields),
+        cmocka_unit_test(test_extension),         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_error_json_and_utf8),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,361 @@
+/*
+ * test_sched.c — the continuous-batching scheduler (src/sched/) on the real
+ * aidreams260K model.
+ *
+ * The central property is batch invariance: a request's output must not
+ * depend on what else runs.  Each request's text is computed alone on a
+ * fresh one-sequence context (the whole prompt in one ks_prefill, then one
+ * decode per token: what `kvsieve run` does) and compared byte for byte
+ * with what the scheduler produced while it ran five requests in three slots
+ * (so one joins late, at other depths), with prompts prefilled in chunks of
+ * 4 tokens between decode steps, and with two other policies in groups of
+ * their own (streaming, chunkable; snapkv, prefilled in one call).  Then the
+ * contracts: cancellation frees the slot, the waiting queue is bounded,
+ * over-long requests are refused before they run, stop strings never leak,
+ * shutdown ends what runs and refuses what comes.
+ */
+#define _GNU_SOURCE
+#include "testutil.h"
+
+#include "sched/sched.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static ks_model *g_model;
+
+static int setup(void **state) {
+    (void)state;
+    ks_model_params mp = ks_model_default_params();
+    if (ks_model_load(ks_test_fixture("models/aidreams260K.gguf"), mp, &g_model) != KS_OK) return -1;
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    ks_model_destroy(g_model);
+    return 0;
+}
+
+static int32_t tokenize(const char *text, int32_t *ids, int32_t cap) {
+    size_t n = 0;
+    assert_int_equal(ks_tokenize(g_model, text, strlen(text), true, false, ids, (size_t)cap, &n), KS_OK);
+    return (int32_t)n;
+}
+
+/* The request alone: one context, whole-prompt prefill, one decode per token. */
+static char *reference(const char *prompt, int32_t max_tokens, const char *policy, int32_t budget,
+                       ks_sampler_params sp) {
+    int32_t ids[128];
+    int32_t n = tokenize(prompt, ids, 128);
+    ks_context_params cp = ks_context_default_params();
+    cp.n_ctx = 128;
+    cp.n_threads = 2;
+    cp.policy = policy;
+    cp.budget = budget;
+    ks_context *ctx = NULL;
+    assert_int_equal(ks_context_create(g_model, cp, &ctx), KS_OK);
+    int32_t V = ks_model_n_vocab(g_model);
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    ks_sampler *smp = NULL;
+    assert_int_equal(ks_sampler_create(sp, V, &smp), KS_OK);
+    for (int32_t i = 0; i < n; i++) ks_sampler_accept(smp, ids[i]);
+    assert_int_equal(ks_prefill(ctx, 0, ids, n, logits, NULL), KS_OK);
+    char *out = calloc(1, 4096);
+    size_t len = 0;
+    int32_t seq = 0;
+    for (int32_t k = 0; k < max_tokens; k++) {
+        int32_t tok = ks_sampler_sample(smp, logits);
+        ks_sampler_accept(smp, tok);
+        if (ks_token_is_eog(g_model, tok)) break;
+        size_t np = 0;
+        ks_token_to_piece(g_model, tok, out + len, 4096 - len, &np);
+        len += np;
+        if (k + 1 < max_tokens) assert_int_equal(ks_decode(ctx, &seq, &tok, 1, logits), KS_OK);
+    }
+    ks_sampler_destroy(smp);
+    free(logits);
+    ks_context_destroy(ctx);
+    return out;
+}
+
+static ks_sched *make_sched(int32_t parallel, int32_t batch, int32_t max_waiting) {
+    ks_sched_params p = ks_sched_default_params();
+    p.n_ctx = 128;
+    p.n_parallel = parallel;
+    p.n_threads = 2;
+    p.n_batch = batch;
+    p.max_waiting = max_waiting;
+    ks_sched *s = NULL;
+    char err[512];
+    if (ks_sched_create(g_model, &p, &s, err, sizeof err) != KS_OK) fail_msg("sched: %s", err);
+    return s;
+}
+
+static ks_sched_req *submit(ks_sched *s, const char *prompt, int32_t max_tokens, const char *policy, int32_t budget,
+                            ks_sampler_params sp, const char *const *stops, int32_t n_stops, ks_sched_error *why) {
+    int32_t ids[128];
+    ks_sched_req_params p = {0};
+    p.n_prompt = tokenize(prompt, ids, 128);
+    p.prompt = ids;
+    p.max_tokens = max_tokens;
+    p.sampling = sp;
+    p.stops = stops;
+    p.n_stops = n_stops;
+    p.policy = ks_sched_policy_default();
+    if (policy) snprintf(p.policy.policy, sizeof p.policy.policy, "%s", policy);
+    p.policy.budget = budget;
+    char msg[512];
+    ks_sched_error w;
+    ks_sched_req *r = ks_sched_submit(s, &p, why ? why : &w, msg, sizeof msg);
+    if (!r && !why) fail_msg("submit refused: %s", msg);
+    return r;
+}
+
+/* Wait for the end; returns the text (malloc'd) and fills u. */
+static char *collect(ks_sched *s, ks_sched_req *r, ks_sched_update *u) {
+    char *text = calloc(1, 1);
+    size_t len = 0;
+    for (int i = 0; i < 3000; i++) {
+        ks_sched_req_take(s, r, 0.05, u);
+        if (u->text) {
+            text = realloc(text, len + u->len + 1);
+            memcpy(text + len, u->text, u->len + 1);
+            len += u->len;
+            free(u->text);
+            u->text = NULL;
+        }
+        if (u->state == KS_SCHED_FINISHED) return text;
+    }
+    fail_msg("request did not finish in 150 s");
+    return NULL;
+}
+
+static ks_sampler_params greedy(void) {
+    ks_sampler_params sp = ks_sampler_default_params();
+    sp.temperature = 0;
+    return sp;
+}
+
+static void test_batch_invariance(void **state) {
+    (void)state;
+    static const struct {
+        const char *prompt;
+        int32_t max_tokens;
+        const char *policy;
+        int32_t budget;
+        bool sampled;
+    } cases[] = {
+        {"Once upon a time", 40, NULL, 0, false},
+        {"The little dog ran to the river and", 30, NULL, 0, false},
+        {"In a land far away there lived a king who loved", 20, "streaming", 24, false},
+        {"Hi", 50, NULL, 0, false},
+        {"The sun", 35, NULL, 0, true},
+        {"A small bird sings by the river today and", 25, "snapkv", 24, false},
+    };
+    enum { N = sizeof cases / sizeof cases[0] };
+    ks_sched *s = make_sched(3, 4, 16);
+    ks_sched_req *r[N];
+    for (int i = 0; i < N; i++) {
+        ks_sampler_params sp = greedy();
+        if (cases[i].sampled) {
+            sp = ks_sampler_default_params();
+            sp.seed = 7;
+        }
+        r[i] = submit(s, cases[i].prompt, cases[i].max_tokens, cases[i].policy, cases[i].budget, sp, NULL, 0, NULL);
+    }
+    for (int i = 0; i < N; i++) {
+        ks_sched_update u;
+        char *got = collect(s, r[i], &u);
+        ks_sampler_params sp = greedy();
+        if (cases[i].sampled) {
+            sp = ks_sampler_default_params();
+            sp.seed = 7;
+        }
+        char *want = reference(cases[i].prompt, cases[i].max_tokens, cases[i].policy ? cases[i].policy : "dense",
+                               cases[i].budget, sp);
+        assert_true(u.finish == KS_SCHED_FINISH_LENGTH || u.finish == KS_SCHED_FINISH_STOP);
+        if (strcmp(got, want)) fail_msg("request %d differs:\n got  '%s'\n want '%s'", i, got, want);
+        assert_true(u.n_generated > 0 && u.n_generated <= cases[i].max_tokens);
+        assert_true(u.t_first >= u.t_admit && u.t_admit >= u.t_submit);
+        free(got);
+        free(want);
+        ks_sched_req_release(s, r[i]);
+    }
+    ks_sched_metrics m;
+    ks_sched_get_metrics(s, &m);
+    assert_int_equal(m.requests_completed, N);
+    assert_int_equal(m.running, 0);
+    assert_true(m.prefill_chunks > N); /* prompts were chunked */
+    assert_true(m.contexts_created >= 3);
+    ks_sched_destroy(s);
+}
+
+static void test_cancel_frees_slot(void **state) {
+    (void)state;
+    ks_sched *s = make_sched(1, 256, 8);
+    ks_sampler_params sp = greedy();
+    int32_t ids[128];
+    ks_sched_req_params p = {0};
+    p.n_prompt = tokenize("Once upon a time", ids, 128);
+    p.prompt = ids;
+    p.max_tokens = 100;
+    p.sampling = sp;
+    p.ignore_eos = true;
+    p.policy = ks_sched_policy_default();
+    ks_sched_error why;
+    char msg[256];
+    ks_sched_req *a = ks_sched_submit(s, &p, &why, msg, sizeof msg);
+    ks_sched_req *b = ks_sched_submit(s, &p, &why, msg, sizeof msg); /* waits for a's slot */
+    assert_non_null(a);
+    assert_non_null(b);
+    ks_sched_update u;
+    do ks_sched_req_take(s, a, 0.05, &u), free(u.text); while (u.state == KS_SCHED_WAITING);
+    ks_sched_req_cancel(s, b); /* waiting: removed at once */
+    ks_sched_req_take(s, b, 0, &u);
+    free(u.text);
+    assert_int_equal(u.state, KS_SCHED_FINISHED);
+    assert_int_equal(u.finish, KS_SCHED_FINISH_CANCELLED);
+    ks_sched_req_cancel(s, a);
+    char *t = collect(s, a, &u);
+    free(t);
+    assert_true(u.finish == KS_SCHED_FINISH_CANCELLED || u.finish == KS_SCHED_FINISH_LENGTH);
+    ks_sched_req_release(s, a);
+    ks_sched_req_release(s, b);
+    /* the slot is free again: a new request runs to the end */
+    ks_sched_req *c = submit(s, "Once upon a time", 24, NULL, 0, greedy(), NULL, 0, NULL);
+    char *got = collect(s, c, &u), *want = reference("Once upon a time", 24, "dense", 0, greedy());
+    assert_string_equal(got, want);
+    free(got);
+    free(want);
+    ks_sched_req_release(s, c);
+    /* a handle released before the end cancels its request */
+    ks_sched_req *d = submit(s, "Once upon a time", 100, NULL, 0, greedy(), NULL, 0, NULL);
+    ks_sched_req_release(s, d);
+    for (int i = 0; i < 200 && !ks_sched_idle(s); i++) usleep(10000);
+    assert_true(ks_sched_idle(s));
+    ks_sched_destroy(s);
+}
+
+static void test_queue_bound_and_lengths(void **state) {
+    (void)state;
+    ks_sched *s = make_sched(1, 256, 1);
+    ks_sched_req *r[6];
+    int refused = 0;
+    for (int i = 0; i < 6; i++) {
+        ks_sched_error why = KS_SCHED_ERR_NONE;
+        r[i] = submit(s, "Once upon a time", 60, NULL, 0, greedy(), NULL, 0, &why);
+        if (!r[i]) {
+            assert_int_equal(why, KS_SCHED_ERR_QUEUE_FULL);
+            refused++;
+        }
+    }
+    assert_true(refused >= 1);
+    for (int i = 0; i < 6; i++)
+        if (r[i]) {
+            ks_sched_update u;
+            free(collect(s, r[i], &u));
+            assert_int_not_equal(u.finish, KS_SCHED_FINISH_ERROR);
+            ks_sched_req_release(s, r[i]);
+        }
+    /* prompt + max_tokens over the context: refused before it runs, never truncated */
+    ks_sched_error why;
+    assert_null(submit(s, "Once upon a time", 120, NULL, 0, greedy(), NULL, 0, &why));
+    assert_int_equal(why, KS_SCHED_ERR_TOO_LONG);
+    /* bad sampling parameters */
+    ks_sampler_params bad = greedy();
+    bad.top_p = 0;
+    assert_null(submit(s, "Once upon a time", 4, NULL, 0, bad, NULL, 0, &why));
+    assert_int_equal(why, KS_SCHED_ERR_INVALID);
+    /* a policy configuration the engine refuses fails the request, not the server */
+    ks_sched_req *x = submit(s, "Once upon a time", 4, "spec", 24, greedy(), NULL, 0, NULL); /* no draft model */
+    ks_sched_update u;
+    free(collect(s, x, &u));
+    assert_int_equal(u.finish, KS_SCHED_FINISH_ERROR);
+    assert_int_equal(u.error, KS_SCHED_ERR_INVALID);
+    assert_non_null(strstr(u.message, "spec"));
+    ks_sched_req_release(s, x);
+    ks_sched_req *q = submit(s, "Once upon a time", 4, NULL, 0, greedy(), NULL, 0, NULL); /* the server goes on */
+    free(collect(s, q, &u));
+    assert_int_not_equal(u.finish, KS_SCHED_FINISH_ERROR);
+    ks_sched_req_release(s, q);
+    ks_sched_destroy(s);
+}
+
+static void test_stop_strings(void **state) {
+    (void)state;
+    ks_sched *s = make_sched(2, 256, 8);
+    const char *stop1[] = {"petals"}, *stop2[] = {"like q", "zzz"};
+    ks_sched_req *a = submit(s, "Once upon a time", 60, NULL, 0, greedy(), stop1, 1, NULL);
+    ks_sched_req *b = submit(s, "Once upon a time", 24, NULL, 0, greedy(), stop2, 2, NULL);
+    ks_sched_update u;
+    char *t = collect(s, a, &u);
+    assert_string_equal(t, ", pixels unfolding like ");
+    assert_int_equal(u.finish, KS_SCHED_FINISH_STOP);
+    free(t);
+    t = collect(s, b, &u); /* "like " was held back, then released when "q" did not follow */
+    char *want = reference("Once upon a time", 24, "dense", 0, greedy());
+    assert_string_equal(t, want);
+    assert_int_equal(u.finish, KS_SCHED_FINISH_LENGTH);
+    free(t);
+    free(want);
+    ks_sched_req_release(s, a);
+    ks_sched_req_release(s, b);
+    ks_sched_destroy(s);
+}
+
+static void test_shutdown(void **state) {
+    (void)state;
+    ks_sched *s = make_sched(1, 256, 8);
+    int32_t ids[128];
+    ks_sched_req_params p = {0};
+    p.n_prompt = tokenize("Once upon a time", ids, 128);
+    p.prompt = ids;
+    p.max_tokens = 110;
+    p.sampling = greedy();
+    p.ignore_eos = true;
+    p.policy = ks_sched_policy_default();
+    ks_sched_error why;
+    char msg[256];
+    ks_sched_req *a = ks_sched_submit(s, &p, &why, msg, sizeof msg);
+    ks_sched_req *b = ks_sched_submit(s, &p, &why, msg, sizeof msg);
+    ks_sched_update u;
+    do ks_sched_req_take(s, a, 0.05, &u), free(u.text); while (u.state == KS_SCHED_WAITING);
+    ks_sched_shutdown(s, 0);
+    free(collect(s, b, &u));
+    assert_int_equal(u.finish, KS_SCHED_FINISH_ERROR); /* queued: told, never started */
+    assert_int_equal(u.error, KS_SCHED_ERR_SHUTDOWN);
+    free(collect(s, a, &u));
+    assert_true(u.finish == KS_SCHED_FINISH_LENGTH || u.error == KS_SCHED_ERR_SHUTDOWN);
+    assert_null(ks_sched_submit(s, &p, &why, msg, sizeof msg));
+    assert_int_equal(why, KS_SCHED_ERR_SHUTDOWN);
+    ks_sched_req_release(s, a);
+    ks_sched_req_release(s, b);
+    assert_true(ks_sched_idle(s));
+    ks_sched_destroy(s);
+}
+
+static void test_chunkable(void **state) {
+    (void)state;
+    assert_true(ks_sched_policy_chunkable("dense"));
+    assert_true(ks_sched_policy_chunkable("quest"));
+    assert_true(ks_sched_policy_chunkable("streaming+quest"));
+    assert_false(ks_sched_policy_chunkable("snapkv+quest"));
+    assert_false(ks_sched_policy_chunkable("spec"));
+    assert_false(ks_sched_policy_chunkable("densex"));
+    assert_false(ks_sched_policy_chunkable(""));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chunkable),
+        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_cancel_frees_slot),
+        cmocka_unit_test(test_queue_bound_and_lengths),
+        cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_shutdown),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
