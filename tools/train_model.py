@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """train_model.py — train kvsieve's bundled long-context model from a seed (PyTorch, CPU).
 
-    /usr/bin/python3 tools/train_model.py [--workdir build/train] [--resume]
+    /usr/bin/python3 tools/train_model.py [--workdir models/train] [--resume]
         [--max-minutes M] [--threads 2] [--seed 20261125]
     /usr/bin/python3 tools/train_model.py --export models/kvsieve-default.gguf [--workdir ...]
     /usr/bin/python3 tools/train_model.py --report [--workdir ...]
@@ -150,8 +150,8 @@ def _gcide_docs():
     return docs
 
 
-def build_corpus(workdir, log):
-    path = os.path.join(workdir, "corpus.json")
+def build_corpus(cache_dir, log):
+    path = os.path.join(cache_dir, "train-corpus.json")
     if os.path.exists(path):
         with open(path) as f:
             return json.load(f)
@@ -162,7 +162,7 @@ def build_corpus(workdir, log):
         corpus["heldout"][name] = [d for d in docs if _heldout(d)]
         log("corpus %s: %d train / %d held-out documents, %.1f MB" % (
             name, len(corpus["train"][name]), len(corpus["heldout"][name]), sum(map(len, docs)) / 1e6))
-    os.makedirs(workdir, exist_ok=True)
+    os.makedirs(cache_dir, exist_ok=True)
     with open(path + ".tmp", "w") as f:
         json.dump(corpus, f)
     os.replace(path + ".tmp", path)
@@ -468,19 +468,25 @@ def build_model(torch):
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=0.02)
 
-        def forward(self, ids, checkpoint=False):
+        def forward(self, ids, checkpoint=False, hidden=False):
+            """ids [B][T] -> logits [B][T][V]; with hidden, also the residual
+            stream entering each layer and the final normed state ([L+1] x [B][T][H])."""
             B, T = ids.shape
             pos = torch.arange(T, dtype=torch.float64)
             ang = (pos[:, None] * self.inv_freq.double()[None, :]).float()
             cos, sin = ang.cos(), ang.sin()
             mask = torch.full((T, T), float("-inf")).triu(1)
             x = self.tok(ids)
+            hs = []
             for b in self.blocks:
+                hs.append(x)
                 if checkpoint:
                     x = torch.utils.checkpoint.checkpoint(b, x, cos, sin, mask, use_reentrant=False)
                 else:
                     x = b(x, cos, sin, mask)
-            return self.norm(x) @ self.tok.weight.t()  # tied output embedding
+            xn = self.norm(x)
+            logits = xn @ self.tok.weight.t()  # tied output embedding
+            return (logits, hs + [xn]) if hidden else logits
 
     return LM()
 
@@ -555,11 +561,29 @@ def lr_at(step):
 
 
 def save_ckpt(torch, path, model, opt, step, stream, seconds):
+    """Weights in fp32; AdamW's moments in bf16 (a third less to commit; the
+    moments need no more precision to resume)."""
+    opt_sd = opt.state_dict()
+    for st in opt_sd["state"].values():
+        for k in ("exp_avg", "exp_avg_sq"):
+            st[k] = st[k].to(torch.bfloat16)
     tmp = path + ".tmp"
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+    torch.save({"model": model.state_dict(), "opt": opt_sd, "step": step,
                 "data_rng": stream.state(), "torch_rng": torch.get_rng_state(), "seconds": seconds,
                 "shape": [N_VOCAB, N_EMBD, N_LAYER, N_HEAD, N_KV_HEAD, N_FF]}, tmp)
     os.replace(tmp, path)
+
+
+def load_ckpt(torch, path, model, opt, stream):
+    st = torch.load(path)
+    model.load_state_dict(st["model"])
+    for s in st["opt"]["state"].values():
+        for k in ("exp_avg", "exp_avg_sq"):
+            s[k] = s[k].float()
+    opt.load_state_dict(st["opt"])
+    stream.set_state(st["data_rng"])
+    torch.set_rng_state(st["torch_rng"])
+    return st["step"], st["seconds"]
 
 
 # ---------------------------------------------------------------- export --
@@ -620,8 +644,10 @@ def tokenizer_kvs(sp):
     for i in range(sp.get_piece_size()):
         tokens.append(sp.id_to_piece(i))
         scores.append(sp.get_score(i))
-        types.append(2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 6 if sp.is_byte(i)
-                     else 4 if sp.id_to_piece(i) == "\n" else 1)
+        # "\n" is a user-defined piece to SentencePiece (never merged), but typed
+        # NORMAL here: llama.cpp splits text at USER_DEFINED tokens and adds a
+        # dummy-prefix space after each, which SentencePiece does not do.
+        types.append(2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 6 if sp.is_byte(i) else 1)
     return [("tokenizer.ggml.model", T_STRING, "llama"),
             ("tokenizer.ggml.tokens", T_ARRAY, tokens, T_STRING),
             ("tokenizer.ggml.scores", T_ARRAY, scores, T_FLOAT32),
@@ -662,6 +688,24 @@ def export_gguf(torch, model, sp, path, step, log):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     write_gguf(path, kvs, ts)
     log("wrote %s (%.1f MB)" % (path, os.path.getsize(path) / 1e6))
+
+
+def load_gguf_into(torch, model, path):
+    """The weights kvsieve runs (Q8_0 dequantized) into the torch model."""
+    sys.path.insert(0, HERE)
+    import gguf_reader as G
+    r = G.GGUFReader(path)
+    t = lambda n: torch.from_numpy(np.asarray(r.dequantize(n), dtype=np.float32).copy())  # noqa: E731
+    sd = {"tok.weight": t("token_embd.weight"), "norm.weight": t("output_norm.weight")}
+    names = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
+             "w_gate": "ffn_gate", "w_up": "ffn_up", "w_down": "ffn_down"}
+    for i in range(N_LAYER):
+        sd["blocks.%d.attn_norm.weight" % i] = t("blk.%d.attn_norm.weight" % i)
+        sd["blocks.%d.ffn_norm.weight" % i] = t("blk.%d.ffn_norm.weight" % i)
+        for k, g in names.items():
+            sd["blocks.%d.%s.weight" % (i, k)] = t("blk.%d.%s.weight" % (i, g))
+    model.load_state_dict({k: v.reshape(model.state_dict()[k].shape) for k, v in sd.items()})
+    return model
 
 
 # ---------------------------------------------------------------- report --
@@ -719,7 +763,9 @@ TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--workdir", default=os.path.join(ROOT, "build", "train"))
+    ap.add_argument("--workdir", default=os.path.join(ROOT, "models", "train"),
+                    help="tokenizer, checkpoint and log (committed, so training resumes anywhere)")
+    ap.add_argument("--cache", default=os.path.join(ROOT, "build"), help="where the extracted corpus is cached")
     ap.add_argument("--seed", type=int, default=20261125)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--resume", action="store_true", help="continue from WORKDIR/ckpt.pt")
@@ -751,7 +797,7 @@ def main(argv=None):
     random.seed(a.seed)
     np.random.seed(a.seed)
     torch.manual_seed(a.seed)
-    corpus = build_corpus(a.workdir, log)
+    corpus = build_corpus(a.cache, log)
     sp = train_tokenizer(a.workdir, corpus, a.seed, log)
     model = build_model(torch)
     opt = torch.optim.AdamW(model.parameters(), lr=LR_MAX, betas=(0.9, 0.95), weight_decay=0.1)
@@ -762,12 +808,7 @@ def main(argv=None):
         if not os.path.exists(ckpt):
             log("no checkpoint at %s" % ckpt)
             return 1
-        st = torch.load(ckpt)
-        model.load_state_dict(st["model"])
-        opt.load_state_dict(st["opt"])
-        step, seconds = st["step"], st["seconds"]
-        stream.set_state(st["data_rng"])
-        torch.set_rng_state(st["torch_rng"])
+        step, seconds = load_ckpt(torch, ckpt, model, opt, stream)
         log("resumed at step %d (%.2f h of training so far)" % (step, seconds / 3600))
     if a.export:
         export_gguf(torch, model, sp, a.export, step, log)
