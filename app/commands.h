@@ -16,6 +16,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_policies(int argc, char **argv); /* policy_opts.c */
 
 /* Report a failed library call: "kvsieve <cmd>: <what>: <status> (<file:line: msg>)". */
 void app_report(const char *cmd, const char *what, int status);

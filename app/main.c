@@ -23,6 +23,7 @@ static const subcommand g_commands[] = {
     {"eval", cmd_eval, "long-context task accuracy and agreement with dense attention"},
     {"plan", cmd_plan, "adaptive memory plan: sequence-length thresholds and the fast/slow layer split"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server with continuous batching (docs/SERVER.md)"},
+    {"policies", cmd_policies, "list the selection policies (--policy), their arguments and needs"},
 };
 
 void app_report(const char *cmd, const char *what, int status) {

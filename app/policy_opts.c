@@ -8,6 +8,8 @@
 
 #include "args.h"
 #include "calibrate.h"
+#include "commands.h"
+#include "kvsieve_select.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,7 +51,7 @@ const char *app_policy_usage(void) {
         strncat(names, ks_policy_name_at(k, NULL), sizeof names - strlen(names) - 1);
     }
     snprintf(buf, sizeof buf,
-           "  --policy NAME      selection policy (%s; default dense), or\n"
+           "  --policy NAME      selection policy (%s; default dense; 'help' lists them), or\n"
            "                     EVICTOR+SELECTOR (e.g. snapkv+quest); bench/eval take a comma list\n"
            "  --budget N|P%%      KV entries per head per decode step, sinks and window included\n"
            "                     (default 0 = all; P%% of the context); bench/eval take a comma list\n"
@@ -66,6 +68,38 @@ const char *app_policy_usage(void) {
            "                     the slow tier one by one as the sequences grow (needs --budget)\n"
            "  --mem-overhead X   factor on weight bytes in the memory model (default 1.3)\n", names);
     return buf;
+}
+
+void app_policy_list(FILE *f) {
+    fprintf(f, "%-10s %-22s %s\n", "policy", "needs", "summary / arguments (--policy-arg K=V)");
+    for (int32_t i = 0; i < kvs_policy_count(); i++) {
+        kvs_policy_info p;
+        if (kvs_policy_get(i, &p) != KVS_OK) continue;
+        char needs[64];
+        snprintf(needs, sizeof needs, "%s%s%s", p.needs_dlm ? "DLM " : "", p.evicts ? "evicts " : "",
+                 p.api ? "" : "(not in C API)");
+        fprintf(f, "%-10s %-22s %s\n", p.name, needs[0] ? needs : "-", p.summary);
+        if (p.args[0]) {
+            fprintf(f, "%-10s %-22s args:", "", "");
+            for (int j = 0; p.args[j]; j++) fprintf(f, " %s", p.args[j]);
+            fprintf(f, "\n");
+        }
+    }
+    fprintf(f, "\nCompose as EVICTOR+SELECTOR (the first must evict at prefill), e.g. snapkv+quest; "
+               "docs/POLICIES.md has the details.\n");
+}
+
+int cmd_policies(int argc, char **argv) {
+    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        printf("usage: kvsieve policies   (the selection policies, their arguments and needs)\n");
+        return 0;
+    }
+    if (argc > 1) {
+        fprintf(stderr, "kvsieve policies: unexpected argument '%s'\n", argv[1]);
+        return 2;
+    }
+    app_policy_list(stdout);
+    return 0;
 }
 
 static bool parse_budget(const char *cmd, const char *s, app_budget *b) {
@@ -90,6 +124,10 @@ int app_policy_opt(const char *cmd, int argc, char **argv, int *i, app_policy_op
     long lv;
     if (!strcmp(a, "--policy")) {
         if (!(v = arg_value(cmd, argc, argv, i))) return -1;
+        if (!strcmp(v, "help") || !strcmp(v, "list")) { /* the registry, then done */
+            app_policy_list(stdout);
+            exit(0);
+        }
         o->n_names = 0;
         char buf[1024];
         snprintf(buf, sizeof buf, "%s", v);

@@ -13,6 +13,7 @@
 #include "kvsieve.h"
 
 #include <stdbool.h>
+#include <stdio.h>
 
 enum { APP_MAX_POLICIES = 16, APP_MAX_BUDGETS = 16 };
 
@@ -42,6 +43,8 @@ void app_policy_opts_init(app_policy_opts *o);
 /* 1: argv[*i] was a policy flag (consumed with its value), 0: not one,
  * -1: bad value (message printed; exit 2). */
 int app_policy_opt(const char *cmd, int argc, char **argv, int *i, app_policy_opts *o, bool lists);
+/* The policy registry as a table (`kvsieve policies`, `--policy help`). */
+void app_policy_list(FILE *f);
 /* Help text for the flags. */
 const char *app_policy_usage(void);
 /* Budget in entries for a context / instance of `length` tokens (0 = all). */

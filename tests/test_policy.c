@@ -1,8 +1,9 @@
 /*
  * test_policy.c — the selection-policy interface and the baseline policies.
  *
- * 1. Exactness: with a budget >= the context, every policy (and a
- *    composition) produces logits bit-identical to dense, for batch 1 and
+ * 1. Exactness: with a budget >= the context, every policy of the registry
+ *    but spec (tests/test_spec.c), and each per-layer selector behind an
+ *    evictor, produces logits bit-identical to dense, for batch 1 and
  *    batch 2, with and without layers in the slow tier (memory and file),
  *    on a generated GQA model whose head dim takes the AVX-512 kernel and on
  *    the real MHA aidreams260K model (portable kernels).
@@ -17,6 +18,7 @@
 #include "gguf/gguf.h"
 #include "model/shapes.h"
 #include "core/simd.h"
+#include "select/policy.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -103,15 +105,36 @@ static float *run_decode(ks_model *m, const run_cfg *cfg, int n_prompt, int n_st
     return out;
 }
 
+/* What the exactness check runs, from the registry: every policy but dense
+ * (the reference) and those needing a DLM (tests/test_spec.c), and each
+ * per-layer decode selector behind an evictor (the evictors in turn), the
+ * compositions kvsieve runs. */
+static int registry_specs(char (*out)[64], int cap) {
+    const ks_policy_i *const *reg = ks_policy_list();
+    const ks_policy_i *evictors[16];
+    int n = 0, n_ev = 0, k = 0;
+    for (int i = 0; reg[i]; i++)
+        if (reg[i]->evicts && n_ev < 16) evictors[n_ev++] = reg[i];
+    assert_true(n_ev > 0);
+    for (int i = 0; reg[i] && n < cap; i++) {
+        const ks_policy_i *p = reg[i];
+        if (!strcmp(p->name, "dense") || p->needs_dlm) continue;
+        snprintf(out[n++], 64, "%s", p->name);
+        if (p->select_layer && !p->global && !p->evicts && n < cap)
+            snprintf(out[n++], 64, "%s+%s", evictors[k++ % n_ev]->name, p->name);
+    }
+    return n;
+}
+
 static void check_equal_dense(ks_model *m, int n_prompt, int page) {
     const int steps = 6;
     int32_t V = m->hp.n_vocab;
     for (int n_seq = 1; n_seq <= 2; n_seq++) {
         run_cfg dense = {.policy = "dense", .page = page};
         float *ref = run_decode(m, &dense, n_prompt, steps, n_seq);
-        const char *names[] = {"streaming", "h2o",  "snapkv",     "quest",  "snapkv+quest", "snapkv+h2o",
-                               "dapq",      "dapq+quest", "freekv", "snapkv+freekv", "chess", "lrqk", "snapkv+lrqk"};
-        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char names[64][64];
+        int n_names = registry_specs(names, 64);
+        for (int i = 0; i < n_names; i++) {
             for (int off = 0; off < 3; off++) {
                 run_cfg cfg = {.policy = names[i], .budget = n_prompt + steps + 1, .page = page,
                                .offload_layers = off ? 1 : 0, .dir = off == 2 ? g_dir : NULL};

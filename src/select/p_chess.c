@@ -1,6 +1,8 @@
 /*
  * p_chess.c — `chess`: CHESS's context-aware hierarchical page selection
- * with quality-aware reconstruction (papers/chess.txt).
+ * with quality-aware reconstruction ("CHESS: Context-aware Hierarchical
+ * Efficient Semantic Selection for Long-Context LLM Inference", Sections
+ * 3.1-3.3 and Algorithm 1).
  *
  * What it does.  Every page is summarized by its mean key (ksum / fill from
  * kv_meta.h), flattened over the layers and KV heads of the projection
@@ -219,7 +221,7 @@ static ks_status chess_create(const ks_policy_env *env, const ks_policy_params *
     s->h_max = h_max;
     s->v_max = v_max;
     s->horizon_on = horizon != 0;
-    s->P = ks_kv_page_size(env->kv);
+    s->P = ks_policy_kv_page_size(env);
     s->max_pages = (env->n_ctx + s->P - 1) / s->P + 1;
     /* layers=N: N evenly spaced layers (0: all) */
     s->n_proj = layers > 0 ? (int32_t)layers : env->n_layer;
@@ -246,15 +248,15 @@ static void chess_seq_reset(void *state, int32_t seq) {
  * step's window start ws = n + 1 - window; pages entirely inside the sinks
  * are dropped from the result (the framework attends them anyway). */
 static ks_status chess_build(chess_state *s, int32_t seq, int32_t n) {
-    const ks_kv_store *kv = s->env.kv;
+    const ks_policy_env *env = &s->env;
     int32_t P = s->P, hd = s->env.head_dim, nkv = s->env.n_head_kv;
     for (int32_t i = 0; i < s->n_proj; i++)
         for (int32_t h = 0; h < nkv; h++)
-            if (ks_kv_n_entries(kv, seq, s->proj[i], h) != n)
+            if (ks_policy_kv_n_entries(env, seq, s->proj[i], h) != n)
                 return KS_FAIL(KS_ERR_INVALID_ARG,
                                "chess: layer %d head %d of sequence %d holds %d entries, layer 0 head 0 %d: chess "
                                "needs un-evicted heads (no evictor in front of it)",
-                               s->proj[i], h, seq, ks_kv_n_entries(kv, seq, s->proj[i], h), n);
+                               s->proj[i], h, seq, ks_policy_kv_n_entries(env, seq, s->proj[i], h), n);
     chess_seq *q = &s->seqs[seq];
     int32_t ws = n + 1 - s->p.window;
     if (ws < 0) ws = 0;
@@ -275,12 +277,12 @@ static ks_status chess_build(chess_state *s, int32_t seq, int32_t n) {
             ks_kv_page_meta m;
             memset(s->anchor, 0, sizeof(float) * (size_t)hd);
             for (int32_t w = w0; w < np_all; w++) {
-                ks_kv_page_meta_get(kv, seq, l, h, w, &m);
+                ks_policy_kv_page_meta(env, seq, l, h, w, &m);
                 float inv = 1.0f / (float)(np_all - w0) / (float)m.fill;
                 for (int32_t d = 0; d < hd; d++) s->anchor[d] += m.ksum[d] * inv;
             }
             for (int32_t p = 0; p < np; p++) {
-                ks_kv_page_meta_get(kv, seq, l, h, p, &m);
+                ks_policy_kv_page_meta(env, seq, l, h, p, &m);
                 float dot = 0;
                 for (int32_t d = 0; d < hd; d++) dot += s->anchor[d] * m.ksum[d];
                 ps[p] += dot / (float)m.fill;
@@ -299,7 +301,7 @@ static ks_status chess_before_step(void *state, const ks_step_info *step) {
     chess_state *s = state;
     for (int32_t r = 0; r < step->n; r++) {
         int32_t seq = step->seq[r];
-        int32_t n = ks_kv_n_entries(s->env.kv, seq, 0, 0);
+        int32_t n = ks_policy_kv_n_entries(&s->env, seq, 0, 0);
         /* the framework asks only when 0 < budget < entries (the new token's included) */
         if (s->p.budget <= 0 || s->p.budget >= n + 1) continue;
         chess_seq *q = &s->seqs[seq];
@@ -353,4 +355,5 @@ const ks_policy_i ks_policy_chess = {
     .before_step = chess_before_step,
     .select_layer = chess_select,
     .counters = chess_counters,
+    .page_summaries = true,
 };

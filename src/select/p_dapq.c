@@ -1,6 +1,7 @@
 /*
  * p_dapq.c — `dapq`: prefill-time eviction scored by position-aware pseudo
- * queries (DapQ, "Where Matters More Than What", papers/dapq.txt).
+ * queries (DapQ, "Where Matters More Than What: Decoding-aligned KV Cache
+ * Compression via Position-aware Pseudo Queries", Sections 4.1-4.2).
  *
  * SnapKV scores the prompt with the queries of its own last tokens, which
  * sit at prompt positions and carry prompt content.  DapQ's observation is
@@ -84,10 +85,10 @@ static void dapq_destroy(void *state) { ks_free(state); }
 static int32_t longest_seq(const ks_policy_env *e) {
     int32_t m = 0;
     for (int32_t s = 0; s < e->n_seq; s++) {
-        int32_t np = ks_kv_n_pages(e->kv, s, 0, 0);
+        int32_t np = ks_policy_kv_n_pages(e, s, 0, 0);
         if (np <= 0) continue;
         ks_kv_page_meta meta;
-        ks_kv_page_meta_get(e->kv, s, 0, 0, np - 1, &meta);
+        ks_policy_kv_page_meta(e, s, 0, 0, np - 1, &meta);
         if (meta.fill > 0 && meta.pos[meta.fill - 1] + 1 > m) m = meta.pos[meta.fill - 1] + 1;
     }
     return m;
@@ -124,7 +125,7 @@ static ks_status dapq_prefill(void *state, const ks_prefill_info *info) {
     for (int32_t l = 0; l < e->n_layer && st == KS_OK; l++) {
         const float *lq = info->obs_q + (size_t)l * nq * e->n_head * hd; /* [nq][n_head * hd] */
         for (int32_t h = 0; h < e->n_head_kv && st == KS_OK; h++) {
-            int32_t n = ks_kv_n_entries(e->kv, info->seq, l, h);
+            int32_t n = ks_policy_kv_n_entries(e, info->seq, l, h);
             if (n <= s->p.budget) continue;
             for (int32_t r = 0; r < nq; r++)
                 memcpy(q + (size_t)r * G * hd, lq + ((size_t)r * e->n_head + (size_t)h * G) * hd,
@@ -169,4 +170,6 @@ const ks_policy_i ks_policy_dapq = {
     .destroy = dapq_destroy,
     .on_prefill = dapq_prefill,
     .pseudo_tokens = dapq_pseudo_tokens,
+    .evicts = true,
+    .page_summaries = true,
 };

@@ -1,6 +1,8 @@
 /*
  * p_freekv.c — `freekv`: speculative page retrieval with fine-grained
- * correction (FreeKV, papers/freekv.txt).
+ * correction ("FreeKV: Boosting KV Cache Retrieval for Efficient LLM
+ * Inference", Sections 3.2 Speculative retrieval and 3.3 Fine-grained
+ * correction).
  *
  * Speculative retrieval.  Adjacent decode steps have very similar queries
  * (the paper measures mean cos > 0.84, mostly > 0.9), so they select nearly
@@ -107,7 +109,7 @@ static ks_status freekv_create(const ks_policy_env *env, const ks_policy_params 
     if (strcmp(sc, "none") != 0 && strcmp(sc, "sqrt") != 0)
         return KS_FAIL(KS_ERR_INVALID_ARG, "freekv scale=%s: expected none or sqrt", sc);
     if (env->n_layer <= 0 || env->n_head <= 0 || env->n_head_kv <= 0 || env->head_dim <= 0 || env->n_seq <= 0 ||
-        env->n_ctx <= 0 || env->n_head % env->n_head_kv != 0 || !env->kv)
+        env->n_ctx <= 0 || env->n_head % env->n_head_kv != 0 || (!env->kv && !env->meta))
         return KS_FAIL(KS_ERR_INVALID_ARG, "freekv: bad model shapes");
     if (summary == SUM_CENTRE && !env->read_keys)
         return KS_FAIL(KS_ERR_INVALID_ARG, "freekv summary=centre needs the read_keys service");
@@ -118,7 +120,7 @@ static ks_status freekv_create(const ks_policy_env *env, const ks_policy_params 
     s->tau = tau;
     s->summary = summary;
     s->G = env->n_head / env->n_head_kv;
-    s->P = ks_kv_page_size(env->kv);
+    s->P = ks_policy_kv_page_size(env);
     s->scale = strcmp(sc, "sqrt") == 0 ? 1.0f / sqrtf((float)env->head_dim) : 1.0f;
     s->dense_layers = p->dense_layers >= 0 ? p->dense_layers : 1;
     s->max_pages = env->n_ctx / s->P + 1;
@@ -201,9 +203,9 @@ static ks_status page_box(freekv_state *s, size_t slot, int32_t seq, int32_t lay
 static ks_status fresh_select(freekv_state *s, int32_t seq, int32_t layer, int32_t head, const float *q, int32_t n,
                               int32_t sink, int32_t window, int32_t n_select, int32_t *sel, int32_t *n_out,
                               bool *all) {
-    const ks_kv_store *kv = s->env.kv;
+    const ks_policy_env *env = &s->env;
     int32_t G = s->G, hd = s->env.head_dim, P = s->P;
-    int32_t np = ks_kv_n_pages(kv, seq, layer, head);
+    int32_t np = ks_policy_kv_n_pages(env, seq, layer, head);
     *n_out = 0;
     *all = false;
     int32_t a = sink, b = n - window; /* the entries the framework does not add itself */
@@ -226,7 +228,7 @@ static ks_status fresh_select(freekv_state *s, int32_t seq, int32_t layer, int32
     ks_status st = KS_OK;
     for (int32_t i = 0; i < nc && st == KS_OK; i++) {
         ks_kv_page_meta m;
-        ks_kv_page_meta_get(kv, seq, layer, head, lo + i, &m);
+        ks_policy_kv_page_meta(env, seq, layer, head, lo + i, &m);
         const float *bl, *bh;
         st = page_box(s, slot, seq, layer, head, lo + i, &m, keys, &bl, &bh);
         if (st != KS_OK) break;
@@ -281,7 +283,7 @@ static ks_status freekv_prefill(void *state, const ks_prefill_info *info) {
         for (int32_t h = 0; h < e->n_head_kv && st == KS_OK; h++) {
             size_t slot = slot_of(s, info->seq, l, h);
             s->n_sel[slot] = -1;
-            int32_t n = ks_kv_n_entries(e->kv, info->seq, l, h);
+            int32_t n = ks_policy_kv_n_entries(e, info->seq, l, h);
             if (s->p.budget >= n + 1) continue; /* the next step attends all: nothing to speculate on */
             int32_t sink = s->p.sink < n ? s->p.sink : n, window = s->p.window < n ? s->p.window : n;
             int32_t want = s->p.budget - sink - window, got = 0;
@@ -376,4 +378,5 @@ const ks_policy_i ks_policy_freekv = {
     .on_prefill = freekv_prefill,
     .select_layer = freekv_select,
     .counters = freekv_counters,
+    .page_summaries = true,
 };

@@ -214,7 +214,7 @@ static ks_status lrqk_prefill(void *state, const ks_prefill_info *info) {
     for (int32_t l = s->dense; l < e->n_layer && st == KS_OK; l++) {
         const float *lq = nobs ? info->obs_q + (size_t)l * nobs * e->n_head * hd : NULL;
         for (int32_t h = 0; h < e->n_head_kv && st == KS_OK; h++) {
-            int32_t n = ks_kv_n_entries(e->kv, info->seq, l, h);
+            int32_t n = ks_policy_kv_n_entries(e, info->seq, l, h);
             lrqk_slot *t = slot_get(s, info->seq, l, h);
             if (n <= 0) { /* nothing stored: no factors, rebuilt at the first select */
                 t->n = -1;

@@ -38,9 +38,9 @@ static void quest_destroy(void *state) { ks_free(state); }
 
 static ks_status quest_select(void *state, const ks_select_req *req, ks_selection *out) {
     quest_state *s = state;
-    const ks_kv_store *kv = s->env.kv;
-    int32_t G = s->env.n_head / s->env.n_head_kv, hd = s->env.head_dim, P = ks_kv_page_size(kv);
-    int32_t np = ks_kv_n_pages(kv, req->seq, req->layer, req->head);
+    const ks_policy_env *env = &s->env;
+    int32_t G = s->env.n_head / s->env.n_head_kv, hd = s->env.head_dim, P = ks_policy_kv_page_size(env);
+    int32_t np = ks_policy_kv_n_pages(env, req->seq, req->layer, req->head);
     out->pages = true;
     int32_t k = (req->n_select + P - 1) / P;
     if (k <= 0 || np == 0) {
@@ -55,7 +55,7 @@ static ks_status quest_select(void *state, const ks_select_req *req, ks_selectio
     float *red = sc + (size_t)np * G;
     for (int32_t p = 0; p < np; p++) {
         ks_kv_page_meta m;
-        ks_kv_page_meta_get(kv, req->seq, req->layer, req->head, p, &m);
+        ks_policy_kv_page_meta(env, req->seq, req->layer, req->head, p, &m);
         for (int32_t g = 0; g < G; g++) sc[(size_t)g * np + p] = ks_page_upper_bound(req->q + (size_t)g * hd, m.kmin, m.kmax, hd);
     }
     if (s->group == KS_GROUP_SOFTMAX_MEAN) /* bounds are logits: scale like attention */
@@ -75,4 +75,5 @@ const ks_policy_i ks_policy_quest = {
     .create = quest_create,
     .destroy = quest_destroy,
     .select_layer = quest_select,
+    .page_summaries = true,
 };

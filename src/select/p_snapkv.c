@@ -54,7 +54,7 @@ static ks_status snapkv_prefill(void *state, const ks_prefill_info *info) {
     for (int32_t l = 0; l < e->n_layer && st == KS_OK; l++) {
         const float *lq = info->obs_q + ((size_t)l * info->n_obs + (info->n_obs - nobs)) * e->n_head * hd;
         for (int32_t h = 0; h < e->n_head_kv && st == KS_OK; h++) {
-            int32_t n = ks_kv_n_entries(e->kv, info->seq, l, h);
+            int32_t n = ks_policy_kv_n_entries(e, info->seq, l, h);
             if (n <= s->p.budget) continue;
             for (int32_t r = 0; r < nobs; r++)
                 memcpy(q + (size_t)r * G * hd, lq + ((size_t)r * e->n_head + (size_t)h * G) * hd, sizeof(float) * G * hd);
@@ -94,4 +94,5 @@ const ks_policy_i ks_policy_snapkv = {
     .create = snapkv_create,
     .destroy = snapkv_destroy,
     .on_prefill = snapkv_prefill,
+    .evicts = true,
 };

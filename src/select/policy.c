@@ -6,11 +6,15 @@
  * Composition: "a+b" runs a's prefill hooks (an evictor: SnapKV, DapQ) and
  * then b's, and b's decode hooks.  Both states live side by side; each sees
  * the same env and params.  The registry is a static table: adding a policy
- * is one file in src/select/ and one line here.
+ * is one file in src/select/ and one line here.  It is the only list of
+ * policies: the CLI (--policy, `kvsieve policies`), the public selection API
+ * (select_api.c), the tests and the docs test read it, with the data each
+ * interface carries (summary, arg_names, needs_dlm, evicts, page_summaries).
  */
 #define _GNU_SOURCE
 #include "select/policy.h"
 #include "core/simd.h"
+#include "tensor/ops.h"
 #include "tensor/simd_avx2.h"
 
 #include <ctype.h>
@@ -75,6 +79,23 @@ const ks_policy_i *ks_policy_find(const char *name) {
     for (int i = 0; registry[i]; i++)
         if (strcmp(registry[i]->name, name) == 0) return registry[i];
     return NULL;
+}
+
+int32_t ks_policy_kv_page_size(const ks_policy_env *env) {
+    return env->meta ? env->meta->page_size : ks_kv_page_size(env->kv);
+}
+int32_t ks_policy_kv_n_entries(const ks_policy_env *env, int32_t seq, int32_t layer, int32_t head) {
+    return env->meta ? env->meta->n_entries(env->meta->ctx, seq, layer, head) : ks_kv_n_entries(env->kv, seq, layer, head);
+}
+int32_t ks_policy_kv_n_pages(const ks_policy_env *env, int32_t seq, int32_t layer, int32_t head) {
+    if (!env->meta) return ks_kv_n_pages(env->kv, seq, layer, head);
+    int32_t P = env->meta->page_size;
+    return (env->meta->n_entries(env->meta->ctx, seq, layer, head) + P - 1) / P;
+}
+void ks_policy_kv_page_meta(const ks_policy_env *env, int32_t seq, int32_t layer, int32_t head, int32_t lp,
+                            ks_kv_page_meta *out) {
+    if (env->meta) env->meta->page_meta(env->meta->ctx, seq, layer, head, lp, out);
+    else ks_kv_page_meta_get(env->kv, seq, layer, head, lp, out);
 }
 
 ks_policy_params ks_policy_default_params(void) {
@@ -478,16 +499,15 @@ float ks_page_upper_bound(const float *q, const float *kmin, const float *kmax, 
 }
 
 void ks_group_reduce_scores(const float *scores, int32_t G, int32_t n, ks_group_reduce how, float *out) {
-    if (how == KS_GROUP_SOFTMAX_MEAN) {
+    if (how == KS_GROUP_SOFTMAX_MEAN) { /* tensor/ops.h's softmax per head, averaged */
+        float *p = ks_malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
         for (int32_t i = 0; i < n; i++) out[i] = 0;
         for (int32_t g = 0; g < G; g++) {
-            const float *s = scores + (size_t)g * n;
-            float mx = -INFINITY;
-            for (int32_t i = 0; i < n; i++) mx = s[i] > mx ? s[i] : mx;
-            double sum = 0;
-            for (int32_t i = 0; i < n; i++) sum += exp((double)s[i] - mx);
-            for (int32_t i = 0; i < n; i++) out[i] += (float)(exp((double)s[i] - mx) / sum / G);
+            memcpy(p, scores + (size_t)g * n, sizeof(float) * (size_t)n);
+            ks_softmax(p, n);
+            for (int32_t i = 0; i < n; i++) out[i] += p[i] / (float)G;
         }
+        ks_free(p);
         return;
     }
     for (int32_t i = 0; i < n; i++) {

@@ -62,6 +62,17 @@ typedef struct ks_policy_params {
 
 ks_policy_params ks_policy_default_params(void);
 
+/* Page metadata of a KV that is not a ks_kv_store: the caller-owned cache of
+ * the public selection API (include/kvsieve_select.h, select_api.c).  Same
+ * contract as kv_meta.h; pointers stay valid until the next call into the
+ * selector. */
+typedef struct ks_kv_meta_src {
+    void *ctx;
+    int32_t page_size;
+    int32_t (*n_entries)(void *ctx, int32_t seq, int32_t layer, int32_t head);
+    void (*page_meta)(void *ctx, int32_t seq, int32_t layer, int32_t head, int32_t lp, ks_kv_page_meta *out);
+} ks_kv_meta_src;
+
 /* What a policy may see and ask for; owned by the context, borrowed. */
 typedef struct ks_policy_env {
     ks_pool *pool;         /* the context's worker threads (before_step / on_prefill may use them) */
@@ -80,7 +91,17 @@ typedef struct ks_policy_env {
     /* Stored keys of entries [first, first + n) of (seq, layer, head) as f32:
      * out [n][head_dim] (RoPE applied, as attention sees them). */
     ks_status (*read_keys)(void *svc, int32_t seq, int32_t layer, int32_t head, int32_t first, int32_t n, float *out);
+    /* Set (and kv NULL) when the KV is caller-owned; policies read metadata
+     * through ks_policy_kv_* below, which serve either. */
+    const ks_kv_meta_src *meta;
 } ks_policy_env;
+
+/* kv_meta.h through the env: the store's metadata, or the caller's (meta). */
+int32_t ks_policy_kv_page_size(const ks_policy_env *env);
+int32_t ks_policy_kv_n_entries(const ks_policy_env *env, int32_t seq, int32_t layer, int32_t head);
+int32_t ks_policy_kv_n_pages(const ks_policy_env *env, int32_t seq, int32_t layer, int32_t head);
+void ks_policy_kv_page_meta(const ks_policy_env *env, int32_t seq, int32_t layer, int32_t head, int32_t lp,
+                            ks_kv_page_meta *out);
 
 /* Counters a policy reports (summed over its parts), surfaced by bench/eval. */
 typedef struct ks_policy_counters {
@@ -176,6 +197,12 @@ typedef struct ks_policy_i {
     /* The sequence was filled to n entries with synthetic KV (benchmarks):
      * fill the policy's own per-token state likewise. OPTIONAL */
     void (*seq_fill_synthetic)(void *state, int32_t seq, int32_t n, uint64_t seed);
+    /* Registry data read by the CLI (--policy help), the docs test and the
+     * public selection API (kvsieve_select.h), which serves exactly the
+     * policies with neither needs_dlm nor evicts. */
+    bool needs_dlm;       /* needs a draft model's retrieval head and the target's hidden states (spec) */
+    bool evicts;          /* removes entries at prefill through env->evict (an EVICTOR of a composition) */
+    bool page_summaries;  /* reads per-page key summaries (kmin / kmax / ksum of kv_meta.h) */
 } ks_policy_i;
 
 /* ------------------------------------------------------------ registry -- */

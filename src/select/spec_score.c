@@ -1,0 +1,235 @@
+/*
+ * spec_score.c — SpeContext's retrieval-head scoring kernels (spec_score.h):
+ * per (row, KV head) the G DLM query heads against the head's f16 K cache,
+ * then a per-head softmax folded into the group max.  Portable, AVX2 + FMA +
+ * F16C, and AVX-512 paths; split from p_spec.c, which keeps the head's model
+ * (fused features, q/k projections, K cache) and the policy hooks.
+ */
+#include "select/spec_score.h"
+
+#include "tensor/ops.h"
+#include "tensor/simd_avx2.h"
+#include "tensor/simd_avx512.h"
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+/* scores of G query heads against keys [0, n): out[g][j] (f16 keys) */
+static void scores_ref(const float *q, const ks_f16 *K, int32_t n, int hd, int G, float scale, float *out) {
+    for (int32_t j = 0; j < n; j++)
+        for (int g = 0; g < G; g++) {
+            float acc = 0;
+            for (int i = 0; i < hd; i++) acc += q[(size_t)g * hd + i] * ks_f16_to_f32(K[(size_t)j * hd + i]);
+            out[(size_t)g * n + j] = acc * scale;
+        }
+}
+
+#if defined(__x86_64__)
+/* any head dim: the last hd % 16 lanes go through masked loads (drafts need
+ * not pad their heads to 16) */
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) static void scores_avx512(const float *q, const ks_f16 *K,
+                                                                                    int32_t n, int hd, int G,
+                                                                                    float scale, float *out) {
+    const int body = hd & ~15;
+    const __mmask16 tail = (__mmask16)((1u << (hd - body)) - 1u);
+    for (int32_t j = 0; j < n; j++) {
+        const ks_f16 *k = K + (size_t)j * hd;
+        for (int g = 0; g < G; g++) {
+            __m512 acc = _mm512_setzero_ps();
+            const float *qg = q + (size_t)g * hd;
+            for (int i = 0; i < body; i += 16) {
+                __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + i)));
+                acc = _mm512_fmadd_ps(kv, _mm512_loadu_ps(qg + i), acc);
+            }
+            if (tail) {
+                __m512 kv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail, k + body));
+                acc = _mm512_fmadd_ps(kv, _mm512_maskz_loadu_ps(tail, qg + body), acc);
+            }
+            out[(size_t)g * n + j] = _mm512_reduce_add_ps(acc) * scale;
+        }
+    }
+}
+
+/* softmax of x[0..n) (in place), then w = p (first) or max(w, p): the
+ * group reduction fused with the normalisation; the shared polynomial exp
+ * (tensor/simd_avx512.h, rel. error ~2e-7), the selection only ranks these values */
+__attribute__((target("avx512f,avx512dq,fma"))) static void softmax_max_avx512(float *x, int32_t n, float *w,
+                                                                               bool first) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(x + i));
+    float m = _mm512_reduce_max_ps(mx);
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    __m512 mv = _mm512_set1_ps(m), sum = _mm512_setzero_ps();
+    for (i = 0; i + 16 <= n; i += 16) {
+        __m512 e = ks_avx512_exp_neg(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
+        _mm512_storeu_ps(x + i, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    float tot = _mm512_reduce_add_ps(sum);
+    for (; i < n; i++) tot += (x[i] = expf(x[i] - m));
+    __m512 inv = _mm512_set1_ps(1.0f / tot);
+    for (i = 0; i + 16 <= n; i += 16) {
+        __m512 p = _mm512_mul_ps(_mm512_loadu_ps(x + i), inv);
+        _mm512_storeu_ps(w + i, first ? p : _mm512_max_ps(p, _mm512_loadu_ps(w + i)));
+    }
+    for (; i < n; i++) {
+        float p = x[i] / tot;
+        w[i] = first || p > w[i] ? p : w[i];
+    }
+}
+
+/* AVX2 + FMA + F16C (AMD parts and most laptops lack AVX-512).  Scores:
+ * eight accumulators = R rows x GB heads (GB: the largest of 8, 4, 2, 1
+ * dividing G), reduced together by one hadd/permute butterfly into a vector
+ * whose lanes are (head, row) pairs, so no horizontal sum per score; every K
+ * chunk is converted from f16 once for the GB heads.  Any head dim >= 8: the
+ * tail is one more chunk loaded at hd - 8 (in bounds) with the lanes the body
+ * already counted zeroed, so nothing past the row is read. */
+
+/* acc[h * R + r] += q[h] * K[r] over the 8 lanes at off; masked: zero the K
+ * lanes outside mask (the tail chunk) */
+KS_AVX2_INL void scores_chunk_avx2(__m256 acc[8], const float *qg, const ks_f16 *const k[8], int hd, int off,
+                                     const bool masked, __m256 mask, const int GB) {
+    const int R = 8 / GB;
+    __m256 qv[8];
+    _Pragma("GCC unroll 8") for (int h = 0; h < GB; h++) {
+        qv[h] = _mm256_loadu_ps(qg + (size_t)h * hd + off);
+        if (GB < 8) __asm__("" : "+x"(qv[h])); /* one load per head, not one per row (load ports) */
+    }
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+        __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k[r] + off)));
+        if (masked) kv = _mm256_and_ps(kv, mask);
+        _Pragma("GCC unroll 8") for (int h = 0; h < GB; h++)
+            acc[h * R + r] = _mm256_fmadd_ps(kv, qv[h], acc[h * R + r]);
+    }
+}
+
+/* out[g0 + h][j + r] for h < GB, r < nr: rows j.. of K against heads g0.. */
+KS_AVX2_INL void scores_block_avx2(const float *q, const ks_f16 *K, int32_t n, int hd, int g0, int32_t j, int nr,
+                                     float scale, __m256 tmask, float *out, const int GB) {
+    const int R = 8 / GB;
+    const ks_f16 *k[8];
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) /* a short block repeats row j */
+        k[r] = K + (size_t)(j + (r < nr ? r : 0)) * hd;
+    const float *qg = q + (size_t)g0 * hd;
+    __m256 acc[8]; /* [GB][R] */
+    _Pragma("GCC unroll 8") for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= hd; i += 8) scores_chunk_avx2(acc, qg, k, hd, i, false, tmask, GB);
+    if (i < hd) scores_chunk_avx2(acc, qg, k, hd, hd - 8, true, tmask, GB);
+    __m256 s = _mm256_mul_ps(ks_avx2_reduce8(acc), _mm256_set1_ps(scale)); /* lane h * R + r */
+    float *o = out + (size_t)g0 * n + j;
+    if (nr == R && R == 8) {
+        _mm256_storeu_ps(o, s);
+    } else if (nr == R && R == 4) {
+        _mm_storeu_ps(o, _mm256_castps256_ps128(s));
+        _mm_storeu_ps(o + n, _mm256_extractf128_ps(s, 1));
+    } else if (nr == R && R == 2) {
+        __m128 lo = _mm256_castps256_ps128(s), hi = _mm256_extractf128_ps(s, 1);
+        _mm_storel_pi((__m64 *)o, lo);
+        _mm_storeh_pi((__m64 *)(o + n), lo);
+        _mm_storel_pi((__m64 *)(o + 2 * (size_t)n), hi);
+        _mm_storeh_pi((__m64 *)(o + 3 * (size_t)n), hi);
+    } else {
+        float t[8];
+        _mm256_storeu_ps(t, s);
+        for (int h = 0; h < GB; h++)
+            for (int r = 0; r < nr; r++) o[(size_t)h * n + r] = t[h * R + r];
+    }
+}
+
+KS_AVX2_INL void scores_blocked_avx2(const float *q, const ks_f16 *K, int32_t n, int hd, int G, float scale,
+                                       float *out, const int GB) {
+    const int R = 8 / GB;
+    /* tail lanes hd - 8 + l hold new elements for l >= 8 - hd % 8 */
+    __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 tmask = _mm256_castsi256_ps(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32(7 - hd % 8)));
+    for (int32_t j = 0; j < n; j += R) { /* heads inner: the R rows stay in L1 for the whole group */
+        int nr = n - j < R ? (int)(n - j) : R;
+        for (int g0 = 0; g0 < G; g0 += GB) scores_block_avx2(q, K, n, hd, g0, j, nr, scale, tmask, out, GB);
+    }
+}
+
+KS_AVX2_TGT static void scores_avx2(const float *q, const ks_f16 *K, int32_t n, int hd, int G, float scale,
+                                  float *out) {
+    if (hd < 8) {
+        scores_ref(q, K, n, hd, G, scale, out);
+        return;
+    }
+    switch (G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1) {
+    case 8: scores_blocked_avx2(q, K, n, hd, G, scale, out, 8); break;
+    case 4: scores_blocked_avx2(q, K, n, hd, G, scale, out, 4); break;
+    case 2: scores_blocked_avx2(q, K, n, hd, G, scale, out, 2); break;
+    default: scores_blocked_avx2(q, K, n, hd, G, scale, out, 1); break;
+    }
+}
+
+/* softmax_max_avx512 in 8 lanes */
+KS_AVX2_TGT static void softmax_max_avx2(float *x, int32_t n, float *w, bool first) {
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(x + i));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float m = _mm_cvtss_f32(m4);
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    __m256 mv = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 e = ks_avx2_exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+        _mm256_storeu_ps(x + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+    float tot = _mm_cvtss_f32(s4);
+    for (; i < n; i++) tot += (x[i] = expf(x[i] - m));
+    __m256 inv = _mm256_set1_ps(1.0f / tot);
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 p = _mm256_mul_ps(_mm256_loadu_ps(x + i), inv);
+        _mm256_storeu_ps(w + i, first ? p : _mm256_max_ps(p, _mm256_loadu_ps(w + i)));
+    }
+    for (; i < n; i++) {
+        float p = x[i] / tot;
+        w[i] = first || p > w[i] ? p : w[i];
+    }
+}
+#endif
+
+void ks_spec_scores(const float *q, const ks_f16 *K, int32_t n, int hd, int G, float scale, float *out,
+                    ks_simd_level simd) {
+#if defined(__x86_64__)
+    if (simd >= KS_SIMD_AVX512) {
+        scores_avx512(q, K, n, hd, G, scale, out);
+        return;
+    }
+    if (simd >= KS_SIMD_AVX2) {
+        scores_avx2(q, K, n, hd, G, scale, out);
+        return;
+    }
+#endif
+    (void)simd;
+    scores_ref(q, K, n, hd, G, scale, out);
+}
+
+void ks_spec_softmax_max(float *x, int32_t n, float *w, bool first, ks_simd_level simd) {
+#if defined(__x86_64__)
+    if (simd >= KS_SIMD_AVX512) {
+        softmax_max_avx512(x, n, w, first);
+        return;
+    }
+    if (simd >= KS_SIMD_AVX2) {
+        softmax_max_avx2(x, n, w, first);
+        return;
+    }
+#endif
+    (void)simd;
+    ks_softmax(x, n);
+    for (int32_t i = 0; i < n; i++) w[i] = first || x[i] > w[i] ? x[i] : w[i];
+}
