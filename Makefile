@@ -13,7 +13,7 @@ RUN_MODEL ?= $(firstword $(wildcard models/kvsieve-default.gguf) $(wildcard $(FI
 PROMPT    ?= A pass key is hidden in the text below. Remember it. The pass key is 31415. 31415 is the pass key. The quiet farmer walks near the old bridge. A small bird sings by the river today. What is the pass key? The pass key is
 N         ?= 8
 
-.PHONY: bench-policies bench-memcap all deps reference-deps build test run asan fuzz cuda-check bench clean
+.PHONY: bench-policies bench-memcap bench-serve all deps reference-deps build test run asan fuzz cuda-check bench clean
 
 all: build
 
@@ -44,16 +44,18 @@ asan: deps
 	@cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
 
-# libFuzzer on the GGUF and safetensors parsers (clang), FUZZ_SECONDS in all:
-# each fuzzer runs for half of it.
-FUZZ_HALF = $(shell echo $$(( ($(FUZZ_SECONDS) + 1) / 2 )))
+# libFuzzer on the GGUF and safetensors parsers and the server's request-body
+# parser (clang), FUZZ_SECONDS in all: each fuzzer runs for a third of it.
+FUZZ_HALF = $(shell echo $$(( ($(FUZZ_SECONDS) + 2) / 3 )))
 fuzz: deps
 	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVSIEVE_FUZZ=ON > /dev/null
-	@cmake --build build-fuzz --target fuzz_gguf fuzz_safetensors -j $(JOBS)
+	@cmake --build build-fuzz --target fuzz_gguf fuzz_safetensors fuzz_request -j $(JOBS)
 	@mkdir -p build-fuzz/corpus && cp -n tests/fuzz/corpus/* build-fuzz/corpus/ 2>/dev/null || true
 	@mkdir -p build-fuzz/corpus_safetensors && cp -n tests/fuzz/corpus_safetensors/* build-fuzz/corpus_safetensors/ 2>/dev/null || true
 	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_HALF) -rss_limit_mb=2048 -max_len=65536 build-fuzz/corpus
 	build-fuzz/fuzz_safetensors -max_total_time=$(FUZZ_HALF) -rss_limit_mb=2048 -max_len=65536 -dict=tests/fuzz/safetensors.dict build-fuzz/corpus_safetensors
+	@mkdir -p build-fuzz/corpus_request && cp -n tests/fuzz/corpus_request/* build-fuzz/corpus_request/ 2>/dev/null || true
+	build-fuzz/fuzz_request -max_total_time=$(FUZZ_HALF) -rss_limit_mb=2048 -max_len=16384 build-fuzz/corpus_request
 
 # Compile-check the optional CUDA code, target ks_cuda (no GPU needed; not used
 # by the engine yet: src/cuda/ks_cuda.h).
@@ -81,6 +83,19 @@ bench-policies: build $(BENCH_MODEL)
 bench-memcap: build $(BENCH_MODEL)
 	$(KVSIEVE) bench -m $(BENCH_MODEL) --depth 4096,8192,16384,32768 --batch 4 -t 2 --n-gen 4 --no-prefill \
 	  --policy spec --budget 2048 --mem-cap 4G --offload none,all,adaptive
+
+# The serving benchmark (tools/bench_serve.py; docs/SERVER.md): R concurrent
+# streamed requests of SERVE_IN prompt and SERVE_OUT generated tokens against
+# `kvsieve serve` on BENCH_MODEL, dense, quest and spec on the same request
+# mix; SERVE_FLAGS go to the server (e.g. SERVE_FLAGS="--mem-cap 2G").
+SERVE_R ?= 8
+SERVE_IN ?= 1024
+SERVE_OUT ?= 4096
+SERVE_BUDGET ?= 1024
+SERVE_FLAGS ?=
+bench-serve: build $(BENCH_MODEL)
+	python3 tools/bench_serve.py --spawn "$(KVSIEVE) serve -m $(BENCH_MODEL) -t 2 --parallel $(SERVE_R) -c $$(( $(SERVE_IN) + $(SERVE_OUT) + 16 )) $(SERVE_FLAGS)" \
+	  -R $(SERVE_R) --input-len $(SERVE_IN) --output-len $(SERVE_OUT) --policy dense,quest,spec --budget $(SERVE_BUDGET)
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz build-cuda

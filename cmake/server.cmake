@@ -34,8 +34,12 @@ target_link_libraries(kvsieve_cli PRIVATE ks_server)
 # ---------------------------------------------------------------- tests --
 # cmocka programs in tests/server/test_*.c, and shell drivers that start the
 # server on a free loopback port (--port 0) and talk to it with curl, Python
-# and the official OpenAI Node client.  A driver lacking an optional tool
-# exits 77 (skipped).  Every test is bounded in time.
+# (load.py, tools/bench_serve.py) and the official OpenAI Node client: curl
+# (routes, errors, disconnects, shutdown), invariance (outputs equal to
+# `kvsieve run` among other requests and policies), openai_node, load (64
+# requests over 16 clients), memcap (offload under --mem-cap, waiting,
+# refusal), bench (a smoke run of tools/bench_serve.py).  A driver lacking an
+# optional tool exits 77 (skipped).  Every test is bounded in time.
 file(GLOB KS_SERVER_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/server/test_*.c)
 foreach(src ${KS_SERVER_TESTS})
   get_filename_component(name ${src} NAME_WE)
@@ -48,7 +52,7 @@ foreach(src ${KS_SERVER_TESTS})
   set_tests_properties(${tname} PROPERTIES TIMEOUT 120 ENVIRONMENT "CMOCKA_MESSAGE_OUTPUT=stdout")
 endforeach()
 
-foreach(drv curl invariance openai_node load bench)
+foreach(drv curl invariance openai_node load memcap bench)
   add_test(NAME server_${drv}
            COMMAND bash ${CMAKE_SOURCE_DIR}/tests/server/${drv}.sh $<TARGET_FILE:kvsieve_cli> ${KS_FIXTURES_DIR}
                    ${CMAKE_BINARY_DIR}/server_${drv})

@@ -10,7 +10,10 @@
 set -euo pipefail
 [ "${KVSIEVE_SKIP_DEPS:-0}" = 1 ] && exit 0
 pkgs=(build-essential cmake pkg-config libpcre2-dev libcjson-dev libcmocka-dev
-      clang libclang-rt-14-dev python3 python3-numpy)
+      clang libclang-rt-14-dev python3 python3-numpy
+      libmicrohttpd-dev curl nodejs)   # kvsieve serve (HTTP) and its tests (curl, the OpenAI Node client)
+# Debian's npm, unless an npm is already there (NodeSource's nodejs bundles one and conflicts with it)
+command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 [ "${1:-}" = "--reference" ] && pkgs+=(python3-torch libopenblas0-pthread python3-scipy)
 # --train: tools/train_model.py (the bundled model) and tools/make_dlm.py: PyTorch,
 # SentencePiece, tcmalloc (Debian's torch page-faults every large activation under
@@ -21,9 +24,19 @@ missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
-echo "deps: installing ${missing[*]}" >&2
-SUDO=""
-[ "$(id -u)" -ne 0 ] && SUDO=sudo
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "deps: installing ${missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+# The official OpenAI Node client for tests/server/openai_node.sh, pinned by
+# tests/server/node/package-lock.json, into that test-only folder.  Tests never
+# download: without node_modules the test is skipped.
+node_dir="$(cd "$(dirname "$0")/.." && pwd)/tests/server/node"
+if [ ! -f "$node_dir/node_modules/openai/package.json" ] && command -v npm >/dev/null 2>&1; then
+  echo "deps: npm ci in tests/server/node (the openai package, test-only)" >&2
+  (cd "$node_dir" && npm ci --no-audit --no-fund --loglevel=error >&2) || echo "deps: npm ci failed; the OpenAI Node client test will be skipped" >&2
+fi
+exit 0

@@ -35,11 +35,17 @@
  * manager moves whole layers to the slow tier as sequences grow; a group
  * context with offloaded layers is recreated once it is idle, so the next
  * requests start with every layer fast again.  With a memory cap only
- * `max_groups` contexts (default 1) live at once, each under the cap.
+ * `max_groups` contexts (default 1) live at once, each under the cap.  The
+ * engine's plan budgets all n_parallel slots at the longest sequence's
+ * length, so admitted work never outgrows the cap and no request is ever
+ * paused; pausing a request with its KV parked in the slow tier (to admit
+ * more than that conservative plan allows) would need per-sequence tier
+ * moves in the engine and is not implemented.
  *
  * Output.  Tokens are sampled per request (its own sampler and seed), turned
- * into text, and passed through stop-string matching with a hold-back
- * buffer (no part of a stop string, no broken UTF-8 character is released).
+ * into text, and passed through the engine's stop-string matcher
+ * (infer/stop.h, the one `kvsieve run` uses: no part of a stop string, no
+ * broken UTF-8 character is released).
  * A client takes the text released since its last take with
  * ks_sched_req_take, which blocks up to a timeout for news.  Cancellation
  * removes a waiting request at once and frees a running one's slot before
@@ -181,6 +187,7 @@ typedef struct ks_sched_metrics {
     uint64_t decode_steps, prefill_chunks;
     ks_stats engine;            /* summed over every context, live and retired */
     int32_t layers_offloaded;   /* now, summed over live contexts */
+    uint64_t kv_bytes_fast, kv_bytes_slow; /* KV the running sequences hold now, per tier */
     uint64_t contexts_created, contexts_recycled;
 } ks_sched_metrics;
 

@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include "server/api.h"
 
+#include "core/core.h"
 #include "kvsieve.h"
 
 #include <cjson/cJSON.h>
@@ -19,20 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "kvsieve server: out of memory (%zu bytes)\n", n);
-        abort();
-    }
-    return p;
-}
-
-static char *xstrdup(const char *s) {
-    size_t n = strlen(s) + 1;
-    return memcpy(xmalloc(n), s, n);
-}
 
 void ks_api_error_set(ks_api_error *e, int status, const char *type, const char *code, const char *param,
                       const char *fmt, ...) {
@@ -49,7 +36,7 @@ void ks_api_error_set(ks_api_error *e, int status, const char *type, const char 
 #define BAD(code, param, ...) ks_api_error_set(err, 400, "invalid_request_error", (code), (param), __VA_ARGS__)
 
 char *ks_api_utf8_clean(const char *s, size_t len) {
-    char *o = xmalloc(len * 3 + 1), *w = o;
+    char *o = ks_malloc(len * 3 + 1), *w = o;
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0;
     while (i < len) {
@@ -175,14 +162,14 @@ static int get_str(const cJSON *o, const char *key, const char *param, const cha
 static char *content_text(const cJSON *c, int idx, ks_api_error *err) {
     char param[64];
     snprintf(param, sizeof param, "messages[%d].content", idx);
-    if (cJSON_IsString(c)) return xstrdup(c->valuestring);
+    if (cJSON_IsString(c)) return ks_strdup(c->valuestring);
     if (!cJSON_IsArray(c)) {
         BAD("invalid_type", param, "'%s' must be a string or an array of text parts, got %s", param,
             c ? type_name(c) : "nothing");
         return NULL;
     }
     size_t n = 0, cap = 64;
-    char *s = xmalloc(cap);
+    char *s = ks_malloc(cap);
     s[0] = 0;
     const cJSON *part;
     cJSON_ArrayForEach(part, c) {
@@ -263,7 +250,7 @@ static bool parse_messages(const cJSON *root, ks_api_request *r, ks_api_error *e
             r->system = text;
         } else { /* several system messages: joined by a newline */
             size_t a = strlen(r->system), b = strlen(text);
-            char *j = xmalloc(a + b + 2);
+            char *j = ks_malloc(a + b + 2);
             memcpy(j, r->system, a);
             j[a] = '\n';
             memcpy(j + a + 1, text, b + 1);
@@ -294,7 +281,7 @@ static bool parse_prompt(const cJSON *root, ks_api_request *r, ks_api_error *err
             BAD("invalid_value", "prompt", "'prompt' must not be empty");
             return false;
         }
-        r->prompt = xstrdup(p->valuestring);
+        r->prompt = ks_strdup(p->valuestring);
         return true;
     }
     if (cJSON_IsArray(p)) {
@@ -312,7 +299,7 @@ static bool parse_prompt(const cJSON *root, ks_api_request *r, ks_api_error *err
                 "several prompts are not supported)");
             return false;
         }
-        r->prompt_ids = xmalloc(sizeof(int32_t) * (size_t)n);
+        r->prompt_ids = ks_malloc(sizeof(int32_t) * (size_t)n);
         cJSON_ArrayForEach(t, p) {
             double d = t->valuedouble;
             if (!isfinite(d) || d != floor(d) || d < 0 || d > 2147483647.0) {
@@ -335,7 +322,7 @@ static bool parse_stop(const cJSON *root, ks_api_request *r, ks_api_error *err) 
             BAD("invalid_value", "stop", "stop strings must not be empty");
             return false;
         }
-        r->stops[r->n_stops++] = xstrdup(s->valuestring);
+        r->stops[r->n_stops++] = ks_strdup(s->valuestring);
         return true;
     }
     if (!cJSON_IsArray(s)) {
@@ -356,7 +343,7 @@ static bool parse_stop(const cJSON *root, ks_api_request *r, ks_api_error *err) 
             BAD("invalid_value", "stop", "stop strings must not be empty");
             return false;
         }
-        r->stops[r->n_stops++] = xstrdup(t->valuestring);
+        r->stops[r->n_stops++] = ks_strdup(t->valuestring);
     }
     return true;
 }
@@ -542,7 +529,7 @@ bool ks_api_parse(const char *body, size_t len, ks_api_kind kind, ks_api_request
     const char *s = NULL;
     int k = get_str(root, "model", "model", &s, err);
     if (k < 0) goto done;
-    if (k > 0) out->model = xstrdup(s);
+    if (k > 0) out->model = ks_strdup(s);
     if (kind == KS_API_CHAT ? !parse_messages(root, out, err) : !parse_prompt(root, out, err)) goto done;
     if (get_bool(root, "stream", "stream", &out->stream, err) < 0) goto done;
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");

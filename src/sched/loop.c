@@ -1,0 +1,278 @@
+/*
+ * loop.c — the scheduler thread (sched.h).  Under the lock it reaps
+ * cancelled requests, admits waiting ones into free slots (creating a
+ * group's context when needed), recycles idle contexts, and picks the next
+ * group with work; then, without the lock, it runs that group's step on the
+ * engine — one ks_decode for every decoding slot and one prefill chunk —
+ * samples, detokenizes and matches stop strings into per-slot staging
+ * buffers; then, under the lock again, it publishes the staged text and
+ * finishes what finished.
+ */
+#include "sched/internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* under mu: fail every waiting request of configuration pol. */
+static void fail_waiting_like(ks_sched *s, const ks_sched_policy *pol, ks_sched_error err, const char *msg) {
+    for (ks_sched_req *r = s->wait_head, *nx; r; r = nx) {
+        nx = r->next;
+        if (ks_sched_policy_equal(&r->policy, pol)) {
+            ks_sched_queue_remove(s, r);
+            ks_sched_req_finish(s, r, KS_SCHED_FINISH_ERROR, err, msg);
+        }
+    }
+}
+
+/* under mu */
+static void admit(ks_sched *s) {
+    if (s->stopping) return;
+    for (int32_t i = 0; i < s->n_groups; i++) s->groups[i]->blocked = false;
+    bool need_new = false; /* a request needs a context that cannot be made now: strict FIFO from here */
+    for (ks_sched_req *r = s->wait_head, *nx; r; r = nx) {
+        nx = r->next;
+        group *g = ks_sched_group_find(s, &r->policy);
+        if (!g) {
+            if (need_new) continue;
+            if (s->n_groups >= s->p.max_groups) { /* make room: an idle group goes */
+                int32_t victim = -1;
+                for (int32_t i = 0; i < s->n_groups; i++)
+                    if (s->groups[i]->n_used == 0 && (victim < 0 || s->groups[victim]->is_default)) victim = i;
+                if (victim < 0) {
+                    need_new = true;
+                    continue;
+                }
+                ks_sched_group_destroy(s, victim);
+            }
+            char err[768];
+            group *ng = NULL;
+            if (ks_sched_group_create(s, &r->policy, &ng, err, sizeof err) != KS_OK) {
+                ks_sched_policy pol = r->policy;
+                /* nx may be failed too: restart the walk after failing them all */
+                fail_waiting_like(s, &pol, KS_SCHED_ERR_INVALID, err);
+                nx = s->wait_head;
+                continue;
+            }
+            ng->is_default = ks_sched_policy_equal(&r->policy, &s->p.defaults);
+            s->groups[s->n_groups++] = ng;
+            g = ng;
+        }
+        if (g->blocked || need_new || g->n_used >= s->p.n_parallel) {
+            g->blocked = true;
+            continue;
+        }
+        int64_t worst = (int64_t)r->n_prompt + r->max_tokens;
+        if (g->mem_limit >= 0 && worst > g->mem_limit) {
+            char msg[256];
+            snprintf(msg, sizeof msg,
+                     "the request needs up to %lld tokens per sequence; under the memory cap the longest "
+                     "sequence that fits with every layer offloaded is %lld tokens",
+                     (long long)worst, (long long)g->mem_limit);
+            ks_sched_queue_remove(s, r);
+            ks_sched_req_finish(s, r, KS_SCHED_FINISH_ERROR, KS_SCHED_ERR_TOO_LONG, msg);
+            continue;
+        }
+        ks_sched_queue_remove(s, r);
+        ks_sched_slot_admit(s, g, r);
+    }
+}
+
+/* under mu: free slots of cancelled requests; end everything after the
+ * shutdown grace; recycle idle contexts. */
+static void housekeeping(ks_sched *s) {
+    double now = ks_sched_now();
+    bool past_grace = s->stopping && now >= s->stop_deadline;
+    for (int32_t gi = 0; gi < s->n_groups; gi++) {
+        group *g = s->groups[gi];
+        for (int32_t i = 0; i < s->p.n_parallel; i++) {
+            ks_sched_req *r = g->slots[i].req;
+            if (!r) continue;
+            if (r->cancel) ks_sched_slot_end(s, g, i, KS_SCHED_FINISH_CANCELLED, KS_SCHED_ERR_NONE, "cancelled");
+            else if (g->broken)
+                ks_sched_slot_end(s, g, i, KS_SCHED_FINISH_ERROR, KS_SCHED_ERR_INTERNAL,
+                         "the engine failed on another sequence of this request's context");
+            else if (past_grace)
+                ks_sched_slot_end(s, g, i, KS_SCHED_FINISH_ERROR, KS_SCHED_ERR_SHUTDOWN,
+                         "the server is shutting down; the request was ended before it finished");
+        }
+    }
+    for (int32_t gi = s->n_groups - 1; gi >= 0; gi--) {
+        group *g = s->groups[gi];
+        if (g->n_used) continue;
+        ks_memplan_info mi;
+        ks_context_memplan(g->ctx, &mi);
+        /* layers the memory manager offloaded never come back on their own:
+         * start the next requests from a fresh context with every layer fast */
+        bool offloaded = mi.active && mi.offloaded > 0;
+        bool stale = !g->is_default && now - g->idle_since > 2.0;
+        if (g->broken || offloaded || stale) {
+            if (offloaded) s->ctx_recycled++;
+            ks_sched_group_destroy(s, gi);
+        }
+    }
+}
+
+/* Sample from logits and stage the outcome in the slot (no lock: the slot
+ * and the sampler belong to this thread). */
+static void take_token(ks_sched *s, slot *sl, float *logits) {
+    ks_sched_req *r = sl->req;
+    ks_stop_out o = {0};
+    int32_t tok = ks_sampler_sample(r->smp, logits);
+    ks_sampler_accept(r->smp, tok);
+    if (!r->ignore_eos && ks_token_is_eog(s->model, tok)) {
+        ks_stop_flush(sl->stop, &o);
+        ks_sbuf_put(&sl->emit, o.text, o.len);
+        sl->finish = KS_SCHED_FINISH_STOP;
+        return;
+    }
+    sl->n_gen++;
+    char piece[256];
+    size_t np = 0;
+    if (ks_token_to_piece(s->model, tok, piece, sizeof piece, &np) != KS_OK) np = 0;
+    ks_status st = ks_stop_feed(sl->stop, piece, np, &o);
+    KS_ASSERT(st == KS_OK);
+    ks_sbuf_put(&sl->emit, o.text, o.len);
+    if (o.matched) {
+        sl->finish = KS_SCHED_FINISH_STOP;
+        return;
+    }
+    if (sl->n_gen >= r->max_tokens) {
+        ks_stop_flush(sl->stop, &o);
+        ks_sbuf_put(&sl->emit, o.text, o.len);
+        sl->finish = KS_SCHED_FINISH_LENGTH;
+        return;
+    }
+    sl->next_tok = tok;
+    sl->decoding = true;
+}
+
+static void stage_error(slot *sl, ks_sched_error err, const char *what, ks_status st) {
+    sl->finish = KS_SCHED_FINISH_ERROR;
+    sl->error = err;
+    snprintf(sl->message, sizeof sl->message, "%s: %s (%s)", what, ks_status_str(st), ks_last_error());
+}
+
+/* One step of group g, without the lock.  The slot set cannot change under
+ * us: only this thread admits and ends. */
+static void group_step(ks_sched *s, group *g, bool *did_decode, bool *did_prefill) {
+    int32_t V = s->n_vocab, n = 0;
+    for (int32_t i = 0; i < s->p.n_parallel; i++) {
+        slot *sl = &g->slots[i];
+        if (sl->req && sl->decoding && sl->finish == KS_SCHED_FINISH_NONE) {
+            s->seqs[n] = i;
+            s->toks[n] = sl->next_tok;
+            n++;
+        }
+    }
+    *did_decode = n > 0;
+    if (n > 0) {
+        ks_status st = ks_decode(g->ctx, s->seqs, s->toks, n, s->logits);
+        for (int32_t k = 0; k < n; k++) {
+            slot *sl = &g->slots[s->seqs[k]];
+            if (st == KS_OK) take_token(s, sl, s->logits + (size_t)k * V);
+            else stage_error(sl, KS_SCHED_ERR_INTERNAL, "decode", st);
+        }
+        if (st == KS_ERR_BACKEND) g->broken = true;
+    }
+    /* one prefill chunk: the earliest admitted prompt not yet prefilled */
+    slot *pf = NULL;
+    int32_t pi = -1;
+    for (int32_t i = 0; i < s->p.n_parallel; i++) {
+        slot *sl = &g->slots[i];
+        if (sl->req && !sl->decoding && sl->finish == KS_SCHED_FINISH_NONE && (!pf || sl->order < pf->order)) {
+            pf = sl;
+            pi = i;
+        }
+    }
+    *did_prefill = pf != NULL;
+    if (pf && !g->broken) {
+        ks_sched_req *r = pf->req;
+        int32_t left = r->n_prompt - pf->n_fed;
+        int32_t m = g->chunkable && left > s->p.n_batch ? s->p.n_batch : left;
+        bool last = m == left;
+        ks_status st = ks_prefill(g->ctx, pi, r->prompt + pf->n_fed, m, last ? s->pf_logits : NULL, NULL);
+        if (st != KS_OK) {
+            stage_error(pf, st == KS_ERR_NOMEM ? KS_SCHED_ERR_TOO_LONG : KS_SCHED_ERR_INTERNAL, "prefill", st);
+            if (st == KS_ERR_BACKEND) g->broken = true;
+        } else {
+            pf->n_fed += m;
+            if (last) take_token(s, pf, s->pf_logits);
+        }
+    }
+}
+
+static void rate_add(ks_sched *s, uint64_t n) {
+    int64_t sec = (int64_t)ks_sched_now();
+    int b = (int)(sec % RATE_BUCKETS);
+    if (s->rate_sec[b] != sec) {
+        s->rate_sec[b] = sec;
+        s->rate_tok[b] = 0;
+    }
+    s->rate_tok[b] += n;
+}
+
+/* under mu: publish what the step staged. */
+static void group_publish(ks_sched *s, group *g) {
+    double now = ks_sched_now();
+    uint64_t gen = 0;
+    for (int32_t i = 0; i < s->p.n_parallel; i++) {
+        slot *sl = &g->slots[i];
+        ks_sched_req *r = sl->req;
+        if (!r) continue;
+        if (sl->n_gen > r->n_generated) {
+            gen += (uint64_t)(sl->n_gen - r->n_generated);
+            if (!r->t_first) r->t_first = now;
+            r->n_generated = sl->n_gen;
+            r->news = true;
+        }
+        if (sl->emit.n) {
+            ks_sbuf_put(&r->out, sl->emit.p, sl->emit.n);
+            sl->emit.n = 0;
+            r->news = true;
+        }
+        if (sl->finish != KS_SCHED_FINISH_NONE) {
+            ks_sched_finish fin = sl->finish;
+            sl->finish = KS_SCHED_FINISH_NONE;
+            ks_sched_slot_end(s, g, i, fin, fin == KS_SCHED_FINISH_ERROR ? sl->error : KS_SCHED_ERR_NONE,
+                     fin == KS_SCHED_FINISH_ERROR ? sl->message : NULL);
+        } else if (r->news) {
+            pthread_cond_broadcast(&r->cv);
+        }
+    }
+    s->tok_gen += gen;
+    if (gen) rate_add(s, gen);
+    ks_sched_group_account(s, g);
+}
+
+void *ks_sched_main(void *arg) {
+    ks_sched *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (!s->quit) {
+        housekeeping(s);
+        admit(s);
+        group *g = NULL;
+        for (int32_t k = 0; k < s->n_groups && !g; k++) {
+            int32_t gi = (s->rr + k) % s->n_groups;
+            if (s->groups[gi]->n_used > 0 && !s->groups[gi]->broken) {
+                g = s->groups[gi];
+                s->rr = (gi + 1) % s->n_groups;
+            }
+        }
+        if (!g) {
+            struct timespec ts;
+            /* idle: wake for new work, or to recycle idle contexts / end the grace */
+            ks_sched_deadline_in(&ts, s->n_groups > 1 || s->stopping ? 0.25 : 5.0);
+            pthread_cond_timedwait(&s->work_cv, &s->mu, &ts);
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+        bool dec = false, pre = false;
+        group_step(s, g, &dec, &pre);
+        pthread_mutex_lock(&s->mu);
+        s->steps += dec;
+        s->chunks += pre;
+        group_publish(s, g);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}

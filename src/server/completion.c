@@ -1,0 +1,444 @@
+/*
+ * completion.c — POST /v1/completions and /v1/chat/completions: parse
+ * (api.c), merge the request's `kvsieve` object over the server's policy
+ * defaults, tokenize (the chat template from the GGUF), submit to the
+ * scheduler and wait, answering with one JSON object or Server-Sent Events.
+ * While waiting, the client's socket is watched: a peer that hung up cancels
+ * its request.  If it vanishes while text is flowing, the failed write ends
+ * the response and its free callback cancels the request.
+ */
+#define _GNU_SOURCE
+#include "server/internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+
+static uint64_t random_u64(void) {
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        v = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec;
+    }
+    return v;
+}
+
+static void set_error_from_sched(ks_api_error *e, ks_sched_error why, const char *msg, ks_api_kind kind) {
+    switch (why) {
+    case KS_SCHED_ERR_TOO_LONG:
+        ks_api_error_set(e, 400, "invalid_request_error", "context_length_exceeded",
+                         kind == KS_API_CHAT ? "messages" : "prompt", "%s", msg);
+        break;
+    case KS_SCHED_ERR_QUEUE_FULL:
+        ks_api_error_set(e, 429, "requests", "rate_limit_exceeded", NULL, "%s", msg);
+        break;
+    case KS_SCHED_ERR_SHUTDOWN:
+        ks_api_error_set(e, 503, "server_error", "server_shutting_down", NULL, "%s", msg);
+        break;
+    case KS_SCHED_ERR_INVALID:
+        ks_api_error_set(e, 400, "invalid_request_error", "invalid_value", "kvsieve", "%s", msg);
+        break;
+    default:
+        ks_api_error_set(e, 500, "server_error", "internal_error", NULL, "%s", msg && *msg ? msg : "internal error");
+        break;
+    }
+}
+
+/* ------------------------------------------------------ JSON answers -- */
+
+static const char *finish_name(ks_sched_finish f) {
+    return f == KS_SCHED_FINISH_LENGTH ? "length" : "stop";
+}
+
+static cJSON *usage_json(int32_t n_prompt, int32_t n_gen) {
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", n_gen);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)n_prompt + n_gen);
+    return u;
+}
+
+static void add_clean_string(cJSON *o, const char *key, const char *s, size_t len) {
+    char *c = ks_api_utf8_clean(s ? s : "", s ? len : 0);
+    cJSON_AddStringToObject(o, key, c);
+    free(c);
+}
+
+/* The envelope of a completion object or chunk. */
+static cJSON *envelope(ks_server *srv, const char *id, const char *object, long created) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "object", object);
+    cJSON_AddNumberToObject(o, "created", (double)created);
+    cJSON_AddStringToObject(o, "model", srv->model_id);
+    return o;
+}
+
+/* ------------------------------------------------------------- stream -- */
+
+typedef struct stream {
+    ks_server *srv;
+    ks_sched_req *req;
+    struct MHD_Connection *conn;
+    ks_api_kind kind;
+    bool include_usage, role_sent, done;
+    char id[64];
+    long created;
+    ks_sbuf out;          /* SSE bytes not yet handed to libmicrohttpd */
+    size_t off;
+    double last_check;
+} stream;
+
+static void sse_put(stream *st, cJSON *root) {
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    ks_sbuf_puts(&st->out, "data: ");
+    ks_sbuf_puts(&st->out, s);
+    ks_sbuf_puts(&st->out, "\n\n");
+    free(s);
+}
+
+static cJSON *chunk(stream *st, const char *text, size_t len, const char *finish) {
+    bool chat = st->kind == KS_API_CHAT;
+    cJSON *o = envelope(st->srv, st->id, chat ? "chat.completion.chunk" : "text_completion", st->created);
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", 0);
+    if (chat) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        if (!st->role_sent) {
+            cJSON_AddStringToObject(d, "role", "assistant");
+            st->role_sent = true;
+        }
+        if (text) add_clean_string(d, "content", text, len);
+    } else {
+        add_clean_string(c, "text", text, len);
+    }
+    cJSON_AddNullToObject(c, "logprobs");
+    if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
+    else cJSON_AddNullToObject(c, "finish_reason");
+    cJSON_AddItemToArray(choices, c);
+    if (st->include_usage) cJSON_AddNullToObject(o, "usage");
+    return o;
+}
+
+static void stream_absorb(stream *st, ks_sched_update *u) {
+    if (u->text && u->len) sse_put(st, chunk(st, u->text, u->len, NULL));
+    free(u->text);
+    u->text = NULL;
+    if (u->state != KS_SCHED_FINISHED) return;
+    if (u->finish == KS_SCHED_FINISH_ERROR || u->finish == KS_SCHED_FINISH_CANCELLED) {
+        ks_api_error e;
+        set_error_from_sched(&e, u->error, u->message, st->kind);
+        char *s = ks_api_error_json(&e);
+        ks_sbuf_puts(&st->out, "data: ");
+        ks_sbuf_puts(&st->out, s);
+        ks_sbuf_puts(&st->out, "\n\n");
+        free(s);
+    } else {
+        sse_put(st, chunk(st, NULL, 0, finish_name(u->finish)));
+        if (st->include_usage) {
+            bool chat = st->kind == KS_API_CHAT;
+            cJSON *o = envelope(st->srv, st->id, chat ? "chat.completion.chunk" : "text_completion", st->created);
+            cJSON_AddArrayToObject(o, "choices");
+            cJSON_AddItemToObject(o, "usage", usage_json(u->n_prompt, u->n_generated));
+            sse_put(st, o);
+        }
+    }
+    ks_sbuf_puts(&st->out, "data: [DONE]\n\n");
+    st->done = true;
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    stream *st = cls;
+    while (st->off == st->out.n) {
+        if (st->done) return MHD_CONTENT_READER_END_OF_STREAM;
+        st->out.n = st->off = 0;
+        ks_sched_update u;
+        bool news = ks_sched_req_take(st->srv->sched, st->req, 0.1, &u);
+        stream_absorb(st, &u);
+        double now = ks_sched_now();
+        if (!st->done && (!news || now - st->last_check > 0.25)) {
+            st->last_check = now;
+            if (ks_server_client_gone(st->conn)) {
+                ks_sched_req_cancel(st->srv->sched, st->req);
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+            }
+        }
+    }
+    size_t n = st->out.n - st->off;
+    if (n > max) n = max;
+    memcpy(buf, st->out.p + st->off, n);
+    st->off += n;
+    return (ssize_t)n;
+}
+
+static void stream_free(void *cls) {
+    stream *st = cls;
+    ks_sched_req_release(st->srv->sched, st->req); /* cancels it if unfinished */
+    atomic_fetch_sub(&st->srv->active, 1);
+    free(st->out.p);
+    free(st);
+}
+
+/* ------------------------------------------------------- completions -- */
+
+static bool has_key(const char *args, const char *key) {
+    size_t n = strlen(key);
+    for (const char *p = args; p && *p;) {
+        if (!strncmp(p, key, n) && p[n] == '=') return true;
+        const char *e = strchr(p, ',');
+        if (!e) break;
+        p = e + 1;
+    }
+    return false;
+}
+
+/* The request's kvsieve object over the server's defaults.  A request that
+ * names another policy than the default does not inherit the default's
+ * arguments (they may not apply to it). */
+static bool merge_policy(ks_server *srv, const ks_api_request *rq, ks_sched_policy *pol, ks_api_error *e) {
+    *pol = srv->p.defaults;
+    if ((rq->ext_set & KS_API_EXT_POLICY) && strcmp(rq->policy, pol->policy)) {
+        snprintf(pol->policy, sizeof pol->policy, "%s", rq->policy);
+        pol->args[0] = 0;
+    }
+    if (rq->ext_set & KS_API_EXT_BUDGET) pol->budget = rq->budget;
+    if (rq->ext_set & KS_API_EXT_SINK) pol->sink = rq->sink;
+    if (rq->ext_set & KS_API_EXT_WINDOW) pol->window = rq->window;
+    if (rq->ext_set & KS_API_EXT_PAGE) pol->page = rq->page;
+    if (rq->ext_set & KS_API_EXT_DENSE_LAYERS) pol->dense_layers = rq->dense_layers;
+    if (rq->ext_set & KS_API_EXT_ARGS) {
+        if (!ks_api_check_policy_args(pol->policy, rq->policy_args, e)) return false;
+        snprintf(pol->args, sizeof pol->args, "%s", rq->policy_args);
+    }
+    /* spec without dlm=: the draft model shipped beside the model, as the CLI does */
+    if (strstr(pol->policy, "spec") && !has_key(pol->args, "dlm") && srv->model_path) {
+        char dir[1024], cfg[1100];
+        size_t n = strlen(srv->model_path);
+        if (n > 5 && !strcmp(srv->model_path + n - 5, ".gguf")) n -= 5;
+        snprintf(dir, sizeof dir, "%.*s-dlm", (int)n, srv->model_path);
+        snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+        struct stat sb;
+        size_t used = strlen(pol->args);
+        if (stat(cfg, &sb) == 0 && used + strlen(dir) + 6 < sizeof pol->args)
+            snprintf(pol->args + used, sizeof pol->args - used, "%sdlm=%s", used ? "," : "", dir);
+    }
+    return true;
+}
+
+/* Prompt token ids of the request (malloc'd into *ids). */
+static bool prepare_prompt(ks_server *srv, const ks_api_request *rq, int32_t **ids, int32_t *n_ids, ks_api_error *e) {
+    const char *param = rq->kind == KS_API_CHAT ? "messages" : "prompt";
+    if (rq->prompt_ids) {
+        for (int32_t i = 0; i < rq->n_prompt_ids; i++)
+            if (rq->prompt_ids[i] >= srv->n_vocab) {
+                ks_api_error_set(e, 400, "invalid_request_error", "invalid_value", "prompt",
+                                 "token id %d out of range [0, %d)", rq->prompt_ids[i], srv->n_vocab);
+                return false;
+            }
+        *ids = ks_malloc(sizeof(int32_t) * (size_t)rq->n_prompt_ids);
+        memcpy(*ids, rq->prompt_ids, sizeof(int32_t) * (size_t)rq->n_prompt_ids);
+        *n_ids = rq->n_prompt_ids;
+        return true;
+    }
+    char *text = NULL;
+    bool special = false;
+    if (rq->kind == KS_API_CHAT) {
+        size_t need = 0;
+        ks_status st = ks_chat_format(srv->model, rq->system, rq->user, NULL, 0, &need);
+        if (st == KS_ERR_UNSUPPORTED) {
+            /* no known chat template in the GGUF: the system text, a blank line, the user text */
+            size_t a = rq->system ? strlen(rq->system) : 0, b = strlen(rq->user);
+            text = ks_malloc(a + b + 3);
+            if (a) {
+                memcpy(text, rq->system, a);
+                memcpy(text + a, "\n\n", 2);
+                a += 2;
+            }
+            memcpy(text + a, rq->user, b + 1);
+        } else {
+            text = ks_malloc(need + 1);
+            st = ks_chat_format(srv->model, rq->system, rq->user, text, need + 1, &need);
+            if (st != KS_OK) {
+                free(text);
+                ks_api_error_set(e, 500, "server_error", "internal_error", NULL, "chat template: %s",
+                                 ks_last_error());
+                return false;
+            }
+            special = true;
+        }
+    } else {
+        text = ks_strdup(rq->prompt);
+    }
+    size_t len = strlen(text), n = 0;
+    ks_status st = ks_tokenize(srv->model, text, len, true, special, NULL, 0, &n);
+    if (st != KS_OK && n == 0) {
+        free(text);
+        ks_api_error_set(e, 400, "invalid_request_error", "invalid_value", param, "tokenizing the prompt: %s",
+                         ks_last_error());
+        return false;
+    }
+    if (n > (size_t)1 << 28) {
+        free(text);
+        ks_api_error_set(e, 400, "invalid_request_error", "context_length_exceeded", param,
+                         "the prompt is far longer than the context of %d tokens", srv->n_ctx);
+        return false;
+    }
+    *ids = ks_malloc(sizeof(int32_t) * (n ? n : 1));
+    st = ks_tokenize(srv->model, text, len, true, special, *ids, n, &n);
+    free(text);
+    if (st != KS_OK) {
+        free(*ids);
+        *ids = NULL;
+        ks_api_error_set(e, 400, "invalid_request_error", "invalid_value", param, "tokenizing the prompt: %s",
+                         ks_last_error());
+        return false;
+    }
+    *n_ids = (int32_t)n;
+    return true;
+}
+
+enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connection *conn, ks_api_kind kind,
+                                         const char *body, size_t len) {
+    ks_api_error e;
+    if (atomic_load(&srv->shutting_down)) {
+        ks_api_error_set(&e, 503, "server_error", "server_shutting_down", NULL, "the server is shutting down");
+        return ks_server_respond_error(srv, conn, &e);
+    }
+    ks_api_request rq;
+    if (!ks_api_parse(body, len, kind, &rq, &e)) return ks_server_respond_error(srv, conn, &e);
+    int32_t *ids = NULL, n_ids = 0;
+    ks_sched_policy pol;
+    if (!merge_policy(srv, &rq, &pol, &e) || !prepare_prompt(srv, &rq, &ids, &n_ids, &e)) {
+        ks_api_request_free(&rq);
+        return ks_server_respond_error(srv, conn, &e);
+    }
+    const char *param = kind == KS_API_CHAT ? "messages" : "prompt";
+    if (n_ids == 0) {
+        ks_api_error_set(&e, 400, "invalid_request_error", "invalid_value", param, "the prompt has no tokens");
+        goto fail;
+    }
+    if (n_ids >= srv->n_ctx) {
+        ks_api_error_set(&e, 400, "invalid_request_error", "context_length_exceeded", param,
+                         "This model's maximum context length is %d tokens. However, your prompt has %d tokens. "
+                         "Please shorten the prompt (it is never truncated).", srv->n_ctx, n_ids);
+        goto fail;
+    }
+    ks_sampler_params sp = ks_sampler_default_params();
+    if (rq.set & KS_API_SET_TEMPERATURE) sp.temperature = rq.temperature;
+    if (rq.set & KS_API_SET_TOP_P) sp.top_p = rq.top_p;
+    if (rq.set & KS_API_SET_TOP_K) sp.top_k = rq.top_k;
+    if (rq.set & KS_API_SET_MIN_P) sp.min_p = rq.min_p;
+    if (rq.set & KS_API_SET_REPEAT_PENALTY) sp.repeat_penalty = rq.repeat_penalty;
+    sp.seed = rq.set & KS_API_SET_SEED ? rq.seed : random_u64();
+    ks_sched_req_params p = {
+        .prompt = ids,
+        .n_prompt = n_ids,
+        .max_tokens = rq.max_tokens > 0 ? rq.max_tokens : srv->n_ctx - n_ids,
+        .sampling = sp,
+        .stops = (const char *const *)rq.stops,
+        .n_stops = rq.n_stops,
+        .ignore_eos = rq.ignore_eos,
+        .policy = pol,
+    };
+    ks_sched_error why;
+    char msg[512];
+    ks_sched_req *req = ks_sched_submit(srv->sched, &p, &why, msg, sizeof msg);
+    free(ids);
+    ids = NULL;
+    if (!req) {
+        set_error_from_sched(&e, why, msg, kind);
+        goto fail;
+    }
+    atomic_fetch_add(&srv->active, 1);
+    char id[64];
+    snprintf(id, sizeof id, "%s-%016llx%08llx", kind == KS_API_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)random_u64(), (unsigned long long)atomic_fetch_add(&srv->n_ids, 1));
+    long created = (long)time(NULL);
+    bool stream_it = rq.stream, include_usage = rq.include_usage;
+    ks_api_request_free(&rq);
+
+    ks_sbuf text = {0};
+    ks_sched_update u;
+    double last_check = ks_sched_now();
+    for (;;) {
+        bool news = ks_sched_req_take(srv->sched, req, 0.1, &u);
+        if (u.text) {
+            if (!stream_it) ks_sbuf_put(&text, u.text, u.len);
+            else if (u.len) break; /* keep u for the stream */
+            free(u.text);
+            u.text = NULL;
+        }
+        if (u.state == KS_SCHED_FINISHED || (stream_it && u.state != KS_SCHED_WAITING)) break;
+        double now = ks_sched_now();
+        if (!news || now - last_check > 0.25) {
+            last_check = now;
+            if (ks_server_client_gone(conn)) {
+                ks_sched_req_release(srv->sched, req);
+                atomic_fetch_sub(&srv->active, 1);
+                free(text.p);
+                return MHD_NO;
+            }
+        }
+    }
+    if (u.state == KS_SCHED_FINISHED && u.finish != KS_SCHED_FINISH_STOP && u.finish != KS_SCHED_FINISH_LENGTH &&
+        !(stream_it && u.text)) {
+        set_error_from_sched(&e, u.finish == KS_SCHED_FINISH_CANCELLED ? KS_SCHED_ERR_INTERNAL : u.error,
+                             u.finish == KS_SCHED_FINISH_CANCELLED ? "the request was cancelled" : u.message, kind);
+        ks_sched_req_release(srv->sched, req);
+        atomic_fetch_sub(&srv->active, 1);
+        free(text.p);
+        return ks_server_respond_error(srv, conn, &e);
+    }
+    if (!stream_it) {
+        bool chat = kind == KS_API_CHAT;
+        cJSON *o = envelope(srv, id, chat ? "chat.completion" : "text_completion", created);
+        cJSON *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
+        cJSON_AddNumberToObject(c, "index", 0);
+        if (chat) {
+            cJSON *m = cJSON_AddObjectToObject(c, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            add_clean_string(m, "content", text.p, text.n);
+        } else {
+            add_clean_string(c, "text", text.p, text.n);
+        }
+        cJSON_AddNullToObject(c, "logprobs");
+        cJSON_AddStringToObject(c, "finish_reason", finish_name(u.finish));
+        cJSON_AddItemToArray(choices, c);
+        cJSON_AddItemToObject(o, "usage", usage_json(u.n_prompt, u.n_generated));
+        free(text.p);
+        ks_sched_req_release(srv->sched, req);
+        atomic_fetch_sub(&srv->active, 1);
+        return ks_server_respond_json(srv, conn, 200, o);
+    }
+    stream *st = ks_calloc(1, sizeof *st);
+    st->srv = srv;
+    st->req = req;
+    st->conn = conn;
+    st->kind = kind;
+    st->include_usage = include_usage;
+    st->created = created;
+    st->last_check = ks_sched_now();
+    snprintf(st->id, sizeof st->id, "%s", id);
+    if (kind == KS_API_CHAT) sse_put(st, chunk(st, "", 0, NULL)); /* the role first, as OpenAI does */
+    stream_absorb(st, &u);
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, st, stream_free);
+    if (!r) {
+        stream_free(st);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result ret = MHD_queue_response(conn, 200, r);
+    MHD_destroy_response(r);
+    ks_server_count_status(srv, 200);
+    return ret;
+fail:
+    free(ids);
+    ks_api_request_free(&rq);
+    return ks_server_respond_error(srv, conn, &e);
+}

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# memcap.sh — the server under --mem-cap (the engine's memory plan, R = the
+# slots of a context): two quest requests grow their sequences past the
+# plan's thresholds, so whole layers move to the slow tier while they decode
+# (offload events, KV bytes in the slow tier, loads and stores), and their
+# text still equals `kvsieve run` without any cap (nothing lost); a third
+# request of another policy must wait (both slots taken, and one context at
+# a time under a cap) and runs when they are done, also exact; a request
+# whose worst case does not fit the cap even with every layer offloaded is
+# refused with context_length_exceeded (never truncated); the idle context
+# with offloaded layers is recycled, so later requests start all-fast.
+# Usage: bash memcap.sh <kvsieve> <fixtures-dir> <scratch-dir>
+set -u
+KS=$1; FIX=$2; TMP=$3
+DIR=$(cd "$(dirname "$0")" && pwd)
+SRC=$(cd "$DIR/../.." && pwd)
+command -v curl >/dev/null 2>&1 || { echo "SKIP: curl not found"; exit 77; }
+command -v python3 >/dev/null 2>&1 || { echo "SKIP: python3 not found (it parses the JSON)"; exit 77; }
+mkdir -p "$TMP"
+source "$DIR/common.sh"
+MODEL="$SRC/models/kvsieve-default.gguf"
+[ -f "$MODEL" ] || { echo "SKIP: no bundled model"; exit 77; }
+N=300
+Q='"policy":"quest","budget":64'
+ref1=$("$KS" run -m "$MODEL" -c 2048 -p "The quiet farmer" -n $N --temp 0 --ignore-eos -t 2 --policy quest --budget 64 2>/dev/null)
+ref2=$("$KS" run -m "$MODEL" -c 2048 -p "A long road" -n $N --temp 0 --ignore-eos -t 2 --policy quest --budget 64 2>/dev/null)
+ref3=$("$KS" run -m "$MODEL" -c 2048 -p "In the morning" -n 40 --temp 0 --ignore-eos -t 2 --policy streaming --budget 64 2>/dev/null)
+
+# 39 MB: 2 slots of this model stay all-fast up to ~218 tokens, fit with every layer offloaded up to ~1100
+start_server cap -m "$MODEL" -c 2048 --parallel 2 -t 2 --mem-cap 39M --policy quest --budget 64
+grep -q 'memory plan: cap' "$TMP/cap.err" || bad "no memory plan at start: $(cat "$TMP/cap.err")"
+body() { echo "{\"prompt\":\"$1\",\"max_tokens\":$2,\"temperature\":0,\"stream\":true,\"kvsieve\":{\"ignore_eos\":true$3}}"; }
+curl -sN -d "$(body "The quiet farmer" $N ",$Q")" "$BASE/v1/completions" > "$TMP/r1.txt" & C1=$!
+curl -sN -d "$(body "A long road" $N ",$Q")" "$BASE/v1/completions" > "$TMP/r2.txt" & C2=$!
+for _ in $(seq 1 300); do [ "$(metric requests_running)" = 2 ] && break; sleep 0.1; done
+curl -sN -d "$(body "In the morning" 40 ',"policy":"streaming","budget":64')" "$BASE/v1/completions" > "$TMP/r3.txt" & C3=$!
+waited=0; slow=0; offl=0
+while kill -0 $C1 2>/dev/null || kill -0 $C2 2>/dev/null; do
+  curl -s "$BASE/metrics" > "$TMP/m.txt"
+  w=$(sed -n 's/^kvsieve_requests_waiting \([0-9]*\)$/\1/p' "$TMP/m.txt")
+  s=$(sed -n 's/^kvsieve_kv_bytes_slow \([0-9]*\)$/\1/p' "$TMP/m.txt")
+  o=$(sed -n 's/^kvsieve_kv_layers_offloaded \([0-9]*\)$/\1/p' "$TMP/m.txt")
+  [ "${w:-0}" = 1 ] && waited=1
+  [ "${s:-0}" -gt "$slow" ] && slow=$s
+  [ "${o:-0}" -gt "$offl" ] && offl=$o
+  sleep 0.1
+done
+wait $C1 $C2 $C3
+[ $waited = 1 ] || bad "the third request never waited"
+[ "$slow" -gt 0 ] && [ "$offl" -gt 0 ] || bad "no KV in the slow tier while the sequences grew (slow bytes $slow, layers $offl)"
+for i in 1 2 3; do
+  eval "want=\$ref$i"
+  got=$(sse_text "$TMP/r$i.txt")
+  [ "$got" = "$want"$'\n'DONE$'\n'no-error ] || bad "request $i under the cap differs from kvsieve run:"$'\n'"$(echo "$got" | head -c 300)"$'\n'"want: $(echo "$want" | head -c 300)"
+done
+curl -s "$BASE/metrics" > "$TMP/m.txt"
+ev=$(sed -n 's/^kvsieve_kv_offload_events_total \([0-9]*\)$/\1/p' "$TMP/m.txt")
+st=$(sed -n 's/^kvsieve_kv_bytes_stored_total \([0-9]*\)$/\1/p' "$TMP/m.txt")
+ld=$(sed -n 's/^kvsieve_kv_bytes_loaded_total \([0-9]*\)$/\1/p' "$TMP/m.txt")
+[ "${ev:-0}" -gt 0 ] && [ "${st:-0}" -gt 0 ] && [ "${ld:-0}" -gt 0 ] || bad "offload events $ev, stored $st, loaded $ld"
+echo "memcap: peak slow-tier KV $slow bytes, $offl layers offloaded, $ev offload events, $st bytes stored, $ld loaded"
+# a worst case (prompt + max_tokens) beyond what fits with every layer offloaded: refused, not truncated
+code=$(curl -s -d '{"prompt":"The quiet farmer","max_tokens":1200,"kvsieve":{"ignore_eos":true}}' "$BASE/v1/completions" \
+  -o "$TMP/e.json" -w '%{http_code}')
+[ "$code" = 400 ] && [ "$(jget "$TMP/e.json" 'd["error"]["code"]')" = context_length_exceeded ] && \
+  grep -q 'memory cap' "$TMP/e.json" || bad "over the cap: $code $(cat "$TMP/e.json")"
+# the context whose layers were offloaded is recreated once idle
+for _ in $(seq 1 50); do [ "$(metric contexts_recycled_total)" -ge 1 ] 2>/dev/null && break; sleep 0.1; done
+[ "$(metric contexts_recycled_total)" -ge 1 ] 2>/dev/null || bad "the offloaded context was not recycled"
+[ "$(metric kv_bytes_fast)" = 0 ] && [ "$(metric kv_bytes_slow)" = 0 ] || bad "KV held after every request ended"
+stop_server "$PID" cap
+finish
