@@ -3,8 +3,10 @@
  *
  * The file is small JSON so it can be read, diffed and hand-edited:
  *   {"policy": "chess", "percentile": 99, "h_max": 2.31, "v_max": 4.07,
- *    "tokens": 1234, "model": "aidreams260K.gguf"}
- * Only h_max and v_max are read back; both must be finite and >= 0.
+ *    "tokens": 1234, "pages": 321, "page": 32, "unit": "page mean",
+ *    "model": "aidreams260K.gguf"}
+ * h_max / v_max are 99th percentiles of per-page averages over `page`-token
+ * KV pages; only they are read back; both must be finite and >= 0.
  */
 #define _GNU_SOURCE
 #include "calibrate.h"
@@ -34,6 +36,33 @@ void app_entropy_of(const float *logits, int32_t n, float *H, float *Var) {
     *Var = (float)(m2 - h * h > 0 ? m2 - h * h : 0);
 }
 
+size_t app_chess_page_means(const float *logits, int32_t n_gen, int32_t n_vocab, int32_t first_entry, int32_t page,
+                            double *h_out, double *v_out) {
+    size_t m = 0;
+    double sh = 0, sv = 0;
+    int32_t cnt = 0, cur = -1;
+    for (int32_t g = 0; g < n_gen; g++) {
+        int32_t pg = (first_entry + g) / (page > 0 ? page : 1);
+        if (pg != cur && cnt > 0) {
+            h_out[m] = sh / cnt;
+            v_out[m++] = sv / cnt;
+            sh = sv = 0;
+            cnt = 0;
+        }
+        cur = pg;
+        float H, Var;
+        app_entropy_of(logits + (size_t)g * n_vocab, n_vocab, &H, &Var);
+        sh += H;
+        sv += Var;
+        cnt++;
+    }
+    if (cnt > 0) {
+        h_out[m] = sh / cnt;
+        v_out[m++] = sv / cnt;
+    }
+    return m;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -52,7 +81,8 @@ bool app_chess_calib_path(const char *model, char *out, size_t cap) {
     return w > 0 && (size_t)w < cap;
 }
 
-bool app_chess_calib_write(const char *cmd, const char *model, double h_max, double v_max, size_t n_tokens) {
+bool app_chess_calib_write(const char *cmd, const char *model, double h_max, double v_max, size_t n_tokens,
+                           size_t n_pages, int32_t page) {
     char path[4096];
     if (!app_chess_calib_path(model, path, sizeof path)) {
         fprintf(stderr, "kvsieve %s: model path too long for the calibration file\n", cmd);
@@ -66,6 +96,10 @@ bool app_chess_calib_write(const char *cmd, const char *model, double h_max, dou
     cJSON_AddNumberToObject(o, "h_max", h_max);
     cJSON_AddNumberToObject(o, "v_max", v_max);
     cJSON_AddNumberToObject(o, "tokens", (double)n_tokens);
+    cJSON_AddNumberToObject(o, "pages", (double)n_pages);
+    cJSON_AddNumberToObject(o, "page", page);
+    cJSON_AddStringToObject(o, "unit", "page mean");
+    cJSON_AddStringToObject(o, "written_by", "kvsieve eval --calibrate");
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     FILE *f = fopen(path, "w");

@@ -16,8 +16,9 @@
  * KL(dense || policy) position by position, and the attention recall probe:
  * the share of the dense attention mass its selections cover).  A budget
  * "6%" is 6% of each instance's length.  --calibrate also collects the
- * entropy and varentropy of every dense output distribution and stores their
- * 99th percentiles beside the model as CHESS's reconstruction thresholds
+ * entropy and varentropy of every dense output distribution, averages them
+ * per KV page of generated tokens (--page) and stores the 99th percentiles of
+ * those page averages beside the model as CHESS's reconstruction thresholds
  * (calibrate.h); policy counters (selections, rebuilds) go to stderr and JSON.  Lengths over the model's trained
  * context are skipped with a note, since accuracy past it measures
  * extrapolation, not the policy.
@@ -47,8 +48,9 @@ static void eval_usage(FILE *f) {
             "                    [--policy dense,quest,...] [--budget 3%%,6%%,12%%] [policy flags]\n"
             "  lengths count every token of an instance (prompt and answer budget); lengths above\n"
             "  the model's trained context are skipped.  Dense always runs as the reference.\n"
-            "  --calibrate: write CHESS's thresholds (99th percentile of the dense runs' entropy and\n"
-            "  varentropy) to MODEL.chess.json, which run/bench/eval then pass to chess.\n%s",
+            "  --calibrate: write CHESS's thresholds (99th percentiles of the dense runs' per-page mean\n"
+            "  entropy and varentropy, pages of --page tokens) to MODEL.gguf.chess.json, which\n"
+            "  run/bench/eval then pass to chess.\n%s",
             app_policy_usage());
 }
 
@@ -301,7 +303,7 @@ int cmd_eval(int argc, char **argv) {
     cJSON *root = NULL;
     int rc = 1;
     double *cal_h = NULL, *cal_v = NULL; /* [n_cal] entropies of the dense runs (--calibrate) */
-    size_t n_cal = 0, cap_cal = 0;
+    size_t n_cal = 0, cap_cal = 0, n_cal_tok = 0; /* pages, room, tokens */
     uint64_t *pol_sel = calloc((size_t)n_cfg * 2, sizeof(uint64_t)), *pol_reb = pol_sel + n_cfg;
     ks_status st = ks_model_load(model_path, ks_model_default_params(), &m);
     if (st != KS_OK) { app_report(cmd, "loading the model", st); free(ctxs); free(pol_sel); return 1; }
@@ -367,16 +369,15 @@ int cmd_eval(int argc, char **argv) {
                     o.keep_logits = n_cfg > 1 || calibrate;
                     st = ks_eval_run(ctxs[0], m, &inst, &o, &ref);
                     if (st != KS_OK) { ks_eval_instance_free(&inst); app_report(cmd, "running an instance", st); goto done; }
-                    for (int32_t g = 0; calibrate && g < ref.n_gen; g++) {
-                        if (n_cal == cap_cal) {
+                    if (calibrate && ref.n_gen > 0) { /* per-page means of the dense distributions */
+                        while (n_cal + (size_t)ref.n_gen > cap_cal) {
                             cap_cal = cap_cal ? 2 * cap_cal : 1024;
                             cal_h = realloc(cal_h, sizeof(double) * cap_cal);
                             cal_v = realloc(cal_v, sizeof(double) * cap_cal);
                         }
-                        float H, Var;
-                        app_entropy_of(ref.logits + (size_t)g * V, V, &H, &Var);
-                        cal_h[n_cal] = H;
-                        cal_v[n_cal++] = Var;
+                        n_cal += app_chess_page_means(ref.logits, ref.n_gen, V, ref.n_prompt, (int32_t)po.page,
+                                                      cal_h + n_cal, cal_v + n_cal);
+                        n_cal_tok += (size_t)ref.n_gen;
                     }
                     eval_cell *c0 = &cells[((size_t)t * n_len + l) * n_depth + d];
                     c0->runs++;
@@ -485,9 +486,11 @@ int cmd_eval(int argc, char **argv) {
         }
         double h = app_percentile(cal_h, n_cal, APP_CHESS_CALIB_PERCENTILE);
         double v = app_percentile(cal_v, n_cal, APP_CHESS_CALIB_PERCENTILE);
-        if (!app_chess_calib_write(cmd, model_path, h, v, n_cal)) goto done;
-        fprintf(stderr, "kvsieve eval: chess calibration over %zu dense tokens: h_max=%.9g v_max=%.9g -> %s%s\n", n_cal, h,
-                v, model_path, APP_CHESS_CALIB_SUFFIX);
+        if (!app_chess_calib_write(cmd, model_path, h, v, n_cal_tok, n_cal, (int32_t)po.page)) goto done;
+        fprintf(stderr,
+                "kvsieve eval: chess calibration over %zu dense tokens in %zu pages of %ld: h_max=%.9g v_max=%.9g -> "
+                "%s%s\n",
+                n_cal_tok, n_cal, po.page, h, v, model_path, APP_CHESS_CALIB_SUFFIX);
     }
 
     if (json) {

@@ -8,10 +8,11 @@
  * 2. The policy on a real KV store: the anchor comes from the recent window
  *    (change the window's keys and the selection follows), the presets keep
  *    the counts their ratios give, the budget caps the pages (best first).
- * 3. Quality-aware reconstruction: entropy and varentropy below the
- *    thresholds (or unknown) reuse the previous selection; above either it is
- *    rebuilt and counted; the horizon trigger fires once unscored entries
- *    would leave the window.
+ * 3. Quality-aware reconstruction, per KV page of generated tokens: a page
+ *    whose average entropy *and* average varentropy exceed the thresholds
+ *    rebuilds the selection (counted); one of them alone, unknown values or
+ *    no thresholds reuse it; the baselines period=N (every N pages) and
+ *    horizon=1 (unscored entries would leave the window) fire as documented.
  * 4. Guards: bad arguments, heads with different entry counts (eviction).
  * (A budget covering the context equals dense bit for bit: test_policy.c.)
  */
@@ -290,40 +291,81 @@ static void test_rebuild_trigger(void **state) {
     dir[10] = 2; /* then a page along dim 2 becomes the window */
     append_entries(&s, 40, dir);
     ks_policy *pol = NULL;
-    assert_int_equal(make_chess(&s, 20, "preset=conservative,h_max=2.0,v_max=3.0,horizon=0", &pol), KS_OK);
+    assert_int_equal(make_chess(&s, 20, "preset=conservative,h_max=2.0,v_max=3.0", &pol), KS_OK);
     int32_t idx[CTX];
     ks_policy_counters c;
+    /* 40 entries: the generated token lands in entry 40, page 10 */
     int32_t n = step_select(pol, &s, 0.5f, 0.5f, 8, 0, 0, idx); /* first step: built, not a rebuild */
     assert_true(n == 2 && has(idx, n, 3));
     ks_policy_get_counters(pol, &c);
     assert_int_equal(c.rebuilds, 0);
     assert_int_equal(c.selections, 1);
     append_entries(&s, 4, dir); /* page 10 along dim 2 is now the window */
-    n = step_select(pol, &s, 1.9f, 2.9f, 8, 0, 0, idx); /* below both thresholds: reused */
+    /* page 10 judged (0.5, 0.5): calm, the selection is reused */
+    n = step_select(pol, &s, 1.9f, 2.9f, 8, 0, 0, idx);
     assert_true(n == 2 && has(idx, n, 3) && !has(idx, n, 6));
-    n = step_select(pol, &s, NAN, NAN, 8, 0, 0, idx); /* unknown: reused */
+    append_entries(&s, 1, NULL);
+    n = step_select(pol, &s, 2.5f, 0.5f, 8, 0, 0, idx); /* same page 11: averaged, not judged yet */
     assert_true(has(idx, n, 3) && !has(idx, n, 6));
     ks_policy_get_counters(pol, &c);
     assert_int_equal(c.rebuilds, 0);
-    n = step_select(pol, &s, 2.5f, 0.5f, 8, 0, 0, idx); /* entropy above: rebuilt */
-    assert_true(has(idx, n, 6));
+    append_entries(&s, 3, NULL);
+    /* page 11 judged: mean entropy 2.2 > 2 but mean varentropy 1.7 < 3 -> one
+     * condition is not enough, reused; unknown values (NaN) are left out */
+    n = step_select(pol, &s, NAN, NAN, 8, 0, 0, idx);
+    assert_true(has(idx, n, 3) && !has(idx, n, 6));
+    ks_policy_get_counters(pol, &c);
+    assert_int_equal(c.rebuilds, 0);
+    append_entries(&s, 1, NULL);
+    step_select(pol, &s, 0.5f, 3.5f, 8, 0, 0, idx); /* varentropy alone high, page 12 */
+    append_entries(&s, 3, NULL);
+    step_select(pol, &s, 2.5f, 3.5f, 8, 0, 0, idx); /* page 12 judged (0.5, 3.5): reused */
+    ks_policy_get_counters(pol, &c);
+    assert_int_equal(c.rebuilds, 0);
+    append_entries(&s, 4, NULL);
+    step_select(pol, &s, 0.1f, 0.1f, 8, 0, 0, idx); /* page 13 judged (2.5, 3.5): both high -> rebuilt */
     ks_policy_get_counters(pol, &c);
     assert_int_equal(c.rebuilds, 1);
-    n = step_select(pol, &s, 0.5f, 3.5f, 8, 0, 0, idx); /* varentropy above: rebuilt */
-    ks_policy_get_counters(pol, &c);
-    assert_int_equal(c.rebuilds, 2);
-    assert_int_equal(c.selections, 5);
+    assert_int_equal(c.selections, 7);
     /* a reset sequence builds afresh (not counted) */
     ks_policy_seq_reset(pol, 0);
     step_select(pol, &s, 0.5f, 0.5f, 8, 0, 0, idx);
     ks_policy_get_counters(pol, &c);
-    assert_int_equal(c.rebuilds, 2);
+    assert_int_equal(c.rebuilds, 1);
+    ks_policy_destroy(pol);
+
+    /* thresholds 0: the first finished page rebuilds; without thresholds
+     * (+inf, no calibration) nothing fires */
+    assert_int_equal(make_chess(&s, 20, "h_max=0,v_max=0", &pol), KS_OK);
+    step_select(pol, &s, 1, 1, 8, 0, 0, idx);
+    append_entries(&s, 4, NULL);
+    step_select(pol, &s, 1, 1, 8, 0, 0, idx);
+    ks_policy_get_counters(pol, &c);
+    assert_int_equal(c.rebuilds, 1);
+    ks_policy_destroy(pol);
+    assert_int_equal(make_chess(&s, 20, NULL, &pol), KS_OK);
+    for (int i = 0; i < 3; i++, append_entries(&s, 4, NULL)) step_select(pol, &s, 50, 50, 8, 0, 0, idx);
+    ks_policy_get_counters(pol, &c);
+    assert_int_equal(c.rebuilds, 0);
+    ks_policy_destroy(pol);
+
+    /* period=2 (the paper's static baseline): every 2 pages of entries */
+    assert_int_equal(make_chess(&s, 20, "h_max=100,v_max=100,period=2", &pol), KS_OK);
+    step_select(pol, &s, 0.5f, 0.5f, 8, 0, 0, idx);
+    append_entries(&s, 4, NULL);
+    step_select(pol, &s, 0.5f, 0.5f, 8, 0, 0, idx);
+    ks_policy_get_counters(pol, &c);
+    assert_int_equal(c.rebuilds, 0);
+    append_entries(&s, 4, NULL);
+    step_select(pol, &s, 0.5f, 0.5f, 8, 0, 0, idx);
+    ks_policy_get_counters(pol, &c);
+    assert_int_equal(c.rebuilds, 1);
     ks_policy_destroy(pol);
 
     /* horizon: at 44 entries the step's window is [41, 45), so the build
      * ranks pages [0, 11) (entries < 44); the step at 48 entries has the
      * window [45, 49): entry 44 was never ranked and leaves it -> rebuild */
-    assert_int_equal(make_chess(&s, 20, "h_max=100,v_max=100", &pol), KS_OK);
+    assert_int_equal(make_chess(&s, 20, "h_max=100,v_max=100,horizon=1", &pol), KS_OK);
     step_select(pol, &s, 0.5f, 0.5f, 8, 0, 0, idx);
     for (int i = 0; i < 3; i++) { /* 45..47 entries: the window starts at 42..44 */
         append_entries(&s, 1, NULL);

@@ -220,10 +220,10 @@ static void test_keeps_attended(void **state) {
     pseudo_queries(obs);
     ks_prefill_info info = {.seq = 0, .n_prompt = NE, .n_obs = 4, .obs_q = obs, .pseudo = true};
 
-    /* pool=1: the two attended entries, the sinks, and the next best */
+    /* default pool=1 (the paper's Eq. 5, a plain top-K of S): the two attended entries, the sinks, and the next best */
     fake_svc f = {0};
     make_kv(&f, hot, 2);
-    ks_policy *pol = make_policy(&f, "dapq", 12, "pool=1");
+    ks_policy *pol = make_policy(&f, "dapq", 12, NULL);
     assert_int_equal(ks_policy_on_prefill(pol, &info), KS_OK);
     assert_int_equal(f.evicted, 1);
     assert_true(f.keep[12] && f.keep[25]);
@@ -236,10 +236,10 @@ static void test_keeps_attended(void **state) {
     ks_policy_destroy(pol);
     ks_kv_destroy(f.kv);
 
-    /* pool=5 (default): each attended entry brings its neighbourhood; no recent window by default */
+    /* pool=5 (SnapKV's clustering, an option): each attended entry brings its neighbourhood; no recent window by default */
     f = (fake_svc){0};
     make_kv(&f, hot, 2);
-    pol = make_policy(&f, "dapq", 12, NULL);
+    pol = make_policy(&f, "dapq", 12, "pool=5");
     assert_int_equal(ks_policy_on_prefill(pol, &info), KS_OK);
     for (int e = 0; e < NE; e++) {
         bool want = e < 2 || (e >= 10 && e <= 14) || (e >= 23 && e <= 27);

@@ -366,11 +366,96 @@ static void test_centre_summary_is_tighter(void **state) {
     }
 }
 
+/* Large head dims: with head_dim 256 the raw page bounds are 16x the
+ * attention logits; unscaled, the softmax of one head gives the best page 1
+ * and underflows every other to exactly 0, so the second page is picked by
+ * index.  The default 1/sqrt(d) keeps the ranking (pages 5 > 7 > 2). */
+static void test_scale_head_dim_256(void **state) {
+    (void)state;
+    enum { BIG = 256 };
+    for (int v = 0; v < 2; v++) {
+        fake_svc f = {0};
+        ks_kv_params kp = ks_kv_default_params();
+        kp.n_layer = 1;
+        kp.n_head_kv = 1;
+        kp.head_dim = BIG;
+        kp.n_ctx = CTX;
+        kp.page = PG;
+        assert_int_equal(ks_kv_create(&kp, &f.kv), KS_OK);
+        for (int e = 0; e < 40; e++) {
+            float k[BIG] = {0}, val[BIG] = {0};
+            if (e == 21) k[0] = 30.0f; /* page 5: bound 3000 */
+            if (e == 29) k[0] = 20.0f; /* page 7: bound 2000 */
+            if (e == 9) k[0] = 10.0f;  /* page 2: bound 1000 */
+            assert_int_equal(ks_kv_append(f.kv, 0, 0, 0, e, k, val), KS_OK);
+        }
+        ks_policy_env env = {.n_layer = 1, .n_head = 1, .n_head_kv = 1, .head_dim = BIG, .n_seq = 1, .n_ctx = CTX,
+                             .kv = f.kv, .svc = &f, .attn_probs = fake_probs, .evict = fake_evict};
+        ks_policy_params pp = ks_policy_default_params();
+        pp.budget = 14; /* sink 2 + window 4 + 8 entries: two pages */
+        pp.sink = 2;
+        pp.window = 4;
+        pp.dense_layers = 0;
+        pp.args = v ? "scale=none" : NULL;
+        ks_policy *pol = NULL;
+        assert_int_equal(ks_policy_create("freekv", &env, &pp, &pol), KS_OK);
+        float q[BIG] = {0};
+        q[0] = 100.0f;
+        sel_buf b;
+        ks_select_req r = {.seq = 0, .layer = 0, .head = 0, .pos = 40, .n_entries = 40, .q = q, .n_select = 8,
+                           .sink = 2, .window = 4};
+        assert_int_equal(ks_policy_select(pol, &r, sel_of(&b)), KS_OK);
+        assert_int_equal(b.sel.n, 2);
+        bool has5 = b.sel.idx[0] == 5 || b.sel.idx[1] == 5, has7 = b.sel.idx[0] == 7 || b.sel.idx[1] == 7;
+        assert_true(has5);
+        if (v == 0) assert_true(has7); /* scaled: the second best page is kept */
+        else assert_false(has7);       /* unscaled: it underflowed to 0 and lost to page 0 by index */
+        ks_policy_destroy(pol);
+        ks_kv_destroy(f.kv);
+    }
+}
+
+/* The paper's sink and recent windows: sink_frac / recent_frac of the budget
+ * in whole pages, paid from the selected pages before the scored ones. */
+static void test_paper_sink_recent_pages(void **state) {
+    (void)state;
+    fake_svc f = {0};
+    make_kv(&f);
+    float q[NQ * HD];
+    set_q(q, 1, 1, 1, 1); /* pages 2 and 5 score highest */
+    sel_buf b;
+    /* budget 18 = sink 2 + window 4 + 12 entries: three pages */
+    ks_select_req r = req_at(q, 40);
+    r.n_select = 12;
+    struct {
+        const char *args;
+        int32_t want[3];
+    } cases[] = {
+        {"sink_frac=0,recent_frac=0", {2, 5, -1}},     /* all three scored: 2, 5 and the best noise page */
+        {"sink_frac=0.25,recent_frac=0", {0, 2, 5}},   /* floor(4.5) / 4 = 1 sink page */
+        {"sink_frac=0.5,recent_frac=0.5", {0, 1, 8}},  /* 2 sink pages + the last page before the window */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        ks_policy *pol = NULL;
+        assert_int_equal(make_policy_st(&f, "freekv", 18, cases[c].args, &pol), KS_OK);
+        assert_int_equal(ks_policy_select(pol, &r, sel_of(&b)), KS_OK);
+        assert_int_equal(b.sel.n, 3);
+        for (int i = 0; i < 3; i++) {
+            if (cases[c].want[i] < 0) continue;
+            bool found = false;
+            for (int j = 0; j < b.sel.n; j++) found |= b.sel.idx[j] == cases[c].want[i];
+            assert_true(found);
+        }
+        ks_policy_destroy(pol);
+    }
+    ks_kv_destroy(f.kv);
+}
+
 static void test_bad_args(void **state) {
     (void)state;
     fake_svc f = {0};
     make_kv(&f);
-    const char *bad[] = {"tau=2", "tau=x", "summary=mean", "scale=2", "window=3"};
+    const char *bad[] = {"tau=2", "tau=x", "summary=mean", "scale=2", "window=3", "preset=long", "sink_frac=0.7"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         ks_policy *pol = NULL;
         assert_int_equal(make_policy_st(&f, "freekv", 10, bad[i], &pol), KS_ERR_INVALID_ARG);
@@ -561,6 +646,7 @@ int main(void) {
         cmocka_unit_test(test_tau_bounds_correction),        cmocka_unit_test(test_prefill_seeds_first_step),
         cmocka_unit_test(test_budget_covers_candidates),     cmocka_unit_test(test_bad_args),
         cmocka_unit_test(test_centre_summary_is_tighter),
+        cmocka_unit_test(test_scale_head_dim_256),           cmocka_unit_test(test_paper_sink_recent_pages),
         cmocka_unit_test(test_full_budget_equals_dense_gqa), cmocka_unit_test(test_full_budget_equals_dense_mha),
         cmocka_unit_test(test_sparse_tiers_gqa),             cmocka_unit_test(test_sparse_tiers_mha),
     };

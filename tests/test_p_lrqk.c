@@ -192,7 +192,7 @@ static void test_decode_step(void **state) {
     low_rank_rows(k, 1, D, V, 51, 0.0f);
     low_rank_rows(q, G, D, V, 61, 0.0f);
     double W[R * R] = {0};
-    assert_int_equal(ks_lrqk_decode(bq, bk, R, D, W, q, G, k, 2, 0.001f, 1.0f, qh, kh), KS_OK);
+    assert_int_equal(ks_lrqk_decode(bq, bk, R, D, W, NULL, q, G, k, 2, 0.001f, 1.0f, qh, kh), KS_OK);
     /* the exact line search zeroes the residual of k^ B_K - k */
     float rec[D];
     for (int c = 0; c < D; c++) {
@@ -207,7 +207,70 @@ static void test_decode_step(void **state) {
         for (int i = 0; i < R; i++) a += (double)qh[g * R + i] * kh[i];
         assert_true(fabs(t - a) < 0.1 * fabs(t) + 0.1);
     }
-    assert_int_equal(ks_lrqk_decode(bq, bk, 0, D, W, q, G, k, 2, 0.001f, 1.0f, qh, kh), KS_ERR_INVALID_ARG);
+    assert_int_equal(ks_lrqk_decode(bq, bk, 0, D, W, NULL, q, G, k, 2, 0.001f, 1.0f, qh, kh), KS_ERR_INVALID_ARG);
+}
+
+/* K_Omega: the q-update's term q K_O^T A_KO.  When the keys of O are exactly
+ * A_KO B_K, the exact-key form (kao = K_O^T A_KO) equals the Gram form
+ * (q B_K^T) W; with real keys off the span of B_K the two differ, and the
+ * policy uses the exact one.  Ranks above the old 64 cap (up to head_dim)
+ * work. */
+static void test_decode_exact_keys(void **state) {
+    (void)state;
+    enum { N = 48, D = 16, R = 6, G = 2, NO = 10 };
+    float V[8 * D], K[N * D], Q[N * G * D], ak[N * R], bq[R * D], bk[R * D];
+    ks_lrqk_randn(V, 8 * D, 5);
+    low_rank_rows(K, N, D, V, 32, 0.2f);
+    low_rank_rows(Q, N * G, D, V, 42, 0.2f);
+    ks_lrqk_factor_params fp = {.rank = R, .iters = 3, .tol = 0, .lambda = 1, .seed = 3};
+    assert_int_equal(ks_lrqk_factor(Q, N * G, K, N, D, &fp, NULL, ak, bq, bk), KS_OK);
+    float k[D], q[G * D];
+    low_rank_rows(k, 1, D, V, 52, 0.2f);
+    low_rank_rows(q, G, D, V, 62, 0.2f);
+    /* O = rows 0..NO-1: W = A_KO^T A_KO; kao_rec from A_KO B_K, kao_ex from the real keys */
+    double W[R * R] = {0};
+    float kao_rec[D * R] = {0}, kao_ex[D * R] = {0};
+    for (int e = 0; e < NO; e++)
+        for (int i = 0; i < R; i++) {
+            for (int j = 0; j < R; j++) W[i * R + j] += (double)ak[e * R + i] * ak[e * R + j];
+            for (int c = 0; c < D; c++) {
+                float krec = 0;
+                for (int t = 0; t < R; t++) krec += ak[e * R + t] * bk[t * D + c];
+                kao_rec[c * R + i] += krec * ak[e * R + i];
+                kao_ex[c * R + i] += K[e * D + c] * ak[e * R + i];
+            }
+        }
+    float qa[G * R], ka[R], qb[G * R], kb[R], qc[G * R], kc[R];
+    float bq1[R * D], bk1[R * D];
+    memcpy(bq1, bq, sizeof bq), memcpy(bk1, bk, sizeof bk);
+    assert_int_equal(ks_lrqk_decode(bq1, bk1, R, D, W, NULL, q, G, k, 2, 0, 1.0f, qa, ka), KS_OK);
+    memcpy(bq1, bq, sizeof bq), memcpy(bk1, bk, sizeof bk);
+    assert_int_equal(ks_lrqk_decode(bq1, bk1, R, D, W, kao_rec, q, G, k, 2, 0, 1.0f, qb, kb), KS_OK);
+    memcpy(bq1, bq, sizeof bq), memcpy(bk1, bk, sizeof bk);
+    assert_int_equal(ks_lrqk_decode(bq1, bk1, R, D, W, kao_ex, q, G, k, 2, 0, 1.0f, qc, kc), KS_OK);
+    double dab = 0, dac = 0, na = 0;
+    for (int i = 0; i < G * R; i++) {
+        dab += fabs((double)qa[i] - qb[i]);
+        dac += fabs((double)qa[i] - qc[i]);
+        na += fabs((double)qa[i]);
+    }
+    assert_true(dab < 1e-3 * na);  /* reconstructed keys: the Gram form */
+    assert_true(dac > 1e-2 * na);  /* exact keys: a different (the paper's) q^ */
+
+    /* rank above 64, up to head_dim */
+    enum { D2 = 128, R2 = 96, N2 = 160 };
+    float *V2 = malloc(sizeof(float) * D2 * D2), *K2 = malloc(sizeof(float) * N2 * D2),
+          *Q2 = malloc(sizeof(float) * N2 * D2), *ak2 = malloc(sizeof(float) * N2 * R2),
+          *bq2 = malloc(sizeof(float) * R2 * D2), *bk2 = malloc(sizeof(float) * R2 * D2);
+    ks_lrqk_randn(K2, (size_t)N2 * D2, 7);
+    ks_lrqk_randn(Q2, (size_t)N2 * D2, 8);
+    ks_lrqk_factor_params fp2 = {.rank = R2, .iters = 2, .tol = 0, .lambda = 1, .seed = 4};
+    assert_int_equal(ks_lrqk_factor(Q2, N2, K2, N2, D2, &fp2, NULL, ak2, bq2, bk2), KS_OK);
+    float qh2[R2], kh2[R2], a2[R2];
+    assert_int_equal(ks_lrqk_decode(bq2, bk2, R2, D2, NULL, NULL, Q2, 1, K2, 2, 0, 1.0f, qh2, kh2), KS_OK);
+    assert_int_equal(ks_lrqk_project(bk2, R2, D2, K2, a2), KS_OK);
+    for (int i = 0; i < R2; i++) assert_true(isfinite(qh2[i]) && isfinite(kh2[i]) && isfinite(a2[i]));
+    free(V2), free(K2), free(Q2), free(ak2), free(bq2), free(bk2);
 }
 
 /* ------------------------------------------------------ hand-made KV -- */
@@ -215,6 +278,7 @@ enum { HD = 8, NKV = 1, NQH = 2, CTX = 64, PG = 4, N0 = 40 };
 
 typedef struct {
     ks_kv_store *kv;
+    int reads[CTX]; /* times each entry's key was read */
 } fake_svc;
 
 static ks_status fake_read_keys(void *svc, int32_t seq, int32_t layer, int32_t head, int32_t first, int32_t n,
@@ -222,6 +286,7 @@ static ks_status fake_read_keys(void *svc, int32_t seq, int32_t layer, int32_t h
     fake_svc *f = svc;
     if (first < 0 || first + n > ks_kv_n_entries(f->kv, seq, layer, head)) return KS_ERR_INVALID_ARG;
     for (int32_t e = first; e < first + n; e++) {
+        f->reads[e]++;
         const uint8_t *K, *V;
         ks_kv_page_rows(f->kv, seq, layer, head, e / PG, &K, &V);
         const ks_f16 *k = (const ks_f16 *)K + (e % PG) * HD;
@@ -391,6 +456,41 @@ static void test_hit_miss_counting(void **state) {
     ks_kv_destroy(f.kv);
 }
 
+/* K_Omega in the policy: the exact stored keys of the tokens a step attends
+ * (selected entries, sinks, window) are read when they enter O, and a token
+ * that stays resident is not read again (hit).  rank = head_dim and above it
+ * (clamped) run and still rank the hot key first. */
+static void test_exact_keys_of_selected(void **state) {
+    (void)state;
+    const char *args[] = {"rank=4", "rank=8", "rank=100"};
+    for (int v = 0; v < 3; v++) {
+        fake_svc f = {0};
+        make_kv(&f, 21);
+        ks_policy *pol = make_policy(&f, args[v]);
+        prefill(pol);
+        memset(f.reads, 0, sizeof f.reads);
+        int32_t idx[CTX], idx2[CTX];
+        int32_t n = step(&f, pol, N0, 21, 6, 1.0f, idx);
+        assert_true(n == 6);
+        bool hot = false;
+        for (int32_t i = 0; i < n; i++) {
+            assert_true(f.reads[idx[i]] >= 1); /* the selected tokens' exact keys */
+            hot |= idx[i] == 21;
+        }
+        assert_true(hot);
+        for (int e = 0; e < 2; e++) assert_true(f.reads[e] >= 1);           /* sinks */
+        for (int e = N0 + 1 - 4; e <= N0; e++) assert_true(f.reads[e] >= 1); /* window */
+        int before[CTX];
+        memcpy(before, f.reads, sizeof before);
+        int32_t n2 = step(&f, pol, N0 + 1, 21, 6, 1.0f, idx2);
+        for (int32_t i = 0; i < n2; i++)
+            for (int32_t j = 0; j < n; j++)
+                if (idx2[i] == idx[j]) assert_int_equal(f.reads[idx2[i]], before[idx2[i]]); /* hit: not re-read */
+        ks_policy_destroy(pol);
+        ks_kv_destroy(f.kv);
+    }
+}
+
 static void test_bad_args(void **state) {
     (void)state;
     fake_svc f = {0};
@@ -398,7 +498,7 @@ static void test_bad_args(void **state) {
     ks_policy_env env = {.n_layer = 1, .n_head = NQH, .n_head_kv = NKV, .head_dim = HD, .n_seq = 1, .n_ctx = CTX,
                          .kv = f.kv, .svc = &f, .read_keys = fake_read_keys};
     ks_policy_params pp = ks_policy_default_params();
-    const char *bad[] = {"rank=0", "rank=65", "iters=0", "tol=-1", "lambda=0", "rank=x", "nokey=1", "rank"};
+    const char *bad[] = {"rank=0", "rank=1025", "iters=0", "tol=-1", "lambda=0", "rank=x", "nokey=1", "rank"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         pp.args = bad[i];
         ks_policy *pol = NULL;
@@ -515,6 +615,8 @@ int main(void) {
         cmocka_unit_test(test_factor_error_falls_with_rank),
         cmocka_unit_test(test_decode_step),
         cmocka_unit_test(test_hot_key_ranks_first),
+        cmocka_unit_test(test_decode_exact_keys),
+        cmocka_unit_test(test_exact_keys_of_selected),
         cmocka_unit_test(test_proxy_kernels_agree),
         cmocka_unit_test(test_hit_miss_counting),
         cmocka_unit_test(test_bad_args),

@@ -233,17 +233,19 @@ ks_status ks_lrqk_factor(const float *Q, int32_t nq, const float *K, int32_t nk,
 }
 
 ks_status ks_lrqk_project(const float *bk, int32_t r, int32_t d, const float *k, float *a) {
-    double rr[64 * 64], rhs[64];
-    if (r <= 0 || r > 64) return KS_FAIL(KS_ERR_INVALID_ARG, "lrqk project: rank %d outside [1, 64]", r);
+    if (r <= 0 || d <= 0) return KS_FAIL(KS_ERR_INVALID_ARG, "lrqk project: rank %d", r);
+    double *rr = ks_malloc(sizeof(double) * ((size_t)r * r + r)), *rhs = rr + (size_t)r * r;
     bbt(bk, r, d, rr);
     for (int32_t i = 0; i < r; i++) {
         double s = 0;
         for (int32_t c = 0; c < d; c++) s += (double)bk[(size_t)i * d + c] * k[c];
         rhs[i] = s;
     }
-    KS_TRY(ks_lrqk_solve(r, rr, rhs, 1));
-    for (int32_t i = 0; i < r; i++) a[i] = (float)rhs[i];
-    return KS_OK;
+    ks_status st = ks_lrqk_solve(r, rr, rhs, 1);
+    if (st == KS_OK)
+        for (int32_t i = 0; i < r; i++) a[i] = (float)rhs[i];
+    ks_free(rr);
+    return st;
 }
 
 /* One gradient step on B [r][d] for rows xs [n][r] against targets ts [n][d]:
@@ -274,13 +276,17 @@ static void grad_step(float *B, int32_t r, int32_t d, const float *xs, const flo
     for (size_t i = 0; i < (size_t)r * d; i++) B[i] -= lr * dB[i];
 }
 
-ks_status ks_lrqk_decode(float *bq, float *bk, int32_t r, int32_t d, const double *gram_o, const float *q, int32_t G,
-                         const float *k, int32_t iters, float tol, float lambda, float *qhat, float *khat) {
-    enum { RMAX = 64, GMAX = 64 };
-    if (r <= 0 || r > RMAX || G <= 0 || G > GMAX || d <= 0)
+ks_status ks_lrqk_decode(float *bq, float *bk, int32_t r, int32_t d, const double *gram_o, const float *kao,
+                         const float *q, int32_t G, const float *k, int32_t iters, float tol, float lambda, float *qhat,
+                         float *khat) {
+    if (r <= 0 || G <= 0 || d <= 0)
         return KS_FAIL(KS_ERR_INVALID_ARG, "lrqk decode: rank %d / group %d out of range", r, G);
-    double BQ2[RMAX * RMAX], BK2[RMAX * RMAX], M[RMAX * RMAX], R[RMAX * GMAX], kb[RMAX];
-    double c[GMAX * RMAX], s[GMAX];
+    size_t rr = (size_t)r * r, rg = (size_t)r * G;
+    /* BQ2, BK2, M [r][r]; R, c, qh [r][G]; kb, kh, nk, qbq, qbk [r]; s [G] */
+    double *BQ2 = ks_malloc(sizeof(double) * (3 * rr + 3 * rg + 5 * (size_t)r + (size_t)G));
+    double *BK2 = BQ2 + rr, *M = BK2 + rr, *R = M + rr, *c = R + rg, *qh = c + rg, *kb = qh + rg, *kh = kb + r,
+           *nk = kh + r, *qbq = nk + r, *qbk = qbq + r, *s = qbk + r;
+    ks_status st = KS_OK;
     bbt(bq, r, d, BQ2);
     bbt(bk, r, d, BK2);
     for (int32_t i = 0; i < r; i++) {
@@ -290,7 +296,7 @@ ks_status ks_lrqk_decode(float *bq, float *bk, int32_t r, int32_t d, const doubl
     }
     for (int32_t g = 0; g < G; g++) {
         const float *qg = q + (size_t)g * d;
-        double qbq[RMAX], qbk[RMAX], dot = 0;
+        double dot = 0;
         for (int32_t x = 0; x < d; x++) dot += (double)qg[x] * k[x];
         s[g] = dot;
         for (int32_t i = 0; i < r; i++) {
@@ -301,20 +307,21 @@ ks_status ks_lrqk_decode(float *bq, float *bk, int32_t r, int32_t d, const doubl
             }
             qbq[i] = a, qbk[i] = b;
         }
-        /* c_g = l q B_Q^T + (q B_K^T) W */
+        /* c_g = l q B_Q^T + q K_O^T A_KO: with the exact keys of O (kao), or
+         * (q B_K^T) W when only the Gram is known (K_O ~ A_KO B_K) */
         for (int32_t j = 0; j < r; j++) {
             double t = lambda * qbq[j];
-            if (gram_o)
+            if (kao)
+                for (int32_t x = 0; x < d; x++) t += (double)qg[x] * kao[(size_t)x * r + j];
+            else if (gram_o)
                 for (int32_t i = 0; i < r; i++) t += qbk[i] * gram_o[(size_t)i * r + j];
             c[(size_t)g * r + j] = t;
         }
     }
     /* start: k-only least squares */
-    memcpy(M, BK2, sizeof(double) * (size_t)r * r);
-    double kh[RMAX];
+    memcpy(M, BK2, sizeof(double) * rr);
     memcpy(kh, kb, sizeof(double) * (size_t)r);
-    KS_TRY(ks_lrqk_solve(r, M, kh, 1));
-    double qh[GMAX * RMAX];
+    if ((st = ks_lrqk_solve(r, M, kh, 1)) != KS_OK) goto out;
     int32_t rounds = iters > 1 ? iters : 1;
     for (int32_t it = 0; it < rounds; it++) {
         /* q^: (l BQ2 + W + k^ k^T) X = R, R [r][G] */
@@ -324,11 +331,10 @@ ks_status ks_lrqk_decode(float *bq, float *bk, int32_t r, int32_t d, const doubl
                                        kh[i] * kh[j];
         for (int32_t i = 0; i < r; i++)
             for (int32_t g = 0; g < G; g++) R[(size_t)i * G + g] = c[(size_t)g * r + i] + s[g] * kh[i];
-        KS_TRY(ks_lrqk_solve(r, M, R, G));
+        if ((st = ks_lrqk_solve(r, M, R, G)) != KS_OK) goto out;
         for (int32_t g = 0; g < G; g++)
             for (int32_t i = 0; i < r; i++) qh[(size_t)g * r + i] = R[(size_t)i * G + g];
         /* k^: (l BK2 + sum q^ q^T) x = l k B_K^T + sum s q^ */
-        double nk[RMAX];
         for (int32_t i = 0; i < r; i++) {
             double t = lambda * kb[i];
             for (int32_t g = 0; g < G; g++) t += s[g] * qh[(size_t)g * r + i];
@@ -339,7 +345,7 @@ ks_status ks_lrqk_decode(float *bq, float *bk, int32_t r, int32_t d, const doubl
                 M[(size_t)i * r + j] = m;
             }
         }
-        KS_TRY(ks_lrqk_solve(r, M, nk, 1));
+        if ((st = ks_lrqk_solve(r, M, nk, 1)) != KS_OK) goto out;
         double delta = 0;
         for (int32_t i = 0; i < r; i++) delta += (nk[i] - kh[i]) * (nk[i] - kh[i]);
         memcpy(kh, nk, sizeof(double) * (size_t)r);
@@ -352,7 +358,9 @@ ks_status ks_lrqk_decode(float *bq, float *bk, int32_t r, int32_t d, const doubl
     grad_step(bk, r, d, khat, k, 1, dB, e);
     ks_free(dB);
     ks_free(e);
-    return KS_OK;
+out:
+    ks_free(BQ2);
+    return st;
 }
 
 /* The k largest of sc[0..m) into idx (any order), ties toward the lower

@@ -50,13 +50,15 @@ ks_status ks_lrqk_project(const float *bk, int32_t r, int32_t d, const float *k,
  *   q^_g <- (l q_g B_Q^T + c_g + (q_g.k) k^)(l B_Q B_Q^T + W + k^T k^)^-1
  *   k^   <- (l k B_K^T + sum_g (q_g.k) q^_g)(l B_K B_K^T + sum_g q^_g^T q^_g)^-1
  * where W = A_KO^T A_KO is the Gram of the previous step's attended rows O
- * (gram [r][r], double) and c_g = q_g K_O^T A_KO, here (q_g B_K^T) W (K_O
- * approximated by A_KO B_K, see p_lrqk.c).  Stops when the mean squared
+ * (gram [r][r], double) and c_g = q_g K_O^T A_KO with K_O the exact stored
+ * keys of O: kao [d][r] = K_O^T A_KO (float; NULL: approximated from the
+ * Gram as (q_g B_K^T) W, i.e. K_O ~ A_KO B_K; gram NULL too: no O term).  Stops when the mean squared
  * change of k^ is < tol or after iters rounds; then one gradient step on
  * B_Q, B_K with step ||dB||^2 / (sum ||x dB||^2 + 1e-6) (exact line search).
  * bq, bk [r][d] updated in place; qhat [G][r], khat [r] out. */
-ks_status ks_lrqk_decode(float *bq, float *bk, int32_t r, int32_t d, const double *gram, const float *q, int32_t G,
-                         const float *k, int32_t iters, float tol, float lambda, float *qhat, float *khat);
+ks_status ks_lrqk_decode(float *bq, float *bk, int32_t r, int32_t d, const double *gram, const float *kao,
+                         const float *q, int32_t G, const float *k, int32_t iters, float tol, float lambda, float *qhat,
+                         float *khat);
 
 /* The k largest of sc[0..m) into idx (any order; ties toward the lower
  * index, NaN lowest: ks_topk's contract, same set) in O(m) by quickselect

@@ -36,19 +36,30 @@
  * projected (layer, head) holds the same number of entries and fails the step
  * with KS_ERR_INVALID_ARG otherwise (e.g. "snapkv+chess").
  *
- * Quality-aware reconstruction.  The selection of a sequence is kept from
- * step to step and rebuilt only when
- *   - it is the sequence's first selected step (not counted as a rebuild),
- *   - the entropy or the varentropy of the previous output distribution
- *     (ks_step_info, wants_entropy) exceeds `h_max` / `v_max` (calibrated by
- *     `kvsieve eval --calibrate` as the 99th percentiles over dense decoding;
- *     the CLI passes them from MODEL.gguf.chess.json; default: +inf), or
- *   - the horizon was passed (`horizon=1`, default): a build scores the pages
- *     that reach before the step's window start; once the window start moves
- *     past the last of them, entries that were never scored would leave the
- *     window unattended, so the selection is rebuilt (at most once per P
- *     steps).  `horizon=0` keeps the selection until a quality trigger, and
- *     pages written since then are attended only while in the window.
+ * Quality-aware reconstruction (Section 3.3, "Quality-Aware Backtracking",
+ * and Figure 4).  The selection of a sequence is kept from step to step and
+ * rebuilt only when
+ *   - it is the sequence's first selected step (not counted as a rebuild);
+ *   - a KV page of generated tokens is complete and *both* its average
+ *     entropy H_p and its average varentropy Var(H)_p exceed the calibrated
+ *     thresholds `h_max` / `v_max` — the upper-right "pruned area" of the
+ *     paper's Figure 4, which plots pages by (average entropy, varentropy)
+ *     with 99th-percentile cut-offs on both axes.  The per-token values are
+ *     those of the output distribution each decoded token was drawn from
+ *     (ks_step_info, wants_entropy); a token belongs to the page its entry
+ *     lands in, and a page is judged at the first step of the next page
+ *     (unknown values, NaN, are left out of the averages; a page without any
+ *     known value never triggers).  The thresholds are calibrated per model
+ *     by `kvsieve eval --calibrate` over the same per-page averages of dense
+ *     runs and loaded from MODEL.gguf.chess.json by the CLI; default +inf
+ *     (no quality trigger) when none is given;
+ *   - baselines, off by default: `period=N` rebuilds every N pages of
+ *     generated tokens (the paper's Appendix C static reconstruction uses 6),
+ *     and `horizon=1` rebuilds once entries that no build ranked would leave
+ *     the window (a build scores the pages before the step's window start;
+ *     without a rebuild, pages written after it are attended only while in
+ *     the window, as in the paper, where the working set is P_selected plus
+ *     sinks and the recent pages).
  * Triggered rebuilds are reported through the `rebuilds` counter; `selections`
  * counts the (row, step) pairs that received a selection.
  */
@@ -166,7 +177,12 @@ int32_t ks_chess_mask(const float *page_s, const float *chunk_s, const float *gr
 /* ------------------------------------------------------------ policy -- */
 typedef struct {
     bool built;           /* a selection exists for this sequence */
+    bool pending;         /* a quality trigger fired while no selection was needed */
     int32_t horizon;      /* entries [0, horizon) lie in pages the last build ranked */
+    int32_t built_n;      /* entries when the selection was last built (period=N) */
+    int32_t acc_page;     /* page whose generated tokens acc_* average; -1: none */
+    int32_t acc_n;        /* tokens with known entropy in it */
+    double acc_h, acc_v;  /* their entropy and varentropy sums */
     int32_t n_sel;
     int32_t *sel;         /* [max_pages] kept pages, best page score first */
 } chess_seq;
@@ -177,6 +193,7 @@ typedef struct {
     ks_chess_cfg cfg;
     double h_max, v_max;
     bool horizon_on;
+    int32_t period;       /* rebuild every `period` pages of generated tokens (0: off) */
     int32_t P, max_pages, n_proj;
     int32_t *proj;        /* [n_proj] layers of the page vectors */
     chess_seq *seqs;      /* [n_seq] */
@@ -185,7 +202,7 @@ typedef struct {
 } chess_state;
 
 static const char *const chess_args[] = {"chunk", "grid",  "preset", "rho_g",   "rho_c", "rho_p",
-                                         "h_max", "v_max", "layers", "horizon", NULL};
+                                         "h_max", "v_max", "layers", "horizon", "period", NULL};
 
 static void chess_destroy(void *state) {
     chess_state *s = state;
@@ -199,13 +216,14 @@ static void chess_destroy(void *state) {
 }
 
 static ks_status chess_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
-    int64_t chunk, grid, layers, horizon;
+    int64_t chunk, grid, layers, horizon, period;
     double rg, rc, rp, h_max, v_max;
     char preset[32];
     KS_TRY(ks_args_int(p->args, "chunk", 4, 1, 1 << 20, &chunk));
     KS_TRY(ks_args_int(p->args, "grid", 4, 1, 1 << 20, &grid));
     KS_TRY(ks_args_int(p->args, "layers", 0, 0, env->n_layer, &layers));
-    KS_TRY(ks_args_int(p->args, "horizon", 1, 0, 1, &horizon));
+    KS_TRY(ks_args_int(p->args, "horizon", 0, 0, 1, &horizon));
+    KS_TRY(ks_args_int(p->args, "period", 0, 0, 1 << 20, &period));
     KS_TRY(ks_args_str(p->args, "preset", "moderate", preset, sizeof preset));
     KS_TRY(ks_chess_preset(preset, &rg, &rc, &rp));
     KS_TRY(ks_args_float(p->args, "rho_g", rg, 1e-6, 1, &rg));
@@ -221,6 +239,7 @@ static ks_status chess_create(const ks_policy_env *env, const ks_policy_params *
     s->h_max = h_max;
     s->v_max = v_max;
     s->horizon_on = horizon != 0;
+    s->period = (int32_t)period;
     s->P = ks_policy_kv_page_size(env);
     s->max_pages = (env->n_ctx + s->P - 1) / s->P + 1;
     /* layers=N: N evenly spaced layers (0: all) */
@@ -228,7 +247,10 @@ static ks_status chess_create(const ks_policy_env *env, const ks_policy_params *
     s->proj = ks_malloc(sizeof(int32_t) * (size_t)s->n_proj);
     for (int32_t i = 0; i < s->n_proj; i++) s->proj[i] = (int32_t)((int64_t)i * env->n_layer / s->n_proj);
     s->seqs = ks_calloc((size_t)env->n_seq, sizeof *s->seqs);
-    for (int32_t i = 0; i < env->n_seq; i++) s->seqs[i].sel = ks_malloc(sizeof(int32_t) * (size_t)s->max_pages);
+    for (int32_t i = 0; i < env->n_seq; i++) {
+        s->seqs[i].sel = ks_malloc(sizeof(int32_t) * (size_t)s->max_pages);
+        s->seqs[i].acc_page = -1;
+    }
     s->page_s = ks_malloc(sizeof(float) * (size_t)s->max_pages * 3);
     s->chunk_s = s->page_s + s->max_pages;
     s->grid_s = s->chunk_s + s->max_pages;
@@ -239,8 +261,12 @@ static ks_status chess_create(const ks_policy_env *env, const ks_policy_params *
 
 static void chess_seq_reset(void *state, int32_t seq) {
     chess_state *s = state;
-    s->seqs[seq].built = false;
-    s->seqs[seq].n_sel = 0;
+    chess_seq *q = &s->seqs[seq];
+    q->built = q->pending = false;
+    q->n_sel = 0;
+    q->acc_page = -1;
+    q->acc_n = 0;
+    q->acc_h = q->acc_v = 0;
 }
 
 /* Rank the pages of `seq` (n entries before this step's token) and keep the
@@ -264,6 +290,8 @@ static ks_status chess_build(chess_state *s, int32_t seq, int32_t n) {
     int32_t np_all = (n + P - 1) / P;
     if (np > np_all) np = np_all;
     q->built = true;
+    q->pending = false;
+    q->built_n = n;
     q->horizon = np * P;
     q->n_sel = 0;
     if (np == 0) return KS_OK;
@@ -297,21 +325,45 @@ static ks_status chess_build(chess_state *s, int32_t seq, int32_t n) {
     return KS_OK;
 }
 
+/* The quality trigger: the generated token of this step (entropy H,
+ * varentropy V of the distribution it was drawn from) lands in entry n, page
+ * n / P.  When that page differs from the one being averaged, the finished
+ * page is judged: both averages above their thresholds -> true. */
+static bool chess_page_trigger(const chess_state *s, chess_seq *q, int32_t n, float H, float V) {
+    int32_t page = n / s->P;
+    bool fire = false;
+    if (q->acc_page != page) {
+        if (q->acc_page >= 0 && q->acc_n > 0)
+            fire = q->acc_h / q->acc_n > s->h_max && q->acc_v / q->acc_n > s->v_max;
+        q->acc_page = page;
+        q->acc_n = 0;
+        q->acc_h = q->acc_v = 0;
+    }
+    if (H == H && V == V) { /* NaN (unknown) is left out */
+        q->acc_h += H;
+        q->acc_v += V;
+        q->acc_n++;
+    }
+    return fire;
+}
+
 static ks_status chess_before_step(void *state, const ks_step_info *step) {
     chess_state *s = state;
     for (int32_t r = 0; r < step->n; r++) {
         int32_t seq = step->seq[r];
         int32_t n = ks_policy_kv_n_entries(&s->env, seq, 0, 0);
+        chess_seq *q = &s->seqs[seq];
+        float H = step->entropy ? step->entropy[r] : NAN, V = step->varentropy ? step->varentropy[r] : NAN;
+        if (chess_page_trigger(s, q, n, H, V)) q->pending = true;
         /* the framework asks only when 0 < budget < entries (the new token's included) */
         if (s->p.budget <= 0 || s->p.budget >= n + 1) continue;
-        chess_seq *q = &s->seqs[seq];
         s->selections++;
         bool rebuild = !q->built;
         if (!rebuild) {
-            float H = step->entropy ? step->entropy[r] : NAN, V = step->varentropy ? step->varentropy[r] : NAN;
-            bool quality = H > s->h_max || V > s->v_max; /* NaN (unknown) never triggers */
+            bool quality = q->pending;
             bool horizon = s->horizon_on && n + 1 - s->p.window > q->horizon;
-            rebuild = quality || horizon;
+            bool period = s->period > 0 && n - q->built_n >= s->period * s->P;
+            rebuild = quality || horizon || period;
             if (rebuild) s->rebuilds++;
         }
         if (rebuild) KS_TRY(chess_build(s, seq, n));
@@ -343,8 +395,8 @@ static void chess_counters(void *state, ks_policy_counters *out) {
 
 const ks_policy_i ks_policy_chess = {
     .name = "chess",
-    .summary = "CHESS: one global grid/chunk/page selection by key-key affinity to the window, rebuilt on "
-               "entropy/varentropy triggers",
+    .summary = "CHESS: one global grid/chunk/page selection by key-key affinity to the window, rebuilt when a "
+               "page's mean entropy and varentropy both pass calibrated thresholds",
     .default_dense_layers = 0,
     .global = true,
     .arg_names = chess_args,

@@ -14,14 +14,25 @@
  * on_prefill with info->pseudo set, and removes their KV; decoding starts at
  * L_p as if they had never been there.
  *
- * Scoring: S(j) = sum over the pseudo queries and over the query heads of
- * the KV head's group of softmax(q k^T / sqrt(d))[j] (env->attn_probs; the
- * softmax runs over the prompt entries only, the pseudo tokens' own keys are
- * already gone — the paper's Eq. 4 scores prompt keys only as well).  The
- * scores are smoothed by an average pool of width `pool` (SnapKV's
- * clustering; the paper does not mention one, so pool=1 is the literal
- * paper) computed over the candidate range only, so the sinks' large mass
- * does not spill onto their neighbours.
+ * Scoring (Section 4.2, Eq. 4-5): S(j) = sum over the pseudo queries and
+ * over the query heads of the KV head's group of
+ * softmax(q k^T / sqrt(d))[j] (env->attn_probs), then a plain top-K of S.
+ * Pooling: Eq. 5 takes the top-K of S itself, so `pool=1` (no pooling) is
+ * the default; `pool=5` is SnapKV's clustering, an option (computed over the
+ * candidate range only, so the sinks' large mass does not spill onto their
+ * neighbours).  GQA: the paper scores per attention head; summing the
+ * group's heads gives one ranking per KV head, as our budgets are per KV
+ * head.
+ * Remaining difference — keys in scope: in the paper, Attention(q_i, k_j) is
+ * the attention of pseudo query i in the extended sequence, whose softmax
+ * runs over the prompt keys *and* the pseudo keys up to i (causal); Eq. 4
+ * then reads the prompt columns.  Here the framework removes the pseudo
+ * tokens' KV before on_prefill, so the softmax is normalised over the
+ * prompt keys only: each query's prompt weights sum to 1 instead of to
+ * 1 - (its mass on the pseudo tokens), which reweights queries relative to
+ * each other (the ranking within one query is unchanged).  Closing it needs
+ * the engine to score before it truncates the pseudo KV (see
+ * docs/POLICIES.md, deviations).
  *
  * Budget (per KV head, the framework's convention): each head with more
  * than `budget` entries keeps exactly `budget`: the first `sink` entries,
@@ -61,7 +72,7 @@ static ks_status dapq_create(const ks_policy_env *env, const ks_policy_params *p
     int64_t n_pseudo, n_head, pool, recent;
     KS_TRY(ks_args_int(p->args, "n_pseudo", 32, 1, 1024, &n_pseudo));
     KS_TRY(ks_args_int(p->args, "n_head_tokens", 4, 0, 1024, &n_head));
-    KS_TRY(ks_args_int(p->args, "pool", 5, 1, 63, &pool));
+    KS_TRY(ks_args_int(p->args, "pool", 1, 1, 63, &pool));
     KS_TRY(ks_args_int(p->args, "keep_recent", 0, 0, 1 << 24, &recent));
     if (pool % 2 == 0) return KS_FAIL(KS_ERR_INVALID_ARG, "dapq pool=%lld must be odd", (long long)pool);
     if (n_head > n_pseudo)

@@ -23,8 +23,9 @@
  * cos(q_t, q_{t-1}) decides per KV head: below `tau` the speculative pages
  * are stale and the fresh selection (made with q_t, already computed for the
  * hint) is used at once, as the paper's synchronous head-wise correction
- * recall does; the correction is counted.  tau = 0.9 by default (the paper's
- * value for long generation / reasoning); the paper uses 0.8 for long input.
+ * recall does; the correction is counted.  tau = 0.8 by default (the paper's
+ * value for long input, `preset=input`); `preset=gen` takes its 0.9 for long
+ * generation / reasoning.
  * A missing or out-of-date previous step (the first sparse step after dense
  * ones, a truncated sequence) also selects fresh, without counting a
  * correction.
@@ -32,7 +33,7 @@
  * Page scores.  The paper says "min-max pooled keys, similar to Quest"; its
  * public code stores c +/- r per page with c = (max+min)/2 and
  * r = mean_k |c - k| (a typical spread, tighter than the half range) and
- * scores sum_i max(q_i hi_i, q_i lo_i) without 1/sqrt(d).  Our store keeps
+ * scores sum_i max(q_i hi_i, q_i lo_i) (without 1/sqrt(d), see below).  Our store keeps
  * per page only kmin, kmax and ksum, so:
  *   summary=bound  (default) the Quest bound over [kmin, kmax] from kv
  *                  metadata: free, exact at every append.  Note that
@@ -50,15 +51,32 @@
  * (window < its fill), which the public code's page-granular window never
  * meets.
  *
- * Group-consistent selection: per query head the page scores (times `scale`:
- * 1 by default as in the public code, `scale=sqrt` for 1/sqrt(d)) go through
- * a softmax over the pages, the G distributions are averaged, and the top
- * ceil(n_select / P) pages are kept (the framework's budget convention; the
- * candidates are the pages that hold an entry outside the sinks and the
- * window, so the budget is not spent on pages attended anyway).  Layer 0
- * stays dense by default, as in the paper.  When the budget covers every
- * candidate the selection is `all`, and the framework never asks at all when
- * the budget covers the head: a full budget is bit-identical to dense.
+ * Group-consistent selection (Section 3.1): per query head the page scores
+ * times 1/sqrt(d) (`scale=sqrt`, the default: the attention logits' own
+ * scale, so that with head_dim 128-256 the softmax over raw bounds does not
+ * collapse to one page and underflow every other page to an exact 0, which
+ * would leave the rest of the ranking to index order; `scale=none` is the
+ * public code's unscaled score) go through a softmax over the competing
+ * pages, the G distributions are averaged, sum_j softmax(P^j) / G, and the
+ * top pages are kept.
+ *
+ * Sink and window (Section 5.1, "sink size S, local window W"): the paper
+ * keeps S sink and W recent tokens and selects B - S - W.  Its runs use
+ * S = W = 128 with B = 2048 and tau = 0.8 for long input (LongBench v2) and
+ * S = W = 512, tau = 0.9 for long generation and reasoning (also the public
+ * code's defaults, counted there in whole pages).  kvsieve's budgets are
+ * shares of the context, so the presets keep the paper's *ratios*:
+ * `preset=input` (default) S = W = B/16, tau 0.8; `preset=gen` S = W = B/4,
+ * tau 0.9; `sink_frac` / `recent_frac` / `tau` override.  As in the public
+ * code they count whole pages: floor(frac * B / P) leading pages and as many
+ * trailing pages are attended on top of the framework's --sink / --window
+ * and paid from the budget's ceil(n_select / P) pages; the remaining pages go
+ * to the scored selection (candidates: the pages that hold an entry in
+ * [sink, n - window), so the budget is not spent on entries attended anyway).
+ * Layer 0 stays dense by default, as in the paper ("KV cache compression is
+ * not applied to the first layer").  When the budget covers every candidate
+ * the selection is `all`, and the framework never asks at all when the
+ * budget covers the head: a full budget is bit-identical to dense.
  *
  * State per (seq, layer, KV head): the previous selection (pages), the
  * previous group queries [G][head_dim], the position they were made at, and
@@ -76,6 +94,7 @@ typedef struct {
     ks_policy_env env;
     ks_policy_params p;
     double tau;
+    double sink_frac, recent_frac; /* the paper's S / B and W / B (whole pages, paid from the budget) */
     float scale;         /* multiplies page scores before the softmax */
     int summary;         /* SUM_BOUND or SUM_CENTRE */
     int32_t dense_layers;
@@ -90,18 +109,25 @@ typedef struct {
     float *cs_fp;        /* [n_slot][max_pages] fingerprint of the page they were made from; NaN: none */
 } freekv_state;
 
-static const char *const freekv_args[] = {"tau", "summary", "scale", NULL};
+static const char *const freekv_args[] = {"tau", "summary", "scale", "preset", "sink_frac", "recent_frac", NULL};
 
 static size_t slot_of(const freekv_state *s, int32_t seq, int32_t layer, int32_t head) {
     return ((size_t)seq * s->env.n_layer + (size_t)layer) * s->env.n_head_kv + (size_t)head;
 }
 
 static ks_status freekv_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
-    double tau;
-    char sum[16], sc[16];
-    KS_TRY(ks_args_float(p->args, "tau", 0.9, -1.0, 1.0, &tau));
+    double tau, sink_frac, recent_frac;
+    char sum[16], sc[16], preset[16];
+    KS_TRY(ks_args_str(p->args, "preset", "input", preset, sizeof preset));
+    double tau0, frac0;
+    if (strcmp(preset, "input") == 0) tau0 = 0.8, frac0 = 1.0 / 16; /* LongBench v2: S = W = 128 of B = 2048 */
+    else if (strcmp(preset, "gen") == 0) tau0 = 0.9, frac0 = 0.25;  /* LongGenBench, reasoning: S = W = 512 */
+    else return KS_FAIL(KS_ERR_INVALID_ARG, "freekv preset=%s: expected input or gen", preset);
+    KS_TRY(ks_args_float(p->args, "tau", tau0, -1.0, 1.0, &tau));
+    KS_TRY(ks_args_float(p->args, "sink_frac", frac0, 0.0, 0.5, &sink_frac));
+    KS_TRY(ks_args_float(p->args, "recent_frac", frac0, 0.0, 0.5, &recent_frac));
     KS_TRY(ks_args_str(p->args, "summary", "bound", sum, sizeof sum));
-    KS_TRY(ks_args_str(p->args, "scale", "none", sc, sizeof sc));
+    KS_TRY(ks_args_str(p->args, "scale", "sqrt", sc, sizeof sc));
     int summary;
     if (strcmp(sum, "bound") == 0) summary = SUM_BOUND;
     else if (strcmp(sum, "centre") == 0 || strcmp(sum, "center") == 0) summary = SUM_CENTRE;
@@ -118,6 +144,8 @@ static ks_status freekv_create(const ks_policy_env *env, const ks_policy_params 
     s->p = *p;
     s->p.args = NULL; /* borrowed string: not kept */
     s->tau = tau;
+    s->sink_frac = sink_frac;
+    s->recent_frac = recent_frac;
     s->summary = summary;
     s->G = env->n_head / env->n_head_kv;
     s->P = ks_policy_kv_page_size(env);
@@ -199,7 +227,10 @@ static ks_status page_box(freekv_state *s, size_t slot, int32_t seq, int32_t lay
 
 /* The selection q [G][hd] makes over n entries with sink/window added by the
  * framework: pages into sel (cap >= max_pages), count into *n_out, *all when
- * the budget covers every candidate page (sel then lists them all). */
+ * the budget covers every candidate page (sel then lists them all).  The
+ * paper's sink and recent pages (sink_frac / recent_frac of the budget, whole
+ * pages) come first; the rest of the ceil(n_select / P) pages are the top of
+ * the group-averaged softmax over the other candidates. */
 static ks_status fresh_select(freekv_state *s, int32_t seq, int32_t layer, int32_t head, const float *q, int32_t n,
                               int32_t sink, int32_t window, int32_t n_select, int32_t *sel, int32_t *n_out,
                               bool *all) {
@@ -221,27 +252,44 @@ static ks_status fresh_select(freekv_state *s, int32_t seq, int32_t layer, int32
         *all = true;
         return KS_OK;
     }
+    /* the paper's S sink and W recent tokens, in whole pages of the budget */
+    int32_t budget = s->p.budget > 0 ? s->p.budget : n;
+    int32_t sp = (int32_t)(s->sink_frac * budget) / P, rp = (int32_t)(s->recent_frac * budget) / P;
+    int32_t m = 0; /* forced pages taken so far */
+    for (int32_t p = lo; p <= hi && p < sp && m < k; p++) sel[m++] = p;
+    for (int32_t p = np - 1; p >= np - rp && p >= lo && m < k; p--)
+        if (p <= hi && p >= sp) sel[m++] = p;
+    if (m == k) {
+        *n_out = m;
+        return KS_OK;
+    }
     float *sc = ks_malloc(sizeof(float) * (size_t)nc * (G + 1));
+    int32_t *map = ks_malloc(sizeof(int32_t) * (size_t)nc * 2), *top = map + nc;
     float *red = sc + (size_t)nc * G;
     float *keys = s->summary == SUM_CENTRE ? ks_malloc(sizeof(float) * (size_t)P * hd) : NULL;
     size_t slot = slot_of(s, seq, layer, head);
     ks_status st = KS_OK;
-    for (int32_t i = 0; i < nc && st == KS_OK; i++) {
-        ks_kv_page_meta m;
-        ks_policy_kv_page_meta(env, seq, layer, head, lo + i, &m);
+    int32_t nm = 0; /* competing pages */
+    for (int32_t p = lo; p <= hi; p++)
+        if (p >= sp && p < np - rp) map[nm++] = p;
+    for (int32_t i = 0; i < nm && st == KS_OK; i++) {
+        ks_kv_page_meta mt;
+        ks_policy_kv_page_meta(env, seq, layer, head, map[i], &mt);
         const float *bl, *bh;
-        st = page_box(s, slot, seq, layer, head, lo + i, &m, keys, &bl, &bh);
+        st = page_box(s, slot, seq, layer, head, map[i], &mt, keys, &bl, &bh);
         if (st != KS_OK) break;
         for (int32_t g = 0; g < G; g++)
-            sc[(size_t)g * nc + i] = s->scale * ks_page_upper_bound(q + (size_t)g * hd, bl, bh, hd);
+            sc[(size_t)g * nm + i] = s->scale * ks_page_upper_bound(q + (size_t)g * hd, bl, bh, hd);
     }
-    if (st == KS_OK) {
-        ks_group_reduce_scores(sc, G, nc, KS_GROUP_SOFTMAX_MEAN, red);
-        int32_t got = ks_topk(red, nc, k, sel);
-        for (int32_t i = 0; i < got; i++) sel[i] += lo;
-        *n_out = got;
+    if (st == KS_OK && nm > 0) {
+        ks_group_reduce_scores(sc, G, nm, KS_GROUP_SOFTMAX_MEAN, red);
+        int32_t got = ks_topk(red, nm, k - m, top);
+        for (int32_t i = 0; i < got; i++) sel[m + i] = map[top[i]];
+        m += got;
     }
+    *n_out = m;
     ks_free(keys);
+    ks_free(map);
     ks_free(sc);
     return st;
 }

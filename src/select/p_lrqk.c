@@ -25,11 +25,15 @@
  * the k-only estimate k B_K^T (B_K B_K^T)^-1 (the public code's starting
  * guess) at the next append.
  *
- * Deviation: the paper's q-update uses the keys K_O of the cache-resident
- * set; policies cannot read stored keys cheaply at every step (read_keys
- * copies whole pages), so K_O is taken as A_KO B_K, which makes the term
- * (q B_K^T)(A_KO^T A_KO).  The Gram A_KO^T A_KO is kept incrementally (fp32)
- * as entries enter and leave O — the same hit/miss bookkeeping.
+ * The exact-key set K_Omega ("Efficient Low Rank Attention for Long-Context
+ * Inference in Large Language Models", Section 4, decode stage): the
+ * q-update's term q K_O^T A_KO uses the full-precision stored keys of the
+ * tokens the previous step attended (the selected entries, sinks and
+ * window), not a low-rank reconstruction A_KO B_K.  Both K_O^T A_KO
+ * [hd][r] and the Gram A_KO^T A_KO [r][r] are kept incrementally (fp32) as
+ * entries enter and leave O — the hit/miss bookkeeping — reading only the
+ * keys of the entries that change (env->read_keys, in runs), and recomputed
+ * from scratch every 64 steps against drift.
  *
  * Hit/miss: O of the previous select (the selected entries plus the sinks
  * and window the framework added) is what the paper's GPU cache holds; a
@@ -45,14 +49,15 @@
  *
  * State per (seq, layer >= dense_layers, KV head), allocated at the first
  * on_prefill / select of the sequence and freed by seq_reset:
- *   4 (n_ctx (r + 2) + 2 r hd + hd + r^2) + n_ctx / 4 bytes
- * (A_K [n_ctx][r], B_Q and B_K [r][hd], the pending key, the Gram, the
+ *   4 (n_ctx (r + 2) + 3 r hd + hd + r^2) + n_ctx / 4 bytes
+ * (A_K [n_ctx][r], B_Q and B_K [r][hd], K_O^T A_KO [hd][r], the pending key, the Gram, the
  * resident bitmaps, and [2][n_ctx] score scratch kept per slot so a step
- * allocates nothing); e.g. n_ctx 8192, r 32, hd 64: 1.08 MiB per KV head,
- * 139 MiB per sequence for Llama-3.2-1B (16 layers x 8 KV heads).
+ * allocates little); e.g. n_ctx 8192, r 32, hd 64: 1.09 MiB per KV head,
+ * 140 MiB per sequence for Llama-3.2-1B (16 layers x 8 KV heads).
  * Prefill adds transient 4 (n_ctx hd + G n hd + 2 G n r + n r) bytes (n prompt rows).
  * The paper applies LRQK to every layer: default_dense_layers = 0.  `rank`
- * is clamped to head_dim (Q K^T has rank <= head_dim).
+ * may be anything up to head_dim (the paper's range r in [1, d]); larger
+ * values are clamped to head_dim (Q K^T has rank <= head_dim).
  */
 #include "select/lrqk_math.h"
 #include "select/policy.h"
@@ -62,7 +67,7 @@
 #include <math.h>
 #include <string.h>
 
-enum { LRQK_MAX_RANK = 64 };
+enum { LRQK_MAX_RANK = 1024 }; /* argument bound; the rank used is min(rank, head_dim) */
 
 typedef struct {
     int32_t n;          /* A_K rows filled; -1: no valid factors (rebuild at select) */
@@ -75,6 +80,7 @@ typedef struct {
     uint64_t *nres;     /* [n_ctx / 64 + 1] scratch: O of this select */
     float *sc;          /* [2][n_ctx] scratch: proxy scores, top-k workspace */
     float *gram;        /* [r][r] sum over O of A_K[e]^T A_K[e] */
+    float *kao;         /* [hd][r] sum over O of k_e^T A_K[e], k_e the exact stored key (K_Omega) */
     int32_t gram_age;   /* incremental updates since the last full recompute */
     uint64_t selections, hits, misses;
 } lrqk_slot;
@@ -110,6 +116,7 @@ static lrqk_slot *slot_get(lrqk_state *s, int32_t seq, int32_t layer, int32_t he
         t->nres = ks_calloc((size_t)words_of(s), sizeof(uint64_t));
         t->sc = ks_malloc(sizeof(float) * 2 * (size_t)s->env.n_ctx);
         t->gram = ks_calloc((size_t)r * r, sizeof(float));
+        t->kao = ks_calloc((size_t)hd * r, sizeof(float));
         *p = t;
     }
     return *p;
@@ -128,12 +135,14 @@ static void slot_free(lrqk_state *s, lrqk_slot *t) {
     ks_free(t->nres);
     ks_free(t->sc);
     ks_free(t->gram);
+    ks_free(t->kao);
     ks_free(t);
 }
 
 static void slot_clear_resident(const lrqk_state *s, lrqk_slot *t) {
     memset(t->res, 0, sizeof(uint64_t) * (size_t)words_of(s));
     memset(t->gram, 0, sizeof(float) * (size_t)s->rank * s->rank);
+    memset(t->kao, 0, sizeof(float) * (size_t)s->env.head_dim * s->rank);
     t->gram_age = 0;
 }
 
@@ -343,7 +352,7 @@ static void proxy_scores(const float *ak, int32_t m, int32_t r, const float *qha
 #endif
     if (G >= 3) {
         int32_t Gp = (G + 3) & ~3;
-        float qt[LRQK_MAX_RANK * 64];
+        float *qt = ks_malloc(sizeof(float) * (size_t)r * Gp);
         for (int32_t j = 0; j < r; j++)
             for (int32_t g = 0; g < Gp; g++) qt[(size_t)j * Gp + g] = qhat[(size_t)(g < G ? g : 0) * r + j];
         for (int32_t i = 0; i < m; i++) {
@@ -358,6 +367,7 @@ static void proxy_scores(const float *ak, int32_t m, int32_t r, const float *qha
             }
             sc[i] = best;
         }
+        ks_free(qt);
         return;
     }
     for (int32_t i = 0; i < m; i++) {
@@ -379,13 +389,38 @@ static void proxy_scores(const float *ak, int32_t m, int32_t r, const float *qha
     }
 }
 
+/* kao [hd][r] += sign * k^T a */
+static void kao_add(float *kao, const float *k, const float *a, int32_t hd, int32_t r, float sign) {
+    for (int32_t c = 0; c < hd; c++) {
+        float kc = sign * k[c];
+        float *row = kao + (size_t)c * r;
+        for (int32_t j = 0; j < r; j++) row[j] += kc * a[j];
+    }
+}
+
+/* Add (sign +1) or remove (-1) the entries of one run [first, first + len)
+ * to the Gram and to K_O^T A_KO, with their exact keys (keys: [64][hd]). */
+static ks_status apply_run(lrqk_state *s, lrqk_slot *t, const ks_select_req *req, int32_t first, int32_t len,
+                           const uint64_t *nw, float *keys) {
+    int32_t r = s->rank, hd = s->env.head_dim;
+    KS_TRY(s->env.read_keys(s->env.svc, req->seq, req->layer, req->head, first, len, keys));
+    for (int32_t i = 0; i < len; i++) {
+        int32_t x = first + i;
+        float sign = nw[x >> 6] >> (x & 63) & 1 ? 1.0f : -1.0f;
+        gram_add(t->gram, t->ak + (size_t)x * r, r, sign);
+        kao_add(t->kao, keys + (size_t)i * hd, t->ak + (size_t)x * r, hd, r, sign);
+    }
+    return KS_OK;
+}
+
 /* O_t = selected + [0, sink) + [n - window, n); count hits against O_{t-1},
- * then bring the Gram to O_t: by the rows entering and leaving when they are
- * fewer than |O_t| (the usual case at a low miss rate), else, and every 64
- * steps against fp32 drift, from scratch. */
-static void update_resident(lrqk_state *s, lrqk_slot *t, const ks_select_req *req, const int32_t *idx, int32_t k,
-                            uint64_t *nw) {
-    int32_t r = s->rank, n = req->n_entries, W = words_of(s);
+ * then bring the Gram and K_O^T A_KO to O_t: by the rows entering and leaving
+ * when they are fewer than |O_t| (the usual case at a low miss rate), else,
+ * and every 64 steps against fp32 drift, from scratch.  Only the keys of the
+ * rows that change are read, in runs of consecutive entries. */
+static ks_status update_resident(lrqk_state *s, lrqk_slot *t, const ks_select_req *req, const int32_t *idx, int32_t k,
+                                 uint64_t *nw) {
+    int32_t r = s->rank, n = req->n_entries, W = words_of(s), hd = s->env.head_dim;
     memset(nw, 0, sizeof(uint64_t) * (size_t)W);
     for (int32_t i = 0; i < req->sink && i < n; i++) nw[i >> 6] |= 1ull << (i & 63);
     for (int32_t i = n - req->window > 0 ? n - req->window : 0; i < n; i++) nw[i >> 6] |= 1ull << (i & 63);
@@ -403,20 +438,37 @@ static void update_resident(lrqk_state *s, lrqk_slot *t, const ks_select_req *re
     bool full = changes > size || t->gram_age >= 64;
     if (full) {
         memset(t->gram, 0, sizeof(float) * (size_t)r * r);
+        memset(t->kao, 0, sizeof(float) * (size_t)hd * r);
         t->gram_age = 0;
     } else {
         t->gram_age++;
     }
-    for (int32_t w = 0; w < W; w++) {
+    float *keys = ks_malloc(sizeof(float) * 64 * (size_t)hd);
+    ks_status st = KS_OK;
+    int32_t run0 = -1, run_len = 0;
+    for (int32_t w = 0; w < W && st == KS_OK; w++) {
         uint64_t bits = full ? nw[w] : nw[w] ^ t->res[w];
-        while (bits) {
+        while (bits && st == KS_OK) {
             int b = __builtin_ctzll(bits);
             bits &= bits - 1;
             int32_t x = w * 64 + b;
-            gram_add(t->gram, t->ak + (size_t)x * r, r, nw[w] >> b & 1 ? 1.0f : -1.0f);
+            if (run_len > 0 && x == run0 + run_len && run_len < 64) {
+                run_len++;
+                continue;
+            }
+            if (run_len > 0) st = apply_run(s, t, req, run0, run_len, nw, keys);
+            run0 = x;
+            run_len = 1;
         }
-        t->res[w] = nw[w];
     }
+    if (st == KS_OK && run_len > 0) st = apply_run(s, t, req, run0, run_len, nw, keys);
+    ks_free(keys);
+    if (st != KS_OK) { /* O unknown: start over at the next select */
+        slot_clear_resident(s, t);
+        return st;
+    }
+    memcpy(t->res, nw, sizeof(uint64_t) * (size_t)W);
+    return KS_OK;
 }
 
 static ks_status lrqk_select(void *state, const ks_select_req *req, ks_selection *out) {
@@ -443,13 +495,13 @@ static ks_status lrqk_select(void *state, const ks_select_req *req, ks_selection
             return KS_OK;
         }
     }
-    float qhat[64 * LRQK_MAX_RANK], khat[LRQK_MAX_RANK];
-    double gram[LRQK_MAX_RANK * LRQK_MAX_RANK];
+    float *qhat = ks_malloc(sizeof(float) * ((size_t)G * r + r)), *khat = qhat + (size_t)G * r;
+    double *gram = ks_malloc(sizeof(double) * (size_t)r * r);
     gram_read(t->gram, r, gram);
     ks_status st;
     if (t->updated != n) {
-        st = ks_lrqk_decode(t->bq, t->bk, r, hd, gram, req->q, G, t->kpend, s->iters, s->tol, s->lambda, qhat,
-                            khat);
+        st = ks_lrqk_decode(t->bq, t->bk, r, hd, gram, t->kao, req->q, G, t->kpend, s->iters, s->tol, s->lambda,
+                            qhat, khat);
         if (st == KS_OK) {
             if (t->final_rows == n - 1) memcpy(t->ak + (size_t)(n - 1) * r, khat, sizeof(float) * (size_t)r);
             t->final_rows = n;
@@ -459,20 +511,23 @@ static ks_status lrqk_select(void *state, const ks_select_req *req, ks_selection
         float *bq = ks_malloc(sizeof(float) * (size_t)r * hd * 2), *bk = bq + (size_t)r * hd;
         memcpy(bq, t->bq, sizeof(float) * (size_t)r * hd);
         memcpy(bk, t->bk, sizeof(float) * (size_t)r * hd);
-        st = ks_lrqk_decode(bq, bk, r, hd, gram, req->q, G, t->kpend, s->iters, s->tol, s->lambda, qhat, khat);
+        st = ks_lrqk_decode(bq, bk, r, hd, gram, t->kao, req->q, G, t->kpend, s->iters, s->tol, s->lambda, qhat,
+                            khat);
         ks_free(bq);
     }
+    ks_free(gram);
     if (st != KS_OK) {
+        ks_free(qhat);
         out->all = true;
         return KS_OK;
     }
     int32_t m = hi - lo, k = req->n_select < out->cap ? req->n_select : out->cap;
     proxy_scores(t->ak + (size_t)lo * r, m, r, qhat, G, t->sc);
     out->n = ks_lrqk_topk(t->sc, m, k, out->idx, t->sc + m);
+    ks_free(qhat);
     for (int32_t i = 0; i < out->n; i++) out->idx[i] += lo;
-    update_resident(s, t, req, out->idx, out->n, t->nres);
     t->selections++;
-    return KS_OK;
+    return update_resident(s, t, req, out->idx, out->n, t->nres);
 }
 
 static void lrqk_counters(void *state, ks_policy_counters *out) {
