@@ -4,7 +4,8 @@
  * and chunking must keep — a sequence decoded inside a batch gets the same
  * logits as decoded alone, prefill in chunks equals prefill in one go equals
  * token-by-token decode — plus the error contract (context full, empty or
- * out-of-vocabulary input, duplicate sequences) with state left unchanged.
+ * out-of-vocabulary input, duplicate sequences) with state left unchanged,
+ * and context creation's refusals.
  */
 #include "infer/infer.h"
 #include "testutil.h"
@@ -208,6 +209,28 @@ static void test_errors_leave_state(void **state) {
     ks_context_destroy(c);
 }
 
+/* Bad parameters are refused by ks_context_create, with *out untouched, and
+ * a failure after the first allocation frees everything (the ASan build's
+ * leak checker runs this test). */
+static void test_create_errors(void **state) {
+    (void)state;
+    ks_context *sentinel = (ks_context *)&sentinel, *c = sentinel;
+    ks_context_params p = ks_context_default_params();
+    p.n_ctx = 64;
+    p.n_threads = 2;
+    p.kv_slots = -1;
+    assert_int_equal(ks_context_create(g_model, p, &c), KS_ERR_INVALID_ARG);
+    assert_non_null(strstr(ks_last_error(), "kv_slots"));
+    p.kv_slots = 0;
+    p.policy = "no-such-policy"; /* fails after the pool and the KV store exist */
+    assert_int_not_equal(ks_context_create(g_model, p, &c), KS_OK);
+    p.policy = "dense";
+    p.budget = 0;
+    p.mem_cap = 1 << 20; /* adaptive memory without a budget: fails last of all */
+    assert_int_equal(ks_context_create(g_model, p, &c), KS_ERR_INVALID_ARG);
+    assert_ptr_equal(c, sentinel);
+}
+
 static void test_vocab_only(void **state) {
     (void)state;
     ks_model_params mp = ks_model_default_params();
@@ -232,6 +255,7 @@ int main(void) {
         cmocka_unit_test(test_prefill_chunking),
         cmocka_unit_test(test_q8_kv_close_to_f16),
         cmocka_unit_test(test_errors_leave_state),
+        cmocka_unit_test(test_create_errors),
         cmocka_unit_test(test_vocab_only),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -82,6 +82,12 @@ void ks_pool_destroy(ks_pool *pool);
 int ks_pool_size(const ks_pool *pool);
 /* Runs fn(arg, i, n) for i in [0, n) on the pool and returns when all are done. */
 void ks_pool_run(ks_pool *pool, ks_pool_fn fn, void *arg);
+/* Worker ith's share [*begin, *end) of n units split as evenly as possible
+ * among nth workers (shares differ by at most one unit, and are in order). */
+static inline void ks_pool_share(int64_t n, int ith, int nth, int64_t *begin, int64_t *end) {
+    *begin = n * ith / nth;
+    *end = n * (ith + 1) / nth;
+}
 
 /* Number of online CPU cores. */
 int ks_cpu_count(void);

@@ -53,9 +53,9 @@ typedef struct {
 static void membw_worker(void *arg, int ith, int nth) {
     membw_job *j = arg;
     /* Slices aligned to 16 floats (one line) so threads never share a line. */
-    size_t lines = j->n / 16;
-    size_t i0 = lines * (size_t)ith / (size_t)nth * 16;
-    size_t i1 = lines * (size_t)(ith + 1) / (size_t)nth * 16;
+    int64_t l0, l1;
+    ks_pool_share((int64_t)(j->n / 16), ith, nth, &l0, &l1);
+    size_t i0 = (size_t)l0 * 16, i1 = (size_t)l1 * 16;
     float *restrict a = j->a;
     const float *restrict b = j->b;
     const float *restrict c = j->c;
@@ -179,9 +179,12 @@ ks_status ks_membw_measure(ks_pool *pool, size_t bytes_per_array, int reps, ks_m
     ks_pool_run(pool, membw_worker, &j); /* first touch: page faults stay out of the timings */
 
     /* Bytes actually covered: whole lines per thread. */
-    size_t lines = j.n / 16, covered = 0;
-    for (int t = 0; t < nth; t++)
-        covered += (lines * (size_t)(t + 1) / (size_t)nth - lines * (size_t)t / (size_t)nth) * 16;
+    size_t covered = 0;
+    for (int t = 0; t < nth; t++) {
+        int64_t l0, l1;
+        ks_pool_share((int64_t)(j.n / 16), t, nth, &l0, &l1);
+        covered += (size_t)(l1 - l0) * 16;
+    }
     double bytes = (double)covered * sizeof(float);
 
     double t_copy = membw_time(pool, &j, MEMBW_COPY, reps);

@@ -18,6 +18,7 @@
  */
 #include "core/core.h"
 #include "eval/eval.h"
+#include "tensor/ops.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -153,14 +154,11 @@ ks_status ks_eval_token_agreement(const int32_t *a, const int32_t *b, int32_t n,
     return KS_OK;
 }
 
-/* log-sum-exp of a row, max-shifted. */
-static double eval_lse(const float *row, int32_t n, double *mx_out) {
-    double mx = row[0];
-    for (int32_t i = 1; i < n; i++) mx = row[i] > mx ? row[i] : mx;
-    double s = 0;
-    for (int32_t i = 0; i < n; i++) s += exp((double)row[i] - mx);
-    *mx_out = mx;
-    return mx + log(s);
+/* log-sum-exp of a row. */
+static double eval_lse(const float *row, int32_t n) {
+    float mx;
+    double lz = ks_log_sum_exp(row, n, &mx);
+    return mx + lz;
 }
 
 ks_status ks_eval_mean_kl(const float *p, const float *q, int32_t n_pos, int32_t n_vocab, double *out) {
@@ -168,8 +166,7 @@ ks_status ks_eval_mean_kl(const float *p, const float *q, int32_t n_pos, int32_t
     double total = 0;
     for (int32_t t = 0; t < n_pos; t++) {
         const float *rp = p + (size_t)t * n_vocab, *rq = q + (size_t)t * n_vocab;
-        double mp, mq;
-        double lp = eval_lse(rp, n_vocab, &mp), lq = eval_lse(rq, n_vocab, &mq);
+        double lp = eval_lse(rp, n_vocab), lq = eval_lse(rq, n_vocab);
         if (!isfinite(lp) || !isfinite(lq)) return KS_FAIL(KS_ERR_INVALID_ARG, "KL: non-finite logits at row %d", t);
         double kl = 0;
         for (int32_t i = 0; i < n_vocab; i++) {

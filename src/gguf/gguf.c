@@ -10,21 +10,15 @@
  * copied: strings, arrays and tensor data are views into the mapping, which
  * lives as long as the handle.
  */
-#define _GNU_SOURCE
 #include "gguf/gguf.h"
 
-#include <errno.h>
-#include <fcntl.h>
+#include "core/file.h"
+
+#include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 struct ks_gguf {
-    const uint8_t *base;     /* [size] the file bytes */
-    size_t size;
-    bool mapped;             /* base is an mmap we must unmap */
-    bool owned;              /* base is a heap copy we must free (no-mmap load) */
+    ks_file_map file;        /* the file bytes: mapped, read (owned) or borrowed */
     uint32_t version;
     uint32_t alignment;
     int64_t n_kv;
@@ -207,13 +201,12 @@ static void gguf_free(ks_gguf *g) {
     for (int64_t i = 0; g->kvs && i < g->n_kv; i++) ks_free(g->kvs[i].arr_strs);
     ks_free(g->kvs);
     ks_free(g->tensors);
-    if (g->mapped) munmap((void *)g->base, g->size);
-    if (g->owned) free((void *)g->base);
+    ks_file_map_close(&g->file);
     ks_free(g);
 }
 
 static ks_status gguf_parse(ks_gguf *g) {
-    cursor c = {g->base, 0, g->size};
+    cursor c = {g->file.data, 0, g->file.size};
     uint32_t magic;
     KS_TRY(cur_u32(&c, &magic, "magic"));
     if (magic != KS_GGUF_MAGIC) return KS_FAIL(KS_ERR_FORMAT, "not a GGUF file (bad magic 0x%08x)", magic);
@@ -225,9 +218,9 @@ static ks_status gguf_parse(ks_gguf *g) {
     KS_TRY(cur_u64(&c, &n_kv, "kv count"));
     /* a kv needs >= 8 (key len) + 4 (type) + 1 bytes; a tensor info >= 8+4+8+4+8 */
     if (n_kv > cur_left(&c) / 13)
-        return KS_FAIL(KS_ERR_FORMAT, "kv count %llu cannot fit in a %zu-byte file", (unsigned long long)n_kv, g->size);
+        return KS_FAIL(KS_ERR_FORMAT, "kv count %llu cannot fit in a %zu-byte file", (unsigned long long)n_kv, g->file.size);
     if (n_tensors > cur_left(&c) / 32)
-        return KS_FAIL(KS_ERR_FORMAT, "tensor count %llu cannot fit in a %zu-byte file", (unsigned long long)n_tensors, g->size);
+        return KS_FAIL(KS_ERR_FORMAT, "tensor count %llu cannot fit in a %zu-byte file", (unsigned long long)n_tensors, g->file.size);
     g->kvs = ks_calloc((size_t)n_kv + 1, sizeof(ks_gguf_kv));
     g->alignment = KS_GGUF_DEFAULT_ALIGNMENT;
     for (uint64_t i = 0; i < n_kv; i++) {
@@ -257,10 +250,10 @@ static ks_status gguf_parse(ks_gguf *g) {
     for (uint64_t i = 0; i < n_tensors; i++) KS_TRY(parse_tensor(&c, &g->tensors[i], (int64_t)i));
     KS_TRY(check_unique(&g->tensors[0].name, sizeof(ks_gguf_tensor), g->n_tensors, "tensor name"));
     size_t data_off = (c.pos + g->alignment - 1) / g->alignment * g->alignment;
-    if (n_tensors > 0 && data_off > g->size)
-        return KS_FAIL(KS_ERR_FORMAT, "truncated file: tensor data section starts at %zu, file has %zu bytes", data_off, g->size);
+    if (n_tensors > 0 && data_off > g->file.size)
+        return KS_FAIL(KS_ERR_FORMAT, "truncated file: tensor data section starts at %zu, file has %zu bytes", data_off, g->file.size);
     g->data_offset = data_off;
-    size_t data_size = g->size >= data_off ? g->size - data_off : 0;
+    size_t data_size = g->file.size >= data_off ? g->file.size - data_off : 0;
     for (int64_t i = 0; i < g->n_tensors; i++) {
         ks_gguf_tensor *t = &g->tensors[i];
         char nb[96];
@@ -270,7 +263,7 @@ static ks_status gguf_parse(ks_gguf *g) {
         if (t->offset > data_size || t->nbytes > data_size - t->offset)
             return KS_FAIL(KS_ERR_FORMAT, "tensor '%s': data [%llu, +%zu) lies outside the %zu-byte data section (truncated file?)",
                            nb, (unsigned long long)t->offset, t->nbytes, data_size);
-        t->data = g->base + data_off + t->offset;
+        t->data = g->file.data + data_off + t->offset;
     }
     return KS_OK;
 }
@@ -278,8 +271,7 @@ static ks_status gguf_parse(ks_gguf *g) {
 ks_status ks_gguf_open_buffer(const void *buf, size_t size, ks_gguf **out) {
     if (!buf && size) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL buffer");
     ks_gguf *g = ks_calloc(1, sizeof *g);
-    g->base = buf;
-    g->size = size;
+    g->file = (ks_file_map){.data = buf, .size = size};
     ks_status st = gguf_parse(g);
     if (st != KS_OK) {
         gguf_free(g);
@@ -289,64 +281,16 @@ ks_status ks_gguf_open_buffer(const void *buf, size_t size, ks_gguf **out) {
     return KS_OK;
 }
 
-/* Reads the whole file into 2 MiB-aligned memory advised for huge pages:
- * decode streams every weight byte each step, and a page-cache mapping costs
- * a TLB miss per 4 KiB of it. */
-static ks_status read_whole(int fd, const char *path, size_t size, void **out) {
-    const size_t huge = (size_t)2 << 20;
-    size_t cap = (size_t)(size + huge - 1) / huge * huge;
-    void *p = NULL;
-    if (posix_memalign(&p, huge, cap) != 0)
-        return KS_FAIL(KS_ERR_NOMEM, "cannot allocate %zu bytes to read '%s'", size, path);
-    madvise(p, cap, MADV_HUGEPAGE);
-    size_t done = 0;
-    while (done < size) {
-        ssize_t r = pread(fd, (uint8_t *)p + done, size - done, (off_t)done);
-        if (r <= 0) {
-            int e = errno;
-            free(p);
-            return KS_FAIL(KS_ERR_IO, "reading '%s' at offset %zu: %s", path, done, r == 0 ? "unexpected end of file" : strerror(e));
-        }
-        done += (size_t)r;
-    }
-    *out = p;
-    return KS_OK;
-}
-
 ks_status ks_gguf_open_ex(const char *path, bool use_mmap, ks_gguf **out) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return KS_FAIL(KS_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
-    struct stat stt;
-    if (fstat(fd, &stt) != 0) {
-        int e = errno;
-        close(fd);
-        return KS_FAIL(KS_ERR_IO, "cannot stat '%s': %s", path, strerror(e));
-    }
-    if (!S_ISREG(stt.st_mode)) {
-        close(fd);
-        return KS_FAIL(KS_ERR_IO, "'%s' is not a regular file", path);
-    }
-    size_t size = (size_t)stt.st_size;
-    if (size < 24) {
-        close(fd);
+    ks_file_map file;
+    KS_TRY(ks_file_map_open(path, use_mmap, &file));
+    if (file.size < 24) {
+        size_t size = file.size;
+        ks_file_map_close(&file);
         return KS_FAIL(KS_ERR_FORMAT, "'%s' is too small (%zu bytes) to be a GGUF file", path, size);
     }
-    void *m = NULL;
-    if (use_mmap) {
-        m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-        int e = errno;
-        close(fd);
-        if (m == MAP_FAILED) return KS_FAIL(KS_ERR_IO, "cannot mmap '%s': %s", path, strerror(e));
-    } else {
-        ks_status st = read_whole(fd, path, size, &m);
-        close(fd);
-        if (st != KS_OK) return st;
-    }
     ks_gguf *g = ks_calloc(1, sizeof *g);
-    g->base = m;
-    g->size = size;
-    g->mapped = use_mmap;
-    g->owned = !use_mmap;
+    g->file = file;
     ks_status st = gguf_parse(g);
     if (st != KS_OK) {
         /* prefix the path so the CLI message names the file */
@@ -364,7 +308,7 @@ ks_status ks_gguf_open(const char *path, ks_gguf **out) { return ks_gguf_open_ex
 void ks_gguf_close(ks_gguf *g) { gguf_free(g); }
 
 uint32_t ks_gguf_version(const ks_gguf *g) { return g->version; }
-size_t ks_gguf_file_size(const ks_gguf *g) { return g->size; }
+size_t ks_gguf_file_size(const ks_gguf *g) { return g->file.size; }
 uint32_t ks_gguf_alignment(const ks_gguf *g) { return g->alignment; }
 int64_t ks_gguf_n_kv(const ks_gguf *g) { return g->n_kv; }
 int64_t ks_gguf_n_tensors(const ks_gguf *g) { return g->n_tensors; }

@@ -1,13 +1,14 @@
 /*
- * attn.h — the attention kernels' own header: the segment a kernel reads,
- * the KV row format, and the SIMD kernels (attn_avx512.c, attn_avx2.c).
+ * attn.h — the attention kernels' own header: the segment a kernel reads
+ * and the SIMD kernels (attn_avx512.c, attn_avx2.c).  The KV row format
+ * (ks_kv_row_bytes, ks_kv_dtype) is tensor/dtype.h's, shared with the store.
  *
  * The kernels need nothing of the context: they take query rows and runs of
  * K/V rows and write outputs, so they include only this header and the
- * context (context.c, through infer.h) includes it to call them.  Keeping the
+ * context's files (through infer.h) include it to call them.  Keeping the
  * context struct out of the kernels' sight is what lets either side change
  * without the other.  The portable reference and the dispatch that picks a
- * kernel (ks_attention_segs) are declared in infer.h.
+ * kernel (ks_attention_segs, attention.c) are declared in infer.h.
  */
 #ifndef KS_INFER_ATTN_H
 #define KS_INFER_ATTN_H
@@ -18,11 +19,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-/* Bytes of one KV row of hd elements: f16, or Q8_0 blocks for 8-bit KV. */
-static inline size_t ks_kv_row_bytes(ks_kv_type t, int hd) {
-    return t == KS_KV_F16 ? (size_t)hd * 2 : ks_dtype_row_bytes(KS_DTYPE_Q8_0, hd);
-}
 
 /* A run of consecutive KV rows: K and V each [len][row], read in place. */
 typedef struct ks_kv_seg {

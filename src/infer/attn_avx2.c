@@ -13,12 +13,10 @@
  *    accumulators rescaled when the max grows), then the same page's V rows
  *    are weighted in while the page is in L1: one forward stream per head
  *    where a page is K rows then V rows (slow tier, gather buffer), two
- *    where K and V have regions of their own (fast tier, slots).  The
- *    two-pass kernel this replaced (all K, softmax, all V) read the paged
- *    layout as 4 KiB pieces with 4 KiB holes and its compute did not
- *    overlap its misses: 1.07 GB of KV took 56-59 ms on two threads where
- *    this one takes 32-37 and a plain read 30 (AVX2 kernels on a Zen 4
- *    host, attn_bench); on the split layout the two are even.
+ *    where K and V have regions of their own (fast tier, slots).  A kernel
+ *    that read all K, then all V, would read the paged layout as small
+ *    pieces with holes between them and could not overlap its arithmetic
+ *    with its cache misses.
  *  - Scores: eight accumulators = (8 / NG) rows x NG heads (NG = the group
  *    padded to 1, 2 or 4), reduced together by one hadd/permute butterfly
  *    into a vector that is already the layout [row][NG]; no horizontal sum
@@ -26,10 +24,9 @@
  *  - V: the head dim is swept in slices of 64 / NG floats; each slice keeps
  *    NG heads x (8 / NG) accumulators in registers, so every V element is
  *    converted once and V is read from memory once per step.
- * Held in cache, the kernel is bound by FP-pipe issue: a row (GQA 4, hd 64)
- * costs ~40-48 cycles against 32 for its FMAs; the f16 conversions are free,
- * the excess is the hadd reduction (~4 cycles a row), the exp (~4) and loop
- * overhead (docs/BENCHMARKS.md, "On an AVX2-only host").
+ * Held in cache, the kernel is bound by FP-pipe issue, not by the f16
+ * conversions: what remains beyond the FMAs is the butterfly reduction, the
+ * exp and loop overhead, which is why those are the parts kept lean.
  * Head dims that are multiples of 16 up to 512 (32 for 8-bit KV) take this
  * path; others go portable.
  */
@@ -162,8 +159,8 @@ typedef struct attn2_run {
 
 /* The next block from the walk (*si, *sj): its rows' K pointers into kp
  * [ATTN2_BLOCK_MAX], its V rows as runs of consecutive rows (the value loop
- * steps a row by one add: a pointer load per row and slice cost ~3-5 cycles
- * a row on Zen 3), its row count; *frag is set when it merged runs. */
+ * then steps a row by one add instead of loading a pointer per row and
+ * slice), its row count; *frag is set when it merged runs. */
 INL int next_block(const ks_kv_seg *segs, int nseg, size_t rb, int *si, int *sj, const uint8_t **kp,
                    attn2_run *vruns, int *nvrun, int *frag) {
     int n = 0, nr = 0;
@@ -187,17 +184,15 @@ INL int next_block(const ks_kv_seg *segs, int nseg, size_t rb, int *si, int *sj,
  * head (accumulators rescaled when the max grows), then the block's V rows
  * weighted in, slice by slice of the head dim while the block is in L1.  A
  * page's K and V rows are read back to back, so a head is one forward
- * stream in the paged layout; the two-pass kernel this replaced (all K, then
- * all V) read it as 4 KiB pieces with 4 KiB holes and overlapped its compute
- * with its misses badly (docs/BENCHMARKS.md).  The result depends only on the rows and on where
+ * stream in the paged layout.  The result depends only on the rows and on where
  * blocks fall, which the segments fix: a policy that selects every page
  * gets dense output bit for bit.  With want_probs the raw scores are kept in
  * scores[total][NG] and become probabilities at the end.  Outputs are
  * normalised at the end (hd values per head, not one per row). */
 /* A block's scores sc[n][NG] from its K rows kp[n] (prefetching the first
  * pf rows of kp_next); returns mx maxed with them, lane by lane.  A function
- * of its own, not inlined: inlined into the block loop, its eight
- * accumulators were spilled (1.4x the cycles a row). */
+ * of its own, not inlined: inlined into the block loop, the compiler spills
+ * its eight accumulators. */
 #define SCORE_BLOCK_FN(NAME, HD, NG, KT)                                                                       \
     TGT __attribute__((noinline)) static __m256 NAME(const uint8_t *const *kp, int n, const uint8_t *const *kp_next, \
                                                      int pf, int hd_rt, size_t rb, const float *qs, float *sc,  \

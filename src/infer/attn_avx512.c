@@ -11,11 +11,9 @@
  *    in.  A head is then one forward stream where a page is K rows then V
  *    rows (slow tier, gather buffer) and two where K and V live in regions
  *    of their own (fast tier, slots), which the hardware prefetchers follow.
- *    The two-pass kernel this replaced (all K, softmax, all V) read the
- *    paged layout as 4 KiB pieces with 4 KiB holes: 53-61 ms for 1.07 GB of
- *    KV on two threads where this one needs 30-38 and a plain read 30 (Zen
- *    4, tools/microbench/attn_bench.c); on the split layout the two are
- *    even (31-35 ms).
+ *    A kernel that read all K, then all V, would read the paged layout as
+ *    small pieces with holes between them, which the prefetchers do not
+ *    follow.
  *  - Scores: four rows x a group of up to 4 heads give 16 zmm partial dot
  *    products, reduced together by one unpack/shuffle butterfly into a
  *    16-vector that is already in the row-major layout [row][4 heads]; no
@@ -36,11 +34,12 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "tensor/simd_avx512.h"
+
 /* Rows of a block: the unit of the online softmax, and of the memory order.
- * A block is one page, so a page's K and V rows are read back to back.
- * Blocks of two 32-row pages (K0 K1 V0 V1) fell back to the two-pass
- * kernel's speed on the paged layout: 54-60 ms against 33-36 ms for 1.07 GB
- * on two threads (attn_bench).  Pages longer than this are taken in pieces
+ * A block is one page, so a page's K and V rows are read back to back;
+ * blocks of two pages (K0 K1 V0 V1) would break the single forward stream
+ * again.  Pages longer than this are taken in pieces
  * (two forward streams, K and V); runs shorter than BLOCK_MIN (token-level
  * selections) are merged into one block and the next block's rows are
  * prefetched, since their addresses follow no stream. */
@@ -48,22 +47,7 @@ enum { BLOCK_MAX = 32, BLOCK_MIN = 16 };
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
 #define INL static inline __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"), always_inline))
 
-INL __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
-INL __m128 exp128(__m128 x) { return _mm512_castps512_ps128(exp512(_mm512_castps128_ps512(x))); }
+INL __m128 exp128(__m128 x) { return _mm512_castps512_ps128(ks_avx512_exp_neg(_mm512_castps128_ps512(x))); }
 
 INL __m128 fold512(__m512 v) {
     __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
@@ -198,7 +182,7 @@ INL int next_block(const ks_kv_seg16 *segs, int nseg, int hd, int *si, int *sj, 
             __m512 m16 = _mm512_broadcast_f32x4(run_max), psum = _mm512_setzero_ps();             \
             int i4 = 0;                                                                           \
             for (; i4 + 16 <= 4 * n; i4 += 16) {                                                  \
-                __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(sc + i4), m16));                  \
+                __m512 e = ks_avx512_exp_neg(_mm512_sub_ps(_mm512_loadu_ps(sc + i4), m16));                  \
                 _mm512_store_ps(p_blk + i4, e);                                                   \
                 psum = _mm512_add_ps(psum, e);                                                    \
             }                                                                                     \
@@ -256,7 +240,7 @@ INL int next_block(const ks_kv_seg16 *segs, int nseg, int hd, int *si, int *sj, 
             int i4 = 0;                                                                           \
             for (; i4 + 16 <= 4 * total; i4 += 16)                                                \
                 _mm512_storeu_ps(scores + i4,                                                     \
-                                 _mm512_mul_ps(exp512(_mm512_sub_ps(_mm512_loadu_ps(scores + i4), m16)), inv16)); \
+                                 _mm512_mul_ps(ks_avx512_exp_neg(_mm512_sub_ps(_mm512_loadu_ps(scores + i4), m16)), inv16)); \
             for (; i4 < 4 * total; i4 += 4)                                                       \
                 _mm_storeu_ps(scores + i4, _mm_mul_ps(exp128(_mm_sub_ps(_mm_loadu_ps(scores + i4), run_max)), inv4)); \
         }                                                                                         \
@@ -340,13 +324,13 @@ TGT bool ks_attention_block_avx512(const ks_kv_seg16 *segs, int nseg, const int3
         for (; t < n; t++) m = s[t] > m ? s[t] : m;
         __m512 mv = _mm512_set1_ps(m), sum = _mm512_setzero_ps();
         for (t = 0; t + 16 <= n; t += 16) {
-            __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + t), mv));
+            __m512 e = ks_avx512_exp_neg(_mm512_sub_ps(_mm512_loadu_ps(s + t), mv));
             _mm512_storeu_ps(s + t, e);
             sum = _mm512_add_ps(sum, e);
         }
         float tot = _mm512_reduce_add_ps(sum);
         for (; t < n; t++) {
-            __m512 e = exp512(_mm512_set1_ps(s[t] - m));
+            __m512 e = ks_avx512_exp_neg(_mm512_set1_ps(s[t] - m));
             s[t] = _mm512_cvtss_f32(e);
             tot += s[t];
         }

@@ -1,9 +1,10 @@
 /*
- * infer.h — internals of the forward pass shared by the context, tests and
- * the benchmark: the context struct and the attention entry points with
- * their plain-C reference (tests compare SIMD paths against it).  The small
- * ops (RMSNorm, RoPE, softmax) live in tensor/ops.h, the SIMD attention
- * kernels in infer/attn.h.
+ * infer.h — internals of the forward pass shared by the context's files,
+ * tests and the benchmark: the context struct and the attention entry points
+ * with their plain-C reference (tests compare SIMD paths against it).  The
+ * small ops (RMSNorm, RoPE, softmax) live in tensor/ops.h, the SIMD attention
+ * kernels in infer/attn.h; how the context's files divide the work is in
+ * infer/internal.h.
  */
 #ifndef KS_INFER_H
 #define KS_INFER_H
@@ -31,7 +32,8 @@ typedef struct ks_attn_scratch {
     int32_t *sel;         /* [n_ctx] policy output buffer */
     int32_t *next;        /* [n_ctx] policy prefetch hint buffer */
     int32_t *pages;       /* [n_ctx / P + 1] logical pages touched */
-    void *segs;           /* [n_ctx] kernel segments */
+    ks_kv_seg *segs;      /* [n_ctx + 1] kernel segments */
+    int32_t *first;       /* [n_ctx + 1] first entry of each segment */
     uint8_t *gather;      /* [n_ctx / P + 1][page_bytes] slow-tier pages when the slots are too few (lazy) */
     float *probe_out;     /* [G][head_dim] throwaway output of the recall probe */
     float *blk_S;         /* [KS_PREFILL_BLOCK * G][n_ctx] prefill block scores (lazy) */

@@ -7,9 +7,10 @@
  * layout).  In the fast tier K halves and V halves live in two regions
  * (FreeKV's hybrid layout): a head whose pages have consecutive ids is then
  * one sequential K stream and one V stream for the attention kernel, as fast
- * as a flat cache (interleaving K and V pages cost 40% at 32K depth).  Every layer has a pool of head-pages shared by all sequences of
- * the batch; each (sequence, layer, KV head) owns a page table (logical page
- * -> physical id) and an entry count.  Tables are per KV head so evictors
+ * as a flat cache, where interleaved K and V pages would split it into
+ * pieces with holes.  Every layer has a pool of head-pages shared by all
+ * sequences of the batch; each (sequence, layer, KV head) owns a page table
+ * (logical page -> physical id) and an entry count.  Tables are per KV head so evictors
  * (SnapKV, H2O, DapQ) can drop different tokens per head and really free
  * pages: survivors are compacted toward the front, and each entry keeps its
  * original position in the page metadata, since its K is already rotated.

@@ -19,22 +19,18 @@
 #define _GNU_SOURCE
 #include "model/safetensors.h"
 
+#include "core/file.h"
 #include "tensor/dtype.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 typedef struct st_shard {
-    const uint8_t *base;   /* [size] the file bytes */
-    size_t size;
-    bool mapped, owned;    /* munmap / free on close */
+    ks_file_map file;      /* the file bytes: mapped, read (owned) or borrowed */
     char *path;            /* for messages; NULL for buffers */
 } st_shard;
 
@@ -195,19 +191,19 @@ static ks_status parse_tensor_info(ks_safetensors *st, int shard, const cJSON *i
 /* Parse one file's bytes; appends its tensors (data pointers set) to st. */
 static ks_status parse_shard(ks_safetensors *st, int shard) {
     const st_shard *sh = &st->shards[shard];
-    if (sh->size < 8)
-        return KS_FAIL(KS_ERR_FORMAT, "too small (%zu bytes) for a safetensors file (8-byte header length first)", sh->size);
+    if (sh->file.size < 8)
+        return KS_FAIL(KS_ERR_FORMAT, "too small (%zu bytes) for a safetensors file (8-byte header length first)", sh->file.size);
     uint64_t n;
-    memcpy(&n, sh->base, 8); /* little-endian hosts only (x86-64, aarch64) */
-    if (n > sh->size - 8)
+    memcpy(&n, sh->file.data, 8); /* little-endian hosts only (x86-64, aarch64) */
+    if (n > sh->file.size - 8)
         return KS_FAIL(KS_ERR_FORMAT, "header length %llu exceeds the %zu bytes after it (truncated or not a safetensors file)",
-                       (unsigned long long)n, sh->size - 8);
+                       (unsigned long long)n, sh->file.size - 8);
     if (n > KS_ST_MAX_HEADER)
         return KS_FAIL(KS_ERR_FORMAT, "header length %llu exceeds the %llu-byte limit", (unsigned long long)n,
                        (unsigned long long)KS_ST_MAX_HEADER);
-    if (n < 2 || sh->base[8] != '{')
+    if (n < 2 || sh->file.data[8] != '{')
         return KS_FAIL(KS_ERR_FORMAT, "header is not a JSON object (must start with '{')");
-    const char *hdr = (const char *)sh->base + 8;
+    const char *hdr = (const char *)sh->file.data + 8;
     const char *end_ptr = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(hdr, (size_t)n, &end_ptr, false);
     if (!root || !cJSON_IsObject(root)) {
@@ -226,7 +222,7 @@ static ks_status parse_shard(ks_safetensors *st, int shard) {
             cJSON_Delete(root);
             return KS_FAIL(KS_ERR_FORMAT, "unexpected bytes after the JSON header object (offset %zu)", (size_t)(p - hdr));
         }
-    uint64_t data_off = 8 + n, data_size = sh->size - data_off;
+    uint64_t data_off = 8 + n, data_size = sh->file.size - data_off;
     int count = cJSON_GetArraySize(root);
     extent *ext = ks_malloc(sizeof(extent) * ((size_t)count + 1));
     int n_ext = 0;
@@ -264,7 +260,7 @@ static ks_status parse_shard(ks_safetensors *st, int shard) {
             last_end = ext[i].end;
             last = ext[i].index;
         }
-        for (int i = 0; i < n_ext; i++) st->tensors[ext[i].index].data = sh->base + data_off + ext[i].begin;
+        for (int i = 0; i < n_ext; i++) st->tensors[ext[i].index].data = sh->file.data + data_off + ext[i].begin;
     }
     ks_free(ext);
     return s;
@@ -331,8 +327,7 @@ void ks_safetensors_close(ks_safetensors *st) {
     ks_free(st->meta_vals);
     for (int i = 0; i < st->n_shards; i++) {
         st_shard *sh = &st->shards[i];
-        if (sh->mapped && sh->size) munmap((void *)sh->base, sh->size);
-        if (sh->owned) free((void *)sh->base);
+        ks_file_map_close(&sh->file);
         ks_free(sh->path);
     }
     ks_free(st->shards);
@@ -344,8 +339,7 @@ ks_status ks_safetensors_open_buffer(const void *buf, size_t size, ks_safetensor
     ks_safetensors *st = ks_calloc(1, sizeof *st);
     st->shards = ks_calloc(1, sizeof(st_shard));
     st->n_shards = 1;
-    st->shards[0].base = buf;
-    st->shards[0].size = size;
+    st->shards[0].file = (ks_file_map){.data = buf, .size = size};
     ks_status s = parse_shard(st, 0);
     if (s == KS_OK) s = finish(st);
     if (s != KS_OK) {
@@ -357,58 +351,6 @@ ks_status ks_safetensors_open_buffer(const void *buf, size_t size, ks_safetensor
 }
 
 /* ------------------------------------------------------------------ files -- */
-
-static ks_status read_fd(int fd, const char *path, size_t size, void **out) {
-    void *p = malloc(size ? size : 1);
-    if (!p) return KS_FAIL(KS_ERR_NOMEM, "cannot allocate %zu bytes to read '%s'", size, path);
-    size_t done = 0;
-    while (done < size) {
-        ssize_t r = pread(fd, (uint8_t *)p + done, size - done, (off_t)done);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            int e = errno;
-            free(p);
-            return KS_FAIL(KS_ERR_IO, "reading '%s' at offset %zu: %s", path, done, r == 0 ? "unexpected end of file" : strerror(e));
-        }
-        done += (size_t)r;
-    }
-    *out = p;
-    return KS_OK;
-}
-
-/* Maps (or reads) a regular file into sh. */
-static ks_status load_file(const char *path, bool use_mmap, st_shard *sh) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return KS_FAIL(KS_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return KS_FAIL(KS_ERR_IO, "cannot stat '%s': %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return KS_FAIL(KS_ERR_IO, "'%s' is not a regular file", path);
-    }
-    size_t size = (size_t)sb.st_size;
-    void *m = NULL;
-    ks_status s = KS_OK;
-    if (size == 0) {
-        m = NULL;
-    } else if (use_mmap) {
-        m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED) s = KS_FAIL(KS_ERR_IO, "cannot mmap '%s': %s", path, strerror(errno));
-    } else {
-        s = read_fd(fd, path, size, &m);
-    }
-    close(fd);
-    if (s != KS_OK) return s;
-    sh->base = m;
-    sh->size = size;
-    sh->mapped = use_mmap && size;
-    sh->owned = !use_mmap && size;
-    return KS_OK;
-}
 
 static bool ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), m = strlen(suffix);
@@ -437,7 +379,7 @@ static ks_status add_shard(ks_safetensors *st, const char *path, bool use_mmap) 
     st->shards = ks_realloc(st->shards, sizeof(st_shard) * (size_t)(st->n_shards + 1));
     st_shard *sh = &st->shards[st->n_shards];
     memset(sh, 0, sizeof *sh);
-    KS_TRY(load_file(path, use_mmap, sh));
+    KS_TRY(ks_file_map_open(path, use_mmap, &sh->file));
     sh->path = ks_strdup(path);
     st->n_shards++;
     ks_status s = parse_shard(st, st->n_shards - 1);
@@ -462,14 +404,15 @@ static bool safe_shard_name(const char *s) {
 }
 
 static ks_status open_index(ks_safetensors *st, const char *index_path, bool use_mmap) {
-    st_shard tmp = {0};
-    KS_TRY(load_file(index_path, false, &tmp));
+    ks_file_map tmp;
+    KS_TRY(ks_file_map_open(index_path, false, &tmp));
     if (tmp.size > KS_ST_MAX_INDEX) {
-        free((void *)tmp.base);
-        return KS_FAIL(KS_ERR_FORMAT, "'%s': index of %zu bytes exceeds the %zu-byte limit", index_path, tmp.size, KS_ST_MAX_INDEX);
+        size_t size = tmp.size;
+        ks_file_map_close(&tmp);
+        return KS_FAIL(KS_ERR_FORMAT, "'%s': index of %zu bytes exceeds the %zu-byte limit", index_path, size, KS_ST_MAX_INDEX);
     }
-    cJSON *root = cJSON_ParseWithLength((const char *)tmp.base, tmp.size);
-    free((void *)tmp.base);
+    cJSON *root = cJSON_ParseWithLength((const char *)tmp.data, tmp.size);
+    ks_file_map_close(&tmp);
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return KS_FAIL(KS_ERR_FORMAT, "'%s': not a JSON object", index_path);
@@ -584,7 +527,7 @@ int ks_safetensors_n_shards(const ks_safetensors *st) { return st->n_shards; }
 
 size_t ks_safetensors_file_bytes(const ks_safetensors *st) {
     size_t n = 0;
-    for (int i = 0; i < st->n_shards; i++) n += st->shards[i].size;
+    for (int i = 0; i < st->n_shards; i++) n += st->shards[i].file.size;
     return n;
 }
 

@@ -186,8 +186,8 @@ static void ks_gen_encode_row(ks_dtype type, const float *x, void *dst, int64_t 
 static void ks_gen_rows_worker(void *arg, int ith, int nth) {
     ks_gen *g = arg;
     const ks_gen_tensor *t = g->cur;
-    int64_t per = (t->ne1 + nth - 1) / nth;
-    int64_t r0 = per * ith, r1 = r0 + per < t->ne1 ? r0 + per : t->ne1;
+    int64_t r0, r1; /* each row depends only on its index: any split gives the same bytes */
+    ks_pool_share(t->ne1, ith, nth, &r0, &r1);
     if (r0 >= r1) return;
     size_t row_bytes = ks_dtype_row_bytes(t->type, t->ne0);
     float *x = ks_malloc((size_t)t->ne0 * sizeof(float)); /* [ne0] */

@@ -22,6 +22,8 @@
 #ifndef KS_DTYPE_H
 #define KS_DTYPE_H
 
+#include "kvsieve.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -72,6 +74,12 @@ ks_bf16 ks_f32_to_bf16(float f); /* round to nearest even */
 /* Row conversions; n a multiple of the block size of t. */
 void ks_dequantize_row(ks_dtype t, const void *src, float *dst, int64_t n);
 void ks_quantize_row(ks_dtype t, const float *src, void *dst, int64_t n);
+
+/* The KV row format, shared by the store (kv) and attention (infer): one
+ * token's K or V for one KV head is hd elements of f16, or of Q8_0 blocks for
+ * 8-bit KV. */
+static inline ks_dtype ks_kv_dtype(ks_kv_type t) { return t == KS_KV_F16 ? KS_DTYPE_F16 : KS_DTYPE_Q8_0; }
+static inline size_t ks_kv_row_bytes(ks_kv_type t, int hd) { return ks_dtype_row_bytes(ks_kv_dtype(t), hd); }
 
 /* A 2-D weight matrix: [rows][cols] of type, rows contiguous (a model's
  * weights point into the GGUF mapping). */

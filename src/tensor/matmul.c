@@ -260,6 +260,7 @@ static void ks_mm_q6_k_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, in
 #define KS_MM_TGT "avx2,fma,f16c"
 #define KS_MM_LEVEL 1
 #include "matmul_x86.c"
+#include "matmul_x86_quant.c"
 #undef KS_MM_SFX
 #undef KS_MM_TGT
 #undef KS_MM_LEVEL
@@ -267,6 +268,7 @@ static void ks_mm_q6_k_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, in
 #define KS_MM_TGT "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"
 #define KS_MM_LEVEL 2
 #include "matmul_x86.c"
+#include "matmul_x86_quant.c"
 #undef KS_MM_SFX
 #undef KS_MM_TGT
 #undef KS_MM_LEVEL
@@ -370,9 +372,10 @@ static void ks_mm_quantize_worker(void *arg, int ith, int nth) {
 static void ks_mm_worker(void *arg, int ith, int nth) {
     const ks_mm_job *job = arg;
     const int64_t units = (job->rows + KS_MM_ROWS - 1) / KS_MM_ROWS;
-    const int64_t r_begin = units * ith / nth * KS_MM_ROWS;
-    int64_t r_end = units * (ith + 1) / nth * KS_MM_ROWS;
-    if (r_end > job->rows) r_end = job->rows;
+    int64_t u0, u1;
+    ks_pool_share(units, ith, nth, &u0, &u1);
+    const int64_t r_begin = u0 * KS_MM_ROWS;
+    int64_t r_end = u1 * KS_MM_ROWS < job->rows ? u1 * KS_MM_ROWS : job->rows;
     int64_t chunk = (int64_t)(KS_MM_CHUNK_BYTES / job->wrow) / KS_MM_ROWS * KS_MM_ROWS;
     if (chunk < KS_MM_ROWS) chunk = KS_MM_ROWS;
     /* Vectors per group: as many as stay in L1 beside the weight row (at
@@ -385,8 +388,8 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
     if (job->n <= vg) chunk = r_end - r_begin; /* one pass: W streams once regardless */
     /* Two-row tiles share each activation load by two rows, halving L2
      * traffic, which only matters once a tile's activations outgrow L1 (long
-     * rows, n > 1); on short rows streaming two rows at once measured up to
-     * 3x slower at n = 1 (prefetch), so they are used only where they pay. */
+     * rows, n > 1); on short rows two interleaved row streams defeat the
+     * prefetcher, so they are used only where they pay. */
     const bool pair = job->kern2 && job->n > 1 && KS_MM_NC * job->xs > KS_MM_GROUP_L1;
 
     for (int64_t r0 = r_begin; r0 < r_end; r0 += chunk) {

@@ -14,12 +14,15 @@
  * or one Q4_K sub-block is exactly 32 bytes.  At the AVX-512 level every
  * integer kernel has a zmm form instead (Q8_0/Q4_0 grouped four blocks per
  * zmm, Q4_K/Q6_K a super-block as four zmm; see their sections): at n = 1
- * these kernels were bound by vector ops per MAC and per-block bookkeeping,
+ * these kernels are bound by vector ops per MAC and per-block bookkeeping,
  * not by the multiplies, and the zmm forms cut both.  Products stay exact in
  * int16 / int32: activations are in [-127, 127], weights in [-128, 127]
  * (Q8_0, via the sign trick |w| * sign(a, w), or w + 128 unsigned at the
  * AVX-512 level), [0, 15] (Q4_K) or [0, 63] (Q6_K), so no maddubs pair can
  * saturate (max 2 * 128 * 127 = 32512).
+ *
+ * The activation quantizers that feed these kernels are matmul_x86_quant.c,
+ * the same kind of template.
  *
  * Each kernel takes nc (1..4) vectors; a switch maps nc to an always-inline
  * body with a constant count, so accumulators live in registers and a weight
@@ -211,8 +214,8 @@ KS_MM_Q32_KERNEL(ks_mm_q4_0, ks_block_q4_0, KS_MM_SFX(ks_mm_load_q4_0))
  * Why a second kernel at this level.  The ymm kernel above spends five
  * vector ops per 32-MAC block and vector (sign of the activation, dpbusd,
  * int->float, scale multiply, FMA), and on a core that runs zmm ops as two
- * 256-bit halves (Zen 4) widening alone gains nothing: only removing ops per
- * MAC does.  Three of the five are the per-block float epilogue, paid on
+ * 256-bit halves widening alone gains nothing: only removing ops per MAC
+ * does.  Three of the five are the per-block float epilogue, paid on
  * eight int32 lanes that all belong to one block.  So the grouped form packs
  * FOUR blocks into one zmm with only four lanes each: 128-bit lane k holds
  * elements 0-15 of block 4g+k in register LO and elements 16-31 in HI, two
@@ -289,11 +292,9 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4x_wgroup)(const ks_block_q4_0 *b0, const ks_blo
 
 /* Software prefetch distance of the grouped Q8_0/Q4_0 kernels, in blocks of a
  * row (128 Q8_0 blocks = 4.3 KB; past a row's end it lands in the rows the
- * thread takes next).  Measured on this host, alternating binaries: a
- * 16384 x 16384 Q8_0 matvec from DRAM 20-34 -> 34-47 GB/s; 1B-shape decode
- * batch 4 39 -> 34 ms/step; prefill +8-50%; batch-1 decode unchanged (its
- * 2048-column rows are prefetched well by the hardware).  64 and 512 were
- * worse than 128-256. */
+ * thread takes next, which the hardware prefetcher, stopping at 4 KiB pages,
+ * would find late).  Far enough ahead to cover DRAM latency at full
+ * bandwidth, near enough that prefetched lines are not evicted before use. */
 #define KS_MM_PF_BLOCKS 128
 /* as an address offset: prefetching past the array's end is harmless, forming the pointer is not */
 #define KS_MM_PF_BYTES(BT) ((uintptr_t)KS_MM_PF_BLOCKS * sizeof(BT))
@@ -631,108 +632,6 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q6_k)(const uint8_t *w, const uint8_t *xq, size_t 
     KS_MM_NC_SWITCH(KS_MM_SFX(ks_mm_q6_k_body), w, xq, xs, cols, y, ys)
 }
 #endif /* KS_MM_LEVEL < 2 */
-
-/* ------------------------------------------------ activation quantizers --
- * Same arithmetic as the scalar versions (id = 1/d in f32, x*id rounded to
- * nearest even by cvtps), so every level feeds the kernels identical bytes. */
-
-KS_MM_INL __m256 KS_MM_SFX(ks_mm_absmax32)(const float *x, __m256 v[4]) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 m = _mm256_setzero_ps();
-    for (int k = 0; k < 4; k++) {
-        v[k] = _mm256_loadu_ps(x + 8 * k);
-        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[k]));
-    }
-    return m;
-}
-
-KS_MM_INL float KS_MM_SFX(ks_mm_hmax8)(__m256 m) {
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
-}
-
-/* 32 floats times id -> 32 int8 in order; also returns the int32 vectors */
-KS_MM_INL __m256i KS_MM_SFX(ks_mm_round32)(const __m256 v[4], float id, __m256i iv[4]) {
-    const __m256 idv = _mm256_set1_ps(id);
-    for (int k = 0; k < 4; k++) iv[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], idv));
-    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
-    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
-#if KS_MM_LEVEL < 2 /* AVX-512 quantizes into the grouped layout instead */
-KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8)(const float *x, uint8_t *dst, int64_t cols) {
-    int8_t *q = (int8_t *)dst;
-    float *ds = (float *)(dst + ks_mm_align64((size_t)cols));
-    for (int64_t b = 0; b < cols / 32; b++) {
-        __m256 v[4];
-        __m256i iv[4];
-        float amax = KS_MM_SFX(ks_mm_hmax8)(KS_MM_SFX(ks_mm_absmax32)(x + 32 * b, v));
-        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        ds[b] = d;
-        _mm256_storeu_si256((__m256i *)(q + 32 * b), KS_MM_SFX(ks_mm_round32)(v, id, iv));
-    }
-}
-#endif
-
-KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8_k)(const float *x, uint8_t *dst, int64_t cols) {
-    ks_block_q8_k *y = (ks_block_q8_k *)dst;
-    for (int64_t b = 0; b < cols / KS_QK_K; b++, x += KS_QK_K) {
-        __m256 v[8][4];
-        __m256 m = _mm256_setzero_ps();
-        for (int k = 0; k < 8; k++) m = _mm256_max_ps(m, KS_MM_SFX(ks_mm_absmax32)(x + 32 * k, v[k]));
-        float amax = KS_MM_SFX(ks_mm_hmax8)(m);
-        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[b].d = d;
-        for (int k = 0; k < 8; k++) {
-            __m256i iv[4];
-            _mm256_storeu_si256((__m256i *)(y[b].qs + 32 * k), KS_MM_SFX(ks_mm_round32)(v[k], id, iv));
-            for (int h = 0; h < 2; h++) {
-                __m256i s = _mm256_add_epi32(iv[2 * h], iv[2 * h + 1]);
-                __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-                t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
-                t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
-                y[b].bsums[2 * k + h] = (int16_t)_mm_cvtsi128_si32(t);
-            }
-        }
-    }
-}
-
-#if KS_MM_LEVEL >= 2
-/* Grouped partner of the AVX-512 Q8_0/Q4_0 kernels (layout above the
- * kernels): same per-block arithmetic as ks_mm_quantize_q8, so the integers
- * are identical to every other level's, only placed in lane order, with the
- * expanded scale and the -off * (lane sum) weight-offset correction. */
-KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8x)(const float *x, uint8_t *dst, int64_t cols, int off) {
-    const int64_t nb = cols / 32, ng = (nb + 3) / 4;
-    const __m256i ones = _mm256_set1_epi8(1);
-    const __m128i moff = _mm_set1_epi32(-off);
-    for (int64_t g = 0; g < ng; g++) {
-        uint8_t *grp = dst + (size_t)g * KS_MM_Q8X_GROUP; /* [lo 64 | hi 64 | d 16 f32 | corr 16 i32] */
-        for (int k = 0; k < 4; k++) {
-            const int64_t b = 4 * g + k;
-            __m256i q = _mm256_setzero_si256();
-            float d = 0.0f;
-            if (b < nb) {
-                __m256 v[4];
-                __m256i iv[4];
-                float amax = KS_MM_SFX(ks_mm_hmax8)(KS_MM_SFX(ks_mm_absmax32)(x + 32 * b, v));
-                d = amax / 127.0f;
-                float id = d != 0.0f ? 1.0f / d : 0.0f;
-                q = KS_MM_SFX(ks_mm_round32)(v, id, iv);
-            }
-            /* lane m of s: elements 4m..4m+3 (m < 4) or 16+4(m-4).. (m >= 4) */
-            const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q);
-            const __m128i lsum = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-            _mm_store_si128((__m128i *)(grp + 16 * k), _mm256_castsi256_si128(q));
-            _mm_store_si128((__m128i *)(grp + 64 + 16 * k), _mm256_extracti128_si256(q, 1));
-            _mm_store_ps((float *)(grp + 128 + 16 * k), _mm_set1_ps(d));
-            _mm_store_si128((__m128i *)(grp + 192 + 16 * k), _mm_mullo_epi32(lsum, moff));
-        }
-    }
-}
-#endif
 
 #undef KS_MM_FN
 #undef KS_MM_INL

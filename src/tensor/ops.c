@@ -1,10 +1,8 @@
 /*
  * ops.c — RMSNorm, softmax, RoPE angles and rotation, RoPE scaling (see
- * ops.h).  Moved here unchanged from the forward pass (context.c) and the
- * EAGLE-3 loader (eagle3.c); the copies that SpeContext's retrieval head and
- * the draft loader kept of RMSNorm and rotate_half RoPE computed the same
- * operations in the same order, so every caller's results are unchanged bit
- * for bit.
+ * ops.h).  Every forward pass (the target's, the EAGLE-3 draft's, the
+ * retrieval head's) calls these, so the operations and their order of
+ * accumulation are defined in exactly one place.
  *
  * The RoPE scaling conventions come from HF transformers
  * (_compute_yarn_parameters: find_correction_dim, linear_ramp_factor,
@@ -36,6 +34,15 @@ void ks_softmax(float *x, int n) {
     }
     float inv = (float)(1.0 / sum);
     for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+double ks_log_sum_exp(const float *x, int n, float *max_out) {
+    float mx = x[0];
+    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    double z = 0;
+    for (int i = 0; i < n; i++) z += exp((double)x[i] - mx);
+    *max_out = mx;
+    return log(z);
 }
 
 /* ------------------------------------------------------------------ RoPE -- */

@@ -2,7 +2,7 @@
  * ops.h — the small per-row operations every forward pass shares: RMSNorm,
  * rotary position embeddings (RoPE) and softmax.
  *
- * One home, because the target's forward pass (infer/context.c), the EAGLE-3
+ * One home, because the target's forward pass (infer/forward.c), the EAGLE-3
  * draft loader (model/eagle3.c) and SpeContext's retrieval head
  * (select/p_spec.c) all compute them, and a drifting copy would make the
  * retrieval head score keys the target never produced.  These are the plain-C
@@ -36,6 +36,11 @@ void ks_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 
 /* In place: x = softmax(x) over n, with the max subtracted and the sum in double. */
 void ks_softmax(float *x, int n);
+
+/* The normaliser of a softmax in double, for log-probabilities: returns
+ * log(sum exp(x[i] - max)) and writes max = max x[i], so log p_i =
+ * (x[i] - max) - returned.  n >= 1. */
+double ks_log_sum_exp(const float *x, int n, float *max_out);
 
 /* cos/sin of the rotation angles of position pos: [n_rot/2] each; angle j is
  * pos * base^(-2j/n_rot) / freq_factors[j] (freq_factors NULL: 1). */

@@ -24,23 +24,35 @@ KS_AVX2_INL __m256 ks_avx2_reduce8(const __m256 a[8]) {
     return _mm256_add_ps(_mm256_permute2f128_ps(l, h, 0x20), _mm256_permute2f128_ps(l, h, 0x31));
 }
 
-/* e^x for x <= 0 (softmax after the max is subtracted), relative error
- * ~2e-7: range reduction by n = round(x log2 e), a degree-6 polynomial, and
- * 2^n built in the exponent bits (AVX2 has no scalef).  x is clamped at -87,
- * so n stays in [-126, 0] and 2^n is a normal float. */
+/* The body of e^x for x <= 0 (softmax after the max is subtracted) at any
+ * vector width, relative error ~2e-7: x clamped at -87 (so n stays in
+ * [-126, 0] and 2^n is a normal float), range reduction by n = round(x log2
+ * e) with ln 2 split in two for accuracy, and a degree-6 polynomial p of the
+ * remainder; then e^x = p * 2^n, which each width applies as its ISA allows.
+ * One definition, so that every kernel's probabilities agree bit for bit. */
+#define KS_SIMD_EXP_NEG_POLY(x, n, p, SET1, MAX, ROUND, MUL, FMADD, FNMADD) \
+    do {                                                                     \
+        x = MAX(x, SET1(-87.0f));                                            \
+        n = ROUND(MUL(x, SET1(1.44269504088896341f)));                       \
+        __typeof__(x) r_ = FNMADD(n, SET1(0.693359375f), x);                 \
+        r_ = FNMADD(n, SET1(-2.12194440e-4f), r_);                           \
+        p = SET1(1.0f / 720);                                                \
+        p = FMADD(p, r_, SET1(1.0f / 120));                                  \
+        p = FMADD(p, r_, SET1(1.0f / 24));                                   \
+        p = FMADD(p, r_, SET1(1.0f / 6));                                    \
+        p = FMADD(p, r_, SET1(0.5f));                                        \
+        p = FMADD(p, r_, SET1(1.0f));                                        \
+        p = FMADD(p, r_, SET1(1.0f));                                        \
+    } while (0)
+
+#define KS_AVX2_ROUND_(v) _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
+/* e^x for x <= 0 (KS_SIMD_EXP_NEG_POLY), 2^n built in the exponent bits
+ * (AVX2 has no scalef). */
 KS_AVX2_INL __m256 ks_avx2_exp_neg(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256 n, p;
+    KS_SIMD_EXP_NEG_POLY(x, n, p, _mm256_set1_ps, _mm256_max_ps, KS_AVX2_ROUND_, _mm256_mul_ps, _mm256_fmadd_ps,
+                         _mm256_fnmadd_ps);
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }

@@ -1,6 +1,6 @@
 /*
- * tokenizer_internal.h — the tokenizer's state and the pieces its three
- * source files share (not part of any public API).
+ * tokenizer_internal.h — the tokenizer's state and the pieces its source
+ * files share (not part of any public API).
  *
  * Layout choice: all token strings live in one blob indexed by an offset
  * array, and lookups go through open-addressing tables of int32 ids whose
@@ -89,6 +89,13 @@ void ks_tok_ids_push(ks_tok_ids *ids, int32_t id);
 uint32_t ks_tok_hash_init(void);
 uint32_t ks_tok_hash_bytes(uint32_t h, const void *p, size_t n);
 int32_t ks_tok_strset_find(const ks_tok_strset *s, const char *p, size_t n);
+/* Copy n strings into s and index them; on a duplicate the last index wins
+ * when last_wins, else the first.  Empty strings are stored, not indexed. */
+void ks_tok_strset_build(ks_tok_strset *s, const ks_gguf_str *strs, int32_t n, bool last_wins);
+void ks_tok_strset_free(ks_tok_strset *s);
+/* Make the table resolve string i's text to i (settles duplicates). */
+void ks_tok_strset_point(ks_tok_strset *s, int32_t i);
+bool ks_tok_utf8_valid(const unsigned char *s, size_t n);
 int32_t ks_tok_vocab_find(const ks_tokenizer *t, const char *p, size_t n);
 /* Rank of merge (left, right) or -1. */
 int32_t ks_tok_merge_rank(const ks_tokenizer *t, const char *l, size_t nl, const char *r, size_t nr);

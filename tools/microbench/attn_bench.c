@@ -7,8 +7,7 @@
  * noise.  To tell compute from memory one needs the kernel alone, hot (rows
  * reused from L2, so only its instructions count) and cold (every row from
  * DRAM), next to a plain read loop of the same bytes, on the same threads,
- * alternated in one run.  docs/BENCHMARKS.md ("compute, memory and the
- * second vCPU") reports its figures.
+ * alternated in one run.
  *
  * Layout, as the KV store lays out a dense f16 head (2 MiB pages,
  * MADV_HUGEPAGE): "split" (default), the fast tier's and the slots': all K

@@ -1,0 +1,200 @@
+/*
+ * attend.c — the attention of one layer: every (row, KV head) of the step
+ * becomes a task, and workers take tasks from an atomic counter.
+ *
+ * A task processes a whole GQA group (the G query heads that share a KV
+ * head), so each K/V row is converted once and used G times, and
+ * long-context decode reads each selected entry exactly once per step.  At a
+ * decode step the policy is asked for its selection inside the task, which
+ * runs selection in parallel with attention instead of before it; a layer in
+ * the slow tier then fetches the touched pages into slots (or gathers them),
+ * and a policy's hint for the next step starts loading before the task ends,
+ * overlapping the rest of the step.
+ *
+ * A prefill chunk of one sequence takes the blocked kernel instead: tasks are
+ * (block of KS_PREFILL_BLOCK rows, KV head), and each page is read once per
+ * block rather than once per row.  When a block cannot run (a shape the
+ * kernel does not take, a failed read) its rows fall back to the per-row
+ * path, which reports any error.
+ *
+ * Failures inside the parallel section are recorded once (the first wins)
+ * and returned after the join.
+ */
+#include "infer/internal.h"
+
+#include "core/simd.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+typedef struct {
+    ks_context *c;
+    int il, n;
+    const int32_t *seq, *pos;
+    bool sparse;          /* this layer of this step runs the policy */
+    bool blocked;         /* prefill of one sequence: blocks of rows per task */
+    atomic_int next;
+} attn_job;
+
+static void record_failure(ks_context *c, ks_status st) {
+    if (!atomic_flag_test_and_set(&c->step_failed)) c->step_status = st;
+}
+
+/* The share of the dense attention mass that the mask covers (eval's recall
+ * probe): one dense pass over the head's resident pages. */
+static double recall_of_mask(ks_context *c, ks_attn_scratch *s, int32_t seq, int il, int h, int32_t n,
+                             const float *q) {
+    const ks_hparams *hp = &c->model->hp;
+    int G = hp->n_head / hp->n_head_kv;
+    int32_t np, total;
+    int32_t nseg = ks_infer_segs_plan(NULL, n, c->params.page, s->segs, s->first, s->pages, &np, &total);
+    (void)ks_infer_segs_resolve(c->kv, seq, il, h, s->segs, s->first, nseg, s->pages, NULL); /* in place: cannot fail */
+    memset(s->weights, 0, sizeof(float) * (size_t)n);
+    ks_attention_segs(c->kv_type, s->segs, nseg, n, hp->head_dim, G, q, s->scores, s->probe_out, s->tmp, s->weights,
+                      true);
+    double in = 0, tot = 0;
+    for (int32_t e = 0; e < n; e++) {
+        tot += s->weights[e];
+        if (s->mask[e >> 6] >> (e & 63) & 1) in += s->weights[e];
+    }
+    return tot > 0 ? in / tot : 1.0;
+}
+
+/* Speculative recall for the next step (the policy's hint), overlapped with
+ * the rest of this one.  Uses s->pages as scratch. */
+static ks_status prefetch_next(ks_context *c, ks_attn_scratch *s, int32_t seq, int il, int h, const ks_selection *sel) {
+    int32_t P = c->params.page, np = ks_kv_n_pages(c->kv, seq, il, h), m = 0;
+    for (int32_t i = 0; i < sel->n_next; i++) {
+        int32_t lp = sel->next_pages ? sel->next[i] : sel->next[i] / P;
+        if (lp < 0 || lp >= np) continue;
+        bool dup = false;
+        for (int32_t k = m - 1; k >= 0 && k >= m - 4 && !dup; k--) dup = s->pages[k] == lp;
+        if (!dup) s->pages[m++] = lp;
+    }
+    if (m <= ks_kv_slot_pages(c->kv)) KS_TRY(ks_kv_fetch(c->kv, seq, il, h, s->pages, m, true));
+    return KS_OK;
+}
+
+/* One (row, KV head): selection (decode, sparse layers), segments, kernel. */
+static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int r, int h) {
+    const ks_hparams *hp = &c->model->hp;
+    int G = hp->n_head / hp->n_head_kv, hd = hp->head_dim;
+    int32_t seq = j->seq[r], n = c->n_att[(size_t)r * hp->n_head_kv + h];
+    const float *q = c->q + ((size_t)r * hp->n_head + (size_t)h * G) * hd;
+    float *o = c->att + ((size_t)r * hp->n_head + (size_t)h * G) * hd;
+    ks_select_req req = {.row = r, .seq = seq, .layer = j->il, .head = h, .pos = j->pos[r], .n_entries = n, .q = q};
+    ks_selection sel = {0};
+    bool all = true; /* the policy still sees the weights when everything is attended */
+    if (j->sparse && ks_infer_budget_binds(c, n)) {
+        KS_TRY(ks_infer_select(c, s, &req, &sel, &s->select_seconds));
+        all = sel.all;
+    }
+    bool slow = ks_kv_layer_tier(c->kv, j->il) == KS_TIER_SLOW;
+    /* after a prefill eviction the evicted entries are gone: no dense mass to compare with */
+    if (c->recall_probe && c->decoding && n == j->pos[r] + 1 && (all || !slow)) {
+        size_t slot = (size_t)j->il * hp->n_head_kv + (size_t)h;
+        s->recall_sum[slot] += all ? 1.0 : recall_of_mask(c, s, seq, j->il, h, n, q);
+        s->recall_n[slot]++;
+    }
+    int32_t npages, total;
+    int32_t nseg = ks_infer_segs_plan(all ? NULL : s->mask, n, c->params.page, s->segs, s->first, s->pages, &npages,
+                                      &total);
+    KS_ASSERT(total > 0 && total <= n);
+    uint8_t *gather = NULL;
+    if (slow) {
+        /* prefill rows share their sequence's slots, which forward_rows loaded
+         * before the parallel section when all the pages fit; a decode row
+         * owns (seq, h) and fetches what it selected */
+        int32_t need = c->decoding ? npages : ks_kv_n_pages(c->kv, seq, j->il, h);
+        if (need > ks_kv_slot_pages(c->kv)) {
+            if (!(gather = ks_infer_gather_buffer(c, s)))
+                return KS_FAIL(KS_ERR_NOMEM, "gather buffer for a slow-tier layer refused");
+        } else if (c->decoding) {
+            KS_TRY(ks_kv_fetch(c->kv, seq, j->il, h, s->pages, npages, false));
+        }
+    }
+    KS_TRY(ks_infer_segs_resolve(c->kv, seq, j->il, h, s->segs, s->first, nseg, s->pages, gather));
+    bool want_w = j->sparse && ks_policy_wants_weights(c->policy);
+    float *w = NULL;
+    if (want_w) { /* the entry of each attended row, for after_attention */
+        for (int32_t i = 0, t = 0; i < nseg; i++)
+            for (int32_t k = 0; k < s->segs[i].len; k++) s->entries[t++] = s->first[i] + k;
+        w = s->weights;
+        memset(w, 0, sizeof(float) * (size_t)total);
+    }
+    ks_attention_segs(c->kv_type, s->segs, nseg, total, hd, G, q, s->scores, o, s->tmp, w, true);
+    if (want_w) ks_policy_after_attention(c->policy, &req, s->entries, w, total);
+    s->entries_attended += (uint64_t)total;
+    if (slow && sel.n_next > 0) KS_TRY(prefetch_next(c, s, seq, j->il, h, &sel));
+    return KS_OK;
+}
+
+/* Prefill rows r0..r0+R-1 (one sequence, consecutive) of KV head h as one
+ * block: every page is read once for the block.  false: use attend_one. */
+static bool attend_block(ks_context *c, attn_job *j, ks_attn_scratch *s, int r0, int R, int h) {
+    const ks_hparams *hp = &c->model->hp;
+    int G = hp->n_head / hp->n_head_kv, hd = hp->head_dim, nkv = hp->n_head_kv;
+    int32_t P = c->params.page, seq = j->seq[r0];
+    int32_t n_att[KS_PREFILL_BLOCK];
+    for (int r = 0; r < R; r++) n_att[r] = c->n_att[(size_t)(r0 + r) * nkv + h];
+    if (!s->blk_S) s->blk_S = ks_malloc(sizeof(float) * (size_t)KS_PREFILL_BLOCK * G * c->n_ctx);
+    if (!s->blk_tile) s->blk_tile = ks_malloc(sizeof(float) * (size_t)P * hd);
+    /* a slow-tier layer: its pages are in the slots (forward_rows loaded them) or gathered here */
+    uint8_t *gather = NULL;
+    bool slow = ks_kv_layer_tier(c->kv, j->il) == KS_TIER_SLOW;
+    if (slow && ks_kv_n_pages(c->kv, seq, j->il, h) > ks_kv_slot_pages(c->kv) && !(gather = ks_infer_gather_buffer(c, s)))
+        return false;
+    int32_t np, total;
+    int32_t nseg = ks_infer_segs_plan(NULL, n_att[R - 1], P, s->segs, s->first, s->pages, &np, &total);
+    if (ks_infer_segs_resolve(c->kv, seq, j->il, h, s->segs, s->first, nseg, s->pages, gather) != KS_OK)
+        return false; /* attend_one reports it */
+    const float *q = c->q + ((size_t)r0 * hp->n_head + (size_t)h * G) * hd;
+    float *o = c->att + ((size_t)r0 * hp->n_head + (size_t)h * G) * hd;
+    size_t qo_stride = (size_t)hp->n_head * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    bool done = c->kv_type == KS_KV_F16 && ks_simd_current() >= KS_SIMD_AVX512
+                    ? ks_attention_block_avx512((const ks_kv_seg16 *)s->segs, nseg, n_att, R, hd, G, q, qo_stride, o,
+                                                qo_stride, s->blk_S, s->blk_tile, scale)
+                    : ks_attention_block_avx2(c->kv_type, s->segs, nseg, n_att, R, hd, G, q, qo_stride, o, qo_stride,
+                                              s->blk_S, s->blk_tile, scale);
+    if (!done) return false;
+    for (int r = 0; r < R; r++) s->entries_attended += (uint64_t)n_att[r];
+    return true;
+}
+
+static void attn_worker(void *arg, int ith, int nth) {
+    attn_job *j = arg;
+    ks_context *c = j->c;
+    int nkv = c->model->hp.n_head_kv;
+    ks_attn_scratch *s = &c->scr[ith];
+    /* tasks are (block of rows, KV head) when blocked, else (row, KV head) */
+    int rows_per_task = j->blocked ? KS_PREFILL_BLOCK : 1;
+    int total = (j->n + rows_per_task - 1) / rows_per_task * nkv;
+    for (;;) {
+        int task = atomic_fetch_add(&j->next, 1);
+        if (task >= total) break;
+        int r0 = task / nkv * rows_per_task, h = task % nkv;
+        int R = j->n - r0 < rows_per_task ? j->n - r0 : rows_per_task;
+        if (j->blocked && attend_block(c, j, s, r0, R, h)) continue;
+        for (int r = r0; r < r0 + R; r++) {
+            ks_status st = attend_one(c, j, s, r, h);
+            if (st != KS_OK) record_failure(c, st);
+        }
+    }
+    (void)nth;
+}
+
+ks_status ks_infer_attend_layer(ks_context *c, int il, int n, const int32_t *seq, const int32_t *pos, bool sparse) {
+    int hd = c->model->hp.head_dim;
+    attn_job job = {.c = c, .il = il, .n = n, .seq = seq, .pos = pos, .sparse = sparse};
+    /* prefill chunks of one sequence take the blocked kernel (f16, or 8-bit KV in whole Q8_0 blocks) */
+    job.blocked = !c->decoding && n > 1 && seq[0] == seq[n - 1] && (c->kv_type == KS_KV_F16 || hd % 32 == 0) &&
+                  hd % 16 == 0 && ks_simd_current() >= KS_SIMD_AVX2;
+    atomic_init(&job.next, 0);
+    atomic_flag_clear(&c->step_failed);
+    ks_pool_run(c->pool, attn_worker, &job);
+    if (atomic_flag_test_and_set(&c->step_failed)) return c->step_status;
+    atomic_flag_clear(&c->step_failed);
+    return KS_OK;
+}

@@ -1,0 +1,149 @@
+/*
+ * forward.c — the transformer over a list of rows: one function serves
+ * prefill and batched decode.
+ *
+ * A row is (sequence, position, token).  A prefill chunk is rows of one
+ * sequence at consecutive positions, a decode step is one row for each of
+ * several sequences.  Each weight matrix is multiplied against all rows at
+ * once, so a decode step of 16 sequences streams the weights once instead of
+ * 16 times — the reason batching pays on memory-bound hardware.  K and V of
+ * every row are appended to the store before attention runs, and each row
+ * remembers how many entries its head held right after its own append, which
+ * makes causal attention inside a prefill chunk fall out of "attend to
+ * entries 0..n_att".
+ *
+ * Byte accounting (weights and KV actually read, tier traffic) is kept per
+ * call, so every benchmark prints GB/s beside tok/s.
+ */
+#include "infer/internal.h"
+
+#include <math.h>
+#include <string.h>
+
+static void matmul_w(ks_context *c, const ks_weight *w, const float *X, int n, float *Y) {
+    ks_matmul(c->pool, w->type, w->data, w->rows, w->cols, X, n, Y, c->mm_scratch);
+    c->stats.weight_bytes_read += ks_weight_bytes(w);
+}
+
+/* Copy the residual stream entering layer il (n_layer: after the last) of
+ * every row, when the policy asked for it (SpeContext's fused states). */
+static void capture_hidden(ks_context *c, int il, int n) {
+    int D = c->model->hp.n_embd;
+    for (int k = 0; k < c->n_aux; k++)
+        if (c->aux_layer[k] == il)
+            for (int r = 0; r < n; r++)
+                memcpy(c->aux_h + ((size_t)r * c->n_aux + k) * D, c->x + (size_t)r * D, sizeof(float) * D);
+}
+
+/* Q, K, V of every row at layer il: projections, biases, q/k norms, RoPE;
+ * K and V appended to the store. */
+static ks_status qkv_rows(ks_context *c, const ks_layer *L, int il, int n, const int32_t *seq, const int32_t *pos,
+                          const int32_t *obs_slot) {
+    const ks_hparams *hp = &c->model->hp;
+    int D = hp->n_embd, hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv, half = hp->n_rot / 2;
+    size_t q_dim = (size_t)nh * hd, kv_dim = (size_t)nkv * hd;
+    for (int r = 0; r < n; r++) ks_rmsnorm(c->xn + (size_t)r * D, c->x + (size_t)r * D, L->attn_norm, D, hp->rms_eps);
+    matmul_w(c, &L->wq, c->xn, n, c->q);
+    matmul_w(c, &L->wk, c->xn, n, c->kk);
+    matmul_w(c, &L->wv, c->xn, n, c->vv);
+    for (int r = 0; r < n; r++) {
+        float *q = c->q + r * q_dim, *k = c->kk + r * kv_dim, *v = c->vv + r * kv_dim;
+        if (L->bq) for (size_t i = 0; i < q_dim; i++) q[i] += L->bq[i];
+        if (L->bk) for (size_t i = 0; i < kv_dim; i++) k[i] += L->bk[i];
+        if (L->bv) for (size_t i = 0; i < kv_dim; i++) v[i] += L->bv[i];
+        const float *cs = c->rope_cos + (size_t)r * half, *sn = c->rope_sin + (size_t)r * half;
+        for (int h = 0; h < nh; h++) {
+            if (L->q_norm) ks_rmsnorm(q + (size_t)h * hd, q + (size_t)h * hd, L->q_norm, hd, hp->rms_eps);
+            ks_rope_apply(q + (size_t)h * hd, hp->n_rot, hp->rope_neox, cs, sn);
+        }
+        if (obs_slot && obs_slot[r] >= 0)
+            memcpy(c->obs_q + ((size_t)il * c->obs_cap + obs_slot[r]) * q_dim, q, sizeof(float) * q_dim);
+        for (int h = 0; h < nkv; h++) {
+            if (L->k_norm) ks_rmsnorm(k + (size_t)h * hd, k + (size_t)h * hd, L->k_norm, hd, hp->rms_eps);
+            ks_rope_apply(k + (size_t)h * hd, hp->n_rot, hp->rope_neox, cs, sn);
+            KS_TRY(ks_kv_append(c->kv, seq[r], il, h, pos[r], k + (size_t)h * hd, v + (size_t)h * hd));
+            c->n_att[(size_t)r * nkv + h] = ks_kv_n_entries(c->kv, seq[r], il, h);
+            if (c->decoding) ks_policy_on_append(c->policy, seq[r], il, h, pos[r], k + (size_t)h * hd);
+        }
+    }
+    return KS_OK;
+}
+
+/* x += W_down (silu(W_gate xn) * W_up xn), xn = RMSNorm(x). */
+static void mlp_rows(ks_context *c, const ks_layer *L, int n) {
+    const ks_hparams *hp = &c->model->hp;
+    int D = hp->n_embd;
+    for (int r = 0; r < n; r++) ks_rmsnorm(c->xn + (size_t)r * D, c->x + (size_t)r * D, L->ffn_norm, D, hp->rms_eps);
+    matmul_w(c, &L->w_gate, c->xn, n, c->gate);
+    matmul_w(c, &L->w_up, c->xn, n, c->up);
+    for (size_t i = 0; i < (size_t)n * hp->n_ff; i++) {
+        float g = c->gate[i];
+        c->gate[i] = g / (1.0f + expf(-g)) * c->up[i];
+    }
+    matmul_w(c, &L->w_down, c->gate, n, c->xn);
+    for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->xn[i];
+}
+
+/* Fold the workers' and the store's counters of this call into c->stats. */
+static void take_counters(ks_context *c, int n, const int32_t *seq) {
+    const ks_hparams *hp = &c->model->hp;
+    uint64_t attended = 0;
+    for (int i = 0; i < c->params.n_threads; i++) {
+        attended += c->scr[i].entries_attended;
+        c->stats.select_seconds += c->scr[i].select_seconds;
+        c->scr[i].entries_attended = 0;
+        c->scr[i].select_seconds = 0;
+    }
+    c->stats.kv_bytes_read += 2 * attended * c->kv_row_bytes;
+    if (c->decoding) {
+        c->stats.kv_entries_attended += attended;
+        for (int il = 0; il < hp->n_layer; il++)
+            for (int r = 0; r < n; r++)
+                for (int h = 0; h < hp->n_head_kv; h++)
+                    c->stats.kv_entries_total += (uint64_t)ks_kv_n_entries(c->kv, seq[r], il, h);
+    }
+    ks_kv_traffic tr;
+    ks_kv_take_traffic(c->kv, &tr);
+    c->stats.kv_bytes_loaded += tr.bytes_loaded;
+    c->stats.kv_bytes_stored += tr.bytes_stored;
+    c->stats.kv_pages_loaded += tr.pages_loaded;
+    c->stats.kv_pages_hit += tr.pages_hit;
+    c->stats.kv_wait_seconds += tr.wait_seconds;
+    c->stats.kv_copy_seconds += tr.copy_seconds;
+}
+
+ks_status ks_infer_forward_rows(ks_context *c, int n, const int32_t *seq, const int32_t *pos, const int32_t *tok,
+                                const bool *want, float *logits_out, const int32_t *obs_slot) {
+    const ks_model *m = c->model;
+    const ks_hparams *hp = &m->hp;
+    int D = hp->n_embd, half = hp->n_rot / 2;
+    KS_ASSERT(n > 0 && n <= c->max_rows);
+    bool selects = c->decoding && ks_policy_selects(c->policy);
+    for (int r = 0; r < n; r++) {
+        ks_dequantize_row(m->tok_embd.type,
+                          (const uint8_t *)m->tok_embd.data + ks_dtype_row_bytes(m->tok_embd.type, D) * (size_t)tok[r],
+                          c->x + (size_t)r * D, D);
+        ks_rope_angles(c->rope_cos + (size_t)r * half, c->rope_sin + (size_t)r * half, pos[r], hp->n_rot,
+                       hp->rope_base, m->rope_freq_factors);
+    }
+    for (int il = 0; il < hp->n_layer; il++) {
+        const ks_layer *L = &m->layers[il];
+        capture_hidden(c, il, n);
+        KS_TRY(qkv_rows(c, L, il, n, seq, pos, obs_slot));
+        if (!c->decoding && ks_kv_layer_tier(c->kv, il) == KS_TIER_SLOW) KS_TRY(ks_infer_load_prefill_slots(c, il, n, seq));
+        KS_TRY(ks_infer_attend_layer(c, il, n, seq, pos, selects && il >= c->dense_layers));
+        matmul_w(c, &L->wo, c->att, n, c->xn);
+        for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->xn[i];
+        mlp_rows(c, L, n);
+    }
+    capture_hidden(c, hp->n_layer, n);
+    for (int r = 0; c->n_aux && r < n; r++)
+        ks_policy_on_hidden(c->policy, seq[r], pos[r], tok[r], c->aux_h + (size_t)r * c->n_aux * D);
+    take_counters(c, n, seq);
+    if (!want || !logits_out) return KS_OK;
+    int n_want = 0;
+    for (int r = 0; r < n; r++)
+        if (want[r]) ks_rmsnorm(c->xn + (size_t)(n_want++) * D, c->x + (size_t)r * D, m->output_norm, D, hp->rms_eps);
+    if (n_want) matmul_w(c, &m->output, c->xn, n_want, logits_out);
+    return KS_OK;
+}

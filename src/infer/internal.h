@@ -1,0 +1,83 @@
+/*
+ * internal.h — the seams between the files of the context, for those files
+ * only (tests and tools use infer.h).
+ *
+ * The context is one object (struct ks_context, infer.h) served by several
+ * files, each with one job:
+ *   context.c   create / destroy, accessors, statistics, the services a
+ *               policy calls back into (attention probabilities, keys, evict)
+ *   step.c      the public steps: ks_prefill, ks_decode, synthetic fill
+ *   forward.c   ks_infer_forward_rows: the layers of a transformer over a list of rows
+ *   attend.c    the attention of one layer: tasks per (row, KV head), the
+ *               policy's selection, the kernel call, the recall probe
+ *   segments.c  which entries a (row, head) reads and where their bytes are:
+ *               selection -> entry mask -> page-bounded segments -> pointers
+ *   tiers.c     the slow tier seen from the context: the adaptive memory
+ *               plan, prefetch of a global selection, prefill slot loading
+ *   attention.c the kernel dispatch and its portable reference
+ * The functions below are what one of them needs from another.
+ */
+#ifndef KS_INFER_INTERNAL_H
+#define KS_INFER_INTERNAL_H
+
+#include "infer/infer.h"
+
+/* ------------------------------------------------------------ forward.c -- */
+/* Rows: n entries (seq[i], pos[i], tok[i]); the logits of the rows with
+ * want[i] (want NULL: none) are written one after another to logits_out
+ * [n_want][n_vocab].  obs_slot[i] >= 0 (optional) copies row i's queries to
+ * obs_q for on_prefill.  On failure the appended entries stay; callers reset
+ * the sequence. */
+ks_status ks_infer_forward_rows(ks_context *c, int n, const int32_t *seq, const int32_t *pos, const int32_t *tok,
+                                const bool *want, float *logits_out, const int32_t *obs_slot);
+
+/* ------------------------------------------------------------- attend.c -- */
+/* Attention of layer il for the n rows (seq, pos) whose q is in c->q: writes
+ * c->att.  sparse: the policy selects at this layer. */
+ks_status ks_infer_attend_layer(ks_context *c, int il, int n, const int32_t *seq, const int32_t *pos, bool sparse);
+
+/* ----------------------------------------------------------- segments.c -- */
+/* Whether a budget leaves something to choose among n entries.  A budget that
+ * covers the head attends everything, which is also what makes a full budget
+ * bit-identical to dense for page-granular policies. */
+bool ks_infer_budget_binds(const ks_context *c, int32_t n);
+
+/* Ask the policy for req (row, seq, layer, head, pos, n_entries and q filled
+ * in; the budget's split into sinks, window and n_select is filled here),
+ * adding the time it took to *seconds.  Unless sel->all, mask ([n/64 + 1]
+ * words) receives the entries to attend: sinks, window and the selection.
+ * sel's buffers are the scratch's. */
+ks_status ks_infer_select(ks_context *c, ks_attn_scratch *s, ks_select_req *req, ks_selection *sel, double *seconds);
+
+/* The entries [0, n) set in mask (NULL: all of them) as runs that never cross
+ * a page of P entries, in entry order: run i starts at entry first[i] and has
+ * segs[i].len entries (its pointers are set by ks_infer_segs_resolve), and
+ * pages[0..*npages) lists the logical pages touched, ascending.  Returns the
+ * number of runs; *total receives the entries. */
+int32_t ks_infer_segs_plan(const uint64_t *mask, int32_t n, int32_t P, ks_kv_seg *segs, int32_t *first,
+                           int32_t *pages, int32_t *npages, int32_t *total);
+
+/* Point each run at its K and V rows: in place (a fast layer, or a slow one
+ * whose pages sit in slots), or, with gather, reading page pages[i] into
+ * gather + i * page_bytes first. */
+ks_status ks_infer_segs_resolve(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, ks_kv_seg *segs,
+                                const int32_t *first, int32_t nseg, const int32_t *pages, uint8_t *gather);
+
+/* The scratch's gather buffer (every page of a head), allocated on first use:
+ * NULL when the allocator refuses it. */
+uint8_t *ks_infer_gather_buffer(ks_context *c, ks_attn_scratch *s);
+
+/* -------------------------------------------------------------- tiers.c -- */
+/* The memory model over the context's real sizes (params.mem_cap > 0). */
+ks_status ks_infer_plan_init(ks_context *c);
+/* Algorithm 2 for the longest sequence at length S: move layers to the slow
+ * tier as S crosses the thresholds. */
+ks_status ks_infer_plan_apply(ks_context *c, int64_t S);
+/* After before_step of a global policy: queue every slow-tier page its
+ * selection touches, so loads overlap the layers before. */
+ks_status ks_infer_prefetch_global(ks_context *c, int32_t n, const int32_t *seqs, const int32_t *pos);
+/* Prefill of slow-tier layer il: load each sequence's heads into the slots
+ * (rows of one sequence run in parallel and share them), then wait. */
+ks_status ks_infer_load_prefill_slots(ks_context *c, int il, int n, const int32_t *seq);
+
+#endif

@@ -1,0 +1,264 @@
+/*
+ * step.c — the public steps of a context: prefill a prompt, decode a batch,
+ * fill a sequence with synthetic KV for benchmarks.
+ *
+ * The steps validate everything a caller passes before any state changes,
+ * apply the memory plan for the length the step reaches, and give the policy
+ * its hooks in order: on_prefill after a prompt (with the queries it asked
+ * for, or those of its pseudo tokens), before_step and the prefetch of a
+ * global selection before a decode step, entropy of each output for policies
+ * that steer by it.  A failed prefill resets its sequence, so nothing
+ * half-appended survives.
+ */
+#include "infer/internal.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+/* Entropy and varentropy (nats) of softmax(logits): H = -sum p log p,
+ * V = sum p (log p + H)^2 — CHESS's quality signals. */
+static void entropy_of(const float *logits, int32_t n, float *H, float *Var) {
+    float mx;
+    double lz = ks_log_sum_exp(logits, n, &mx), h = 0, m2 = 0;
+    for (int32_t i = 0; i < n; i++) {
+        double lp = (double)logits[i] - mx - lz, p = exp(lp);
+        h -= p * lp;
+        m2 += p * lp * lp;
+    }
+    *H = (float)h;
+    *Var = (float)(m2 - h * h > 0 ? m2 - h * h : 0);
+}
+
+static ks_status check_tokens(const ks_context *c, const int32_t *tokens, int32_t n) {
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->model->hp.n_vocab)
+            return KS_FAIL(KS_ERR_INVALID_ARG, "token %d at index %d is outside the vocabulary [0, %d)", tokens[i], i,
+                           c->model->hp.n_vocab);
+    return KS_OK;
+}
+
+/* DapQ-style pseudo queries: run the policy's pseudo tokens at the positions
+ * that follow the prompt, keep their queries in obs_q, then remove their KV
+ * (and leave the sequence's position where the prompt ended). */
+static ks_status prefill_pseudo(ks_context *c, int32_t seq, const int32_t *prompt, int32_t n, int32_t *n_obs) {
+    const ks_hparams *hp = &c->model->hp;
+    int32_t cap = c->max_rows < 1024 ? c->max_rows : 1024, room = c->n_ctx - c->seq_len[seq];
+    if (room < cap) cap = room; /* pseudo tokens only ever use the room after the prompt */
+    *n_obs = 0;
+    if (cap <= 0) return KS_OK;
+    int32_t *pt = ks_malloc(sizeof(int32_t) * (size_t)cap);
+    int32_t *sq = NULL, *ps = NULL, *obs = NULL, *before = NULL;
+    int32_t np = ks_policy_pseudo_tokens(c->policy, prompt, n, pt, cap);
+    ks_status st = KS_OK;
+    if (np <= 0) goto done;
+    if (np > cap || c->seq_len[seq] + np > c->n_ctx) {
+        st = KS_FAIL(KS_ERR_CONTEXT_FULL, "%d pseudo tokens do not fit after the prompt (context %d)", np, c->n_ctx);
+        goto done;
+    }
+    if ((st = check_tokens(c, pt, np)) != KS_OK) goto done;
+    sq = ks_malloc(sizeof(int32_t) * (size_t)np);
+    ps = ks_malloc(sizeof(int32_t) * (size_t)np);
+    obs = ks_malloc(sizeof(int32_t) * (size_t)np);
+    before = ks_malloc(sizeof(int32_t) * (size_t)hp->n_layer * hp->n_head_kv);
+    for (int32_t l = 0; l < hp->n_layer; l++)
+        for (int32_t h = 0; h < hp->n_head_kv; h++) before[l * hp->n_head_kv + h] = ks_kv_n_entries(c->kv, seq, l, h);
+    for (int32_t i = 0; i < np; i++) {
+        sq[i] = seq;
+        ps[i] = c->seq_len[seq] + i;
+        obs[i] = i;
+    }
+    ks_free(c->obs_q);
+    c->obs_cap = np;
+    c->obs_q = ks_malloc(sizeof(float) * (size_t)hp->n_layer * np * hp->n_head * hp->head_dim);
+    st = ks_infer_forward_rows(c, np, sq, ps, pt, NULL, NULL, obs);
+    for (int32_t l = 0; l < hp->n_layer && st == KS_OK; l++)
+        for (int32_t h = 0; h < hp->n_head_kv && st == KS_OK; h++)
+            st = ks_kv_truncate(c->kv, seq, l, h, before[l * hp->n_head_kv + h]);
+    if (st == KS_OK) *n_obs = np;
+done:
+    ks_free(pt);
+    ks_free(sq);
+    ks_free(ps);
+    ks_free(obs);
+    ks_free(before);
+    return st;
+}
+
+ks_status ks_prefill(ks_context *c, int32_t seq, const int32_t *tokens, int32_t n, float *logits,
+                     float *all_logits) {
+    if (!c || !tokens) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL context or tokens");
+    if (seq < 0 || seq >= c->n_seq) return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d out of range [0, %d)", seq, c->n_seq);
+    if (n <= 0) return KS_FAIL(KS_ERR_INVALID_ARG, "empty prompt (%d tokens)", n);
+    if ((int64_t)c->seq_len[seq] + n > c->n_ctx)
+        return KS_FAIL(KS_ERR_CONTEXT_FULL, "%d tokens + %d already in sequence %d exceed the context of %d", n,
+                       c->seq_len[seq], seq, c->n_ctx);
+    KS_TRY(check_tokens(c, tokens, n));
+    KS_TRY(ks_infer_plan_apply(c, (int64_t)c->seq_len[seq] + n));
+    const ks_hparams *hp = &c->model->hp;
+    double t0 = ks_time_sec();
+    int chunk = c->params.n_batch;
+    int32_t *sq = ks_malloc(sizeof(int32_t) * chunk), *ps = ks_malloc(sizeof(int32_t) * chunk);
+    int32_t *obs = ks_malloc(sizeof(int32_t) * chunk);
+    bool *want = ks_calloc((size_t)chunk, sizeof(bool));
+    size_t V = (size_t)hp->n_vocab;
+    int32_t first_pos = c->seq_len[seq];
+    int32_t n_obs = c->obs_window < 0 ? n : (c->obs_window < n ? c->obs_window : n);
+    ks_free(c->obs_q);
+    c->obs_q = NULL;
+    c->obs_cap = n_obs;
+    if (n_obs > 0) c->obs_q = ks_malloc(sizeof(float) * (size_t)hp->n_layer * n_obs * hp->n_head * hp->head_dim);
+    float *last = logits ? logits : (ks_policy_wants_entropy(c->policy) ? ks_malloc(sizeof(float) * V) : NULL);
+    ks_status st = KS_OK;
+    for (int32_t off = 0; off < n && st == KS_OK; off += chunk) {
+        int m = n - off < chunk ? n - off : chunk;
+        bool last_chunk = off + m == n;
+        for (int i = 0; i < m; i++) {
+            sq[i] = seq;
+            ps[i] = c->seq_len[seq] + i;
+            want[i] = all_logits != NULL || (last != NULL && last_chunk && i == m - 1);
+            obs[i] = off + i >= n - n_obs ? off + i - (n - n_obs) : -1;
+        }
+        float *dst = all_logits ? all_logits + (size_t)off * V : last;
+        st = ks_infer_forward_rows(c, m, sq, ps, tokens + off, want, dst, n_obs > 0 ? obs : NULL);
+        if (st == KS_OK) c->seq_len[seq] += m;
+    }
+    if (st == KS_OK && all_logits && last) memcpy(last, all_logits + (size_t)(n - 1) * V, V * sizeof(float));
+    bool pseudo = false;
+    if (st == KS_OK) {
+        int32_t n_pseudo = 0;
+        st = prefill_pseudo(c, seq, tokens, n, &n_pseudo);
+        if (n_pseudo > 0) {
+            pseudo = true;
+            n_obs = n_pseudo;
+        }
+    }
+    if (st == KS_OK) {
+        ks_prefill_info info = {.seq = seq, .n_prompt = n, .prompt = tokens, .n_obs = n_obs, .obs_q = c->obs_q,
+                                .pseudo = pseudo, .first_pos = first_pos};
+        st = ks_policy_on_prefill(c->policy, &info);
+    }
+    if (st == KS_OK && last && ks_policy_wants_entropy(c->policy))
+        entropy_of(last, (int32_t)V, &c->entropy[seq], &c->varentropy[seq]);
+    ks_free(c->obs_q);
+    c->obs_q = NULL;
+    c->obs_cap = 0;
+    if (last != logits) ks_free(last);
+    ks_free(sq);
+    ks_free(ps);
+    ks_free(obs);
+    ks_free(want);
+    if (st != KS_OK) {
+        ks_seq_reset(c, seq); /* nothing half-appended survives */
+        return st;
+    }
+    c->stats.tokens_prefilled += (uint64_t)n;
+    c->stats.prefill_seconds += ks_time_sec() - t0;
+    return KS_OK;
+}
+
+ks_status ks_decode(ks_context *c, const int32_t *seqs, const int32_t *tokens, int32_t n, float *logits) {
+    if (!c || !seqs || !tokens) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL argument");
+    if (n <= 0 || n > c->max_rows) return KS_FAIL(KS_ERR_INVALID_ARG, "batch of %d sequences (1..%d allowed)", n, c->max_rows);
+    for (int32_t i = 0; i < n; i++) {
+        if (seqs[i] < 0 || seqs[i] >= c->n_seq)
+            return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d out of range [0, %d)", seqs[i], c->n_seq);
+        for (int32_t j = 0; j < i; j++)
+            if (seqs[j] == seqs[i]) return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d appears twice in one step", seqs[i]);
+        if (c->seq_len[seqs[i]] + 1 > c->n_ctx)
+            return KS_FAIL(KS_ERR_CONTEXT_FULL, "sequence %d is full (%d tokens)", seqs[i], c->n_ctx);
+    }
+    KS_TRY(check_tokens(c, tokens, n));
+    if (c->plan_thr) { /* Algorithm 2: the step will make the longest sequence one longer */
+        int64_t S = 0;
+        for (int32_t i = 0; i < n; i++) S = c->seq_len[seqs[i]] + 1 > S ? c->seq_len[seqs[i]] + 1 : S;
+        KS_TRY(ks_infer_plan_apply(c, S));
+    }
+    double t0 = ks_time_sec();
+    int32_t *ps = ks_malloc(sizeof(int32_t) * (size_t)n);
+    bool *want = ks_malloc(sizeof(bool) * (size_t)n);
+    for (int32_t i = 0; i < n; i++) {
+        ps[i] = c->seq_len[seqs[i]];
+        want[i] = true;
+    }
+    float *ent = ks_malloc(sizeof(float) * 2 * (size_t)n);
+    for (int32_t i = 0; i < n; i++) {
+        ent[i] = c->entropy[seqs[i]];
+        ent[n + i] = c->varentropy[seqs[i]];
+    }
+    ks_step_info step = {.n = n, .seq = seqs, .token = tokens, .pos = ps, .entropy = ent, .varentropy = ent + n};
+    double ts = ks_time_sec();
+    ks_status st = ks_policy_before_step(c->policy, &step);
+    /* before_step may use every worker: count thread time like the per-head selections */
+    c->stats.select_seconds += (ks_time_sec() - ts) * c->params.n_threads;
+    if (st == KS_OK && ks_policy_is_global(c->policy))
+        st = ks_infer_prefetch_global(c, n, seqs, ps);
+    if (st == KS_OK) {
+        c->decoding = true;
+        st = ks_infer_forward_rows(c, n, seqs, ps, tokens, logits ? want : NULL, logits, NULL);
+        c->decoding = false;
+    }
+    if (st == KS_OK)
+        for (int32_t i = 0; i < n; i++) {
+            c->seq_len[seqs[i]]++;
+            if (logits && ks_policy_wants_entropy(c->policy))
+                entropy_of(logits + (size_t)i * c->model->hp.n_vocab, c->model->hp.n_vocab, &c->entropy[seqs[i]],
+                           &c->varentropy[seqs[i]]);
+        }
+    ks_free(ent);
+    ks_free(ps);
+    ks_free(want);
+    if (st != KS_OK) return st;
+    c->stats.tokens_decoded += (uint64_t)n;
+    c->stats.decode_seconds += ks_time_sec() - t0;
+    return KS_OK;
+}
+
+typedef struct {
+    ks_context *c;
+    int32_t seq, n;
+    const float *noise; /* [n_noise] */
+    size_t n_noise;
+    atomic_int failed;
+} fill_job;
+
+static void fill_worker(void *arg, int ith, int nth) {
+    fill_job *j = arg;
+    ks_context *c = j->c;
+    const ks_hparams *hp = &c->model->hp;
+    int hd = hp->head_dim;
+    /* whole layers per worker: appends to one layer must stay serial */
+    for (int il = ith; il < hp->n_layer; il += nth)
+        for (int32_t p = 0; p < j->n; p++)
+            for (int h = 0; h < hp->n_head_kv; h++) {
+                size_t u = ((size_t)il * hp->n_head_kv + h) * 2;
+                size_t ko = ((size_t)p * 7919 + u * 104729) % (j->n_noise - (size_t)hd);
+                size_t vo = ((size_t)p * 7919 + (u + 1) * 104729) % (j->n_noise - (size_t)hd);
+                if (ks_kv_append(c->kv, j->seq, il, h, p, j->noise + ko, j->noise + vo) != KS_OK) {
+                    atomic_store(&j->failed, 1);
+                    return;
+                }
+            }
+}
+
+ks_status ks_seq_fill_synthetic(ks_context *c, int32_t seq, int32_t n, uint64_t seed) {
+    if (seq < 0 || seq >= c->n_seq) return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d out of range", seq);
+    if (n < 0 || n > c->n_ctx) return KS_FAIL(KS_ERR_CONTEXT_FULL, "depth %d exceeds the context of %d", n, c->n_ctx);
+    ks_seq_reset(c, seq);
+    /* values are Gaussian noise: only the bytes matter for bandwidth benchmarks */
+    size_t n_noise = 1 << 16;
+    float *noise = ks_malloc(sizeof(float) * n_noise);
+    ks_rng rng = {seed};
+    for (size_t i = 0; i < n_noise; i++) noise[i] = ks_rng_normal(&rng);
+    fill_job j = {.c = c, .seq = seq, .n = n, .noise = noise, .n_noise = n_noise};
+    atomic_init(&j.failed, 0);
+    ks_pool_run(c->pool, fill_worker, &j);
+    ks_free(noise);
+    if (atomic_load(&j.failed)) {
+        ks_seq_reset(c, seq);
+        return KS_FAIL(KS_ERR_IO, "could not fill the KV cache of sequence %d: %s", seq, ks_last_error());
+    }
+    c->seq_len[seq] = n;
+    ks_policy_seq_fill_synthetic(c->policy, seq, n, seed);
+    return KS_OK;
+}

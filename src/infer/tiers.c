@@ -1,0 +1,142 @@
+/*
+ * tiers.c — the slow KV tier seen from the context: when layers move there,
+ * and getting their pages into fast slots before attention needs them.
+ *
+ * Adaptive memory management ("SpeContext: Enabling Efficient Long-context
+ * Reasoning with Speculative Context Sparsity in LLMs", Section 6, Algorithms
+ * 1 and 2): the memory model in kv/memplan.c turns the fast-tier cap into
+ * sequence-length thresholds once, and before each prefill or decode the
+ * context moves the deepest fast layers to the slow tier as the longest
+ * sequence crosses them.  The plan moves layers one way only: a step never
+ * waits for a layer coming back.
+ *
+ * Loading (the same paper, Section 5, asynchronous prefetch): a global
+ * selection does not depend on the layer, so right after before_step the
+ * pages of every slow-tier layer are queued on the copy engine; layer l's
+ * loads then overlap the compute of layers < l, and attention's own fetch
+ * only waits for (and maps) what is left.  Pages already in a slot stay
+ * (elastic loading: only the set difference moves). At prefill every row of a
+ * sequence reads every page of its heads, so the pages are loaded once per
+ * layer before the parallel section.
+ */
+#include "infer/internal.h"
+
+#include <string.h>
+
+ks_status ks_infer_plan_init(ks_context *c) {
+    const ks_hparams *hp = &c->model->hp;
+    const ks_context_params *p = &c->params;
+    if (p->budget <= 0)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "adaptive memory management needs a budget: offloaded layers keep B entries fast");
+    int G = hp->n_head / hp->n_head_kv;
+    /* alpha: the per-token scratch each worker allocates (ks_attn_scratch) */
+    double per_tok_scratch = (double)p->n_threads *
+                             (4.0 * (G > 4 ? G : 4) + 4 + 4 + 4 + 4 + sizeof(ks_kv_seg) + 1.0 / 8 +
+                              2.0 * c->kv_row_bytes /* gather buffer */);
+    double elem = (double)c->kv_row_bytes / hp->head_dim;
+    c->plan = (ks_memplan_params){.model_bytes = (double)c->model->weight_bytes,
+                                  .dlm_bytes = (double)ks_policy_weight_bytes(c->policy),
+                                  .overhead = p->mem_overhead > 0 ? p->mem_overhead : 1.3,
+                                  .n_layer = hp->n_layer,
+                                  .n_head_kv = hp->n_head_kv,
+                                  .head_dim = hp->head_dim,
+                                  .kv_elem_bytes = elem,
+                                  .requests = c->n_seq,
+                                  .budget = p->budget,
+                                  .dlm_cache = ks_policy_own_kcache(c->policy),
+                                  .alpha = per_tok_scratch / (2.0 * elem * c->n_seq * hp->n_head_kv * hp->head_dim),
+                                  .mem_cap = p->mem_cap};
+    c->plan_thr = ks_malloc(sizeof(int64_t) * (size_t)(hp->n_layer + 1));
+    KS_TRY(ks_memplan_thresholds(&c->plan, c->plan_thr));
+    if (c->plan_thr[hp->n_layer] < 0)
+        return KS_FAIL(KS_ERR_NOMEM, "a fast tier of %.2f GB cannot hold the weights (%.2f GB x %.1f) and %d x %d budget "
+                       "entries", p->mem_cap / 1e9, c->plan.model_bytes / 1e9, c->plan.overhead, c->n_seq, p->budget);
+    KS_LOG(INFO, "memory plan: cap %.2f GB, weights %.2f GB (+%.3f GB policy), alpha %.3f; all layers fast up to S=%lld, "
+           "all offloaded up to S=%lld", p->mem_cap / 1e9, c->plan.model_bytes / 1e9, c->plan.dlm_bytes / 1e9,
+           c->plan.alpha, (long long)c->plan_thr[0], (long long)c->plan_thr[hp->n_layer]);
+    return KS_OK;
+}
+
+void ks_context_memplan(const ks_context *c, ks_memplan_info *out) {
+    memset(out, 0, sizeof *out);
+    if (!c->plan_thr) return;
+    out->active = true;
+    out->model_bytes = c->plan.model_bytes;
+    out->dlm_bytes = c->plan.dlm_bytes;
+    out->alpha = c->plan.alpha;
+    out->overhead = c->plan.overhead;
+    out->mem_cap = c->plan.mem_cap;
+    out->n_layer = c->plan.n_layer;
+    out->requests = c->plan.requests;
+    out->budget = c->plan.budget;
+    for (int32_t k = 0; k <= c->plan.n_layer && k < 257; k++) out->thresholds[k] = c->plan_thr[k];
+    out->offloaded = c->n_offloaded;
+}
+
+ks_status ks_infer_plan_apply(ks_context *c, int64_t S) {
+    if (!c->plan_thr) return KS_OK;
+    int32_t L = c->model->hp.n_layer, want = ks_memplan_offloaded_at(c->plan_thr, L, S);
+    if (want > L) {
+        KS_LOG(WARN, "memory plan: S=%lld exceeds the fast tier even with every layer offloaded", (long long)S);
+        want = L;
+    }
+    while (c->n_offloaded < want) {
+        int32_t layer = L - 1 - c->n_offloaded;
+        if (ks_kv_layer_tier(c->kv, layer) == KS_TIER_FAST) KS_TRY(ks_kv_set_layer_tier(c->kv, layer, KS_TIER_SLOW));
+        c->n_offloaded++;
+        c->stats.kv_offload_events++;
+        KS_LOG(INFO, "memory plan: S=%lld crossed %lld: layer %d moved to the slow tier (%d of %d offloaded)",
+               (long long)S, (long long)c->plan_thr[c->n_offloaded - 1], layer, c->n_offloaded, L);
+    }
+    return KS_OK;
+}
+
+ks_status ks_context_apply_memplan(ks_context *c) {
+    int64_t S = 0;
+    for (int32_t i = 0; i < c->n_seq; i++) S = c->seq_len[i] > S ? c->seq_len[i] : S;
+    return ks_infer_plan_apply(c, S);
+}
+
+ks_status ks_context_offload_layer(ks_context *c, int32_t layer, bool offload) {
+    if (!c || layer < 0 || layer >= c->model->hp.n_layer)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "layer %d out of range", layer);
+    return ks_kv_set_layer_tier(c->kv, layer, offload ? KS_TIER_SLOW : KS_TIER_FAST);
+}
+
+ks_status ks_infer_prefetch_global(ks_context *c, int32_t n, const int32_t *seqs, const int32_t *pos) {
+    const ks_hparams *hp = &c->model->hp;
+    ks_attn_scratch *s = &c->scr[0];
+    for (int il = c->dense_layers; il < hp->n_layer; il++) {
+        if (ks_kv_layer_tier(c->kv, il) != KS_TIER_SLOW) continue;
+        for (int32_t r = 0; r < n; r++)
+            for (int h = 0; h < hp->n_head_kv; h++) {
+                /* the step will append one entry: select among ne + 1, load the ne stored */
+                int32_t ne = ks_kv_n_entries(c->kv, seqs[r], il, h), np = ks_kv_n_pages(c->kv, seqs[r], il, h);
+                if (!ks_infer_budget_binds(c, ne + 1)) continue; /* dense: attention loads */
+                ks_select_req req = {.row = r, .seq = seqs[r], .layer = il, .head = h, .pos = pos[r], .n_entries = ne + 1};
+                ks_selection sel;
+                KS_TRY(ks_infer_select(c, s, &req, &sel, &c->stats.select_seconds));
+                if (sel.all) continue;
+                int32_t m, total;
+                ks_infer_segs_plan(s->mask, ne + 1, c->params.page, s->segs, s->first, s->pages, &m, &total);
+                while (m > 0 && s->pages[m - 1] >= np) m--; /* the page the new entry will open */
+                if (m <= ks_kv_slot_pages(c->kv)) KS_TRY(ks_kv_fetch(c->kv, seqs[r], il, h, s->pages, m, true));
+            }
+    }
+    return KS_OK;
+}
+
+ks_status ks_infer_load_prefill_slots(ks_context *c, int il, int n, const int32_t *seq) {
+    int nkv = c->model->hp.n_head_kv;
+    for (int r = 0; r < n; r++) {
+        if (r > 0 && seq[r] == seq[r - 1]) continue;
+        for (int h = 0; h < nkv; h++) {
+            int32_t np = ks_kv_n_pages(c->kv, seq[r], il, h);
+            if (np > ks_kv_slot_pages(c->kv)) continue; /* attention gathers */
+            int32_t *lp = c->scr[0].pages;
+            for (int32_t i = 0; i < np; i++) lp[i] = i;
+            KS_TRY(ks_kv_fetch(c->kv, seq[r], il, h, lp, np, true));
+        }
+    }
+    return ks_kv_wait_layer(c->kv, il);
+}

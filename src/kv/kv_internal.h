@@ -1,0 +1,94 @@
+/*
+ * kv_internal.h — the store's representation, shared by its two files:
+ * kv.c (pages, appends, compaction, metadata) and kv_tier.c (where a page's
+ * bytes live and how they move between the tiers).  Nothing outside src/kv
+ * includes it: other modules see kv.h and kv_meta.h only.
+ */
+#ifndef KS_KV_INTERNAL_H
+#define KS_KV_INTERNAL_H
+
+#include "kv/copy.h"
+#include "kv/kv.h"
+
+#include <stdatomic.h>
+#include <sys/types.h>
+
+typedef struct {
+    ks_kv_tier tier;
+    uint8_t *fast;        /* [n_phys][page_bytes] pages of a FAST layer */
+    uint8_t *slow;        /* [n_phys][page_bytes] memory slow tier (SLOW, no directory) */
+    int fd;               /* file slow tier (SLOW with a directory), else -1 */
+    uint8_t *slots;       /* [n_sh][n_slot][page_bytes] fast slots of a SLOW layer */
+    int32_t *slot_page;   /* [n_sh][n_slot] physical id held by a slot, -1 empty */
+    uint32_t *slot_stamp; /* [n_sh][n_slot] fetch stamp of the last use */
+    uint32_t *stamp;      /* [n_sh] current fetch stamp of each (seq, head) */
+    int32_t *slot_of;     /* [n_phys] slot holding a page, -1 none */
+    uint8_t *in_use;      /* [n_phys] */
+    int32_t *free_ids;    /* [n_phys] free stack (may hold stale ids) */
+    int32_t n_free;
+    int32_t *fill;        /* [n_phys] valid entries */
+    int32_t *pos;         /* [n_phys][P] positions */
+    float *kmin, *kmax, *ksum; /* [n_phys][head_dim] key summaries */
+    ks_copy_event ev;
+    bool fail_reads;
+} kv_layer;
+
+struct ks_kv_store {
+    ks_kv_params p;
+    int32_t P, hd, nh, max_pages, n_sh, n_slot;
+    int32_t n_phys;       /* head-pages per layer */
+    size_t row, page_bytes;
+    kv_layer *layers;     /* [n_layer] */
+    int32_t *table;       /* [n_seq][n_layer][n_head_kv][max_pages] logical -> physical */
+    int32_t *n_ent;       /* [n_seq][n_layer][n_head_kv] entries */
+    ks_copy_engine *copy;
+    float *tmp;           /* [2][head_dim] row conversion scratch (appends are serial) */
+    uint8_t *page_tmp;    /* [2][page_bytes] compaction scratch */
+    _Atomic uint64_t bytes_loaded, bytes_stored, pages_loaded, pages_hit;
+    double wait_seconds;
+};
+
+static inline size_t kv_hidx(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head) {
+    return ((size_t)seq * kv->p.n_layer + (size_t)layer) * (size_t)kv->nh + (size_t)head;
+}
+/* [max_pages] logical -> physical page ids of (seq, layer, head) */
+static inline int32_t *kv_table_of(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head) {
+    return kv->table + kv_hidx(kv, seq, layer, head) * (size_t)kv->max_pages;
+}
+/* Byte offset of row `slot` of K (or V) inside a page laid out K then V. */
+static inline size_t kv_row_off(const ks_kv_store *kv, int32_t slot, bool is_v) {
+    return ((is_v ? (size_t)kv->P : 0) + (size_t)slot) * kv->row;
+}
+
+/* Fast-tier layout (FreeKV's hybrid layout): all K halves of a layer's pages
+ * back to back, then all V halves, so the K rows of a head whose pages are
+ * consecutive ids form one sequential stream for the attention kernel, as in
+ * a flat cache.  The slow tier keeps each page's K and V together (one
+ * transfer); loads split it into the two halves. */
+static inline size_t kv_half_bytes(const ks_kv_store *kv) { return (size_t)kv->P * kv->row; }
+static inline uint8_t *kv_fast_k(const ks_kv_store *kv, const kv_layer *L, int32_t id) {
+    return L->fast + (size_t)id * kv_half_bytes(kv);
+}
+static inline uint8_t *kv_fast_v(const ks_kv_store *kv, const kv_layer *L, int32_t id) {
+    return L->fast + ((size_t)kv->n_phys + (size_t)id) * kv_half_bytes(kv);
+}
+static inline uint8_t *kv_slot_k(const ks_kv_store *kv, const kv_layer *L, int32_t s) {
+    return L->slots + (size_t)s * kv_half_bytes(kv);
+}
+static inline uint8_t *kv_slot_v(const ks_kv_store *kv, const kv_layer *L, int32_t s) {
+    return L->slots + ((size_t)kv->n_sh * kv->n_slot + (size_t)s) * kv_half_bytes(kv);
+}
+/* Contiguous bytes (K then V) of a page in the memory slow tier, or NULL. */
+static inline uint8_t *kv_slow_mem(const ks_kv_store *kv, const kv_layer *L, int32_t id) {
+    return L->tier == KS_TIER_SLOW && L->slow ? L->slow + (size_t)id * kv->page_bytes : NULL;
+}
+
+/* kv_tier.c */
+ks_status ks_kv_file_write(int fd, const void *src, size_t n, off_t off);
+/* Whole page id to / from buf, K then V (any tier). */
+ks_status ks_kv_page_read(const ks_kv_store *kv, const kv_layer *L, int32_t id, uint8_t *buf);
+ks_status ks_kv_page_write(ks_kv_store *kv, kv_layer *L, int32_t id, const uint8_t *buf);
+/* Free a layer's slow copy and slots (FAST again, or destruction). */
+void ks_kv_release_slow(kv_layer *L);
+
+#endif

@@ -1,0 +1,124 @@
+/*
+ * matmul_x86_quant.c — the activation side of the x86 integer kernels:
+ * f32 vectors quantized once per matmul call into what the kernels in
+ * matmul_x86.c multiply against (Q8_0 blocks, Q8_K super-blocks with their
+ * block sums, and at the AVX-512 level the grouped lane order of
+ * ks_mm_quantize_q8x).  A template like matmul_x86.c: matmul.c includes it
+ * once per level with KS_MM_SFX / KS_MM_TGT / KS_MM_LEVEL defined; compiled
+ * on its own the file is empty.
+ *
+ * Each level must produce the very bytes the scalar quantizers produce, so
+ * that a matmul's result does not depend on which level ran.
+ */
+#ifndef KS_MM_TEMPLATE_PASS
+typedef int ks_matmul_x86_quant_is_included_by_matmul_c; /* standalone: nothing to compile */
+#else
+
+#define KS_MM_FN static __attribute__((target(KS_MM_TGT)))
+#define KS_MM_INL static inline __attribute__((target(KS_MM_TGT), always_inline))
+
+/* ------------------------------------------------ activation quantizers --
+ * Same arithmetic as the scalar versions (id = 1/d in f32, x*id rounded to
+ * nearest even by cvtps), so every level feeds the kernels identical bytes. */
+
+KS_MM_INL __m256 KS_MM_SFX(ks_mm_absmax32)(const float *x, __m256 v[4]) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_loadu_ps(x + 8 * k);
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[k]));
+    }
+    return m;
+}
+
+KS_MM_INL float KS_MM_SFX(ks_mm_hmax8)(__m256 m) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* 32 floats times id -> 32 int8 in order; also returns the int32 vectors */
+KS_MM_INL __m256i KS_MM_SFX(ks_mm_round32)(const __m256 v[4], float id, __m256i iv[4]) {
+    const __m256 idv = _mm256_set1_ps(id);
+    for (int k = 0; k < 4; k++) iv[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], idv));
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+#if KS_MM_LEVEL < 2 /* AVX-512 quantizes into the grouped layout instead */
+KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8)(const float *x, uint8_t *dst, int64_t cols) {
+    int8_t *q = (int8_t *)dst;
+    float *ds = (float *)(dst + ks_mm_align64((size_t)cols));
+    for (int64_t b = 0; b < cols / 32; b++) {
+        __m256 v[4];
+        __m256i iv[4];
+        float amax = KS_MM_SFX(ks_mm_hmax8)(KS_MM_SFX(ks_mm_absmax32)(x + 32 * b, v));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        ds[b] = d;
+        _mm256_storeu_si256((__m256i *)(q + 32 * b), KS_MM_SFX(ks_mm_round32)(v, id, iv));
+    }
+}
+#endif
+
+KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8_k)(const float *x, uint8_t *dst, int64_t cols) {
+    ks_block_q8_k *y = (ks_block_q8_k *)dst;
+    for (int64_t b = 0; b < cols / KS_QK_K; b++, x += KS_QK_K) {
+        __m256 v[8][4];
+        __m256 m = _mm256_setzero_ps();
+        for (int k = 0; k < 8; k++) m = _mm256_max_ps(m, KS_MM_SFX(ks_mm_absmax32)(x + 32 * k, v[k]));
+        float amax = KS_MM_SFX(ks_mm_hmax8)(m);
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = d;
+        for (int k = 0; k < 8; k++) {
+            __m256i iv[4];
+            _mm256_storeu_si256((__m256i *)(y[b].qs + 32 * k), KS_MM_SFX(ks_mm_round32)(v[k], id, iv));
+            for (int h = 0; h < 2; h++) {
+                __m256i s = _mm256_add_epi32(iv[2 * h], iv[2 * h + 1]);
+                __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+                t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+                t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+                y[b].bsums[2 * k + h] = (int16_t)_mm_cvtsi128_si32(t);
+            }
+        }
+    }
+}
+
+#if KS_MM_LEVEL >= 2
+/* Grouped partner of the AVX-512 Q8_0/Q4_0 kernels (layout above the
+ * kernels): same per-block arithmetic as ks_mm_quantize_q8, so the integers
+ * are identical to every other level's, only placed in lane order, with the
+ * expanded scale and the -off * (lane sum) weight-offset correction. */
+KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8x)(const float *x, uint8_t *dst, int64_t cols, int off) {
+    const int64_t nb = cols / 32, ng = (nb + 3) / 4;
+    const __m256i ones = _mm256_set1_epi8(1);
+    const __m128i moff = _mm_set1_epi32(-off);
+    for (int64_t g = 0; g < ng; g++) {
+        uint8_t *grp = dst + (size_t)g * KS_MM_Q8X_GROUP; /* [lo 64 | hi 64 | d 16 f32 | corr 16 i32] */
+        for (int k = 0; k < 4; k++) {
+            const int64_t b = 4 * g + k;
+            __m256i q = _mm256_setzero_si256();
+            float d = 0.0f;
+            if (b < nb) {
+                __m256 v[4];
+                __m256i iv[4];
+                float amax = KS_MM_SFX(ks_mm_hmax8)(KS_MM_SFX(ks_mm_absmax32)(x + 32 * b, v));
+                d = amax / 127.0f;
+                float id = d != 0.0f ? 1.0f / d : 0.0f;
+                q = KS_MM_SFX(ks_mm_round32)(v, id, iv);
+            }
+            /* lane m of s: elements 4m..4m+3 (m < 4) or 16+4(m-4).. (m >= 4) */
+            const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q);
+            const __m128i lsum = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            _mm_store_si128((__m128i *)(grp + 16 * k), _mm256_castsi256_si128(q));
+            _mm_store_si128((__m128i *)(grp + 64 + 16 * k), _mm256_extracti128_si256(q, 1));
+            _mm_store_ps((float *)(grp + 128 + 16 * k), _mm_set1_ps(d));
+            _mm_store_si128((__m128i *)(grp + 192 + 16 * k), _mm_mullo_epi32(lsum, moff));
+        }
+    }
+}
+#endif
+
+#undef KS_MM_FN
+#undef KS_MM_INL
+#endif /* KS_MM_TEMPLATE_PASS */
