@@ -564,9 +564,9 @@ def save_ckpt(torch, path, model, opt, step, stream, seconds):
     """Weights in fp32; AdamW's moments in bf16 (a third less to commit; the
     moments need no more precision to resume)."""
     opt_sd = opt.state_dict()
-    for st in opt_sd["state"].values():
-        for k in ("exp_avg", "exp_avg_sq"):
-            st[k] = st[k].to(torch.bfloat16)
+    # state_dict() shares the per-parameter dicts with the live optimizer: copy them
+    opt_sd["state"] = {i: {k: (v.to(torch.bfloat16) if k in ("exp_avg", "exp_avg_sq") else v)
+                           for k, v in s.items()} for i, s in opt_sd["state"].items()}
     tmp = path + ".tmp"
     torch.save({"model": model.state_dict(), "opt": opt_sd, "step": step,
                 "data_rng": stream.state(), "torch_rng": torch.get_rng_state(), "seconds": seconds,

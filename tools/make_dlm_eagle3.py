@@ -1,0 +1,510 @@
+#!/usr/bin/python3
+"""make_dlm_eagle3.py — distil an EAGLE-3 draft model (DLM) from the trained bundled target.
+
+    /usr/bin/python3 tools/make_dlm_eagle3.py [--target models/kvsieve-default.gguf]
+        [--out models/kvsieve-default-dlm] [--workdir models/train] [--steps N] [--resume]
+    /usr/bin/python3 tools/make_dlm_eagle3.py --report [--lengths 8192] ...
+
+SpeContext (Section 4) selects each decode step's KV entries with the attention
+of a distilled language model (DLM): an EAGLE-3 draft of the target, pruned to
+its retrieval head.  Its premise is that a draft trained only to predict the
+target's next token comes to attend where the target attends.  To test that
+premise nothing here is constructed: every tensor is initialised as EAGLE-3's
+draft is (normal(0, 0.02) linear weights, unit norms) and trained only by
+EAGLE-3's objective (EAGLE-3: Scaling up Inference Acceleration of Large
+Language Models via Training-Time Test, Section 3): next-token distillation
+from the target, with training-time test (the draft's own output states fed
+back as its input for TTT_STEPS steps).  Only the token embedding is shared
+with the target (frozen), as in EAGLE-3.
+
+Shape (EAGLE-3): fc over the concatenated residual streams of three target
+layers (low, middle, high: entering layers AUX), hidden_norm on the fused
+state, input_layernorm on the token embedding, one decoder layer whose q/k/v
+read both ([e(tok_t); hidden_norm(fc(h_{t-1}))], 2H wide), a SwiGLU MLP, a
+final norm and an LM head over the DRAFT_VOCAB most frequent target tokens
+(d2t / t2d).  Heads: 4 query / 2 KV heads, one draft KV head per target KV
+head, so the retrieval head's selection maps one to one.  RoPE: NeoX pairs
+(HF llama), base ROPE_THETA; trained at SEQ tokens, longer contexts through
+YaRN (training-free; kvsieve composes it at load time, see src/model/eagle3.c).
+
+--report measures, on held-out sequences the training never saw:
+  * top-1 agreement of the draft with the target, and the mean accepted
+    length of a chain of up to 4 drafted tokens along the target's own greedy
+    output (speculative decoding);
+  * the retrieval head's attention recall: the share of the target's
+    attention mass (per layer and KV head, averaged) that falls inside the
+    head's top-B selection, at B = 2%, 6% and 12% of the context, next to
+    Quest's page bounds (page 32) and the previous step's exact top-B.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import struct
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import train_model as TM  # noqa: E402
+
+H = TM.N_EMBD
+HQ, HKV, HD = 4, 2, 64
+N_FF = TM.N_FF
+AUX = [1, 3, 5]          # residual streams entering target layers 1, 3, 5 (low, middle, high)
+DRAFT_VOCAB = 2048
+ROPE_THETA = TM.ROPE_BASE
+SEQ = 2048
+TTT_STEPS = 3
+MAX_POS = SEQ
+ATTN_BLOCK = 512        # query block of the draft's training attention
+
+
+def build_draft(torch, n_vocab):
+    nn, F = torch.nn, torch.nn.functional
+
+    class RMSNorm(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(d))
+
+        def forward(self, x):
+            xf = x.float()
+            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + TM.EPS)).type_as(x) * self.weight
+
+    class Draft(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3 * H, H, bias=False)
+            self.hidden_norm = RMSNorm(H)
+            self.input_layernorm = RMSNorm(H)
+            self.q_proj = nn.Linear(2 * H, HQ * HD, bias=False)
+            self.k_proj = nn.Linear(2 * H, HKV * HD, bias=False)
+            self.v_proj = nn.Linear(2 * H, HKV * HD, bias=False)
+            self.o_proj = nn.Linear(HQ * HD, H, bias=False)
+            self.post_attention_layernorm = RMSNorm(H)
+            self.gate_proj = nn.Linear(H, N_FF, bias=False)
+            self.up_proj = nn.Linear(H, N_FF, bias=False)
+            self.down_proj = nn.Linear(N_FF, H, bias=False)
+            self.norm = RMSNorm(H)
+            self.lm_head = nn.Linear(H, DRAFT_VOCAB, bias=False)
+            for m in self.modules():
+                if isinstance(m, nn.Linear):
+                    nn.init.normal_(m.weight, std=0.02)
+            inv = ROPE_THETA ** (-torch.arange(0, HD, 2, dtype=torch.float64) / HD)
+            self.register_buffer("inv_freq", inv, persistent=False)
+            self.mscale = 1.0
+
+        def set_yarn(self, factor, orig=MAX_POS, beta_fast=32.0, beta_slow=1.0):
+            """HF transformers' YaRN (_compute_yarn_parameters), training-free."""
+            base = ROPE_THETA
+            pos_freq = base ** (torch.arange(0, HD, 2, dtype=torch.float64) / HD)
+            inter, extra = 1.0 / (factor * pos_freq), 1.0 / pos_freq
+
+            def dim(rot):
+                return (HD * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
+            lo = max(math.floor(dim(beta_fast)), 0)
+            hi = min(math.ceil(dim(beta_slow)), HD - 1)
+            if lo == hi:
+                hi += 0.001
+            ramp = ((torch.arange(HD // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
+            extra_w = 1 - ramp
+            self.inv_freq = inter * (1 - extra_w) + extra * extra_w
+            self.mscale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+        def rope(self, x, pos):
+            """x [B][T][h][HD], NeoX pairs (j, j + HD/2); pos [T] float64 positions."""
+            ang = pos[:, None] * self.inv_freq[None, :]
+            c = (ang.cos() * self.mscale).float()[None, :, None, :]
+            s = (ang.sin() * self.mscale).float()[None, :, None, :]
+            a, b = x[..., :HD // 2].float(), x[..., HD // 2:].float()
+            return torch.cat([a * c - b * s, b * c + a * s], -1).type_as(x)
+
+        def qkv(self, emb, hid, pos):
+            x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hid)], -1)
+            B, T, _ = x.shape
+            q = self.rope(self.q_proj(x).view(B, T, HQ, HD), pos)
+            k = self.rope(self.k_proj(x).view(B, T, HKV, HD), pos)
+            v = self.v_proj(x).view(B, T, HKV, HD)
+            return q, k, v
+
+        def step(self, emb, hid, pos, cache):
+            """One TTT step.  emb, hid [B][T][H]; cache: (k, v) of earlier steps.
+            The query at position t attends causally over step 0's keys and to the
+            diagonal key (position t) of every later step, as EAGLE-3 trains it.
+            Returns (the draft's output state [B][T][H], logits [B][T][DRAFT_VOCAB])."""
+            B, T, _ = emb.shape
+            q, k, v = self.qkv(emb, hid, pos)
+            cache.append((k, v))
+            g = HQ // HKV
+            scale = 1.0 / math.sqrt(HD)
+            qh = q.transpose(1, 2) * scale                                    # [B][HQ][T][HD]
+            k0 = cache[0][0].transpose(1, 2).repeat_interleave(g, 1)
+            v0 = cache[0][1].transpose(1, 2).repeat_interleave(g, 1)
+            kd = [kv[0].transpose(1, 2).repeat_interleave(g, 1) for kv in cache[1:]]
+            vd = [kv[1].transpose(1, 2).repeat_interleave(g, 1) for kv in cache[1:]]
+            mask = torch.full((T, T), float("-inf")).triu(1)
+            outs = []
+            for a in range(0, T, ATTN_BLOCK):   # query blocks: the masked triangle is never computed
+                b = min(T, a + ATTN_BLOCK)
+                qa = qh[:, :, a:b]
+                s0 = qa @ k0[:, :, :b].transpose(-1, -2) + mask[a:b, :b].to(qa.dtype)   # [B][HQ][b-a][b]
+                diag = [(qa * kj[:, :, a:b]).sum(-1, keepdim=True) for kj in kd]         # [B][HQ][b-a][1]
+                # softmax in the activations' dtype (bf16 under autocast: Debian torch's fast kernel)
+                p = torch.softmax(torch.cat([s0] + diag, -1), -1)
+                oa = p[..., :b] @ v0[:, :, :b]
+                for i, vj in enumerate(vd):
+                    oa = oa + p[..., b + i:b + i + 1] * vj[:, :, a:b]
+                outs.append(oa)
+            o = torch.cat(outs, 2)
+            o = o.transpose(1, 2).reshape(B, T, HQ * HD)
+            r = hid + self.o_proj(o)
+            h2 = self.post_attention_layernorm(r)
+            r = r + self.down_proj(F.silu(self.gate_proj(h2)) * self.up_proj(h2))
+            return r, self.lm_head(self.norm(r))
+
+    return Draft()
+
+
+def load_target(torch, path):
+    tgt = TM.build_model(torch)
+    TM.load_gguf_into(torch, tgt, path)
+    tgt.eval()
+    for p in tgt.parameters():
+        p.requires_grad_(False)
+    return tgt
+
+
+def target_pass(torch, tgt, ids):
+    """Teacher: logits [B][T][V] and the fused aux states, shifted so that
+    position t holds the states of t-1 (zeros at t = 0): EAGLE's input."""
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, hs = tgt(ids, hidden=True)
+    h3 = torch.cat([hs[a].float() for a in AUX], -1)
+    h3 = torch.cat([torch.zeros_like(h3[:, :1]), h3[:, :-1]], 1)
+    return logits.float(), h3
+
+
+def draft_vocab(sp, stream, torch, n_seq=64, T=2048):
+    counts = np.zeros(TM.N_VOCAB, dtype=np.int64)
+    X, _ = stream.batch(torch, n_seq, T)
+    np.add.at(counts, X.numpy().ravel(), 1)
+    ids = np.argsort(-counts, kind="stable")[:DRAFT_VOCAB]
+    return np.sort(ids)
+
+
+def ttt_loss(torch, draft, tgt_emb, ids, logits_t, h3, d_ids, steps=TTT_STEPS):
+    """EAGLE-3 objective: at TTT step j, position t takes token t+j and (for
+    j > 0) the draft's own state of step j-1, and learns the target's
+    distribution at t+j restricted to the draft vocabulary."""
+    B, T = ids.shape
+    teacher = torch.log_softmax(logits_t[..., d_ids], -1)                  # [B][T][Vd]
+    fc = draft.fc(h3)
+    hid, cache, loss, accs = fc, [], 0.0, []
+    for j in range(steps):
+        n = T - j
+        tok = ids[:, j:]
+        emb = tgt_emb[tok]
+        pos = torch.arange(j, T, dtype=torch.float64)
+        if j > 0:
+            hid = hid[:, :n]
+            cache = [(k[:, :n], v[:, :n]) for k, v in cache]
+        out, lg = draft.step(emb, hid, pos, cache)
+        lp = torch.log_softmax(lg.float(), -1)
+        tp = teacher[:, j:]
+        loss = loss + (tp.exp() * (tp - lp)).sum(-1).mean()
+        accs.append(float((lg.argmax(-1) == tp.argmax(-1)).float().mean()))
+        hid = out
+    return loss / steps, accs
+
+
+def save_dlm(out, draft, d_ids, info):
+    os.makedirs(out, exist_ok=True)
+    f16 = lambda t: (t.detach().float().numpy().astype("<f2"), "F16")  # noqa: E731
+    f32 = lambda t: (t.detach().float().numpy().astype("<f4"), "F32")  # noqa: E731
+    ids = np.asarray(d_ids, dtype=np.int64)
+    t2d = np.zeros(TM.N_VOCAB, dtype=np.uint8)
+    t2d[ids] = 1
+    tensors = {
+        "fc.weight": f16(draft.fc.weight),
+        "midlayer.hidden_norm.weight": f32(draft.hidden_norm.weight),
+        "midlayer.input_layernorm.weight": f32(draft.input_layernorm.weight),
+        "midlayer.self_attn.q_proj.weight": f16(draft.q_proj.weight),
+        "midlayer.self_attn.k_proj.weight": f16(draft.k_proj.weight),
+        "midlayer.self_attn.v_proj.weight": f16(draft.v_proj.weight),
+        "midlayer.self_attn.o_proj.weight": f16(draft.o_proj.weight),
+        "midlayer.post_attention_layernorm.weight": f32(draft.post_attention_layernorm.weight),
+        "midlayer.mlp.gate_proj.weight": f16(draft.gate_proj.weight),
+        "midlayer.mlp.up_proj.weight": f16(draft.up_proj.weight),
+        "midlayer.mlp.down_proj.weight": f16(draft.down_proj.weight),
+        "norm.weight": f32(draft.norm.weight),
+        "lm_head.weight": f16(draft.lm_head.weight),
+        "d2t": ((ids - np.arange(len(ids))).astype("<i8"), "I64"),
+        "t2d": (t2d, "BOOL"),
+    }
+    header, blobs, off = {"__metadata__": {"format": "pt", "producer": "kvsieve tools/make_dlm_eagle3.py"}}, [], 0
+    for name, (arr, dtype) in sorted(tensors.items()):
+        b = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((-len(h)) % 8)
+    with open(os.path.join(out, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+    cfg = {
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+        "hidden_size": H, "target_hidden_size": H, "num_attention_heads": HQ, "num_key_value_heads": HKV,
+        "head_dim": HD, "intermediate_size": N_FF, "num_hidden_layers": 1, "vocab_size": TM.N_VOCAB,
+        "draft_vocab_size": DRAFT_VOCAB, "rms_norm_eps": TM.EPS, "rope_theta": ROPE_THETA,
+        "rope_scaling": None, "max_position_embeddings": MAX_POS,
+        "eagle_aux_hidden_state_layer_ids": AUX, "tie_word_embeddings": False, "torch_dtype": "float16",
+        "kvsieve": info,
+    }
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+
+
+# ----------------------------------------------------------------- report --
+def heldout_stream(corpus, sp, seed):
+    """Task and natural-text sequences from the held-out documents, with a seed the training never used."""
+    st = TM.Stream(sp, corpus, seed)
+    st.src = TM.TextSource(corpus, "heldout", st.r)
+    return st
+
+
+def target_attention(torch, tgt, ids, queries):
+    """Per layer: the target's attention probabilities of the query positions,
+    averaged over the query heads of each KV head (so each row sums to 1):
+    [L][B][HKV][len(queries)][T]."""
+    out = []
+    B, T = ids.shape
+    with torch.no_grad():
+        _, hs = tgt(ids, hidden=True)
+        pos = torch.arange(T, dtype=torch.float64)
+        ang = (pos[:, None] * tgt.inv_freq.double()[None, :]).float()
+        cos, sin = ang.cos(), ang.sin()
+        for li, b in enumerate(tgt.blocks):
+            h = b.attn_norm(hs[li])
+            q = b.wq(h).view(B, T, TM.N_HEAD, TM.HEAD_DIM)
+            k = b.wk(h).view(B, T, TM.N_KV_HEAD, TM.HEAD_DIM)
+            q, k = rope_adj(torch, q, cos, sin), rope_adj(torch, k, cos, sin)
+            qs = q[:, queries].transpose(1, 2)                              # [B][H][Q][D]
+            kk = k.transpose(1, 2).repeat_interleave(TM.N_HEAD // TM.N_KV_HEAD, 1)
+            s = (qs @ kk.transpose(-1, -2)) / math.sqrt(TM.HEAD_DIM)        # [B][H][Q][T]
+            s = s.masked_fill(torch.arange(T)[None, None, None, :] > torch.tensor(queries)[None, None, :, None],
+                              float("-inf"))
+            p = torch.softmax(s, -1).view(B, TM.N_KV_HEAD, TM.N_HEAD // TM.N_KV_HEAD, len(queries), T).mean(2)
+            out.append((p, k))
+    return out, hs
+
+
+def rope_adj(torch, x, cos, sin):
+    x2 = x.float().view(*x.shape[:-1], x.shape[-1] // 2, 2)
+    a, b = x2[..., 0], x2[..., 1]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+
+
+def recall_of(p, sel_scores, B_sel, qpos):
+    """p [B][HKV][Q][T] target mass; sel_scores same shape (higher = selected)."""
+    import torch
+    T = p.shape[-1]
+    valid = torch.arange(T)[None, None, None, :] <= torch.tensor(qpos)[None, None, :, None]
+    sc = sel_scores.masked_fill(~valid, float("-inf"))
+    top = sc.topk(B_sel, dim=-1).indices
+    return float(torch.gather(p, -1, top).sum(-1).mean())
+
+
+def report(torch, tgt, draft, d_ids, sp, corpus, lengths, seed, log, n_seq=2, n_q=16):
+    res = {}
+    stream = heldout_stream(corpus, sp, seed)
+    for L in lengths:
+        factor = max(1.0, L / MAX_POS)
+        draft.set_yarn(factor) if factor > 1 else None
+        X, _ = stream.batch(torch, n_seq, L)
+        ids = X[:, :L]
+        qpos = list(range(L - n_q, L))
+        att, hs = target_attention(torch, tgt, ids, qpos + [q - 1 for q in qpos[:1]])
+        # the retrieval head: the draft's step-0 attention at the same positions
+        h3 = torch.cat([hs[a].float() for a in AUX], -1)
+        h3 = torch.cat([torch.zeros_like(h3[:, :1]), h3[:, :-1]], 1)
+        with torch.no_grad():
+            q, k, _ = draft.qkv(tgt.tok.weight[ids], draft.fc(h3), torch.arange(L, dtype=torch.float64))
+            qs = q[:, qpos].transpose(1, 2)                                   # [B][HQ][Q][HD]
+            kk = k.transpose(1, 2).repeat_interleave(HQ // HKV, 1)
+            ds = (qs @ kk.transpose(-1, -2) / math.sqrt(HD)).view(n_seq, HKV, HQ // HKV, n_q, L)
+            ds = torch.softmax(ds.masked_fill(torch.arange(L)[None, None, None, None, :] >
+                                              torch.tensor(qpos)[None, None, None, :, None], float("-inf")),
+                               -1).max(2).values                         # as p_spec.c: max over the group
+        row = {}
+        for frac in (0.02, 0.06, 0.12):
+            Bsel = max(1, int(round(frac * L)))
+            r_head, r_quest, r_prev = [], [], []
+            for li, (p, kfull) in enumerate(att):
+                pq = p[:, :, :n_q]
+                r_head.append(recall_of(pq, ds, Bsel, qpos))
+                # previous step's exact top-B: the target's attention one position earlier
+                prev = torch.cat([p[:, :, n_q:n_q + 1], p[:, :, :n_q - 1]], 2)
+                r_prev.append(recall_of(pq, prev, Bsel, qpos))
+                # Quest: per page of 32, the upper bound sum_d max(q_d k_min_d, q_d k_max_d)
+                P = 32
+                kp = kfull.view(n_seq, L // P, P, TM.N_KV_HEAD, TM.HEAD_DIM)
+                kmin, kmax = kp.min(2).values, kp.max(2).values                # [B][pages][HKV][D]
+                blk = tgt.blocks[li]
+                hq = blk.attn_norm(hs[li][:, qpos])
+                pos = torch.tensor(qpos, dtype=torch.float64)
+                ang = (pos[:, None] * tgt.inv_freq.double()[None, :]).float()
+                qq = rope_adj(torch, blk.wq(hq).view(n_seq, n_q, TM.N_HEAD, TM.HEAD_DIM), ang.cos(), ang.sin())
+                qq = qq.view(n_seq, n_q, TM.N_KV_HEAD, TM.N_HEAD // TM.N_KV_HEAD, TM.HEAD_DIM)
+                ub = torch.maximum(qq[:, :, None] * kmin[:, None, :, :, None],
+                                   qq[:, :, None] * kmax[:, None, :, :, None]).sum(-1).sum(-1)  # [B][Q][pg][HKV]
+                tok_sc = ub.permute(0, 3, 1, 2).repeat_interleave(P, -1)        # [B][HKV][Q][T]
+                r_quest.append(recall_of(pq, tok_sc, Bsel, qpos))
+            row["%d%%" % round(frac * 100)] = {"retrieval_head": float(np.mean(r_head)),
+                                               "quest_pages": float(np.mean(r_quest)),
+                                               "previous_step_top_b": float(np.mean(r_prev))}
+            log("recall at %d tokens, B = %d%% (%d): retrieval head %.3f, Quest page bounds %.3f, "
+                "previous step's exact top-B %.3f" % (L, round(frac * 100), Bsel, np.mean(r_head),
+                                                       np.mean(r_quest), np.mean(r_prev)))
+        res[str(L)] = row
+    draft.inv_freq = ROPE_THETA ** (-torch.arange(0, HD, 2, dtype=torch.float64) / HD)
+    draft.mscale = 1.0
+    return res
+
+
+def acceptance(torch, tgt, draft, d_ids, sp, corpus, seed, log, n_seq=4, T=640, n_gen=128, k=4):
+    """Top-1 agreement and the mean accepted length of chains of k drafted tokens along the
+    target's own greedy continuation (teacher-forced sequences whose tokens ARE the target's
+    argmax, so every accepted draft extends the chain exactly as in speculative decoding)."""
+    stream = heldout_stream(corpus, sp, seed + 7)
+    X, _ = stream.batch(torch, n_seq, T)
+    ids = X[:, :T]
+    # replace the last n_gen tokens by the target's greedy continuation, token by token
+    half = T - n_gen
+    with torch.no_grad():
+        for t in range(half, T):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                lg = tgt(ids[:, :t])
+            ids[:, t] = lg[:, -1].float().argmax(-1)
+        logits_t, h3 = target_pass(torch, tgt, ids)
+        d_ids_t = torch.tensor(d_ids)
+        tgt_next = logits_t.argmax(-1)                                      # [B][T]
+        fc = draft.fc(h3)
+        hid, cache, preds = fc, [], []
+        for j in range(k):
+            n = T - j
+            if j > 0:
+                hid = hid[:, :n]
+                cache = [(kk[:, :n], vv[:, :n]) for kk, vv in cache]
+            out, lg = draft.step(tgt.tok.weight[ids[:, j:]], hid, torch.arange(j, T, dtype=torch.float64), cache)
+            preds.append(d_ids_t[lg.argmax(-1)])
+            hid = out
+    agree = float((preds[0][:, half:] == tgt_next[:, half:]).float().mean())
+    lens = []
+    for t in range(half, T - k):
+        for b in range(n_seq):
+            a = 0
+            while a < k and int(preds[a][b, t]) == int(tgt_next[b, t + a]):
+                a += 1
+            lens.append(a + 1)  # + the target's own token per verification
+    log("draft vs target on held-out greedy continuations: top-1 agreement %.3f, mean accepted length %.2f "
+        "(chains of %d)" % (agree, float(np.mean(lens)), k))
+    return agree, float(np.mean(lens))
+
+
+# ------------------------------------------------------------------- main --
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", default=os.path.join(ROOT, "models", "kvsieve-default.gguf"))
+    ap.add_argument("--out", default=None, help="checkpoint directory (default: TARGET without .gguf + -dlm)")
+    ap.add_argument("--workdir", default=os.path.join(ROOT, "models", "train"), help="the target's tokenizer")
+    ap.add_argument("--cache", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--seed", type=int, default=20261126)
+    ap.add_argument("--steps", type=int, default=800)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--report", action="store_true", help="measure an existing DLM (no training)")
+    ap.add_argument("--lengths", default="8192")
+    a = ap.parse_args(argv)
+    if os.path.exists(TM.TCMALLOC) and TM.TCMALLOC not in os.environ.get("LD_PRELOAD", ""):
+        env = dict(os.environ, LD_PRELOAD=TM.TCMALLOC, TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD="100000000000")
+        os.execve(sys.executable, [sys.executable] + sys.argv, env)
+    import torch
+    import sentencepiece as spm
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    random.seed(a.seed)
+    out = a.out or (a.target[:-5] if a.target.endswith(".gguf") else a.target) + "-dlm"
+    t0 = time.time()
+    log = lambda m: print("[%7.1fs] %s" % (time.time() - t0, m), file=sys.stderr, flush=True)  # noqa: E731
+
+    corpus = TM.build_corpus(a.cache, log)
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(a.workdir, "tok.model"))
+    tgt = load_target(torch, a.target)
+    draft = build_draft(torch, TM.N_VOCAB)
+    stream = TM.Stream(sp, corpus, a.seed)
+    ck = os.path.join(a.workdir, "dlm-ckpt.pt")
+    step = 0
+    if a.resume or a.report:
+        st = torch.load(ck)
+        draft.load_state_dict(st["draft"])
+        d_ids = st["d_ids"]
+        step = st["step"]
+        stream.set_state(st["data_rng"])
+        opt_state = st["opt"]
+    else:
+        d_ids = draft_vocab(sp, stream, torch)
+        opt_state = None
+    opt = torch.optim.AdamW(draft.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
+    if opt_state:
+        opt.load_state_dict(opt_state)
+    d_ids_t = torch.tensor(d_ids)
+    emb = tgt.tok.weight.detach()
+    log("target %s; draft vocabulary %d of %d; %d steps of %d x %d tokens, %d TTT steps" % (
+        a.target, len(d_ids), TM.N_VOCAB, a.steps, a.batch, SEQ, TTT_STEPS))
+    last = time.time()
+    while not a.report and step < a.steps:
+        X, _ = stream.batch(torch, a.batch, SEQ)
+        ids = X[:, :SEQ]
+        logits_t, h3 = target_pass(torch, tgt, ids)
+        lr = 1e-3 * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / a.steps)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, accs = ttt_loss(torch, draft, emb, ids, logits_t, h3, d_ids_t)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % 20 == 0 or step == a.steps:
+            log("step %d/%d loss %.4f  top-1 agreement by TTT step %s" % (
+                step, a.steps, float(loss), " ".join("%.3f" % x for x in accs)))
+        if time.time() - last > 600 or step == a.steps:
+            torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "d_ids": d_ids, "step": step,
+                        "data_rng": stream.state()}, ck + ".tmp")
+            os.replace(ck + ".tmp", ck)
+            last = time.time()
+    draft.eval()
+    agree, acc_len = acceptance(torch, tgt, draft, d_ids, sp, corpus, a.seed, log)
+    rec = report(torch, tgt, draft, d_ids, sp, corpus, [int(x) for x in a.lengths.split(",")], a.seed + 11, log)
+    info = {"producer": "tools/make_dlm_eagle3.py", "seed": a.seed, "steps": step, "sequence_length": SEQ,
+            "ttt_steps": TTT_STEPS, "heldout_top1_agreement": round(agree, 4),
+            "heldout_mean_accepted_length": round(acc_len, 3), "attention_recall": rec}
+    save_dlm(out, draft, d_ids, info)
+    log("wrote %s" % out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
