@@ -156,9 +156,9 @@ int cmd_bench(int argc, char **argv) {
     else {
         printf("model %s | threads %ld | bandwidth %.2f GB/s (triad %.2f, read %.2f, copy %.2f)\n", model_path, n_threads,
                bw_best, bw.triad_gbs, bw.read_gbs, bw.copy_gbs);
-        printf("%-14s %6s %6s %6s %11s %9s %9s %8s %8s %7s %9s %8s %6s %6s %9s %7s %7s %5s\n", "test", "budget", "depth",
+        printf("%-14s %6s %6s %6s %11s %9s %9s %8s %8s %7s %9s %8s %6s %6s %9s %7s %7s %5s %6s\n", "test", "budget", "depth",
                "batch", "tok/s", "x dense", "ms/step", "GB/step", "GB/s", "%bw", "roof ms", "ms/roof", "sel%", "att%",
-               "MB moved", "reload", "hidden", "slow");
+               "MB moved", "reload", "hidden", "slow", "syncfb");
     }
     int n_pol = po.n_names, n_bud = po.n_budgets;
     for (int k = 1; k < n_pol; k++) /* dense first, so every row can be divided by it */
@@ -283,11 +283,12 @@ int cmd_bench(int argc, char **argv) {
             int n_slow = modes[mi] == OFF_ALL ? hp->n_layer : modes[mi] == OFF_ADAPTIVE ? plan.offloaded : 0;
             double kv_fast = kv_need * (double)(hp->n_layer - n_slow) / hp->n_layer;
             bool over_cap = po.mem_cap > 0 && kv_fast + (double)m->weight_bytes > po.mem_cap;
-            /* elastic loading: pages loaded vs a full reload of every page attended from the slow tier;
-             * copy time hidden behind compute */
-            uint64_t needed = s.kv_pages_loaded + s.kv_pages_hit;
+            /* elastic loading: entries loaded vs a full reload of every entry decode attention read from
+             * the slow layers (exact with every layer offloaded: the attended entries of a step, pro rata
+             * under the adaptive split); copy time hidden behind compute */
+            uint64_t needed = (uint64_t)((double)s.kv_entries_attended * n_slow / hp->n_layer);
             char reload[16] = "-", hidden[16] = "-";
-            if (needed) snprintf(reload, sizeof reload, "%.1f%%", 100.0 * s.kv_pages_loaded / needed);
+            if (needed) snprintf(reload, sizeof reload, "%.1f%%", 100.0 * s.kv_entries_loaded / needed);
             if (s.kv_copy_seconds > 0)
                 snprintf(hidden, sizeof hidden, "%.0f%%",
                          100.0 * (s.kv_copy_seconds - s.kv_wait_seconds > 0 ? s.kv_copy_seconds - s.kv_wait_seconds : 0) /
@@ -300,20 +301,24 @@ int cmd_bench(int argc, char **argv) {
                        "\"bw_gbs\": %.3f, \"frac_bw\": %.4f, \"roofline_ms\": %.3f, \"select_share\": %.4f, "
                        "\"attended_share\": %.4f, \"mb_moved_per_step\": %.4f, \"pages_loaded\": %llu, \"pages_hit\": %llu, "
                        "\"slow_layers\": %d, \"over_cap\": %s, \"copy_ms_per_step\": %.3f, \"wait_ms_per_step\": %.3f, "
+                       "\"bytes_loaded_per_step\": %.1f, \"entries_loaded_per_step\": %.1f, "
+                       "\"entries_full_reload_per_step\": %.1f, \"reload_share\": %.4f, \"sync_fallbacks\": %llu, "
                        "\"policy_hits\": %llu, \"policy_misses\": %llu, \"policy_corrections\": %llu, \"policy_rebuilds\": %llu}",
                        first ? "" : ",", label, cp.budget, depth, batch, tps, dense_tps > 0 ? tps / dense_tps : 0,
                        1e3 * step, gb_step, s.weight_bytes_read / 1e9 / n_gen, s.kv_bytes_read / 1e9 / n_gen, gbs, bw_now,
                        gbs / bw_now, 1e3 * roof, sel, att, moved_mb, (unsigned long long)s.kv_pages_loaded,
                        (unsigned long long)s.kv_pages_hit, n_slow, over_cap ? "true" : "false",
                        1e3 * s.kv_copy_seconds / n_gen, 1e3 * s.kv_wait_seconds / n_gen,
+                       (double)s.kv_bytes_loaded / n_gen, (double)s.kv_entries_loaded / n_gen, (double)needed / n_gen,
+                       needed ? (double)s.kv_entries_loaded / needed : 0.0, (unsigned long long)s.kv_sync_fallbacks,
                        (unsigned long long)s.policy_hits, (unsigned long long)s.policy_misses,
                        (unsigned long long)s.policy_corrections, (unsigned long long)s.policy_rebuilds);
                 first = false;
             } else
-                printf("%-14s %6s %6ld %6ld %11.2f %9s %9.2f %8.3f %8.2f %6.1f%% %9.2f %8.2f %5.1f%% %5.1f%% %9.2f %7s %7s %5d%s\n",
+                printf("%-14s %6s %6ld %6ld %11.2f %9s %9.2f %8.3f %8.2f %6.1f%% %9.2f %8.2f %5.1f%% %5.1f%% %9.2f %7s %7s %5d %6llu%s\n",
                        label, blabel, depth, batch, tps, xd, 1e3 * step, gb_step, gbs, 100 * gbs / bw_now,
                        1e3 * roof, step / roof, 100 * sel, 100 * att, moved_mb, reload, hidden, n_slow,
-                       over_cap ? "  OVER CAP" : "");
+                       (unsigned long long)s.kv_sync_fallbacks, over_cap ? "  OVER CAP" : "");
             fflush(stdout);
             free(seqs);
             free(toks);

@@ -41,7 +41,7 @@ static void usage(FILE *f) {
             "  --batch N            prefill chunk in tokens (default 256)\n"
             "  --kv-type f16|q8     KV cache element type (default f16)\n"
             "  --max-queue N        requests waiting for a slot before 429 (default 64)\n"
-            "  --max-groups N       contexts (policy configurations) alive at once (default 4; 1 with --mem-cap)\n"
+            "  --max-groups N       contexts (KV page sizes) alive at once (default 4; 1 with --mem-cap)\n"
             "  --api-key KEY        require 'Authorization: Bearer KEY' (default: $KVSIEVE_API_KEY, else none)\n"
             "  --alias NAME         model name reported by /v1/models (default: the file name)\n"
             "  --shutdown-grace S   seconds running requests may finish after SIGINT/SIGTERM (default 10)\n"

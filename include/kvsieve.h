@@ -108,7 +108,7 @@ typedef struct ks_context_params {
      * attention reads them through fast-tier slots. */
     const char *kv_offload_dir;
     int32_t kv_offload_layers;
-    int32_t kv_slots;          /* fast slots (pages) per head of a slow-tier layer; 0: 2 x budget pages + 4 */
+    int32_t kv_slots;          /* elastic buffer of a slow-tier layer, in pages of entries per head; 0: budget + page - 1 entries */
     /* Adaptive memory management (SpeContext, Section 6): with a fast-tier
      * capacity in bytes, layers move to the slow tier one by one (last
      * first) as the sequences grow past precomputed thresholds.  0: off. */
@@ -136,6 +136,39 @@ int32_t ks_policy_count(void);
 /* Whether a policy spec ("quest", "dapq+spec") takes argument key. */
 bool ks_policy_accepts_arg(const char *spec, const char *key);
 const char *ks_policy_name_at(int32_t i, const char **summary);
+/* Whether a policy spec's prompt may be prefilled in several ks_prefill calls
+ * with the same result as one (no part has a prefill hook: dense, streaming,
+ * quest, chess).  False for unknown names. */
+bool ks_policy_prefill_chunkable(const char *spec);
+
+/* One sequence's selection policy: the policy fields of ks_context_params
+ * for a single sequence (ks_seq_set_policy). */
+typedef struct ks_policy_config {
+    const char *policy;      /* spec: "dense", "quest", "snapkv+quest", ... (NULL or "": "dense") */
+    int32_t budget;          /* entries per KV head per decode step, sinks + window included; 0: all */
+    int32_t sink, window;
+    int32_t page;            /* 0 or the context's page: the KV page size belongs to the context */
+    int32_t dense_layers;    /* -1: the policy's default */
+    const char *policy_args; /* "k=v,k=v" (NULL: none) */
+} ks_policy_config;
+
+/* dense, budget 0, sink 4, window 64, page 0 (the context's), dense_layers -1. */
+ks_policy_config ks_policy_config_default(void);
+/* Give sequence seq its own selection policy (cfg NULL: back to the
+ * context's default, which serves every sequence never set).  Allowed only
+ * while the sequence is empty; it keeps the policy across ks_seq_reset.
+ * Sequences with equal configurations share one policy instance (created on
+ * first use; an instance no sequence uses is destroyed when another is
+ * created).  Sequences with different policies decode in the same ks_decode
+ * call: the matmuls run over all rows, each row's selection, prefill hook,
+ * feedback and counters go to its own instance.  Under a memory cap the
+ * plan is recomputed for the largest budget and the policies' own weights
+ * and caches over all instances (conservative: every sequence is counted at
+ * the largest budget); a budget of 0 is refused there, and so is a
+ * configuration the cap cannot hold (KS_ERR_NOMEM).  KS_ERR_INVALID_ARG /
+ * KS_ERR_NOT_FOUND / KS_ERR_UNSUPPORTED (a policy asking for other hidden
+ * states than one already in use) leave the sequence's policy unchanged. */
+ks_status ks_seq_set_policy(ks_context *ctx, int32_t seq, const ks_policy_config *cfg);
 
 /* Move layer's KV between the fast (offload = false) and the slow tier for
  * all sequences; nothing is lost.  KS_ERR_IO/NOMEM leave the layer where it was. */
@@ -143,6 +176,10 @@ ks_status ks_context_offload_layer(ks_context *ctx, int32_t layer, bool offload)
 /* Drop all tokens of a sequence. */
 void ks_seq_reset(ks_context *ctx, int32_t seq);
 int32_t ks_seq_len(const ks_context *ctx, int32_t seq);
+/* KV bytes (K and V, every layer and KV head) the sequences hold now in the
+ * fast and the slow tier (entries actually stored: evictions count; a
+ * slow-tier layer's fast slots are a cache and not counted).  Either may be NULL. */
+void ks_context_kv_bytes(const ks_context *ctx, int64_t *fast, int64_t *slow);
 
 /* Counters since the context was created (or ks_stats_reset). */
 typedef struct ks_stats {
@@ -157,7 +194,10 @@ typedef struct ks_stats {
     double select_seconds;        /* policy selection, summed over worker threads */
     uint64_t kv_bytes_loaded;     /* slow -> fast tier */
     uint64_t kv_bytes_stored;     /* fast -> slow tier */
-    uint64_t kv_pages_loaded, kv_pages_hit;
+    uint64_t kv_pages_loaded, kv_pages_hit; /* whole pages read past the elastic buffers (prefill, fallbacks) */
+    uint64_t kv_entries_loaded;   /* entries copied into elastic buffers (each step's S_now - S_last) */
+    uint64_t kv_entries_hit;      /* entries a fetch asked for that stayed buffered (loaded + hit = full reload) */
+    uint64_t kv_sync_fallbacks;   /* decode selections read synchronously because they exceeded the buffer */
     double kv_wait_seconds;       /* compute waiting on slow-tier loads */
     double kv_copy_seconds;       /* copy-engine busy time */
     /* the policy's own counters (not reset by ks_stats_reset) */

@@ -547,6 +547,43 @@ static void test_config_rope_and_aux(void **state) {
     ks_eagle3_destroy(d);
 }
 
+/* YaRN for a long context composes with the checkpoint's own scaling: every
+ * frequency of that scaling times YaRN's ratio to plain RoPE, scales multiplied. */
+static void test_yarn_composes(void **state) {
+    (void)state;
+    const char *cfgs[3] = {",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":2.0}",
+                           ",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,"
+                           "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":64}",
+                           ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":2.0,\"original_max_position_embeddings\":256}"};
+    for (int c = 0; c < 3; c++) {
+        char name[32];
+        snprintf(name, sizeof name, "ckpt_compose%d", c);
+        const char *dir = tmp_dir(name);
+        write_ckpt(dir, (ckpt_opts){.prefix = "midlayer.", .embed = true, .extra_config = cfgs[c]});
+        ks_eagle3 *d = NULL;
+        assert_int_equal(ks_eagle3_load(dir, ks_eagle3_default_params(), &d), KS_OK);
+        ks_rope_scaling own = d->cfg.rope;
+        assert_true(own.type != KS_ROPE_SCALING_NONE);
+        float base[HD / 2], plain[HD / 2], yarn[HD / 2], ms_own, ms_plain, ms_yarn;
+        assert_int_equal(ks_rope_inv_freq(HD, d->cfg.rope_theta, &own, base, &ms_own), KS_OK);
+        assert_int_equal(ks_rope_inv_freq(HD, d->cfg.rope_theta, NULL, plain, &ms_plain), KS_OK);
+        ks_rope_scaling y = ks_rope_scaling_yarn(4.0f, 512);
+        assert_int_equal(ks_rope_inv_freq(HD, d->cfg.rope_theta, &y, yarn, &ms_yarn), KS_OK);
+        assert_int_equal(ks_eagle3_add_yarn(d, 4.0f, 512), KS_OK);
+        bool differs_from_replace = false;
+        for (int j = 0; j < HD / 2; j++) {
+            double want = (double)base[j] * yarn[j] / plain[j];
+            assert_true(fabs(d->inv_freq[j] - want) <= 1e-6 * want);
+            differs_from_replace |= fabsf(d->inv_freq[j] - yarn[j]) > 1e-6f * yarn[j];
+        }
+        assert_true(differs_from_replace); /* the checkpoint's scaling was not dropped */
+        assert_true(fabsf(d->mscale - ms_own * ms_yarn) < 1e-6f);
+        assert_int_equal(d->cfg.rope.type, own.type);
+        assert_int_equal(ks_eagle3_add_yarn(d, 0.5f, 512), KS_ERR_INVALID_ARG);
+        ks_eagle3_destroy(d);
+    }
+}
+
 /* vllm-project/speculators layout: Llama fields under transformer_layer_config. */
 static void test_speculators_config(void **state) {
     const char *dir = tmp_dir("ckpt_speculators");
@@ -636,7 +673,7 @@ int main(void) {
         cmocka_unit_test(test_sharded_bf16),       cmocka_unit_test(test_head_qk_exact),
         cmocka_unit_test(test_yarn_formula),       cmocka_unit_test(test_config_rope_and_aux),
         cmocka_unit_test(test_check_target),       cmocka_unit_test(test_cli_info),
-        cmocka_unit_test(test_speculators_config),
+        cmocka_unit_test(test_speculators_config), cmocka_unit_test(test_yarn_composes),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

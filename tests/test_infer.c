@@ -248,6 +248,149 @@ static void test_vocab_only(void **state) {
     assert_true(strlen(ks_last_error()) > 0);
 }
 
+/* Per-sequence policies (ks_seq_set_policy): four sequences with different
+ * policies (quest, the context's dense default, snapkv+quest with its prefill
+ * eviction, h2o with its attention feedback) at different depths decode in
+ * the same ks_decode calls, and each gets exactly the logits it gets alone in
+ * a context whose default is that policy.  Also the refusals. */
+typedef struct {
+    const char *policy;
+    int32_t budget;
+    const char *prompt;
+} seq_pol_case;
+
+static void run_alone(const seq_pol_case *k, int steps, float *out /* [steps][V] */) {
+    int V = ks_model_n_vocab(g_model);
+    ks_context_params p = ks_context_default_params();
+    p.n_ctx = 128;
+    p.n_threads = 2;
+    p.page = 8;
+    p.window = 8;
+    p.policy = k->policy;
+    p.budget = k->budget;
+    ks_context *c = NULL;
+    assert_int_equal(ks_context_create(g_model, p, &c), KS_OK);
+    int32_t ids[64], z = 0;
+    size_t n = tokenize(k->prompt, ids, 64);
+    float *l = malloc(sizeof(float) * V);
+    assert_int_equal(ks_prefill(c, 0, ids, (int32_t)n, l, NULL), KS_OK);
+    for (int i = 0; i < steps; i++) {
+        int32_t t = argmax(l, V);
+        assert_int_equal(ks_decode(c, &z, &t, 1, l), KS_OK);
+        memcpy(out + (size_t)i * V, l, sizeof(float) * V);
+    }
+    free(l);
+    ks_context_destroy(c);
+}
+
+static void test_seq_policies_share_a_step(void **state) {
+    (void)state;
+    const seq_pol_case cases[4] = {
+        {"quest", 24, "Once upon a time there was a little girl who"},
+        {"dense", 0, "The cat sat"},
+        {"snapkv+quest", 24, "In a galaxy far away there lived a small robot named"},
+        {"h2o", 20, "Tom and his mom went to the park to"},
+    };
+    enum { STEPS = 24 };
+    int V = ks_model_n_vocab(g_model);
+    float *ref[4], *l = malloc(sizeof(float) * V * 4), *first = malloc(sizeof(float) * V);
+    for (int s = 0; s < 4; s++) {
+        ref[s] = malloc(sizeof(float) * V * STEPS);
+        run_alone(&cases[s], STEPS, ref[s]);
+    }
+    ks_context_params p = ks_context_default_params();
+    p.n_ctx = 128;
+    p.n_seq = 4;
+    p.n_threads = 2;
+    p.page = 8;
+    p.window = 8; /* default policy: dense */
+    ks_context *c = NULL;
+    assert_int_equal(ks_context_create(g_model, p, &c), KS_OK);
+    int32_t toks[4], seqs[4] = {3, 1, 0, 2}, done[4] = {0};
+    for (int s = 0; s < 4; s++) {
+        if (s != 1) { /* seq 1 keeps the context's default */
+            ks_policy_config pc = ks_policy_config_default();
+            pc.policy = cases[s].policy;
+            pc.budget = cases[s].budget;
+            pc.window = 8;
+            assert_int_equal(ks_seq_set_policy(c, s, &pc), KS_OK);
+        }
+        int32_t ids[64];
+        size_t n = tokenize(cases[s].prompt, ids, 64);
+        assert_int_equal(ks_prefill(c, s, ids, (int32_t)n, first, NULL), KS_OK);
+        toks[s] = argmax(first, V);
+    }
+    /* sequences join at different steps, so their depths differ */
+    int32_t joins[4] = {0, 3, 1, 5};
+    for (int step = 0; done[0] < STEPS || done[1] < STEPS || done[2] < STEPS || done[3] < STEPS; step++) {
+        int32_t bs[4], bt[4], m = 0;
+        for (int b = 0; b < 4; b++) {
+            int s = seqs[b];
+            if (step >= joins[s] && done[s] < STEPS) bs[m] = s, bt[m++] = toks[s];
+        }
+        assert_int_equal(ks_decode(c, bs, bt, m, l), KS_OK);
+        for (int b = 0; b < m; b++) {
+            int s = bs[b];
+            if (memcmp(l + (size_t)b * V, ref[s] + (size_t)done[s] * V, sizeof(float) * V) != 0)
+                fail_msg("seq %d (%s) step %d: logits differ from the policy alone", s, cases[s].policy, done[s]);
+            toks[s] = argmax(l + (size_t)b * V, V);
+            done[s]++;
+        }
+    }
+    ks_stats st;
+    ks_context_stats(c, &st);
+    assert_true(st.kv_entries_attended < st.kv_entries_total);
+    /* refusals leave the policy unchanged: a non-empty sequence, another page, an unknown policy */
+    ks_policy_config pc = ks_policy_config_default();
+    assert_int_equal(ks_seq_set_policy(c, 0, &pc), KS_ERR_INVALID_ARG);
+    assert_non_null(strstr(ks_last_error(), "empty"));
+    ks_seq_reset(c, 0);
+    pc.page = 32;
+    assert_int_equal(ks_seq_set_policy(c, 0, &pc), KS_ERR_INVALID_ARG);
+    pc.page = 0;
+    pc.policy = "no-such-policy";
+    assert_int_not_equal(ks_seq_set_policy(c, 0, &pc), KS_OK);
+    assert_int_equal(ks_seq_set_policy(c, 0, NULL), KS_OK); /* back to the default */
+    int64_t fast = -1, slow = -1;
+    ks_context_kv_bytes(c, &fast, &slow);
+    assert_true(fast > 0);
+    assert_int_equal(slow, 0);
+    assert_true(ks_policy_prefill_chunkable("quest") && ks_policy_prefill_chunkable("dense"));
+    assert_false(ks_policy_prefill_chunkable("snapkv+quest") || ks_policy_prefill_chunkable("nope"));
+    ks_context_destroy(c);
+    /* one sequence switching among configurations while empty (an instance
+     * no sequence uses goes when the next is made), and under a memory cap
+     * a policy without a budget is refused */
+    p.n_seq = 1;
+    p.policy = "quest";
+    p.budget = 32;
+    p.mem_cap = 64e6;
+    assert_int_equal(ks_context_create(g_model, p, &c), KS_OK);
+    const char *specs[] = {"streaming", "quest", "h2o", "streaming", "snapkv+quest"};
+    for (int i = 0; i < 5; i++) {
+        ks_policy_config q = ks_policy_config_default();
+        q.policy = specs[i];
+        q.budget = 16 + 8 * i;
+        assert_int_equal(ks_seq_set_policy(c, 0, &q), KS_OK);
+        int32_t ids[64];
+        size_t n = tokenize(cases[0].prompt, ids, 64);
+        assert_int_equal(ks_prefill(c, 0, ids, (int32_t)n, first, NULL), KS_OK);
+        int32_t z = 0, t = argmax(first, V);
+        assert_int_equal(ks_decode(c, &z, &t, 1, l), KS_OK);
+        ks_seq_reset(c, 0);
+    }
+    ks_memplan_info mi;
+    ks_context_memplan(c, &mi);
+    assert_true(mi.active);
+    assert_int_equal(mi.budget, 48); /* the largest budget alive: snapkv+quest's (and the default's 32) */
+    ks_policy_config q = ks_policy_config_default();
+    assert_int_equal(ks_seq_set_policy(c, 0, &q), KS_ERR_INVALID_ARG); /* budget 0 under a cap */
+    ks_context_destroy(c);
+    for (int s = 0; s < 4; s++) free(ref[s]);
+    free(l);
+    free(first);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_text),
@@ -257,6 +400,7 @@ int main(void) {
         cmocka_unit_test(test_errors_leave_state),
         cmocka_unit_test(test_create_errors),
         cmocka_unit_test(test_vocab_only),
+        cmocka_unit_test(test_seq_policies_share_a_step),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

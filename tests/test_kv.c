@@ -23,7 +23,7 @@
 
 enum { HD = 64, NH = 2, NL = 2, P = 8, CTX = 100 };
 
-static ks_kv_store *make_store(int n_seq, int slot_pages, const char *dir) {
+static ks_kv_store *make_store(int n_seq, int slot_entries, const char *dir) {
     ks_kv_params p = ks_kv_default_params();
     p.n_layer = NL;
     p.n_head_kv = NH;
@@ -31,11 +31,16 @@ static ks_kv_store *make_store(int n_seq, int slot_pages, const char *dir) {
     p.n_seq = n_seq;
     p.n_ctx = CTX;
     p.page = P;
-    p.slot_pages = slot_pages;
+    p.slot_entries = slot_entries;
     p.offload_dir = dir;
     ks_kv_store *kv = NULL;
     assert_int_equal(ks_kv_create(&p, &kv), KS_OK);
     return kv;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
 }
 
 /* deterministic row values for (seq, layer, head, i, which) */
@@ -165,7 +170,7 @@ static uint8_t *snapshot(ks_kv_store *kv, int seq) {
 }
 
 static void tier_roundtrip(const char *dir) {
-    ks_kv_store *kv = make_store(1, 3, dir);
+    ks_kv_store *kv = make_store(1, 3 * P, dir);
     fill(kv, 0, 37);
     uint8_t *a = snapshot(kv, 0);
     assert_int_equal(ks_kv_set_layer_tier(kv, 1, KS_TIER_SLOW), KS_OK);
@@ -183,34 +188,44 @@ static void tier_roundtrip(const char *dir) {
         row_values(0, 0, h, 37, 1, v);
         assert_int_equal(ks_kv_append(kv, 0, 0, h, 1037, k, v), KS_OK);
     }
-    /* fetch through 3 slots: misses load, hits stay */
+    /* fetch through a buffer of 3 pages' worth of entries: misses load, hits stay */
     ks_kv_traffic tr;
     ks_kv_take_traffic(kv, &tr);
-    int32_t want[3] = {0, 1, 4};
-    assert_int_equal(ks_kv_fetch(kv, 0, 1, 0, want, 3, true), KS_OK);
+    int32_t want[3 * P], next[3 * P];
+    for (int i = 0; i < 3 * P; i++) want[i] = (i / P == 2 ? 4 : i / P) * P + i % P; /* pages 0, 1, 4 */
+    for (int i = 0; i < 3 * P; i++) next[i] = (i / P == 0 ? 2 : i / P == 1 ? 1 : 4) * P + i % P;
+    qsort(next, 3 * P, sizeof(int32_t), cmp_i32);
+    size_t row = ks_kv_row_size(kv);
+    int32_t nw = 0;
+    for (int i = 0; i < 3 * P; i++) want[nw] = want[i], nw += want[i] < 38; /* page 4 holds entries 32..37 only */
+    assert_int_equal(ks_kv_fetch(kv, 0, 1, 0, want, nw, true), KS_OK);
     assert_int_equal(ks_kv_wait_layer(kv, 1), KS_OK);
     ks_kv_take_traffic(kv, &tr);
-    assert_int_equal(tr.pages_loaded, 3);
-    assert_int_equal(tr.bytes_loaded, 3 * ks_kv_page_bytes(kv));
-    int32_t next[3] = {1, 2, 4};
-    assert_int_equal(ks_kv_fetch(kv, 0, 1, 0, next, 3, false), KS_OK);
+    assert_int_equal(tr.entries_loaded, nw);
+    assert_int_equal(ks_kv_fetch(kv, 0, 1, 0, want, nw, true), KS_OK);
+    assert_int_equal(ks_kv_wait_layer(kv, 1), KS_OK);
     ks_kv_take_traffic(kv, &tr);
-    assert_int_equal(tr.pages_loaded, 1);
-    assert_int_equal(tr.pages_hit, 2);
-    /* slots hold exactly the slow copy */
-    for (int i = 0; i < 3; i++) {
+    assert_int_equal(tr.entries_loaded, 0);
+    assert_int_equal(tr.entries_hit, nw);
+    int32_t nn = 0;
+    for (int i = 0; i < 3 * P; i++) next[nn] = next[i], nn += next[i] < 38;
+    assert_int_equal(ks_kv_fetch(kv, 0, 1, 0, next, nn, false), KS_OK);
+    ks_kv_take_traffic(kv, &tr);
+    assert_int_equal(tr.entries_loaded, P); /* page 2 in, page 0 out */
+    assert_int_equal(tr.entries_hit, nn - P);
+    assert_int_equal(tr.bytes_loaded, 2 * P * row);
+    /* the buffer holds exactly the slow copy */
+    for (int i = 0; i < nn; i++) {
         const uint8_t *K, *V;
         uint8_t page[2 * P * HD * 2];
-        ks_kv_page_rows(kv, 0, 1, 0, next[i], &K, &V);
-        assert_int_equal(ks_kv_read_page(kv, 0, 1, 0, next[i], page), KS_OK);
-        ks_kv_page_meta m;
-        ks_kv_page_meta_get(kv, 0, 1, 0, next[i], &m);
-        size_t row = ks_kv_row_size(kv);
-        assert_memory_equal(K, page, m.fill * row);
-        assert_memory_equal(V, page + P * row, m.fill * row);
+        ks_kv_entry_rows(kv, 0, 1, 0, next[i], &K, &V);
+        assert_int_equal(ks_kv_read_page(kv, 0, 1, 0, next[i] / P, page), KS_OK);
+        assert_memory_equal(K, page + (size_t)(next[i] % P) * row, row);
+        assert_memory_equal(V, page + (size_t)(P + next[i] % P) * row, row);
     }
-    int32_t too_many[4] = {0, 1, 2, 3};
-    assert_int_equal(ks_kv_fetch(kv, 0, 1, 0, too_many, 4, false), KS_ERR_NOMEM);
+    int32_t too_many[3 * P + 1];
+    for (int i = 0; i <= 3 * P; i++) too_many[i] = i;
+    assert_int_equal(ks_kv_fetch(kv, 0, 1, 0, too_many, 3 * P + 1, false), KS_ERR_NOMEM);
     /* back to the fast tier: identical to a store that never moved */
     assert_int_equal(ks_kv_set_layer_tier(kv, 1, KS_TIER_FAST), KS_OK);
     ks_kv_store *ref = make_store(1, 0, NULL);
@@ -231,6 +246,67 @@ static void tier_roundtrip(const char *dir) {
     ks_kv_destroy(kv);
 }
 
+/* Elastic loading (SpeContext, Section 5.4): with a scattered selection of
+ * B entries in the buffer of every slow layer and KV head, a step whose
+ * selection changed by k entries moves exactly k entries' K and V rows per
+ * (layer, head), no more (no page or whole-budget reloads), and the entries
+ * read afterwards are the slow copy's. */
+static void test_elastic_loading(void **state) {
+    (void)state;
+    enum { B = 20, K = 3 };
+    ks_kv_store *kv = make_store(1, B, NULL);
+    fill(kv, 0, 90);
+    for (int l = 0; l < NL; l++) assert_int_equal(ks_kv_set_layer_tier(kv, l, KS_TIER_SLOW), KS_OK);
+    size_t row = ks_kv_row_size(kv);
+    int32_t sel[B], sel2[B];
+    for (int i = 0; i < B; i++) sel[i] = 3 + 4 * i + (i % 3); /* scattered: no two in a row */
+    ks_kv_traffic tr;
+    ks_kv_take_traffic(kv, &tr);
+    for (int l = 0; l < NL; l++)
+        for (int h = 0; h < NH; h++) assert_int_equal(ks_kv_fetch(kv, 0, l, h, sel, B, true), KS_OK);
+    for (int l = 0; l < NL; l++) assert_int_equal(ks_kv_wait_layer(kv, l), KS_OK);
+    ks_kv_take_traffic(kv, &tr);
+    assert_int_equal(tr.entries_loaded, (uint64_t)B * NL * NH); /* the first step fills the buffers */
+    for (int step = 0; step < 4; step++) {
+        /* K entries leave, K entries not selected before arrive */
+        memcpy(sel2, sel, sizeof sel);
+        for (int k = 0; k < K; k++) {
+            int32_t cand = (step * 7 + 29 * k + 1) % 89;
+            for (bool taken = true; taken;) {
+                taken = false;
+                for (int j = 0; j < B; j++) taken |= sel[j] == cand || sel2[j] == cand;
+                if (taken) cand = (cand + 1) % 89;
+            }
+            sel2[(5 * k + step) % B] = cand;
+        }
+        qsort(sel2, B, sizeof(int32_t), cmp_i32);
+        int32_t n2 = B, changed = K;
+        for (int l = 0; l < NL; l++)
+            for (int h = 0; h < NH; h++) assert_int_equal(ks_kv_fetch(kv, 0, l, h, sel2, n2, true), KS_OK);
+        for (int l = 0; l < NL; l++) assert_int_equal(ks_kv_wait_layer(kv, l), KS_OK);
+        ks_kv_take_traffic(kv, &tr);
+        assert_true(changed > 0);
+        assert_int_equal(tr.entries_loaded, (uint64_t)changed * NL * NH);
+        assert_int_equal(tr.entries_hit, (uint64_t)(n2 - changed) * NL * NH);
+        assert_int_equal(tr.bytes_loaded, (uint64_t)changed * NL * NH * 2 * row);
+        assert_int_equal(tr.pages_loaded, 0);
+        assert_int_equal(tr.sync_fallbacks, 0);
+        for (int l = 0; l < NL; l++)
+            for (int h = 0; h < NH; h++)
+                for (int i = 0; i < n2; i++) {
+                    const uint8_t *Kr, *Vr;
+                    uint8_t page[2 * P * HD * 2];
+                    ks_kv_entry_rows(kv, 0, l, h, sel2[i], &Kr, &Vr);
+                    assert_int_equal(ks_kv_read_page(kv, 0, l, h, sel2[i] / P, page), KS_OK);
+                    assert_memory_equal(Kr, page + (size_t)(sel2[i] % P) * row, row);
+                    assert_memory_equal(Vr, page + (size_t)(P + sel2[i] % P) * row, row);
+                }
+        ks_kv_take_traffic(kv, &tr);
+        memcpy(sel, sel2, sizeof sel);
+    }
+    ks_kv_destroy(kv);
+}
+
 static void test_tier_memory(void **state) {
     (void)state;
     tier_roundtrip(NULL);
@@ -248,11 +324,11 @@ static void test_tier_file(void **state) {
 
 static void test_failed_read(void **state) {
     (void)state;
-    ks_kv_store *kv = make_store(1, 4, NULL);
+    ks_kv_store *kv = make_store(1, 4 * P, NULL);
     fill(kv, 0, 20);
     assert_int_equal(ks_kv_set_layer_tier(kv, 0, KS_TIER_SLOW), KS_OK);
     ks_kv_debug_fail_reads(kv, 0, true);
-    int32_t lp[2] = {0, 1};
+    int32_t lp[2] = {0, 9};
     assert_int_equal(ks_kv_fetch(kv, 0, 0, 0, lp, 2, false), KS_ERR_IO);
     assert_non_null(strstr(ks_last_error(), "failed"));
     assert_int_equal(ks_kv_fetch(kv, 0, 0, 1, lp, 2, true), KS_OK);
@@ -312,7 +388,7 @@ static void test_pool_exhausted_and_full(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_append_meta_exact), cmocka_unit_test(test_compact),
-        cmocka_unit_test(test_tier_memory),       cmocka_unit_test(test_tier_file),
+        cmocka_unit_test(test_elastic_loading),   cmocka_unit_test(test_tier_memory),       cmocka_unit_test(test_tier_file),
         cmocka_unit_test(test_failed_read),       cmocka_unit_test(test_full_directory),
         cmocka_unit_test(test_bad_directory),     cmocka_unit_test(test_pool_exhausted_and_full),
     };

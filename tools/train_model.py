@@ -49,6 +49,7 @@ import math
 import os
 import random
 import re
+import signal
 import struct
 import subprocess
 import sys
@@ -822,6 +823,10 @@ def main(argv=None):
         N_LAYER, N_EMBD, N_HEAD, N_KV_HEAD, N_FF, N_VOCAB, n_param / 1e6))
     last_ckpt = time.time()
     t_start = time.time()
+    # SIGTERM / SIGINT (a session ending, ^C): finish the step, checkpoint, stop
+    stop_asked = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop_asked.append(1))
     tok_seen, t_win, loss_win, n_win = 0, time.time(), 0.0, 0
     while step < total_steps():
         T, B = stage_of(step)
@@ -848,7 +853,7 @@ def main(argv=None):
                                                                  loss_win / n_win, tok_seen / dt))
             tok_seen, t_win, loss_win, n_win = 0, time.time(), 0.0, 0
         now = time.time()
-        done = a.max_minutes and now - t_start >= a.max_minutes * 60
+        done = bool(stop_asked) or (a.max_minutes and now - t_start >= a.max_minutes * 60)
         if now - last_ckpt >= a.ckpt_minutes * 60 or done or step == total_steps():
             save_ckpt(torch, ckpt, model, opt, step, stream, seconds + now - t_start)
             last_ckpt = now

@@ -7,7 +7,8 @@
  * long-context decode reads each selected entry exactly once per step.  At a
  * decode step the policy is asked for its selection inside the task, which
  * runs selection in parallel with attention instead of before it; a layer in
- * the slow tier then fetches the touched pages into slots (or gathers them),
+ * the slow tier then fetches the selected entries into its elastic buffer
+ * (or, past the buffer, gathers whole pages: a counted fallback),
  * and a policy's hint for the next step starts loading before the task ends,
  * overlapping the rest of the step.
  *
@@ -32,7 +33,7 @@ typedef struct {
     ks_context *c;
     int il, n;
     const int32_t *seq, *pos;
-    bool sparse;          /* this layer of this step runs the policy */
+    bool sparse;          /* a decode step: each row's policy may select (ks_infer_seq_sparse) */
     bool blocked;         /* prefill of one sequence: blocks of rows per task */
     atomic_int next;
 } attn_job;
@@ -61,18 +62,20 @@ static double recall_of_mask(ks_context *c, ks_attn_scratch *s, int32_t seq, int
     return tot > 0 ? in / tot : 1.0;
 }
 
-/* Speculative recall for the next step (the policy's hint), overlapped with
- * the rest of this one.  Uses s->pages as scratch. */
+/* Speculative recall for the next step (the policy's hint: entries, or
+ * whole pages), overlapped with the rest of this one.  Uses s->mask and
+ * s->entries as scratch. */
 static ks_status prefetch_next(ks_context *c, ks_attn_scratch *s, int32_t seq, int il, int h, const ks_selection *sel) {
-    int32_t P = c->params.page, np = ks_kv_n_pages(c->kv, seq, il, h), m = 0;
+    int32_t P = c->params.page, ne = ks_kv_n_entries(c->kv, seq, il, h);
+    memset(s->mask, 0, sizeof(uint64_t) * ((size_t)ne / 64 + 1));
     for (int32_t i = 0; i < sel->n_next; i++) {
-        int32_t lp = sel->next_pages ? sel->next[i] : sel->next[i] / P;
-        if (lp < 0 || lp >= np) continue;
-        bool dup = false;
-        for (int32_t k = m - 1; k >= 0 && k >= m - 4 && !dup; k--) dup = s->pages[k] == lp;
-        if (!dup) s->pages[m++] = lp;
+        int32_t a = sel->next_pages ? sel->next[i] * P : sel->next[i], b = sel->next_pages ? a + P : a + 1;
+        a = a < 0 ? 0 : a;
+        b = b > ne ? ne : b;
+        for (int32_t t = a; t < b; t++) s->mask[t >> 6] |= 1ull << (t & 63);
     }
-    if (m <= ks_kv_slot_pages(c->kv)) KS_TRY(ks_kv_fetch(c->kv, seq, il, h, s->pages, m, true));
+    int32_t m = ks_infer_mask_entries(s->mask, ne, s->entries);
+    if (m <= ks_kv_buffer_entries(c->kv)) KS_TRY(ks_kv_fetch(c->kv, seq, il, h, s->entries, m, true));
     return KS_OK;
 }
 
@@ -86,7 +89,9 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
     ks_select_req req = {.row = r, .seq = seq, .layer = j->il, .head = h, .pos = j->pos[r], .n_entries = n, .q = q};
     ks_selection sel = {0};
     bool all = true; /* the policy still sees the weights when everything is attended */
-    if (j->sparse && ks_infer_budget_binds(c, n)) {
+    ks_policy *pol = ks_infer_policy_of(c, seq); /* this row's own policy */
+    bool sparse = j->sparse && ks_infer_seq_sparse(c, seq, j->il);
+    if (sparse && ks_infer_budget_binds(c, seq, n)) {
         KS_TRY(ks_infer_select(c, s, &req, &sel, &s->select_seconds));
         all = sel.all;
     }
@@ -102,20 +107,30 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
                                       &total);
     KS_ASSERT(total > 0 && total <= n);
     uint8_t *gather = NULL;
+    bool buffered = false;
     if (slow) {
-        /* prefill rows share their sequence's slots, which forward_rows loaded
-         * before the parallel section when all the pages fit; a decode row
-         * owns (seq, h) and fetches what it selected */
-        int32_t need = c->decoding ? npages : ks_kv_n_pages(c->kv, seq, j->il, h);
-        if (need > ks_kv_slot_pages(c->kv)) {
-            if (!(gather = ks_infer_gather_buffer(c, s)))
-                return KS_FAIL(KS_ERR_NOMEM, "gather buffer for a slow-tier layer refused");
-        } else if (c->decoding) {
-            KS_TRY(ks_kv_fetch(c->kv, seq, j->il, h, s->pages, npages, false));
+        /* prefill rows share their sequence's buffer, which forward_rows
+         * loaded before the parallel section when every entry fits; a decode
+         * row owns (seq, h) and fetches what it reads: the prefetch queued
+         * most of it, the rest (the entry this step appended) loads here */
+        int32_t need = c->decoding ? total : ks_kv_n_entries(c->kv, seq, j->il, h);
+        if (!(gather = ks_infer_gather_buffer(c, s)))
+            return KS_FAIL(KS_ERR_NOMEM, "gather buffer for a slow-tier layer refused");
+        if (need > ks_kv_buffer_entries(c->kv)) {
+            if (c->decoding) ks_kv_note_sync_fallback(c->kv);
+        } else {
+            if (c->decoding) {
+                int32_t m = ks_infer_mask_entries(all ? NULL : s->mask, n, s->entries);
+                KS_TRY(ks_kv_fetch(c->kv, seq, j->il, h, s->entries, m, false));
+            }
+            buffered = true;
         }
     }
-    KS_TRY(ks_infer_segs_resolve(c->kv, seq, j->il, h, s->segs, s->first, nseg, s->pages, gather));
-    bool want_w = j->sparse && ks_policy_wants_weights(c->policy);
+    if (buffered)
+        KS_TRY(ks_infer_segs_resolve_buffered(c->kv, seq, j->il, h, s->segs, s->first, nseg, gather,
+                                              ks_infer_gather_entries(c)));
+    else KS_TRY(ks_infer_segs_resolve(c->kv, seq, j->il, h, s->segs, s->first, nseg, s->pages, gather));
+    bool want_w = sparse && ks_policy_wants_weights(pol);
     float *w = NULL;
     if (want_w) { /* the entry of each attended row, for after_attention */
         for (int32_t i = 0, t = 0; i < nseg; i++)
@@ -124,7 +139,7 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
         memset(w, 0, sizeof(float) * (size_t)total);
     }
     ks_attention_segs(c->kv_type, s->segs, nseg, total, hd, G, q, s->scores, o, s->tmp, w, true);
-    if (want_w) ks_policy_after_attention(c->policy, &req, s->entries, w, total);
+    if (want_w) ks_policy_after_attention(pol, &req, s->entries, w, total);
     s->entries_attended += (uint64_t)total;
     if (slow && sel.n_next > 0) KS_TRY(prefetch_next(c, s, seq, j->il, h, &sel));
     return KS_OK;
@@ -143,11 +158,15 @@ static bool attend_block(ks_context *c, attn_job *j, ks_attn_scratch *s, int r0,
     /* a slow-tier layer: its pages are in the slots (forward_rows loaded them) or gathered here */
     uint8_t *gather = NULL;
     bool slow = ks_kv_layer_tier(c->kv, j->il) == KS_TIER_SLOW;
-    if (slow && ks_kv_n_pages(c->kv, seq, j->il, h) > ks_kv_slot_pages(c->kv) && !(gather = ks_infer_gather_buffer(c, s)))
-        return false;
+    bool buffered = slow && ks_kv_n_entries(c->kv, seq, j->il, h) <= ks_kv_buffer_entries(c->kv);
+    if (slow && !(gather = ks_infer_gather_buffer(c, s))) return false;
     int32_t np, total;
     int32_t nseg = ks_infer_segs_plan(NULL, n_att[R - 1], P, s->segs, s->first, s->pages, &np, &total);
-    if (ks_infer_segs_resolve(c->kv, seq, j->il, h, s->segs, s->first, nseg, s->pages, gather) != KS_OK)
+    if (buffered) {
+        if (ks_infer_segs_resolve_buffered(c->kv, seq, j->il, h, s->segs, s->first, nseg, gather,
+                                           ks_infer_gather_entries(c)) != KS_OK)
+            return false;
+    } else if (ks_infer_segs_resolve(c->kv, seq, j->il, h, s->segs, s->first, nseg, s->pages, gather) != KS_OK)
         return false; /* attend_one reports it */
     const float *q = c->q + ((size_t)r0 * hp->n_head + (size_t)h * G) * hd;
     float *o = c->att + ((size_t)r0 * hp->n_head + (size_t)h * G) * hd;

@@ -11,6 +11,13 @@
  * through the one cleanup path, ks_context_destroy, which accepts a
  * partially built context.
  *
+ * Each sequence has a policy: the context's default (from params) unless
+ * ks_seq_set_policy gave it another.  The context keeps one instance per
+ * distinct configuration (pols; an instance indexes its state by sequence,
+ * so sharing one is free), and the steps route each row to its sequence's
+ * instance (ks_infer_policy_of); the memory plan is redone whenever an
+ * instance is made, for the largest budget alive.
+ *
  * A policy never sees the context: it sees ks_policy_env, whose services
  * (attention probabilities at prefill, stored keys, eviction) are
  * implemented here over the store, reading slow-tier pages through a
@@ -44,7 +51,14 @@ ks_context_params ks_context_default_params(void) {
 
 void ks_context_destroy(ks_context *c) {
     if (!c) return;
-    ks_policy_destroy(c->policy);
+    for (int32_t k = 0; k < c->n_pols; k++) {
+        ks_policy_destroy(c->pols[k].pol);
+        ks_free(c->pols[k].spec);
+        ks_free(c->pols[k].args);
+    }
+    if (!c->pols) ks_policy_destroy(c->policy);
+    ks_free(c->pols);
+    ks_free(c->seq_pol);
     ks_kv_destroy(c->kv);
     for (int i = 0; c->scr && i < c->params.n_threads; i++) {
         ks_attn_scratch *s = &c->scr[i];
@@ -174,19 +188,11 @@ static ks_status check_params(const ks_hparams *hp, ks_context_params *p) {
     return KS_OK;
 }
 
-/* The store, with the last kv_offload_layers layers in the slow tier.  Slots
- * of an offloaded layer: what one step's selection can touch, with headroom so
- * pages stay resident across steps; all pages when dense. */
+/* The store, with the last kv_offload_layers layers in the slow tier and
+ * their elastic buffers sized by tiers.c. */
 static ks_status create_kv(ks_context *c) {
     const ks_hparams *hp = &c->model->hp;
     const ks_context_params *p = &c->params;
-    int32_t max_pages = (p->n_ctx + p->page - 1) / p->page, slot_pages = 0;
-    if (p->kv_slots > 0) {
-        slot_pages = p->kv_slots < max_pages ? p->kv_slots : 0;
-    } else if (p->budget > 0) {
-        slot_pages = 2 * ((p->budget + p->page - 1) / p->page) + 4;
-        if (slot_pages > max_pages) slot_pages = 0;
-    }
     ks_kv_params kp = ks_kv_default_params();
     kp.n_layer = hp->n_layer;
     kp.n_head_kv = hp->n_head_kv;
@@ -196,7 +202,7 @@ static ks_status create_kv(ks_context *c) {
     kp.page = p->page;
     kp.type = p->kv_type;
     kp.offload_dir = p->kv_offload_dir;
-    kp.slot_pages = slot_pages;
+    kp.slot_entries = ks_infer_buffer_entries(p);
     KS_TRY(ks_kv_create(&kp, &c->kv));
     for (int32_t l = hp->n_layer - p->kv_offload_layers; l < hp->n_layer; l++)
         KS_TRY(ks_kv_set_layer_tier(c->kv, l, KS_TIER_SLOW));
@@ -236,6 +242,21 @@ static ks_status create_policy(ks_context *c) {
             return KS_FAIL(KS_ERR_INVALID_ARG, "policy asks for the hidden state of layer %d of %d", c->aux_layer[k],
                            hp->n_layer);
     c->obs_window = ks_policy_obs_window(c->policy);
+    /* entry 0: the default, serving every sequence until ks_seq_set_policy */
+    c->pols = ks_calloc((size_t)p->n_seq + 2, sizeof(ks_infer_pol));
+    c->seq_pol = ks_calloc((size_t)p->n_seq, sizeof(int32_t));
+    c->n_pols = 1;
+    c->pols[0] = (ks_infer_pol){.pol = c->policy,
+                                .spec = ks_strdup(p->policy),
+                                .args = p->policy_args ? ks_strdup(p->policy_args) : NULL,
+                                .budget = p->budget,
+                                .sink = p->sink,
+                                .window = p->window,
+                                .dense_layers = p->dense_layers,
+                                .dense_from = c->dense_layers,
+                                .obs_window = c->obs_window,
+                                .selects = ks_policy_selects(c->policy),
+                                .users = p->n_seq};
     return KS_OK;
 }
 
@@ -328,10 +349,210 @@ fail:
     return st;
 }
 
+/* ------------------------------------------------ per-sequence policies -- */
+static void counters_add(ks_policy_counters *a, const ks_policy *pol) {
+    ks_policy_counters b;
+    ks_policy_get_counters(pol, &b);
+    a->selections += b.selections;
+    a->hits += b.hits;
+    a->misses += b.misses;
+    a->corrections += b.corrections;
+    a->rebuilds += b.rebuilds;
+}
+
+ks_policy *ks_infer_policy_of(const ks_context *c, int32_t seq) { return c->pols[c->seq_pol[seq]].pol; }
+const ks_infer_pol *ks_infer_pol_of(const ks_context *c, int32_t seq) { return &c->pols[c->seq_pol[seq]]; }
+bool ks_infer_seq_sparse(const ks_context *c, int32_t seq, int32_t il) {
+    const ks_infer_pol *e = &c->pols[c->seq_pol[seq]];
+    return e->selects && il >= e->dense_from;
+}
+
+ks_policy_config ks_policy_config_default(void) {
+    ks_context_params d = ks_context_default_params();
+    return (ks_policy_config){.policy = "dense", .budget = 0, .sink = d.sink, .window = d.window, .page = 0,
+                              .dense_layers = -1, .policy_args = NULL};
+}
+
+bool ks_policy_prefill_chunkable(const char *spec) {
+    /* no part has a prefill hook: the state after a prompt does not depend on
+     * how it was split into ks_prefill calls */
+    if (!spec || !*spec) return false;
+    for (const char *p = spec;;) {
+        const char *e = strchr(p, '+');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        char name[64];
+        if (n == 0 || n >= sizeof name) return false;
+        memcpy(name, p, n);
+        name[n] = 0;
+        const ks_policy_i *vt = ks_policy_find(name);
+        if (!vt || vt->on_prefill || vt->pseudo_tokens) return false;
+        if (!e) return true;
+        p = e + 1;
+    }
+}
+
+static bool same_str(const char *a, const char *b) {
+    if (!a || !*a) return !b || !*b;
+    return b && !strcmp(a, b);
+}
+
+/* The memory plan for the instances alive now: the largest budget (every
+ * sequence counted at it: conservative), the policies' weights summed, a
+ * retrieval K cache if any keeps one.  On failure the plan is unchanged. */
+static ks_status replan(ks_context *c) {
+    if (!c->plan_thr) return KS_OK;
+    ks_memplan_params p = c->plan;
+    p.budget = 0;
+    p.dlm_bytes = 0;
+    p.dlm_cache = false;
+    for (int32_t k = 0; k < c->n_pols; k++) {
+        ks_infer_pol *e = &c->pols[k];
+        if (!e->pol) continue;
+        if (e->budget > p.budget) p.budget = e->budget;
+        p.dlm_bytes += (double)ks_policy_weight_bytes(e->pol);
+        p.dlm_cache = p.dlm_cache || ks_policy_own_kcache(e->pol);
+    }
+    int32_t L = c->model->hp.n_layer;
+    int64_t *thr = ks_malloc(sizeof(int64_t) * (size_t)(L + 1));
+    ks_status st = ks_memplan_thresholds(&p, thr);
+    if (st == KS_OK && thr[L] < 0)
+        st = KS_FAIL(KS_ERR_NOMEM, "a fast tier of %.2f GB cannot hold the weights (%.2f GB x %.1f, +%.3f GB policies) "
+                     "and %d x %d budget entries", p.mem_cap / 1e9, p.model_bytes / 1e9, p.overhead, p.dlm_bytes / 1e9,
+                     c->n_seq, p.budget);
+    if (st == KS_OK) {
+        c->plan = p;
+        memcpy(c->plan_thr, thr, sizeof(int64_t) * (size_t)(L + 1));
+    }
+    ks_free(thr);
+    return st;
+}
+
+static void pol_free(ks_context *c, int32_t k) {
+    ks_infer_pol *e = &c->pols[k];
+    counters_add(&c->retired_pc, e->pol);
+    ks_policy_destroy(e->pol);
+    ks_free(e->spec);
+    ks_free(e->args);
+    memset(e, 0, sizeof *e);
+    while (c->n_pols > 1 && !c->pols[c->n_pols - 1].pol) c->n_pols--;
+}
+
+/* A new instance for cfg in a free entry: *k receives its index. */
+static ks_status pol_new(ks_context *c, const ks_policy_config *cfg, const char *spec, int32_t *k) {
+    const ks_hparams *hp = &c->model->hp;
+    if (c->plan_thr && cfg->budget <= 0)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "adaptive memory management needs a budget: offloaded layers keep B entries fast");
+    /* instances no sequence uses go first (their memory, their plan share) */
+    for (int32_t j = 1; j < c->n_pols; j++)
+        if (c->pols[j].pol && c->pols[j].users == 0) pol_free(c, j);
+    int32_t free_k = 1;
+    while (free_k < c->n_pols && c->pols[free_k].pol) free_k++;
+    /* n_seq + 2 entries: the default, one per sequence, and the new one while
+     * the sequence being set still holds its old one */
+    KS_ASSERT(free_k <= c->n_seq + 1);
+    ks_policy_params pp = ks_policy_default_params();
+    pp.budget = cfg->budget;
+    pp.sink = cfg->sink;
+    pp.window = cfg->window;
+    pp.dense_layers = cfg->dense_layers;
+    pp.args = cfg->policy_args && *cfg->policy_args ? cfg->policy_args : NULL;
+    ks_policy *pol = NULL;
+    KS_TRY(ks_policy_create(spec, &c->penv, &pp, &pol));
+    int32_t lay[3], na = ks_policy_hidden_layers(pol, lay);
+    ks_status st = KS_OK;
+    if (na < 0 || na > 3) {
+        st = KS_FAIL(KS_ERR_INVALID_ARG, "policy '%s' asks for %d hidden states", spec, na);
+    } else if (na > 0 && c->n_aux > 0 && (na != c->n_aux || memcmp(lay, c->aux_layer, sizeof(int32_t) * na))) {
+        st = KS_FAIL(KS_ERR_UNSUPPORTED, "policy '%s' needs other hidden states than a policy already in this context",
+                     spec);
+    } else {
+        for (int i = 0; i < na; i++)
+            if (lay[i] < 0 || lay[i] > hp->n_layer)
+                st = KS_FAIL(KS_ERR_INVALID_ARG, "policy asks for the hidden state of layer %d of %d", lay[i], hp->n_layer);
+    }
+    if (st != KS_OK) {
+        ks_policy_destroy(pol);
+        return st;
+    }
+    ks_infer_pol *e = &c->pols[free_k];
+    *e = (ks_infer_pol){.pol = pol,
+                        .spec = ks_strdup(spec),
+                        .args = pp.args ? ks_strdup(pp.args) : NULL,
+                        .budget = cfg->budget,
+                        .sink = cfg->sink,
+                        .window = cfg->window,
+                        .dense_layers = cfg->dense_layers,
+                        .dense_from = ks_policy_dense_layers(pol),
+                        .obs_window = ks_policy_obs_window(pol),
+                        .selects = ks_policy_selects(pol)};
+    if (free_k == c->n_pols) c->n_pols++;
+    if ((st = replan(c)) != KS_OK) {
+        pol_free(c, free_k);
+        return st;
+    }
+    if (na > 0 && c->n_aux == 0) { /* the first policy reading hidden states */
+        ks_free(c->aux_h);
+        c->aux_h = ks_malloc(sizeof(float) * (size_t)c->max_rows * na * hp->n_embd);
+        memcpy(c->aux_layer, lay, sizeof(int32_t) * na);
+        c->n_aux = na;
+    }
+    *k = free_k;
+    return KS_OK;
+}
+
+ks_status ks_seq_set_policy(ks_context *c, int32_t seq, const ks_policy_config *cfg) {
+    if (!c) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL context");
+    if (seq < 0 || seq >= c->n_seq) return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d out of range [0, %d)", seq, c->n_seq);
+    if (c->seq_len[seq] != 0)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d holds %d tokens: its policy can change only while it is empty",
+                       seq, c->seq_len[seq]);
+    int32_t k = 0;
+    if (cfg) {
+        const char *spec = cfg->policy && *cfg->policy ? cfg->policy : "dense";
+        if (cfg->budget < 0 || cfg->sink < 0 || cfg->window < 0)
+            return KS_FAIL(KS_ERR_INVALID_ARG, "budget, sink and window must be >= 0");
+        if (cfg->page != 0 && cfg->page != c->params.page)
+            return KS_FAIL(KS_ERR_INVALID_ARG, "page %d: the KV page size belongs to the context (%d)", cfg->page,
+                           c->params.page);
+        for (k = 0; k < c->n_pols; k++) {
+            const ks_infer_pol *e = &c->pols[k];
+            if (e->pol && !strcmp(e->spec, spec) && same_str(e->args, cfg->policy_args) && e->budget == cfg->budget &&
+                e->sink == cfg->sink && e->window == cfg->window && e->dense_layers == cfg->dense_layers)
+                break;
+        }
+        if (k == c->n_pols) KS_TRY(pol_new(c, cfg, spec, &k));
+    }
+    int32_t old = c->seq_pol[seq];
+    if (old == k) return KS_OK;
+    c->pols[old].users--;
+    c->pols[k].users++;
+    c->seq_pol[seq] = k;
+    ks_policy_seq_reset(c->pols[k].pol, seq); /* whatever an earlier user left */
+    if (c->plan_thr && old != 0 && c->pols[old].users == 0) {
+        /* under a cap an unused instance goes now, so the plan relaxes */
+        pol_free(c, old);
+        KS_TRY(replan(c));
+    }
+    return KS_OK;
+}
+
+void ks_context_kv_bytes(const ks_context *c, int64_t *fast, int64_t *slow) {
+    const ks_hparams *hp = &c->model->hp;
+    int64_t f = 0, sl = 0;
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        int64_t e = 0;
+        for (int32_t s = 0; s < c->n_seq; s++)
+            for (int32_t h = 0; h < hp->n_head_kv; h++) e += ks_kv_n_entries(c->kv, s, l, h);
+        *(ks_kv_layer_tier(c->kv, l) == KS_TIER_SLOW ? &sl : &f) += 2 * e * (int64_t)c->kv_row_bytes;
+    }
+    if (fast) *fast = f;
+    if (slow) *slow = sl;
+}
+
 void ks_seq_reset(ks_context *c, int32_t seq) {
     KS_ASSERT(seq >= 0 && seq < c->n_seq);
     ks_kv_seq_clear(c->kv, seq);
-    ks_policy_seq_reset(c->policy, seq);
+    ks_policy_seq_reset(ks_infer_policy_of(c, seq), seq);
     c->seq_len[seq] = 0;
     c->entropy[seq] = c->varentropy[seq] = NAN;
 }
@@ -341,8 +562,9 @@ int32_t ks_seq_len(const ks_context *c, int32_t seq) {
 }
 void ks_context_stats(const ks_context *c, ks_stats *out) {
     *out = c->stats;
-    ks_policy_counters pc;
-    ks_policy_get_counters(c->policy, &pc);
+    ks_policy_counters pc = c->retired_pc;
+    for (int32_t k = 0; k < c->n_pols; k++)
+        if (c->pols[k].pol) counters_add(&pc, c->pols[k].pol);
     out->policy_selections = pc.selections;
     out->policy_hits = pc.hits;
     out->policy_misses = pc.misses;

@@ -63,7 +63,7 @@ static ks_status qkv_rows(ks_context *c, const ks_layer *L, int il, int n, const
             ks_rope_apply(k + (size_t)h * hd, hp->n_rot, hp->rope_neox, cs, sn);
             KS_TRY(ks_kv_append(c->kv, seq[r], il, h, pos[r], k + (size_t)h * hd, v + (size_t)h * hd));
             c->n_att[(size_t)r * nkv + h] = ks_kv_n_entries(c->kv, seq[r], il, h);
-            if (c->decoding) ks_policy_on_append(c->policy, seq[r], il, h, pos[r], k + (size_t)h * hd);
+            if (c->decoding) ks_policy_on_append(ks_infer_policy_of(c, seq[r]), seq[r], il, h, pos[r], k + (size_t)h * hd);
         }
     }
     return KS_OK;
@@ -108,6 +108,9 @@ static void take_counters(ks_context *c, int n, const int32_t *seq) {
     c->stats.kv_bytes_stored += tr.bytes_stored;
     c->stats.kv_pages_loaded += tr.pages_loaded;
     c->stats.kv_pages_hit += tr.pages_hit;
+    c->stats.kv_entries_loaded += tr.entries_loaded;
+    c->stats.kv_entries_hit += tr.entries_hit;
+    c->stats.kv_sync_fallbacks += tr.sync_fallbacks;
     c->stats.kv_wait_seconds += tr.wait_seconds;
     c->stats.kv_copy_seconds += tr.copy_seconds;
 }
@@ -118,7 +121,6 @@ ks_status ks_infer_forward_rows(ks_context *c, int n, const int32_t *seq, const 
     const ks_hparams *hp = &m->hp;
     int D = hp->n_embd, half = hp->n_rot / 2;
     KS_ASSERT(n > 0 && n <= c->max_rows);
-    bool selects = c->decoding && ks_policy_selects(c->policy);
     for (int r = 0; r < n; r++) {
         ks_dequantize_row(m->tok_embd.type,
                           (const uint8_t *)m->tok_embd.data + ks_dtype_row_bytes(m->tok_embd.type, D) * (size_t)tok[r],
@@ -131,14 +133,15 @@ ks_status ks_infer_forward_rows(ks_context *c, int n, const int32_t *seq, const 
         capture_hidden(c, il, n);
         KS_TRY(qkv_rows(c, L, il, n, seq, pos, obs_slot));
         if (!c->decoding && ks_kv_layer_tier(c->kv, il) == KS_TIER_SLOW) KS_TRY(ks_infer_load_prefill_slots(c, il, n, seq));
-        KS_TRY(ks_infer_attend_layer(c, il, n, seq, pos, selects && il >= c->dense_layers));
+        /* at decode each row's own policy decides whether this layer selects */
+        KS_TRY(ks_infer_attend_layer(c, il, n, seq, pos, c->decoding));
         matmul_w(c, &L->wo, c->att, n, c->xn);
         for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->xn[i];
         mlp_rows(c, L, n);
     }
     capture_hidden(c, hp->n_layer, n);
     for (int r = 0; c->n_aux && r < n; r++)
-        ks_policy_on_hidden(c->policy, seq[r], pos[r], tok[r], c->aux_h + (size_t)r * c->n_aux * D);
+        ks_policy_on_hidden(ks_infer_policy_of(c, seq[r]), seq[r], pos[r], tok[r], c->aux_h + (size_t)r * c->n_aux * D);
     take_counters(c, n, seq);
     if (!want || !logits_out) return KS_OK;
     int n_want = 0;

@@ -44,6 +44,18 @@ typedef struct ks_attn_scratch {
     uint64_t entries_attended;
 } ks_attn_scratch;
 
+/* A policy instance of the context and the configuration it was made for;
+ * sequences with equal configurations share it (ks_seq_set_policy). */
+typedef struct ks_infer_pol {
+    ks_policy *pol;          /* NULL: a free entry */
+    char *spec, *args;       /* owned; args NULL: none */
+    int32_t budget, sink, window, dense_layers; /* as configured (dense_layers -1: the policy's) */
+    int32_t dense_from;      /* resolved: layers below attend densely */
+    int32_t obs_window;
+    bool selects;            /* has a decode selector */
+    int32_t users;           /* sequences it serves */
+} ks_infer_pol;
+
 struct ks_context {
     const ks_model *model;   /* borrowed; outlives the context */
     ks_context_params params;
@@ -52,7 +64,7 @@ struct ks_context {
     ks_kv_type kv_type;
     size_t kv_row_bytes;     /* bytes of one token's K (or V) for one KV head */
     ks_kv_store *kv;         /* paged, tiered K/V of every sequence */
-    ks_policy *policy;       /* the selection policy (dense by default) */
+    ks_policy *policy;       /* the default selection policy (pols[0]; dense by default) */
     ks_policy_env penv;      /* what the policy sees; svc = this context */
     int32_t dense_layers;    /* layers attending densely at decode */
     int32_t obs_window;      /* query rows of a prompt's end kept for on_prefill (-1: all) */
@@ -81,6 +93,12 @@ struct ks_context {
     ks_status step_status;   /* first failure inside a parallel section */
     atomic_flag step_failed;
     ks_stats stats;
+    /* per-sequence policies: pols[0] is the default (c->policy), seq_pol[s]
+     * the instance serving sequence s */
+    ks_infer_pol *pols;      /* [n_seq + 2] */
+    int32_t n_pols;          /* entries in use or freed (pol NULL) */
+    int32_t *seq_pol;        /* [n_seq] */
+    ks_policy_counters retired_pc; /* counters of destroyed instances */
 };
 
 /* Attention of G query heads (q [G][hd]) over one KV head's rows K, V

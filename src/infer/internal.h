@@ -22,6 +22,15 @@
 
 #include "infer/infer.h"
 
+/* ------------------------------------------------------------ context.c -- */
+/* The policy instance serving sequence seq (the context's default unless
+ * ks_seq_set_policy gave it another), and its entry. */
+ks_policy *ks_infer_policy_of(const ks_context *c, int32_t seq);
+const ks_infer_pol *ks_infer_pol_of(const ks_context *c, int32_t seq);
+/* Whether seq's policy selects at layer il of a decode step (it has a
+ * selector and il is past its dense layers). */
+bool ks_infer_seq_sparse(const ks_context *c, int32_t seq, int32_t il);
+
 /* ------------------------------------------------------------ forward.c -- */
 /* Rows: n entries (seq[i], pos[i], tok[i]); the logits of the rows with
  * want[i] (want NULL: none) are written one after another to logits_out
@@ -33,16 +42,17 @@ ks_status ks_infer_forward_rows(ks_context *c, int n, const int32_t *seq, const 
 
 /* ------------------------------------------------------------- attend.c -- */
 /* Attention of layer il for the n rows (seq, pos) whose q is in c->q: writes
- * c->att.  sparse: the policy selects at this layer. */
+ * c->att.  sparse: a decode step, where each row's own policy selects at
+ * this layer when ks_infer_seq_sparse says so. */
 ks_status ks_infer_attend_layer(ks_context *c, int il, int n, const int32_t *seq, const int32_t *pos, bool sparse);
 
 /* ----------------------------------------------------------- segments.c -- */
 /* Whether a budget leaves something to choose among n entries.  A budget that
  * covers the head attends everything, which is also what makes a full budget
  * bit-identical to dense for page-granular policies. */
-bool ks_infer_budget_binds(const ks_context *c, int32_t n);
+bool ks_infer_budget_binds(const ks_context *c, int32_t seq, int32_t n);
 
-/* Ask the policy for req (row, seq, layer, head, pos, n_entries and q filled
+/* Ask req->seq's policy for req (row, seq, layer, head, pos, n_entries and q filled
  * in; the budget's split into sinks, window and n_select is filled here),
  * adding the time it took to *seconds.  Unless sel->all, mask ([n/64 + 1]
  * words) receives the entries to attend: sinks, window and the selection.
@@ -63,11 +73,25 @@ int32_t ks_infer_segs_plan(const uint64_t *mask, int32_t n, int32_t P, ks_kv_seg
 ks_status ks_infer_segs_resolve(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, ks_kv_seg *segs,
                                 const int32_t *first, int32_t nseg, const int32_t *pages, uint8_t *gather);
 
-/* The scratch's gather buffer (every page of a head), allocated on first use:
- * NULL when the allocator refuses it. */
+/* The slow-tier variant (elastic buffer): copy the rows of the nseg runs
+ * (all fetched) from the buffer into staging (K [cap][row], then V
+ * [cap][row]) in entry order and point the runs there, unchanged. */
+ks_status ks_infer_segs_resolve_buffered(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, ks_kv_seg *segs,
+                                         const int32_t *first, int32_t nseg, uint8_t *staging, size_t cap);
+
+/* The entries set in mask (NULL: all) below n, ascending, into out; returns their number. */
+int32_t ks_infer_mask_entries(const uint64_t *mask, int32_t n, int32_t *out);
+
+/* The scratch's gather buffer (every page of a head, or as many K and V rows:
+ * ks_infer_gather_entries), allocated on first use: NULL when the allocator
+ * refuses it. */
+size_t ks_infer_gather_entries(const ks_context *c);
 uint8_t *ks_infer_gather_buffer(ks_context *c, ks_attn_scratch *s);
 
 /* -------------------------------------------------------------- tiers.c -- */
+/* Entry slots of the elastic buffer per (seq, KV head) of an offloaded layer
+ * (0: every entry). */
+int32_t ks_infer_buffer_entries(const ks_context_params *p);
 /* The memory model over the context's real sizes (params.mem_cap > 0). */
 ks_status ks_infer_plan_init(ks_context *c);
 /* Algorithm 2 for the longest sequence at length S: move layers to the slow

@@ -3,18 +3,23 @@
  * are their bytes", written once for every reader of the KV store.
  *
  * A policy answers with entries or pages; the framework adds the sinks and
- * the recent window.  Those three sources overlap and arrive in any order, so
- * they are merged in a bitmap over the head's entries (one bit each: the
- * merge is cheap and the result is sorted and duplicate-free for free).  The
- * bitmap's runs of set bits are then cut at page boundaries, because a page
+ * the recent window, merged in a bitmap over the head's entries by
+ * ks_policy_select_mask (src/select, shared with the public selection API).
+ * The bitmap's runs of set bits are then cut at page boundaries, because a page
  * is the unit the store places in memory: a run inside one page is a
  * contiguous block of K rows and one of V rows, which the kernels read in
  * place.  Dense attention is the same walk with no bitmap.
  *
  * Planning (runs and the pages they touch) is separate from resolving
- * (pointers), because a slow-tier layer must fetch exactly the touched pages
- * into slots between the two; a selection touching more pages than there are
- * slots reads them into a gather buffer instead.  Every caller — decode
+ * (pointers), because a slow-tier layer must fetch exactly the selected
+ * entries into its elastic buffer between the two.  Entries land in
+ * whatever slots the entries that left freed, so attention reads them
+ * through the worker's staging area, copied in entry order with the same
+ * runs as a fast layer: the kernels' blocks (and so their rounding) follow
+ * the runs, and this keeps an offloaded layer bit-identical to a resident
+ * one (a fast-tier copy; slow-tier traffic is only what the buffer misses).
+ * A selection larger than the buffer reads whole pages into the same area
+ * instead (counted as a synchronous fallback).  Every caller — decode
  * attention, the prefill block, the recall probe, the policies' attention
  * probabilities and the global prefetch — goes through these functions.
  */
@@ -37,47 +42,16 @@ static int32_t mask_next(const uint64_t *m, int32_t t, int32_t n, bool value) {
     return n;
 }
 
-static void mask_set_range(uint64_t *m, int32_t a, int32_t b) {
-    for (int32_t t = a; t < b;) {
-        if ((t & 63) == 0 && b - t >= 64) {
-            m[t >> 6] = ~0ull;
-            t += 64;
-        } else {
-            m[t >> 6] |= 1ull << (t & 63);
-            t++;
-        }
-    }
-}
-
-bool ks_infer_budget_binds(const ks_context *c, int32_t n) {
-    int32_t budget = ks_policy_params_of(c->policy)->budget;
-    return budget > 0 && budget < n;
+bool ks_infer_budget_binds(const ks_context *c, int32_t seq, int32_t n) {
+    return ks_policy_budget_binds(ks_infer_policy_of(c, seq), n);
 }
 
 ks_status ks_infer_select(ks_context *c, ks_attn_scratch *s, ks_select_req *req, ks_selection *sel, double *seconds) {
-    const ks_policy_params *pp = ks_policy_params_of(c->policy);
-    int32_t n = req->n_entries, P = c->params.page;
-    req->sink = pp->sink < n ? pp->sink : n;
-    req->window = pp->window < n ? pp->window : n;
-    req->n_select = pp->budget - req->sink - req->window > 0 ? pp->budget - req->sink - req->window : 0;
     *sel = (ks_selection){.cap = c->n_ctx, .idx = s->sel, .next = s->next};
     double t0 = ks_time_sec();
-    KS_TRY(ks_policy_select(c->policy, req, sel));
+    ks_status st = ks_policy_select_mask(ks_infer_policy_of(c, req->seq), req, sel, c->params.page, s->mask);
     *seconds += ks_time_sec() - t0;
-    if (sel->all) return KS_OK;
-    uint64_t *m = s->mask;
-    memset(m, 0, sizeof(uint64_t) * ((size_t)n / 64 + 1));
-    mask_set_range(m, 0, req->sink);
-    mask_set_range(m, n - req->window, n);
-    for (int32_t i = 0; i < sel->n; i++) {
-        int32_t x = sel->idx[i];
-        if (sel->pages) {
-            if (x >= 0 && (int64_t)x * P < n) mask_set_range(m, x * P, (x + 1) * P < n ? (x + 1) * P : n);
-        } else if (x >= 0 && x < n) {
-            m[x >> 6] |= 1ull << (x & 63);
-        }
-    }
-    return KS_OK;
+    return st;
 }
 
 int32_t ks_infer_segs_plan(const uint64_t *mask, int32_t n, int32_t P, ks_kv_seg *segs, int32_t *first,
@@ -123,6 +97,47 @@ ks_status ks_infer_segs_resolve(ks_kv_store *kv, int32_t seq, int32_t layer, int
         segs[i].V = V + (size_t)(t % P) * row;
     }
     return KS_OK;
+}
+
+int32_t ks_infer_mask_entries(const uint64_t *mask, int32_t n, int32_t *out) {
+    int32_t m = 0;
+    for (int32_t a = mask ? mask_next(mask, 0, n, true) : 0; a < n;) {
+        int32_t b = mask ? mask_next(mask, a, n, false) : n;
+        for (int32_t t = a; t < b; t++) out[m++] = t;
+        a = mask ? mask_next(mask, b, n, true) : n;
+    }
+    return m;
+}
+
+ks_status ks_infer_segs_resolve_buffered(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, ks_kv_seg *segs,
+                                         const int32_t *first, int32_t nseg, uint8_t *staging, size_t cap) {
+    size_t row = ks_kv_row_size(kv);
+    uint8_t *Kd = staging, *Vd = staging + cap * row;
+    size_t t = 0;
+    for (int32_t i = 0; i < nseg; i++) {
+        segs[i].K = Kd + t * row;
+        segs[i].V = Vd + t * row;
+        for (int32_t e = first[i], end = first[i] + segs[i].len; e < end;) {
+            /* rows adjacent in the buffer copy as one block */
+            const uint8_t *K, *V, *K2, *V2;
+            ks_kv_entry_rows(kv, seq, layer, head, e, &K, &V);
+            int32_t k = 1;
+            for (; e + k < end; k++) {
+                ks_kv_entry_rows(kv, seq, layer, head, e + k, &K2, &V2);
+                if (K2 != K + (size_t)k * row || V2 != V + (size_t)k * row) break;
+            }
+            KS_ASSERT(t + (size_t)k <= cap);
+            memcpy(Kd + t * row, K, (size_t)k * row);
+            memcpy(Vd + t * row, V, (size_t)k * row);
+            t += (size_t)k;
+            e += k;
+        }
+    }
+    return KS_OK;
+}
+
+size_t ks_infer_gather_entries(const ks_context *c) {
+    return ((size_t)c->n_ctx / c->params.page + 1) * (size_t)c->params.page;
 }
 
 uint8_t *ks_infer_gather_buffer(ks_context *c, ks_attn_scratch *s) {

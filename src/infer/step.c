@@ -3,11 +3,12 @@
  * fill a sequence with synthetic KV for benchmarks.
  *
  * The steps validate everything a caller passes before any state changes,
- * apply the memory plan for the length the step reaches, and give the policy
- * its hooks in order: on_prefill after a prompt (with the queries it asked
- * for, or those of its pseudo tokens), before_step and the prefetch of a
- * global selection before a decode step, entropy of each output for policies
- * that steer by it.  A failed prefill resets its sequence, so nothing
+ * apply the memory plan for the length the step reaches, and give each
+ * sequence's own policy (ks_seq_set_policy) its hooks in order, every
+ * instance seeing only its own rows while the forward pass runs over all:
+ * on_prefill after a prompt (with the queries it asked for, or those of its
+ * pseudo tokens), before_step and the prefetch of a global selection before
+ * a decode step, entropy of each output for policies that steer by it.  A failed prefill resets its sequence, so nothing
  * half-appended survives.
  */
 #include "infer/internal.h"
@@ -49,7 +50,7 @@ static ks_status prefill_pseudo(ks_context *c, int32_t seq, const int32_t *promp
     if (cap <= 0) return KS_OK;
     int32_t *pt = ks_malloc(sizeof(int32_t) * (size_t)cap);
     int32_t *sq = NULL, *ps = NULL, *obs = NULL, *before = NULL;
-    int32_t np = ks_policy_pseudo_tokens(c->policy, prompt, n, pt, cap);
+    int32_t np = ks_policy_pseudo_tokens(ks_infer_policy_of(c, seq), prompt, n, pt, cap);
     ks_status st = KS_OK;
     if (np <= 0) goto done;
     if (np > cap || c->seq_len[seq] + np > c->n_ctx) {
@@ -96,6 +97,8 @@ ks_status ks_prefill(ks_context *c, int32_t seq, const int32_t *tokens, int32_t 
     KS_TRY(check_tokens(c, tokens, n));
     KS_TRY(ks_infer_plan_apply(c, (int64_t)c->seq_len[seq] + n));
     const ks_hparams *hp = &c->model->hp;
+    ks_policy *pol = ks_infer_policy_of(c, seq); /* the sequence's own policy */
+    int32_t obs_window = ks_infer_pol_of(c, seq)->obs_window;
     double t0 = ks_time_sec();
     int chunk = c->params.n_batch;
     int32_t *sq = ks_malloc(sizeof(int32_t) * chunk), *ps = ks_malloc(sizeof(int32_t) * chunk);
@@ -103,12 +106,12 @@ ks_status ks_prefill(ks_context *c, int32_t seq, const int32_t *tokens, int32_t 
     bool *want = ks_calloc((size_t)chunk, sizeof(bool));
     size_t V = (size_t)hp->n_vocab;
     int32_t first_pos = c->seq_len[seq];
-    int32_t n_obs = c->obs_window < 0 ? n : (c->obs_window < n ? c->obs_window : n);
+    int32_t n_obs = obs_window < 0 ? n : (obs_window < n ? obs_window : n);
     ks_free(c->obs_q);
     c->obs_q = NULL;
     c->obs_cap = n_obs;
     if (n_obs > 0) c->obs_q = ks_malloc(sizeof(float) * (size_t)hp->n_layer * n_obs * hp->n_head * hp->head_dim);
-    float *last = logits ? logits : (ks_policy_wants_entropy(c->policy) ? ks_malloc(sizeof(float) * V) : NULL);
+    float *last = logits ? logits : (ks_policy_wants_entropy(pol) ? ks_malloc(sizeof(float) * V) : NULL);
     ks_status st = KS_OK;
     for (int32_t off = 0; off < n && st == KS_OK; off += chunk) {
         int m = n - off < chunk ? n - off : chunk;
@@ -136,9 +139,9 @@ ks_status ks_prefill(ks_context *c, int32_t seq, const int32_t *tokens, int32_t 
     if (st == KS_OK) {
         ks_prefill_info info = {.seq = seq, .n_prompt = n, .prompt = tokens, .n_obs = n_obs, .obs_q = c->obs_q,
                                 .pseudo = pseudo, .first_pos = first_pos};
-        st = ks_policy_on_prefill(c->policy, &info);
+        st = ks_policy_on_prefill(pol, &info);
     }
-    if (st == KS_OK && last && ks_policy_wants_entropy(c->policy))
+    if (st == KS_OK && last && ks_policy_wants_entropy(pol))
         entropy_of(last, (int32_t)V, &c->entropy[seq], &c->varentropy[seq]);
     ks_free(c->obs_q);
     c->obs_q = NULL;
@@ -155,6 +158,47 @@ ks_status ks_prefill(ks_context *c, int32_t seq, const int32_t *tokens, int32_t 
     c->stats.tokens_prefilled += (uint64_t)n;
     c->stats.prefill_seconds += ks_time_sec() - t0;
     return KS_OK;
+}
+
+/* Each policy instance with rows in the step gets before_step for its own
+ * rows (in batch order), then, for a global one, the prefetch of its
+ * selection.  One instance serving every row sees exactly the whole step.
+ * ent: [2n] entropy then varentropy of each row. */
+static ks_status policies_before_step(ks_context *c, int32_t n, const int32_t *seqs, const int32_t *tokens,
+                                      const int32_t *ps, const float *ent) {
+    int32_t *sq = ks_malloc(sizeof(int32_t) * 3 * (size_t)n), *tk = sq + n, *po = sq + 2 * n;
+    float *en = ks_malloc(sizeof(float) * 2 * (size_t)n);
+    ks_status st = KS_OK;
+    for (int32_t k = 0; k < c->n_pols && st == KS_OK; k++) {
+        ks_infer_pol *e = &c->pols[k];
+        if (!e->pol || !e->users) continue;
+        int32_t m = 0;
+        for (int32_t i = 0; i < n; i++)
+            if (c->seq_pol[seqs[i]] == k) {
+                sq[m] = seqs[i];
+                tk[m] = tokens[i];
+                po[m] = ps[i];
+                en[m] = ent[i];
+                en[n + m] = ent[n + i];
+                m++;
+            }
+        if (!m) continue;
+        ks_step_info step = {.n = m, .seq = sq, .token = tk, .pos = po, .entropy = en, .varentropy = en + n};
+        double ts = ks_time_sec();
+        st = ks_policy_before_step(e->pol, &step);
+        /* before_step may use every worker: count thread time like the per-head selections */
+        c->stats.select_seconds += (ks_time_sec() - ts) * c->params.n_threads;
+        if (st == KS_OK && ks_policy_is_global(e->pol)) {
+            /* tiers.c starts at c->dense_layers: the layers of the policy being served */
+            int32_t dl = c->dense_layers;
+            c->dense_layers = e->dense_from;
+            st = ks_infer_prefetch_global(c, m, sq, po);
+            c->dense_layers = dl;
+        }
+    }
+    ks_free(sq);
+    ks_free(en);
+    return st;
 }
 
 ks_status ks_decode(ks_context *c, const int32_t *seqs, const int32_t *tokens, int32_t n, float *logits) {
@@ -186,13 +230,7 @@ ks_status ks_decode(ks_context *c, const int32_t *seqs, const int32_t *tokens, i
         ent[i] = c->entropy[seqs[i]];
         ent[n + i] = c->varentropy[seqs[i]];
     }
-    ks_step_info step = {.n = n, .seq = seqs, .token = tokens, .pos = ps, .entropy = ent, .varentropy = ent + n};
-    double ts = ks_time_sec();
-    ks_status st = ks_policy_before_step(c->policy, &step);
-    /* before_step may use every worker: count thread time like the per-head selections */
-    c->stats.select_seconds += (ks_time_sec() - ts) * c->params.n_threads;
-    if (st == KS_OK && ks_policy_is_global(c->policy))
-        st = ks_infer_prefetch_global(c, n, seqs, ps);
+    ks_status st = policies_before_step(c, n, seqs, tokens, ps, ent);
     if (st == KS_OK) {
         c->decoding = true;
         st = ks_infer_forward_rows(c, n, seqs, ps, tokens, logits ? want : NULL, logits, NULL);
@@ -201,7 +239,7 @@ ks_status ks_decode(ks_context *c, const int32_t *seqs, const int32_t *tokens, i
     if (st == KS_OK)
         for (int32_t i = 0; i < n; i++) {
             c->seq_len[seqs[i]]++;
-            if (logits && ks_policy_wants_entropy(c->policy))
+            if (logits && ks_policy_wants_entropy(ks_infer_policy_of(c, seqs[i])))
                 entropy_of(logits + (size_t)i * c->model->hp.n_vocab, c->model->hp.n_vocab, &c->entropy[seqs[i]],
                            &c->varentropy[seqs[i]]);
         }
@@ -259,6 +297,6 @@ ks_status ks_seq_fill_synthetic(ks_context *c, int32_t seq, int32_t n, uint64_t 
         return KS_FAIL(KS_ERR_IO, "could not fill the KV cache of sequence %d: %s", seq, ks_last_error());
     }
     c->seq_len[seq] = n;
-    ks_policy_seq_fill_synthetic(c->policy, seq, n, seed);
+    ks_policy_seq_fill_synthetic(ks_infer_policy_of(c, seq), seq, n, seed);
     return KS_OK;
 }

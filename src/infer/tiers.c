@@ -10,18 +10,31 @@
  * sequence crosses them.  The plan moves layers one way only: a step never
  * waits for a layer coming back.
  *
- * Loading (the same paper, Section 5, asynchronous prefetch): a global
- * selection does not depend on the layer, so right after before_step the
- * pages of every slow-tier layer are queued on the copy engine; layer l's
- * loads then overlap the compute of layers < l, and attention's own fetch
- * only waits for (and maps) what is left.  Pages already in a slot stay
- * (elastic loading: only the set difference moves). At prefill every row of a
- * sequence reads every page of its heads, so the pages are loaded once per
- * layer before the parallel section.
+ * Loading (the same paper, Section 5, asynchronous prefetch and Section
+ * 5.4, elastic loading): an offloaded layer keeps a fixed buffer of entry
+ * slots per (sequence, KV head) in the fast tier (kv.h).  A global selection
+ * does not depend on the layer, so right after before_step the selected
+ * entries of every slow-tier layer are handed to the store, which keeps the
+ * ones already buffered and queues only S_now - S_last on the copy engine,
+ * into the slots of the entries that left; layer l's loads then overlap the
+ * compute of layers < l, and attention's own fetch only waits for them and
+ * adds the entry the step appended.  The buffer holds B + P - 1 entries:
+ * B for a token-granular selection such as spec's (the paper's fixed
+ * budget), plus the rounding of page-granular policies up to whole pages,
+ * so no selection within the budget ever falls back to reading pages
+ * synchronously.  At prefill every row of a sequence reads every entry of
+ * its heads, so they are loaded once per layer before the parallel section
+ * when the buffer holds them (dense offloading: a buffer of every entry).
  */
 #include "infer/internal.h"
 
 #include <string.h>
+
+int32_t ks_infer_buffer_entries(const ks_context_params *p) {
+    if (p->kv_slots > 0) return p->kv_slots > INT32_MAX / p->page ? 0 : p->kv_slots * p->page;
+    if (p->budget > 0) return p->budget > INT32_MAX - p->page ? 0 : p->budget + p->page - 1;
+    return 0;
+}
 
 ks_status ks_infer_plan_init(ks_context *c) {
     const ks_hparams *hp = &c->model->hp;
@@ -111,16 +124,15 @@ ks_status ks_infer_prefetch_global(ks_context *c, int32_t n, const int32_t *seqs
         for (int32_t r = 0; r < n; r++)
             for (int h = 0; h < hp->n_head_kv; h++) {
                 /* the step will append one entry: select among ne + 1, load the ne stored */
-                int32_t ne = ks_kv_n_entries(c->kv, seqs[r], il, h), np = ks_kv_n_pages(c->kv, seqs[r], il, h);
-                if (!ks_infer_budget_binds(c, ne + 1)) continue; /* dense: attention loads */
+                int32_t ne = ks_kv_n_entries(c->kv, seqs[r], il, h);
+                if (!ks_infer_budget_binds(c, seqs[r], ne + 1)) continue; /* dense: attention loads */
                 ks_select_req req = {.row = r, .seq = seqs[r], .layer = il, .head = h, .pos = pos[r], .n_entries = ne + 1};
                 ks_selection sel;
                 KS_TRY(ks_infer_select(c, s, &req, &sel, &c->stats.select_seconds));
                 if (sel.all) continue;
-                int32_t m, total;
-                ks_infer_segs_plan(s->mask, ne + 1, c->params.page, s->segs, s->first, s->pages, &m, &total);
-                while (m > 0 && s->pages[m - 1] >= np) m--; /* the page the new entry will open */
-                if (m <= ks_kv_slot_pages(c->kv)) KS_TRY(ks_kv_fetch(c->kv, seqs[r], il, h, s->pages, m, true));
+                int32_t m = ks_infer_mask_entries(s->mask, ne, s->entries);
+                /* larger than the buffer: attention reads it synchronously and counts the fallback */
+                if (m <= ks_kv_buffer_entries(c->kv)) KS_TRY(ks_kv_fetch(c->kv, seqs[r], il, h, s->entries, m, true));
             }
     }
     return KS_OK;
@@ -128,14 +140,14 @@ ks_status ks_infer_prefetch_global(ks_context *c, int32_t n, const int32_t *seqs
 
 ks_status ks_infer_load_prefill_slots(ks_context *c, int il, int n, const int32_t *seq) {
     int nkv = c->model->hp.n_head_kv;
+    int32_t *ent = c->scr[0].entries;
     for (int r = 0; r < n; r++) {
         if (r > 0 && seq[r] == seq[r - 1]) continue;
         for (int h = 0; h < nkv; h++) {
-            int32_t np = ks_kv_n_pages(c->kv, seq[r], il, h);
-            if (np > ks_kv_slot_pages(c->kv)) continue; /* attention gathers */
-            int32_t *lp = c->scr[0].pages;
-            for (int32_t i = 0; i < np; i++) lp[i] = i;
-            KS_TRY(ks_kv_fetch(c->kv, seq[r], il, h, lp, np, true));
+            int32_t ne = ks_kv_n_entries(c->kv, seq[r], il, h);
+            if (ne > ks_kv_buffer_entries(c->kv)) continue; /* attention gathers pages */
+            for (int32_t i = 0; i < ne; i++) ent[i] = i;
+            KS_TRY(ks_kv_fetch(c->kv, seq[r], il, h, ent, ne, true));
         }
     }
     return ks_kv_wait_layer(c->kv, il);

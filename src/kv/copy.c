@@ -28,12 +28,35 @@ struct ks_copy_engine {
     _Atomic uint64_t busy_ns;
 };
 
+/* Read n bytes at (src + off) or (fd, offset + off) into dst. */
+static bool copy_piece(const ks_copy_job *j, uint8_t *dst, size_t n, size_t off, char *msg, size_t cap) {
+    if (j->src) {
+        memcpy(dst, j->src + off, n);
+        return true;
+    }
+    for (size_t done = 0; done < n;) {
+        ssize_t r = pread(j->fd, dst + done, n - done, j->offset + (off_t)(off + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            snprintf(msg, cap, "%s:%d: slow-tier read of %zu bytes at offset %lld failed: %s", __FILE__, __LINE__, n,
+                     (long long)j->offset, r == 0 ? "unexpected end of file" : strerror(errno));
+            return false;
+        }
+        done += (size_t)r;
+    }
+    return true;
+}
+
 void ks_copy_run(const ks_copy_job *j) {
     bool ok = true;
     char msg[256] = "";
     if (j->fail) {
         ok = false;
         snprintf(msg, sizeof msg, "%s:%d: slow-tier read of %zu bytes failed (injected)", __FILE__, __LINE__, j->bytes);
+    } else if (j->src2_off && j->dst2) {
+        /* rows of a page: K and V halves apart in the source too */
+        size_t h = j->bytes / 2;
+        ok = copy_piece(j, j->dst, h, 0, msg, sizeof msg) && copy_piece(j, j->dst2, j->bytes - h, j->src2_off, msg, sizeof msg);
     } else if (j->src) {
         if (j->dst2) {
             memcpy(j->dst, j->src, j->bytes / 2);

@@ -32,6 +32,8 @@ typedef struct ks_copy_job {
     uint8_t *dst;         /* first half of the bytes (all of them when dst2 is NULL) */
     uint8_t *dst2;        /* optional: second half (a page's V goes apart from its K) */
     size_t bytes;
+    size_t src2_off;      /* with dst2, non-zero: the second half starts src2_off bytes after the first (a run of
+                           * rows inside a page, whose K and V rows are apart) instead of right after it */
     bool fail;            /* test hook: report an I/O error instead of copying */
     ks_copy_event *ev;
 } ks_copy_job;

@@ -81,7 +81,7 @@ ks_status ks_kv_create(const ks_kv_params *p, ks_kv_store **out) {
     kv->max_pages = (p->n_ctx + p->page - 1) / p->page;
     kv->n_sh = p->n_seq * p->n_head_kv;
     kv->n_phys = kv->n_sh * kv->max_pages;
-    kv->n_slot = p->slot_pages > 0 && p->slot_pages < kv->max_pages ? p->slot_pages : kv->max_pages;
+    kv->n_slot = p->slot_entries > 0 && p->slot_entries < kv->max_pages * kv->P ? p->slot_entries : kv->max_pages * kv->P;
     kv->row = ks_kv_row_bytes(p->type, p->head_dim);
     kv->page_bytes = 2 * (size_t)kv->P * kv->row;
     kv->layers = ks_calloc((size_t)p->n_layer, sizeof(kv_layer));
@@ -110,8 +110,8 @@ ks_status ks_kv_create(const ks_kv_params *p, ks_kv_store **out) {
         L->kmin = ks_malloc(sizeof(float) * (size_t)kv->n_phys * kv->hd);
         L->kmax = ks_malloc(sizeof(float) * (size_t)kv->n_phys * kv->hd);
         L->ksum = ks_malloc(sizeof(float) * (size_t)kv->n_phys * kv->hd);
-        L->slot_of = ks_malloc(sizeof(int32_t) * (size_t)kv->n_phys);
-        for (int32_t i = 0; i < kv->n_phys; i++) L->slot_of[i] = -1;
+        L->slot_of = ks_malloc(sizeof(int32_t) * (size_t)kv->n_phys * kv->P);
+        for (size_t i = 0; i < (size_t)kv->n_phys * kv->P; i++) L->slot_of[i] = -1;
     }
     ks_status st = ks_copy_engine_create(p->n_copy_threads, &kv->copy);
     if (st != KS_OK) {
@@ -143,9 +143,12 @@ static void page_free(ks_kv_store *kv, kv_layer *L, int32_t id) {
     KS_ASSERT(L->in_use[id]);
     L->in_use[id] = 0;
     L->fill[id] = 0;
-    if (L->slot_of[id] >= 0) { /* a slot must never alias a recycled id */
-        L->slot_page[L->slot_of[id]] = -1;
-        L->slot_of[id] = -1;
+    for (int32_t r = 0; r < kv->P; r++) { /* a slot must never alias a recycled id */
+        int32_t *so = &L->slot_of[(size_t)id * kv->P + r];
+        if (*so >= 0) {
+            L->slot_ent[*so] = -1;
+            *so = -1;
+        }
     }
     if (L->n_free == kv->n_phys) { /* stale entries filled the stack: rebuild */
         L->n_free = 0;
@@ -204,9 +207,10 @@ ks_status ks_kv_append(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head
             KS_TRY(ks_kv_file_write(L->fd, vrow, kv->row, base + (off_t)kv_row_off(kv, slot, true)));
         }
         atomic_fetch_add(&kv->bytes_stored, 2 * kv->row);
-        if (L->slot_of[id] >= 0) {
-            memcpy(kv_slot_k(kv, L, L->slot_of[id]) + (size_t)slot * kv->row, krow, kv->row);
-            memcpy(kv_slot_v(kv, L, L->slot_of[id]) + (size_t)slot * kv->row, vrow, kv->row);
+        int32_t bs = L->slot_of[(size_t)id * kv->P + slot];
+        if (bs >= 0) {
+            memcpy(kv_slot_k(kv, L, bs), krow, kv->row);
+            memcpy(kv_slot_v(kv, L, bs), vrow, kv->row);
         }
         uint8_t *m = kv_slow_mem(kv, L, id);
         if (m) {

@@ -26,13 +26,18 @@
  *  - SLOW: pages live in host memory (a GPU engine's slow tier; on CPU a
  *    stand-in useful for tests) or in a file per layer in the offload
  *    directory, read with pread, so a context bigger than RAM still runs.
- *    Attention then reads fast-tier *slots*: a fixed set of head-page slots
- *    per (sequence, layer, KV head).  kv_fetch maps the pages a selection
- *    needs to slots (hits reused, misses evict the least recently used slot
- *    not needed now) and queues only the misses on the copy engine, whose
- *    worker threads signal one completion counter per layer, so loads for
- *    layer l overlap the compute of layers < l and layer l waits only on its
- *    own.  Every byte moved is counted.
+ *    Attention then reads a fast *elastic buffer* (SpeContext, Section 5.4):
+ *    a fixed number of entry slots (one K row and one V row each) per
+ *    (sequence, layer, KV head), B by default.  kv_fetch is given the
+ *    entries a step reads (S_now); entries already buffered stay in their
+ *    slots, and only S_now - S_last is copied, into the slots of the entries
+ *    that left (then the least recently used), so a scattered selection
+ *    moves exactly the entries that changed.  Misses that are consecutive
+ *    rows of one page landing in consecutive slots merge into one transfer.
+ *    Loads are queued on the copy engine, whose worker threads signal one
+ *    completion counter per layer, so loads for layer l overlap the compute
+ *    of layers < l and layer l waits only on its own.  Every byte moved is
+ *    counted.
  * Appends to a SLOW layer write through to the slow copy (and the slot, when
  * mapped) after that layer's in-flight loads have landed, so a load can never
  * overwrite a newer row.
@@ -59,7 +64,7 @@ typedef struct ks_kv_params {
     int32_t page;             /* P: tokens per head-page (default 32) */
     ks_kv_type type;          /* element type of K and V rows */
     const char *offload_dir;  /* slow tier directory; NULL = host memory */
-    int32_t slot_pages;       /* fast slots per (seq, layer, head) of a SLOW layer; 0 = all pages */
+    int32_t slot_entries;     /* elastic buffer: entry slots per (seq, layer, head) of a SLOW layer; 0 = all */
     int32_t n_copy_threads;   /* copy engine workers (default 1) */
 } ks_kv_params;
 
@@ -93,31 +98,42 @@ ks_kv_tier ks_kv_layer_tier(const ks_kv_store *kv, int32_t layer);
  * lost.  Moving to SLOW allocates its slots; KS_ERR_IO/NOMEM leave it FAST. */
 ks_status ks_kv_set_layer_tier(ks_kv_store *kv, int32_t layer, ks_kv_tier tier);
 
-/* Make logical pages lp[0..n) of (seq, layer, head) readable in the fast
- * tier.  FAST layers: nothing to do.  SLOW layers: hits stay, misses are
- * queued on the copy engine (async) or copied by the caller (sync).  Fails
- * with KS_ERR_NOMEM if more distinct pages are asked than there are slots.
- * Safe to call concurrently for different (seq, head) of one layer. */
-ks_status ks_kv_fetch(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, const int32_t *lp, int32_t n,
+/* Make entries ent[0..n) (ascending, < n_entries) of (seq, layer, head)
+ * readable in the fast tier.  FAST layers: nothing to do.  SLOW layers:
+ * buffered entries stay, the others are queued on the copy engine (async) or
+ * copied by the caller (sync) into slots no entry of this request holds.
+ * Fails with KS_ERR_NOMEM (nothing changed) if n exceeds the buffer.  Safe to
+ * call concurrently for different (seq, head) of one layer. */
+ks_status ks_kv_fetch(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, const int32_t *ent, int32_t n,
                       bool async);
 /* Wait for the queued loads of a layer; returns the first I/O error seen. */
 ks_status ks_kv_wait_layer(ks_kv_store *kv, int32_t layer);
 
-/* K and V rows of a logical page, readable now: [P][row] each.  For SLOW
- * layers the page must have been fetched (and waited for) this step. */
+/* K and V rows of a logical page of a FAST layer: [P][row] each. */
 void ks_kv_page_rows(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp,
                      const uint8_t **K, const uint8_t **V);
+/* K and V row of entry e, readable now.  For SLOW layers the entry must have
+ * been fetched (and waited for) this step. */
+void ks_kv_entry_rows(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t e,
+                      const uint8_t **K, const uint8_t **V);
 
 /* Copy logical page lp of (seq, layer, head) into buf [page_bytes] from
  * wherever it lives (a synchronous slow-tier read when needed). */
 ks_status ks_kv_read_page(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp, uint8_t *buf);
-int32_t ks_kv_slot_pages(const ks_kv_store *kv);
+/* Entry slots of the elastic buffer per (seq, KV head) of a SLOW layer. */
+int32_t ks_kv_buffer_entries(const ks_kv_store *kv);
+/* The caller read a slow-tier selection synchronously page by page because
+ * it did not fit the buffer (counted in the traffic). */
+void ks_kv_note_sync_fallback(ks_kv_store *kv);
 
 /* Bytes moved between tiers and slot hits since the last call (then zeroed). */
 typedef struct ks_kv_traffic {
     uint64_t bytes_loaded;   /* slow -> fast */
     uint64_t bytes_stored;   /* fast -> slow (appends and layer moves) */
-    uint64_t pages_loaded, pages_hit;
+    uint64_t pages_loaded, pages_hit; /* whole pages read past the buffer (prefill, fallbacks) */
+    uint64_t entries_loaded;  /* entries copied into elastic buffers (S_now - S_last) */
+    uint64_t entries_hit;     /* entries asked for that were buffered already */
+    uint64_t sync_fallbacks;  /* selections read synchronously because they exceeded the buffer */
     double copy_seconds;     /* time the copy workers spent copying */
     double wait_seconds;     /* time compute waited on loads */
 } ks_kv_traffic;

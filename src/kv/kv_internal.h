@@ -18,11 +18,11 @@ typedef struct {
     uint8_t *fast;        /* [n_phys][page_bytes] pages of a FAST layer */
     uint8_t *slow;        /* [n_phys][page_bytes] memory slow tier (SLOW, no directory) */
     int fd;               /* file slow tier (SLOW with a directory), else -1 */
-    uint8_t *slots;       /* [n_sh][n_slot][page_bytes] fast slots of a SLOW layer */
-    int32_t *slot_page;   /* [n_sh][n_slot] physical id held by a slot, -1 empty */
+    uint8_t *slots;       /* elastic buffer of a SLOW layer: [n_sh][n_slot][row] K rows, then the same of V rows */
+    int32_t *slot_ent;    /* [n_sh][n_slot] physical entry (id * P + row) held by a slot, -1 empty */
     uint32_t *slot_stamp; /* [n_sh][n_slot] fetch stamp of the last use */
     uint32_t *stamp;      /* [n_sh] current fetch stamp of each (seq, head) */
-    int32_t *slot_of;     /* [n_phys] slot holding a page, -1 none */
+    int32_t *slot_of;     /* [n_phys * P] slot (sh * n_slot + s) holding a physical entry, -1 none */
     uint8_t *in_use;      /* [n_phys] */
     int32_t *free_ids;    /* [n_phys] free stack (may hold stale ids) */
     int32_t n_free;
@@ -35,7 +35,8 @@ typedef struct {
 
 struct ks_kv_store {
     ks_kv_params p;
-    int32_t P, hd, nh, max_pages, n_sh, n_slot;
+    int32_t P, hd, nh, max_pages, n_sh;
+    int32_t n_slot;       /* entries of the elastic buffer per (seq, KV head) of a SLOW layer */
     int32_t n_phys;       /* head-pages per layer */
     size_t row, page_bytes;
     kv_layer *layers;     /* [n_layer] */
@@ -45,6 +46,7 @@ struct ks_kv_store {
     float *tmp;           /* [2][head_dim] row conversion scratch (appends are serial) */
     uint8_t *page_tmp;    /* [2][page_bytes] compaction scratch */
     _Atomic uint64_t bytes_loaded, bytes_stored, pages_loaded, pages_hit;
+    _Atomic uint64_t entries_loaded, entries_hit, sync_fallbacks;
     double wait_seconds;
 };
 
@@ -72,11 +74,12 @@ static inline uint8_t *kv_fast_k(const ks_kv_store *kv, const kv_layer *L, int32
 static inline uint8_t *kv_fast_v(const ks_kv_store *kv, const kv_layer *L, int32_t id) {
     return L->fast + ((size_t)kv->n_phys + (size_t)id) * kv_half_bytes(kv);
 }
+/* K (V) row of elastic-buffer slot s (= sh * n_slot + local slot). */
 static inline uint8_t *kv_slot_k(const ks_kv_store *kv, const kv_layer *L, int32_t s) {
-    return L->slots + (size_t)s * kv_half_bytes(kv);
+    return L->slots + (size_t)s * kv->row;
 }
 static inline uint8_t *kv_slot_v(const ks_kv_store *kv, const kv_layer *L, int32_t s) {
-    return L->slots + ((size_t)kv->n_sh * kv->n_slot + (size_t)s) * kv_half_bytes(kv);
+    return L->slots + ((size_t)kv->n_sh * kv->n_slot + (size_t)s) * kv->row;
 }
 /* Contiguous bytes (K then V) of a page in the memory slow tier, or NULL. */
 static inline uint8_t *kv_slow_mem(const ks_kv_store *kv, const kv_layer *L, int32_t id) {

@@ -3,12 +3,13 @@
  *
  * A FAST layer keeps every page in memory, K halves and V halves in two
  * regions (kv_internal.h).  A SLOW layer keeps each page contiguous, K then
- * V, in host memory or in a file, and attention reads fixed fast *slots* per
- * (sequence, layer, KV head) that ks_kv_fetch maps: hits stay, misses evict
- * the least recently used slot not needed by the same request, and only the
- * misses are copied (synchronously, or queued on the copy engine with one
- * completion event per layer).  A slot whose load may have failed is dropped
- * rather than read.
+ * V, in host memory or in a file, and attention reads a fixed elastic
+ * buffer of entry slots per (sequence, layer, KV head) that ks_kv_fetch
+ * fills: entries already buffered stay, the others take the slots of
+ * entries the request does not need (least recently used first), and only
+ * they are copied, row runs merged (synchronously, or queued on the copy
+ * engine with one completion event per layer).  A slot whose load may have
+ * failed is dropped rather than read.
  *
  * Slow-tier files are created in the offload directory, unlinked at once (no
  * leftovers after a crash) and reserved with posix_fallocate up front, so a
@@ -75,10 +76,11 @@ ks_status ks_kv_page_write(ks_kv_store *kv, kv_layer *L, int32_t id, const uint8
     if (m) memcpy(m, buf, kv->page_bytes);
     else KS_TRY(ks_kv_file_write(L->fd, buf, kv->page_bytes, (off_t)id * (off_t)kv->page_bytes));
     atomic_fetch_add(&kv->bytes_stored, kv->page_bytes);
-    int32_t s = L->slot_of[id];
-    if (s >= 0) {
-        memcpy(kv_slot_k(kv, L, s), buf, kv_half_bytes(kv));
-        memcpy(kv_slot_v(kv, L, s), buf + kv_half_bytes(kv), kv_half_bytes(kv));
+    for (int32_t r = 0; r < kv->P; r++) { /* buffered rows of the page follow its new contents */
+        int32_t s = L->slot_of[(size_t)id * kv->P + r];
+        if (s < 0) continue;
+        memcpy(kv_slot_k(kv, L, s), buf + (size_t)r * kv->row, kv->row);
+        memcpy(kv_slot_v(kv, L, s), buf + kv_half_bytes(kv) + (size_t)r * kv->row, kv->row);
     }
     return KS_OK;
 }
@@ -87,11 +89,11 @@ void ks_kv_release_slow(kv_layer *L) {
     free(L->slow);
     free(L->slots);
     if (L->fd >= 0) close(L->fd);
-    ks_free(L->slot_page);
+    ks_free(L->slot_ent);
     ks_free(L->slot_stamp);
     ks_free(L->stamp);
     L->slow = L->slots = NULL;
-    L->slot_page = NULL;
+    L->slot_ent = NULL;
     L->slot_stamp = L->stamp = NULL;
     L->fd = -1;
 }
@@ -129,7 +131,7 @@ ks_status ks_kv_set_layer_tier(ks_kv_store *kv, int32_t layer, ks_kv_tier tier) 
         uint8_t *slow = NULL;
         if (kv->p.offload_dir) KS_TRY(open_slow_file(kv, layer, &fd));
         else if (!(slow = ks_alloc_streamed(total))) return KS_FAIL(KS_ERR_NOMEM, "slow tier of %zu bytes refused", total);
-        uint8_t *slots = ks_alloc_streamed((size_t)kv->n_sh * kv->n_slot * kv->page_bytes);
+        uint8_t *slots = ks_alloc_streamed((size_t)kv->n_sh * kv->n_slot * 2 * kv->row);
         if (!slots) {
             if (fd >= 0) close(fd);
             free(slow);
@@ -157,11 +159,11 @@ ks_status ks_kv_set_layer_tier(ks_kv_store *kv, int32_t layer, ks_kv_tier tier) 
         L->slow = slow;
         L->fd = fd;
         L->slots = slots;
-        L->slot_page = ks_malloc(sizeof(int32_t) * (size_t)kv->n_sh * kv->n_slot);
+        L->slot_ent = ks_malloc(sizeof(int32_t) * (size_t)kv->n_sh * kv->n_slot);
         L->slot_stamp = ks_calloc((size_t)kv->n_sh * kv->n_slot, sizeof(uint32_t));
         L->stamp = ks_calloc((size_t)kv->n_sh, sizeof(uint32_t));
-        for (size_t i = 0; i < (size_t)kv->n_sh * kv->n_slot; i++) L->slot_page[i] = -1;
-        for (int32_t i = 0; i < kv->n_phys; i++) L->slot_of[i] = -1;
+        for (size_t i = 0; i < (size_t)kv->n_sh * kv->n_slot; i++) L->slot_ent[i] = -1;
+        for (size_t i = 0; i < (size_t)kv->n_phys * kv->P; i++) L->slot_of[i] = -1;
         L->tier = KS_TIER_SLOW;
         return KS_OK;
     }
@@ -180,75 +182,92 @@ ks_status ks_kv_set_layer_tier(ks_kv_store *kv, int32_t layer, ks_kv_tier tier) 
     }
     ks_kv_release_slow(L);
     L->fast = fast;
-    for (int32_t i = 0; i < kv->n_phys; i++) L->slot_of[i] = -1;
+    for (size_t i = 0; i < (size_t)kv->n_phys * kv->P; i++) L->slot_of[i] = -1;
     L->tier = KS_TIER_FAST;
     return KS_OK;
 }
 
+/* LRU order, then slot order: free slots side by side take consecutive misses, whose loads then merge */
 static int cmp_victim(const void *a, const void *b, void *arg) {
     const uint32_t *st = arg;
-    uint32_t x = st[*(const int32_t *)a], y = st[*(const int32_t *)b];
-    return (x > y) - (x < y);
+    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    uint32_t x = st[i], y = st[j];
+    return x != y ? (x > y) - (x < y) : (i > j) - (i < j);
 }
 
-ks_status ks_kv_fetch(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, const int32_t *lp, int32_t n,
+/* Unmap global slot g (its entry is no longer buffered). */
+static void slot_drop(kv_layer *L, int32_t g) {
+    if (L->slot_ent[g] >= 0) L->slot_of[L->slot_ent[g]] = -1;
+    L->slot_ent[g] = -1;
+}
+
+ks_status ks_kv_fetch(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, const int32_t *ent, int32_t n,
                       bool async) {
     kv_layer *L = &kv->layers[layer];
     if (L->tier == KS_TIER_FAST || n <= 0) return KS_OK;
+    if (n > kv->n_slot)
+        return KS_FAIL(KS_ERR_NOMEM, "a selection of %d entries exceeds the %d-entry buffer of a KV head", n, kv->n_slot);
     /* a synchronous fetch reads what it maps right away: earlier loads of the
      * layer (prefetches into slots this call may reuse) must have landed */
     if (!async && atomic_load(&L->ev.pending) > 0) KS_TRY(ks_copy_wait(&L->ev, &kv->wait_seconds));
-    int32_t sh = seq * kv->nh + head, np = ks_kv_n_pages(kv, seq, layer, head);
+    int32_t P = kv->P, sh = seq * kv->nh + head, ne = ks_kv_n_entries(kv, seq, layer, head);
     const int32_t *tab = kv_table_of(kv, seq, layer, head);
-    int32_t *sp = L->slot_page + (size_t)sh * kv->n_slot;
-    uint32_t *ss = L->slot_stamp + (size_t)sh * kv->n_slot;
+    int32_t base = sh * kv->n_slot;
+    uint32_t *ss = L->slot_stamp + (size_t)base;
     uint32_t cur = ++L->stamp[sh];
     if (cur == 0) { /* wrapped: restart the clock */
         memset(ss, 0, sizeof(uint32_t) * kv->n_slot);
         cur = L->stamp[sh] = 1;
     }
+    /* S_now ∩ S_last stays where it is */
     int32_t n_miss = 0;
     for (int32_t i = 0; i < n; i++) {
-        KS_ASSERT(lp[i] >= 0 && lp[i] < np);
-        int32_t s = L->slot_of[tab[lp[i]]];
-        if (s >= 0) {
-            ss[s - sh * kv->n_slot] = cur;
-        } else {
-            n_miss++;
-        }
+        KS_ASSERT(ent[i] >= 0 && ent[i] < ne && (i == 0 || ent[i] > ent[i - 1]));
+        int32_t g = L->slot_of[(size_t)tab[ent[i] / P] * P + ent[i] % P];
+        if (g >= 0) ss[g - base] = cur;
+        else n_miss++;
     }
+    atomic_fetch_add(&kv->entries_hit, (uint64_t)(n - n_miss));
     if (n_miss == 0) {
-        atomic_fetch_add(&kv->pages_hit, (uint64_t)n);
         /* hits may still be loading (prefetched): a synchronous caller reads now */
         if (!async && atomic_load(&L->ev.pending) > 0) KS_TRY(ks_copy_wait(&L->ev, &kv->wait_seconds));
         return KS_OK;
     }
-    /* victims: slots not needed by this request, least recently used first */
+    /* S_now - S_last goes into the slots of S_last - S_now (then of the least recently used) */
     int32_t *vic = ks_malloc(sizeof(int32_t) * (size_t)kv->n_slot);
     int32_t n_vic = 0;
     for (int32_t s = 0; s < kv->n_slot; s++)
         if (ss[s] != cur) vic[n_vic++] = s;
     qsort_r(vic, (size_t)n_vic, sizeof(int32_t), cmp_victim, ss);
-    int32_t next = 0;
+    KS_ASSERT(n_vic >= n_miss);
     ks_status st = KS_OK;
-    for (int32_t i = 0; i < n; i++) {
-        int32_t id = tab[lp[i]];
-        if (L->slot_of[id] >= 0) continue;
-        if (next == n_vic) {
-            st = KS_FAIL(KS_ERR_NOMEM, "a selection of %d pages exceeds the %d fast-tier slots of a KV head", n, kv->n_slot);
-            break;
+    int32_t next = 0;
+    for (int32_t i = 0; i < n && st == KS_OK;) {
+        int32_t lp = ent[i] / P, r = ent[i] % P, id = tab[lp];
+        if (L->slot_of[(size_t)id * P + r] >= 0) {
+            i++;
+            continue;
         }
-        int32_t s = vic[next++];
-        if (sp[s] >= 0) L->slot_of[sp[s]] = -1;
-        sp[s] = id;
-        ss[s] = cur;
-        L->slot_of[id] = sh * kv->n_slot + s;
-        ks_copy_job job = {.src = L->slow ? L->slow + (size_t)id * kv->page_bytes : NULL,
+        /* a run of misses: consecutive rows of one page into consecutive slots is one transfer */
+        int32_t s0 = vic[next], len = 0;
+        while (i + len < n && ent[i + len] == ent[i] + len && (ent[i] + len) / P == lp && next + len < n_vic &&
+               vic[next + len] == s0 + len && L->slot_of[(size_t)id * P + r + len] < 0)
+            len++;
+        for (int32_t k = 0; k < len; k++) {
+            int32_t g = base + s0 + k;
+            slot_drop(L, g);
+            L->slot_ent[g] = id * P + r + k;
+            L->slot_of[(size_t)id * P + r + k] = g;
+            ss[s0 + k] = cur;
+        }
+        size_t off = (size_t)id * kv->page_bytes + (size_t)r * kv->row;
+        ks_copy_job job = {.src = L->slow ? L->slow + off : NULL,
                            .fd = L->fd,
-                           .offset = (off_t)id * (off_t)kv->page_bytes,
-                           .dst = kv_slot_k(kv, L, sh * kv->n_slot + s),
-                           .dst2 = kv_slot_v(kv, L, sh * kv->n_slot + s),
-                           .bytes = kv->page_bytes,
+                           .offset = (off_t)off,
+                           .dst = kv_slot_k(kv, L, base + s0),
+                           .dst2 = kv_slot_v(kv, L, base + s0),
+                           .bytes = 2 * (size_t)len * kv->row,
+                           .src2_off = kv_half_bytes(kv),
                            .fail = L->fail_reads,
                            .ev = &L->ev};
         if (async) ks_copy_submit(kv->copy, &job);
@@ -256,16 +275,16 @@ ks_status ks_kv_fetch(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head,
             ks_copy_run(&job);
             if (atomic_load(&L->ev.failed)) {
                 atomic_store(&L->ev.failed, 0);
-                sp[s] = -1;
-                L->slot_of[id] = -1;
+                for (int32_t k = 0; k < len; k++) slot_drop(L, base + s0 + k);
                 st = KS_FAIL(KS_ERR_IO, "%s", L->ev.msg);
                 break;
             }
         }
-        atomic_fetch_add(&kv->bytes_loaded, kv->page_bytes);
-        atomic_fetch_add(&kv->pages_loaded, 1);
+        atomic_fetch_add(&kv->bytes_loaded, job.bytes);
+        atomic_fetch_add(&kv->entries_loaded, (uint64_t)len);
+        next += len;
+        i += len;
     }
-    atomic_fetch_add(&kv->pages_hit, (uint64_t)(n - n_miss));
     ks_free(vic);
     return st;
 }
@@ -274,36 +293,45 @@ ks_status ks_kv_wait_layer(ks_kv_store *kv, int32_t layer) {
     kv_layer *L = &kv->layers[layer];
     if (L->tier == KS_TIER_FAST) return KS_OK;
     ks_status st = ks_copy_wait(&L->ev, &kv->wait_seconds);
-    if (st != KS_OK) {
-        /* slots whose load may have failed cannot be trusted: drop them all */
-        for (size_t i = 0; i < (size_t)kv->n_sh * kv->n_slot; i++) {
-            if (L->slot_page[i] >= 0) L->slot_of[L->slot_page[i]] = -1;
-            L->slot_page[i] = -1;
-        }
-    }
+    if (st != KS_OK) /* slots whose load may have failed cannot be trusted: drop them all */
+        for (int32_t g = 0; g < kv->n_sh * kv->n_slot; g++) slot_drop(L, g);
     return st;
 }
 
 void ks_kv_page_rows(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp, const uint8_t **K,
                      const uint8_t **V) {
     const kv_layer *L = &kv->layers[layer];
+    KS_ASSERT(L->tier == KS_TIER_FAST); /* a slow layer's rows are read one by one (ks_kv_entry_rows) */
     int32_t id = kv_table_of(kv, seq, layer, head)[lp];
-    if (L->tier == KS_TIER_FAST) {
-        *K = kv_fast_k(kv, L, id);
-        *V = kv_fast_v(kv, L, id);
-    } else {
-        int32_t s = L->slot_of[id];
-        KS_ASSERT(s >= 0); /* the page was fetched this step */
-        *K = kv_slot_k(kv, L, s);
-        *V = kv_slot_v(kv, L, s);
-    }
+    *K = kv_fast_k(kv, L, id);
+    *V = kv_fast_v(kv, L, id);
 }
+
+void ks_kv_entry_rows(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t e, const uint8_t **K,
+                      const uint8_t **V) {
+    const kv_layer *L = &kv->layers[layer];
+    int32_t id = kv_table_of(kv, seq, layer, head)[e / kv->P], r = e % kv->P;
+    if (L->tier == KS_TIER_FAST) {
+        *K = kv_fast_k(kv, L, id) + (size_t)r * kv->row;
+        *V = kv_fast_v(kv, L, id) + (size_t)r * kv->row;
+        return;
+    }
+    int32_t g = L->slot_of[(size_t)id * kv->P + r];
+    KS_ASSERT(g >= 0); /* the entry was fetched this step */
+    *K = kv_slot_k(kv, L, g);
+    *V = kv_slot_v(kv, L, g);
+}
+
+void ks_kv_note_sync_fallback(ks_kv_store *kv) { atomic_fetch_add(&kv->sync_fallbacks, 1); }
 
 void ks_kv_take_traffic(ks_kv_store *kv, ks_kv_traffic *out) {
     out->bytes_loaded = atomic_exchange(&kv->bytes_loaded, 0);
     out->bytes_stored = atomic_exchange(&kv->bytes_stored, 0);
     out->pages_loaded = atomic_exchange(&kv->pages_loaded, 0);
     out->pages_hit = atomic_exchange(&kv->pages_hit, 0);
+    out->entries_loaded = atomic_exchange(&kv->entries_loaded, 0);
+    out->entries_hit = atomic_exchange(&kv->entries_hit, 0);
+    out->sync_fallbacks = atomic_exchange(&kv->sync_fallbacks, 0);
     out->copy_seconds = ks_copy_take_busy(kv->copy);
     out->wait_seconds = kv->wait_seconds;
     kv->wait_seconds = 0;
@@ -315,7 +343,7 @@ void ks_kv_memory(const ks_kv_store *kv, uint64_t *fast_bytes, uint64_t *slow_by
         if (kv->layers[l].tier == KS_TIER_FAST) f += all;
         else {
             s += all;
-            f += (uint64_t)kv->n_sh * kv->n_slot * kv->page_bytes;
+            f += (uint64_t)kv->n_sh * kv->n_slot * 2 * kv->row;
         }
     }
     *fast_bytes = f;
@@ -347,4 +375,4 @@ ks_status ks_kv_read_page(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t h
     return KS_OK;
 }
 
-int32_t ks_kv_slot_pages(const ks_kv_store *kv) { return kv->n_slot; }
+int32_t ks_kv_buffer_entries(const ks_kv_store *kv) { return kv->n_slot; }

@@ -446,6 +446,27 @@ ks_status ks_eagle3_set_rope_scaling(ks_eagle3 *d, const ks_rope_scaling *sc) {
     return KS_OK;
 }
 
+ks_status ks_eagle3_add_yarn(ks_eagle3 *d, float factor, int32_t orig_max_pos) {
+    int half = d->cfg.head_dim / 2;
+    float *f = ks_malloc(sizeof(float) * (size_t)half * 3), *plain = f + half, *yarn = f + 2 * half;
+    float ms0, ms1, ms2;
+    ks_rope_scaling y = ks_rope_scaling_yarn(factor, orig_max_pos);
+    /* the checkpoint's own frequencies (its rope_scaling: linear, llama3, yarn
+     * or none), then YaRN's per-dimension ratio to plain RoPE on top */
+    ks_status s = ks_rope_inv_freq(d->cfg.head_dim, d->cfg.rope_theta, &d->cfg.rope, f, &ms0);
+    if (s == KS_OK) s = ks_rope_inv_freq(d->cfg.head_dim, d->cfg.rope_theta, NULL, plain, &ms1);
+    if (s == KS_OK) s = ks_rope_inv_freq(d->cfg.head_dim, d->cfg.rope_theta, &y, yarn, &ms2);
+    if (s != KS_OK) {
+        ks_free(f);
+        return s;
+    }
+    for (int j = 0; j < half; j++) d->inv_freq[j] = (float)((double)f[j] * ((double)yarn[j] / (double)plain[j]));
+    d->mscale = ms0 * ms2;
+    d->yarn_factor = factor;
+    ks_free(f);
+    return KS_OK;
+}
+
 /* ------------------------------------------------------- target checking -- */
 
 void ks_eagle3_aux_layers(const ks_eagle3 *d, int32_t n_layer, int32_t out[3]) {

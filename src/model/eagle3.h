@@ -91,6 +91,7 @@ typedef struct ks_eagle3 {
     /* RoPE tables for ks_eagle3_head_qk */
     float *inv_freq;             /* [head_dim/2] */
     float mscale;
+    float yarn_factor;           /* YaRN added by ks_eagle3_add_yarn on top of cfg.rope (0: none) */
     /* parameter counts (elements) */
     int64_t n_params_ckpt;       /* every float tensor in the checkpoint */
     int64_t n_params_full;       /* the DLM's parameters as loaded in full (incl. embedding if present) */
@@ -124,6 +125,13 @@ ks_status ks_eagle3_check_target(const ks_eagle3 *dlm, const ks_eagle3_target *t
 
 /* Replace the RoPE scaling (e.g. YaRN for long contexts) and rebuild tables. */
 ks_status ks_eagle3_set_rope_scaling(ks_eagle3 *dlm, const ks_rope_scaling *sc);
+/* Extend the head's context with YaRN (factor over orig_max_pos positions)
+ * on top of the checkpoint's own RoPE scaling from config.json: each
+ * frequency of that scaling (linear, llama3, yarn or none) is multiplied by
+ * YaRN's per-dimension ratio to plain RoPE, and the attention scales
+ * multiply.  cfg.rope stays the checkpoint's; KS_ERR_INVALID_ARG on a bad
+ * factor (the tables are unchanged then). */
+ks_status ks_eagle3_add_yarn(ks_eagle3 *dlm, float factor, int32_t orig_max_pos);
 
 /* y[rows] = W x[cols] in f32 whatever the stored dtype. */
 void ks_eagle3_mat_vec(const ks_eagle3_mat *w, const float *x, float *y);

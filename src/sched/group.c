@@ -1,7 +1,8 @@
 /*
- * group.c — policy groups: a context with n_parallel sequence slots for one
- * selection-policy configuration (sched.h), created on demand and destroyed
- * when idle; a request's admission into a slot and its end there.
+ * group.c — contexts: one with n_parallel sequence slots per KV page size in
+ * use (sched.h; nearly always one), created on demand and destroyed when
+ * idle; a request's admission into a slot (with its own selection policy on
+ * that sequence) and its end there.
  */
 #include "sched/internal.h"
 
@@ -22,6 +23,9 @@ void ks_sched_stats_add(ks_stats *a, const ks_stats *b) {
     a->kv_bytes_stored += b->kv_bytes_stored;
     a->kv_pages_loaded += b->kv_pages_loaded;
     a->kv_pages_hit += b->kv_pages_hit;
+    a->kv_entries_loaded += b->kv_entries_loaded;
+    a->kv_entries_hit += b->kv_entries_hit;
+    a->kv_sync_fallbacks += b->kv_sync_fallbacks;
     a->kv_wait_seconds += b->kv_wait_seconds;
     a->kv_copy_seconds += b->kv_copy_seconds;
     a->policy_selections += b->policy_selections;
@@ -32,7 +36,8 @@ void ks_sched_stats_add(ks_stats *a, const ks_stats *b) {
     a->kv_offload_events += b->kv_offload_events;
 }
 
-ks_status ks_sched_group_create(ks_sched *s, const ks_sched_policy *pol, group **out, char *err, size_t err_cap) {
+ks_status ks_sched_group_create(ks_sched *s, int32_t page, group **out, char *err, size_t err_cap) {
+    const ks_sched_policy *pol = &s->p.defaults; /* the context's default policy */
     ks_context_params cp = ks_context_default_params();
     cp.n_ctx = s->p.n_ctx;
     cp.n_seq = s->p.n_parallel;
@@ -43,7 +48,7 @@ ks_status ks_sched_group_create(ks_sched *s, const ks_sched_policy *pol, group *
     cp.budget = pol->budget;
     cp.sink = pol->sink;
     cp.window = pol->window;
-    cp.page = pol->page;
+    cp.page = page;
     cp.dense_layers = pol->dense_layers;
     cp.policy_args = pol->args[0] ? pol->args : NULL;
     cp.kv_offload_dir = s->offload_dir;
@@ -54,18 +59,14 @@ ks_status ks_sched_group_create(ks_sched *s, const ks_sched_policy *pol, group *
     ks_context *ctx = NULL;
     ks_status st = ks_context_create(s->model, cp, &ctx);
     if (st != KS_OK) {
-        snprintf(err, err_cap, "policy '%s' budget %d: %s (%s)", pol->policy, pol->budget, ks_status_str(st),
-                 ks_last_error());
+        snprintf(err, err_cap, "policy '%s' budget %d page %d: %s (%s)", pol->policy, pol->budget, page,
+                 ks_status_str(st), ks_last_error());
         return st;
     }
     group *g = ks_calloc(1, sizeof *g);
-    g->pol = *pol;
+    g->page = page;
     g->ctx = ctx;
     g->slots = ks_calloc((size_t)s->p.n_parallel, sizeof(slot));
-    g->chunkable = ks_sched_policy_chunkable(pol->policy);
-    ks_memplan_info mi;
-    ks_context_memplan(ctx, &mi);
-    g->mem_limit = mi.active ? mi.thresholds[mi.n_layer] : -1;
     g->idle_since = ks_sched_now();
     s->ctx_created++;
     *out = g;
@@ -90,28 +91,26 @@ void ks_sched_group_destroy(ks_sched *s, int32_t gi) {
     if (s->rr >= s->n_groups) s->rr = 0;
 }
 
-group *ks_sched_group_find(ks_sched *s, const ks_sched_policy *pol) {
+group *ks_sched_group_find(ks_sched *s, int32_t page) {
     for (int32_t i = 0; i < s->n_groups; i++)
-        if (ks_sched_policy_equal(&s->groups[i]->pol, pol)) return s->groups[i];
+        if (s->groups[i]->page == page) return s->groups[i];
     return NULL;
 }
 
 /* Snapshot for metrics (scheduler thread, under mu): the engine's counters,
  * the layers in the slow tier, and the KV bytes the sequences hold in each
- * tier (tokens x bytes per token and layer x layers in that tier; an
+ * tier (ks_context_kv_bytes: entries stored, evictions counted; an
  * offloaded layer's fast slots are a cache and not counted). */
 void ks_sched_group_account(ks_sched *s, group *g) {
+    (void)s;
     ks_context_stats(g->ctx, &g->stats);
     ks_memplan_info mi;
     ks_context_memplan(g->ctx, &mi);
-    int32_t slow = mi.active ? mi.offloaded : s->p.kv_offload_layers;
-    if (slow > s->n_layer) slow = s->n_layer;
     g->offloaded = mi.active ? mi.offloaded : 0;
-    int64_t toks = 0;
-    for (int32_t i = 0; i < s->p.n_parallel; i++)
-        if (g->slots[i].req) toks += ks_seq_len(g->ctx, i);
-    g->kv_fast = (uint64_t)((double)toks * s->kv_token_layer * (s->n_layer - slow));
-    g->kv_slow = (uint64_t)((double)toks * s->kv_token_layer * slow);
+    int64_t fast = 0, slow = 0;
+    ks_context_kv_bytes(g->ctx, &fast, &slow);
+    g->kv_fast = (uint64_t)fast;
+    g->kv_slow = (uint64_t)slow;
 }
 
 /* under mu: end the request in slot i of g (staged or given outcome). */
@@ -120,6 +119,9 @@ void ks_sched_slot_end(ks_sched *s, group *g, int32_t i, ks_sched_finish fin, ks
     ks_sched_req *r = sl->req;
     if (!r) return;
     ks_seq_reset(g->ctx, i);
+    /* under a cap the sequence drops its policy, so an instance no request
+     * uses leaves the memory plan at once */
+    if (s->p.mem_cap > 0) (void)ks_seq_set_policy(g->ctx, i, NULL);
     sl->req = NULL;
     sl->decoding = false;
     sl->emit.n = 0;
@@ -131,12 +133,63 @@ void ks_sched_slot_end(ks_sched *s, group *g, int32_t i, ks_sched_finish fin, ks
     ks_sched_req_finish(s, r, fin, err, msg);
 }
 
-/* under mu */
-void ks_sched_slot_admit(ks_sched *s, group *g, ks_sched_req *r) {
+/* under mu: a free slot of g with r's policy on its sequence, or -1 with
+ * *why and msg set (the policy was refused, or under a memory cap the
+ * request's worst case does not fit even with every layer offloaded, the
+ * context's other policies counted), or -2 when r must wait: requests are
+ * running and either r does not fit beside their policies or r's policy
+ * would shrink the plan below what one of them was admitted for. */
+int32_t ks_sched_slot_prepare(ks_sched *s, group *g, const ks_sched_req *r, ks_sched_error *why, char *msg,
+                              size_t msg_cap) {
     int32_t i = 0;
     while (g->slots[i].req) i++;
-    slot *sl = &g->slots[i];
     ks_seq_reset(g->ctx, i);
+    const ks_sched_policy *pol = &r->policy;
+    ks_policy_config pc = ks_policy_config_default();
+    pc.policy = pol->policy;
+    pc.budget = pol->budget;
+    pc.sink = pol->sink;
+    pc.window = pol->window;
+    pc.page = pol->page;
+    pc.dense_layers = pol->dense_layers;
+    pc.policy_args = pol->args[0] ? pol->args : NULL;
+    ks_status st = ks_seq_set_policy(g->ctx, i, &pc);
+    if (st != KS_OK) {
+        *why = st == KS_ERR_NOMEM ? KS_SCHED_ERR_TOO_LONG : KS_SCHED_ERR_INVALID;
+        snprintf(msg, msg_cap, "policy '%s' budget %d: %s (%s)", pol->policy, pol->budget, ks_status_str(st),
+                 ks_last_error());
+        return -1;
+    }
+    /* the plan may have changed with the policies the context holds now */
+    ks_memplan_info mi;
+    ks_context_memplan(g->ctx, &mi);
+    int64_t limit = mi.active ? mi.thresholds[mi.n_layer] : -1, worst = (int64_t)r->n_prompt + r->max_tokens;
+    int64_t running = 0;
+    for (int32_t j = 0; j < s->p.n_parallel; j++) {
+        const ks_sched_req *o = g->slots[j].req;
+        if (o && (int64_t)o->n_prompt + o->max_tokens > running) running = (int64_t)o->n_prompt + o->max_tokens;
+    }
+    if (limit >= 0 && running > 0 && (worst > limit || running > limit)) {
+        /* the other requests' policies may be what shrinks the plan (or this
+         * one's would shrink it under them): wait for them to end */
+        (void)ks_seq_set_policy(g->ctx, i, NULL); /* back to the default: the plan as it was */
+        return -2;
+    }
+    if (limit >= 0 && worst > limit) {
+        *why = KS_SCHED_ERR_TOO_LONG;
+        snprintf(msg, msg_cap,
+                 "the request needs up to %lld tokens per sequence; under the memory cap the longest "
+                 "sequence that fits with every layer offloaded is %lld tokens",
+                 (long long)worst, (long long)limit);
+        return -1;
+    }
+    return i;
+}
+
+/* under mu: r into slot i (ks_sched_slot_prepare's) */
+void ks_sched_slot_admit(ks_sched *s, group *g, int32_t i, ks_sched_req *r) {
+    slot *sl = &g->slots[i];
+    sl->chunkable = ks_policy_prefill_chunkable(r->policy.policy);
     sl->req = r;
     sl->n_fed = 0;
     sl->decoding = false;

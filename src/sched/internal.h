@@ -1,8 +1,8 @@
 /*
  * internal.h — the scheduler's shared state, for its own files only:
- * sched.c (the API: requests, submit, take, cancel, metrics), group.c (policy
- * groups: one context each, its slots, admission into a slot and the end of
- * one), loop.c (the scheduler thread: admission, housekeeping, one step of a
+ * sched.c (the API: requests, submit, take, cancel, metrics), group.c
+ * (contexts, one per KV page size in use: its slots, admission into a slot
+ * with the request's own policy, and the end of one), loop.c (the scheduler thread: admission, housekeeping, one step of a
  * group, publishing; stop strings with the engine's matcher, infer/stop.h,
  * the one `kvsieve run` uses).  Locking as in sched.h:
  * fields marked "under mu" are read and written with ks_sched.mu held;
@@ -51,6 +51,7 @@ typedef struct slot {  /* a sequence of a group's context */
     int32_t next_tok;           /* the token the next decode step feeds */
     int32_t n_gen;
     uint64_t order;             /* admission order (prefill FIFO) */
+    bool chunkable;             /* its policy's prompt may be prefilled in chunks */
     ks_stop_matcher *stop;      /* the request's stop strings (from admission to the end) */
     /* staged by the step, published under the lock */
     ks_sbuf emit;
@@ -59,13 +60,12 @@ typedef struct slot {  /* a sequence of a group's context */
     char message[256];
 } slot;
 
-typedef struct group {
-    ks_sched_policy pol;
+typedef struct group {        /* a context: the sequences of one KV page size */
+    int32_t page;
     ks_context *ctx;
     slot *slots;                /* [n_parallel] */
     int32_t n_used;
-    int64_t mem_limit;          /* longest sequence the memory plan allows (-1: no plan) */
-    bool chunkable, is_default, blocked, broken;
+    bool is_default, blocked, broken;
     int32_t offloaded;          /* layers in the slow tier (snapshot for metrics) */
     double idle_since;
     ks_stats stats;             /* last snapshot */
@@ -79,8 +79,6 @@ struct ks_sched {
     ks_sched_params p;
     char *offload_dir;
     int32_t n_vocab;
-    double kv_token_layer;      /* KV bytes of one token in one layer (0: unknown) */
-    int32_t n_layer;
     pthread_mutex_t mu;
     pthread_cond_t work_cv;     /* the scheduler thread waits here for work */
     pthread_t thread;
@@ -96,7 +94,7 @@ struct ks_sched {
     int32_t *seqs, *toks;       /* [n_parallel] */
     /* metrics (under mu) */
     ks_stats retired;
-    uint64_t submitted, rejected, completed, cancelled, failed, tok_prompt, tok_gen, steps, chunks;
+    uint64_t submitted, rejected, completed, cancelled, failed, tok_prompt, tok_gen, steps, chunks, mixed_steps;
     uint64_t ctx_created, ctx_recycled;
     uint64_t rate_tok[RATE_BUCKETS];
     int64_t rate_sec[RATE_BUCKETS];
@@ -113,11 +111,14 @@ void ks_sched_queue_remove(ks_sched *s, ks_sched_req *r);              /* under 
 
 /* group.c */
 void ks_sched_stats_add(ks_stats *a, const ks_stats *b);
-ks_status ks_sched_group_create(ks_sched *s, const ks_sched_policy *pol, group **out, char *err, size_t err_cap);
+ks_status ks_sched_group_create(ks_sched *s, int32_t page, group **out, char *err, size_t err_cap);
 void ks_sched_group_destroy(ks_sched *s, int32_t gi);                  /* under mu; the group idle */
-group *ks_sched_group_find(ks_sched *s, const ks_sched_policy *pol);
+group *ks_sched_group_find(ks_sched *s, int32_t page);
 void ks_sched_group_account(ks_sched *s, group *g);                    /* refresh stats, tiers, KV bytes */
-void ks_sched_slot_admit(ks_sched *s, group *g, ks_sched_req *r);      /* under mu; a slot is free */
+/* under mu; a slot is free: set r's policy on it, check the memory plan */
+int32_t ks_sched_slot_prepare(ks_sched *s, group *g, const ks_sched_req *r, ks_sched_error *why, char *msg,
+                              size_t msg_cap);
+void ks_sched_slot_admit(ks_sched *s, group *g, int32_t i, ks_sched_req *r); /* under mu; after prepare */
 void ks_sched_slot_end(ks_sched *s, group *g, int32_t i, ks_sched_finish fin, ks_sched_error err,
                        const char *msg);                               /* under mu */
 

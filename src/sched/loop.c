@@ -1,9 +1,11 @@
 /*
  * loop.c — the scheduler thread (sched.h).  Under the lock it reaps
  * cancelled requests, admits waiting ones into free slots (creating a
- * group's context when needed), recycles idle contexts, and picks the next
- * group with work; then, without the lock, it runs that group's step on the
- * engine — one ks_decode for every decoding slot and one prefill chunk —
+ * context when needed, setting each request's own policy on its sequence),
+ * recycles idle contexts, and picks the next context with work; then,
+ * without the lock, it runs that context's step on the engine — one
+ * ks_decode for every decoding slot, whatever their policies, and one
+ * prefill chunk —
  * samples, detokenizes and matches stop strings into per-slot staging
  * buffers; then, under the lock again, it publishes the staged text and
  * finishes what finished.
@@ -13,11 +15,11 @@
 #include <stdio.h>
 #include <string.h>
 
-/* under mu: fail every waiting request of configuration pol. */
-static void fail_waiting_like(ks_sched *s, const ks_sched_policy *pol, ks_sched_error err, const char *msg) {
+/* under mu: fail every waiting request of KV page size page. */
+static void fail_waiting_like(ks_sched *s, int32_t page, ks_sched_error err, const char *msg) {
     for (ks_sched_req *r = s->wait_head, *nx; r; r = nx) {
         nx = r->next;
-        if (ks_sched_policy_equal(&r->policy, pol)) {
+        if (r->policy.page == page) {
             ks_sched_queue_remove(s, r);
             ks_sched_req_finish(s, r, KS_SCHED_FINISH_ERROR, err, msg);
         }
@@ -31,7 +33,7 @@ static void admit(ks_sched *s) {
     bool need_new = false; /* a request needs a context that cannot be made now: strict FIFO from here */
     for (ks_sched_req *r = s->wait_head, *nx; r; r = nx) {
         nx = r->next;
-        group *g = ks_sched_group_find(s, &r->policy);
+        group *g = ks_sched_group_find(s, r->policy.page);
         if (!g) {
             if (need_new) continue;
             if (s->n_groups >= s->p.max_groups) { /* make room: an idle group goes */
@@ -46,14 +48,13 @@ static void admit(ks_sched *s) {
             }
             char err[768];
             group *ng = NULL;
-            if (ks_sched_group_create(s, &r->policy, &ng, err, sizeof err) != KS_OK) {
-                ks_sched_policy pol = r->policy;
+            if (ks_sched_group_create(s, r->policy.page, &ng, err, sizeof err) != KS_OK) {
                 /* nx may be failed too: restart the walk after failing them all */
-                fail_waiting_like(s, &pol, KS_SCHED_ERR_INVALID, err);
+                fail_waiting_like(s, r->policy.page, KS_SCHED_ERR_INVALID, err);
                 nx = s->wait_head;
                 continue;
             }
-            ng->is_default = ks_sched_policy_equal(&r->policy, &s->p.defaults);
+            ng->is_default = r->policy.page == s->p.defaults.page;
             s->groups[s->n_groups++] = ng;
             g = ng;
         }
@@ -61,19 +62,16 @@ static void admit(ks_sched *s) {
             g->blocked = true;
             continue;
         }
-        int64_t worst = (int64_t)r->n_prompt + r->max_tokens;
-        if (g->mem_limit >= 0 && worst > g->mem_limit) {
-            char msg[256];
-            snprintf(msg, sizeof msg,
-                     "the request needs up to %lld tokens per sequence; under the memory cap the longest "
-                     "sequence that fits with every layer offloaded is %lld tokens",
-                     (long long)worst, (long long)g->mem_limit);
-            ks_sched_queue_remove(s, r);
-            ks_sched_req_finish(s, r, KS_SCHED_FINISH_ERROR, KS_SCHED_ERR_TOO_LONG, msg);
+        char msg[1024];
+        ks_sched_error why = KS_SCHED_ERR_NONE;
+        int32_t slot_i = ks_sched_slot_prepare(s, g, r, &why, msg, sizeof msg);
+        if (slot_i == -2) { /* its policy would shrink the plan under a running request: wait (FIFO) */
+            g->blocked = true;
             continue;
         }
         ks_sched_queue_remove(s, r);
-        ks_sched_slot_admit(s, g, r);
+        if (slot_i < 0) ks_sched_req_finish(s, r, KS_SCHED_FINISH_ERROR, why, msg);
+        else ks_sched_slot_admit(s, g, slot_i, r);
     }
 }
 
@@ -154,7 +152,7 @@ static void stage_error(slot *sl, ks_sched_error err, const char *what, ks_statu
 
 /* One step of group g, without the lock.  The slot set cannot change under
  * us: only this thread admits and ends. */
-static void group_step(ks_sched *s, group *g, bool *did_decode, bool *did_prefill) {
+static void group_step(ks_sched *s, group *g, bool *did_decode, bool *did_prefill, bool *mixed) {
     int32_t V = s->n_vocab, n = 0;
     for (int32_t i = 0; i < s->p.n_parallel; i++) {
         slot *sl = &g->slots[i];
@@ -165,6 +163,9 @@ static void group_step(ks_sched *s, group *g, bool *did_decode, bool *did_prefil
         }
     }
     *did_decode = n > 0;
+    *mixed = false; /* sequences of different policies in this one ks_decode */
+    for (int32_t k = 1; k < n; k++)
+        if (!ks_sched_policy_equal(&g->slots[s->seqs[k]].req->policy, &g->slots[s->seqs[0]].req->policy)) *mixed = true;
     if (n > 0) {
         ks_status st = ks_decode(g->ctx, s->seqs, s->toks, n, s->logits);
         for (int32_t k = 0; k < n; k++) {
@@ -188,7 +189,7 @@ static void group_step(ks_sched *s, group *g, bool *did_decode, bool *did_prefil
     if (pf && !g->broken) {
         ks_sched_req *r = pf->req;
         int32_t left = r->n_prompt - pf->n_fed;
-        int32_t m = g->chunkable && left > s->p.n_batch ? s->p.n_batch : left;
+        int32_t m = pf->chunkable && left > s->p.n_batch ? s->p.n_batch : left;
         bool last = m == left;
         ks_status st = ks_prefill(g->ctx, pi, r->prompt + pf->n_fed, m, last ? s->pf_logits : NULL, NULL);
         if (st != KS_OK) {
@@ -266,10 +267,11 @@ void *ks_sched_main(void *arg) {
             continue;
         }
         pthread_mutex_unlock(&s->mu);
-        bool dec = false, pre = false;
-        group_step(s, g, &dec, &pre);
+        bool dec = false, pre = false, mixed = false;
+        group_step(s, g, &dec, &pre, &mixed);
         pthread_mutex_lock(&s->mu);
         s->steps += dec;
+        s->mixed_steps += mixed;
         s->chunks += pre;
         group_publish(s, g);
     }

@@ -4,10 +4,11 @@
  * and metrics.  The thread and the groups are in loop.c and group.c.
  *
  * One thread runs the loop: under the lock it reaps cancelled requests,
- * admits waiting ones into free slots (creating a group's context when
- * needed), recycles idle contexts, and picks the next group with work; then,
- * without the lock, it runs that group's step on the engine — one ks_decode
- * for every decoding slot and one prefill chunk — samples, detokenizes and
+ * admits waiting ones into free slots (setting each request's policy on its
+ * sequence), recycles idle contexts, and picks the next context with work;
+ * then, without the lock, it runs that context's step on the engine — one
+ * ks_decode for every decoding slot, whatever their policies, and one
+ * prefill chunk — samples, detokenizes and
  * matches stop strings into per-slot staging buffers; then, under the lock
  * again, it publishes the staged text and finishes what finished.  Clients
  * never touch a context, so the engine needs no locking of its own; they
@@ -70,23 +71,7 @@ bool ks_sched_policy_equal(const ks_sched_policy *a, const ks_sched_policy *b) {
 }
 
 bool ks_sched_policy_chunkable(const char *spec) {
-    /* Policies with no prefill hook: their state after a prompt does not
-     * depend on how the prompt was split into ks_prefill calls.  The engine
-     * does not export this property yet; the list mirrors src/select/ and
-     * tests/server/invariance.sh checks it for quest. */
-    static const char *const safe[] = {"dense", "streaming", "quest", "chess"};
-    if (!spec || !*spec) return false;
-    const char *p = spec;
-    while (*p) {
-        const char *e = strchr(p, '+');
-        size_t n = e ? (size_t)(e - p) : strlen(p);
-        bool ok = false;
-        for (size_t i = 0; i < sizeof safe / sizeof safe[0]; i++)
-            if (strlen(safe[i]) == n && !strncmp(safe[i], p, n)) ok = true;
-        if (!ok) return false;
-        p += n + (e != NULL);
-    }
-    return true;
+    return ks_policy_prefill_chunkable(spec); /* the engine's policy registry decides */
 }
 
 ks_sched_params ks_sched_default_params(void) {
@@ -148,23 +133,6 @@ void ks_sched_queue_remove(ks_sched *s, ks_sched_req *r) {
 
 /* ---------------------------------------------------------------- API -- */
 
-/* Layers and KV bytes per token and layer.  The public API does not export
- * the shape, so it is read from ks_model_describe's "shape:" line; if that
- * ever changes, the KV-bytes metrics read 0 and nothing else is affected. */
-static void model_kv_shape(const ks_model *model, ks_kv_type kv_type, int32_t *n_layer, double *bytes) {
-    char d[4096];
-    *n_layer = 0;
-    *bytes = 0;
-    if (ks_model_describe(model, d, sizeof d) != KS_OK) return;
-    const char *l = strstr(d, "n_layer "), *h = strstr(d, "heads "), *hd = strstr(d, "head_dim ");
-    int nl = 0, nh = 0, nkv = 0, dim = 0;
-    if (!l || !h || !hd || sscanf(l, "n_layer %d", &nl) != 1 || sscanf(h, "heads %d/%d", &nh, &nkv) != 2 ||
-        sscanf(hd, "head_dim %d", &dim) != 1 || nl <= 0 || nkv <= 0 || dim <= 0)
-        return;
-    *n_layer = nl;
-    *bytes = 2.0 * nkv * dim * (kv_type == KS_KV_Q8 ? 34.0 / 32.0 : 2.0); /* K and V */
-}
-
 ks_status ks_sched_create(const ks_model *model, const ks_sched_params *params, ks_sched **out, char *err,
                           size_t err_cap) {
     if (!model || !params || !out) {
@@ -187,7 +155,6 @@ ks_status ks_sched_create(const ks_model *model, const ks_sched_params *params, 
     s->offload_dir = p.kv_offload_dir ? ks_strdup(p.kv_offload_dir) : NULL;
     s->p.kv_offload_dir = NULL;
     s->n_vocab = ks_model_n_vocab(model);
-    model_kv_shape(model, p.kv_type, &s->n_layer, &s->kv_token_layer);
     s->logits = ks_malloc(sizeof(float) * (size_t)p.n_parallel * (size_t)s->n_vocab);
     s->pf_logits = ks_malloc(sizeof(float) * (size_t)s->n_vocab);
     s->seqs = ks_malloc(sizeof(int32_t) * (size_t)p.n_parallel);
@@ -200,7 +167,7 @@ ks_status ks_sched_create(const ks_model *model, const ks_sched_params *params, 
     pthread_cond_init(&s->work_cv, &ca);
     pthread_condattr_destroy(&ca);
     group *g = NULL;
-    ks_status st = ks_sched_group_create(s, &p.defaults, &g, err, err_cap);
+    ks_status st = ks_sched_group_create(s, p.defaults.page, &g, err, err_cap);
     if (st != KS_OK) {
         s->n_groups = 0;
         ks_sched_destroy(s);
@@ -439,6 +406,7 @@ void ks_sched_get_metrics(ks_sched *s, ks_sched_metrics *m) {
     m->tokens_prompt = s->tok_prompt;
     m->tokens_generated = s->tok_gen;
     m->decode_steps = s->steps;
+    m->decode_steps_mixed = s->mixed_steps;
     m->prefill_chunks = s->chunks;
     m->contexts_created = s->ctx_created;
     m->contexts_recycled = s->ctx_recycled;

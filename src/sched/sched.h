@@ -7,40 +7,53 @@
  * drives the engine; clients submit requests from any thread and read their
  * text back as it is produced.
  *
- * Groups.  The engine fixes the selection policy (policy, budget, sink,
- * window, page, dense layers, policy arguments) per ks_context, so requests
- * are grouped by that configuration: a group is one context with `n_parallel`
- * sequence slots, created on demand and destroyed when idle.  Within a group
- * every step is one ks_decode call for all of its decoding sequences, at
- * whatever depths they are (the weights are read once for all of them), plus
- * at most one prefill chunk of one newly admitted prompt, so a long prompt
- * does not stall the running decodes.  Groups are stepped in turn; sequences
- * of different policies therefore do not share one step yet (that needs a
- * per-sequence policy inside the engine).
+ * Per-request policies in one step.  Every request brings its own selection
+ * policy (policy, budget, sink, window, dense layers, policy arguments);
+ * at admission the scheduler sets it on the request's sequence
+ * (ks_seq_set_policy: the engine keeps one policy instance per distinct
+ * configuration and routes each sequence's selection, prefill hook and
+ * feedback to its own).  So one context with `n_parallel` sequence slots
+ * serves every policy, and each step is one ks_decode call for all decoding
+ * sequences, at whatever depths and with whatever policies (the weights are
+ * read once for all of them), plus at most one prefill chunk of one newly
+ * admitted prompt, so a long prompt does not stall the running decodes.  The
+ * one thing a request can ask for that a context fixes is the KV page size
+ * (the store's layout): a request with another page gets a context of its
+ * own, created on demand, destroyed when idle, and stepped in turn with the
+ * others (`max_groups` bounds how many live at once).  An unknown policy or
+ * bad arguments fail that request alone (400), not its context.
  *
  * Prefill chunks are n_batch tokens, the engine's own chunking, so the
  * result is bit-identical to one ks_prefill of the whole prompt.  That holds
  * only for policies without a prefill hook (their state after a prompt does
- * not depend on how it was split): dense, streaming, quest, chess.  Prompts
- * of other policies (SnapKV's eviction, SpeContext's retrieval cache, ...)
- * are prefilled in one call, as `kvsieve run` does, so they keep their
- * semantics at the cost of a stall of the other sequences.
+ * not depend on how it was split), which the engine's policy registry
+ * reports (ks_policy_prefill_chunkable: dense, streaming, quest, chess).
+ * Prompts of other policies (SnapKV's eviction, SpeContext's retrieval
+ * cache, ...) are prefilled in one call, as `kvsieve run` does, so they keep
+ * their semantics at the cost of a stall of the other sequences.
  *
- * Admission.  A request waits until its group has a free slot; its worst
- * case (prompt + max_tokens) must fit the context (checked at submit: the
- * prompt is never truncated) and, under a memory cap, the longest sequence
- * the engine's memory plan allows with every layer offloaded (checked when
- * its group's context exists).  The waiting queue is bounded: beyond it
- * submit refuses (the server answers 429).  The engine's adaptive memory
- * manager moves whole layers to the slow tier as sequences grow; a group
- * context with offloaded layers is recreated once it is idle, so the next
- * requests start with every layer fast again.  With a memory cap only
- * `max_groups` contexts (default 1) live at once, each under the cap.  The
- * engine's plan budgets all n_parallel slots at the longest sequence's
- * length, so admitted work never outgrows the cap and no request is ever
- * paused; pausing a request with its KV parked in the slow tier (to admit
- * more than that conservative plan allows) would need per-sequence tier
- * moves in the engine and is not implemented.
+ * Admission.  A request waits until a context of its page has a free slot;
+ * its worst case (prompt + max_tokens) must fit the context (checked at
+ * submit: the prompt is never truncated) and, under a memory cap, the
+ * longest sequence the engine's memory plan allows with every layer
+ * offloaded (checked at admission, after its policy is set: the plan counts
+ * the largest budget and the policies' own weights over the instances the
+ * context holds, the default's included; under a cap a finished request's
+ * sequence drops its policy, so an unused instance leaves the plan).  A
+ * request that does not fit beside the running ones' policies, or whose
+ * policy would shrink the plan below what a running request was admitted
+ * for, waits for them to end (FIFO); it is refused only when it does not
+ * fit with nothing else running.  The waiting queue is bounded: beyond it submit refuses
+ * (the server answers 429).  The engine's adaptive memory manager moves
+ * whole layers to the slow tier as sequences grow; a context with offloaded
+ * layers is recreated once it is idle, so the next requests start with
+ * every layer fast again.  With a memory cap only `max_groups` contexts
+ * (default 1) live at once, each under the cap.  The engine's plan budgets
+ * all n_parallel slots at the longest sequence's length, so admitted work
+ * never outgrows the cap and no request is ever paused; pausing a request
+ * with its KV parked in the slow tier (to admit more than that conservative
+ * plan allows) would need per-sequence tier moves in the engine and is not
+ * implemented.
  *
  * Output.  Tokens are sampled per request (its own sampler and seed), turned
  * into text, and passed through the engine's stop-string matcher
@@ -70,8 +83,9 @@ extern "C" {
 typedef struct ks_sched ks_sched;
 typedef struct ks_sched_req ks_sched_req;
 
-/* The selection-policy configuration of a request: requests with equal
- * configurations share a group (one context). */
+/* The selection-policy configuration of a request, set on its sequence at
+ * admission (requests with equal configurations share a policy instance;
+ * all share the context's steps, except a request with another page). */
 typedef struct ks_sched_policy {
     char policy[128];      /* "dense", "quest", "snapkv+quest", ... */
     int32_t budget;        /* entries per KV head per step (0: all) */
@@ -86,18 +100,18 @@ ks_sched_policy ks_sched_policy_default(void);
 
 typedef struct ks_sched_params {
     int32_t n_ctx;           /* tokens per sequence (default: min(train ctx, 4096)) */
-    int32_t n_parallel;      /* sequence slots per group (default 4) */
+    int32_t n_parallel;      /* sequence slots per context (default 4) */
     int32_t n_threads;       /* engine threads (0: all cores) */
     int32_t n_batch;         /* prefill chunk (default 256) */
     ks_kv_type kv_type;
     int32_t max_waiting;     /* waiting-queue bound (default 64); beyond it submit refuses */
-    int32_t max_groups;      /* contexts alive at once (default 4; 1 with a memory cap) */
+    int32_t max_groups;      /* contexts (KV page sizes) alive at once (default 4; 1 with a memory cap) */
     double mem_cap;          /* fast-tier bytes per context (0: no cap) */
     double mem_overhead;     /* factor on weight bytes in the memory model (0: engine default) */
     const char *kv_offload_dir; /* slow tier in files (NULL: host memory); copied */
     int32_t kv_offload_layers;
     int32_t kv_slots;
-    ks_sched_policy defaults; /* the default group, created at start to validate the flags */
+    ks_sched_policy defaults; /* the context's default policy; the context is created at start to validate the flags */
 } ks_sched_params;
 
 ks_sched_params ks_sched_default_params(void);
@@ -154,8 +168,8 @@ typedef struct ks_sched_update {
 } ks_sched_update;
 
 /* Loads nothing: the model is borrowed and must outlive the scheduler.  The
- * default group's context is created now, so bad flags fail here (message in
- * err). */
+ * context of the default page is created now, so bad flags fail here
+ * (message in err). */
 ks_status ks_sched_create(const ks_model *model, const ks_sched_params *params, ks_sched **out, char *err,
                           size_t err_cap);
 /* Cancels everything still queued or running, joins the thread, frees. */
@@ -185,6 +199,7 @@ typedef struct ks_sched_metrics {
     uint64_t tokens_prompt, tokens_generated;
     double tokens_per_second;   /* generated, over the last 10 s */
     uint64_t decode_steps, prefill_chunks;
+    uint64_t decode_steps_mixed; /* decode steps whose sequences had different policies */
     ks_stats engine;            /* summed over every context, live and retired */
     int32_t layers_offloaded;   /* now, summed over live contexts */
     uint64_t kv_bytes_fast, kv_bytes_slow; /* KV the running sequences hold now, per tier */

@@ -29,7 +29,20 @@
  *
  * Long contexts: when the context exceeds the DLM's trained length the head's
  * RoPE gets YaRN scaling (training-free; `yarn=auto` default, `off`, or an
- * explicit factor).  `variant=embed` is the embedding-only head (no fused
+ * explicit factor), composed with the checkpoint's own rope_scaling
+ * (ks_eagle3_add_yarn: YaRN's per-dimension ratio applied to the linear /
+ * llama3 / yarn frequencies of config.json, not in their place).
+ *
+ * Loading and memory (engine side, src/infer/tiers.c and src/kv): the
+ * selection is global, so the engine hands it to the store for every
+ * offloaded layer before the layers run; each layer keeps a fixed buffer of
+ * B + P - 1 entry slots per sequence and KV head (the paper's B; the P - 1
+ * are for page-granular policies' rounding and stay unused by spec) and
+ * copies only S_now - S_last (Section 5.4).  The memory model (kv/memplan.c)
+ * counts B per offloaded layer and head as M_part does; its alpha is the
+ * per-token scratch kvsieve's workers really allocate, not the paper's GQA
+ * group count (its repeat_kv buffer, which kvsieve's kernels never
+ * materialise): docs/POLICIES.md, "Deviations".  `variant=embed` is the embedding-only head (no fused
  * states) the paper describes as the cheaper option.
  *
  * Arguments: dlm=DIR (required: an EAGLE-3 checkpoint directory),
@@ -273,11 +286,12 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p
                 st = KS_FAIL(KS_ERR_INVALID_ARG, "spec yarn=%s: expected auto, off or a factor >= 1", yarn);
         }
         if (st == KS_OK && factor > 1.0) {
-            ks_rope_scaling sc = ks_rope_scaling_yarn((float)factor, c->max_pos > 0 ? c->max_pos : env->n_ctx);
-            st = ks_eagle3_set_rope_scaling(dlm, &sc);
+            /* on top of the checkpoint's own scaling, whose max_position_embeddings is the length it reaches */
+            st = ks_eagle3_add_yarn(dlm, (float)factor, c->max_pos > 0 ? c->max_pos : env->n_ctx);
             if (st == KS_OK)
-                KS_LOG(INFO, "spec: YaRN x%.2f on the retrieval head (trained %d, context %d)", factor, c->max_pos,
-                       env->n_ctx);
+                KS_LOG(INFO, "spec: YaRN x%.2f on the retrieval head, over its own RoPE scaling (%s; trained %d, "
+                       "context %d)", factor, c->rope.type == KS_ROPE_SCALING_NONE ? "none" : "from config.json",
+                       c->max_pos, env->n_ctx);
         }
     }
     if (st != KS_OK) {

@@ -227,6 +227,16 @@ void ks_policy_seq_reset(ks_policy *pol, int32_t seq);
 ks_status ks_policy_on_prefill(ks_policy *pol, const ks_prefill_info *info);
 ks_status ks_policy_before_step(ks_policy *pol, const ks_step_info *step);
 ks_status ks_policy_select(ks_policy *pol, const ks_select_req *req, ks_selection *out);
+/* Budget arithmetic and entry mask (select_mask.c), shared by the engine and
+ * the public selection API.  budget_binds: the budget leaves something to
+ * choose among n entries (otherwise everything is attended, which is also
+ * what makes a full budget bit-identical to dense).  select_mask: fill req's
+ * sink, window and n_select from the policy's budget, ask the policy (sel's
+ * buffers and cap set by the caller), and unless sel->all set in mask
+ * ([n_entries / 64 + 1] words) the entries to attend: sinks, window and the
+ * selection, pages expanded to their entries (page = P). */
+bool ks_policy_budget_binds(const ks_policy *pol, int32_t n);
+ks_status ks_policy_select_mask(ks_policy *pol, ks_select_req *req, ks_selection *sel, int32_t page, uint64_t *mask);
 void ks_policy_after_attention(ks_policy *pol, const ks_select_req *req, const int32_t *entries, const float *w,
                                int32_t n);
 void ks_policy_on_append(ks_policy *pol, int32_t seq, int32_t layer, int32_t head, int32_t pos, const float *k);

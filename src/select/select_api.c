@@ -449,10 +449,6 @@ kvs_status kvs_selector_begin_step(kvs_selector *s, const kvs_head_kv *kv, const
     return KVS_OK;
 }
 
-static void mask_range(uint64_t *m, int32_t a, int32_t b) {
-    for (int32_t e = a; e < b; e++) m[e >> 6] |= 1ull << (e & 63);
-}
-
 kvs_status kvs_selector_select(kvs_selector *s, const kvs_head_kv *kv, int32_t layer, int32_t head,
                                const kvs_view *q, kvs_selection *out) {
     if (!s || !kv || !q || !out) return status_of(KS_FAIL(KS_ERR_INVALID_ARG, "select: NULL argument"));
@@ -481,11 +477,10 @@ kvs_status kvs_selector_select(kvs_selector *s, const kvs_head_kv *kv, int32_t l
                                  s->heads[i].seen));
     s->cur = kv;
     sync_appends(s, i, true);
-    const ks_policy_params *pp = ks_policy_params_of(s->pol);
     bool all = true;
     /* as the engine (src/infer, attend_one): only a sparse layer whose budget
      * leaves something out asks the policy */
-    if (layer >= s->dense_layers && pp->budget > 0 && pp->budget < n) {
+    if (layer >= s->dense_layers && ks_policy_budget_binds(s->pol, n)) {
         ks_status st = refresh_sums(s, i);
         if (st != KS_OK) {
             s->cur = NULL;
@@ -494,28 +489,11 @@ kvs_status kvs_selector_select(kvs_selector *s, const kvs_head_kv *kv, int32_t l
         for (int32_t g = 0; g < s->G; g++) row_f32(q, g, hd, s->qbuf + (size_t)g * hd);
         ks_select_req req = {.row = 0, .seq = 0, .layer = layer, .head = head, .pos = s->step_pos, .n_entries = n,
                              .q = s->qbuf};
-        req.sink = pp->sink < n ? pp->sink : n;
-        req.window = pp->window < n ? pp->window : n;
-        req.n_select = pp->budget - req.sink - req.window > 0 ? pp->budget - req.sink - req.window : 0;
         ks_selection sel = {.cap = s->p.n_ctx, .idx = s->sel_idx, .next = s->sel_next};
-        st = ks_policy_select(s->pol, &req, &sel);
+        st = ks_policy_select_mask(s->pol, &req, &sel, s->p.page_size, s->mask);
         s->cur = NULL;
         if (st != KS_OK) return status_of(st);
-        if (!sel.all) {
-            int32_t P = s->p.page_size;
-            all = false;
-            memset(s->mask, 0, sizeof(uint64_t) * ((size_t)n / 64 + 1));
-            mask_range(s->mask, 0, req.sink);
-            mask_range(s->mask, n - req.window, n);
-            for (int32_t k = 0; k < sel.n; k++) {
-                int32_t x = sel.idx[k];
-                if (sel.pages) {
-                    if (x >= 0 && (int64_t)x * P < n) mask_range(s->mask, x * P, (x + 1) * P < n ? (x + 1) * P : n);
-                } else if (x >= 0 && x < n) {
-                    s->mask[x >> 6] |= 1ull << (x & 63);
-                }
-            }
-        }
+        all = sel.all;
     }
     s->cur = NULL;
     int32_t m = 0;

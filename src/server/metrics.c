@@ -51,9 +51,12 @@ enum MHD_Result ks_server_handle_metrics(ks_server *srv, struct MHD_Connection *
     METRIC("tokens_per_second", "gauge", "Generated tokens per second over the last 10 s.", "%.3f", m.tokens_per_second);
     METRIC("decode_steps_total", "counter", "Batched decode steps (one ks_decode each).", "%llu",
            (unsigned long long)m.decode_steps);
+    METRIC("decode_steps_mixed_total", "counter", "Decode steps whose sequences had different policies.", "%llu",
+           (unsigned long long)m.decode_steps_mixed);
     METRIC("prefill_chunks_total", "counter", "Prefill calls (chunks of n_batch tokens, or whole prompts).", "%llu",
            (unsigned long long)m.prefill_chunks);
-    METRIC("contexts", "gauge", "Engine contexts alive (one per policy configuration in use).", "%d", m.groups);
+    METRIC("contexts", "gauge", "Engine contexts alive (one per KV page size in use; policies share them).", "%d",
+           m.groups);
     METRIC("contexts_created_total", "counter", "Engine contexts created.", "%llu", (unsigned long long)m.contexts_created);
     METRIC("contexts_recycled_total", "counter", "Idle contexts recreated to bring offloaded layers back.", "%llu",
            (unsigned long long)m.contexts_recycled);
