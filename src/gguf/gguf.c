@@ -385,21 +385,26 @@ static ks_status get_scalar(const ks_gguf *g, const char *key, const ks_gguf_kv 
     return KS_OK;
 }
 
-ks_status ks_gguf_get_u32(const ks_gguf *g, const char *key, uint32_t *out) {
+/* key's scalar as an integer in [lo, hi]; what: the type, for the error */
+static ks_status get_int_in(const ks_gguf *g, const char *key, int64_t lo, int64_t hi, const char *what,
+                            int64_t *out) {
     const ks_gguf_kv *kv;
     KS_TRY(get_scalar(g, key, &kv));
     int64_t v;
-    if (!scalar_as_i64(kv->type, kv->scalar, &v) || v < 0 || v > UINT32_MAX)
-        return KS_FAIL(KS_ERR_FORMAT, "key '%s' is not an unsigned 32-bit integer", key);
+    if (!scalar_as_i64(kv->type, kv->scalar, &v) || v < lo || v > hi)
+        return KS_FAIL(KS_ERR_FORMAT, "key '%s' is not %s", key, what);
+    *out = v;
+    return KS_OK;
+}
+ks_status ks_gguf_get_u32(const ks_gguf *g, const char *key, uint32_t *out) {
+    int64_t v = 0;
+    KS_TRY(get_int_in(g, key, 0, UINT32_MAX, "an unsigned 32-bit integer", &v));
     *out = (uint32_t)v;
     return KS_OK;
 }
 ks_status ks_gguf_get_i32(const ks_gguf *g, const char *key, int32_t *out) {
-    const ks_gguf_kv *kv;
-    KS_TRY(get_scalar(g, key, &kv));
-    int64_t v;
-    if (!scalar_as_i64(kv->type, kv->scalar, &v) || v < INT32_MIN || v > INT32_MAX)
-        return KS_FAIL(KS_ERR_FORMAT, "key '%s' is not a 32-bit integer", key);
+    int64_t v = 0;
+    KS_TRY(get_int_in(g, key, INT32_MIN, INT32_MAX, "a 32-bit integer", &v));
     *out = (int32_t)v;
     return KS_OK;
 }
@@ -412,10 +417,8 @@ ks_status ks_gguf_get_f32(const ks_gguf *g, const char *key, float *out) {
     return KS_OK;
 }
 ks_status ks_gguf_get_bool(const ks_gguf *g, const char *key, bool *out) {
-    const ks_gguf_kv *kv;
-    KS_TRY(get_scalar(g, key, &kv));
-    int64_t v;
-    if (!scalar_as_i64(kv->type, kv->scalar, &v)) return KS_FAIL(KS_ERR_FORMAT, "key '%s' is not a bool", key);
+    int64_t v = 0;
+    KS_TRY(get_int_in(g, key, INT64_MIN, INT64_MAX, "a bool", &v));
     *out = v != 0;
     return KS_OK;
 }

@@ -166,23 +166,6 @@ static void ks_gen_row(const ks_gen_tensor *t, int64_t row, float *x /* [ne0] */
     for (int64_t i = 0; i < t->ne0; i++) x[i] = base + t->sigma * ks_gen_normal(&r);
 }
 
-static void ks_gen_encode_row(ks_dtype type, const float *x, void *dst, int64_t n) {
-    switch (type) {
-    case KS_DTYPE_F32: memcpy(dst, x, (size_t)n * sizeof(float)); break;
-    case KS_DTYPE_F16: {
-        ks_f16 *h = dst;
-        for (int64_t i = 0; i < n; i++) h[i] = ks_f32_to_f16(x[i]);
-        break;
-    }
-    case KS_DTYPE_BF16: {
-        ks_bf16 *h = dst;
-        for (int64_t i = 0; i < n; i++) h[i] = ks_f32_to_bf16(x[i]);
-        break;
-    }
-    default: ks_quantize_row(type, x, dst, n); break;
-    }
-}
-
 static void ks_gen_rows_worker(void *arg, int ith, int nth) {
     ks_gen *g = arg;
     const ks_gen_tensor *t = g->cur;
@@ -193,7 +176,7 @@ static void ks_gen_rows_worker(void *arg, int ith, int nth) {
     float *x = ks_malloc((size_t)t->ne0 * sizeof(float)); /* [ne0] */
     for (int64_t r = r0; r < r1; r++) {
         ks_gen_row(t, r, x);
-        ks_gen_encode_row(t->type, x, g->dst + (size_t)r * row_bytes, t->ne0);
+        ks_quantize_row(t->type, x, g->dst + (size_t)r * row_bytes, t->ne0);
     }
     ks_free(x);
 }

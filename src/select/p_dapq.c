@@ -58,8 +58,6 @@
  */
 #include "select/policy.h"
 
-#include <string.h>
-
 typedef struct {
     ks_policy_env env;
     ks_policy_params p;
@@ -122,54 +120,24 @@ static int32_t dapq_pseudo_tokens(void *state, const int32_t *prompt, int32_t n_
     return n;
 }
 
+/* [0, lo): sinks, [hi, n): recent window, [lo, hi): candidates; all three
+ * within the budget, pooled over the candidates only */
+static void dapq_span(const void *ctx, int32_t n, int32_t nq, ks_evict_span *sp) {
+    const dapq_state *s = ctx;
+    (void)nq;
+    int32_t K = s->p.budget;
+    int32_t lo = s->p.sink < K ? s->p.sink : K;
+    int32_t r = s->keep_recent < K - lo ? s->keep_recent : K - lo;
+    sp->lo = lo;
+    sp->hi = n - r;
+    sp->want = K - lo - r;
+    sp->pool_lo = lo;
+}
+
 static ks_status dapq_prefill(void *state, const ks_prefill_info *info) {
     dapq_state *s = state;
-    const ks_policy_env *e = &s->env;
-    int32_t G = e->n_head / e->n_head_kv, hd = e->head_dim, nq = info->n_obs;
-    if (!info->pseudo || s->p.budget <= 0 || nq <= 0) return KS_OK;
-    float *q = ks_malloc(sizeof(float) * (size_t)nq * G * hd);                          /* [nq][G][hd] */
-    float *acc = ks_malloc(sizeof(float) * (size_t)e->n_ctx);                            /* [n] */
-    float *pooled = ks_malloc(sizeof(float) * (size_t)e->n_ctx);                         /* [n] */
-    int32_t *idx = ks_malloc(sizeof(int32_t) * (size_t)e->n_ctx);                        /* [n] */
-    uint8_t *keep = ks_malloc((size_t)e->n_ctx);                                         /* [n] */
-    ks_status st = KS_OK;
-    for (int32_t l = 0; l < e->n_layer && st == KS_OK; l++) {
-        const float *lq = info->obs_q + (size_t)l * nq * e->n_head * hd; /* [nq][n_head * hd] */
-        for (int32_t h = 0; h < e->n_head_kv && st == KS_OK; h++) {
-            int32_t n = ks_policy_kv_n_entries(e, info->seq, l, h);
-            if (n <= s->p.budget) continue;
-            for (int32_t r = 0; r < nq; r++)
-                memcpy(q + (size_t)r * G * hd, lq + ((size_t)r * e->n_head + (size_t)h * G) * hd,
-                       sizeof(float) * G * hd);
-            memset(acc, 0, sizeof(float) * (size_t)n);
-            st = e->attn_probs(e->svc, info->seq, l, h, q, nq, acc);
-            if (st != KS_OK) break;
-            /* [0, lo): sinks, [hi, n): recent window, [lo, hi): candidates */
-            int32_t K = s->p.budget;
-            int32_t lo = s->p.sink < K ? s->p.sink : K;
-            int32_t r = s->keep_recent < K - lo ? s->keep_recent : K - lo;
-            int32_t hi = n - r, want = K - lo - r, half = s->pool / 2;
-            KS_ASSERT(lo <= hi);
-            for (int32_t i = lo; i < hi; i++) { /* average pool, clipped at the candidate range's edges */
-                int32_t a = i - half < lo ? lo : i - half, b = i + half + 1 > hi ? hi : i + half + 1;
-                float sum = 0;
-                for (int32_t j = a; j < b; j++) sum += acc[j];
-                pooled[i] = sum / (float)(b - a);
-            }
-            memset(keep, 0, (size_t)n);
-            for (int32_t i = 0; i < lo; i++) keep[i] = 1;
-            for (int32_t i = hi; i < n; i++) keep[i] = 1;
-            int32_t got = ks_topk(pooled + lo, hi - lo, want, idx);
-            for (int32_t i = 0; i < got; i++) keep[lo + idx[i]] = 1;
-            st = e->evict(e->svc, info->seq, l, h, keep);
-        }
-    }
-    ks_free(q);
-    ks_free(acc);
-    ks_free(pooled);
-    ks_free(idx);
-    ks_free(keep);
-    return st;
+    if (!info->pseudo || s->p.budget <= 0 || info->n_obs <= 0) return KS_OK;
+    return ks_policy_evict_scored(&s->env, info, 0, info->n_obs, s->p.budget, s->pool, dapq_span, s);
 }
 
 const ks_policy_i ks_policy_dapq = {

@@ -53,18 +53,14 @@ static void h2o_seq_reset(void *state, int32_t seq) {
 static ks_status h2o_prefill(void *state, const ks_prefill_info *info) {
     h2o_state *s = state;
     const ks_policy_env *e = &s->env;
-    int32_t G = e->n_head / e->n_head_kv, hd = e->head_dim;
     int32_t nobs = info->n_obs < s->obs ? info->n_obs : s->obs;
     if (nobs <= 0) return KS_OK;
-    float *q = ks_malloc(sizeof(float) * (size_t)nobs * G * hd);
+    float *q = ks_malloc(sizeof(float) * (size_t)nobs * (e->n_head / e->n_head_kv) * e->head_dim);
     for (int32_t l = 0; l < e->n_layer; l++) {
-        const float *lq = info->obs_q + ((size_t)l * info->n_obs + (info->n_obs - nobs)) * e->n_head * hd;
         for (int32_t h = 0; h < e->n_head_kv; h++) {
-            for (int32_t r = 0; r < nobs; r++)
-                memcpy(q + (size_t)r * G * hd, lq + ((size_t)r * e->n_head + (size_t)h * G) * hd, sizeof(float) * G * hd);
             float *acc = acc_of(s, info->seq, l, h);
             memset(acc, 0, sizeof(float) * e->n_ctx);
-            ks_status st = e->attn_probs(e->svc, info->seq, l, h, q, nobs, acc);
+            ks_status st = ks_policy_prefill_probs(e, info, info->n_obs - nobs, nobs, l, h, q, acc);
             if (st != KS_OK) {
                 ks_free(q);
                 return st;
@@ -84,9 +80,7 @@ static ks_status h2o_select(void *state, const ks_select_req *req, ks_selection 
         out->n = 0;
         return KS_OK;
     }
-    int32_t k = req->n_select < out->cap ? req->n_select : out->cap;
-    out->n = ks_topk(acc + lo, hi - lo, k, out->idx);
-    for (int32_t i = 0; i < out->n; i++) out->idx[i] += lo;
+    ks_selection_topk(out, acc, lo, hi, req->n_select, NULL);
     return KS_OK;
 }
 

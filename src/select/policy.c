@@ -1,7 +1,8 @@
 /*
  * policy.c — the policy registry, composition, argument parsing and the
  * small numeric helpers every selector shares (top-k, page bounds, group
- * reductions).
+ * reductions), and the scored prefill eviction of SnapKV and DapQ (one loop:
+ * they differ only in which queries score and how the budget is split).
  *
  * Composition: "a+b" runs a's prefill hooks (an evictor: SnapKV, DapQ) and
  * then b's, and b's decode hooks.  Both states live side by side; each sees
@@ -285,17 +286,27 @@ static bool args_find(const char *args, const char *key, const char **v, size_t 
     return false;
 }
 
-ks_status ks_args_int(const char *args, const char *key, int64_t def, int64_t lo, int64_t hi, int64_t *out) {
+/* key's value as a NUL-terminated string in buf for a numeric parse; *found
+ * false when the key is absent; `what` names the number in the error. */
+static ks_status args_number(const char *args, const char *key, const char *what, char buf[64], bool *found) {
     const char *v;
     size_t vn;
-    if (!args_find(args, key, &v, &vn)) {
+    *found = args_find(args, key, &v, &vn);
+    if (!*found) return KS_OK;
+    if (vn == 0 || vn >= 64) return KS_FAIL(KS_ERR_INVALID_ARG, "policy argument %s needs %s", key, what);
+    memcpy(buf, v, vn);
+    buf[vn] = 0;
+    return KS_OK;
+}
+
+ks_status ks_args_int(const char *args, const char *key, int64_t def, int64_t lo, int64_t hi, int64_t *out) {
+    char buf[64];
+    bool found;
+    KS_TRY(args_number(args, key, "an integer", buf, &found));
+    if (!found) {
         *out = def;
         return KS_OK;
     }
-    char buf[64];
-    if (vn == 0 || vn >= sizeof buf) return KS_FAIL(KS_ERR_INVALID_ARG, "policy argument %s needs an integer", key);
-    memcpy(buf, v, vn);
-    buf[vn] = 0;
     char *end;
     errno = 0;
     long long x = strtoll(buf, &end, 10);
@@ -307,16 +318,13 @@ ks_status ks_args_int(const char *args, const char *key, int64_t def, int64_t lo
 }
 
 ks_status ks_args_float(const char *args, const char *key, double def, double lo, double hi, double *out) {
-    const char *v;
-    size_t vn;
-    if (!args_find(args, key, &v, &vn)) {
+    char buf[64];
+    bool found;
+    KS_TRY(args_number(args, key, "a number", buf, &found));
+    if (!found) {
         *out = def;
         return KS_OK;
     }
-    char buf[64];
-    if (vn == 0 || vn >= sizeof buf) return KS_FAIL(KS_ERR_INVALID_ARG, "policy argument %s needs a number", key);
-    memcpy(buf, v, vn);
-    buf[vn] = 0;
     char *end;
     errno = 0;
     double x = strtod(buf, &end);
@@ -389,7 +397,9 @@ static float kth_largest(float *v, int32_t n, int32_t k) {
     return v[want];
 }
 
-int32_t ks_topk(const float *x, int32_t n, int32_t k, int32_t *idx) {
+int32_t ks_topk(const float *x, int32_t n, int32_t k, int32_t *idx) { return ks_topk_scratch(x, n, k, idx, NULL); }
+
+int32_t ks_topk_scratch(const float *x, int32_t n, int32_t k, int32_t *idx, float *tmp) {
     if (k <= 0 || n <= 0) return 0;
     if (k >= n) {
         for (int32_t i = 0; i < n; i++) idx[i] = i;
@@ -399,7 +409,7 @@ int32_t ks_topk(const float *x, int32_t n, int32_t k, int32_t *idx) {
         /* large k (token budgets over long contexts): threshold by quickselect,
          * then every index above it and, among ties, the lowest ones — the
          * same set the heap below returns, in index order, in O(n) */
-        float *v = ks_malloc(sizeof(float) * (size_t)n);
+        float *v = tmp ? tmp : ks_malloc(sizeof(float) * (size_t)n);
         for (int32_t i = 0; i < n; i++) v[i] = x[i] != x[i] ? -INFINITY : x[i];
         float th = kth_largest(v, n, k);
         int32_t above = 0, m = 0;
@@ -413,7 +423,7 @@ int32_t ks_topk(const float *x, int32_t n, int32_t k, int32_t *idx) {
             if (xi > th) idx[m++] = i;
             else if (xi == th && ties > 0) idx[m++] = i, ties--;
         }
-        ks_free(v);
+        if (v != tmp) ks_free(v);
         KS_ASSERT(m == k);
         return k;
     }
@@ -485,6 +495,67 @@ KS_AVX2_TGT static float page_upper_bound_avx2(const float *q, const float *kmin
     return s;
 }
 #endif
+
+int32_t ks_topk_range(const float *x, int32_t lo, int32_t hi, int32_t k, int32_t *idx, float *tmp) {
+    int32_t got = ks_topk_scratch(x + lo, hi - lo, k, idx, tmp);
+    for (int32_t i = 0; i < got; i++) idx[i] += lo;
+    return got;
+}
+
+void ks_selection_topk(ks_selection *out, const float *x, int32_t lo, int32_t hi, int32_t k, float *tmp) {
+    out->n = ks_topk_range(x, lo, hi, k < out->cap ? k : out->cap, out->idx, tmp);
+}
+
+ks_status ks_policy_prefill_probs(const ks_policy_env *e, const ks_prefill_info *info, int32_t row0, int32_t nq,
+                                  int32_t l, int32_t h, float *q, float *acc) {
+    int32_t G = e->n_head / e->n_head_kv, hd = e->head_dim;
+    const float *lq = info->obs_q + ((size_t)l * info->n_obs + row0) * e->n_head * hd; /* [nq][n_head * hd] */
+    for (int32_t r = 0; r < nq; r++) /* row r's heads of group h */
+        memcpy(q + (size_t)r * G * hd, lq + ((size_t)r * e->n_head + (size_t)h * G) * hd, sizeof(float) * G * hd);
+    return e->attn_probs(e->svc, info->seq, l, h, q, nq, acc);
+}
+
+ks_status ks_policy_evict_scored(const ks_policy_env *e, const ks_prefill_info *info, int32_t row0, int32_t nq,
+                                 int32_t budget, int32_t pool, ks_evict_span_fn span, const void *ctx) {
+    int32_t G = e->n_head / e->n_head_kv, hd = e->head_dim, half = pool / 2;
+    float *q = ks_malloc(sizeof(float) * (size_t)nq * G * hd); /* [nq][G][hd] */
+    float *acc = ks_malloc(sizeof(float) * (size_t)e->n_ctx);    /* [n] */
+    float *pooled = ks_malloc(sizeof(float) * (size_t)e->n_ctx); /* [n], read in [lo, hi) */
+    int32_t *idx = ks_malloc(sizeof(int32_t) * (size_t)e->n_ctx);
+    uint8_t *keep = ks_malloc((size_t)e->n_ctx); /* [n] */
+    ks_status st = KS_OK;
+    for (int32_t l = 0; l < e->n_layer && st == KS_OK; l++) {
+        for (int32_t h = 0; h < e->n_head_kv && st == KS_OK; h++) {
+            int32_t n = ks_policy_kv_n_entries(e, info->seq, l, h);
+            if (n <= budget) continue;
+            memset(acc, 0, sizeof(float) * (size_t)n);
+            st = ks_policy_prefill_probs(e, info, row0, nq, l, h, q, acc);
+            if (st != KS_OK) break;
+            ks_evict_span sp;
+            span(ctx, n, nq, &sp);
+            KS_ASSERT(0 <= sp.pool_lo && sp.pool_lo <= sp.lo && sp.lo <= sp.hi && sp.hi <= n);
+            for (int32_t i = sp.lo; i < sp.hi; i++) { /* average pool, clipped at [pool_lo, hi) */
+                int32_t a = i - half < sp.pool_lo ? sp.pool_lo : i - half;
+                int32_t b = i + half + 1 > sp.hi ? sp.hi : i + half + 1;
+                float sum = 0;
+                for (int32_t j = a; j < b; j++) sum += acc[j];
+                pooled[i] = sum / (float)(b - a);
+            }
+            memset(keep, 0, (size_t)n);
+            for (int32_t i = 0; i < sp.lo; i++) keep[i] = 1;
+            for (int32_t i = sp.hi; i < n; i++) keep[i] = 1;
+            int32_t got = ks_topk_range(pooled, sp.lo, sp.hi, sp.want, idx, NULL);
+            for (int32_t i = 0; i < got; i++) keep[idx[i]] = 1;
+            st = e->evict(e->svc, info->seq, l, h, keep);
+        }
+    }
+    ks_free(q);
+    ks_free(acc);
+    ks_free(pooled);
+    ks_free(idx);
+    ks_free(keep);
+    return st;
+}
 
 float ks_page_upper_bound(const float *q, const float *kmin, const float *kmax, int32_t hd) {
 #if defined(__x86_64__)

@@ -261,6 +261,38 @@ ks_status ks_args_check(const char *args, const char *policy, const char *const 
 /* Indices of the k largest of x[0..n) (any order) into idx; returns k' = min(k, n).
  * Ties break toward the lower index, so results are deterministic. */
 int32_t ks_topk(const float *x, int32_t n, int32_t k, int32_t *idx);
+/* The same (same set, same order) with tmp [n] as the quickselect's scratch
+ * (NULL: allocated), for callers that have one: at long contexts the copy is
+ * large enough to be mmap'd and faulted in afresh on every call. */
+int32_t ks_topk_scratch(const float *x, int32_t n, int32_t k, int32_t *idx, float *tmp);
+/* ks_topk_scratch over x[lo, hi) (tmp [hi - lo] or NULL), the indices
+ * returned into x (lo added); 0 when hi <= lo. */
+int32_t ks_topk_range(const float *x, int32_t lo, int32_t hi, int32_t k, int32_t *idx, float *tmp);
+/* A selection of entries: the top min(k, out->cap) of x[lo, hi) into out->idx
+ * (indices into x), out->n set; tmp as ks_topk_range's. */
+void ks_selection_topk(ks_selection *out, const float *x, int32_t lo, int32_t hi, int32_t k, float *tmp);
+
+/* acc[e] += the attention that query rows [row0, row0 + nq) of info's layer l
+ * give entry e of KV head h (env->attn_probs over the group's heads; acc
+ * [n_entries]), for SnapKV, DapQ and H2O.  q: scratch [nq][G][head_dim]. */
+ks_status ks_policy_prefill_probs(const ks_policy_env *env, const ks_prefill_info *info, int32_t row0, int32_t nq,
+                                  int32_t layer, int32_t head, float *q, float *acc);
+/* Prefill eviction by query scores, the loop SnapKV and DapQ share: for every
+ * layer l and KV head with more than `budget` entries, score each entry by the
+ * attention the nq query rows obs_q[l][row0, row0 + nq) of info give it
+ * (env->attn_probs: summed over the rows and the group's heads); span() splits
+ * the head's n entries into kept heads [0, lo) and tails [hi, n) and the
+ * candidates [lo, hi); the candidates' scores are average-pooled over `pool`
+ * (odd) entries, the window clipped at [pool_lo, hi); the top `want` of them
+ * are kept and everything else is evicted (env->evict). */
+typedef struct ks_evict_span {
+    int32_t lo, hi;  /* candidates [lo, hi); [0, lo) and [hi, n) are kept */
+    int32_t want;    /* candidates to keep (<= 0: none) */
+    int32_t pool_lo; /* the pooling window's left clip (<= lo) */
+} ks_evict_span;
+typedef void (*ks_evict_span_fn)(const void *ctx, int32_t n, int32_t nq, ks_evict_span *out);
+ks_status ks_policy_evict_scored(const ks_policy_env *env, const ks_prefill_info *info, int32_t row0, int32_t nq,
+                                 int32_t budget, int32_t pool, ks_evict_span_fn span, const void *ctx);
 
 /* Quest's upper bound of q . k over a page: sum_i max(q_i min_i, q_i max_i). */
 float ks_page_upper_bound(const float *q, const float *kmin, const float *kmax, int32_t hd);

@@ -93,25 +93,39 @@ static const char *type_name(const cJSON *v) {
     return "null";
 }
 
-static int get_bool(const cJSON *o, const char *key, const char *param, bool *out, ks_api_error *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v || cJSON_IsNull(v)) return 0;
-    if (!cJSON_IsBool(v)) {
-        BAD("invalid_type", param, "'%s' must be a boolean, got %s", param, type_name(v));
+/* The field key of o into *v when it passes is() (1), 0 when absent or
+ * null, -1 (err filled) when of another type; want: the type in words. */
+static int get_field(const cJSON *o, const char *key, const char *param, cJSON_bool (*is)(const cJSON *),
+                     const char *want, const cJSON **v, ks_api_error *err) {
+    *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!*v || cJSON_IsNull(*v)) return 0;
+    if (!is(*v)) {
+        BAD("invalid_type", param, "'%s' must be %s, got %s", param, want, type_name(*v));
         return -1;
     }
-    *out = cJSON_IsTrue(v);
     return 1;
+}
+
+/* A field the request must carry (null counts as absent): NULL, err filled, without it. */
+static const cJSON *get_required(const cJSON *o, const char *key, ks_api_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (v && !cJSON_IsNull(v)) return v;
+    BAD("missing_required_parameter", key, "'%s' is required", key);
+    return NULL;
+}
+
+static int get_bool(const cJSON *o, const char *key, const char *param, bool *out, ks_api_error *err) {
+    const cJSON *v;
+    int rc = get_field(o, key, param, cJSON_IsBool, "a boolean", &v, err);
+    if (rc == 1) *out = cJSON_IsTrue(v);
+    return rc;
 }
 
 static int get_int(const cJSON *o, const char *key, const char *param, double lo, double hi, double *out,
                    ks_api_error *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v || cJSON_IsNull(v)) return 0;
-    if (!cJSON_IsNumber(v)) {
-        BAD("invalid_type", param, "'%s' must be an integer, got %s", param, type_name(v));
-        return -1;
-    }
+    const cJSON *v;
+    int rc = get_field(o, key, param, cJSON_IsNumber, "an integer", &v, err);
+    if (rc != 1) return rc;
     double d = v->valuedouble;
     if (!isfinite(d) || d != floor(d)) {
         BAD("invalid_type", param, "'%s' must be an integer, got %g", param, d);
@@ -128,12 +142,9 @@ static int get_int(const cJSON *o, const char *key, const char *param, double lo
 /* lo_open: the lower bound is excluded. */
 static int get_num(const cJSON *o, const char *key, const char *param, double lo, bool lo_open, double hi,
                    bool hi_open, float *out, ks_api_error *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v || cJSON_IsNull(v)) return 0;
-    if (!cJSON_IsNumber(v)) {
-        BAD("invalid_type", param, "'%s' must be a number, got %s", param, type_name(v));
-        return -1;
-    }
+    const cJSON *v;
+    int rc = get_field(o, key, param, cJSON_IsNumber, "a number", &v, err);
+    if (rc != 1) return rc;
     double d = v->valuedouble;
     if (!isfinite(d) || (lo_open ? d <= lo : d < lo) || (hi_open ? d >= hi : d > hi)) {
         BAD("invalid_value", param, "'%s' must be in %c%g, %g%c, got %g", param, lo_open ? '(' : '[', lo, hi,
@@ -145,14 +156,10 @@ static int get_num(const cJSON *o, const char *key, const char *param, double lo
 }
 
 static int get_str(const cJSON *o, const char *key, const char *param, const char **out, ks_api_error *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v || cJSON_IsNull(v)) return 0;
-    if (!cJSON_IsString(v)) {
-        BAD("invalid_type", param, "'%s' must be a string, got %s", param, type_name(v));
-        return -1;
-    }
-    *out = v->valuestring;
-    return 1;
+    const cJSON *v;
+    int rc = get_field(o, key, param, cJSON_IsString, "a string", &v, err);
+    if (rc == 1) *out = v->valuestring;
+    return rc;
 }
 
 /* ------------------------------------------------------------- fields -- */
@@ -194,11 +201,8 @@ static char *content_text(const cJSON *c, int idx, ks_api_error *err) {
 }
 
 static bool parse_messages(const cJSON *root, ks_api_request *r, ks_api_error *err) {
-    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
-    if (!msgs || cJSON_IsNull(msgs)) {
-        BAD("missing_required_parameter", "messages", "'messages' is required");
-        return false;
-    }
+    const cJSON *msgs = get_required(root, "messages", err);
+    if (!msgs) return false;
     if (!cJSON_IsArray(msgs)) {
         BAD("invalid_type", "messages", "'messages' must be an array, got %s", type_name(msgs));
         return false;
@@ -268,11 +272,8 @@ static bool parse_messages(const cJSON *root, ks_api_request *r, ks_api_error *e
 }
 
 static bool parse_prompt(const cJSON *root, ks_api_request *r, ks_api_error *err) {
-    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
-    if (!p || cJSON_IsNull(p)) {
-        BAD("missing_required_parameter", "prompt", "'prompt' is required");
-        return false;
-    }
+    const cJSON *p = get_required(root, "prompt", err);
+    if (!p) return false;
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 &&
         (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
         p = p->child; /* a batch of one prompt */

@@ -114,74 +114,56 @@ size_t ks_matmul_scratch_bytes(ks_dtype wtype, int64_t cols, int64_t n) {
 
 /* --------------------------------------------------------- scalar kernels -- */
 
-static void ks_mm_f32_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols,
-                             float *y, int64_t ys) {
-    const float *wr = (const float *)w;
-    for (int c = 0; c < nc; c++) {
-        const float *x = (const float *)(xq + c * xs);
-        float s = 0.0f;
-        for (int64_t i = 0; i < cols; i++) s += wr[i] * x[i];
-        y[c * ys] = s;
+/* f32 / f16 / bf16 weights: a plain dot product per column, each weight
+ * widened by CONV (nothing for f32) */
+#define KS_MM_FLOAT_SCALAR(NAME, WT, CONV)                                                             \
+    static void NAME(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols, float *y,  \
+                     int64_t ys) {                                                                     \
+        const WT *wr = (const WT *)w;                                                                  \
+        for (int c = 0; c < nc; c++) {                                                                 \
+            const float *x = (const float *)(xq + c * xs);                                             \
+            float s = 0.0f;                                                                            \
+            for (int64_t i = 0; i < cols; i++) s += CONV(wr[i]) * x[i];                                \
+            y[c * ys] = s;                                                                             \
+        }                                                                                              \
     }
+KS_MM_FLOAT_SCALAR(ks_mm_f32_scalar, float, )
+KS_MM_FLOAT_SCALAR(ks_mm_f16_scalar, ks_f16, ks_f16_to_f32)
+KS_MM_FLOAT_SCALAR(ks_mm_bf16_scalar, ks_bf16, ks_bf16_to_f32)
+#undef KS_MM_FLOAT_SCALAR
+
+/* Q8_0 / Q4_0 weights against q8 activations ([cols] int8, then a 64-byte
+ * aligned [cols / 32] f32 scales): an integer dot per 32-block (DOT), scaled
+ * once by both blocks' scales */
+static inline int32_t ks_mm_dot_q8_0(const ks_block_q8_0 *wb, const int8_t *qb) {
+    int32_t isum = 0;
+    for (int i = 0; i < KS_QK8_0; i++) isum += wb->qs[i] * qb[i];
+    return isum;
 }
 
-static void ks_mm_f16_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols,
-                             float *y, int64_t ys) {
-    const ks_f16 *wr = (const ks_f16 *)w;
-    for (int c = 0; c < nc; c++) {
-        const float *x = (const float *)(xq + c * xs);
-        float s = 0.0f;
-        for (int64_t i = 0; i < cols; i++) s += ks_f16_to_f32(wr[i]) * x[i];
-        y[c * ys] = s;
-    }
+static inline int32_t ks_mm_dot_q4_0(const ks_block_q4_0 *wb, const int8_t *qb) {
+    int32_t isum = 0;
+    for (int i = 0; i < 16; i++) isum += ((wb->qs[i] & 0xF) - 8) * qb[i] + ((wb->qs[i] >> 4) - 8) * qb[i + 16];
+    return isum;
 }
 
-static void ks_mm_bf16_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols,
-                              float *y, int64_t ys) {
-    const ks_bf16 *wr = (const ks_bf16 *)w;
-    for (int c = 0; c < nc; c++) {
-        const float *x = (const float *)(xq + c * xs);
-        float s = 0.0f;
-        for (int64_t i = 0; i < cols; i++) s += ks_bf16_to_f32(wr[i]) * x[i];
-        y[c * ys] = s;
+#define KS_MM_Q8X_SCALAR(NAME, BT, QK, DOT)                                                            \
+    static void NAME(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols, float *y,  \
+                     int64_t ys) {                                                                     \
+        const BT *wb = (const BT *)w;                                                                  \
+        const int64_t nb = cols / (QK);                                                                \
+        for (int c = 0; c < nc; c++) {                                                                 \
+            const int8_t *q = (const int8_t *)(xq + c * xs);                                           \
+            const float *d = (const float *)(xq + c * xs + ks_mm_align64((size_t)cols));               \
+            float s = 0.0f;                                                                            \
+            for (int64_t b = 0; b < nb; b++)                                                           \
+                s += ks_f16_to_f32(wb[b].d) * d[b] * (float)DOT(&wb[b], q + b * (QK));                 \
+            y[c * ys] = s;                                                                             \
+        }                                                                                              \
     }
-}
-
-static void ks_mm_q8_0_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols,
-                              float *y, int64_t ys) {
-    const ks_block_q8_0 *wb = (const ks_block_q8_0 *)w;
-    const int64_t nb = cols / KS_QK8_0;
-    for (int c = 0; c < nc; c++) {
-        const int8_t *q = (const int8_t *)(xq + c * xs);
-        const float *d = (const float *)(xq + c * xs + ks_mm_align64((size_t)cols));
-        float s = 0.0f;
-        for (int64_t b = 0; b < nb; b++) {
-            int32_t isum = 0;
-            for (int i = 0; i < KS_QK8_0; i++) isum += wb[b].qs[i] * q[b * KS_QK8_0 + i];
-            s += ks_f16_to_f32(wb[b].d) * d[b] * (float)isum;
-        }
-        y[c * ys] = s;
-    }
-}
-
-static void ks_mm_q4_0_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols,
-                              float *y, int64_t ys) {
-    const ks_block_q4_0 *wb = (const ks_block_q4_0 *)w;
-    const int64_t nb = cols / KS_QK4_0;
-    for (int c = 0; c < nc; c++) {
-        const int8_t *q = (const int8_t *)(xq + c * xs);
-        const float *d = (const float *)(xq + c * xs + ks_mm_align64((size_t)cols));
-        float s = 0.0f;
-        for (int64_t b = 0; b < nb; b++) {
-            const int8_t *qb = q + b * KS_QK4_0;
-            int32_t isum = 0;
-            for (int i = 0; i < 16; i++)
-                isum += ((wb[b].qs[i] & 0xF) - 8) * qb[i] + ((wb[b].qs[i] >> 4) - 8) * qb[i + 16];
-            s += ks_f16_to_f32(wb[b].d) * d[b] * (float)isum;
-        }
-        y[c * ys] = s;
-    }
-}
+KS_MM_Q8X_SCALAR(ks_mm_q8_0_scalar, ks_block_q8_0, KS_QK8_0, ks_mm_dot_q8_0)
+KS_MM_Q8X_SCALAR(ks_mm_q4_0_scalar, ks_block_q4_0, KS_QK4_0, ks_mm_dot_q4_0)
+#undef KS_MM_Q8X_SCALAR
 
 static void ks_mm_q4k_scales(const uint8_t *q, uint8_t *sc /* [8] */, uint8_t *m /* [8] */) {
     for (int j = 0; j < 8; j++) {

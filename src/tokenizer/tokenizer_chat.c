@@ -48,56 +48,42 @@ static void ks_tok_sb_put_trimmed(ks_tok_sb *b, const char *s) {
     ks_tok_sb_put(b, s + i, n - i);
 }
 
+/* Every template is the same sequence of markers around the two contents:
+ * begin, [sys_open system sys_close], user_open user end (end opens the
+ * assistant's turn); trim: the contents are trimmed (llama3). */
+typedef struct ks_chat_template {
+    const char *begin, *sys_open, *sys_close, *user_open, *end;
+    bool trim;
+} ks_chat_template;
+
+static const ks_chat_template ks_chat_templates[] = {
+    [KS_CHAT_LLAMA3] = {"", "<|start_header_id|>system<|end_header_id|>\n\n", "<|eot_id|>",
+                        "<|start_header_id|>user<|end_header_id|>\n\n",
+                        "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n", true},
+    [KS_CHAT_CHATML] = {"", "<|im_start|>system\n", "<|im_end|>\n", "<|im_start|>user\n",
+                        "<|im_end|>\n<|im_start|>assistant\n", false},
+    [KS_CHAT_LLAMA2] = {"[INST] ", "<<SYS>>\n", "\n<</SYS>>\n\n", "", " [/INST]", false},
+    [KS_CHAT_PHI3] = {"", "<|system|>\n", "<|end|>\n", "<|user|>\n", "<|end|>\n<|assistant|>\n", false},
+};
+
 ks_status ks_tokenizer_chat_format(const ks_tokenizer *t, const char *system, const char *user,
                                    char *buf, size_t cap, size_t *n_out) {
     if (!t || !user || !n_out || (!buf && cap))
         return KS_FAIL(KS_ERR_INVALID_ARG, "chat: NULL argument");
-    bool has_sys = system && system[0];
-    ks_tok_sb b = {0};
-    switch (t->chat) {
-    case KS_CHAT_LLAMA3:
-        if (has_sys) {
-            ks_tok_sb_puts(&b, "<|start_header_id|>system<|end_header_id|>\n\n");
-            ks_tok_sb_put_trimmed(&b, system);
-            ks_tok_sb_puts(&b, "<|eot_id|>");
-        }
-        ks_tok_sb_puts(&b, "<|start_header_id|>user<|end_header_id|>\n\n");
-        ks_tok_sb_put_trimmed(&b, user);
-        ks_tok_sb_puts(&b, "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
-        break;
-    case KS_CHAT_CHATML:
-        if (has_sys) {
-            ks_tok_sb_puts(&b, "<|im_start|>system\n");
-            ks_tok_sb_puts(&b, system);
-            ks_tok_sb_puts(&b, "<|im_end|>\n");
-        }
-        ks_tok_sb_puts(&b, "<|im_start|>user\n");
-        ks_tok_sb_puts(&b, user);
-        ks_tok_sb_puts(&b, "<|im_end|>\n<|im_start|>assistant\n");
-        break;
-    case KS_CHAT_PHI3:
-        if (has_sys) {
-            ks_tok_sb_puts(&b, "<|system|>\n");
-            ks_tok_sb_puts(&b, system);
-            ks_tok_sb_puts(&b, "<|end|>\n");
-        }
-        ks_tok_sb_puts(&b, "<|user|>\n");
-        ks_tok_sb_puts(&b, user);
-        ks_tok_sb_puts(&b, "<|end|>\n<|assistant|>\n");
-        break;
-    case KS_CHAT_LLAMA2:
-        ks_tok_sb_puts(&b, "[INST] ");
-        if (has_sys) {
-            ks_tok_sb_puts(&b, "<<SYS>>\n");
-            ks_tok_sb_puts(&b, system);
-            ks_tok_sb_puts(&b, "\n<</SYS>>\n\n");
-        }
-        ks_tok_sb_puts(&b, user);
-        ks_tok_sb_puts(&b, " [/INST]");
-        break;
-    default:
+    if (t->chat == KS_CHAT_NONE || (size_t)t->chat >= sizeof ks_chat_templates / sizeof ks_chat_templates[0])
         return KS_FAIL(KS_ERR_UNSUPPORTED, "chat: the model has no known chat template");
+    const ks_chat_template *tp = &ks_chat_templates[t->chat];
+    void (*put)(ks_tok_sb *, const char *) = tp->trim ? ks_tok_sb_put_trimmed : ks_tok_sb_puts;
+    ks_tok_sb b = {0};
+    ks_tok_sb_puts(&b, tp->begin);
+    if (system && system[0]) {
+        ks_tok_sb_puts(&b, tp->sys_open);
+        put(&b, system);
+        ks_tok_sb_puts(&b, tp->sys_close);
     }
+    ks_tok_sb_puts(&b, tp->user_open);
+    put(&b, user);
+    ks_tok_sb_puts(&b, tp->end);
     ks_status st = KS_OK;
     if (b.n + 1 > cap) {
         *n_out = b.n + 1;
