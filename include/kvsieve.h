@@ -165,7 +165,8 @@ ks_policy_config ks_policy_config_default(void);
  * plan is recomputed for the largest budget and the policies' own weights
  * and caches over all instances (conservative: every sequence is counted at
  * the largest budget); a budget of 0 is refused there, and so is a
- * configuration the cap cannot hold (KS_ERR_NOMEM).  KS_ERR_INVALID_ARG /
+ * configuration with which the cap cannot hold even one sequence
+ * (KS_ERR_NOMEM; how many fit is ks_context_mem_fits's answer).  KS_ERR_INVALID_ARG /
  * KS_ERR_NOT_FOUND / KS_ERR_UNSUPPORTED (a policy asking for other hidden
  * states than one already in use) leave the sequence's policy unchanged. */
 ks_status ks_seq_set_policy(ks_context *ctx, int32_t seq, const ks_policy_config *cfg);
@@ -178,7 +179,8 @@ void ks_seq_reset(ks_context *ctx, int32_t seq);
 int32_t ks_seq_len(const ks_context *ctx, int32_t seq);
 /* KV bytes (K and V, every layer and KV head) the sequences hold now in the
  * fast and the slow tier (entries actually stored: evictions count; a
- * slow-tier layer's fast slots are a cache and not counted).  Either may be NULL. */
+ * slow-tier layer's fast slots are a cache and not counted; a parked
+ * sequence's KV is all slow).  Either may be NULL. */
 void ks_context_kv_bytes(const ks_context *ctx, int64_t *fast, int64_t *slow);
 
 /* Counters since the context was created (or ks_stats_reset). */
@@ -215,9 +217,45 @@ typedef struct ks_memplan_info {
     int32_t offloaded;            /* layers in the slow tier now */
 } ks_memplan_info;
 void ks_context_memplan(const ks_context *ctx, ks_memplan_info *out);
-/* Apply Algorithm 2 now for the current sequence lengths (also done before
- * every decode step and prefill). */
+/* Apply Algorithm 2 now for the current state (also done before every
+ * decode step and prefill): the fewest layers offloaded, last first, for
+ * the unparked sequences' actual lengths to fit (ks_context_mem_fits); the
+ * thresholds above are the special case of every sequence at one length. */
 ks_status ks_context_apply_memplan(ks_context *ctx);
+/* Pause and resume a sequence under memory pressure.  ks_seq_park moves all
+ * of seq's KV (every layer and KV head: pages, page metadata, entry counts)
+ * to the slow tier (host memory, or a file in kv_offload_dir) and frees its
+ * fast-tier pages; the sequence keeps its length and its policy's state.  A
+ * parked sequence cannot be prefilled or decoded (KS_ERR_INVALID_ARG) until
+ * ks_seq_unpark brings its KV back byte for byte (nothing re-quantized or
+ * recomputed: the next decode gives the logits it would have given without
+ * the pause).  ks_seq_reset drops a parked sequence's copy too.
+ * KS_ERR_NOMEM / KS_ERR_IO leave the sequence where it was. */
+ks_status ks_seq_park(ks_context *ctx, int32_t seq);
+ks_status ks_seq_unpark(ks_context *ctx, int32_t seq);
+bool ks_seq_parked(const ks_context *ctx, int32_t seq);
+
+/* The memory model over the actual state (mem_cap > 0): the fast-tier bytes
+ * the unparked sequences need now, plus what the query adds, with the fewest
+ * layers offloaded that fit the cap (the model of kv/memplan.h: each token
+ * costs its layers that are still fast, an offloaded layer keeps `budget`
+ * fast entries per head of each active sequence). */
+typedef struct ks_mem_query {
+    int64_t extra_tokens; /* tokens added to the unparked sequences (new or existing) */
+    int32_t extra_seqs;   /* sequences that start holding tokens (a request admitted or unparked) */
+    int64_t longest;      /* the longest unparked sequence will be at least this long */
+    bool alone;           /* ignore what the context holds: a request on its own */
+} ks_mem_query;
+typedef struct ks_mem_fit {
+    bool active;          /* the context has a memory cap (else fits is true, the rest 0) */
+    bool fits;            /* some number of offloaded layers holds it under the cap */
+    int32_t offloaded;    /* layers that would be offloaded (n_layer + 1: none fits) */
+    double bytes;         /* predicted fast-tier bytes then (all layers offloaded when none fits) */
+    double mem_cap;
+    int64_t tokens;       /* tokens of the unparked sequences, extra included */
+    int32_t active_seqs;  /* unparked sequences holding tokens, extra included */
+} ks_mem_fit;
+ks_status ks_context_mem_fits(const ks_context *ctx, const ks_mem_query *q, ks_mem_fit *out);
 void ks_context_stats(const ks_context *ctx, ks_stats *out);
 void ks_stats_reset(ks_context *ctx);
 

@@ -6,7 +6,9 @@
  * boundaries; compaction keeps survivors in order with their positions and
  * frees pages; moving a layer to the slow tier (memory or file) and back is
  * bit-identical; fetches reuse resident slots and load only misses; a failed
- * slow-tier read and a full offload directory give KS_ERR_IO, never data.
+ * slow-tier read and a full offload directory give KS_ERR_IO, never data;
+ * parking a sequence and bringing it back restores its pages and metadata
+ * byte for byte (f16 and 8-bit KV, memory and file slow tier).
  */
 #define _GNU_SOURCE
 #include "kv/kv.h"
@@ -307,6 +309,127 @@ static void test_elastic_loading(void **state) {
     ks_kv_destroy(kv);
 }
 
+
+/* page metadata of every page of a sequence (fill, positions, key summaries), as bytes */
+static size_t meta_snapshot(const ks_kv_store *kv, int seq, uint8_t *out) {
+    size_t off = 0;
+    for (int l = 0; l < NL; l++)
+        for (int h = 0; h < NH; h++) {
+            int32_t n = ks_kv_n_entries(kv, seq, l, h);
+            memcpy(out + off, &n, sizeof n), off += sizeof n;
+            for (int lp = 0; lp < ks_kv_n_pages(kv, seq, l, h); lp++) {
+                ks_kv_page_meta m;
+                ks_kv_page_meta_get(kv, seq, l, h, lp, &m);
+                memcpy(out + off, &m.fill, sizeof m.fill), off += sizeof m.fill;
+                memcpy(out + off, m.pos, sizeof(int32_t) * m.fill), off += sizeof(int32_t) * m.fill;
+                memcpy(out + off, m.kmin, sizeof(float) * HD), off += sizeof(float) * HD;
+                memcpy(out + off, m.kmax, sizeof(float) * HD), off += sizeof(float) * HD;
+                memcpy(out + off, m.ksum, sizeof(float) * HD), off += sizeof(float) * HD;
+            }
+        }
+    return off;
+}
+
+/* Park / unpark (the scheduler's pause): a parked sequence holds nothing in
+ * the store (its pages return to the pools, the fast-tier bytes drop), the
+ * other sequences go on (appends, a layer moving to the slow tier meanwhile),
+ * and unparking restores its pages and metadata byte for byte, after which
+ * appends continue as if nothing happened. */
+static void park_roundtrip(ks_kv_type type, const char *dir) {
+    ks_kv_params p = ks_kv_default_params();
+    p.n_layer = NL, p.n_head_kv = NH, p.head_dim = HD, p.n_seq = 2, p.n_ctx = CTX, p.page = P;
+    p.slot_entries = 3 * P, p.type = type, p.offload_dir = dir;
+    ks_kv_store *kv = NULL, *ref = NULL;
+    assert_int_equal(ks_kv_create(&p, &kv), KS_OK);
+    assert_int_equal(ks_kv_create(&p, &ref), KS_OK);
+    fill(kv, 0, 37);
+    fill(kv, 1, 21);
+    fill(ref, 0, 37);
+    size_t bytes = ks_kv_page_bytes(kv) * NL * NH * 5, mcap = (size_t)NL * NH * (CTX / P + 1) * (16 + 3 * HD * 4 + P * 4) + 64;
+    uint8_t *a = snapshot(kv, 0), *ma = calloc(1, mcap), *mb = calloc(1, mcap);
+    size_t na = meta_snapshot(kv, 0, ma);
+    assert_false(ks_kv_seq_parked(kv, 0));
+    assert_int_equal(ks_kv_seq_unpark(kv, 0), KS_ERR_INVALID_ARG); /* not parked */
+    assert_int_equal(ks_kv_seq_park(kv, 0), KS_OK);
+    assert_true(ks_kv_seq_parked(kv, 0));
+    assert_int_equal(ks_kv_seq_park(kv, 0), KS_ERR_INVALID_ARG); /* twice */
+    assert_int_equal(ks_kv_seq_parked_entries(kv, 0), 37 * NL * NH);
+    for (int l = 0; l < NL; l++)
+        for (int h = 0; h < NH; h++) {
+            assert_int_equal(ks_kv_n_entries(kv, 0, l, h), 0);
+            assert_int_equal(ks_kv_n_entries(kv, 1, l, h), 21);
+        }
+    /* meanwhile: layer 1 goes slow, the other sequence grows */
+    assert_int_equal(ks_kv_set_layer_tier(kv, 1, KS_TIER_SLOW), KS_OK);
+    float k[HD], v[HD];
+    for (int l = 0; l < NL; l++)
+        for (int h = 0; h < NH; h++) {
+            row_values(1, l, h, 21, 0, k);
+            row_values(1, l, h, 21, 1, v);
+            assert_int_equal(ks_kv_append(kv, 1, l, h, 1021, k, v), KS_OK);
+        }
+    assert_int_equal(ks_kv_seq_unpark(kv, 0), KS_OK);
+    assert_false(ks_kv_seq_parked(kv, 0));
+    assert_int_equal(ks_kv_seq_parked_entries(kv, 0), 0);
+    uint8_t *b = snapshot(kv, 0);
+    assert_memory_equal(a, b, bytes);
+    assert_int_equal(meta_snapshot(kv, 0, mb), na);
+    assert_memory_equal(ma, mb, na);
+    /* appends go on exactly as in a store that never parked */
+    for (int l = 0; l < NL; l++)
+        for (int h = 0; h < NH; h++) {
+            row_values(0, l, h, 37, 0, k);
+            row_values(0, l, h, 37, 1, v);
+            assert_int_equal(ks_kv_append(kv, 0, l, h, 1037, k, v), KS_OK);
+            assert_int_equal(ks_kv_append(ref, 0, l, h, 1037, k, v), KS_OK);
+        }
+    uint8_t *c = snapshot(kv, 0), *d = snapshot(ref, 0);
+    assert_memory_equal(c, d, bytes);
+    assert_int_equal(meta_snapshot(kv, 0, ma), meta_snapshot(ref, 0, mb));
+    assert_memory_equal(ma, mb, meta_snapshot(ref, 0, mb));
+    /* a parked sequence's copy goes with a clear (and with the store) */
+    assert_int_equal(ks_kv_seq_park(kv, 1), KS_OK);
+    ks_kv_seq_clear(kv, 1);
+    assert_false(ks_kv_seq_parked(kv, 1));
+    assert_int_equal(ks_kv_seq_park(kv, 0), KS_OK);
+    free(a), free(b), free(c), free(d), free(ma), free(mb);
+    ks_kv_destroy(ref);
+    ks_kv_destroy(kv);
+}
+
+static void test_park_f16(void **state) {
+    (void)state;
+    park_roundtrip(KS_KV_F16, NULL);
+}
+
+static void test_park_q8(void **state) {
+    (void)state;
+    park_roundtrip(KS_KV_Q8, NULL);
+}
+
+static void test_park_file(void **state) {
+    (void)state;
+    char dir[] = "/tmp/kvsieve-test-park-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    park_roundtrip(KS_KV_Q8, dir);
+    assert_int_equal(rmdir(dir), 0); /* the parked file was unlinked at creation */
+}
+
+/* A failed slow-tier read while parking leaves the sequence as it was. */
+static void test_park_failed_read(void **state) {
+    (void)state;
+    ks_kv_store *kv = make_store(1, 4 * P, NULL);
+    fill(kv, 0, 20);
+    assert_int_equal(ks_kv_set_layer_tier(kv, 1, KS_TIER_SLOW), KS_OK);
+    ks_kv_debug_fail_reads(kv, 1, true);
+    assert_int_equal(ks_kv_seq_park(kv, 0), KS_ERR_IO);
+    assert_false(ks_kv_seq_parked(kv, 0));
+    assert_int_equal(ks_kv_n_entries(kv, 0, 1, 1), 20);
+    ks_kv_debug_fail_reads(kv, 1, false);
+    assert_int_equal(ks_kv_seq_park(kv, 0), KS_OK);
+    ks_kv_destroy(kv);
+}
+
 static void test_tier_memory(void **state) {
     (void)state;
     tier_roundtrip(NULL);
@@ -391,6 +514,8 @@ int main(void) {
         cmocka_unit_test(test_elastic_loading),   cmocka_unit_test(test_tier_memory),       cmocka_unit_test(test_tier_file),
         cmocka_unit_test(test_failed_read),       cmocka_unit_test(test_full_directory),
         cmocka_unit_test(test_bad_directory),     cmocka_unit_test(test_pool_exhausted_and_full),
+        cmocka_unit_test(test_park_f16),          cmocka_unit_test(test_park_q8),
+        cmocka_unit_test(test_park_file),         cmocka_unit_test(test_park_failed_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

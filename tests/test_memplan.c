@@ -37,8 +37,22 @@ static void test_thresholds_by_hand(void **state) {
     assert_int_equal(ks_memplan_offloaded_at(thr, 4, thr[0] + 1), 1);
     assert_int_equal(ks_memplan_offloaded_at(thr, 4, thr[3]), 3);
     assert_int_equal(ks_memplan_offloaded_at(thr, 4, thr[4] + 1), 5);
+    /* the model over an actual state: R sequences of one length S is the
+     * model above; by hand otherwise (e1 = 512 B per token per layer) */
+    for (int64_t S = 0; S < 200000; S += 997) {
+        ks_memplan_state st = {.tokens_fast = 2 * S, .tokens_all = 2 * S, .longest = S, .active = 2};
+        for (int l = 0; l <= 4; l++)
+            assert_true(fabs(ks_memplan_bytes_state(&p, l, &st) - ks_memplan_bytes(&p, l, S)) < 1e-3);
+        int32_t k = ks_memplan_offloaded_for(&p, &st);
+        assert_true(k == ks_memplan_offloaded_at(thr, 4, S) || fabs(ks_memplan_bytes(&p, 4 - k, S) - p.mem_cap) < 1);
+    }
+    ks_memplan_state one = {.tokens_fast = 1000, .tokens_all = 3000, .longest = 700, .active = 1};
+    /* fixed + 512 * (3 * 1000 + 3000 (retrieval cache, parked tokens too) + 0.5 * 2 * 700 + 1 * 100 * 1) */
+    assert_true(fabs(ks_memplan_bytes_state(&p, 3, &one) - (1.43e9 + 512.0 * (3000 + 3000 + 700 + 100))) < 1e-3);
+    assert_int_equal(ks_memplan_offloaded_for(&p, &one), 0);
     /* a cap below the weights never fits */
     p.mem_cap = 1e9;
+    assert_int_equal(ks_memplan_offloaded_for(&p, &one), 5);
     assert_int_equal(ks_memplan_thresholds(&p, thr), KS_OK);
     assert_true(thr[0] < 0 && thr[4] < 0);
     assert_int_equal(ks_memplan_offloaded_at(thr, 4, 0), 5);
@@ -124,10 +138,103 @@ static void test_offload_while_decoding(void **state) {
     ks_model_destroy(g_m);
 }
 
+
+/* Pause and resume (ks_seq_park / ks_seq_unpark): two sequences decode
+ * together; one is parked for some steps while the other goes on (and a
+ * layer moves to the slow tier meanwhile), then unparked; every logit of
+ * both equals a run that never parked.  While parked: its KV counts in the
+ * slow tier, the fast-tier bytes drop, the memory model stops counting it,
+ * and decoding it is refused. */
+static void park_run(ks_kv_type type, const char *policy, bool park, float *out) {
+    ks_context_params p = ks_context_default_params();
+    p.n_ctx = 128;
+    p.n_seq = 2;
+    p.n_threads = 2;
+    p.policy = policy;
+    p.budget = 32;
+    p.page = 8;
+    p.window = 8;
+    p.kv_type = type;
+    p.mem_cap = 1e12; /* a plan that never offloads by itself: the queries are checked */
+    ks_context *c = NULL;
+    if (ks_context_create(g_m, p, &c) != KS_OK) fail_msg("context: %s", ks_last_error());
+    int32_t V = g_m->hp.n_vocab, prompt[64], seqs[2] = {0, 1}, toks[2];
+    float *logits = malloc(sizeof(float) * 2 * V);
+    for (int s = 0; s < 2; s++) {
+        for (int i = 0; i < 30 + 7 * s; i++) prompt[i] = (i * (13 + s) + 5) % V;
+        assert_int_equal(ks_prefill(c, s, prompt, 30 + 7 * s, logits + (size_t)s * V, NULL), KS_OK);
+    }
+    int k = 0;
+    for (int t = 0; t < 24; t++) {
+        for (int s = 0; s < 2; s++) {
+            int32_t best = 0;
+            for (int32_t j = 1; j < V; j++) best = logits[(size_t)s * V + j] > logits[(size_t)s * V + best] ? j : best;
+            toks[s] = best;
+        }
+        bool alone = t >= 8 && t < 16; /* sequence 0 sits these steps out (parked or not) */
+        if (park && t == 8) {
+            int64_t f0, s0, f1, s1;
+            ks_mem_fit m0, m1;
+            ks_mem_query q = {0};
+            assert_int_equal(ks_context_mem_fits(c, &q, &m0), KS_OK);
+            ks_context_kv_bytes(c, &f0, &s0);
+            assert_int_equal(ks_seq_park(c, 0), KS_OK);
+            assert_true(ks_seq_parked(c, 0));
+            ks_context_kv_bytes(c, &f1, &s1);
+            assert_int_equal(ks_context_mem_fits(c, &q, &m1), KS_OK);
+            assert_true(f1 < f0 && s1 > s0 && f0 + s0 == f1 + s1);
+            assert_true(m0.active && m1.active && m1.tokens == m0.tokens - ks_seq_len(c, 0));
+            assert_int_equal(m1.active_seqs, 1);
+            assert_true(m1.bytes < m0.bytes);
+            assert_int_equal(ks_seq_len(c, 0), 38); /* the length stays */
+            float *tmp = malloc(sizeof(float) * V);
+            assert_int_equal(ks_decode(c, seqs, toks, 1, tmp), KS_ERR_INVALID_ARG);
+            assert_int_equal(ks_prefill(c, 0, toks, 1, tmp, NULL), KS_ERR_INVALID_ARG);
+            free(tmp);
+            assert_int_equal(ks_context_offload_layer(c, g_m->hp.n_layer - 1, true), KS_OK);
+        }
+        if (park && t == 16) {
+            assert_int_equal(ks_seq_unpark(c, 0), KS_OK);
+            assert_false(ks_seq_parked(c, 0));
+        }
+        if (!park && t == 8) assert_int_equal(ks_context_offload_layer(c, g_m->hp.n_layer - 1, true), KS_OK);
+        if (alone) {
+            assert_int_equal(ks_decode(c, seqs + 1, toks + 1, 1, logits + V), KS_OK);
+            memcpy(out + (size_t)k++ * V, logits + V, sizeof(float) * V);
+        } else {
+            assert_int_equal(ks_decode(c, seqs, toks, 2, logits), KS_OK);
+            memcpy(out + (size_t)k++ * V, logits, sizeof(float) * 2 * V);
+            k++;
+        }
+    }
+    free(logits);
+    ks_context_destroy(c);
+}
+
+static void test_park_unpark_decode(void **state) {
+    (void)state;
+    assert_int_equal(ks_model_load(ks_test_fixture("models/aidreams260K.gguf"), ks_model_default_params(), &g_m), KS_OK);
+    size_t n = (size_t)40 * g_m->hp.n_vocab;
+    const char *pols[] = {"dense", "quest"};
+    for (int t = 0; t < 2; t++)
+        for (int i = 0; i < 2; i++) {
+            ks_kv_type type = t ? KS_KV_Q8 : KS_KV_F16;
+            if (type == KS_KV_Q8 && g_m->hp.head_dim % 32) continue;
+            float *ref = calloc(n, sizeof(float)), *got = calloc(n, sizeof(float));
+            park_run(type, pols[i], false, ref);
+            park_run(type, pols[i], true, got);
+            if (memcmp(ref, got, n * sizeof(float))) fail_msg("%s, %s KV: logits differ after unpark", pols[i], t ? "q8" : "f16");
+            free(ref);
+            free(got);
+        }
+    ks_model_destroy(g_m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_thresholds_by_hand),
         cmocka_unit_test(test_offload_while_decoding),
+        cmocka_unit_test(test_park_unpark_decode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

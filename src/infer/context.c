@@ -397,8 +397,9 @@ static bool same_str(const char *a, const char *b) {
 }
 
 /* The memory plan for the instances alive now: the largest budget (every
- * sequence counted at it: conservative), the policies' weights summed, a
- * retrieval K cache if any keeps one.  On failure the plan is unchanged. */
+ * active sequence counted at it: conservative), the policies' weights
+ * summed, a retrieval K cache if any keeps one; refused when not even one
+ * sequence fits.  On failure the plan is unchanged. */
 static ks_status replan(ks_context *c) {
     if (!c->plan_thr) return KS_OK;
     ks_memplan_params p = c->plan;
@@ -415,10 +416,10 @@ static ks_status replan(ks_context *c) {
     int32_t L = c->model->hp.n_layer;
     int64_t *thr = ks_malloc(sizeof(int64_t) * (size_t)(L + 1));
     ks_status st = ks_memplan_thresholds(&p, thr);
-    if (st == KS_OK && thr[L] < 0)
+    if (st == KS_OK && !ks_infer_plan_holds_one(&p))
         st = KS_FAIL(KS_ERR_NOMEM, "a fast tier of %.2f GB cannot hold the weights (%.2f GB x %.1f, +%.3f GB policies) "
-                     "and %d x %d budget entries", p.mem_cap / 1e9, p.model_bytes / 1e9, p.overhead, p.dlm_bytes / 1e9,
-                     c->n_seq, p.budget);
+                     "and one sequence's %d budget entries per layer", p.mem_cap / 1e9, p.model_bytes / 1e9, p.overhead,
+                     p.dlm_bytes / 1e9, p.budget);
     if (st == KS_OK) {
         c->plan = p;
         memcpy(c->plan_thr, thr, sizeof(int64_t) * (size_t)(L + 1));
@@ -545,6 +546,8 @@ void ks_context_kv_bytes(const ks_context *c, int64_t *fast, int64_t *slow) {
             for (int32_t h = 0; h < hp->n_head_kv; h++) e += ks_kv_n_entries(c->kv, s, l, h);
         *(ks_kv_layer_tier(c->kv, l) == KS_TIER_SLOW ? &sl : &f) += 2 * e * (int64_t)c->kv_row_bytes;
     }
+    for (int32_t s = 0; s < c->n_seq; s++) /* parked sequences: all in the slow tier */
+        sl += 2 * ks_kv_seq_parked_entries(c->kv, s) * (int64_t)c->kv_row_bytes;
     if (fast) *fast = f;
     if (slow) *slow = sl;
 }

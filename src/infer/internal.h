@@ -92,11 +92,17 @@ uint8_t *ks_infer_gather_buffer(ks_context *c, ks_attn_scratch *s);
 /* Entry slots of the elastic buffer per (seq, KV head) of an offloaded layer
  * (0: every entry). */
 int32_t ks_infer_buffer_entries(const ks_context_params *p);
+/* Whether a plan holds the weights and one sequence with every layer
+ * offloaded (its budget entries): the least a capped context must hold; more
+ * sequences are the scheduler's to admit or pause (ks_context_mem_fits). */
+bool ks_infer_plan_holds_one(const ks_memplan_params *p);
 /* The memory model over the context's real sizes (params.mem_cap > 0). */
 ks_status ks_infer_plan_init(ks_context *c);
-/* Algorithm 2 for the longest sequence at length S: move layers to the slow
- * tier as S crosses the thresholds. */
-ks_status ks_infer_plan_apply(ks_context *c, int64_t S);
+/* Algorithm 2 over the actual state (kv/memplan.h, ks_memplan_offloaded_for)
+ * as the coming step leaves it: the unparked sequences plus extra_tokens,
+ * extra_seqs sequences starting, the longest at least `longest`; moves the
+ * deepest fast layers to the slow tier until it fits. */
+ks_status ks_infer_plan_apply(ks_context *c, int64_t extra_tokens, int32_t extra_seqs, int64_t longest);
 /* After before_step of a global policy: queue every slow-tier page its
  * selection touches, so loads overlap the layers before. */
 ks_status ks_infer_prefetch_global(ks_context *c, int32_t n, const int32_t *seqs, const int32_t *pos);

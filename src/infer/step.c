@@ -95,7 +95,9 @@ ks_status ks_prefill(ks_context *c, int32_t seq, const int32_t *tokens, int32_t 
         return KS_FAIL(KS_ERR_CONTEXT_FULL, "%d tokens + %d already in sequence %d exceed the context of %d", n,
                        c->seq_len[seq], seq, c->n_ctx);
     KS_TRY(check_tokens(c, tokens, n));
-    KS_TRY(ks_infer_plan_apply(c, (int64_t)c->seq_len[seq] + n));
+    if (ks_kv_seq_parked(c->kv, seq))
+        return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d is parked: ks_seq_unpark it before prefilling", seq);
+    KS_TRY(ks_infer_plan_apply(c, n, c->seq_len[seq] == 0, (int64_t)c->seq_len[seq] + n));
     const ks_hparams *hp = &c->model->hp;
     ks_policy *pol = ks_infer_policy_of(c, seq); /* the sequence's own policy */
     int32_t obs_window = ks_infer_pol_of(c, seq)->obs_window;
@@ -211,12 +213,18 @@ ks_status ks_decode(ks_context *c, const int32_t *seqs, const int32_t *tokens, i
             if (seqs[j] == seqs[i]) return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d appears twice in one step", seqs[i]);
         if (c->seq_len[seqs[i]] + 1 > c->n_ctx)
             return KS_FAIL(KS_ERR_CONTEXT_FULL, "sequence %d is full (%d tokens)", seqs[i], c->n_ctx);
+        if (ks_kv_seq_parked(c->kv, seqs[i]))
+            return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d is parked: ks_seq_unpark it before decoding", seqs[i]);
     }
     KS_TRY(check_tokens(c, tokens, n));
-    if (c->plan_thr) { /* Algorithm 2: the step will make the longest sequence one longer */
+    if (c->plan_thr) { /* Algorithm 2: the step adds a token to each of the n sequences */
         int64_t S = 0;
-        for (int32_t i = 0; i < n; i++) S = c->seq_len[seqs[i]] + 1 > S ? c->seq_len[seqs[i]] + 1 : S;
-        KS_TRY(ks_infer_plan_apply(c, S));
+        int32_t starting = 0;
+        for (int32_t i = 0; i < n; i++) {
+            S = c->seq_len[seqs[i]] + 1 > S ? c->seq_len[seqs[i]] + 1 : S;
+            starting += c->seq_len[seqs[i]] == 0;
+        }
+        KS_TRY(ks_infer_plan_apply(c, n, starting, S));
     }
     double t0 = ks_time_sec();
     int32_t *ps = ks_malloc(sizeof(int32_t) * (size_t)n);
@@ -282,7 +290,7 @@ static void fill_worker(void *arg, int ith, int nth) {
 ks_status ks_seq_fill_synthetic(ks_context *c, int32_t seq, int32_t n, uint64_t seed) {
     if (seq < 0 || seq >= c->n_seq) return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d out of range", seq);
     if (n < 0 || n > c->n_ctx) return KS_FAIL(KS_ERR_CONTEXT_FULL, "depth %d exceeds the context of %d", n, c->n_ctx);
-    ks_seq_reset(c, seq);
+    ks_seq_reset(c, seq); /* a parked copy goes too */
     /* values are Gaussian noise: only the bytes matter for bandwidth benchmarks */
     size_t n_noise = 1 << 16;
     float *noise = ks_malloc(sizeof(float) * n_noise);

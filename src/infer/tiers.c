@@ -8,7 +8,13 @@
  * sequence-length thresholds once, and before each prefill or decode the
  * context moves the deepest fast layers to the slow tier as the longest
  * sequence crosses them.  The plan moves layers one way only: a step never
- * waits for a layer coming back.
+ * waits for a layer coming back.  Across many sequences the decision is
+ * taken over the actual state rather than R sequences at the longest length
+ * (ks_memplan_offloaded_for: the sum of the unparked sequences' lengths, the
+ * longest one, the active ones), which equals Algorithm 1's thresholds when
+ * every sequence is equally long.  A parked sequence (ks_seq_park: all its
+ * KV moved to the slow tier, the pause of a scheduler under a cap) counts
+ * only for the retrieval head's cache, which stays with its policy.
  *
  * Loading (the same paper, Section 5, asynchronous prefetch and Section
  * 5.4, elastic loading): an offloaded layer keeps a fixed buffer of entry
@@ -36,6 +42,11 @@ int32_t ks_infer_buffer_entries(const ks_context_params *p) {
     return 0;
 }
 
+bool ks_infer_plan_holds_one(const ks_memplan_params *p) {
+    ks_memplan_state one = {.active = 1};
+    return ks_memplan_offloaded_for(p, &one) <= p->n_layer;
+}
+
 ks_status ks_infer_plan_init(ks_context *c) {
     const ks_hparams *hp = &c->model->hp;
     const ks_context_params *p = &c->params;
@@ -61,9 +72,10 @@ ks_status ks_infer_plan_init(ks_context *c) {
                                   .mem_cap = p->mem_cap};
     c->plan_thr = ks_malloc(sizeof(int64_t) * (size_t)(hp->n_layer + 1));
     KS_TRY(ks_memplan_thresholds(&c->plan, c->plan_thr));
-    if (c->plan_thr[hp->n_layer] < 0)
-        return KS_FAIL(KS_ERR_NOMEM, "a fast tier of %.2f GB cannot hold the weights (%.2f GB x %.1f) and %d x %d budget "
-                       "entries", p->mem_cap / 1e9, c->plan.model_bytes / 1e9, c->plan.overhead, c->n_seq, p->budget);
+    if (!ks_infer_plan_holds_one(&c->plan))
+        return KS_FAIL(KS_ERR_NOMEM, "a fast tier of %.2f GB cannot hold the weights (%.2f GB x %.1f) and one sequence's "
+                       "%d budget entries per layer", p->mem_cap / 1e9, c->plan.model_bytes / 1e9, c->plan.overhead,
+                       p->budget);
     KS_LOG(INFO, "memory plan: cap %.2f GB, weights %.2f GB (+%.3f GB policy), alpha %.3f; all layers fast up to S=%lld, "
            "all offloaded up to S=%lld", p->mem_cap / 1e9, c->plan.model_bytes / 1e9, c->plan.dlm_bytes / 1e9,
            c->plan.alpha, (long long)c->plan_thr[0], (long long)c->plan_thr[hp->n_layer]);
@@ -86,11 +98,52 @@ void ks_context_memplan(const ks_context *c, ks_memplan_info *out) {
     out->offloaded = c->n_offloaded;
 }
 
-ks_status ks_infer_plan_apply(ks_context *c, int64_t S) {
+/* The model's state now, plus a query's additions. */
+static ks_memplan_state plan_state(const ks_context *c, const ks_mem_query *q) {
+    ks_memplan_state st = {0};
+    if (!q->alone)
+        for (int32_t i = 0; i < c->n_seq; i++) {
+            st.tokens_all += c->seq_len[i];
+            if (ks_kv_seq_parked(c->kv, i)) continue;
+            st.tokens_fast += c->seq_len[i];
+            st.active += c->seq_len[i] > 0;
+            if (c->seq_len[i] > st.longest) st.longest = c->seq_len[i];
+        }
+    st.tokens_fast += q->extra_tokens;
+    st.tokens_all += q->extra_tokens;
+    st.active += q->extra_seqs;
+    if (q->longest > st.longest) st.longest = q->longest;
+    return st;
+}
+
+ks_status ks_context_mem_fits(const ks_context *c, const ks_mem_query *q, ks_mem_fit *out) {
+    if (!c || !q || !out) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL argument");
+    if (q->extra_tokens < 0 || q->extra_seqs < 0 || q->longest < 0)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "negative memory query");
+    ks_mem_fit f = {.fits = true};
+    ks_memplan_state st = plan_state(c, q);
+    f.tokens = st.tokens_fast;
+    f.active_seqs = st.active;
+    if (c->plan_thr) {
+        int32_t L = c->plan.n_layer, k = ks_memplan_offloaded_for(&c->plan, &st);
+        f.active = true;
+        f.fits = k <= L;
+        f.offloaded = k;
+        f.bytes = ks_memplan_bytes_state(&c->plan, f.fits ? L - k : 0, &st);
+        f.mem_cap = c->plan.mem_cap;
+    }
+    *out = f;
+    return KS_OK;
+}
+
+ks_status ks_infer_plan_apply(ks_context *c, int64_t extra_tokens, int32_t extra_seqs, int64_t longest) {
     if (!c->plan_thr) return KS_OK;
-    int32_t L = c->model->hp.n_layer, want = ks_memplan_offloaded_at(c->plan_thr, L, S);
+    ks_mem_query q = {.extra_tokens = extra_tokens, .extra_seqs = extra_seqs, .longest = longest};
+    ks_memplan_state st = plan_state(c, &q);
+    int32_t L = c->model->hp.n_layer, want = ks_memplan_offloaded_for(&c->plan, &st);
     if (want > L) {
-        KS_LOG(WARN, "memory plan: S=%lld exceeds the fast tier even with every layer offloaded", (long long)S);
+        KS_LOG(WARN, "memory plan: %lld tokens in %d sequences (longest %lld) exceed the fast tier even with every "
+               "layer offloaded", (long long)st.tokens_fast, st.active, (long long)st.longest);
         want = L;
     }
     while (c->n_offloaded < want) {
@@ -98,16 +151,34 @@ ks_status ks_infer_plan_apply(ks_context *c, int64_t S) {
         if (ks_kv_layer_tier(c->kv, layer) == KS_TIER_FAST) KS_TRY(ks_kv_set_layer_tier(c->kv, layer, KS_TIER_SLOW));
         c->n_offloaded++;
         c->stats.kv_offload_events++;
-        KS_LOG(INFO, "memory plan: S=%lld crossed %lld: layer %d moved to the slow tier (%d of %d offloaded)",
-               (long long)S, (long long)c->plan_thr[c->n_offloaded - 1], layer, c->n_offloaded, L);
+        KS_LOG(INFO, "memory plan: %lld tokens in %d sequences (longest %lld): layer %d moved to the slow tier "
+               "(%d of %d offloaded)", (long long)st.tokens_fast, st.active, (long long)st.longest, layer,
+               c->n_offloaded, L);
     }
     return KS_OK;
 }
 
-ks_status ks_context_apply_memplan(ks_context *c) {
-    int64_t S = 0;
-    for (int32_t i = 0; i < c->n_seq; i++) S = c->seq_len[i] > S ? c->seq_len[i] : S;
-    return ks_infer_plan_apply(c, S);
+ks_status ks_context_apply_memplan(ks_context *c) { return ks_infer_plan_apply(c, 0, 0, 0); }
+
+/* ------------------------------------------------------- park / unpark -- */
+ks_status ks_seq_park(ks_context *c, int32_t seq) {
+    if (!c) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL context");
+    if (seq < 0 || seq >= c->n_seq) return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d out of range [0, %d)", seq, c->n_seq);
+    return ks_kv_seq_park(c->kv, seq);
+}
+
+ks_status ks_seq_unpark(ks_context *c, int32_t seq) {
+    if (!c) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL context");
+    if (seq < 0 || seq >= c->n_seq) return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d out of range [0, %d)", seq, c->n_seq);
+    if (!ks_kv_seq_parked(c->kv, seq)) return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d is not parked", seq);
+    /* the plan makes room first: its tokens may push more layers to the slow tier */
+    KS_TRY(ks_infer_plan_apply(c, c->seq_len[seq], c->seq_len[seq] > 0, c->seq_len[seq]));
+    return ks_kv_seq_unpark(c->kv, seq);
+}
+
+bool ks_seq_parked(const ks_context *c, int32_t seq) {
+    KS_ASSERT(c && seq >= 0 && seq < c->n_seq);
+    return ks_kv_seq_parked(c->kv, seq);
 }
 
 ks_status ks_context_offload_layer(ks_context *c, int32_t layer, bool offload) {

@@ -43,6 +43,8 @@ int32_t ks_kv_n_pages(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t
 void ks_kv_destroy(ks_kv_store *kv) {
     if (!kv) return;
     ks_copy_engine_destroy(kv->copy); /* drains queued loads first */
+    for (int32_t i = 0; kv->parked && i < kv->p.n_seq; i++) ks_kv_parked_free(kv->parked[i]);
+    ks_free(kv->parked);
     for (int32_t l = 0; kv->layers && l < kv->p.n_layer; l++) {
         kv_layer *L = &kv->layers[l];
         free(L->fast);
@@ -90,6 +92,7 @@ ks_status ks_kv_create(const ks_kv_params *p, ks_kv_store **out) {
     kv->n_ent = ks_calloc(n_heads_total, sizeof(int32_t));
     kv->tmp = ks_malloc(sizeof(float) * 2 * (size_t)kv->hd);
     kv->page_tmp = ks_malloc(2 * kv->page_bytes);
+    kv->parked = ks_calloc((size_t)p->n_seq, sizeof(kv_parked *));
     for (int32_t l = 0; l < p->n_layer; l++) kv->layers[l].fd = -1; /* destroy may run before a layer is built */
     for (int32_t l = 0; l < p->n_layer; l++) {
         kv_layer *L = &kv->layers[l];
@@ -123,7 +126,7 @@ ks_status ks_kv_create(const ks_kv_params *p, ks_kv_store **out) {
 }
 
 /* -------------------------------------------------------- page ids -- */
-static int32_t page_alloc(ks_kv_store *kv, kv_layer *L, int32_t seq, int32_t head, int32_t lp) {
+int32_t ks_kv_page_alloc(ks_kv_store *kv, kv_layer *L, int32_t seq, int32_t head, int32_t lp) {
     int32_t home = ((seq * kv->nh) + head) * kv->max_pages + lp;
     if (home < kv->n_phys && !L->in_use[home]) {
         L->in_use[home] = 1;
@@ -181,6 +184,7 @@ static void meta_add(ks_kv_store *kv, kv_layer *L, int32_t id, int32_t slot, int
 ks_status ks_kv_append(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t pos, const float *k,
                        const float *v) {
     KS_ASSERT(seq >= 0 && seq < kv->p.n_seq && layer >= 0 && layer < kv->p.n_layer && head >= 0 && head < kv->nh);
+    KS_ASSERT(!kv->parked[seq]); /* the context refuses steps of a parked sequence */
     kv_layer *L = &kv->layers[layer];
     size_t hi = kv_hidx(kv, seq, layer, head);
     int32_t n = kv->n_ent[hi];
@@ -188,7 +192,7 @@ ks_status ks_kv_append(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head
     int32_t lp = n / kv->P, slot = n % kv->P;
     int32_t *tab = kv_table_of(kv, seq, layer, head);
     if (slot == 0) {
-        int32_t id = page_alloc(kv, L, seq, head, lp);
+        int32_t id = ks_kv_page_alloc(kv, L, seq, head, lp);
         if (id < 0) return KS_FAIL(KS_ERR_NOMEM, "layer %d KV page pool exhausted (%d pages)", layer, kv->n_phys);
         tab[lp] = id;
     }
@@ -227,7 +231,7 @@ ks_status ks_kv_append(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head
     return KS_OK;
 }
 
-static void head_clear(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head) {
+void ks_kv_head_clear(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head) {
     kv_layer *L = &kv->layers[layer];
     size_t hi = kv_hidx(kv, seq, layer, head);
     int32_t np = (kv->n_ent[hi] + kv->P - 1) / kv->P;
@@ -238,9 +242,11 @@ static void head_clear(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head
 
 void ks_kv_seq_clear(ks_kv_store *kv, int32_t seq) {
     KS_ASSERT(seq >= 0 && seq < kv->p.n_seq);
+    ks_kv_parked_free(kv->parked[seq]); /* a parked sequence's copy goes too */
+    kv->parked[seq] = NULL;
     for (int32_t l = 0; l < kv->p.n_layer; l++) {
         (void)ks_copy_wait(&kv->layers[l].ev, NULL); /* no load may land in a recycled slot */
-        for (int32_t h = 0; h < kv->nh; h++) head_clear(kv, seq, l, h);
+        for (int32_t h = 0; h < kv->nh; h++) ks_kv_head_clear(kv, seq, l, h);
     }
 }
 

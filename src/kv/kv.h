@@ -38,6 +38,10 @@
  *    completion counter per layer, so loads for layer l overlap the compute
  *    of layers < l and layer l waits only on its own.  Every byte moved is
  *    counted.
+ * A whole sequence can also be *parked* (a scheduler's pause under a memory
+ * cap): every page of all its layers and heads, with metadata, copied to
+ * the slow tier and its pages freed in every pool; unparking restores it
+ * byte for byte into whichever tier each layer is in by then.
  * Appends to a SLOW layer write through to the slow copy (and the slot, when
  * mapped) after that layer's in-flight loads have landed, so a load can never
  * overwrite a newer row.
@@ -97,6 +101,23 @@ ks_kv_tier ks_kv_layer_tier(const ks_kv_store *kv, int32_t layer);
 /* Move a layer between tiers (all sequences); its data is copied, nothing is
  * lost.  Moving to SLOW allocates its slots; KS_ERR_IO/NOMEM leave it FAST. */
 ks_status ks_kv_set_layer_tier(ks_kv_store *kv, int32_t layer, ks_kv_tier tier);
+
+/* ------------------------------------------------ parked sequences -- */
+/* Park a sequence: copy every page of every (layer, KV head) of seq, whole
+ * and byte for byte, with its metadata and entry counts, to the slow tier
+ * (host memory, or an unlinked file in the offload directory), then free its
+ * pages in every pool (fast pages, slow copies and buffered slots alike).
+ * While parked the sequence holds no entries here (ks_kv_n_entries is 0)
+ * and must not be appended to; ks_kv_seq_clear drops the parked copy.
+ * KS_ERR_NOMEM / KS_ERR_IO leave the sequence as it was, unparked. */
+ks_status ks_kv_seq_park(ks_kv_store *kv, int32_t seq);
+/* Bring a parked sequence back: pages from the pools (home ids first), its
+ * bytes and metadata restored exactly into whichever tier holds each layer
+ * now.  KS_ERR_NOMEM / KS_ERR_IO leave it parked. */
+ks_status ks_kv_seq_unpark(ks_kv_store *kv, int32_t seq);
+bool ks_kv_seq_parked(const ks_kv_store *kv, int32_t seq);
+/* Entries (summed over layers and KV heads) of a parked sequence; 0 if not parked. */
+int64_t ks_kv_seq_parked_entries(const ks_kv_store *kv, int32_t seq);
 
 /* Make entries ent[0..n) (ascending, < n_entries) of (seq, layer, head)
  * readable in the fast tier.  FAST layers: nothing to do.  SLOW layers:

@@ -33,6 +33,20 @@ typedef struct {
     bool fail_reads;
 } kv_layer;
 
+/* A parked sequence (ks_kv_seq_park): every page of every (layer, KV head),
+ * in order (layer, head, logical page), whole (K then V) and byte for byte,
+ * in host memory or an unlinked file of the offload directory, with its
+ * metadata (fill, positions, key summaries) and entry counts. */
+typedef struct kv_parked {
+    int32_t *n_ent;       /* [n_layer][n_head_kv] entries */
+    int64_t n_pages, n_entries;
+    uint8_t *data;        /* [n_pages][page_bytes] (memory), NULL with fd */
+    int fd;               /* file, else -1 */
+    int32_t *fill;        /* [n_pages] */
+    int32_t *pos;         /* [n_pages][P] */
+    float *kmin, *kmax, *ksum; /* [n_pages][head_dim] */
+} kv_parked;
+
 struct ks_kv_store {
     ks_kv_params p;
     int32_t P, hd, nh, max_pages, n_sh;
@@ -43,6 +57,7 @@ struct ks_kv_store {
     int32_t *table;       /* [n_seq][n_layer][n_head_kv][max_pages] logical -> physical */
     int32_t *n_ent;       /* [n_seq][n_layer][n_head_kv] entries */
     ks_copy_engine *copy;
+    kv_parked **parked;   /* [n_seq] NULL: the sequence is not parked */
     float *tmp;           /* [2][head_dim] row conversion scratch (appends are serial) */
     uint8_t *page_tmp;    /* [2][page_bytes] compaction scratch */
     _Atomic uint64_t bytes_loaded, bytes_stored, pages_loaded, pages_hit;
@@ -93,5 +108,10 @@ ks_status ks_kv_page_read(const ks_kv_store *kv, const kv_layer *L, int32_t id, 
 ks_status ks_kv_page_write(ks_kv_store *kv, kv_layer *L, int32_t id, const uint8_t *buf);
 /* Free a layer's slow copy and slots (FAST again, or destruction). */
 void ks_kv_release_slow(kv_layer *L);
+/* Free a parked sequence's copy (NULL: nothing). */
+void ks_kv_parked_free(kv_parked *pk);
+/* kv.c: page ids and summaries, for kv_tier.c's park / unpark */
+int32_t ks_kv_page_alloc(ks_kv_store *kv, kv_layer *L, int32_t seq, int32_t head, int32_t lp);
+void ks_kv_head_clear(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head);
 
 #endif

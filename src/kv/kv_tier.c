@@ -376,3 +376,161 @@ ks_status ks_kv_read_page(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t h
 }
 
 int32_t ks_kv_buffer_entries(const ks_kv_store *kv) { return kv->n_slot; }
+
+/* -------------------------------------------------- parked sequences -- */
+/* A sequence is parked whole: its pages leave the layer pools (so the fast
+ * tier no longer holds them, and no slot maps them), and come back byte for
+ * byte with their metadata, so attention after unparking reads exactly what
+ * it would have read without the detour: nothing is re-quantized or
+ * recomputed.  Physical ids may differ afterwards (home ids are preferred);
+ * attention addresses entries through the page tables, so that is invisible. */
+void ks_kv_parked_free(kv_parked *pk) {
+    if (!pk) return;
+    free(pk->data);
+    if (pk->fd >= 0) close(pk->fd);
+    ks_free(pk->n_ent);
+    ks_free(pk->fill);
+    ks_free(pk->pos);
+    ks_free(pk->kmin);
+    ks_free(pk->kmax);
+    ks_free(pk->ksum);
+    ks_free(pk);
+}
+
+bool ks_kv_seq_parked(const ks_kv_store *kv, int32_t seq) {
+    KS_ASSERT(seq >= 0 && seq < kv->p.n_seq);
+    return kv->parked[seq] != NULL;
+}
+
+int64_t ks_kv_seq_parked_entries(const ks_kv_store *kv, int32_t seq) {
+    KS_ASSERT(seq >= 0 && seq < kv->p.n_seq);
+    return kv->parked[seq] ? kv->parked[seq]->n_entries : 0;
+}
+
+static ks_status park_file(const ks_kv_store *kv, int32_t seq, off_t bytes, int *fd_out) {
+    char path[4096];
+    int n = snprintf(path, sizeof path, "%s/kvsieve-%d-%p-seq%d.kv", kv->p.offload_dir, (int)getpid(), (void *)kv, seq);
+    if (n < 0 || (size_t)n >= sizeof path) return KS_FAIL(KS_ERR_INVALID_ARG, "offload directory path is too long");
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return KS_FAIL(KS_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+    unlink(path);
+    int e = bytes > 0 ? posix_fallocate(fd, 0, bytes) : 0;
+    if (e != 0) {
+        close(fd);
+        return KS_FAIL(KS_ERR_IO, "cannot reserve %.1f MiB to park sequence %d in %s: %s", bytes / 1048576.0, seq,
+                       kv->p.offload_dir, strerror(e));
+    }
+    *fd_out = fd;
+    return KS_OK;
+}
+
+ks_status ks_kv_seq_park(ks_kv_store *kv, int32_t seq) {
+    KS_ASSERT(seq >= 0 && seq < kv->p.n_seq);
+    if (kv->parked[seq]) return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d is parked already", seq);
+    int32_t NL = kv->p.n_layer, nh = kv->nh, P = kv->P, hd = kv->hd;
+    int64_t np = 0, ne = 0;
+    for (int32_t l = 0; l < NL; l++)
+        for (int32_t h = 0; h < nh; h++) {
+            ne += ks_kv_n_entries(kv, seq, l, h);
+            np += ks_kv_n_pages(kv, seq, l, h);
+        }
+    kv_parked *pk = ks_calloc(1, sizeof *pk);
+    pk->fd = -1;
+    pk->n_pages = np;
+    pk->n_entries = ne;
+    pk->n_ent = ks_malloc(sizeof(int32_t) * (size_t)NL * nh);
+    size_t m = np > 0 ? (size_t)np : 1;
+    pk->fill = ks_malloc(sizeof(int32_t) * m);
+    pk->pos = ks_malloc(sizeof(int32_t) * m * P);
+    pk->kmin = ks_malloc(sizeof(float) * m * hd);
+    pk->kmax = ks_malloc(sizeof(float) * m * hd);
+    pk->ksum = ks_malloc(sizeof(float) * m * hd);
+    ks_status st = KS_OK;
+    if (kv->p.offload_dir) st = park_file(kv, seq, (off_t)np * (off_t)kv->page_bytes, &pk->fd);
+    else if (!(pk->data = malloc(m * kv->page_bytes)))
+        st = KS_FAIL(KS_ERR_NOMEM, "parking sequence %d: %.1f MiB of slow tier refused", seq,
+                     (double)np * kv->page_bytes / 1048576.0);
+    int64_t k = 0;
+    for (int32_t l = 0; l < NL && st == KS_OK; l++) {
+        kv_layer *L = &kv->layers[l];
+        /* loads in flight may land in this sequence's slots: they must be done */
+        if ((st = ks_copy_wait(&L->ev, &kv->wait_seconds)) != KS_OK) break;
+        for (int32_t h = 0; h < nh && st == KS_OK; h++) {
+            pk->n_ent[l * nh + h] = ks_kv_n_entries(kv, seq, l, h);
+            const int32_t *tab = kv_table_of(kv, seq, l, h);
+            for (int32_t lp = 0; lp < ks_kv_n_pages(kv, seq, l, h); lp++, k++) {
+                int32_t id = tab[lp];
+                uint8_t *dst = pk->data ? pk->data + (size_t)k * kv->page_bytes : kv->page_tmp;
+                if ((st = ks_kv_page_read(kv, L, id, dst)) != KS_OK) break;
+                if (pk->fd >= 0 &&
+                    (st = ks_kv_file_write(pk->fd, dst, kv->page_bytes, (off_t)k * (off_t)kv->page_bytes)) != KS_OK)
+                    break;
+                pk->fill[k] = L->fill[id];
+                memcpy(pk->pos + (size_t)k * P, L->pos + (size_t)id * P, sizeof(int32_t) * P);
+                memcpy(pk->kmin + (size_t)k * hd, L->kmin + (size_t)id * hd, sizeof(float) * hd);
+                memcpy(pk->kmax + (size_t)k * hd, L->kmax + (size_t)id * hd, sizeof(float) * hd);
+                memcpy(pk->ksum + (size_t)k * hd, L->ksum + (size_t)id * hd, sizeof(float) * hd);
+            }
+        }
+    }
+    if (st != KS_OK) {
+        ks_kv_parked_free(pk);
+        return st;
+    }
+    for (int32_t l = 0; l < NL; l++)
+        for (int32_t h = 0; h < nh; h++) ks_kv_head_clear(kv, seq, l, h);
+    atomic_fetch_add(&kv->bytes_stored, (uint64_t)np * kv->page_bytes);
+    kv->parked[seq] = pk;
+    return KS_OK;
+}
+
+ks_status ks_kv_seq_unpark(ks_kv_store *kv, int32_t seq) {
+    KS_ASSERT(seq >= 0 && seq < kv->p.n_seq);
+    kv_parked *pk = kv->parked[seq];
+    if (!pk) return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d is not parked", seq);
+    int32_t NL = kv->p.n_layer, nh = kv->nh, P = kv->P, hd = kv->hd;
+    ks_status st = KS_OK;
+    int64_t k = 0;
+    for (int32_t l = 0; l < NL && st == KS_OK; l++) {
+        kv_layer *L = &kv->layers[l];
+        if ((st = ks_copy_wait(&L->ev, &kv->wait_seconds)) != KS_OK) break;
+        for (int32_t h = 0; h < nh && st == KS_OK; h++) {
+            int32_t n = pk->n_ent[l * nh + h], npg = (n + P - 1) / P;
+            int32_t *tab = kv_table_of(kv, seq, l, h);
+            size_t hi = kv_hidx(kv, seq, l, h);
+            KS_ASSERT(kv->n_ent[hi] == 0);
+            for (int32_t lp = 0; lp < npg; lp++, k++) {
+                int32_t id = ks_kv_page_alloc(kv, L, seq, h, lp);
+                if (id < 0) {
+                    st = KS_FAIL(KS_ERR_NOMEM, "layer %d KV page pool exhausted (%d pages) unparking sequence %d", l,
+                                 kv->n_phys, seq);
+                    break;
+                }
+                tab[lp] = id;
+                /* entries so far, so a failure frees exactly the pages taken */
+                kv->n_ent[hi] = (lp + 1) * P < n ? (lp + 1) * P : n;
+                const uint8_t *src = pk->data ? pk->data + (size_t)k * kv->page_bytes : kv->page_tmp;
+                if (pk->fd >= 0) {
+                    if (L->fail_reads) st = KS_FAIL(KS_ERR_IO, "slow-tier read failed (injected)");
+                    else st = file_read(pk->fd, kv->page_tmp, kv->page_bytes, (off_t)k * (off_t)kv->page_bytes);
+                    if (st != KS_OK) break;
+                }
+                if ((st = ks_kv_page_write(kv, L, id, src)) != KS_OK) break;
+                if (L->tier == KS_TIER_FAST) atomic_fetch_add(&kv->bytes_loaded, kv->page_bytes);
+                L->fill[id] = pk->fill[k];
+                memcpy(L->pos + (size_t)id * P, pk->pos + (size_t)k * P, sizeof(int32_t) * P);
+                memcpy(L->kmin + (size_t)id * hd, pk->kmin + (size_t)k * hd, sizeof(float) * hd);
+                memcpy(L->kmax + (size_t)id * hd, pk->kmax + (size_t)k * hd, sizeof(float) * hd);
+                memcpy(L->ksum + (size_t)id * hd, pk->ksum + (size_t)k * hd, sizeof(float) * hd);
+            }
+        }
+    }
+    if (st != KS_OK) { /* back to parked: free what was taken */
+        for (int32_t l = 0; l < NL; l++)
+            for (int32_t h = 0; h < nh; h++) ks_kv_head_clear(kv, seq, l, h);
+        return st;
+    }
+    kv->parked[seq] = NULL;
+    ks_kv_parked_free(pk);
+    return KS_OK;
+}

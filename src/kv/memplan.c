@@ -44,3 +44,17 @@ int32_t ks_memplan_offloaded_at(const int64_t *thr, int32_t n_layer, int64_t S) 
         if (thr[k] >= 0 && S <= thr[k]) return k;
     return n_layer + 1;
 }
+
+double ks_memplan_bytes_state(const ks_memplan_params *p, int32_t l_fast, const ks_memplan_state *s) {
+    double e1 = 2.0 * p->kv_elem_bytes * p->n_head_kv * p->head_dim;
+    return p->overhead * (p->model_bytes + p->dlm_bytes) +
+           e1 * ((double)l_fast * (double)s->tokens_fast + (p->dlm_cache ? (double)s->tokens_all : 0.0) +
+                 p->alpha * (double)p->requests * (double)s->longest +
+                 (double)(p->n_layer - l_fast) * p->budget * (double)s->active);
+}
+
+int32_t ks_memplan_offloaded_for(const ks_memplan_params *p, const ks_memplan_state *s) {
+    for (int32_t k = 0; k <= p->n_layer; k++)
+        if (ks_memplan_bytes_state(p, p->n_layer - k, s) <= p->mem_cap) return k;
+    return p->n_layer + 1;
+}

@@ -46,4 +46,28 @@ ks_status ks_memplan_thresholds(const ks_memplan_params *p, int64_t *thr);
  * smallest k with S <= thr[k]); n_layer + 1 when even all-offloaded overflows. */
 int32_t ks_memplan_offloaded_at(const int64_t *thr, int32_t n_layer, int64_t S);
 
+/* The model over the actual state of a batch rather than R sequences at the
+ * longest length: with e1 the bytes of one token of one layer's KV (K and V,
+ * every KV head),
+ *
+ *   M(L_fast) = c (M_O + M_D) + e1 [ L_fast T_fast + T_all + alpha R S_max
+ *                                    + L_slow B n_active ]
+ *
+ * T_fast: tokens of the sequences whose KV is in the store (not parked);
+ * T_all: tokens of every sequence, parked ones included (the retrieval
+ * head's own K cache, counted only with dlm_cache, stays fast); S_max: the
+ * longest unparked sequence (the runtime scratch grows with it, as in
+ * ks_memplan_bytes); n_active: unparked sequences holding tokens (each keeps
+ * B fast entries per head of an offloaded layer).  With R sequences all at
+ * length S it equals ks_memplan_bytes, so Algorithm 1's thresholds remain
+ * the conservative special case. */
+typedef struct ks_memplan_state {
+    int64_t tokens_fast, tokens_all, longest;
+    int32_t active;
+} ks_memplan_state;
+double ks_memplan_bytes_state(const ks_memplan_params *p, int32_t l_fast, const ks_memplan_state *s);
+/* Algorithm 2 over the state: the fewest layers to offload (last first) for
+ * the state to fit mem_cap; n_layer + 1 when even all-offloaded overflows. */
+int32_t ks_memplan_offloaded_for(const ks_memplan_params *p, const ks_memplan_state *s);
+
 #endif

@@ -2,7 +2,9 @@
  * group.c — contexts: one with n_parallel sequence slots per KV page size in
  * use (sched.h; nearly always one), created on demand and destroyed when
  * idle; a request's admission into a slot (with its own selection policy on
- * that sequence) and its end there.
+ * that sequence, and under a memory cap the engine's model over the actual
+ * state), its end there, and under a cap the pauses and resumes before each
+ * step (ks_sched_group_balance).
  */
 #include "sched/internal.h"
 
@@ -118,7 +120,9 @@ void ks_sched_slot_end(ks_sched *s, group *g, int32_t i, ks_sched_finish fin, ks
     slot *sl = &g->slots[i];
     ks_sched_req *r = sl->req;
     if (!r) return;
-    ks_seq_reset(g->ctx, i);
+    ks_seq_reset(g->ctx, i); /* a paused request's parked KV goes too */
+    if (sl->paused) s->n_paused--;
+    sl->paused = false;
     /* under a cap the sequence drops its policy, so an instance no request
      * uses leaves the memory plan at once */
     if (s->p.mem_cap > 0) (void)ks_seq_set_policy(g->ctx, i, NULL);
@@ -133,12 +137,39 @@ void ks_sched_slot_end(ks_sched *s, group *g, int32_t i, ks_sched_finish fin, ks
     ks_sched_req_finish(s, r, fin, err, msg);
 }
 
+bool ks_sched_fits_alone(group *g, const ks_sched_req *r) {
+    int64_t worst = (int64_t)r->n_prompt + r->max_tokens;
+    ks_mem_query q = {.extra_tokens = worst, .extra_seqs = 1, .longest = worst, .alone = true};
+    ks_mem_fit f;
+    return ks_context_mem_fits(g->ctx, &q, &f) != KS_OK || f.fits;
+}
+
+/* Tokens admitted but not prefilled yet (the prompts of running slots still
+ * prefilling, not paused), the sequences among them still empty, and the
+ * length the longest of them will reach. */
+static void pending(ks_sched *s, group *g, int32_t skip, int64_t *tokens, int32_t *seqs, int64_t *longest) {
+    *tokens = 0, *seqs = 0, *longest = 0;
+    for (int32_t j = 0; j < s->p.n_parallel; j++) {
+        const slot *sl = &g->slots[j];
+        if (!sl->req || sl->paused || sl->decoding || j == skip) continue;
+        *tokens += sl->req->n_prompt - sl->n_fed;
+        *seqs += sl->n_fed == 0;
+        if (sl->req->n_prompt > *longest) *longest = sl->req->n_prompt;
+    }
+}
+
+static int64_t margin(const slot *sl, int32_t len) {
+    int64_t left = (int64_t)sl->req->n_prompt + sl->req->max_tokens - len;
+    return left < KS_SCHED_GROWTH_MARGIN ? (left > 0 ? left : 0) : KS_SCHED_GROWTH_MARGIN;
+}
+
 /* under mu: a free slot of g with r's policy on its sequence, or -1 with
  * *why and msg set (the policy was refused, or under a memory cap the
- * request's worst case does not fit even with every layer offloaded, the
- * context's other policies counted), or -2 when r must wait: requests are
- * running and either r does not fit beside their policies or r's policy
- * would shrink the plan below what one of them was admitted for. */
+ * request's worst case does not fit the plan even alone with every layer
+ * offloaded), or -2 when r must wait: beside the running requests it does
+ * not fit the plan now (the actual sum of their lengths, each with room to
+ * grow), a request is paused (paused ones resume first), or r's policy
+ * would leave a running request unable to finish even alone. */
 int32_t ks_sched_slot_prepare(ks_sched *s, group *g, const ks_sched_req *r, ks_sched_error *why, char *msg,
                               size_t msg_cap) {
     int32_t i = 0;
@@ -160,30 +191,145 @@ int32_t ks_sched_slot_prepare(ks_sched *s, group *g, const ks_sched_req *r, ks_s
                  ks_last_error());
         return -1;
     }
-    /* the plan may have changed with the policies the context holds now */
-    ks_memplan_info mi;
-    ks_context_memplan(g->ctx, &mi);
-    int64_t limit = mi.active ? mi.thresholds[mi.n_layer] : -1, worst = (int64_t)r->n_prompt + r->max_tokens;
-    int64_t running = 0;
+    ks_mem_fit f;
+    ks_mem_query q = {0};
+    if (ks_context_mem_fits(g->ctx, &q, &f) != KS_OK || !f.active) return i;
+    /* the plan may have changed with the policies the context holds now:
+     * every running request must still be able to finish on its own */
+    bool others = false, any_paused = false;
+    int64_t run_margin = 0;
     for (int32_t j = 0; j < s->p.n_parallel; j++) {
-        const ks_sched_req *o = g->slots[j].req;
-        if (o && (int64_t)o->n_prompt + o->max_tokens > running) running = (int64_t)o->n_prompt + o->max_tokens;
+        const slot *o = &g->slots[j];
+        if (!o->req) continue;
+        others = true;
+        any_paused |= o->paused;
+        if (!ks_sched_fits_alone(g, o->req)) any_paused = true; /* wait for it to end */
+        if (!o->paused) run_margin += margin(o, ks_seq_len(g->ctx, j));
     }
-    if (limit >= 0 && running > 0 && (worst > limit || running > limit)) {
-        /* the other requests' policies may be what shrinks the plan (or this
-         * one's would shrink it under them): wait for them to end */
-        (void)ks_seq_set_policy(g->ctx, i, NULL); /* back to the default: the plan as it was */
-        return -2;
-    }
-    if (limit >= 0 && worst > limit) {
+    bool alone = ks_sched_fits_alone(g, r);
+    if (!alone && !others) {
+        int64_t worst = (int64_t)r->n_prompt + r->max_tokens;
+        q = (ks_mem_query){.extra_tokens = worst, .extra_seqs = 1, .longest = worst, .alone = true};
+        (void)ks_context_mem_fits(g->ctx, &q, &f);
         *why = KS_SCHED_ERR_TOO_LONG;
         snprintf(msg, msg_cap,
-                 "the request needs up to %lld tokens per sequence; under the memory cap the longest "
-                 "sequence that fits with every layer offloaded is %lld tokens",
-                 (long long)worst, (long long)limit);
+                 "the request needs up to %lld tokens per sequence; under the memory cap (%.1f MB) it does not fit "
+                 "even alone with every layer offloaded (%.1f MB)",
+                 (long long)worst, f.mem_cap / 1e6, f.bytes / 1e6);
+        (void)ks_seq_set_policy(g->ctx, i, NULL);
         return -1;
     }
+    if (others) {
+        /* admission by the actual sum: the running sequences as they are,
+         * the prompts admitted and not prefilled yet, and this prompt, each
+         * with room to grow */
+        int64_t pt, pl;
+        int32_t ps;
+        pending(s, g, -1, &pt, &ps, &pl);
+        int64_t need = (int64_t)r->n_prompt + (r->max_tokens < KS_SCHED_GROWTH_MARGIN ? r->max_tokens : KS_SCHED_GROWTH_MARGIN);
+        q = (ks_mem_query){.extra_tokens = pt + run_margin + need, .extra_seqs = ps + 1, .longest = pl > need ? pl : need};
+        bool fits = ks_context_mem_fits(g->ctx, &q, &f) == KS_OK && f.fits;
+        if (!alone || any_paused || !fits) {
+            (void)ks_seq_set_policy(g->ctx, i, NULL); /* back to the default: the plan as it was */
+            return -2;
+        }
+    }
     return i;
+}
+
+/* The step group_step will run: one token for each decoding slot that is
+ * not paused, and the next prefill chunk of the earliest prefilling one. */
+static void step_need(ks_sched *s, group *g, ks_mem_query *q, int32_t *n_run) {
+    memset(q, 0, sizeof *q);
+    *n_run = 0;
+    const slot *pf = NULL;
+    int32_t pi = -1;
+    for (int32_t i = 0; i < s->p.n_parallel; i++) {
+        const slot *sl = &g->slots[i];
+        if (!sl->req || sl->paused) continue;
+        (*n_run)++;
+        int64_t len = ks_seq_len(g->ctx, i);
+        if (sl->decoding) {
+            q->extra_tokens++;
+            if (len + 1 > q->longest) q->longest = len + 1;
+        } else if (!pf || sl->order < pf->order) {
+            pf = sl;
+            pi = i;
+        }
+    }
+    if (pf) {
+        int32_t left = pf->req->n_prompt - pf->n_fed;
+        int32_t m = pf->chunkable && left > s->p.n_batch ? s->p.n_batch : left;
+        int64_t len = ks_seq_len(g->ctx, pi);
+        q->extra_tokens += m;
+        q->extra_seqs += len == 0;
+        if (len + m > q->longest) q->longest = len + m;
+    }
+}
+
+void ks_sched_group_balance(ks_sched *s, group *g, int32_t *paused, int32_t *resumed) {
+    *paused = *resumed = 0;
+    ks_mem_fit f;
+    ks_mem_query q = {0};
+    if (ks_context_mem_fits(g->ctx, &q, &f) != KS_OK || !f.active) return;
+    /* resume, oldest first, while the paused one fits beside the running
+     * ones with room to grow (always when nothing else runs: it fits alone) */
+    for (;;) {
+        int32_t best = -1, n_run = 0;
+        int64_t run_margin = 0;
+        for (int32_t i = 0; i < s->p.n_parallel; i++) {
+            const slot *sl = &g->slots[i];
+            if (!sl->req) continue;
+            if (sl->paused) {
+                if (best < 0 || sl->order < g->slots[best].order) best = i;
+            } else {
+                n_run++;
+                run_margin += margin(sl, ks_seq_len(g->ctx, i));
+            }
+        }
+        if (best < 0) break;
+        slot *b = &g->slots[best];
+        if (n_run > 0) {
+            int64_t pt, pl;
+            int32_t ps;
+            pending(s, g, best, &pt, &ps, &pl);
+            int64_t len = ks_seq_len(g->ctx, best), grow = margin(b, (int32_t)len);
+            if (!b->decoding) grow += b->req->n_prompt - b->n_fed; /* paused while prefilling */
+            q = (ks_mem_query){.extra_tokens = len + grow + pt + run_margin, .extra_seqs = 1 + ps,
+                               .longest = len + grow > pl ? len + grow : pl};
+            if (ks_context_mem_fits(g->ctx, &q, &f) != KS_OK || !f.fits) break;
+        }
+        ks_status st = ks_seq_unpark(g->ctx, best);
+        b->paused = false;
+        (*resumed)++;
+        if (st != KS_OK) {
+            b->finish = KS_SCHED_FINISH_ERROR;
+            b->error = KS_SCHED_ERR_INTERNAL;
+            snprintf(b->message, sizeof b->message, "resuming the paused request: %s (%s)", ks_status_str(st),
+                     ks_last_error());
+            break;
+        }
+    }
+    /* pause the newest running request while the coming step would not fit
+     * even with every layer offloaded (never the last one: it fits alone) */
+    for (;;) {
+        int32_t n_run = 0;
+        step_need(s, g, &q, &n_run);
+        if (n_run <= 1) break;
+        if (ks_context_mem_fits(g->ctx, &q, &f) != KS_OK || f.fits) break;
+        int32_t v = -1;
+        for (int32_t i = 0; i < s->p.n_parallel; i++) {
+            const slot *sl = &g->slots[i];
+            if (sl->req && !sl->paused && sl->finish == KS_SCHED_FINISH_NONE && (v < 0 || sl->order > g->slots[v].order))
+                v = i;
+        }
+        if (v < 0 || ks_seq_park(g->ctx, v) != KS_OK) {
+            KS_LOG(WARN, "sched: could not pause a request to make room: %s", ks_last_error());
+            break;
+        }
+        g->slots[v].paused = true;
+        (*paused)++;
+    }
 }
 
 /* under mu: r into slot i (ks_sched_slot_prepare's) */
@@ -191,6 +337,7 @@ void ks_sched_slot_admit(ks_sched *s, group *g, int32_t i, ks_sched_req *r) {
     slot *sl = &g->slots[i];
     sl->chunkable = ks_policy_prefill_chunkable(r->policy.policy);
     sl->req = r;
+    sl->paused = false;
     sl->n_fed = 0;
     sl->decoding = false;
     sl->n_gen = 0;

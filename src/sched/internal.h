@@ -52,6 +52,7 @@ typedef struct slot {  /* a sequence of a group's context */
     int32_t n_gen;
     uint64_t order;             /* admission order (prefill FIFO) */
     bool chunkable;             /* its policy's prompt may be prefilled in chunks */
+    bool paused;                /* its KV parked in the slow tier (ks_seq_park) until room returns */
     ks_stop_matcher *stop;      /* the request's stop strings (from admission to the end) */
     /* staged by the step, published under the lock */
     ks_sbuf emit;
@@ -95,7 +96,8 @@ struct ks_sched {
     /* metrics (under mu) */
     ks_stats retired;
     uint64_t submitted, rejected, completed, cancelled, failed, tok_prompt, tok_gen, steps, chunks, mixed_steps;
-    uint64_t ctx_created, ctx_recycled;
+    uint64_t ctx_created, ctx_recycled, pauses, resumes;
+    int32_t n_paused;           /* slots paused now, over every group */
     uint64_t rate_tok[RATE_BUCKETS];
     int64_t rate_sec[RATE_BUCKETS];
     double t_start;
@@ -121,6 +123,18 @@ int32_t ks_sched_slot_prepare(ks_sched *s, group *g, const ks_sched_req *r, ks_s
 void ks_sched_slot_admit(ks_sched *s, group *g, int32_t i, ks_sched_req *r); /* under mu; after prepare */
 void ks_sched_slot_end(ks_sched *s, group *g, int32_t i, ks_sched_finish fin, ks_sched_error err,
                        const char *msg);                               /* under mu */
+
+/* Tokens of room kept per running sequence when a request is admitted or
+ * resumed, so the next steps do not pause it straight away. */
+enum { KS_SCHED_GROWTH_MARGIN = 16 };
+/* Under a cap: whether r's worst case (prompt + max_tokens) fits the
+ * context's plan on its own, with every layer offloaded if need be. */
+bool ks_sched_fits_alone(group *g, const ks_sched_req *r);
+/* Scheduler thread, no lock needed for the context: before a step, resume
+ * paused slots (oldest first) while room allows, then pause the newest
+ * running ones while the step would not fit even with every layer
+ * offloaded.  Counts go to *paused / *resumed. */
+void ks_sched_group_balance(ks_sched *s, group *g, int32_t *paused, int32_t *resumed);
 
 /* loop.c: the scheduler thread */
 void *ks_sched_main(void *arg);

@@ -3,9 +3,10 @@
  * cancelled requests, admits waiting ones into free slots (creating a
  * context when needed, setting each request's own policy on its sequence),
  * recycles idle contexts, and picks the next context with work; then,
- * without the lock, it runs that context's step on the engine — one
- * ks_decode for every decoding slot, whatever their policies, and one
- * prefill chunk —
+ * without the lock, it runs that context's step on the engine — under a
+ * memory cap first the pauses and resumes the step needs (group.c), then
+ * one ks_decode for every decoding slot that is not paused, whatever their
+ * policies, and one prefill chunk —
  * samples, detokenizes and matches stop strings into per-slot staging
  * buffers; then, under the lock again, it publishes the staged text and
  * finishes what finished.
@@ -152,11 +153,15 @@ static void stage_error(slot *sl, ks_sched_error err, const char *what, ks_statu
 
 /* One step of group g, without the lock.  The slot set cannot change under
  * us: only this thread admits and ends. */
-static void group_step(ks_sched *s, group *g, bool *did_decode, bool *did_prefill, bool *mixed) {
+static void group_step(ks_sched *s, group *g, bool *did_decode, bool *did_prefill, bool *mixed, int32_t *paused,
+                       int32_t *resumed) {
     int32_t V = s->n_vocab, n = 0;
+    /* under a cap: resume paused requests when room returned, pause the
+     * newest while this step would not fit even with every layer offloaded */
+    ks_sched_group_balance(s, g, paused, resumed);
     for (int32_t i = 0; i < s->p.n_parallel; i++) {
         slot *sl = &g->slots[i];
-        if (sl->req && sl->decoding && sl->finish == KS_SCHED_FINISH_NONE) {
+        if (sl->req && !sl->paused && sl->decoding && sl->finish == KS_SCHED_FINISH_NONE) {
             s->seqs[n] = i;
             s->toks[n] = sl->next_tok;
             n++;
@@ -180,7 +185,8 @@ static void group_step(ks_sched *s, group *g, bool *did_decode, bool *did_prefil
     int32_t pi = -1;
     for (int32_t i = 0; i < s->p.n_parallel; i++) {
         slot *sl = &g->slots[i];
-        if (sl->req && !sl->decoding && sl->finish == KS_SCHED_FINISH_NONE && (!pf || sl->order < pf->order)) {
+        if (sl->req && !sl->paused && !sl->decoding && sl->finish == KS_SCHED_FINISH_NONE &&
+            (!pf || sl->order < pf->order)) {
             pf = sl;
             pi = i;
         }
@@ -268,8 +274,12 @@ void *ks_sched_main(void *arg) {
         }
         pthread_mutex_unlock(&s->mu);
         bool dec = false, pre = false, mixed = false;
-        group_step(s, g, &dec, &pre, &mixed);
+        int32_t paused = 0, resumed = 0;
+        group_step(s, g, &dec, &pre, &mixed, &paused, &resumed);
         pthread_mutex_lock(&s->mu);
+        s->pauses += (uint64_t)paused;
+        s->resumes += (uint64_t)resumed;
+        s->n_paused += paused - resumed;
         s->steps += dec;
         s->mixed_steps += mixed;
         s->chunks += pre;

@@ -410,6 +410,9 @@ void ks_sched_get_metrics(ks_sched *s, ks_sched_metrics *m) {
     m->prefill_chunks = s->chunks;
     m->contexts_created = s->ctx_created;
     m->contexts_recycled = s->ctx_recycled;
+    m->pauses = s->pauses;
+    m->resumes = s->resumes;
+    m->paused = s->n_paused;
     double now = ks_sched_now();
     int64_t sec = (int64_t)now;
     uint64_t tok = 0;

@@ -34,26 +34,44 @@
  *
  * Admission.  A request waits until a context of its page has a free slot;
  * its worst case (prompt + max_tokens) must fit the context (checked at
- * submit: the prompt is never truncated) and, under a memory cap, the
- * longest sequence the engine's memory plan allows with every layer
- * offloaded (checked at admission, after its policy is set: the plan counts
- * the largest budget and the policies' own weights over the instances the
- * context holds, the default's included; under a cap a finished request's
- * sequence drops its policy, so an unused instance leaves the plan).  A
- * request that does not fit beside the running ones' policies, or whose
- * policy would shrink the plan below what a running request was admitted
- * for, waits for them to end (FIFO); it is refused only when it does not
- * fit with nothing else running.  The waiting queue is bounded: beyond it submit refuses
- * (the server answers 429).  The engine's adaptive memory manager moves
- * whole layers to the slow tier as sequences grow; a context with offloaded
- * layers is recreated once it is idle, so the next requests start with
- * every layer fast again.  With a memory cap only `max_groups` contexts
- * (default 1) live at once, each under the cap.  The engine's plan budgets
- * all n_parallel slots at the longest sequence's length, so admitted work
- * never outgrows the cap and no request is ever paused; pausing a request
- * with its KV parked in the slow tier (to admit more than that conservative
- * plan allows) would need per-sequence tier moves in the engine and is not
- * implemented.
+ * submit: the prompt is never truncated).  Under a memory cap the engine's
+ * memory model is taken over the actual state (ks_context_mem_fits: the sum
+ * of the unpaused sequences' lengths, the longest of them, how many are
+ * active; the largest budget and the policies' own weights over the policy
+ * instances the context holds, the default's included; a finished request's
+ * sequence drops its policy, so an unused instance leaves the plan):
+ *  - a request whose worst case does not fit even alone with every layer
+ *    offloaded is refused (KS_SCHED_ERR_TOO_LONG), after its policy is set;
+ *  - otherwise it is admitted when the running sequences as they are, the
+ *    prompts admitted and not yet prefilled, and its prompt, each with
+ *    KS_SCHED_GROWTH_MARGIN tokens of room, fit with some number of layers
+ *    offloaded: the actual sum, not n_parallel x the longest, so far more
+ *    requests run side by side under a cap than a worst-case reservation
+ *    allows;
+ *  - it waits (FIFO) while a request of its context is paused (they resume
+ *    first), or when its policy would leave a running request unable to
+ *    finish even alone.
+ * The waiting queue is bounded: beyond it submit refuses (the server
+ * answers 429).
+ *
+ * Offload, pause, resume.  As sequences grow the engine offloads whole
+ * layers (last first) whenever the coming step needs it (Algorithm 2 over
+ * the actual state).  Since admission reserves no worst case, the running
+ * sequences may outgrow the cap even with every layer offloaded: before
+ * each step (ks_sched_group_balance) the scheduler checks the step against
+ * the model and, while it does not fit, pauses the newest running request:
+ * ks_seq_park moves all its KV (pages and metadata, every layer and KV
+ * head) to the slow tier and frees its fast pages; it keeps its slot,
+ * sampler, stop matcher and policy state, and stays RUNNING to its client.
+ * The last running request is never paused (it fits alone by admission).
+ * Then, at every step, the oldest paused request is resumed (ks_seq_unpark:
+ * its KV back byte for byte, nothing recomputed) as soon as it fits beside
+ * the running ones with room to grow, and always once nothing else runs,
+ * so its output is byte-identical to running alone.  Pauses, resumes and
+ * the requests paused now are metrics.  A context with offloaded layers is
+ * recreated once it is idle, so the next requests start with every layer
+ * fast again.  With a memory cap only `max_groups` contexts (default 1)
+ * live at once, each under the cap.
  *
  * Output.  Tokens are sampled per request (its own sampler and seed), turned
  * into text, and passed through the engine's stop-string matcher
@@ -204,6 +222,8 @@ typedef struct ks_sched_metrics {
     int32_t layers_offloaded;   /* now, summed over live contexts */
     uint64_t kv_bytes_fast, kv_bytes_slow; /* KV the running sequences hold now, per tier */
     uint64_t contexts_created, contexts_recycled;
+    uint64_t pauses, resumes;   /* requests paused (KV parked in the slow tier) and resumed, since start */
+    int32_t paused;             /* requests paused now (counted in running too) */
 } ks_sched_metrics;
 
 void ks_sched_get_metrics(ks_sched *s, ks_sched_metrics *out);

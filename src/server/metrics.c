@@ -83,8 +83,14 @@ enum MHD_Result ks_server_handle_metrics(ks_server *srv, struct MHD_Connection *
     METRIC("kv_layers_offloaded", "gauge", "Layers in the slow tier now, summed over contexts.", "%d", m.layers_offloaded);
     METRIC("kv_bytes_fast", "gauge", "KV bytes the running sequences hold in the fast tier now.", "%llu",
            (unsigned long long)m.kv_bytes_fast);
-    METRIC("kv_bytes_slow", "gauge", "KV bytes the running sequences hold in the slow tier now (offloaded layers).",
+    METRIC("kv_bytes_slow", "gauge", "KV bytes the running sequences hold in the slow tier now (offloaded layers, paused requests).",
            "%llu", (unsigned long long)m.kv_bytes_slow);
+    METRIC("requests_paused", "gauge", "Requests paused now, their KV parked in the slow tier (counted as running).", "%d",
+           m.paused);
+    METRIC("request_pauses_total", "counter", "Requests paused under the memory cap (KV parked in the slow tier).", "%llu",
+           (unsigned long long)m.pauses);
+    METRIC("request_resumes_total", "counter", "Paused requests resumed (KV brought back).", "%llu",
+           (unsigned long long)m.resumes);
     long pages = 0, rss = 0;
     FILE *f = fopen("/proc/self/statm", "r");
     if (f) {

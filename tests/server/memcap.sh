@@ -7,7 +7,7 @@
 # request of another policy must wait (both slots taken, and one context at
 # a time under a cap) and runs when they are done, also exact; a request
 # whose worst case does not fit the cap even with every layer offloaded is
-# refused with context_length_exceeded (never truncated); the idle context
+# refused with context_length_exceeded (never truncated), even alone; the idle context
 # with offloaded layers is recycled, so later requests start all-fast.
 # Usage: bash memcap.sh <kvsieve> <fixtures-dir> <scratch-dir>
 set -u
@@ -26,7 +26,8 @@ ref1=$("$KS" run -m "$MODEL" -c 2048 -p "The quiet farmer" -n $N --temp 0 --igno
 ref2=$("$KS" run -m "$MODEL" -c 2048 -p "A long road" -n $N --temp 0 --ignore-eos -t 2 --policy quest --budget 64 2>/dev/null)
 ref3=$("$KS" run -m "$MODEL" -c 2048 -p "In the morning" -n 40 --temp 0 --ignore-eos -t 2 --policy streaming --budget 64 2>/dev/null)
 
-# 39 MB: 2 slots of this model stay all-fast up to ~218 tokens, fit with every layer offloaded up to ~1100
+# 39 MB: 2 sequences of this model stay all-fast up to ~218 tokens each (the plan counts the sum of their
+# lengths); one fits with every layer offloaded up to ~1200 tokens
 start_server cap -m "$MODEL" -c 2048 --parallel 2 -t 2 --mem-cap 39M --policy quest --budget 64
 grep -q 'memory plan: cap' "$TMP/cap.err" || bad "no memory plan at start: $(cat "$TMP/cap.err")"
 body() { echo "{\"prompt\":\"$1\",\"max_tokens\":$2,\"temperature\":0,\"stream\":true,\"kvsieve\":{\"ignore_eos\":true$3}}"; }
@@ -60,7 +61,7 @@ ld=$(sed -n 's/^kvsieve_kv_bytes_loaded_total \([0-9]*\)$/\1/p' "$TMP/m.txt")
 [ "${ev:-0}" -gt 0 ] && [ "${st:-0}" -gt 0 ] && [ "${ld:-0}" -gt 0 ] || bad "offload events $ev, stored $st, loaded $ld"
 echo "memcap: peak slow-tier KV $slow bytes, $offl layers offloaded, $ev offload events, $st bytes stored, $ld loaded"
 # a worst case (prompt + max_tokens) beyond what fits with every layer offloaded: refused, not truncated
-code=$(curl -s -d '{"prompt":"The quiet farmer","max_tokens":1200,"kvsieve":{"ignore_eos":true}}' "$BASE/v1/completions" \
+code=$(curl -s -d '{"prompt":"The quiet farmer","max_tokens":2000,"kvsieve":{"ignore_eos":true}}' "$BASE/v1/completions" \
   -o "$TMP/e.json" -w '%{http_code}')
 [ "$code" = 400 ] && [ "$(jget "$TMP/e.json" 'd["error"]["code"]')" = context_length_exceeded ] && \
   grep -q 'memory cap' "$TMP/e.json" || bad "over the cap: $code $(cat "$TMP/e.json")"
@@ -68,5 +69,8 @@ code=$(curl -s -d '{"prompt":"The quiet farmer","max_tokens":1200,"kvsieve":{"ig
 for _ in $(seq 1 50); do [ "$(metric contexts_recycled_total)" -ge 1 ] 2>/dev/null && break; sleep 0.1; done
 [ "$(metric contexts_recycled_total)" -ge 1 ] 2>/dev/null || bad "the offloaded context was not recycled"
 [ "$(metric kv_bytes_fast)" = 0 ] && [ "$(metric kv_bytes_slow)" = 0 ] || bad "KV held after every request ended"
+# pausing is exported (tests/server/test_sched.c forces pauses; these two requests fit side by side)
+[ "$(metric requests_paused)" = 0 ] && [ -n "$(metric request_pauses_total)" ] && \
+  [ "$(metric request_resumes_total)" = "$(metric request_pauses_total)" ] || bad "pause metrics: $(grep pause "$TMP/m.txt")"
 stop_server "$PID" cap
 finish

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 static ks_model *g_model;
+static bool g_ignore_eos; /* reference(): keep going past end-of-generation tokens */
 
 static int setup(void **state) {
     (void)state;
@@ -70,7 +71,7 @@ static char *reference(const char *prompt, int32_t max_tokens, const char *polic
     for (int32_t k = 0; k < max_tokens; k++) {
         int32_t tok = ks_sampler_sample(smp, logits);
         ks_sampler_accept(smp, tok);
-        if (ks_token_is_eog(g_model, tok)) break;
+        if (!g_ignore_eos && ks_token_is_eog(g_model, tok)) break;
         size_t np = 0;
         ks_token_to_piece(g_model, tok, out + len, 4096 - len, &np);
         len += np;
@@ -353,33 +354,66 @@ static void test_chunkable(void **state) {
     assert_false(ks_sched_policy_chunkable(""));
 }
 
-/* Under a memory cap the plan counts the largest budget among the policies
- * the context holds: a request whose policy would shrink the plan below
- * what a running request was admitted for waits for it (and is never
- * refused for it), then runs exactly as alone. */
-static int64_t plan_limit(double cap, int32_t budget) {
+/* The memory model's answer for `seqs` sequences of `len` tokens each on
+ * their own (ks_context_mem_fits), in a context of the given cap and
+ * default budget. */
+static bool fits_state(double cap, int32_t budget, int32_t parallel, int32_t seqs, int64_t len) {
     ks_context_params cp = ks_context_default_params();
     cp.n_ctx = 128;
-    cp.n_seq = 2;
+    cp.n_seq = parallel;
     cp.n_threads = 2;
     cp.policy = "quest";
     cp.budget = budget;
     cp.mem_cap = cap;
     ks_context *c = NULL;
-    if (ks_context_create(g_model, cp, &c) != KS_OK) return -1;
-    ks_memplan_info mi;
-    ks_context_memplan(c, &mi);
+    if (ks_context_create(g_model, cp, &c) != KS_OK) return false;
+    ks_mem_query q = {.extra_tokens = (int64_t)seqs * len, .extra_seqs = seqs, .longest = len, .alone = true};
+    ks_mem_fit f;
+    assert_int_equal(ks_context_mem_fits(c, &q, &f), KS_OK);
     ks_context_destroy(c);
-    return mi.thresholds[mi.n_layer];
+    return f.active && f.fits;
 }
 
+/* The smallest cap (to 1 kB) at which the state fits. */
+static double min_cap(int32_t budget, int32_t parallel, int32_t seqs, int64_t len) {
+    double lo = 1e5, hi = 1e9;
+    if (!fits_state(hi, budget, parallel, seqs, len)) return -1;
+    while (hi - lo > 1e3) {
+        double mid = (lo + hi) / 2;
+        if (fits_state(mid, budget, parallel, seqs, len)) hi = mid;
+        else lo = mid;
+    }
+    return hi;
+}
+
+static ks_sched_req *submit_ie(ks_sched *s, const char *prompt, int32_t max_tokens, const char *policy, int32_t budget) {
+    int32_t ids[128];
+    ks_sched_req_params p = {0};
+    p.n_prompt = tokenize(prompt, ids, 128);
+    p.prompt = ids;
+    p.max_tokens = max_tokens;
+    p.sampling = greedy();
+    p.ignore_eos = true;
+    p.policy = ks_sched_policy_default();
+    snprintf(p.policy.policy, sizeof p.policy.policy, "%s", policy);
+    p.policy.budget = budget;
+    char msg[512];
+    ks_sched_error w;
+    ks_sched_req *r = ks_sched_submit(s, &p, &w, msg, sizeof msg);
+    if (!r) fail_msg("submit refused: %s", msg);
+    return r;
+}
+
+/* Under a memory cap the plan counts the largest budget among the policies
+ * the context holds: a request whose policy would leave a running request
+ * unable to finish even alone waits for it (and is never refused for it),
+ * then runs exactly as alone. */
 static void test_mem_cap_mixed_budgets(void **state) {
     (void)state;
-    double cap = 1e6;
-    /* a cap where b (budget 64, 59 tokens) fits alone but not beside a (95 tokens) */
-    while (cap < 64e6 && plan_limit(cap, 64) < 62) cap += 2e3;
-    int64_t l16 = plan_limit(cap, 16), l64 = plan_limit(cap, 64);
-    if (l16 < 100 || l64 >= 92) skip(); /* this model's shapes leave no cap between the two */
+    /* a cap where a (budget 16, up to 95 tokens) fits alone, and b (budget
+     * 64, up to 59) fits alone, but a does not fit under b's budget */
+    double cap = min_cap(64, 2, 1, 60);
+    if (cap < 0 || !fits_state(cap, 16, 2, 1, 100) || fits_state(cap, 64, 2, 1, 95)) skip();
     ks_sched_params p = ks_sched_default_params();
     p.n_ctx = 128;
     p.n_parallel = 2;
@@ -402,7 +436,7 @@ static void test_mem_cap_mixed_budgets(void **state) {
     ks_sched_update ua, u;
     char *ga = collect(s, a, &ua), *gb = collect(s, b, &u);
     if (ua.finish == KS_SCHED_FINISH_ERROR || u.finish == KS_SCHED_FINISH_ERROR)
-        fail_msg("cap %.0f (limits %lld / %lld): a: %s; b: %s", cap, (long long)l16, (long long)l64, ua.message, u.message);
+        fail_msg("cap %.0f: a: %s; b: %s", cap, ua.message, u.message);
     char *wa = reference("Once upon a time", 90, "quest", 16, sp);
     char *wb = reference("The little dog ran to the river and", 40, "streaming", 64, sp);
     assert_string_equal(ga, wa);
@@ -413,10 +447,72 @@ static void test_mem_cap_mixed_budgets(void **state) {
     ks_sched_destroy(s);
 }
 
+/* Admission by the actual sum, and pausing: under a cap where three
+ * requests start together (short prompts) but cannot all reach their
+ * length even with every layer offloaded, while two can, the newest is
+ * paused (its KV parked in the slow tier) as they grow and resumed when the
+ * others end.  Every output equals the request run alone, nothing fails,
+ * and afterwards nothing is paused and no KV is held in either tier. */
+static void test_mem_cap_pause(void **state) {
+    (void)state;
+    enum { N = 100 };
+    const char *prompts[3] = {"Once upon a time", "The little dog", "A big red ball"};
+    int32_t ids[128], longest = 0;
+    for (int i = 0; i < 3; i++) {
+        int32_t n = tokenize(prompts[i], ids, 128);
+        longest = n > longest ? n : longest;
+    }
+    double cap = min_cap(16, 3, 2, longest + N);
+    if (cap < 0 || fits_state(cap, 16, 3, 3, longest + N) || !fits_state(cap, 16, 3, 3, longest + 16))
+        skip(); /* this model's shapes leave no such cap */
+    ks_sched_params p = ks_sched_default_params();
+    p.n_ctx = 128;
+    p.n_parallel = 3;
+    p.n_threads = 2;
+    p.mem_cap = cap;
+    p.defaults.budget = 16;
+    snprintf(p.defaults.policy, sizeof p.defaults.policy, "quest");
+    ks_sched *s = NULL;
+    char err[512];
+    if (ks_sched_create(g_model, &p, &s, err, sizeof err) != KS_OK) fail_msg("sched: %s", err);
+    ks_sched_req *r[3];
+    for (int i = 0; i < 3; i++) r[i] = submit_ie(s, prompts[i], N, "quest", 16);
+    int32_t max_running = 0;
+    ks_sched_metrics m;
+    do {
+        ks_sched_get_metrics(s, &m);
+        max_running = m.running > max_running ? m.running : max_running;
+        usleep(1000);
+    } while (m.requests_completed + m.requests_failed < 3);
+    ks_sampler_params sp = greedy();
+    g_ignore_eos = true;
+    for (int i = 0; i < 3; i++) {
+        ks_sched_update u;
+        char *got = collect(s, r[i], &u);
+        if (u.finish == KS_SCHED_FINISH_ERROR) fail_msg("request %d failed: %s", i, u.message);
+        assert_int_equal(u.finish, KS_SCHED_FINISH_LENGTH);
+        char *want = reference(prompts[i], N, "quest", 16, sp);
+        assert_string_equal(got, want);
+        free(got), free(want);
+        ks_sched_req_release(s, r[i]);
+    }
+    g_ignore_eos = false;
+    ks_sched_get_metrics(s, &m);
+    if (m.pauses < 1) fail_msg("cap %.0f: no request was paused", cap);
+    assert_int_equal(m.resumes, m.pauses);
+    assert_int_equal(m.paused, 0);
+    assert_int_equal(max_running, 3); /* admitted together: by the sum, not slots x longest */
+    assert_int_equal(m.requests_failed, 0);
+    assert_int_equal(m.kv_bytes_fast, 0);
+    assert_int_equal(m.kv_bytes_slow, 0);
+    ks_sched_destroy(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chunkable),
         cmocka_unit_test(test_mem_cap_mixed_budgets),
+        cmocka_unit_test(test_mem_cap_pause),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_cancel_frees_slot),
         cmocka_unit_test(test_queue_bound_and_lengths),
