@@ -209,6 +209,8 @@ def run_one(a, policy, prompts, model):
         "kv_bytes_loaded": int(delta("kvsieve_kv_bytes_loaded_total")),
         "kv_bytes_stored": int(delta("kvsieve_kv_bytes_stored_total")),
         "offload_events": int(delta("kvsieve_kv_offload_events_total")),
+        "pauses": int(delta("kvsieve_request_pauses_total")),
+        "resumes": int(delta("kvsieve_request_resumes_total")),
         "layers_offloaded_peak": int(peak.get("kvsieve_kv_layers_offloaded", 0)),
         "resident_bytes_peak": int(peak.get("kvsieve_process_resident_bytes", 0)),
     }
@@ -264,9 +266,10 @@ def main():
                   (rep["succeeded"], rep["failed"], rep["wall_s"], rep["generated_tokens"], rep["tok_per_s"]))
             print("  TTFT p50 %.1f ms, p99 %.1f ms; inter-token p50 %.2f ms, p99 %.2f ms" %
                   (rep["ttft_p50_ms"], rep["ttft_p99_ms"], rep["itl_p50_ms"], rep["itl_p99_ms"]))
-            print("  KV bytes peak: fast %d, slow %d; slow tier: %d loaded, %d stored; layer offloads %d" %
+            print("  KV bytes peak: fast %d, slow %d; slow tier: %d loaded, %d stored; layer offloads %d; "
+                  "pauses %d, resumes %d" %
                   (rep["kv_bytes_fast_peak"], rep["kv_bytes_slow_peak"], rep["kv_bytes_loaded"],
-                   rep["kv_bytes_stored"], rep["offload_events"]), flush=True)
+                   rep["kv_bytes_stored"], rep["offload_events"], rep["pauses"], rep["resumes"]), flush=True)
         return 1 if failed else 0
     finally:
         if server:
