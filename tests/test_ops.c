@@ -118,23 +118,25 @@ static void check_attention(ks_kv_type kt, int len, int hd, int G, bool simd) {
     float *reff = malloc(sizeof(float) * G * hd);
     for (int i = 0; i < G * hd; i++) reff[i] = (float)ref[i];
     double mx, e = ks_test_nmse(out, reff, (size_t)G * hd, &mx);
-    if (e > 1e-5) fail_msg("attention kt=%d len=%d hd=%d G=%d simd=%d: nmse %g max %g", kt, len, hd, G, simd, e, mx);
+    /* 8-bit KV on the SIMD path scores with the query rounded to int8 (one
+     * scale per 32-block, once per call): relative RMS error up to ~1e-2
+     * against the float reference, where every other path is at 1e-5 */
+    double tol = kt == KS_KV_Q8 && simd && ks_simd_current() >= KS_SIMD_AVX2 ? 2e-2 : 1e-5;
+    if (e > tol) fail_msg("attention kt=%d len=%d hd=%d G=%d simd=%d: nmse %g max %g", kt, len, hd, G, simd, e, mx);
     free(K); free(V); free(Kf); free(Vf); free(q); free(out); free(scores); free(tmp); free(ref); free(reff);
 }
 
 /* A fragmented selection (runs of 1-3 rows out of len) through every kernel
  * path — SIMD (blocks merged from short runs), portable — against the
  * float64 reference over exactly the selected rows. */
-static void check_segments(int len, int hd, int G) {
+static void check_segments(ks_kv_type kt, int len, int hd, int G) {
+    if (kt != KS_KV_F16 && hd % 32) return;
     ks_rng rng = {(uint64_t)len * 17 + (uint64_t)hd + (uint64_t)G * 3};
-    size_t rb = ks_kv_row_bytes(KS_KV_F16, hd);
+    size_t rb = ks_kv_row_bytes(kt, hd);
     uint8_t *K = malloc(rb * len), *V = malloc(rb * len);
     float *Kf = malloc(sizeof(float) * len * hd), *Vf = malloc(sizeof(float) * len * hd);
-    for (int t = 0; t < len; t++)
-        for (int i = 0; i < hd; i++) {
-            ((ks_f16 *)(K + rb * t))[i] = ks_f32_to_f16(ks_rng_normal(&rng));
-            ((ks_f16 *)(V + rb * t))[i] = ks_f32_to_f16(ks_rng_normal(&rng));
-        }
+    float *Ka = malloc(sizeof(float) * len * hd), *Va = malloc(sizeof(float) * len * hd); /* every row, stored values */
+    fill_kv(kt, &rng, len, hd, K, V, Ka, Va);
     ks_kv_seg *segs = malloc(sizeof(ks_kv_seg) * len);
     int nseg = 0, total = 0;
     for (int t = 0; t < len;) {
@@ -143,8 +145,8 @@ static void check_segments(int len, int hd, int G) {
         segs[nseg++] = (ks_kv_seg){K + rb * t, V + rb * t, run};
         for (int j = 0; j < run; j++, total++)
             for (int i = 0; i < hd; i++) {
-                Kf[total * hd + i] = ks_f16_to_f32(((ks_f16 *)(K + rb * (t + j)))[i]);
-                Vf[total * hd + i] = ks_f16_to_f32(((ks_f16 *)(V + rb * (t + j)))[i]);
+                Kf[total * hd + i] = Ka[(t + j) * hd + i];
+                Vf[total * hd + i] = Va[(t + j) * hd + i];
             }
         t += run + gap;
     }
@@ -157,15 +159,16 @@ static void check_segments(int len, int hd, int G) {
     for (int i = 0; i < G * hd; i++) reff[i] = (float)ref[i];
     for (int path = 0; path < 2; path++) {
         memset(w, 0, sizeof(float) * total);
-        ks_attention_segs(KS_KV_F16, segs, nseg, total, hd, G, q, scores, out, tmp, w, path == 0);
+        ks_attention_segs(kt, segs, nseg, total, hd, G, q, scores, out, tmp, w, path == 0);
         double mx, e = ks_test_nmse(out, reff, (size_t)G * hd, &mx);
-        if (e > 1e-5) fail_msg("segments len=%d hd=%d G=%d path %d: nmse %g", len, hd, G, path, e);
+        double tol = kt == KS_KV_Q8 && path == 0 && ks_simd_current() >= KS_SIMD_AVX2 ? 2e-2 : 1e-5; /* see check_attention */
+        if (e > tol) fail_msg("segments kt=%d len=%d hd=%d G=%d path %d: nmse %g", kt, len, hd, G, path, e);
         double sum = 0;
         for (int t = 0; t < total; t++) sum += w[t];
         if (fabs(sum - G) > 1e-3) fail_msg("segments path %d: weights sum %g, want %d", path, sum, G);
     }
-    free(K); free(V); free(Kf); free(Vf); free(segs); free(q); free(out); free(reff); free(scores); free(tmp);
-    free(w); free(ref);
+    free(K); free(V); free(Kf); free(Vf); free(Ka); free(Va); free(segs); free(q); free(out); free(reff); free(scores);
+    free(tmp); free(w); free(ref);
 }
 
 /* Runs body once per SIMD kernel family this CPU has (AVX2, then AVX-512),
@@ -184,7 +187,8 @@ static void test_attention_segments(void **state) {
     (void)state;
     int hds[] = {64, 128, 16, 48};
     int groups[] = {1, 2, 4, 7};
-    FOR_EACH_SIMD_LEVEL(for (int a = 0; a < 4; a++) for (int b = 0; b < 4; b++) check_segments(700, hds[a], groups[b]));
+    FOR_EACH_SIMD_LEVEL(for (int kt = 0; kt < 2; kt++) for (int a = 0; a < 4; a++) for (int b = 0; b < 4; b++)
+                            check_segments((ks_kv_type)kt, 700, hds[a], groups[b]));
 }
 
 /* A long context in whole pages (5000 rows, 32-row segments) with keys that
@@ -290,6 +294,38 @@ static void test_attention(void **state) {
                                 check_attention((ks_kv_type)kt, lens[a], hds[h], groups[b], simd));
 }
 
+/* The integer 8-bit KV scores are exact int32 sums, so the AVX2 (sign
+ * trick) and the ymm VNNI (u8 offset) variants of the AVX2-shaped kernel,
+ * which an AVX-512 CPU runs for head dims other than 64 and 128, must agree
+ * bit for bit; rows
+ * with -128 (not produced by the quantizer, legal in the format) included. */
+static void test_attention_q8_levels(void **state) {
+    (void)state;
+    if (ks_simd_detect() < KS_SIMD_AVX512) skip();
+    const int len = 77, hds[] = {96, 288}, Gs[] = {1, 2, 4, 8}; /* head dims the AVX-512 kernel leaves to these */
+    for (int h = 0; h < 2; h++)
+        for (int b = 0; b < 4; b++) {
+            int hd = hds[h], G = Gs[b];
+            ks_rng rng = {(uint64_t)hd * 31 + (uint64_t)G};
+            size_t rb = ks_kv_row_bytes(KS_KV_Q8, hd);
+            uint8_t *K = malloc(rb * len), *V = malloc(rb * len);
+            float *Kf = malloc(sizeof(float) * len * hd), *Vf = malloc(sizeof(float) * len * hd);
+            float *q = malloc(sizeof(float) * G * hd), *o[2], *sc = malloc(sizeof(float) * 8 * len), *tmp = malloc(sizeof(float) * hd);
+            fill_kv(KS_KV_Q8, &rng, len, hd, K, V, Kf, Vf);
+            for (int t = 0; t < len; t += 5) K[rb * t + 2 + (size_t)t % 32] = 0x80; /* int8 -128 */
+            for (int i = 0; i < G * hd; i++) q[i] = 3 * ks_rng_normal(&rng);
+            ks_simd_level saved = ks_simd_current();
+            for (int lv = 0; lv < 2; lv++) {
+                o[lv] = malloc(sizeof(float) * G * hd);
+                ks_simd_force(lv ? KS_SIMD_AVX512 : KS_SIMD_AVX2);
+                ks_attention_group(KS_KV_Q8, K, V, len, hd, G, q, sc, o[lv], tmp, true);
+            }
+            ks_simd_force(saved);
+            if (memcmp(o[0], o[1], sizeof(float) * G * hd)) fail_msg("q8 AVX2 and VNNI differ: hd=%d G=%d", hd, G);
+            free(K); free(V); free(Kf); free(Vf); free(q); free(o[0]); free(o[1]); free(sc); free(tmp);
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rmsnorm),
@@ -299,6 +335,7 @@ int main(void) {
         cmocka_unit_test(test_attention_segments),
         cmocka_unit_test(test_attention_pages),
         cmocka_unit_test(test_attention_block),
+        cmocka_unit_test(test_attention_q8_levels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -423,6 +423,14 @@ static void test_helpers(void **state) {
             in[best] = 2;
             chosen++;
         }
+        /* with the caller's scratch (spec, quest): the same indices in the same order */
+        static float scratch[N];
+        static int32_t got2[N];
+        for (int k = 1; k <= K; k += K - 1) {
+            assert_int_equal(ks_topk(v, N, k, got), k);
+            assert_int_equal(ks_topk_scratch(v, N, k, got2, scratch), k);
+            assert_memory_equal(got, got2, sizeof(int32_t) * (size_t)k);
+        }
     }
     float q[2] = {1, -1}, mn[2] = {-2, -3}, mx[2] = {3, 1};
     assert_true(fabsf(ks_page_upper_bound(q, mn, mx, 2) - 6.0f) < 1e-6f);

@@ -14,18 +14,12 @@
 #include "core/core.h"
 #include "eval/eval.h"
 #include "eval/eval_internal.h"
+#include "tensor/ops.h"
 
 #include <string.h>
 
 ks_eval_run_opts ks_eval_run_default_opts(void) {
     return (ks_eval_run_opts){.seq = 0, .forced = NULL, .n_forced = 0, .keep_logits = false};
-}
-
-static int32_t eval_argmax(const float *row, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (row[i] > row[best]) best = i;
-    return best;
 }
 
 void ks_eval_result_free(ks_eval_result *res) {
@@ -81,7 +75,7 @@ ks_status ks_eval_run(ks_context *ctx, const ks_model *model, const ks_eval_inst
         bool last = true;
         for (int32_t k = si + 1; k < inst->n_segs; k++) last &= inst->segs[k].kind != KS_EVAL_SEG_TEXT;
         for (int32_t t = 0; t < sg->max_tokens; t++) {
-            int32_t tok = n_gen < opts.n_forced ? opts.forced[n_gen] : eval_argmax(logits, V);
+            int32_t tok = n_gen < opts.n_forced ? opts.forced[n_gen] : ks_argmax(logits, V);
             if (tok < 0 || tok >= V) {
                 st = KS_FAIL(KS_ERR_INVALID_ARG, "eval run: forced token %d outside the vocabulary", tok);
                 break;

@@ -44,14 +44,32 @@ bool ks_attention_block_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, con
                              int G, const float *q, size_t q_stride, float *out, size_t out_stride, float *S,
                              float *tile, float scale);
 
+/* One head's scaled query q [hd] (hd % 32 == 0) quantised once per call for
+ * the 8-bit KV integer kernels: per 32-block d[b] = max |q| / 127 and
+ * qi = round(q / d) in [-127, 127] (the sign trick's signed side; NULL: not
+ * wanted), qu = qi + 128 (vpdpbusd's unsigned side). */
+void ks_attn_q8_query(const float *q, int hd, int8_t *qi, uint8_t *qu, float *d);
+
+/* The prefill block kernels' causal clamp: of the page [e0, e0 + L), the
+ * entries query x (row x / G of the block) sees; 0: none. */
+static inline int ks_attn_block_visible(const int32_t *n_att, int G, int x, int e0, int L) {
+    int lim = n_att[x / G] - e0;
+    return lim <= 0 ? 0 : lim > L ? L : lim;
+}
+
 /* AVX-512 f16 kernel for head dims 64 and 128; false if it does not apply.
- * scores: [total][4] scratch. */
+ * scores: [total][4] scratch.  kt KS_KV_Q8: the same kernel over Q8_0 rows,
+ * scores by zmm vpdpbusd against the query quantised once per call. */
+bool ks_attention_segs_avx512_kv(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
+                                 float *scores, float *out, float scale, float *weights);
 bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
                               float *scores, float *out, float scale, float *weights);
 
 /* AVX2 + FMA + F16C kernel for f16 KV (head dims that are multiples of 16,
- * up to 512) and 8-bit KV (multiples of 32); false if it does not apply.
- * scores: [total][4] scratch. */
+ * up to 512) and 8-bit KV (multiples of 32; scores on integer units with the
+ * query quantised once per call: vpdpbusd where ks_simd_current() is
+ * AVX-512 (which implies VNNI), maddubs otherwise); false if it does not
+ * apply.  scores: [total][4] scratch. */
 bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                             float *scores, float *out, float scale, float *weights);
 

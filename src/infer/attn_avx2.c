@@ -4,7 +4,8 @@
  *
  * The same plan as attn_avx512.c, fitted to sixteen 8-lane registers, for
  * the CPUs most edge users have (laptops, many cloud AMD parts without
- * AVX-512; AVX-512 machines run it for 8-bit KV).  Long-context decode is
+ * AVX-512; AVX-512 machines run it for head dims other than 64 and 128,
+ * with ymm vpdpbusd for 8-bit KV).  Long-context decode is
  * bound by reading the KV cache, so every K and V row is converted once,
  * used by every query head of its GQA group, and nothing but the scores
  * leaves the registers:
@@ -29,10 +30,24 @@
  * exp and loop overhead, which is why those are the parts kept lean.
  * Head dims that are multiples of 16 up to 512 (32 for 8-bit KV) take this
  * path; others go portable.
+ *
+ * 8-bit KV scores on integer units: the query of each head is quantised to
+ * int8 once per call (one call is one step of one KV head), with one scale
+ * per 32-element block like the Q8_0 rows it meets, and q . k is an integer
+ * dot product per block: maddubs + madd with the sign trick (|k| * sign(q,
+ * k), no pair can saturate: 2 * 128 * 127 < 2^15) on AVX2, one vpdpbusd on
+ * AVX-512 VNNI (the query as u8 = q + 128, the 128 * sum(k) it adds taken off
+ * by starting the chain from its negation).  Each block's eight (row, head)
+ * integer sums are reduced together in int32 (exact), then scaled by
+ * d_k(row) * d_q(head) into the float score.  The query's rounding (per
+ * element at most half a step, 1/254 of the block's largest |q|) is the only
+ * difference from the float path; values stay float (rows dequantised as
+ * they are weighted in).
  */
 #include "infer/attn.h"
 
 #include "core/core.h"
+#include "core/simd.h"
 
 #include <math.h>
 #include <string.h>
@@ -49,6 +64,9 @@ enum { ATTN2_BLOCK_MAX = 32, ATTN2_BLOCK_MIN = 16 };
 #define KS_ATTN2_MAX_HD 512 /* the bundled model has 288; 4 x 512 scaled queries live on the stack */
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define INL static inline __attribute__((target("avx2,fma,f16c"), always_inline))
+/* the same plus 256-bit VNNI (AVX512-VNNI + VL: vpdpbusd on ymm) */
+#define TGT_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
+#define INL_VNNI static inline __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"), always_inline))
 
 /* Every lane gets op over the lanes of the same head (lane mod ng). */
 #define FOLD_LANES(v, ng, OP)                                                              \
@@ -106,6 +124,102 @@ INL void score_rows(const uint8_t *const *k, const float *qs, int hd, int NG, co
         _mm256_storeu_ps(tmp8, s);
         memcpy(dst, tmp8, sizeof(float) * (size_t)(nr * NG));
     }
+}
+
+/* The scaled query of a head group quantised for the integer scores, once
+ * per call: per head and 32-block an int8 vector and its scale. */
+typedef struct q8_query {
+    float qd[KS_ATTN2_MAX_HD / 32][8]; /* [block][lane]: scale of head lane % NG's block */
+    int8_t qi[4][KS_ATTN2_MAX_HD];     /* [NG][hd] round(q / d) in [-127, 127] (AVX2 sign trick) */
+    uint8_t qu[4][KS_ATTN2_MAX_HD];    /* qi + 128 (VNNI: u8 x s8) */
+} q8_query;
+
+/* qs [NG][hd] (padded heads zero) -> qq */
+static void q8_query_init(const float *qs, int hd, int NG, q8_query *qq) {
+    for (int g = 0; g < NG; g++) {
+        float d[KS_ATTN2_MAX_HD / 32];
+        ks_attn_q8_query(qs + (size_t)g * hd, hd, qq->qi[g], qq->qu[g], d);
+        for (int b = 0; b < hd / 32; b++)
+            for (int l = g; l < 8; l += NG) qq->qd[b][l] = d[b];
+    }
+}
+
+/* r[a] = sum of the int32 lanes of a[a] (ks_avx2_reduce8's butterfly, exact) */
+INL __m256i reduce8_epi32(const __m256i a[8]) {
+    __m256i h01 = _mm256_hadd_epi32(a[0], a[1]), h23 = _mm256_hadd_epi32(a[2], a[3]);
+    __m256i h45 = _mm256_hadd_epi32(a[4], a[5]), h67 = _mm256_hadd_epi32(a[6], a[7]);
+    __m256i l = _mm256_hadd_epi32(h01, h23), h = _mm256_hadd_epi32(h45, h67);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(l, h, 0x20), _mm256_permute2x128_si256(l, h, 0x31));
+}
+
+/* lane l: row l / NG's block scale, from the f16 at each row's block start */
+INL __m256 q8_row_scales(const uint8_t *const *blk, const int NG) {
+    float d[8];
+    for (int r = 0; r < 8 / NG; r++) {
+        uint16_t h;
+        memcpy(&h, blk[r], 2);
+        d[r] = _cvtsh_ss(h);
+    }
+    if (NG == 4) return _mm256_set_m128(_mm_set1_ps(d[1]), _mm_set1_ps(d[0]));
+    if (NG == 2) return _mm256_setr_ps(d[0], d[0], d[1], d[1], d[2], d[2], d[3], d[3]);
+    return _mm256_setr_ps(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
+}
+
+/* score_rows for Q8_0 rows against the quantised query: per 32-block the
+ * (row, head) integer dot products, reduced in int32, then scaled into the
+ * float sums.  VNNI: one vpdpbusd per (row, head, block); otherwise the sign
+ * trick, three ops. */
+#define SCORE_ROWS_Q8_BODY(DOT_ROW)                                                                \
+    do {                                                                                           \
+        const int rps = 8 / NG;                                                                    \
+        __m256 s = _mm256_setzero_ps();                                                            \
+        for (int b = 0; b < hd / 32; b++) {                                                        \
+            const uint8_t *blk[8];                                                                 \
+            _Pragma("GCC unroll 8") for (int r = 0; r < rps; r++) blk[r] = k[r] + 34 * (size_t)b;  \
+            __m256i acc[8];                                                                        \
+            _Pragma("GCC unroll 8") for (int r = 0; r < rps; r++) {                                \
+                __m256i kb = _mm256_loadu_si256((const __m256i *)(blk[r] + 2));                    \
+                DOT_ROW;                                                                           \
+            }                                                                                      \
+            __m256 sc = _mm256_mul_ps(q8_row_scales(blk, NG), _mm256_loadu_ps(qq->qd[b]));         \
+            s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8_epi32(acc)), sc, s);                    \
+        }                                                                                          \
+        *mx = _mm256_max_ps(*mx, s); /* padded lanes repeat row 0's scores: harmless for a max */  \
+        if (nr == rps) {                                                                           \
+            _mm256_storeu_ps(dst, s);                                                              \
+        } else {                                                                                   \
+            float tmp8[8];                                                                         \
+            _mm256_storeu_ps(tmp8, s);                                                             \
+            memcpy(dst, tmp8, sizeof(float) * (size_t)(nr * NG));                                  \
+        }                                                                                          \
+    } while (0)
+
+INL void score_rows_q8_avx2(const uint8_t *const *k, const void *qsv, int hd, const int NG, float *dst, int nr,
+                            __m256 *mx) {
+    const q8_query *qq = qsv;
+    const __m256i ones = _mm256_set1_epi16(1);
+    SCORE_ROWS_Q8_BODY({
+        __m256i ka = _mm256_abs_epi8(kb);
+        _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++) {
+            __m256i qv = _mm256_loadu_si256((const __m256i *)(qq->qi[g] + 32 * b));
+            acc[r * NG + g] = _mm256_madd_epi16(_mm256_maddubs_epi16(ka, _mm256_sign_epi8(qv, kb)), ones);
+        }
+    });
+}
+
+INL_VNNI void score_rows_q8_vnni(const uint8_t *const *k, const void *qsv, int hd, const int NG, float *dst, int nr,
+                                 __m256 *mx) {
+    const q8_query *qq = qsv;
+    const __m256i u128 = _mm256_set1_epi8((char)0x80);
+    SCORE_ROWS_Q8_BODY({
+        __m256i neg = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), u128, kb));
+        _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++)
+            acc[r * NG + g] = _mm256_dpbusd_epi32(neg, _mm256_loadu_si256((const __m256i *)(qq->qu[g] + 32 * b)), kb);
+    });
+}
+
+INL void score_rows_f16(const uint8_t *const *k, const void *qs, int hd, const int NG, float *dst, int nr, __m256 *mx) {
+    score_rows(k, qs, hd, NG, 0, dst, nr, mx);
 }
 
 /* Softmax numerators over t of each head lane of scores[len][ng] (ng in 1,
@@ -193,9 +307,9 @@ INL int next_block(const ks_kv_seg *segs, int nseg, size_t rb, int *si, int *sj,
  * pf rows of kp_next); returns mx maxed with them, lane by lane.  A function
  * of its own, not inlined: inlined into the block loop, the compiler spills
  * its eight accumulators. */
-#define SCORE_BLOCK_FN(NAME, HD, NG, KT)                                                                       \
-    TGT __attribute__((noinline)) static __m256 NAME(const uint8_t *const *kp, int n, const uint8_t *const *kp_next, \
-                                                     int pf, int hd_rt, size_t rb, const float *qs, float *sc,  \
+#define SCORE_BLOCK_FN(NAME, HD, NG, ROWS, TGTA)                                                               \
+    TGTA __attribute__((noinline)) static __m256 NAME(const uint8_t *const *kp, int n, const uint8_t *const *kp_next, \
+                                                     int pf, int hd_rt, size_t rb, const void *qs, float *sc,   \
                                                      __m256 mx) {                                               \
         const int hd = (HD) ? (HD) : hd_rt, rps = 8 / (NG);                                                    \
         for (int t = 0; t < n; t += rps) {                                                                     \
@@ -205,20 +319,24 @@ INL int next_block(const ks_kv_seg *segs, int nseg, size_t rb, int *si, int *sj,
                 k[r] = kp[r < nr ? t + r : t]; /* padded rows repeat a real one: harmless for the max */       \
                 if (t + r < pf) prefetch_row(kp_next[t + r], rb);                                              \
             }                                                                                                  \
-            score_rows(k, qs, hd, NG, KT, sc + (size_t)t * (NG), nr, &mx);                                     \
+            ROWS(k, qs, hd, NG, sc + (size_t)t * (NG), nr, &mx);                                               \
         }                                                                                                      \
         return mx;                                                                                             \
     }
 
 typedef __m256 (*score_block_fn)(const uint8_t *const *kp, int n, const uint8_t *const *kp_next, int pf, int hd,
-                                 size_t rb, const float *qs, float *sc, __m256 mx);
+                                 size_t rb, const void *qs, float *sc, __m256 mx);
 
 INL void decode_group(const ks_kv_seg *segs, int nseg, int total, int hd, size_t rb, int NG, const int KT, int g0,
-                      int ng, const float *qs, float *scores, float *out, bool want_probs, score_block_fn score_block) {
+                      int ng, const void *qs, float *scores, float *out, bool want_probs, score_block_fn score_block) {
     const int SL = 8 / NG; /* ymm per head per V slice of 64 / NG floats */
     float acc_mem[4 * KS_ATTN2_MAX_HD] __attribute__((aligned(32))); /* [NG][hd] running sums */
     float s_blk[4 * ATTN2_BLOCK_MAX + 8] __attribute__((aligned(32)));  /* [row][NG] raw scores */
     float p_blk[4 * ATTN2_BLOCK_MAX + 8] __attribute__((aligned(32)));  /* [row][NG] exp(s - max) */
+    /* 8-bit V: [row][block][4] p times the row's block scale, so that a V
+     * chunk is int8 -> f32 and the FMAs, the scale off the inner loop */
+    float pd_blk[KT == 1 ? ATTN2_BLOCK_MAX * (KS_ATTN2_MAX_HD / 32) * 4 : 1] __attribute__((aligned(32)));
+    if (KT == 1) memset(p_blk, 0, sizeof p_blk); /* the lanes past NG that pd_blk's 4-wide products read */
     const uint8_t *kp[2][ATTN2_BLOCK_MAX];
     attn2_run vr[2][ATTN2_BLOCK_MAX];
     int nvr[2], frag[2];
@@ -252,6 +370,22 @@ INL void decode_group(const ks_kv_seg *segs, int nseg, int total, int hd, size_t
         }
         FOLD_LANES(psum, NG, _mm256_add_ps);
         run_sum = _mm256_fmadd_ps(run_sum, alpha, psum);
+        if (KT == 1) {
+            const int nb = hd / 32;
+            const float *pp = p_blk;
+            float *pd = pd_blk;
+            for (int r = 0; r < nvr[cur]; r++) {
+                const uint8_t *row = vr[cur][r].row;
+                for (int j = 0; j < vr[cur][r].n; j++, row += rb, pp += NG, pd += 4 * nb) {
+                    __m128 p4 = _mm_loadu_ps(pp);
+                    for (int b = 0; b < nb; b++) {
+                        uint16_t h;
+                        memcpy(&h, row + 34 * (size_t)b, 2);
+                        _mm_store_ps(pd + 4 * b, _mm_mul_ps(p4, _mm_set1_ps(_cvtsh_ss(h))));
+                    }
+                }
+            }
+        }
         float al[8];
         _mm256_storeu_ps(al, alpha);
         for (int x = 0; x < hd; x += 8 * SL) {
@@ -261,20 +395,30 @@ INL void decode_group(const ks_kv_seg *segs, int nseg, int total, int hd, size_t
                 _Pragma("GCC unroll 8") for (int j = 0; j < SL; j++)
                     acc[g][j] = _mm256_mul_ps(_mm256_load_ps(acc_mem + (size_t)g * hd + x + 8 * j), a);
             }
-            const float *pp = p_blk;
+            const float *pp = p_blk, *pd = pd_blk;
             int pr = 0, po = 0, pleft = x == 0 ? pf : 0; /* next block's V rows to prefetch: run pr, offset po */
             for (int r = 0; r < nvr[cur]; r++) {
                 const uint8_t *row = vr[cur][r].row;
-                for (int j = 0; j < vr[cur][r].n; j++, row += rb, pp += NG) {
+                for (int j = 0; j < vr[cur][r].n; j++, row += rb, pp += NG, pd += KT == 1 ? 4 * (hd / 32) : 0) {
                     if (pleft > 0) {
                         pleft--;
                         prefetch_row(vr[nx][pr].row + (size_t)po * rb, rb);
                         if (++po == vr[nx][pr].n) pr++, po = 0;
                     }
                     __m256 pv[4];
-                    _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++) pv[g] = _mm256_broadcast_ss(pp + g);
+                    if (KT == 0) _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++) pv[g] = _mm256_broadcast_ss(pp + g);
                     _Pragma("GCC unroll 8") for (int l = 0; l < SL; l++) {
-                        __m256 vv = load8(row, x + 8 * l, KT);
+                        __m256 vv;
+                        if (KT == 0) {
+                            vv = load8(row, x + 8 * l, 0);
+                        } else { /* a block's first chunk in the slice: its scaled probabilities */
+                            const int e = x + 8 * l;
+                            if ((8 * l) % 32 == 0)
+                                _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++)
+                                    pv[g] = _mm256_broadcast_ss(pd + 4 * (e >> 5) + g);
+                            vv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                _mm_loadl_epi64((const __m128i *)(row + 34 * (size_t)(e >> 5) + 2 + (e & 31)))));
+                        }
                         _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++)
                             acc[g][l] = _mm256_fmadd_ps(pv[g], vv, acc[g][l]);
                     }
@@ -311,34 +455,38 @@ INL void decode_group(const ks_kv_seg *segs, int nseg, int total, int hd, size_t
     }
 }
 
-#define GROUP_FN(NAME, HD, NG, KT)                                                                              \
-    SCORE_BLOCK_FN(NAME##_scores, HD, NG, KT)                                                                   \
+/* VKT: the V rows' type for load8; ROWS, TGTA: the score rows and their target */
+#define GROUP_FN_X(NAME, HD, NG, VKT, ROWS, TGTA)                                                               \
+    SCORE_BLOCK_FN(NAME##_scores, HD, NG, ROWS, TGTA)                                                           \
     TGT static void NAME(const ks_kv_seg *segs, int nseg, int total, int hd_rt, size_t rb, int g0, int ng,       \
-                         const float *qs, float *scores, float *out, bool want_probs) {                          \
-        decode_group(segs, nseg, total, (HD) ? (HD) : hd_rt, rb, NG, KT, g0, ng, qs, scores, out, want_probs, \
+                         const void *qs, float *scores, float *out, bool want_probs) {                           \
+        decode_group(segs, nseg, total, (HD) ? (HD) : hd_rt, rb, NG, VKT, g0, ng, qs, scores, out, want_probs,  \
                      NAME##_scores);                                                                           \
     }
-GROUP_FN(group_64_4, 64, 4, 0)
-GROUP_FN(group_64_2, 64, 2, 0)
-GROUP_FN(group_64_1, 64, 1, 0)
-GROUP_FN(group_128_4, 128, 4, 0)
-GROUP_FN(group_128_2, 128, 2, 0)
-GROUP_FN(group_128_1, 128, 1, 0)
-GROUP_FN(group_any_4, 0, 4, 0)
-GROUP_FN(group_any_2, 0, 2, 0)
-GROUP_FN(group_any_1, 0, 1, 0)
-/* 8-bit KV: one generic instance per group width (the type is for memory,
- * not speed; hd is a multiple of 32) */
-GROUP_FN(group_q8_4, 0, 4, 1)
-GROUP_FN(group_q8_2, 0, 2, 1)
-GROUP_FN(group_q8_1, 0, 1, 1)
+/* the three group widths (NGP 1, 2, 4) of one kind */
+#define GROUP_FNS(NAME, HD, VKT, ROWS, TGTA)                   \
+    GROUP_FN_X(NAME##_1, HD, 1, VKT, ROWS, TGTA)               \
+    GROUP_FN_X(NAME##_2, HD, 2, VKT, ROWS, TGTA)               \
+    GROUP_FN_X(NAME##_4, HD, 4, VKT, ROWS, TGTA)
+GROUP_FNS(group_64, 64, 0, score_rows_f16, TGT)
+GROUP_FNS(group_128, 128, 0, score_rows_f16, TGT)
+GROUP_FNS(group_any, 0, 0, score_rows_f16, TGT)
+/* 8-bit KV (hd a multiple of 32): integer scores, AVX2 or VNNI; hd 64 (the
+ * Llama-3 shape's) gets its own instances, other head dims one generic each */
+GROUP_FNS(group_q8_64, 64, 1, score_rows_q8_avx2, TGT)
+GROUP_FNS(group_q8, 0, 1, score_rows_q8_avx2, TGT)
+GROUP_FNS(group_q8v_64, 64, 1, score_rows_q8_vnni, TGT_VNNI)
+GROUP_FNS(group_q8v, 0, 1, score_rows_q8_vnni, TGT_VNNI)
 
-typedef void (*group_fn)(const ks_kv_seg *, int, int, int, size_t, int, int, const float *, float *, float *, bool);
-/* [f16 hd 64, f16 hd 128, f16 other hd, 8-bit][NGP 1, 2, 4] */
-static const group_fn group_fns[4][3] = {{group_64_1, group_64_2, group_64_4},
+typedef void (*group_fn)(const ks_kv_seg *, int, int, int, size_t, int, int, const void *, float *, float *, bool);
+/* [f16 hd 64, f16 hd 128, f16 other hd, 8-bit hd 64, 8-bit, VNNI 8-bit hd 64, VNNI 8-bit][NGP 1, 2, 4] */
+static const group_fn group_fns[7][3] = {{group_64_1, group_64_2, group_64_4},
                                          {group_128_1, group_128_2, group_128_4},
                                          {group_any_1, group_any_2, group_any_4},
-                                         {group_q8_1, group_q8_2, group_q8_4}};
+                                         {group_q8_64_1, group_q8_64_2, group_q8_64_4},
+                                         {group_q8_1, group_q8_2, group_q8_4},
+                                         {group_q8v_64_1, group_q8v_64_2, group_q8v_64_4},
+                                         {group_q8v_1, group_q8v_2, group_q8v_4}};
 
 bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                             float *scores, float *out, float scale, float *weights) {
@@ -352,8 +500,15 @@ bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int 
         float qs[4 * KS_ATTN2_MAX_HD]; /* [NGP][hd] scaled queries, padded heads zero */
         for (int g = 0; g < NGP; g++)
             for (int i = 0; i < hd; i++) qs[g * hd + i] = g < ng ? q[(size_t)(g0 + g) * hd + i] * scale : 0.0f;
-        int kind = kt == KS_KV_Q8 ? 3 : hd == 64 ? 0 : hd == 128 ? 1 : 2;
-        group_fns[kind][NGP == 4 ? 2 : NGP - 1](segs, nseg, total, hd, rb, g0, ng, qs, scores, out, weights != NULL);
+        int kind = hd == 64 ? 0 : hd == 128 ? 1 : 2;
+        const void *qarg = qs;
+        q8_query qq;
+        if (kt == KS_KV_Q8) { /* the query quantised once for all the rows */
+            q8_query_init(qs, hd, NGP, &qq);
+            qarg = &qq;
+            kind = (ks_simd_current() >= KS_SIMD_AVX512 ? 5 : 3) + (hd == 64 ? 0 : 1);
+        }
+        group_fns[kind][NGP == 4 ? 2 : NGP - 1](segs, nseg, total, hd, rb, g0, ng, qarg, scores, out, weights != NULL);
         if (weights)
             for (int t = 0; t < total; t++)
                 for (int g = 0; g < ng; g++) weights[t] += scores[(size_t)NGP * t + g];
@@ -388,9 +543,8 @@ TGT bool ks_attention_block_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg,
         int L = segs[si].len;
         block_tile(kt, segs[si].K, L, hd, tile);
         for (int x = 0; x < RG; x++) {
-            int r = x / G, g = x % G, lim = n_att[r] - e0;
-            if (lim <= 0) continue;
-            if (lim > L) lim = L;
+            int r = x / G, g = x % G, lim = ks_attn_block_visible(n_att, G, x, e0, L);
+            if (!lim) continue;
             const float *qq = q + (size_t)r * q_stride + (size_t)g * hd;
             float *srow = S + (size_t)x * n_max + e0;
             int t = 0;
@@ -427,9 +581,8 @@ TGT bool ks_attention_block_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg,
         int L = segs[si].len;
         block_tile(kt, segs[si].V, L, hd, tile);
         for (int x = 0; x < RG; x++) {
-            int lim = n_att[x / G] - e0;
-            if (lim <= 0) continue;
-            if (lim > L) lim = L;
+            int lim = ks_attn_block_visible(n_att, G, x, e0, L);
+            if (!lim) continue;
             const float *p = S + (size_t)x * n_max + e0;
             float *o = out + (size_t)(x / G) * out_stride + (size_t)(x % G) * hd;
             int i = 0;
@@ -470,7 +623,7 @@ bool ks_attention_block_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, con
 bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                             float *scores, float *out, float scale, float *weights) {
     (void)kt, (void)segs, (void)nseg, (void)total, (void)hd, (void)G, (void)q, (void)scores, (void)out, (void)scale;
-    (void)weights, (void)rows;
+    (void)weights;
     return false;
 }
 #endif

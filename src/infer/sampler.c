@@ -29,6 +29,7 @@
  * negative multiplied), as in llama.cpp.
  */
 #include "core/core.h"
+#include "tensor/ops.h"
 
 #include <math.h>
 #include <string.h>
@@ -187,16 +188,6 @@ static void cand_select(ks_cand *c, int64_t n, int64_t k) {
 
 /* -------------------------------------------------------------- helpers -- */
 
-static int32_t argmax_lowest(const float *logits, int32_t n) {
-    int32_t best = 0;
-    float bv = isnan(logits[0]) ? -INFINITY : logits[0];
-    for (int32_t i = 1; i < n; i++)
-        if (logits[i] > bv) { /* strict: the first (lowest id) maximum wins; NaN never wins */
-            bv = logits[i];
-            best = i;
-        }
-    return best;
-}
 
 static int cmp_i32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
@@ -282,7 +273,7 @@ static int64_t cand_nucleus(ks_cand *c, int64_t n, double target) {
 int32_t ks_sampler_sample(ks_sampler *s, float *logits) {
     KS_ASSERT(s != NULL && logits != NULL);
     const int32_t V = s->n_vocab;
-    if (s->p.temperature <= 0.0f) return argmax_lowest(logits, V);
+    if (s->p.temperature <= 0.0f) return ks_argmax(logits, V);
 
     /* Penalty and temperature in place (NaN -> -inf so the order is total). */
     apply_repeat_penalty(s, logits);
@@ -323,7 +314,7 @@ int32_t ks_sampler_sample(ks_sampler *s, float *logits) {
                 c[n].id = i;
                 n++;
             }
-        if (n == 0) return argmax_lowest(logits, V); /* all -inf */
+        if (n == 0) return ks_argmax(logits, V); /* all -inf */
     } else {
         for (int32_t i = 0; i < V; i++) {
             c[i].v = logits[i];
@@ -336,7 +327,7 @@ int32_t ks_sampler_sample(ks_sampler *s, float *logits) {
     if (!sorted)
         for (int64_t i = 1; i < n; i++)
             if (c[i].v > mx) mx = c[i].v;
-    if (mx == -INFINITY) return argmax_lowest(logits, V); /* everything masked: deterministic fallback */
+    if (mx == -INFINITY) return ks_argmax(logits, V); /* everything masked: deterministic fallback */
     double sum = 0.0;
     for (int64_t i = 0; i < n; i++) {
         float p = expf(c[i].v - mx);

@@ -62,7 +62,7 @@ static ks_status quest_select(void *state, const ks_select_req *req, ks_selectio
         for (size_t i = 0; i < (size_t)np * G; i++) sc[i] /= sqrtf((float)hd);
     ks_group_reduce_scores(sc, G, np, s->group, red);
     int32_t kk = k < out->cap ? k : out->cap;
-    out->n = ks_topk(red, np, kk, out->idx);
+    out->n = ks_topk_scratch(red, np, kk, out->idx, sc); /* partial selection; the group scores are spent */
     ks_free(sc);
     return KS_OK;
 }

@@ -425,10 +425,12 @@ static void select_worker(void *arg, int ith, int nth) {
         ks_spec_scores(q, kc_at(s, seq, kvh, 0), n, s->hd, s->G, scale, sc, j->simd);
         /* per-head softmax, then the element-wise max over the group */
         for (int g = 0; g < s->G; g++) ks_spec_softmax_max(sc + (size_t)g * n, n, w, g == 0, j->simd);
-        /* top-B outside the framework's sinks and window (positions) */
+        /* top-B outside the framework's sinks and window (positions): a
+         * partial selection (quickselect of the B-th value at long contexts,
+         * O(n)), the spent scores as its scratch */
         int32_t lo = s->p.sink < n ? s->p.sink : n, hi = n - s->p.window > lo ? n - s->p.window : lo;
         int32_t *out = s->sel + ((size_t)seq * s->Hkv + kvh) * n_ctx;
-        int32_t k = ks_topk(w + lo, hi - lo, j->n_select, out);
+        int32_t k = ks_topk_scratch(w + lo, hi - lo, j->n_select, out, sc);
         for (int32_t i = 0; i < k; i++) out[i] += lo;
         s->sel_n[(size_t)seq * s->Hkv + kvh] = k;
     }

@@ -54,33 +54,23 @@ __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) static void scores
     }
 }
 
-/* softmax of x[0..n) (in place), then w = p (first) or max(w, p): the
- * group reduction fused with the normalisation; the shared polynomial exp
- * (tensor/simd_avx512.h, rel. error ~2e-7), the selection only ranks these values */
-__attribute__((target("avx512f,avx512dq,fma"))) static void softmax_max_avx512(float *x, int32_t n, float *w,
-                                                                               bool first) {
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    int32_t i = 0;
-    for (; i + 16 <= n; i += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(x + i));
-    float m = _mm512_reduce_max_ps(mx);
-    for (; i < n; i++) m = x[i] > m ? x[i] : m;
-    __m512 mv = _mm512_set1_ps(m), sum = _mm512_setzero_ps();
-    for (i = 0; i + 16 <= n; i += 16) {
-        __m512 e = ks_avx512_exp_neg(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
-        _mm512_storeu_ps(x + i, e);
-        sum = _mm512_add_ps(sum, e);
-    }
-    float tot = _mm512_reduce_add_ps(sum);
-    for (; i < n; i++) tot += (x[i] = expf(x[i] - m));
-    __m512 inv = _mm512_set1_ps(1.0f / tot);
-    for (i = 0; i + 16 <= n; i += 16) {
-        __m512 p = _mm512_mul_ps(_mm512_loadu_ps(x + i), inv);
-        _mm512_storeu_ps(w + i, first ? p : _mm512_max_ps(p, _mm512_loadu_ps(w + i)));
-    }
-    for (; i < n; i++) {
-        float p = x[i] / tot;
+/* w = p (first) or max(w, p) for p = x * inv: the group reduction fused
+ * with the normalisation.  Plain C, always inlined into the SIMD callers,
+ * whose targets vectorise it at their width. */
+static inline __attribute__((always_inline)) void normalize_max(const float *x, int32_t n, float inv, float *w,
+                                                                bool first) {
+    for (int32_t i = 0; i < n; i++) {
+        float p = x[i] * inv;
         w[i] = first || p > w[i] ? p : w[i];
     }
+}
+
+/* softmax of x[0..n) (in place: the numerators), then normalize_max; the
+ * shared polynomial exp (tensor/simd_avx512.h, rel. error ~2e-7), the
+ * selection only ranks these values */
+__attribute__((target("avx512f,avx512dq,fma"))) static void softmax_max_avx512(float *x, int32_t n, float *w,
+                                                                               bool first) {
+    normalize_max(x, n, 1.0f / ks_avx512_softmax_exp(x, n), w, first);
 }
 
 /* AVX2 + FMA + F16C (AMD parts and most laptops lack AVX-512).  Scores:
@@ -171,34 +161,7 @@ KS_AVX2_TGT static void scores_avx2(const float *q, const ks_f16 *K, int32_t n, 
 
 /* softmax_max_avx512 in 8 lanes */
 KS_AVX2_TGT static void softmax_max_avx2(float *x, int32_t n, float *w, bool first) {
-    __m256 mx = _mm256_set1_ps(-INFINITY);
-    int32_t i = 0;
-    for (; i + 8 <= n; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(x + i));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    float m = _mm_cvtss_f32(m4);
-    for (; i < n; i++) m = x[i] > m ? x[i] : m;
-    __m256 mv = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
-    for (i = 0; i + 8 <= n; i += 8) {
-        __m256 e = ks_avx2_exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
-        _mm256_storeu_ps(x + i, e);
-        sum = _mm256_add_ps(sum, e);
-    }
-    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
-    float tot = _mm_cvtss_f32(s4);
-    for (; i < n; i++) tot += (x[i] = expf(x[i] - m));
-    __m256 inv = _mm256_set1_ps(1.0f / tot);
-    for (i = 0; i + 8 <= n; i += 8) {
-        __m256 p = _mm256_mul_ps(_mm256_loadu_ps(x + i), inv);
-        _mm256_storeu_ps(w + i, first ? p : _mm256_max_ps(p, _mm256_loadu_ps(w + i)));
-    }
-    for (; i < n; i++) {
-        float p = x[i] / tot;
-        w[i] = first || p > w[i] ? p : w[i];
-    }
+    normalize_max(x, n, 1.0f / ks_avx2_softmax_exp(x, n), w, first);
 }
 #endif
 

@@ -36,6 +36,17 @@ void ks_softmax(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
+int32_t ks_argmax(const float *x, int32_t n) {
+    int32_t best = 0;
+    float bv = isnan(x[0]) ? -INFINITY : x[0];
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > bv) { /* strict: the first maximum wins; a comparison with NaN is false */
+            bv = x[i];
+            best = i;
+        }
+    return best;
+}
+
 double ks_log_sum_exp(const float *x, int n, float *max_out) {
     float mx = x[0];
     for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;

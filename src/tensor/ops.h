@@ -41,6 +41,9 @@ void ks_softmax(float *x, int n);
  * log(sum exp(x[i] - max)) and writes max = max x[i], so log p_i =
  * (x[i] - max) - returned.  n >= 1. */
 double ks_log_sum_exp(const float *x, int n, float *max_out);
+/* Index of the largest of x[0..n) (n >= 1): the lowest index among equal
+ * maxima, and NaN never wins (all NaN: 0).  Greedy decoding everywhere. */
+int32_t ks_argmax(const float *x, int32_t n);
 
 /* cos/sin of the rotation angles of position pos: [n_rot/2] each; angle j is
  * pos * base^(-2j/n_rot) / freq_factors[j] (freq_factors NULL: 1). */

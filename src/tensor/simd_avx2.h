@@ -10,6 +10,7 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <math.h> /* INFINITY */
 
 #define KS_AVX2_TGT __attribute__((target("avx2,fma,f16c")))
 #define KS_AVX2_INL static inline __attribute__((target("avx2,fma,f16c"), always_inline))
@@ -55,6 +56,50 @@ KS_AVX2_INL __m256 ks_avx2_exp_neg(__m256 x) {
                          _mm256_fnmadd_ps);
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* The softmax numerators at any vector width: x[0..n) = e^(x - max x) in
+ * place, their sum into tot; the tail past the last full vector goes one
+ * element at a time through the same polynomial.  One definition for the
+ * AVX2 and AVX-512 helpers (ks_avx2_softmax_exp, ks_avx512_softmax_exp). */
+#define KS_SIMD_SOFTMAX_EXP(x, n, tot, VL, VT, SET1, LOADU, STOREU, MAX, SUB, ADD, HMAX, HSUM, EXPNEG, CVTSS) \
+    do {                                                                                                   \
+        VT mx_ = SET1(-INFINITY);                                                                          \
+        int t_ = 0;                                                                                        \
+        for (; t_ + (VL) <= (n); t_ += (VL)) mx_ = MAX(mx_, LOADU((x) + t_));                              \
+        float m_ = HMAX(mx_);                                                                              \
+        for (; t_ < (n); t_++) m_ = (x)[t_] > m_ ? (x)[t_] : m_;                                           \
+        VT mv_ = SET1(m_), sum_ = SET1(0.0f);                                                              \
+        for (t_ = 0; t_ + (VL) <= (n); t_ += (VL)) {                                                       \
+            VT e_ = EXPNEG(SUB(LOADU((x) + t_), mv_));                                                     \
+            STOREU((x) + t_, e_);                                                                          \
+            sum_ = ADD(sum_, e_);                                                                          \
+        }                                                                                                  \
+        tot = HSUM(sum_);                                                                                  \
+        for (; t_ < (n); t_++) {                                                                           \
+            (x)[t_] = CVTSS(EXPNEG(SET1((x)[t_] - m_)));                                                   \
+            tot += (x)[t_];                                                                                \
+        }                                                                                                  \
+    } while (0)
+
+KS_AVX2_INL float ks_avx2_hmax(__m256 v) {
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    return _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+}
+
+KS_AVX2_INL float ks_avx2_hsum(__m256 v) {
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
+}
+
+/* x[0..n) = e^(x - max x) in place; returns their sum */
+KS_AVX2_INL float ks_avx2_softmax_exp(float *x, int n) {
+    float tot;
+    KS_SIMD_SOFTMAX_EXP(x, n, tot, 8, __m256, _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_max_ps,
+                        _mm256_sub_ps, _mm256_add_ps, ks_avx2_hmax, ks_avx2_hsum, ks_avx2_exp_neg, _mm256_cvtss_f32);
+    return tot;
 }
 #endif
 #endif

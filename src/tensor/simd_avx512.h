@@ -26,5 +26,15 @@ KS_AVX512_INL __m512 ks_avx512_exp_neg(__m512 x) {
                          _mm512_fnmadd_ps);
     return _mm512_scalef_ps(p, n);
 }
+
+/* x[0..n) = e^(x - max x) in place (the softmax numerators); returns their
+ * sum (KS_SIMD_SOFTMAX_EXP, simd_avx2.h). */
+KS_AVX512_INL float ks_avx512_softmax_exp(float *x, int n) {
+    float tot;
+    KS_SIMD_SOFTMAX_EXP(x, n, tot, 16, __m512, _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_max_ps,
+                        _mm512_sub_ps, _mm512_add_ps, _mm512_reduce_max_ps, _mm512_reduce_add_ps, ks_avx512_exp_neg,
+                        _mm512_cvtss_f32);
+    return tot;
+}
 #endif
 #endif

@@ -20,7 +20,9 @@
  * i, i + T, ... of every layer with a barrier per layer, as the engine's
  * pool does.
  *
- * Usage: attn_bench [threads=2] [rounds=3] [hot_rows=1024] [split|paged]
+ * Usage: attn_bench [threads=2] [rounds=3] [hot_rows=1024] [split|paged] [f16|q8]
+ * (q8: the 8-bit KV cache's Q8_0 rows, 68 bytes at hd 64, scored on integer
+ * units: run f16 and q8 back to back to compare them within one run)
  * Prints, per round, the best of 5 repetitions of: plain read, kernel hot,
  * kernel from DRAM (ms for the whole L x H x N), and cycles per row hot at
  * the clock given by KS_GHZ (default 3.0; the host has no PMU to read).
@@ -38,7 +40,8 @@
 #include "infer/infer.h"
 
 enum { L = 16, H = 8, N = 32768, HD = 64, G = 4, P = 32, REPS = 5 };
-#define ROW_BYTES ((size_t)HD * 2)
+static ks_kv_type KVT = KS_KV_F16;
+static size_t ROW_BYTES = (size_t)HD * 2; /* ks_kv_row_bytes(KVT, HD) */
 #define HEAD_BYTES ((size_t)N * ROW_BYTES * 2) /* K and V */
 #define LAYER_BYTES (HEAD_BYTES * H)
 
@@ -94,7 +97,7 @@ static void attend_head(bench_thread *t, const uint8_t *layer, int h, int rows) 
     head_rows(t, layer, h, &K, &V);
     size_t stride = t->paged ? (size_t)P * ROW_BYTES * 2 : (size_t)P * ROW_BYTES; /* page to page */
     for (int p = 0; p < rows / P; p++) t->segs[p] = (ks_kv_seg){K + (size_t)p * stride, V + (size_t)p * stride, P};
-    ks_attention_segs(KS_KV_F16, t->segs, rows / P, rows, HD, G, t->q, t->scores, t->out, t->tmp, NULL, true);
+    ks_attention_segs(KVT, t->segs, rows / P, rows, HD, G, t->q, t->scores, t->out, t->tmp, NULL, true);
 }
 
 static void *bench_worker(void *arg) {
@@ -140,6 +143,12 @@ int main(int argc, char **argv) {
     int nthr = argc > 1 ? atoi(argv[1]) : 2, rounds = argc > 2 ? atoi(argv[2]) : 3;
     int hot_rows = argc > 3 ? atoi(argv[3]) : 1024;
     int paged = argc > 4 && !strcmp(argv[4], "paged");
+    if (argc > 5 && strcmp(argv[5], "f16") && strcmp(argv[5], "q8")) {
+        fprintf(stderr, "attn_bench: kv type must be f16 or q8\n");
+        return 2;
+    }
+    if (argc > 5 && !strcmp(argv[5], "q8")) KVT = KS_KV_Q8;
+    ROW_BYTES = ks_kv_row_bytes(KVT, HD);
     if (argc > 4 && !paged && strcmp(argv[4], "split")) {
         fprintf(stderr, "attn_bench: layout must be split or paged\n");
         return 2;
@@ -164,6 +173,8 @@ int main(int argc, char **argv) {
         uint16_t *h = (uint16_t *)layers[l];
         for (size_t i = 0; i < LAYER_BYTES / 2; i++) /* f16 values in [0.125, 0.25): no denormals, no overflow */
             h[i] = (uint16_t)(0x3000 + ((i * 2654435761u) >> 22));
+        if (KVT == KS_KV_Q8) /* Q8_0 blocks (34 bytes): scale 2^-9, the hashed bytes as int8 */
+            for (size_t b = 0; b + 34 <= LAYER_BYTES; b += 34) memcpy(layers[l] + b, &(uint16_t){0x1800}, 2);
     }
     pthread_barrier_t bar;
     pthread_barrier_init(&bar, NULL, (unsigned)nthr);
@@ -180,8 +191,8 @@ int main(int argc, char **argv) {
         for (int j = 0; j < G * HD; j++) th[i].q[j] = (float)(j % 7) * 0.1f;
     }
     double gb = (double)LAYER_BYTES * L / 1e9, rows = (double)L * H * N;
-    printf("attn_bench: %d x %d heads x %d rows, hd %d, GQA %d, %.2f GB of K+V, %d thread(s), hot set %d rows, %s layout\n",
-           L, H, N, HD, G, gb, nthr, hot_rows, paged ? "paged" : "split");
+    printf("attn_bench: %d x %d heads x %d rows, hd %d, GQA %d, %.2f GB of %s K+V, %d thread(s), hot set %d rows, %s layout\n",
+           L, H, N, HD, G, gb, KVT == KS_KV_Q8 ? "q8" : "f16", nthr, hot_rows, paged ? "paged" : "split");
     for (int r = 1; r <= rounds; r++) {
         double rd = run_best(th, nthr, MODE_READ), hot = run_best(th, nthr, MODE_HOT);
         double cold = run_best(th, nthr, MODE_COLD);
