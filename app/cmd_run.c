@@ -208,11 +208,13 @@ int cmd_run(int argc, char **argv) {
                 sd.kv_bytes_read / 1e9);
     if (sd.tokens_decoded && (strcmp(cp.policy, "dense") != 0 || cp.kv_offload_layers > 0))
         fprintf(stderr, "  policy:  %s budget %d: attended %.1f%% of KV entries; selection %.2f ms/token (thread time); "
-                        "slow tier: %.2f MB loaded, %.2f MB stored, %llu page hits / %llu loads\n",
+                        "slow tier: %.2f MB loaded, %.2f MB stored, %llu entries loaded / %llu kept buffered, "
+                        "%llu whole pages read, %llu synchronous fallbacks\n",
                 cp.policy, cp.budget,
                 sd.kv_entries_total ? 100.0 * sd.kv_entries_attended / sd.kv_entries_total : 100.0,
                 1e3 * sd.select_seconds / sd.tokens_decoded, sd.kv_bytes_loaded / 1e6, sd.kv_bytes_stored / 1e6,
-                (unsigned long long)sd.kv_pages_hit, (unsigned long long)sd.kv_pages_loaded);
+                (unsigned long long)sd.kv_entries_loaded, (unsigned long long)sd.kv_entries_hit,
+                (unsigned long long)sd.kv_pages_loaded, (unsigned long long)sd.kv_sync_fallbacks);
     if (cp.mem_cap > 0) {
         ks_memplan_info pl;
         ks_context_memplan(ctx, &pl);
