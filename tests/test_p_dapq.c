@@ -19,6 +19,15 @@
  *    are kept (alone with pool=1, with their pooled neighbourhood with
  *    pool=5), sinks and keep_recent are kept, non-pseudo prefills evict
  *    nothing.
+ * 5. The paper's keys in scope: with the pseudo KV still in the head
+ *    (info->n_pseudo), pseudo row i's softmax covers [0, L_p + i] (the limit
+ *    reaches attn_probs, columns beyond get nothing, each head sums to 1),
+ *    a query that looks mostly at its own pseudo key gives the prompt little,
+ *    which changes the kept entry against a prompt-only normaliser; only
+ *    prompt entries are evicted and the pseudo entries stay last.
+ * 6. The engine's attn_probs with a per-row key limit equals a direct
+ *    softmax(q k^T / sqrt(d)) over the stored keys [0, m), limits inside
+ *    pages and at their boundaries; no limit == a limit of n, bit for bit.
  */
 #define _GNU_SOURCE
 #include "infer/infer.h"
@@ -64,16 +73,19 @@ typedef struct {
     ks_kv_store *kv;
     uint8_t keep[CTX];
     int evicted;
+    int32_t n_keys[CTX]; /* the last attn_probs call's per-row key limits (-1: none given) */
 } fake_svc;
 
 static ks_status fake_probs(void *svc, int32_t seq, int32_t layer, int32_t head, const float *q, int32_t nq,
-                            float *acc) {
+                            const int32_t *n_keys, float *acc) {
     fake_svc *f = svc;
     int32_t n = ks_kv_n_entries(f->kv, seq, layer, head);
+    for (int32_t r = 0; r < nq && r < CTX; r++) f->n_keys[r] = n_keys ? n_keys[r] : -1;
     for (int32_t r = 0; r < nq; r++)
         for (int g = 0; g < NQ; g++) {
             float s[CTX], mx = -INFINITY, sum = 0;
-            for (int32_t e = 0; e < n; e++) {
+            int32_t m = n_keys && n_keys[r] < n ? n_keys[r] : n; /* the row's keys in scope */
+            for (int32_t e = 0; e < m; e++) {
                 const uint8_t *K, *V;
                 ks_kv_page_rows(f->kv, seq, layer, head, e / PG, &K, &V);
                 const ks_f16 *k = (const ks_f16 *)K + (e % PG) * HD;
@@ -81,8 +93,8 @@ static ks_status fake_probs(void *svc, int32_t seq, int32_t layer, int32_t head,
                 for (int d = 0; d < HD; d++) s[e] += q[((size_t)r * NQ + g) * HD + d] * ks_f16_to_f32(k[d]);
                 mx = fmaxf(mx, s[e]);
             }
-            for (int32_t e = 0; e < n; e++) sum += (s[e] = expf(s[e] - mx));
-            for (int32_t e = 0; e < n; e++) acc[e] += s[e] / sum;
+            for (int32_t e = 0; e < m; e++) sum += (s[e] = expf(s[e] - mx));
+            for (int32_t e = 0; e < m; e++) acc[e] += s[e] / sum;
         }
     return KS_OK;
 }
@@ -286,6 +298,97 @@ static void test_keeps_attended(void **state) {
     ks_kv_destroy(f.kv);
 }
 
+/* The paper's keys in scope: pseudo query i attends over the prompt keys and
+ * the pseudo keys [0, L_p + i] (causal), and the prompt columns are summed.
+ * Row 0 looks at prompt entry 12 (moderately), row 1 at prompt entry 25 but
+ * far more at its own pseudo key: with the pseudo keys in the normaliser
+ * row 1 gives entry 25 almost nothing and 12 wins the one free slot; a
+ * prompt-only normaliser (the old deviation) would pick 25. */
+enum { NPS = 4 };
+static void make_kv_pseudo(fake_svc *f, bool with_pseudo) {
+    ks_kv_params kp = ks_kv_default_params();
+    kp.n_layer = 1;
+    kp.n_head_kv = NKV;
+    kp.head_dim = HD;
+    kp.n_ctx = CTX;
+    kp.page = PG;
+    assert_int_equal(ks_kv_create(&kp, &f->kv), KS_OK);
+    for (int e = 0; e < NE + (with_pseudo ? NPS : 0); e++) {
+        float k[HD], v[HD];
+        for (int d = 0; d < HD; d++) {
+            k[d] = 0.1f * sinf((float)(e * HD + d));
+            v[d] = (float)e;
+        }
+        if (e == 12) k[0] = 3.0f;
+        if (e == 25) k[1] = 3.0f;
+        if (e == NE + 1) k[1] = 6.0f; /* row 1's own pseudo key */
+        assert_int_equal(ks_kv_append(f->kv, 0, 0, 0, e, k, v), KS_OK);
+    }
+}
+
+static void test_pseudo_keys_in_scope(void **state) {
+    (void)state;
+    float obs[NPS * NQ * HD];
+    memset(obs, 0, sizeof obs);
+    for (int g = 0; g < NQ; g++) {
+        obs[(0 * NQ + g) * HD + 0] = 1.5f; /* row 0 -> entry 12 */
+        obs[(1 * NQ + g) * HD + 1] = 2.0f; /* row 1 -> entry 25, and its own pseudo key */
+    }                                      /* rows 2, 3: uniform over their scope */
+    ks_prefill_info info = {.seq = 0, .n_prompt = NE, .n_obs = NPS, .obs_q = obs, .pseudo = true, .n_pseudo = NPS};
+
+    /* the scores themselves: row i's softmax covers [0, NE + i], the rest untouched */
+    fake_svc f = {0};
+    make_kv_pseudo(&f, true);
+    ks_policy_env env = {.n_layer = 1, .n_head = NQ, .n_head_kv = NKV, .head_dim = HD, .n_seq = 1, .n_ctx = CTX,
+                         .kv = f.kv, .svc = &f, .attn_probs = fake_probs, .evict = fake_evict};
+    float q[NPS * NQ * HD], acc[CTX];
+    for (int r = 0; r < NPS; r++) {
+        memset(acc, 0, sizeof acc);
+        assert_int_equal(ks_policy_prefill_probs(&env, &info, r, 1, 0, 0, q, acc), KS_OK);
+        assert_int_equal(f.n_keys[0], NE + r + 1);
+        float sum = 0;
+        for (int e = 0; e < NE + NPS; e++) {
+            if (e > NE + r && acc[e] != 0) fail_msg("row %d: entry %d outside its scope got %g", r, e, acc[e]);
+            sum += acc[e];
+        }
+        assert_true(fabsf(sum - (float)NQ) < 1e-4f); /* each head's softmax sums to 1 over its scope */
+        if (r == 1) {
+            assert_true(acc[25] < 0.01f * NQ);    /* the prompt key is outweighed by the pseudo key */
+            assert_true(acc[NE + 1] > 0.98f * NQ);
+        }
+    }
+    memset(acc, 0, sizeof acc); /* all rows at once: the same limits, row by row */
+    assert_int_equal(ks_policy_prefill_probs(&env, &info, 0, NPS, 0, 0, q, acc), KS_OK);
+    for (int r = 0; r < NPS; r++) assert_int_equal(f.n_keys[r], NE + r + 1);
+
+    /* eviction: prompt entries only (sinks + the best one), the pseudo entries kept, last, for the engine to drop */
+    ks_policy *pol = make_policy(&f, "dapq", 3, NULL);
+    assert_int_equal(ks_policy_on_prefill_split(pol, &info, true), KS_OK);
+    assert_int_equal(f.evicted, 1);
+    assert_true(f.keep[0] && f.keep[1] && f.keep[12]);
+    assert_false(f.keep[25]);
+    for (int e = NE; e < NE + NPS; e++) assert_true(f.keep[e]);
+    assert_int_equal(ks_kv_n_entries(f.kv, 0, 0, 0), 3 + NPS);
+    ks_kv_page_meta m;
+    ks_kv_page_meta_get(f.kv, 0, 0, 0, 0, &m);
+    assert_int_equal(m.pos[2], 12);
+    assert_int_equal(m.pos[3], NE); /* then the pseudo entries, in order */
+    ks_policy_destroy(pol);
+    ks_kv_destroy(f.kv);
+
+    /* contrast: the same queries normalised over the prompt keys only (no pseudo KV) pick entry 25 */
+    f = (fake_svc){0};
+    make_kv_pseudo(&f, false);
+    info.n_pseudo = 0;
+    pol = make_policy(&f, "dapq", 3, NULL);
+    assert_int_equal(ks_policy_on_prefill(pol, &info), KS_OK);
+    assert_int_equal(f.n_keys[0], -1);
+    assert_true(f.keep[25]);
+    assert_false(f.keep[12]);
+    ks_policy_destroy(pol);
+    ks_kv_destroy(f.kv);
+}
+
 /* ------------------------------------------------------- real models -- */
 static ks_context *make_ctx(ks_model *m, const char *policy, int32_t budget, int32_t n_ctx, int32_t n_seq) {
     ks_context_params p = ks_context_default_params();
@@ -370,6 +473,61 @@ static void test_real_mha(void **state) {
     run_real(g_mha, "dapq+quest", 90, 45);
 }
 
+/* The engine's attn_probs with a per-row key limit against a direct
+ * computation from the stored keys: row r's softmax(q k^T / sqrt(d)) over
+ * entries [0, m) only (limits inside and at page boundaries, and none). */
+static void test_attn_probs_key_limit(void **state) {
+    (void)state;
+    ks_model *mdl = g_gqa;
+    const ks_hparams *hp = &mdl->hp;
+    int32_t G = hp->n_head / hp->n_head_kv, hd = hp->head_dim, V = hp->n_vocab;
+    enum { N = 37 };
+    ks_context *c = make_ctx(mdl, "dense", 0, 64, 1);
+    int32_t prompt[N];
+    fill_prompt(prompt, N, 3, V);
+    assert_int_equal(ks_prefill(c, 0, prompt, N, NULL, NULL), KS_OK);
+    float *keys = malloc(sizeof(float) * (size_t)N * hd), *q = malloc(sizeof(float) * (size_t)G * hd);
+    float acc[N], want[N], sc[N];
+    const int32_t limits[] = {1, 5, 8, 9, 16, 30, N - 1, N, N + 10};
+    for (int32_t l = 0; l < hp->n_layer; l += 2) {
+        int32_t h = hp->n_head_kv - 1;
+        assert_int_equal(ks_kv_n_entries(c->kv, 0, l, h), N);
+        assert_int_equal(c->penv.read_keys(c->penv.svc, 0, l, h, 0, N, keys), KS_OK);
+        for (int32_t i = 0; i < G * hd; i++) q[i] = 0.05f * sinf((float)(i * 7 + l + 1));
+        for (size_t t = 0; t < sizeof limits / sizeof *limits; t++) {
+            int32_t lim = limits[t], m = lim < N ? lim : N;
+            memset(acc, 0, sizeof acc);
+            memset(want, 0, sizeof want);
+            assert_int_equal(c->penv.attn_probs(c->penv.svc, 0, l, h, q, 1, &lim, acc), KS_OK);
+            for (int32_t g = 0; g < G; g++) {
+                double mx = -INFINITY, sum = 0;
+                for (int32_t e = 0; e < m; e++) {
+                    double d = 0;
+                    for (int32_t i = 0; i < hd; i++) d += (double)q[g * hd + i] * keys[(size_t)e * hd + i];
+                    sc[e] = (float)(d / sqrt((double)hd));
+                    mx = sc[e] > mx ? sc[e] : mx;
+                }
+                for (int32_t e = 0; e < m; e++) sum += exp(sc[e] - mx);
+                for (int32_t e = 0; e < m; e++) want[e] += (float)(exp(sc[e] - mx) / sum);
+            }
+            for (int32_t e = 0; e < N; e++) {
+                if (e >= m && acc[e] != 0) fail_msg("limit %d: entry %d out of scope got %g", lim, e, acc[e]);
+                if (fabsf(acc[e] - want[e]) > 1e-4f)
+                    fail_msg("layer %d limit %d entry %d: %g, direct %g", l, lim, e, acc[e], want[e]);
+            }
+        }
+        memset(acc, 0, sizeof acc); /* NULL: every entry, the same as a limit of N */
+        assert_int_equal(c->penv.attn_probs(c->penv.svc, 0, l, h, q, 1, NULL, acc), KS_OK);
+        float acc_n[N] = {0};
+        int32_t lim = N;
+        assert_int_equal(c->penv.attn_probs(c->penv.svc, 0, l, h, q, 1, &lim, acc_n), KS_OK);
+        assert_memory_equal(acc, acc_n, sizeof acc);
+    }
+    free(keys);
+    free(q);
+    ks_context_destroy(c);
+}
+
 /* Seq 1 (150 tokens) makes the pseudo tokens run for seq 0 (100 tokens,
  * within the budget of 120): the round trip (append at L_p.., truncate) must
  * leave seq 0 exactly as dense leaves it. */
@@ -413,6 +571,7 @@ int main(void) {
         cmocka_unit_test(test_pseudo_choice),   cmocka_unit_test(test_keeps_attended),
         cmocka_unit_test(test_real_gqa),        cmocka_unit_test(test_real_mha),
         cmocka_unit_test(test_pseudo_round_trip_is_invisible),
+        cmocka_unit_test(test_pseudo_keys_in_scope), cmocka_unit_test(test_attn_probs_key_limit),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

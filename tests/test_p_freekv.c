@@ -38,8 +38,8 @@ typedef struct {
 } fake_svc;
 
 static ks_status fake_probs(void *svc, int32_t seq, int32_t layer, int32_t head, const float *q, int32_t nq,
-                            float *acc) {
-    (void)svc, (void)seq, (void)layer, (void)head, (void)q, (void)nq, (void)acc;
+                            const int32_t *n_keys, float *acc) {
+    (void)svc, (void)seq, (void)layer, (void)head, (void)q, (void)nq, (void)n_keys, (void)acc;
     return KS_OK;
 }
 

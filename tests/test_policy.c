@@ -225,13 +225,14 @@ typedef struct {
 } fake_svc;
 
 static ks_status fake_probs(void *svc, int32_t seq, int32_t layer, int32_t head, const float *q, int32_t nq,
-                            float *acc) {
+                            const int32_t *n_keys, float *acc) {
     fake_svc *f = svc;
     int32_t n = ks_kv_n_entries(f->kv, seq, layer, head);
     for (int32_t r = 0; r < nq; r++)
         for (int g = 0; g < NQ; g++) {
             float s[CTX], mx = -INFINITY, sum = 0;
-            for (int32_t e = 0; e < n; e++) {
+            int32_t m = n_keys && n_keys[r] < n ? n_keys[r] : n; /* the row's keys in scope */
+            for (int32_t e = 0; e < m; e++) {
                 const uint8_t *K, *V;
                 ks_kv_page_rows(f->kv, seq, layer, head, e / PG, &K, &V);
                 const ks_f16 *k = (const ks_f16 *)K + (e % PG) * HD;
@@ -239,8 +240,8 @@ static ks_status fake_probs(void *svc, int32_t seq, int32_t layer, int32_t head,
                 for (int d = 0; d < HD; d++) s[e] += q[((size_t)r * NQ + g) * HD + d] * ks_f16_to_f32(k[d]);
                 mx = fmaxf(mx, s[e]);
             }
-            for (int32_t e = 0; e < n; e++) sum += (s[e] = expf(s[e] - mx));
-            for (int32_t e = 0; e < n; e++) acc[e] += s[e] / sum;
+            for (int32_t e = 0; e < m; e++) sum += (s[e] = expf(s[e] - mx));
+            for (int32_t e = 0; e < m; e++) acc[e] += s[e] / sum;
         }
     return KS_OK;
 }

@@ -106,10 +106,11 @@ void ks_context_destroy(ks_context *c) {
 }
 
 /* ------------------------------------------------- policy services -- */
-/* Attention probabilities of nq query rows over every entry of a head, for
- * policies that score entries at prefill (SnapKV, H2O, DapQ). */
+/* Attention probabilities of nq query rows over every entry of a head (or,
+ * with n_keys, row r over entries [0, n_keys[r]) only: DapQ's causal pseudo
+ * queries), for policies that score entries at prefill (SnapKV, H2O, DapQ). */
 static ks_status svc_attn_probs(void *svc, int32_t seq, int32_t layer, int32_t head, const float *q, int32_t nq,
-                                float *acc) {
+                                const int32_t *n_keys, float *acc) {
     ks_context *c = svc;
     const ks_hparams *hp = &c->model->hp;
     int32_t n = ks_kv_n_entries(c->kv, seq, layer, head), G = hp->n_head / hp->n_head_kv, hd = hp->head_dim;
@@ -124,8 +125,22 @@ static ks_status svc_attn_probs(void *svc, int32_t seq, int32_t layer, int32_t h
     if (st == KS_OK) {
         float *scores = ks_malloc_aligned(sizeof(float) * ((size_t)(G > 4 ? G : 4) * n + 16));
         float *out = ks_malloc(sizeof(float) * (size_t)G * hd), *tmp = ks_malloc(sizeof(float) * ((size_t)hd + 16));
-        for (int32_t r = 0; r < nq; r++)
-            ks_attention_segs(c->kv_type, segs, nseg, n, hd, G, q + (size_t)r * G * hd, scores, out, tmp, acc, true);
+        ks_kv_seg *lim = n_keys ? ks_malloc(sizeof(ks_kv_seg) * ((size_t)nseg + 1)) : NULL;
+        for (int32_t r = 0; r < nq; r++) {
+            const float *qr = q + (size_t)r * G * hd;
+            int32_t m = n_keys && n_keys[r] < n ? n_keys[r] : n; /* the row's keys in scope: [0, m) */
+            if (m == n) {
+                ks_attention_segs(c->kv_type, segs, nseg, n, hd, G, qr, scores, out, tmp, acc, true);
+                continue;
+            }
+            int32_t ns = 0; /* the segments' prefix that covers [0, m), the last one clipped */
+            for (; ns < nseg && first[ns] < m; ns++) {
+                lim[ns] = segs[ns];
+                if (first[ns] + lim[ns].len > m) lim[ns].len = m - first[ns];
+            }
+            if (m > 0) ks_attention_segs(c->kv_type, lim, ns, m, hd, G, qr, scores, out, tmp, acc, true);
+        }
+        ks_free(lim);
         ks_free_aligned(scores);
         ks_free(out);
         ks_free(tmp);

@@ -40,8 +40,10 @@ static ks_status check_tokens(const ks_context *c, const int32_t *tokens, int32_
 }
 
 /* DapQ-style pseudo queries: run the policy's pseudo tokens at the positions
- * that follow the prompt, keep their queries in obs_q, then remove their KV
- * (and leave the sequence's position where the prompt ended). */
+ * that follow the prompt and keep their queries in obs_q.  Their KV stays
+ * (the last *n_obs entries of every head of seq) for the policy's on_prefill
+ * to score over; drop_pseudo removes it afterwards.  The sequence's position
+ * stays where the prompt ended. */
 static ks_status prefill_pseudo(ks_context *c, int32_t seq, const int32_t *prompt, int32_t n, int32_t *n_obs) {
     const ks_hparams *hp = &c->model->hp;
     int32_t cap = c->max_rows < 1024 ? c->max_rows : 1024, room = c->n_ctx - c->seq_len[seq];
@@ -49,7 +51,7 @@ static ks_status prefill_pseudo(ks_context *c, int32_t seq, const int32_t *promp
     *n_obs = 0;
     if (cap <= 0) return KS_OK;
     int32_t *pt = ks_malloc(sizeof(int32_t) * (size_t)cap);
-    int32_t *sq = NULL, *ps = NULL, *obs = NULL, *before = NULL;
+    int32_t *sq = NULL, *ps = NULL, *obs = NULL;
     int32_t np = ks_policy_pseudo_tokens(ks_infer_policy_of(c, seq), prompt, n, pt, cap);
     ks_status st = KS_OK;
     if (np <= 0) goto done;
@@ -61,9 +63,6 @@ static ks_status prefill_pseudo(ks_context *c, int32_t seq, const int32_t *promp
     sq = ks_malloc(sizeof(int32_t) * (size_t)np);
     ps = ks_malloc(sizeof(int32_t) * (size_t)np);
     obs = ks_malloc(sizeof(int32_t) * (size_t)np);
-    before = ks_malloc(sizeof(int32_t) * (size_t)hp->n_layer * hp->n_head_kv);
-    for (int32_t l = 0; l < hp->n_layer; l++)
-        for (int32_t h = 0; h < hp->n_head_kv; h++) before[l * hp->n_head_kv + h] = ks_kv_n_entries(c->kv, seq, l, h);
     for (int32_t i = 0; i < np; i++) {
         sq[i] = seq;
         ps[i] = c->seq_len[seq] + i;
@@ -73,16 +72,26 @@ static ks_status prefill_pseudo(ks_context *c, int32_t seq, const int32_t *promp
     c->obs_cap = np;
     c->obs_q = ks_malloc(sizeof(float) * (size_t)hp->n_layer * np * hp->n_head * hp->head_dim);
     st = ks_infer_forward_rows(c, np, sq, ps, pt, NULL, NULL, obs);
-    for (int32_t l = 0; l < hp->n_layer && st == KS_OK; l++)
-        for (int32_t h = 0; h < hp->n_head_kv && st == KS_OK; h++)
-            st = ks_kv_truncate(c->kv, seq, l, h, before[l * hp->n_head_kv + h]);
     if (st == KS_OK) *n_obs = np;
 done:
     ks_free(pt);
     ks_free(sq);
     ks_free(ps);
     ks_free(obs);
-    ks_free(before);
+    return st;
+}
+
+/* Remove the pseudo tokens' KV: the last np entries of every head of seq
+ * (the policy's eviction kept them, and their order). */
+static ks_status drop_pseudo(ks_context *c, int32_t seq, int32_t np) {
+    const ks_hparams *hp = &c->model->hp;
+    ks_status st = KS_OK;
+    for (int32_t l = 0; l < hp->n_layer && st == KS_OK; l++)
+        for (int32_t h = 0; h < hp->n_head_kv && st == KS_OK; h++) {
+            int32_t n = ks_kv_n_entries(c->kv, seq, l, h);
+            if (n < np) return KS_FAIL(KS_ERR_INVALID_ARG, "layer %d head %d lost pseudo entries (%d < %d)", l, h, n, np);
+            st = ks_kv_truncate(c->kv, seq, l, h, n - np);
+        }
     return st;
 }
 
@@ -129,18 +138,20 @@ ks_status ks_prefill(ks_context *c, int32_t seq, const int32_t *tokens, int32_t 
         if (st == KS_OK) c->seq_len[seq] += m;
     }
     if (st == KS_OK && all_logits && last) memcpy(last, all_logits + (size_t)(n - 1) * V, V * sizeof(float));
-    bool pseudo = false;
-    if (st == KS_OK) {
-        int32_t n_pseudo = 0;
-        st = prefill_pseudo(c, seq, tokens, n, &n_pseudo);
-        if (n_pseudo > 0) {
-            pseudo = true;
-            n_obs = n_pseudo;
-        }
-    }
-    if (st == KS_OK) {
+    int32_t n_pseudo = 0;
+    if (st == KS_OK) st = prefill_pseudo(c, seq, tokens, n, &n_pseudo);
+    if (st == KS_OK && n_pseudo > 0) {
+        /* the part that asked for them scores with their KV still in the heads (its
+         * softmax has the pseudo keys in scope), then the KV goes, then the other parts */
+        ks_prefill_info info = {.seq = seq, .n_prompt = n, .prompt = tokens, .n_obs = n_pseudo, .obs_q = c->obs_q,
+                                .pseudo = true, .n_pseudo = n_pseudo, .first_pos = first_pos};
+        st = ks_policy_on_prefill_split(pol, &info, true);
+        if (st == KS_OK) st = drop_pseudo(c, seq, n_pseudo);
+        info.n_pseudo = 0;
+        if (st == KS_OK) st = ks_policy_on_prefill_split(pol, &info, false);
+    } else if (st == KS_OK) {
         ks_prefill_info info = {.seq = seq, .n_prompt = n, .prompt = tokens, .n_obs = n_obs, .obs_q = c->obs_q,
-                                .pseudo = pseudo, .first_pos = first_pos};
+                                .first_pos = first_pos};
         st = ks_policy_on_prefill(pol, &info);
     }
     if (st == KS_OK && last && ks_policy_wants_entropy(pol))

@@ -10,9 +10,10 @@
  * far better, whatever their content.  So: after the prompt, the framework
  * prefills N pseudo tokens (ours: the first `n_head_tokens` and the last
  * N - n_head_tokens prompt tokens, the paper's prefix-suffix construction,
- * default 4 + 28) at positions L_p .. L_p+N-1, hands their queries to
- * on_prefill with info->pseudo set, and removes their KV; decoding starts at
- * L_p as if they had never been there.
+ * default 4 + 28) at positions L_p .. L_p+N-1 and hands their queries to
+ * on_prefill with info->pseudo set while their KV is still the last
+ * info->n_pseudo entries of every head; after the eviction it removes that
+ * KV, and decoding starts at L_p as if they had never been there.
  *
  * Scoring (Section 4.2, Eq. 4-5): S(j) = sum over the pseudo queries and
  * over the query heads of the KV head's group of
@@ -23,16 +24,15 @@
  * neighbours).  GQA: the paper scores per attention head; summing the
  * group's heads gives one ranking per KV head, as our budgets are per KV
  * head.
- * Remaining difference — keys in scope: in the paper, Attention(q_i, k_j) is
- * the attention of pseudo query i in the extended sequence, whose softmax
- * runs over the prompt keys *and* the pseudo keys up to i (causal); Eq. 4
- * then reads the prompt columns.  Here the framework removes the pseudo
- * tokens' KV before on_prefill, so the softmax is normalised over the
- * prompt keys only: each query's prompt weights sum to 1 instead of to
- * 1 - (its mass on the pseudo tokens), which reweights queries relative to
- * each other (the ranking within one query is unchanged).  Closing it needs
- * the engine to score before it truncates the pseudo KV (see
- * docs/POLICIES.md, deviations).
+ * Keys in scope, as the paper: Attention(q_i, k_j) is the attention of
+ * pseudo query i in the extended sequence, whose softmax runs over the prompt
+ * keys *and* the pseudo keys up to i (causal); Eq. 4 then reads the prompt
+ * columns.  ks_policy_evict_scored does that when info->n_pseudo > 0: the
+ * rows are scored with attn_probs' per-row key limit L_p + i + 1, only the
+ * first n - n_pseudo entries (the prompt's) are candidates, and the pseudo
+ * entries are kept for the framework to remove.  (Without pseudo KV,
+ * n_pseudo = 0, the softmax covers the prompt keys only, as it did before
+ * the engine kept the pseudo KV through on_prefill.)
  *
  * Budget (per KV head, the framework's convention): each head with more
  * than `budget` entries keeps exactly `budget`: the first `sink` entries,

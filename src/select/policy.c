@@ -242,6 +242,14 @@ ks_status ks_policy_on_prefill(ks_policy *pol, const ks_prefill_info *info) {
         if (pol->vt[i]->on_prefill) KS_TRY(pol->vt[i]->on_prefill(pol->st[i], info));
     return KS_OK;
 }
+ks_status ks_policy_on_prefill_split(ks_policy *pol, const ks_prefill_info *info, bool pseudo_part) {
+    int part = -1; /* the part ks_policy_pseudo_tokens asks */
+    for (int i = 0; i < pol->n && part < 0; i++)
+        if (pol->vt[i]->pseudo_tokens) part = i;
+    for (int i = 0; i < pol->n; i++)
+        if ((i == part) == pseudo_part && pol->vt[i]->on_prefill) KS_TRY(pol->vt[i]->on_prefill(pol->st[i], info));
+    return KS_OK;
+}
 ks_status ks_policy_before_step(ks_policy *pol, const ks_step_info *step) {
     return decoder(pol)->before_step ? decoder(pol)->before_step(decoder_state(pol), step) : KS_OK;
 }
@@ -512,7 +520,14 @@ ks_status ks_policy_prefill_probs(const ks_policy_env *e, const ks_prefill_info 
     const float *lq = info->obs_q + ((size_t)l * info->n_obs + row0) * e->n_head * hd; /* [nq][n_head * hd] */
     for (int32_t r = 0; r < nq; r++) /* row r's heads of group h */
         memcpy(q + (size_t)r * G * hd, lq + ((size_t)r * e->n_head + (size_t)h * G) * hd, sizeof(float) * G * hd);
-    return e->attn_probs(e->svc, info->seq, l, h, q, nq, acc);
+    if (info->n_pseudo <= 0) return e->attn_probs(e->svc, info->seq, l, h, q, nq, NULL, acc);
+    /* pseudo row i (of the n_pseudo) sees the prompt entries and the pseudo keys up to its own */
+    int32_t base = ks_policy_kv_n_entries(e, info->seq, l, h) - info->n_pseudo;
+    int32_t *n_keys = ks_malloc(sizeof(int32_t) * (size_t)(nq > 0 ? nq : 1));
+    for (int32_t r = 0; r < nq; r++) n_keys[r] = base + row0 + r + 1;
+    ks_status st = e->attn_probs(e->svc, info->seq, l, h, q, nq, n_keys, acc);
+    ks_free(n_keys);
+    return st;
 }
 
 ks_status ks_policy_evict_scored(const ks_policy_env *e, const ks_prefill_info *info, int32_t row0, int32_t nq,
@@ -526,9 +541,10 @@ ks_status ks_policy_evict_scored(const ks_policy_env *e, const ks_prefill_info *
     ks_status st = KS_OK;
     for (int32_t l = 0; l < e->n_layer && st == KS_OK; l++) {
         for (int32_t h = 0; h < e->n_head_kv && st == KS_OK; h++) {
-            int32_t n = ks_policy_kv_n_entries(e, info->seq, l, h);
+            /* the prompt's entries; the pseudo tokens' (the last n_pseudo) are only scored over */
+            int32_t n_all = ks_policy_kv_n_entries(e, info->seq, l, h), n = n_all - info->n_pseudo;
             if (n <= budget) continue;
-            memset(acc, 0, sizeof(float) * (size_t)n);
+            memset(acc, 0, sizeof(float) * (size_t)n_all);
             st = ks_policy_prefill_probs(e, info, row0, nq, l, h, q, acc);
             if (st != KS_OK) break;
             ks_evict_span sp;
@@ -541,9 +557,9 @@ ks_status ks_policy_evict_scored(const ks_policy_env *e, const ks_prefill_info *
                 for (int32_t j = a; j < b; j++) sum += acc[j];
                 pooled[i] = sum / (float)(b - a);
             }
-            memset(keep, 0, (size_t)n);
+            memset(keep, 0, (size_t)n_all);
             for (int32_t i = 0; i < sp.lo; i++) keep[i] = 1;
-            for (int32_t i = sp.hi; i < n; i++) keep[i] = 1;
+            for (int32_t i = sp.hi; i < n_all; i++) keep[i] = 1; /* the pseudo entries: the engine removes them */
             int32_t got = ks_topk_range(pooled, sp.lo, sp.hi, sp.want, idx, NULL);
             for (int32_t i = 0; i < got; i++) keep[idx[i]] = 1;
             st = e->evict(e->svc, info->seq, l, h, keep);

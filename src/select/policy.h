@@ -83,9 +83,12 @@ typedef struct ks_policy_env {
     void *svc;             /* opaque to the policy: first argument of the services */
     /* acc[e] += sum over the nq query rows and the G heads of the group of
      * softmax(q k^T / sqrt(d))[e], for every entry e of (seq, layer, head).
-     * q: [nq][G][head_dim] with RoPE applied.  acc: [n_entries]. */
+     * q: [nq][G][head_dim] with RoPE applied.  acc: [n_entries].  n_keys
+     * (NULL: every entry): row r's keys in scope are entries [0, n_keys[r])
+     * only (its softmax is normalised over those; acc beyond untouched), the
+     * causal limit of pseudo queries whose own KV is still in the head. */
     ks_status (*attn_probs)(void *svc, int32_t seq, int32_t layer, int32_t head, const float *q, int32_t nq,
-                            float *acc);
+                            const int32_t *n_keys, float *acc);
     /* Keep only entries with keep[e] != 0 of (seq, layer, head) (permanent). */
     ks_status (*evict)(void *svc, int32_t seq, int32_t layer, int32_t head, const uint8_t *keep);
     /* Stored keys of entries [first, first + n) of (seq, layer, head) as f32:
@@ -120,7 +123,13 @@ typedef struct ks_prefill_info {
     int32_t n_obs;        /* query rows: the last min(obs_window, n_prompt), all when obs_window < 0,
                              or the pseudo tokens' */
     const float *obs_q;   /* [n_layer][n_obs][n_head * head_dim] queries with RoPE */
-    bool pseudo;          /* obs_q are pseudo queries (their KV is already gone) */
+    bool pseudo;          /* obs_q are pseudo queries */
+    /* pseudo entries still in the store: the last n_pseudo entries of every
+     * head of seq are the pseudo tokens' KV (row i's own at n - n_pseudo + i),
+     * which the engine removes after this call; the policy must not evict
+     * them.  0: none (the KV holds the prompt only, as for every part but the
+     * one whose pseudo_tokens ran). */
+    int32_t n_pseudo;
     int32_t first_pos;    /* position of the prompt's first token */
 } ks_prefill_info;
 
@@ -180,7 +189,10 @@ typedef struct ks_policy_i {
     void (*on_append)(void *state, int32_t seq, int32_t layer, int32_t head, int32_t pos, const float *k); /* OPTIONAL */
     /* Pseudo tokens to run after the prompt (DapQ): written to out[cap],
      * count returned.  They are prefilled at positions L_p.., their queries
-     * passed to on_prefill (pseudo = true), and their KV removed. OPTIONAL */
+     * passed to this part's on_prefill (pseudo = true) while their KV is
+     * still the last n_pseudo entries of every head (info->n_pseudo), then
+     * their KV is removed and the other parts' on_prefill run (pseudo = true,
+     * n_pseudo = 0). OPTIONAL */
     int32_t (*pseudo_tokens)(void *state, const int32_t *prompt, int32_t n_prompt, int32_t *out, int32_t cap);
     void (*counters)(void *state, ks_policy_counters *out);                                /* OPTIONAL: += */
     /* Target hidden states the policy reads (SpeContext's DLM fuses three):
@@ -225,6 +237,11 @@ bool ks_policy_is_global(const ks_policy *pol);
 bool ks_policy_wants_weights(const ks_policy *pol);
 void ks_policy_seq_reset(ks_policy *pol, int32_t seq);
 ks_status ks_policy_on_prefill(ks_policy *pol, const ks_prefill_info *info);
+/* After pseudo tokens ran, in two calls: pseudo_part = true calls only the
+ * part whose pseudo_tokens ran (ks_policy_pseudo_tokens'), with the pseudo KV
+ * still in the store (info->n_pseudo set); false calls every other part in
+ * order (after the engine removed that KV; info->n_pseudo = 0). */
+ks_status ks_policy_on_prefill_split(ks_policy *pol, const ks_prefill_info *info, bool pseudo_part);
 ks_status ks_policy_before_step(ks_policy *pol, const ks_step_info *step);
 ks_status ks_policy_select(ks_policy *pol, const ks_select_req *req, ks_selection *out);
 /* Budget arithmetic and entry mask (select_mask.c), shared by the engine and
@@ -274,11 +291,16 @@ void ks_selection_topk(ks_selection *out, const float *x, int32_t lo, int32_t hi
 
 /* acc[e] += the attention that query rows [row0, row0 + nq) of info's layer l
  * give entry e of KV head h (env->attn_probs over the group's heads; acc
- * [n_entries]), for SnapKV, DapQ and H2O.  q: scratch [nq][G][head_dim]. */
+ * [n_entries]), for SnapKV, DapQ and H2O.  q: scratch [nq][G][head_dim].
+ * With info->n_pseudo > 0 the rows are pseudo queries and row i sees the
+ * entries [0, n - n_pseudo + i] (causal: the prompt and the pseudo keys up to
+ * its own), so its softmax has the keys in scope of the extended sequence. */
 ks_status ks_policy_prefill_probs(const ks_policy_env *env, const ks_prefill_info *info, int32_t row0, int32_t nq,
                                   int32_t layer, int32_t head, float *q, float *acc);
 /* Prefill eviction by query scores, the loop SnapKV and DapQ share: for every
- * layer l and KV head with more than `budget` entries, score each entry by the
+ * layer l and KV head with more than `budget` entries (prompt entries: the
+ * last info->n_pseudo entries are the pseudo tokens', scored over but never
+ * counted, spanned, evicted), score each entry by the
  * attention the nq query rows obs_q[l][row0, row0 + nq) of info give it
  * (env->attn_probs: summed over the rows and the group's heads); span() splits
  * the head's n entries into kept heads [0, lo) and tails [hi, n) and the

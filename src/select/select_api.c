@@ -212,7 +212,7 @@ static ks_status svc_read_keys(void *svc, int32_t seq, int32_t layer, int32_t he
 
 /* acc[e] += sum over rows and group heads of softmax(q k^T / sqrt(d))[e] (policy.h, attn_probs) */
 static ks_status svc_attn_probs(void *svc, int32_t seq, int32_t layer, int32_t head, const float *q, int32_t nq,
-                                float *acc) {
+                                const int32_t *n_keys, float *acc) {
     const kvs_selector *s = svc;
     (void)seq;
     const kvs_head_kv *h = &s->cur[(size_t)layer * s->nkv + head];
@@ -224,13 +224,15 @@ static ks_status svc_attn_probs(void *svc, int32_t seq, int32_t layer, int32_t h
     for (int32_t e = 0; e < n; e++) row_f32(&h->keys, e, hd, keys + (size_t)e * hd);
     for (int32_t r = 0; r < nq * s->G; r++) {
         const float *qr = q + (size_t)r * hd;
-        for (int32_t e = 0; e < n; e++) {
+        int32_t m = n_keys && n_keys[r / s->G] < n ? n_keys[r / s->G] : n; /* the row's keys in scope */
+        if (m <= 0) continue;
+        for (int32_t e = 0; e < m; e++) {
             float d = 0;
             for (int32_t i = 0; i < hd; i++) d += qr[i] * keys[(size_t)e * hd + i];
             sc[e] = d * scale;
         }
-        ks_softmax(sc, n);
-        for (int32_t e = 0; e < n; e++) acc[e] += sc[e];
+        ks_softmax(sc, m);
+        for (int32_t e = 0; e < m; e++) acc[e] += sc[e];
     }
     free(keys);
     return KS_OK;
