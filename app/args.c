@@ -34,6 +34,16 @@ bool arg_float(const char *cmd, const char *flag, const char *s, double lo, doub
     return true;
 }
 
+bool arg_kv_type(const char *cmd, const char *s, ks_kv_type *out) {
+    if (!strcmp(s, "f16")) *out = KS_KV_F16;
+    else if (!strcmp(s, "q8") || !strcmp(s, "q8_0")) *out = KS_KV_Q8;
+    else {
+        fprintf(stderr, "kvsieve %s: --kv-type must be f16 or q8, got '%s'\n", cmd, s);
+        return false;
+    }
+    return true;
+}
+
 const char *arg_value(const char *cmd, int argc, char **argv, int *i) {
     if (*i + 1 >= argc) {
         fprintf(stderr, "kvsieve %s: option %s needs a value\n", cmd, argv[*i]);
@@ -101,8 +111,8 @@ const char *app_default_model(void) {
         const char *cands[] = {"../models/kvsieve-default.gguf", "models/kvsieve-default.gguf",
                                "../share/kvsieve/kvsieve-default.gguf"};
         for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) {
-            snprintf(path, sizeof path, "%s/%s", exe, cands[i]);
-            if (access(path, R_OK) == 0) return path;
+            int w = snprintf(path, sizeof path, "%s/%s", exe, cands[i]);
+            if (w > 0 && (size_t)w < sizeof path && access(path, R_OK) == 0) return path; /* a cut path is no path */
         }
     }
     return NULL;

@@ -6,6 +6,8 @@
 #ifndef KS_APP_ARGS_H
 #define KS_APP_ARGS_H
 
+#include "kvsieve.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -13,6 +15,8 @@
 /* Parses an integer in [lo, hi]; false (with a message on stderr) otherwise. */
 bool arg_long(const char *cmd, const char *flag, const char *s, long lo, long hi, long *out);
 bool arg_float(const char *cmd, const char *flag, const char *s, double lo, double hi, float *out);
+/* --kv-type: "f16", or "q8" / "q8_0"; false (with a message) otherwise. */
+bool arg_kv_type(const char *cmd, const char *s, ks_kv_type *out);
 /* Returns argv[*i + 1] and advances *i, or NULL with a message if missing. */
 const char *arg_value(const char *cmd, int argc, char **argv, int *i);
 /* Comma-separated list of integers into out[cap]; returns the count or -1. */

@@ -116,9 +116,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--no-mmap")) use_mmap = false;
         else if (!strcmp(a, "--kv-type")) {
             VAL();
-            if (!strcmp(v, "f16")) kv_type = KS_KV_F16;
-            else if (!strcmp(v, "q8")) kv_type = KS_KV_Q8;
-            else { fprintf(stderr, "kvsieve bench: --kv-type must be f16 or q8\n"); return 2; }
+            if (!arg_kv_type(cmd, v, &kv_type)) return 2;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: kvsieve bench [-m MODEL.gguf] [--depth 0,4096,...] [--batch 1,4,16] [-t THREADS]\n"
                    "                     [--n-gen 16] [--n-prompt 256] [--no-prefill] [--kv-type f16|q8] [--no-mmap] [--json]\n"

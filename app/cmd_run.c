@@ -85,12 +85,7 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--ignore-eos")) ignore_eos = true;
         else if (!strcmp(a, "--no-bos")) add_bos = false;
         else if (!strcmp(a, "--verbose")) ks_log_set_level(KS_LOG_DEBUG);
-        else if (!strcmp(a, "--kv-type")) {
-            VAL();
-            if (!strcmp(v, "f16")) kv_type = KS_KV_F16;
-            else if (!strcmp(v, "q8") || !strcmp(v, "q8_0")) kv_type = KS_KV_Q8;
-            else { fprintf(stderr, "kvsieve run: --kv-type must be f16 or q8, got '%s'\n", v); return 2; }
-        }
+        else if (!strcmp(a, "--kv-type")) { VAL(); if (!arg_kv_type(cmd, v, &kv_type)) return 2; }
         else { fprintf(stderr, "kvsieve run: unknown option '%s'\n", a); usage(stderr); return 2; }
 #undef VAL
     }

@@ -77,12 +77,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--api-key")) { VAL(); api_key = v; }
         else if (!strcmp(a, "--alias")) { VAL(); alias = v; }
         else if (!strcmp(a, "--shutdown-grace")) { VAL(); if (!arg_float(cmd, a, v, 0, 3600, &grace)) return 2; }
-        else if (!strcmp(a, "--kv-type")) {
-            VAL();
-            if (!strcmp(v, "f16")) kv_type = KS_KV_F16;
-            else if (!strcmp(v, "q8") || !strcmp(v, "q8_0")) kv_type = KS_KV_Q8;
-            else { fprintf(stderr, "kvsieve serve: --kv-type must be f16 or q8, got '%s'\n", v); return 2; }
-        }
+        else if (!strcmp(a, "--kv-type")) { VAL(); if (!arg_kv_type(cmd, v, &kv_type)) return 2; }
         else { fprintf(stderr, "kvsieve serve: unknown option '%s'\n", a); usage(stderr); return 2; }
 #undef VAL
     }

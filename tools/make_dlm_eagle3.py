@@ -66,15 +66,7 @@ ATTN_BLOCK = 512        # query block of the draft's training attention
 
 def build_draft(torch, n_vocab):
     nn, F = torch.nn, torch.nn.functional
-
-    class RMSNorm(nn.Module):
-        def __init__(self, d):
-            super().__init__()
-            self.weight = nn.Parameter(torch.ones(d))
-
-        def forward(self, x):
-            xf = x.float()
-            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + TM.EPS)).type_as(x) * self.weight
+    RMSNorm = TM.rmsnorm_class(torch)
 
     class Draft(nn.Module):
         def __init__(self):

@@ -389,8 +389,9 @@ def train_tokenizer(workdir, corpus, seed, log):
 
 
 # ------------------------------------------------------------------ model --
-def build_model(torch):
-    nn, F = torch.nn, torch.nn.functional
+def rmsnorm_class(torch):
+    """RMSNorm as llama computes it (in fp32, then back to the input dtype); also the draft's."""
+    nn = torch.nn
 
     class RMSNorm(nn.Module):
         def __init__(self, d):
@@ -400,6 +401,13 @@ def build_model(torch):
         def forward(self, x):
             xf = x.float()
             return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).type_as(x) * self.weight
+
+    return RMSNorm
+
+
+def build_model(torch):
+    nn, F = torch.nn, torch.nn.functional
+    RMSNorm = rmsnorm_class(torch)
 
     class Block(nn.Module):
         def __init__(self):
