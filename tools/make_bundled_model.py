@@ -48,7 +48,6 @@ import functools
 import json
 import math
 import os
-import struct
 import sys
 import time
 
@@ -56,6 +55,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gguf_reader as G  # noqa: E402
+from gguf_writer import write_gguf  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -673,58 +673,6 @@ def prior_mlp(gate, up, down, oh, codes, onehot, rng, s, log):
 
 
 # ------------------------------------------------------------ GGUF --
-def f16_bytes(a):
-    return np.asarray(a, dtype="<f2").tobytes()
-
-
-def q8_0_bytes(a):
-    a = np.asarray(a, dtype=np.float32).reshape(-1, 32)
-    amax = np.abs(a).max(axis=1)
-    d = amax / 127.0
-    inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1), 0.0).astype(np.float32)
-    q = np.clip(np.round(a * inv[:, None]), -127, 127).astype(np.int8)  # round half to even is close enough
-    x = a * inv[:, None]
-    q = np.clip(np.trunc(x + np.where(x >= 0, 0.5, -0.5)), -127, 127).astype(np.int8)  # ggml: roundf
-    out = np.zeros(len(a), dtype=[("d", "<f2"), ("q", "i1", 32)])
-    out["d"] = d.astype(np.float16)
-    out["q"] = q
-    return out.tobytes()
-
-
-def write_gguf(path, kvs, tensors):
-    """kvs: list of (key, gguf type, value[, array element type]); tensors: (name, ndarray, ggml type)."""
-    def s(x):
-        b = x.encode("utf-8")
-        return struct.pack("<Q", len(b)) + b
-
-    def val(t, x, et=None):
-        if t == G.T_STRING:
-            return s(x)
-        if t == G.T_ARRAY:
-            out = struct.pack("<IQ", et, len(x))
-            if et == G.T_STRING:
-                return out + b"".join(s(e) for e in x)
-            return out + np.asarray(x, dtype=G._SCALAR_NP[et]).tobytes()
-        return struct.pack(G._SCALAR_FMT[t], x)
-
-    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs))
-    for kv in kvs:
-        head += s(kv[0]) + struct.pack("<I", kv[1]) + val(*kv[1:])
-    blobs, off = [], 0
-    for name, a, t in tensors:
-        data = a.astype("<f4").tobytes() if t == G.GGML_F32 else f16_bytes(a) if t == G.GGML_F16 else q8_0_bytes(a)
-        ne = list(reversed(a.shape))
-        head += s(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", n) for n in ne)
-        head += struct.pack("<IQ", t, off)
-        blobs.append(data)
-        off += (len(data) + 31) // 32 * 32
-    head += b"\0" * ((-len(head)) % 32)
-    with open(path, "wb") as f:
-        f.write(head)
-        for b in blobs:
-            f.write(b + b"\0" * ((-len(b)) % 32))
-
-
 def gguf_kvs(v):
     r = v.r
     kvs = [("general.architecture", G.T_STRING, "llama"),

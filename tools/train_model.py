@@ -50,12 +50,15 @@ import os
 import random
 import re
 import signal
-import struct
 import subprocess
 import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gguf_reader as G  # noqa: E402
+from gguf_writer import write_gguf  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -596,58 +599,7 @@ def load_ckpt(torch, path, model, opt, stream):
 
 
 # ---------------------------------------------------------------- export --
-GGML_F32, GGML_F16, GGML_Q8_0 = 0, 1, 8
-T_UINT32, T_INT32, T_FLOAT32, T_BOOL, T_STRING, T_ARRAY = 4, 5, 6, 7, 8, 9
-
-
-def q8_0_bytes(a):
-    a = np.asarray(a, dtype=np.float32).reshape(-1, 32)
-    d = np.abs(a).max(axis=1) / 127.0
-    inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1), 0.0).astype(np.float32)
-    x = a * inv[:, None]
-    q = np.clip(np.trunc(x + np.where(x >= 0, 0.5, -0.5)), -127, 127).astype(np.int8)  # ggml: roundf
-    out = np.zeros(len(a), dtype=[("d", "<f2"), ("q", "i1", 32)])
-    out["d"] = d.astype(np.float16)
-    out["q"] = q
-    return out.tobytes()
-
-
-def write_gguf(path, kvs, tensors):
-    """kvs: (key, type, value[, element type]); tensors: (name, ndarray [rows][cols], ggml type)."""
-    def s(x):
-        b = x.encode("utf-8")
-        return struct.pack("<Q", len(b)) + b
-
-    def val(t, x, et=None):
-        if t == T_STRING:
-            return s(x)
-        if t == T_ARRAY:
-            head = struct.pack("<IQ", et, len(x))
-            if et == T_STRING:
-                return head + b"".join(s(e) for e in x)
-            return head + np.asarray(x, dtype={T_FLOAT32: "<f4", T_INT32: "<i4"}[et]).tobytes()
-        return struct.pack({T_UINT32: "<I", T_INT32: "<i", T_FLOAT32: "<f", T_BOOL: "<?"}[t], x)
-
-    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs))
-    for kv in kvs:
-        head += s(kv[0]) + struct.pack("<I", kv[1]) + val(*kv[1:])
-    blobs, off = [], 0
-    for name, a, t in tensors:
-        data = (a.astype("<f4").tobytes() if t == GGML_F32 else
-                a.astype("<f2").tobytes() if t == GGML_F16 else q8_0_bytes(a))
-        ne = list(reversed(a.shape))
-        head += s(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", n) for n in ne)
-        head += struct.pack("<IQ", t, off)
-        blobs.append(data)
-        off += (len(data) + 31) // 32 * 32
-    head += b"\0" * ((-len(head)) % 32)
-    with open(path + ".tmp", "wb") as f:
-        f.write(head)
-        for b in blobs:
-            f.write(b + b"\0" * ((-len(b)) % 32))
-    os.replace(path + ".tmp", path)
-
-
+# GGUF through tools/gguf_writer.py (the same writer as make_bundled_model.py)
 def tokenizer_kvs(sp):
     tokens, scores, types = [], [], []
     for i in range(sp.get_piece_size()):
@@ -657,43 +609,43 @@ def tokenizer_kvs(sp):
         # NORMAL here: llama.cpp splits text at USER_DEFINED tokens and adds a
         # dummy-prefix space after each, which SentencePiece does not do.
         types.append(2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 6 if sp.is_byte(i) else 1)
-    return [("tokenizer.ggml.model", T_STRING, "llama"),
-            ("tokenizer.ggml.tokens", T_ARRAY, tokens, T_STRING),
-            ("tokenizer.ggml.scores", T_ARRAY, scores, T_FLOAT32),
-            ("tokenizer.ggml.token_type", T_ARRAY, types, T_INT32),
-            ("tokenizer.ggml.bos_token_id", T_UINT32, sp.bos_id()),
-            ("tokenizer.ggml.eos_token_id", T_UINT32, sp.eos_id()),
-            ("tokenizer.ggml.unknown_token_id", T_UINT32, sp.unk_id()),
-            ("tokenizer.ggml.add_bos_token", T_BOOL, True),
-            ("tokenizer.ggml.add_eos_token", T_BOOL, False)]
+    return [("tokenizer.ggml.model", G.T_STRING, "llama"),
+            ("tokenizer.ggml.tokens", G.T_ARRAY, tokens, G.T_STRING),
+            ("tokenizer.ggml.scores", G.T_ARRAY, scores, G.T_FLOAT32),
+            ("tokenizer.ggml.token_type", G.T_ARRAY, types, G.T_INT32),
+            ("tokenizer.ggml.bos_token_id", G.T_UINT32, sp.bos_id()),
+            ("tokenizer.ggml.eos_token_id", G.T_UINT32, sp.eos_id()),
+            ("tokenizer.ggml.unknown_token_id", G.T_UINT32, sp.unk_id()),
+            ("tokenizer.ggml.add_bos_token", G.T_BOOL, True),
+            ("tokenizer.ggml.add_eos_token", G.T_BOOL, False)]
 
 
 def export_gguf(torch, model, sp, path, step, log):
     sd = {k: v.float().numpy() for k, v in model.state_dict().items()}
-    kvs = [("general.architecture", T_STRING, "llama"),
-           ("general.name", T_STRING, "kvsieve-default"),
-           ("general.description", T_STRING,
+    kvs = [("general.architecture", G.T_STRING, "llama"),
+           ("general.name", G.T_STRING, "kvsieve-default"),
+           ("general.description", G.T_STRING,
             "trained long-context model (tools/train_model.py, docs/MODEL.md), step %d" % step),
-           ("llama.context_length", T_UINT32, N_CTX),
-           ("llama.embedding_length", T_UINT32, N_EMBD),
-           ("llama.block_count", T_UINT32, N_LAYER),
-           ("llama.feed_forward_length", T_UINT32, N_FF),
-           ("llama.attention.head_count", T_UINT32, N_HEAD),
-           ("llama.attention.head_count_kv", T_UINT32, N_KV_HEAD),
-           ("llama.rope.dimension_count", T_UINT32, HEAD_DIM),
-           ("llama.rope.freq_base", T_FLOAT32, ROPE_BASE),
-           ("llama.attention.layer_norm_rms_epsilon", T_FLOAT32, EPS),
-           ("llama.vocab_size", T_UINT32, N_VOCAB)] + tokenizer_kvs(sp)
-    ts = [("token_embd.weight", sd["tok.weight"], GGML_Q8_0)]
+           ("llama.context_length", G.T_UINT32, N_CTX),
+           ("llama.embedding_length", G.T_UINT32, N_EMBD),
+           ("llama.block_count", G.T_UINT32, N_LAYER),
+           ("llama.feed_forward_length", G.T_UINT32, N_FF),
+           ("llama.attention.head_count", G.T_UINT32, N_HEAD),
+           ("llama.attention.head_count_kv", G.T_UINT32, N_KV_HEAD),
+           ("llama.rope.dimension_count", G.T_UINT32, HEAD_DIM),
+           ("llama.rope.freq_base", G.T_FLOAT32, ROPE_BASE),
+           ("llama.attention.layer_norm_rms_epsilon", G.T_FLOAT32, EPS),
+           ("llama.vocab_size", G.T_UINT32, N_VOCAB)] + tokenizer_kvs(sp)
+    ts = [("token_embd.weight", sd["tok.weight"], G.GGML_Q8_0)]
     names = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
              "w_gate": "ffn_gate", "w_up": "ffn_up", "w_down": "ffn_down"}
     for i in range(N_LAYER):
         p = "blocks.%d." % i
-        ts.append(("blk.%d.attn_norm.weight" % i, sd[p + "attn_norm.weight"], GGML_F32))
+        ts.append(("blk.%d.attn_norm.weight" % i, sd[p + "attn_norm.weight"], G.GGML_F32))
         for k, g in names.items():
-            ts.append(("blk.%d.%s.weight" % (i, g), sd[p + k + ".weight"], GGML_Q8_0))
-        ts.append(("blk.%d.ffn_norm.weight" % i, sd[p + "ffn_norm.weight"], GGML_F32))
-    ts.append(("output_norm.weight", sd["norm.weight"], GGML_F32))
+            ts.append(("blk.%d.%s.weight" % (i, g), sd[p + k + ".weight"], G.GGML_Q8_0))
+        ts.append(("blk.%d.ffn_norm.weight" % i, sd[p + "ffn_norm.weight"], G.GGML_F32))
+    ts.append(("output_norm.weight", sd["norm.weight"], G.GGML_F32))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     write_gguf(path, kvs, ts)
     log("wrote %s (%.1f MB)" % (path, os.path.getsize(path) / 1e6))
@@ -701,8 +653,6 @@ def export_gguf(torch, model, sp, path, step, log):
 
 def load_gguf_into(torch, model, path):
     """The weights kvsieve runs (Q8_0 dequantized) into the torch model."""
-    sys.path.insert(0, HERE)
-    import gguf_reader as G
     r = G.GGUFReader(path)
     t = lambda n: torch.from_numpy(np.asarray(r.dequantize(n), dtype=np.float32).copy())  # noqa: E731
     sd = {"tok.weight": t("token_embd.weight"), "norm.weight": t("output_norm.weight")}
