@@ -43,10 +43,7 @@ int cmd_plan(int argc, char **argv) {
             strcat(po.args, v);
             if (!strcmp(po.names[0], "dense")) snprintf(po.names[0], sizeof po.names[0], "spec");
         } else if (!strcmp(a, "--kv-type")) {
-            if (!(v = arg_value(cmd, argc, argv, &i))) return 2;
-            if (!strcmp(v, "f16")) kv_type = KS_KV_F16;
-            else if (!strcmp(v, "q8")) kv_type = KS_KV_Q8;
-            else { fprintf(stderr, "kvsieve plan: --kv-type must be f16 or q8\n"); return 2; }
+            if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_kv_type(cmd, v, &kv_type)) return 2;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: kvsieve plan [-m MODEL.gguf] [--dlm DIR] --mem-cap SIZE --requests R --budget B [--ctx S]\n"
                    "                    [--kv-type f16|q8] [-t THREADS] [policy flags]\n"
