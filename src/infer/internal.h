@@ -103,9 +103,11 @@ ks_status ks_infer_plan_init(ks_context *c);
  * extra_seqs sequences starting, the longest at least `longest`; moves the
  * deepest fast layers to the slow tier until it fits. */
 ks_status ks_infer_plan_apply(ks_context *c, int64_t extra_tokens, int32_t extra_seqs, int64_t longest);
-/* After before_step of a global policy: queue every slow-tier page its
- * selection touches, so loads overlap the layers before. */
-ks_status ks_infer_prefetch_global(ks_context *c, int32_t n, const int32_t *seqs, const int32_t *pos);
+/* After before_step of a global policy: queue the entries its selection
+ * touches in every slow-tier layer from first_layer (the policy's first
+ * sparse layer) up, so loads overlap the layers before. */
+ks_status ks_infer_prefetch_global(ks_context *c, int32_t first_layer, int32_t n, const int32_t *seqs,
+                                   const int32_t *pos);
 /* Prefill of slow-tier layer il: load each sequence's heads into the slots
  * (rows of one sequence run in parallel and share them), then wait. */
 ks_status ks_infer_load_prefill_slots(ks_context *c, int il, int n, const int32_t *seq);

@@ -202,11 +202,7 @@ static ks_status policies_before_step(ks_context *c, int32_t n, const int32_t *s
         /* before_step may use every worker: count thread time like the per-head selections */
         c->stats.select_seconds += (ks_time_sec() - ts) * c->params.n_threads;
         if (st == KS_OK && ks_policy_is_global(e->pol)) {
-            /* tiers.c starts at c->dense_layers: the layers of the policy being served */
-            int32_t dl = c->dense_layers;
-            c->dense_layers = e->dense_from;
-            st = ks_infer_prefetch_global(c, m, sq, po);
-            c->dense_layers = dl;
+            st = ks_infer_prefetch_global(c, e->dense_from, m, sq, po);
         }
     }
     ks_free(sq);

@@ -187,10 +187,11 @@ ks_status ks_context_offload_layer(ks_context *c, int32_t layer, bool offload) {
     return ks_kv_set_layer_tier(c->kv, layer, offload ? KS_TIER_SLOW : KS_TIER_FAST);
 }
 
-ks_status ks_infer_prefetch_global(ks_context *c, int32_t n, const int32_t *seqs, const int32_t *pos) {
+ks_status ks_infer_prefetch_global(ks_context *c, int32_t first_layer, int32_t n, const int32_t *seqs,
+                                   const int32_t *pos) {
     const ks_hparams *hp = &c->model->hp;
     ks_attn_scratch *s = &c->scr[0];
-    for (int il = c->dense_layers; il < hp->n_layer; il++) {
+    for (int il = first_layer; il < hp->n_layer; il++) {
         if (ks_kv_layer_tier(c->kv, il) != KS_TIER_SLOW) continue;
         for (int32_t r = 0; r < n; r++)
             for (int h = 0; h < hp->n_head_kv; h++) {
