@@ -29,28 +29,90 @@ static void scores_ref(const float *q, const ks_f16 *K, int32_t n, int hd, int G
 }
 
 #if defined(__x86_64__)
-/* any head dim: the last hd % 16 lanes go through masked loads (drafts need
- * not pad their heads to 16) */
-__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) static void scores_avx512(const float *q, const ks_f16 *K,
-                                                                                    int32_t n, int hd, int G,
-                                                                                    float scale, float *out) {
-    const int body = hd & ~15;
-    const __mmask16 tail = (__mmask16)((1u << (hd - body)) - 1u);
-    for (int32_t j = 0; j < n; j++) {
-        const ks_f16 *k = K + (size_t)j * hd;
-        for (int g = 0; g < G; g++) {
-            __m512 acc = _mm512_setzero_ps();
-            const float *qg = q + (size_t)g * hd;
-            for (int i = 0; i < body; i += 16) {
-                __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + i)));
-                acc = _mm512_fmadd_ps(kv, _mm512_loadu_ps(qg + i), acc);
+#define SPEC_AVX512_TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
+#define SPEC_AVX512_INL static inline __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma"), always_inline))
+
+/* Sixteen horizontal sums at once: lane k of the result is the sum of the
+ * lanes of v[k] (the butterfly of attn_avx512.c's reduce16: ~45
+ * instructions for all sixteen instead of a reduce_add per score). */
+SPEC_AVX512_INL __m512 reduce16_avx512(const __m512 v[16]) {
+    __m512 a[8], c[4];
+    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
+        a[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
+        c[j] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * j], a[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(a[2 * j], a[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 e01 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+    __m512 e23 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(e01, e23, 0x88), _mm512_shuffle_f32x4(e01, e23, 0xDD));
+}
+
+/* acc[r * GB + h] += q[h] . K[r] over the 16 lanes at off (masked: the
+ * lanes of the head dim's tail) for R = 16 / GB rows and GB heads: every
+ * K chunk converted from f16 once for the GB heads. */
+SPEC_AVX512_INL void scores_chunk_avx512(__m512 acc[16], const float *qg, const ks_f16 *const k[16], int hd, int off,
+                                         __mmask16 m, const int GB) {
+    const int R = 16 / GB;
+    __m512 qv[4];
+    _Pragma("GCC unroll 4") for (int h = 0; h < GB; h++) qv[h] = _mm512_maskz_loadu_ps(m, qg + (size_t)h * hd + off);
+    _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {
+        __m512 kv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, k[r] + off));
+        _Pragma("GCC unroll 4") for (int h = 0; h < GB; h++)
+            acc[r * GB + h] = _mm512_fmadd_ps(kv, qv[h], acc[r * GB + h]);
+    }
+}
+
+/* Scores of G heads (in groups of GB = 4, 2 or 1 dividing G) against R =
+ * 16 / GB keys at a time: 16 accumulators (rows x heads) reduced together
+ * by reduce16_avx512 into lanes r * GB + h, then transposed to the output's
+ * [head][row] layout.  Any head dim: the last hd % 16 lanes are masked loads
+ * (drafts need not pad their heads to 16). */
+SPEC_AVX512_INL void scores_blocked_avx512(const float *q, const ks_f16 *K, int32_t n, int hd, int G, float scale,
+                                           float *out, const int GB) {
+    const int R = 16 / GB, body = hd & ~15;
+    const __mmask16 all = 0xFFFF, tail = (__mmask16)((1u << (hd - body)) - 1u);
+    /* lane r * GB + h -> lane h * R + r: each head's R scores side by side */
+    __m512i tr = _mm512_setzero_si512();
+    {
+        int32_t idx[16];
+        for (int h = 0; h < GB; h++)
+            for (int r = 0; r < R; r++) idx[h * R + r] = r * GB + h;
+        tr = _mm512_loadu_si512(idx);
+    }
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int32_t j = 0; j < n; j += R) {
+        int nr = n - j < R ? (int)(n - j) : R;
+        const ks_f16 *k[16];
+        _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) /* a short block repeats row j */
+            k[r] = K + (size_t)(j + (r < nr ? r : 0)) * hd;
+        for (int g0 = 0; g0 < G; g0 += GB) { /* heads inner: the R rows stay in L1 for the whole group */
+            __m512 acc[16];
+            _Pragma("GCC unroll 16") for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
+            const float *qg = q + (size_t)g0 * hd;
+            for (int i = 0; i < body; i += 16) scores_chunk_avx512(acc, qg, k, hd, i, all, GB);
+            if (tail) scores_chunk_avx512(acc, qg, k, hd, body, tail, GB);
+            __m512 s = _mm512_permutexvar_ps(tr, _mm512_mul_ps(reduce16_avx512(acc), vs)); /* lane h * R + r */
+            float *o = out + (size_t)g0 * n + j;
+            if (nr == R) {
+                __mmask16 row_mask = (__mmask16)((1u << R) - 1u);
+                _Pragma("GCC unroll 4") for (int h = 0; h < GB; h++)
+                    _mm512_mask_storeu_ps(o + (size_t)h * n - h * R, (__mmask16)(row_mask << (h * R)), s);
+            } else {
+                float t[16];
+                _mm512_storeu_ps(t, s);
+                for (int h = 0; h < GB; h++)
+                    for (int r = 0; r < nr; r++) o[(size_t)h * n + r] = t[h * R + r];
             }
-            if (tail) {
-                __m512 kv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail, k + body));
-                acc = _mm512_fmadd_ps(kv, _mm512_maskz_loadu_ps(tail, qg + body), acc);
-            }
-            out[(size_t)g * n + j] = _mm512_reduce_add_ps(acc) * scale;
         }
+    }
+}
+
+SPEC_AVX512_TGT static void scores_avx512(const float *q, const ks_f16 *K, int32_t n, int hd, int G, float scale,
+                                          float *out) {
+    switch (G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1) {
+    case 4: scores_blocked_avx512(q, K, n, hd, G, scale, out, 4); break;
+    case 2: scores_blocked_avx512(q, K, n, hd, G, scale, out, 2); break;
+    default: scores_blocked_avx512(q, K, n, hd, G, scale, out, 1); break;
     }
 }
 
