@@ -409,6 +409,8 @@ static void test_helpers(void **state) {
         ks_rng r = {99};
         for (int i = 0; i < N; i++) v[i] = (float)(int)(ks_rng_uniform(&r) * 200) / 10.0f; /* many ties */
         v[17] = NAN;
+        for (int i = 0; i < N; i += 7) v[i] = i % 2 ? -0.0f : 0.0f; /* signed zeros tie */
+        for (int i = 3; i < N; i += 11) v[i] = -v[i];
         assert_int_equal(ks_topk(v, N, K, got), K);
         memset(in, 0, sizeof in);
         for (int i = 0; i < K; i++) in[got[i]] = 1;
@@ -451,6 +453,24 @@ static void test_helpers(void **state) {
             ks_simd_force((ks_simd_level)lv);
             float got = ks_page_upper_bound(qq, lo, hi, D);
             if (fabs(got - want) > 1e-4 * (1 + fabs(want))) fail_msg("page bound level %d: %g, want %g", lv, got, want);
+        }
+        ks_simd_force(saved);
+        /* a group's bounds in one pass: bit for bit the per-head bound, at every level */
+        enum { NG = 9 };
+        float qg[NG * D], got[NG * 2];
+        for (int i = 0; i < NG * D; i++) qg[i] = sinf(0.23f * (float)i + 1.0f) * 1.5f;
+        for (int lv = KS_SIMD_SCALAR; lv <= (int)hw; lv++) {
+            ks_simd_force((ks_simd_level)lv);
+            for (int d = 16; d <= D; d += D - 16) /* a head dim without and with a tail */
+                for (int G = 1; G <= NG; G += 4) {
+                    ks_page_upper_bounds(qg, G, lo, hi, d, got, 2);
+                    for (int g = 0; g < G; g++) {
+                        float one = ks_page_upper_bound(qg + g * d, lo, hi, d);
+                        if (memcmp(&one, &got[2 * g], sizeof one))
+                            fail_msg("group bound level %d, hd %d, head %d of %d: %.9g, per head %.9g", lv, d, g, G,
+                                     got[2 * g], one);
+                    }
+                }
         }
         ks_simd_force(saved);
     }

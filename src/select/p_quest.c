@@ -14,10 +14,12 @@
 #include "select/policy.h"
 
 #include <math.h>
+#include <stdatomic.h>
 
 typedef struct {
     ks_policy_env env;
     ks_group_reduce group;
+    _Atomic uint64_t bytes_read; /* page bounds scored (selections run on every worker) */
 } quest_state;
 
 static const char *const quest_args[] = {"group", NULL};
@@ -35,6 +37,10 @@ static ks_status quest_create(const ks_policy_env *env, const ks_policy_params *
 }
 
 static void quest_destroy(void *state) { ks_free(state); }
+
+static void quest_counters(void *state, ks_policy_counters *out) {
+    out->bytes_read += atomic_load_explicit(&((quest_state *)state)->bytes_read, memory_order_relaxed);
+}
 
 static ks_status quest_select(void *state, const ks_select_req *req, ks_selection *out) {
     quest_state *s = state;
@@ -56,10 +62,11 @@ static ks_status quest_select(void *state, const ks_select_req *req, ks_selectio
     for (int32_t p = 0; p < np; p++) {
         ks_kv_page_meta m;
         ks_policy_kv_page_meta(env, req->seq, req->layer, req->head, p, &m);
-        for (int32_t g = 0; g < G; g++) sc[(size_t)g * np + p] = ks_page_upper_bound(req->q + (size_t)g * hd, m.kmin, m.kmax, hd);
+        ks_page_upper_bounds(req->q, G, m.kmin, m.kmax, hd, sc + p, (size_t)np); /* min, max read once per group */
     }
     if (s->group == KS_GROUP_SOFTMAX_MEAN) /* bounds are logits: scale like attention */
         for (size_t i = 0; i < (size_t)np * G; i++) sc[i] /= sqrtf((float)hd);
+    atomic_fetch_add_explicit(&s->bytes_read, (uint64_t)np * 2 * hd * sizeof(float), memory_order_relaxed);
     ks_group_reduce_scores(sc, G, np, s->group, red);
     int32_t kk = k < out->cap ? k : out->cap;
     out->n = ks_topk_scratch(red, np, kk, out->idx, sc); /* partial selection; the group scores are spent */
@@ -75,5 +82,6 @@ const ks_policy_i ks_policy_quest = {
     .create = quest_create,
     .destroy = quest_destroy,
     .select_layer = quest_select,
+    .counters = quest_counters,
     .page_summaries = true,
 };

@@ -378,31 +378,51 @@ ks_status ks_args_check(const char *args, const char *policy, const char *const 
 /* Heap-free partial selection: a min-heap of the best k (value, index). */
 static bool better(float a, int32_t ia, float b, int32_t ib) { return a > b || (a == b && ia < ib); }
 
-/* k-th largest value of v[0..n) (1-based k), by quickselect: O(n) expected,
- * reorders v.  NaN must have been mapped to -inf by the caller. */
-static float kth_largest(float *v, int32_t n, int32_t k) {
-    int32_t lo = 0, hi = n - 1, want = k - 1;
-    uint64_t seed = 0x9E3779B97F4A7C15ull;
-    while (lo < hi) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        float pivot = v[lo + (int32_t)((seed >> 33) % (uint64_t)(hi - lo + 1))];
-        int32_t i = lo, j = hi;
-        while (i <= j) { /* descending partition */
-            while (v[i] > pivot) i++;
-            while (v[j] < pivot) j--;
-            if (i <= j) {
-                float t = v[i];
-                v[i] = v[j];
-                v[j] = t;
-                i++;
-                j--;
-            }
-        }
-        if (want <= j) hi = j;
-        else if (want >= i) lo = i;
-        else return v[want];
+/* x as an unsigned key whose order is the float order (NaN as -inf, -0 as
+ * +0, so equal keys are exactly the ties of the float comparison). */
+static inline uint32_t topk_key(float x) {
+    x = x != x ? -INFINITY : x + 0.0f;
+    uint32_t b;
+    memcpy(&b, &x, sizeof b);
+    return b ^ (b >> 31 ? 0xFFFFFFFFu : 0x80000000u);
+}
+
+/* The k-th largest key of x[0..n) (1-based k) and how many entries equal
+ * to it the top k take (*ties), by a radix select: a histogram of the top 11
+ * bits over all of x, the keys of the bucket the k-th falls in gathered into
+ * tmp, then 11 and 10 more bits over those.  Two branch-light passes over x
+ * where a quickselect partitions random data with a mispredicted branch per
+ * element (the top-k of SpeContext's 32K-token selections, per KV head). */
+static uint32_t kth_largest_key(const float *x, int32_t n, int32_t k, uint32_t *tmp, int32_t *ties) {
+    uint32_t hist[2048];
+    memset(hist, 0, sizeof hist);
+    for (int32_t i = 0; i < n; i++) hist[topk_key(x[i]) >> 21]++;
+    int32_t need = k, b = 2047;
+    while ((int32_t)hist[b] < need) need -= (int32_t)hist[b--];
+    int32_t c = 0;
+    for (int32_t i = 0; i < n; i++) {
+        uint32_t u = topk_key(x[i]);
+        tmp[c] = u;
+        c += (int32_t)(u >> 21) == b;
     }
-    return v[want];
+    uint32_t prefix = (uint32_t)b << 21;
+    static const int shift[2] = {10, 0}, bits[2] = {11, 10};
+    for (int lv = 0; lv < 2; lv++) { /* the candidates share the bits above shift[lv] + bits[lv] */
+        uint32_t mask = (1u << bits[lv]) - 1u;
+        memset(hist, 0, sizeof(uint32_t) << bits[lv]);
+        for (int32_t i = 0; i < c; i++) hist[tmp[i] >> shift[lv] & mask]++;
+        b = (int32_t)mask;
+        while ((int32_t)hist[b] < need) need -= (int32_t)hist[b--];
+        prefix |= (uint32_t)b << shift[lv];
+        int32_t m = 0;
+        for (int32_t i = 0; i < c; i++) {
+            tmp[m] = tmp[i];
+            m += (int32_t)(tmp[i] >> shift[lv] & mask) == b;
+        }
+        c = m;
+    }
+    *ties = need; /* the k-th and the equal keys above it in index order */
+    return prefix;
 }
 
 int32_t ks_topk(const float *x, int32_t n, int32_t k, int32_t *idx) { return ks_topk_scratch(x, n, k, idx, NULL); }
@@ -414,24 +434,18 @@ int32_t ks_topk_scratch(const float *x, int32_t n, int32_t k, int32_t *idx, floa
         return n;
     }
     if (k > 64 && n > 1024) {
-        /* large k (token budgets over long contexts): threshold by quickselect,
-         * then every index above it and, among ties, the lowest ones — the
-         * same set the heap below returns, in index order, in O(n) */
-        float *v = tmp ? tmp : ks_malloc(sizeof(float) * (size_t)n);
-        for (int32_t i = 0; i < n; i++) v[i] = x[i] != x[i] ? -INFINITY : x[i];
-        float th = kth_largest(v, n, k);
-        int32_t above = 0, m = 0;
+        /* large k (token budgets over long contexts): the k-th largest by a
+         * radix select, then every index above it and, among ties, the
+         * lowest ones — the same set the heap below returns, in index
+         * order, in O(n) */
+        uint32_t *keys = tmp ? (uint32_t *)(void *)tmp : ks_malloc(sizeof(uint32_t) * (size_t)n);
+        int32_t ties, m = 0;
+        uint32_t th = kth_largest_key(x, n, k, keys, &ties);
         for (int32_t i = 0; i < n; i++) {
-            float xi = x[i] != x[i] ? -INFINITY : x[i];
-            above += xi > th;
+            uint32_t u = topk_key(x[i]);
+            if (u >= th && (u > th || ties-- > 0)) idx[m++] = i;
         }
-        int32_t ties = k - above;
-        for (int32_t i = 0; i < n; i++) {
-            float xi = x[i] != x[i] ? -INFINITY : x[i];
-            if (xi > th) idx[m++] = i;
-            else if (xi == th && ties > 0) idx[m++] = i, ties--;
-        }
-        if (v != tmp) ks_free(v);
+        if ((void *)keys != (void *)tmp) ks_free(keys);
         KS_ASSERT(m == k);
         return k;
     }
@@ -502,6 +516,39 @@ KS_AVX2_TGT static float page_upper_bound_avx2(const float *q, const float *kmin
     }
     return s;
 }
+
+/* The AVX2 kernel's arithmetic in 16 lanes: lanes 0-7 of acc are its acc0
+ * and lanes 8-15 its acc1, summed in the same order, so each bound is bit
+ * for bit page_upper_bound_avx2's; the min and max chunks are loaded once
+ * for up to 8 heads. */
+__attribute__((target("avx512f,avx512dq,avx512vl"))) static void page_upper_bounds_avx512(
+    const float *q, int32_t G, const float *kmin, const float *kmax, int32_t hd, float *out, size_t stride) {
+    for (int32_t g0 = 0; g0 < G; g0 += 8) {
+        int32_t ng = G - g0 < 8 ? G - g0 : 8;
+        __m512 acc[8];
+        for (int32_t g = 0; g < 8; g++) acc[g] = _mm512_setzero_ps();
+        int32_t i = 0;
+        for (; i + 16 <= hd; i += 16) {
+            __m512 lo = _mm512_loadu_ps(kmin + i), hi = _mm512_loadu_ps(kmax + i);
+            for (int32_t g = 0; g < ng; g++) {
+                __m512 qv = _mm512_loadu_ps(q + (size_t)(g0 + g) * hd + i);
+                acc[g] = _mm512_add_ps(acc[g], _mm512_max_ps(_mm512_mul_ps(qv, lo), _mm512_mul_ps(qv, hi)));
+            }
+        }
+        for (int32_t g = 0; g < ng; g++) {
+            const float *qg = q + (size_t)(g0 + g) * hd;
+            __m256 a = _mm256_add_ps(_mm512_castps512_ps256(acc[g]), _mm512_extractf32x8_ps(acc[g], 1));
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            float s = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+            for (int32_t t = i; t < hd; t++) {
+                float x = qg[t] * kmin[t], y = qg[t] * kmax[t];
+                s += x > y ? x : y;
+            }
+            out[(size_t)(g0 + g) * stride] = s;
+        }
+    }
+}
 #endif
 
 int32_t ks_topk_range(const float *x, int32_t lo, int32_t hi, int32_t k, int32_t *idx, float *tmp) {
@@ -571,6 +618,17 @@ ks_status ks_policy_evict_scored(const ks_policy_env *e, const ks_prefill_info *
     ks_free(idx);
     ks_free(keep);
     return st;
+}
+
+void ks_page_upper_bounds(const float *q, int32_t G, const float *kmin, const float *kmax, int32_t hd, float *out,
+                          size_t stride) {
+#if defined(__x86_64__)
+    if (hd >= 16 && ks_simd_current() >= KS_SIMD_AVX512) {
+        page_upper_bounds_avx512(q, G, kmin, kmax, hd, out, stride);
+        return;
+    }
+#endif
+    for (int32_t g = 0; g < G; g++) out[(size_t)g * stride] = ks_page_upper_bound(q + (size_t)g * hd, kmin, kmax, hd);
 }
 
 float ks_page_upper_bound(const float *q, const float *kmin, const float *kmax, int32_t hd) {

@@ -112,6 +112,8 @@ typedef struct ks_policy_counters {
     uint64_t hits, misses; /* entries already resident vs to load (LRQK, FreeKV) */
     uint64_t corrections;  /* speculative selections corrected (FreeKV) */
     uint64_t rebuilds;     /* selections rebuilt on a trigger (CHESS) */
+    uint64_t bytes_read;   /* bytes the selection read itself: a retrieval head's weights and K cache,
+                            * page summaries (spec, quest) */
 } ks_policy_counters;
 
 /* One prompt, prefilled (obs_q as requested by the policy's obs_window, or
@@ -278,7 +280,7 @@ ks_status ks_args_check(const char *args, const char *policy, const char *const 
 /* Indices of the k largest of x[0..n) (any order) into idx; returns k' = min(k, n).
  * Ties break toward the lower index, so results are deterministic. */
 int32_t ks_topk(const float *x, int32_t n, int32_t k, int32_t *idx);
-/* The same (same set, same order) with tmp [n] as the quickselect's scratch
+/* The same (same set, same order) with tmp [n] as the radix select's scratch
  * (NULL: allocated), for callers that have one: at long contexts the copy is
  * large enough to be mmap'd and faulted in afresh on every call. */
 int32_t ks_topk_scratch(const float *x, int32_t n, int32_t k, int32_t *idx, float *tmp);
@@ -318,6 +320,11 @@ ks_status ks_policy_evict_scored(const ks_policy_env *env, const ks_prefill_info
 
 /* Quest's upper bound of q . k over a page: sum_i max(q_i min_i, q_i max_i). */
 float ks_page_upper_bound(const float *q, const float *kmin, const float *kmax, int32_t hd);
+/* The bounds of G query heads q [G][hd] over one page into out[g * stride],
+ * each bit for bit ks_page_upper_bound's: the page's min and max are read
+ * once for the group (AVX-512: all G heads per pass). */
+void ks_page_upper_bounds(const float *q, int32_t G, const float *kmin, const float *kmax, int32_t hd, float *out,
+                          size_t stride);
 
 typedef enum ks_group_reduce { KS_GROUP_MAX = 0, KS_GROUP_MEAN = 1, KS_GROUP_SOFTMAX_MEAN = 2 } ks_group_reduce;
 /* scores [G][n] -> out [n] by the reduction (softmax_mean: softmax over n per
