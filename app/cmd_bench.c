@@ -154,9 +154,9 @@ int cmd_bench(int argc, char **argv) {
     else {
         printf("model %s | threads %ld | bandwidth %.2f GB/s (triad %.2f, read %.2f, copy %.2f)\n", model_path, n_threads,
                bw_best, bw.triad_gbs, bw.read_gbs, bw.copy_gbs);
-        printf("%-14s %6s %6s %6s %11s %9s %9s %8s %8s %7s %9s %8s %6s %6s %9s %7s %7s %5s %6s\n", "test", "budget", "depth",
-               "batch", "tok/s", "x dense", "ms/step", "GB/step", "GB/s", "%bw", "roof ms", "ms/roof", "sel%", "att%",
-               "MB moved", "reload", "hidden", "slow", "syncfb");
+        printf("%-14s %6s %6s %6s %11s %9s %9s %8s %8s %7s %9s %8s %6s %6s %6s %9s %7s %7s %5s %6s\n", "test", "budget",
+               "depth", "batch", "tok/s", "x dense", "ms/step", "GB/step", "GB/s", "%bw", "roof ms", "ms/roof", "sel%", "gat%",
+               "att%", "MB moved", "reload", "hidden", "slow", "syncfb");
     }
     int n_pol = po.n_names, n_bud = po.n_budgets;
     for (int k = 1; k < n_pol; k++) /* dense first, so every row can be divided by it */
@@ -199,8 +199,8 @@ int cmd_bench(int argc, char **argv) {
                    first ? "" : ",", n_prompt, tps, s.prefill_seconds, gb);
             first = false;
         } else
-            printf("%-14s %6s %6ld %6d %11.2f %9s %9.2f %8.3f %8.2f %7s %9s %8s %6s %6s %9s\n", "prefill", "-", n_prompt, 1,
-                   tps, "-", 1e3 * s.prefill_seconds, gb, gb / s.prefill_seconds, "-", "-", "-", "-", "-", "-");
+            printf("%-14s %6s %6ld %6d %11.2f %9s %9.2f %8.3f %8.2f %7s %9s %8s %6s %6s %6s %9s\n", "prefill", "-", n_prompt,
+                   1, tps, "-", 1e3 * s.prefill_seconds, gb, gb / s.prefill_seconds, "-", "-", "-", "-", "-", "-", "-");
         fflush(stdout);
         free(toks);
         free(logits);
@@ -273,6 +273,7 @@ int cmd_bench(int argc, char **argv) {
             double tps = batch / step;
             if (is_dense) dense_tps = tps;
             double sel = s.select_seconds / (double)n_threads / s.decode_seconds;
+            double gat = s.gather_seconds / (double)n_threads / s.decode_seconds;
             double att = s.kv_entries_total ? (double)s.kv_entries_attended / s.kv_entries_total : 1.0;
             double moved_mb = (s.kv_bytes_loaded + s.kv_bytes_stored) / 1e6 / n_gen;
             char xd[16] = "-";
@@ -297,6 +298,7 @@ int cmd_bench(int argc, char **argv) {
                        "\"tok_s\": %.3f, \"vs_dense\": %.4f, \"ms_per_step\": %.3f, "
                        "\"gb_per_step\": %.5f, \"weight_gb_per_step\": %.5f, \"kv_gb_per_step\": %.5f, \"gb_s\": %.3f, "
                        "\"bw_gbs\": %.3f, \"frac_bw\": %.4f, \"roofline_ms\": %.3f, \"select_share\": %.4f, "
+                       "\"gather_share\": %.4f, \"select_gb_per_step\": %.5f, \"gather_mb_per_step\": %.4f, "
                        "\"attended_share\": %.4f, \"mb_moved_per_step\": %.4f, \"pages_loaded\": %llu, \"pages_hit\": %llu, "
                        "\"slow_layers\": %d, \"over_cap\": %s, \"copy_ms_per_step\": %.3f, \"wait_ms_per_step\": %.3f, "
                        "\"bytes_loaded_per_step\": %.1f, \"entries_loaded_per_step\": %.1f, "
@@ -304,7 +306,8 @@ int cmd_bench(int argc, char **argv) {
                        "\"policy_hits\": %llu, \"policy_misses\": %llu, \"policy_corrections\": %llu, \"policy_rebuilds\": %llu}",
                        first ? "" : ",", label, cp.budget, depth, batch, tps, dense_tps > 0 ? tps / dense_tps : 0,
                        1e3 * step, gb_step, s.weight_bytes_read / 1e9 / n_gen, s.kv_bytes_read / 1e9 / n_gen, gbs, bw_now,
-                       gbs / bw_now, 1e3 * roof, sel, att, moved_mb, (unsigned long long)s.kv_pages_loaded,
+                       gbs / bw_now, 1e3 * roof, sel, gat, s.select_bytes_read / 1e9 / n_gen,
+                       s.gather_bytes / 1e6 / n_gen, att, moved_mb, (unsigned long long)s.kv_pages_loaded,
                        (unsigned long long)s.kv_pages_hit, n_slow, over_cap ? "true" : "false",
                        1e3 * s.kv_copy_seconds / n_gen, 1e3 * s.kv_wait_seconds / n_gen,
                        (double)s.kv_bytes_loaded / n_gen, (double)s.kv_entries_loaded / n_gen, (double)needed / n_gen,
@@ -313,9 +316,9 @@ int cmd_bench(int argc, char **argv) {
                        (unsigned long long)s.policy_corrections, (unsigned long long)s.policy_rebuilds);
                 first = false;
             } else
-                printf("%-14s %6s %6ld %6ld %11.2f %9s %9.2f %8.3f %8.2f %6.1f%% %9.2f %8.2f %5.1f%% %5.1f%% %9.2f %7s %7s %5d %6llu%s\n",
+                printf("%-14s %6s %6ld %6ld %11.2f %9s %9.2f %8.3f %8.2f %6.1f%% %9.2f %8.2f %5.1f%% %5.1f%% %5.1f%% %9.2f %7s %7s %5d %6llu%s\n",
                        label, blabel, depth, batch, tps, xd, 1e3 * step, gb_step, gbs, 100 * gbs / bw_now,
-                       1e3 * roof, step / roof, 100 * sel, 100 * att, moved_mb, reload, hidden, n_slow,
+                       1e3 * roof, step / roof, 100 * sel, 100 * gat, 100 * att, moved_mb, reload, hidden, n_slow,
                        (unsigned long long)s.kv_sync_fallbacks, over_cap ? "  OVER CAP" : "");
             fflush(stdout);
             free(seqs);

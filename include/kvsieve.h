@@ -205,6 +205,11 @@ typedef struct ks_stats {
     /* the policy's own counters (not reset by ks_stats_reset) */
     uint64_t policy_selections, policy_hits, policy_misses, policy_corrections, policy_rebuilds;
     uint64_t kv_offload_events;   /* layers moved to the slow tier by the memory manager */
+    double gather_seconds;        /* decode: turning selections into the kernel's runs (segment walk, staging
+                                     copies of slow-tier rows), summed over worker threads */
+    uint64_t gather_bytes;        /* decode: K and V bytes copied into staging (elastic-buffer rows out of order) */
+    uint64_t select_bytes_read;   /* bytes the selection itself read: a retrieval head's weights and K cache,
+                                     page summaries (reset by ks_stats_reset) */
 } ks_stats;
 
 /* The memory plan of a context (mem_cap > 0): thresholds[k] = longest

@@ -103,6 +103,7 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
         s->recall_n[slot]++;
     }
     int32_t npages, total;
+    double tg = ks_time_sec(); /* the segment walk and any staging copy: the gather share */
     int32_t nseg = ks_infer_segs_plan(all ? NULL : s->mask, n, c->params.page, s->segs, s->first, s->pages, &npages,
                                       &total);
     KS_ASSERT(total > 0 && total <= n);
@@ -121,15 +122,18 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
         } else {
             if (c->decoding) {
                 int32_t m = ks_infer_mask_entries(all ? NULL : s->mask, n, s->entries);
+                double tf = ks_time_sec(); /* waiting on the slow tier is not gathering */
                 KS_TRY(ks_kv_fetch(c->kv, seq, j->il, h, s->entries, m, false));
+                tg += ks_time_sec() - tf;
             }
             buffered = true;
         }
     }
     if (buffered)
         KS_TRY(ks_infer_segs_resolve_buffered(c->kv, seq, j->il, h, s->segs, s->first, nseg, gather,
-                                              ks_infer_gather_entries(c)));
+                                              ks_infer_gather_entries(c), &s->gather_bytes));
     else KS_TRY(ks_infer_segs_resolve(c->kv, seq, j->il, h, s->segs, s->first, nseg, s->pages, gather));
+    s->gather_seconds += ks_time_sec() - tg;
     bool want_w = sparse && ks_policy_wants_weights(pol);
     float *w = NULL;
     if (want_w) { /* the entry of each attended row, for after_attention */
@@ -164,7 +168,7 @@ static bool attend_block(ks_context *c, attn_job *j, ks_attn_scratch *s, int r0,
     int32_t nseg = ks_infer_segs_plan(NULL, n_att[R - 1], P, s->segs, s->first, s->pages, &np, &total);
     if (buffered) {
         if (ks_infer_segs_resolve_buffered(c->kv, seq, j->il, h, s->segs, s->first, nseg, gather,
-                                           ks_infer_gather_entries(c)) != KS_OK)
+                                           ks_infer_gather_entries(c), &s->gather_bytes) != KS_OK)
             return false;
     } else if (ks_infer_segs_resolve(c->kv, seq, j->il, h, s->segs, s->first, nseg, s->pages, gather) != KS_OK)
         return false; /* attend_one reports it */

@@ -373,6 +373,7 @@ static void counters_add(ks_policy_counters *a, const ks_policy *pol) {
     a->misses += b.misses;
     a->corrections += b.corrections;
     a->rebuilds += b.rebuilds;
+    a->bytes_read += b.bytes_read;
 }
 
 ks_policy *ks_infer_policy_of(const ks_context *c, int32_t seq) { return c->pols[c->seq_pol[seq]].pol; }
@@ -588,9 +589,16 @@ void ks_context_stats(const ks_context *c, ks_stats *out) {
     out->policy_misses = pc.misses;
     out->policy_corrections = pc.corrections;
     out->policy_rebuilds = pc.rebuilds;
+    out->select_bytes_read = pc.bytes_read - c->select_bytes_base;
 }
 
-void ks_stats_reset(ks_context *c) { memset(&c->stats, 0, sizeof c->stats); }
+void ks_stats_reset(ks_context *c) {
+    memset(&c->stats, 0, sizeof c->stats);
+    ks_policy_counters pc = c->retired_pc; /* the policies' byte counters run on: count from here */
+    for (int32_t k = 0; k < c->n_pols; k++)
+        if (c->pols[k].pol) counters_add(&pc, c->pols[k].pol);
+    c->select_bytes_base = pc.bytes_read;
+}
 const ks_model *ks_context_model(const ks_context *c) { return c->model; }
 
 void ks_context_set_recall_probe(ks_context *c, bool on) { c->recall_probe = on; }

@@ -91,8 +91,14 @@ static void take_counters(ks_context *c, int n, const int32_t *seq) {
     for (int i = 0; i < c->params.n_threads; i++) {
         attended += c->scr[i].entries_attended;
         c->stats.select_seconds += c->scr[i].select_seconds;
+        if (c->decoding) {
+            c->stats.gather_seconds += c->scr[i].gather_seconds;
+            c->stats.gather_bytes += c->scr[i].gather_bytes;
+        }
         c->scr[i].entries_attended = 0;
         c->scr[i].select_seconds = 0;
+        c->scr[i].gather_seconds = 0;
+        c->scr[i].gather_bytes = 0;
     }
     c->stats.kv_bytes_read += 2 * attended * c->kv_row_bytes;
     if (c->decoding) {

@@ -41,6 +41,8 @@ typedef struct ks_attn_scratch {
     double *recall_sum;   /* [n_layer][n_head_kv] recall probe sums of this worker */
     uint32_t *recall_n;   /* [n_layer][n_head_kv] */
     double select_seconds;
+    double gather_seconds; /* decode: segment walk and staging copies (attend_one) */
+    uint64_t gather_bytes; /* K and V bytes copied into the staging area */
     uint64_t entries_attended;
 } ks_attn_scratch;
 
@@ -99,6 +101,7 @@ struct ks_context {
     int32_t n_pols;          /* entries in use or freed (pol NULL) */
     int32_t *seq_pol;        /* [n_seq] */
     ks_policy_counters retired_pc; /* counters of destroyed instances */
+    uint64_t select_bytes_base;    /* the policies' bytes_read at the last ks_stats_reset */
 };
 
 /* Attention of G query heads (q [G][hd]) over one KV head's rows K, V

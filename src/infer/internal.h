@@ -73,11 +73,14 @@ int32_t ks_infer_segs_plan(const uint64_t *mask, int32_t n, int32_t P, ks_kv_seg
 ks_status ks_infer_segs_resolve(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, ks_kv_seg *segs,
                                 const int32_t *first, int32_t nseg, const int32_t *pages, uint8_t *gather);
 
-/* The slow-tier variant (elastic buffer): copy the rows of the nseg runs
- * (all fetched) from the buffer into staging (K [cap][row], then V
- * [cap][row]) in entry order and point the runs there, unchanged. */
+/* The slow-tier variant (elastic buffer): point each of the nseg runs (all
+ * fetched) at its rows in the buffer when they are consecutive slots, else
+ * copy them into staging (K [cap][row], then V [cap][row]) in entry order
+ * and point the run there; runs unchanged.  *copied (NULL: not counted)
+ * grows by the bytes copied. */
 ks_status ks_infer_segs_resolve_buffered(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, ks_kv_seg *segs,
-                                         const int32_t *first, int32_t nseg, uint8_t *staging, size_t cap);
+                                         const int32_t *first, int32_t nseg, uint8_t *staging, size_t cap,
+                                         uint64_t *copied);
 
 /* The entries set in mask (NULL: all) below n, ascending, into out; returns their number. */
 int32_t ks_infer_mask_entries(const uint64_t *mask, int32_t n, int32_t *out);

@@ -13,11 +13,14 @@
  * Planning (runs and the pages they touch) is separate from resolving
  * (pointers), because a slow-tier layer must fetch exactly the selected
  * entries into its elastic buffer between the two.  Entries land in
- * whatever slots the entries that left freed, so attention reads them
- * through the worker's staging area, copied in entry order with the same
- * runs as a fast layer: the kernels' blocks (and so their rounding) follow
- * the runs, and this keeps an offloaded layer bit-identical to a resident
- * one (a fast-tier copy; slow-tier traffic is only what the buffer misses).
+ * whatever slots the entries that left freed, so a run whose rows are not
+ * consecutive slots is read through the worker's staging area, copied in
+ * entry order with the same runs as a fast layer: the kernels' blocks (and
+ * so their rounding) follow the runs, and this keeps an offloaded layer
+ * bit-identical to a resident one (a fast-tier copy; slow-tier traffic is
+ * only what the buffer misses).  A run that sits in consecutive slots — a
+ * single token of a token-level selection, or a run whose slots kept their
+ * order — is read in place, so an unchanged selection copies nothing.
  * A selection larger than the buffer reads whole pages into the same area
  * instead (counted as a synchronous fallback).  Every caller — decode
  * attention, the prefill block, the recall probe, the policies' attention
@@ -110,29 +113,47 @@ int32_t ks_infer_mask_entries(const uint64_t *mask, int32_t n, int32_t *out) {
 }
 
 ks_status ks_infer_segs_resolve_buffered(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, ks_kv_seg *segs,
-                                         const int32_t *first, int32_t nseg, uint8_t *staging, size_t cap) {
+                                         const int32_t *first, int32_t nseg, uint8_t *staging, size_t cap,
+                                         uint64_t *copied) {
     size_t row = ks_kv_row_size(kv);
     uint8_t *Kd = staging, *Vd = staging + cap * row;
     size_t t = 0;
+    uint64_t bytes = 0;
     for (int32_t i = 0; i < nseg; i++) {
+        int32_t e = first[i], end = first[i] + segs[i].len;
+        /* rows adjacent in the buffer: a block copy, or none when the whole
+         * run is one block (every run of a token-level selection that left
+         * single tokens, and runs whose slots stayed in order) */
+        const uint8_t *K, *V, *K2, *V2;
+        ks_kv_entry_rows(kv, seq, layer, head, e, &K, &V);
+        int32_t k = 1;
+        for (; e + k < end; k++) {
+            ks_kv_entry_rows(kv, seq, layer, head, e + k, &K2, &V2);
+            if (K2 != K + (size_t)k * row || V2 != V + (size_t)k * row) break;
+        }
+        if (e + k == end) { /* read in place: the same rows in the same run, so the same result */
+            segs[i].K = K;
+            segs[i].V = V;
+            continue;
+        }
         segs[i].K = Kd + t * row;
         segs[i].V = Vd + t * row;
-        for (int32_t e = first[i], end = first[i] + segs[i].len; e < end;) {
-            /* rows adjacent in the buffer copy as one block */
-            const uint8_t *K, *V, *K2, *V2;
-            ks_kv_entry_rows(kv, seq, layer, head, e, &K, &V);
-            int32_t k = 1;
-            for (; e + k < end; k++) {
-                ks_kv_entry_rows(kv, seq, layer, head, e + k, &K2, &V2);
-                if (K2 != K + (size_t)k * row || V2 != V + (size_t)k * row) break;
-            }
+        for (;;) {
             KS_ASSERT(t + (size_t)k <= cap);
             memcpy(Kd + t * row, K, (size_t)k * row);
             memcpy(Vd + t * row, V, (size_t)k * row);
             t += (size_t)k;
+            bytes += 2 * (uint64_t)k * row;
             e += k;
+            if (e == end) break;
+            ks_kv_entry_rows(kv, seq, layer, head, e, &K, &V);
+            for (k = 1; e + k < end; k++) {
+                ks_kv_entry_rows(kv, seq, layer, head, e + k, &K2, &V2);
+                if (K2 != K + (size_t)k * row || V2 != V + (size_t)k * row) break;
+            }
         }
     }
+    if (copied) *copied += bytes;
     return KS_OK;
 }
 

@@ -36,6 +36,9 @@ void ks_sched_stats_add(ks_stats *a, const ks_stats *b) {
     a->policy_corrections += b->policy_corrections;
     a->policy_rebuilds += b->policy_rebuilds;
     a->kv_offload_events += b->kv_offload_events;
+    a->gather_seconds += b->gather_seconds;
+    a->gather_bytes += b->gather_bytes;
+    a->select_bytes_read += b->select_bytes_read;
 }
 
 ks_status ks_sched_group_create(ks_sched *s, int32_t page, group **out, char *err, size_t err_cap) {

@@ -91,6 +91,8 @@ typedef struct {
     float *scr;                           /* [n_threads][Hq_group(G) * n_ctx + n_ctx] score scratch */
     int32_t n_scr_threads;
     uint64_t selections;
+    uint64_t step_weight_bytes;           /* fc, q_proj, k_proj as the matmuls read them, once per step */
+    uint64_t bytes_read;                  /* those per step plus the K cache each selection scored */
 } spec_state;
 
 static const char *const spec_args[] = {"dlm", "variant", "yarn", NULL};
@@ -322,6 +324,9 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p
     s->sel_n = ks_calloc(n_seq * s->Hkv, sizeof(int32_t));
     s->sel_pos = ks_malloc(sizeof(int32_t) * n_seq);
     for (size_t i = 0; i < n_seq; i++) s->sel_pos[i] = -1;
+    s->step_weight_bytes = ks_dtype_row_bytes(s->t_q, dlm->wq.cols) * (size_t)dlm->wq.rows +
+                           ks_dtype_row_bytes(s->t_k, dlm->wk.cols) * (size_t)dlm->wk.rows;
+    if (!embed_only) s->step_weight_bytes += ks_dtype_row_bytes(s->t_fc, dlm->fc.cols) * (size_t)dlm->fc.rows;
     s->n_scr_threads = ks_pool_size(env->pool);
     s->scr = ks_malloc(sizeof(float) * (size_t)s->n_scr_threads * (s->G + 1) * n_ctx);
     char desc[512];
@@ -426,8 +431,8 @@ static void select_worker(void *arg, int ith, int nth) {
         /* per-head softmax, then the element-wise max over the group */
         for (int g = 0; g < s->G; g++) ks_spec_softmax_max(sc + (size_t)g * n, n, w, g == 0, j->simd);
         /* top-B outside the framework's sinks and window (positions): a
-         * partial selection (quickselect of the B-th value at long contexts,
-         * O(n)), the spent scores as its scratch */
+         * partial selection (a radix select of the B-th value at long
+         * contexts, O(n)), the spent scores as its scratch */
         int32_t lo = s->p.sink < n ? s->p.sink : n, hi = n - s->p.window > lo ? n - s->p.window : lo;
         int32_t *out = s->sel + ((size_t)seq * s->Hkv + kvh) * n_ctx;
         int32_t k = ks_topk_scratch(w + lo, hi - lo, j->n_select, out, sc);
@@ -455,6 +460,9 @@ static ks_status spec_before_step(void *state, const ks_step_info *step) {
     atomic_init(&job.next, 0);
     ks_pool_run(s->env.pool, select_worker, &job);
     s->selections += (uint64_t)n * s->Hkv;
+    s->bytes_read += s->step_weight_bytes;
+    for (int32_t r = 0; r < n; r++)
+        s->bytes_read += (uint64_t)s->klen[step->seq[r]] * s->Hkv * s->hd * sizeof(ks_f16);
     return KS_OK;
 }
 
@@ -508,7 +516,10 @@ static void spec_fill_synthetic(void *state, int32_t seq, int32_t n, uint64_t se
     s->klen[seq] = n;
 }
 
-static void spec_counters(void *state, ks_policy_counters *out) { out->selections += ((spec_state *)state)->selections; }
+static void spec_counters(void *state, ks_policy_counters *out) {
+    out->selections += ((spec_state *)state)->selections;
+    out->bytes_read += ((spec_state *)state)->bytes_read;
+}
 
 const ks_policy_i ks_policy_spec = {
     .name = "spec",

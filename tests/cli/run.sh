@@ -69,6 +69,10 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 rows = [r for r in d["results"] if r["test"] == "decode"]
 assert len(rows) == 4 and all(r["tok_s"] > 0 and r["gb_s"] > 0 for r in rows), rows
+# the per-policy cost breakdown (docs/DESIGN.md, "Measuring")
+for k in ("select_share", "gather_share", "kv_gb_per_step", "select_gb_per_step", "gather_mb_per_step",
+          "mb_moved_per_step", "wait_ms_per_step"):
+    assert all(k in r and r[k] >= 0 for r in rows), k
 assert d["bandwidth"]["best_gbs"] > 0
 PY
 
