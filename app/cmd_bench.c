@@ -292,6 +292,9 @@ int cmd_bench(int argc, char **argv) {
                 snprintf(hidden, sizeof hidden, "%.0f%%",
                          100.0 * (s.kv_copy_seconds - s.kv_wait_seconds > 0 ? s.kv_copy_seconds - s.kv_wait_seconds : 0) /
                              s.kv_copy_seconds);
+            /* speculative retrieval (freekv): the share of speculations the query-similarity check kept */
+            uint64_t judged = s.policy_speculative + s.policy_corrections;
+            double spec_rate = judged ? (double)s.policy_speculative / judged : 0.0;
             progress(what, ++done, total);
             if (json) {
                 printf("%s\n  {\"test\": \"decode\", \"policy\": \"%s\", \"budget\": %d, \"depth\": %ld, \"batch\": %ld, "
@@ -303,7 +306,8 @@ int cmd_bench(int argc, char **argv) {
                        "\"slow_layers\": %d, \"over_cap\": %s, \"copy_ms_per_step\": %.3f, \"wait_ms_per_step\": %.3f, "
                        "\"bytes_loaded_per_step\": %.1f, \"entries_loaded_per_step\": %.1f, "
                        "\"entries_full_reload_per_step\": %.1f, \"reload_share\": %.4f, \"sync_fallbacks\": %llu, "
-                       "\"policy_hits\": %llu, \"policy_misses\": %llu, \"policy_corrections\": %llu, \"policy_rebuilds\": %llu}",
+                       "\"policy_selections\": %llu, \"policy_hits\": %llu, \"policy_misses\": %llu, \"policy_corrections\": %llu, "
+                       "\"policy_speculative\": %llu, \"spec_hit_rate\": %.4f, \"policy_rebuilds\": %llu}",
                        first ? "" : ",", label, cp.budget, depth, batch, tps, dense_tps > 0 ? tps / dense_tps : 0,
                        1e3 * step, gb_step, s.weight_bytes_read / 1e9 / n_gen, s.kv_bytes_read / 1e9 / n_gen, gbs, bw_now,
                        gbs / bw_now, 1e3 * roof, sel, gat, s.select_bytes_read / 1e9 / n_gen,
@@ -312,8 +316,9 @@ int cmd_bench(int argc, char **argv) {
                        1e3 * s.kv_copy_seconds / n_gen, 1e3 * s.kv_wait_seconds / n_gen,
                        (double)s.kv_bytes_loaded / n_gen, (double)s.kv_entries_loaded / n_gen, (double)needed / n_gen,
                        needed ? (double)s.kv_entries_loaded / needed : 0.0, (unsigned long long)s.kv_sync_fallbacks,
-                       (unsigned long long)s.policy_hits, (unsigned long long)s.policy_misses,
-                       (unsigned long long)s.policy_corrections, (unsigned long long)s.policy_rebuilds);
+                       (unsigned long long)s.policy_selections, (unsigned long long)s.policy_hits,
+                       (unsigned long long)s.policy_misses, (unsigned long long)s.policy_corrections,
+                       (unsigned long long)s.policy_speculative, spec_rate, (unsigned long long)s.policy_rebuilds);
                 first = false;
             } else
                 printf("%-14s %6s %6ld %6ld %11.2f %9s %9.2f %8.3f %8.2f %6.1f%% %9.2f %8.2f %5.1f%% %5.1f%% %5.1f%% %9.2f %7s %7s %5d %6llu%s\n",

@@ -204,6 +204,7 @@ typedef struct ks_stats {
     double kv_copy_seconds;       /* copy-engine busy time */
     /* the policy's own counters (not reset by ks_stats_reset) */
     uint64_t policy_selections, policy_hits, policy_misses, policy_corrections, policy_rebuilds;
+    uint64_t policy_speculative;  /* selections served by the previous step's speculation (freekv) */
     uint64_t kv_offload_events;   /* layers moved to the slow tier by the memory manager */
     double gather_seconds;        /* decode: turning selections into the kernel's runs (segment walk, staging
                                      copies of slow-tier rows), summed over worker threads */

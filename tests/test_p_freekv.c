@@ -193,16 +193,20 @@ static void test_speculation_and_correction(void **state) {
     expect_one(&b.sel, 5, 2);
     ks_policy_get_counters(pol, &c);
     assert_int_equal(c.selections, 2);
-    assert_int_equal(c.misses, 2); /* page 2 was not in the previous selection */
+    assert_int_equal(c.hits, 1); /* page 5 stays in the recall buffer */
+    assert_int_equal(c.misses, 1);
     assert_int_equal(c.corrections, 0);
+    assert_int_equal(c.speculative, 1);
 
-    /* the same query again: previous selection (page 2) reused, a hit */
+    /* the same query again: the pages it selected (page 2, the hint) are attended now */
     r = req_at(q, 42);
     assert_int_equal(ks_policy_select(pol, &r, sel_of(&b)), KS_OK);
     expect_one(&b.sel, 2, 2);
     ks_policy_get_counters(pol, &c);
     assert_int_equal(c.hits, 1);
+    assert_int_equal(c.misses, 2); /* page 2 was not attended at step 41 */
     assert_int_equal(c.corrections, 0);
+    assert_int_equal(c.speculative, 2);
 
     /* orthogonal query: corrected, the fresh selection (page 5) now */
     set_q(q, 1, 0, 1, 0);
@@ -241,10 +245,158 @@ static void test_speculation_and_correction(void **state) {
     assert_int_equal(ks_policy_select(pol, &r, sel_of(&b)), KS_OK);
     ks_policy_get_counters(pol, &c);
     assert_int_equal(c.corrections, 2);
+    assert_int_equal(c.speculative, 3); /* steps 41, 42 and 44 */
     assert_int_equal(c.selections, 8);
     assert_int_equal(c.hits + c.misses, 8); /* one page each */
     ks_policy_destroy(pol);
     ks_kv_destroy(f.kv);
+}
+
+/* A metadata source over the store that counts page reads: one scoring
+ * pass reads every competing page once. */
+typedef struct {
+    ks_kv_store *kv;
+    int page_reads;
+} counting_meta;
+
+static int32_t cm_n_entries(void *ctx, int32_t seq, int32_t layer, int32_t head) {
+    return ks_kv_n_entries(((counting_meta *)ctx)->kv, seq, layer, head);
+}
+
+static void cm_page_meta(void *ctx, int32_t seq, int32_t layer, int32_t head, int32_t lp, ks_kv_page_meta *out) {
+    counting_meta *m = ctx;
+    m->page_reads++;
+    ks_kv_page_meta_get(m->kv, seq, layer, head, lp, out);
+}
+
+static ks_policy *make_counting_policy(counting_meta *cm, ks_kv_meta_src *src, int32_t budget, int32_t window) {
+    *src = (ks_kv_meta_src){.ctx = cm, .page_size = PG, .n_entries = cm_n_entries, .page_meta = cm_page_meta};
+    ks_policy_env env = {.n_layer = 1, .n_head = NQ, .n_head_kv = NKV, .head_dim = HD, .n_seq = 1, .n_ctx = CTX,
+                         .meta = src, .attn_probs = fake_probs};
+    ks_policy_params pp = ks_policy_default_params();
+    pp.budget = budget;
+    pp.sink = 2;
+    pp.window = window;
+    pp.dense_layers = 0;
+    ks_policy *pol = NULL;
+    assert_int_equal(ks_policy_create("freekv", &env, &pp, &pol), KS_OK);
+    return pol;
+}
+
+/* Without a hint buffer (a fast-tier layer, the public API) a step scores
+ * the pages at most once: a speculative step after a correction or a cold
+ * start reuses the selection already made and scores nothing; one after a
+ * speculative step makes the kept query's selection then; the prompt's last
+ * query is kept at prefill without scoring. */
+static void test_lazy_speculation_scores_once(void **state) {
+    (void)state;
+    fake_svc f = {0};
+    make_kv(&f);
+    counting_meta cm = {.kv = f.kv};
+    ks_kv_meta_src src;
+    ks_policy *pol = make_counting_policy(&cm, &src, 10, 4);
+    float q[NQ * HD];
+    int32_t idx[CTX];
+    ks_selection sel;
+#define SELECT_AT(pos_)                                                                 \
+    do {                                                                                \
+        sel = (ks_selection){.cap = CTX, .idx = idx};                                   \
+        ks_select_req r_ = req_at(q, (pos_));                                           \
+        assert_int_equal(ks_policy_select(pol, &r_, &sel), KS_OK);                      \
+        assert_int_equal(sel.n, 1);                                                     \
+        assert_int_equal(sel.n_next, 0);                                                \
+    } while (0)
+    set_q(q, 1, 0, 1, 0);
+    ks_prefill_info info = {.seq = 0, .n_prompt = 40, .n_obs = 1, .obs_q = q, .first_pos = 0};
+    assert_int_equal(ks_policy_on_prefill(pol, &info), KS_OK);
+    int pass = 0; /* page reads of one scoring pass: every competing page (9) */
+    assert_int_equal(cm.page_reads, 0); /* prefill keeps the query, scores nothing */
+
+    set_q(q, 1, 0.14f, 1, 0.14f); /* first decode step, similar: the prompt query's pages, scored now */
+    SELECT_AT(40);
+    assert_int_equal(idx[0], 5);
+    pass = cm.page_reads;
+    assert_true(pass >= 9);
+
+    SELECT_AT(41); /* same query: the selection step 40's query makes (page 2), scored now: one pass */
+    assert_int_equal(idx[0], 2);
+    assert_int_equal(cm.page_reads, 2 * pass);
+
+    set_q(q, 1, 0, 1, 0);
+    q[0] = 0.14f, q[1] = -1.0f, q[2] = 2.0f; /* orthogonal: corrected, one pass */
+    q[HD] = 0.14f, q[HD + 1] = -1.0f, q[HD + 2] = 2.0f;
+    SELECT_AT(42);
+    int32_t corrected = idx[0];
+    assert_true(corrected != 2);
+    assert_int_equal(cm.page_reads, 3 * pass);
+
+    SELECT_AT(43); /* same query: the correction's pages, no pass at all */
+    assert_int_equal(idx[0], corrected);
+    assert_int_equal(cm.page_reads, 3 * pass);
+
+    ks_policy_counters c = {0};
+    ks_policy_get_counters(pol, &c);
+    assert_int_equal(c.selections, 4);
+    assert_int_equal(c.speculative, 3);
+    assert_int_equal(c.corrections, 1);
+#undef SELECT_AT
+    ks_policy_destroy(pol);
+    ks_kv_destroy(f.kv);
+}
+
+/* A selection made late is the one the earlier step would have made: with a
+ * window shorter than a page the entry appended since lands in a candidate
+ * page, and the replay still scores that page as step t-1 saw it.  Two
+ * instances over one KV, one asked for hints (its selection made at step
+ * t-1, as for a slow-tier layer), one not (made at step t, as for a
+ * fast-tier layer), attend the same pages. */
+static void append_noise(ks_kv_store *kv, int e, float k0) {
+    float k[HD], v[HD] = {0};
+    for (int d = 0; d < HD; d++) k[d] = 0.1f * sinf((float)(e * HD + d));
+    if (k0 != 0) k[0] = k0;
+    assert_int_equal(ks_kv_append(kv, 0, 0, 0, e, k, v), KS_OK);
+}
+
+static void test_late_selection_is_exact(void **state) {
+    (void)state;
+    ks_kv_params kp = ks_kv_default_params();
+    kp.n_layer = 1;
+    kp.n_head_kv = NKV;
+    kp.head_dim = HD;
+    kp.n_ctx = CTX;
+    kp.page = PG;
+    ks_kv_store *kv = NULL;
+    assert_int_equal(ks_kv_create(&kp, &kv), KS_OK);
+    for (int e = 0; e < 37; e++) append_noise(kv, e, e == 21 ? 4.0f : 0); /* page 5 stands out along dim 0 */
+    counting_meta cm[2] = {{.kv = kv}, {.kv = kv}};
+    ks_kv_meta_src src[2];
+    /* budget 7 = sink 2 + window 1 + 4 entries: one page */
+    ks_policy *pol[2] = {make_counting_policy(&cm[0], &src[0], 7, 1), make_counting_policy(&cm[1], &src[1], 7, 1)};
+    float q[NQ * HD];
+    sel_buf b[2];
+    const float drift[3] = {0, 0.05f, 0.1f}; /* similar queries: steps 37 and 38 speculate */
+    for (int t = 0; t < 3; t++) {
+        int32_t pos = 36 + t, n = 37 + t;
+        if (t == 1) append_noise(kv, 37, 0);
+        if (t == 2) append_noise(kv, 38, 40.0f); /* lands in page 9, a candidate since step 37 (window 1) */
+        set_q(q, 1, drift[t], 1, drift[t]);
+        for (int i = 0; i < 2; i++) {
+            ks_select_req r = {.seq = 0, .layer = 0, .head = 0, .pos = pos, .n_entries = n, .q = q, .n_select = 4,
+                               .sink = 2, .window = 1};
+            ks_selection *s = sel_of(&b[i]);
+            if (i == 0) s->next = NULL;
+            assert_int_equal(ks_policy_select(pol[i], &r, s), KS_OK);
+            assert_int_equal(s->n, 1);
+            assert_int_equal(s->idx[0], 5); /* at step 38: what step 37's query selected then, not page 9 */
+        }
+    }
+    assert_int_equal(b[1].sel.n_next, 1);
+    assert_int_equal(b[1].sel.next[0], 9); /* the hint for step 39 sees the new key */
+    ks_policy_counters c = {0};
+    ks_policy_get_counters(pol[0], &c);
+    assert_int_equal(c.speculative, 2);
+    for (int i = 0; i < 2; i++) ks_policy_destroy(pol[i]);
+    ks_kv_destroy(kv);
 }
 
 static void test_tau_bounds_correction(void **state) {
@@ -605,7 +757,7 @@ static void check_sparse_tiers(ks_model *m, int n_prompt, int page, int budget, 
         assert_int_equal(st.policy_selections, want);
         assert_true(st.policy_hits + st.policy_misses > 0);
         assert_true(st.policy_hits > 0); /* adjacent steps share pages */
-        assert_true(st.policy_corrections <= st.policy_selections);
+        assert_true(st.policy_corrections + st.policy_speculative <= st.policy_selections);
         for (int off = 1; off < 3; off++) {
             run_cfg slow = {.policy = "freekv", .budget = budget, .page = page, .offload_layers = (int32_t)m->hp.n_layer,
                             .dir = off == 2 ? g_dir : NULL, .args = args};
@@ -621,6 +773,7 @@ static void check_sparse_tiers(ks_model *m, int n_prompt, int page, int budget, 
         run_cfg never = {.policy = "freekv", .budget = budget, .page = page, .args = "tau=-1"};
         free(run_decode(m, &never, n_prompt, steps, n_seq, &st));
         assert_int_equal(st.policy_corrections, 0);
+        assert_true(st.policy_speculative > 0); /* every step after the first speculates */
         run_cfg always = {.policy = "freekv", .budget = budget, .page = page, .args = "tau=1"};
         free(run_decode(m, &always, n_prompt, steps, n_seq, &st));
         assert_true(st.policy_corrections > 0);
@@ -644,6 +797,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_highest_bound_and_hint),       cmocka_unit_test(test_speculation_and_correction),
         cmocka_unit_test(test_tau_bounds_correction),        cmocka_unit_test(test_prefill_seeds_first_step),
+        cmocka_unit_test(test_lazy_speculation_scores_once), cmocka_unit_test(test_late_selection_is_exact),
         cmocka_unit_test(test_budget_covers_candidates),     cmocka_unit_test(test_bad_args),
         cmocka_unit_test(test_centre_summary_is_tighter),
         cmocka_unit_test(test_scale_head_dim_256),           cmocka_unit_test(test_paper_sink_recent_pages),

@@ -91,11 +91,11 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
     bool all = true; /* the policy still sees the weights when everything is attended */
     ks_policy *pol = ks_infer_policy_of(c, seq); /* this row's own policy */
     bool sparse = j->sparse && ks_infer_seq_sparse(c, seq, j->il);
+    bool slow = ks_kv_layer_tier(c->kv, j->il) == KS_TIER_SLOW;
     if (sparse && ks_infer_budget_binds(c, seq, n)) {
-        KS_TRY(ks_infer_select(c, s, &req, &sel, &s->select_seconds));
+        KS_TRY(ks_infer_select(c, s, &req, &sel, slow, &s->select_seconds));
         all = sel.all;
     }
-    bool slow = ks_kv_layer_tier(c->kv, j->il) == KS_TIER_SLOW;
     /* after a prefill eviction the evicted entries are gone: no dense mass to compare with */
     if (c->recall_probe && c->decoding && n == j->pos[r] + 1 && (all || !slow)) {
         size_t slot = (size_t)j->il * hp->n_head_kv + (size_t)h;

@@ -372,6 +372,7 @@ static void counters_add(ks_policy_counters *a, const ks_policy *pol) {
     a->hits += b.hits;
     a->misses += b.misses;
     a->corrections += b.corrections;
+    a->speculative += b.speculative;
     a->rebuilds += b.rebuilds;
     a->bytes_read += b.bytes_read;
 }
@@ -588,6 +589,7 @@ void ks_context_stats(const ks_context *c, ks_stats *out) {
     out->policy_hits = pc.hits;
     out->policy_misses = pc.misses;
     out->policy_corrections = pc.corrections;
+    out->policy_speculative = pc.speculative;
     out->policy_rebuilds = pc.rebuilds;
     out->select_bytes_read = pc.bytes_read - c->select_bytes_base;
 }

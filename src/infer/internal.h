@@ -56,8 +56,12 @@ bool ks_infer_budget_binds(const ks_context *c, int32_t seq, int32_t n);
  * in; the budget's split into sinks, window and n_select is filled here),
  * adding the time it took to *seconds.  Unless sel->all, mask ([n/64 + 1]
  * words) receives the entries to attend: sinks, window and the selection.
- * sel's buffers are the scratch's. */
-ks_status ks_infer_select(ks_context *c, ks_attn_scratch *s, ks_select_req *req, ks_selection *sel, double *seconds);
+ * sel's buffers are the scratch's; want_next offers the policy the hint
+ * buffer (a slow-tier layer, where recall for the next step can start now):
+ * without it a speculating policy defers its next selection until the next
+ * step needs it. */
+ks_status ks_infer_select(ks_context *c, ks_attn_scratch *s, ks_select_req *req, ks_selection *sel, bool want_next,
+                          double *seconds);
 
 /* The entries [0, n) set in mask (NULL: all of them) as runs that never cross
  * a page of P entries, in entry order: run i starts at entry first[i] and has

@@ -49,8 +49,9 @@ bool ks_infer_budget_binds(const ks_context *c, int32_t seq, int32_t n) {
     return ks_policy_budget_binds(ks_infer_policy_of(c, seq), n);
 }
 
-ks_status ks_infer_select(ks_context *c, ks_attn_scratch *s, ks_select_req *req, ks_selection *sel, double *seconds) {
-    *sel = (ks_selection){.cap = c->n_ctx, .idx = s->sel, .next = s->next};
+ks_status ks_infer_select(ks_context *c, ks_attn_scratch *s, ks_select_req *req, ks_selection *sel, bool want_next,
+                          double *seconds) {
+    *sel = (ks_selection){.cap = c->n_ctx, .idx = s->sel, .next = want_next ? s->next : NULL};
     double t0 = ks_time_sec();
     ks_status st = ks_policy_select_mask(ks_infer_policy_of(c, req->seq), req, sel, c->params.page, s->mask);
     *seconds += ks_time_sec() - t0;

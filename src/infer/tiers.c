@@ -200,7 +200,7 @@ ks_status ks_infer_prefetch_global(ks_context *c, int32_t first_layer, int32_t n
                 if (!ks_infer_budget_binds(c, seqs[r], ne + 1)) continue; /* dense: attention loads */
                 ks_select_req req = {.row = r, .seq = seqs[r], .layer = il, .head = h, .pos = pos[r], .n_entries = ne + 1};
                 ks_selection sel;
-                KS_TRY(ks_infer_select(c, s, &req, &sel, &c->stats.select_seconds));
+                KS_TRY(ks_infer_select(c, s, &req, &sel, false, &c->stats.select_seconds));
                 if (sel.all) continue;
                 int32_t m = ks_infer_mask_entries(s->mask, ne, s->entries);
                 /* larger than the buffer: attention reads it synchronously and counts the fallback */

@@ -34,6 +34,7 @@ void ks_sched_stats_add(ks_stats *a, const ks_stats *b) {
     a->policy_hits += b->policy_hits;
     a->policy_misses += b->policy_misses;
     a->policy_corrections += b->policy_corrections;
+    a->policy_speculative += b->policy_speculative;
     a->policy_rebuilds += b->policy_rebuilds;
     a->kv_offload_events += b->kv_offload_events;
     a->gather_seconds += b->gather_seconds;

@@ -549,7 +549,23 @@ __attribute__((target("avx512f,avx512dq,avx512vl"))) static void page_upper_boun
         }
     }
 }
+
+KS_AVX2_TGT static float softmax_exp_avx2(float *x, int32_t n) { return ks_avx2_softmax_exp(x, n); }
 #endif
+
+/* x[0..n) = e^(x - max x) in place; returns their sum.  FreeKV's group
+ * reduction runs it G times per selection over every competing page, so the
+ * AVX2 polynomial (relative error ~2e-7) replaces libm's expf there. */
+static float softmax_exp(float *x, int32_t n) {
+#if defined(__x86_64__)
+    if (ks_simd_current() >= KS_SIMD_AVX2) return softmax_exp_avx2(x, n);
+#endif
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++) sum += x[i] = expf(x[i] - mx);
+    return (float)sum;
+}
 
 int32_t ks_topk_range(const float *x, int32_t lo, int32_t hi, int32_t k, int32_t *idx, float *tmp) {
     int32_t got = ks_topk_scratch(x + lo, hi - lo, k, idx, tmp);
@@ -644,13 +660,16 @@ float ks_page_upper_bound(const float *q, const float *kmin, const float *kmax, 
 }
 
 void ks_group_reduce_scores(const float *scores, int32_t G, int32_t n, ks_group_reduce how, float *out) {
-    if (how == KS_GROUP_SOFTMAX_MEAN) { /* tensor/ops.h's softmax per head, averaged */
-        float *p = ks_malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
-        for (int32_t i = 0; i < n; i++) out[i] = 0;
+    if (how == KS_GROUP_SOFTMAX_MEAN) { /* softmax per head, averaged: out = sum_g e_g / (G sum e_g) */
+        if (n <= 0) return;
+        float *p = ks_malloc(sizeof(float) * (size_t)n);
         for (int32_t g = 0; g < G; g++) {
             memcpy(p, scores + (size_t)g * n, sizeof(float) * (size_t)n);
-            ks_softmax(p, n);
-            for (int32_t i = 0; i < n; i++) out[i] += p[i] / (float)G;
+            float w = 1.0f / (softmax_exp(p, n) * (float)G);
+            if (g == 0)
+                for (int32_t i = 0; i < n; i++) out[i] = p[i] * w;
+            else
+                for (int32_t i = 0; i < n; i++) out[i] += p[i] * w;
         }
         ks_free(p);
         return;

@@ -111,6 +111,7 @@ typedef struct ks_policy_counters {
     uint64_t selections;   /* selections made (per row, layer, head) */
     uint64_t hits, misses; /* entries already resident vs to load (LRQK, FreeKV) */
     uint64_t corrections;  /* speculative selections corrected (FreeKV) */
+    uint64_t speculative;  /* selections served by the previous step's speculation (FreeKV) */
     uint64_t rebuilds;     /* selections rebuilt on a trigger (CHESS) */
     uint64_t bytes_read;   /* bytes the selection read itself: a retrieval head's weights and K cache,
                             * page summaries (spec, quest) */
@@ -166,7 +167,9 @@ typedef struct ks_selection {
     int32_t *idx;         /* [cap] */
     /* optional prefetch hint: what the policy expects to select at the next
      * step (FreeKV's speculative recall); the framework starts loading it for
-     * layers in the slow tier while the step goes on.  Same conventions. */
+     * layers in the slow tier while the step goes on.  Same conventions.
+     * next is NULL where there is nothing to recall (fast-tier layers, the
+     * public selection API): a policy then need not make the hint at all. */
     bool next_pages;
     int32_t n_next;
     int32_t *next;        /* [cap] */

@@ -64,7 +64,7 @@ struct kvs_selector {
     int32_t *iota;             /* [n_ctx] positions when a view has none */
     float *qbuf;               /* [G][head_dim] */
     float *kbuf;               /* [head_dim] */
-    int32_t *sel_idx, *sel_next; /* [n_ctx] the policy's answer */
+    int32_t *sel_idx;            /* [n_ctx] the policy's answer */
     uint64_t *mask;            /* [n_ctx / 64 + 1] */
     bool stepping;             /* begin_step called since create / reset */
     int32_t step_pos;
@@ -306,7 +306,6 @@ void kvs_selector_destroy(kvs_selector *s) {
     free(s->qbuf);
     free(s->kbuf);
     free(s->sel_idx);
-    free(s->sel_next);
     free(s->mask);
     free(s->args);
     free(s);
@@ -354,10 +353,9 @@ kvs_status kvs_selector_create(const char *name, const kvs_selector_params *para
     s->qbuf = malloc(sizeof(float) * (size_t)s->G * p->head_dim);
     s->kbuf = malloc(sizeof(float) * (size_t)p->head_dim);
     s->sel_idx = malloc(sizeof(int32_t) * (size_t)p->n_ctx);
-    s->sel_next = malloc(sizeof(int32_t) * (size_t)p->n_ctx);
     s->mask = calloc((size_t)p->n_ctx / 64 + 1, sizeof(uint64_t));
     if (p->args) s->args = strdup(p->args);
-    if (!s->sums || !s->heads || !s->iota || !s->qbuf || !s->kbuf || !s->sel_idx || !s->sel_next || !s->mask ||
+    if (!s->sums || !s->heads || !s->iota || !s->qbuf || !s->kbuf || !s->sel_idx || !s->mask ||
         (p->args && !s->args)) {
         kvs_selector_destroy(s);
         return status_of(KS_FAIL(KS_ERR_NOMEM, "selector buffers for n_ctx %d", p->n_ctx));
@@ -491,7 +489,7 @@ kvs_status kvs_selector_select(kvs_selector *s, const kvs_head_kv *kv, int32_t l
         for (int32_t g = 0; g < s->G; g++) row_f32(q, g, hd, s->qbuf + (size_t)g * hd);
         ks_select_req req = {.row = 0, .seq = 0, .layer = layer, .head = head, .pos = s->step_pos, .n_entries = n,
                              .q = s->qbuf};
-        ks_selection sel = {.cap = s->p.n_ctx, .idx = s->sel_idx, .next = s->sel_next};
+        ks_selection sel = {.cap = s->p.n_ctx, .idx = s->sel_idx}; /* no recall to start: no hint */
         st = ks_policy_select_mask(s->pol, &req, &sel, s->p.page_size, s->mask);
         s->cur = NULL;
         if (st != KS_OK) return status_of(st);
