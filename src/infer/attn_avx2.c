@@ -361,8 +361,24 @@ typedef __m256 (*score_block_fn)(const uint8_t *const *kp, int n, const uint8_t 
                 if (t < n) memcpy(&h, rows[t] + 34 * (size_t)b, 2);                                        \
                 hs[b][t] = h;                                                                              \
             }                                                                                              \
-        for (t = 0; t < np; t++)                                                                           \
-            for (int g = 0; g < ((NG) == 1 ? 2 : (NG)); g++) /* NG 1: the second slot zero */              \
+        /* p [t][NG] -> pt [t4][head][j]: whole groups of four rows by shuffles, a short last one by hand */ \
+        for (t = 0; t + 4 <= n; t += 4) {                                                                  \
+            if ((NG) == 4) {                                                                               \
+                __m128 r0 = _mm_loadu_ps(p_blk + 4 * t), r1 = _mm_loadu_ps(p_blk + 4 * t + 4);             \
+                __m128 r2 = _mm_loadu_ps(p_blk + 4 * t + 8), r3 = _mm_loadu_ps(p_blk + 4 * t + 12);        \
+                _MM_TRANSPOSE4_PS(r0, r1, r2, r3);                                                         \
+                _mm_store_ps(pt[t / 4][0], r0), _mm_store_ps(pt[t / 4][1], r1);                            \
+                _mm_store_ps(pt[t / 4][2], r2), _mm_store_ps(pt[t / 4][3], r3);                            \
+            } else if ((NG) == 2) {                                                                        \
+                _mm256_store_ps(pt[t / 4][0], _mm256_permutevar8x32_ps(_mm256_loadu_ps(p_blk + 2 * t),     \
+                                                                      _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7))); \
+            } else {                                                                                       \
+                _mm_store_ps(pt[t / 4][0], _mm_loadu_ps(p_blk + t));                                       \
+                _mm_store_ps(pt[t / 4][1], _mm_setzero_ps()); /* NG 1: the second slot zero */             \
+            }                                                                                              \
+        }                                                                                                  \
+        for (; t < np; t++)                                                                                \
+            for (int g = 0; g < ((NG) == 1 ? 2 : (NG)); g++)                                               \
                 pt[t / 4][g][t % 4] = t < n && g < (NG) ? p_blk[t * (NG) + g] : 0.0f;                      \
         { /* the next block's V rows, while this one computes */                                           \
             int pr = 0, po = 0;                                                                            \
