@@ -119,8 +119,10 @@ static void check_attention(ks_kv_type kt, int len, int hd, int G, bool simd) {
     for (int i = 0; i < G * hd; i++) reff[i] = (float)ref[i];
     double mx, e = ks_test_nmse(out, reff, (size_t)G * hd, &mx);
     /* 8-bit KV on the SIMD path scores with the query rounded to int8 (one
-     * scale per 32-block, once per call): relative RMS error up to ~1e-2
-     * against the float reference, where every other path is at 1e-5 */
+     * scale per 32-block, once per call) and weighs the values with the
+     * probabilities rounded to 7 or 8 bits (per block of rows;
+     * test_attention_q8_values): relative RMS error up to ~1e-2 against the
+     * float reference, where every other path is at 1e-5 */
     double tol = kt == KS_KV_Q8 && simd && ks_simd_current() >= KS_SIMD_AVX2 ? 2e-2 : 1e-5;
     if (e > tol) fail_msg("attention kt=%d len=%d hd=%d G=%d simd=%d: nmse %g max %g", kt, len, hd, G, simd, e, mx);
     free(K); free(V); free(Kf); free(Vf); free(q); free(out); free(scores); free(tmp); free(ref); free(reff);
@@ -326,6 +328,78 @@ static void test_attention_q8_levels(void **state) {
         }
 }
 
+/* The 8-bit KV kernels' integer values alone.  With one query head the
+ * kernel's attention weights (ks_attention_segs' weights out) are its own
+ * probabilities P, so sum_t P[t] * V[t] over the stored values, in float64,
+ * is the output its scores imply, and the difference is the values' error
+ * only.  The kernels fold each row's block scale dv(t, b) into its weight
+ * and quantise P[t] * dv(t, b) per 32-row block and 32-element block b with
+ * one scale s = max / W (AVX-512 at head dims 64 and 128: W = 255, u8; the
+ * AVX2-shaped kernels: W = 127, so that maddubs cannot saturate), so each
+ * weight is off by at most s / 2: every output element must be within
+ * sum_t s / 2 * |v[t][d]| (v the int8 value) of the reference, plus float
+ * rounding.  The relative RMS error is far below that worst case (roundings
+ * of either sign; most weights far below their block's max) but large
+ * against these zero-mean random values, whose weighted sum is the small
+ * residue of rows that cancel: measured up to 0.50% with 8 bits and 1.2%
+ * with 7 (about Q8_0's own rounding of V: half a step of max|v| / 127 per
+ * element); the test allows 0.75% and 1.5%, so a lost bit shows. */
+static void check_q8_values(int len, int hd, float qmul) {
+    ks_rng rng = {(uint64_t)len * 29 + (uint64_t)hd * 3 + (uint64_t)(qmul * 10)};
+    size_t rb = ks_kv_row_bytes(KS_KV_Q8, hd);
+    uint8_t *K = malloc(rb * len), *V = malloc(rb * len);
+    float *Kf = malloc(sizeof(float) * len * hd), *Vf = malloc(sizeof(float) * len * hd);
+    fill_kv(KS_KV_Q8, &rng, len, hd, K, V, Kf, Vf);
+    float *q = malloc(sizeof(float) * hd), *out = malloc(sizeof(float) * hd), *reff = malloc(sizeof(float) * hd);
+    float *scores = malloc(sizeof(float) * (4 * (size_t)len + 16)), *tmp = malloc(sizeof(float) * (hd + 16));
+    float *w = calloc((size_t)len, sizeof(float));
+    double *ref = calloc((size_t)hd, sizeof(double)), *bound = calloc((size_t)hd, sizeof(double));
+    double *mag = calloc((size_t)hd, sizeof(double));
+    for (int i = 0; i < hd; i++) q[i] = qmul * ks_rng_normal(&rng);
+    ks_kv_seg seg = {K, V, len};
+    ks_attention_segs(KS_KV_Q8, &seg, 1, len, hd, 1, q, scores, out, tmp, w, true);
+    for (int t = 0; t < len; t++)
+        for (int d = 0; d < hd; d++) {
+            ref[d] += (double)w[t] * Vf[t * hd + d];
+            mag[d] += fabs((double)w[t] * Vf[t * hd + d]);
+        }
+    const bool wide = ks_simd_current() >= KS_SIMD_AVX512 && (hd == 64 || hd == 128);
+    const double wmax = wide ? 255 : 127;
+    for (int t0 = 0; t0 < len; t0 += 32) /* the kernels' blocks: 32 rows of the one segment */
+        for (int b = 0; b < hd / 32; b++) {
+            double mx = 0;
+            int t1 = t0 + 32 < len ? t0 + 32 : len;
+            for (int t = t0; t < t1; t++) {
+                double dv = ks_f16_to_f32(*(const ks_f16 *)(V + rb * t + 34 * b));
+                if (w[t] * dv > mx) mx = w[t] * dv;
+            }
+            for (int t = t0; t < t1; t++)
+                for (int d = 32 * b; d < 32 * b + 32; d++)
+                    bound[d] += 0.5 * mx / wmax * fabs((double)((const int8_t *)V)[rb * t + 34 * b + 2 + d % 32]);
+        }
+    for (int d = 0; d < hd; d++) {
+        double err = fabs(out[d] - ref[d]);
+        if (err > bound[d] + 1e-5 * mag[d] + 1e-7)
+            fail_msg("q8 values len=%d hd=%d qmul=%g d=%d: error %g over the rounding bound %g", len, hd, qmul, d, err,
+                     bound[d]);
+        reff[d] = (float)ref[d];
+    }
+    double mx, e = ks_test_nmse(out, reff, (size_t)hd, &mx);
+    if (e > (wide ? 7.5e-3 : 1.5e-2))
+        fail_msg("q8 values len=%d hd=%d qmul=%g simd=%d: relative RMS error %g", len, hd, qmul, ks_simd_current(), e);
+    free(K); free(V); free(Kf); free(Vf); free(q); free(out); free(reff); free(scores); free(tmp); free(w); free(ref);
+    free(bound); free(mag);
+}
+
+static void test_attention_q8_values(void **state) {
+    (void)state;
+    if (ks_simd_detect() < KS_SIMD_AVX2) skip();
+    const int lens[] = {700, 4096}, hds[] = {64, 128, 96, 288};
+    const float qmuls[] = {0.5f, 1.0f, 3.0f}; /* flat, typical and peaked attention */
+    FOR_EACH_SIMD_LEVEL(for (int a = 0; a < 2; a++) for (int h = 0; h < 4; h++) for (int m = 0; m < 3; m++)
+                            check_q8_values(lens[a], hds[h], qmuls[m]));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rmsnorm),
@@ -336,6 +410,7 @@ int main(void) {
         cmocka_unit_test(test_attention_pages),
         cmocka_unit_test(test_attention_block),
         cmocka_unit_test(test_attention_q8_levels),
+        cmocka_unit_test(test_attention_q8_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -58,18 +58,21 @@ static inline int ks_attn_block_visible(const int32_t *n_att, int G, int x, int 
 }
 
 /* AVX-512 f16 kernel for head dims 64 and 128; false if it does not apply.
- * scores: [total][4] scratch.  kt KS_KV_Q8: the same kernel over Q8_0 rows,
- * scores by zmm vpdpbusd against the query quantised once per call. */
+ * scores: [total][4] scratch.  kt KS_KV_Q8: the same kernel over Q8_0 rows
+ * on integer units: scores by zmm vpdpbusd against the query quantised once
+ * per call, values by vpdpbusd against the probabilities quantised to u8
+ * per block of rows. */
 bool ks_attention_segs_avx512_kv(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                                  float *scores, float *out, float scale, float *weights);
 bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
                               float *scores, float *out, float scale, float *weights);
 
 /* AVX2 + FMA + F16C kernel for f16 KV (head dims that are multiples of 16,
- * up to 512) and 8-bit KV (multiples of 32; scores on integer units with the
- * query quantised once per call: vpdpbusd where ks_simd_current() is
- * AVX-512 (which implies VNNI), maddubs otherwise); false if it does not
- * apply.  scores: [total][4] scratch. */
+ * up to 512) and 8-bit KV (multiples of 32; scores and values on integer
+ * units, the query quantised once per call and the probabilities to 7 bits
+ * per block of rows: vpdpbusd where ks_simd_current() is AVX-512 (which
+ * implies VNNI), maddubs otherwise); false if it does not apply.  scores:
+ * [total][4] scratch. */
 bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                             float *scores, float *out, float scale, float *weights);
 

@@ -41,8 +41,9 @@
  * integer sums are reduced together in int32 (exact), then scaled by
  * d_k(row) * d_q(head) into the float score.  The query's rounding (per
  * element at most half a step, 1/254 of the block's largest |q|) is the only
- * difference from the float path; values stay float (rows dequantised as
- * they are weighted in).
+ * difference from the float path.  Values too are integer dot products
+ * (q8v_block: the probabilities, times the rows' block scales, quantised to
+ * 7 bits per block of rows, four rows interleaved per 32-bit lane).
  */
 #include "infer/attn.h"
 
@@ -327,16 +328,168 @@ INL int next_block(const ks_kv_seg *segs, int nseg, size_t rb, int *si, int *sj,
 typedef __m256 (*score_block_fn)(const uint8_t *const *kp, int n, const uint8_t *const *kp_next, int pf, int hd,
                                  size_t rb, const void *qs, float *sc, __m256 mx);
 
+/* 8-bit V on integer units, one block (the plan of attn_avx512.c's
+ * q8_values, in ymm): the weights w[t][g] = p[t][g] * dv(t, b) of the
+ * block's rows, per 32-element block b, are quantised to 7 bits with one
+ * scale per (b, head), s = max_t w / 127, and sum_t wq * v is an exact int32
+ * sum: rows taken four at a time, interleaved by unpacklo/hi_epi8 then
+ * _epi16 so that a lane's four bytes are the four rows at one d, then
+ * maddubs + madd (u8 x s8 pairs: 2 * 127 * 128 < 2^15, no saturation) or one
+ * vpdpbusd; the int32 sums go to the f32 sums once per block, times s.
+ * Seven bits, not eight, so that maddubs cannot saturate and both variants
+ * give the same sums bit for bit; a weight's rounding error is at most
+ * s / 2 = max_t w / 254.
+ * acc_mem [NG][hd] holds d in the unpacks' order: index 32b + 8e + 4k + j
+ * is d = 32b + 16k + 4e + j (q8v_unpermute undoes it at the end).
+ * Rows past n (a short block) read row 0 with weight 0. */
+#define Q8V_BODY(NG, DOT)                                                                                  \
+    do {                                                                                                   \
+        const int nb = hd / 32, np = (n + 3) & ~3;                                                         \
+        const uint8_t *rows[ATTN2_BLOCK_MAX];                                                              \
+        uint16_t hs[KS_ATTN2_MAX_HD / 32][ATTN2_BLOCK_MAX] __attribute__((aligned(16))); /* [b][t] dv */   \
+        float pt[ATTN2_BLOCK_MAX / 4][4][4] __attribute__((aligned(32)));   /* [t4][head][j] p */          \
+        float wf[ATTN2_BLOCK_MAX / 4][16] __attribute__((aligned(32)));     /* one block's w, [t4][g][j] */ \
+        int32_t wq[ATTN2_BLOCK_MAX / 4][KS_ATTN2_MAX_HD / 32][4];         /* [t4][b][slot] 4 rows' bytes */ \
+        float sc[KS_ATTN2_MAX_HD / 32][4];                                  /* [b][slot] weight scale */   \
+        int t = 0;                                                                                         \
+        for (int r = 0; r < nvr; r++)                                                                      \
+            for (int j = 0; j < vr[r].n; j++, t++) rows[t] = vr[r].row + (size_t)j * rb;                   \
+        for (; t < np; t++) rows[t] = rows[0];                                                             \
+        for (t = 0; t < np; t++)                                                                           \
+            for (int b = 0; b < nb; b++) {                                                                 \
+                uint16_t h = 0;                                                                            \
+                if (t < n) memcpy(&h, rows[t] + 34 * (size_t)b, 2);                                        \
+                hs[b][t] = h;                                                                              \
+            }                                                                                              \
+        /* p [t][NG] -> pt [t4][head][j]: whole groups of four rows by shuffles, a short last one by hand */ \
+        for (t = 0; t + 4 <= n; t += 4) {                                                                  \
+            if ((NG) == 4) {                                                                               \
+                __m128 r0 = _mm_loadu_ps(p_blk + 4 * t), r1 = _mm_loadu_ps(p_blk + 4 * t + 4);             \
+                __m128 r2 = _mm_loadu_ps(p_blk + 4 * t + 8), r3 = _mm_loadu_ps(p_blk + 4 * t + 12);        \
+                _MM_TRANSPOSE4_PS(r0, r1, r2, r3);                                                         \
+                _mm_store_ps(pt[t / 4][0], r0), _mm_store_ps(pt[t / 4][1], r1);                            \
+                _mm_store_ps(pt[t / 4][2], r2), _mm_store_ps(pt[t / 4][3], r3);                            \
+            } else if ((NG) == 2) {                                                                        \
+                _mm256_store_ps(pt[t / 4][0], _mm256_permutevar8x32_ps(_mm256_loadu_ps(p_blk + 2 * t),     \
+                                                                      _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7))); \
+            } else {                                                                                       \
+                _mm_store_ps(pt[t / 4][0], _mm_loadu_ps(p_blk + t));                                       \
+                _mm_store_ps(pt[t / 4][1], _mm_setzero_ps()); /* NG 1: the second slot zero */             \
+            }                                                                                              \
+        }                                                                                                  \
+        for (; t < np; t++)                                                                                \
+            for (int g = 0; g < ((NG) == 1 ? 2 : (NG)); g++)                                               \
+                pt[t / 4][g][t % 4] = t < n && g < (NG) ? p_blk[t * (NG) + g] : 0.0f;                      \
+        { /* the next block's V rows, while this one computes */                                           \
+            int pr = 0, po = 0;                                                                            \
+            for (int i = 0; i < pf; i++) {                                                                 \
+                prefetch_row(vr_next[pr].row + (size_t)po * rb, rb);                                       \
+                if (++po == vr_next[pr].n) pr++, po = 0;                                                   \
+            }                                                                                              \
+        }                                                                                                  \
+        /* quantise: lanes [g][j] (NG = 4: two ymm, g 0-1 and 2-3) */                                      \
+        for (int b = 0; b < nb; b++) {                                                                     \
+            __m256 m0 = _mm256_setzero_ps(), m1 = m0;                                                      \
+            for (int t4 = 0; t4 < np / 4; t4++) {                                                          \
+                __m128 d4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)&hs[b][4 * t4]));                \
+                __m256 d8 = _mm256_set_m128(d4, d4);                                                       \
+                __m256 w0 = _mm256_mul_ps(_mm256_load_ps(&pt[t4][0][0]), d8);                              \
+                _mm256_store_ps(&wf[t4][0], w0);                                                           \
+                m0 = _mm256_max_ps(m0, w0);                                                                \
+                if ((NG) == 4) {                                                                           \
+                    __m256 w1 = _mm256_mul_ps(_mm256_load_ps(&pt[t4][2][0]), d8);                          \
+                    _mm256_store_ps(&wf[t4][8], w1);                                                       \
+                    m1 = _mm256_max_ps(m1, w1);                                                            \
+                }                                                                                          \
+            }                                                                                              \
+            /* each 4-lane group (a head) to its max */                                                    \
+            m0 = _mm256_max_ps(m0, _mm256_permute_ps(m0, _MM_SHUFFLE(2, 3, 0, 1)));                        \
+            m0 = _mm256_max_ps(m0, _mm256_permute_ps(m0, _MM_SHUFFLE(1, 0, 3, 2)));                        \
+            m1 = _mm256_max_ps(m1, _mm256_permute_ps(m1, _MM_SHUFFLE(2, 3, 0, 1)));                        \
+            m1 = _mm256_max_ps(m1, _mm256_permute_ps(m1, _MM_SHUFFLE(1, 0, 3, 2)));                        \
+            const __m256 zero = _mm256_setzero_ps(), wmax = _mm256_set1_ps(127.0f);                        \
+            __m256 i0 = _mm256_and_ps(_mm256_div_ps(wmax, m0), _mm256_cmp_ps(m0, zero, _CMP_GT_OQ));       \
+            __m256 i1 = _mm256_and_ps(_mm256_div_ps(wmax, m1), _mm256_cmp_ps(m1, zero, _CMP_GT_OQ));       \
+            float mm[16];                                                                                  \
+            _mm256_storeu_ps(mm, m0);                                                                      \
+            _mm256_storeu_ps(mm + 8, m1);                                                                  \
+            for (int g = 0; g < (NG); g++) sc[b][g] = mm[4 * g] * (1.0f / 127.0f);                         \
+            for (int t4 = 0; t4 < np / 4; t4++) {                                                          \
+                __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(&wf[t4][0]), i0));            \
+                __m256i q1 = (NG) == 4 ? _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(&wf[t4][8]), i1)) \
+                                       : q0;                                                               \
+                /* bytes: 128-bit lane 0 [g0 g2], lane 1 [g1 g3] (NG 2: [g0 g0], [g1 g1]): the unpack */   \
+                /* of the lanes' low dwords puts head g's four bytes in dword g */                         \
+                __m256i b8 = _mm256_packus_epi16(_mm256_packs_epi32(q0, q1), _mm256_setzero_si256());      \
+                _mm_storeu_si128((__m128i *)wq[t4][b], _mm_unpacklo_epi32(_mm256_castsi256_si128(b8),      \
+                                                                          _mm256_extracti128_si256(b8, 1))); \
+            }                                                                                              \
+        }                                                                                                  \
+        float al[8];                                                                                       \
+        _mm256_storeu_ps(al, alpha);                                                                       \
+        for (int b = 0; b < nb; b++)                                                                       \
+            _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                                          \
+                __m256i acc[4][2];                                                                         \
+                _Pragma("GCC unroll 4") for (int g = 0; g < (NG); g++) acc[g][0] = acc[g][1] = _mm256_setzero_si256(); \
+                for (int t4 = 0; t4 < np / 4; t4++) {                                                      \
+                    const uint8_t *const *r4 = rows + 4 * t4;                                              \
+                    __m256i x0 = _mm256_loadu_si256((const __m256i *)(r4[0] + 34 * (size_t)b + 2));        \
+                    __m256i x1 = _mm256_loadu_si256((const __m256i *)(r4[1] + 34 * (size_t)b + 2));        \
+                    __m256i x2 = _mm256_loadu_si256((const __m256i *)(r4[2] + 34 * (size_t)b + 2));        \
+                    __m256i x3 = _mm256_loadu_si256((const __m256i *)(r4[3] + 34 * (size_t)b + 2));        \
+                    __m256i a = u ? _mm256_unpackhi_epi8(x0, x1) : _mm256_unpacklo_epi8(x0, x1);            \
+                    __m256i c = u ? _mm256_unpackhi_epi8(x2, x3) : _mm256_unpacklo_epi8(x2, x3);            \
+                    __m256i o0 = _mm256_unpacklo_epi16(a, c), o1 = _mm256_unpackhi_epi16(a, c);            \
+                    _Pragma("GCC unroll 4") for (int g = 0; g < (NG); g++) {                               \
+                        __m256i w = _mm256_set1_epi32(wq[t4][b][g]);                         \
+                        acc[g][0] = DOT(acc[g][0], w, o0);                                                 \
+                        acc[g][1] = DOT(acc[g][1], w, o1);                                                 \
+                    }                                                                                      \
+                }                                                                                          \
+                _Pragma("GCC unroll 4") for (int g = 0; g < (NG); g++) {                                   \
+                    __m256 s = _mm256_set1_ps(sc[b][g]), a = _mm256_set1_ps(al[g]);                        \
+                    _Pragma("GCC unroll 2") for (int e = 0; e < 2; e++) {                                  \
+                        float *f = acc_mem + (size_t)g * hd + 32 * b + 16 * u + 8 * e;                     \
+                        _mm256_store_ps(f, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[g][e]), s,               \
+                                                           _mm256_mul_ps(_mm256_load_ps(f), a)));          \
+                    }                                                                                      \
+                }                                                                                          \
+            }                                                                                              \
+    } while (0)
+#define Q8V_DOT_AVX2(acc, w, v) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, v), _mm256_set1_epi16(1)))
+#define Q8V_DOT_VNNI(acc, w, v) _mm256_dpbusd_epi32(acc, w, v)
+typedef void (*q8v_block_fn)(const attn2_run *vr, int nvr, int n, const attn2_run *vr_next, int pf, size_t rb, int hd,
+                             const float *p_blk, __m256 alpha, float *acc_mem);
+#define Q8V_BLOCK_FN(NAME, NG, TGTA, DOT)                                                                  \
+    TGTA __attribute__((noinline)) static void NAME(const attn2_run *vr, int nvr, int n, const attn2_run *vr_next, \
+                                                   int pf, size_t rb, int hd, const float *p_blk, __m256 alpha, \
+                                                   float *acc_mem) {                                       \
+        Q8V_BODY(NG, DOT);                                                                                 \
+    }
+Q8V_BLOCK_FN(q8v_block_1, 1, TGT, Q8V_DOT_AVX2)
+Q8V_BLOCK_FN(q8v_block_2, 2, TGT, Q8V_DOT_AVX2)
+Q8V_BLOCK_FN(q8v_block_4, 4, TGT, Q8V_DOT_AVX2)
+Q8V_BLOCK_FN(q8v_block_vnni_1, 1, TGT_VNNI, Q8V_DOT_VNNI)
+Q8V_BLOCK_FN(q8v_block_vnni_2, 2, TGT_VNNI, Q8V_DOT_VNNI)
+Q8V_BLOCK_FN(q8v_block_vnni_4, 4, TGT_VNNI, Q8V_DOT_VNNI)
+
+/* acc_mem's q8v order back to d order, one head of hd */
+static void q8v_unpermute(float *a, int hd) {
+    float tmp[KS_ATTN2_MAX_HD];
+    for (int b = 0; b < hd / 32; b++)
+        for (int e = 0; e < 4; e++)
+            for (int k = 0; k < 2; k++)
+                for (int j = 0; j < 4; j++) tmp[32 * b + 16 * k + 4 * e + j] = a[32 * b + 8 * e + 4 * k + j];
+    memcpy(a, tmp, sizeof(float) * (size_t)hd);
+}
+
 INL void decode_group(const ks_kv_seg *segs, int nseg, int total, int hd, size_t rb, int NG, const int KT, int g0,
-                      int ng, const void *qs, float *scores, float *out, bool want_probs, score_block_fn score_block) {
+                      int ng, const void *qs, float *scores, float *out, bool want_probs, score_block_fn score_block,
+                      q8v_block_fn q8v_block) {
     const int SL = 8 / NG; /* ymm per head per V slice of 64 / NG floats */
     float acc_mem[4 * KS_ATTN2_MAX_HD] __attribute__((aligned(32))); /* [NG][hd] running sums */
     float s_blk[4 * ATTN2_BLOCK_MAX + 8] __attribute__((aligned(32)));  /* [row][NG] raw scores */
     float p_blk[4 * ATTN2_BLOCK_MAX + 8] __attribute__((aligned(32)));  /* [row][NG] exp(s - max) */
-    /* 8-bit V: [row][block][4] p times the row's block scale, so that a V
-     * chunk is int8 -> f32 and the FMAs, the scale off the inner loop */
-    float pd_blk[KT == 1 ? ATTN2_BLOCK_MAX * (KS_ATTN2_MAX_HD / 32) * 4 : 1] __attribute__((aligned(32)));
-    if (KT == 1) memset(p_blk, 0, sizeof p_blk); /* the lanes past NG that pd_blk's 4-wide products read */
     const uint8_t *kp[2][ATTN2_BLOCK_MAX];
     attn2_run vr[2][ATTN2_BLOCK_MAX];
     int nvr[2], frag[2];
@@ -371,20 +524,11 @@ INL void decode_group(const ks_kv_seg *segs, int nseg, int total, int hd, size_t
         FOLD_LANES(psum, NG, _mm256_add_ps);
         run_sum = _mm256_fmadd_ps(run_sum, alpha, psum);
         if (KT == 1) {
-            const int nb = hd / 32;
-            const float *pp = p_blk;
-            float *pd = pd_blk;
-            for (int r = 0; r < nvr[cur]; r++) {
-                const uint8_t *row = vr[cur][r].row;
-                for (int j = 0; j < vr[cur][r].n; j++, row += rb, pp += NG, pd += 4 * nb) {
-                    __m128 p4 = _mm_loadu_ps(pp);
-                    for (int b = 0; b < nb; b++) {
-                        uint16_t h;
-                        memcpy(&h, row + 34 * (size_t)b, 2);
-                        _mm_store_ps(pd + 4 * b, _mm_mul_ps(p4, _mm_set1_ps(_cvtsh_ss(h))));
-                    }
-                }
-            }
+            q8v_block(vr[cur], nvr[cur], n, vr[nx], pf, rb, hd, p_blk, alpha, acc_mem);
+            done += n;
+            n = nn;
+            cur = nx;
+            continue;
         }
         float al[8];
         _mm256_storeu_ps(al, alpha);
@@ -395,30 +539,20 @@ INL void decode_group(const ks_kv_seg *segs, int nseg, int total, int hd, size_t
                 _Pragma("GCC unroll 8") for (int j = 0; j < SL; j++)
                     acc[g][j] = _mm256_mul_ps(_mm256_load_ps(acc_mem + (size_t)g * hd + x + 8 * j), a);
             }
-            const float *pp = p_blk, *pd = pd_blk;
+            const float *pp = p_blk;
             int pr = 0, po = 0, pleft = x == 0 ? pf : 0; /* next block's V rows to prefetch: run pr, offset po */
             for (int r = 0; r < nvr[cur]; r++) {
                 const uint8_t *row = vr[cur][r].row;
-                for (int j = 0; j < vr[cur][r].n; j++, row += rb, pp += NG, pd += KT == 1 ? 4 * (hd / 32) : 0) {
+                for (int j = 0; j < vr[cur][r].n; j++, row += rb, pp += NG) {
                     if (pleft > 0) {
                         pleft--;
                         prefetch_row(vr[nx][pr].row + (size_t)po * rb, rb);
                         if (++po == vr[nx][pr].n) pr++, po = 0;
                     }
                     __m256 pv[4];
-                    if (KT == 0) _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++) pv[g] = _mm256_broadcast_ss(pp + g);
+                    _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++) pv[g] = _mm256_broadcast_ss(pp + g);
                     _Pragma("GCC unroll 8") for (int l = 0; l < SL; l++) {
-                        __m256 vv;
-                        if (KT == 0) {
-                            vv = load8(row, x + 8 * l, 0);
-                        } else { /* a block's first chunk in the slice: its scaled probabilities */
-                            const int e = x + 8 * l;
-                            if ((8 * l) % 32 == 0)
-                                _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++)
-                                    pv[g] = _mm256_broadcast_ss(pd + 4 * (e >> 5) + g);
-                            vv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                                _mm_loadl_epi64((const __m128i *)(row + 34 * (size_t)(e >> 5) + 2 + (e & 31)))));
-                        }
+                        __m256 vv = load8(row, x + 8 * l, 0);
                         _Pragma("GCC unroll 4") for (int g = 0; g < NG; g++)
                             acc[g][l] = _mm256_fmadd_ps(pv[g], vv, acc[g][l]);
                     }
@@ -437,6 +571,7 @@ INL void decode_group(const ks_kv_seg *segs, int nseg, int total, int hd, size_t
     _mm256_storeu_ps(sums, run_sum);
     _mm256_storeu_ps(mxs, run_max);
     for (int g = 0; g < ng; g++) {
+        if (KT == 1) q8v_unpermute(acc_mem + (size_t)g * hd, hd);
         __m256 inv = _mm256_set1_ps(1.0f / sums[g]);
         for (int i = 0; i < hd; i += 8)
             _mm256_storeu_ps(out + (size_t)(g0 + g) * hd + i, _mm256_mul_ps(_mm256_load_ps(acc_mem + (size_t)g * hd + i), inv));
@@ -455,28 +590,33 @@ INL void decode_group(const ks_kv_seg *segs, int nseg, int total, int hd, size_t
     }
 }
 
-/* VKT: the V rows' type for load8; ROWS, TGTA: the score rows and their target */
-#define GROUP_FN_X(NAME, HD, NG, VKT, ROWS, TGTA)                                                               \
+/* VKT: the V rows' type for load8; ROWS, TGTA: the score rows and their
+ * target; VBLK: the 8-bit V block functions (VBLK##_NG; q8v_none: f16) */
+#define q8v_none_1 NULL
+#define q8v_none_2 NULL
+#define q8v_none_4 NULL
+#define GROUP_FN_X(NAME, HD, NG, VKT, ROWS, TGTA, VBLK)                                                         \
     SCORE_BLOCK_FN(NAME##_scores, HD, NG, ROWS, TGTA)                                                           \
     TGT static void NAME(const ks_kv_seg *segs, int nseg, int total, int hd_rt, size_t rb, int g0, int ng,       \
                          const void *qs, float *scores, float *out, bool want_probs) {                           \
         decode_group(segs, nseg, total, (HD) ? (HD) : hd_rt, rb, NG, VKT, g0, ng, qs, scores, out, want_probs,  \
-                     NAME##_scores);                                                                           \
+                     NAME##_scores, VBLK##_##NG);                                                              \
     }
 /* the three group widths (NGP 1, 2, 4) of one kind */
-#define GROUP_FNS(NAME, HD, VKT, ROWS, TGTA)                   \
-    GROUP_FN_X(NAME##_1, HD, 1, VKT, ROWS, TGTA)               \
-    GROUP_FN_X(NAME##_2, HD, 2, VKT, ROWS, TGTA)               \
-    GROUP_FN_X(NAME##_4, HD, 4, VKT, ROWS, TGTA)
-GROUP_FNS(group_64, 64, 0, score_rows_f16, TGT)
-GROUP_FNS(group_128, 128, 0, score_rows_f16, TGT)
-GROUP_FNS(group_any, 0, 0, score_rows_f16, TGT)
-/* 8-bit KV (hd a multiple of 32): integer scores, AVX2 or VNNI; hd 64 (the
- * Llama-3 shape's) gets its own instances, other head dims one generic each */
-GROUP_FNS(group_q8_64, 64, 1, score_rows_q8_avx2, TGT)
-GROUP_FNS(group_q8, 0, 1, score_rows_q8_avx2, TGT)
-GROUP_FNS(group_q8v_64, 64, 1, score_rows_q8_vnni, TGT_VNNI)
-GROUP_FNS(group_q8v, 0, 1, score_rows_q8_vnni, TGT_VNNI)
+#define GROUP_FNS(NAME, HD, VKT, ROWS, TGTA, VBLK)             \
+    GROUP_FN_X(NAME##_1, HD, 1, VKT, ROWS, TGTA, VBLK)         \
+    GROUP_FN_X(NAME##_2, HD, 2, VKT, ROWS, TGTA, VBLK)         \
+    GROUP_FN_X(NAME##_4, HD, 4, VKT, ROWS, TGTA, VBLK)
+GROUP_FNS(group_64, 64, 0, score_rows_f16, TGT, q8v_none)
+GROUP_FNS(group_128, 128, 0, score_rows_f16, TGT, q8v_none)
+GROUP_FNS(group_any, 0, 0, score_rows_f16, TGT, q8v_none)
+/* 8-bit KV (hd a multiple of 32): integer scores and values, AVX2 or VNNI;
+ * hd 64 (the Llama-3 shape's) gets its own instances, other head dims one
+ * generic each */
+GROUP_FNS(group_q8_64, 64, 1, score_rows_q8_avx2, TGT, q8v_block)
+GROUP_FNS(group_q8, 0, 1, score_rows_q8_avx2, TGT, q8v_block)
+GROUP_FNS(group_q8v_64, 64, 1, score_rows_q8_vnni, TGT_VNNI, q8v_block_vnni)
+GROUP_FNS(group_q8v, 0, 1, score_rows_q8_vnni, TGT_VNNI, q8v_block_vnni)
 
 typedef void (*group_fn)(const ks_kv_seg *, int, int, int, size_t, int, int, const void *, float *, float *, bool);
 /* [f16 hd 64, f16 hd 128, f16 other hd, 8-bit hd 64, 8-bit, VNNI 8-bit hd 64, VNNI 8-bit][NGP 1, 2, 4] */

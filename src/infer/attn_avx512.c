@@ -24,12 +24,14 @@
  * Only head dims 64 and 128 (nearly every current model) take this path; the
  * caller falls back to the AVX2 or portable kernel otherwise.
  *
- * 8-bit KV (Q8_0 rows) runs the same body (DECODE_BODY's KQ8): scores by
- * zmm vpdpbusd against the group's query quantised once per call, two
- * 32-blocks of a row per zmm, the butterfly kept in int32 up to the
- * per-block scales (q8_score4); values as f32 from int8 with the row's
- * block scale folded into the probabilities (pd_blk), so the V loop is
- * the f16 one with a different conversion.
+ * 8-bit KV (Q8_0 rows) runs the same body (DECODE_BODY's KQ8) on integer
+ * units: scores by zmm vpdpbusd against the group's query quantised once
+ * per call, two 32-blocks of a row per zmm, the butterfly kept in int32 up
+ * to the per-block scales (q8_score4); values by vpdpbusd too, the row's
+ * block scale folded into the probabilities and these quantised to u8 per
+ * block of rows (q8_values).  Held in cache, f32 FMAs over the values made
+ * 8-bit KV slower than f16 (the conversions on top of the same FMA count);
+ * one vpdpbusd does 64 multiply-adds where an FMA does 16.
  */
 #include "infer/attn.h"
 
@@ -89,7 +91,10 @@ INL __m512 reduce16(const __m512 v[16]) {
  * (ks_attn_q8_query), laid out for q8_score4. */
 typedef struct q8z_query {
     uint8_t qu[4][128] __attribute__((aligned(64))); /* [head][hd] q + 128 */
+    int8_t qi[4][128] __attribute__((aligned(64)));  /* [head][hd] q (q8_score16's signed side) */
     float dq[2][16] __attribute__((aligned(64)));    /* [zmm chunk c][lane]: dq(head lane % 4, block 2c + lane / 4 % 2) */
+    float dqb[4][4];                                 /* [head][block] dq */
+    int32_t corr[4][4];                              /* [head][block] -128 * sum of the block's qi */
 } q8z_query;
 
 /* Scores of four Q8_0 rows (kp4: their starts as uint16 pointers) against
@@ -137,6 +142,85 @@ INL __m512 q8_score4(const uint16_t *const *kp4, const q8z_query *qz, const int 
     return _mm512_add_ps(_mm512_shuffle_f32x4(e01, e23, 0x88), _mm512_shuffle_f32x4(e01, e23, 0xDD));
 }
 
+/* r[i] lane j = the input r[j]'s dword i: a 16 x 16 transpose of dwords
+ * (unpacks by 32 and 64 bits, then 128-bit lanes), 64 shuffles. */
+INL void transpose16_epi32(__m512i r[16]) {
+    __m512i t[16], u[16];
+    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
+        t[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+    }
+    _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) { /* u[4q + m] lane L: rows 4q..4q+3 of dword 4L + m */
+        u[4 * q] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
+        u[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
+        u[4 * q + 2] = _mm512_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
+        u[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
+    }
+    _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++) {
+        __m512i a = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x44), b = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xEE);
+        __m512i c = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0x44), d = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0xEE);
+        r[m] = _mm512_shuffle_i32x4(a, c, 0x88);
+        r[4 + m] = _mm512_shuffle_i32x4(a, c, 0xDD);
+        r[8 + m] = _mm512_shuffle_i32x4(b, d, 0x88);
+        r[12 + m] = _mm512_shuffle_i32x4(b, d, 0xDD);
+    }
+}
+
+/* Scores of sixteen Q8_0 rows against the four heads into sc[16][4].
+ * Transposed, so that no horizontal sums are needed: the rows' 4-byte
+ * groups are transposed (lane = row), and vpdpbusd against the head's query
+ * dword broadcast from memory sums each row's dot product in its own lane.
+ * vpdpbusd takes u8 x s8: the rows are flipped to u8 (k + 128, one xor) and
+ * the query is the signed side, the 128 * sum(q) this adds taken off by
+ * starting each (head, block) sum from its negation (corr).  Per 16 rows and
+ * 64 bytes: 16 xors, 64 shuffles and 64 vpdpbusd, against q8_score4's ~90
+ * instructions per 4 rows. */
+INL void q8_score16(const uint16_t *const *kp, const q8z_query *qz, const int NZ, float *sc) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512 f[4];
+    _Pragma("GCC unroll 2") for (int c = 0; c < NZ; c++) {
+        uint16_t hk[2][16] __attribute__((aligned(32))); /* [block][row] f16 K scales */
+        __m512i r[16];
+        _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) {
+            const uint8_t *row = (const uint8_t *)kp[j] + 68 * (size_t)c;
+            memcpy(&hk[0][j], row, 2);
+            memcpy(&hk[1][j], row + 34, 2);
+            r[j] = _mm512_xor_si512(
+                _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(row + 2))),
+                                   _mm256_loadu_si256((const __m256i *)(row + 36)), 1),
+                flip);
+        }
+        transpose16_epi32(r);
+        const __m512 dk0 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)hk[0]));
+        const __m512 dk1 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)hk[1]));
+        _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
+            const int32_t *qd = (const int32_t *)(qz->qi[g] + 64 * c);
+            __m512i a0 = _mm512_set1_epi32(qz->corr[g][2 * c]), a1 = _mm512_set1_epi32(qz->corr[g][2 * c + 1]);
+            _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+                a0 = _mm512_dpbusd_epi32(a0, r[i], _mm512_set1_epi32(qd[i]));
+                a1 = _mm512_dpbusd_epi32(a1, r[8 + i], _mm512_set1_epi32(qd[8 + i]));
+            }
+            __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(a0), _mm512_mul_ps(dk0, _mm512_set1_ps(qz->dqb[g][2 * c])));
+            s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1), _mm512_mul_ps(dk1, _mm512_set1_ps(qz->dqb[g][2 * c + 1])), s);
+            f[g] = c ? _mm512_add_ps(f[g], s) : s;
+        }
+    }
+    /* [head][row] -> [row][head] */
+    __m512 lo01 = _mm512_unpacklo_ps(f[0], f[1]), hi01 = _mm512_unpackhi_ps(f[0], f[1]);
+    __m512 lo23 = _mm512_unpacklo_ps(f[2], f[3]), hi23 = _mm512_unpackhi_ps(f[2], f[3]);
+    __m512 z0 = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(lo01), _mm512_castps_pd(lo23)));
+    __m512 z1 = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(lo01), _mm512_castps_pd(lo23)));
+    __m512 z2 = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(hi01), _mm512_castps_pd(hi23)));
+    __m512 z3 = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(hi01), _mm512_castps_pd(hi23)));
+    /* z[m] lane L: row 4L + m */
+    __m512 a = _mm512_shuffle_f32x4(z0, z1, 0x44), b = _mm512_shuffle_f32x4(z0, z1, 0xEE);
+    __m512 c = _mm512_shuffle_f32x4(z2, z3, 0x44), d = _mm512_shuffle_f32x4(z2, z3, 0xEE);
+    _mm512_storeu_ps(sc, _mm512_shuffle_f32x4(a, c, 0x88));
+    _mm512_storeu_ps(sc + 16, _mm512_shuffle_f32x4(a, c, 0xDD));
+    _mm512_storeu_ps(sc + 32, _mm512_shuffle_f32x4(b, d, 0x88));
+    _mm512_storeu_ps(sc + 48, _mm512_shuffle_f32x4(b, d, 0xDD));
+}
+
 /* The next block from cursor (*si, *sj): its rows' K and V pointers into
  * kp/vp [BLOCK_MAX] and its row count; *frag is set when it merged runs. */
 INL int next_block(const ks_kv_seg16 *segs, int nseg, int hd, int *si, int *sj, const uint16_t **kp,
@@ -156,6 +240,131 @@ INL int next_block(const ks_kv_seg16 *segs, int nseg, int hd, int *si, int *sj, 
     }
     *frag = runs > 1;
     return n;
+}
+
+/* 8-bit V on integer units.  A block's output sum_t p[t][g] * V[t][d] has
+ * V[t][d] = dv(t, blk(d)) * v[t][d] (Q8_0: one f16 scale per row and
+ * 32-element block, int8 v); the scale is folded into the weight,
+ * w[t][b][g] = p[t][g] * dv(t, b), and the weights of the block's rows are
+ * quantised to u8 with one scale per (32-element block b, head g):
+ * s = max_t w / 255, wq = round(w / s).  Then sum_t wq * v is exact in int32
+ * by vpdpbusd (u8 x s8, four adjacent byte products per lane), once the V
+ * rows are interleaved so that a lane's four bytes are four rows at the same
+ * d (unpacklo/hi_epi8 then _epi16: row r's byte d lands in byte r of the
+ * lane for d), and the int32 sums go to the f32 accumulators once per block,
+ * times s.  A weight's rounding error is at most s / 2 = max_t w / 510: the
+ * block's largest weights are kept to 0.2%, the small ones lose relative
+ * precision but carry little of the sum.
+ * The 64-byte half h of a row (blocks 2h, 2h + 1) is one zmm, so its
+ * interleaved lanes are [block 2h: 128-bit lanes 0, 1 | block 2h + 1: 2, 3];
+ * each half's dword weights for the four heads come from one 128-bit lane per
+ * block (wq_lanes), broadcast into each 256-bit half and picked by vpshufd.
+ * The accumulators' lanes are d in the order the unpacks leave them: the
+ * f32 sums acc_mem[g][64h + 16m + 4k + j] hold d = 64h + 16k + 4m + j
+ * (q8_unpermute puts them back at the end).
+ * Rows are grouped by four for the interleave: hd 64, the quantised weights
+ * of 8 rows are one zmm (rows 2k + tt, k = 0..3, form group tt); hd 128, of
+ * 4 rows.  Rows past n (a short block) get weight 0 and read row 0. */
+enum { Q8_WMAX = 255 };
+INL void q8_values(const uint16_t *const *vp_in, int n, const uint16_t *const *vp_next, int pf, float *p_blk,
+                   __m128 alpha, bool rescale, float *acc_mem, const int HDV) {
+    const int NB = HDV / 2, NH = HDV / 4, U = HDV == 4 ? 8 : 4; /* blocks, 64-d halves, rows per weight zmm */
+    const int np = (n + U - 1) / U * U;
+    const uint16_t *vp[BLOCK_MAX];
+    uint16_t hs[BLOCK_MAX * 4] __attribute__((aligned(16))); /* [row][block] f16 V scales */
+    float wf[BLOCK_MAX * 16] __attribute__((aligned(64)));    /* [row][block][head] p * dv */
+    __m512i wq[BLOCK_MAX / 4];                                /* quantised weights, U rows each */
+    for (int t = 0; t < np; t++) {
+        vp[t] = vp_in[t < n ? t : 0];
+        for (int b = 0; b < NB; b++) hs[t * NB + b] = t < n ? vp[t][17 * b] : 0;
+    }
+    for (int i = 4 * n; i < 4 * np; i++) p_blk[i] = 0.0f;
+    for (int r = 0; r < pf; r++) _mm_prefetch((const char *)vp_next[r], _MM_HINT_T0);
+    const __m512i idx_d = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    __m512 mx = _mm512_setzero_ps(); /* weights are >= 0 */
+    const int nz = np * NB / 4;      /* zmm of weights */
+    for (int z = 0; z < nz; z++) {
+        __m512 p, d;
+        if (HDV == 4) { /* rows 2z, 2z + 1: [p(2z) p(2z) p(2z+1) p(2z+1)] x [dv(2z, 0) dv(2z, 1) ...] */
+            p = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7),
+                                      _mm512_castps256_ps512(_mm256_load_ps(p_blk + 8 * z)));
+            d = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(hs + 4 * z))));
+        } else { /* row z, blocks 0..3 */
+            p = _mm512_broadcast_f32x4(_mm_load_ps(p_blk + 4 * z));
+            d = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(hs + 4 * z))));
+        }
+        __m512 w = _mm512_mul_ps(p, _mm512_permutexvar_ps(idx_d, d));
+        _mm512_store_ps(wf + 16 * z, w);
+        mx = _mm512_max_ps(mx, w);
+    }
+    if (HDV == 4) mx = _mm512_max_ps(mx, _mm512_shuffle_f32x4(mx, mx, _MM_SHUFFLE(1, 0, 3, 2))); /* lanes [b][g] twice */
+    __m512 inv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(mx, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                     _mm512_set1_ps((float)Q8_WMAX), mx);
+    float sbg[16] __attribute__((aligned(64))); /* [block][head] weight scale */
+    _mm512_store_ps(sbg, _mm512_mul_ps(mx, _mm512_set1_ps(1.0f / Q8_WMAX)));
+    /* in each 128-bit lane, [input k][head g] bytes -> [head g][input k]: a dword per head */
+    const __m512i tr = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+    for (int z = 0; z < nz; z += 4) {
+        __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(wf + 16 * z), inv));
+        __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(wf + 16 * z + 16), inv));
+        __m512i i2 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(wf + 16 * z + 32), inv));
+        __m512i i3 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(wf + 16 * z + 48), inv));
+        /* lane l: [i0 i1 i2 i3][4 dwords of lane l] as bytes */
+        __m512i b8 = _mm512_packus_epi16(_mm512_packus_epi32(i0, i1), _mm512_packus_epi32(i2, i3));
+        wq[z / 4] = _mm512_shuffle_epi8(b8, tr);
+    }
+    for (int h = 0; h < NH; h++) {
+        __m512i acc[4][4];
+        _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++)
+            _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++) acc[g][m] = _mm512_setzero_si512();
+        for (int t0 = 0; t0 < np; t0 += U) {
+            _Pragma("GCC unroll 2") for (int tt = 0; tt < U / 4; tt++) {
+                /* hd 64: lane 2tt + b holds group tt's dwords for block b; hd 128: lane b */
+                __m512i wl;
+                if (HDV == 4) wl = tt ? _mm512_shuffle_i32x4(wq[t0 / U], wq[t0 / U], 0xFA)
+                                      : _mm512_shuffle_i32x4(wq[t0 / U], wq[t0 / U], 0x50);
+                else wl = h ? _mm512_shuffle_i32x4(wq[t0 / U], wq[t0 / U], 0xFA)
+                            : _mm512_shuffle_i32x4(wq[t0 / U], wq[t0 / U], 0x50);
+                __m512i x[4];
+                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                    const uint8_t *row = (const uint8_t *)vp[HDV == 4 ? t0 + 2 * k + tt : t0 + k] + 68 * (size_t)h;
+                    x[k] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(row + 2))),
+                                              _mm256_loadu_si256((const __m256i *)(row + 36)), 1);
+                }
+                __m512i alo = _mm512_unpacklo_epi8(x[0], x[1]), ahi = _mm512_unpackhi_epi8(x[0], x[1]);
+                __m512i clo = _mm512_unpacklo_epi8(x[2], x[3]), chi = _mm512_unpackhi_epi8(x[2], x[3]);
+                __m512i o[4] = {_mm512_unpacklo_epi16(alo, clo), _mm512_unpackhi_epi16(alo, clo),
+                                _mm512_unpacklo_epi16(ahi, chi), _mm512_unpackhi_epi16(ahi, chi)};
+                __m512i w[4] = {_mm512_shuffle_epi32(wl, 0x00), _mm512_shuffle_epi32(wl, 0x55),
+                                _mm512_shuffle_epi32(wl, 0xAA), _mm512_shuffle_epi32(wl, 0xFF)};
+                _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++)
+                    _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++)
+                        acc[g][m] = _mm512_dpbusd_epi32(acc[g][m], w[g], o[m]);
+            }
+        }
+        float al[4];
+        _mm_storeu_ps(al, alpha);
+        _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
+            __m512 s = _mm512_insertf32x8(_mm512_set1_ps(sbg[(2 * h) * 4 + g]),
+                                          _mm256_set1_ps(sbg[(2 * h + 1) * 4 + g]), 1);
+            _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++) {
+                float *a = acc_mem + (size_t)g * 16 * HDV + 64 * h + 16 * m;
+                __m512 f = _mm512_load_ps(a);
+                if (rescale) f = _mm512_mul_ps(f, _mm512_set1_ps(al[g]));
+                _mm512_store_ps(a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[g][m]), s, f));
+            }
+        }
+    }
+}
+
+/* acc_mem's q8_values order back to d order, in place (one head) */
+static inline void q8_unpermute(float *a, int hd) {
+    float tmp[128];
+    for (int h = 0; h < hd / 64; h++)
+        for (int m = 0; m < 4; m++)
+            for (int k = 0; k < 4; k++)
+                for (int j = 0; j < 4; j++) tmp[64 * h + 16 * k + 4 * m + j] = a[64 * h + 16 * m + 4 * k + j];
+    memcpy(a, tmp, sizeof(float) * (size_t)hd);
 }
 
 /* One pass over the segments for heads g0..g0+ng-1 (ng <= 4; absent heads
@@ -181,8 +390,6 @@ INL int next_block(const ks_kv_seg16 *segs, int nseg, int hd, int *si, int *sj, 
         float p_blk[4 * BLOCK_MAX] __attribute__((aligned(64)));  /* [row][head] exp(s - max) */  \
         float s_blk[4 * BLOCK_MAX] __attribute__((aligned(64)));  /* [row][head] raw scores */    \
         const uint16_t *kp[2][BLOCK_MAX], *vp[2][BLOCK_MAX];                                      \
-        /* 8-bit V: [row][block][head] p times the row's block scale */                           \
-        float pd_blk[KQ8 ? BLOCK_MAX * (HDV / 2) * 4 : 1] __attribute__((aligned(64)));          \
         const int rs = KQ8 ? (HDV) * 17 / 2 : hd; /* row stride in uint16 (Q8_0: 34 bytes per 32) */ \
         memset(acc_mem, 0, sizeof acc_mem);                                                       \
         __m128 run_max = _mm_set1_ps(-INFINITY), run_sum = _mm_setzero_ps();                      \
@@ -194,6 +401,12 @@ INL int next_block(const ks_kv_seg16 *segs, int nseg, int hd, int *si, int *sj, 
             int pf = frag || nfrag ? nn : 0; /* rows of the next block to prefetch */             \
             float *sc = want_probs ? scores + 4 * (size_t)done : s_blk;                           \
             int t = 0;                                                                            \
+            if (KQ8)                                                                              \
+                for (; t + 16 <= n; t += 16) {                                                    \
+                    for (int r = t; r < t + 16 && r < pf; r++)                                    \
+                        _mm_prefetch((const char *)kp[nx][r], _MM_HINT_T0);                       \
+                    q8_score16(kp[cur] + t, qz, HDV / 4, sc + 4 * (size_t)t);                     \
+                }                                                                                 \
             for (; t + 4 <= n; t += 4) {                                                          \
                 if (KQ8) {                                                                        \
                     _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                           \
@@ -270,12 +483,8 @@ INL int next_block(const ks_kv_seg16 *segs, int nseg, int hd, int *si, int *sj, 
             float al[4];                                                                          \
             _mm_storeu_ps(al, alpha);                                                             \
             if (KQ8)                                                                              \
-                for (int r = 0; r < n; r++) {                                                     \
-                    __m128 p4 = _mm_load_ps(p_blk + 4 * r);                                       \
-                    _Pragma("GCC unroll 4") for (int b = 0; b < HDV / 2; b++)                     \
-                        _mm_store_ps(pd_blk + (r * (HDV / 2) + b) * 4,                            \
-                                     _mm_mul_ps(p4, _mm_set1_ps(_cvtsh_ss(vp[cur][r][17 * b])))); \
-                }                                                                                 \
+                q8_values(vp[cur], n, vp[nx], pf, p_blk, alpha, rescale, &acc_mem[0][0], HDV);   \
+            else                                                                                  \
             for (int gs = 0; gs < ng; gs += VG) {                                                 \
                 __m512 acc[VG][HDV];                                                              \
                 _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++) {                           \
@@ -290,15 +499,11 @@ INL int next_block(const ks_kv_seg16 *segs, int nseg, int hd, int *si, int *sj, 
                     if (gs == 0 && r < pf) _mm_prefetch((const char *)vp[nx][r], _MM_HINT_T0);    \
                     __m512 vv[HDV];                                                               \
                     _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                        \
-                        vv[i] = KQ8 ? _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(     \
-                                          (const __m128i *)((const uint8_t *)v + 34 * (i / 2) + 2 + 16 * (i % 2))))) \
-                                    : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 16 * i))); \
+                        vv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 16 * i))); \
                     _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++) {                       \
                         __m512 pr = _mm512_set1_ps(p_blk[4 * r + (gs + g)]);                \
-                        _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++) {                  \
-                            __m512 pri = KQ8 ? _mm512_set1_ps(pd_blk[(r * (HDV / 2) + i / 2) * 4 + gs + g]) : pr; \
-                            acc[g][i] = _mm512_fmadd_ps(pri, vv[i], acc[g][i]);                   \
-                        }                                                                         \
+                        _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                    \
+                            acc[g][i] = _mm512_fmadd_ps(pr, vv[i], acc[g][i]);                    \
                     }                                                                             \
                 }                                                                                 \
                 _Pragma("GCC unroll 16") for (int g = 0; g < VG; g++)                             \
@@ -314,6 +519,7 @@ INL int next_block(const ks_kv_seg16 *segs, int nseg, int hd, int *si, int *sj, 
         float sums[4];                                                                            \
         _mm_storeu_ps(sums, run_sum);                                                             \
         for (int g = 0; g < ng; g++) {                                                            \
+            if (KQ8) q8_unpermute(acc_mem[g], hd);                                                \
             __m512 inv = _mm512_set1_ps(1.0f / sums[g]);                                          \
             _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                                \
                 _mm512_storeu_ps(out + (size_t)(g0 + g) * hd + 16 * i,                            \
@@ -346,7 +552,13 @@ static void q8z_init(const float *q, int hd, int g0, int ng, float scale, q8z_qu
     float qs[128], d[4][4];
     for (int g = 0; g < 4; g++) {
         for (int i = 0; i < hd; i++) qs[i] = g < ng ? q[(size_t)(g0 + g) * hd + i] * scale : 0.0f;
-        ks_attn_q8_query(qs, hd, NULL, qz->qu[g], d[g]);
+        ks_attn_q8_query(qs, hd, qz->qi[g], qz->qu[g], d[g]);
+        for (int b = 0; b < hd / 32; b++) {
+            int32_t sum = 0;
+            for (int i = 0; i < 32; i++) sum += qz->qi[g][32 * b + i];
+            qz->corr[g][b] = -128 * sum;
+            qz->dqb[g][b] = d[g][b];
+        }
     }
     for (int c = 0; c < hd / 64; c++)
         for (int l = 0; l < 16; l++) qz->dq[c][l] = d[l % 4][2 * c + (l / 4) % 2];

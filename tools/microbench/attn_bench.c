@@ -16,13 +16,14 @@
  * "paged", the slow tier's and the gather buffer's: pages of P K rows then
  * P V rows, a head's pages back to back.
  * Shape: L layers x H KV heads x N rows, head_dim 64, GQA group 4: the
- * Llama-3.2-1B shape at 32K, 1.07 GB of K and V.  Thread i takes heads
+ * Llama-3.2-1B shape at 32K, 1.07 GB of K and V (hd 128: 8 layers, the same
+ * bytes; cycles are per row either way).  Thread i takes heads
  * i, i + T, ... of every layer with a barrier per layer, as the engine's
  * pool does.
  *
- * Usage: attn_bench [threads=2] [rounds=3] [hot_rows=1024] [split|paged] [f16|q8]
- * (q8: the 8-bit KV cache's Q8_0 rows, 68 bytes at hd 64, scored on integer
- * units: run f16 and q8 back to back to compare them within one run)
+ * Usage: attn_bench [threads=2] [rounds=3] [hot_rows=1024] [split|paged] [f16|q8] [hd=64|128]
+ * (q8: the 8-bit KV cache's Q8_0 rows, 68 bytes at hd 64, on integer units:
+ * run f16 and q8 back to back to compare them within one run)
  * Prints, per round, the best of 5 repetitions of: plain read, kernel hot,
  * kernel from DRAM (ms for the whole L x H x N), and cycles per row hot at
  * the clock given by KS_GHZ (default 3.0; the host has no PMU to read).
@@ -39,9 +40,10 @@
 
 #include "infer/infer.h"
 
-enum { L = 16, H = 8, N = 32768, HD = 64, G = 4, P = 32, REPS = 5 };
+enum { H = 8, N = 32768, G = 4, P = 32, REPS = 5 };
+static int L = 16, HD = 64; /* hd 128: 8 layers, the same bytes */
 static ks_kv_type KVT = KS_KV_F16;
-static size_t ROW_BYTES = (size_t)HD * 2; /* ks_kv_row_bytes(KVT, HD) */
+static size_t ROW_BYTES; /* ks_kv_row_bytes(KVT, HD), set in main */
 #define HEAD_BYTES ((size_t)N * ROW_BYTES * 2) /* K and V */
 #define LAYER_BYTES (HEAD_BYTES * H)
 
@@ -148,6 +150,14 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (argc > 5 && !strcmp(argv[5], "q8")) KVT = KS_KV_Q8;
+    if (argc > 6) {
+        HD = atoi(argv[6]);
+        if (HD != 64 && HD != 128) {
+            fprintf(stderr, "attn_bench: hd must be 64 or 128\n");
+            return 2;
+        }
+        L = 16 * 64 / HD;
+    }
     ROW_BYTES = ks_kv_row_bytes(KVT, HD);
     if (argc > 4 && !paged && strcmp(argv[4], "split")) {
         fprintf(stderr, "attn_bench: layout must be split or paged\n");
@@ -163,7 +173,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "attn_bench: needs an AVX2 CPU\n");
         return 1;
     }
-    uint8_t *layers[L];
+    uint8_t *layers[16];
     for (int l = 0; l < L; l++) {
         if (posix_memalign((void **)&layers[l], (size_t)1 << 21, LAYER_BYTES) != 0) {
             fprintf(stderr, "attn_bench: out of memory (%zu bytes per layer)\n", LAYER_BYTES);
