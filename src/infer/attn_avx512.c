@@ -59,6 +59,15 @@ enum { BLOCK_MAX = 32, BLOCK_MIN = 16 };
 
 INL __m128 exp128(__m128 x) { return _mm512_castps512_ps128(ks_avx512_exp_neg(_mm512_castps128_ps512(x))); }
 
+/* Every cache line of a row (a 256-byte f16 row at hd 128 spans four or
+ * five): a token-level selection's rows are scattered, so neither the
+ * hardware prefetcher nor a single-line hint covers the rest of the row. */
+INL void prefetch_row(const void *row, int bytes) {
+    const char *p = (const char *)row;
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+    _mm_prefetch(p + bytes - 1, _MM_HINT_T0);
+}
+
 INL __m128 fold512(__m512 v) {
     __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
@@ -279,7 +288,7 @@ INL void q8_values(const uint16_t *const *vp_in, int n, const uint16_t *const *v
         for (int b = 0; b < NB; b++) hs[t * NB + b] = t < n ? vp[t][17 * b] : 0;
     }
     for (int i = 4 * n; i < 4 * np; i++) p_blk[i] = 0.0f;
-    for (int r = 0; r < pf; r++) _mm_prefetch((const char *)vp_next[r], _MM_HINT_T0);
+    for (int r = 0; r < pf; r++) prefetch_row(vp_next[r], 17 * HDV);
     const __m512i idx_d = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     __m512 mx = _mm512_setzero_ps(); /* weights are >= 0 */
     const int nz = np * NB / 4;      /* zmm of weights */
@@ -378,7 +387,7 @@ static inline void q8_unpermute(float *a, int hd) {
  * the dense segments and gets dense output bit for bit.  With want_probs the
  * raw scores are kept in scores[total][4] and turned into probabilities at
  * the end (for the policies that accumulate attention weights). */
-#define DECODE_BODY(HDV, VG, KQ8)                                                                    \
+#define DECODE_BODY(HDV, VG, KQ8, GK)                                                                    \
     do {                                                                                          \
         __m512 qv[4][HDV];                                                                        \
         _Pragma("GCC unroll 16") for (int g = 0; g < 4; g++)                                      \
@@ -404,24 +413,25 @@ static inline void q8_unpermute(float *a, int hd) {
             if (KQ8)                                                                              \
                 for (; t + 16 <= n; t += 16) {                                                    \
                     for (int r = t; r < t + 16 && r < pf; r++)                                    \
-                        _mm_prefetch((const char *)kp[nx][r], _MM_HINT_T0);                       \
+                        prefetch_row(kp[nx][r], 2 * rs);                       \
                     q8_score16(kp[cur] + t, qz, HDV / 4, sc + 4 * (size_t)t);                     \
                 }                                                                                 \
             for (; t + 4 <= n; t += 4) {                                                          \
                 if (KQ8) {                                                                        \
                     _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                           \
-                        if (t + r < pf) _mm_prefetch((const char *)kp[nx][t + r], _MM_HINT_T0);  \
+                        if (t + r < pf) prefetch_row(kp[nx][t + r], 2 * rs);  \
                     _mm512_storeu_ps(sc + 4 * (size_t)t, q8_score4(kp[cur] + t, qz, HDV / 4));    \
                     continue;                                                                     \
                 }                                                                                 \
                 __m512 part[16];                                                                  \
                 _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                             \
                     const uint16_t *k = kp[cur][t + r];                                           \
-                    if (t + r < pf) _mm_prefetch((const char *)kp[nx][t + r], _MM_HINT_T0);       \
+                    if (t + r < pf) prefetch_row(kp[nx][t + r], 2 * rs);       \
                     __m512 kv[HDV];                                                               \
                     _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                        \
                         kv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + 16 * i))); \
                     _Pragma("GCC unroll 16") for (int g = 0; g < 4; g++) {                        \
+                        if (g >= GK) { part[4 * r + g] = _mm512_setzero_ps(); continue; }         \
                         __m512 a = _mm512_mul_ps(kv[0], qv[g][0]);                                \
                         _Pragma("GCC unroll 16") for (int i = 1; i < HDV; i++)                    \
                             a = _mm512_fmadd_ps(kv[i], qv[g][i], a);                              \
@@ -432,7 +442,7 @@ static inline void q8_unpermute(float *a, int hd) {
             }                                                                                     \
             for (; t < n; t++) {                                                                  \
                 const uint16_t *k = kp[cur][t];                                                   \
-                if (t < pf) _mm_prefetch((const char *)kp[nx][t], _MM_HINT_T0);                   \
+                if (t < pf) prefetch_row(kp[nx][t], 2 * rs);                   \
                 if (KQ8) { /* the row four times; its scores are the first four lanes */         \
                     const uint16_t *k4[4] = {k, k, k, k};                                         \
                     _mm_storeu_ps(sc + 4 * (size_t)t, _mm512_castps512_ps128(q8_score4(k4, qz, HDV / 4))); \
@@ -443,6 +453,7 @@ static inline void q8_unpermute(float *a, int hd) {
                     kv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + 16 * i)));   \
                 __m128 part[4];                                                                   \
                 _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {                             \
+                    if (g >= GK) { part[g] = _mm_setzero_ps(); continue; }                        \
                     __m512 a = _mm512_mul_ps(kv[0], qv[g][0]);                                    \
                     _Pragma("GCC unroll 16") for (int i = 1; i < HDV; i++) a = _mm512_fmadd_ps(kv[i], qv[g][i], a); \
                     part[g] = fold512(a);                                                         \
@@ -496,7 +507,7 @@ static inline void q8_unpermute(float *a, int hd) {
                 }                                                                                 \
                 for (int r = 0; r < n; r++) {                                                     \
                     const uint16_t *v = vp[cur][r];                                               \
-                    if (gs == 0 && r < pf) _mm_prefetch((const char *)vp[nx][r], _MM_HINT_T0);    \
+                    if (gs == 0 && r < pf) prefetch_row(vp[nx][r], 2 * rs);    \
                     __m512 vv[HDV];                                                               \
                     _Pragma("GCC unroll 16") for (int i = 0; i < HDV; i++)                        \
                         vv[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 16 * i))); \
@@ -537,15 +548,21 @@ static inline void q8_unpermute(float *a, int hd) {
         }                                                                                         \
     } while (0)
 
-#define DECODE_FN(NAME, HDV, VG, KQ8)                                                                       \
+/* GK: query heads the f16 K scores are computed for (4, or 2 when the
+ * group has at most 2: Qwen3's and MHA-like groups would otherwise spend
+ * half or three quarters of the score FMAs on absent heads' zero queries).
+ * The present heads' arithmetic is the same in both, so outputs are too. */
+#define DECODE_FN(NAME, HDV, VG, KQ8, GK)                                                                   \
     TGT static void NAME(const ks_kv_seg16 *segs, int nseg, int total, int hd, int g0, int ng, const float *q,       \
                          const q8z_query *qz, float *scores, float *out, float scale, bool want_probs) {            \
-        DECODE_BODY(HDV, VG, KQ8);                                                                              \
+        DECODE_BODY(HDV, VG, KQ8, GK);                                                                          \
     }
-DECODE_FN(decode64, 4, 4, 0)
-DECODE_FN(decode128, 8, 2, 0)
-DECODE_FN(decode64_q8, 4, 4, 1)
-DECODE_FN(decode128_q8, 8, 2, 1)
+DECODE_FN(decode64, 4, 4, 0, 4)
+DECODE_FN(decode128, 8, 2, 0, 4)
+DECODE_FN(decode64_g2, 4, 4, 0, 2)
+DECODE_FN(decode128_g2, 8, 2, 0, 2)
+DECODE_FN(decode64_q8, 4, 4, 1, 4)
+DECODE_FN(decode128_q8, 8, 2, 1, 4)
 
 /* the group's scaled queries [ng][hd] quantised into qz (absent heads zero) */
 static void q8z_init(const float *q, int hd, int g0, int ng, float scale, q8z_query *qz) {
@@ -577,9 +594,9 @@ bool ks_attention_segs_avx512_kv(ks_kv_type kt, const ks_kv_seg *segs, int nseg,
             if (hd == 64) decode64_q8(s16, nseg, total, hd, g0, ng, q, &qz, scores, out, scale, wp);
             else decode128_q8(s16, nseg, total, hd, g0, ng, q, &qz, scores, out, scale, wp);
         } else if (hd == 64) {
-            decode64(s16, nseg, total, hd, g0, ng, q, NULL, scores, out, scale, wp);
+            (ng <= 2 ? decode64_g2 : decode64)(s16, nseg, total, hd, g0, ng, q, NULL, scores, out, scale, wp);
         } else {
-            decode128(s16, nseg, total, hd, g0, ng, q, NULL, scores, out, scale, wp);
+            (ng <= 2 ? decode128_g2 : decode128)(s16, nseg, total, hd, g0, ng, q, NULL, scores, out, scale, wp);
         }
         if (weights)
             for (int t = 0; t < total; t++)

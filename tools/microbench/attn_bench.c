@@ -15,13 +15,13 @@
  * pages back to back in each (one K stream and one V stream per head);
  * "paged", the slow tier's and the gather buffer's: pages of P K rows then
  * P V rows, a head's pages back to back.
- * Shape: L layers x H KV heads x N rows, head_dim 64, GQA group 4: the
+ * Shape: L layers x H KV heads x N rows, head_dim 64, GQA group 4 (7th argument: Qwen3 has 2): the
  * Llama-3.2-1B shape at 32K, 1.07 GB of K and V (hd 128: 8 layers, the same
  * bytes; cycles are per row either way).  Thread i takes heads
  * i, i + T, ... of every layer with a barrier per layer, as the engine's
  * pool does.
  *
- * Usage: attn_bench [threads=2] [rounds=3] [hot_rows=1024] [split|paged] [f16|q8] [hd=64|128]
+ * Usage: attn_bench [threads=2] [rounds=3] [hot_rows=1024] [split|paged] [f16|q8] [hd=64|128] [group=4]
  * (q8: the 8-bit KV cache's Q8_0 rows, 68 bytes at hd 64, on integer units:
  * run f16 and q8 back to back to compare them within one run)
  * Prints, per round, the best of 5 repetitions of: plain read, kernel hot,
@@ -40,7 +40,8 @@
 
 #include "infer/infer.h"
 
-enum { H = 8, N = 32768, G = 4, P = 32, REPS = 5 };
+enum { H = 8, N = 32768, P = 32, REPS = 5 };
+static int G = 4; /* query heads per KV head (7th argument) */
 static int L = 16, HD = 64; /* hd 128: 8 layers, the same bytes */
 static ks_kv_type KVT = KS_KV_F16;
 static size_t ROW_BYTES; /* ks_kv_row_bytes(KVT, HD), set in main */
@@ -157,6 +158,13 @@ int main(int argc, char **argv) {
             return 2;
         }
         L = 16 * 64 / HD;
+    }
+    if (argc > 7) {
+        G = atoi(argv[7]);
+        if (G < 1 || G > 16) {
+            fprintf(stderr, "attn_bench: group must be 1..16\n");
+            return 2;
+        }
     }
     ROW_BYTES = ks_kv_row_bytes(KVT, HD);
     if (argc > 4 && !paged && strcmp(argv[4], "split")) {
