@@ -61,11 +61,15 @@ INL __m128 exp128(__m128 x) { return _mm512_castps512_ps128(ks_avx512_exp_neg(_m
 
 /* Every cache line of a row (a 256-byte f16 row at hd 128 spans four or
  * five): a token-level selection's rows are scattered, so neither the
- * hardware prefetcher nor a single-line hint covers the rest of the row. */
+ * hardware prefetcher nor a single-line hint covers the rest of the row.
+ * Into L2, not L1: a block's worth of lines is more misses than L1 can keep
+ * in flight, and L2 can (every third page of a head from DRAM, hd 128:
+ * 20.5 ms without, 18-19 with L1 hints, 13-16 with L2 hints; contiguous
+ * 29 ms for three times the bytes; attn_bench ... f16 128 2 3). */
 INL void prefetch_row(const void *row, int bytes) {
     const char *p = (const char *)row;
-    for (int o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-    _mm_prefetch(p + bytes - 1, _MM_HINT_T0);
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
+    _mm_prefetch(p + bytes - 1, _MM_HINT_T1);
 }
 
 INL __m128 fold512(__m512 v) {
@@ -407,7 +411,11 @@ static inline void q8_unpermute(float *a, int hd) {
         while (n > 0) {                                                                           \
             int nx = cur ^ 1;                                                                     \
             int nn = next_block(segs, nseg, rs, &si, &sj, kp[nx], vp[nx], &nfrag);                \
-            int pf = frag || nfrag ? nn : 0; /* rows of the next block to prefetch */             \
+            /* prefetch the next block's rows unless they continue this block's run    */ \
+            /* (the hardware stream covers that): scattered tokens, and also whole     */ \
+            /* pages that jump (Quest's selection), whose first lines would miss      */ \
+            const bool jump = nn > 0 && kp[nx][0] != kp[cur][n - 1] + rs;                       \
+            int pf = frag || nfrag || jump ? nn : 0;                                            \
             float *sc = want_probs ? scores + 4 * (size_t)done : s_blk;                           \
             int t = 0;                                                                            \
             if (KQ8)                                                                              \

@@ -22,6 +22,7 @@
  * pool does.
  *
  * Usage: attn_bench [threads=2] [rounds=3] [hot_rows=1024] [split|paged] [f16|q8] [hd=64|128] [group=4]
+ *                   [page_stride=1]  (from DRAM: every S-th page only, a page selector's reads)
  * (q8: the 8-bit KV cache's Q8_0 rows, 68 bytes at hd 64, on integer units:
  * run f16 and q8 back to back to compare them within one run)
  * Prints, per round, the best of 5 repetitions of: plain read, kernel hot,
@@ -41,7 +42,8 @@
 #include "infer/infer.h"
 
 enum { H = 8, N = 32768, P = 32, REPS = 5 };
-static int G = 4; /* query heads per KV head (7th argument) */
+static int G = 4;           /* query heads per KV head (7th argument) */
+static int PAGE_STRIDE = 1; /* from DRAM: every S-th page, as a page selector reads (8th argument) */
 static int L = 16, HD = 64; /* hd 128: 8 layers, the same bytes */
 static ks_kv_type KVT = KS_KV_F16;
 static size_t ROW_BYTES; /* ks_kv_row_bytes(KVT, HD), set in main */
@@ -99,8 +101,9 @@ static void attend_head(bench_thread *t, const uint8_t *layer, int h, int rows) 
     const uint8_t *K, *V;
     head_rows(t, layer, h, &K, &V);
     size_t stride = t->paged ? (size_t)P * ROW_BYTES * 2 : (size_t)P * ROW_BYTES; /* page to page */
-    for (int p = 0; p < rows / P; p++) t->segs[p] = (ks_kv_seg){K + (size_t)p * stride, V + (size_t)p * stride, P};
-    ks_attention_segs(KVT, t->segs, rows / P, rows, HD, G, t->q, t->scores, t->out, t->tmp, NULL, true);
+    int step = rows == N ? PAGE_STRIDE : 1, np = 0;
+    for (int p = 0; p < rows / P; p += step) t->segs[np++] = (ks_kv_seg){K + (size_t)p * stride, V + (size_t)p * stride, P};
+    ks_attention_segs(KVT, t->segs, np, np * P, HD, G, t->q, t->scores, t->out, t->tmp, NULL, true);
 }
 
 static void *bench_worker(void *arg) {
@@ -159,6 +162,7 @@ int main(int argc, char **argv) {
         }
         L = 16 * 64 / HD;
     }
+    if (argc > 8) PAGE_STRIDE = atoi(argv[8]) > 0 ? atoi(argv[8]) : 1;
     if (argc > 7) {
         G = atoi(argv[7]);
         if (G < 1 || G > 16) {
@@ -215,8 +219,8 @@ int main(int argc, char **argv) {
         double rd = run_best(th, nthr, MODE_READ), hot = run_best(th, nthr, MODE_HOT);
         double cold = run_best(th, nthr, MODE_COLD);
         printf("round %d: read %.1f ms (%.1f GB/s) | kernel hot %.1f ms (%.1f cycles/row/thread at %.2f GHz) | kernel "
-               "from DRAM %.1f ms (%.1f GB/s)\n",
-               r, rd, gb / rd * 1e3, hot, hot * 1e-3 * ghz * 1e9 * nthr / rows, ghz, cold, gb / cold * 1e3);
+               "from DRAM %.1f ms (%.1f GB/s of the pages read)\n",
+               r, rd, gb / rd * 1e3, hot, hot * 1e-3 * ghz * 1e9 * nthr / rows, ghz, cold, gb / PAGE_STRIDE / cold * 1e3);
     }
     for (int i = 0; i < nthr; i++) {
         free(th[i].q), free(th[i].scores), free(th[i].out), free(th[i].tmp), free(th[i].segs);
