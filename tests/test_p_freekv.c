@@ -62,16 +62,23 @@ static ks_status fake_read_keys(void *svc, int32_t seq, int32_t layer, int32_t h
     return KS_OK;
 }
 
-/* 40 entries of small noise keys (10 pages of 4); entry 21 (page 5) has a
- * large key along dim 0, entry 9 (page 2) a larger one along dim 1. */
-static void make_kv(fake_svc *f) {
+/* A one-layer store of the test's shape. */
+static ks_kv_store *new_kv(void) {
     ks_kv_params kp = ks_kv_default_params();
     kp.n_layer = 1;
     kp.n_head_kv = NKV;
     kp.head_dim = HD;
     kp.n_ctx = CTX;
     kp.page = PG;
-    assert_int_equal(ks_kv_create(&kp, &f->kv), KS_OK);
+    ks_kv_store *kv = NULL;
+    assert_int_equal(ks_kv_create(&kp, &kv), KS_OK);
+    return kv;
+}
+
+/* 40 entries of small noise keys (10 pages of 4); entry 21 (page 5) has a
+ * large key along dim 0, entry 9 (page 2) a larger one along dim 1. */
+static void make_kv(fake_svc *f) {
+    f->kv = new_kv();
     for (int e = 0; e < 40; e++) {
         float k[HD], v[HD];
         for (int d = 0; d < HD; d++) {
@@ -359,14 +366,7 @@ static void append_noise(ks_kv_store *kv, int e, float k0) {
 
 static void test_late_selection_is_exact(void **state) {
     (void)state;
-    ks_kv_params kp = ks_kv_default_params();
-    kp.n_layer = 1;
-    kp.n_head_kv = NKV;
-    kp.head_dim = HD;
-    kp.n_ctx = CTX;
-    kp.page = PG;
-    ks_kv_store *kv = NULL;
-    assert_int_equal(ks_kv_create(&kp, &kv), KS_OK);
+    ks_kv_store *kv = new_kv();
     for (int e = 0; e < 37; e++) append_noise(kv, e, e == 21 ? 4.0f : 0); /* page 5 stands out along dim 0 */
     counting_meta cm[2] = {{.kv = kv}, {.kv = kv}};
     ks_kv_meta_src src[2];
