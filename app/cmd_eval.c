@@ -44,14 +44,58 @@ static void eval_usage(FILE *f) {
     fprintf(f,
             "usage: kvsieve eval [-m MODEL.gguf] [--task passkey,multikey,multivalue,vartrack,longgen|all]\n"
             "                    [--lengths 1024,4096,8192] [--depths 0,0.25,0.5,0.75,1] [--samples N (4)]\n"
-            "                    [--seed S (1)] [-t THREADS] [--json] [--plot FILE.svg] [--calibrate]\n"
+            "                    [--seed S (1)] [-t THREADS] [--json] [--plot FILE.svg] [--calibrate] [--show]\n"
             "                    [--policy dense,quest,...] [--budget 3%%,6%%,12%%] [policy flags]\n"
             "  lengths count every token of an instance (prompt and answer budget); lengths above\n"
             "  the model's trained context are skipped.  Dense always runs as the reference.\n"
             "  --calibrate: write CHESS's thresholds (99th percentiles of the dense runs' per-page mean\n"
             "  entropy and varentropy, pages of --page tokens) to MODEL.gguf.chess.json, which\n"
-            "  run/bench/eval then pass to chess.\n%s",
+            "  run/bench/eval then pass to chess.\n"
+            "  --show: print each instance's question, expected and dense answer to stderr (a failing\n"
+            "  task's errors, read one by one).\n%s",
             app_policy_usage());
+}
+
+static void eval_show_text(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '\n') fputs("\\n", stderr);
+        else fputc(s[i], stderr);
+    }
+}
+
+/* --show: one instance's question, the expected answers and what dense
+ * generated (every GEN token, so longgen's own list shows too). */
+static void eval_show(const ks_model *m, const ks_eval_instance *inst, const ks_eval_result *ref, int sample) {
+    size_t n = strlen(inst->prompt);
+    const char *tail = inst->prompt + (n > 90 ? n - 90 : 0);
+    fprintf(stderr, "[%s %d depth %.2f #%d] score %.3f\n  ...", ks_eval_task_name(inst->task), inst->target_tokens,
+            inst->depth, sample, ref->score);
+    eval_show_text(tail, strlen(tail));
+    if (inst->task != KS_EVAL_LONGGEN) { /* the inserted facts: every sentence with a digit or "VAR" before the question */
+        fputs("\n  facts:", stderr);
+        const char *question = strrchr(inst->prompt, '\n');
+        for (const char *p = inst->prompt; *p && p < question;) {
+            const char *end = strpbrk(p, ".\n");
+            size_t len = end ? (size_t)(end - p) + 1 : strlen(p);
+            bool fact = strstr(p, "VAR") && strstr(p, "VAR") < p + len;
+            for (size_t i = 0; i < len && !fact; i++) fact = p[i] >= '0' && p[i] <= '9';
+            if (fact) {
+                fputs(" |", stderr);
+                eval_show_text(p, len);
+            }
+            p += len;
+        }
+    }
+    fputs("\n  expected:", stderr);
+    for (int32_t i = 0; i < inst->n_answers; i++) fprintf(stderr, " '%s'", inst->answers[i]);
+    fputs("\n  generated: '", stderr);
+    for (int32_t i = 0; i < ref->n_gen; i++) {
+        char piece[64];
+        size_t len = 0;
+        if (ks_token_to_piece(m, ref->tokens[i], piece, sizeof piece, &len) != KS_OK) continue;
+        eval_show_text(piece, len < sizeof piece ? len : sizeof piece);
+    }
+    fputs("'\n", stderr);
 }
 
 static int eval_parse_depths(const char *s, double *out, int cap) {
@@ -244,7 +288,7 @@ static void eval_summarize(const eval_cell *cells, size_t n_cells, eval_summary 
 
 int cmd_eval(int argc, char **argv) {
     const char *cmd = "eval", *model_path = NULL, *plot = NULL;
-    bool task_on[KS_EVAL_TASK_COUNT] = {0}, json = false, tasks_given = false, calibrate = false;
+    bool task_on[KS_EVAL_TASK_COUNT] = {0}, json = false, tasks_given = false, calibrate = false, show = false;
     long lens_l[EVAL_MAX_LIST] = {1024, 4096, 8192};
     int n_len = 3;
     double depths[EVAL_MAX_LIST] = {0, 0.25, 0.5, 0.75, 1};
@@ -272,6 +316,7 @@ int cmd_eval(int argc, char **argv) {
         else if (!strcmp(a, "--plot")) { if (!(v = arg_value(cmd, argc, argv, &i))) return 2; plot = v; }
         else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--calibrate")) calibrate = true;
+        else if (!strcmp(a, "--show")) show = true;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { eval_usage(stdout); return 0; }
         else { fprintf(stderr, "kvsieve eval: unknown option '%s'\n", a); eval_usage(stderr); return 2; }
     }
@@ -379,6 +424,7 @@ int cmd_eval(int argc, char **argv) {
                                                       cal_h + n_cal, cal_v + n_cal);
                         n_cal_tok += (size_t)ref.n_gen;
                     }
+                    if (show) eval_show(m, &inst, &ref, (int)s);
                     eval_cell *c0 = &cells[((size_t)t * n_len + l) * n_depth + d];
                     c0->runs++;
                     c0->score_sum += ref.score;

@@ -5,7 +5,7 @@
 # over the trained context are skipped (or refused when nothing is left),
 # policies run beside dense with their comparison metrics (a full budget
 # agrees with dense exactly), and bad flags / unknown policies are usage
-# errors (exit 2).  The tiny model scores ~0 on these tasks; only the harness
+# errors (exit 2); --show prints each instance.  The tiny model scores ~0 on these tasks; only the harness
 # is under test here.
 # Usage: bash eval.sh <kvsieve> <fixtures-dir> <scratch-dir>
 set -u
@@ -25,6 +25,13 @@ for t in passkey multikey multivalue vartrack longgen; do
   [ "$n" -eq 3 ] || bad "$t: $n rows, want 3"
 done
 echo "$out" | grep -q "^mean all" || bad "no overall mean"
+
+# --show: every instance's question, expected answer and generated tokens on stderr
+"$KS" eval -m "$MODEL" --task multikey,longgen --lengths 100 --depths 0.5 --samples 1 -t 2 --show \
+  >/dev/null 2>"$TMP/show" || bad "--show run failed: $(cat "$TMP/show")"
+[ "$(grep -c '^\[multikey 100 depth 0.50 #0\]' "$TMP/show")" -eq 1 ] || bad "--show: no multikey instance: $(cat "$TMP/show")"
+grep -q '^  facts: | *The magic number for' "$TMP/show" || bad "--show: no facts line"
+[ "$(grep -c '^  generated: ' "$TMP/show")" -eq 2 ] || bad "--show: want 2 generated lines"
 
 # JSON parses and covers every task; same seed, same accuracies as the table
 "$KS" eval -m "$MODEL" --lengths 100,4096 --depths 0,0.5,1 --samples 2 -t 2 --json \
@@ -81,7 +88,7 @@ for name, x in s.items():
             assert x["attention_recall"] == 1, x
 assert s["streaming@25%"]["attention_recall"] < 1, s["streaming@25%"]
 assert "attention_recall" not in s["snapkv+quest@25%"], "recall after eviction is not measurable"
-PY"
+PY
 
 # usage errors exit 2
 expect2() { "$KS" eval -m "$MODEL" "$@" >/dev/null 2>"$TMP/err"; rc=$?; [ $rc -eq 2 ] || bad "eval $* exited $rc"; }
