@@ -1,6 +1,7 @@
 /*
  * attn_avx2.c — grouped decode attention over KV segments (f16 or 8-bit
- * rows), and the prefill block kernel, on AVX2 + FMA + F16C.
+ * rows) on AVX2 + FMA + F16C (the prefill block kernel is
+ * attn_block_avx2.c).
  *
  * The same plan as attn_avx512.c, fitted to sixteen 8-lane registers, for
  * the CPUs most edge users have (laptops, many cloud AMD parts without
@@ -57,44 +58,21 @@
 #include <immintrin.h>
 
 #include "tensor/simd_avx2.h"
+#include "infer/attn_avx2_lanes.h"
 
 /* A block: the unit of the online softmax and of the memory order, as in
  * attn_avx512.c: one page (K rows then V rows, adjacent), a piece of a
  * longer one, or short runs merged (then the next block is prefetched). */
 enum { ATTN2_BLOCK_MAX = 32, ATTN2_BLOCK_MIN = 16 };
 #define KS_ATTN2_MAX_HD 512 /* the bundled model has 288; 4 x 512 scaled queries live on the stack */
-#define TGT __attribute__((target("avx2,fma,f16c")))
-#define INL static inline __attribute__((target("avx2,fma,f16c"), always_inline))
 /* the same plus 256-bit VNNI (AVX512-VNNI + VL: vpdpbusd on ymm) */
 #define TGT_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 #define INL_VNNI static inline __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"), always_inline))
-
-/* Every lane gets op over the lanes of the same head (lane mod ng). */
-#define FOLD_LANES(v, ng, OP)                                                              \
-    do {                                                                                   \
-        if ((ng) <= 4) v = OP(v, _mm256_permute2f128_ps(v, v, 0x01));                      \
-        if ((ng) <= 2) v = OP(v, _mm256_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));           \
-        if ((ng) <= 1) v = OP(v, _mm256_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1)));           \
-    } while (0)
 
 /* Both ends of a row (two lines at hd 64). */
 INL void prefetch_row(const uint8_t *p, size_t rb) {
     _mm_prefetch((const char *)p, _MM_HINT_T0);
     _mm_prefetch((const char *)(p + rb - 1), _MM_HINT_T0);
-}
-
-/* Eight elements i..i+7 of a row as f32.  KT 0: f16; KT 1: Q8_0 blocks
- * (34 bytes: f16 scale, 32 int8), where 8 | 32 keeps a chunk in one block;
- * int8 -> f32 is exact and the scale multiply is the one rounding the
- * portable dequantizer also does. */
-INL __m256 load8(const uint8_t *row, int i, const int KT) {
-    if (KT == 0) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)i)));
-    const uint8_t *blk = row + (size_t)(i >> 5) * 34;
-    uint16_t h;
-    memcpy(&h, blk, 2);
-    __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
-    __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + (i & 31))));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
 }
 
 /* Scores of 8 / NG rows k[] against NG heads: dst[r][NG] for the first nr
@@ -225,7 +203,7 @@ INL void score_rows_f16(const uint8_t *const *k, const void *qs, int hd, const i
 
 /* Softmax numerators over t of each head lane of scores[len][ng] (ng in 1,
  * 2, 4): exp(s - max) in place; inv[g] = 1 / sum for head g. */
-TGT static void softmax_lanes(float *scores, int len, int ng, float inv[4]) {
+TGT void ks_attn2_softmax_lanes(float *scores, int len, int ng, float inv[4]) {
     int n = ng * len, i;
     __m256 mx = _mm256_set1_ps(-INFINITY);
     for (i = 0; i + 8 <= n; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(scores + i));
@@ -256,8 +234,7 @@ TGT static void softmax_lanes(float *scores, int len, int ng, float inv[4]) {
     for (int g = 0; g < ng; g++) inv[g] = 1.0f / s[g];
 }
 
-/* probabilities in place (only when the caller wants them) */
-TGT static void normalize_lanes(float *scores, int len, int ng, const float inv[4]) {
+TGT void ks_attn2_normalize_lanes(float *scores, int len, int ng, const float inv[4]) {
     float iv8[8];
     for (int l = 0; l < 8; l++) iv8[l] = inv[l % ng];
     __m256 iv = _mm256_loadu_ps(iv8);
@@ -656,110 +633,7 @@ bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int 
     return true;
 }
 
-/* ------------------------------------------------ prefill, query blocks -- */
-/* Causal attention of R consecutive query rows (G heads each) over one KV
- * head's pages, each page converted once into an f32 tile used by every
- * query of the block (see ks_attention_block_avx512).  Scores of one query
- * take eight tile rows at a time, reduced together by reduce8; values keep
- * four 8-float chunks of the output in registers across a page. */
-/* a page's rows [L] as f32 into tile [L][hd] */
-TGT static void block_tile(ks_kv_type kt, const void *rows, int L, int hd, float *tile) {
-    size_t rb = ks_kv_row_bytes(kt, hd);
-    for (int t = 0; t < L; t++) {
-        const uint8_t *row = (const uint8_t *)rows + (size_t)t * rb;
-        if (kt == KS_KV_F16)
-            for (int i = 0; i < hd; i += 8) _mm256_storeu_ps(tile + (size_t)t * hd + i, load8(row, i, 0));
-        else
-            for (int i = 0; i < hd; i += 8) _mm256_storeu_ps(tile + (size_t)t * hd + i, load8(row, i, 1));
-    }
-}
-
-TGT bool ks_attention_block_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, const int32_t *n_att, int R, int hd,
-                                 int G, const float *q, size_t q_stride, float *out, size_t out_stride, float *S,
-                                 float *tile, float scale) {
-    if (hd % 8 || (kt != KS_KV_F16 && (kt != KS_KV_Q8 || hd % 32))) return false;
-    int n_max = n_att[R - 1], RG = R * G;
-    for (int si = 0, e0 = 0; si < nseg; e0 += segs[si].len, si++) {
-        int L = segs[si].len;
-        block_tile(kt, segs[si].K, L, hd, tile);
-        for (int x = 0; x < RG; x++) {
-            int r = x / G, g = x % G, lim = ks_attn_block_visible(n_att, G, x, e0, L);
-            if (!lim) continue;
-            const float *qq = q + (size_t)r * q_stride + (size_t)g * hd;
-            float *srow = S + (size_t)x * n_max + e0;
-            int t = 0;
-            for (; t + 8 <= lim; t += 8) {
-                __m256 acc[8];
-                for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
-                for (int i = 0; i < hd; i += 8) {
-                    __m256 qv = _mm256_loadu_ps(qq + i);
-                    for (int a = 0; a < 8; a++)
-                        acc[a] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(tile + (size_t)(t + a) * hd + i), acc[a]);
-                }
-                _mm256_storeu_ps(srow + t, _mm256_mul_ps(ks_avx2_reduce8(acc), _mm256_set1_ps(scale)));
-            }
-            for (; t < lim; t++) {
-                __m256 acc = _mm256_setzero_ps();
-                for (int i = 0; i < hd; i += 8)
-                    acc = _mm256_fmadd_ps(_mm256_loadu_ps(qq + i), _mm256_loadu_ps(tile + (size_t)t * hd + i), acc);
-                __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-                h = _mm_hadd_ps(h, h);
-                h = _mm_hadd_ps(h, h);
-                srow[t] = _mm_cvtss_f32(h) * scale;
-            }
-        }
-    }
-    /* softmax per query over its visible entries */
-    for (int x = 0; x < RG; x++) {
-        int n = n_att[x / G];
-        float inv[4];
-        softmax_lanes(S + (size_t)x * n_max, n, 1, inv);
-        normalize_lanes(S + (size_t)x * n_max, n, 1, inv);
-        memset(out + (size_t)(x / G) * out_stride + (size_t)(x % G) * hd, 0, sizeof(float) * (size_t)hd);
-    }
-    for (int si = 0, e0 = 0; si < nseg; e0 += segs[si].len, si++) {
-        int L = segs[si].len;
-        block_tile(kt, segs[si].V, L, hd, tile);
-        for (int x = 0; x < RG; x++) {
-            int lim = ks_attn_block_visible(n_att, G, x, e0, L);
-            if (!lim) continue;
-            const float *p = S + (size_t)x * n_max + e0;
-            float *o = out + (size_t)(x / G) * out_stride + (size_t)(x % G) * hd;
-            int i = 0;
-            for (; i + 32 <= hd; i += 32) {
-                __m256 a0 = _mm256_loadu_ps(o + i), a1 = _mm256_loadu_ps(o + i + 8);
-                __m256 a2 = _mm256_loadu_ps(o + i + 16), a3 = _mm256_loadu_ps(o + i + 24);
-                for (int t = 0; t < lim; t++) {
-                    __m256 pv = _mm256_broadcast_ss(p + t);
-                    const float *v = tile + (size_t)t * hd + i;
-                    a0 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v), a0);
-                    a1 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + 8), a1);
-                    a2 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + 16), a2);
-                    a3 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + 24), a3);
-                }
-                _mm256_storeu_ps(o + i, a0);
-                _mm256_storeu_ps(o + i + 8, a1);
-                _mm256_storeu_ps(o + i + 16, a2);
-                _mm256_storeu_ps(o + i + 24, a3);
-            }
-            for (; i < hd; i += 8) {
-                __m256 a = _mm256_loadu_ps(o + i);
-                for (int t = 0; t < lim; t++)
-                    a = _mm256_fmadd_ps(_mm256_broadcast_ss(p + t), _mm256_loadu_ps(tile + (size_t)t * hd + i), a);
-                _mm256_storeu_ps(o + i, a);
-            }
-        }
-    }
-    return true;
-}
 #else
-bool ks_attention_block_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, const int32_t *n_att, int R, int hd,
-                             int G, const float *q, size_t q_stride, float *out, size_t out_stride, float *S,
-                             float *tile, float scale) {
-    (void)kt, (void)segs, (void)nseg, (void)n_att, (void)R, (void)hd, (void)G, (void)q, (void)q_stride, (void)out;
-    (void)out_stride, (void)S, (void)tile, (void)scale;
-    return false;
-}
 bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                             float *scores, float *out, float scale, float *weights) {
     (void)kt, (void)segs, (void)nseg, (void)total, (void)hd, (void)G, (void)q, (void)scores, (void)out, (void)scale;
