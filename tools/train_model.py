@@ -31,7 +31,7 @@ What is trained (docs/MODEL.md):
     seeds are never seen in training.  Haystacks are natural text or
     word-list sentences.
   * A length curriculum (CURRICULUM below) from 512 to 8192 tokens, then a
-    task-weighted second phase (PHASE2) and drills (PHASE3: several
+    task-weighted second phase (PHASE2) and drills (PHASE3, PHASE4: several
     questions per document on the skills the curriculum did not teach); each
     says why it exists.
 
@@ -130,6 +130,23 @@ PHASE3_LR_MIN = 5e-5
 PHASE3_WARMUP = 20
 PHASE3_TASK_SHARE = 0.75
 PHASE3_TASK_WEIGHTS = {"passkey": 1, "multikey": 5, "multivalue": 1, "vartrack": 2, "longgen": 4, "notes": 1}
+
+# Phase 4, drills for every task that misses the floor, at 1K-8K.  Why:
+# after phase 3 (step 3570; eval at 4K and 8K, 2 samples) multikey rose from
+# 0.15 to 0.70 and longgen from 0.15 to 0.35, while multivalue fell from
+# 0.93 to 0.74 and vartrack from 0.71 to 0.50, the two tasks phase 3 drilled
+# least.  Phase 4 drills those too (several keys with several values, several
+# chains) and weights the four tasks alike.
+PHASE4 = [
+    (1024, 16, 120),
+    (4096, 4, 60),
+    (8192, 2, 45),
+]
+PHASE4_LR_MAX = 3e-4
+PHASE4_LR_MIN = 3e-5
+PHASE4_WARMUP = 10
+PHASE4_TASK_SHARE = 0.8
+PHASE4_TASK_WEIGHTS = {"passkey": 1, "multikey": 3, "multivalue": 3, "vartrack": 3, "longgen": 3, "notes": 1}
 
 LR_MAX = 2e-3
 LR_MIN = 2e-4
@@ -315,11 +332,14 @@ def varname(r):
     return "".join(chr(65 + r.randrange(26)) for _ in range(5))
 
 
-def make_drill(kind, r, src, n_chars):
-    """Phase 3: (prompt, answer, more) where more = [(question, answer), ...]
-    asked after the first answer, or None for a kind without a drill form."""
+def make_drill(kind, r, src, n_chars, drilled):
+    """Phases 3 and 4: (prompt, answer, more) where more = [(question, answer), ...]
+    asked after the first answer, or None for a kind not in `drilled` (the
+    haystack is drawn first either way, so each phase's data stream is fixed)."""
     hay = src.haystack(max(n_chars, 40), r.random() < 0.6)
     intro = r.random() < 0.8
+    if kind not in drilled:
+        return None
     if kind == "multikey":
         n = r.randrange(4, 11)
         keys, vals = [], []
@@ -350,6 +370,45 @@ def make_drill(kind, r, src, n_chars):
         qa = [("\nRepeat item %d of your list exactly.\n%d." % (k, k), " %d\n" % items[k - 1]) for k in asked]
         qa = [(q if i == 0 else q.lstrip("\n"), a) for i, (q, a) in enumerate(qa)]
         return pre + hay[:at].rstrip() + " " + lst + "\n" + hay[at:].lstrip() + qa[0][0], qa[0][1], qa[1:]
+    if kind == "multivalue":  # several keys, each with its values, every key asked
+        n_keys = r.choice([2, 3, 3, 4])
+        keys, blocks, vals_all, qa = [], [], [], []
+        while len(keys) < n_keys:
+            k = "%s-%s" % (r.choice(W_ADJ), r.choice(W_NOUN))
+            if k in keys:
+                continue
+            keys.append(k)
+            vals = []
+            for _ in range(r.choice([2, 3, 4, 4, 5])):
+                vals.append(number(r, vals + vals_all))
+            vals_all += vals
+            blocks.append((r.random(), " ".join("One magic number for %s is %d." % (k, v) for v in vals)))
+            qa.append(("\nWhat are all the magic numbers for %s? They are:" % k, "".join(" %d" % v for v in vals) + "."))
+        r.shuffle(qa)
+        pre = "Some magic numbers are hidden in the text below. Remember them.\n" if intro else ""
+        return pre + insert_at(hay, blocks) + qa[0][0], qa[0][1], qa[1:]
+    if kind == "vartrack":  # several chains, each value asked
+        n_chains = r.choice([2, 2, 3])
+        names, needles, qa, values = [], [], [], []
+        for _ in range(n_chains):
+            hops = r.choice([1, 2, 3, 4, 4])
+            chain = []
+            while len(chain) < hops:
+                nm = varname(r)
+                if nm not in names:
+                    names.append(nm)
+                    chain.append(nm)
+            value = number(r, values)
+            values.append(value)
+            ev = "VAR %s = %d." % (chain[0], value)
+            for i in range(1, hops):
+                ev += " VAR %s = VAR %s." % (chain[i], chain[i - 1])
+            needles.append((r.random(), ev))
+            qa.append(("\nWhich variables are equal to %d? Answer: the variables equal to %d are:" % (value, value),
+                       "".join(" " + nm for nm in chain) + "."))
+        r.shuffle(qa)
+        pre = "Track the variables assigned in the text below.\n" if intro else ""
+        return pre + insert_at(hay, needles) + qa[0][0], qa[0][1], qa[1:]
     return None
 
 
@@ -615,17 +674,17 @@ class Stream:
     def doc(self, room):
         r, sp = self.r, self.sp
         phase = self.phase
-        share = {1: TASK_SHARE, 2: PHASE2_TASK_SHARE, 3: PHASE3_TASK_SHARE}[phase]
+        share = {1: TASK_SHARE, 2: PHASE2_TASK_SHARE, 3: PHASE3_TASK_SHARE, 4: PHASE4_TASK_SHARE}[phase]
         if room >= 48 and r.random() < share:
             n_tok = int(room * r.uniform(0.3, 0.97))
             for _ in range(4):
                 if phase == 1:
                     kind = r.choice(TASKS)
                 else:
-                    weights = PHASE2_TASK_WEIGHTS if phase == 2 else PHASE3_TASK_WEIGHTS
+                    weights = {2: PHASE2_TASK_WEIGHTS, 3: PHASE3_TASK_WEIGHTS, 4: PHASE4_TASK_WEIGHTS}[phase]
                     kind = r.choices(TASKS, weights=[weights[t] for t in TASKS])[0]
                 n_chars = int(n_tok * self.chars_per_token) - 200
-                drill = make_drill(kind, r, self.src, n_chars) if phase == 3 else None
+                drill = make_drill(kind, r, self.src, n_chars, DRILLED[phase]) if phase >= 3 else None
                 if drill:
                     p, a, more = drill
                 else:
@@ -670,11 +729,15 @@ class Stream:
 
 
 # ---------------------------------------------------------- schedule/ckpt --
+# the tasks each phase asks as drills (make_drill)
+DRILLED = {3: ("multikey", "longgen"), 4: ("multikey", "longgen", "multivalue", "vartrack")}
+
 # (stages, LR max, LR min, warmup steps, steps the cosine spans or None: the stages')
 PHASES = [
     (CURRICULUM, LR_MAX, LR_MIN, WARMUP, None),
     (PHASE2, PHASE2_LR_MAX, PHASE2_LR_MIN, PHASE2_WARMUP, PHASE2_LR_STEPS),
     (PHASE3, PHASE3_LR_MAX, PHASE3_LR_MIN, PHASE3_WARMUP, None),
+    (PHASE4, PHASE4_LR_MAX, PHASE4_LR_MIN, PHASE4_WARMUP, None),
 ]
 
 
