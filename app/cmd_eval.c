@@ -77,8 +77,9 @@ static void eval_show(const ks_model *m, const ks_eval_instance *inst, const ks_
         for (const char *p = inst->prompt; *p && p < question;) {
             const char *end = strpbrk(p, ".\n");
             size_t len = end ? (size_t)(end - p) + 1 : strlen(p);
-            bool fact = strstr(p, "VAR") && strstr(p, "VAR") < p + len;
-            for (size_t i = 0; i < len && !fact; i++) fact = p[i] >= '0' && p[i] <= '9';
+            bool fact = false;
+            for (size_t i = 0; i < len && !fact; i++)
+                fact = (p[i] >= '0' && p[i] <= '9') || (i + 3 <= len && !memcmp(p + i, "VAR", 3));
             if (fact) {
                 fputs(" |", stderr);
                 eval_show_text(p, len);

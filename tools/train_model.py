@@ -30,7 +30,7 @@ What is trained (docs/MODEL.md):
     generator; `kvsieve eval` draws its instances from its own, so the eval
     seeds are never seen in training.  Haystacks are natural text or
     word-list sentences.
-  * A length curriculum (CURRICULUM below) from 512 to 8192 tokens, then a
+  * A length curriculum (PHASE1 below) from 512 to 8192 tokens, then a
     task-weighted second phase (PHASE2) and drills (PHASE3-PHASE5: several
     questions per document on the skills the curriculum did not teach); each
     says why it exists.
@@ -43,6 +43,7 @@ Training runs in bfloat16 autocast (oneDNN uses the CPU's BF16 dot products
 when it has them) with fp32 master weights.
 """
 import argparse
+import collections
 import glob
 import gzip
 import hashlib
@@ -78,14 +79,21 @@ ROPE_BASE = 500000.0         # wavelengths well past 16K positions
 N_CTX = 16384                # advertised context (trained to 8192)
 EPS = 1e-5
 
-# (sequence length, sequences per step, steps): about 16K tokens a step.
-CURRICULUM = [
-    (512, 32, 1500),
-    (1024, 16, 500),
-    (2048, 8, 400),
-    (4096, 4, 250),
-    (8192, 2, 250),
-]
+# A phase of the schedule:
+#   stages: (sequence length, sequences per step, steps), about 16K tokens a step
+#   lr_max, lr_min, warmup: its cosine (restarted at each phase), spanning
+#     lr_steps steps or, when None, the phase's own
+#   task_share: share of documents that are tasks, the rest natural text
+#   task_weights: how often each task is drawn (None: uniformly)
+#   distinct_leads: longgen's items start with pairwise different digits
+#   drilled: the tasks asked as drills (make_drill); None: no drills
+Phase = collections.namedtuple(
+    "Phase", "stages lr_max lr_min warmup lr_steps task_share task_weights distinct_leads drilled")
+
+# Phase 1, the length curriculum: AdamW, cosine 2e-3 to 2e-4.
+PHASE1 = Phase([(512, 32, 1500), (1024, 16, 500), (2048, 8, 400), (4096, 4, 250), (8192, 2, 250)],
+               2e-3, 2e-4, 200, None, 0.55, None, False, None)
+
 # Phase 2, after the length curriculum: task-weighted steps from 1K to 8K
 # with a warm restart of the learning rate.  Why: at the end of phase 1 the
 # model answered passkey and short vartrack, but at 1K already it answered
@@ -99,16 +107,8 @@ CURRICULUM = [
 # Planned as 150 steps at 1K, 100 at 2K, 120 at 4K and 80 at 8K, it was
 # stopped at step 3100 (50 steps into 2K) when an eval after its 1K stage
 # showed neither skill moving; its cosine keeps the planned length.
-PHASE2 = [
-    (1024, 16, 150),
-    (2048, 8, 50),
-]
-PHASE2_LR_STEPS = 450
-PHASE2_LR_MAX = 5e-4
-PHASE2_LR_MIN = 5e-5
-PHASE2_WARMUP = 20
-PHASE2_TASK_SHARE = 0.75
-PHASE2_TASK_WEIGHTS = {"passkey": 1, "multikey": 4, "multivalue": 2, "vartrack": 3, "longgen": 3, "notes": 1}
+PHASE2 = Phase([(1024, 16, 150), (2048, 8, 50)], 5e-4, 5e-5, 20, 450, 0.75,
+               {"passkey": 1, "multikey": 4, "multivalue": 2, "vartrack": 3, "longgen": 3, "notes": 1}, True, None)
 
 # Phase 3, drills: short documents dense with the two skills phase 2 did not
 # teach (measured at its 1K stage, step 3058: multikey 0.15, longgen 0.10,
@@ -119,17 +119,9 @@ PHASE2_TASK_WEIGHTS = {"passkey": 1, "multikey": 4, "multivalue": 2, "vartrack":
 # (6-9 items with distinct leading digits, several items asked back).  The
 # first question of a drill is the eval's format; the eval asks only one.
 # Then short stages at 2K-8K carry the drilled skills to long range.
-PHASE3 = [
-    (512, 32, 300),
-    (2048, 8, 60),
-    (4096, 4, 60),
-    (8192, 2, 50),
-]
-PHASE3_LR_MAX = 5e-4
-PHASE3_LR_MIN = 5e-5
-PHASE3_WARMUP = 20
-PHASE3_TASK_SHARE = 0.75
-PHASE3_TASK_WEIGHTS = {"passkey": 1, "multikey": 5, "multivalue": 1, "vartrack": 2, "longgen": 4, "notes": 1}
+PHASE3 = Phase([(512, 32, 300), (2048, 8, 60), (4096, 4, 60), (8192, 2, 50)], 5e-4, 5e-5, 20, None, 0.75,
+               {"passkey": 1, "multikey": 5, "multivalue": 1, "vartrack": 2, "longgen": 4, "notes": 1}, True,
+               ("multikey", "longgen"))
 
 # Phase 4, drills for every task that misses the floor, at 1K-8K.  Why:
 # after phase 3 (step 3570; eval at 4K and 8K, 2 samples) multikey rose from
@@ -137,37 +129,21 @@ PHASE3_TASK_WEIGHTS = {"passkey": 1, "multikey": 5, "multivalue": 1, "vartrack":
 # 0.93 to 0.74 and vartrack from 0.71 to 0.50, the two tasks phase 3 drilled
 # least.  Phase 4 drills those too (several keys with several values, several
 # chains) and weights the four tasks alike.
-PHASE4 = [
-    (1024, 16, 120),
-    (4096, 4, 60),
-    (8192, 2, 45),
-]
-PHASE4_LR_MAX = 3e-4
-PHASE4_LR_MIN = 3e-5
-PHASE4_WARMUP = 10
-PHASE4_TASK_SHARE = 0.8
-PHASE4_TASK_WEIGHTS = {"passkey": 1, "multikey": 3, "multivalue": 3, "vartrack": 3, "longgen": 3, "notes": 1}
+PHASE4 = Phase([(1024, 16, 120), (4096, 4, 60), (8192, 2, 45)], 3e-4, 3e-5, 10, None, 0.8,
+               {"passkey": 1, "multikey": 3, "multivalue": 3, "vartrack": 3, "longgen": 3, "notes": 1}, True,
+               ("multikey", "longgen", "multivalue", "vartrack"))
 
 # Phase 5, drills weighted by each task's gap to the 0.9 floor after phase 4
 # (step 3795; eval at 4K and 8K, 2 samples: passkey 1.00, multikey 0.70,
 # multivalue 0.90, vartrack 0.51, longgen 0.50), at 2K-8K: vartrack's misses
 # start from the wrong chain at long range, so the steps stay long.
-PHASE5 = [
-    (2048, 8, 120),
-    (4096, 4, 100),
-    (8192, 2, 80),
-]
-PHASE5_LR_MAX = 2e-4
-PHASE5_LR_MIN = 2e-5
-PHASE5_WARMUP = 10
-PHASE5_TASK_SHARE = 0.8
-PHASE5_TASK_WEIGHTS = {"passkey": 1, "multikey": 3, "multivalue": 1, "vartrack": 5, "longgen": 4, "notes": 1}
+PHASE5 = Phase([(2048, 8, 120), (4096, 4, 100), (8192, 2, 80)], 2e-4, 2e-5, 10, None, 0.8,
+               {"passkey": 1, "multikey": 3, "multivalue": 1, "vartrack": 5, "longgen": 4, "notes": 1}, True,
+               ("multikey", "longgen", "multivalue", "vartrack"))
 
-LR_MAX = 2e-3
-LR_MIN = 2e-4
-WARMUP = 200
+PHASES = [PHASE1, PHASE2, PHASE3, PHASE4, PHASE5]
+
 ANSWER_WEIGHT = 4.0  # loss weight of answer tokens (they are few)
-TASK_SHARE = 0.55    # share of documents that are tasks, the rest natural text
 
 # ---------------------------------------------------------------- corpus --
 HELDOUT_PCT = 5
@@ -688,46 +664,39 @@ class Stream:
 
     def doc(self, room):
         r, sp = self.r, self.sp
-        phase = self.phase
-        share = {1: TASK_SHARE, 2: PHASE2_TASK_SHARE, 3: PHASE3_TASK_SHARE, 4: PHASE4_TASK_SHARE,
-                 5: PHASE5_TASK_SHARE}[phase]
-        if room >= 48 and r.random() < share:
+        ph = PHASES[self.phase - 1]
+        if room >= 48 and r.random() < ph.task_share:
             n_tok = int(room * r.uniform(0.3, 0.97))
             for _ in range(4):
-                if phase == 1:
+                if ph.task_weights is None:
                     kind = r.choice(TASKS)
                 else:
-                    weights = {2: PHASE2_TASK_WEIGHTS, 3: PHASE3_TASK_WEIGHTS, 4: PHASE4_TASK_WEIGHTS,
-                               5: PHASE5_TASK_WEIGHTS}[phase]
-                    kind = r.choices(TASKS, weights=[weights[t] for t in TASKS])[0]
+                    kind = r.choices(TASKS, weights=[ph.task_weights[t] for t in TASKS])[0]
                 n_chars = int(n_tok * self.chars_per_token) - 200
-                drill = make_drill(kind, r, self.src, n_chars, DRILLED[phase]) if phase >= 3 else None
+                drill = make_drill(kind, r, self.src, n_chars, ph.drilled) if ph.drilled else None
                 if drill:
                     p, a, more = drill
                 else:
-                    p, a = make_task(kind, r, self.src, n_chars, phase >= 2)
+                    p, a = make_task(kind, r, self.src, n_chars, ph.distinct_leads)
                     more = []
                 # prompt, then (answer, question)*: every answer must extend the tokens before it
                 pieces = [(p, 1.0), (a, ANSWER_WEIGHT)]
                 for q, qa in more:
                     pieces += [(q, 1.0), (qa, ANSWER_WEIGHT)]
-                ids, w, text, ok = [sp.bos_id()], [1.0], "", True
+                ids, w, text = [sp.bos_id()], [1.0], ""
                 for piece, weight in pieces:
                     text += piece
                     full = sp.encode(text)
                     if full[:len(ids) - 1] != ids[1:]:
-                        ok = False
                         break
-                    new_ids = full[len(ids) - 1:]
-                    ids += new_ids
-                    w += [weight] * len(new_ids)
-                if not ok:
-                    continue
-                ids.append(sp.eos_id())
-                w.append(ANSWER_WEIGHT)
-                if len(ids) <= room:
-                    return ids, w
-                n_tok = int(n_tok * 0.8)
+                    ids += full[len(ids) - 1:]
+                    w += [weight] * (len(ids) - len(w))
+                else:
+                    ids.append(sp.eos_id())
+                    w.append(ANSWER_WEIGHT)
+                    if len(ids) <= room:
+                        return ids, w
+                    n_tok = int(n_tok * 0.8)
         text = self.src.natural(int(room * self.chars_per_token) + 50)
         ids = ([sp.bos_id()] + sp.encode(text) + [sp.eos_id()])[:room]
         return ids, [1.0] * len(ids)
@@ -746,22 +715,8 @@ class Stream:
 
 
 # ---------------------------------------------------------- schedule/ckpt --
-# the tasks each phase asks as drills (make_drill)
-DRILLED = {3: ("multikey", "longgen"), 4: ("multikey", "longgen", "multivalue", "vartrack"),
-           5: ("multikey", "longgen", "multivalue", "vartrack")}
-
-# (stages, LR max, LR min, warmup steps, steps the cosine spans or None: the stages')
-PHASES = [
-    (CURRICULUM, LR_MAX, LR_MIN, WARMUP, None),
-    (PHASE2, PHASE2_LR_MAX, PHASE2_LR_MIN, PHASE2_WARMUP, PHASE2_LR_STEPS),
-    (PHASE3, PHASE3_LR_MAX, PHASE3_LR_MIN, PHASE3_WARMUP, None),
-    (PHASE4, PHASE4_LR_MAX, PHASE4_LR_MIN, PHASE4_WARMUP, None),
-    (PHASE5, PHASE5_LR_MAX, PHASE5_LR_MIN, PHASE5_WARMUP, None),
-]
-
-
 def phase_steps(i):
-    return sum(s for _, _, s in PHASES[i][0])
+    return sum(s for _, _, s in PHASES[i].stages)
 
 
 def total_steps():
@@ -779,7 +734,7 @@ def phase_of(step):
 
 def stage_of(step):
     acc = 0
-    stages = [st for ph in PHASES for st in ph[0]]
+    stages = [st for ph in PHASES for st in ph.stages]
     for T, B, s in stages:
         if step < acc + s:
             return T, B
@@ -796,8 +751,8 @@ def cosine(step, warmup, n, lr_max, lr_min):
 
 def lr_at(step):
     phase, start = phase_of(step)
-    _, lr_max, lr_min, warmup, span = PHASES[phase - 1]
-    return cosine(step - start, warmup, span or phase_steps(phase - 1), lr_max, lr_min)
+    ph = PHASES[phase - 1]
+    return cosine(step - start, ph.warmup, ph.lr_steps or phase_steps(phase - 1), ph.lr_max, ph.lr_min)
 
 
 def save_ckpt(torch, path, model, opt, step, stream, seconds):
@@ -987,7 +942,7 @@ def main(argv=None):
     corpus = build_corpus(a.cache, log)
     sp = train_tokenizer(a.workdir, corpus, a.seed, log)
     model = build_model(torch)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR_MAX, betas=(0.9, 0.95), weight_decay=0.1)
+    opt = torch.optim.AdamW(model.parameters(), lr=PHASE1.lr_max, betas=(0.9, 0.95), weight_decay=0.1)
     stream = Stream(sp, corpus, a.seed + 1)
     ckpt = os.path.join(a.workdir, "ckpt.pt")
     step, seconds = 0, 0.0
@@ -1018,7 +973,7 @@ def main(argv=None):
         T, B = stage_of(step)
         phase, _ = phase_of(step)
         if phase != stream.phase:
-            log("phase %d (LR restarted at %.1e) from step %d" % (phase, PHASES[phase - 1][1], step))
+            log("phase %d (LR restarted at %.1e) from step %d" % (phase, PHASES[phase - 1].lr_max, step))
         stream.phase = phase
         X, W = stream.batch(torch, B, T)
         for g in opt.param_groups:
