@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kvsieve needs to build and test.  A no-op when
 # everything is present, so every build target can call it.  `--reference`
-# adds PyTorch for tools/reference.py, make_bundled_model.py and make_dlm.py
-# (regenerating goldens, the bundled model and its DLM; the tests only read the
-# committed files), with OpenBLAS: Debian's torch otherwise calls the
-# reference BLAS, ~40x slower; and SciPy, whose LP solver make_bundled_model.py
-# uses for its recency kernels.  `--train` is listed below.  KVSIEVE_SKIP_DEPS=1 skips entirely
+# adds PyTorch for tools/reference.py, make_constructed_model.py and
+# make_constructed_dlm.py (regenerating goldens and the constructed test model
+# and its DLM; the tests only read the committed files), with OpenBLAS:
+# Debian's torch otherwise calls the reference BLAS, ~40x slower; and SciPy,
+# whose LP solver make_constructed_model.py uses for its recency kernels.  `--train` is listed below.  KVSIEVE_SKIP_DEPS=1 skips entirely
 # (e.g. non-Debian hosts).
 set -euo pipefail
 [ "${KVSIEVE_SKIP_DEPS:-0}" = 1 ] && exit 0

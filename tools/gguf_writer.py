@@ -1,4 +1,4 @@
-"""gguf_writer.py — the GGUF writer of the model-making tools (make_bundled_model.py,
+"""gguf_writer.py — the GGUF writer of the model-making tools (make_constructed_model.py,
 train_model.py); tools/gguf_reader.py reads what it writes, and so do kvsieve and llama.cpp.
 
 Only what those tools emit: F32, F16 and Q8_0 tensors (Q8_0 rounded as ggml's

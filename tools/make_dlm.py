@@ -1,387 +1,263 @@
 #!/usr/bin/python3
-"""make_dlm.py — distil the bundled model's EAGLE-3 draft model (DLM), seeded and reproducible.
+"""make_dlm.py — distil the bundled model's EAGLE-3 draft model (DLM) from the trained target.
 
     /usr/bin/python3 tools/make_dlm.py [--target models/kvsieve-default.gguf]
-                                       [--out models/kvsieve-default-dlm]
+        [--out models/kvsieve-default-dlm] [--workdir models/train] [--steps N] [--resume]
+    /usr/bin/python3 tools/make_dlm.py --report [--lengths 8192] ...
 
-SpeContext selects each step's KV entries with the attention of a distilled
-draft model (an EAGLE-3 "DLM") pruned to its retrieval head.  This script makes
-that DLM for kvsieve's bundled target, in the EAGLE-3 checkpoint layout that
-public drafts use (config.json + model.safetensors, layer tensors under
-"midlayer.", no embed_tokens: the target's embedding is shared), so one loader
-(src/model/eagle3.c) serves ours and the public ones.  See docs/DLM.md.
+SpeContext (Section 4) selects each decode step's KV entries with the attention
+of a distilled language model (DLM): an EAGLE-3 draft of the target, pruned to
+its retrieval head.  Its premise is that a draft trained only to predict the
+target's next token comes to attend where the target attends.  To test that
+premise nothing here is constructed: every tensor is initialised as EAGLE-3's
+draft is (normal(0, 0.02) linear weights, unit norms) and trained only by
+EAGLE-3's objective (EAGLE-3: Scaling up Inference Acceleration of Large
+Language Models via Training-Time Test, Section 3): next-token distillation
+from the target, with training-time test (the draft's own output states fed
+back as its input for TTT_STEPS steps).  Only the token embedding is shared
+with the target (frozen), as in EAGLE-3.
 
-Shape (EAGLE-3): x_t = [input_norm(e(tok_t)); hidden_norm(fc([h_lo; h_mid; h_hi]_{t-1}))],
-one decoder layer over x (4 query / 2 KV heads, head_dim 272: the KV heads map one
-to one onto the target's), a SwiGLU MLP, final norm and an LM head over a reduced
-draft vocabulary (d2t / t2d as EAGLE-3).  The fused states are the residual
-streams entering target layers [0, 1, 1]: the retrieval head below needs only
-the residual entering layer 1 (EAGLE-3's default [2, L/2, L-3] would be [2, 1, 0]
-for the 3-layer target; any order works with the loader).
+Shape (EAGLE-3): fc over the concatenated residual streams of three target
+layers (low, middle, high: entering layers AUX), hidden_norm on the fused
+state, input_layernorm on the token embedding, one decoder layer whose q/k/v
+read both ([e(tok_t); hidden_norm(fc(h_{t-1}))], 2H wide), a SwiGLU MLP, a
+final norm and an LM head over the DRAFT_VOCAB most frequent target tokens
+(d2t / t2d).  Heads: 4 query / 2 KV heads, one draft KV head per target KV
+head, so the retrieval head's selection maps one to one.  RoPE: NeoX pairs
+(HF llama), base ROPE_THETA; trained at SEQ tokens, longer contexts through
+YaRN (training-free; kvsieve composes it at load time, see src/model/eagle3.c).
 
-How it is made — constructed retrieval head, distilled remainder:
-  * The target (tools/make_bundled_model.py) retrieves with one induction head
-    whose query is the codes of tokens (t, t-1, t-2, t-3) and whose key is the
-    codes of (j-1 .. j-4).  The DLM sees e(tok_t) and the target's residual at
-    t-1, which holds the codes of t-1 .. t-5, so the same match is computable
-    exactly: fc passes the layer-1 residual through, q_proj reads
-    (e(t), A, S1, S2) and k_proj reads (A, S1, S2, S3) of x (plus a BOS sink);
-    each KV head's second query head matches (A, S1, S2, S3) against the same
-    keys, i.e. finds the current token, which the layer input lacks.  These tensors
-    (fc, hidden_norm, input_layernorm, q_proj, k_proj: the retrieval head) are
-    set by construction and frozen.  Position enters the target's induction
-    only through its content, so the head's RoPE is made (almost) inert with
-    linear scaling (factor 5e5: at most 0.02 rad at 8K positions).
-  * Everything after the attention weights (v_proj, o_proj, the norms, the MLP,
-    lm_head) is *trained*: KL(target || draft) of next-token distributions
-    on seeded sequences built from the eval templates (filler, needles, lists and
-    their repetitions), teacher logits from the target's float forward pass.
-    v/o/lm_head start from the copy path (v = e(tok_j), o into a free block,
-    lm_head = the target's tied embedding rows), the MLP from small noise.
-The script prints the draft's top-1 agreement with the target before and after
-training on held-out sequences.  About 8-14 minutes on 2 cores (with OpenBLAS:
-scripts/deps.sh --reference).
+--report measures, on held-out sequences the training never saw:
+  * top-1 agreement of the draft with the target, and the mean accepted
+    length of a chain of up to 4 drafted tokens along the target's own greedy
+    output (speculative decoding);
+  * the retrieval head's attention recall: the share of the target's
+    attention mass (per layer and KV head, averaged) that falls inside the
+    head's top-B selection, at B = 2%, 6% and 12% of the context, next to
+    Quest's page bounds (page 32) and the previous step's exact top-B.
 """
 import argparse
 import json
 import math
 import os
+import random
 import struct
 import sys
 import time
 
 import numpy as np
-import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-import gguf_reader as G  # noqa: E402
-import make_bundled_model as MB  # noqa: E402
+import train_model as TM  # noqa: E402
 
-D = MB.D                      # token code width
-H = MB.H                      # target and draft hidden size (512)
-HQ, HKV, HD = 4, 2, 272       # draft heads: query, KV (= target's), head dim (4 code blocks + sink, padded to 16)
-X_SINK = 4 * D
-OUT_BLK = D * 4               # residual block [256, 320) (slot S4, dropped by fc) holds the draft's output
-N_FF = 384
-AUX = [0, 1, 1]
-ROPE_THETA = 10000.0
-ROPE_LINEAR = 5e5
-MAX_POS = 8192
-U, SINK, COPY, OUT_GAIN = MB.U, MB.SINK, MB.COPY, MB.OUT_GAIN  # the target's match logit, sink, copy and output gains
+H = TM.N_EMBD
+HQ, HKV, HD = 4, 2, 64
+N_FF = TM.N_FF
+AUX = [1, 3, 5]          # residual streams entering target layers 1, 3, 5 (low, middle, high)
+DRAFT_VOCAB = 2048
+ROPE_THETA = TM.ROPE_BASE
+SEQ = 2048
+TTT_STEPS = 3
+MAX_POS = SEQ
+ATTN_BLOCK = 512        # query block of the draft's training attention
 
 
-def rms(x, w, eps=MB.EPS):
-    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
+def build_draft(torch, n_vocab):
+    nn, F = torch.nn, torch.nn.functional
+    RMSNorm = TM.rmsnorm_class(torch)
+
+    class Draft(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3 * H, H, bias=False)
+            self.hidden_norm = RMSNorm(H)
+            self.input_layernorm = RMSNorm(H)
+            self.q_proj = nn.Linear(2 * H, HQ * HD, bias=False)
+            self.k_proj = nn.Linear(2 * H, HKV * HD, bias=False)
+            self.v_proj = nn.Linear(2 * H, HKV * HD, bias=False)
+            self.o_proj = nn.Linear(HQ * HD, H, bias=False)
+            self.post_attention_layernorm = RMSNorm(H)
+            self.gate_proj = nn.Linear(H, N_FF, bias=False)
+            self.up_proj = nn.Linear(H, N_FF, bias=False)
+            self.down_proj = nn.Linear(N_FF, H, bias=False)
+            self.norm = RMSNorm(H)
+            self.lm_head = nn.Linear(H, DRAFT_VOCAB, bias=False)
+            for m in self.modules():
+                if isinstance(m, nn.Linear):
+                    nn.init.normal_(m.weight, std=0.02)
+            inv = ROPE_THETA ** (-torch.arange(0, HD, 2, dtype=torch.float64) / HD)
+            self.register_buffer("inv_freq", inv, persistent=False)
+            self.mscale = 1.0
+
+        def set_yarn(self, factor, orig=MAX_POS, beta_fast=32.0, beta_slow=1.0):
+            """HF transformers' YaRN (_compute_yarn_parameters), training-free."""
+            base = ROPE_THETA
+            pos_freq = base ** (torch.arange(0, HD, 2, dtype=torch.float64) / HD)
+            inter, extra = 1.0 / (factor * pos_freq), 1.0 / pos_freq
+
+            def dim(rot):
+                return (HD * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
+            lo = max(math.floor(dim(beta_fast)), 0)
+            hi = min(math.ceil(dim(beta_slow)), HD - 1)
+            if lo == hi:
+                hi += 0.001
+            ramp = ((torch.arange(HD // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
+            extra_w = 1 - ramp
+            self.inv_freq = inter * (1 - extra_w) + extra * extra_w
+            self.mscale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+        def rope(self, x, pos):
+            """x [B][T][h][HD], NeoX pairs (j, j + HD/2); pos [T] float64 positions."""
+            ang = pos[:, None] * self.inv_freq[None, :]
+            c = (ang.cos() * self.mscale).float()[None, :, None, :]
+            s = (ang.sin() * self.mscale).float()[None, :, None, :]
+            a, b = x[..., :HD // 2].float(), x[..., HD // 2:].float()
+            return torch.cat([a * c - b * s, b * c + a * s], -1).type_as(x)
+
+        def qkv(self, emb, hid, pos):
+            x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hid)], -1)
+            B, T, _ = x.shape
+            q = self.rope(self.q_proj(x).view(B, T, HQ, HD), pos)
+            k = self.rope(self.k_proj(x).view(B, T, HKV, HD), pos)
+            v = self.v_proj(x).view(B, T, HKV, HD)
+            return q, k, v
+
+        def step(self, emb, hid, pos, cache):
+            """One TTT step.  emb, hid [B][T][H]; cache: (k, v) of earlier steps.
+            The query at position t attends causally over step 0's keys and to the
+            diagonal key (position t) of every later step, as EAGLE-3 trains it.
+            Returns (the draft's output state [B][T][H], logits [B][T][DRAFT_VOCAB])."""
+            B, T, _ = emb.shape
+            q, k, v = self.qkv(emb, hid, pos)
+            cache.append((k, v))
+            g = HQ // HKV
+            scale = 1.0 / math.sqrt(HD)
+            qh = q.transpose(1, 2) * scale                                    # [B][HQ][T][HD]
+            k0 = cache[0][0].transpose(1, 2).repeat_interleave(g, 1)
+            v0 = cache[0][1].transpose(1, 2).repeat_interleave(g, 1)
+            kd = [kv[0].transpose(1, 2).repeat_interleave(g, 1) for kv in cache[1:]]
+            vd = [kv[1].transpose(1, 2).repeat_interleave(g, 1) for kv in cache[1:]]
+            mask = torch.full((T, T), float("-inf")).triu(1)
+            outs = []
+            for a in range(0, T, ATTN_BLOCK):   # query blocks: the masked triangle is never computed
+                b = min(T, a + ATTN_BLOCK)
+                qa = qh[:, :, a:b]
+                s0 = qa @ k0[:, :, :b].transpose(-1, -2) + mask[a:b, :b].to(qa.dtype)   # [B][HQ][b-a][b]
+                diag = [(qa * kj[:, :, a:b]).sum(-1, keepdim=True) for kj in kd]         # [B][HQ][b-a][1]
+                # softmax in the activations' dtype (bf16 under autocast: Debian torch's fast kernel)
+                p = torch.softmax(torch.cat([s0] + diag, -1), -1)
+                oa = p[..., :b] @ v0[:, :, :b]
+                for i, vj in enumerate(vd):
+                    oa = oa + p[..., b + i:b + i + 1] * vj[:, :, a:b]
+                outs.append(oa)
+            o = torch.cat(outs, 2)
+            o = o.transpose(1, 2).reshape(B, T, HQ * HD)
+            r = hid + self.o_proj(o)
+            h2 = self.post_attention_layernorm(r)
+            r = r + self.down_proj(F.silu(self.gate_proj(h2)) * self.up_proj(h2))
+            return r, self.lm_head(self.norm(r))
+
+    return Draft()
 
 
-# ------------------------------------------------------------ target --
-class Target:
-    """Float32 torch forward of the bundled llama GGUF (as tools/reference.py, batched)."""
-
-    def __init__(self, path):
-        self.r = G.GGUFReader(path)
-        kv = self.r.kv
-        self.n_layer = kv["llama.block_count"]
-        self.n_head = kv["llama.attention.head_count"]
-        self.n_kv = kv["llama.attention.head_count_kv"]
-        self.hd = kv["llama.attention.key_length"]
-        self.n_rot = kv["llama.rope.dimension_count"]
-        self.base = kv["llama.rope.freq_base"]
-        self.eps = kv["llama.attention.layer_norm_rms_epsilon"]
-        self.w = {n: torch.from_numpy(self.r.dequantize(n).astype(np.float32)) for n in self.r.tensors}
-        self.emb = self.w["token_embd.weight"]
-        assert self.emb.shape[1] == H and self.n_kv == HKV, "make_dlm.py expects the bundled model's shape"
-
-    def rms(self, x, w):
-        return rms(x, w, self.eps)
-
-    def rope(self, x, T):
-        i = torch.arange(self.n_rot // 2, dtype=torch.float64)
-        inv = self.base ** (-2.0 * i / self.n_rot)
-        ang = (torch.arange(T, dtype=torch.float64)[:, None] * inv[None]).float()
-        cos, sin = torch.cos(ang)[None, :, None, :], torch.sin(ang)[None, :, None, :]
-        xr, xp = x[..., :self.n_rot], x[..., self.n_rot:]
-        a, b = xr[..., 0::2], xr[..., 1::2]  # GGUF llama: adjacent pairs
-        out = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
-        return torch.cat([out, xp], -1)
-
-    @torch.no_grad()
-    def forward(self, toks):
-        """toks [B, T] -> (hidden entering each layer [n_layer][B, T, H], final normed x [B, T, H])."""
-        B, T = toks.shape
-        x = self.emb[toks]
-        mask = torch.full((T, T), float("-inf")).triu(1)
-        hs = []
-        g = self.n_head // self.n_kv
-        for l in range(self.n_layer):
-            hs.append(x)
-            p = "blk.%d." % l
-            h = self.rms(x, self.w[p + "attn_norm.weight"])
-            q = (h @ self.w[p + "attn_q.weight"].T).view(B, T, self.n_head, self.hd)
-            k = (h @ self.w[p + "attn_k.weight"].T).view(B, T, self.n_kv, self.hd)
-            v = (h @ self.w[p + "attn_v.weight"].T).view(B, T, self.n_kv, self.hd)
-            q, k = self.rope(q, T), self.rope(k, T)
-            k = k.repeat_interleave(g, 2)
-            v = v.repeat_interleave(g, 2)
-            s = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(self.hd) + mask
-            o = torch.einsum("bhts,bshd->bthd", torch.softmax(s, -1), v).reshape(B, T, -1)
-            x = x + o @ self.w[p + "attn_output.weight"].T
-            h = self.rms(x, self.w[p + "ffn_norm.weight"])
-            gg = h @ self.w[p + "ffn_gate.weight"].T
-            u = h @ self.w[p + "ffn_up.weight"].T
-            x = x + (torch.nn.functional.silu(gg) * u) @ self.w[p + "ffn_down.weight"].T
-        return hs, self.rms(x, self.w["output_norm.weight"])
+def load_target(torch, path):
+    tgt = TM.build_model(torch)
+    TM.load_gguf_into(torch, tgt, path)
+    tgt.eval()
+    for p in tgt.parameters():
+        p.requires_grad_(False)
+    return tgt
 
 
-# --------------------------------------------------------------- data --
-class TextGen:
-    """Seeded sequences in the eval templates' style (src/eval/eval_tasks.c)."""
-
-    def __init__(self, vocab, seed):
-        self.v = vocab
-        self.rng = np.random.default_rng(seed)
-        w = MB.FILLER
-        self.det, self.adj = w[:7], w[7:27]
-        self.noun, self.verb = w[27:51], w[51:67]
-        self.prep, self.adv = w[67:77], w[77:87]
-
-    def pick(self, xs):
-        return xs[int(self.rng.integers(len(xs)))]
-
-    def num(self):
-        return str(int(self.rng.integers(10000, 100000)))
-
-    def name(self):
-        return "".join(chr(65 + int(c)) for c in self.rng.integers(0, 26, 5))
-
-    def sentence(self):
-        shape = self.pick(["DANVPDN", "DNVR", "DANVPDAN", "DNVPDN", "DANVR", "DN&DNVPDAN", "RDANV", "DNVRPDN"])
-        m = {"D": self.det, "A": self.adj, "N": self.noun, "V": self.verb, "P": self.prep, "R": self.adv}
-        ws = [self.pick(m[c]) if c in m else "and" for c in shape]
-        ws[0] = ws[0].capitalize()
-        return " ".join(ws) + "."
-
-    def filler(self, n):
-        return " ".join(self.sentence() for _ in range(n))
-
-    def needle(self):
-        """(statement, question prefix, answer) of one random template."""
-        k = int(self.rng.integers(6))
-        n = self.num()
-        key = "%s-%s" % (self.pick(self.adj), self.pick(self.noun))
-        if k == 0:
-            return ("The pass key is %s. Remember it. %s is the pass key." % (n, n),
-                    "What is the pass key? The pass key is", " " + n + ".")
-        if k == 1:
-            return ("The magic number for %s is %s." % (key, n),
-                    "What is the magic number for %s? The magic number for %s is" % (key, key), " " + n + ".")
-        if k == 2:
-            m = self.num()
-            return ("One magic number for %s is %s. One magic number for %s is %s." % (key, n, key, m),
-                    "What are all the magic numbers for %s? They are:" % key, " %s %s." % (n, m))
-        if k == 3:
-            a, b = self.name(), self.name()
-            return ("VAR %s = %s. VAR %s = VAR %s." % (a, n, b, a),
-                    "Which variables are equal to %s? Answer: the variables equal to %s are:" % (n, n),
-                    " %s %s." % (a, b))
-        if k == 4:
-            items = [self.num() for _ in range(int(self.rng.integers(2, 6)))]
-            lst = "".join("\n%d. %s" % (i + 1, it) for i, it in enumerate(items))
-            j = int(self.rng.integers(len(items)))
-            return ("Write a list of %d random five-digit numbers, one per line, numbered 1 to %d.%s"
-                    % (len(items), len(items), lst),
-                    "Repeat item %d of your list exactly.\n%d." % (j + 1, j + 1), " " + items[j])
-        return ("The magic number for %s is %s." % (key, n), "The magic number for %s is" % key, " " + n + ".")
-
-    def sequence(self, T):
-        """BOS + tokens of one text, cut or padded with filler to exactly T tokens."""
-        parts = []
-        qs = []
-        for _ in range(int(self.rng.integers(1, 4))):
-            parts.append(self.filler(int(self.rng.integers(1, 8))))
-            st, q, a = self.needle()
-            parts.append(st)
-            qs.append(q + a)
-        parts.append(self.filler(int(self.rng.integers(2, 20))))
-        self.rng.shuffle(qs)
-        parts += qs
-        text = " ".join(parts)
-        text = text.replace(" \n", "\n")
-        ids = [1] + self.v.encode(text)
-        while len(ids) < T:
-            ids += self.v.encode(self.filler(4))
-        return ids[:T]
-
-
-# --------------------------------------------------------------- draft --
-def rope_neox(x, T, inv):
-    """x [B, T, h, hd]: HF rotate_half RoPE, pairs (j, j + hd/2)."""
-    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None]
-    cos, sin = torch.cos(ang).float()[None, :, None, :], torch.sin(ang).float()[None, :, None, :]
-    half = x.shape[-1] // 2
-    a, b = x[..., :half], x[..., half:]
-    return torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
-
-
-class Draft(torch.nn.Module):
-    def __init__(self, tgt, draft_ids, scales, seed):
-        super().__init__()
-        g = torch.Generator().manual_seed(seed)
-        s_e, s_h = scales
-        self.eps = tgt.eps
-        Vd = len(draft_ids)
-        # -- retrieval head (constructed, frozen) --
-        fc = torch.zeros(H, 3 * H)
-        for i in range(H):
-            if not (OUT_BLK <= i < OUT_BLK + D):          # S4 is not needed: its block carries the output
-                fc[i, H * 1 + i] = 1.0                      # h_mid = residual entering layer 1
-        # per KV head g: query head 2g is the induction head, 2g+1 the "self" head
-        # (matches the previous 4 codes, so it reads the current token, which the
-        # fused states of t-1 do not hold).  Both share the key.
-        wq = torch.zeros(HQ * HD, 2 * H)
-        wk = torch.zeros(HKV * HD, 2 * H)
-        lam = U * math.sqrt(HD)
-        bos = MB.ONEHOT_PIECES.index("<s>")
-        for h in range(HQ):
-            induction = h % 2 == 0
-            for i in range(D):
-                for m in range(4):
-                    if induction and m == 0:
-                        wq[h * HD + i, i] = lam / s_e                                  # code of t
-                    else:
-                        src = m - 1 if induction else m                               # A, S1, S2 | A..S3
-                        wq[h * HD + D * m + i, H + D * src + i] = lam / s_h
-            if induction:
-                wq[h * HD + X_SINK, MB.E0] = SINK * lam / (s_e * MB.BIAS)
-        for h in range(HKV):
-            for m in range(4):
-                for i in range(D):
-                    wk[h * HD + D * m + i, H + D * m + i] = 1.0 / s_h        # j-1 .. j-4 (A, S1, S2, S3)
-            wk[h * HD + X_SINK, bos] = 1.0 / s_e                            # BOS (embedding half)
-        self.register_buffer("fc", fc)
-        self.register_buffer("hidden_norm", torch.ones(H))
-        self.register_buffer("input_norm", torch.ones(H))
-        self.register_buffer("wq", wq)
-        self.register_buffer("wk", wk)
-        inv = ROPE_THETA ** (-2.0 * torch.arange(HD // 2, dtype=torch.float64) / HD) / ROPE_LINEAR
-        self.register_buffer("inv_freq", inv)
-        # -- trained part, initialised on the copy path --
-        wv = torch.zeros(HKV * HD, 2 * H)
-        for h in range(HKV):
-            for i in range(D):
-                if i != MB.ONEHOT_PIECES.index("<s>"):      # the sink carries no value
-                    wv[h * HD + i, i] = 1.0 / s_e
-        wo = torch.zeros(H, HQ * HD)
-        for h in range(HQ):
-            for i in range(D):
-                wo[OUT_BLK + i, h * HD + i] = (COPY if h % 2 == 0 else 1.0) / HKV
-        self.wv = torch.nn.Parameter(wv)
-        self.wo = torch.nn.Parameter(wo)
-        self.post_norm = torch.nn.Parameter(torch.ones(H))
-        self.gate = torch.nn.Parameter(torch.randn(N_FF, H, generator=g) * 0.02)
-        self.up = torch.nn.Parameter(torch.randn(N_FF, H, generator=g) * 0.02)
-        self.down = torch.nn.Parameter(torch.zeros(H, N_FF))
-        norm = torch.zeros(H)
-        norm[OUT_BLK:OUT_BLK + D] = OUT_GAIN
-        self.norm = torch.nn.Parameter(norm)
-        lm = torch.zeros(Vd, H)
-        lm[:, OUT_BLK:OUT_BLK + D] = tgt.emb[draft_ids][:, :D]
-        self.lm_head = torch.nn.Parameter(lm)
-
-    def rms(self, x, w):
-        return rms(x, w, self.eps)
-
-    def forward(self, emb, h3):
-        """emb [B, T, H] embeddings of tok_t; h3 [B, T, 3H] target states of t-1 -> logits [B, T, Vd]."""
-        B, T, _ = emb.shape
-        f = h3 @ self.fc.T
-        x = torch.cat([self.rms(emb, self.input_norm), self.rms(f, self.hidden_norm)], -1)
-        q = rope_neox((x @ self.wq.T).view(B, T, HQ, HD), T, self.inv_freq)
-        k = rope_neox((x @ self.wk.T).view(B, T, HKV, HD), T, self.inv_freq)
-        v = (x @ self.wv.T).view(B, T, HKV, HD)
-        k = k.repeat_interleave(HQ // HKV, 2)
-        v = v.repeat_interleave(HQ // HKV, 2)
-        mask = torch.full((T, T), float("-inf")).triu(1)
-        s = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(HD) + mask
-        o = torch.einsum("bhts,bshd->bthd", torch.softmax(s, -1), v).reshape(B, T, -1)
-        r = f + o @ self.wo.T
-        hmid = self.rms(r, self.post_norm)
-        r = r + (torch.nn.functional.silu(hmid @ self.gate.T) * (hmid @ self.up.T)) @ self.down.T
-        return self.rms(r, self.norm) @ self.lm_head.T
-
-
-def draft_inputs(tgt, toks, hs):
-    """EAGLE shift: position t gets e(tok_t) and the target's states at t-1 (zeros at t = 0)."""
-    emb = tgt.emb[toks]
-    h3 = torch.cat([hs[a] for a in AUX], -1)
+def target_pass(torch, tgt, ids):
+    """Teacher: logits [B][T][V] and the fused aux states, shifted so that
+    position t holds the states of t-1 (zeros at t = 0): EAGLE's input."""
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, hs = tgt(ids, hidden=True)
+    h3 = torch.cat([hs[a].float() for a in AUX], -1)
     h3 = torch.cat([torch.zeros_like(h3[:, :1]), h3[:, :-1]], 1)
-    return emb, h3
+    return logits.float(), h3
 
 
-# ------------------------------------------------------------- output --
-def write_safetensors(path, tensors, metadata):
-    header, blobs, off = {"__metadata__": metadata}, [], 0
-    for name, (arr, dtype) in tensors.items():
+def draft_vocab(sp, stream, torch, n_seq=64, T=2048):
+    counts = np.zeros(TM.N_VOCAB, dtype=np.int64)
+    X, _ = stream.batch(torch, n_seq, T)
+    np.add.at(counts, X.numpy().ravel(), 1)
+    ids = np.argsort(-counts, kind="stable")[:DRAFT_VOCAB]
+    return np.sort(ids)
+
+
+def ttt_loss(torch, draft, tgt_emb, ids, logits_t, h3, d_ids, steps=TTT_STEPS):
+    """EAGLE-3 objective: at TTT step j, position t takes token t+j and (for
+    j > 0) the draft's own state of step j-1, and learns the target's
+    distribution at t+j restricted to the draft vocabulary."""
+    B, T = ids.shape
+    teacher = torch.log_softmax(logits_t[..., d_ids], -1)                  # [B][T][Vd]
+    fc = draft.fc(h3)
+    hid, cache, loss, accs = fc, [], 0.0, []
+    for j in range(steps):
+        n = T - j
+        tok = ids[:, j:]
+        emb = tgt_emb[tok]
+        pos = torch.arange(j, T, dtype=torch.float64)
+        if j > 0:
+            hid = hid[:, :n]
+            cache = [(k[:, :n], v[:, :n]) for k, v in cache]
+        out, lg = draft.step(emb, hid, pos, cache)
+        lp = torch.log_softmax(lg.float(), -1)
+        tp = teacher[:, j:]
+        loss = loss + (tp.exp() * (tp - lp)).sum(-1).mean()
+        accs.append(float((lg.argmax(-1) == tp.argmax(-1)).float().mean()))
+        hid = out
+    return loss / steps, accs
+
+
+def save_dlm(out, draft, d_ids, info):
+    os.makedirs(out, exist_ok=True)
+    f16 = lambda t: (t.detach().float().numpy().astype("<f2"), "F16")  # noqa: E731
+    f32 = lambda t: (t.detach().float().numpy().astype("<f4"), "F32")  # noqa: E731
+    ids = np.asarray(d_ids, dtype=np.int64)
+    t2d = np.zeros(TM.N_VOCAB, dtype=np.uint8)
+    t2d[ids] = 1
+    tensors = {
+        "fc.weight": f16(draft.fc.weight),
+        "midlayer.hidden_norm.weight": f32(draft.hidden_norm.weight),
+        "midlayer.input_layernorm.weight": f32(draft.input_layernorm.weight),
+        "midlayer.self_attn.q_proj.weight": f16(draft.q_proj.weight),
+        "midlayer.self_attn.k_proj.weight": f16(draft.k_proj.weight),
+        "midlayer.self_attn.v_proj.weight": f16(draft.v_proj.weight),
+        "midlayer.self_attn.o_proj.weight": f16(draft.o_proj.weight),
+        "midlayer.post_attention_layernorm.weight": f32(draft.post_attention_layernorm.weight),
+        "midlayer.mlp.gate_proj.weight": f16(draft.gate_proj.weight),
+        "midlayer.mlp.up_proj.weight": f16(draft.up_proj.weight),
+        "midlayer.mlp.down_proj.weight": f16(draft.down_proj.weight),
+        "norm.weight": f32(draft.norm.weight),
+        "lm_head.weight": f16(draft.lm_head.weight),
+        "d2t": ((ids - np.arange(len(ids))).astype("<i8"), "I64"),
+        "t2d": (t2d, "BOOL"),
+    }
+    header, blobs, off = {"__metadata__": {"format": "pt", "producer": "kvsieve tools/make_dlm.py"}}, [], 0
+    for name, (arr, dtype) in sorted(tensors.items()):
         b = np.ascontiguousarray(arr).tobytes()
         header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
         blobs.append(b)
         off += len(b)
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * ((-len(h)) % 8)
-    with open(path, "wb") as f:
+    with open(os.path.join(out, "model.safetensors"), "wb") as f:
         f.write(struct.pack("<Q", len(h)))
         f.write(h)
         for b in blobs:
             f.write(b)
-
-
-def save(out, model, draft_ids, n_vocab, info):
-    os.makedirs(out, exist_ok=True)
-    f16 = lambda t: (t.detach().numpy().astype("<f2"), "F16")  # noqa: E731
-    f32 = lambda t: (t.detach().numpy().astype("<f4"), "F32")  # noqa: E731
-    ids = np.asarray(draft_ids, dtype=np.int64)
-    t2d = np.zeros(n_vocab, dtype=np.uint8)
-    t2d[ids] = 1
-    tensors = {
-        "fc.weight": f16(model.fc),
-        "midlayer.hidden_norm.weight": f32(model.hidden_norm),
-        "midlayer.input_layernorm.weight": f32(model.input_norm),
-        "midlayer.self_attn.q_proj.weight": f16(model.wq),
-        "midlayer.self_attn.k_proj.weight": f16(model.wk),
-        "midlayer.self_attn.v_proj.weight": f16(model.wv),
-        "midlayer.self_attn.o_proj.weight": f16(model.wo),
-        "midlayer.post_attention_layernorm.weight": f32(model.post_norm),
-        "midlayer.mlp.gate_proj.weight": f16(model.gate),
-        "midlayer.mlp.up_proj.weight": f16(model.up),
-        "midlayer.mlp.down_proj.weight": f16(model.down),
-        "norm.weight": f32(model.norm),
-        "lm_head.weight": f16(model.lm_head),
-        "d2t": ((ids - np.arange(len(ids))).astype("<i8"), "I64"),
-        "t2d": (t2d, "BOOL"),
-    }
-    write_safetensors(os.path.join(out, "model.safetensors"), dict(sorted(tensors.items())),
-                      {"format": "pt", "producer": "kvsieve tools/make_dlm.py"})
     cfg = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "hidden_size": H,
-        "target_hidden_size": H,
-        "num_attention_heads": HQ,
-        "num_key_value_heads": HKV,
-        "head_dim": HD,
-        "intermediate_size": N_FF,
-        "num_hidden_layers": 1,
-        "vocab_size": n_vocab,
-        "draft_vocab_size": len(draft_ids),
-        "rms_norm_eps": MB.EPS,
-        "rope_theta": ROPE_THETA,
-        "rope_scaling": {"rope_type": "linear", "factor": ROPE_LINEAR},
-        "max_position_embeddings": MAX_POS,
-        "eagle_aux_hidden_state_layer_ids": AUX,
-        "tie_word_embeddings": False,
-        "torch_dtype": "float16",
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+        "hidden_size": H, "target_hidden_size": H, "num_attention_heads": HQ, "num_key_value_heads": HKV,
+        "head_dim": HD, "intermediate_size": N_FF, "num_hidden_layers": 1, "vocab_size": TM.N_VOCAB,
+        "draft_vocab_size": DRAFT_VOCAB, "rms_norm_eps": TM.EPS, "rope_theta": ROPE_THETA,
+        "rope_scaling": None, "max_position_embeddings": MAX_POS,
+        "eagle_aux_hidden_state_layer_ids": AUX, "tie_word_embeddings": False, "torch_dtype": "float16",
         "kvsieve": info,
     }
     with open(os.path.join(out, "config.json"), "w") as f:
@@ -389,94 +265,235 @@ def save(out, model, draft_ids, n_vocab, info):
         f.write("\n")
 
 
-# --------------------------------------------------------------- main --
+# ----------------------------------------------------------------- report --
+def heldout_stream(corpus, sp, seed):
+    """Task and natural-text sequences from the held-out documents, with a seed the training never used."""
+    st = TM.Stream(sp, corpus, seed)
+    st.src = TM.TextSource(corpus, "heldout", st.r)
+    return st
+
+
+def target_attention(torch, tgt, ids, queries):
+    """Per layer: the target's attention probabilities of the query positions,
+    averaged over the query heads of each KV head (so each row sums to 1):
+    [L][B][HKV][len(queries)][T]."""
+    out = []
+    B, T = ids.shape
+    with torch.no_grad():
+        _, hs = tgt(ids, hidden=True)
+        pos = torch.arange(T, dtype=torch.float64)
+        ang = (pos[:, None] * tgt.inv_freq.double()[None, :]).float()
+        cos, sin = ang.cos(), ang.sin()
+        for li, b in enumerate(tgt.blocks):
+            h = b.attn_norm(hs[li])
+            q = b.wq(h).view(B, T, TM.N_HEAD, TM.HEAD_DIM)
+            k = b.wk(h).view(B, T, TM.N_KV_HEAD, TM.HEAD_DIM)
+            q, k = rope_adj(torch, q, cos, sin), rope_adj(torch, k, cos, sin)
+            qs = q[:, queries].transpose(1, 2)                              # [B][H][Q][D]
+            kk = k.transpose(1, 2).repeat_interleave(TM.N_HEAD // TM.N_KV_HEAD, 1)
+            s = (qs @ kk.transpose(-1, -2)) / math.sqrt(TM.HEAD_DIM)        # [B][H][Q][T]
+            s = s.masked_fill(torch.arange(T)[None, None, None, :] > torch.tensor(queries)[None, None, :, None],
+                              float("-inf"))
+            p = torch.softmax(s, -1).view(B, TM.N_KV_HEAD, TM.N_HEAD // TM.N_KV_HEAD, len(queries), T).mean(2)
+            out.append((p, k))
+    return out, hs
+
+
+def rope_adj(torch, x, cos, sin):
+    x2 = x.float().view(*x.shape[:-1], x.shape[-1] // 2, 2)
+    a, b = x2[..., 0], x2[..., 1]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+
+
+def recall_of(p, sel_scores, B_sel, qpos):
+    """p [B][HKV][Q][T] target mass; sel_scores same shape (higher = selected)."""
+    import torch
+    T = p.shape[-1]
+    valid = torch.arange(T)[None, None, None, :] <= torch.tensor(qpos)[None, None, :, None]
+    sc = sel_scores.masked_fill(~valid, float("-inf"))
+    top = sc.topk(B_sel, dim=-1).indices
+    return float(torch.gather(p, -1, top).sum(-1).mean())
+
+
+def report(torch, tgt, draft, d_ids, sp, corpus, lengths, seed, log, n_seq=2, n_q=16):
+    res = {}
+    stream = heldout_stream(corpus, sp, seed)
+    for L in lengths:
+        factor = max(1.0, L / MAX_POS)
+        draft.set_yarn(factor) if factor > 1 else None
+        X, _ = stream.batch(torch, n_seq, L)
+        ids = X[:, :L]
+        qpos = list(range(L - n_q, L))
+        att, hs = target_attention(torch, tgt, ids, qpos + [q - 1 for q in qpos[:1]])
+        # the retrieval head: the draft's step-0 attention at the same positions
+        h3 = torch.cat([hs[a].float() for a in AUX], -1)
+        h3 = torch.cat([torch.zeros_like(h3[:, :1]), h3[:, :-1]], 1)
+        with torch.no_grad():
+            q, k, _ = draft.qkv(tgt.tok.weight[ids], draft.fc(h3), torch.arange(L, dtype=torch.float64))
+            qs = q[:, qpos].transpose(1, 2)                                   # [B][HQ][Q][HD]
+            kk = k.transpose(1, 2).repeat_interleave(HQ // HKV, 1)
+            ds = (qs @ kk.transpose(-1, -2) / math.sqrt(HD)).view(n_seq, HKV, HQ // HKV, n_q, L)
+            ds = torch.softmax(ds.masked_fill(torch.arange(L)[None, None, None, None, :] >
+                                              torch.tensor(qpos)[None, None, None, :, None], float("-inf")),
+                               -1).max(2).values                         # as p_spec.c: max over the group
+        row = {}
+        for frac in (0.02, 0.06, 0.12):
+            Bsel = max(1, int(round(frac * L)))
+            r_head, r_quest, r_prev = [], [], []
+            for li, (p, kfull) in enumerate(att):
+                pq = p[:, :, :n_q]
+                r_head.append(recall_of(pq, ds, Bsel, qpos))
+                # previous step's exact top-B: the target's attention one position earlier
+                prev = torch.cat([p[:, :, n_q:n_q + 1], p[:, :, :n_q - 1]], 2)
+                r_prev.append(recall_of(pq, prev, Bsel, qpos))
+                # Quest: per page of 32, the upper bound sum_d max(q_d k_min_d, q_d k_max_d)
+                P = 32
+                kp = kfull.view(n_seq, L // P, P, TM.N_KV_HEAD, TM.HEAD_DIM)
+                kmin, kmax = kp.min(2).values, kp.max(2).values                # [B][pages][HKV][D]
+                blk = tgt.blocks[li]
+                hq = blk.attn_norm(hs[li][:, qpos])
+                pos = torch.tensor(qpos, dtype=torch.float64)
+                ang = (pos[:, None] * tgt.inv_freq.double()[None, :]).float()
+                qq = rope_adj(torch, blk.wq(hq).view(n_seq, n_q, TM.N_HEAD, TM.HEAD_DIM), ang.cos(), ang.sin())
+                qq = qq.view(n_seq, n_q, TM.N_KV_HEAD, TM.N_HEAD // TM.N_KV_HEAD, TM.HEAD_DIM)
+                ub = torch.maximum(qq[:, :, None] * kmin[:, None, :, :, None],
+                                   qq[:, :, None] * kmax[:, None, :, :, None]).sum(-1).sum(-1)  # [B][Q][pg][HKV]
+                tok_sc = ub.permute(0, 3, 1, 2).repeat_interleave(P, -1)        # [B][HKV][Q][T]
+                r_quest.append(recall_of(pq, tok_sc, Bsel, qpos))
+            row["%d%%" % round(frac * 100)] = {"retrieval_head": float(np.mean(r_head)),
+                                               "quest_pages": float(np.mean(r_quest)),
+                                               "previous_step_top_b": float(np.mean(r_prev))}
+            log("recall at %d tokens, B = %d%% (%d): retrieval head %.3f, Quest page bounds %.3f, "
+                "previous step's exact top-B %.3f" % (L, round(frac * 100), Bsel, np.mean(r_head),
+                                                       np.mean(r_quest), np.mean(r_prev)))
+        res[str(L)] = row
+    draft.inv_freq = ROPE_THETA ** (-torch.arange(0, HD, 2, dtype=torch.float64) / HD)
+    draft.mscale = 1.0
+    return res
+
+
+def acceptance(torch, tgt, draft, d_ids, sp, corpus, seed, log, n_seq=4, T=640, n_gen=128, k=4):
+    """Top-1 agreement and the mean accepted length of chains of k drafted tokens along the
+    target's own greedy continuation (teacher-forced sequences whose tokens ARE the target's
+    argmax, so every accepted draft extends the chain exactly as in speculative decoding)."""
+    stream = heldout_stream(corpus, sp, seed + 7)
+    X, _ = stream.batch(torch, n_seq, T)
+    ids = X[:, :T]
+    # replace the last n_gen tokens by the target's greedy continuation, token by token
+    half = T - n_gen
+    with torch.no_grad():
+        for t in range(half, T):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                lg = tgt(ids[:, :t])
+            ids[:, t] = lg[:, -1].float().argmax(-1)
+        logits_t, h3 = target_pass(torch, tgt, ids)
+        d_ids_t = torch.tensor(d_ids)
+        tgt_next = logits_t.argmax(-1)                                      # [B][T]
+        fc = draft.fc(h3)
+        hid, cache, preds = fc, [], []
+        for j in range(k):
+            n = T - j
+            if j > 0:
+                hid = hid[:, :n]
+                cache = [(kk[:, :n], vv[:, :n]) for kk, vv in cache]
+            out, lg = draft.step(tgt.tok.weight[ids[:, j:]], hid, torch.arange(j, T, dtype=torch.float64), cache)
+            preds.append(d_ids_t[lg.argmax(-1)])
+            hid = out
+    agree = float((preds[0][:, half:] == tgt_next[:, half:]).float().mean())
+    lens = []
+    for t in range(half, T - k):
+        for b in range(n_seq):
+            a = 0
+            while a < k and int(preds[a][b, t]) == int(tgt_next[b, t + a]):
+                a += 1
+            lens.append(a + 1)  # + the target's own token per verification
+    log("draft vs target on held-out greedy continuations: top-1 agreement %.3f, mean accepted length %.2f "
+        "(chains of %d)" % (agree, float(np.mean(lens)), k))
+    return agree, float(np.mean(lens))
+
+
+# ------------------------------------------------------------------- main --
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", default=os.path.join(ROOT, "models", "kvsieve-default.gguf"))
     ap.add_argument("--out", default=None, help="checkpoint directory (default: TARGET without .gguf + -dlm)")
-    ap.add_argument("--seed", type=int, default=20261123)
-    ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--seq", type=int, default=384, help="training sequence length")
-    ap.add_argument("--n-train", type=int, default=256)
-    ap.add_argument("--n-eval", type=int, default=32)
+    ap.add_argument("--workdir", default=os.path.join(ROOT, "models", "train"), help="the target's tokenizer")
+    ap.add_argument("--cache", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--seed", type=int, default=20261126)
+    ap.add_argument("--steps", type=int, default=800)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--report", action="store_true", help="measure an existing DLM (no training)")
+    ap.add_argument("--lengths", default="8192")
     a = ap.parse_args(argv)
-    out = a.out or (a.target[:-5] if a.target.endswith(".gguf") else a.target) + "-dlm"
-    torch.set_num_threads(2)
+    if os.path.exists(TM.TCMALLOC) and TM.TCMALLOC not in os.environ.get("LD_PRELOAD", ""):
+        env = dict(os.environ, LD_PRELOAD=TM.TCMALLOC, TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD="100000000000")
+        os.execve(sys.executable, [sys.executable] + sys.argv, env)
+    import torch
+    import sentencepiece as spm
+    torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
+    random.seed(a.seed)
+    out = a.out or (a.target[:-5] if a.target.endswith(".gguf") else a.target) + "-dlm"
     t0 = time.time()
-    log = lambda m: print("[%6.1fs] %s" % (time.time() - t0, m), file=sys.stderr)  # noqa: E731
+    log = lambda m: print("[%7.1fs] %s" % (time.time() - t0, m), file=sys.stderr, flush=True)  # noqa: E731
 
-    tgt = Target(a.target)
-    vocab = MB.Vocab(a.target)
-    n_vocab = tgt.emb.shape[0]
-    gen = TextGen(vocab, a.seed)
-    seqs = torch.tensor([gen.sequence(a.seq) for _ in range(a.n_train + a.n_eval)], dtype=torch.long)
-    used = set(MB.used_tokens(vocab)) | {vocab.index[p] for p in MB.ONEHOT_PIECES} | set(seqs.flatten().tolist())
-    draft_ids = sorted(used)
-    log("target %s: %d sequences of %d tokens, draft vocabulary %d of %d"
-        % (a.target, len(seqs), a.seq, len(draft_ids), n_vocab))
-
-    # teacher: log-probs over the draft vocabulary, and the mass it leaves out
-    hs_all, teach, outside, top_full = [], [], [], []
-    out_w = tgt.emb[torch.tensor(draft_ids)]
-    for i in range(0, len(seqs), 8):
-        hs, xn = tgt.forward(seqs[i:i + 8])
-        hs_all.append(hs)
-        full = xn @ tgt.emb.T                                   # [b, T, V]
-        lse = torch.logsumexp(full, -1, keepdim=True)
-        sub = xn @ out_w.T
-        teach.append(torch.log_softmax(sub, -1))
-        outside.append(1 - torch.exp(torch.logsumexp(sub, -1, keepdim=True) - lse).squeeze(-1))
-        top_full.append(full.argmax(-1))
-    hs_all = [torch.cat([h[l] for h in hs_all]) for l in range(tgt.n_layer)]
-    teach = torch.cat(teach)
-    outside = torch.cat(outside)
-    top_full = torch.cat(top_full)
-    log("teacher done: mean probability outside the draft vocabulary %.2e" % float(outside.mean()))
-
-    # residual scales seen by the head's RMSNorms
-    emb, h3 = draft_inputs(tgt, seqs[:8], [h[:8] for h in hs_all])
-    s_e = float(torch.sqrt(torch.tensor(H) / (emb * emb).sum(-1)).mean())
-    f = h3[..., H:2 * H].clone()
-    f[..., OUT_BLK:OUT_BLK + D] = 0
-    s_h = float(torch.sqrt(torch.tensor(H) / ((f * f).sum(-1) + 1e-9))[:, 1:].mean())
-    log("RMSNorm factors: embedding %.3f, fused states %.3f" % (s_e, s_h))
-    model = Draft(tgt, draft_ids, (s_e, s_h), a.seed)
-
-    ev = slice(a.n_train, a.n_train + a.n_eval)
-
-    def agreement():
-        with torch.no_grad():
-            emb, h3 = draft_inputs(tgt, seqs[ev], [h[ev] for h in hs_all])
-            logits = model(emb, h3)
-            pred = torch.tensor(draft_ids)[logits.argmax(-1)]
-            kl = (teach[ev].exp() * (teach[ev] - torch.log_softmax(logits, -1))).sum(-1).mean()
-            return float((pred == top_full[ev]).float().mean()), float(kl)
-
-    agree0, kl0 = agreement()
-    log("constructed draft, before training: top-1 agreement with the target %.4f, KL %.4f" % (agree0, kl0))
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.Adam(params, lr=2e-3)
-    g = torch.Generator().manual_seed(a.seed + 1)
-    B = 4
-    for step in range(a.steps):
-        idx = torch.randint(0, a.n_train, (B,), generator=g)
-        emb, h3 = draft_inputs(tgt, seqs[idx], [h[idx] for h in hs_all])
-        logits = model(emb, h3)
-        lp = torch.log_softmax(logits, -1)
-        loss = (teach[idx].exp() * (teach[idx] - lp)).sum(-1).mean()
-        opt.zero_grad()
+    corpus = TM.build_corpus(a.cache, log)
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(a.workdir, "tok.model"))
+    tgt = load_target(torch, a.target)
+    draft = build_draft(torch, TM.N_VOCAB)
+    stream = TM.Stream(sp, corpus, a.seed)
+    ck = os.path.join(a.workdir, "dlm-ckpt.pt")
+    step = 0
+    if a.resume or a.report:
+        st = torch.load(ck)
+        draft.load_state_dict(st["draft"])
+        d_ids = st["d_ids"]
+        step = st["step"]
+        stream.set_state(st["data_rng"])
+        opt_state = st["opt"]
+    else:
+        d_ids = draft_vocab(sp, stream, torch)
+        opt_state = None
+    opt = torch.optim.AdamW(draft.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
+    if opt_state:
+        opt.load_state_dict(opt_state)
+    d_ids_t = torch.tensor(d_ids)
+    emb = tgt.tok.weight.detach()
+    log("target %s; draft vocabulary %d of %d; %d steps of %d x %d tokens, %d TTT steps" % (
+        a.target, len(d_ids), TM.N_VOCAB, a.steps, a.batch, SEQ, TTT_STEPS))
+    last = time.time()
+    while not a.report and step < a.steps:
+        X, _ = stream.batch(torch, a.batch, SEQ)
+        ids = X[:, :SEQ]
+        logits_t, h3 = target_pass(torch, tgt, ids)
+        lr = 1e-3 * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / a.steps)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, accs = ttt_loss(torch, draft, emb, ids, logits_t, h3, d_ids_t)
+        opt.zero_grad(set_to_none=True)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         opt.step()
-        if step % 50 == 0 or step == a.steps - 1:
-            log("step %4d  KL %.4f" % (step, float(loss)))
-    agree1, kl1 = agreement()
-    log("distilled draft: top-1 agreement with the target %.4f, KL %.4f (held-out, %d x %d tokens)"
-        % (agree1, kl1, a.n_eval, a.seq))
-    info = {"producer": "tools/make_dlm.py", "seed": a.seed, "steps": a.steps, "train_sequences": a.n_train,
-            "sequence_length": a.seq, "heldout_top1_agreement_constructed": round(agree0, 4),
-            "heldout_top1_agreement_distilled": round(agree1, 4), "heldout_kl_distilled": round(kl1, 4)}
-    save(out, model, draft_ids, n_vocab, info)
+        step += 1
+        if step % 20 == 0 or step == a.steps:
+            log("step %d/%d loss %.4f  top-1 agreement by TTT step %s" % (
+                step, a.steps, float(loss), " ".join("%.3f" % x for x in accs)))
+        if time.time() - last > 600 or step == a.steps:
+            torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "d_ids": d_ids, "step": step,
+                        "data_rng": stream.state()}, ck + ".tmp")
+            os.replace(ck + ".tmp", ck)
+            last = time.time()
+    draft.eval()
+    agree, acc_len = acceptance(torch, tgt, draft, d_ids, sp, corpus, a.seed, log)
+    rec = report(torch, tgt, draft, d_ids, sp, corpus, [int(x) for x in a.lengths.split(",")], a.seed + 11, log)
+    info = {"producer": "tools/make_dlm.py", "seed": a.seed, "steps": step, "sequence_length": SEQ,
+            "ttt_steps": TTT_STEPS, "heldout_top1_agreement": round(agree, 4),
+            "heldout_mean_accepted_length": round(acc_len, 3), "attention_recall": rec}
+    save_dlm(out, draft, d_ids, info)
     log("wrote %s" % out)
     return 0
 

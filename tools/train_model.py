@@ -2,7 +2,7 @@
 """train_model.py — train kvsieve's bundled long-context model from a seed (PyTorch, CPU).
 
     /usr/bin/python3 tools/train_model.py [--workdir models/train] [--resume]
-        [--max-minutes M] [--threads 2] [--seed 20261125]
+        [--until STEP] [--max-minutes M] [--threads 2] [--seed 20261125]
     /usr/bin/python3 tools/train_model.py --export models/kvsieve-default.gguf [--workdir ...]
     /usr/bin/python3 tools/train_model.py --report [--workdir ...]
 
@@ -782,7 +782,7 @@ def load_ckpt(torch, path, model, opt, stream):
 
 
 # ---------------------------------------------------------------- export --
-# GGUF through tools/gguf_writer.py (the same writer as make_bundled_model.py)
+# GGUF through tools/gguf_writer.py (the same writer as make_constructed_model.py)
 def tokenizer_kvs(sp):
     tokens, scores, types = [], [], []
     for i in range(sp.get_piece_size()):
@@ -913,6 +913,8 @@ def main(argv=None):
     ap.add_argument("--resume", action="store_true", help="continue from WORKDIR/ckpt.pt")
     ap.add_argument("--max-minutes", type=float, default=0, help="stop (with a checkpoint) after M minutes")
     ap.add_argument("--ckpt-minutes", type=float, default=10)
+    ap.add_argument("--until", type=int, default=0, metavar="STEP",
+                    help="stop (with a checkpoint) at step STEP; the bundled model is step 3795, the end of phase 4")
     ap.add_argument("--export", metavar="GGUF", help="write the checkpoint as GGUF and exit")
     ap.add_argument("--report", action="store_true", help="held-out perplexity vs n-gram baselines, then exit")
     a = ap.parse_args(argv)
@@ -969,7 +971,8 @@ def main(argv=None):
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop_asked.append(1))
     tok_seen, t_win, loss_win, n_win = 0, time.time(), 0.0, 0
-    while step < total_steps():
+    last_step = min(a.until, total_steps()) if a.until > 0 else total_steps()
+    while step < last_step:
         T, B = stage_of(step)
         phase, _ = phase_of(step)
         if phase != stream.phase:
@@ -999,7 +1002,7 @@ def main(argv=None):
             tok_seen, t_win, loss_win, n_win = 0, time.time(), 0.0, 0
         now = time.time()
         done = bool(stop_asked) or (a.max_minutes and now - t_start >= a.max_minutes * 60)
-        if now - last_ckpt >= a.ckpt_minutes * 60 or done or step == total_steps():
+        if now - last_ckpt >= a.ckpt_minutes * 60 or done or step == last_step:
             save_ckpt(torch, ckpt, model, opt, step, stream, seconds + now - t_start)
             last_ckpt = now
             log("checkpoint at step %d" % step)

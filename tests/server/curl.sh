@@ -99,8 +99,8 @@ grep -q '^kvsieve_http_responses_total{code="400"} [1-9]' "$TMP/metrics.txt" || 
 [ "$(metric requests_running)" = 0 ] || bad "requests still running"
 stop_server "$PID" main
 
-# ----- 429, disconnects, shutdown: the bundled model, one slot, one waiting place
-BUNDLED="$SRC/models/kvsieve-default.gguf"
+# ----- 429, disconnects, shutdown: the constructed fixture, one slot, one waiting place
+BUNDLED="$SRC/tests/fixtures/models/constructed.gguf"   # the constructed fixture: the pace these checks were sized for
 start_server busy -m "$BUNDLED" -c 4096 --parallel 1 --max-queue 1 -t 2 --shutdown-grace 1
 AUTH=()
 LONG='{"prompt":"The quiet farmer","max_tokens":4000,"temperature":0,"kvsieve":{"ignore_eos":true}'

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
-"""make_bundled_model.py — build kvsieve's bundled long-context model (seeded, reproducible).
+"""make_constructed_model.py — build kvsieve's constructed test model (seeded, reproducible).
 
-    /usr/bin/python3 tools/make_bundled_model.py --out models/kvsieve-default.gguf
+    /usr/bin/python3 tools/make_constructed_model.py --out tests/fixtures/models/constructed.gguf
 
 The model is a standard llama GGUF (GQA, RoPE, SwiGLU, RMSNorm, tied embeddings)
 whose weights are *constructed*, not trained: see docs/MODEL.md.  In short:
@@ -706,7 +706,7 @@ def gguf_kvs(v):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(ROOT, "models", "kvsieve-default.gguf"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures", "models", "constructed.gguf"))
     ap.add_argument("--vocab", default=DEFAULT_VOCAB, help="GGUF whose tokenizer.* metadata is reused")
     ap.add_argument("--seed", type=int, default=20261122)
     ap.add_argument("--embd-type", choices=["q8_0", "f16"], default="q8_0")
