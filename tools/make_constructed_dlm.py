@@ -46,7 +46,6 @@ import argparse
 import json
 import math
 import os
-import struct
 import sys
 import time
 
@@ -58,6 +57,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import gguf_reader as G  # noqa: E402
 import make_constructed_model as MB  # noqa: E402
+from safetensors_writer import eagle3_vocab_maps, write_safetensors  # noqa: E402
 
 D = MB.D                      # token code width
 H = MB.H                      # target and draft hidden size (512)
@@ -321,29 +321,10 @@ def draft_inputs(tgt, toks, hs):
 
 
 # ------------------------------------------------------------- output --
-def write_safetensors(path, tensors, metadata):
-    header, blobs, off = {"__metadata__": metadata}, [], 0
-    for name, (arr, dtype) in tensors.items():
-        b = np.ascontiguousarray(arr).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((-len(h)) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
-
-
 def save(out, model, draft_ids, n_vocab, info):
     os.makedirs(out, exist_ok=True)
     f16 = lambda t: (t.detach().numpy().astype("<f2"), "F16")  # noqa: E731
     f32 = lambda t: (t.detach().numpy().astype("<f4"), "F32")  # noqa: E731
-    ids = np.asarray(draft_ids, dtype=np.int64)
-    t2d = np.zeros(n_vocab, dtype=np.uint8)
-    t2d[ids] = 1
     tensors = {
         "fc.weight": f16(model.fc),
         "midlayer.hidden_norm.weight": f32(model.hidden_norm),
@@ -358,8 +339,7 @@ def save(out, model, draft_ids, n_vocab, info):
         "midlayer.mlp.down_proj.weight": f16(model.down),
         "norm.weight": f32(model.norm),
         "lm_head.weight": f16(model.lm_head),
-        "d2t": ((ids - np.arange(len(ids))).astype("<i8"), "I64"),
-        "t2d": (t2d, "BOOL"),
+        **eagle3_vocab_maps(draft_ids, n_vocab),
     }
     write_safetensors(os.path.join(out, "model.safetensors"), dict(sorted(tensors.items())),
                       {"format": "pt", "producer": "kvsieve tools/make_constructed_dlm.py"})

@@ -41,7 +41,6 @@ import json
 import math
 import os
 import random
-import struct
 import sys
 import time
 
@@ -51,6 +50,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import train_model as TM  # noqa: E402
+from safetensors_writer import eagle3_vocab_maps, write_safetensors  # noqa: E402
 
 H = TM.N_EMBD
 HQ, HKV, HD = 4, 2, 64
@@ -218,9 +218,6 @@ def save_dlm(out, draft, d_ids, info):
     os.makedirs(out, exist_ok=True)
     f16 = lambda t: (t.detach().float().numpy().astype("<f2"), "F16")  # noqa: E731
     f32 = lambda t: (t.detach().float().numpy().astype("<f4"), "F32")  # noqa: E731
-    ids = np.asarray(d_ids, dtype=np.int64)
-    t2d = np.zeros(TM.N_VOCAB, dtype=np.uint8)
-    t2d[ids] = 1
     tensors = {
         "fc.weight": f16(draft.fc.weight),
         "midlayer.hidden_norm.weight": f32(draft.hidden_norm.weight),
@@ -235,22 +232,10 @@ def save_dlm(out, draft, d_ids, info):
         "midlayer.mlp.down_proj.weight": f16(draft.down_proj.weight),
         "norm.weight": f32(draft.norm.weight),
         "lm_head.weight": f16(draft.lm_head.weight),
-        "d2t": ((ids - np.arange(len(ids))).astype("<i8"), "I64"),
-        "t2d": (t2d, "BOOL"),
+        **eagle3_vocab_maps(d_ids, TM.N_VOCAB),
     }
-    header, blobs, off = {"__metadata__": {"format": "pt", "producer": "kvsieve tools/make_dlm.py"}}, [], 0
-    for name, (arr, dtype) in sorted(tensors.items()):
-        b = np.ascontiguousarray(arr).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((-len(h)) % 8)
-    with open(os.path.join(out, "model.safetensors"), "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
+    write_safetensors(os.path.join(out, "model.safetensors"), dict(sorted(tensors.items())),
+                      {"format": "pt", "producer": "kvsieve tools/make_dlm.py"})
     cfg = {
         "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
         "hidden_size": H, "target_hidden_size": H, "num_attention_heads": HQ, "num_key_value_heads": HKV,

@@ -13,8 +13,7 @@ rm -rf "$TMP"; mkdir -p "$TMP"
 cp "$FIX/models/aidreams260K.gguf" "$TMP/model.gguf"
 MODEL="$TMP/model.gguf"
 CAL="$MODEL.chess.json"
-fail=0
-bad() { echo "FAIL: $*"; fail=1; }
+. "$(dirname "$0")/lib/check.sh"
 
 # before calibration: chess runs and notes the missing file
 "$KS" eval -m "$MODEL" --task passkey,longgen --lengths 128 --depths 0.5 --samples 1 -t 2 --page 8 --window 8 \
@@ -74,5 +73,4 @@ grep -q "not a chess calibration" "$TMP/err" || bad "malformed calibration messa
   >/dev/null 2>"$TMP/err" && bad "preset=wild accepted"
 grep -q "preset 'wild'" "$TMP/err" || bad "bad preset message: $(cat "$TMP/err")"
 
-[ $fail -eq 0 ] && echo "chess.sh: all checks passed"
-exit $fail
+finish chess.sh

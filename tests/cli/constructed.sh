@@ -14,21 +14,10 @@ KS=$(readlink -f "$1"); FIX=$2; TMP=$3
 mkdir -p "$TMP"
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 MODEL="$SRC/tests/fixtures/models/constructed.gguf"
-fail=0
-bad() { echo "FAIL: $*"; fail=1; }
-# has TEXT PATTERN WHAT: TEXT contains PATTERN (grep -e), else a failure naming WHAT
-has() { echo "$1" | grep -q -e "$2" || bad "$3: $1"; }
-[ -f "$MODEL" ] || { echo "FAIL: $MODEL missing"; exit 1; }
-size=$(stat -c %s "$MODEL")
-[ "$size" -le $((30 * 1024 * 1024)) ] || bad "constructed model is $size bytes (> 30 MB)"
+. "$(dirname "$0")/lib/check.sh"
+check_bundled_model "$KS" "$MODEL" 8192 32000
 
-info=$("$KS" info "$MODEL" 2>&1) || bad "info failed: $info"
-has "$info" "architecture:  llama" "architecture"
-has "$info" "8192 trained" "context length"
-has "$info" "GQA" "not GQA"
-has "$info" "tokenizer:     llama, 32000 tokens" "tokenizer"
-
-PROMPT="A pass key is hidden in the text below. Remember it. The pass key is 31415. 31415 is the pass key. The quiet farmer walks near the old bridge. A small bird sings by the river today. What is the pass key? The pass key is"
+PROMPT=$PASSKEY_PROMPT
 out=$("$KS" run -m "$MODEL" -p "$PROMPT" -n 8 --temp 0 -t 2 2>"$TMP/err") || bad "run failed: $(cat "$TMP/err")"
 want=$(cat "$SRC/tests/golden/bundled_continuation.txt")
 [ "$out" = "$want" ] || bad "greedy continuation '$out', want '$want'"
@@ -37,14 +26,7 @@ out2=$("$KS" run -m "$MODEL" -p "${PROMPT//31415/27182}" -n 8 --temp 0 -t 2 2>/d
 case "$out2" in *27182*) ;; *) bad "changed needle not retrieved: '$out2'";; esac
 
 DLM="$SRC/tests/fixtures/models/constructed-dlm"
-[ -f "$DLM/config.json" ] && [ -f "$DLM/model.safetensors" ] || bad "DLM missing in $DLM"
-dsize=$(du -sb "$DLM" | cut -f1)
-[ "$dsize" -le $((10 * 1024 * 1024)) ] || bad "DLM is $dsize bytes (> 10 MB)"
-dinfo=$("$KS" info "$DLM" 2>&1) || bad "info DLM failed: $dinfo"
-has "$dinfo" "EAGLE-3 draft model" "DLM info"
-has "$dinfo" "hidden 512 (target 512)" "DLM hidden size"
-has "$dinfo" "kv 2 x" "DLM KV heads"
-has "$dinfo" "aux layers \[0, 1, 1\]" "DLM aux layers"
+check_bundled_dlm "$KS" "$DLM" 512 "0, 1, 1"
 SMALL="--budget 8 --sink 1 --window 4 --dense-layers 1"
 out4=$("$KS" run -m "$MODEL" -p "$PROMPT" -n 8 --temp 0 -t 2 --policy spec $SMALL 2>"$TMP/err") ||
     bad "spec run failed: $(cat "$TMP/err")"
@@ -52,5 +34,4 @@ out4=$("$KS" run -m "$MODEL" -p "$PROMPT" -n 8 --temp 0 -t 2 --policy spec $SMAL
 out5=$("$KS" run -m "$MODEL" -p "$PROMPT" -n 8 --temp 0 -t 2 --policy streaming $SMALL 2>/dev/null)
 case "$out5" in *31415*) bad "streaming at 8 entries still answers: the prompt does not test selection";; esac
 
-[ $fail -eq 0 ] && echo "constructed.sh: all checks passed"
-exit $fail
+finish constructed.sh

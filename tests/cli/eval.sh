@@ -13,8 +13,7 @@ KS=$1; FIX=$2; TMP=$3
 command -v python3 >/dev/null 2>&1 || { echo "SKIP: python3 not found (it checks the JSON and SVG)"; exit 77; }  # CTest SKIP_RETURN_CODE
 mkdir -p "$TMP"
 MODEL="$FIX/models/aidreams260K.gguf"
-fail=0
-bad() { echo "FAIL: $*"; fail=1; }
+. "$(dirname "$0")/lib/check.sh"
 
 # table: a header and one row per task x depth
 out=$("$KS" eval -m "$MODEL" --lengths 100 --depths 0,0.5,1 --samples 2 -t 2 2>"$TMP/err")
@@ -106,5 +105,4 @@ expect2 --lengths 4096
 grep -q "trained context" "$TMP/err" || bad "all-lengths-skipped message: $(cat "$TMP/err")"
 "$KS" eval --help | grep -q "usage" || bad "--help"
 
-[ $fail -eq 0 ] && echo "eval.sh: all checks passed"
-exit $fail
+finish eval.sh

@@ -14,19 +14,8 @@ KS=$(readlink -f "$1"); TMP=$3
 mkdir -p "$TMP"
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 MODEL="$SRC/models/kvsieve-default.gguf"
-fail=0
-bad() { echo "FAIL: $*"; fail=1; }
-# has TEXT PATTERN WHAT: TEXT contains PATTERN (grep -e), else a failure naming WHAT
-has() { echo "$1" | grep -q -e "$2" || bad "$3: $1"; }
-[ -f "$MODEL" ] || { echo "FAIL: $MODEL missing"; exit 1; }
-size=$(stat -c %s "$MODEL")
-[ "$size" -le $((30 * 1024 * 1024)) ] || bad "bundled model is $size bytes (> 30 MB)"
-
-info=$("$KS" info "$MODEL" 2>&1) || bad "info failed: $info"
-has "$info" "architecture:  llama" "architecture"
-has "$info" "16384 trained" "context length"
-has "$info" "GQA" "not GQA"
-has "$info" "tokenizer:     llama, 4096 tokens" "tokenizer"
+. "$(dirname "$0")/lib/check.sh"
+check_bundled_model "$KS" "$MODEL" 16384 4096
 
 # a language model: natural text in, English words out (at least 6 distinct
 # lower-case words of 3+ letters among its first 30 tokens, no '?' runs)
@@ -36,7 +25,7 @@ words=$(echo "$nat" | grep -oE '\b[a-z]{3,}\b' | sort -u | wc -l)
 [ "$words" -ge 6 ] || bad "natural continuation is not English: '$nat'"
 case "$nat" in *'???'*) bad "natural continuation has '???': '$nat'";; esac
 
-PROMPT="A pass key is hidden in the text below. Remember it. The pass key is 31415. 31415 is the pass key. The quiet farmer walks near the old bridge. A small bird sings by the river today. What is the pass key? The pass key is"
+PROMPT=$PASSKEY_PROMPT
 out=$("$KS" run -m "$MODEL" -p "$PROMPT" -n 8 --temp 0 -t 2 2>"$TMP/err") || bad "run failed: $(cat "$TMP/err")"
 case "$out" in *31415*) ;; *) bad "needle not retrieved: '$out'";; esac
 out2=$("$KS" run -m "$MODEL" -p "${PROMPT//31415/27182}" -n 8 --temp 0 -t 2 2>/dev/null)
@@ -46,14 +35,7 @@ out3=$(cd "$TMP" && env -u KVSIEVE_MODEL "$KS" run -p "$PROMPT" -n 8 --temp 0 -t
 [ "$out3" = "$out" ] || bad "default model run: '$out3', want '$out'"
 
 DLM="$SRC/models/kvsieve-default-dlm"
-[ -f "$DLM/config.json" ] && [ -f "$DLM/model.safetensors" ] || bad "DLM missing in $DLM"
-dsize=$(du -sb "$DLM" | cut -f1)
-[ "$dsize" -le $((10 * 1024 * 1024)) ] || bad "DLM is $dsize bytes (> 10 MB)"
-dinfo=$("$KS" info "$DLM" 2>&1) || bad "info DLM failed: $dinfo"
-has "$dinfo" "EAGLE-3 draft model" "DLM info"
-has "$dinfo" "hidden 256 (target 256)" "DLM hidden size"
-has "$dinfo" "kv 2 x" "DLM KV heads"
-has "$dinfo" "aux layers \[1, 3, 5\]" "DLM aux layers"
+check_bundled_dlm "$KS" "$DLM" 256 "1, 3, 5"
 # spec finds the DLM beside the model and runs with it; at a budget covering
 # the whole prompt it reproduces dense exactly.  (At 16-32 entries the
 # distilled head does not yet keep this needle: docs/DLM.md has its recall.)
@@ -64,5 +46,4 @@ out5=$("$KS" run -m "$MODEL" -p "$PROMPT" -n 8 --temp 0 -t 2 --policy spec --bud
     bad "spec run failed: $(cat "$TMP/err")"
 [ "$out5" = "$out" ] || bad "spec at full budget: '$out5', want dense '$out'"
 
-[ $fail -eq 0 ] && echo "model.sh: all checks passed"
-exit $fail
+finish model.sh

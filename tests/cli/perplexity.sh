@@ -10,8 +10,7 @@ set -u
 KS=$1; FIX=$2; TMP=$3
 mkdir -p "$TMP"
 MODEL="$FIX/models/aidreams260K.gguf"
-fail=0
-bad() { echo "FAIL: $*"; fail=1; }
+. "$(dirname "$0")/lib/check.sh"
 # field N of the "perplexity: P +/- E over T tokens in W windows of C" line
 ppl() { sed -n 's/^perplexity: \([0-9.]*\) +\/- [0-9.]* over \([0-9]*\) tokens in \([0-9]*\) windows.*/\1 \2 \3/p'; }
 
@@ -57,5 +56,4 @@ printf 'Once upon a time' > "$TMP/short.txt"
 expect2 -f "$TMP/short.txt" -c 128 --score-second-half            # not one whole window
 expect2 -f "$TMP/a.txt" --score-second-half=1                      # a flag takes no value
 
-[ $fail -eq 0 ] && echo "perplexity.sh: all checks passed"
-exit $fail
+finish perplexity.sh

@@ -9,8 +9,7 @@ KS=$1; FIX=$2; TMP=$3
 command -v python3 >/dev/null 2>&1 || { echo "SKIP: python3 not found (it checks perplexity and the bench JSON)"; exit 77; }  # CTest SKIP_RETURN_CODE
 mkdir -p "$TMP"
 MODEL="$FIX/models/aidreams260K.gguf"
-fail=0
-bad() { echo "FAIL: $*"; fail=1; }
+. "$(dirname "$0")/lib/check.sh"
 
 # greedy text is the fixture's documented continuation; stats go to stderr only
 out=$("$KS" run -m "$MODEL" -p "Once upon a time" -n 24 --temp 0 -t 2 2>"$TMP/err")
@@ -84,5 +83,4 @@ grep -q "prompt:  *[0-9]* tokens" "$TMP/err" || bad "--chat prompt stats missing
 "$KS" run -m "$MODEL" --chat -p "Hello" -n 4 >/dev/null 2>"$TMP/err"; rc=$?
 [ $rc -eq 1 ] && grep -q "chat template" "$TMP/err" || bad "--chat without a template: rc $rc $(cat "$TMP/err")"
 
-[ $fail -eq 0 ] && echo "run.sh: all checks passed"
-exit $fail
+finish run.sh
