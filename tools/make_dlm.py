@@ -34,7 +34,9 @@ YaRN (training-free; kvsieve composes it at load time, see src/model/eagle3.c).
   * the retrieval head's attention recall: the share of the target's
     attention mass (per layer and KV head, averaged) that falls inside the
     head's top-B selection, at B = 2%, 6% and 12% of the context, next to
-    Quest's page bounds (page 32) and the previous step's exact top-B.
+    Quest's page bounds (page 32), the previous step's exact top-B and this
+    step's exact top-B (the most any B entries can cover), per layer and
+    averaged.
 """
 import argparse
 import json
@@ -325,13 +327,15 @@ def report(torch, tgt, draft, d_ids, sp, corpus, lengths, seed, log, n_seq=2, n_
         row = {}
         for frac in (0.02, 0.06, 0.12):
             Bsel = max(1, int(round(frac * L)))
-            r_head, r_quest, r_prev = [], [], []
+            r_head, r_quest, r_prev, r_exact = [], [], [], []
             for li, (p, kfull) in enumerate(att):
                 pq = p[:, :, :n_q]
                 r_head.append(recall_of(pq, ds, Bsel, qpos))
                 # previous step's exact top-B: the target's attention one position earlier
                 prev = torch.cat([p[:, :, n_q:n_q + 1], p[:, :, :n_q - 1]], 2)
                 r_prev.append(recall_of(pq, prev, Bsel, qpos))
+                # this step's exact top-B: no selection of B entries covers more
+                r_exact.append(recall_of(pq, pq, Bsel, qpos))
                 # Quest: per page of 32, the upper bound sum_d max(q_d k_min_d, q_d k_max_d)
                 P = 32
                 kp = kfull.view(n_seq, L // P, P, TM.N_KV_HEAD, TM.HEAD_DIM)
@@ -346,12 +350,21 @@ def report(torch, tgt, draft, d_ids, sp, corpus, lengths, seed, log, n_seq=2, n_
                                    qq[:, :, None] * kmax[:, None, :, :, None]).sum(-1).sum(-1)  # [B][Q][pg][HKV]
                 tok_sc = ub.permute(0, 3, 1, 2).repeat_interleave(P, -1)        # [B][HKV][Q][T]
                 r_quest.append(recall_of(pq, tok_sc, Bsel, qpos))
+            rnd = lambda xs: [round(x, 4) for x in xs]  # noqa: E731
             row["%d%%" % round(frac * 100)] = {"retrieval_head": float(np.mean(r_head)),
                                                "quest_pages": float(np.mean(r_quest)),
-                                               "previous_step_top_b": float(np.mean(r_prev))}
+                                               "previous_step_top_b": float(np.mean(r_prev)),
+                                               "exact_top_b": float(np.mean(r_exact)),
+                                               "by_layer": {"retrieval_head": rnd(r_head),
+                                                            "quest_pages": rnd(r_quest),
+                                                            "previous_step_top_b": rnd(r_prev),
+                                                            "exact_top_b": rnd(r_exact)}}
             log("recall at %d tokens, B = %d%% (%d): retrieval head %.3f, Quest page bounds %.3f, "
-                "previous step's exact top-B %.3f" % (L, round(frac * 100), Bsel, np.mean(r_head),
-                                                       np.mean(r_quest), np.mean(r_prev)))
+                "previous step's exact top-B %.3f, this step's exact top-B %.3f" % (
+                    L, round(frac * 100), Bsel, np.mean(r_head), np.mean(r_quest), np.mean(r_prev),
+                    np.mean(r_exact)))
+            log("  by layer: retrieval head %s; Quest %s; previous step %s; exact %s" % (
+                rnd(r_head), rnd(r_quest), rnd(r_prev), rnd(r_exact)))
         res[str(L)] = row
     draft.inv_freq = ROPE_THETA ** (-torch.arange(0, HD, 2, dtype=torch.float64) / HD)
     draft.mscale = 1.0

@@ -97,7 +97,10 @@ ks_status ks_eval_svg_budget_chart(const char *title, const ks_eval_series *seri
                         T + ph / 2, T + ph / 2);
     for (int32_t s = 0; s < n_series; s++) {
         const ks_eval_series *se = &series[s];
-        const char *col = g_colors[s % (int32_t)(sizeof g_colors / sizeof g_colors[0])];
+        const int32_t n_colors = (int32_t)(sizeof g_colors / sizeof g_colors[0]);
+        const char *col = g_colors[s % n_colors];
+        /* past the palette, series repeat its colours dotted, so each line stays distinct */
+        const char *dots = s >= n_colors ? " stroke-dasharray=\"2 3\"" : "";
         if (se->reference && se->n > 0) {
             double y = fmin(1, fmax(0, se->y[0]));
             ks_eval_sbuf_printf(&b,
@@ -105,7 +108,7 @@ ks_status ks_eval_svg_budget_chart(const char *title, const ks_eval_series *seri
                                 "stroke-dasharray=\"6 4\"/>\n",
                                 L, SY(y), L + pw, SY(y), col);
         } else if (se->n > 0) {
-            ks_eval_sbuf_printf(&b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", col);
+            ks_eval_sbuf_printf(&b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s points=\"", col, dots);
             for (int32_t i = 0; i < se->n; i++)
                 ks_eval_sbuf_printf(&b, "%s%.1f,%.1f", i ? " " : "", SX(se->x[i]), SY(fmin(1, fmax(0, se->y[i]))));
             ks_eval_sbuf_puts(&b, "\"/>\n");
@@ -115,7 +118,7 @@ ks_status ks_eval_svg_budget_chart(const char *title, const ks_eval_series *seri
         }
         int ly = T + 10 + 20 * s;
         ks_eval_sbuf_printf(&b, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" stroke-width=\"2\"%s/>\n",
-                            L + pw + 16, ly, L + pw + 40, ly, col, se->reference ? " stroke-dasharray=\"6 4\"" : "");
+                            L + pw + 16, ly, L + pw + 40, ly, col, se->reference ? " stroke-dasharray=\"6 4\"" : dots);
         ks_eval_sbuf_printf(&b, "<text x=\"%d\" y=\"%d\">", L + pw + 46, ly + 4);
         svg_escaped(&b, se->name ? se->name : "?");
         ks_eval_sbuf_puts(&b, "</text>\n");
