@@ -100,6 +100,46 @@ def study(torch, tgt, ids, n_q):
     return rows
 
 
+def spec_split(torch, tgt, ids, n_q, sink, window, workdir):
+    """Per layer: mass covered by sinks + window + the DLM head's top entries, by sinks +
+    window + random entries, and by streaming's sinks + wider window, at 6% of the context."""
+    B, T = ids.shape
+    draft = MD.build_draft(torch, TM.N_VOCAB)
+    draft.load_state_dict(torch.load(os.path.join(workdir, "dlm-ckpt.pt"))["draft"])
+    draft.eval()
+    if T > MD.MAX_POS:
+        draft.set_yarn(T / MD.MAX_POS)
+    qpos = list(range(T - n_q, T))
+    att, hs = MD.target_attention(torch, tgt, ids, qpos)
+    h3 = torch.cat([hs[a].float() for a in MD.AUX], -1)
+    h3 = torch.cat([torch.zeros_like(h3[:, :1]), h3[:, :-1]], 1)
+    G = MD.HQ // MD.HKV
+    pos = torch.arange(T)
+    qp = torch.tensor(qpos)[None, None, :, None]
+    causal = pos[None, None, None, :] > qp                                    # [1][1][Q][T]
+    with torch.no_grad():
+        q, k, _ = draft.qkv(tgt.tok.weight[ids], draft.fc(h3), torch.arange(T, dtype=torch.float64))
+        ds = (q[:, qpos].transpose(1, 2) @ k.transpose(1, 2).repeat_interleave(G, 1).transpose(-1, -2)
+              / math.sqrt(MD.HD)).view(B, MD.HKV, G, n_q, T)
+        ds = torch.softmax(ds.masked_fill(causal[:, :, None], float("-inf")), -1).max(2).values  # as p_spec.c
+    budget = int(0.06 * T)
+    n_sel = budget - sink - window
+    base = ((pos[None, None, None, :] < sink) | ((pos[None, None, None, :] > qp - window) & ~causal)).expand(
+        B, MD.HKV, n_q, T)
+    stream = (pos[None, None, None, :] < sink) | ((pos[None, None, None, :] > qp - (budget - sink)) & ~causal)
+    rnd = torch.rand(B, MD.HKV, n_q, T, generator=torch.Generator().manual_seed(0))
+    m_head, m_rand = base.clone(), base.clone()
+    m_head.scatter_(-1, ds.masked_fill(base | causal, float("-inf")).topk(n_sel, -1).indices, True)
+    m_rand.scatter_(-1, rnd.masked_fill(base | causal, -1.0).topk(n_sel, -1).indices, True)
+    rows = []
+    for li, (p, _) in enumerate(att):
+        rows.append({"layer": li, "head": float((p * m_head).sum(-1).mean()),
+                     "random": float((p * m_rand).sum(-1).mean()),
+                     "streaming": float((p * stream).sum(-1).mean()),
+                     "sink_window_only": float((p * base).sum(-1).mean())})
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", default=os.path.join(ROOT, "models", "kvsieve-default.gguf"))
@@ -111,6 +151,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=20261126 + 11, help="held-out stream seed (make_dlm's report's)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--spec-split", default=None, metavar="SINK,WINDOW")
     a = ap.parse_args(argv)
     import torch
     import sentencepiece as spm
@@ -130,10 +171,21 @@ def main(argv=None):
     print("|" + "---|" * len(cols))
     for r in rows + [dict(mean, layer="mean")]:
         print("| " + " | ".join(str(r[c]) if c == "layer" else "%.3f" % r[c] for c in cols) + " |")
+    out = {"target": os.path.relpath(a.target, ROOT), "length": a.length, "seqs": a.seqs,
+           "queries": a.queries, "seed": a.seed, "layers": rows, "mean": mean}
+    if a.spec_split:
+        sink, window = (int(x) for x in a.spec_split.split(","))
+        sr = spec_split(torch, tgt, X[:, :a.length], a.queries, sink, window, a.workdir)
+        print("\nspec's budget at 6%% (%d sinks, %d-entry window, the rest by the DLM's head):\n" % (sink, window))
+        print("| layer | sinks + window + head | sinks + window + random | streaming (same budget) | sinks + window only |")
+        print("|---|---:|---:|---:|---:|")
+        for r in sr:
+            print("| %d | %.3f | %.3f | %.3f | %.3f |" % (r["layer"], r["head"], r["random"], r["streaming"],
+                                                        r["sink_window_only"]))
+        out["spec_split"] = sr
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"target": os.path.relpath(a.target, ROOT), "length": a.length, "seqs": a.seqs,
-                       "queries": a.queries, "seed": a.seed, "layers": rows, "mean": mean}, f, indent=2)
+            json.dump(out, f, indent=2)
             f.write("\n")
     log("done")
     return 0
