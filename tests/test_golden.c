@@ -3,7 +3,7 @@
  *
  * Every tests/golden/<name>.bin (written by tools/make_goldens.py, format in
  * docs/REFERENCE.md) becomes one cmocka test:
- *   1. get the model: a shared fixture, or regenerate it with
+ *   1. get the model: a shared fixture, a bundled model (models/), or regenerate it with
  *      `kvsieve gen-model` into KS_BINARY_DIR/golden_models/ (byte-reproducible);
  *   2. check its FNV-1a 64 hash against the golden (drift in gen-model or the
  *      fixture means the goldens must be regenerated);
@@ -175,13 +175,18 @@ static int fnv1a64_file(const char *path, uint64_t *out) {
     return 0;
 }
 
-/* Model file for a golden: the fixture, or a gen-model output (regenerated
- * when missing or when its hash differs). */
+/* Model file for a golden: the fixture, a model the repository bundles, or a
+ * gen-model output (regenerated when missing or when its hash differs). */
 static int model_for(const golden *g, char *path, size_t cap) {
-    char fixture[512], shape[64], type[32], vocab[512];
+    char fixture[512], bundled[512], shape[64], type[32], vocab[512];
     source_get(g->source, "fixture", fixture, sizeof fixture);
     if (fixture[0]) {
         snprintf(path, cap, "%s", ks_test_fixture(fixture));
+        return 0;
+    }
+    source_get(g->source, "bundled", bundled, sizeof bundled);
+    if (bundled[0]) {
+        snprintf(path, cap, "%s", ks_test_source(bundled));
         return 0;
     }
     source_get(g->source, "shape", shape, sizeof shape);

@@ -84,11 +84,10 @@ static size_t read_inputs(const char *name, test_case **out) {
     return n;
 }
 
-static void read_expected(const char *name, test_case *v, size_t n) {
-    char rel[256];
-    snprintf(rel, sizeof rel, "tokenizer/ggml-vocab-%s.gguf.out", name);
+/* Reference ids, one line per input (test-tokenizer-0's .out format), from a file. */
+static void read_expected_file(const char *path, test_case *v, size_t n) {
     size_t len = 0;
-    char *raw = ks_test_read_file(ks_test_fixture(rel), &len);
+    char *raw = ks_test_read_file(path, &len);
     assert_non_null(raw);
     char *line = raw;
     for (size_t i = 0; i < n; i++) {
@@ -107,6 +106,12 @@ static void read_expected(const char *name, test_case *v, size_t n) {
         line = nl ? nl + 1 : raw + len;
     }
     free(raw);
+}
+
+static void read_expected(const char *name, test_case *v, size_t n) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "tokenizer/ggml-vocab-%s.gguf.out", name);
+    read_expected_file(ks_test_fixture(rel), v, n);
 }
 
 static void free_cases(test_case *v, size_t n) {
@@ -149,13 +154,16 @@ static int32_t *encode(const ks_tokenizer *t, const char *text, size_t len, bool
     return ids;
 }
 
-/* Every fixture input encodes to the reference ids and decodes back. */
-static void check_reference(const char *name, bool spm_prefix) {
-    ks_tokenizer *t = load_vocab(name);
+/* Every input encodes to the reference ids and decodes back.  The inputs are
+ * fixture `inputs`'s; the ids come from `expected` (a path), or from the
+ * fixture's own .out file when it is NULL.  Takes ownership of t. */
+static void check_reference_ids(const char *name, ks_tokenizer *t, const char *inputs, const char *expected,
+                                bool spm_prefix) {
     test_case *v = NULL;
-    size_t n = read_inputs(name, &v);
+    size_t n = read_inputs(inputs, &v);
     assert_true(n > 40);
-    read_expected(name, v, n);
+    if (expected) read_expected_file(expected, v, n);
+    else read_expected(inputs, v, n);
     int failures = 0;
     for (size_t i = 0; i < n; i++) {
         size_t got = 0;
@@ -184,6 +192,27 @@ static void check_reference(const char *name, bool spm_prefix) {
     assert_int_equal(failures, 0);
     free_cases(v, n);
     ks_tokenizer_destroy(t);
+}
+
+static void check_reference(const char *name, bool spm_prefix) {
+    check_reference_ids(name, load_vocab(name), name, NULL, spm_prefix);
+}
+
+/* The bundled model's own tokenizer (a SentencePiece BPE vocabulary trained by
+ * tools/train_model.py) against SentencePiece's ids for the llama-spm inputs
+ * (tests/golden/kvsieve-default.tokens.out, tools/make_goldens.py --bundled-tokens). */
+static void test_bundled_reference(void **state) {
+    (void)state;
+    ks_gguf *g = NULL;
+    ks_status st = ks_gguf_open(ks_test_source("models/kvsieve-default.gguf"), &g);
+    if (st != KS_OK) print_error("open the bundled model: %s\n", ks_last_error());
+    assert_int_equal(st, KS_OK);
+    ks_tokenizer *t = NULL;
+    assert_int_equal(ks_tokenizer_create(g, &t), KS_OK);
+    ks_gguf_close(g);
+    assert_int_equal(ks_tokenizer_n_vocab(t), 4096);
+    check_reference_ids("kvsieve-default", t, "llama-spm", ks_test_source("tests/golden/kvsieve-default.tokens.out"),
+                        true);
 }
 
 static void test_gpt2_reference(void **state) { (void)state; check_reference("gpt-2", false); }
@@ -874,6 +903,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt2_reference),
         cmocka_unit_test(test_llama_spm_reference),
+        cmocka_unit_test(test_bundled_reference),
         cmocka_unit_test(test_deepseek_coder_reference),
         cmocka_unit_test(test_falcon_round_trip),
         cmocka_unit_test(test_phi3_round_trip),

@@ -3,6 +3,7 @@
 
     /usr/bin/python3 tools/make_goldens.py [--cli build-ref/kvsieve] [--only NAME,...]
                                            [--estimate] [--list]
+    /usr/bin/python3 tools/make_goldens.py --bundled-tokens
 
 Each golden holds a prompt, the reference's teacher-forced logits for the last
 n_logit_rows prompt positions, and its greedy continuation with the top-2
@@ -64,7 +65,10 @@ def gen_prompt(n, candidate=0):
 def matrix():
     """(name, source dict, prompt spec, n_greedy, n_logit_rows or None for all)."""
     out = [("aidreams260K", {"fixture": "models/aidreams260K.gguf", "type": "f32"},
-            ("text", "Once upon a time"), 40, None)]
+            ("text", "Once upon a time"), 40, None),
+           # the bundled trained model (repository path, not a fixture), on a natural prompt
+           ("kvsieve-default", {"bundled": "models/kvsieve-default.gguf", "type": "q8_0"},
+            ("text", "And God said unto Moses,"), 40, None)]
     # every architecture in f16 (tight tolerance, so that architectural details
     # such as rope mode, biases, q/k norm and rope_freqs are resolved) ...
     for shape in SHAPES:
@@ -82,7 +86,7 @@ def matrix():
 
 
 def source_string(src):
-    keys = ["fixture", "shape", "type", "vocab"]
+    keys = ["fixture", "bundled", "shape", "type", "vocab"]
     return " ".join("%s=%s" % (k, src[k]) for k in keys if k in src)
 
 
@@ -97,6 +101,8 @@ def default_cli():
 def model_path(name, src, cli, scratch):
     if "fixture" in src:
         return os.path.join(FIXTURES, src["fixture"])
+    if "bundled" in src:
+        return os.path.join(ROOT, src["bundled"])
     os.makedirs(scratch, exist_ok=True)
     out = os.path.join(scratch, name + ".gguf")
     cmd = [cli, "gen-model", "--shape", src["shape"], "--type", src["type"],
@@ -182,6 +188,22 @@ def sensitivity(m, tokens, rows):
           "  ".join("%s %.3g" % r for r in res))
 
 
+def write_bundled_tokens(out_dir):
+    """Reference ids of the bundled model's tokenizer (SentencePiece itself, from the
+    model's training workdir) for every llama-spm test input, one line of ids per
+    input as in llama.cpp's test-tokenizer-0 .out files; tests/test_tokenizer.c
+    checks kvsieve's encoding of the GGUF vocabulary against them."""
+    import sentencepiece as spm
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(ROOT, "models", "train", "tok.model"))
+    with open(os.path.join(FIXTURES, SPM_VOCAB + ".inp"), encoding="utf-8") as f:
+        texts = f.read().split("\n__ggml_vocab_test__\n")[:-1]
+    out = os.path.join(out_dir, "kvsieve-default.tokens.out")
+    with open(out, "w") as f:
+        for t in texts:
+            f.write(" ".join(str(i) for i in sp.encode(t)) + "\n")
+    print("wrote %s: %d inputs" % (out, len(texts)))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cli", default=default_cli(), help="kvsieve CLI with gen-model")
@@ -193,9 +215,14 @@ def main():
                     help="print how far deliberately wrong variants (rope mode, rope_freqs, "
                          "biases, q/k norm) land from the reference")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--bundled-tokens", action="store_true",
+                    help="write the bundled tokenizer's reference ids (tests/golden/kvsieve-default.tokens.out)")
     a = ap.parse_args()
     only = set(a.only.split(",")) if a.only else None
     os.makedirs(a.out_dir, exist_ok=True)
+    if a.bundled_tokens:
+        write_bundled_tokens(a.out_dir)
+        return 0
     total = 0
     for name, src, prompt_spec, n_greedy, n_rows in matrix():
         if a.list:
@@ -233,7 +260,7 @@ def main():
         print("  hash %016x  %d tokens, %d logit rows x %d, greedy %d, min margin %.3g, %d bytes"
               % (h, len(tokens), rows.shape[0], m.n_vocab, n_greedy, min(margins), size))
         print("  greedy:", ",".join(map(str, greedy)))
-        if R.spm_vocab(m.r) is not None and "fixture" in src:
+        if R.spm_vocab(m.r) is not None and ("fixture" in src or "bundled" in src):
             print("  text: %r" % R.spm_decode(m.r, tokens + greedy))
         if a.estimate:
             e = R.Model(path, emulate="engine")
