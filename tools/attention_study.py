@@ -79,7 +79,7 @@ def study(torch, tgt, ids, n_q):
                 row["previous_%d%%" % round(f * 100)] = float(torch.gather(cur, -1, idx).sum(-1).mean())
             ent = -(cur * torch.log(cur.clamp_min(1e-30))).sum(-1)           # [B][HKV][Q]
             row["entropy_nats"] = float(ent.mean())
-            row["effective_share"] = float((ent.exp() / torch.tensor(qpos[1:], dtype=torch.float32)).mean())
+            row["effective_share"] = float((ent.exp() / (torch.tensor(qpos[1:], dtype=torch.float32) + 1)).mean())
             B6 = max(1, int(round(0.06 * T)))
             for r in RANKS:
                 energy, rec = [], []
