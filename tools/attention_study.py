@@ -52,23 +52,12 @@ def study(torch, tgt, ids, n_q):
     B, T = ids.shape
     qpos = list(range(T - n_q - 1, T))          # one extra (earlier) query for the previous-step reference
     G = TM.N_HEAD // TM.N_KV_HEAD
+    causal = torch.arange(T)[None, None, None, :] > torch.tensor(qpos)[None, None, :, None]
+    att, _ = MD.target_attention(torch, tgt, ids, qpos)
     rows = []
     with torch.no_grad():
-        _, hs = tgt(ids, hidden=True)
-        pos = torch.arange(T, dtype=torch.float64)
-        ang = (pos[:, None] * tgt.inv_freq.double()[None, :]).float()
-        cos, sin = ang.cos(), ang.sin()
-        causal = torch.arange(T)[None, None, None, :] > torch.tensor(qpos)[None, None, :, None]
-        for li, blk in enumerate(tgt.blocks):
-            h = blk.attn_norm(hs[li].float())
-            q = MD.rope_adj(torch, blk.wq(h).view(B, T, TM.N_HEAD, TM.HEAD_DIM), cos, sin)
-            k = MD.rope_adj(torch, blk.wk(h).view(B, T, TM.N_KV_HEAD, TM.HEAD_DIM), cos, sin)
-            qs = q[:, qpos].transpose(1, 2)                                   # [B][HQ][Q][D]
+        for li, (p, k, qs) in enumerate(att):                                # qs [B][HQ][Q][D]
             kk = k.transpose(1, 2)                                            # [B][HKV][T][D]
-            kg = kk.repeat_interleave(G, 1)
-            s = (qs @ kg.transpose(-1, -2)) / math.sqrt(TM.HEAD_DIM)         # [B][HQ][Q][T]
-            p = torch.softmax(s.masked_fill(causal, float("-inf")), -1)
-            p = p.view(B, TM.N_KV_HEAD, G, len(qpos), T).mean(2)              # [B][HKV][Q][T]
             cur, prev = p[:, :, 1:], p[:, :, :-1]
             row = {"layer": li}
             for f in FRACS:
@@ -132,7 +121,7 @@ def spec_split(torch, tgt, ids, n_q, sink, window, workdir):
     m_head.scatter_(-1, ds.masked_fill(base | causal, float("-inf")).topk(n_sel, -1).indices, True)
     m_rand.scatter_(-1, rnd.masked_fill(base | causal, -1.0).topk(n_sel, -1).indices, True)
     rows = []
-    for li, (p, _) in enumerate(att):
+    for li, (p, _, _) in enumerate(att):
         rows.append({"layer": li, "head": float((p * m_head).sum(-1).mean()),
                      "random": float((p * m_rand).sum(-1).mean()),
                      "streaming": float((p * stream).sum(-1).mean()),

@@ -261,9 +261,11 @@ def heldout_stream(corpus, sp, seed):
 
 
 def target_attention(torch, tgt, ids, queries):
-    """Per layer: the target's attention probabilities of the query positions,
-    averaged over the query heads of each KV head (so each row sums to 1):
-    [L][B][HKV][len(queries)][T]."""
+    """Per layer (p, k, q): the target's attention probabilities of the query
+    positions, averaged over the query heads of each KV head (so each row sums
+    to 1) [B][HKV][len(queries)][T]; its keys after RoPE [B][T][HKV][D]; and its
+    queries after RoPE at those positions [B][HQ][len(queries)][D] (query head
+    h belongs to KV head h // group)."""
     out = []
     B, T = ids.shape
     with torch.no_grad():
@@ -282,7 +284,7 @@ def target_attention(torch, tgt, ids, queries):
             s = s.masked_fill(torch.arange(T)[None, None, None, :] > torch.tensor(queries)[None, None, :, None],
                               float("-inf"))
             p = torch.softmax(s, -1).view(B, TM.N_KV_HEAD, TM.N_HEAD // TM.N_KV_HEAD, len(queries), T).mean(2)
-            out.append((p, k))
+            out.append((p, k, qs))
     return out, hs
 
 
@@ -328,7 +330,7 @@ def report(torch, tgt, draft, d_ids, sp, corpus, lengths, seed, log, n_seq=2, n_
         for frac in (0.02, 0.06, 0.12):
             Bsel = max(1, int(round(frac * L)))
             r_head, r_quest, r_prev, r_exact = [], [], [], []
-            for li, (p, kfull) in enumerate(att):
+            for li, (p, kfull, qfull) in enumerate(att):
                 pq = p[:, :, :n_q]
                 r_head.append(recall_of(pq, ds, Bsel, qpos))
                 # previous step's exact top-B: the target's attention one position earlier
@@ -340,12 +342,8 @@ def report(torch, tgt, draft, d_ids, sp, corpus, lengths, seed, log, n_seq=2, n_
                 P = 32
                 kp = kfull.view(n_seq, L // P, P, TM.N_KV_HEAD, TM.HEAD_DIM)
                 kmin, kmax = kp.min(2).values, kp.max(2).values                # [B][pages][HKV][D]
-                blk = tgt.blocks[li]
-                hq = blk.attn_norm(hs[li][:, qpos])
-                pos = torch.tensor(qpos, dtype=torch.float64)
-                ang = (pos[:, None] * tgt.inv_freq.double()[None, :]).float()
-                qq = rope_adj(torch, blk.wq(hq).view(n_seq, n_q, TM.N_HEAD, TM.HEAD_DIM), ang.cos(), ang.sin())
-                qq = qq.view(n_seq, n_q, TM.N_KV_HEAD, TM.N_HEAD // TM.N_KV_HEAD, TM.HEAD_DIM)
+                qq = qfull[:, :, :n_q].transpose(1, 2).reshape(
+                    n_seq, n_q, TM.N_KV_HEAD, TM.N_HEAD // TM.N_KV_HEAD, TM.HEAD_DIM)      # [B][Q][HKV][G][D]
                 ub = torch.maximum(qq[:, :, None] * kmin[:, None, :, :, None],
                                    qq[:, :, None] * kmax[:, None, :, :, None]).sum(-1).sum(-1)  # [B][Q][pg][HKV]
                 tok_sc = ub.permute(0, 3, 1, 2).repeat_interleave(P, -1)        # [B][HKV][Q][T]

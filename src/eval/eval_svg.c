@@ -95,9 +95,9 @@ ks_status ks_eval_svg_budget_chart(const char *title, const ks_eval_series *seri
     ks_eval_sbuf_printf(&b,
                         "<text x=\"18\" y=\"%d\" text-anchor=\"middle\" transform=\"rotate(-90 18 %d)\">accuracy</text>\n",
                         T + ph / 2, T + ph / 2);
+    const int32_t n_colors = (int32_t)(sizeof g_colors / sizeof g_colors[0]);
     for (int32_t s = 0; s < n_series; s++) {
         const ks_eval_series *se = &series[s];
-        const int32_t n_colors = (int32_t)(sizeof g_colors / sizeof g_colors[0]);
         const char *col = g_colors[s % n_colors];
         /* past the palette, series repeat its colours dotted, so each line stays distinct */
         const char *dots = s >= n_colors ? " stroke-dasharray=\"2 3\"" : "";
