@@ -52,18 +52,28 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import train_model as TM  # noqa: E402
-from safetensors_writer import eagle3_vocab_maps, write_safetensors  # noqa: E402
+from safetensors_writer import eagle3_vocab_maps, read_safetensors, write_safetensors  # noqa: E402
 
 H = TM.N_EMBD
 HQ, HKV, HD = 4, 2, 64
 N_FF = TM.N_FF
-AUX = [1, 3, 5]          # residual streams entering target layers 1, 3, 5 (low, middle, high)
+AUX = [1, 3, 5]          # residual streams entering target layers 1, L/2, L-1 (low, middle, high); see configure
 DRAFT_VOCAB = 2048
 ROPE_THETA = TM.ROPE_BASE
 SEQ = 2048
 TTT_STEPS = 3
 MAX_POS = SEQ
 ATTN_BLOCK = 512        # query block of the draft's training attention
+
+
+def configure(target_path):
+    """Take the target's shape from its GGUF: the draft's width and MLP follow
+    the target's, its aux layers are low, middle and high (1, L/2, L-1)."""
+    global H, N_FF, AUX
+    TM.set_shape_from_gguf(target_path)
+    assert TM.N_KV_HEAD == HKV, "one draft KV head per target KV head"
+    H, N_FF = TM.N_EMBD, TM.N_FF
+    AUX = [1, TM.N_LAYER // 2, TM.N_LAYER - 1]
 
 
 def build_draft(torch, n_vocab):
@@ -141,7 +151,7 @@ def build_draft(torch, n_vocab):
             v0 = cache[0][1].transpose(1, 2).repeat_interleave(g, 1)
             kd = [kv[0].transpose(1, 2).repeat_interleave(g, 1) for kv in cache[1:]]
             vd = [kv[1].transpose(1, 2).repeat_interleave(g, 1) for kv in cache[1:]]
-            mask = torch.full((T, T), float("-inf")).triu(1)
+            mask = torch.full((T, T), float("-inf"), device=emb.device).triu(1)
             outs = []
             for a in range(0, T, ATTN_BLOCK):   # query blocks: the masked triangle is never computed
                 b = min(T, a + ATTN_BLOCK)
@@ -167,6 +177,7 @@ def build_draft(torch, n_vocab):
 def load_target(torch, path):
     tgt = TM.build_model(torch)
     TM.load_gguf_into(torch, tgt, path)
+    tgt = tgt.to(TM.DEVICE)
     tgt.eval()
     for p in tgt.parameters():
         p.requires_grad_(False)
@@ -176,7 +187,7 @@ def load_target(torch, path):
 def target_pass(torch, tgt, ids):
     """Teacher: logits [B][T][V] and the fused aux states, shifted so that
     position t holds the states of t-1 (zeros at t = 0): EAGLE's input."""
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast(TM.DEVICE, dtype=torch.bfloat16):
         logits, hs = tgt(ids, hidden=True)
     h3 = torch.cat([hs[a].float() for a in AUX], -1)
     h3 = torch.cat([torch.zeros_like(h3[:, :1]), h3[:, :-1]], 1)
@@ -203,7 +214,7 @@ def ttt_loss(torch, draft, tgt_emb, ids, logits_t, h3, d_ids, steps=TTT_STEPS):
         n = T - j
         tok = ids[:, j:]
         emb = tgt_emb[tok]
-        pos = torch.arange(j, T, dtype=torch.float64)
+        pos = torch.arange(j, T, dtype=torch.float64, device=ids.device)
         if j > 0:
             hid = hid[:, :n]
             cache = [(k[:, :n], v[:, :n]) for k, v in cache]
@@ -250,6 +261,26 @@ def save_dlm(out, draft, d_ids, info):
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
         f.write("\n")
+
+
+_ST_NAMES = {"fc.weight": "fc.weight", "midlayer.hidden_norm.weight": "hidden_norm.weight",
+             "midlayer.input_layernorm.weight": "input_layernorm.weight",
+             "midlayer.self_attn.q_proj.weight": "q_proj.weight", "midlayer.self_attn.k_proj.weight": "k_proj.weight",
+             "midlayer.self_attn.v_proj.weight": "v_proj.weight", "midlayer.self_attn.o_proj.weight": "o_proj.weight",
+             "midlayer.post_attention_layernorm.weight": "post_attention_layernorm.weight",
+             "midlayer.mlp.gate_proj.weight": "gate_proj.weight", "midlayer.mlp.up_proj.weight": "up_proj.weight",
+             "midlayer.mlp.down_proj.weight": "down_proj.weight", "norm.weight": "norm.weight",
+             "lm_head.weight": "lm_head.weight"}
+
+
+def load_dlm(torch, out):
+    """The draft as save_dlm wrote it (the f16 weights kvsieve runs) -> (draft, draft vocabulary ids)."""
+    t = read_safetensors(os.path.join(out, "model.safetensors"))
+    draft = build_draft(torch, TM.N_VOCAB)
+    draft.load_state_dict({_ST_NAMES[k]: torch.from_numpy(t[k].astype(np.float32)) for k in _ST_NAMES})
+    d_ids = np.nonzero(t["t2d"])[0]
+    assert np.array_equal(d_ids - np.arange(len(d_ids)), t["d2t"]), "d2t and t2d disagree"
+    return draft, d_ids
 
 
 # ----------------------------------------------------------------- report --
@@ -421,10 +452,14 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--report", action="store_true", help="measure an existing DLM (no training)")
+    ap.add_argument("--report", action="store_true",
+                    help="measure the DLM in OUT (no training) and write the figures into its config.json")
+    ap.add_argument("--skip-report", action="store_true", help="train and write the DLM without measuring it")
     ap.add_argument("--lengths", default="8192")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (training; the report runs on the CPU)")
+    ap.add_argument("--max-minutes", type=float, default=0, help="stop training (with a checkpoint) after M minutes")
     a = ap.parse_args(argv)
-    if os.path.exists(TM.TCMALLOC) and TM.TCMALLOC not in os.environ.get("LD_PRELOAD", ""):
+    if a.device == "cpu" and os.path.exists(TM.TCMALLOC) and TM.TCMALLOC not in os.environ.get("LD_PRELOAD", ""):
         env = dict(os.environ, LD_PRELOAD=TM.TCMALLOC, TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD="100000000000")
         os.execve(sys.executable, [sys.executable] + sys.argv, env)
     import torch
@@ -438,13 +473,20 @@ def main(argv=None):
 
     corpus = TM.build_corpus(a.cache, log)
     sp = spm.SentencePieceProcessor(model_file=os.path.join(a.workdir, "tok.model"))
+    configure(a.target)
+    TM.DEVICE = "cpu" if a.report else a.device
     tgt = load_target(torch, a.target)
     draft = build_draft(torch, TM.N_VOCAB)
     stream = TM.Stream(sp, corpus, a.seed)
     ck = os.path.join(a.workdir, "dlm-ckpt.pt")
     step = 0
-    if a.resume or a.report:
-        st = torch.load(ck)
+    if a.report:
+        draft, d_ids = load_dlm(torch, out)
+        with open(os.path.join(out, "config.json")) as f:
+            step = json.load(f)["kvsieve"]["steps"]
+        opt_state = None
+    elif a.resume:
+        st = TM.torch_load(torch, ck)
         draft.load_state_dict(st["draft"])
         d_ids = st["d_ids"]
         step = st["step"]
@@ -453,22 +495,23 @@ def main(argv=None):
     else:
         d_ids = draft_vocab(sp, stream, torch)
         opt_state = None
+    draft = draft.to(TM.DEVICE)
     opt = torch.optim.AdamW(draft.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
     if opt_state:
         opt.load_state_dict(opt_state)
-    d_ids_t = torch.tensor(d_ids)
+    d_ids_t = torch.tensor(d_ids, device=TM.DEVICE)
     emb = tgt.tok.weight.detach()
     log("target %s; draft vocabulary %d of %d; %d steps of %d x %d tokens, %d TTT steps" % (
         a.target, len(d_ids), TM.N_VOCAB, a.steps, a.batch, SEQ, TTT_STEPS))
-    last = time.time()
+    last = t_start = time.time()
     while not a.report and step < a.steps:
         X, _ = stream.batch(torch, a.batch, SEQ)
-        ids = X[:, :SEQ]
+        ids = X[:, :SEQ].to(TM.DEVICE)
         logits_t, h3 = target_pass(torch, tgt, ids)
         lr = 1e-3 * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / a.steps)))
         for g in opt.param_groups:
             g["lr"] = lr
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(TM.DEVICE, dtype=torch.bfloat16):
             loss, accs = ttt_loss(torch, draft, emb, ids, logits_t, h3, d_ids_t)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -478,11 +521,25 @@ def main(argv=None):
         if step % 20 == 0 or step == a.steps:
             log("step %d/%d loss %.4f  top-1 agreement by TTT step %s" % (
                 step, a.steps, float(loss), " ".join("%.3f" % x for x in accs)))
-        if time.time() - last > 600 or step == a.steps:
+        over = a.max_minutes and time.time() - t_start >= a.max_minutes * 60
+        if time.time() - last > 600 or step == a.steps or over:
             torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "d_ids": d_ids, "step": step,
                         "data_rng": stream.state()}, ck + ".tmp")
             os.replace(ck + ".tmp", ck)
             last = time.time()
+        if over:
+            log("stopped at step %d after %.1f minutes" % (step, a.max_minutes))
+            break
+    if not a.report:
+        save_dlm(out, draft.float().cpu(), d_ids,
+                 {"producer": "tools/make_dlm.py", "seed": a.seed, "steps": step, "sequence_length": SEQ,
+                  "ttt_steps": TTT_STEPS})
+        if a.skip_report:
+            log("wrote %s (not measured: make_dlm.py --report measures it)" % out)
+            return 0
+        TM.DEVICE = "cpu"
+        tgt = load_target(torch, a.target)
+        draft, d_ids = load_dlm(torch, out)
     draft.eval()
     agree, acc_len = acceptance(torch, tgt, draft, d_ids, sp, corpus, a.seed, log)
     rec = report(torch, tgt, draft, d_ids, sp, corpus, [int(x) for x in a.lengths.split(",")], a.seed + 11, log)

@@ -1,6 +1,7 @@
 """safetensors_writer.py — the safetensors writer of the DLM-making tools
 (make_dlm.py, make_constructed_dlm.py); kvsieve's src/model/safetensors.c
-reads what it writes, and so does the Hugging Face library.
+reads what it writes, and so does the Hugging Face library.  read_safetensors
+reads it back (make_dlm.py --report measures the file the engine runs).
 
 The format: an 8-byte little-endian header length, a JSON header naming each
 tensor's dtype, shape and byte range (plus a free-form "__metadata__" map),
@@ -39,3 +40,24 @@ def eagle3_vocab_maps(draft_ids, n_vocab):
     t2d = np.zeros(n_vocab, dtype=np.uint8)
     t2d[ids] = 1
     return {"d2t": ((ids - np.arange(len(ids))).astype("<i8"), "I64"), "t2d": (t2d, "BOOL")}
+
+
+_NP_DTYPES = {"F16": "<f2", "F32": "<f4", "I64": "<i8", "BOOL": "u1", "BF16": None}
+
+
+def read_safetensors(path):
+    """name -> numpy array (F16, F32, I64 and BOOL: what write_safetensors writes)."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        dt = _NP_DTYPES.get(t["dtype"])
+        if dt is None:
+            raise ValueError("read_safetensors: %s has dtype %s, which is not read here" % (name, t["dtype"]))
+        a, b = t["data_offsets"]
+        out[name] = np.frombuffer(data[a:b], dtype=dt).reshape(t["shape"])
+    return out

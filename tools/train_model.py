@@ -79,6 +79,38 @@ ROPE_BASE = 500000.0         # wavelengths well past 16K positions
 N_CTX = 16384                # advertised context (trained to 8192)
 EPS = 1e-5
 
+# The two recipes.  "cpu" is the shape above, sized for 2 cores, with the
+# hand-planned phases below.  "gpu" is a wider and deeper model (the same
+# architecture; about 15 MB as Q8_0 GGUF) whose stage lengths are planned
+# from a time budget on the machine it runs on (plan_gpu_schedule); the plan
+# it chose is written to WORKDIR/schedule.json and replays exactly with
+# --schedule, on a GPU or a CPU.
+MODEL_SHAPES = {"cpu": dict(n_embd=256, n_layer=6, n_head=4, n_kv_head=2, n_ff=704),
+          "gpu": dict(n_embd=384, n_layer=8, n_head=6, n_kv_head=2, n_ff=1024)}
+DEVICE = "cpu"  # where tensors live; set by main (--device) or by a tool that imports this module
+
+
+def set_shape(n_embd, n_layer, n_head, n_kv_head, n_ff):
+    """Select the model shape (module globals, read by build_model, the export and the tools)."""
+    global N_EMBD, N_LAYER, N_HEAD, N_KV_HEAD, HEAD_DIM, N_FF
+    assert n_embd % n_head == 0 and n_head % n_kv_head == 0 and n_ff % 32 == 0
+    N_EMBD, N_LAYER, N_HEAD, N_KV_HEAD, N_FF = n_embd, n_layer, n_head, n_kv_head, n_ff
+    HEAD_DIM = n_embd // n_head
+
+
+def shape_of(ckpt_shape):
+    """The shape list a checkpoint stores -> set_shape's arguments."""
+    _, e, l, h, kv, ff = ckpt_shape
+    return dict(n_embd=e, n_layer=l, n_head=h, n_kv_head=kv, n_ff=ff)
+
+
+def set_shape_from_gguf(path):
+    """Take the shape of a GGUF this script wrote (tools reading the bundled model call this)."""
+    r = G.GGUFReader(path)
+    kv = lambda k: int(r.kv[k])  # noqa: E731
+    set_shape(kv("llama.embedding_length"), kv("llama.block_count"), kv("llama.attention.head_count"),
+              kv("llama.attention.head_count_kv"), kv("llama.feed_forward_length"))
+
 # A phase of the schedule:
 #   stages: (sequence length, sequences per step, steps), about 16K tokens a step
 #   lr_max, lr_min, warmup: its cosine (restarted at each phase), spanning
@@ -142,6 +174,27 @@ PHASE5 = Phase([(2048, 8, 120), (4096, 4, 100), (8192, 2, 80)], 2e-4, 2e-5, 10, 
                ("multikey", "longgen", "multivalue", "vartrack"))
 
 PHASES = [PHASE1, PHASE2, PHASE3, PHASE4, PHASE5]
+
+# The gpu recipe: one cosine over the whole run and two task mixtures, from
+# what the cpu phases measured.  The first half is the length curriculum with
+# the eval's single questions (longgen's items with distinct leading digits
+# from the start: phase 2's finding).  The second half is drills on the four
+# skills the cpu model kept missing (multikey, multivalue, vartrack, longgen;
+# phases 3-5), 1K to 8K with most tokens long.  Each stage is
+# (sequence length, sequences per step, share of the run's tokens, mixture);
+# a step is 64K tokens.
+GPU_CURRICULUM = Phase(None, None, None, None, None, 0.6,
+                       {"passkey": 1, "multikey": 2, "multivalue": 2, "vartrack": 2, "longgen": 2, "notes": 1},
+                       True, None)
+GPU_DRILLS = Phase(None, None, None, None, None, 0.8,
+                   {"passkey": 1, "multikey": 3, "multivalue": 3, "vartrack": 4, "longgen": 3, "notes": 1},
+                   True, ("multikey", "longgen", "multivalue", "vartrack"))
+GPU_MIXES = {"curriculum": GPU_CURRICULUM, "drills": GPU_DRILLS}
+GPU_STAGES = [(512, 128, 0.10, "curriculum"), (1024, 64, 0.08, "curriculum"), (2048, 32, 0.08, "curriculum"),
+              (4096, 16, 0.09, "curriculum"), (8192, 8, 0.10, "curriculum"),
+              (1024, 64, 0.10, "drills"), (2048, 32, 0.12, "drills"), (4096, 16, 0.15, "drills"),
+              (8192, 8, 0.18, "drills")]
+GPU_LR = (1.5e-3, 1e-4, 200)  # lr_max, lr_min, warmup steps
 
 ANSWER_WEIGHT = 4.0  # loss weight of answer tokens (they are few)
 
@@ -586,7 +639,10 @@ def build_model(torch):
         """Softmax attention over keys <= each query, in query blocks so the masked
         upper triangle is never computed (half the work at long lengths).  The
         softmax runs in the activations' dtype: Debian's torch has a fast bf16
-        kernel, and its fp32 one was most of a step."""
+        kernel, and its fp32 one was most of a step.  mask None: the fused
+        kernel (a GPU's flash attention; the same function)."""
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
         T = q.shape[2]
         outs = []
         for a in range(0, T, block):
@@ -625,10 +681,11 @@ def build_model(torch):
             """ids [B][T] -> logits [B][T][V]; with hidden, also the residual
             stream entering each layer and the final normed state ([L+1] x [B][T][H])."""
             B, T = ids.shape
-            pos = torch.arange(T, dtype=torch.float64)
+            dev = ids.device
+            pos = torch.arange(T, dtype=torch.float64, device=dev)
             ang = (pos[:, None] * self.inv_freq.double()[None, :]).float()
             cos, sin = ang.cos(), ang.sin()
-            mask = torch.full((T, T), float("-inf")).triu(1)
+            mask = None if dev.type == "cuda" else torch.full((T, T), float("-inf"), device=dev).triu(1)
             x = self.tok(ids)
             hs = []
             for b in self.blocks:
@@ -653,7 +710,7 @@ class Stream:
         self.r = random.Random(seed)
         self.src = TextSource(corpus, "train", self.r)
         self.chars_per_token = 3.6
-        self.phase = 1  # set by the training loop per step
+        self.mix = PHASE1  # the Phase whose task mixture this step draws; set by the training loop
 
 
     def state(self):
@@ -664,7 +721,7 @@ class Stream:
 
     def doc(self, room):
         r, sp = self.r, self.sp
-        ph = PHASES[self.phase - 1]
+        ph = self.mix
         if room >= 48 and r.random() < ph.task_share:
             n_tok = int(room * r.uniform(0.3, 0.97))
             for _ in range(4):
@@ -732,16 +789,6 @@ def phase_of(step):
         start += phase_steps(i)
 
 
-def stage_of(step):
-    acc = 0
-    stages = [st for ph in PHASES for st in ph.stages]
-    for T, B, s in stages:
-        if step < acc + s:
-            return T, B
-        acc += s
-    return stages[-1][0], stages[-1][1]
-
-
 def cosine(step, warmup, n, lr_max, lr_min):
     if step < warmup:
         return lr_max * (step + 1) / warmup
@@ -755,7 +802,164 @@ def lr_at(step):
     return cosine(step - start, ph.warmup, ph.lr_steps or phase_steps(phase - 1), ph.lr_max, ph.lr_min)
 
 
-def save_ckpt(torch, path, model, opt, step, stream, seconds):
+class Plan:
+    """The step -> (length, batch, mixture, learning rate) map of a run.
+    plan.stages: [(T, B, steps, mix name)]; the cpu recipe is the PHASES above."""
+
+    def __init__(self, recipe, stages=None, lr=None):
+        self.recipe = recipe
+        if recipe == "cpu":
+            self.stages = []
+            for i, ph in enumerate(PHASES):
+                self.stages += [(T, B, n, "phase%d" % (i + 1)) for T, B, n in ph.stages]
+        else:
+            self.stages = [tuple(st) for st in stages]
+            self.lr_max, self.lr_min, self.warmup = lr or GPU_LR
+        self.total = sum(st[2] for st in self.stages)
+
+    def stage(self, step):
+        acc = 0
+        for st in self.stages:
+            if step < acc + st[2]:
+                return st
+            acc += st[2]
+        return self.stages[-1]
+
+    def mix(self, step):
+        name = self.stage(step)[3]
+        return PHASES[int(name[5:]) - 1] if self.recipe == "cpu" else GPU_MIXES[name]
+
+    def lr(self, step):
+        if self.recipe == "cpu":
+            return lr_at(step)
+        return cosine(step, self.warmup, self.total, self.lr_max, self.lr_min)
+
+    def to_json(self):
+        return {"recipe": self.recipe, "stages": [list(st) for st in self.stages],
+                "lr": [self.lr_max, self.lr_min, self.warmup] if self.recipe != "cpu" else None}
+
+    @staticmethod
+    def from_json(d):
+        return Plan(d["recipe"], d["stages"], d["lr"])
+
+
+def plan_gpu_schedule(torch, budget_s, data_rate, step_tokens, log):
+    """Stage lengths that fill budget_s seconds on this machine: each stage's
+    seconds per token is timed over a few steps of a throwaway model (random
+    tokens), or the data workers' rate where that is slower, and the run's
+    tokens are split by GPU_STAGES' shares."""
+    probe = build_model(torch).to(DEVICE)
+    popt = torch.optim.AdamW(probe.parameters(), lr=1e-4)
+    spt = {}
+    stages = [(T, max(1, step_tokens // T), f, m) for T, _, f, m in GPU_STAGES]
+    for T, B, _, _ in stages:
+        if (T, B) in spt:
+            continue
+        times = []
+        for i in range(4):
+            X = torch.randint(0, N_VOCAB, (B, T + 1), device=DEVICE)
+            torch.cuda.synchronize() if DEVICE == "cuda" else None
+            t = time.time()
+            train_step(torch, probe, popt, X, torch.ones_like(X, dtype=torch.float32), 1e-4, T)
+            torch.cuda.synchronize() if DEVICE == "cuda" else None
+            times.append(time.time() - t)
+        spt[(T, B)] = max(min(times[1:]) / (B * T), 1.0 / data_rate)
+        log("plan: T=%d B=%d  %.0f tok/s on the %s (data workers %.0f tok/s)" % (
+            T, B, B * T / min(times[1:]), DEVICE, data_rate))
+    del probe, popt
+    per_token = sum(f * spt[(T, B)] for T, B, f, _ in stages)
+    n_tokens = budget_s / per_token
+    stages = [(T, B, max(1, int(round(f * n_tokens / (B * T)))), m) for T, B, f, m in stages]
+    plan = Plan("gpu", stages, GPU_LR)
+    log("plan: %d steps, %.0fM tokens in about %.0f s" % (plan.total, n_tokens / 1e6, budget_s))
+    return plan
+
+
+def train_step(torch, model, opt, X, W, lr, T):
+    """One AdamW step of the answer-weighted next-token loss; returns the loss."""
+    for g in opt.param_groups:
+        g["lr"] = lr
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        logits = model(X[:, :-1], checkpoint=(DEVICE == "cpu" and T >= 4096))
+    nll = torch.nn.functional.cross_entropy(logits.float().reshape(-1, N_VOCAB), X[:, 1:].reshape(-1),
+                                            reduction="none")
+    w = W[:, 1:].reshape(-1)
+    loss = (nll * w).sum() / w.sum()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss
+
+
+class Feeder:
+    """Batches for a Plan.  workers 0: made in this process by one Stream (the
+    cpu recipe's data).  workers N: N forked processes, worker w making the
+    batches of steps w, w+N, ... from its own Stream seeded seed + w, so a
+    run's data depends only on (seed, N, plan), not on timing."""
+
+    def __init__(self, sp_path, corpus, seed, plan, workers, start_step=0, stream_state=None):
+        import sentencepiece as spm
+        self.plan, self.workers, self.step = plan, workers, start_step
+        if workers == 0:
+            self.stream = Stream(spm.SentencePieceProcessor(model_file=sp_path), corpus, seed)
+            if stream_state is not None:
+                self.stream.set_state(stream_state)
+            return
+        import multiprocessing as mp
+        ctx = mp.get_context("fork")
+        self.queues = [ctx.Queue(maxsize=6) for _ in range(workers)]
+        self.procs = [ctx.Process(target=Feeder._work, daemon=True,
+                                  args=(sp_path, corpus, seed + w, plan, w, workers, start_step, self.queues[w]))
+                      for w in range(workers)]
+        for p in self.procs:
+            p.start()
+
+    @staticmethod
+    def _work(sp_path, corpus, seed, plan, w, n, start_step, q):
+        import torch
+        import sentencepiece as spm
+        torch.set_num_threads(1)
+        st = Stream(spm.SentencePieceProcessor(model_file=sp_path), corpus, seed)
+        step = w
+        while step < plan.total:
+            T, B, _, _ = plan.stage(step)
+            st.mix = plan.mix(step)
+            X, W = st.batch(torch, B, T)  # drawn even when skipped, so a resumed run sees the same data
+            if step >= start_step:
+                q.put((step, X.numpy(), W.numpy()))
+            step += n
+
+    def next(self, torch):
+        """(X, W) of the next step, on DEVICE."""
+        T, B, _, _ = self.plan.stage(self.step)
+        if self.workers == 0:
+            self.stream.mix = self.plan.mix(self.step)
+            X, W = self.stream.batch(torch, B, T)
+        else:
+            step, X, W = self.queues[self.step % self.workers].get()
+            assert step == self.step
+            X, W = torch.from_numpy(X), torch.from_numpy(W)
+        self.step += 1
+        return X.to(DEVICE, non_blocking=True), W.to(DEVICE, non_blocking=True)
+
+    def state(self):
+        return self.stream.state() if self.workers == 0 else None
+
+    def close(self):
+        for p in getattr(self, "procs", []):
+            p.terminate()
+
+
+def torch_load(torch, path):
+    """torch.load of a file this project wrote (newer torch loads only tensors by default)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except TypeError:  # a torch without the weights_only argument
+        return torch.load(path, map_location="cpu")
+
+
+def save_ckpt(torch, path, model, opt, step, feeder, seconds, plan, workers):
     """Weights in fp32; AdamW's moments in bf16 (a third less to commit; the
     moments need no more precision to resume)."""
     opt_sd = opt.state_dict()
@@ -763,20 +967,21 @@ def save_ckpt(torch, path, model, opt, step, stream, seconds):
     opt_sd["state"] = {i: {k: (v.to(torch.bfloat16) if k in ("exp_avg", "exp_avg_sq") else v)
                            for k, v in s.items()} for i, s in opt_sd["state"].items()}
     tmp = path + ".tmp"
-    torch.save({"model": model.state_dict(), "opt": opt_sd, "step": step,
-                "data_rng": stream.state(), "torch_rng": torch.get_rng_state(), "seconds": seconds,
-                "shape": [N_VOCAB, N_EMBD, N_LAYER, N_HEAD, N_KV_HEAD, N_FF]}, tmp)
+    torch.save({"model": {k: v.cpu() for k, v in model.state_dict().items()}, "opt": opt_sd, "step": step,
+                "data_rng": feeder.state(), "torch_rng": torch.get_rng_state(), "seconds": seconds,
+                "shape": [N_VOCAB, N_EMBD, N_LAYER, N_HEAD, N_KV_HEAD, N_FF],
+                "plan": plan.to_json(), "workers": workers}, tmp)
     os.replace(tmp, path)
 
 
-def load_ckpt(torch, path, model, opt, stream):
-    st = torch.load(path)
+def load_ckpt(torch, st, model, opt):
+    """Weights and AdamW state of a checkpoint dict (torch_load) into model and opt."""
     model.load_state_dict(st["model"])
-    for s in st["opt"]["state"].values():
-        for k in ("exp_avg", "exp_avg_sq"):
-            s[k] = s[k].float()
-    opt.load_state_dict(st["opt"])
-    stream.set_state(st["data_rng"])
+    if opt is not None:
+        for s in st["opt"]["state"].values():
+            for k in ("exp_avg", "exp_avg_sq"):
+                s[k] = s[k].float()
+        opt.load_state_dict(st["opt"])
     torch.set_rng_state(st["torch_rng"])
     return st["step"], st["seconds"]
 
@@ -804,7 +1009,7 @@ def tokenizer_kvs(sp):
 
 
 def export_gguf(torch, model, sp, path, step, log):
-    sd = {k: v.float().numpy() for k, v in model.state_dict().items()}
+    sd = {k: v.float().cpu().numpy() for k, v in model.state_dict().items()}
     kvs = [("general.architecture", G.T_STRING, "llama"),
            ("general.name", G.T_STRING, "kvsieve-default"),
            ("general.description", G.T_STRING,
@@ -884,9 +1089,9 @@ def heldout_report(torch, model, sp, corpus, log, n_tokens=60000, T=512):
     X = torch.tensor(stream).view(-1, T + 1)
     model.eval()
     nll, cnt = 0.0, 0
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast(DEVICE, dtype=torch.bfloat16):
         for i in range(0, len(X), 8):
-            x = X[i:i + 8]
+            x = X[i:i + 8].to(DEVICE)
             logits = model(x[:, :-1]).float()
             nll += torch.nn.functional.cross_entropy(logits.reshape(-1, N_VOCAB), x[:, 1:].reshape(-1),
                                                      reduction="sum").item()
@@ -903,23 +1108,44 @@ def heldout_report(torch, model, sp, corpus, log, n_tokens=60000, T=512):
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
 
+def measure_data_rate(sp, corpus, seed, seconds=3.0):
+    """Tokens per second one data worker makes on the drill mixture (the slowest)."""
+    import torch
+    st = Stream(sp, corpus, seed)
+    st.mix = GPU_DRILLS
+    t, n = time.time(), 0
+    while time.time() - t < seconds:
+        st.batch(torch, 8, 2048)
+        n += 8 * 2048
+    return n / (time.time() - t)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workdir", default=os.path.join(ROOT, "models", "train"),
-                    help="tokenizer, checkpoint and log (committed, so training resumes anywhere)")
+                    help="tokenizer, checkpoint, schedule and log")
     ap.add_argument("--cache", default=os.path.join(ROOT, "build"), help="where the extracted corpus is cached")
     ap.add_argument("--seed", type=int, default=20261125)
+    ap.add_argument("--recipe", choices=sorted(MODEL_SHAPES), default="cpu",
+                    help="cpu: the 2-core model and phases; gpu: the larger model, planned from --budget-minutes")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=None,
+                    help="data processes (default: 0 for the cpu recipe, the CPUs less 2 for gpu)")
+    ap.add_argument("--budget-minutes", type=float, default=6.0,
+                    help="gpu recipe: plan the stages to take about this long on this machine")
+    ap.add_argument("--step-tokens", type=int, default=65536, help="gpu recipe: tokens per step")
+    ap.add_argument("--schedule", metavar="JSON", help="gpu recipe: replay the plan of an earlier run's schedule.json")
     ap.add_argument("--resume", action="store_true", help="continue from WORKDIR/ckpt.pt")
     ap.add_argument("--max-minutes", type=float, default=0, help="stop (with a checkpoint) after M minutes")
     ap.add_argument("--ckpt-minutes", type=float, default=10)
-    ap.add_argument("--until", type=int, default=0, metavar="STEP",
-                    help="stop (with a checkpoint) at step STEP; the bundled model is step 3795, the end of phase 4")
+    ap.add_argument("--until", type=int, default=0, metavar="STEP", help="stop (with a checkpoint) at step STEP")
     ap.add_argument("--export", metavar="GGUF", help="write the checkpoint as GGUF and exit")
     ap.add_argument("--report", action="store_true", help="held-out perplexity vs n-gram baselines, then exit")
     a = ap.parse_args(argv)
 
-    if TCMALLOC and os.path.exists(TCMALLOC) and TCMALLOC not in os.environ.get("LD_PRELOAD", ""):
+    if a.device == "cpu" and TCMALLOC and os.path.exists(TCMALLOC) and \
+            TCMALLOC not in os.environ.get("LD_PRELOAD", ""):
         # Debian's torch allocates each large activation afresh; glibc maps and
         # page-faults it every time (elementwise ops ran at ~1 GB/s).  tcmalloc keeps the
         # memory: a step is 2-3x faster.  Re-executed so the preload takes effect.
@@ -927,6 +1153,8 @@ def main(argv=None):
         os.execve(sys.executable, [sys.executable] + sys.argv, env)
     import torch
     import torch.utils.checkpoint  # noqa: F401
+    global DEVICE
+    DEVICE = a.device
     torch.set_num_threads(a.threads)
     t0 = time.time()
     os.makedirs(a.workdir, exist_ok=True)
@@ -943,16 +1171,31 @@ def main(argv=None):
     torch.manual_seed(a.seed)
     corpus = build_corpus(a.cache, log)
     sp = train_tokenizer(a.workdir, corpus, a.seed, log)
-    model = build_model(torch)
-    opt = torch.optim.AdamW(model.parameters(), lr=PHASE1.lr_max, betas=(0.9, 0.95), weight_decay=0.1)
-    stream = Stream(sp, corpus, a.seed + 1)
+    sp_path = os.path.join(a.workdir, "tok.model")
     ckpt = os.path.join(a.workdir, "ckpt.pt")
-    step, seconds = 0, 0.0
+    step, seconds, st = 0, 0.0, None
     if a.resume or a.export or a.report:
         if not os.path.exists(ckpt):
             log("no checkpoint at %s" % ckpt)
             return 1
-        step, seconds = load_ckpt(torch, ckpt, model, opt, stream)
+        st = torch_load(torch, ckpt)
+        set_shape(**shape_of(st["shape"]))
+        plan = Plan.from_json(st["plan"]) if "plan" in st else Plan("cpu")
+        workers = st.get("workers", 0)
+    else:
+        set_shape(**MODEL_SHAPES[a.recipe])
+        workers = a.workers if a.workers is not None else (0 if a.recipe == "cpu" else max(1, os.cpu_count() - 2))
+        plan = None
+        if a.recipe == "cpu":
+            plan = Plan("cpu")
+        elif a.schedule:
+            with open(a.schedule) as f:
+                d = json.load(f)
+            plan, workers = Plan.from_json(d["plan"]), d["workers"]
+    model = build_model(torch).to(DEVICE)
+    opt = torch.optim.AdamW(model.parameters(), lr=GPU_LR[0], betas=(0.9, 0.95), weight_decay=0.1)
+    if st is not None:
+        step, seconds = load_ckpt(torch, st, model, opt if a.resume else None)
         log("resumed at step %d (%.2f h of training so far)" % (step, seconds / 3600))
     if a.export:
         export_gguf(torch, model, sp, a.export, step, log)
@@ -960,10 +1203,18 @@ def main(argv=None):
     if a.report:
         heldout_report(torch, model, sp, corpus, log)
         return 0
+    if plan is None:
+        rate = measure_data_rate(sp, corpus, a.seed)
+        plan = plan_gpu_schedule(torch, a.budget_minutes * 60, 0.8 * rate * max(1, workers), a.step_tokens, log)
+    with open(os.path.join(a.workdir, "schedule.json"), "w") as f:
+        json.dump({"plan": plan.to_json(), "workers": workers, "seed": a.seed}, f, indent=1)
+        f.write("\n")
 
     n_param = sum(p.numel() for p in model.parameters())
-    log("model: %d layers, width %d, %d/%d heads, ff %d, vocab %d: %.2fM parameters" % (
-        N_LAYER, N_EMBD, N_HEAD, N_KV_HEAD, N_FF, N_VOCAB, n_param / 1e6))
+    log("model: %d layers, width %d, %d/%d heads, ff %d, vocab %d: %.2fM parameters; %s recipe on %s, "
+        "%d data workers" % (N_LAYER, N_EMBD, N_HEAD, N_KV_HEAD, N_FF, N_VOCAB, n_param / 1e6, plan.recipe,
+                             DEVICE, workers))
+    feeder = Feeder(sp_path, corpus, a.seed + 1, plan, workers, step, st["data_rng"] if st else None)
     last_ckpt = time.time()
     t_start = time.time()
     # SIGTERM / SIGINT (a session ending, ^C): finish the step, checkpoint, stop
@@ -971,45 +1222,35 @@ def main(argv=None):
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop_asked.append(1))
     tok_seen, t_win, loss_win, n_win = 0, time.time(), 0.0, 0
-    last_step = min(a.until, total_steps()) if a.until > 0 else total_steps()
+    last_step = min(a.until, plan.total) if a.until > 0 else plan.total
+    mix = None
     while step < last_step:
-        T, B = stage_of(step)
-        phase, _ = phase_of(step)
-        if phase != stream.phase:
-            log("phase %d (LR restarted at %.1e) from step %d" % (phase, PHASES[phase - 1].lr_max, step))
-        stream.phase = phase
-        X, W = stream.batch(torch, B, T)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(X[:, :-1], checkpoint=T >= 4096)
-        nll = torch.nn.functional.cross_entropy(logits.float().reshape(-1, N_VOCAB), X[:, 1:].reshape(-1),
-                                                reduction="none")
-        w = W[:, 1:].reshape(-1)
-        loss = (nll * w).sum() / w.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        T, B, _, name = plan.stage(step)
+        if name != mix:
+            log("stage %s T=%d B=%d from step %d (lr %.1e)" % (name, T, B, step, plan.lr(step)))
+            mix = name
+        X, W = feeder.next(torch)
+        loss = train_step(torch, model, opt, X, W, plan.lr(step), T)
         step += 1
         tok_seen += B * T
-        loss_win += loss.item()
+        loss_win += loss.detach()
         n_win += 1
-        if step % 25 == 0 or step == total_steps():
+        if step % 25 == 0 or step == plan.total:
             dt = time.time() - t_win
-            log("step %d/%d T=%d lr %.2e loss %.3f  %.0f tok/s" % (step, total_steps(), T, lr_at(step),
-                                                                 loss_win / n_win, tok_seen / dt))
+            log("step %d/%d T=%d lr %.2e loss %.3f  %.0f tok/s" % (step, plan.total, T, plan.lr(step),
+                                                                 float(loss_win) / n_win, tok_seen / dt))
             tok_seen, t_win, loss_win, n_win = 0, time.time(), 0.0, 0
         now = time.time()
         done = bool(stop_asked) or (a.max_minutes and now - t_start >= a.max_minutes * 60)
         if now - last_ckpt >= a.ckpt_minutes * 60 or done or step == last_step:
-            save_ckpt(torch, ckpt, model, opt, step, stream, seconds + now - t_start)
+            save_ckpt(torch, ckpt, model, opt, step, feeder, seconds + now - t_start, plan, workers)
             last_ckpt = now
             log("checkpoint at step %d" % step)
         if done:
             break
+    feeder.close()
     seconds += time.time() - t_start
-    log("stopped at step %d/%d after %.2f h of training in all" % (step, total_steps(), seconds / 3600))
+    log("stopped at step %d/%d after %.2f h of training in all" % (step, plan.total, seconds / 3600))
     return 0
 
 
