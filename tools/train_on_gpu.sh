@@ -13,8 +13,10 @@
 # models/train/tok.model.  Measuring (held-out perplexity, the DLM's report,
 # kvsieve eval) runs afterwards on the CPU.
 #
-# Environment: DEVICE (default cuda), DLM_STEPS (1200), DLM_BATCH (4), SCHEDULE
-# (a schedule.json to replay instead of planning).
+# Environment: DEVICE (default cuda), DLM_STEPS (1200), DLM_BATCH (4), DLM_MINUTES
+# (1.5), SCHEDULE (a schedule.json to replay instead of planning), STAGES
+# (full, or focus: a second pass from INIT_WEIGHTS, a weights file an earlier
+# run wrote), SEED (train_model.py's default).
 set -euo pipefail
 out=${1:?usage: train_on_gpu.sh OUT_DIR [BUDGET_MINUTES]}
 budget=${2:-5}
@@ -24,8 +26,10 @@ work=build/gpu-train
 rm -rf "$work"
 mkdir -p "$work" "$out/dlm"
 cp models/train/tok.model models/train/tok.vocab "$work/"
-plan=(--budget-minutes "$budget")
+plan=(--budget-minutes "$budget" --stages "${STAGES:-full}")
 [ -n "${SCHEDULE:-}" ] && plan=(--schedule "$SCHEDULE")
+[ -n "${INIT_WEIGHTS:-}" ] && plan+=(--init-weights "$INIT_WEIGHTS")
+[ -n "${SEED:-}" ] && plan+=(--seed "$SEED")
 $py tools/train_model.py --recipe gpu --device "$device" --workdir "$work" --threads 4 \
     "${plan[@]}" --max-minutes "$($py -c "print($budget * 1.15)")"
 cp "$work/schedule.json" "$out/"
@@ -39,5 +43,5 @@ torch.save({"model": {k: v.bfloat16() for k, v in st["model"].items()}, "shape":
 PY
 split -b 15M "$out/weights-bf16.pt" "$out/weights-bf16.pt.part-" && rm "$out/weights-bf16.pt"
 $py tools/make_dlm.py --target "$out/kvsieve-default.gguf" --out "$out/dlm" --workdir "$work" \
-    --device "$device" --steps "${DLM_STEPS:-1200}" --batch "${DLM_BATCH:-4}" --max-minutes 1.5 --skip-report
+    --device "$device" --steps "${DLM_STEPS:-1200}" --batch "${DLM_BATCH:-4}" --max-minutes "${DLM_MINUTES:-1.5}" --skip-report
 echo "train_on_gpu: done"
