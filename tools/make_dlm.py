@@ -501,8 +501,11 @@ def main(argv=None):
         opt.load_state_dict(opt_state)
     d_ids_t = torch.tensor(d_ids, device=TM.DEVICE)
     emb = tgt.tok.weight.detach()
-    log("target %s; draft vocabulary %d of %d; %d steps of %d x %d tokens, %d TTT steps" % (
-        a.target, len(d_ids), TM.N_VOCAB, a.steps, a.batch, SEQ, TTT_STEPS))
+    if a.report:
+        log("target %s; measuring the draft in %s (%d steps of training)" % (a.target, out, step))
+    else:
+        log("target %s; draft vocabulary %d of %d; %d steps of %d x %d tokens, %d TTT steps" % (
+            a.target, len(d_ids), TM.N_VOCAB, a.steps, a.batch, SEQ, TTT_STEPS))
     last = t_start = time.time()
     while not a.report and step < a.steps:
         X, _ = stream.batch(torch, a.batch, SEQ)
@@ -520,7 +523,7 @@ def main(argv=None):
         step += 1
         if step % 20 == 0 or step == a.steps:
             log("step %d/%d loss %.4f  top-1 agreement by TTT step %s" % (
-                step, a.steps, float(loss), " ".join("%.3f" % x for x in accs)))
+                step, a.steps, loss.item(), " ".join("%.3f" % x for x in accs)))
         over = a.max_minutes and time.time() - t_start >= a.max_minutes * 60
         if time.time() - last > 600 or step == a.steps or over:
             torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "d_ids": d_ids, "step": step,

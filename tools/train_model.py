@@ -1,10 +1,11 @@
 #!/usr/bin/python3
-"""train_model.py — train kvsieve's bundled long-context model from a seed (PyTorch, CPU).
+"""train_model.py — train kvsieve's bundled long-context model from a seed (PyTorch; CPU, or a GPU for the gpu recipe).
 
     /usr/bin/python3 tools/train_model.py [--workdir models/train] [--resume]
         [--until STEP] [--max-minutes M] [--threads 2] [--seed 20261125]
     /usr/bin/python3 tools/train_model.py --export models/kvsieve-default.gguf [--workdir ...]
-    /usr/bin/python3 tools/train_model.py --report [--workdir ...]
+    /usr/bin/python3 tools/train_model.py --report [--workdir ...] [--gguf MODEL.gguf]
+    /usr/bin/python3 tools/train_model.py --recipe gpu --device cuda [--budget-minutes M] (tools/train_on_gpu.sh)
 
 Why a trained model: the sparse-attention methods kvsieve implements are
 claims about the attention that *training* produces (low-rank queries and
@@ -1163,6 +1164,8 @@ def main(argv=None):
     ap.add_argument("--until", type=int, default=0, metavar="STEP", help="stop (with a checkpoint) at step STEP")
     ap.add_argument("--export", metavar="GGUF", help="write the checkpoint as GGUF and exit")
     ap.add_argument("--report", action="store_true", help="held-out perplexity vs n-gram baselines, then exit")
+    ap.add_argument("--gguf", metavar="GGUF", help="with --report: measure this exported model (the Q8_0 "
+                    "weights kvsieve runs) instead of the checkpoint")
     a = ap.parse_args(argv)
 
     if a.device == "cpu" and TCMALLOC and os.path.exists(TCMALLOC) and \
@@ -1195,6 +1198,12 @@ def main(argv=None):
     sp_path = os.path.join(a.workdir, "tok.model")
     ckpt = os.path.join(a.workdir, "ckpt.pt")
     step, seconds, st = 0, 0.0, None
+    if a.report and a.gguf:
+        set_shape_from_gguf(a.gguf)
+        model = load_gguf_into(torch, build_model(torch), a.gguf).to(DEVICE)
+        log("measuring %s" % a.gguf)
+        heldout_report(torch, model, sp, corpus, log)
+        return 0
     if a.resume or a.export or a.report:
         if not os.path.exists(ckpt):
             log("no checkpoint at %s" % ckpt)

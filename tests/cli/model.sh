@@ -59,4 +59,22 @@ out5=$("$KS" run -m "$MODEL" -p "$PROMPT" -n 8 --temp 0 -t 2 --policy spec --bud
     bad "spec run failed: $(cat "$TMP/err")"
 [ "$out5" = "$out" ] || bad "spec at full budget: '$out5', want dense '$out'"
 
+# The second trained pair (models/kvsieve-gpu.gguf and its draft: the gpu
+# recipe, docs/MODEL.md): the same checks of shape and retrieval, and spec at
+# full budget reproduces dense.
+GPU_MODEL="$SRC/models/kvsieve-gpu.gguf"
+check_bundled_model "$KS" "$GPU_MODEL" 16384 4096
+# (in the eval's exact layout, needle and question on its own line: this
+# model does not generalise from it as the first one does, and answers
+# PASSKEY_PROMPT with another number)
+GPROMPT="A pass key is hidden in the text below. Remember it.
+The quiet farmer walks near the old bridge. The pass key is 31415. Remember it. 31415 is the pass key. A small bird sings by the river today.
+What is the pass key? The pass key is"
+g1=$("$KS" run -m "$GPU_MODEL" -p "$GPROMPT" -n 8 --temp 0 -t 2 2>"$TMP/err") || bad "gpu pair run failed: $(cat "$TMP/err")"
+case "$g1" in *31415*) ;; *) bad "gpu pair: needle not retrieved: '$g1'";; esac
+check_bundled_dlm "$KS" "$SRC/models/kvsieve-gpu-dlm" 384 "1, 4, 7"
+g2=$("$KS" run -m "$GPU_MODEL" -p "$GPROMPT" -n 8 --temp 0 -t 2 --policy spec --budget 4096 2>"$TMP/err") ||
+    bad "gpu pair spec run failed: $(cat "$TMP/err")"
+[ "$g2" = "$g1" ] || bad "gpu pair spec at full budget: '$g2', want dense '$g1'"
+
 finish model.sh
