@@ -36,6 +36,14 @@ What is trained (docs/MODEL.md):
     questions per document on the skills the curriculum did not teach); each
     says why it exists.
 
+The gpu recipe (--recipe gpu, tools/train_on_gpu.sh): a larger model of the
+same architecture, whose stages (GPU_STAGES: the curriculum, then drills)
+are sized by timing a few steps on the machine it runs on (plan_gpu_schedule)
+to fill --budget-minutes; the plan goes to WORKDIR/schedule.json and
+--schedule replays it.  Its batches come from forked data workers (Feeder),
+worker w making the batches of steps w, w+N, ..., so the data depends on the
+seed, N and the plan, never on timing.
+
 Resumable: the state (weights, AdamW moments, step, data generator state)
 is written to WORKDIR/ckpt.pt every --ckpt-minutes and at the end; --resume
 continues from it, so training can be run in parts.  The tokenizer and the
