@@ -149,6 +149,7 @@ def main(argv=None):
     log = lambda m: print("[%6.1fs] %s" % (time.time() - t0, m), file=sys.stderr, flush=True)  # noqa: E731
     corpus = TM.build_corpus(a.cache, log)
     sp = spm.SentencePieceProcessor(model_file=os.path.join(a.workdir, "tok.model"))
+    MD.configure(a.target)  # the target's shape
     tgt = MD.load_target(torch, a.target)
     X, _ = MD.heldout_stream(corpus, sp, a.seed).batch(torch, a.seqs, a.length)
     rows = study(torch, tgt, X[:, :a.length], a.queries)

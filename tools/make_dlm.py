@@ -227,24 +227,24 @@ def ttt_loss(torch, draft, tgt_emb, ids, logits_t, h3, d_ids, steps=TTT_STEPS):
     return loss / steps, accs
 
 
+# safetensors name (EAGLE-3's checkpoint layout) -> the Draft's parameter
+_ST_NAMES = {"fc.weight": "fc.weight", "midlayer.hidden_norm.weight": "hidden_norm.weight",
+             "midlayer.input_layernorm.weight": "input_layernorm.weight",
+             "midlayer.self_attn.q_proj.weight": "q_proj.weight", "midlayer.self_attn.k_proj.weight": "k_proj.weight",
+             "midlayer.self_attn.v_proj.weight": "v_proj.weight", "midlayer.self_attn.o_proj.weight": "o_proj.weight",
+             "midlayer.post_attention_layernorm.weight": "post_attention_layernorm.weight",
+             "midlayer.mlp.gate_proj.weight": "gate_proj.weight", "midlayer.mlp.up_proj.weight": "up_proj.weight",
+             "midlayer.mlp.down_proj.weight": "down_proj.weight", "norm.weight": "norm.weight",
+             "lm_head.weight": "lm_head.weight"}
+
+
 def save_dlm(out, draft, d_ids, info):
     os.makedirs(out, exist_ok=True)
     f16 = lambda t: (t.detach().float().numpy().astype("<f2"), "F16")  # noqa: E731
     f32 = lambda t: (t.detach().float().numpy().astype("<f4"), "F32")  # noqa: E731
+    sd = draft.state_dict()
     tensors = {
-        "fc.weight": f16(draft.fc.weight),
-        "midlayer.hidden_norm.weight": f32(draft.hidden_norm.weight),
-        "midlayer.input_layernorm.weight": f32(draft.input_layernorm.weight),
-        "midlayer.self_attn.q_proj.weight": f16(draft.q_proj.weight),
-        "midlayer.self_attn.k_proj.weight": f16(draft.k_proj.weight),
-        "midlayer.self_attn.v_proj.weight": f16(draft.v_proj.weight),
-        "midlayer.self_attn.o_proj.weight": f16(draft.o_proj.weight),
-        "midlayer.post_attention_layernorm.weight": f32(draft.post_attention_layernorm.weight),
-        "midlayer.mlp.gate_proj.weight": f16(draft.gate_proj.weight),
-        "midlayer.mlp.up_proj.weight": f16(draft.up_proj.weight),
-        "midlayer.mlp.down_proj.weight": f16(draft.down_proj.weight),
-        "norm.weight": f32(draft.norm.weight),
-        "lm_head.weight": f16(draft.lm_head.weight),
+        **{st: (f32 if "norm" in st else f16)(sd[attr]) for st, attr in _ST_NAMES.items()},  # norms stay f32
         **eagle3_vocab_maps(d_ids, TM.N_VOCAB),
     }
     write_safetensors(os.path.join(out, "model.safetensors"), dict(sorted(tensors.items())),
@@ -261,16 +261,6 @@ def save_dlm(out, draft, d_ids, info):
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
         f.write("\n")
-
-
-_ST_NAMES = {"fc.weight": "fc.weight", "midlayer.hidden_norm.weight": "hidden_norm.weight",
-             "midlayer.input_layernorm.weight": "input_layernorm.weight",
-             "midlayer.self_attn.q_proj.weight": "q_proj.weight", "midlayer.self_attn.k_proj.weight": "k_proj.weight",
-             "midlayer.self_attn.v_proj.weight": "v_proj.weight", "midlayer.self_attn.o_proj.weight": "o_proj.weight",
-             "midlayer.post_attention_layernorm.weight": "post_attention_layernorm.weight",
-             "midlayer.mlp.gate_proj.weight": "gate_proj.weight", "midlayer.mlp.up_proj.weight": "up_proj.weight",
-             "midlayer.mlp.down_proj.weight": "down_proj.weight", "norm.weight": "norm.weight",
-             "lm_head.weight": "lm_head.weight"}
 
 
 def load_dlm(torch, out):
@@ -476,7 +466,6 @@ def main(argv=None):
     configure(a.target)
     TM.DEVICE = "cpu" if a.report else a.device
     tgt = load_target(torch, a.target)
-    draft = build_draft(torch, TM.N_VOCAB)
     stream = TM.Stream(sp, corpus, a.seed)
     ck = os.path.join(a.workdir, "dlm-ckpt.pt")
     step = 0
@@ -487,12 +476,14 @@ def main(argv=None):
         opt_state = None
     elif a.resume:
         st = TM.torch_load(torch, ck)
+        draft = build_draft(torch, TM.N_VOCAB)
         draft.load_state_dict(st["draft"])
         d_ids = st["d_ids"]
         step = st["step"]
         stream.set_state(st["data_rng"])
         opt_state = st["opt"]
     else:
+        draft = build_draft(torch, TM.N_VOCAB)
         d_ids = draft_vocab(sp, stream, torch)
         opt_state = None
     draft = draft.to(TM.DEVICE)
@@ -540,8 +531,9 @@ def main(argv=None):
         if a.skip_report:
             log("wrote %s (not measured: make_dlm.py --report measures it)" % out)
             return 0
-        TM.DEVICE = "cpu"
-        tgt = load_target(torch, a.target)
+        if TM.DEVICE != "cpu":  # the report runs on the CPU
+            TM.DEVICE = "cpu"
+            tgt = load_target(torch, a.target)
         draft, d_ids = load_dlm(torch, out)
     draft.eval()
     agree, acc_len = acceptance(torch, tgt, draft, d_ids, sp, corpus, a.seed, log)

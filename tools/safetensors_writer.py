@@ -42,7 +42,7 @@ def eagle3_vocab_maps(draft_ids, n_vocab):
     return {"d2t": ((ids - np.arange(len(ids))).astype("<i8"), "I64"), "t2d": (t2d, "BOOL")}
 
 
-_NP_DTYPES = {"F16": "<f2", "F32": "<f4", "I64": "<i8", "BOOL": "u1", "BF16": None}
+_NP_DTYPES = {"F16": "<f2", "F32": "<f4", "I64": "<i8", "BOOL": "u1"}
 
 
 def read_safetensors(path):
