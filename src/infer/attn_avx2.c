@@ -75,6 +75,14 @@ INL void prefetch_row(const uint8_t *p, size_t rb) {
     _mm_prefetch((const char *)(p + rb - 1), _MM_HINT_T0);
 }
 
+/* Lines STREAM_AHEAD bytes past a contiguous run's row: the prefetchers
+ * follow the K and V streams, but not far enough ahead to hide DRAM behind
+ * the arithmetic (attn_avx512.c has the measurements). */
+enum { STREAM_AHEAD = 2048 };
+INL void prefetch_stream(const uint8_t *row, size_t rb) {
+    for (size_t o = 0; o < rb; o += 64) _mm_prefetch((const char *)row + STREAM_AHEAD + o, _MM_HINT_T0);
+}
+
 /* Scores of 8 / NG rows k[] against NG heads: dst[r][NG] for the first nr
  * rows.  qs: [NG][hd] scaled queries (padded heads zero). */
 INL void score_rows(const uint8_t *const *k, const float *qs, int hd, int NG, const int KT, float *dst, int nr,
@@ -478,6 +486,11 @@ INL void decode_group(const ks_kv_seg *segs, int nseg, int total, int hd, size_t
         const int nx = cur ^ 1;
         int nn = next_block(segs, nseg, rb, &si, &sj, kp[nx], vr[nx], &nvr[nx], &frag[nx]);
         int pf = frag[cur] || frag[nx] ? nn : 0; /* rows of the next block to prefetch */
+        if (!pf) { /* a contiguous run: its streams, ahead */
+            for (int r = 0; r < n; r++) prefetch_stream(kp[cur][r], rb);
+            for (int r = 0; r < nvr[cur]; r++)
+                for (int j = 0; j < vr[cur][r].n; j++) prefetch_stream(vr[cur][r].row + (size_t)j * rb, rb);
+        }
         float *sc = want_probs ? scores + (size_t)done * NG : s_blk;
         __m256 blk_max = score_block(kp[cur], n, kp[nx], pf, hd, rb, qs, sc, run_max);
         FOLD_LANES(blk_max, NG, _mm256_max_ps);
