@@ -45,14 +45,16 @@ static void eval_usage(FILE *f) {
             "usage: kvsieve eval [-m MODEL.gguf] [--task passkey,multikey,multivalue,vartrack,longgen|all]\n"
             "                    [--lengths 1024,4096,8192] [--depths 0,0.25,0.5,0.75,1] [--samples N (4)]\n"
             "                    [--seed S (1)] [-t THREADS] [--json] [--plot FILE.svg] [--calibrate] [--show]\n"
-            "                    [--policy dense,quest,...] [--budget 3%%,6%%,12%%] [policy flags]\n"
+            "                    [--policy dense,quest,...] [--budget 3%%,6%%,12%%] [--kv-type f16|q8] [policy flags]\n"
             "  lengths count every token of an instance (prompt and answer budget); lengths above\n"
             "  the model's trained context are skipped.  Dense always runs as the reference.\n"
             "  --calibrate: write CHESS's thresholds (99th percentiles of the dense runs' per-page mean\n"
             "  entropy and varentropy, pages of --page tokens) to MODEL.gguf.chess.json, which\n"
             "  run/bench/eval then pass to chess.\n"
             "  --show: print each instance's question, expected and dense answer to stderr (a failing\n"
-            "  task's errors, read one by one).\n%s",
+            "  task's errors, read one by one).\n"
+            "  --kv-type q8: the compared configurations keep 8-bit KV (Q8_0 rows) while the dense\n"
+            "  reference stays f16; list dense in --policy to compare dense on q8 with it.\n%s",
             app_policy_usage());
 }
 
@@ -168,7 +170,8 @@ typedef struct eval_cell {
 
 /* One compared configuration: config 0 is dense, the reference. */
 typedef struct eval_cfg {
-    int pi, bi;         /* indices into the policy / budget lists; -1: dense */
+    int pi, bi;         /* indices into the policy / budget lists; -1: dense (bi -1 with pi >= 0: dense on
+                           --kv-type, compared with the f16 reference) */
     char label[96];
 } eval_cfg;
 
@@ -295,6 +298,7 @@ int cmd_eval(int argc, char **argv) {
     double depths[EVAL_MAX_LIST] = {0, 0.25, 0.5, 0.75, 1};
     int n_depth = 5;
     long samples = 4, seed = 1, n_threads = 0;
+    ks_kv_type kv_type = KS_KV_F16; /* the compared configurations' KV; the reference is always f16 */
     app_policy_opts po;
     app_policy_opts_init(&po);
     for (int i = 1; i < argc; i++) {
@@ -314,6 +318,7 @@ int cmd_eval(int argc, char **argv) {
         } else if (!strcmp(a, "--samples")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_long(cmd, a, v, 1, 100000, &samples)) return 2; }
         else if (!strcmp(a, "--seed")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_long(cmd, a, v, 0, 0x7fffffffL, &seed)) return 2; }
         else if (!strcmp(a, "-t")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_long(cmd, a, v, 1, 1024, &n_threads)) return 2; }
+        else if (!strcmp(a, "--kv-type")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_kv_type(cmd, v, &kv_type)) return 2; }
         else if (!strcmp(a, "--plot")) { if (!(v = arg_value(cmd, argc, argv, &i))) return 2; plot = v; }
         else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--calibrate")) calibrate = true;
@@ -331,14 +336,21 @@ int cmd_eval(int argc, char **argv) {
     eval_cfg cfgs[1 + APP_MAX_POLICIES * APP_MAX_BUDGETS];
     int n_cfg = 0;
     cfgs[n_cfg++] = (eval_cfg){-1, -1, "dense"};
+    const char *kv_suffix = kv_type == KS_KV_Q8 ? "/q8" : "";
     for (int pi = 0; pi < po.n_names; pi++) {
-        if (!strcmp(po.names[pi], "dense")) continue;
+        if (!strcmp(po.names[pi], "dense")) {
+            if (kv_type != KS_KV_F16) { /* dense on the other KV type is a configuration of its own */
+                cfgs[n_cfg] = (eval_cfg){pi, -1, ""};
+                snprintf(cfgs[n_cfg++].label, sizeof cfgs[0].label, "dense%s", kv_suffix);
+            }
+            continue;
+        }
         for (int bi = 0; bi < po.n_budgets; bi++) {
             eval_cfg *c = &cfgs[n_cfg++];
             char bl[32];
             app_budget_label(&po.budgets[bi], bl, sizeof bl);
             *c = (eval_cfg){pi, bi, ""};
-            snprintf(c->label, sizeof c->label, "%s@%s", po.names[pi], bl);
+            snprintf(c->label, sizeof c->label, "%s@%s%s", po.names[pi], bl, kv_suffix);
         }
     }
 
@@ -382,7 +394,8 @@ int cmd_eval(int argc, char **argv) {
             if (n_threads) cp.n_threads = (int32_t)n_threads;
             app_policy_apply(&po, cfgs[k].pi < 0 ? 0 : cfgs[k].pi,
                              cfgs[k].bi < 0 ? 0 : app_budget_tokens(&po.budgets[cfgs[k].bi], lens[l]), &cp);
-            if (cfgs[k].pi < 0) { /* the reference: dense, resident, none of the policy's arguments */
+            if (k > 0) cp.kv_type = kv_type;
+            if (cfgs[k].pi < 0) { /* the reference: dense, resident, f16, none of the policy's arguments */
                 cp.policy = "dense";
                 cp.budget = 0;
                 cp.policy_args = NULL;
@@ -557,7 +570,8 @@ int cmd_eval(int argc, char **argv) {
                 cJSON *r = cJSON_CreateObject();
                 cJSON_AddStringToObject(r, "config", cfgs[k].label);
                 cJSON_AddStringToObject(r, "policy", k ? po.names[cfgs[k].pi] : "dense");
-                if (k) {
+                if (k) cJSON_AddStringToObject(r, "kv_type", kv_type == KS_KV_Q8 ? "q8" : "f16");
+                if (k && cfgs[k].bi >= 0) {
                     char bl[32];
                     app_budget_label(&po.budgets[cfgs[k].bi], bl, sizeof bl);
                     cJSON_AddStringToObject(r, "budget", bl);

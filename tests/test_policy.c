@@ -19,6 +19,7 @@
 #include "model/shapes.h"
 #include "core/simd.h"
 #include "select/policy.h"
+#include "tensor/dtype.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -471,6 +472,31 @@ static void test_helpers(void **state) {
                                      got[2 * g], one);
                     }
                 }
+        }
+        /* from f16 bounds (an f16 cache's store keeps them): the f32 path's bits over the same values */
+        uint16_t b16[2 * D];
+        float lo16[D], hi16[D], got16[NG * 2];
+        for (int i = 0; i < D; i++) {
+            b16[i] = ks_f32_to_f16(lo[i]);
+            b16[D + i] = ks_f32_to_f16(hi[i]);
+            lo16[i] = ks_f16_to_f32(b16[i]);
+            hi16[i] = ks_f16_to_f32(b16[D + i]);
+        }
+        for (int lv = KS_SIMD_SCALAR; lv <= (int)hw; lv++) {
+            ks_simd_force((ks_simd_level)lv);
+            for (int G = 1; G <= NG; G += 4) {
+                uint16_t bd[2 * D]; /* [2][d] for d = D and for d = 16 */
+                for (int d = 16; d <= D; d += D - 16) {
+                    memcpy(bd, b16, sizeof(uint16_t) * d);
+                    memcpy(bd + d, b16 + D, sizeof(uint16_t) * d);
+                    ks_page_upper_bounds16(qg, G, bd, d, got16, 2);
+                    ks_page_upper_bounds(qg, G, lo16, hi16, d, got, 2);
+                    for (int g = 0; g < G; g++)
+                        if (memcmp(&got[2 * g], &got16[2 * g], sizeof(float)))
+                            fail_msg("f16 bounds level %d, hd %d, head %d of %d: %.9g, f32 path %.9g", lv, d, g, G,
+                                     got16[2 * g], got[2 * g]);
+                }
+            }
         }
         ks_simd_force(saved);
     }

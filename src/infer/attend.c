@@ -45,7 +45,7 @@ static void record_failure(ks_context *c, ks_status st) {
 /* The share of the dense attention mass that the mask covers (eval's recall
  * probe): one dense pass over the head's resident pages. */
 static double recall_of_mask(ks_context *c, ks_attn_scratch *s, int32_t seq, int il, int h, int32_t n,
-                             const float *q) {
+                             const float *q, const uint64_t *mask) {
     const ks_hparams *hp = &c->model->hp;
     int G = hp->n_head / hp->n_head_kv;
     int32_t np, total;
@@ -57,9 +57,27 @@ static double recall_of_mask(ks_context *c, ks_attn_scratch *s, int32_t seq, int
     double in = 0, tot = 0;
     for (int32_t e = 0; e < n; e++) {
         tot += s->weights[e];
-        if (s->mask[e >> 6] >> (e & 63) & 1) in += s->weights[e];
+        if (mask[e >> 6] >> (e & 63) & 1) in += s->weights[e];
     }
     return tot > 0 ? in / tot : 1.0;
+}
+
+/* The step's shared plan of (seq, h) when its policy selects the same
+ * entries in every layer and this layer holds every position (n == pos + 1:
+ * no prefill eviction made the layers differ); NULL otherwise.  Each
+ * (seq, h) is one task per layer and layers run one after another, so the
+ * buffers need no lock. */
+static ks_step_plan *shared_plan(ks_context *c, const ks_policy *pol, int32_t seq, int h, int32_t n, int32_t pos) {
+    if (!c->decoding || n != pos + 1 || !ks_policy_same_every_layer(pol)) return NULL;
+    ks_step_plan *pl = &c->step_plans[(size_t)seq * c->model->hp.n_head_kv + h];
+    if (!pl->mask) {
+        size_t n_ctx = (size_t)c->n_ctx, max_pages = (n_ctx + c->params.page - 1) / c->params.page;
+        pl->mask = ks_malloc(sizeof(uint64_t) * (n_ctx / 64 + 2));
+        pl->first = ks_malloc(sizeof(int32_t) * (n_ctx + 1));
+        pl->len = ks_malloc(sizeof(int32_t) * (n_ctx + 1));
+        pl->pages = ks_malloc(sizeof(int32_t) * (max_pages + 1));
+    }
+    return pl;
 }
 
 /* Speculative recall for the next step (the policy's hint: entries, or
@@ -92,20 +110,52 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
     ks_policy *pol = ks_infer_policy_of(c, seq); /* this row's own policy */
     bool sparse = j->sparse && ks_infer_seq_sparse(c, seq, j->il);
     bool slow = ks_kv_layer_tier(c->kv, j->il) == KS_TIER_SLOW;
+    const uint64_t *mask = s->mask;
+    const int32_t *first = s->first, *pages = s->pages;
+    ks_step_plan *plan = NULL; /* the step's plan of (seq, h), made by an earlier layer or to be made here */
+    bool planned = false;
     if (sparse && ks_infer_budget_binds(c, seq, n)) {
-        KS_TRY(ks_infer_select(c, s, &req, &sel, slow, &s->select_seconds));
-        all = sel.all;
+        plan = shared_plan(c, pol, seq, h, n, j->pos[r]);
+        if (plan && plan->step == c->step_serial && plan->n == n) {
+            planned = true;
+            all = plan->all;
+            mask = plan->mask;
+        } else {
+            KS_TRY(ks_infer_select(c, s, &req, &sel, slow, &s->select_seconds));
+            all = sel.all;
+        }
     }
     /* after a prefill eviction the evicted entries are gone: no dense mass to compare with */
     if (c->recall_probe && c->decoding && n == j->pos[r] + 1 && (all || !slow)) {
         size_t slot = (size_t)j->il * hp->n_head_kv + (size_t)h;
-        s->recall_sum[slot] += all ? 1.0 : recall_of_mask(c, s, seq, j->il, h, n, q);
+        s->recall_sum[slot] += all ? 1.0 : recall_of_mask(c, s, seq, j->il, h, n, q, mask);
         s->recall_n[slot]++;
     }
-    int32_t npages, total;
+    int32_t npages, total, nseg;
     double tg = ks_time_sec(); /* the segment walk and any staging copy: the gather share */
-    int32_t nseg = ks_infer_segs_plan(all ? NULL : s->mask, n, c->params.page, s->segs, s->first, s->pages, &npages,
-                                      &total);
+    if (planned) { /* the runs of the first sparse layer; only the pointers are this layer's */
+        nseg = plan->nseg;
+        npages = plan->npages;
+        total = plan->total;
+        first = plan->first;
+        pages = plan->pages;
+        for (int32_t i = 0; i < nseg; i++) s->segs[i].len = plan->len[i];
+    } else {
+        nseg = ks_infer_segs_plan(all ? NULL : s->mask, n, c->params.page, s->segs, s->first, s->pages, &npages, &total);
+        if (plan) {
+            plan->step = c->step_serial;
+            plan->n = n;
+            plan->all = all;
+            plan->nseg = nseg;
+            plan->npages = npages;
+            plan->total = total;
+            if (!all) memcpy(plan->mask, s->mask, sizeof(uint64_t) * ((size_t)n / 64 + 1));
+            memcpy(plan->first, s->first, sizeof(int32_t) * (size_t)nseg);
+            for (int32_t i = 0; i < nseg; i++) plan->len[i] = s->segs[i].len;
+            memcpy(plan->pages, s->pages, sizeof(int32_t) * (size_t)npages);
+        }
+    }
+    (void)npages;
     KS_ASSERT(total > 0 && total <= n);
     uint8_t *gather = NULL;
     bool buffered = false;
@@ -121,7 +171,7 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
             if (c->decoding) ks_kv_note_sync_fallback(c->kv);
         } else {
             if (c->decoding) {
-                int32_t m = ks_infer_mask_entries(all ? NULL : s->mask, n, s->entries);
+                int32_t m = ks_infer_mask_entries(all ? NULL : mask, n, s->entries);
                 double tf = ks_time_sec(); /* waiting on the slow tier is not gathering */
                 KS_TRY(ks_kv_fetch(c->kv, seq, j->il, h, s->entries, m, false));
                 tg += ks_time_sec() - tf;
@@ -130,15 +180,15 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
         }
     }
     if (buffered)
-        KS_TRY(ks_infer_segs_resolve_buffered(c->kv, seq, j->il, h, s->segs, s->first, nseg, gather,
+        KS_TRY(ks_infer_segs_resolve_buffered(c->kv, seq, j->il, h, s->segs, first, nseg, gather,
                                               ks_infer_gather_entries(c), &s->gather_bytes));
-    else KS_TRY(ks_infer_segs_resolve(c->kv, seq, j->il, h, s->segs, s->first, nseg, s->pages, gather));
+    else KS_TRY(ks_infer_segs_resolve(c->kv, seq, j->il, h, s->segs, first, nseg, pages, gather));
     s->gather_seconds += ks_time_sec() - tg;
     bool want_w = sparse && ks_policy_wants_weights(pol);
     float *w = NULL;
     if (want_w) { /* the entry of each attended row, for after_attention */
         for (int32_t i = 0, t = 0; i < nseg; i++)
-            for (int32_t k = 0; k < s->segs[i].len; k++) s->entries[t++] = s->first[i] + k;
+            for (int32_t k = 0; k < s->segs[i].len; k++) s->entries[t++] = first[i] + k;
         w = s->weights;
         memset(w, 0, sizeof(float) * (size_t)total);
     }

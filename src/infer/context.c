@@ -80,6 +80,13 @@ void ks_context_destroy(ks_context *c) {
         ks_free(s->recall_n);
     }
     ks_free(c->scr);
+    for (size_t i = 0; c->step_plans && i < (size_t)c->n_seq * c->model->hp.n_head_kv; i++) {
+        ks_free(c->step_plans[i].mask);
+        ks_free(c->step_plans[i].first);
+        ks_free(c->step_plans[i].len);
+        ks_free(c->step_plans[i].pages);
+    }
+    ks_free(c->step_plans);
     ks_free(c->obs_q);
     ks_free(c->plan_thr);
     ks_free(c->aux_h);
@@ -333,6 +340,7 @@ static void alloc_scratch(ks_context *c) {
         s->recall_sum = ks_calloc((size_t)hp->n_layer * hp->n_head_kv, sizeof(double));
         s->recall_n = ks_calloc((size_t)hp->n_layer * hp->n_head_kv, sizeof(uint32_t));
     }
+    c->step_plans = ks_calloc((size_t)c->n_seq * hp->n_head_kv, sizeof(ks_step_plan));
 }
 
 ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_context **out) {

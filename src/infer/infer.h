@@ -46,6 +46,20 @@ typedef struct ks_attn_scratch {
     uint64_t entries_attended;
 } ks_attn_scratch;
 
+/* A decode step's plan of one (sequence, KV head) for a policy whose
+ * selection is the same in every layer (ks_policy_same_every_layer): the
+ * first sparse layer selects and plans, the later layers of the same step
+ * reuse the runs and resolve only their own pointers. */
+typedef struct ks_step_plan {
+    uint64_t step;        /* ks_context.step_serial it was made in (0: none) */
+    int32_t n;            /* entries of the head it was made for */
+    bool all;             /* the selection was everything */
+    int32_t nseg, npages, total;
+    uint64_t *mask;       /* [n_ctx / 64 + 1] */
+    int32_t *first, *len; /* [n_ctx + 1] first entry and length of each run */
+    int32_t *pages;       /* [n_ctx / P + 1] */
+} ks_step_plan;
+
 /* A policy instance of the context and the configuration it was made for;
  * sequences with equal configurations share it (ks_seq_set_policy). */
 typedef struct ks_infer_pol {
@@ -76,6 +90,8 @@ struct ks_context {
     int32_t *n_att;          /* [max_rows][n_head_kv] entries row r attends (causal bound) */
     int32_t *seq_len;        /* [n_seq] next position of each sequence */
     bool decoding;           /* the rows being computed are a decode step */
+    uint64_t step_serial;    /* decode steps so far (keys step_plans) */
+    ks_step_plan *step_plans; /* [n_seq][n_head_kv], buffers allocated on first use */
     float *x;                /* [max_rows][n_embd] residual stream */
     float *xn;               /* [max_rows][max(n_embd, q_dim)] normed input / sublayer output */
     float *q;                /* [max_rows][n_head*head_dim] */

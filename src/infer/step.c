@@ -248,6 +248,7 @@ ks_status ks_decode(ks_context *c, const int32_t *seqs, const int32_t *tokens, i
     ks_status st = policies_before_step(c, n, seqs, tokens, ps, ent);
     if (st == KS_OK) {
         c->decoding = true;
+        c->step_serial++; /* a new key for the layers' shared plans */
         st = ks_infer_forward_rows(c, n, seqs, ps, tokens, logits ? want : NULL, logits, NULL);
         c->decoding = false;
     }

@@ -57,6 +57,7 @@ void ks_kv_destroy(ks_kv_store *kv) {
         ks_free(L->kmin);
         ks_free(L->kmax);
         ks_free(L->ksum);
+        ks_free(L->kbound16);
     }
     ks_free(kv->layers);
     ks_free(kv->table);
@@ -113,6 +114,7 @@ ks_status ks_kv_create(const ks_kv_params *p, ks_kv_store **out) {
         L->kmin = ks_malloc(sizeof(float) * (size_t)kv->n_phys * kv->hd);
         L->kmax = ks_malloc(sizeof(float) * (size_t)kv->n_phys * kv->hd);
         L->ksum = ks_malloc(sizeof(float) * (size_t)kv->n_phys * kv->hd);
+        if (p->type == KS_KV_F16) L->kbound16 = ks_malloc(sizeof(uint16_t) * 2 * (size_t)kv->n_phys * kv->hd);
         L->slot_of = ks_malloc(sizeof(int32_t) * (size_t)kv->n_phys * kv->P);
         for (size_t i = 0; i < (size_t)kv->n_phys * kv->P; i++) L->slot_of[i] = -1;
     }
@@ -162,17 +164,35 @@ static void page_free(ks_kv_store *kv, kv_layer *L, int32_t id) {
     L->free_ids[L->n_free++] = id;
 }
 
+void ks_kv_meta_bounds16(ks_kv_store *kv, kv_layer *L, int32_t id) {
+    if (!L->kbound16) return;
+    uint16_t *b = L->kbound16 + (size_t)id * 2 * kv->hd;
+    const float *mn = L->kmin + (size_t)id * kv->hd, *mx = L->kmax + (size_t)id * kv->hd;
+    for (int i = 0; i < kv->hd; i++) {
+        b[i] = ks_f32_to_f16(mn[i]);
+        b[kv->hd + i] = ks_f32_to_f16(mx[i]);
+    }
+}
+
 /* Fold one stored key into the page summaries (slot = its index in the page). */
 static void meta_add(ks_kv_store *kv, kv_layer *L, int32_t id, int32_t slot, int32_t pos, const float *key) {
     float *mn = L->kmin + (size_t)id * kv->hd, *mx = L->kmax + (size_t)id * kv->hd, *sm = L->ksum + (size_t)id * kv->hd;
+    uint16_t *b16 = L->kbound16 ? L->kbound16 + (size_t)id * 2 * kv->hd : NULL; /* exact: the keys are f16 values */
     if (slot == 0) {
         memcpy(mn, key, sizeof(float) * kv->hd);
         memcpy(mx, key, sizeof(float) * kv->hd);
         memcpy(sm, key, sizeof(float) * kv->hd);
+        ks_kv_meta_bounds16(kv, L, id);
     } else {
         for (int i = 0; i < kv->hd; i++) {
-            if (key[i] < mn[i]) mn[i] = key[i];
-            if (key[i] > mx[i]) mx[i] = key[i];
+            if (key[i] < mn[i]) {
+                mn[i] = key[i];
+                if (b16) b16[i] = ks_f32_to_f16(key[i]);
+            }
+            if (key[i] > mx[i]) {
+                mx[i] = key[i];
+                if (b16) b16[kv->hd + i] = ks_f32_to_f16(key[i]);
+            }
             sm[i] += key[i];
         }
     }
@@ -313,5 +333,6 @@ void ks_kv_page_meta_get(const ks_kv_store *kv, int32_t seq, int32_t layer, int3
     out->kmin = L->kmin + (size_t)id * kv->hd;
     out->kmax = L->kmax + (size_t)id * kv->hd;
     out->ksum = L->ksum + (size_t)id * kv->hd;
+    out->kbound16 = L->kbound16 ? L->kbound16 + (size_t)id * 2 * kv->hd : NULL;
 }
 

@@ -29,6 +29,7 @@ typedef struct {
     int32_t *fill;        /* [n_phys] valid entries */
     int32_t *pos;         /* [n_phys][P] positions */
     float *kmin, *kmax, *ksum; /* [n_phys][head_dim] key summaries */
+    uint16_t *kbound16;   /* [n_phys][2][head_dim] kmin then kmax as f16 (f16 KV only, else NULL) */
     ks_copy_event ev;
     bool fail_reads;
 } kv_layer;
@@ -113,5 +114,8 @@ void ks_kv_parked_free(kv_parked *pk);
 /* kv.c: page ids and summaries, for kv_tier.c's park / unpark */
 int32_t ks_kv_page_alloc(ks_kv_store *kv, kv_layer *L, int32_t seq, int32_t head, int32_t lp);
 void ks_kv_head_clear(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head);
+
+/* Rewrite page id's f16 bounds from its f32 kmin / kmax (no-op without them). */
+void ks_kv_meta_bounds16(ks_kv_store *kv, kv_layer *L, int32_t id);
 
 #endif

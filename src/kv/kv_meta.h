@@ -30,6 +30,11 @@ typedef struct ks_kv_page_meta {
     const float *kmin;     /* [head_dim] per-channel minimum of the stored keys */
     const float *kmax;     /* [head_dim] per-channel maximum */
     const float *ksum;     /* [head_dim] sum of the stored keys (mean = ksum / fill) */
+    /* [2][head_dim]: kmin then kmax as f16, adjacent, or NULL.  Only an f16
+     * cache has them, where they are exact (its keys are f16 values), so a
+     * bound computed from them equals the f32 one bit for bit while a page
+     * scorer reads half the bytes, in one block per page. */
+    const uint16_t *kbound16;
 } ks_kv_page_meta;
 void ks_kv_page_meta_get(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp,
                          ks_kv_page_meta *out);

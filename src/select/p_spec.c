@@ -526,6 +526,7 @@ const ks_policy_i ks_policy_spec = {
     .summary = "SpeContext: a distilled retrieval head picks the top tokens per KV head once per step for all layers",
     .default_dense_layers = 0,
     .global = true,
+    .same_every_layer = true,
     .arg_names = spec_args,
     .create = spec_create,
     .destroy = spec_destroy,

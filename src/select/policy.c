@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 #include "select/policy.h"
 #include "core/simd.h"
+#include "tensor/dtype.h"
 #include "tensor/ops.h"
 #include "tensor/simd_avx2.h"
 
@@ -231,6 +232,7 @@ void ks_policy_get_counters(const ks_policy *pol, ks_policy_counters *out) {
 }
 bool ks_policy_selects(const ks_policy *pol) { return decoder(pol)->select_layer != NULL; }
 bool ks_policy_is_global(const ks_policy *pol) { return decoder(pol)->global; }
+bool ks_policy_same_every_layer(const ks_policy *pol) { return decoder(pol)->same_every_layer; }
 bool ks_policy_wants_weights(const ks_policy *pol) { return decoder(pol)->after_attention != NULL; }
 
 void ks_policy_seq_reset(ks_policy *pol, int32_t seq) {
@@ -520,35 +522,43 @@ KS_AVX2_TGT static float page_upper_bound_avx2(const float *q, const float *kmin
 /* The AVX2 kernel's arithmetic in 16 lanes: lanes 0-7 of acc are its acc0
  * and lanes 8-15 its acc1, summed in the same order, so each bound is bit
  * for bit page_upper_bound_avx2's; the min and max chunks are loaded once
- * for up to 8 heads. */
-__attribute__((target("avx512f,avx512dq,avx512vl"))) static void page_upper_bounds_avx512(
-    const float *q, int32_t G, const float *kmin, const float *kmax, int32_t hd, float *out, size_t stride) {
-    for (int32_t g0 = 0; g0 < G; g0 += 8) {
-        int32_t ng = G - g0 < 8 ? G - g0 : 8;
-        __m512 acc[8];
-        for (int32_t g = 0; g < 8; g++) acc[g] = _mm512_setzero_ps();
-        int32_t i = 0;
-        for (; i + 16 <= hd; i += 16) {
-            __m512 lo = _mm512_loadu_ps(kmin + i), hi = _mm512_loadu_ps(kmax + i);
-            for (int32_t g = 0; g < ng; g++) {
-                __m512 qv = _mm512_loadu_ps(q + (size_t)(g0 + g) * hd + i);
-                acc[g] = _mm512_add_ps(acc[g], _mm512_max_ps(_mm512_mul_ps(qv, lo), _mm512_mul_ps(qv, hi)));
-            }
-        }
-        for (int32_t g = 0; g < ng; g++) {
-            const float *qg = q + (size_t)(g0 + g) * hd;
-            __m256 a = _mm256_add_ps(_mm512_castps512_ps256(acc[g]), _mm512_extractf32x8_ps(acc[g], 1));
-            __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            float s = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-            for (int32_t t = i; t < hd; t++) {
-                float x = qg[t] * kmin[t], y = qg[t] * kmax[t];
-                s += x > y ? x : y;
-            }
-            out[(size_t)(g0 + g) * stride] = s;
-        }
+ * for up to 8 heads.  F16: kmin, kmax are f16 (exact conversions of the f32
+ * summaries, so the same values and the same bounds). */
+#define PAGE_BOUNDS_AVX512(NAME, KT, LOAD, SCALAR)                                                                \
+    __attribute__((target("avx512f,avx512dq,avx512vl,f16c"))) static void NAME(                                  \
+        const float *q, int32_t G, const KT *kmin, const KT *kmax, int32_t hd, float *out, size_t stride) {     \
+        for (int32_t g0 = 0; g0 < G; g0 += 8) {                                                                   \
+            int32_t ng = G - g0 < 8 ? G - g0 : 8;                                                                 \
+            __m512 acc[8];                                                                                        \
+            for (int32_t g = 0; g < 8; g++) acc[g] = _mm512_setzero_ps();                                         \
+            int32_t i = 0;                                                                                        \
+            for (; i + 16 <= hd; i += 16) {                                                                       \
+                __m512 lo = LOAD(kmin + i), hi = LOAD(kmax + i);                                                  \
+                for (int32_t g = 0; g < ng; g++) {                                                                \
+                    __m512 qv = _mm512_loadu_ps(q + (size_t)(g0 + g) * hd + i);                                   \
+                    acc[g] = _mm512_add_ps(acc[g], _mm512_max_ps(_mm512_mul_ps(qv, lo), _mm512_mul_ps(qv, hi)));  \
+                }                                                                                                 \
+            }                                                                                                     \
+            for (int32_t g = 0; g < ng; g++) {                                                                    \
+                const float *qg = q + (size_t)(g0 + g) * hd;                                                      \
+                __m256 a = _mm256_add_ps(_mm512_castps512_ps256(acc[g]), _mm512_extractf32x8_ps(acc[g], 1));      \
+                __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));                    \
+                h = _mm_add_ps(h, _mm_movehl_ps(h, h));                                                           \
+                float s = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));                                       \
+                for (int32_t t = i; t < hd; t++) {                                                                \
+                    float x = qg[t] * SCALAR(kmin[t]), y = qg[t] * SCALAR(kmax[t]);                               \
+                    s += x > y ? x : y;                                                                           \
+                }                                                                                                 \
+                out[(size_t)(g0 + g) * stride] = s;                                                               \
+            }                                                                                                     \
+        }                                                                                                         \
     }
-}
+#define LOAD_F32(p) _mm512_loadu_ps(p)
+#define LOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p)))
+#define SCALAR_F32(x) (x)
+#define SCALAR_F16(x) ks_f16_to_f32(x)
+PAGE_BOUNDS_AVX512(page_upper_bounds_avx512, float, LOAD_F32, SCALAR_F32)
+PAGE_BOUNDS_AVX512(page_upper_bounds16_avx512, uint16_t, LOAD_F16, SCALAR_F16)
 
 KS_AVX2_TGT static float softmax_exp_avx2(float *x, int32_t n) { return ks_avx2_softmax_exp(x, n); }
 #endif
@@ -645,6 +655,19 @@ void ks_page_upper_bounds(const float *q, int32_t G, const float *kmin, const fl
     }
 #endif
     for (int32_t g = 0; g < G; g++) out[(size_t)g * stride] = ks_page_upper_bound(q + (size_t)g * hd, kmin, kmax, hd);
+}
+
+void ks_page_upper_bounds16(const float *q, int32_t G, const uint16_t *kbound16, int32_t hd, float *out, size_t stride) {
+#if defined(__x86_64__)
+    if (hd >= 16 && ks_simd_current() >= KS_SIMD_AVX512) {
+        page_upper_bounds16_avx512(q, G, kbound16, kbound16 + hd, hd, out, stride);
+        return;
+    }
+#endif
+    float b[2 * 512]; /* the f32 values, then the f32 path (the store's head dims are at most 512) */
+    KS_ASSERT(hd <= 512);
+    for (int32_t i = 0; i < 2 * hd; i++) b[i] = ks_f16_to_f32(kbound16[i]);
+    ks_page_upper_bounds(q, G, b, b + hd, hd, out, stride);
 }
 
 float ks_page_upper_bound(const float *q, const float *kmin, const float *kmax, int32_t hd) {

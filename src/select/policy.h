@@ -181,6 +181,8 @@ typedef struct ks_policy_i {
     int32_t default_dense_layers; /* used when params.dense_layers < 0 */
     int32_t obs_window;   /* query rows of the prompt's end passed to on_prefill (0: none, -1: all) */
     bool global;          /* select_layer does not depend on the layer's queries (q may be NULL) */
+    bool same_every_layer; /* select_layer returns the same entries in every layer of a step while the layers
+                              hold every position (no prefill eviction): the engine plans them once a step */
     const char *const *arg_names; /* NULL-terminated keys --policy-arg accepts (NULL: none) */
     bool wants_entropy;   /* fill ks_step_info.entropy / varentropy */
     ks_status (*create)(const ks_policy_env *env, const ks_policy_params *p, void **state); /* REQUIRED */
@@ -239,6 +241,7 @@ int32_t ks_policy_dense_layers(const ks_policy *pol);
 int32_t ks_policy_obs_window(const ks_policy *pol);
 bool ks_policy_selects(const ks_policy *pol);   /* has a decode selector */
 bool ks_policy_is_global(const ks_policy *pol);
+bool ks_policy_same_every_layer(const ks_policy *pol);
 bool ks_policy_wants_weights(const ks_policy *pol);
 void ks_policy_seq_reset(ks_policy *pol, int32_t seq);
 ks_status ks_policy_on_prefill(ks_policy *pol, const ks_prefill_info *info);
@@ -328,6 +331,10 @@ float ks_page_upper_bound(const float *q, const float *kmin, const float *kmax, 
  * once for the group (AVX-512: all G heads per pass). */
 void ks_page_upper_bounds(const float *q, int32_t G, const float *kmin, const float *kmax, int32_t hd, float *out,
                           size_t stride);
+/* The same from a page's f16 bounds (ks_kv_page_meta.kbound16: kmin then
+ * kmax, [2][hd]): equal bit for bit to ks_page_upper_bounds over their f32
+ * values, from half the bytes. */
+void ks_page_upper_bounds16(const float *q, int32_t G, const uint16_t *kbound16, int32_t hd, float *out, size_t stride);
 
 typedef enum ks_group_reduce { KS_GROUP_MAX = 0, KS_GROUP_MEAN = 1, KS_GROUP_SOFTMAX_MEAN = 2 } ks_group_reduce;
 /* scores [G][n] -> out [n] by the reduction (softmax_mean: softmax over n per
