@@ -498,6 +498,33 @@ static void test_helpers(void **state) {
                 }
             }
         }
+        /* many pages in one call (Quest's scoring): the per-page bounds up to rounding, any page count */
+        enum { NP = 7 };
+        uint16_t pg[NP][2 * 64];
+        const uint16_t *pp[NP];
+        float many[NG * NP], one[NG];
+        for (int p = 0; p < NP; p++) {
+            for (int i = 0; i < 64; i++) { /* min <= max, as the store keeps them */
+                float kmin = sinf(0.7f * (float)(p * 64 + i));
+                pg[p][i] = ks_f32_to_f16(kmin);
+                pg[p][64 + i] = ks_f32_to_f16(kmin + 0.5f + 0.5f * cosf(0.3f * (float)i));
+            }
+            pp[p] = pg[p];
+        }
+        for (int lv = KS_SIMD_SCALAR; lv <= (int)hw; lv++) {
+            ks_simd_force((ks_simd_level)lv);
+            for (int G = 1; G <= NG; G += 4)
+                for (int np = 1; np <= NP; np += 3) {
+                    ks_page_upper_bounds16_pages(qg, G, pp, np, 64, many);
+                    for (int p = 0; p < np; p++) {
+                        ks_page_upper_bounds16(qg, G, pp[p], 64, one, 1);
+                        for (int g = 0; g < G; g++)
+                            if (fabsf(many[g * np + p] - one[g]) > 1e-5f * (1 + fabsf(one[g])))
+                                fail_msg("bounds of %d pages, level %d, G %d, page %d head %d: %.9g, per page %.9g",
+                                         np, lv, G, p, g, many[g * np + p], one[g]);
+                    }
+                }
+        }
         ks_simd_force(saved);
     }
     float sc[2 * 3] = {0, 1, 2, 2, 1, 0}, out[3];

@@ -3,17 +3,17 @@
 # because a shared VM's bandwidth moves by 2x between runs: decode at depth 0
 # (share of measured bandwidth) and at depth 32K (step time / roofline time),
 # batch 1, 2 threads.  Prints every run and the median of each figure.
-# Usage: tools/bench_floor.sh KVSIEVE MODEL.gguf [RUNS=5]
+# Usage: tools/bench_floor.sh KVSIEVE MODEL.gguf [RUNS=5] [KV_TYPE=f16|q8]
 set -euo pipefail
-KS=$1; MODEL=$2; RUNS=${3:-5}
+KS=$1; MODEL=$2; RUNS=${3:-5}; KVT=${4:-f16}
 frac0=(); ratio32=()
 # the floors depend on the host: say which one (CPU model, the kernels' SIMD level)
 cpu=$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ *//')
 for i in $(seq 1 "$RUNS"); do
-  json=$("$KS" bench -m "$MODEL" --depth 0,32768 --batch 1 -t 2 --n-gen 16 --no-prefill --json 2>/dev/null)
+  json=$("$KS" bench -m "$MODEL" --depth 0,32768 --batch 1 -t 2 --n-gen 16 --no-prefill --kv-type "$KVT" --json 2>/dev/null)
   if [ "$i" = 1 ]; then
     simd=$(/usr/bin/python3 -c 'import json,sys; print(json.loads(sys.argv[1])["simd"])' "$json")
-    echo "host: ${cpu:-unknown CPU}, $(nproc) cpus, kernels: $simd"
+    echo "host: ${cpu:-unknown CPU}, $(nproc) cpus, kernels: $simd, KV $KVT"
   fi
   line=$(/usr/bin/python3 -c '
 import json,sys

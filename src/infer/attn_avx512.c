@@ -97,22 +97,6 @@ INL __m128 sum_lanes4(__m512 v) {
                       _mm_add_ps(_mm512_extractf32x4_ps(v, 2), _mm512_extractf32x4_ps(v, 3)));
 }
 
-/* Sixteen horizontal sums at once: r[k] = sum of the lanes of v[k].  A
- * butterfly of unpacks and 128-bit shuffles costs ~45 instructions for all
- * sixteen, against ~7 per sum done one by one. */
-INL __m512 reduce16(const __m512 v[16]) {
-    __m512 a[8], c[4];
-    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)  /* per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3] */
-        a[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
-    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) /* per 128-bit lane: partial sums of v[4j..4j+3] */
-        c[j] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * j], a[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(a[2 * j], a[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    /* fold the four 128-bit lanes of each c[j] and gather c[j] into block j */
-    __m512 e01 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
-    __m512 e23 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(e01, e23, 0x88), _mm512_shuffle_f32x4(e01, e23, 0xDD));
-}
-
 /* 8-bit KV: a head group's scaled queries quantised once per call
  * (ks_attn_q8_query), laid out for q8_score4. */
 typedef struct q8z_query {
@@ -124,7 +108,7 @@ typedef struct q8z_query {
 } q8z_query;
 
 /* Scores of four Q8_0 rows (kp4: their starts as uint16 pointers) against
- * the four heads, in reduce16's layout [row][head].  A zmm holds two 32-blocks
+ * the four heads, in ks_avx512_reduce16's layout [row][head].  A zmm holds two 32-blocks
  * of a row (NZ zmm per row): vpdpbusd of the u8 query (q + 128) starting from
  * -128 * sum(k) (one more vpdpbusd per row) gives exact int32 lanes; the
  * butterfly's first three stages stay in int32 and leave each (row, head,
@@ -397,7 +381,7 @@ static inline void q8_unpermute(float *a, int hd) {
 
 /* One pass over the segments for heads g0..g0+ng-1 (ng <= 4; absent heads
  * get zero q), block by block: the block's scores [n][4] (lane = head) by
- * four-row dot products reduced together (reduce16's output order is that
+ * four-row dot products reduced together (ks_avx512_reduce16's output order is that
  * layout), the running max and denominator per head, the accumulators
  * rescaled when the max grows, then the block's V rows weighted into them.
  * K and V of a page are read back to back while the page is in L1.
@@ -465,7 +449,7 @@ static inline void q8_unpermute(float *a, int hd) {
                         part[4 * r + g] = a;                                                      \
                     }                                                                             \
                 }                                                                                 \
-                _mm512_storeu_ps(sc + 4 * (size_t)t, reduce16(part));                             \
+                _mm512_storeu_ps(sc + 4 * (size_t)t, ks_avx512_reduce16(part));                             \
             }                                                                                     \
             for (; t < n; t++) {                                                                  \
                 const uint16_t *k = kp[cur][t];                                                   \

@@ -59,18 +59,27 @@ static ks_status quest_select(void *state, const ks_select_req *req, ks_selectio
     }
     float *sc = ks_malloc(sizeof(float) * (size_t)np * (G + 1));
     float *red = sc + (size_t)np * G;
-    uint64_t bytes = 0; /* bounds read: f16 from an f16 cache's store, else f32 */
+    /* an f16 cache's store keeps f16 bounds: every page scored in one call
+     * from half the bytes; otherwise page by page from the f32 summaries */
+    const uint16_t **kb = ks_malloc(sizeof(*kb) * (size_t)np);
+    bool f16 = true;
     for (int32_t p = 0; p < np; p++) {
         ks_kv_page_meta m;
         ks_policy_kv_page_meta(env, req->seq, req->layer, req->head, p, &m);
-        if (m.kbound16) { /* the same bounds from half the bytes */
-            ks_page_upper_bounds16(req->q, G, m.kbound16, hd, sc + p, (size_t)np);
-            bytes += 2 * (uint64_t)hd * sizeof(uint16_t);
-        } else { /* min and max read once for the group */
-            ks_page_upper_bounds(req->q, G, m.kmin, m.kmax, hd, sc + p, (size_t)np);
-            bytes += 2 * (uint64_t)hd * sizeof(float);
+        kb[p] = m.kbound16;
+        f16 = f16 && m.kbound16;
+    }
+    if (f16) {
+        ks_page_upper_bounds16_pages(req->q, G, kb, np, hd, sc);
+    } else {
+        for (int32_t p = 0; p < np; p++) {
+            ks_kv_page_meta m;
+            ks_policy_kv_page_meta(env, req->seq, req->layer, req->head, p, &m);
+            ks_page_upper_bounds(req->q, G, m.kmin, m.kmax, hd, sc + p, (size_t)np); /* min, max read once per group */
         }
     }
+    ks_free(kb);
+    uint64_t bytes = (uint64_t)np * 2 * hd * (f16 ? sizeof(uint16_t) : sizeof(float));
     if (s->group == KS_GROUP_SOFTMAX_MEAN) /* bounds are logits: scale like attention */
         for (size_t i = 0; i < (size_t)np * G; i++) sc[i] /= sqrtf((float)hd);
     atomic_fetch_add_explicit(&s->bytes_read, bytes, memory_order_relaxed);

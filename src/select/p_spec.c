@@ -46,7 +46,8 @@
  * states) the paper describes as the cheaper option.
  *
  * Arguments: dlm=DIR (required: an EAGLE-3 checkpoint directory),
- * variant=fused|embed, yarn=auto|off|FACTOR.
+ * variant=fused|embed, yarn=auto|off|FACTOR, weights=native|q8_0 (the
+ * projections in the checkpoint's precision, or requantised to Q8_0 at load).
  */
 #include "select/policy.h"
 #include "select/spec_score.h"
@@ -73,6 +74,8 @@ typedef struct {
     int32_t n_aux, aux[3];
     int32_t H, Hq, Hkv, hd, G, tH;        /* DLM hidden, heads, kv heads, head dim, group, target hidden */
     ks_dtype t_fc, t_q, t_k;              /* weight types for ks_matmul */
+    const void *w_fc, *w_q, *w_k;         /* the weights as the matmuls read them: the checkpoint's, or own_w */
+    void *own_w;                          /* weights=q8_0: fc, q_proj, k_proj requantised (owned), else NULL */
     ks_f16 *kc;                           /* [n_seq][Hkv][n_ctx][hd] head K cache by position */
     int32_t *klen;                        /* [n_seq] positions with a key */
     float *ring;                          /* [n_seq][SPEC_RING][n_aux * tH] hidden states by position */
@@ -95,7 +98,7 @@ typedef struct {
     uint64_t bytes_read;                  /* those per step plus the K cache each selection scored */
 } spec_state;
 
-static const char *const spec_args[] = {"dlm", "variant", "yarn", NULL};
+static const char *const spec_args[] = {"dlm", "variant", "yarn", "weights", NULL};
 
 static ks_status dtype_of(const ks_eagle3_mat *m, ks_dtype *out) {
     switch (m->dtype) {
@@ -152,7 +155,7 @@ static void head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_
             if (h[r]) memcpy(fin + r * w, h[r], sizeof(float) * w);
             else memset(fin + r * w, 0, sizeof(float) * w);
         }
-        ks_matmul(s->env.pool, s->t_fc, s->dlm->fc.data, s->H, (int64_t)w, fin, n, s->f, s->mm);
+        ks_matmul(s->env.pool, s->t_fc, s->w_fc, s->H, (int64_t)w, fin, n, s->f, s->mm);
     }
     for (int32_t r = 0; r < n; r++) {
         float *x = s->x + (size_t)r * 2 * s->H;
@@ -168,8 +171,8 @@ static void head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_
         }
     }
     ks_free(fin);
-    if (want_q) ks_matmul(s->env.pool, s->t_q, s->dlm->wq.data, (int64_t)s->Hq * s->hd, 2 * s->H, s->x, n, s->q, s->mm);
-    ks_matmul(s->env.pool, s->t_k, s->dlm->wk.data, (int64_t)s->Hkv * s->hd, 2 * s->H, s->x, n, s->k, s->mm);
+    if (want_q) ks_matmul(s->env.pool, s->t_q, s->w_q, (int64_t)s->Hq * s->hd, 2 * s->H, s->x, n, s->q, s->mm);
+    ks_matmul(s->env.pool, s->t_k, s->w_k, (int64_t)s->Hkv * s->hd, 2 * s->H, s->x, n, s->k, s->mm);
     /* rotate_half RoPE (pairs (j, j + hd/2)), cos/sin scaled by mscale as in HF */
     float *cs = ks_malloc(sizeof(float) * (size_t)s->hd), *sn = cs + s->hd / 2; /* [hd/2] cos, [hd/2] sin */
     for (int32_t r = 0; r < n; r++) {
@@ -221,6 +224,7 @@ static void spec_destroy(void *state) {
     spec_state *s = state;
     if (!s) return;
     ks_eagle3_destroy(s->dlm);
+    ks_free(s->own_w);
     ks_free(s->kc);
     ks_free(s->klen);
     ks_free(s->ring);
@@ -239,9 +243,49 @@ static void spec_destroy(void *state) {
     ks_free(s);
 }
 
+/* weights=q8_0: fc, q_proj and k_proj as Q8_0 rows (the target's own
+ * 8-bit format), so the once-a-step projections read about half the bytes
+ * of bf16 / f16 weights (a quarter of f32).  The projections change by the
+ * rounding of Q8_0, so the selection may differ slightly from the
+ * checkpoint's precision; docs/POLICIES.md has the measured effect. */
+static ks_status requantize_q8_0(spec_state *s, bool embed_only) {
+    const ks_eagle3_mat *m[3] = {&s->dlm->wq, &s->dlm->wk, embed_only ? NULL : &s->dlm->fc};
+    ks_dtype *t[3] = {&s->t_q, &s->t_k, &s->t_fc};
+    const void **w[3] = {&s->w_q, &s->w_k, &s->w_fc};
+    size_t total = 0, off[3] = {0};
+    for (int i = 0; i < 3; i++) {
+        if (!m[i]) continue;
+        if (m[i]->cols % 32)
+            return KS_FAIL(KS_ERR_UNSUPPORTED, "spec weights=q8_0: a DLM matrix has %lld columns, not a multiple of 32",
+                           (long long)m[i]->cols);
+        off[i] = total;
+        total += ks_dtype_row_bytes(KS_DTYPE_Q8_0, m[i]->cols) * (size_t)m[i]->rows;
+    }
+    s->own_w = ks_malloc(total);
+    float *row = NULL;
+    for (int i = 0; i < 3; i++) {
+        if (!m[i]) continue;
+        row = ks_realloc(row, sizeof(float) * (size_t)m[i]->cols);
+        size_t src_rb = ks_dtype_row_bytes(*t[i], m[i]->cols), dst_rb = ks_dtype_row_bytes(KS_DTYPE_Q8_0, m[i]->cols);
+        uint8_t *dst = (uint8_t *)s->own_w + off[i];
+        for (int64_t r = 0; r < m[i]->rows; r++) {
+            ks_dequantize_row(*t[i], (const uint8_t *)m[i]->data + (size_t)r * src_rb, row, m[i]->cols);
+            ks_quantize_row(KS_DTYPE_Q8_0, row, dst + (size_t)r * dst_rb, m[i]->cols);
+        }
+        *t[i] = KS_DTYPE_Q8_0;
+        *w[i] = dst;
+    }
+    ks_free(row);
+    return KS_OK;
+}
+
 static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
-    char dir[1024], variant[16], yarn[32];
+    char dir[1024], variant[16], yarn[32], wtype[16];
     KS_TRY(ks_args_str(p->args, "dlm", "", dir, sizeof dir));
+    KS_TRY(ks_args_str(p->args, "weights", "native", wtype, sizeof wtype));
+    bool requant = !strcmp(wtype, "q8_0");
+    if (!requant && strcmp(wtype, "native"))
+        return KS_FAIL(KS_ERR_INVALID_ARG, "spec weights=%s: expected native or q8_0", wtype);
     KS_TRY(ks_args_str(p->args, "variant", "fused", variant, sizeof variant));
     KS_TRY(ks_args_str(p->args, "yarn", "auto", yarn, sizeof yarn));
     if (!dir[0])
@@ -276,6 +320,10 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p
     if (st == KS_OK) st = dtype_of(&dlm->wq, &s->t_q);
     if (st == KS_OK) st = dtype_of(&dlm->wk, &s->t_k);
     if (st == KS_OK && !embed_only) st = dtype_of(&dlm->fc, &s->t_fc);
+    s->w_fc = dlm->fc.data;
+    s->w_q = dlm->wq.data;
+    s->w_k = dlm->wk.data;
+    if (st == KS_OK && requant) st = requantize_q8_0(s, embed_only);
     /* YaRN when the context outgrows the DLM's training length */
     if (st == KS_OK && strcmp(yarn, "off")) {
         double factor = 0;

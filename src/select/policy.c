@@ -18,6 +18,7 @@
 #include "tensor/dtype.h"
 #include "tensor/ops.h"
 #include "tensor/simd_avx2.h"
+#include "tensor/simd_avx512.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -435,11 +436,12 @@ int32_t ks_topk_scratch(const float *x, int32_t n, int32_t k, int32_t *idx, floa
         for (int32_t i = 0; i < n; i++) idx[i] = i;
         return n;
     }
-    if (k > 64 && n > 1024) {
-        /* large k (token budgets over long contexts): the k-th largest by a
-         * radix select, then every index above it and, among ties, the
-         * lowest ones — the same set the heap below returns, in index
-         * order, in O(n) */
+    if (n >= 256) {
+        /* a few hundred entries and more (pages of long contexts, token
+         * budgets): the k-th largest by a radix select, then every index
+         * above it and, among ties, the lowest ones — the same set the heap
+         * below returns, in index order, in O(n); 2.5x faster than the heap
+         * already at 62 of 1024 (Quest's pages at 32K) */
         uint32_t *keys = tmp ? (uint32_t *)(void *)tmp : ks_malloc(sizeof(uint32_t) * (size_t)n);
         int32_t ties, m = 0;
         uint32_t th = kth_largest_key(x, n, k, keys, &ties);
@@ -560,6 +562,47 @@ KS_AVX2_TGT static float page_upper_bound_avx2(const float *q, const float *kmin
 PAGE_BOUNDS_AVX512(page_upper_bounds_avx512, float, LOAD_F32, SCALAR_F32)
 PAGE_BOUNDS_AVX512(page_upper_bounds16_avx512, uint16_t, LOAD_F16, SCALAR_F16)
 
+/* ks_page_upper_bounds16_pages, AVX-512, hd a multiple of 16: for each
+ * group of up to four heads, q+ and q- once; then per four pages and 16
+ * channels, the pages' lo and hi converted once and two FMAs per (page,
+ * head) into sixteen accumulators, reduced together at the end. */
+__attribute__((target("avx512f,avx512dq,avx512vl,f16c"))) static void page_bounds16_pages_avx512(
+    const float *q, int32_t G, const uint16_t *const *kb, int32_t np, int32_t hd, float *out) {
+    float qp[4][512] __attribute__((aligned(64))), qn[4][512] __attribute__((aligned(64)));
+    for (int32_t g0 = 0; g0 < G; g0 += 4) {
+        int32_t ng = G - g0 < 4 ? G - g0 : 4;
+        for (int32_t g = 0; g < 4; g++)
+            for (int32_t i = 0; i < hd; i++) {
+                float x = g < ng ? q[(size_t)(g0 + g) * hd + i] : 0.0f;
+                qp[g][i] = x > 0 ? x : 0.0f;
+                qn[g][i] = x < 0 ? x : 0.0f;
+            }
+        for (int32_t p = 0; p < np; p += 4) {
+            int32_t nr = np - p < 4 ? np - p : 4;
+            const uint16_t *b[4];
+            for (int32_t r = 0; r < 4; r++) b[r] = kb[p + (r < nr ? r : 0)]; /* a short group repeats a page */
+            __m512 acc[16];
+            _Pragma("GCC unroll 16") for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
+            for (int32_t i = 0; i < hd; i += 16) {
+                __m512 lo[4], hi[4];
+                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
+                    lo[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(b[r] + i)));
+                    hi[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(b[r] + hd + i)));
+                }
+                _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
+                    __m512 pp = _mm512_load_ps(&qp[g][i]), pn = _mm512_load_ps(&qn[g][i]);
+                    _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)
+                        acc[4 * r + g] = _mm512_fmadd_ps(pp, hi[r], _mm512_fmadd_ps(pn, lo[r], acc[4 * r + g]));
+                }
+            }
+            float s[16];
+            _mm512_storeu_ps(s, ks_avx512_reduce16(acc)); /* lane 4 * page + head */
+            for (int32_t r = 0; r < nr; r++)
+                for (int32_t g = 0; g < ng; g++) out[(size_t)(g0 + g) * np + p + r] = s[4 * r + g];
+        }
+    }
+}
+
 KS_AVX2_TGT static float softmax_exp_avx2(float *x, int32_t n) { return ks_avx2_softmax_exp(x, n); }
 #endif
 
@@ -668,6 +711,17 @@ void ks_page_upper_bounds16(const float *q, int32_t G, const uint16_t *kbound16,
     KS_ASSERT(hd <= 512);
     for (int32_t i = 0; i < 2 * hd; i++) b[i] = ks_f16_to_f32(kbound16[i]);
     ks_page_upper_bounds(q, G, b, b + hd, hd, out, stride);
+}
+
+void ks_page_upper_bounds16_pages(const float *q, int32_t G, const uint16_t *const *kb, int32_t np, int32_t hd,
+                                  float *out) {
+#if defined(__x86_64__)
+    if (hd % 16 == 0 && hd <= 512 && ks_simd_current() >= KS_SIMD_AVX512) {
+        page_bounds16_pages_avx512(q, G, kb, np, hd, out);
+        return;
+    }
+#endif
+    for (int32_t p = 0; p < np; p++) ks_page_upper_bounds16(q, G, kb[p], hd, out + p, (size_t)np);
 }
 
 float ks_page_upper_bound(const float *q, const float *kmin, const float *kmax, int32_t hd) {

@@ -335,6 +335,14 @@ void ks_page_upper_bounds(const float *q, int32_t G, const float *kmin, const fl
  * kmax, [2][hd]): equal bit for bit to ks_page_upper_bounds over their f32
  * values, from half the bytes. */
 void ks_page_upper_bounds16(const float *q, int32_t G, const uint16_t *kbound16, int32_t hd, float *out, size_t stride);
+/* Quest's page scoring in one call: the bounds of G heads over np pages,
+ * out[g * np + p], from each page's f16 bounds kb[p].  AVX-512 scores four
+ * pages x four heads at once, max(q lo, q hi) as q+ hi + q- lo (q+ = max(q, 0),
+ * q- = min(q, 0)) in FMAs, the sixteen sums reduced together: the same bounds
+ * as ks_page_upper_bounds16 up to rounding (a few ulps), at about half the
+ * instructions; other levels call it page by page. */
+void ks_page_upper_bounds16_pages(const float *q, int32_t G, const uint16_t *const *kb, int32_t np, int32_t hd,
+                                  float *out);
 
 typedef enum ks_group_reduce { KS_GROUP_MAX = 0, KS_GROUP_MEAN = 1, KS_GROUP_SOFTMAX_MEAN = 2 } ks_group_reduce;
 /* scores [G][n] -> out [n] by the reduction (softmax_mean: softmax over n per

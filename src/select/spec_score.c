@@ -32,21 +32,6 @@ static void scores_ref(const float *q, const ks_f16 *K, int32_t n, int hd, int G
 #define SPEC_AVX512_TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
 #define SPEC_AVX512_INL static inline __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma"), always_inline))
 
-/* Sixteen horizontal sums at once: lane k of the result is the sum of the
- * lanes of v[k] (the butterfly of attn_avx512.c's reduce16: ~45
- * instructions for all sixteen instead of a reduce_add per score). */
-SPEC_AVX512_INL __m512 reduce16_avx512(const __m512 v[16]) {
-    __m512 a[8], c[4];
-    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
-        a[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
-    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
-        c[j] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * j], a[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(a[2 * j], a[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    __m512 e01 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
-    __m512 e23 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(e01, e23, 0x88), _mm512_shuffle_f32x4(e01, e23, 0xDD));
-}
-
 /* acc[r * GB + h] += q[h] . K[r] over the 16 lanes at off (masked: the
  * lanes of the head dim's tail) for R = 16 / GB rows and GB heads: every
  * K chunk converted from f16 once for the GB heads. */
@@ -64,7 +49,7 @@ SPEC_AVX512_INL void scores_chunk_avx512(__m512 acc[16], const float *qg, const 
 
 /* Scores of G heads (in groups of GB = 4, 2 or 1 dividing G) against R =
  * 16 / GB keys at a time: 16 accumulators (rows x heads) reduced together
- * by reduce16_avx512 into lanes r * GB + h, then transposed to the output's
+ * by ks_avx512_reduce16 into lanes r * GB + h, then transposed to the output's
  * [head][row] layout.  Any head dim: the last hd % 16 lanes are masked loads
  * (drafts need not pad their heads to 16). */
 SPEC_AVX512_INL void scores_blocked_avx512(const float *q, const ks_f16 *K, int32_t n, int hd, int G, float scale,
@@ -91,7 +76,7 @@ SPEC_AVX512_INL void scores_blocked_avx512(const float *q, const ks_f16 *K, int3
             const float *qg = q + (size_t)g0 * hd;
             for (int i = 0; i < body; i += 16) scores_chunk_avx512(acc, qg, k, hd, i, all, GB);
             if (tail) scores_chunk_avx512(acc, qg, k, hd, body, tail, GB);
-            __m512 s = _mm512_permutexvar_ps(tr, _mm512_mul_ps(reduce16_avx512(acc), vs)); /* lane h * R + r */
+            __m512 s = _mm512_permutexvar_ps(tr, _mm512_mul_ps(ks_avx512_reduce16(acc), vs)); /* lane h * R + r */
             float *o = out + (size_t)g0 * n + j;
             if (nr == R) {
                 __mmask16 row_mask = (__mmask16)((1u << R) - 1u);
