@@ -91,6 +91,11 @@ static void check_meta(const ks_kv_store *kv, int seq, int l, int h, const int32
         assert_memory_equal(m.kmin, mn, sizeof mn);
         assert_memory_equal(m.kmax, mx, sizeof mx);
         assert_memory_equal(m.ksum, sm, sizeof sm);
+        if (m.kbound16) /* an f16 cache's f16 bounds: the same values */
+            for (int d = 0; d < HD; d++) {
+                assert_true(ks_f16_to_f32(m.kbound16[d]) == mn[d]);
+                assert_true(ks_f16_to_f32(m.kbound16[HD + d]) == mx[d]);
+            }
     }
 }
 
@@ -325,6 +330,7 @@ static size_t meta_snapshot(const ks_kv_store *kv, int seq, uint8_t *out) {
                 memcpy(out + off, m.kmin, sizeof(float) * HD), off += sizeof(float) * HD;
                 memcpy(out + off, m.kmax, sizeof(float) * HD), off += sizeof(float) * HD;
                 memcpy(out + off, m.ksum, sizeof(float) * HD), off += sizeof(float) * HD;
+                if (m.kbound16) memcpy(out + off, m.kbound16, sizeof(uint16_t) * 2 * HD), off += sizeof(uint16_t) * 2 * HD;
             }
         }
     return off;
@@ -345,7 +351,7 @@ static void park_roundtrip(ks_kv_type type, const char *dir) {
     fill(kv, 0, 37);
     fill(kv, 1, 21);
     fill(ref, 0, 37);
-    size_t bytes = ks_kv_page_bytes(kv) * NL * NH * 5, mcap = (size_t)NL * NH * (CTX / P + 1) * (16 + 3 * HD * 4 + P * 4) + 64;
+    size_t bytes = ks_kv_page_bytes(kv) * NL * NH * 5, mcap = (size_t)NL * NH * (CTX / P + 1) * (16 + 3 * HD * 4 + 2 * HD * 2 + P * 4) + 64;
     uint8_t *a = snapshot(kv, 0), *ma = calloc(1, mcap), *mb = calloc(1, mcap);
     size_t na = meta_snapshot(kv, 0, ma);
     assert_false(ks_kv_seq_parked(kv, 0));
