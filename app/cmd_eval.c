@@ -26,6 +26,7 @@
 #include "args.h"
 #include "calibrate.h"
 #include "commands.h"
+#include "core/simd.h"
 #include "eval/eval.h"
 #include "infer/infer.h"
 #include "kvsieve.h"
@@ -45,7 +46,8 @@ static void eval_usage(FILE *f) {
             "usage: kvsieve eval [-m MODEL.gguf] [--task passkey,multikey,multivalue,vartrack,longgen|all]\n"
             "                    [--lengths 1024,4096,8192] [--depths 0,0.25,0.5,0.75,1] [--samples N (4)]\n"
             "                    [--seed S (1)] [-t THREADS] [--json] [--plot FILE.svg] [--calibrate] [--show]\n"
-            "                    [--policy dense,quest,...] [--budget 3%%,6%%,12%%] [--kv-type f16|q8] [policy flags]\n"
+            "                    [--policy dense,quest,...] [--budget 3%%,6%%,12%%] [--kv-type f16|q8]\n"
+            "                    [--reference-simd scalar|avx2|avx512] [policy flags]\n"
             "  lengths count every token of an instance (prompt and answer budget); lengths above\n"
             "  the model's trained context are skipped.  Dense always runs as the reference.\n"
             "  --calibrate: write CHESS's thresholds (99th percentiles of the dense runs' per-page mean\n"
@@ -54,7 +56,10 @@ static void eval_usage(FILE *f) {
             "  --show: print each instance's question, expected and dense answer to stderr (a failing\n"
             "  task's errors, read one by one).\n"
             "  --kv-type q8: the compared configurations keep 8-bit KV (Q8_0 rows) while the dense\n"
-            "  reference stays f16; list dense in --policy to compare dense on q8 with it.\n%s",
+            "  reference stays f16; list dense in --policy to compare dense on q8 with it.\n"
+            "  --reference-simd scalar|avx2|avx512: run the dense reference on other kernels (another\n"
+            "  summation order); with dense in --policy this measures the agreement two correct f16\n"
+            "  computations reach, the noise floor of the agreement and KL columns.\n%s",
             app_policy_usage());
 }
 
@@ -299,6 +304,7 @@ int cmd_eval(int argc, char **argv) {
     int n_depth = 5;
     long samples = 4, seed = 1, n_threads = 0;
     ks_kv_type kv_type = KS_KV_F16; /* the compared configurations' KV; the reference is always f16 */
+    int ref_simd = -1;              /* --reference-simd: the level the reference runs on (-1: the same) */
     app_policy_opts po;
     app_policy_opts_init(&po);
     for (int i = 1; i < argc; i++) {
@@ -318,6 +324,17 @@ int cmd_eval(int argc, char **argv) {
         } else if (!strcmp(a, "--samples")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_long(cmd, a, v, 1, 100000, &samples)) return 2; }
         else if (!strcmp(a, "--seed")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_long(cmd, a, v, 0, 0x7fffffffL, &seed)) return 2; }
         else if (!strcmp(a, "-t")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_long(cmd, a, v, 1, 1024, &n_threads)) return 2; }
+        else if (!strcmp(a, "--reference-simd")) {
+            if (!(v = arg_value(cmd, argc, argv, &i))) return 2;
+            for (int lv = KS_SIMD_SCALAR; lv <= KS_SIMD_AVX512; lv++)
+                if (!strcmp(v, ks_simd_name((ks_simd_level)lv))) ref_simd = lv;
+            if (ref_simd < 0) { fprintf(stderr, "kvsieve eval: --reference-simd must be scalar, avx2 or avx512, got '%s'\n", v); return 2; }
+            if (ref_simd > (int)ks_simd_current()) {
+                fprintf(stderr, "kvsieve eval: --reference-simd %s: this CPU (or KS_SIMD) allows up to %s\n", v,
+                        ks_simd_name(ks_simd_current()));
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--kv-type")) { if (!(v = arg_value(cmd, argc, argv, &i)) || !arg_kv_type(cmd, v, &kv_type)) return 2; }
         else if (!strcmp(a, "--plot")) { if (!(v = arg_value(cmd, argc, argv, &i))) return 2; plot = v; }
         else if (!strcmp(a, "--json")) json = true;
@@ -336,10 +353,12 @@ int cmd_eval(int argc, char **argv) {
     eval_cfg cfgs[1 + APP_MAX_POLICIES * APP_MAX_BUDGETS];
     int n_cfg = 0;
     cfgs[n_cfg++] = (eval_cfg){-1, -1, "dense"};
+    if (ref_simd >= 0) snprintf(cfgs[0].label, sizeof cfgs[0].label, "dense/ref-%s", ks_simd_name((ks_simd_level)ref_simd));
     const char *kv_suffix = kv_type == KS_KV_Q8 ? "/q8" : "";
     for (int pi = 0; pi < po.n_names; pi++) {
         if (!strcmp(po.names[pi], "dense")) {
-            if (kv_type != KS_KV_F16) { /* dense on the other KV type is a configuration of its own */
+            /* dense on the other KV type, or on other kernels than the reference's, is a configuration of its own */
+            if (kv_type != KS_KV_F16 || ref_simd >= 0) {
                 cfgs[n_cfg] = (eval_cfg){pi, -1, ""};
                 snprintf(cfgs[n_cfg++].label, sizeof cfgs[0].label, "dense%s", kv_suffix);
             }
@@ -426,7 +445,10 @@ int cmd_eval(int argc, char **argv) {
                     ks_eval_result ref;
                     ks_eval_run_opts o = ks_eval_run_default_opts();
                     o.keep_logits = n_cfg > 1 || calibrate;
+                    ks_simd_level simd_saved = ks_simd_current();
+                    if (ref_simd >= 0) ks_simd_force((ks_simd_level)ref_simd); /* no other thread runs: a step boundary */
                     st = ks_eval_run(ctxs[0], m, &inst, &o, &ref);
+                    ks_simd_force(simd_saved);
                     if (st != KS_OK) { ks_eval_instance_free(&inst); app_report(cmd, "running an instance", st); goto done; }
                     if (calibrate && ref.n_gen > 0) { /* per-page means of the dense distributions */
                         while (n_cal + (size_t)ref.n_gen > cap_cal) {
@@ -562,6 +584,8 @@ int cmd_eval(int argc, char **argv) {
         cJSON_AddNumberToObject(root, "sink", (double)po.sink);
         cJSON_AddNumberToObject(root, "window", (double)po.window);
         cJSON_AddNumberToObject(root, "page", (double)po.page);
+        cJSON_AddStringToObject(root, "simd", ks_simd_name(ks_simd_current()));
+        if (ref_simd >= 0) cJSON_AddStringToObject(root, "reference_simd", ks_simd_name((ks_simd_level)ref_simd));
         cJSON *res = cJSON_AddArrayToObject(root, "results");
         for (int k = 0; k < n_cfg; k++)
             for (size_t i = 0; i < per_cfg; i++) {

@@ -13,6 +13,7 @@ KS=$1; FIX=$2; TMP=$3
 command -v python3 >/dev/null 2>&1 || { echo "SKIP: python3 not found (it checks the JSON and SVG)"; exit 77; }  # CTest SKIP_RETURN_CODE
 mkdir -p "$TMP"
 MODEL="$FIX/models/aidreams260K.gguf"
+BUNDLED="$(cd "$(dirname "$0")/../.." && pwd)/models/kvsieve-default.gguf"
 . "$(dirname "$0")/lib/check.sh"
 
 # table: a header and one row per task x depth
@@ -89,6 +90,22 @@ assert s["streaming@25%"]["attention_recall"] < 1, s["streaming@25%"]
 assert "attention_recall" not in s["snapkv+quest@25%"], "recall after eviction is not measurable"
 PY
 
+# 8-bit KV and other kernels against the f16 reference: dense is then a compared configuration
+# (8-bit rows need a head dim of 32 or more: the bundled model's)
+"$KS" eval -m "$BUNDLED" --task passkey --lengths 100 --depths 0.5 --samples 1 -t 2 --policy dense,quest --budget 50% \
+    --kv-type q8 --json >"$TMP/q8.json" 2>"$TMP/err" || bad "eval --kv-type q8 failed: $(cat "$TMP/err")"
+python3 - "$TMP/q8.json" <<'PY' || bad "eval --kv-type q8 JSON"
+import json, sys
+d = json.load(open(sys.argv[1]))
+s = {x["config"]: x for x in d["summary"]}
+assert set(s) == {"dense", "dense/q8", "quest@50%/q8"}, sorted(s)
+assert 0 <= s["dense/q8"]["agreement_forced"] <= 1 and s["dense/q8"]["kl"] >= 0, s["dense/q8"]
+assert all(r["kv_type"] == "q8" for r in d["results"] if r["config"] != "dense")
+PY
+"$KS" eval -m "$MODEL" --task passkey --lengths 100 --depths 0.5 --samples 1 -t 2 --policy dense --reference-simd scalar \
+    >"$TMP/ref.txt" 2>"$TMP/err" || bad "eval --reference-simd failed: $(cat "$TMP/err")"
+grep -q "^dense/ref-scalar" "$TMP/ref.txt" || bad "reference label: $(cat "$TMP/ref.txt")"
+
 # usage errors exit 2
 expect2() { "$KS" eval -m "$MODEL" "$@" >/dev/null 2>"$TMP/err"; rc=$?; [ $rc -eq 2 ] || bad "eval $* exited $rc"; }
 expect2 --policy nosuch --budget 64
@@ -101,6 +118,8 @@ expect2 --depths 0.5,
 expect2 --samples 0
 expect2 --budget -3
 expect2 --frobnicate
+expect2 --kv-type q4
+expect2 --reference-simd sse
 expect2 --lengths 4096
 grep -q "trained context" "$TMP/err" || bad "all-lengths-skipped message: $(cat "$TMP/err")"
 "$KS" eval --help | grep -q "usage" || bad "--help"
