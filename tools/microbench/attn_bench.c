@@ -22,7 +22,8 @@
  * pool does.
  *
  * Usage: attn_bench [threads=2] [rounds=3] [hot_rows=1024] [split|paged] [f16|q8] [hd=64|128] [group=4]
- *                   [page_stride=1]  (from DRAM: every S-th page only, a page selector's reads)
+ *                   [page_stride=1]  (from DRAM: every S-th page only, a page selector's reads;
+ *                   tS: one token in every S rows instead, a token selector's scattered reads)
  * (q8: the 8-bit KV cache's Q8_0 rows, 68 bytes at hd 64, on integer units:
  * run f16 and q8 back to back to compare them within one run)
  * Prints, per round, the best of 5 repetitions of: plain read, kernel hot,
@@ -44,6 +45,7 @@
 enum { H = 8, N = 32768, P = 32, REPS = 5 };
 static int G = 4;           /* query heads per KV head (7th argument) */
 static int PAGE_STRIDE = 1; /* from DRAM: every S-th page, as a page selector reads (8th argument) */
+static int TOKEN_STRIDE = 0; /* from DRAM: one token in every S rows at a hashed offset, as a token selector reads (8th argument tS) */
 static int L = 16, HD = 64; /* hd 128: 8 layers, the same bytes */
 static ks_kv_type KVT = KS_KV_F16;
 static size_t ROW_BYTES; /* ks_kv_row_bytes(KVT, HD), set in main */
@@ -61,7 +63,7 @@ typedef struct {
     float *scores;          /* [N][4] */
     float *out;             /* [G][HD] */
     float *tmp;             /* portable-path scratch */
-    ks_kv_seg *segs;        /* [N / P] */
+    ks_kv_seg *segs;        /* [N] */
     float sink;             /* keeps the read loop's sum alive */
 } bench_thread;
 
@@ -101,6 +103,16 @@ static void attend_head(bench_thread *t, const uint8_t *layer, int h, int rows) 
     const uint8_t *K, *V;
     head_rows(t, layer, h, &K, &V);
     size_t stride = t->paged ? (size_t)P * ROW_BYTES * 2 : (size_t)P * ROW_BYTES; /* page to page */
+    if (rows == N && TOKEN_STRIDE > 0) { /* scattered single tokens: segments of one row */
+        int nt = 0;
+        for (int w = 0; w < N / TOKEN_STRIDE; w++) {
+            int r = w * TOKEN_STRIDE + (int)(((unsigned)w * 2654435761u) >> 16) % TOKEN_STRIDE;
+            size_t off = (size_t)(r / P) * stride + (size_t)(r % P) * ROW_BYTES;
+            t->segs[nt++] = (ks_kv_seg){K + off, V + off, 1};
+        }
+        ks_attention_segs(KVT, t->segs, nt, nt, HD, G, t->q, t->scores, t->out, t->tmp, NULL, true);
+        return;
+    }
     int step = rows == N ? PAGE_STRIDE : 1, np = 0;
     for (int p = 0; p < rows / P; p += step) t->segs[np++] = (ks_kv_seg){K + (size_t)p * stride, V + (size_t)p * stride, P};
     ks_attention_segs(KVT, t->segs, np, np * P, HD, G, t->q, t->scores, t->out, t->tmp, NULL, true);
@@ -162,7 +174,8 @@ int main(int argc, char **argv) {
         }
         L = 16 * 64 / HD;
     }
-    if (argc > 8) PAGE_STRIDE = atoi(argv[8]) > 0 ? atoi(argv[8]) : 1;
+    if (argc > 8 && argv[8][0] == 't') TOKEN_STRIDE = atoi(argv[8] + 1) > 0 ? atoi(argv[8] + 1) : 1;
+    else if (argc > 8) PAGE_STRIDE = atoi(argv[8]) > 0 ? atoi(argv[8]) : 1;
     if (argc > 7) {
         G = atoi(argv[7]);
         if (G < 1 || G > 16) {
@@ -208,7 +221,7 @@ int main(int argc, char **argv) {
         th[i].scores = malloc(sizeof(float) * (size_t)N * 4);
         th[i].out = malloc(sizeof(float) * G * HD);
         th[i].tmp = malloc(sizeof(float) * (size_t)N * 4 + 65536);
-        th[i].segs = malloc(sizeof(ks_kv_seg) * (N / P));
+        th[i].segs = malloc(sizeof(ks_kv_seg) * N);
         if (!th[i].q || !th[i].scores || !th[i].out || !th[i].tmp || !th[i].segs) return 1;
         for (int j = 0; j < G * HD; j++) th[i].q[j] = (float)(j % 7) * 0.1f;
     }
