@@ -18,15 +18,12 @@ bool ks_policy_budget_binds(const ks_policy *pol, int32_t n) {
     return budget > 0 && budget < n;
 }
 
+/* bits [a, b) of m, a word at a time */
 static void mask_set_range(uint64_t *m, int32_t a, int32_t b) {
-    for (int32_t t = a; t < b;) {
-        if ((t & 63) == 0 && b - t >= 64) {
-            m[t >> 6] = ~0ull;
-            t += 64;
-        } else {
-            m[t >> 6] |= 1ull << (t & 63);
-            t++;
-        }
+    while (a < b) {
+        int32_t w = a >> 6, lo = a & 63, hi = b - (w << 6) < 64 ? b - (w << 6) : 64; /* bits [lo, hi) of word w */
+        m[w] |= (hi == 64 ? ~0ull : (1ull << hi) - 1) & ~((1ull << lo) - 1);
+        a = (w << 6) + hi;
     }
 }
 
