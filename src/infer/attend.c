@@ -155,7 +155,6 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
             memcpy(plan->pages, s->pages, sizeof(int32_t) * (size_t)npages);
         }
     }
-    (void)npages;
     KS_ASSERT(total > 0 && total <= n);
     uint8_t *gather = NULL;
     bool buffered = false;

@@ -60,11 +60,11 @@ ks_status ks_infer_select(ks_context *c, ks_attn_scratch *s, ks_select_req *req,
 
 int32_t ks_infer_segs_plan(const uint64_t *mask, int32_t n, int32_t P, ks_kv_seg *segs, int32_t *first,
                            int32_t *pages, int32_t *npages, int32_t *total) {
-    int32_t nseg = 0, np = 0, tot = 0;
+    int32_t nseg = 0, np = 0, tot = 0, shift = (P & (P - 1)) == 0 ? __builtin_ctz((unsigned)P) : -1;
     for (int32_t a = mask ? mask_next(mask, 0, n, true) : 0; a < n;) {
         int32_t b = mask ? mask_next(mask, a, n, false) : n;
         for (int32_t t = a; t < b;) {
-            int32_t lp = t / P, e = (lp + 1) * P < b ? (lp + 1) * P : b;
+            int32_t lp = shift >= 0 ? t >> shift : t / P, e = (lp + 1) * P < b ? (lp + 1) * P : b;
             if (np == 0 || pages[np - 1] != lp) pages[np++] = lp;
             first[nseg] = t;
             segs[nseg++] = (ks_kv_seg){NULL, NULL, e - t};
@@ -81,10 +81,12 @@ int32_t ks_infer_segs_plan(const uint64_t *mask, int32_t n, int32_t P, ks_kv_seg
 ks_status ks_infer_segs_resolve(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, ks_kv_seg *segs,
                                 const int32_t *first, int32_t nseg, const int32_t *pages, uint8_t *gather) {
     int32_t P = ks_kv_page_size(kv);
+    /* a token selection has a run per entry: no division per run when P is a power of two */
+    int32_t shift = (P & (P - 1)) == 0 ? __builtin_ctz((unsigned)P) : -1;
     size_t row = ks_kv_row_size(kv), pb = ks_kv_page_bytes(kv);
     const uint8_t *K = NULL, *V = NULL;
     for (int32_t i = 0, pi = 0, cur = -1; i < nseg; i++) {
-        int32_t t = first[i], lp = t / P;
+        int32_t t = first[i], lp = shift >= 0 ? t >> shift : t / P;
         if (lp != cur) { /* runs are in entry order: pages advance monotonically */
             while (pages[pi] != lp) pi++;
             cur = lp;
@@ -97,8 +99,9 @@ ks_status ks_infer_segs_resolve(ks_kv_store *kv, int32_t seq, int32_t layer, int
                 ks_kv_page_rows(kv, seq, layer, head, lp, &K, &V);
             }
         }
-        segs[i].K = K + (size_t)(t % P) * row;
-        segs[i].V = V + (size_t)(t % P) * row;
+        size_t off = (size_t)(t - lp * P) * row;
+        segs[i].K = K + off;
+        segs[i].V = V + off;
     }
     return KS_OK;
 }
