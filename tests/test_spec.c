@@ -312,6 +312,8 @@ static void test_simd_matches_scalar(void **state) {
 }
 
 /* ------------------------------------------------- end-to-end runs -- */
+static bool g_plan_per_layer; /* run(): turn off the engine's once-a-step plan of a same-every-layer policy */
+
 static float *run(const char *policy, int32_t budget, int offload, const char *dir, int n_seq, int n_prompt, int steps,
                   int offload_at /* step at which layer 2 moves to the slow tier, or -1 */) {
     ks_context_params p = ks_context_default_params();
@@ -331,6 +333,7 @@ static float *run(const char *policy, int32_t budget, int offload, const char *d
     p.policy_args = strcmp(policy, "dense") ? args : NULL;
     ks_context *c = NULL;
     if (ks_context_create(g_llama, p, &c) != KS_OK) fail_msg("context: %s", ks_last_error());
+    c->plan_per_layer = g_plan_per_layer;
     int32_t Vv = g_llama->hp.n_vocab;
     float *out = malloc(sizeof(float) * (size_t)steps * n_seq * Vv), *logits = malloc(sizeof(float) * n_seq * Vv);
     int32_t *prompt = malloc(sizeof(int32_t) * n_prompt), seqs[2] = {0, 1}, toks[2];
@@ -396,6 +399,24 @@ static void test_elastic_loading_exact(void **state) {
     free(file);
 }
 
+/* Spec selects the same entries in every layer, so the engine plans them
+ * once a step (ks_policy_same_every_layer): the logits must equal those of
+ * selecting and planning in every layer, resident and offloaded, batch 2. */
+static void test_plan_once_per_step(void **state) {
+    (void)state;
+    const int np = 200, steps = 6;
+    size_t bytes = sizeof(float) * steps * 2 * g_llama->hp.n_vocab;
+    for (int off = 0; off <= 3; off += 3) {
+        g_plan_per_layer = true;
+        float *ref = run("spec", 48, off, NULL, 2, np, steps, -1);
+        g_plan_per_layer = false;
+        float *got = run("spec", 48, off, NULL, 2, np, steps, -1);
+        if (memcmp(got, ref, bytes)) fail_msg("spec planned once a step differs from per layer (offload %d)", off);
+        free(ref);
+        free(got);
+    }
+}
+
 static void test_offload_mid_sequence(void **state) {
     (void)state;
     const int np = 100, steps = 6;
@@ -442,6 +463,7 @@ int main(void) {
         cmocka_unit_test(test_simd_matches_scalar),
         cmocka_unit_test(test_full_budget_equals_dense),
         cmocka_unit_test(test_elastic_loading_exact),
+        cmocka_unit_test(test_plan_once_per_step),
         cmocka_unit_test(test_offload_mid_sequence),
         cmocka_unit_test(test_bad_dlm),
     };

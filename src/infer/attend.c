@@ -68,7 +68,7 @@ static double recall_of_mask(ks_context *c, ks_attn_scratch *s, int32_t seq, int
  * (seq, h) is one task per layer and layers run one after another, so the
  * buffers need no lock. */
 static ks_step_plan *shared_plan(ks_context *c, const ks_policy *pol, int32_t seq, int h, int32_t n, int32_t pos) {
-    if (!c->decoding || n != pos + 1 || !ks_policy_same_every_layer(pol)) return NULL;
+    if (!c->decoding || c->plan_per_layer || n != pos + 1 || !ks_policy_same_every_layer(pol)) return NULL;
     ks_step_plan *pl = &c->step_plans[(size_t)seq * c->model->hp.n_head_kv + h];
     if (!pl->mask) {
         size_t n_ctx = (size_t)c->n_ctx, max_pages = (n_ctx + c->params.page - 1) / c->params.page;

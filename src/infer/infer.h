@@ -92,6 +92,7 @@ struct ks_context {
     bool decoding;           /* the rows being computed are a decode step */
     uint64_t step_serial;    /* decode steps so far (keys step_plans) */
     ks_step_plan *step_plans; /* [n_seq][n_head_kv], buffers allocated on first use */
+    bool plan_per_layer;     /* tests: select and plan in every layer even where one plan would do */
     float *x;                /* [max_rows][n_embd] residual stream */
     float *xn;               /* [max_rows][max(n_embd, q_dim)] normed input / sublayer output */
     float *q;                /* [max_rows][n_head*head_dim] */
