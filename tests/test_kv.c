@@ -195,14 +195,27 @@ static void tier_roundtrip(const char *dir) {
         row_values(0, 0, h, 37, 1, v);
         assert_int_equal(ks_kv_append(kv, 0, 0, h, 1037, k, v), KS_OK);
     }
-    /* fetch through a buffer of 3 pages' worth of entries: misses load, hits stay */
+    /* K rows only, across page boundaries, fast and slow: the page's K rows; a slow read moves those rows alone */
     ks_kv_traffic tr;
     ks_kv_take_traffic(kv, &tr);
+    size_t row = ks_kv_row_size(kv);
+    for (int l = 0; l < 2; l++)
+        for (int h = 0; h < NH; h++) {
+            uint8_t keys[35 * HD * 2], page[2 * P * HD * 2];
+            assert_int_equal(ks_kv_read_keys(kv, 0, l, h, 3, 35, keys), KS_OK);
+            for (int e = 3; e < 38; e++) {
+                assert_int_equal(ks_kv_read_page(kv, 0, l, h, e / P, page), KS_OK);
+                assert_memory_equal(keys + (size_t)(e - 3) * row, page + (size_t)(e % P) * row, row);
+            }
+        }
+    ks_kv_take_traffic(kv, &tr);
+    /* the slow layer: its key rows plus the whole pages the check itself read */
+    assert_int_equal(tr.bytes_loaded, (uint64_t)NH * (35 * row + 35 * ks_kv_page_bytes(kv)));
+    /* fetch through a buffer of 3 pages' worth of entries: misses load, hits stay */
     int32_t want[3 * P], next[3 * P];
     for (int i = 0; i < 3 * P; i++) want[i] = (i / P == 2 ? 4 : i / P) * P + i % P; /* pages 0, 1, 4 */
     for (int i = 0; i < 3 * P; i++) next[i] = (i / P == 0 ? 2 : i / P == 1 ? 1 : 4) * P + i % P;
     qsort(next, 3 * P, sizeof(int32_t), cmp_i32);
-    size_t row = ks_kv_row_size(kv);
     int32_t nw = 0;
     for (int i = 0; i < 3 * P; i++) want[nw] = want[i], nw += want[i] < 38; /* page 4 holds entries 32..37 only */
     assert_int_equal(ks_kv_fetch(kv, 0, 1, 0, want, nw, true), KS_OK);
@@ -464,6 +477,7 @@ static void test_failed_read(void **state) {
     assert_int_equal(ks_kv_wait_layer(kv, 0), KS_ERR_IO);
     uint8_t page[2 * P * HD * 2];
     assert_int_equal(ks_kv_read_page(kv, 0, 0, 0, 0, page), KS_ERR_IO);
+    assert_int_equal(ks_kv_read_keys(kv, 0, 0, 0, 0, 4, page), KS_ERR_IO);
     /* reads work again once the fault is gone; nothing stale was kept */
     ks_kv_debug_fail_reads(kv, 0, false);
     assert_int_equal(ks_kv_fetch(kv, 0, 0, 1, lp, 2, false), KS_OK);

@@ -165,16 +165,17 @@ static ks_status svc_read_keys(void *svc, int32_t seq, int32_t layer, int32_t he
     int32_t P = ks_kv_page_size(c->kv), hd = c->model->hp.head_dim;
     if (first < 0 || n < 0 || first + n > ks_kv_n_entries(c->kv, seq, layer, head))
         return KS_FAIL(KS_ERR_INVALID_ARG, "read_keys [%d, %d) outside the head", first, first + n);
-    uint8_t *buf = ks_malloc(ks_kv_page_bytes(c->kv));
+    /* the K rows only, a page's worth at a time (a slow layer's V rows and
+     * the rest of the page stay where they are) */
     size_t row = ks_kv_row_size(c->kv);
+    uint8_t *buf = ks_malloc(row * (size_t)P);
     ks_status st = KS_OK;
-    for (int32_t e = first, lp = -1; e < first + n && st == KS_OK; e++) {
-        if (e / P != lp) {
-            lp = e / P;
-            st = ks_kv_read_page(c->kv, seq, layer, head, lp, buf);
-        }
-        if (st == KS_OK)
-            ks_dequantize_row(ks_kv_dtype(c->kv_type), buf + (size_t)(e % P) * row, out + (size_t)(e - first) * hd, hd);
+    for (int32_t e = first; e < first + n && st == KS_OK;) {
+        int32_t run = P - e % P < first + n - e ? P - e % P : first + n - e;
+        st = ks_kv_read_keys(c->kv, seq, layer, head, e, run, buf);
+        for (int32_t i = 0; i < run && st == KS_OK; i++)
+            ks_dequantize_row(ks_kv_dtype(c->kv_type), buf + (size_t)i * row, out + (size_t)(e - first + i) * hd, hd);
+        e += run;
     }
     ks_free(buf);
     return st;

@@ -138,6 +138,13 @@ void ks_kv_page_rows(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t 
 void ks_kv_entry_rows(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t e,
                       const uint8_t **K, const uint8_t **V);
 
+/* Copy the K rows (stored format, [n][row]) of entries [first, first + n)
+ * of (seq, layer, head) into dst: in place for a FAST layer, from the slow
+ * tier itself for a SLOW one (K rows only, counted as bytes loaded: no V
+ * rows and no whole pages).  A policy that needs exact keys of scattered
+ * entries reads a row, not a page.  Fails only on a slow-tier I/O error. */
+ks_status ks_kv_read_keys(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t first, int32_t n,
+                          uint8_t *dst);
 /* Copy logical page lp of (seq, layer, head) into buf [page_bytes] from
  * wherever it lives (a synchronous slow-tier read when needed). */
 ks_status ks_kv_read_page(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp, uint8_t *buf);

@@ -375,6 +375,29 @@ ks_status ks_kv_read_page(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t h
     return KS_OK;
 }
 
+ks_status ks_kv_read_keys(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t first, int32_t n,
+                          uint8_t *dst) {
+    KS_ASSERT(first >= 0 && n >= 0 && first + n <= ks_kv_n_entries(kv, seq, layer, head));
+    const kv_layer *L = &kv->layers[layer];
+    const int32_t *tab = kv_table_of(kv, seq, layer, head);
+    for (int32_t e = first; e < first + n;) { /* a run of rows inside one page at a time */
+        int32_t r = e % kv->P, run = kv->P - r < first + n - e ? kv->P - r : first + n - e, id = tab[e / kv->P];
+        uint8_t *d = dst + (size_t)(e - first) * kv->row;
+        size_t bytes = (size_t)run * kv->row;
+        if (L->tier == KS_TIER_FAST) {
+            memcpy(d, kv_fast_k(kv, L, id) + (size_t)r * kv->row, bytes);
+        } else { /* the slow tier is the source of truth (appends write it first): no slot to wait for */
+            if (L->fail_reads) return KS_FAIL(KS_ERR_IO, "slow-tier read failed (injected)");
+            const uint8_t *m = kv_slow_mem(kv, L, id);
+            if (m) memcpy(d, m + kv_row_off(kv, r, false), bytes);
+            else KS_TRY(file_read(L->fd, d, bytes, (off_t)id * (off_t)kv->page_bytes + (off_t)kv_row_off(kv, r, false)));
+            atomic_fetch_add(&kv->bytes_loaded, bytes);
+        }
+        e += run;
+    }
+    return KS_OK;
+}
+
 int32_t ks_kv_buffer_entries(const ks_kv_store *kv) { return kv->n_slot; }
 
 /* -------------------------------------------------- parked sequences -- */
