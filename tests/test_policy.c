@@ -502,7 +502,7 @@ static void test_helpers(void **state) {
         enum { NP = 7 };
         uint16_t pg[NP][2 * 64];
         const uint16_t *pp[NP];
-        float many[NG * NP], one[NG];
+        float many[NG * NP], one[NG], red[NP];
         for (int p = 0; p < NP; p++) {
             for (int i = 0; i < 64; i++) { /* min <= max, as the store keeps them */
                 float kmin = sinf(0.7f * (float)(p * 64 + i));
@@ -515,13 +515,20 @@ static void test_helpers(void **state) {
             ks_simd_force((ks_simd_level)lv);
             for (int G = 1; G <= NG; G += 4)
                 for (int np = 1; np <= NP; np += 3) {
-                    ks_page_upper_bounds16_pages(qg, G, pp, np, 64, many);
+                    ks_page_upper_bounds16_pages(qg, G, pp, np, 64, many, red);
+                    float red2[NP];
+                    ks_page_upper_bounds16_pages(qg, G, pp, np, 64, NULL, red2); /* the max alone: the same */
+                    assert_memory_equal(red, red2, sizeof(float) * (size_t)np);
                     for (int p = 0; p < np; p++) {
                         ks_page_upper_bounds16(qg, G, pp[p], 64, one, 1);
-                        for (int g = 0; g < G; g++)
+                        float top = -INFINITY;
+                        for (int g = 0; g < G; g++) {
                             if (fabsf(many[g * np + p] - one[g]) > 1e-5f * (1 + fabsf(one[g])))
                                 fail_msg("bounds of %d pages, level %d, G %d, page %d head %d: %.9g, per page %.9g",
                                          np, lv, G, p, g, many[g * np + p], one[g]);
+                            top = many[g * np + p] > top ? many[g * np + p] : top;
+                        }
+                        if (red[p] != top) fail_msg("group max of page %d, level %d, G %d: %.9g, want %.9g", p, lv, G, red[p], top);
                     }
                 }
         }

@@ -336,3 +336,13 @@ void ks_kv_page_meta_get(const ks_kv_store *kv, int32_t seq, int32_t layer, int3
     out->kbound16 = L->kbound16 ? L->kbound16 + (size_t)id * 2 * kv->hd : NULL;
 }
 
+bool ks_kv_pages_bounds16(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t np,
+                          const uint16_t **out) {
+    KS_ASSERT(np >= 0 && np <= ks_kv_n_pages(kv, seq, layer, head));
+    const kv_layer *L = &kv->layers[layer];
+    if (!L->kbound16) return false;
+    const int32_t *tab = kv_table_of(kv, seq, layer, head);
+    for (int32_t lp = 0; lp < np; lp++) out[lp] = L->kbound16 + (size_t)tab[lp] * 2 * kv->hd;
+    return true;
+}
+

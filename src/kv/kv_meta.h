@@ -38,5 +38,9 @@ typedef struct ks_kv_page_meta {
 } ks_kv_page_meta;
 void ks_kv_page_meta_get(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp,
                          ks_kv_page_meta *out);
+/* The kbound16 of logical pages [0, np) in one call (out[np]); false, and
+ * nothing written, when the cache keeps no f16 bounds. */
+bool ks_kv_pages_bounds16(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t np,
+                          const uint16_t **out);
 
 #endif

@@ -60,17 +60,13 @@ static ks_status quest_select(void *state, const ks_select_req *req, ks_selectio
     float *sc = ks_malloc(sizeof(float) * (size_t)np * (G + 1));
     float *red = sc + (size_t)np * G;
     /* an f16 cache's store keeps f16 bounds: every page scored in one call
-     * from half the bytes; otherwise page by page from the f32 summaries */
+     * from half the bytes (the group max fused in); otherwise page by page
+     * from the f32 summaries */
     const uint16_t **kb = ks_malloc(sizeof(*kb) * (size_t)np);
-    bool f16 = true;
-    for (int32_t p = 0; p < np; p++) {
-        ks_kv_page_meta m;
-        ks_policy_kv_page_meta(env, req->seq, req->layer, req->head, p, &m);
-        kb[p] = m.kbound16;
-        f16 = f16 && m.kbound16;
-    }
+    bool f16 = ks_policy_kv_pages_bounds16(env, req->seq, req->layer, req->head, np, kb);
+    bool fused = f16 && s->group == KS_GROUP_MAX;
     if (f16) {
-        ks_page_upper_bounds16_pages(req->q, G, kb, np, hd, sc);
+        ks_page_upper_bounds16_pages(req->q, G, kb, np, hd, fused ? NULL : sc, fused ? red : NULL);
     } else {
         for (int32_t p = 0; p < np; p++) {
             ks_kv_page_meta m;
@@ -83,7 +79,7 @@ static ks_status quest_select(void *state, const ks_select_req *req, ks_selectio
     if (s->group == KS_GROUP_SOFTMAX_MEAN) /* bounds are logits: scale like attention */
         for (size_t i = 0; i < (size_t)np * G; i++) sc[i] /= sqrtf((float)hd);
     atomic_fetch_add_explicit(&s->bytes_read, bytes, memory_order_relaxed);
-    ks_group_reduce_scores(sc, G, np, s->group, red);
+    if (!fused) ks_group_reduce_scores(sc, G, np, s->group, red);
     int32_t kk = k < out->cap ? k : out->cap;
     out->n = ks_topk_scratch(red, np, kk, out->idx, sc); /* partial selection; the group scores are spent */
     ks_free(sc);

@@ -95,6 +95,10 @@ int32_t ks_policy_kv_n_pages(const ks_policy_env *env, int32_t seq, int32_t laye
     int32_t P = env->meta->page_size;
     return (env->meta->n_entries(env->meta->ctx, seq, layer, head) + P - 1) / P;
 }
+bool ks_policy_kv_pages_bounds16(const ks_policy_env *env, int32_t seq, int32_t layer, int32_t head, int32_t np,
+                                 const uint16_t **out) {
+    return !env->meta && ks_kv_pages_bounds16(env->kv, seq, layer, head, np, out); /* caller summaries are f32 */
+}
 void ks_policy_kv_page_meta(const ks_policy_env *env, int32_t seq, int32_t layer, int32_t head, int32_t lp,
                             ks_kv_page_meta *out) {
     if (env->meta) env->meta->page_meta(env->meta->ctx, seq, layer, head, lp, out);
@@ -567,7 +571,7 @@ PAGE_BOUNDS_AVX512(page_upper_bounds16_avx512, uint16_t, LOAD_F16, SCALAR_F16)
  * channels, the pages' lo and hi converted once and two FMAs per (page,
  * head) into sixteen accumulators, reduced together at the end. */
 __attribute__((target("avx512f,avx512dq,avx512vl,f16c"))) static void page_bounds16_pages_avx512(
-    const float *q, int32_t G, const uint16_t *const *kb, int32_t np, int32_t hd, float *out) {
+    const float *q, int32_t G, const uint16_t *const *kb, int32_t np, int32_t hd, float *out, float *red_max) {
     float qp[4][512] __attribute__((aligned(64))), qn[4][512] __attribute__((aligned(64)));
     for (int32_t g0 = 0; g0 < G; g0 += 4) {
         int32_t ng = G - g0 < 4 ? G - g0 : 4;
@@ -600,8 +604,14 @@ __attribute__((target("avx512f,avx512dq,avx512vl,f16c"))) static void page_bound
             }
             float s[16];
             _mm512_storeu_ps(s, ks_avx512_reduce16(acc)); /* lane 4 * page + head */
-            for (int32_t r = 0; r < nr; r++)
-                for (int32_t g = 0; g < ng; g++) out[(size_t)(g0 + g) * np + p + r] = s[4 * r + g];
+            for (int32_t r = 0; r < nr; r++) {
+                float mx = s[4 * r];
+                for (int32_t g = 0; g < ng; g++) {
+                    if (out) out[(size_t)(g0 + g) * np + p + r] = s[4 * r + g];
+                    mx = s[4 * r + g] > mx ? s[4 * r + g] : mx;
+                }
+                if (red_max) red_max[p + r] = g0 == 0 || mx > red_max[p + r] ? mx : red_max[p + r];
+            }
         }
     }
 }
@@ -717,14 +727,23 @@ void ks_page_upper_bounds16(const float *q, int32_t G, const uint16_t *kbound16,
 }
 
 void ks_page_upper_bounds16_pages(const float *q, int32_t G, const uint16_t *const *kb, int32_t np, int32_t hd,
-                                  float *out) {
+                                  float *out, float *red_max) {
 #if defined(__x86_64__)
     if (hd % 16 == 0 && hd <= 512 && ks_simd_current() >= KS_SIMD_AVX512) {
-        page_bounds16_pages_avx512(q, G, kb, np, hd, out);
+        page_bounds16_pages_avx512(q, G, kb, np, hd, out, red_max);
         return;
     }
 #endif
-    for (int32_t p = 0; p < np; p++) ks_page_upper_bounds16(q, G, kb[p], hd, out + p, (size_t)np);
+    float one[64];
+    for (int32_t p = 0; p < np; p++)
+        for (int32_t g0 = 0; g0 < G; g0 += 64) { /* the heads in chunks of 64 */
+            int32_t ng = G - g0 < 64 ? G - g0 : 64;
+            ks_page_upper_bounds16(q + (size_t)g0 * hd, ng, kb[p], hd, one, 1);
+            for (int32_t g = 0; g < ng; g++) {
+                if (out) out[(size_t)(g0 + g) * np + p] = one[g];
+                if (red_max) red_max[p] = (g0 == 0 && g == 0) || one[g] > red_max[p] ? one[g] : red_max[p];
+            }
+        }
 }
 
 float ks_page_upper_bound(const float *q, const float *kmin, const float *kmax, int32_t hd) {

@@ -103,6 +103,10 @@ typedef struct ks_policy_env {
 int32_t ks_policy_kv_page_size(const ks_policy_env *env);
 int32_t ks_policy_kv_n_entries(const ks_policy_env *env, int32_t seq, int32_t layer, int32_t head);
 int32_t ks_policy_kv_n_pages(const ks_policy_env *env, int32_t seq, int32_t layer, int32_t head);
+/* Every page's f16 bounds (ks_kv_page_meta.kbound16) of pages [0, np) in
+ * one call; false where the cache (or a caller's metadata) has none. */
+bool ks_policy_kv_pages_bounds16(const ks_policy_env *env, int32_t seq, int32_t layer, int32_t head, int32_t np,
+                                 const uint16_t **out);
 void ks_policy_kv_page_meta(const ks_policy_env *env, int32_t seq, int32_t layer, int32_t head, int32_t lp,
                             ks_kv_page_meta *out);
 
@@ -336,13 +340,15 @@ void ks_page_upper_bounds(const float *q, int32_t G, const float *kmin, const fl
  * values, from half the bytes. */
 void ks_page_upper_bounds16(const float *q, int32_t G, const uint16_t *kbound16, int32_t hd, float *out, size_t stride);
 /* Quest's page scoring in one call: the bounds of G heads over np pages,
- * out[g * np + p], from each page's f16 bounds kb[p].  AVX-512 scores four
+ * out[g * np + p] (out may be NULL), and with red_max their maximum over the
+ * heads per page (red_max[p], Quest's default group reduction fused in),
+ * from each page's f16 bounds kb[p].  AVX-512 scores four
  * pages x four heads at once, max(q lo, q hi) as q+ hi + q- lo (q+ = max(q, 0),
  * q- = min(q, 0)) in FMAs, the sixteen sums reduced together: the same bounds
  * as ks_page_upper_bounds16 up to rounding (a few ulps), at about half the
  * instructions; other levels call it page by page. */
 void ks_page_upper_bounds16_pages(const float *q, int32_t G, const uint16_t *const *kb, int32_t np, int32_t hd,
-                                  float *out);
+                                  float *out, float *red_max);
 
 typedef enum ks_group_reduce { KS_GROUP_MAX = 0, KS_GROUP_MEAN = 1, KS_GROUP_SOFTMAX_MEAN = 2 } ks_group_reduce;
 /* scores [G][n] -> out [n] by the reduction (softmax_mean: softmax over n per
