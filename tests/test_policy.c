@@ -387,6 +387,17 @@ static void test_snapkv_keeps_attended(void **state) {
     ks_kv_destroy(f.kv);
 }
 
+
+/* qsort order of indices: value descending (NaN last), then index ascending */
+static const float *g_topk_vals;
+static int cmp_desc_index(const void *a, const void *b) {
+    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    float x = g_topk_vals[i] != g_topk_vals[i] ? -INFINITY : g_topk_vals[i];
+    float y = g_topk_vals[j] != g_topk_vals[j] ? -INFINITY : g_topk_vals[j];
+    if (x != y) return x > y ? -1 : 1;
+    return (i > j) - (i < j);
+}
+
 static void test_helpers(void **state) {
     (void)state;
     float x[] = {1, 5, 3, 5, -1, 2};
@@ -435,6 +446,39 @@ static void test_helpers(void **state) {
             assert_int_equal(ks_topk_scratch(v, N, k, got2, scratch), k);
             assert_memory_equal(got, got2, sizeof(int32_t) * (size_t)k);
         }
+    }
+    /* k far below n (the sampled threshold: Quest's pages, spec's tokens), at every SIMD level: exactly
+     * the first k of the order (value desc, index asc), in index order; distinct values, ties, and ties at
+     * the threshold */
+    {
+        static const int32_t shapes[][2] = {{1024, 62}, {512, 30}, {32768, 1980}, {4096, 8}};
+        static float v[32768];
+        static int32_t got[32768], order[32768];
+        static uint8_t want[32768];
+        ks_simd_level hw = ks_simd_detect(), saved = ks_simd_current();
+        for (int sh = 0; sh < 4; sh++)
+            for (int kind = 0; kind < 3; kind++)
+                for (int lv = KS_SIMD_SCALAR; lv <= (int)hw; lv++) {
+                    ks_simd_force((ks_simd_level)lv);
+                    int32_t n = shapes[sh][0], k = shapes[sh][1];
+                    ks_rng r = {(uint64_t)(7 + sh * 3 + kind)};
+                    for (int32_t i = 0; i < n; i++) {
+                        float u = ks_rng_uniform(&r);
+                        v[i] = kind == 0 ? u * 10 - 3 : kind == 1 ? (float)(int)(u * 40) : (u < 0.9f ? u : 0.95f);
+                    }
+                    v[5] = NAN;
+                    for (int32_t i = 0; i < n; i++) order[i] = i;
+                    g_topk_vals = v;
+                    qsort(order, (size_t)n, sizeof(int32_t), cmp_desc_index);
+                    memset(want, 0, (size_t)n);
+                    for (int32_t i = 0; i < k; i++) want[order[i]] = 1;
+                    assert_int_equal(ks_topk(v, n, k, got), k);
+                    for (int32_t i = 0; i < k; i++) {
+                        if (!want[got[i]]) fail_msg("top %d of %d (kind %d, level %d): index %d", k, n, kind, lv, got[i]);
+                        if (i && got[i] <= got[i - 1]) fail_msg("top %d of %d: not in index order", k, n);
+                    }
+                }
+        ks_simd_force(saved);
     }
     float q[2] = {1, -1}, mn[2] = {-2, -3}, mx[2] = {3, 1};
     assert_true(fabsf(ks_page_upper_bound(q, mn, mx, 2) - 6.0f) < 1e-6f);
