@@ -65,6 +65,8 @@
 #include "tensor/simd_avx2.h"
 
 #include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
 enum { LRQK_MAX_RANK = 1024 }; /* argument bound; the rank used is min(rank, head_dim) */
@@ -212,32 +214,68 @@ static ks_status factor_slot(lrqk_state *s, lrqk_slot *t, int32_t seq, int32_t l
     return KS_OK;
 }
 
+/* The prompt's factorisation: one task per (layer >= dense, KV head), taken
+ * from an atomic counter by the context's workers.  Each task owns its
+ * slot, and keys and Q are per-worker scratch; the factors depend only on
+ * (layer, head) (seed_of), so the result does not depend on who ran what. */
+typedef struct {
+    lrqk_state *s;
+    const ks_prefill_info *info;
+    int32_t nobs, total;
+    float *keys, *Q;            /* [n_workers][n_ctx * hd], [n_workers][nobs * G * hd] */
+    _Atomic int next;
+    _Atomic int failed;         /* the first failure's status and message are kept */
+    ks_status st;
+    char msg[512];              /* ks_last_error of the worker that failed (it is per thread) */
+} lrqk_prefill_job;
+
+static void prefill_worker(void *arg, int ith, int nth) {
+    (void)nth;
+    lrqk_prefill_job *j = arg;
+    lrqk_state *s = j->s;
+    const ks_policy_env *e = &s->env;
+    int32_t G = e->n_head / e->n_head_kv, hd = e->head_dim, nkv = e->n_head_kv;
+    float *keys = j->keys + (size_t)ith * e->n_ctx * hd;
+    float *Q = j->nobs ? j->Q + (size_t)ith * j->nobs * G * hd : NULL;
+    for (;;) {
+        int task = atomic_fetch_add(&j->next, 1);
+        if (task >= j->total || atomic_load(&j->failed)) break;
+        int32_t l = s->dense + task / nkv, h = task % nkv;
+        int32_t n = ks_policy_kv_n_entries(e, j->info->seq, l, h);
+        lrqk_slot *t = slot_get(s, j->info->seq, l, h);
+        if (n <= 0) { /* nothing stored: no factors, rebuilt at the first select */
+            t->n = -1;
+            continue;
+        }
+        const float *lq = j->nobs ? j->info->obs_q + (size_t)l * j->nobs * e->n_head * hd : NULL;
+        for (int32_t r = 0; r < j->nobs; r++) /* stacked group: row (r, g) */
+            memcpy(Q + (size_t)r * G * hd, lq + ((size_t)r * e->n_head + (size_t)h * G) * hd,
+                   sizeof(float) * (size_t)G * hd);
+        ks_status st = factor_slot(s, t, j->info->seq, l, h, Q, j->nobs * G, n, keys);
+        if (st != KS_OK && !atomic_exchange(&j->failed, 1)) {
+            j->st = st;
+            snprintf(j->msg, sizeof j->msg, "%s", ks_last_error());
+        }
+    }
+}
+
 static ks_status lrqk_prefill(void *state, const ks_prefill_info *info) {
     lrqk_state *s = state;
     const ks_policy_env *e = &s->env;
     int32_t G = e->n_head / e->n_head_kv, hd = e->head_dim, nobs = info->n_obs > 0 && info->obs_q ? info->n_obs : 0;
     if (info->seq < 0 || info->seq >= e->n_seq) return KS_FAIL(KS_ERR_INVALID_ARG, "lrqk: sequence %d", info->seq);
-    float *keys = ks_malloc(sizeof(float) * (size_t)e->n_ctx * hd);
-    float *Q = nobs ? ks_malloc(sizeof(float) * (size_t)nobs * G * hd) : NULL;
-    ks_status st = KS_OK;
-    for (int32_t l = s->dense; l < e->n_layer && st == KS_OK; l++) {
-        const float *lq = nobs ? info->obs_q + (size_t)l * nobs * e->n_head * hd : NULL;
-        for (int32_t h = 0; h < e->n_head_kv && st == KS_OK; h++) {
-            int32_t n = ks_policy_kv_n_entries(e, info->seq, l, h);
-            lrqk_slot *t = slot_get(s, info->seq, l, h);
-            if (n <= 0) { /* nothing stored: no factors, rebuilt at the first select */
-                t->n = -1;
-                continue;
-            }
-            for (int32_t r = 0; r < nobs; r++) /* stacked group: row (r, g) */
-                memcpy(Q + (size_t)r * G * hd, lq + ((size_t)r * e->n_head + (size_t)h * G) * hd,
-                       sizeof(float) * (size_t)G * hd);
-            st = factor_slot(s, t, info->seq, l, h, Q, nobs * G, n, keys);
-        }
-    }
-    ks_free(keys);
-    ks_free(Q);
-    return st;
+    int workers = e->pool ? ks_pool_size(e->pool) : 1;
+    lrqk_prefill_job j = {.s = s, .info = info, .nobs = nobs, .total = (e->n_layer - s->dense) * e->n_head_kv,
+                          .st = KS_OK};
+    if (j.total <= 0) return KS_OK;
+    j.keys = ks_malloc(sizeof(float) * (size_t)workers * e->n_ctx * hd);
+    j.Q = nobs ? ks_malloc(sizeof(float) * (size_t)workers * nobs * G * hd) : NULL;
+    atomic_init(&j.next, 0);
+    atomic_init(&j.failed, 0);
+    ks_pool_run(e->pool, prefill_worker, &j);
+    ks_free(j.keys);
+    ks_free(j.Q);
+    return j.st == KS_OK ? KS_OK : KS_FAIL(j.st, "lrqk prefill: %s", j.msg);
 }
 
 static void lrqk_append(void *state, int32_t seq, int32_t layer, int32_t head, int32_t pos, const float *k) {
