@@ -75,13 +75,8 @@ INL void prefetch_row(const uint8_t *p, size_t rb) {
     _mm_prefetch((const char *)(p + rb - 1), _MM_HINT_T0);
 }
 
-/* Lines STREAM_AHEAD bytes past a contiguous run's row: the prefetchers
- * follow the K and V streams, but not far enough ahead to hide DRAM behind
- * the arithmetic (attn_avx512.c has the measurements). */
-enum { STREAM_AHEAD = 2048 };
-INL void prefetch_stream(const uint8_t *row, size_t rb) {
-    for (size_t o = 0; o < rb; o += 64) _mm_prefetch((const char *)row + STREAM_AHEAD + o, _MM_HINT_T0);
-}
+/* A contiguous run's row, KS_STREAM_AHEAD bytes ahead (tensor/simd_avx2.h). */
+INL void prefetch_stream(const uint8_t *row, size_t rb) { ks_prefetch_lines(row + KS_STREAM_AHEAD, rb); }
 
 /* Scores of 8 / NG rows k[] against NG heads: dst[r][NG] for the first nr
  * rows.  qs: [NG][hd] scaled queries (padded heads zero). */

@@ -72,17 +72,9 @@ INL void prefetch_row(const void *row, int bytes) {
     _mm_prefetch(p + bytes - 1, _MM_HINT_T1);
 }
 
-/* A contiguous run's lines STREAM_AHEAD bytes ahead, into L1.  The
- * hardware prefetchers follow the two forward streams of the split layout
- * (K rows, V rows), but not far enough ahead to hide DRAM latency behind
- * the kernel's arithmetic: on a 2-vCPU Xeon, 16 layers x 8 heads x 32K rows
- * (f16, hd 64) took 58 ms from DRAM against a 37 ms plain read and 32 ms
- * hot; with this hint 42 ms (q8 rows 37 -> 29 ms, hd 128 51 -> 40 ms).
- * 1-4 KB ahead measured alike; `build/attn_bench 2 1 1024 split ...`. */
-enum { STREAM_AHEAD = 2048 };
+/* A contiguous run's row, KS_STREAM_AHEAD bytes ahead (tensor/simd_avx2.h). */
 INL void prefetch_stream(const void *row, int bytes) {
-    const char *p = (const char *)row + STREAM_AHEAD;
-    for (int o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+    ks_prefetch_lines((const char *)row + KS_STREAM_AHEAD, (size_t)bytes);
 }
 
 INL __m128 fold512(__m512 v) {

@@ -101,8 +101,7 @@ __attribute__((target("avx512f,avx512dq,avx512vl,f16c"))) static void page_bound
             const uint16_t *b[4];
             for (int32_t r = 0; r < 4; r++) b[r] = kb[p + (r < nr ? r : 0)]; /* a short group repeats a page */
             if (g0 == 0 && p + 12 <= np) /* the pages two groups ahead: their ids need not be adjacent */
-                for (int32_t r = 8; r < 12; r++)
-                    for (int32_t o = 0; o < 4 * hd; o += 64) _mm_prefetch((const char *)kb[p + r] + o, _MM_HINT_T0);
+                for (int32_t r = 8; r < 12; r++) ks_prefetch_lines(kb[p + r], 4 * (size_t)hd);
             __m512 acc[16];
             _Pragma("GCC unroll 16") for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
             for (int32_t i = 0; i < hd; i += 16) {

@@ -68,9 +68,8 @@ SPEC_AVX512_INL void scores_blocked_avx512(const float *q, const ks_f16 *K, int3
     const size_t block_bytes = (size_t)R * hd * sizeof(ks_f16);
     for (int32_t j = 0; j < n; j += R) {
         int nr = n - j < R ? (int)(n - j) : R;
-        /* the rows 2 KB ahead: the prefetchers follow this stream but not far
-         * enough to hide DRAM behind the FMAs (as in attn_avx512.c) */
-        for (size_t o = 0; o < block_bytes; o += 64) _mm_prefetch((const char *)(K + (size_t)j * hd) + 2048 + o, _MM_HINT_T0);
+        /* the K cache is one forward stream: its rows KS_STREAM_AHEAD bytes ahead */
+        ks_prefetch_lines((const char *)(K + (size_t)j * hd) + KS_STREAM_AHEAD, block_bytes);
         const ks_f16 *k[16];
         _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) /* a short block repeats row j */
             k[r] = K + (size_t)(j + (r < nr ? r : 0)) * hd;
