@@ -313,6 +313,7 @@ static void test_simd_matches_scalar(void **state) {
 
 /* ------------------------------------------------- end-to-end runs -- */
 static bool g_plan_per_layer; /* run(): turn off the engine's once-a-step plan of a same-every-layer policy */
+static const char *g_spec_extra = ""; /* run(): more policy arguments after dlm=, e.g. ",weights=q8_0" */
 
 static float *run(const char *policy, int32_t budget, int offload, const char *dir, int n_seq, int n_prompt, int steps,
                   int offload_at /* step at which layer 2 moves to the slow tier, or -1 */) {
@@ -329,7 +330,7 @@ static float *run(const char *policy, int32_t budget, int offload, const char *d
     p.kv_offload_layers = offload;
     p.kv_offload_dir = dir;
     char args[500];
-    snprintf(args, sizeof args, "dlm=%s", g_dlm_rand);
+    snprintf(args, sizeof args, "dlm=%s%s", g_dlm_rand, g_spec_extra);
     p.policy_args = strcmp(policy, "dense") ? args : NULL;
     ks_context *c = NULL;
     if (ks_context_create(g_llama, p, &c) != KS_OK) fail_msg("context: %s", ks_last_error());
@@ -375,6 +376,11 @@ static void test_full_budget_equals_dense(void **state) {
             if (memcmp(got, ref, bytes * n_seq)) fail_msg("spec (batch %d, offload %d) differs from dense", n_seq, off);
             free(got);
         }
+        g_spec_extra = ",weights=q8_0"; /* the head's projections requantised: full budget is still dense */
+        float *q8w = run("spec", np + steps + 1, 0, NULL, n_seq, np, steps, -1);
+        g_spec_extra = "";
+        if (memcmp(q8w, ref, bytes * n_seq)) fail_msg("spec weights=q8_0 (batch %d) differs from dense", n_seq);
+        free(q8w);
         float *snap = run("snapkv+spec", np + steps + 1, 0, NULL, n_seq, np, steps, -1);
         assert_memory_equal(snap, ref, bytes * n_seq);
         free(snap);
@@ -453,6 +459,12 @@ static void test_bad_dlm(void **state) {
     assert_non_null(strstr(ks_last_error(), "KV heads"));
     snprintf(args, sizeof args, "dlm=%s,variant=odd", g_dlm_rand);
     assert_int_equal(ks_context_create(g_llama, p, &c), KS_ERR_INVALID_ARG);
+    snprintf(args, sizeof args, "dlm=%s,weights=q4", g_dlm_rand);
+    assert_int_equal(ks_context_create(g_llama, p, &c), KS_ERR_INVALID_ARG);
+    assert_non_null(strstr(ks_last_error(), "weights=q4"));
+    snprintf(args, sizeof args, "dlm=%s,weights=q8_0", g_dlm_rand);
+    assert_int_equal(ks_context_create(g_llama, p, &c), KS_OK);
+    ks_context_destroy(c);
 }
 
 int main(void) {
