@@ -6,7 +6,12 @@
  *    MHA (per head), GQA (element-wise max over the group) and MQA, at every
  *    SIMD level this CPU has (the signal lies in the kernels' head-dim tails).
  *  - On random drafts, the AVX2 and AVX-512 scoring/softmax kernels select
- *    exactly what the scalar path does, for groups of 1, 2, 3, 4 and 8 heads.
+ *    exactly what the scalar path does, for groups of 1, 2, 3, 4 and 8 heads,
+ *    with the head's K cache in f16 and in Q8_0 (kcache=q8_0).
+ *  - The scoring kernels against a scalar reference under stated tolerances
+ *    (f16 and Q8_0 keys, head dims 64, 70 and 128, including the integer
+ *    VNNI path whose query is quantised too), and the group's log weights
+ *    against a double-precision log-softmax.
  *  - With a budget >= the sequence, spec equals dense bit for bit (batch 1
  *    and 2, with slow-tier layers in memory and in files).
  *  - Elastic loading: with a small budget and layers in the slow tier, the
@@ -21,6 +26,7 @@
 #include "gguf/gguf.h"
 #include "model/shapes.h"
 #include "core/simd.h"
+#include "select/spec_score.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -155,14 +161,16 @@ static void check_selection(const char *shape, int nkv, const int *seek /* [NQ] 
                          .n_seq = 1, .n_ctx = 64, .n_vocab = m->hp.n_vocab, .n_embd = m->hp.n_embd,
                          .tok_embd = m->tok_embd};
     ks_simd_level hw = ks_simd_detect();
-    for (int lv = KS_SIMD_SCALAR; lv <= (int)hw; lv++) {
+    for (int run = 0; run <= 2 * (int)hw + 1; run++) {
+        int lv = run / 2;
+        const char *kc = run % 2 ? "q8_0" : "f16";
         ks_simd_level prev = ks_simd_force((ks_simd_level)lv);
         ks_policy_params pp = ks_policy_default_params();
         pp.budget = 2 + 4 + G; /* sink 2 + window 4 + one token per query head */
         pp.sink = 2;
         pp.window = 4;
         char args[500];
-        snprintf(args, sizeof args, "dlm=%s,variant=embed", dir);
+        snprintf(args, sizeof args, "dlm=%s,variant=embed,kcache=%s", dir, kc);
         pp.args = args;
         ks_policy *pol = NULL;
         ks_status st = ks_policy_create("spec", &env, &pp, &pol);
@@ -187,8 +195,8 @@ static void check_selection(const char *shape, int nkv, const int *seek /* [NQ] 
                 bool found = false;
                 for (int i = 0; i < sel.n; i++) found |= idx[i] == expect[h * G + g];
                 if (!found)
-                    fail_msg("%s (%s): KV head %d did not select position %d", shape,
-                             ks_simd_name((ks_simd_level)lv), h, expect[h * G + g]);
+                    fail_msg("%s (%s, kcache=%s): KV head %d did not select position %d", shape,
+                             ks_simd_name((ks_simd_level)lv), kc, h, expect[h * G + g]);
             }
         }
         ks_policy_destroy(pol);
@@ -222,7 +230,8 @@ enum { LV_PROMPT = 290, LV_STEPS = 8, LV_CTX = LV_PROMPT + LV_STEPS, LV_BUDGET =
 /* Selections of a random embed-only draft with nq query heads at each of
  * LV_STEPS decode steps (key counts 291..298: every remainder mod 8), at SIMD
  * level lv.  sel: [LV_STEPS][nkv][LV_BUDGET] positions, sorted. */
-static void select_at_level(ks_model *m, const char *dir, int nq, int nkv, ks_simd_level lv, int32_t *sel) {
+static void select_at_level(ks_model *m, const char *dir, int nq, int nkv, ks_simd_level lv, const char *kcache,
+                            int32_t *sel) {
     ks_simd_level prev = ks_simd_force(lv);
     ks_pool *pool = NULL;
     assert_int_equal(ks_pool_create(2, &pool), KS_OK);
@@ -234,7 +243,7 @@ static void select_at_level(ks_model *m, const char *dir, int nq, int nkv, ks_si
     pp.sink = 2;
     pp.window = 4;
     char args[500];
-    snprintf(args, sizeof args, "dlm=%s,variant=embed", dir);
+    snprintf(args, sizeof args, "dlm=%s,variant=embed,kcache=%s", dir, kcache);
     pp.args = args;
     ks_policy *pol = NULL;
     if (ks_policy_create("spec", &env, &pp, &pol) != KS_OK) fail_msg("spec create: %s", ks_last_error());
@@ -296,19 +305,126 @@ static void test_simd_matches_scalar(void **state) {
         free(k);
         size_t n = (size_t)LV_STEPS * nkv * LV_BUDGET;
         int32_t *ref = malloc(sizeof(int32_t) * n), *got = malloc(sizeof(int32_t) * n);
-        select_at_level(m, dir, nq, nkv, KS_SIMD_SCALAR, ref);
-        for (int lv = KS_SIMD_AVX2; lv <= (int)hw; lv++) {
-            select_at_level(m, dir, nq, nkv, (ks_simd_level)lv, got);
-            for (size_t i = 0; i < n; i++)
-                if (got[i] != ref[i])
-                    fail_msg("%s, %d query heads: %s selects position %d at step %zu, KV head %zu; scalar %d",
-                             cfg[c].shape, nq, ks_simd_name((ks_simd_level)lv), got[i], i / LV_BUDGET / nkv,
-                             i / LV_BUDGET % nkv, ref[i]);
+        for (int k8 = 0; k8 <= 1; k8++) {
+            const char *kc = k8 ? "q8_0" : "f16";
+            select_at_level(m, dir, nq, nkv, KS_SIMD_SCALAR, kc, ref);
+            for (int lv = KS_SIMD_AVX2; lv <= (int)hw; lv++) {
+                select_at_level(m, dir, nq, nkv, (ks_simd_level)lv, kc, got);
+                for (size_t i = 0; i < n; i++)
+                    if (got[i] != ref[i])
+                        fail_msg("%s, %d query heads, kcache=%s: %s selects position %d at step %zu, KV head %zu; "
+                                 "scalar %d", cfg[c].shape, nq, kc, ks_simd_name((ks_simd_level)lv), got[i],
+                                 i / LV_BUDGET / nkv, i / LV_BUDGET % nkv, ref[i]);
+            }
         }
         free(ref);
         free(got);
         ks_model_destroy(m);
     }
+}
+
+/* ------------------------------------------- kernels, under bounds -- */
+/* ks_spec_scores at every SIMD level against the scalar path (which
+ * dequantises the keys exactly and sums in f32): within 1e-5 of sum |q_i k_i|
+ * (summation order).  The AVX-512 VNNI path (Q8_0 keys, hd 64 or 128) also
+ * rounds the scaled query to Q8_0 blocks (ks_quantize_query_q8): it is held
+ * to the same 1e-5 against a double-precision dot product of that rounded
+ * query with the keys, and the rounding itself is bounded by
+ * sum |k_i| * max|q| / 254 from the scalar scores. */
+static void test_score_kernels(void **state) {
+    (void)state;
+    const int hds[] = {64, 70, 128}, Gs[] = {1, 2, 3, 4, 8};
+    const int32_t n = 291;
+    ks_simd_level hw = ks_simd_detect();
+    for (int kt8 = 0; kt8 <= 1; kt8++) {
+        ks_dtype kt = kt8 ? KS_DTYPE_Q8_0 : KS_DTYPE_F16;
+        for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
+            for (size_t b = 0; b < sizeof Gs / sizeof Gs[0]; b++) {
+                int hd = hds[a], G = Gs[b];
+                float scale = 1.0f / sqrtf((float)hd);
+                size_t rb = ks_spec_kcache_row_bytes(kt, hd);
+                float *q = malloc(sizeof(float) * G * hd), *kf = malloc(sizeof(float) * n * hd);
+                float *kd = malloc(sizeof(float) * KS_SPEC_HD_MAX), *ref = malloc(sizeof(float) * G * n);
+                float *got = malloc(sizeof(float) * G * n), *bound = malloc(sizeof(float) * G * n);
+                float *qround = malloc(sizeof(float) * G * n), *refq = malloc(sizeof(float) * G * n);
+                uint8_t *K = malloc(rb * n);
+                random_fill(q, (size_t)G * hd, 100 + a * 10 + b, 1.0f);
+                random_fill(kf, (size_t)n * hd, 200 + a * 10 + b, 1.0f);
+                for (int32_t j = 0; j < n; j++) ks_spec_kcache_store(kt, kf + (size_t)j * hd, hd, K + (size_t)j * rb);
+                ks_spec_scores(q, K, kt, n, hd, G, scale, ref, KS_SIMD_SCALAR);
+                float qmax = 0;
+                for (int i = 0; i < G * hd; i++) qmax = fabsf(q[i]) > qmax ? fabsf(q[i]) : qmax;
+                for (int32_t j = 0; j < n; j++) {
+                    if (kt8) ks_dequantize_row(KS_DTYPE_Q8_0, K + (size_t)j * rb, kd, ks_spec_kcache_dim(hd));
+                    else
+                        for (int i = 0; i < hd; i++) kd[i] = ks_f16_to_f32(((const ks_f16 *)K)[(size_t)j * hd + i]);
+                    for (int g = 0; g < G; g++) {
+                        double qk = 0, k1 = 0;
+                        for (int i = 0; i < hd; i++) {
+                            qk += fabs((double)q[g * hd + i] * kd[i]);
+                            k1 += fabs(kd[i]);
+                        }
+                        bound[(size_t)g * n + j] = (float)(scale * 1e-5 * qk + 1e-6);
+                        qround[(size_t)g * n + j] = (float)(scale * k1 * qmax / 254.0);
+                        if (kt8 && hd % 64 == 0) { /* the rounded query's exact score */
+                            float qs[128], d[4];
+                            int8_t qi[128];
+                            uint8_t qu[128];
+                            for (int i = 0; i < hd; i++) qs[i] = q[g * hd + i] * scale;
+                            ks_quantize_query_q8(qs, hd, qi, qu, d);
+                            double acc = 0;
+                            for (int i = 0; i < hd; i++) acc += (double)qi[i] * d[i / 32] * kd[i];
+                            refq[(size_t)g * n + j] = (float)acc;
+                        }
+                    }
+                }
+                for (int lv = KS_SIMD_AVX2; lv <= (int)hw; lv++) {
+                    bool vnni = lv >= KS_SIMD_AVX512 && kt8 && (hd == 64 || hd == 128);
+                    ks_spec_scores(q, K, kt, n, hd, G, scale, got, (ks_simd_level)lv);
+                    for (size_t i = 0; i < (size_t)G * n; i++) {
+                        float lim = bound[i] + (vnni ? qround[i] : 0.0f);
+                        if (vnni && !(fabsf(got[i] - refq[i]) <= bound[i]))
+                            fail_msg("%s, kcache q8_0, hd %d, G %d: score[%zu][%zu] %g vs the rounded query's %g",
+                                     ks_simd_name((ks_simd_level)lv), hd, G, i / n, i % n, got[i], refq[i]);
+                        if (!(fabsf(got[i] - ref[i]) <= lim))
+                            fail_msg("%s, kcache %s, hd %d, G %d: score[%zu][%zu] %g vs scalar %g (bound %g)",
+                                     ks_simd_name((ks_simd_level)lv), kt8 ? "q8_0" : "f16", hd, G, i / n, i % n,
+                                     got[i], ref[i], lim);
+                    }
+                }
+                free(q);
+                free(kf);
+                free(kd);
+                free(ref);
+                free(got);
+                free(bound);
+                free(qround);
+                free(refq);
+                free(K);
+            }
+    }
+    /* the group's log weights: max over heads of log softmax, vs double */
+    const int G = 4;
+    float *x = malloc(sizeof(float) * G * n), *w = malloc(sizeof(float) * n);
+    random_fill(x, (size_t)G * n, 77, 5.0f);
+    double c[4];
+    for (int g = 0; g < G; g++) {
+        double m = -INFINITY, tot = 0;
+        for (int32_t j = 0; j < n; j++) m = x[g * n + j] > m ? x[g * n + j] : m;
+        for (int32_t j = 0; j < n; j++) tot += exp(x[g * n + j] - m);
+        c[g] = m + log(tot);
+    }
+    for (int lv = KS_SIMD_SCALAR; lv <= (int)hw; lv++) {
+        ks_spec_group_logweights(x, G, n, w, (ks_simd_level)lv);
+        for (int32_t j = 0; j < n; j++) {
+            double want = -INFINITY;
+            for (int g = 0; g < G; g++) want = fmax(want, x[g * n + j] - c[g]);
+            if (!(fabs(w[j] - want) <= 1e-4))
+                fail_msg("%s: log weight %d: %g, want %g", ks_simd_name((ks_simd_level)lv), j, w[j], want);
+        }
+    }
+    free(x);
+    free(w);
 }
 
 /* ------------------------------------------------- end-to-end runs -- */
@@ -381,6 +497,11 @@ static void test_full_budget_equals_dense(void **state) {
         g_spec_extra = "";
         if (memcmp(q8w, ref, bytes * n_seq)) fail_msg("spec weights=q8_0 (batch %d) differs from dense", n_seq);
         free(q8w);
+        g_spec_extra = ",kcache=q8_0"; /* 8-bit head keys: full budget is still dense */
+        float *q8k = run("spec", np + steps + 1, 0, NULL, n_seq, np, steps, -1);
+        g_spec_extra = "";
+        if (memcmp(q8k, ref, bytes * n_seq)) fail_msg("spec kcache=q8_0 (batch %d) differs from dense", n_seq);
+        free(q8k);
         float *snap = run("snapkv+spec", np + steps + 1, 0, NULL, n_seq, np, steps, -1);
         assert_memory_equal(snap, ref, bytes * n_seq);
         free(snap);
@@ -462,6 +583,9 @@ static void test_bad_dlm(void **state) {
     snprintf(args, sizeof args, "dlm=%s,weights=q4", g_dlm_rand);
     assert_int_equal(ks_context_create(g_llama, p, &c), KS_ERR_INVALID_ARG);
     assert_non_null(strstr(ks_last_error(), "weights=q4"));
+    snprintf(args, sizeof args, "dlm=%s,kcache=q4", g_dlm_rand);
+    assert_int_equal(ks_context_create(g_llama, p, &c), KS_ERR_INVALID_ARG);
+    assert_non_null(strstr(ks_last_error(), "kcache=q4"));
     snprintf(args, sizeof args, "dlm=%s,weights=q8_0", g_dlm_rand);
     assert_int_equal(ks_context_create(g_llama, p, &c), KS_OK);
     ks_context_destroy(c);
@@ -473,6 +597,7 @@ int main(void) {
         cmocka_unit_test(test_select_gqa),
         cmocka_unit_test(test_select_mqa),
         cmocka_unit_test(test_simd_matches_scalar),
+        cmocka_unit_test(test_score_kernels),
         cmocka_unit_test(test_full_budget_equals_dense),
         cmocka_unit_test(test_elastic_loading_exact),
         cmocka_unit_test(test_plan_once_per_step),

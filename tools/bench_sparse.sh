@@ -7,15 +7,17 @@
 # per-run ratios and selection shares are printed at the end.
 # Every layer is sparse (--dense-layers 0) and spec's projections are Q8_0,
 # as in docs/BENCHMARKS.md.
-# Usage: tools/bench_sparse.sh KVSIEVE MODEL.gguf [RUNS=5] [BATCH=1] [BUDGET=2048] [DEPTHS=16384,32768] [POLICIES=quest,spec,streaming]
+# Usage: tools/bench_sparse.sh KVSIEVE MODEL.gguf [RUNS=5] [BATCH=1] [BUDGET=2048] [DEPTHS=16384,32768] [POLICIES=quest,spec,streaming] [EXTRA]
+# EXTRA: more `kvsieve bench` arguments, one word each, e.g. "--policy-arg spec.kcache=q8_0".
 set -euo pipefail
 KS=$1; MODEL=$2; RUNS=${3:-5}; BATCH=${4:-1}; B=${5:-2048}; DEPTHS=${6:-16384,32768}; POL=${7:-quest,spec,streaming}
+read -r -a EXTRA <<< "${8:-}"
 cpu=$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ *//')
-echo "host: ${cpu:-unknown CPU}, $(nproc) cpus; batch $BATCH, budget $B, depths $DEPTHS, $RUNS runs"
+echo "host: ${cpu:-unknown CPU}, $(nproc) cpus; batch $BATCH, budget $B, depths $DEPTHS, $RUNS runs${8:+, $8}"
 all=()
 for i in $(seq 1 "$RUNS"); do
   json=$("$KS" bench -m "$MODEL" --depth "$B,$DEPTHS" --batch "$BATCH" -t 2 --n-gen 8 --no-prefill \
-         --policy "dense,$POL" --budget "$B" --dense-layers 0 --policy-arg spec.weights=q8_0 --json 2>/dev/null)
+         --policy "dense,$POL" --budget "$B" --dense-layers 0 --policy-arg spec.weights=q8_0 ${EXTRA[@]+"${EXTRA[@]}"} --json 2>/dev/null)
   line=$(/usr/bin/python3 -c '
 import json, sys
 d = json.loads(sys.argv[1]); B = int(sys.argv[2])

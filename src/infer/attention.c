@@ -48,22 +48,6 @@ static void attn_segs_ref(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int to
         }
 }
 
-void ks_attn_q8_query(const float *q, int hd, int8_t *qi, uint8_t *qu, float *d) {
-    for (int b = 0; b < hd / 32; b++) {
-        const float *x = q + 32 * b;
-        float amax = 0;
-        for (int i = 0; i < 32; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
-        float id = amax > 0 ? 127.0f / amax : 0.0f;
-        d[b] = amax / 127.0f;
-        for (int i = 0; i < 32; i++) {
-            int v = (int)lrintf(x[i] * id);
-            v = v > 127 ? 127 : v < -127 ? -127 : v;
-            if (qi) qi[32 * b + i] = (int8_t)v;
-            qu[32 * b + i] = (uint8_t)(v + 128);
-        }
-    }
-}
-
 void ks_attention_segs(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                        float *scores, float *out, float *tmp, float *weights, bool allow_simd) {
     KS_ASSERT(total > 0);

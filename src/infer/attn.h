@@ -44,11 +44,6 @@ bool ks_attention_block_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, con
                              int G, const float *q, size_t q_stride, float *out, size_t out_stride, float *S,
                              float *tile, float scale);
 
-/* One head's scaled query q [hd] (hd % 32 == 0) quantised once per call for
- * the 8-bit KV integer kernels: per 32-block d[b] = max |q| / 127 and
- * qi = round(q / d) in [-127, 127] (the sign trick's signed side; NULL: not
- * wanted), qu = qi + 128 (vpdpbusd's unsigned side). */
-void ks_attn_q8_query(const float *q, int hd, int8_t *qi, uint8_t *qu, float *d);
 
 /* The prefill block kernels' causal clamp: of the page [e0, e0 + L), the
  * entries query x (row x / G of the block) sees; 0: none. */

@@ -120,7 +120,7 @@ typedef struct q8_query {
 static void q8_query_init(const float *qs, int hd, int NG, q8_query *qq) {
     for (int g = 0; g < NG; g++) {
         float d[KS_ATTN2_MAX_HD / 32];
-        ks_attn_q8_query(qs + (size_t)g * hd, hd, qq->qi[g], qq->qu[g], d);
+        ks_quantize_query_q8(qs + (size_t)g * hd, hd, qq->qi[g], qq->qu[g], d);
         for (int b = 0; b < hd / 32; b++)
             for (int l = g; l < 8; l += NG) qq->qd[b][l] = d[b];
     }

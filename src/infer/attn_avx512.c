@@ -43,6 +43,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "tensor/q8dot_avx512.h"
 #include "tensor/simd_avx512.h"
 
 /* Rows of a block: the unit of the online softmax, and of the memory order.
@@ -89,16 +90,6 @@ INL __m128 sum_lanes4(__m512 v) {
                       _mm_add_ps(_mm512_extractf32x4_ps(v, 2), _mm512_extractf32x4_ps(v, 3)));
 }
 
-/* 8-bit KV: a head group's scaled queries quantised once per call
- * (ks_attn_q8_query), laid out for q8_score4. */
-typedef struct q8z_query {
-    uint8_t qu[4][128] __attribute__((aligned(64))); /* [head][hd] q + 128 */
-    int8_t qi[4][128] __attribute__((aligned(64)));  /* [head][hd] q (q8_score16's signed side) */
-    float dq[2][16] __attribute__((aligned(64)));    /* [zmm chunk c][lane]: dq(head lane % 4, block 2c + lane / 4 % 2) */
-    float dqb[4][4];                                 /* [head][block] dq */
-    int32_t corr[4][4];                              /* [head][block] -128 * sum of the block's qi */
-} q8z_query;
-
 /* Scores of four Q8_0 rows (kp4: their starts as uint16 pointers) against
  * the four heads, in ks_avx512_reduce16's layout [row][head].  A zmm holds two 32-blocks
  * of a row (NZ zmm per row): vpdpbusd of the u8 query (q + 128) starting from
@@ -106,7 +97,7 @@ typedef struct q8z_query {
  * butterfly's first three stages stay in int32 and leave each (row, head,
  * block) sum in a lane of its own, where it is scaled by d_k * d_q; the last
  * stage adds the blocks in float. */
-INL __m512 q8_score4(const uint16_t *const *kp4, const q8z_query *qz, const int NZ) {
+INL __m512 q8_score4(const uint16_t *const *kp4, const ks_q8_query *qz, const int NZ) {
     const __m512i u128 = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
     const __m512i idx01 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const __m512i idx23 = _mm512_add_epi32(idx01, _mm512_set1_epi32(4));
@@ -144,69 +135,11 @@ INL __m512 q8_score4(const uint16_t *const *kp4, const q8z_query *qz, const int 
     return _mm512_add_ps(_mm512_shuffle_f32x4(e01, e23, 0x88), _mm512_shuffle_f32x4(e01, e23, 0xDD));
 }
 
-/* r[i] lane j = the input r[j]'s dword i: a 16 x 16 transpose of dwords
- * (unpacks by 32 and 64 bits, then 128-bit lanes), 64 shuffles. */
-INL void transpose16_epi32(__m512i r[16]) {
-    __m512i t[16], u[16];
-    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
-        t[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
-        t[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
-    }
-    _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) { /* u[4q + m] lane L: rows 4q..4q+3 of dword 4L + m */
-        u[4 * q] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
-        u[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
-        u[4 * q + 2] = _mm512_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
-        u[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
-    }
-    _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++) {
-        __m512i a = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x44), b = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xEE);
-        __m512i c = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0x44), d = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0xEE);
-        r[m] = _mm512_shuffle_i32x4(a, c, 0x88);
-        r[4 + m] = _mm512_shuffle_i32x4(a, c, 0xDD);
-        r[8 + m] = _mm512_shuffle_i32x4(b, d, 0x88);
-        r[12 + m] = _mm512_shuffle_i32x4(b, d, 0xDD);
-    }
-}
-
-/* Scores of sixteen Q8_0 rows against the four heads into sc[16][4].
- * Transposed, so that no horizontal sums are needed: the rows' 4-byte
- * groups are transposed (lane = row), and vpdpbusd against the head's query
- * dword broadcast from memory sums each row's dot product in its own lane.
- * vpdpbusd takes u8 x s8: the rows are flipped to u8 (k + 128, one xor) and
- * the query is the signed side, the 128 * sum(q) this adds taken off by
- * starting each (head, block) sum from its negation (corr).  Per 16 rows and
- * 64 bytes: 16 xors, 64 shuffles and 64 vpdpbusd, against q8_score4's ~90
- * instructions per 4 rows. */
-INL void q8_score16(const uint16_t *const *kp, const q8z_query *qz, const int NZ, float *sc) {
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
+/* Scores of sixteen Q8_0 rows against the four heads into sc[16][4]
+ * (ks_q8_score16_heads, tensor/q8dot_avx512.h, then [head][row] -> [row][head]). */
+INL void q8_score16(const uint16_t *const *kp, const ks_q8_query *qz, const int NZ, float *sc) {
     __m512 f[4];
-    _Pragma("GCC unroll 2") for (int c = 0; c < NZ; c++) {
-        uint16_t hk[2][16] __attribute__((aligned(32))); /* [block][row] f16 K scales */
-        __m512i r[16];
-        _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) {
-            const uint8_t *row = (const uint8_t *)kp[j] + 68 * (size_t)c;
-            memcpy(&hk[0][j], row, 2);
-            memcpy(&hk[1][j], row + 34, 2);
-            r[j] = _mm512_xor_si512(
-                _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(row + 2))),
-                                   _mm256_loadu_si256((const __m256i *)(row + 36)), 1),
-                flip);
-        }
-        transpose16_epi32(r);
-        const __m512 dk0 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)hk[0]));
-        const __m512 dk1 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)hk[1]));
-        _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
-            const int32_t *qd = (const int32_t *)(qz->qi[g] + 64 * c);
-            __m512i a0 = _mm512_set1_epi32(qz->corr[g][2 * c]), a1 = _mm512_set1_epi32(qz->corr[g][2 * c + 1]);
-            _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-                a0 = _mm512_dpbusd_epi32(a0, r[i], _mm512_set1_epi32(qd[i]));
-                a1 = _mm512_dpbusd_epi32(a1, r[8 + i], _mm512_set1_epi32(qd[8 + i]));
-            }
-            __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(a0), _mm512_mul_ps(dk0, _mm512_set1_ps(qz->dqb[g][2 * c])));
-            s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1), _mm512_mul_ps(dk1, _mm512_set1_ps(qz->dqb[g][2 * c + 1])), s);
-            f[g] = c ? _mm512_add_ps(f[g], s) : s;
-        }
-    }
+    ks_q8_score16_heads(kp, qz, NZ, f);
     /* [head][row] -> [row][head] */
     __m512 lo01 = _mm512_unpacklo_ps(f[0], f[1]), hi01 = _mm512_unpackhi_ps(f[0], f[1]);
     __m512 lo23 = _mm512_unpacklo_ps(f[2], f[3]), hi23 = _mm512_unpackhi_ps(f[2], f[3]);
@@ -558,7 +491,7 @@ static inline void q8_unpermute(float *a, int hd) {
  * The present heads' arithmetic is the same in both, so outputs are too. */
 #define DECODE_FN(NAME, HDV, VG, KQ8, GK)                                                                   \
     TGT static void NAME(const ks_kv_seg16 *segs, int nseg, int total, int hd, int g0, int ng, const float *q,       \
-                         const q8z_query *qz, float *scores, float *out, float scale, bool want_probs) {            \
+                         const ks_q8_query *qz, float *scores, float *out, float scale, bool want_probs) {            \
         DECODE_BODY(HDV, VG, KQ8, GK);                                                                          \
     }
 DECODE_FN(decode64, 4, 4, 0, 4)
@@ -568,23 +501,6 @@ DECODE_FN(decode128_g2, 8, 2, 0, 2)
 DECODE_FN(decode64_q8, 4, 4, 1, 4)
 DECODE_FN(decode128_q8, 8, 2, 1, 4)
 
-/* the group's scaled queries [ng][hd] quantised into qz (absent heads zero) */
-static void q8z_init(const float *q, int hd, int g0, int ng, float scale, q8z_query *qz) {
-    float qs[128], d[4][4];
-    for (int g = 0; g < 4; g++) {
-        for (int i = 0; i < hd; i++) qs[i] = g < ng ? q[(size_t)(g0 + g) * hd + i] * scale : 0.0f;
-        ks_attn_q8_query(qs, hd, qz->qi[g], qz->qu[g], d[g]);
-        for (int b = 0; b < hd / 32; b++) {
-            int32_t sum = 0;
-            for (int i = 0; i < 32; i++) sum += qz->qi[g][32 * b + i];
-            qz->corr[g][b] = -128 * sum;
-            qz->dqb[g][b] = d[g][b];
-        }
-    }
-    for (int c = 0; c < hd / 64; c++)
-        for (int l = 0; l < 16; l++) qz->dq[c][l] = d[l % 4][2 * c + (l / 4) % 2];
-}
-
 bool ks_attention_segs_avx512_kv(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G,
                                  const float *q, float *scores, float *out, float scale, float *weights) {
     if ((hd != 64 && hd != 128) || (kt != KS_KV_F16 && kt != KS_KV_Q8)) return false;
@@ -593,8 +509,8 @@ bool ks_attention_segs_avx512_kv(ks_kv_type kt, const ks_kv_seg *segs, int nseg,
         int ng = G - g0 < 4 ? G - g0 : 4;
         bool wp = weights != NULL;
         if (kt == KS_KV_Q8) {
-            q8z_query qz;
-            q8z_init(q, hd, g0, ng, scale, &qz);
+            ks_q8_query qz;
+            ks_q8_query_init(q, hd, g0, ng, scale, &qz);
             if (hd == 64) decode64_q8(s16, nseg, total, hd, g0, ng, q, &qz, scores, out, scale, wp);
             else decode128_q8(s16, nseg, total, hd, g0, ng, q, &qz, scores, out, scale, wp);
         } else if (hd == 64) {

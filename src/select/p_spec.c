@@ -15,7 +15,11 @@
  *   top-B tokens per KV head, the same set for every layer (plus the
  *   framework's sinks and recent window).
  *
- * The head keeps its own full K cache (one layer, f16) indexed by position.
+ * The head keeps its own full K cache (one layer) indexed by position, f16
+ * rows or, with `kcache=q8_0`, Q8_0 rows: at long contexts that cache is
+ * most of the bytes a selection reads (32K positions x 8 KV heads x 64 dims
+ * are 33.5 MB of f16 against the projections' 24.5 MB of Q8_0), and 8-bit
+ * keys halve it at the cost of the keys' rounding in the scores.
  * Prompt keys are computed from the hidden states the framework captures
  * during prefill (on_hidden), batched through ks_matmul; a decode step's key
  * is computed in before_step together with its query.  Scores for each
@@ -47,7 +51,8 @@
  *
  * Arguments: dlm=DIR (required: an EAGLE-3 checkpoint directory),
  * variant=fused|embed, yarn=auto|off|FACTOR, weights=native|q8_0 (the
- * projections in the checkpoint's precision, or requantised to Q8_0 at load).
+ * projections in the checkpoint's precision, or requantised to Q8_0 at load),
+ * kcache=f16|q8_0 (the head's K cache rows).
  */
 #include "select/policy.h"
 #include "select/spec_score.h"
@@ -76,7 +81,9 @@ typedef struct {
     ks_dtype t_fc, t_q, t_k;              /* weight types for ks_matmul */
     const void *w_fc, *w_q, *w_k;         /* the weights as the matmuls read them: the checkpoint's, or own_w */
     void *own_w;                          /* weights=q8_0: fc, q_proj, k_proj requantised (owned), else NULL */
-    ks_f16 *kc;                           /* [n_seq][Hkv][n_ctx][hd] head K cache by position */
+    uint8_t *kc;                          /* [n_seq][Hkv][n_ctx] rows of kc_rb bytes: head K cache by position */
+    ks_dtype kc_type;                     /* KS_DTYPE_F16 or KS_DTYPE_Q8_0 (kcache=) */
+    size_t kc_rb;                         /* bytes of one K cache row */
     int32_t *klen;                        /* [n_seq] positions with a key */
     float *ring;                          /* [n_seq][SPEC_RING][n_aux * tH] hidden states by position */
     int32_t *ring_pos;                    /* [n_seq][SPEC_RING] position held, -1 */
@@ -98,7 +105,7 @@ typedef struct {
     uint64_t bytes_read;                  /* those per step plus the K cache each selection scored */
 } spec_state;
 
-static const char *const spec_args[] = {"dlm", "variant", "yarn", "weights", NULL};
+static const char *const spec_args[] = {"dlm", "variant", "yarn", "weights", "kcache", NULL};
 
 static ks_status dtype_of(const ks_eagle3_mat *m, ks_dtype *out) {
     switch (m->dtype) {
@@ -109,8 +116,8 @@ static ks_status dtype_of(const ks_eagle3_mat *m, ks_dtype *out) {
     }
 }
 
-static ks_f16 *kc_at(spec_state *s, int32_t seq, int32_t kvh, int32_t pos) {
-    return s->kc + (((size_t)seq * s->Hkv + kvh) * s->env.n_ctx + pos) * s->hd;
+static uint8_t *kc_at(spec_state *s, int32_t seq, int32_t kvh, int32_t pos) {
+    return s->kc + (((size_t)seq * s->Hkv + kvh) * s->env.n_ctx + pos) * s->kc_rb;
 }
 
 static void grow_rows(spec_state *s, int32_t rows) {
@@ -193,11 +200,8 @@ static void head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_
 
 static void store_keys(spec_state *s, int32_t n, const int32_t *seq, const int32_t *pos) {
     for (int32_t r = 0; r < n; r++) {
-        for (int g = 0; g < s->Hkv; g++) {
-            ks_f16 *dst = kc_at(s, seq[r], g, pos[r]);
-            const float *k = s->k + ((size_t)r * s->Hkv + g) * s->hd;
-            for (int i = 0; i < s->hd; i++) dst[i] = ks_f32_to_f16(k[i]);
-        }
+        for (int g = 0; g < s->Hkv; g++)
+            ks_spec_kcache_store(s->kc_type, s->k + ((size_t)r * s->Hkv + g) * s->hd, s->hd, kc_at(s, seq[r], g, pos[r]));
         if (pos[r] + 1 > s->klen[seq[r]]) s->klen[seq[r]] = pos[r] + 1;
     }
 }
@@ -280,12 +284,16 @@ static ks_status requantize_q8_0(spec_state *s, bool embed_only) {
 }
 
 static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
-    char dir[1024], variant[16], yarn[32], wtype[16];
+    char dir[1024], variant[16], yarn[32], wtype[16], kctype[16];
     KS_TRY(ks_args_str(p->args, "dlm", "", dir, sizeof dir));
     KS_TRY(ks_args_str(p->args, "weights", "native", wtype, sizeof wtype));
     bool requant = !strcmp(wtype, "q8_0");
     if (!requant && strcmp(wtype, "native"))
         return KS_FAIL(KS_ERR_INVALID_ARG, "spec weights=%s: expected native or q8_0", wtype);
+    KS_TRY(ks_args_str(p->args, "kcache", "f16", kctype, sizeof kctype));
+    bool kc_q8 = !strcmp(kctype, "q8_0");
+    if (!kc_q8 && strcmp(kctype, "f16"))
+        return KS_FAIL(KS_ERR_INVALID_ARG, "spec kcache=%s: expected f16 or q8_0", kctype);
     KS_TRY(ks_args_str(p->args, "variant", "fused", variant, sizeof variant));
     KS_TRY(ks_args_str(p->args, "yarn", "auto", yarn, sizeof yarn));
     if (!dir[0])
@@ -314,6 +322,9 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p
     const ks_eagle3_config *c = &dlm->cfg;
     if (st == KS_OK && c->head_dim % 2)
         st = KS_FAIL(KS_ERR_UNSUPPORTED, "DLM head dim %d is odd", c->head_dim);
+    if (st == KS_OK && c->head_dim > KS_SPEC_HD_MAX)
+        st = KS_FAIL(KS_ERR_UNSUPPORTED, "DLM head dim %d is over the %d the scoring kernels take", c->head_dim,
+                     KS_SPEC_HD_MAX);
     if (st == KS_OK && !dlm->has_embed && c->hidden_size != env->n_embd)
         st = KS_FAIL(KS_ERR_INVALID_ARG, "DLM without embed_tokens needs the target's hidden size %d (has %d)",
                      env->n_embd, c->hidden_size);
@@ -359,7 +370,9 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p
         ks_eagle3_aux_layers(dlm, env->n_layer, s->aux);
     }
     size_t n_seq = (size_t)env->n_seq, n_ctx = (size_t)env->n_ctx;
-    s->kc = ks_malloc(sizeof(ks_f16) * n_seq * s->Hkv * n_ctx * s->hd);
+    s->kc_type = kc_q8 ? KS_DTYPE_Q8_0 : KS_DTYPE_F16;
+    s->kc_rb = ks_spec_kcache_row_bytes(s->kc_type, s->hd);
+    s->kc = ks_malloc(s->kc_rb * n_seq * s->Hkv * n_ctx);
     s->klen = ks_calloc(n_seq, sizeof(int32_t));
     if (s->n_aux) {
         s->ring = ks_malloc(sizeof(float) * n_seq * SPEC_RING * s->n_aux * s->tH);
@@ -475,9 +488,10 @@ static void select_worker(void *arg, int ith, int nth) {
         int32_t n = s->klen[seq];
         const float *q = s->q + ((size_t)r * s->Hq + (size_t)kvh * s->G) * s->hd;
         float scale = 1.0f / sqrtf((float)s->hd);
-        ks_spec_scores(q, kc_at(s, seq, kvh, 0), n, s->hd, s->G, scale, sc, j->simd);
-        /* per-head softmax, then the element-wise max over the group */
-        for (int g = 0; g < s->G; g++) ks_spec_softmax_max(sc + (size_t)g * n, n, w, g == 0, j->simd);
+        ks_spec_scores(q, kc_at(s, seq, kvh, 0), s->kc_type, n, s->hd, s->G, scale, sc, j->simd);
+        /* per-head softmax, then the element-wise max over the group (as log
+         * probabilities: the same ranking, a pass less) */
+        ks_spec_group_logweights(sc, s->G, n, w, j->simd);
         /* top-B outside the framework's sinks and window (positions): a
          * partial selection (a radix select of the B-th value at long
          * contexts, O(n)), the spent scores as its scratch */
@@ -510,7 +524,7 @@ static ks_status spec_before_step(void *state, const ks_step_info *step) {
     s->selections += (uint64_t)n * s->Hkv;
     s->bytes_read += s->step_weight_bytes;
     for (int32_t r = 0; r < n; r++)
-        s->bytes_read += (uint64_t)s->klen[step->seq[r]] * s->Hkv * s->hd * sizeof(ks_f16);
+        s->bytes_read += (uint64_t)s->klen[step->seq[r]] * s->Hkv * s->kc_rb;
     return KS_OK;
 }
 
@@ -558,8 +572,9 @@ static void spec_fill_synthetic(void *state, int32_t seq, int32_t n, uint64_t se
     ks_rng r = {seed ^ 0x5eedull};
     for (int32_t kvh = 0; kvh < s->Hkv; kvh++)
         for (int32_t p = 0; p < n && p < s->env.n_ctx; p++) {
-            ks_f16 *k = kc_at(s, seq, kvh, p);
-            for (int i = 0; i < s->hd; i++) k[i] = ks_f32_to_f16(ks_rng_normal(&r));
+            float k[KS_SPEC_HD_MAX];
+            for (int i = 0; i < s->hd; i++) k[i] = ks_rng_normal(&r);
+            ks_spec_kcache_store(s->kc_type, k, s->hd, kc_at(s, seq, kvh, p));
         }
     s->klen[seq] = n;
 }

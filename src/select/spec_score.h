@@ -1,13 +1,21 @@
 /*
  * spec_score.h — the scoring kernels of SpeContext's retrieval head
  * (p_spec.c): attention weights of a step's DLM queries over the head's own
- * f16 K cache, reduced over each KV head's group by an element-wise max.
+ * K cache, reduced over each KV head's group by an element-wise max.
+ *
+ * The K cache holds f16 rows, or Q8_0 rows (`kcache=q8_0`: one f16 scale
+ * per 32 values, the head dim rounded up to whole blocks with zeros), which
+ * halve the bytes a step streams at long contexts.  At head dims 64 and
+ * 128 on AVX-512 VNNI the query is quantised to Q8_0 once per call and the
+ * dot products are integer (tensor/q8dot_avx512.h, as 8-bit KV attention
+ * does); elsewhere the query stays f32 and the keys are dequantised in
+ * registers.
  *
  * They are the whole cost of a spec step at long contexts, so they have
  * AVX-512 and AVX2 paths (chosen by the caller's ks_simd_level, which tests
- * lower); the portable path is the scalar dot product and ks_softmax of
- * tensor/ops.h.  The SIMD softmax uses a polynomial exp (relative error
- * ~2e-7): the selection only ranks these values.
+ * lower); the portable path is the scalar dot product and a double-precision
+ * log-sum-exp.  The SIMD paths use a polynomial exp (relative error ~2e-7):
+ * the selection only ranks these values.
  */
 #ifndef KS_SELECT_SPEC_SCORE_H
 #define KS_SELECT_SPEC_SCORE_H
@@ -16,15 +24,27 @@
 #include "tensor/dtype.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
+/* Largest head dim the kernels take (stack rows of this many floats). */
+enum { KS_SPEC_HD_MAX = 512 };
+
+/* Elements per stored row: hd, rounded up to a whole Q8_0 block. */
+int ks_spec_kcache_dim(int hd);
+/* Bytes of one K cache row of type kt (KS_DTYPE_F16 or KS_DTYPE_Q8_0). */
+size_t ks_spec_kcache_row_bytes(ks_dtype kt, int hd);
+/* k [hd] into one row of type kt (ks_spec_kcache_row_bytes bytes at row). */
+void ks_spec_kcache_store(ks_dtype kt, const float *k, int hd, void *row);
+
 /* out[g][j] = scale * (q_g . K_j) for the G heads of q [G][hd] against the
- * f16 keys K [n][hd]; out [G][n]. */
-void ks_spec_scores(const float *q, const ks_f16 *K, int32_t n, int hd, int G, float scale, float *out,
+ * keys K [n] rows of type kt; out [G][n].  hd <= KS_SPEC_HD_MAX. */
+void ks_spec_scores(const float *q, const void *K, ks_dtype kt, int32_t n, int hd, int G, float scale, float *out,
                     ks_simd_level simd);
 
-/* x[0..n) = softmax(x) in place, then w = p (first) or max(w, p): the group
- * reduction fused with the normalisation. */
-void ks_spec_softmax_max(float *x, int32_t n, float *w, bool first, ks_simd_level simd);
+/* w[j] = max over the G rows of x [G][n] of log softmax(x_g)[j]: the group
+ * reduction of the heads' attention weights in the log domain (x is left
+ * as it is).  G <= 64, n > 0. */
+void ks_spec_group_logweights(const float *x, int G, int32_t n, float *w, ks_simd_level simd);
 
 #endif

@@ -75,6 +75,13 @@ ks_bf16 ks_f32_to_bf16(float f); /* round to nearest even */
 void ks_dequantize_row(ks_dtype t, const void *src, float *dst, int64_t n);
 void ks_quantize_row(ks_dtype t, const float *src, void *dst, int64_t n);
 
+/* One head's scaled query q [hd] (hd % 32 == 0) quantised once per call for
+ * the Q8_0 integer dot products (tensor/q8dot_avx512.h, the AVX2 attention):
+ * per 32-block d[b] = max |q| / 127 and qi = round(q / d) in [-127, 127]
+ * (the sign trick's signed side; NULL: not wanted), qu = qi + 128
+ * (vpdpbusd's unsigned side). */
+void ks_quantize_query_q8(const float *q, int hd, int8_t *qi, uint8_t *qu, float *d);
+
 /* The KV row format, shared by the store (kv) and attention (infer): one
  * token's K or V for one KV head is hd elements of f16, or of Q8_0 blocks for
  * 8-bit KV. */
