@@ -20,6 +20,11 @@ averaged over each KV head's query heads, as the policies' recall is:
     attention (no selector can cover more with B entries), at B = 2%, 6%, 12%;
   * previous-step recall: the mass inside the previous query's exact top-B
     (speculation's premise; FreeKV, spec and the step-late selections);
+  * adjacent overlap: |top-B(q_t) & top-B(q_t-1)| / B, the share of the
+    exact set that stays from one step to the next (elastic loading's
+    premise: SpeContext, "SpeContext: Enabling Efficient Long-context
+    Reasoning with Speculative Context Sparsity in LLMs", Section 5.4, copies
+    only what changed);
   * entropy: mean attention entropy in nats, and exp(entropy) as a share of
     the context (the effective number of attended entries);
   * low rank: for r = 8, 16, 32, the share of the keys' energy in their top-r
@@ -66,6 +71,9 @@ def study(torch, tgt, ids, n_q):
                 idx = prev.topk(Bsel, -1).indices
                 row["oracle_%d%%" % round(f * 100)] = float(top.mean())
                 row["previous_%d%%" % round(f * 100)] = float(torch.gather(cur, -1, idx).sum(-1).mean())
+                prev_set = torch.zeros_like(cur, dtype=torch.bool).scatter_(-1, idx, True)
+                cur_idx = cur.topk(Bsel, -1).indices
+                row["overlap_%d%%" % round(f * 100)] = float(torch.gather(prev_set, -1, cur_idx).float().mean())
             ent = -(cur * torch.log(cur.clamp_min(1e-30))).sum(-1)           # [B][HKV][Q]
             row["entropy_nats"] = float(ent.mean())
             row["effective_share"] = float((ent.exp() / (torch.tensor(qpos[1:], dtype=torch.float32) + 1)).mean())
@@ -119,6 +127,9 @@ def spec_split(torch, tgt, ids, n_q, sink, window, workdir):
     rnd = torch.rand(B, MD.HKV, n_q, T, generator=torch.Generator().manual_seed(0))
     m_head, m_rand = base.clone(), base.clone()
     m_head.scatter_(-1, ds.masked_fill(base | causal, float("-inf")).topk(n_sel, -1).indices, True)
+    head_only = m_head & ~base
+    # the head's own entries kept from one query to the next (elastic loading copies the rest)
+    head_overlap = float((head_only[:, :, 1:] & head_only[:, :, :-1]).sum(-1).float().mean() / n_sel)
     m_rand.scatter_(-1, rnd.masked_fill(base | causal, -1.0).topk(n_sel, -1).indices, True)
     rows = []
     for li, (p, _, _) in enumerate(att):
@@ -126,7 +137,7 @@ def spec_split(torch, tgt, ids, n_q, sink, window, workdir):
                      "random": float((p * m_rand).sum(-1).mean()),
                      "streaming": float((p * stream).sum(-1).mean()),
                      "sink_window_only": float((p * base).sum(-1).mean())})
-    return rows
+    return rows, head_overlap
 
 
 def main(argv=None):
@@ -155,6 +166,7 @@ def main(argv=None):
     rows = study(torch, tgt, X[:, :a.length], a.queries)
     cols = ["layer", "entropy_nats", "effective_share"] + \
         ["oracle_%d%%" % round(f * 100) for f in FRACS] + ["previous_%d%%" % round(f * 100) for f in FRACS] + \
+        ["overlap_%d%%" % round(f * 100) for f in FRACS] + \
         ["key_energy_r%d" % r for r in RANKS] + ["proxy_recall_6%%_r%d" % r for r in RANKS]
     mean = {c: float(np.mean([r[c] for r in rows])) for c in cols[1:]}
     print("| " + " | ".join(cols) + " |")
@@ -165,14 +177,16 @@ def main(argv=None):
            "queries": a.queries, "seed": a.seed, "layers": rows, "mean": mean}
     if a.spec_split:
         sink, window = (int(x) for x in a.spec_split.split(","))
-        sr = spec_split(torch, tgt, X[:, :a.length], a.queries, sink, window, a.workdir)
+        sr, head_overlap = spec_split(torch, tgt, X[:, :a.length], a.queries, sink, window, a.workdir)
         print("\nspec's budget at 6%% (%d sinks, %d-entry window, the rest by the DLM's head):\n" % (sink, window))
         print("| layer | sinks + window + head | sinks + window + random | streaming (same budget) | sinks + window only |")
         print("|---|---:|---:|---:|---:|")
         for r in sr:
             print("| %d | %.3f | %.3f | %.3f | %.3f |" % (r["layer"], r["head"], r["random"], r["streaming"],
                                                         r["sink_window_only"]))
+        print("\nthe head's own entries kept from one query to the next: %.3f" % head_overlap)
         out["spec_split"] = sr
+        out["spec_head_adjacent_overlap"] = head_overlap
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=2)
