@@ -85,18 +85,20 @@ ks_status ks_infer_segs_resolve(ks_kv_store *kv, int32_t seq, int32_t layer, int
     int32_t shift = (P & (P - 1)) == 0 ? __builtin_ctz((unsigned)P) : -1;
     size_t row = ks_kv_row_size(kv), pb = ks_kv_page_bytes(kv);
     const uint8_t *K = NULL, *V = NULL;
+    ks_kv_fast_view view; /* in place: the head's page table read inline, not a call per page */
+    if (!gather) ks_kv_fast_view_of(kv, seq, layer, head, &view);
     for (int32_t i = 0, pi = 0, cur = -1; i < nseg; i++) {
         int32_t t = first[i], lp = shift >= 0 ? t >> shift : t / P;
         if (lp != cur) { /* runs are in entry order: pages advance monotonically */
-            while (pages[pi] != lp) pi++;
             cur = lp;
             if (gather) {
+                while (pages[pi] != lp) pi++;
                 uint8_t *dst = gather + (size_t)pi * pb;
                 KS_TRY(ks_kv_read_page(kv, seq, layer, head, lp, dst));
                 K = dst;
                 V = dst + (size_t)P * row;
             } else {
-                ks_kv_page_rows(kv, seq, layer, head, lp, &K, &V);
+                ks_kv_fast_view_page(&view, lp, &K, &V);
             }
         }
         size_t off = (size_t)(t - lp * P) * row;

@@ -130,6 +130,24 @@ ks_status ks_kv_fetch(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head,
 /* Wait for the queued loads of a layer; returns the first I/O error seen. */
 ks_status ks_kv_wait_layer(ks_kv_store *kv, int32_t layer);
 
+/* Where the pages of one (sequence, FAST layer, KV head) live, for readers
+ * that resolve many pages in a row (a token-level selection touches most of
+ * a head's pages every layer): page lp's K rows start at
+ * k + table[lp] * half, its V rows at v + table[lp] * half.  Valid until the
+ * store changes that head's pages (append, eviction, compaction, tiering);
+ * the store keeps ownership. */
+typedef struct ks_kv_fast_view {
+    const int32_t *table; /* [logical page] physical page id (borrowed) */
+    const uint8_t *k, *v; /* the layer's K and V halves at id 0 (borrowed) */
+    size_t half;          /* bytes of a page's K (or V) half: P rows */
+} ks_kv_fast_view;
+void ks_kv_fast_view_of(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, ks_kv_fast_view *out);
+static inline void ks_kv_fast_view_page(const ks_kv_fast_view *v, int32_t lp, const uint8_t **K, const uint8_t **V) {
+    size_t off = (size_t)v->table[lp] * v->half;
+    *K = v->k + off;
+    *V = v->v + off;
+}
+
 /* K and V rows of a logical page of a FAST layer: [P][row] each. */
 void ks_kv_page_rows(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp,
                      const uint8_t **K, const uint8_t **V);

@@ -298,6 +298,15 @@ ks_status ks_kv_wait_layer(ks_kv_store *kv, int32_t layer) {
     return st;
 }
 
+void ks_kv_fast_view_of(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, ks_kv_fast_view *out) {
+    const kv_layer *L = &kv->layers[layer];
+    KS_ASSERT(L->tier == KS_TIER_FAST);
+    *out = (ks_kv_fast_view){.table = kv_table_of(kv, seq, layer, head),
+                             .k = kv_fast_k(kv, L, 0),
+                             .v = kv_fast_v(kv, L, 0),
+                             .half = kv_half_bytes(kv)};
+}
+
 void ks_kv_page_rows(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp, const uint8_t **K,
                      const uint8_t **V) {
     const kv_layer *L = &kv->layers[layer];
