@@ -322,6 +322,9 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p
     const ks_eagle3_config *c = &dlm->cfg;
     if (st == KS_OK && c->head_dim % 2)
         st = KS_FAIL(KS_ERR_UNSUPPORTED, "DLM head dim %d is odd", c->head_dim);
+    if (st == KS_OK && c->n_head_kv > 0 && c->n_head / c->n_head_kv > KS_SPEC_GROUP_MAX)
+        st = KS_FAIL(KS_ERR_UNSUPPORTED, "DLM has %d query heads per KV head, over the %d spec's group reduction takes",
+                     c->n_head / c->n_head_kv, KS_SPEC_GROUP_MAX);
     if (st == KS_OK && c->head_dim > KS_SPEC_HD_MAX)
         st = KS_FAIL(KS_ERR_UNSUPPORTED, "DLM head dim %d is over the %d the scoring kernels take", c->head_dim,
                      KS_SPEC_HD_MAX);

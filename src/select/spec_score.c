@@ -197,7 +197,7 @@ __attribute__((target("avx512f,avx512dq,fma"))) static float log_normaliser_avx5
 
 __attribute__((target("avx512f,avx512dq,fma"))) static void group_logweights_avx512(const float *x, int G, int32_t n,
                                                                                     float *w) {
-    float c[64];
+    float c[KS_SPEC_GROUP_MAX];
     for (int g = 0; g < G; g++) c[g] = log_normaliser_avx512(x + (size_t)g * n, n);
     int32_t t = 0;
     for (; t + 16 <= n; t += 16) {
@@ -338,7 +338,7 @@ KS_AVX2_TGT static float log_normaliser_avx2(const float *x, int32_t n) {
 }
 
 KS_AVX2_TGT static void group_logweights_avx2(const float *x, int G, int32_t n, float *w) {
-    float c[64];
+    float c[KS_SPEC_GROUP_MAX];
     for (int g = 0; g < G; g++) c[g] = log_normaliser_avx2(x + (size_t)g * n, n);
     int32_t t = 0;
     for (; t + 8 <= n; t += 8) {
@@ -392,7 +392,8 @@ void ks_spec_scores(const float *q, const void *K, ks_dtype kt, int32_t n, int h
 }
 
 void ks_spec_group_logweights(const float *x, int G, int32_t n, float *w, ks_simd_level simd) {
-    KS_ASSERT(G >= 1 && G <= 64 && n > 0);
+    KS_ASSERT(G >= 1 && G <= KS_SPEC_GROUP_MAX);
+    if (n <= 0) return;
 #if defined(__x86_64__)
     if (simd >= KS_SIMD_AVX512) {
         group_logweights_avx512(x, G, n, w);

@@ -27,8 +27,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Largest head dim the kernels take (stack rows of this many floats). */
-enum { KS_SPEC_HD_MAX = 512 };
+/* Largest head dim the kernels take (stack rows of this many floats), and
+ * largest group (query heads per KV head) the group reduction takes. */
+enum { KS_SPEC_HD_MAX = 512, KS_SPEC_GROUP_MAX = 64 };
 
 /* Elements per stored row: hd, rounded up to a whole Q8_0 block. */
 int ks_spec_kcache_dim(int hd);
@@ -44,7 +45,7 @@ void ks_spec_scores(const float *q, const void *K, ks_dtype kt, int32_t n, int h
 
 /* w[j] = max over the G rows of x [G][n] of log softmax(x_g)[j]: the group
  * reduction of the heads' attention weights in the log domain (x is left
- * as it is).  G <= 64, n > 0. */
+ * as it is).  G <= KS_SPEC_GROUP_MAX; nothing for n <= 0. */
 void ks_spec_group_logweights(const float *x, int G, int32_t n, float *w, ks_simd_level simd);
 
 #endif
