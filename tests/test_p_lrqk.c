@@ -380,37 +380,98 @@ static void test_hot_key_ranks_first(void **state) {
     }
 }
 
-/* The AVX2 proxy scores (r % 8 == 0) against the SSE/scalar ones: the same
- * hot key ranks first, and the same selection, at every level the CPU has. */
+/* The AVX2 proxy scores (r % 8 == 0) and the AVX-512 Gram / K_O^T A_KO
+ * updates (r % 16 == 0) against the SSE/scalar ones: the same hot key ranks
+ * first, and the same selections over three steps (the second and third
+ * depend on the updates of the steps before), at every level the CPU has. */
 static void test_proxy_kernels_agree(void **state) {
     (void)state;
-    fake_svc f = {0};
-    make_kv(&f, 21);
-    int32_t first[CTX], got[CTX], n_first = -1;
-    ks_simd_level hw = ks_simd_detect(), saved = ks_simd_force(hw);
-    for (int lv = KS_SIMD_SCALAR; lv <= (int)hw; lv++) {
-        ks_simd_force((ks_simd_level)lv);
-        ks_policy *pol = make_policy(&f, "rank=8");
-        prefill(pol);
-        int32_t n = step(&f, pol, N0, 21, 6, 3.0f, got);
-        qsort(got, (size_t)n, sizeof(int32_t), cmp_i32);
-        bool hot = false;
-        for (int32_t i = 0; i < n; i++) hot |= got[i] == 21;
-        assert_true(hot);
-        if (n_first < 0) {
-            n_first = n;
-            memcpy(first, got, sizeof(int32_t) * (size_t)n);
-        } else {
-            assert_int_equal(n, n_first);
-            for (int32_t i = 0; i < n; i++) assert_int_equal(got[i], first[i]);
-        }
-        ks_policy_destroy(pol);
-        /* the step appended entry N0: start the next level from the same cache */
-        ks_kv_destroy(f.kv);
+    const char *ranks[] = {"rank=8", "rank=16"};
+    enum { STEPS = 3 };
+    for (int ri = 0; ri < 2; ri++) {
+        fake_svc f = {0};
         make_kv(&f, 21);
+        int32_t first[STEPS][CTX], got[CTX], n_first[STEPS];
+        ks_simd_level hw = ks_simd_detect(), saved = ks_simd_force(hw);
+        for (int lv = KS_SIMD_SCALAR; lv <= (int)hw; lv++) {
+            ks_simd_force((ks_simd_level)lv);
+            ks_policy *pol = make_policy(&f, ranks[ri]);
+            prefill(pol);
+            for (int t = 0; t < STEPS; t++) {
+                int32_t n = step(&f, pol, N0 + t, 21, 6, t == 1 ? -3.0f : 3.0f, got);
+                qsort(got, (size_t)n, sizeof(int32_t), cmp_i32);
+                if (t == 0) {
+                    bool hot = false;
+                    for (int32_t i = 0; i < n; i++) hot |= got[i] == 21;
+                    assert_true(hot);
+                }
+                if (lv == KS_SIMD_SCALAR) {
+                    n_first[t] = n;
+                    memcpy(first[t], got, sizeof(int32_t) * (size_t)n);
+                } else {
+                    assert_int_equal(n, n_first[t]);
+                    for (int32_t i = 0; i < n; i++)
+                        if (got[i] != first[t][i])
+                            fail_msg("%s, %s, step %d: entry %d selected %d, scalar %d", ranks[ri],
+                                     ks_simd_name((ks_simd_level)lv), t, i, got[i], first[t][i]);
+                }
+            }
+            ks_policy_destroy(pol);
+            /* the steps appended entries: start the next level from the same cache */
+            ks_kv_destroy(f.kv);
+            make_kv(&f, 21);
+        }
+        ks_simd_force(saved);
+        ks_kv_destroy(f.kv);
+    }
+}
+
+/* ks_lrqk_gram_kao_add at every SIMD level equals the portable loops bit
+ * for bit (the Gram's upper triangle and all of K_O^T A_KO), for ranks the
+ * zmm path takes (16, 32, 48, 64) and one it does not (8), rows entering
+ * and leaving in one run. */
+static void test_gram_kao_bit_exact(void **state) {
+    (void)state;
+    const int32_t ranks[] = {8, 16, 32, 48, 64}, hd = 64, len = 37;
+    ks_simd_level hw = ks_simd_detect(), saved = ks_simd_force(hw);
+    for (size_t ri = 0; ri < sizeof ranks / sizeof ranks[0]; ri++) {
+        int32_t r = ranks[ri];
+        float *g0 = malloc(sizeof(float) * r * r), *k0 = malloc(sizeof(float) * hd * r);
+        float *g1 = malloc(sizeof(float) * r * r), *k1 = malloc(sizeof(float) * hd * r);
+        float *keys = malloc(sizeof(float) * len * hd), *ak = malloc(sizeof(float) * len * r), sign[37];
+        ks_lrqk_randn(g0, (size_t)r * r, 1 + ri);
+        ks_lrqk_randn(k0, (size_t)hd * r, 2 + ri);
+        ks_lrqk_randn(keys, (size_t)len * hd, 3 + ri);
+        ks_lrqk_randn(ak, (size_t)len * r, 4 + ri);
+        for (int32_t x = 0; x < len; x++) sign[x] = x % 3 ? 1.0f : -1.0f;
+        float *gref = malloc(sizeof(float) * r * r), *kref = malloc(sizeof(float) * hd * r);
+        memcpy(gref, g0, sizeof(float) * r * r);
+        memcpy(kref, k0, sizeof(float) * hd * r);
+        ks_simd_force(KS_SIMD_SCALAR);
+        ks_lrqk_gram_kao_add(gref, kref, keys, ak, sign, len, hd, r);
+        for (int lv = KS_SIMD_AVX2; lv <= (int)hw; lv++) {
+            memcpy(g1, g0, sizeof(float) * r * r);
+            memcpy(k1, k0, sizeof(float) * hd * r);
+            ks_simd_force((ks_simd_level)lv);
+            ks_lrqk_gram_kao_add(g1, k1, keys, ak, sign, len, hd, r);
+            for (int32_t i = 0; i < r; i++)
+                for (int32_t j = i; j < r; j++)
+                    if (memcmp(&g1[i * r + j], &gref[i * r + j], sizeof(float)))
+                        fail_msg("rank %d, %s: Gram[%d][%d] %.9g, portable %.9g", r, ks_simd_name((ks_simd_level)lv),
+                                 i, j, g1[i * r + j], gref[i * r + j]);
+            if (memcmp(k1, kref, sizeof(float) * hd * r))
+                fail_msg("rank %d, %s: K_O^T A_KO differs from the portable loops", r, ks_simd_name((ks_simd_level)lv));
+        }
+        free(g0);
+        free(k0);
+        free(g1);
+        free(k1);
+        free(keys);
+        free(ak);
+        free(gref);
+        free(kref);
     }
     ks_simd_force(saved);
-    ks_kv_destroy(f.kv);
 }
 
 static void test_hit_miss_counting(void **state) {
@@ -618,6 +679,7 @@ int main(void) {
         cmocka_unit_test(test_decode_exact_keys),
         cmocka_unit_test(test_exact_keys_of_selected),
         cmocka_unit_test(test_proxy_kernels_agree),
+        cmocka_unit_test(test_gram_kao_bit_exact),
         cmocka_unit_test(test_hit_miss_counting),
         cmocka_unit_test(test_bad_args),
         cmocka_unit_test(test_full_budget_equals_dense_gqa),

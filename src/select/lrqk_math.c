@@ -13,8 +13,14 @@
  */
 #include "select/lrqk_math.h"
 
+#include "core/simd.h"
+
 #include <math.h>
 #include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 ks_status ks_lrqk_solve(int32_t n, double *A, double *B, int32_t m) {
     if (n <= 0 || m < 0) return KS_FAIL(KS_ERR_INVALID_ARG, "lrqk solve: bad size %d x %d", n, m);
@@ -417,4 +423,87 @@ double ks_lrqk_rel_error(const float *X, int32_t nx, const float *Y, int32_t ny,
             den += t * t;
         }
     return den > 0 ? sqrt(num / den) : 0;
+}
+
+/* ------------------------------------------- Gram and K_O^T A_KO updates -- */
+
+/* gram [r][r] += sign * a^T a, on the blocks at or right of the diagonal
+ * (the lower triangle is mirrored when the Gram is read); 4-lane vector
+ * extensions (SSE2's width, no ABI questions) when r % 4 == 0. */
+static void gram_add(float *gram, const float *a, int32_t r, float sign) {
+    if (r % 4 == 0) {
+        for (int32_t i = 0; i < r; i++) {
+            lrqk_v4 ai = (lrqk_v4){0} + sign * a[i];
+            float *g = gram + (size_t)i * r;
+            for (int32_t j = i & ~3; j < r; j += 4) {
+                lrqk_v4 v = v4_load(g + j) + ai * v4_load(a + j);
+                memcpy(g + j, &v, sizeof v);
+            }
+        }
+        return;
+    }
+    for (int32_t i = 0; i < r; i++)
+        for (int32_t j = i; j < r; j++) gram[(size_t)i * r + j] += sign * a[i] * a[j];
+}
+
+static void kao_add(float *kao, const float *k, const float *a, int32_t hd, int32_t r, float sign) {
+    for (int32_t c = 0; c < hd; c++) {
+        float kc = sign * k[c];
+        float *row = kao + (size_t)c * r;
+        for (int32_t j = 0; j < r; j++) row[j] += kc * a[j];
+    }
+}
+
+#if defined(__x86_64__)
+/* The same updates on zmm, r % 16 == 0 and r <= 64: a row of the Gram or of
+ * K_O^T A_KO stays in registers while every row of the run is added to it.
+ * Each element still receives the same products in the same order, each a
+ * multiply then an add (the library is built without FMA contraction), so
+ * the sums are bit for bit those of the loops above; only the lower
+ * triangle of the Gram, which is never read, is touched more.  With
+ * selections that change most of their rows a step (noise KV), these
+ * updates were most of LRQK's step at 32K. */
+__attribute__((target("avx512f"))) static void gram_kao_add_avx512(float *gram, float *kao, const float *keys,
+                                                                     const float *ak, const float *sign, int32_t len,
+                                                                     int32_t hd, int32_t r) {
+    const int nz = r / 16;
+    for (int32_t i = 0; i < r; i++) { /* Gram row i, from column block i / 16 */
+        float *g = gram + (size_t)i * r;
+        int z0 = i / 16;
+        __m512 acc[4];
+        for (int z = z0; z < nz; z++) acc[z] = _mm512_loadu_ps(g + 16 * z);
+        for (int32_t x = 0; x < len; x++) {
+            const float *a = ak + (size_t)x * r;
+            __m512 ai = _mm512_set1_ps(0.0f + sign[x] * a[i]);
+            for (int z = z0; z < nz; z++)
+                acc[z] = _mm512_add_ps(acc[z], _mm512_mul_ps(ai, _mm512_loadu_ps(a + 16 * z)));
+        }
+        for (int z = z0; z < nz; z++) _mm512_storeu_ps(g + 16 * z, acc[z]);
+    }
+    for (int32_t c = 0; c < hd; c++) { /* K_O^T A_KO row c */
+        float *row = kao + (size_t)c * r;
+        __m512 acc[4];
+        for (int z = 0; z < nz; z++) acc[z] = _mm512_loadu_ps(row + 16 * z);
+        for (int32_t x = 0; x < len; x++) {
+            const float *a = ak + (size_t)x * r;
+            __m512 kc = _mm512_set1_ps(sign[x] * keys[(size_t)x * hd + c]);
+            for (int z = 0; z < nz; z++) acc[z] = _mm512_add_ps(acc[z], _mm512_mul_ps(kc, _mm512_loadu_ps(a + 16 * z)));
+        }
+        for (int z = 0; z < nz; z++) _mm512_storeu_ps(row + 16 * z, acc[z]);
+    }
+}
+#endif
+
+void ks_lrqk_gram_kao_add(float *gram, float *kao, const float *keys, const float *ak, const float *sign, int32_t len,
+                          int32_t hd, int32_t r) {
+#if defined(__x86_64__)
+    if (r % 16 == 0 && r <= 64 && ks_simd_current() >= KS_SIMD_AVX512) {
+        gram_kao_add_avx512(gram, kao, keys, ak, sign, len, hd, r);
+        return;
+    }
+#endif
+    for (int32_t x = 0; x < len; x++) {
+        gram_add(gram, ak + (size_t)x * r, r, sign[x]);
+        kao_add(kao, keys + (size_t)x * hd, ak + (size_t)x * r, hd, r, sign[x]);
+    }
 }

@@ -65,6 +65,15 @@ ks_status ks_lrqk_decode(float *bq, float *bk, int32_t r, int32_t d, const doubl
  * instead of ks_topk's O(m log k) heap.  tmp [m] scratch; returns min(k, m). */
 int32_t ks_lrqk_topk(const float *sc, int32_t m, int32_t k, int32_t *idx, float *tmp);
 
+/* The resident set's running sums, for the len rows entering (sign +1) or
+ * leaving (-1) it, in row order: gram [r][r] += sign_x a_x^T a_x (only the
+ * upper triangle, j >= i, is meaningful) and kao [hd][r] += sign_x k_x^T a_x,
+ * for ak [len][r] (the rows' A_K) and keys [len][hd] (their exact keys).
+ * Every SIMD level gives the same bits: each product is a multiply then an
+ * add, in the same order. */
+void ks_lrqk_gram_kao_add(float *gram, float *kao, const float *keys, const float *ak, const float *sign, int32_t len,
+                          int32_t hd, int32_t r);
+
 /* Deterministic N(0, 1) fill (splitmix64 + Box-Muller). */
 void ks_lrqk_randn(float *x, size_t n, uint64_t seed);
 

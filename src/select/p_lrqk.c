@@ -316,24 +316,6 @@ static inline lrqk_v4 v4_load(const float *p) {
     return v;
 }
 
-/* gram [r][r] += sign * a^T a, on the blocks at or right of the diagonal
- * (the lower triangle is mirrored when the Gram is read: gram_read) */
-static void gram_add(float *gram, const float *a, int32_t r, float sign) {
-    if (r % 4 == 0) {
-        for (int32_t i = 0; i < r; i++) {
-            lrqk_v4 ai = (lrqk_v4){0} + sign * a[i];
-            float *g = gram + (size_t)i * r;
-            for (int32_t j = i & ~3; j < r; j += 4) {
-                lrqk_v4 v = v4_load(g + j) + ai * v4_load(a + j);
-                memcpy(g + j, &v, sizeof v);
-            }
-        }
-        return;
-    }
-    for (int32_t i = 0; i < r; i++)
-        for (int32_t j = i; j < r; j++) gram[(size_t)i * r + j] += sign * a[i] * a[j];
-}
-
 static void gram_read(const float *gram, int32_t r, double *out) {
     for (int32_t i = 0; i < r; i++)
         for (int32_t j = 0; j < r; j++)
@@ -428,13 +410,6 @@ static void proxy_scores(const float *ak, int32_t m, int32_t r, const float *qha
 }
 
 /* kao [hd][r] += sign * k^T a */
-static void kao_add(float *kao, const float *k, const float *a, int32_t hd, int32_t r, float sign) {
-    for (int32_t c = 0; c < hd; c++) {
-        float kc = sign * k[c];
-        float *row = kao + (size_t)c * r;
-        for (int32_t j = 0; j < r; j++) row[j] += kc * a[j];
-    }
-}
 
 /* Add (sign +1) or remove (-1) the entries of one run [first, first + len)
  * to the Gram and to K_O^T A_KO, with their exact keys (keys: [64][hd]). */
@@ -442,12 +417,13 @@ static ks_status apply_run(lrqk_state *s, lrqk_slot *t, const ks_select_req *req
                            const uint64_t *nw, float *keys) {
     int32_t r = s->rank, hd = s->env.head_dim;
     KS_TRY(s->env.read_keys(s->env.svc, req->seq, req->layer, req->head, first, len, keys));
+    float sign[64]; /* runs are at most 64 entries (keys' rows) */
+    KS_ASSERT(len <= 64);
     for (int32_t i = 0; i < len; i++) {
         int32_t x = first + i;
-        float sign = nw[x >> 6] >> (x & 63) & 1 ? 1.0f : -1.0f;
-        gram_add(t->gram, t->ak + (size_t)x * r, r, sign);
-        kao_add(t->kao, keys + (size_t)i * hd, t->ak + (size_t)x * r, hd, r, sign);
+        sign[i] = nw[x >> 6] >> (x & 63) & 1 ? 1.0f : -1.0f;
     }
+    ks_lrqk_gram_kao_add(t->gram, t->kao, keys, t->ak + (size_t)first * r, sign, len, hd, r);
     return KS_OK;
 }
 
