@@ -303,11 +303,13 @@ static void lrqk_append(void *state, int32_t seq, int32_t layer, int32_t head, i
 }
 
 /* ------------------------------------------------------------ kernels --
- * The two per-step loops over entries (proxy scores over [sink, n - window),
- * Gram updates over the rows entering / leaving O) use GCC/clang vector
- * extensions in blocks of 4 lanes (SSE2's width, so no ABI questions) when
- * r % 4 == 0 (the default 32), so they
- * vectorise at -O2 without fast-math; other ranks take the scalar loops. */
+ * The proxy scores over [sink, n - window) use GCC/clang vector extensions
+ * in blocks of 4 lanes (SSE2's width, so no ABI questions) when r % 4 == 0
+ * (the default 32), so they vectorise at -O2 without fast-math, and AVX2
+ * where the CPU has it; other ranks take the scalar loops.  The Gram and
+ * K_O^T A_KO updates over the rows entering / leaving O are
+ * ks_lrqk_gram_kao_add (lrqk_math.c: zmm where the CPU has AVX-512, bit
+ * for bit the portable loops). */
 typedef float lrqk_v4 __attribute__((vector_size(16)));
 
 static inline lrqk_v4 v4_load(const float *p) {
