@@ -182,6 +182,16 @@ SPEC_AVX512_TGT static void scores_avx512(const float *q, const uint8_t *K, size
  * the top-B of max_g p_gj (up to rounding at near-ties), without writing
  * the G rows of probabilities back or normalising them: one read for the
  * max, one for the sum of exponentials, one for the combine. */
+/* w[t..n) = max_g (x_gt - c_g): the combine pass, from entry t on (the SIMD
+ * paths' tails, and the whole of the portable one). */
+static void combine_from(const float *x, int G, int32_t n, const float *c, int32_t t, float *w) {
+    for (; t < n; t++) {
+        float v = x[t] - c[0];
+        for (int g = 1; g < G; g++) v = fmaxf(v, x[(size_t)g * n + t] - c[g]);
+        w[t] = v;
+    }
+}
+
 __attribute__((target("avx512f,avx512dq,fma"))) static float log_normaliser_avx512(const float *x, int32_t n) {
     __m512 mx = _mm512_set1_ps(-INFINITY);
     int32_t t = 0;
@@ -206,11 +216,7 @@ __attribute__((target("avx512f,avx512dq,fma"))) static void group_logweights_avx
             v = _mm512_max_ps(v, _mm512_sub_ps(_mm512_loadu_ps(x + (size_t)g * n + t), _mm512_set1_ps(c[g])));
         _mm512_storeu_ps(w + t, v);
     }
-    for (; t < n; t++) {
-        float v = x[t] - c[0];
-        for (int g = 1; g < G; g++) v = fmaxf(v, x[(size_t)g * n + t] - c[g]);
-        w[t] = v;
-    }
+    combine_from(x, G, n, c, t, w);
 }
 
 /* AVX2 + FMA + F16C (AMD parts and most laptops lack AVX-512).  Scores:
@@ -347,11 +353,7 @@ KS_AVX2_TGT static void group_logweights_avx2(const float *x, int G, int32_t n, 
             v = _mm256_max_ps(v, _mm256_sub_ps(_mm256_loadu_ps(x + (size_t)g * n + t), _mm256_set1_ps(c[g])));
         _mm256_storeu_ps(w + t, v);
     }
-    for (; t < n; t++) {
-        float v = x[t] - c[0];
-        for (int g = 1; g < G; g++) v = fmaxf(v, x[(size_t)g * n + t] - c[g]);
-        w[t] = v;
-    }
+    combine_from(x, G, n, c, t, w);
 }
 #endif
 
@@ -367,9 +369,15 @@ void ks_spec_kcache_store(ks_dtype kt, const float *k, int hd, void *row) {
         for (int i = 0; i < hd; i++) dst[i] = ks_f32_to_f16(k[i]);
         return;
     }
-    float padded[KS_SPEC_HD_MAX] = {0};
+    int hdp = ks_spec_kcache_dim(hd);
+    if (hdp == hd) { /* whole blocks: no padding to write (every prompt row passes here) */
+        ks_quantize_row(KS_DTYPE_Q8_0, k, row, hd);
+        return;
+    }
+    float padded[KS_SPEC_HD_MAX];
     memcpy(padded, k, sizeof(float) * (size_t)hd);
-    ks_quantize_row(KS_DTYPE_Q8_0, padded, row, ks_spec_kcache_dim(hd));
+    memset(padded + hd, 0, sizeof(float) * (size_t)(hdp - hd));
+    ks_quantize_row(KS_DTYPE_Q8_0, padded, row, hdp);
 }
 
 void ks_spec_scores(const float *q, const void *K, ks_dtype kt, int32_t n, int hd, int G, float scale, float *out,
@@ -405,13 +413,14 @@ void ks_spec_group_logweights(const float *x, int G, int32_t n, float *w, ks_sim
     }
 #endif
     (void)simd;
+    float c[KS_SPEC_GROUP_MAX];
     for (int g = 0; g < G; g++) {
         const float *xg = x + (size_t)g * n;
         float m = xg[0];
         for (int32_t j = 1; j < n; j++) m = xg[j] > m ? xg[j] : m;
         double tot = 0;
         for (int32_t j = 0; j < n; j++) tot += exp((double)xg[j] - m);
-        float c = m + (float)log(tot);
-        for (int32_t j = 0; j < n; j++) w[j] = g == 0 || xg[j] - c > w[j] ? xg[j] - c : w[j];
+        c[g] = m + (float)log(tot);
     }
+    combine_from(x, G, n, c, 0, w);
 }
