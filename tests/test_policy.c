@@ -11,7 +11,9 @@
  *    page bound finds the page aligned with the query; H2O keeps the entries
  *    that received the most weight; streaming keeps the entries just before
  *    the window; SnapKV keeps what the observation queries attend to.
- * 3. Helpers: top-k (deterministic ties), group reductions, argument parsing.
+ * 3. Helpers: top-k (deterministic ties), group reductions, argument parsing;
+ *    the 8-bit page bounds (outward rounding, kept by the store, Quest's
+ *    scoring from them an upper bound at every SIMD level).
  */
 #define _GNU_SOURCE
 #include "infer/infer.h"
@@ -296,10 +298,11 @@ static ks_select_req req_for(const float *q, int32_t n_select) {
 
 static void test_quest_finds_the_page(void **state) {
     (void)state;
+    for (int b8 = 0; b8 < 2; b8++) { /* f16 bounds, then the 8-bit ones */
     fake_svc f = {0};
     int hot[] = {21}; /* page 5 */
     make_kv(&f, hot, 1);
-    ks_policy *pol = make_policy(&f, "quest", 10, NULL);
+    ks_policy *pol = make_policy(&f, "quest", 10, b8 ? "bounds=q8" : NULL);
     float q[NQ * HD] = {0};
     q[0] = 1.0f;      /* head 0 looks along dim 0 */
     q[HD + 3] = 0.1f; /* head 1 looks elsewhere: max over the group keeps head 0's page */
@@ -316,6 +319,130 @@ static void test_quest_finds_the_page(void **state) {
     assert_true(sel.all || sel.n == 10);
     ks_policy_destroy(pol);
     ks_kv_destroy(f.kv);
+    }
+}
+
+/* The decoded 8-bit bounds of one page: lo[i] * s, hi[i] * s. */
+static void bounds8_decode(const uint8_t *b, int hd, float *lo, float *hi) {
+    float s;
+    memcpy(&s, b, sizeof s);
+    for (int i = 0; i < hd; i++) {
+        lo[i] = (float)((const int8_t *)(b + 4))[i] * s;
+        hi[i] = (float)((const int8_t *)(b + 4))[hd + i] * s;
+    }
+}
+
+/* kv_meta.h's 8-bit bounds: rounded outward (never inside the f32 bounds),
+ * at most two steps outside them, kept by the store through appends,
+ * compaction and park / unpark; Quest's scoring from them is an upper bound
+ * of every key's score at every SIMD level. */
+static void test_bounds8(void **state) {
+    (void)state;
+    enum { D = 80 };
+    uint8_t b[4 + 2 * D];
+    float lo[D], hi[D], kmin[D], kmax[D];
+    assert_int_equal(ks_kv_bounds8_bytes(D), 4 + 2 * D);
+    assert_int_equal(ks_kv_bounds8_bytes(3), 12);
+    const float mags[] = {1.0f, 1e-3f, 37.0f, 1e30f, 1e-40f, 0.0f};
+    for (int m = 0; m < 6; m++) {
+        for (int i = 0; i < D; i++) {
+            float a = mags[m] * sinf(1.3f * (float)i + (float)m), c = mags[m] * cosf(0.7f * (float)i);
+            kmin[i] = a < c ? a : c;
+            kmax[i] = a < c ? c : a;
+        }
+        ks_kv_bounds8_encode(kmin, kmax, D, b);
+        float s;
+        memcpy(&s, b, sizeof s);
+        assert_true(s >= 0.0f && isfinite(s));
+        bounds8_decode(b, D, lo, hi);
+        for (int i = 0; i < D; i++) {
+            if (lo[i] > kmin[i] || hi[i] < kmax[i])
+                fail_msg("magnitude %g, channel %d: [%g, %g] inside [%g, %g]", mags[m], i, lo[i], hi[i], kmin[i], kmax[i]);
+            if (kmin[i] - lo[i] > 2 * s || hi[i] - kmax[i] > 2 * s)
+                fail_msg("magnitude %g, channel %d: [%g, %g] too loose around [%g, %g] (step %g)", mags[m], i, lo[i],
+                         hi[i], kmin[i], kmax[i], s);
+        }
+    }
+    kmax[3] = INFINITY; /* a non-finite key: the widest finite bounds */
+    ks_kv_bounds8_encode(kmin, kmax, D, b);
+    bounds8_decode(b, D, lo, hi);
+    assert_true(isfinite(lo[0]) && isfinite(hi[0]) && hi[0] > 1e30f && lo[0] < -1e30f);
+
+    /* the store keeps them through appends, compaction and park / unpark */
+    fake_svc f = {0};
+    int hot[] = {5, 21};
+    make_kv(&f, hot, 2);
+    size_t nb = ks_kv_bounds8_bytes(HD);
+    uint8_t want[4 + 2 * HD];
+    for (int round = 0; round < 3; round++) {
+        int32_t np = ks_kv_n_pages(f.kv, 0, 0, 0);
+        const uint8_t *pb[CTX];
+        ks_kv_pages_bounds8(f.kv, 0, 0, 0, np, pb);
+        for (int32_t p = 0; p < np; p++) {
+            ks_kv_page_meta m;
+            ks_kv_page_meta_get(f.kv, 0, 0, 0, p, &m);
+            assert_ptr_equal(m.kbound8, pb[p]);
+            ks_kv_bounds8_encode(m.kmin, m.kmax, HD, want);
+            if (memcmp(want, pb[p], nb)) fail_msg("round %d, page %d: the store's 8-bit bounds are stale", round, p);
+        }
+        if (round == 0) {
+            uint8_t keep[CTX];
+            for (int e = 0; e < 40; e++) keep[e] = e % 3 != 1;
+            assert_int_equal(ks_kv_compact(f.kv, 0, 0, 0, keep), KS_OK);
+        } else if (round == 1) {
+            assert_int_equal(ks_kv_seq_park(f.kv, 0), KS_OK);
+            assert_int_equal(ks_kv_seq_unpark(f.kv, 0), KS_OK);
+        }
+    }
+    ks_kv_destroy(f.kv);
+
+    /* Quest's scoring from them: >= every key's q . k, at every level */
+    enum { NP = 6, G = 5, H2 = 64 };
+    uint8_t pg[NP][4 + 2 * H2];
+    const uint8_t *pp[NP];
+    float keys[NP][8][H2], q[G * H2];
+    for (int i = 0; i < G * H2; i++) q[i] = sinf(0.37f * (float)i + 0.5f);
+    for (int p = 0; p < NP; p++) {
+        for (int i = 0; i < H2; i++) kmin[i] = INFINITY, kmax[i] = -INFINITY;
+        for (int r = 0; r < 8; r++)
+            for (int i = 0; i < H2; i++) {
+                keys[p][r][i] = (float)(p + 1) * sinf(0.11f * (float)(p * 997 + r * 131 + i * 7));
+                kmin[i] = fminf(kmin[i], keys[p][r][i]);
+                kmax[i] = fmaxf(kmax[i], keys[p][r][i]);
+            }
+        ks_kv_bounds8_encode(kmin, kmax, H2, pg[p]);
+        pp[p] = pg[p];
+    }
+    ks_simd_level hw = ks_simd_detect(), saved = ks_simd_force(hw);
+    float out[G * NP], red[NP];
+    for (int lv = KS_SIMD_SCALAR; lv <= (int)hw; lv++) {
+        ks_simd_force((ks_simd_level)lv);
+        ks_page_upper_bounds8_pages(q, G, pp, NP, H2, out, red);
+        for (int p = 0; p < NP; p++) {
+            float top = -INFINITY;
+            bounds8_decode(pg[p], H2, lo, hi);
+            for (int g = 0; g < G; g++) {
+                double ref = 0, mag = 0;
+                for (int i = 0; i < H2; i++) {
+                    double x = q[g * H2 + i];
+                    ref += x > 0 ? x * hi[i] : x * lo[i];
+                    mag += fabs(x) * fmax(fabs(lo[i]), fabs(hi[i]));
+                }
+                if (fabs(out[g * NP + p] - ref) > 1e-5 * mag)
+                    fail_msg("level %d, page %d, head %d: bound %.9g, want %.9g", lv, p, g, out[g * NP + p], ref);
+                for (int r = 0; r < 8; r++) {
+                    double dot = 0;
+                    for (int i = 0; i < H2; i++) dot += (double)q[g * H2 + i] * keys[p][r][i];
+                    if (out[g * NP + p] < dot - 1e-5 * mag)
+                        fail_msg("level %d, page %d, head %d: bound %.9g below key %d's score %.9g", lv, p, g,
+                                 out[g * NP + p], r, dot);
+                }
+                top = fmaxf(top, out[g * NP + p]);
+            }
+            if (red[p] != top) fail_msg("level %d: group max of page %d %.9g, want %.9g", lv, p, red[p], top);
+        }
+    }
+    ks_simd_force(saved);
 }
 
 static void test_h2o_keeps_heavy_hitters(void **state) {
@@ -611,7 +738,7 @@ int main(void) {
         cmocka_unit_test(test_sparse_differs_and_counts),    cmocka_unit_test(test_bad_policy_args),
         cmocka_unit_test(test_quest_finds_the_page),         cmocka_unit_test(test_h2o_keeps_heavy_hitters),
         cmocka_unit_test(test_streaming_window),             cmocka_unit_test(test_snapkv_keeps_attended),
-        cmocka_unit_test(test_helpers),
+        cmocka_unit_test(test_helpers),                      cmocka_unit_test(test_bounds8),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

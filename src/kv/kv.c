@@ -20,6 +20,8 @@
 #include "core/file.h"
 #include "tensor/dtype.h"
 
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,6 +60,7 @@ void ks_kv_destroy(ks_kv_store *kv) {
         ks_free(L->kmax);
         ks_free(L->ksum);
         ks_free(L->kbound16);
+        ks_free(L->kbound8);
     }
     ks_free(kv->layers);
     ks_free(kv->table);
@@ -115,6 +118,7 @@ ks_status ks_kv_create(const ks_kv_params *p, ks_kv_store **out) {
         L->kmax = ks_malloc(sizeof(float) * (size_t)kv->n_phys * kv->hd);
         L->ksum = ks_malloc(sizeof(float) * (size_t)kv->n_phys * kv->hd);
         if (p->type == KS_KV_F16) L->kbound16 = ks_malloc(sizeof(uint16_t) * 2 * (size_t)kv->n_phys * kv->hd);
+        L->kbound8 = ks_malloc(ks_kv_bounds8_bytes(kv->hd) * (size_t)kv->n_phys);
         L->slot_of = ks_malloc(sizeof(int32_t) * (size_t)kv->n_phys * kv->P);
         for (size_t i = 0; i < (size_t)kv->n_phys * kv->P; i++) L->slot_of[i] = -1;
     }
@@ -164,10 +168,52 @@ static void page_free(ks_kv_store *kv, kv_layer *L, int32_t id) {
     L->free_ids[L->n_free++] = id;
 }
 
-void ks_kv_meta_bounds16(ks_kv_store *kv, kv_layer *L, int32_t id) {
+size_t ks_kv_bounds8_bytes(int32_t hd) { return (sizeof(float) + 2 * (size_t)hd + 3) / 4 * 4; }
+
+/* The 8-bit bounds of kv_meta.h: s = m / 126 for m = max |kmin|, |kmax|
+ * (126, not 127: 127 s rounded may fall short of m), lo = floor(kmin / s)
+ * and hi = ceil(kmax / s), each stepped outward once more where the float
+ * product still lands inside (the division rounds).  |kmin / s| <= 126 up
+ * to rounding, so lo - 1 >= -128 and hi + 1 <= 127 fit.  A non-finite key
+ * gives the widest finite bounds, so the page is never ranked below a
+ * finite one by accident. */
+void ks_kv_bounds8_encode(const float *kmin, const float *kmax, int32_t hd, uint8_t *out) {
+    float m = 0.0f;
+    bool finite = true;
+    for (int32_t i = 0; i < hd; i++) {
+        float a = fabsf(kmin[i]), b = fabsf(kmax[i]);
+        finite = finite && isfinite(a) && isfinite(b);
+        m = a > m ? a : m;
+        m = b > m ? b : m;
+    }
+    int8_t *lo = (int8_t *)(out + sizeof(float)), *hi = lo + hd;
+    float s = m / 126.0f;
+    if (!finite || !isfinite(s)) {
+        s = FLT_MAX / 128.0f;
+        memset(lo, -127, (size_t)hd);
+        memset(hi, 127, (size_t)hd);
+    } else if (s == 0.0f) { /* every key zero (or below m / 126's underflow): */
+        s = m > 0.0f ? m : 0.0f; /* +-1 step of m, which covers them */
+        memset(lo, m > 0.0f ? -1 : 0, (size_t)hd);
+        memset(hi, m > 0.0f ? 1 : 0, (size_t)hd);
+    } else {
+        for (int32_t i = 0; i < hd; i++) {
+            int l = (int)floorf(kmin[i] / s), h = (int)ceilf(kmax[i] / s);
+            if ((float)l * s > kmin[i]) l--;
+            if ((float)h * s < kmax[i]) h++;
+            KS_ASSERT(l >= -128 && h <= 127);
+            lo[i] = (int8_t)l;
+            hi[i] = (int8_t)h;
+        }
+    }
+    memcpy(out, &s, sizeof s);
+}
+
+void ks_kv_meta_compact_bounds(ks_kv_store *kv, kv_layer *L, int32_t id) {
+    const float *mn = L->kmin + (size_t)id * kv->hd, *mx = L->kmax + (size_t)id * kv->hd;
+    ks_kv_bounds8_encode(mn, mx, kv->hd, L->kbound8 + (size_t)id * ks_kv_bounds8_bytes(kv->hd));
     if (!L->kbound16) return;
     uint16_t *b = L->kbound16 + (size_t)id * 2 * kv->hd;
-    const float *mn = L->kmin + (size_t)id * kv->hd, *mx = L->kmax + (size_t)id * kv->hd;
     for (int i = 0; i < kv->hd; i++) {
         b[i] = ks_f32_to_f16(mn[i]);
         b[kv->hd + i] = ks_f32_to_f16(mx[i]);
@@ -182,19 +228,24 @@ static void meta_add(ks_kv_store *kv, kv_layer *L, int32_t id, int32_t slot, int
         memcpy(mn, key, sizeof(float) * kv->hd);
         memcpy(mx, key, sizeof(float) * kv->hd);
         memcpy(sm, key, sizeof(float) * kv->hd);
-        ks_kv_meta_bounds16(kv, L, id);
+        ks_kv_meta_compact_bounds(kv, L, id);
     } else {
+        bool widened = false;
         for (int i = 0; i < kv->hd; i++) {
             if (key[i] < mn[i]) {
                 mn[i] = key[i];
+                widened = true;
                 if (b16) b16[i] = ks_f32_to_f16(key[i]);
             }
             if (key[i] > mx[i]) {
                 mx[i] = key[i];
+                widened = true;
                 if (b16) b16[kv->hd + i] = ks_f32_to_f16(key[i]);
             }
             sm[i] += key[i];
         }
+        if (widened) /* the scale may have grown: the whole page's 8-bit bounds again */
+            ks_kv_bounds8_encode(mn, mx, kv->hd, L->kbound8 + (size_t)id * ks_kv_bounds8_bytes(kv->hd));
     }
     L->pos[(size_t)id * kv->P + slot] = pos;
     L->fill[id] = slot + 1;
@@ -334,6 +385,16 @@ void ks_kv_page_meta_get(const ks_kv_store *kv, int32_t seq, int32_t layer, int3
     out->kmax = L->kmax + (size_t)id * kv->hd;
     out->ksum = L->ksum + (size_t)id * kv->hd;
     out->kbound16 = L->kbound16 ? L->kbound16 + (size_t)id * 2 * kv->hd : NULL;
+    out->kbound8 = L->kbound8 + (size_t)id * ks_kv_bounds8_bytes(kv->hd);
+}
+
+void ks_kv_pages_bounds8(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t np,
+                         const uint8_t **out) {
+    KS_ASSERT(np >= 0 && np <= ks_kv_n_pages(kv, seq, layer, head));
+    const kv_layer *L = &kv->layers[layer];
+    const int32_t *tab = kv_table_of(kv, seq, layer, head);
+    size_t stride = ks_kv_bounds8_bytes(kv->hd);
+    for (int32_t lp = 0; lp < np; lp++) out[lp] = L->kbound8 + (size_t)tab[lp] * stride;
 }
 
 bool ks_kv_pages_bounds16(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t np,

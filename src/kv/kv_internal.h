@@ -30,6 +30,7 @@ typedef struct {
     int32_t *pos;         /* [n_phys][P] positions */
     float *kmin, *kmax, *ksum; /* [n_phys][head_dim] key summaries */
     uint16_t *kbound16;   /* [n_phys][2][head_dim] kmin then kmax as f16 (f16 KV only, else NULL) */
+    uint8_t *kbound8;     /* [n_phys][ks_kv_bounds8_bytes(head_dim)] 8-bit outward-rounded bounds (kv_meta.h) */
     ks_copy_event ev;
     bool fail_reads;
 } kv_layer;
@@ -115,7 +116,8 @@ void ks_kv_parked_free(kv_parked *pk);
 int32_t ks_kv_page_alloc(ks_kv_store *kv, kv_layer *L, int32_t seq, int32_t head, int32_t lp);
 void ks_kv_head_clear(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head);
 
-/* Rewrite page id's f16 bounds from its f32 kmin / kmax (no-op without them). */
-void ks_kv_meta_bounds16(ks_kv_store *kv, kv_layer *L, int32_t id);
+/* Rewrite page id's compact bounds (f16 where the cache keeps them, 8-bit
+ * always) from its f32 kmin / kmax. */
+void ks_kv_meta_compact_bounds(ks_kv_store *kv, kv_layer *L, int32_t id);
 
 #endif

@@ -14,6 +14,7 @@
 
 #include "kvsieve.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct ks_kv_store ks_kv_store;
@@ -35,9 +36,24 @@ typedef struct ks_kv_page_meta {
      * bound computed from them equals the f32 one bit for bit while a page
      * scorer reads half the bytes, in one block per page. */
     const uint16_t *kbound16;
+    /* The 8-bit bounds every cache keeps (ks_kv_bounds8_bytes(head_dim)):
+     * an f32 scale s, then int8 lo[head_dim], then int8 hi[head_dim], with
+     * lo[i] * s <= kmin[i] and hi[i] * s >= kmax[i] (rounded outward, s =
+     * max |k| / 126), so a bound computed from them is never below the exact
+     * one (up to the float rounding of its sum) and at most about two steps
+     * of s per channel above it, from a quarter of f32's bytes. */
+    const uint8_t *kbound8;
 } ks_kv_page_meta;
 void ks_kv_page_meta_get(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp,
                          ks_kv_page_meta *out);
+/* Bytes of one page's 8-bit bounds: 4 + 2 head_dim, rounded up to 4. */
+size_t ks_kv_bounds8_bytes(int32_t hd);
+/* The 8-bit bounds (layout above) of per-channel key bounds kmin, kmax [hd]
+ * into out[ks_kv_bounds8_bytes(hd)]. */
+void ks_kv_bounds8_encode(const float *kmin, const float *kmax, int32_t hd, uint8_t *out);
+/* The kbound8 of logical pages [0, np) in one call (out[np]). */
+void ks_kv_pages_bounds8(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t np,
+                         const uint8_t **out);
 /* The kbound16 of logical pages [0, np) in one call (out[np]); false, and
  * nothing written, when the cache keeps no f16 bounds. */
 bool ks_kv_pages_bounds16(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t np,

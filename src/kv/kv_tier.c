@@ -554,7 +554,7 @@ ks_status ks_kv_seq_unpark(ks_kv_store *kv, int32_t seq) {
                 memcpy(L->kmin + (size_t)id * hd, pk->kmin + (size_t)k * hd, sizeof(float) * hd);
                 memcpy(L->kmax + (size_t)id * hd, pk->kmax + (size_t)k * hd, sizeof(float) * hd);
                 memcpy(L->ksum + (size_t)id * hd, pk->ksum + (size_t)k * hd, sizeof(float) * hd);
-                ks_kv_meta_bounds16(kv, L, id);
+                ks_kv_meta_compact_bounds(kv, L, id);
             }
         }
     }

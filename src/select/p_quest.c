@@ -10,28 +10,43 @@
  * `group=mean|softmax` as alternatives).  The first two layers stay dense as
  * in the paper (--dense-layers overrides); the last page is always in the
  * recent window.
+ * The bounds are read every step for every page, so at long contexts and
+ * many sequences their bytes rival the selected KV's (a page of 32 f16 keys
+ * at hd 64 has 256 bytes of f16 bounds against 8 KB of K and V, but a step
+ * reads every page's bounds and only B / P pages).  `bounds=q8` scores from
+ * the store's 8-bit bounds instead (kv_meta.h: rounded outward, so still an
+ * upper bound, a looser one), half the bytes of the f16 bounds; the paper
+ * keeps them in the keys' own precision, and `bounds=f16` (the default)
+ * does, bit for bit.
  */
 #include "select/policy.h"
 
 #include <math.h>
 #include <stdatomic.h>
+#include <string.h>
 
 typedef struct {
     ks_policy_env env;
     ks_group_reduce group;
+    bool bounds8; /* score from the 8-bit page bounds */
     _Atomic uint64_t bytes_read; /* page bounds scored (selections run on every worker) */
 } quest_state;
 
-static const char *const quest_args[] = {"group", NULL};
+static const char *const quest_args[] = {"group", "bounds", NULL};
 
 static ks_status quest_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
     char g[16];
     KS_TRY(ks_args_str(p->args, "group", "max", g, sizeof g));
     ks_group_reduce how;
     KS_TRY(ks_group_reduce_parse(g, &how));
+    char b[16];
+    KS_TRY(ks_args_str(p->args, "bounds", "f16", b, sizeof b));
+    if (strcmp(b, "f16") && strcmp(b, "q8"))
+        return KS_FAIL(KS_ERR_INVALID_ARG, "quest: bounds=%s: expected f16 or q8", b);
     quest_state *s = ks_calloc(1, sizeof *s);
     s->env = *env;
     s->group = how;
+    s->bounds8 = !strcmp(b, "q8");
     *state = s;
     return KS_OK;
 }
@@ -59,14 +74,19 @@ static ks_status quest_select(void *state, const ks_select_req *req, ks_selectio
     }
     float *sc = ks_malloc(sizeof(float) * (size_t)np * (G + 1));
     float *red = sc + (size_t)np * G;
-    /* an f16 cache's store keeps f16 bounds: every page scored in one call
-     * from half the bytes (the group max fused in); otherwise page by page
-     * from the f32 summaries */
-    const uint16_t **kb = ks_malloc(sizeof(*kb) * (size_t)np);
-    bool f16 = ks_policy_kv_pages_bounds16(env, req->seq, req->layer, req->head, np, kb);
-    bool fused = f16 && s->group == KS_GROUP_MAX;
-    if (f16) {
-        ks_page_upper_bounds16_pages(req->q, G, kb, np, hd, fused ? NULL : sc, fused ? red : NULL);
+    /* the store's compact bounds: every page scored in one call (the group
+     * max fused in), from the 8-bit bounds with bounds=q8, else from an f16
+     * cache's f16 bounds; otherwise (a caller's metadata, or f16 bounds
+     * asked of another cache) page by page from the f32 summaries */
+    void *kb = ks_malloc(sizeof(void *) * (size_t)np);
+    bool b8 = s->bounds8 && ks_policy_kv_pages_bounds8(env, req->seq, req->layer, req->head, np, (const uint8_t **)kb);
+    bool f16 = !b8 && ks_policy_kv_pages_bounds16(env, req->seq, req->layer, req->head, np, (const uint16_t **)kb);
+    bool fused = (b8 || f16) && s->group == KS_GROUP_MAX;
+    if (b8) {
+        ks_page_upper_bounds8_pages(req->q, G, (const uint8_t *const *)kb, np, hd, fused ? NULL : sc, fused ? red : NULL);
+    } else if (f16) {
+        ks_page_upper_bounds16_pages(req->q, G, (const uint16_t *const *)kb, np, hd, fused ? NULL : sc,
+                                     fused ? red : NULL);
     } else {
         for (int32_t p = 0; p < np; p++) {
             ks_kv_page_meta m;
@@ -75,7 +95,7 @@ static ks_status quest_select(void *state, const ks_select_req *req, ks_selectio
         }
     }
     ks_free(kb);
-    uint64_t bytes = (uint64_t)np * 2 * hd * (f16 ? sizeof(uint16_t) : sizeof(float));
+    uint64_t bytes = b8 ? (uint64_t)np * ks_kv_bounds8_bytes(hd) : (uint64_t)np * 2 * hd * (f16 ? sizeof(uint16_t) : sizeof(float));
     if (s->group == KS_GROUP_SOFTMAX_MEAN) /* bounds are logits: scale like attention */
         for (size_t i = 0; i < (size_t)np * G; i++) sc[i] /= sqrtf((float)hd);
     atomic_fetch_add_explicit(&s->bytes_read, bytes, memory_order_relaxed);

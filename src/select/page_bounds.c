@@ -16,6 +16,13 @@
 #include <math.h>
 #include <string.h>
 
+/* A page's 8-bit bounds (kv_meta.h): the scale, then int8 lo[hd], hi[hd]. */
+static inline float bounds8_scale(const uint8_t *b) {
+    float s;
+    memcpy(&s, b, sizeof s);
+    return s;
+}
+
 #if defined(__x86_64__)
 /* Eight lanes of max(q*min, q*max), summed at the end: the scalar loop's add
  * chain made Quest's page scoring ~12% of a 16K decode step on AVX2 hosts. */
@@ -81,54 +88,67 @@ KS_AVX2_TGT static float page_upper_bound_avx2(const float *q, const float *kmin
 PAGE_BOUNDS_AVX512(page_upper_bounds_avx512, float, LOAD_F32, SCALAR_F32)
 PAGE_BOUNDS_AVX512(page_upper_bounds16_avx512, uint16_t, LOAD_F16, SCALAR_F16)
 
-/* ks_page_upper_bounds16_pages, AVX-512, hd a multiple of 16: for each
- * group of up to four heads, q+ and q- once; then per four pages and 16
- * channels, the pages' lo and hi converted once and two FMAs per (page,
- * head) into sixteen accumulators, reduced together at the end. */
-__attribute__((target("avx512f,avx512dq,avx512vl,f16c"))) static void page_bounds16_pages_avx512(
-    const float *q, int32_t G, const uint16_t *const *kb, int32_t np, int32_t hd, float *out, float *red_max) {
-    float qp[4][512] __attribute__((aligned(64))), qn[4][512] __attribute__((aligned(64)));
-    for (int32_t g0 = 0; g0 < G; g0 += 4) {
-        int32_t ng = G - g0 < 4 ? G - g0 : 4;
-        for (int32_t g = 0; g < 4; g++)
-            for (int32_t i = 0; i < hd; i++) {
-                float x = g < ng ? q[(size_t)(g0 + g) * hd + i] : 0.0f;
-                qp[g][i] = x > 0 ? x : 0.0f;
-                qn[g][i] = x < 0 ? x : 0.0f;
-            }
-        for (int32_t p = 0; p < np; p += 4) {
-            int32_t nr = np - p < 4 ? np - p : 4;
-            const uint16_t *b[4];
-            for (int32_t r = 0; r < 4; r++) b[r] = kb[p + (r < nr ? r : 0)]; /* a short group repeats a page */
-            if (g0 == 0 && p + 12 <= np) /* the pages two groups ahead: their ids need not be adjacent */
-                for (int32_t r = 8; r < 12; r++) ks_prefetch_lines(kb[p + r], 4 * (size_t)hd);
-            __m512 acc[16];
-            _Pragma("GCC unroll 16") for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
-            for (int32_t i = 0; i < hd; i += 16) {
-                __m512 lo[4], hi[4];
-                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
-                    lo[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(b[r] + i)));
-                    hi[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(b[r] + hd + i)));
-                }
-                _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
-                    __m512 pp = _mm512_load_ps(&qp[g][i]), pn = _mm512_load_ps(&qn[g][i]);
-                    _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)
-                        acc[4 * r + g] = _mm512_fmadd_ps(pp, hi[r], _mm512_fmadd_ps(pn, lo[r], acc[4 * r + g]));
-                }
-            }
-            float s[16];
-            _mm512_storeu_ps(s, ks_avx512_reduce16(acc)); /* lane 4 * page + head */
-            for (int32_t r = 0; r < nr; r++) {
-                float mx = s[4 * r];
-                for (int32_t g = 0; g < ng; g++) {
-                    if (out) out[(size_t)(g0 + g) * np + p + r] = s[4 * r + g];
-                    mx = s[4 * r + g] > mx ? s[4 * r + g] : mx;
-                }
-                if (red_max) red_max[p + r] = g0 == 0 || mx > red_max[p + r] ? mx : red_max[p + r];
-            }
-        }
+/* ks_page_upper_bounds16_pages and ks_page_upper_bounds8_pages, AVX-512, hd
+ * a multiple of 16: for each group of up to four heads, q+ and q- once;
+ * then per four pages and 16 channels, the pages' lo and hi converted once
+ * and two FMAs per (page, head) into sixteen accumulators, reduced together
+ * at the end and times the page's scale (1 for f16 bounds). */
+#define PAGES_AVX512(NAME, KT, LOAD_LO, LOAD_HI, SCALE, BYTES)                                                     \
+    __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,f16c"))) static void NAME(                          \
+        const float *q, int32_t G, const KT *const *kb, int32_t np, int32_t hd, float *out, float *red_max) {      \
+        float qp[4][512] __attribute__((aligned(64))), qn[4][512] __attribute__((aligned(64)));                   \
+        for (int32_t g0 = 0; g0 < G; g0 += 4) {                                                                   \
+            int32_t ng = G - g0 < 4 ? G - g0 : 4;                                                                 \
+            for (int32_t g = 0; g < 4; g++)                                                                       \
+                for (int32_t i = 0; i < hd; i++) {                                                                \
+                    float x = g < ng ? q[(size_t)(g0 + g) * hd + i] : 0.0f;                                       \
+                    qp[g][i] = x > 0 ? x : 0.0f;                                                                  \
+                    qn[g][i] = x < 0 ? x : 0.0f;                                                                  \
+                }                                                                                                 \
+            for (int32_t p = 0; p < np; p += 4) {                                                                 \
+                int32_t nr = np - p < 4 ? np - p : 4;                                                             \
+                const KT *b[4];                                                                                   \
+                for (int32_t r = 0; r < 4; r++) b[r] = kb[p + (r < nr ? r : 0)]; /* a short group repeats a page */ \
+                if (g0 == 0 && p + 12 <= np) /* the pages two groups ahead: their ids need not be adjacent */    \
+                    for (int32_t r = 8; r < 12; r++) ks_prefetch_lines(kb[p + r], BYTES);                        \
+                __m512 acc[16];                                                                                   \
+                _Pragma("GCC unroll 16") for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();               \
+                for (int32_t i = 0; i < hd; i += 16) {                                                            \
+                    __m512 lo[4], hi[4];                                                                          \
+                    _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                                         \
+                        lo[r] = LOAD_LO(b[r], i);                                                                 \
+                        hi[r] = LOAD_HI(b[r], i);                                                                 \
+                    }                                                                                             \
+                    _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {                                         \
+                        __m512 pp = _mm512_load_ps(&qp[g][i]), pn = _mm512_load_ps(&qn[g][i]);                    \
+                        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                       \
+                            acc[4 * r + g] = _mm512_fmadd_ps(pp, hi[r], _mm512_fmadd_ps(pn, lo[r], acc[4 * r + g])); \
+                    }                                                                                             \
+                }                                                                                                 \
+                float s[16];                                                                                      \
+                _mm512_storeu_ps(s, ks_avx512_reduce16(acc)); /* lane 4 * page + head */                         \
+                for (int32_t r = 0; r < nr; r++) {                                                                \
+                    float sc = SCALE(b[r]);                                                                       \
+                    float mx = s[4 * r] * sc;                                                                     \
+                    for (int32_t g = 0; g < ng; g++) {                                                            \
+                        float v = s[4 * r + g] * sc;                                                              \
+                        if (out) out[(size_t)(g0 + g) * np + p + r] = v;                                          \
+                        mx = v > mx ? v : mx;                                                                     \
+                    }                                                                                             \
+                    if (red_max) red_max[p + r] = g0 == 0 || mx > red_max[p + r] ? mx : red_max[p + r];          \
+                }                                                                                                 \
+            }                                                                                                     \
+        }                                                                                                         \
     }
-}
+#define LO16(b, i) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)((b) + (i))))
+#define HI16(b, i) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)((b) + hd + (i))))
+#define ONE(b) 1.0f
+/* the f16 products times 1.0f are the products: bounds as before, bit for bit */
+PAGES_AVX512(page_bounds16_pages_avx512, uint16_t, LO16, HI16, ONE, 4 * (size_t)hd)
+#define LO8(b, i) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)((b) + 4 + (i)))))
+#define HI8(b, i) \
+    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)((b) + 4 + hd + (i)))))
+PAGES_AVX512(page_bounds8_pages_avx512, uint8_t, LO8, HI8, bounds8_scale, 4 + 2 * (size_t)hd)
 #endif
 
 void ks_page_upper_bounds(const float *q, int32_t G, const float *kmin, const float *kmax, int32_t hd, float *out,
@@ -173,6 +193,31 @@ void ks_page_upper_bounds16_pages(const float *q, int32_t G, const uint16_t *con
                 if (red_max) red_max[p] = (g0 == 0 && g == 0) || one[g] > red_max[p] ? one[g] : red_max[p];
             }
         }
+}
+
+void ks_page_upper_bounds8_pages(const float *q, int32_t G, const uint8_t *const *kb, int32_t np, int32_t hd,
+                                 float *out, float *red_max) {
+#if defined(__x86_64__)
+    if (hd % 16 == 0 && hd <= 512 && ks_simd_current() >= KS_SIMD_AVX512) {
+        page_bounds8_pages_avx512(q, G, kb, np, hd, out, red_max);
+        return;
+    }
+#endif
+    for (int32_t p = 0; p < np; p++) {
+        const int8_t *lo = (const int8_t *)(kb[p] + 4), *hi = lo + hd;
+        float sc = bounds8_scale(kb[p]);
+        for (int32_t g = 0; g < G; g++) {
+            const float *qg = q + (size_t)g * hd;
+            float s = 0;
+            for (int32_t i = 0; i < hd; i++) {
+                float a = qg[i] * (float)lo[i], b = qg[i] * (float)hi[i];
+                s += a > b ? a : b;
+            }
+            s *= sc;
+            if (out) out[(size_t)g * np + p] = s;
+            if (red_max) red_max[p] = g == 0 || s > red_max[p] ? s : red_max[p];
+        }
+    }
 }
 
 float ks_page_upper_bound(const float *q, const float *kmin, const float *kmax, int32_t hd) {

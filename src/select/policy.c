@@ -94,6 +94,12 @@ int32_t ks_policy_kv_n_pages(const ks_policy_env *env, int32_t seq, int32_t laye
     int32_t P = env->meta->page_size;
     return (env->meta->n_entries(env->meta->ctx, seq, layer, head) + P - 1) / P;
 }
+bool ks_policy_kv_pages_bounds8(const ks_policy_env *env, int32_t seq, int32_t layer, int32_t head, int32_t np,
+                                const uint8_t **out) {
+    if (env->meta) return false; /* caller summaries are f32 */
+    ks_kv_pages_bounds8(env->kv, seq, layer, head, np, out);
+    return true;
+}
 bool ks_policy_kv_pages_bounds16(const ks_policy_env *env, int32_t seq, int32_t layer, int32_t head, int32_t np,
                                  const uint16_t **out) {
     return !env->meta && ks_kv_pages_bounds16(env->kv, seq, layer, head, np, out); /* caller summaries are f32 */

@@ -107,6 +107,10 @@ int32_t ks_policy_kv_n_pages(const ks_policy_env *env, int32_t seq, int32_t laye
  * one call; false where the cache (or a caller's metadata) has none. */
 bool ks_policy_kv_pages_bounds16(const ks_policy_env *env, int32_t seq, int32_t layer, int32_t head, int32_t np,
                                  const uint16_t **out);
+/* Every page's 8-bit bounds (ks_kv_page_meta.kbound8) of pages [0, np);
+ * false where the metadata is a caller's (f32 only). */
+bool ks_policy_kv_pages_bounds8(const ks_policy_env *env, int32_t seq, int32_t layer, int32_t head, int32_t np,
+                                const uint8_t **out);
 void ks_policy_kv_page_meta(const ks_policy_env *env, int32_t seq, int32_t layer, int32_t head, int32_t lp,
                             ks_kv_page_meta *out);
 
@@ -349,6 +353,12 @@ void ks_page_upper_bounds16(const float *q, int32_t G, const uint16_t *kbound16,
  * instructions; other levels call it page by page. */
 void ks_page_upper_bounds16_pages(const float *q, int32_t G, const uint16_t *const *kb, int32_t np, int32_t hd,
                                   float *out, float *red_max);
+/* The same from each page's 8-bit bounds kb[p] (kv_meta.h's kbound8):
+ * s * sum_i (q+_i hi_i + q-_i lo_i), an upper bound at least the exact one
+ * up to rounding, from half the f16 bounds' bytes.  AVX-512 as above; other
+ * levels a portable loop (the same bounds up to rounding). */
+void ks_page_upper_bounds8_pages(const float *q, int32_t G, const uint8_t *const *kb, int32_t np, int32_t hd,
+                                 float *out, float *red_max);
 
 typedef enum ks_group_reduce { KS_GROUP_MAX = 0, KS_GROUP_MEAN = 1, KS_GROUP_SOFTMAX_MEAN = 2 } ks_group_reduce;
 /* scores [G][n] -> out [n] by the reduction (softmax_mean: softmax over n per

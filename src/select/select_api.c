@@ -186,6 +186,7 @@ static void meta_page(void *ctx, int32_t seq, int32_t layer, int32_t head, int32
     out->fill = h->n_entries - first < P ? h->n_entries - first : P;
     out->pos = h->pos ? h->pos + first : s->iota + first;
     out->kbound16 = NULL; /* caller-given summaries are f32 only */
+    out->kbound8 = NULL;
     if (h->page_kmin) {
         out->kmin = h->page_kmin + (size_t)lp * hd;
         out->kmax = h->page_kmax + (size_t)lp * hd;
