@@ -173,7 +173,7 @@ size_t ks_kv_bounds8_bytes(int32_t hd) { return (sizeof(float) + 2 * (size_t)hd 
 /* The 8-bit bounds of kv_meta.h: s = m / 126 for m = max |kmin|, |kmax|
  * (126, not 127: 127 s rounded may fall short of m), lo = floor(kmin / s)
  * and hi = ceil(kmax / s), each stepped outward once more where the float
- * product still lands inside (the division rounds).  |kmin / s| <= 126 up
+ * product still lands inside (1 / s and the products round).  |kmin / s| <= 126 up
  * to rounding, so lo - 1 >= -128 and hi + 1 <= 127 fit.  A non-finite key
  * gives the widest finite bounds, so the page is never ranked below a
  * finite one by accident. */
@@ -192,13 +192,14 @@ void ks_kv_bounds8_encode(const float *kmin, const float *kmax, int32_t hd, uint
         s = FLT_MAX / 128.0f;
         memset(lo, -127, (size_t)hd);
         memset(hi, 127, (size_t)hd);
-    } else if (s == 0.0f) { /* every key zero (or below m / 126's underflow): */
-        s = m > 0.0f ? m : 0.0f; /* +-1 step of m, which covers them */
+    } else if (s < FLT_MIN) { /* every key zero, or so small that s (and 1 / s) leave the normal range: */
+        s = m;                  /* +-1 step of m, which covers them */
         memset(lo, m > 0.0f ? -1 : 0, (size_t)hd);
         memset(hi, m > 0.0f ? 1 : 0, (size_t)hd);
     } else {
+        float inv = 1.0f / s; /* a product off by an ulp moves floor / ceil by at most one: the steps below */
         for (int32_t i = 0; i < hd; i++) {
-            int l = (int)floorf(kmin[i] / s), h = (int)ceilf(kmax[i] / s);
+            int l = (int)floorf(kmin[i] * inv), h = (int)ceilf(kmax[i] * inv);
             if ((float)l * s > kmin[i]) l--;
             if ((float)h * s < kmax[i]) h++;
             KS_ASSERT(l >= -128 && h <= 127);
