@@ -99,6 +99,9 @@ PAGE_BOUNDS_AVX512(page_upper_bounds16_avx512, uint16_t, LOAD_F16, SCALAR_F16)
         float qp[4][512] __attribute__((aligned(64))), qn[4][512] __attribute__((aligned(64)));                   \
         for (int32_t g0 = 0; g0 < G; g0 += 4) {                                                                   \
             int32_t ng = G - g0 < 4 ? G - g0 : 4;                                                                 \
+            const __m512i rep4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);               \
+            const __m512i first4 = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);            \
+            const __mmask16 present = (__mmask16)(0x1111 * ((1u << ng) - 1)); /* lanes of heads < ng */          \
             for (int32_t g = 0; g < 4; g++)                                                                       \
                 for (int32_t i = 0; i < hd; i++) {                                                                \
                     float x = g < ng ? q[(size_t)(g0 + g) * hd + i] : 0.0f;                                       \
@@ -125,8 +128,20 @@ PAGE_BOUNDS_AVX512(page_upper_bounds16_avx512, uint16_t, LOAD_F16, SCALAR_F16)
                             acc[4 * r + g] = _mm512_fmadd_ps(pp, hi[r], _mm512_fmadd_ps(pn, lo[r], acc[4 * r + g])); \
                     }                                                                                             \
                 }                                                                                                 \
+                __m512 bv = ks_avx512_reduce16(acc); /* lane 4 * page + head */                                  \
+                if (!out && nr == 4) { /* the group max alone, in registers */                                  \
+                    bv = _mm512_mul_ps(bv, _mm512_permutexvar_ps(rep4, _mm512_castps128_ps512(_mm_setr_ps(         \
+                                             SCALE(b[0]), SCALE(b[1]), SCALE(b[2]), SCALE(b[3])))));             \
+                    bv = _mm512_mask_blend_ps(present, _mm512_set1_ps(-INFINITY), bv);                             \
+                    bv = _mm512_max_ps(bv, _mm512_permute_ps(bv, 0xB1));                                             \
+                    bv = _mm512_max_ps(bv, _mm512_permute_ps(bv, 0x4E)); /* lane 4 * page: the page's max */        \
+                    __m128 m = _mm512_castps512_ps128(_mm512_permutexvar_ps(first4, bv));                          \
+                    if (g0 > 0) m = _mm_max_ps(m, _mm_loadu_ps(red_max + p));                                     \
+                    _mm_storeu_ps(red_max + p, m);                                                                \
+                    continue;                                                                                     \
+                }                                                                                                 \
                 float s[16];                                                                                      \
-                _mm512_storeu_ps(s, ks_avx512_reduce16(acc)); /* lane 4 * page + head */                         \
+                _mm512_storeu_ps(s, bv);                                                                           \
                 for (int32_t r = 0; r < nr; r++) {                                                                \
                     float sc = SCALE(b[r]);                                                                       \
                     float mx = s[4 * r] * sc;                                                                     \
