@@ -346,6 +346,12 @@ static ks_status fresh_select(freekv_state *s, const ks_select_req *req, const f
     int32_t nm = 0; /* competing pages */
     for (int32_t p = lo; p <= hi; p++)
         if (p >= sp && p < np - rp) map[nm++] = p;
+    /* pages whose box is the store's own min / max (kept in f16 too, the
+     * same values) are scored together, as Quest scores them (half the
+     * bytes, four pages x four heads a pass); the edge page and centre
+     * boxes one by one */
+    const uint16_t **kb16 = ks_malloc(sizeof(*kb16) * (size_t)(nm > 0 ? nm : 1));
+    int32_t *at16 = ks_malloc(sizeof(int32_t) * (size_t)(nm > 0 ? nm : 1)), n16 = 0;
     for (int32_t i = 0; i < nm && st == KS_OK; i++) {
         const float *bl, *bh;
         if (map[i] == edge_page) {
@@ -356,10 +362,24 @@ static ks_status fresh_select(freekv_state *s, const ks_select_req *req, const f
             ks_policy_kv_page_meta(env, seq, layer, head, map[i], &mt);
             st = page_box(s, slot, seq, layer, head, map[i], &mt, keys, &bl, &bh);
             if (st != KS_OK) break;
+            if (bl == mt.kmin && mt.kbound16) {
+                kb16[n16] = mt.kbound16;
+                at16[n16++] = i;
+                continue;
+            }
         }
         for (int32_t g = 0; g < G; g++)
             sc[(size_t)g * nm + i] = s->scale * ks_page_upper_bound(q + (size_t)g * hd, bl, bh, hd);
     }
+    if (st == KS_OK && n16 > 0) {
+        float *b16 = ks_malloc(sizeof(float) * (size_t)n16 * G);
+        ks_page_upper_bounds16_pages(q, G, kb16, n16, hd, b16, NULL);
+        for (int32_t g = 0; g < G; g++)
+            for (int32_t j = 0; j < n16; j++) sc[(size_t)g * nm + at16[j]] = s->scale * b16[(size_t)g * n16 + j];
+        ks_free(b16);
+    }
+    ks_free(kb16);
+    ks_free(at16);
     if (st == KS_OK && nm > 0) {
         ks_group_reduce_scores(sc, G, nm, KS_GROUP_SOFTMAX_MEAN, red);
         int32_t got = ks_topk_scratch(red, nm, k - m, top, sc); /* the per-head scores are spent */
