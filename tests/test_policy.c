@@ -206,6 +206,9 @@ static void test_bad_policy_args(void **state) {
     p.policy = "quest";
     p.policy_args = "group=median";
     assert_int_equal(ks_context_create(g_gqa, p, &c), KS_ERR_INVALID_ARG);
+    p.policy_args = "bounds=q4"; /* refused by name, not taken as f16 */
+    assert_int_equal(ks_context_create(g_gqa, p, &c), KS_ERR_INVALID_ARG);
+    assert_non_null(strstr(ks_last_error(), "bounds=q4"));
     p.policy_args = "nokey=1";
     assert_int_equal(ks_context_create(g_gqa, p, &c), KS_ERR_INVALID_ARG);
     assert_non_null(strstr(ks_last_error(), "nokey"));

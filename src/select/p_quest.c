@@ -95,7 +95,8 @@ static ks_status quest_select(void *state, const ks_select_req *req, ks_selectio
         }
     }
     ks_free(kb);
-    uint64_t bytes = b8 ? (uint64_t)np * ks_kv_bounds8_bytes(hd) : (uint64_t)np * 2 * hd * (f16 ? sizeof(uint16_t) : sizeof(float));
+    uint64_t bytes = b8 ? (uint64_t)np * ks_kv_bounds8_bytes(hd)
+                        : (uint64_t)np * 2 * hd * (f16 ? sizeof(uint16_t) : sizeof(float));
     if (s->group == KS_GROUP_SOFTMAX_MEAN) /* bounds are logits: scale like attention */
         for (size_t i = 0; i < (size_t)np * G; i++) sc[i] /= sqrtf((float)hd);
     atomic_fetch_add_explicit(&s->bytes_read, bytes, memory_order_relaxed);

@@ -218,19 +218,20 @@ void ks_page_upper_bounds8_pages(const float *q, int32_t G, const uint8_t *const
         return;
     }
 #endif
+    float b[2 * 512], one[64]; /* a page's int8 steps as floats, then the f32 bound times its scale */
+    KS_ASSERT(hd <= 512);
     for (int32_t p = 0; p < np; p++) {
-        const int8_t *lo = (const int8_t *)(kb[p] + 4), *hi = lo + hd;
+        const int8_t *lohi = (const int8_t *)(kb[p] + 4);
+        for (int32_t i = 0; i < 2 * hd; i++) b[i] = (float)lohi[i];
         float sc = bounds8_scale(kb[p]);
-        for (int32_t g = 0; g < G; g++) {
-            const float *qg = q + (size_t)g * hd;
-            float s = 0;
-            for (int32_t i = 0; i < hd; i++) {
-                float a = qg[i] * (float)lo[i], b = qg[i] * (float)hi[i];
-                s += a > b ? a : b;
+        for (int32_t g0 = 0; g0 < G; g0 += 64) { /* the heads in chunks of 64 */
+            int32_t ng = G - g0 < 64 ? G - g0 : 64;
+            ks_page_upper_bounds(q + (size_t)g0 * hd, ng, b, b + hd, hd, one, 1);
+            for (int32_t g = 0; g < ng; g++) {
+                float v = one[g] * sc;
+                if (out) out[(size_t)(g0 + g) * np + p] = v;
+                if (red_max) red_max[p] = (g0 == 0 && g == 0) || v > red_max[p] ? v : red_max[p];
             }
-            s *= sc;
-            if (out) out[(size_t)g * np + p] = s;
-            if (red_max) red_max[p] = g == 0 || s > red_max[p] ? s : red_max[p];
         }
     }
 }

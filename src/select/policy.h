@@ -356,7 +356,7 @@ void ks_page_upper_bounds16_pages(const float *q, int32_t G, const uint16_t *con
 /* The same from each page's 8-bit bounds kb[p] (kv_meta.h's kbound8):
  * s * sum_i (q+_i hi_i + q-_i lo_i), an upper bound at least the exact one
  * up to rounding, from half the f16 bounds' bytes.  AVX-512 as above; other
- * levels a portable loop (the same bounds up to rounding). */
+ * levels the f32 bound over the decoded steps, page by page. */
 void ks_page_upper_bounds8_pages(const float *q, int32_t G, const uint8_t *const *kb, int32_t np, int32_t hd,
                                  float *out, float *red_max);
 
