@@ -1,0 +1,139 @@
+#!/usr/bin/python3
+"""needle_study.py — where selectors rank a passkey's needle at the answer's digits.
+
+    /usr/bin/python3 tools/needle_study.py [--length 4096] [--instances 4]
+        [--target models/kvsieve-default.gguf] [--dlm DIR ...]
+
+Average attention recall (tools/attention_study.py, make_dlm.py --report)
+weighs every query position alike; a retrieval task is decided at the few
+positions where the answer is copied from its needle.  This script builds
+passkey prompts from held-out text with the training script's generator,
+appends the answer, and at each digit of the answer (the first digit's
+position excluded: it predicts the space piece) finds the (layer, KV head)
+pairs that put at least 0.1 of their mass on the needle's sentence.  For
+each it prints the worst rank (0 = top) over the digits of the best needle
+entry under:
+
+  * a rank-r proxy: the exact queries against the keys projected on their
+    top-r principal directions (uncentred SVD of the head's post-RoPE keys),
+    for r = 16, 32, 48 and 64: the best any rank-r factorisation of the keys
+    (LRQK's A_K B_K) can rank it;
+  * each --dlm retrieval head: the draft's step-0 attention, log-softmax per
+    query head and the max over the group (as `spec` ranks), with YaRN past
+    the draft's trained length (as kvsieve loads it).
+
+A selector keeps the needle when its rank is below the budget printed with
+each instance (6% of the prompt, the eval's middle budget, before spec's and
+the framework's sinks and window are taken out).
+"""
+import argparse
+import math
+import os
+import random
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import make_dlm as MD  # noqa: E402
+import train_model as TM  # noqa: E402
+
+NEEDLE = "The pass key is %s. Remember it. %s is the pass key."
+
+
+def passkey_instance(r, src, sp, length):
+    """(token ids with the answer appended, prompt length, needle's [lo, hi) token range)."""
+    n_chars = length * 4
+    while True:
+        prompt, ans = TM.make_task("passkey", r, src, n_chars)[:2]
+        ids = [sp.bos_id()] + sp.encode(prompt)
+        if len(ids) <= length:
+            break
+        n_chars = int(n_chars * 0.9)
+    n_prompt = len(ids)
+    ids = ids + sp.encode(prompt + ans)[n_prompt - 1:]
+    key = ans.strip(" .")
+    at = prompt.find(NEEDLE % (key, key))
+    lo = len(sp.encode(prompt[:at])) - 1          # a token of margin each side: pieces may straddle
+    hi = len(sp.encode(prompt[:at + len(NEEDLE % (key, key))])) + 2
+    return ids, n_prompt, lo, hi
+
+
+def worst_rank(scores, qpos, lo, hi):
+    """scores [Q][T]: the worst over the queries of the best needle entry's rank among causal entries."""
+    worst = 0
+    for qi, qp in enumerate(qpos):
+        s = scores[qi, :qp + 1]
+        worst = max(worst, int((s > s[lo:hi].max()).sum()))
+    return worst
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", default=os.path.join(ROOT, "models", "kvsieve-default.gguf"))
+    ap.add_argument("--workdir", default=os.path.join(ROOT, "models", "train"), help="the target's tokenizer")
+    ap.add_argument("--cache", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--dlm", action="append", default=[], help="a retrieval head to rank with (repeatable)")
+    ap.add_argument("--length", type=int, default=4096)
+    ap.add_argument("--instances", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args(argv)
+    import torch
+    import sentencepiece as spm
+    torch.set_num_threads(a.threads)
+    MD.configure(a.target)
+    corpus = TM.build_corpus(a.cache, lambda m: None)
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(a.workdir, "tok.model"))
+    tgt = MD.load_target(torch, a.target)
+    drafts = []
+    for d in a.dlm:
+        draft, _ = MD.load_dlm(torch, d)
+        drafts.append((os.path.basename(os.path.normpath(d)), draft.eval()))
+    r = random.Random(a.seed)
+    src = TM.TextSource(corpus, "heldout", r)
+    G = TM.N_HEAD // TM.N_KV_HEAD
+    ranks = (16, 32, 48, 64)
+    for inst in range(a.instances):
+        ids, n_prompt, lo, hi = passkey_instance(r, src, sp, a.length)
+        T = len(ids)
+        qpos = list(range(n_prompt, T - 2))        # positions whose next token is a digit after the first
+        x = torch.tensor([ids])
+        att, hs = MD.target_attention(torch, tgt, x, qpos)
+        heads = []
+        for name, draft in drafts:
+            if T > MD.MAX_POS:
+                draft.set_yarn(T / MD.MAX_POS)
+            h3 = torch.cat([hs[i].float() for i in MD.AUX], -1)
+            h3 = torch.cat([torch.zeros_like(h3[:, :1]), h3[:, :-1]], 1)
+            with torch.no_grad():
+                q, k, _ = draft.qkv(tgt.tok.weight[x], draft.fc(h3), torch.arange(T, dtype=torch.float64))
+                qs = q[:, qpos].transpose(1, 2)
+                kr = k.transpose(1, 2).repeat_interleave(MD.HQ // MD.HKV, 1)
+                lp = torch.log_softmax(qs @ kr.transpose(-1, -2) / math.sqrt(MD.HD) + torch.where(
+                    torch.arange(T)[None, :] > torch.tensor(qpos)[:, None], float("-inf"), 0.0), -1)
+                heads.append((name, lp.view(MD.HKV, MD.HQ // MD.HKV, len(qpos), T).max(1).values))
+            draft.inv_freq = MD.ROPE_THETA ** (-torch.arange(0, MD.HD, 2, dtype=torch.float64) / MD.HD)
+            draft.mscale = 1.0
+        print("instance %d: %d tokens, needle at [%d, %d), budget 6%% = %d" % (inst, T, lo, hi, int(0.06 * T)))
+        for li, (p, k, q) in enumerate(att):
+            for kv in range(TM.N_KV_HEAD):
+                mass = float(p[0, kv, :, lo:hi].sum(-1).mean())
+                if mass < 0.1:
+                    continue
+                K = k[0, :, kv].double()
+                _, _, Vh = torch.linalg.svd(K, full_matrices=False)
+                Qg = q[0, kv * G:(kv + 1) * G].double()
+                cells = []
+                for rank in ranks:
+                    P = Vh[:rank].T @ Vh[:rank]
+                    cells.append("r%d %d" % (rank, worst_rank((Qg @ P @ K.T).max(0).values, qpos, lo, hi)))
+                for name, lp in heads:
+                    cells.append("%s %d" % (name, worst_rank(lp[kv], qpos, lo, hi)))
+                print("  layer %d KV head %d: needle mass %.2f; worst needle rank: %s" % (
+                    li, kv, mass, ", ".join(cells)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
