@@ -27,6 +27,15 @@ head, so the retrieval head's selection maps one to one.  RoPE: NeoX pairs
 (HF llama), base ROPE_THETA; trained at SEQ tokens, longer contexts through
 YaRN (training-free; kvsieve composes it at load time, see src/model/eagle3.c).
 
+--attn-weight W (not the paper's recipe: a documented deviation) adds W x
+KL(target attention || the retrieval head's attention) at sampled query
+positions, half of them where the target reads furthest back, with the
+target's attention reduced over its layers by the element-wise max (spec
+selects once for all layers).  It tests whether spec works when its premise
+is made to hold rather than hoped for.  --attn-seq trains that term on longer
+sequences than the TTT objective (which keeps the first SEQ tokens), so the
+head needs no YaRN up to that length.
+
 --report measures, on held-out sequences the training never saw:
   * top-1 agreement of the draft with the target, and the mean accepted
     length of a chain of up to 4 drafted tokens along the target's own greedy
@@ -102,9 +111,11 @@ def build_draft(torch, n_vocab):
             inv = ROPE_THETA ** (-torch.arange(0, HD, 2, dtype=torch.float64) / HD)
             self.register_buffer("inv_freq", inv, persistent=False)
             self.mscale = 1.0
+            self.max_pos = MAX_POS   # positions the draft's RoPE was trained to (config's max_position_embeddings)
 
-        def set_yarn(self, factor, orig=MAX_POS, beta_fast=32.0, beta_slow=1.0):
+        def set_yarn(self, factor, orig=None, beta_fast=32.0, beta_slow=1.0):
             """HF transformers' YaRN (_compute_yarn_parameters), training-free."""
+            orig = orig or self.max_pos
             base = ROPE_THETA
             pos_freq = base ** (torch.arange(0, HD, 2, dtype=torch.float64) / HD)
             inter, extra = 1.0 / (factor * pos_freq), 1.0 / pos_freq
@@ -184,14 +195,15 @@ def load_target(torch, path):
     return tgt
 
 
-def target_pass(torch, tgt, ids):
+def target_pass(torch, tgt, ids, states=False):
     """Teacher: logits [B][T][V] and the fused aux states, shifted so that
-    position t holds the states of t-1 (zeros at t = 0): EAGLE's input."""
+    position t holds the states of t-1 (zeros at t = 0): EAGLE's input;
+    with states, also every layer's input residual stream."""
     with torch.no_grad(), torch.autocast(TM.DEVICE, dtype=torch.bfloat16):
         logits, hs = tgt(ids, hidden=True)
     h3 = torch.cat([hs[a].float() for a in AUX], -1)
     h3 = torch.cat([torch.zeros_like(h3[:, :1]), h3[:, :-1]], 1)
-    return logits.float(), h3
+    return (logits.float(), h3, hs) if states else (logits.float(), h3)
 
 
 def draft_vocab(sp, stream, torch, n_seq=64, T=2048):
@@ -227,6 +239,48 @@ def ttt_loss(torch, draft, tgt_emb, ids, logits_t, h3, d_ids, steps=TTT_STEPS):
     return loss / steps, accs
 
 
+def target_probs(torch, tgt, hs, qpos, reduce="max"):
+    """The target's attention at query positions qpos [Q], averaged over the
+    query heads of each KV head, then the element-wise max (reduce="max") or
+    the mean ("mean") over layers, renormalised: [B][HKV][Q][T], rows summing to 1 over t <= qpos.  spec
+    selects once per step for all layers, so an entry any layer needs must be
+    selected: the max keeps a needle that one layer reads (0.4-0.5 of layer
+    5's mass at a passkey's digits) as a peak, where the mean over six
+    layers would flatten it."""
+    B, T, _ = hs[0].shape
+    pos = torch.arange(T, dtype=torch.float64, device=hs[0].device)
+    ang = (pos[:, None] * tgt.inv_freq.double()[None, :]).float()
+    cos, sin = ang.cos(), ang.sin()
+    acc = None
+    future = torch.arange(T, device=hs[0].device)[None, None, None, :] > qpos[None, None, :, None]
+    with torch.no_grad():
+        for li, b in enumerate(tgt.blocks):
+            h = b.attn_norm(hs[li].float())
+            q = rope_adj(torch, b.wq(h).view(B, T, TM.N_HEAD, TM.HEAD_DIM), cos, sin)
+            k = rope_adj(torch, b.wk(h).view(B, T, TM.N_KV_HEAD, TM.HEAD_DIM), cos, sin)
+            qs = q[:, qpos].transpose(1, 2)                                   # [B][H][Q][D]
+            kk = k.transpose(1, 2).repeat_interleave(TM.N_HEAD // TM.N_KV_HEAD, 1)
+            s = ((qs @ kk.transpose(-1, -2)) / math.sqrt(TM.HEAD_DIM)).masked_fill(future, float("-inf"))
+            p = torch.softmax(s, -1).view(B, TM.N_KV_HEAD, TM.N_HEAD // TM.N_KV_HEAD, len(qpos), T).mean(2)
+            acc = p if li == 0 else (torch.maximum(acc, p) if reduce == "max" else acc + p)
+    return acc / acc.sum(-1, keepdim=True)
+
+
+def attention_loss(torch, draft, tgt_emb, ids, h3, p_tgt, qpos):
+    """KL(target attention || the retrieval head's attention) at qpos: the
+    head's probabilities are averaged over the query heads of each KV head,
+    as the target's are.  The head's q / k are TTT step 0's (what spec runs)."""
+    B, T = ids.shape
+    q, k, _ = draft.qkv(tgt_emb[ids], draft.fc(h3), torch.arange(T, dtype=torch.float64, device=ids.device))
+    qs = q[:, qpos].transpose(1, 2).float()                                   # [B][HQ][Q][HD]
+    kk = k.transpose(1, 2).float().repeat_interleave(HQ // HKV, 1)
+    s = (qs @ kk.transpose(-1, -2)) / math.sqrt(HD)
+    future = torch.arange(T, device=ids.device)[None, None, None, :] > qpos[None, None, :, None]
+    p = torch.softmax(s.masked_fill(future, float("-inf")), -1).view(B, HKV, HQ // HKV, len(qpos), T).mean(2)
+    lp = torch.log(p.clamp_min(1e-30))
+    return (p_tgt * (torch.log(p_tgt.clamp_min(1e-30)) - lp)).sum(-1).mean()
+
+
 # safetensors name (EAGLE-3's checkpoint layout) -> the Draft's parameter
 _ST_NAMES = {"fc.weight": "fc.weight", "midlayer.hidden_norm.weight": "hidden_norm.weight",
              "midlayer.input_layernorm.weight": "input_layernorm.weight",
@@ -254,7 +308,7 @@ def save_dlm(out, draft, d_ids, info):
         "hidden_size": H, "target_hidden_size": H, "num_attention_heads": HQ, "num_key_value_heads": HKV,
         "head_dim": HD, "intermediate_size": N_FF, "num_hidden_layers": 1, "vocab_size": TM.N_VOCAB,
         "draft_vocab_size": DRAFT_VOCAB, "rms_norm_eps": TM.EPS, "rope_theta": ROPE_THETA,
-        "rope_scaling": None, "max_position_embeddings": MAX_POS,
+        "rope_scaling": None, "max_position_embeddings": draft.max_pos,
         "eagle_aux_hidden_state_layer_ids": AUX, "tie_word_embeddings": False, "torch_dtype": "float16",
         "kvsieve": info,
     }
@@ -269,6 +323,8 @@ def load_dlm(torch, out):
     draft = build_draft(torch, TM.N_VOCAB)
     draft.load_state_dict({_ST_NAMES[k]: torch.from_numpy(t[k].astype(np.float32)) for k in _ST_NAMES})
     d_ids = np.nonzero(t["t2d"])[0]
+    with open(os.path.join(out, "config.json")) as f:
+        draft.max_pos = json.load(f).get("max_position_embeddings", MAX_POS)
     assert np.array_equal(d_ids - np.arange(len(d_ids)), t["d2t"]), "d2t and t2d disagree"
     return draft, d_ids
 
@@ -330,7 +386,7 @@ def report(torch, tgt, draft, d_ids, sp, corpus, lengths, seed, log, n_seq=2, n_
     res = {}
     stream = heldout_stream(corpus, sp, seed)
     for L in lengths:
-        factor = max(1.0, L / MAX_POS)
+        factor = max(1.0, L / draft.max_pos)
         draft.set_yarn(factor) if factor > 1 else None
         X, _ = stream.batch(torch, n_seq, L)
         ids = X[:, :L]
@@ -448,6 +504,17 @@ def main(argv=None):
     ap.add_argument("--lengths", default="8192")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (training; the report runs on the CPU)")
     ap.add_argument("--max-minutes", type=float, default=0, help="stop training (with a checkpoint) after M minutes")
+    ap.add_argument("--attn-weight", type=float, default=0.0,
+                    help="add W x KL(the target's attention || the retrieval head's) to EAGLE-3's objective "
+                         "(0: EAGLE-3's objective alone, the paper's recipe)")
+    ap.add_argument("--attn-target", default="max", choices=["max", "mean"],
+                    help="the target attention the head learns: the max or the mean over layers")
+    ap.add_argument("--attn-seq", type=int, default=SEQ,
+                    help="sequence length of the attention term (longer than the TTT objective's %d: its first "
+                         "%d tokens feed the TTT objective); the draft's RoPE is then trained to this length" % (SEQ, SEQ))
+    ap.add_argument("--attn-queries", type=int, default=128, help="query positions per sequence for --attn-weight")
+    ap.add_argument("--init-from", default=None, help="start from this DLM directory's weights (fresh optimizer)")
+    ap.add_argument("--ckpt", default=None, help="training checkpoint (default: WORKDIR/dlm-ckpt.pt)")
     a = ap.parse_args(argv)
     if a.device == "cpu" and os.path.exists(TM.TCMALLOC) and TM.TCMALLOC not in os.environ.get("LD_PRELOAD", ""):
         env = dict(os.environ, LD_PRELOAD=TM.TCMALLOC, TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD="100000000000")
@@ -467,7 +534,7 @@ def main(argv=None):
     TM.DEVICE = "cpu" if a.report else a.device
     tgt = load_target(torch, a.target)
     stream = TM.Stream(sp, corpus, a.seed)
-    ck = os.path.join(a.workdir, "dlm-ckpt.pt")
+    ck = a.ckpt or os.path.join(a.workdir, "dlm-ckpt.pt")
     step = 0
     if a.report:
         draft, d_ids = load_dlm(torch, out)
@@ -482,10 +549,15 @@ def main(argv=None):
         step = st["step"]
         stream.set_state(st["data_rng"])
         opt_state = st["opt"]
+    elif a.init_from:
+        draft, d_ids = load_dlm(torch, a.init_from)
+        opt_state = None
     else:
         draft = build_draft(torch, TM.N_VOCAB)
         d_ids = draft_vocab(sp, stream, torch)
         opt_state = None
+    if not a.report and a.attn_weight > 0:
+        draft.max_pos = max(draft.max_pos, a.attn_seq)
     draft = draft.to(TM.DEVICE)
     opt = torch.optim.AdamW(draft.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
     if opt_state:
@@ -495,26 +567,49 @@ def main(argv=None):
     if a.report:
         log("target %s; measuring the draft in %s (%d steps of training)" % (a.target, out, step))
     else:
-        log("target %s; draft vocabulary %d of %d; %d steps of %d x %d tokens, %d TTT steps" % (
-            a.target, len(d_ids), TM.N_VOCAB, a.steps, a.batch, SEQ, TTT_STEPS))
+        log("target %s; draft vocabulary %d of %d; %d steps of %d x %d tokens, %d TTT steps, attention weight %g" % (
+            a.target, len(d_ids), TM.N_VOCAB, a.steps, a.batch, SEQ, TTT_STEPS, a.attn_weight))
+    qgen = torch.Generator().manual_seed(a.seed + step)
     last = t_start = time.time()
     while not a.report and step < a.steps:
-        X, _ = stream.batch(torch, a.batch, SEQ)
-        ids = X[:, :SEQ].to(TM.DEVICE)
-        logits_t, h3 = target_pass(torch, tgt, ids)
+        n_tok = a.attn_seq if a.attn_weight > 0 else SEQ
+        X, _ = stream.batch(torch, a.batch, n_tok)
+        ids = X[:, :n_tok].to(TM.DEVICE)
+        if a.attn_weight > 0:
+            logits_t, h3, hs = target_pass(torch, tgt, ids, states=True)
+            # half the query positions where the target reads furthest back (a
+            # question reaching its needle: where spec's selection matters
+            # most), half at random, out of 4 x attn_queries random candidates
+            cand = (torch.randperm(n_tok - 64, generator=qgen)[:4 * a.attn_queries] + 64).sort().values.to(TM.DEVICE)
+            p_all = target_probs(torch, tgt, hs, cand, a.attn_target)
+            far = torch.arange(n_tok, device=TM.DEVICE)[None, :] < (cand[:, None] - 256)
+            reach = (p_all * far[None, None]).sum(-1).sum(1).sum(0)                     # [4 Q]
+            n_far = a.attn_queries // 2
+            top = reach.topk(n_far).indices
+            rest = torch.ones(len(cand), dtype=torch.bool, device=TM.DEVICE)
+            rest[top] = False
+            others = rest.nonzero()[:, 0]
+            pick = torch.cat([top, others[torch.randperm(len(others), generator=qgen)[:a.attn_queries - n_far]]]).sort().values
+            qpos, p_tgt = cand[pick], p_all[:, :, pick]
+        else:
+            logits_t, h3 = target_pass(torch, tgt, ids)
         lr = 1e-3 * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / a.steps)))
         for g in opt.param_groups:
             g["lr"] = lr
         with torch.autocast(TM.DEVICE, dtype=torch.bfloat16):
-            loss, accs = ttt_loss(torch, draft, emb, ids, logits_t, h3, d_ids_t)
+            loss, accs = ttt_loss(torch, draft, emb, ids[:, :SEQ], logits_t[:, :SEQ], h3[:, :SEQ], d_ids_t)
+        if a.attn_weight > 0:
+            aloss = attention_loss(torch, draft, emb, ids, h3, p_tgt, qpos)
+            loss = loss + a.attn_weight * aloss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         opt.step()
         step += 1
         if step % 20 == 0 or step == a.steps:
-            log("step %d/%d loss %.4f  top-1 agreement by TTT step %s" % (
-                step, a.steps, loss.item(), " ".join("%.3f" % x for x in accs)))
+            log("step %d/%d loss %.4f%s  top-1 agreement by TTT step %s" % (
+                step, a.steps, loss.item(), "  attention KL %.4f" % aloss.item() if a.attn_weight > 0 else "",
+                " ".join("%.3f" % x for x in accs)))
         over = a.max_minutes and time.time() - t_start >= a.max_minutes * 60
         if time.time() - last > 600 or step == a.steps or over:
             torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "d_ids": d_ids, "step": step,
@@ -527,7 +622,8 @@ def main(argv=None):
     if not a.report:
         save_dlm(out, draft.float().cpu(), d_ids,
                  {"producer": "tools/make_dlm.py", "seed": a.seed, "steps": step, "sequence_length": SEQ,
-                  "ttt_steps": TTT_STEPS})
+                  "ttt_steps": TTT_STEPS, **({"attention_weight": a.attn_weight, "attention_target": a.attn_target} if a.attn_weight > 0 else {}),
+                  **({"initialised_from": os.path.relpath(a.init_from, ROOT)} if a.init_from else {})})
         if a.skip_report:
             log("wrote %s (not measured: make_dlm.py --report measures it)" % out)
             return 0
@@ -539,7 +635,8 @@ def main(argv=None):
     agree, acc_len = acceptance(torch, tgt, draft, d_ids, sp, corpus, a.seed, log)
     rec = report(torch, tgt, draft, d_ids, sp, corpus, [int(x) for x in a.lengths.split(",")], a.seed + 11, log)
     info = {"producer": "tools/make_dlm.py", "seed": a.seed, "steps": step, "sequence_length": SEQ,
-            "ttt_steps": TTT_STEPS, "heldout_top1_agreement": round(agree, 4),
+            "ttt_steps": TTT_STEPS, **({"attention_weight": a.attn_weight, "attention_target": a.attn_target} if a.attn_weight > 0 else {}),
+            "heldout_top1_agreement": round(agree, 4),
             "heldout_mean_accepted_length": round(acc_len, 3), "attention_recall": rec}
     save_dlm(out, draft, d_ids, info)
     log("wrote %s" % out)

@@ -76,6 +76,8 @@ def main(argv=None):
     ap.add_argument("--dlm", action="append", default=[], help="a retrieval head to rank with (repeatable)")
     ap.add_argument("--length", type=int, default=4096)
     ap.add_argument("--instances", type=int, default=4)
+    ap.add_argument("--yarn", default="auto", choices=["auto", "off"],
+                    help="the draft's RoPE past its trained length: YaRN (spec's yarn=auto) or plain (yarn=off)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
@@ -102,8 +104,8 @@ def main(argv=None):
         att, hs = MD.target_attention(torch, tgt, x, qpos)
         heads = []
         for name, draft in drafts:
-            if T > MD.MAX_POS:
-                draft.set_yarn(T / MD.MAX_POS)
+            if T > draft.max_pos and a.yarn == "auto":
+                draft.set_yarn(T / draft.max_pos)
             h3 = torch.cat([hs[i].float() for i in MD.AUX], -1)
             h3 = torch.cat([torch.zeros_like(h3[:, :1]), h3[:, :-1]], 1)
             with torch.no_grad():
