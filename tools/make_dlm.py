@@ -567,8 +567,10 @@ def main(argv=None):
     if a.report:
         log("target %s; measuring the draft in %s (%d steps of training)" % (a.target, out, step))
     else:
-        log("target %s; draft vocabulary %d of %d; %d steps of %d x %d tokens, %d TTT steps, attention weight %g" % (
-            a.target, len(d_ids), TM.N_VOCAB, a.steps, a.batch, SEQ, TTT_STEPS, a.attn_weight))
+        log("target %s; draft vocabulary %d of %d; %d steps of %d x %d tokens, %d TTT steps%s" % (
+            a.target, len(d_ids), TM.N_VOCAB, a.steps, a.batch, SEQ, TTT_STEPS,
+            "; attention term x %g (%s over layers) over %d tokens" % (a.attn_weight, a.attn_target, a.attn_seq)
+            if a.attn_weight > 0 else ""))
     qgen = torch.Generator().manual_seed(a.seed + step)
     last = t_start = time.time()
     while not a.report and step < a.steps:
