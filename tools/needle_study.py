@@ -11,8 +11,9 @@ passkey prompts from held-out text with the training script's generator,
 appends the answer, and at each digit of the answer (the first digit's
 position excluded: it predicts the space piece) finds the (layer, KV head)
 pairs that put at least 0.1 of their mass on the needle's sentence.  For
-each it prints the worst rank (0 = top) over the digits of the best needle
-entry under:
+each it prints the worst rank (0 = top) over the digits, under each
+selector, of the needle entry that (layer, head) attends most (the digit
+the answer copies):
 
   * a rank-r proxy: the exact queries against the keys projected on their
     top-r principal directions (uncentred SVD of the head's post-RoPE keys),
@@ -59,12 +60,31 @@ def passkey_instance(r, src, sp, length):
     return ids, n_prompt, lo, hi
 
 
-def worst_rank(scores, qpos, lo, hi):
-    """scores [Q][T]: the worst over the queries of the best needle entry's rank among causal entries."""
+def passkey_from_file(path, sp):
+    """A passkey prompt from a file (e.g. one of kvsieve eval's): the same triple as passkey_instance."""
+    import re
+    with open(path) as f:
+        prompt = f.read()
+    key = re.search(r"The pass key is (\d+)\.", prompt).group(1)
+    ids = [sp.bos_id()] + sp.encode(prompt)
+    n_prompt = len(ids)
+    ids = ids + sp.encode(prompt + " %s." % key)[n_prompt - 1:]
+    at = prompt.find(NEEDLE % (key, key))
+    lo = len(sp.encode(prompt[:at])) - 1
+    hi = len(sp.encode(prompt[:at + len(NEEDLE % (key, key))])) + 2
+    return ids, n_prompt, lo, hi
+
+
+def worst_rank(scores, p, qpos, lo, hi):
+    """scores [Q][T] of a selector; p [Q][T] the target's attention of one
+    (layer, KV head): the worst over the queries of the rank (0 = top, among
+    causal entries) of the needle entry the target attends most, the one
+    the answer is copied from."""
     worst = 0
     for qi, qp in enumerate(qpos):
         s = scores[qi, :qp + 1]
-        worst = max(worst, int((s > s[lo:hi].max()).sum()))
+        want = lo + int(p[qi, lo:hi].argmax())
+        worst = max(worst, int((s > s[want]).sum()))
     return worst
 
 
@@ -78,6 +98,8 @@ def main(argv=None):
     ap.add_argument("--instances", type=int, default=4)
     ap.add_argument("--yarn", default="auto", choices=["auto", "off"],
                     help="the draft's RoPE past its trained length: YaRN (spec's yarn=auto) or plain (yarn=off)")
+    ap.add_argument("--prompt", action="append", default=[],
+                    help="a passkey prompt file to study instead of generated ones (repeatable)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
@@ -96,8 +118,9 @@ def main(argv=None):
     src = TM.TextSource(corpus, "heldout", r)
     G = TM.N_HEAD // TM.N_KV_HEAD
     ranks = (16, 32, 48, 64)
-    for inst in range(a.instances):
-        ids, n_prompt, lo, hi = passkey_instance(r, src, sp, a.length)
+    for inst in range(len(a.prompt) or a.instances):
+        ids, n_prompt, lo, hi = (passkey_from_file(a.prompt[inst], sp) if a.prompt else
+                                 passkey_instance(r, src, sp, a.length))
         T = len(ids)
         qpos = list(range(n_prompt, T - 2))        # positions whose next token is a digit after the first
         x = torch.tensor([ids])
@@ -129,9 +152,9 @@ def main(argv=None):
                 cells = []
                 for rank in ranks:
                     P = Vh[:rank].T @ Vh[:rank]
-                    cells.append("r%d %d" % (rank, worst_rank((Qg @ P @ K.T).max(0).values, qpos, lo, hi)))
+                    cells.append("r%d %d" % (rank, worst_rank((Qg @ P @ K.T).max(0).values, p[0, kv], qpos, lo, hi)))
                 for name, lp in heads:
-                    cells.append("%s %d" % (name, worst_rank(lp[kv], qpos, lo, hi)))
+                    cells.append("%s %d" % (name, worst_rank(lp[kv], p[0, kv], qpos, lo, hi)))
                 print("  layer %d KV head %d: needle mass %.2f; worst needle rank: %s" % (
                     li, kv, mass, ", ".join(cells)))
     return 0
