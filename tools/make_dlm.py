@@ -513,6 +513,11 @@ def main(argv=None):
                     help="sequence length of the attention term (longer than the TTT objective's %d: its first "
                          "%d tokens feed the TTT objective); the draft's RoPE is then trained to this length" % (SEQ, SEQ))
     ap.add_argument("--attn-queries", type=int, default=128, help="query positions per sequence for --attn-weight")
+    ap.add_argument("--attn-sample", default="far", choices=["far", "peak"],
+                    help="how half the query positions are picked from the candidates: the most attention mass "
+                         "further back than 256 tokens (far), or the largest single weight there (peak: a "
+                         "retrieval, where diffuse layers' spread mass does not count)")
+    ap.add_argument("--attn-candidates", type=int, default=4, help="candidates per query position (x attn-queries)")
     ap.add_argument("--init-from", default=None, help="start from this DLM directory's weights (fresh optimizer)")
     ap.add_argument("--ckpt", default=None, help="training checkpoint (default: WORKDIR/dlm-ckpt.pt)")
     a = ap.parse_args(argv)
@@ -582,10 +587,14 @@ def main(argv=None):
             # half the query positions where the target reads furthest back (a
             # question reaching its needle: where spec's selection matters
             # most), half at random, out of 4 x attn_queries random candidates
-            cand = (torch.randperm(n_tok - 64, generator=qgen)[:4 * a.attn_queries] + 64).sort().values.to(TM.DEVICE)
+            cand = (torch.randperm(n_tok - 64, generator=qgen)[:a.attn_candidates * a.attn_queries] + 64
+                    ).sort().values.to(TM.DEVICE)
             p_all = target_probs(torch, tgt, hs, cand, a.attn_target)
             far = torch.arange(n_tok, device=TM.DEVICE)[None, :] < (cand[:, None] - 256)
-            reach = (p_all * far[None, None]).sum(-1).sum(1).sum(0)                     # [4 Q]
+            if a.attn_sample == "far":
+                reach = (p_all * far[None, None]).sum(-1).sum(1).sum(0)                 # [candidates]
+            else:
+                reach = (p_all * far[None, None]).amax(-1).amax(1).amax(0)
             n_far = a.attn_queries // 2
             top = reach.topk(n_far).indices
             rest = torch.ones(len(cand), dtype=torch.bool, device=TM.DEVICE)
@@ -624,7 +633,8 @@ def main(argv=None):
     if not a.report:
         save_dlm(out, draft.float().cpu(), d_ids,
                  {"producer": "tools/make_dlm.py", "seed": a.seed, "steps": step, "sequence_length": SEQ,
-                  "ttt_steps": TTT_STEPS, **({"attention_weight": a.attn_weight, "attention_target": a.attn_target} if a.attn_weight > 0 else {}),
+                  "ttt_steps": TTT_STEPS, **({"attention_weight": a.attn_weight, "attention_target": a.attn_target,
+                                     "attention_sample": a.attn_sample} if a.attn_weight > 0 else {}),
                   **({"initialised_from": os.path.relpath(a.init_from, ROOT)} if a.init_from else {})})
         if a.skip_report:
             log("wrote %s (not measured: make_dlm.py --report measures it)" % out)
@@ -637,7 +647,8 @@ def main(argv=None):
     agree, acc_len = acceptance(torch, tgt, draft, d_ids, sp, corpus, a.seed, log)
     rec = report(torch, tgt, draft, d_ids, sp, corpus, [int(x) for x in a.lengths.split(",")], a.seed + 11, log)
     info = {"producer": "tools/make_dlm.py", "seed": a.seed, "steps": step, "sequence_length": SEQ,
-            "ttt_steps": TTT_STEPS, **({"attention_weight": a.attn_weight, "attention_target": a.attn_target} if a.attn_weight > 0 else {}),
+            "ttt_steps": TTT_STEPS, **({"attention_weight": a.attn_weight, "attention_target": a.attn_target,
+                                     "attention_sample": a.attn_sample} if a.attn_weight > 0 else {}),
             "heldout_top1_agreement": round(agree, 4),
             "heldout_mean_accepted_length": round(acc_len, 3), "attention_recall": rec}
     save_dlm(out, draft, d_ids, info)

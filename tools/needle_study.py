@@ -39,6 +39,7 @@ sys.path.insert(0, HERE)
 import make_dlm as MD  # noqa: E402
 import train_model as TM  # noqa: E402
 
+PER_DIGIT = False
 NEEDLE = "The pass key is %s. Remember it. %s is the pass key."
 
 
@@ -80,12 +81,12 @@ def worst_rank(scores, p, qpos, lo, hi):
     (layer, KV head): the worst over the queries of the rank (0 = top, among
     causal entries) of the needle entry the target attends most, the one
     the answer is copied from."""
-    worst = 0
+    ranks = []
     for qi, qp in enumerate(qpos):
         s = scores[qi, :qp + 1]
         want = lo + int(p[qi, lo:hi].argmax())
-        worst = max(worst, int((s > s[want]).sum()))
-    return worst
+        ranks.append(int((s > s[want]).sum()))
+    return "%d" % max(ranks) if not PER_DIGIT else "/".join(str(x) for x in ranks)
 
 
 def main(argv=None):
@@ -100,9 +101,12 @@ def main(argv=None):
                     help="the draft's RoPE past its trained length: YaRN (spec's yarn=auto) or plain (yarn=off)")
     ap.add_argument("--prompt", action="append", default=[],
                     help="a passkey prompt file to study instead of generated ones (repeatable)")
+    ap.add_argument("--per-digit", action="store_true", help="every digit's rank, not the worst")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
+    global PER_DIGIT
+    PER_DIGIT = a.per_digit
     import torch
     import sentencepiece as spm
     torch.set_num_threads(a.threads)
@@ -152,9 +156,9 @@ def main(argv=None):
                 cells = []
                 for rank in ranks:
                     P = Vh[:rank].T @ Vh[:rank]
-                    cells.append("r%d %d" % (rank, worst_rank((Qg @ P @ K.T).max(0).values, p[0, kv], qpos, lo, hi)))
+                    cells.append("r%d %s" % (rank, worst_rank((Qg @ P @ K.T).max(0).values, p[0, kv], qpos, lo, hi)))
                 for name, lp in heads:
-                    cells.append("%s %d" % (name, worst_rank(lp[kv], p[0, kv], qpos, lo, hi)))
+                    cells.append("%s %s" % (name, worst_rank(lp[kv], p[0, kv], qpos, lo, hi)))
                 print("  layer %d KV head %d: needle mass %.2f; worst needle rank: %s" % (
                     li, kv, mass, ", ".join(cells)))
     return 0
