@@ -46,6 +46,7 @@ static void eval_usage(FILE *f) {
             "usage: kvsieve eval [-m MODEL.gguf] [--task passkey,multikey,multivalue,vartrack,longgen|all]\n"
             "                    [--lengths 1024,4096,8192] [--depths 0,0.25,0.5,0.75,1] [--samples N (4)]\n"
             "                    [--seed S (1)] [-t THREADS] [--json] [--plot FILE.svg] [--calibrate] [--show]\n"
+            "                    [--dump-prompts DIR]\n"
             "                    [--policy dense,quest,...] [--budget 3%%,6%%,12%%] [--kv-type f16|q8]\n"
             "                    [--reference-simd scalar|avx2|avx512] [policy flags]\n"
             "  lengths count every token of an instance (prompt and answer budget); lengths above\n"
@@ -55,6 +56,8 @@ static void eval_usage(FILE *f) {
             "  run/bench/eval then pass to chess.\n"
             "  --show: print each instance's question, expected and dense answer to stderr (a failing\n"
             "  task's errors, read one by one).\n"
+            "  --dump-prompts DIR: write each instance's prompt to DIR/TASK-LENGTH-DEPTH-SAMPLE.txt (DIR\n"
+            "  must exist), e.g. for tools/needle_study.py --prompt.\n"
             "  --kv-type q8: the compared configurations keep 8-bit KV (Q8_0 rows) while the dense\n"
             "  reference stays f16; list dense in --policy to compare dense on q8 with it.\n"
             "  --reference-simd scalar|avx2|avx512: run the dense reference on other kernels (another\n"
@@ -104,6 +107,18 @@ static void eval_show(const ks_model *m, const ks_eval_instance *inst, const ks_
         eval_show_text(piece, len < sizeof piece ? len : sizeof piece);
     }
     fputs("'\n", stderr);
+}
+
+/* --dump-prompts: the instance's prompt text, byte for byte. */
+static ks_status eval_dump_prompt(const char *dir, const ks_eval_instance *inst, int sample) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s-%d-%.2f-%d.txt", dir, ks_eval_task_name(inst->task), inst->target_tokens,
+             inst->depth, sample);
+    FILE *f = fopen(path, "wb");
+    size_t n = strlen(inst->prompt);
+    bool ok = f && fwrite(inst->prompt, 1, n, f) == n;
+    if (f && fclose(f) != 0) ok = false;
+    return ok ? KS_OK : KS_FAIL(KS_ERR_IO, "cannot write %s", path);
 }
 
 static int eval_parse_depths(const char *s, double *out, int cap) {
@@ -296,7 +311,7 @@ static void eval_summarize(const eval_cell *cells, size_t n_cells, eval_summary 
 }
 
 int cmd_eval(int argc, char **argv) {
-    const char *cmd = "eval", *model_path = NULL, *plot = NULL;
+    const char *cmd = "eval", *model_path = NULL, *plot = NULL, *dump_dir = NULL;
     bool task_on[KS_EVAL_TASK_COUNT] = {0}, json = false, tasks_given = false, calibrate = false, show = false;
     long lens_l[EVAL_MAX_LIST] = {1024, 4096, 8192};
     int n_len = 3;
@@ -340,6 +355,7 @@ int cmd_eval(int argc, char **argv) {
         else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--calibrate")) calibrate = true;
         else if (!strcmp(a, "--show")) show = true;
+        else if (!strcmp(a, "--dump-prompts")) { if (!(dump_dir = arg_value(cmd, argc, argv, &i))) return 2; }
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { eval_usage(stdout); return 0; }
         else { fprintf(stderr, "kvsieve eval: unknown option '%s'\n", a); eval_usage(stderr); return 2; }
     }
@@ -461,6 +477,12 @@ int cmd_eval(int argc, char **argv) {
                         n_cal_tok += (size_t)ref.n_gen;
                     }
                     if (show) eval_show(m, &inst, &ref, (int)s);
+                    if (dump_dir && (st = eval_dump_prompt(dump_dir, &inst, (int)s)) != KS_OK) {
+                        ks_eval_instance_free(&inst);
+                        ks_eval_result_free(&ref);
+                        app_report(cmd, "--dump-prompts", st);
+                        goto done;
+                    }
                     eval_cell *c0 = &cells[((size_t)t * n_len + l) * n_depth + d];
                     c0->runs++;
                     c0->score_sum += ref.score;

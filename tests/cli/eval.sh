@@ -5,7 +5,7 @@
 # over the trained context are skipped (or refused when nothing is left),
 # policies run beside dense with their comparison metrics (a full budget
 # agrees with dense exactly), and bad flags / unknown policies are usage
-# errors (exit 2); --show prints each instance.  The tiny model scores ~0 on these tasks; only the harness
+# errors (exit 2); --show prints each instance and --dump-prompts writes each prompt.  The tiny model scores ~0 on these tasks; only the harness
 # is under test here.
 # Usage: bash eval.sh <kvsieve> <fixtures-dir> <scratch-dir>
 set -u
@@ -30,6 +30,18 @@ echo "$out" | grep -q "^mean all" || bad "no overall mean"
 "$KS" eval -m "$MODEL" --task multikey,longgen --lengths 100 --depths 0.5 --samples 1 -t 2 --show \
   >/dev/null 2>"$TMP/show" || bad "--show run failed: $(cat "$TMP/show")"
 [ "$(grep -c '^\[multikey 100 depth 0.50 #0\]' "$TMP/show")" -eq 1 ] || bad "--show: no multikey instance: $(cat "$TMP/show")"
+
+# --dump-prompts: one file per instance, the prompt whose tail --show printed; an unwritable DIR is an error
+rm -rf "$TMP/prompts"; mkdir -p "$TMP/prompts"
+"$KS" eval -m "$MODEL" --task multikey --lengths 100 --depths 0.5 --samples 2 -t 2 --dump-prompts "$TMP/prompts" \
+  >/dev/null 2>"$TMP/dump" || bad "--dump-prompts run failed: $(cat "$TMP/dump")"
+for s in 0 1; do
+  f="$TMP/prompts/multikey-100-0.50-$s.txt"
+  [ -s "$f" ] && grep -q "magic number" "$f" || bad "--dump-prompts: $f missing or not a multikey prompt"
+done
+"$KS" eval -m "$MODEL" --task multikey --lengths 100 --depths 0.5 --samples 1 -t 2 --dump-prompts "$TMP/no/such/dir" \
+  >/dev/null 2>"$TMP/dump"
+[ $? -ne 0 ] && grep -q "cannot write" "$TMP/dump" || bad "--dump-prompts into a missing directory did not fail clearly"
 grep -q '^  facts: | *The magic number for' "$TMP/show" || bad "--show: no facts line"
 [ "$(grep -c '^  generated: ' "$TMP/show")" -eq 2 ] || bad "--show: want 2 generated lines"
 
