@@ -242,8 +242,8 @@ def ttt_loss(torch, draft, tgt_emb, ids, logits_t, h3, d_ids, steps=TTT_STEPS):
 def target_probs(torch, tgt, hs, qpos, reduce="max"):
     """The target's attention at query positions qpos [Q], averaged over the
     query heads of each KV head, then the element-wise max (reduce="max") or
-    the mean ("mean") over layers, renormalised: [B][HKV][Q][T], rows summing to 1 over t <= qpos.  spec
-    selects once per step for all layers, so an entry any layer needs must be
+    the mean ("mean") over layers, renormalised: [B][HKV][Q][T], rows
+    summing to 1 over t <= qpos.  spec selects once per step for all layers, so an entry any layer needs must be
     selected: the max keeps a needle that one layer reads (0.4-0.5 of layer
     5's mass at a passkey's digits) as a peak, where the mean over six
     layers would flatten it."""
@@ -513,7 +513,7 @@ def main(argv=None):
                     help="sequence length of the attention term (longer than the TTT objective's %d: its first "
                          "%d tokens feed the TTT objective); the draft's RoPE is then trained to this length" % (SEQ, SEQ))
     ap.add_argument("--attn-queries", type=int, default=128, help="query positions per sequence for --attn-weight")
-    ap.add_argument("--attn-sample", default="far", choices=["far", "peak"],
+    ap.add_argument("--attn-sample", default="peak", choices=["far", "peak"],
                     help="how half the query positions are picked from the candidates: the most attention mass "
                          "further back than 256 tokens (far), or the largest single weight there (peak: a "
                          "retrieval, where diffuse layers' spread mass does not count)")
@@ -586,7 +586,8 @@ def main(argv=None):
             logits_t, h3, hs = target_pass(torch, tgt, ids, states=True)
             # half the query positions where the target reads furthest back (a
             # question reaching its needle: where spec's selection matters
-            # most), half at random, out of 4 x attn_queries random candidates
+            # most), half at random, out of attn_candidates x attn_queries
+            # random candidates
             cand = (torch.randperm(n_tok - 64, generator=qgen)[:a.attn_candidates * a.attn_queries] + 64
                     ).sort().values.to(TM.DEVICE)
             p_all = target_probs(torch, tgt, hs, cand, a.attn_target)
