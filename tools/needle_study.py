@@ -8,8 +8,9 @@ Average attention recall (tools/attention_study.py, make_dlm.py --report)
 weighs every query position alike; a retrieval task is decided at the few
 positions where the answer is copied from its needle.  This script builds
 passkey prompts from held-out text with the training script's generator,
-appends the answer, and at each digit of the answer (the first digit's
-position excluded: it predicts the space piece) finds the (layer, KV head)
+appends the answer, and at each position whose next token is one of the
+answer's digits (the answer's leading space piece comes first: the last
+prompt position predicts it and is left out) finds the (layer, KV head)
 pairs that put at least 0.1 of their mass on the needle's sentence.  For
 each it prints the worst rank (0 = top) over the digits, under each
 selector, of the needle entry that (layer, head) attends most (the digit
@@ -126,7 +127,7 @@ def main(argv=None):
         ids, n_prompt, lo, hi = (passkey_from_file(a.prompt[inst], sp) if a.prompt else
                                  passkey_instance(r, src, sp, a.length))
         T = len(ids)
-        qpos = list(range(n_prompt, T - 2))        # positions whose next token is a digit after the first
+        qpos = list(range(n_prompt, T - 2))        # positions whose next token is a digit of the answer
         x = torch.tensor([ids])
         att, hs = MD.target_attention(torch, tgt, x, qpos)
         heads = []
