@@ -108,8 +108,7 @@ def spec_split(torch, tgt, ids, n_q, sink, window, workdir):
         draft.set_yarn(T / MD.MAX_POS)
     qpos = list(range(T - n_q, T))
     att, hs = MD.target_attention(torch, tgt, ids, qpos)
-    h3 = torch.cat([hs[a].float() for a in MD.AUX], -1)
-    h3 = torch.cat([torch.zeros_like(h3[:, :1]), h3[:, :-1]], 1)
+    h3 = MD.fused_states(torch, hs)
     G = MD.HQ // MD.HKV
     pos = torch.arange(T)
     qp = torch.tensor(qpos)[None, None, :, None]

@@ -113,6 +113,11 @@ def build_draft(torch, n_vocab):
             self.mscale = 1.0
             self.max_pos = MAX_POS   # positions the draft's RoPE was trained to (config's max_position_embeddings)
 
+        def reset_rope(self):
+            """Plain RoPE again after set_yarn."""
+            self.inv_freq = ROPE_THETA ** (-torch.arange(0, HD, 2, dtype=torch.float64) / HD)
+            self.mscale = 1.0
+
         def set_yarn(self, factor, orig=None, beta_fast=32.0, beta_slow=1.0):
             """HF transformers' YaRN (_compute_yarn_parameters), training-free."""
             orig = orig or self.max_pos
@@ -195,14 +200,20 @@ def load_target(torch, path):
     return tgt
 
 
+def fused_states(torch, hs):
+    """The residual streams entering the AUX layers, concatenated and shifted
+    so that position t holds those of t-1 (zeros at t = 0): EAGLE's input."""
+    h3 = torch.cat([hs[a].float() for a in AUX], -1)
+    return torch.cat([torch.zeros_like(h3[:, :1]), h3[:, :-1]], 1)
+
+
 def target_pass(torch, tgt, ids, states=False):
     """Teacher: logits [B][T][V] and the fused aux states, shifted so that
     position t holds the states of t-1 (zeros at t = 0): EAGLE's input;
     with states, also every layer's input residual stream."""
     with torch.no_grad(), torch.autocast(TM.DEVICE, dtype=torch.bfloat16):
         logits, hs = tgt(ids, hidden=True)
-    h3 = torch.cat([hs[a].float() for a in AUX], -1)
-    h3 = torch.cat([torch.zeros_like(h3[:, :1]), h3[:, :-1]], 1)
+    h3 = fused_states(torch, hs)
     return (logits.float(), h3, hs) if states else (logits.float(), h3)
 
 
@@ -239,20 +250,20 @@ def ttt_loss(torch, draft, tgt_emb, ids, logits_t, h3, d_ids, steps=TTT_STEPS):
     return loss / steps, accs
 
 
-def target_probs(torch, tgt, hs, qpos, reduce="max"):
-    """The target's attention at query positions qpos [Q], averaged over the
-    query heads of each KV head, then the element-wise max (reduce="max") or
-    the mean ("mean") over layers, renormalised: [B][HKV][Q][T], rows
-    summing to 1 over t <= qpos.  spec selects once per step for all layers, so an entry any layer needs must be
-    selected: the max keeps a needle that one layer reads (0.4-0.5 of layer
-    5's mass at a passkey's digits) as a peak, where the mean over six
-    layers would flatten it."""
+def layer_attention(torch, tgt, hs, qpos):
+    """Per layer, from its input residual stream hs[layer] [B][T][H]: (p, k, q)
+    with p the target's attention of the query positions qpos, averaged over
+    the query heads of each KV head (rows sum to 1) [B][HKV][Q][T]; k its keys
+    after RoPE [B][T][HKV][D]; q its queries after RoPE at qpos [B][HQ][Q][D]
+    (query head h belongs to KV head h // group)."""
     B, T, _ = hs[0].shape
-    pos = torch.arange(T, dtype=torch.float64, device=hs[0].device)
+    dev = hs[0].device
+    qpos = torch.as_tensor(qpos, device=dev)
+    pos = torch.arange(T, dtype=torch.float64, device=dev)
     ang = (pos[:, None] * tgt.inv_freq.double()[None, :]).float()
     cos, sin = ang.cos(), ang.sin()
-    acc = None
-    future = torch.arange(T, device=hs[0].device)[None, None, None, :] > qpos[None, None, :, None]
+    future = torch.arange(T, device=dev)[None, None, None, :] > qpos[None, None, :, None]
+    out = []
     with torch.no_grad():
         for li, b in enumerate(tgt.blocks):
             h = b.attn_norm(hs[li].float())
@@ -262,7 +273,21 @@ def target_probs(torch, tgt, hs, qpos, reduce="max"):
             kk = k.transpose(1, 2).repeat_interleave(TM.N_HEAD // TM.N_KV_HEAD, 1)
             s = ((qs @ kk.transpose(-1, -2)) / math.sqrt(TM.HEAD_DIM)).masked_fill(future, float("-inf"))
             p = torch.softmax(s, -1).view(B, TM.N_KV_HEAD, TM.N_HEAD // TM.N_KV_HEAD, len(qpos), T).mean(2)
-            acc = p if li == 0 else (torch.maximum(acc, p) if reduce == "max" else acc + p)
+            out.append((p, k, qs))
+    return out
+
+
+def target_probs(torch, tgt, hs, qpos, reduce="max"):
+    """The target's attention at query positions qpos [Q], averaged over the
+    query heads of each KV head, then the element-wise max (reduce="max") or
+    the mean ("mean") over layers, renormalised: [B][HKV][Q][T], rows
+    summing to 1 over t <= qpos.  spec selects once per step for all layers,
+    so an entry any layer needs must be selected: the max keeps a needle
+    that one layer reads (0.4-0.5 of layer 5's mass at a passkey's digits)
+    as a peak, where the mean over six layers would flatten it."""
+    acc = None
+    for p, _, _ in layer_attention(torch, tgt, hs, qpos):
+        acc = p if acc is None else (torch.maximum(acc, p) if reduce == "max" else acc + p)
     return acc / acc.sum(-1, keepdim=True)
 
 
@@ -338,31 +363,11 @@ def heldout_stream(corpus, sp, seed):
 
 
 def target_attention(torch, tgt, ids, queries):
-    """Per layer (p, k, q): the target's attention probabilities of the query
-    positions, averaged over the query heads of each KV head (so each row sums
-    to 1) [B][HKV][len(queries)][T]; its keys after RoPE [B][T][HKV][D]; and its
-    queries after RoPE at those positions [B][HQ][len(queries)][D] (query head
-    h belongs to KV head h // group)."""
-    out = []
-    B, T = ids.shape
+    """The target run over ids: (layer_attention's per-layer (p, k, q) at the
+    query positions, the residual streams entering each layer)."""
     with torch.no_grad():
         _, hs = tgt(ids, hidden=True)
-        pos = torch.arange(T, dtype=torch.float64)
-        ang = (pos[:, None] * tgt.inv_freq.double()[None, :]).float()
-        cos, sin = ang.cos(), ang.sin()
-        for li, b in enumerate(tgt.blocks):
-            h = b.attn_norm(hs[li])
-            q = b.wq(h).view(B, T, TM.N_HEAD, TM.HEAD_DIM)
-            k = b.wk(h).view(B, T, TM.N_KV_HEAD, TM.HEAD_DIM)
-            q, k = rope_adj(torch, q, cos, sin), rope_adj(torch, k, cos, sin)
-            qs = q[:, queries].transpose(1, 2)                              # [B][H][Q][D]
-            kk = k.transpose(1, 2).repeat_interleave(TM.N_HEAD // TM.N_KV_HEAD, 1)
-            s = (qs @ kk.transpose(-1, -2)) / math.sqrt(TM.HEAD_DIM)        # [B][H][Q][T]
-            s = s.masked_fill(torch.arange(T)[None, None, None, :] > torch.tensor(queries)[None, None, :, None],
-                              float("-inf"))
-            p = torch.softmax(s, -1).view(B, TM.N_KV_HEAD, TM.N_HEAD // TM.N_KV_HEAD, len(queries), T).mean(2)
-            out.append((p, k, qs))
-    return out, hs
+    return layer_attention(torch, tgt, hs, queries), hs
 
 
 def rope_adj(torch, x, cos, sin):
@@ -393,8 +398,7 @@ def report(torch, tgt, draft, d_ids, sp, corpus, lengths, seed, log, n_seq=2, n_
         qpos = list(range(L - n_q, L))
         att, hs = target_attention(torch, tgt, ids, qpos + [q - 1 for q in qpos[:1]])
         # the retrieval head: the draft's step-0 attention at the same positions
-        h3 = torch.cat([hs[a].float() for a in AUX], -1)
-        h3 = torch.cat([torch.zeros_like(h3[:, :1]), h3[:, :-1]], 1)
+        h3 = fused_states(torch, hs)
         with torch.no_grad():
             q, k, _ = draft.qkv(tgt.tok.weight[ids], draft.fc(h3), torch.arange(L, dtype=torch.float64))
             qs = q[:, qpos].transpose(1, 2)                                   # [B][HQ][Q][HD]
@@ -441,8 +445,7 @@ def report(torch, tgt, draft, d_ids, sp, corpus, lengths, seed, log, n_seq=2, n_
             log("  by layer: retrieval head %s; Quest %s; previous step %s; exact %s" % (
                 rnd(r_head), rnd(r_quest), rnd(r_prev), rnd(r_exact)))
         res[str(L)] = row
-    draft.inv_freq = ROPE_THETA ** (-torch.arange(0, HD, 2, dtype=torch.float64) / HD)
-    draft.mscale = 1.0
+    draft.reset_rope()
     return res
 
 

@@ -44,6 +44,18 @@ PER_DIGIT = False
 NEEDLE = "The pass key is %s. Remember it. %s is the pass key."
 
 
+def with_answer(sp, prompt, ids, key):
+    """(ids of the prompt with the answer " KEY." appended, prompt length, the
+    needle's [lo, hi) token range, a token of margin each side: pieces may
+    straddle its edges)."""
+    n_prompt = len(ids)
+    ids = ids + sp.encode(prompt + " %s." % key)[n_prompt - 1:]
+    at = prompt.find(NEEDLE % (key, key))
+    lo = len(sp.encode(prompt[:at])) - 1
+    hi = len(sp.encode(prompt[:at + len(NEEDLE % (key, key))])) + 2
+    return ids, n_prompt, lo, hi
+
+
 def passkey_instance(r, src, sp, length):
     """(token ids with the answer appended, prompt length, needle's [lo, hi) token range)."""
     n_chars = length * 4
@@ -53,13 +65,7 @@ def passkey_instance(r, src, sp, length):
         if len(ids) <= length:
             break
         n_chars = int(n_chars * 0.9)
-    n_prompt = len(ids)
-    ids = ids + sp.encode(prompt + ans)[n_prompt - 1:]
-    key = ans.strip(" .")
-    at = prompt.find(NEEDLE % (key, key))
-    lo = len(sp.encode(prompt[:at])) - 1          # a token of margin each side: pieces may straddle
-    hi = len(sp.encode(prompt[:at + len(NEEDLE % (key, key))])) + 2
-    return ids, n_prompt, lo, hi
+    return with_answer(sp, prompt, ids, ans.strip(" ."))
 
 
 def passkey_from_file(path, sp):
@@ -68,13 +74,7 @@ def passkey_from_file(path, sp):
     with open(path) as f:
         prompt = f.read()
     key = re.search(r"The pass key is (\d+)\.", prompt).group(1)
-    ids = [sp.bos_id()] + sp.encode(prompt)
-    n_prompt = len(ids)
-    ids = ids + sp.encode(prompt + " %s." % key)[n_prompt - 1:]
-    at = prompt.find(NEEDLE % (key, key))
-    lo = len(sp.encode(prompt[:at])) - 1
-    hi = len(sp.encode(prompt[:at + len(NEEDLE % (key, key))])) + 2
-    return ids, n_prompt, lo, hi
+    return with_answer(sp, prompt, [sp.bos_id()] + sp.encode(prompt), key)
 
 
 def worst_rank(scores, p, qpos, lo, hi):
@@ -134,8 +134,7 @@ def main(argv=None):
         for name, draft in drafts:
             if T > draft.max_pos and a.yarn == "auto":
                 draft.set_yarn(T / draft.max_pos)
-            h3 = torch.cat([hs[i].float() for i in MD.AUX], -1)
-            h3 = torch.cat([torch.zeros_like(h3[:, :1]), h3[:, :-1]], 1)
+            h3 = MD.fused_states(torch, hs)
             with torch.no_grad():
                 q, k, _ = draft.qkv(tgt.tok.weight[x], draft.fc(h3), torch.arange(T, dtype=torch.float64))
                 qs = q[:, qpos].transpose(1, 2)
@@ -143,8 +142,7 @@ def main(argv=None):
                 lp = torch.log_softmax(qs @ kr.transpose(-1, -2) / math.sqrt(MD.HD) + torch.where(
                     torch.arange(T)[None, :] > torch.tensor(qpos)[:, None], float("-inf"), 0.0), -1)
                 heads.append((name, lp.view(MD.HKV, MD.HQ // MD.HKV, len(qpos), T).max(1).values))
-            draft.inv_freq = MD.ROPE_THETA ** (-torch.arange(0, MD.HD, 2, dtype=torch.float64) / MD.HD)
-            draft.mscale = 1.0
+            draft.reset_rope()
         print("instance %d: %d tokens, needle at [%d, %d), budget 6%% = %d" % (inst, T, lo, hi, int(0.06 * T)))
         for li, (p, k, q) in enumerate(att):
             for kv in range(TM.N_KV_HEAD):
