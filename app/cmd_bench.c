@@ -225,6 +225,7 @@ int cmd_bench(int argc, char **argv) {
             cp.n_threads = (int32_t)n_threads;
             cp.kv_type = kv_type;
             app_policy_apply(&po, pi, app_budget_tokens(&po.budgets[ui], (int32_t)(depth + 1)), &cp);
+            cp.n_ctx += ks_policy_prefill_room(cp.policy, cp.policy_args);
             cp.mem_cap = 0;
             if (modes[mi] == OFF_ALL) cp.kv_offload_layers = hp->n_layer;
             if (modes[mi] == OFF_ADAPTIVE) cp.mem_cap = po.mem_cap;

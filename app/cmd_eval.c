@@ -429,6 +429,7 @@ int cmd_eval(int argc, char **argv) {
             if (n_threads) cp.n_threads = (int32_t)n_threads;
             app_policy_apply(&po, cfgs[k].pi < 0 ? 0 : cfgs[k].pi,
                              cfgs[k].bi < 0 ? 0 : app_budget_tokens(&po.budgets[cfgs[k].bi], lens[l]), &cp);
+            cp.n_ctx += ks_policy_prefill_room(cp.policy, cp.policy_args); /* DapQ's pseudo tokens, all of them */
             if (k > 0) cp.kv_type = kv_type;
             if (cfgs[k].pi < 0) { /* the reference: dense, resident, f16, none of the policy's arguments */
                 cp.policy = "dense";

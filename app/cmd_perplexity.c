@@ -111,6 +111,7 @@ int cmd_perplexity(int argc, char **argv) {
     cp.n_ctx = (int32_t)n_ctx;
     cp.n_threads = (int32_t)n_threads;
     app_policy_apply(&po, 0, app_budget_tokens(&po.budgets[0], (int32_t)n_ctx), &cp);
+    cp.n_ctx += ks_policy_prefill_room(cp.policy, cp.policy_args); /* room for DapQ's pseudo tokens */
     bool teacher = decode_from > 0 || strcmp(po.names[0], "dense") != 0 || cp.budget > 0;
     if (teacher && decode_from <= 0) decode_from = n_ctx / 2;
     if ((st = ks_context_create(m, cp, &ctx)) != KS_OK) { app_report(cmd, "creating the context", st); goto done; }

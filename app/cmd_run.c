@@ -140,7 +140,8 @@ int cmd_run(int argc, char **argv) {
     if (st != KS_OK) { app_report(cmd, "tokenizing the prompt", st); goto done; }
     if (n_prompt == 0) { fprintf(stderr, "kvsieve run: the prompt has no tokens\n"); rc = 2; goto done; }
     int32_t train = ks_model_n_ctx_train(model);
-    if (n_ctx == 0) {
+    bool auto_ctx = n_ctx == 0;
+    if (auto_ctx) {
         n_ctx = (long)n_prompt + n_gen;
         if (n_ctx < 512) n_ctx = 512;
         if (n_ctx > train) n_ctx = train;
@@ -157,6 +158,11 @@ int cmd_run(int argc, char **argv) {
     cp.n_batch = (int32_t)n_batch;
     cp.kv_type = kv_type;
     app_policy_apply(&po, 0, app_budget_tokens(&po.budgets[0], (int32_t)n_ctx), &cp);
+    if (auto_ctx) { /* room for DapQ's pseudo tokens; an explicit -c is the caller's (dapq logs a shortfall) */
+        long with_room = n_ctx + ks_policy_prefill_room(cp.policy, cp.policy_args);
+        if (with_room > train) with_room = train > n_ctx ? train : n_ctx;
+        cp.n_ctx = (int32_t)with_room;
+    }
     if ((st = ks_context_create(model, cp, &ctx)) != KS_OK) { app_report(cmd, "creating the context", st); goto done; }
     int32_t n_vocab = ks_model_n_vocab(model);
     logits = malloc(sizeof(float) * (size_t)n_vocab);

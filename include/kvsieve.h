@@ -140,6 +140,12 @@ const char *ks_policy_name_at(int32_t i, const char **summary);
  * with the same result as one (no part has a prefill hook: dense, streaming,
  * quest, chess).  False for unknown names. */
 bool ks_policy_prefill_chunkable(const char *spec);
+/* Context entries past the prompt that a policy's prefill uses for a moment
+ * (DapQ's pseudo tokens, its n_pseudo argument: their KV is removed before
+ * ks_prefill returns).  Size n_ctx as prompt + generation + this, or the
+ * policy runs fewer of them than configured (it logs how many).  0 for
+ * policies without such tokens and for unknown names. */
+int32_t ks_policy_prefill_room(const char *spec, const char *args);
 
 /* One sequence's selection policy: the policy fields of ks_context_params
  * for a single sequence (ks_seq_set_policy). */

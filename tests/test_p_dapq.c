@@ -4,7 +4,8 @@
  * 1. Pseudo-token choice: the first n_head_tokens and the last
  *    n_pseudo - n_head_tokens prompt tokens (4 + 28 by default), clipped for
  *    short prompts, the framework's cap and the room left in the context;
- *    none when nothing can be evicted; bad arguments refused.
+ *    none when nothing can be evicted; bad arguments refused; the room a
+ *    context needs for all of them (ks_policy_prefill_room).
  * 2. On real models (the generated GQA tiny-llama, whose head dim takes the
  *    AVX-512 kernel, and the MHA aidreams260K): after a prefill with dapq
  *    every KV head holds exactly `budget` entries, their positions are a
@@ -209,6 +210,16 @@ static void test_pseudo_choice(void **state) {
     ks_policy_destroy(pol);
     assert_non_null(ks_policy_find("dapq"));
     ks_kv_destroy(f.kv);
+
+    /* the room a context needs for all of them (the public ks_policy_prefill_room) */
+    assert_int_equal(ks_policy_prefill_room("dapq", NULL), 32);
+    assert_int_equal(ks_policy_prefill_room("dapq+quest", "n_pseudo=16,n_head_tokens=2"), 16);
+    assert_int_equal(ks_policy_prefill_room("dapq+spec", "spec.dlm=x,n_pseudo=1024"), 1024);
+    assert_int_equal(ks_policy_prefill_room("dapq", "n_pseudo=0"), 0); /* refused at create anyway */
+    assert_int_equal(ks_policy_prefill_room("snapkv+quest", NULL), 0);
+    assert_int_equal(ks_policy_prefill_room("dense", NULL), 0);
+    assert_int_equal(ks_policy_prefill_room("nosuch", NULL), 0);
+    assert_int_equal(ks_policy_prefill_room(NULL, NULL), 0);
 }
 
 /* ---------------------------------------------------- hand-made scoring -- */

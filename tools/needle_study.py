@@ -24,6 +24,20 @@ the answer copies):
     query head and the max over the group (as `spec` ranks), with YaRN past
     the draft's trained length (as kvsieve loads it).
 
+  * with --evictors, the prefill evictors' one-shot scores over the
+    prompt: DapQ's (its 32 pseudo tokens, the prompt's first 4 and last 28,
+    run at the positions after the prompt; their attention summed over the
+    pseudo queries, the prompt columns of a softmax that has the pseudo
+    keys in scope) and SnapKV's (the attention of the prompt's last 32
+    queries, summed, then an average pool of width 5); and CHESS's page
+    scores at the first decode step (each 32-token page's mean key,
+    flattened over layers and KV heads, dotted with the mean of the recent
+    window's pages), ranked by page ("p" ranks: pages, not entries).  It
+    also prints, per
+    layer, DapQ's premise (its Table 1): the mean cosine between the
+    answer's real queries and the pseudo queries, against that between the
+    real queries and SnapKV's window of prompt queries (post-RoPE).
+
 A selector keeps the needle when its rank is below the budget printed with
 each instance (6% of the prompt, the eval's middle budget, before spec's and
 the framework's sinks and window are taken out).
@@ -90,6 +104,33 @@ def worst_rank(scores, p, qpos, lo, hi):
     return "%d" % max(ranks) if not PER_DIGIT else "/".join(str(x) for x in ranks)
 
 
+def evictor_scores(torch, tgt, ids, n_prompt, hs, att, n_pseudo=32, n_head=4, window=32, pool=5, page=32):
+    """(per layer: (DapQ's scores [HKV][n_prompt], SnapKV's [HKV][n_prompt],
+    DapQ's and SnapKV's query cosine with the answer's queries), CHESS's page
+    scores [n_pages]), with the defaults of kvsieve's dapq, snapkv and chess."""
+    pseudo = ids[:n_head] + ids[n_prompt - (n_pseudo - n_head):n_prompt]
+    att_p, _ = MD.target_attention(torch, tgt, torch.tensor([ids[:n_prompt] + pseudo]),
+                                   list(range(n_prompt, n_prompt + n_pseudo)))
+    att_w = MD.layer_attention(torch, tgt, hs, list(range(n_prompt - window, n_prompt)))
+
+    def cos(a, b):  # mean cosine between the rows of a and b, per query head: [HQ][Qa][D], [HQ][Qb][D]
+        a, b = torch.nn.functional.normalize(a, dim=-1), torch.nn.functional.normalize(b, dim=-1)
+        return float((a @ b.transpose(-1, -2)).mean())
+
+    # CHESS: page vectors over all layers, the anchor from the pages the window overlaps
+    keys = torch.cat([k[0, :n_prompt].reshape(n_prompt, -1) for _, k, _ in att], -1).double()
+    n_pages = (n_prompt + page - 1) // page
+    pages = torch.stack([keys[i * page:(i + 1) * page].mean(0) for i in range(n_pages)])
+    anchor = pages[(n_prompt - 64) // page:].mean(0)
+    chess = pages @ anchor
+    out = []
+    for (_, _, q_real), (p_p, _, q_p), (p_w, _, q_w) in zip(att, att_p, att_w):
+        dapq = p_p[0, :, :, :n_prompt].sum(1)
+        snap = torch.nn.functional.avg_pool1d(p_w[0, :, :, :n_prompt].sum(1)[:, None], pool, 1, pool // 2)[:, 0]
+        out.append((dapq, snap, cos(q_real[0], q_p[0]), cos(q_real[0], q_w[0])))
+    return out, chess
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", default=os.path.join(ROOT, "models", "kvsieve-default.gguf"))
@@ -103,6 +144,7 @@ def main(argv=None):
     ap.add_argument("--prompt", action="append", default=[],
                     help="a passkey prompt file to study instead of generated ones (repeatable)")
     ap.add_argument("--per-digit", action="store_true", help="every digit's rank, not the worst")
+    ap.add_argument("--evictors", action="store_true", help="also rank under DapQ's and SnapKV's prefill scores")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
@@ -143,7 +185,11 @@ def main(argv=None):
                     torch.arange(T)[None, :] > torch.tensor(qpos)[:, None], float("-inf"), 0.0), -1)
                 heads.append((name, lp.view(MD.HKV, MD.HQ // MD.HKV, len(qpos), T).max(1).values))
             draft.reset_rope()
+        evict, chess = evictor_scores(torch, tgt, ids, n_prompt, hs, att) if a.evictors else (None, None)
         print("instance %d: %d tokens, needle at [%d, %d), budget 6%% = %d" % (inst, T, lo, hi, int(0.06 * T)))
+        if evict:
+            print("  DapQ's premise, cos(answer's queries, pseudo queries) / cos(answer's, SnapKV's window) by layer: " +
+                  ", ".join("%d: %.2f / %.2f" % (li, c_p, c_w) for li, (_, _, c_p, c_w) in enumerate(evict)))
         for li, (p, k, q) in enumerate(att):
             for kv in range(TM.N_KV_HEAD):
                 mass = float(p[0, kv, :, lo:hi].sum(-1).mean())
@@ -158,6 +204,12 @@ def main(argv=None):
                     cells.append("r%d %s" % (rank, worst_rank((Qg @ P @ K.T).max(0).values, p[0, kv], qpos, lo, hi)))
                 for name, lp in heads:
                     cells.append("%s %s" % (name, worst_rank(lp[kv], p[0, kv], qpos, lo, hi)))
+                if evict:
+                    for name, sc in zip(("dapq", "snapkv"), evict[li][:2]):
+                        cells.append("%s %s" % (name, worst_rank(sc[kv].expand(len(qpos), -1), p[0, kv], qpos, lo, hi)))
+                    pr = [int((chess > chess[(lo + int(p[0, kv, qi, lo:hi].argmax())) // 32]).sum())
+                          for qi in range(len(qpos))]
+                    cells.append("chess p%s of %d" % (max(pr) if not PER_DIGIT else "/".join(map(str, pr)), len(chess)))
                 print("  layer %d KV head %d: needle mass %.2f; worst needle rank: %s" % (
                     li, kv, mass, ", ".join(cells)))
     return 0

@@ -417,6 +417,28 @@ bool ks_policy_prefill_chunkable(const char *spec) {
     }
 }
 
+int32_t ks_policy_prefill_room(const char *spec, const char *args) {
+    /* only the evictor's prefill hooks run before decoding, but every part
+     * with pseudo tokens is counted: the larger answer is the safe one */
+    int32_t room = 0;
+    for (const char *p = spec ? spec : ""; *p;) {
+        const char *e = strchr(p, '+');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        char name[64];
+        if (n == 0 || n >= sizeof name) return 0;
+        memcpy(name, p, n);
+        name[n] = 0;
+        const ks_policy_i *vt = ks_policy_find(name);
+        if (vt && vt->pseudo_tokens && vt->prefill_room) {
+            int32_t r = vt->prefill_room(args);
+            if (r > room) room = r;
+        }
+        if (!e) break;
+        p = e + 1;
+    }
+    return room;
+}
+
 static bool same_str(const char *a, const char *b) {
     if (!a || !*a) return !b || !*b;
     return b && !strcmp(a, b);

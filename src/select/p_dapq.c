@@ -62,13 +62,16 @@ typedef struct {
     ks_policy_env env;
     ks_policy_params p;
     int32_t n_pseudo, n_head_tokens, pool, keep_recent;
+    bool told_short; /* the note that fewer pseudo tokens fit than asked was logged */
 } dapq_state;
+
+enum { DAPQ_PSEUDO_DEFAULT = 32, DAPQ_PSEUDO_MAX = 1024 }; /* the paper's N; the framework's row cap */
 
 static const char *const dapq_args[] = {"n_pseudo", "n_head_tokens", "pool", "keep_recent", NULL};
 
 static ks_status dapq_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
     int64_t n_pseudo, n_head, pool, recent;
-    KS_TRY(ks_args_int(p->args, "n_pseudo", 32, 1, 1024, &n_pseudo));
+    KS_TRY(ks_args_int(p->args, "n_pseudo", DAPQ_PSEUDO_DEFAULT, 1, DAPQ_PSEUDO_MAX, &n_pseudo));
     KS_TRY(ks_args_int(p->args, "n_head_tokens", 4, 0, 1024, &n_head));
     KS_TRY(ks_args_int(p->args, "pool", 1, 1, 63, &pool));
     KS_TRY(ks_args_int(p->args, "keep_recent", 0, 0, 1 << 24, &recent));
@@ -88,6 +91,11 @@ static ks_status dapq_create(const ks_policy_env *env, const ks_policy_params *p
 }
 
 static void dapq_destroy(void *state) { ks_free(state); }
+
+static int32_t dapq_prefill_room(const char *args) {
+    int64_t n;
+    return ks_args_int(args, "n_pseudo", DAPQ_PSEUDO_DEFAULT, 1, DAPQ_PSEUDO_MAX, &n) == KS_OK ? (int32_t)n : 0;
+}
 
 /* Upper bound on the calling sequence's length: max over sequences of the
  * newest position in (layer 0, head 0) plus one (see the essay). */
@@ -111,8 +119,14 @@ static int32_t dapq_pseudo_tokens(void *state, const int32_t *prompt, int32_t n_
     if (s->p.budget >= len) return 0;   /* no head can exceed the budget: nothing to score */
     int32_t n = s->n_pseudo;
     if (n > n_prompt) n = n_prompt;
+    int32_t want = n;
     if (n > cap) n = cap;
     if (n > s->env.n_ctx - len) n = s->env.n_ctx - len;
+    if (n < want && !s->told_short) {
+        KS_LOG(INFO, "dapq: %d of %d pseudo tokens fit after a %d-token prompt (context %d); "
+               "size the context with ks_policy_prefill_room", n > 0 ? n : 0, want, n_prompt, s->env.n_ctx);
+        s->told_short = true;
+    }
     if (n <= 0) return 0;
     int32_t head = s->n_head_tokens < n ? s->n_head_tokens : n, tail = n - head;
     for (int32_t i = 0; i < head; i++) out[i] = prompt[i];
@@ -149,6 +163,7 @@ const ks_policy_i ks_policy_dapq = {
     .destroy = dapq_destroy,
     .on_prefill = dapq_prefill,
     .pseudo_tokens = dapq_pseudo_tokens,
+    .prefill_room = dapq_prefill_room,
     .evicts = true,
     .page_summaries = true,
 };

@@ -30,6 +30,7 @@
  *                     select_layer (H2O's accumulated scores), OPTIONAL
  *   on_append         a decode step appended the entry of a new token, OPTIONAL
  *   pseudo_tokens     tokens whose queries score the prompt at prefill (DapQ), OPTIONAL
+ *   prefill_room      how many such tokens its arguments ask for, OPTIONAL
  *   counters          hits / misses / corrections / rebuilds so far, OPTIONAL
  *   hidden_layers     target layers whose input hidden states it wants, OPTIONAL
  *   on_hidden         those states, per row after every forward, OPTIONAL
@@ -209,6 +210,9 @@ typedef struct ks_policy_i {
      * their KV is removed and the other parts' on_prefill run (pseudo = true,
      * n_pseudo = 0). OPTIONAL */
     int32_t (*pseudo_tokens)(void *state, const int32_t *prompt, int32_t n_prompt, int32_t *out, int32_t cap);
+    /* How many pseudo tokens the arguments ask for (the context room they
+     * need after the prompt); 0 on bad arguments. OPTIONAL (with pseudo_tokens) */
+    int32_t (*prefill_room)(const char *args);
     void (*counters)(void *state, ks_policy_counters *out);                                /* OPTIONAL: += */
     /* Target hidden states the policy reads (SpeContext's DLM fuses three):
      * layer ids whose *input* residual stream is captured (n_layer = the
