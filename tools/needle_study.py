@@ -2,7 +2,8 @@
 """needle_study.py — where selectors rank a passkey's needle at the answer's digits.
 
     /usr/bin/python3 tools/needle_study.py [--length 4096] [--instances 4]
-        [--target models/kvsieve-default.gguf] [--dlm DIR ...]
+        [--target models/kvsieve-default.gguf] [--dlm DIR ...] [--evictors]
+        [--prompt FILE ...] [--per-digit]
 
 Average attention recall (tools/attention_study.py, make_dlm.py --report)
 weighs every query position alike; a retrieval task is decided at the few
