@@ -123,8 +123,8 @@ static int32_t dapq_pseudo_tokens(void *state, const int32_t *prompt, int32_t n_
     if (n > cap) n = cap;
     if (n > s->env.n_ctx - len) n = s->env.n_ctx - len;
     if (n < want && !s->told_short) {
-        KS_LOG(INFO, "dapq: %d of %d pseudo tokens fit after a %d-token prompt (context %d); "
-               "size the context with ks_policy_prefill_room", n > 0 ? n : 0, want, n_prompt, s->env.n_ctx);
+        KS_LOG(INFO, "dapq: %d of %d pseudo tokens fit after a %d-token prompt (context %d; %d would fit them all)",
+               n > 0 ? n : 0, want, n_prompt, s->env.n_ctx, len + want);
         s->told_short = true;
     }
     if (n <= 0) return 0;

@@ -30,6 +30,15 @@ c=$("$KS" run -m "$MODEL" -p "Once upon a time" -n 40 --temp 1.0 --seed 8 2>/dev
 [ "$a" = "$b" ] || bad "same seed, different text"
 [ "$a" != "$c" ] || bad "different seeds gave identical text"
 
+# DapQ's pseudo tokens: the context run sizes itself has room for all 32;
+# a -c without that room runs fewer and says so
+P="Once upon a time there was a little girl who lived in a village"
+"$KS" run -m "$MODEL" -p "$P" -n 4 --temp 0 --policy dapq --budget 12 >/dev/null 2>"$TMP/err" || bad "dapq run failed"
+grep -q "pseudo tokens fit" "$TMP/err" && bad "dapq lacked room in a context run sized: $(cat "$TMP/err")"
+"$KS" run -m "$MODEL" -p "$P" -n 4 --temp 0 --policy dapq --budget 12 -c 50 >/dev/null 2>"$TMP/err" || bad "dapq -c 50 failed"
+grep -q "9 of 32 pseudo tokens fit after a 41-token prompt (context 50; 73 would fit them all)" "$TMP/err" ||
+    bad "dapq's shortfall note: $(cat "$TMP/err")"
+
 # prompt from a file; -n 0 generates nothing
 printf 'Once upon a time' > "$TMP/prompt.txt"
 out=$("$KS" run -m "$MODEL" -f "$TMP/prompt.txt" -n 8 --temp 0 2>/dev/null)
