@@ -30,7 +30,9 @@ the answer copies):
     run at the positions after the prompt; their attention summed over the
     pseudo queries, the prompt columns of a softmax that has the pseudo
     keys in scope) and SnapKV's (the attention of the prompt's last 32
-    queries, summed, then an average pool of width 5); and CHESS's page
+    queries, summed, then an average pool of width 5); H2O's seed (the
+    prompt's last 64 queries, summed, no pool: what h2o selects from at the
+    first decode step); and CHESS's page
     scores at the first decode step (each 32-token page's mean key,
     flattened over layers and KV heads, dotted with the mean of the recent
     window's pages), ranked by page ("p" ranks: pages, not entries).  It
@@ -105,14 +107,16 @@ def worst_rank(scores, p, qpos, lo, hi):
     return "%d" % max(ranks) if not PER_DIGIT else "/".join(str(x) for x in ranks)
 
 
-def evictor_scores(torch, tgt, ids, n_prompt, hs, att, n_pseudo=32, n_head=4, window=32, pool=5, page=32):
-    """(per layer: (DapQ's scores [HKV][n_prompt], SnapKV's [HKV][n_prompt],
+def evictor_scores(torch, tgt, ids, n_prompt, hs, att, n_pseudo=32, n_head=4, window=32, pool=5, h2o_obs=64,
+                   page=32):
+    """(per layer: (DapQ's scores [HKV][n_prompt], SnapKV's, H2O's seed,
     DapQ's and SnapKV's query cosine with the answer's queries), CHESS's page
-    scores [n_pages]), with the defaults of kvsieve's dapq, snapkv and chess."""
+    scores [n_pages]), with the defaults of kvsieve's dapq, snapkv, h2o and chess."""
     pseudo = ids[:n_head] + ids[n_prompt - (n_pseudo - n_head):n_prompt]
     att_p, _ = MD.target_attention(torch, tgt, torch.tensor([ids[:n_prompt] + pseudo]),
                                    list(range(n_prompt, n_prompt + n_pseudo)))
     att_w = MD.layer_attention(torch, tgt, hs, list(range(n_prompt - window, n_prompt)))
+    att_h = MD.layer_attention(torch, tgt, hs, list(range(n_prompt - h2o_obs, n_prompt)))
 
     def cos(a, b):  # mean cosine between the rows of a and b, per query head: [HQ][Qa][D], [HQ][Qb][D]
         a, b = torch.nn.functional.normalize(a, dim=-1), torch.nn.functional.normalize(b, dim=-1)
@@ -125,10 +129,11 @@ def evictor_scores(torch, tgt, ids, n_prompt, hs, att, n_pseudo=32, n_head=4, wi
     anchor = pages[(n_prompt - 64) // page:].mean(0)
     chess = pages @ anchor
     out = []
-    for (_, _, q_real), (p_p, _, q_p), (p_w, _, q_w) in zip(att, att_p, att_w):
+    for (_, _, q_real), (p_p, _, q_p), (p_w, _, q_w), (p_h, _, _) in zip(att, att_p, att_w, att_h):
         dapq = p_p[0, :, :, :n_prompt].sum(1)
         snap = torch.nn.functional.avg_pool1d(p_w[0, :, :, :n_prompt].sum(1)[:, None], pool, 1, pool // 2)[:, 0]
-        out.append((dapq, snap, cos(q_real[0], q_p[0]), cos(q_real[0], q_w[0])))
+        h2o = p_h[0, :, :, :n_prompt].sum(1)
+        out.append((dapq, snap, h2o, cos(q_real[0], q_p[0]), cos(q_real[0], q_w[0])))
     return out, chess
 
 
@@ -190,7 +195,7 @@ def main(argv=None):
         print("instance %d: %d tokens, needle at [%d, %d), budget 6%% = %d" % (inst, T, lo, hi, int(0.06 * T)))
         if evict:
             print("  DapQ's premise, cos(answer's queries, pseudo queries) / cos(answer's, SnapKV's window) by layer: " +
-                  ", ".join("%d: %.2f / %.2f" % (li, c_p, c_w) for li, (_, _, c_p, c_w) in enumerate(evict)))
+                  ", ".join("%d: %.2f / %.2f" % (li, e[3], e[4]) for li, e in enumerate(evict)))
         for li, (p, k, q) in enumerate(att):
             for kv in range(TM.N_KV_HEAD):
                 mass = float(p[0, kv, :, lo:hi].sum(-1).mean())
@@ -206,7 +211,7 @@ def main(argv=None):
                 for name, lp in heads:
                     cells.append("%s %s" % (name, worst_rank(lp[kv], p[0, kv], qpos, lo, hi)))
                 if evict:
-                    for name, sc in zip(("dapq", "snapkv"), evict[li][:2]):
+                    for name, sc in zip(("dapq", "snapkv", "h2o"), evict[li][:3]):
                         cells.append("%s %s" % (name, worst_rank(sc[kv].expand(len(qpos), -1), p[0, kv], qpos, lo, hi)))
                     pr = [int((chess > chess[(lo + int(p[0, kv, qi, lo:hi].argmax())) // 32]).sum())
                           for qi in range(len(qpos))]
