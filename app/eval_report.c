@@ -30,62 +30,53 @@ static bool write_file(const char *path, const char *text) {
 /* heat maps of dense accuracy (all tasks, then each task), one "all tasks"
  * heat map per policy configuration, then accuracy vs budget per policy */
 bool eval_plot(const char *path, const eval_sweep *w) {
-    const eval_cell *cells = w->cells;
-    const eval_cfg *cfgs = w->cfgs;
-    const eval_summary *sum = w->sums;
-    const app_policy_opts *po = w->po;
-    const bool *task_on = w->task_on;
-    const int32_t *lens = w->lens;
-    const double *depths = w->depths;
-    int n_len = w->n_len, n_depth = w->n_depth, n_cfg = w->n_cfg;
-    int cap = KS_EVAL_TASK_COUNT + n_cfg + 2, nd = 0;
+    int cap = KS_EVAL_TASK_COUNT + w->n_cfg + 2, nd = 0;
     const char **docs = calloc((size_t)cap, sizeof *docs);
     char **own = calloc((size_t)cap, sizeof *own);
-    double *acc = malloc(sizeof(double) * (size_t)n_len * (size_t)n_depth); /* [n_depth][n_len] */
-    size_t per_cfg = w->per_cfg;
+    double *acc = malloc(sizeof(double) * (size_t)w->n_len * (size_t)w->n_depth); /* [w->n_depth][w->n_len] */
     bool ok = true;
-    for (int k = 0; k < n_cfg && ok; k++)
+    for (int k = 0; k < w->n_cfg && ok; k++)
         for (int t = -1; t < KS_EVAL_TASK_COUNT && ok; t++) {
-            if (t >= 0 && (!task_on[t] || k > 0)) continue;
-            for (int d = 0; d < n_depth; d++)
-                for (int l = 0; l < n_len; l++) {
+            if (t >= 0 && (!w->task_on[t] || k > 0)) continue;
+            for (int d = 0; d < w->n_depth; d++)
+                for (int l = 0; l < w->n_len; l++) {
                     double sc = 0;
                     int r = 0;
                     for (int tt = 0; tt < KS_EVAL_TASK_COUNT; tt++) {
-                        if (!task_on[tt] || (t >= 0 && tt != t)) continue;
-                        const eval_cell *c = &cells[k * per_cfg + ((size_t)tt * n_len + l) * n_depth + d];
+                        if (!w->task_on[tt] || (t >= 0 && tt != t)) continue;
+                        const eval_cell *c = &w->cells[k * w->per_cfg + ((size_t)tt * w->n_len + l) * w->n_depth + d];
                         if (c->runs) sc += c->score_sum / c->runs, r++;
                     }
-                    acc[(size_t)d * n_len + l] = r ? sc / r : NAN;
+                    acc[(size_t)d * w->n_len + l] = r ? sc / r : NAN;
                 }
             char title[160];
-            snprintf(title, sizeof title, "%s accuracy: %s", cfgs[k].label,
+            snprintf(title, sizeof title, "%s accuracy: %s", w->cfgs[k].label,
                      t < 0 ? "all tasks" : ks_eval_task_name((ks_eval_task)t));
-            if (ks_eval_svg_heatmap(title, lens, n_len, depths, n_depth, acc, &own[nd]) != KS_OK) ok = false;
+            if (ks_eval_svg_heatmap(title, w->lens, w->n_len, w->depths, w->n_depth, acc, &own[nd]) != KS_OK) ok = false;
             else docs[nd] = own[nd], nd++;
         }
     free(acc);
     /* accuracy vs budget: x is the budget as % of the context when budgets are relative */
-    ks_eval_series *series = calloc((size_t)po->n_names + 1, sizeof *series);
-    double *xs = calloc((size_t)(po->n_names + 1) * (po->n_budgets + 1), sizeof(double));
-    double *ys = calloc((size_t)(po->n_names + 1) * (po->n_budgets + 1), sizeof(double));
+    ks_eval_series *series = calloc((size_t)w->po->n_names + 1, sizeof *series);
+    double *xs = calloc((size_t)(w->po->n_names + 1) * (w->po->n_budgets + 1), sizeof(double));
+    double *ys = calloc((size_t)(w->po->n_names + 1) * (w->po->n_budgets + 1), sizeof(double));
     int ns = 0;
-    double dense_x = po->budgets[0].pct ? 100.0 : (double)lens[n_len - 1];
+    double dense_x = w->po->budgets[0].pct ? 100.0 : (double)w->lens[w->n_len - 1];
     xs[0] = dense_x;
-    ys[0] = sum[0].acc;
+    ys[0] = w->sums[0].acc;
     series[ns++] = (ks_eval_series){"dense", 1, xs, ys, true};
-    for (int pi = 0; pi < po->n_names; pi++) {
-        if (!strcmp(po->names[pi], "dense")) continue;
-        double *x = xs + (size_t)ns * (po->n_budgets + 1), *y = ys + (size_t)ns * (po->n_budgets + 1);
+    for (int pi = 0; pi < w->po->n_names; pi++) {
+        if (!strcmp(w->po->names[pi], "dense")) continue;
+        double *x = xs + (size_t)ns * (w->po->n_budgets + 1), *y = ys + (size_t)ns * (w->po->n_budgets + 1);
         int n = 0;
-        for (int k = 1; k < n_cfg; k++)
-            if (cfgs[k].pi == pi) {
-                x[n] = po->budgets[cfgs[k].bi].value;
-                y[n++] = sum[k].acc;
+        for (int k = 1; k < w->n_cfg; k++)
+            if (w->cfgs[k].pi == pi) {
+                x[n] = w->po->budgets[w->cfgs[k].bi].value;
+                y[n++] = w->sums[k].acc;
             }
-        series[ns++] = (ks_eval_series){po->names[pi], n, x, y, false};
+        series[ns++] = (ks_eval_series){w->po->names[pi], n, x, y, false};
     }
-    const char *title = po->budgets[0].pct ? "accuracy vs KV budget (% of context, all tasks)"
+    const char *title = w->po->budgets[0].pct ? "accuracy vs KV budget (% of context, all tasks)"
                                            : "accuracy vs KV budget (tokens, all tasks)";
     if (ok && ks_eval_svg_budget_chart(title, series, ns, &own[nd]) == KS_OK) docs[nd] = own[nd], nd++;
     else ok = false;
@@ -129,47 +120,37 @@ void eval_summarize(const eval_cell *cells, size_t n_cells, eval_summary *out) {
 }
 
 bool eval_print_json(const eval_sweep *w, const eval_meta *meta) {
-    const eval_cell *cells = w->cells;
-    const eval_cfg *cfgs = w->cfgs;
-    const eval_summary *sums = w->sums;
-    const app_policy_opts *po = w->po;
-    const int32_t *lens = w->lens;
-    const double *depths = w->depths;
-    size_t per_cfg = w->per_cfg;
-    int n_cfg = w->n_cfg;
-    ks_kv_type kv_type = w->kv_type;
-    const uint64_t *pol_sel = w->pol_sel, *pol_reb = w->pol_reb;
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "model", meta->model_path);
     cJSON_AddNumberToObject(root, "seed", (double)meta->seed);
     cJSON_AddNumberToObject(root, "samples", (double)meta->samples);
     cJSON_AddNumberToObject(root, "n_ctx_train", meta->n_ctx_train);
-    cJSON_AddNumberToObject(root, "sink", (double)po->sink);
-    cJSON_AddNumberToObject(root, "window", (double)po->window);
-    cJSON_AddNumberToObject(root, "page", (double)po->page);
+    cJSON_AddNumberToObject(root, "sink", (double)w->po->sink);
+    cJSON_AddNumberToObject(root, "window", (double)w->po->window);
+    cJSON_AddNumberToObject(root, "page", (double)w->po->page);
     cJSON_AddStringToObject(root, "simd", ks_simd_name(ks_simd_current()));
     if (meta->ref_simd >= 0)
         cJSON_AddStringToObject(root, "reference_simd", ks_simd_name((ks_simd_level)meta->ref_simd));
     cJSON *res = cJSON_AddArrayToObject(root, "results");
-    for (int k = 0; k < n_cfg; k++)
-        for (size_t i = 0; i < per_cfg; i++) {
-            const eval_cell *c = &cells[k * per_cfg + i];
+    for (int k = 0; k < w->n_cfg; k++)
+        for (size_t i = 0; i < w->per_cfg; i++) {
+            const eval_cell *c = &w->cells[k * w->per_cfg + i];
             if (!c->runs) continue;
             cJSON *r = cJSON_CreateObject();
-            cJSON_AddStringToObject(r, "config", cfgs[k].label);
-            cJSON_AddStringToObject(r, "policy", k ? po->names[cfgs[k].pi] : "dense");
-            if (k) cJSON_AddStringToObject(r, "kv_type", kv_type == KS_KV_Q8 ? "q8" : "f16");
-            if (k && cfgs[k].bi >= 0) {
+            cJSON_AddStringToObject(r, "config", w->cfgs[k].label);
+            cJSON_AddStringToObject(r, "policy", k ? w->po->names[w->cfgs[k].pi] : "dense");
+            if (k) cJSON_AddStringToObject(r, "kv_type", w->kv_type == KS_KV_Q8 ? "q8" : "f16");
+            if (k && w->cfgs[k].bi >= 0) {
                 char bl[32];
-                app_budget_label(&po->budgets[cfgs[k].bi], bl, sizeof bl);
+                app_budget_label(&w->po->budgets[w->cfgs[k].bi], bl, sizeof bl);
                 cJSON_AddStringToObject(r, "budget", bl);
-                cJSON_AddNumberToObject(r, "budget_tokens", app_budget_tokens(&po->budgets[cfgs[k].bi], lens[c->li]));
+                cJSON_AddNumberToObject(r, "budget_tokens", app_budget_tokens(&w->po->budgets[w->cfgs[k].bi], w->lens[c->li]));
             } else {
                 cJSON_AddNullToObject(r, "budget");
             }
             cJSON_AddStringToObject(r, "task", ks_eval_task_name((ks_eval_task)c->task));
-            cJSON_AddNumberToObject(r, "length", lens[c->li]);
-            cJSON_AddNumberToObject(r, "depth", depths[c->di]);
+            cJSON_AddNumberToObject(r, "length", w->lens[c->li]);
+            cJSON_AddNumberToObject(r, "depth", w->depths[c->di]);
             cJSON_AddNumberToObject(r, "samples", c->runs);
             cJSON_AddNumberToObject(r, "accuracy", c->score_sum / c->runs);
             cJSON_AddNumberToObject(r, "mean_tokens", c->total_sum / c->runs);
@@ -183,27 +164,27 @@ bool eval_print_json(const eval_sweep *w, const eval_meta *meta) {
             cJSON_AddItemToArray(res, r);
         }
     cJSON *sarr = cJSON_AddArrayToObject(root, "summary");
-    for (int k = 0; k < n_cfg; k++) {
+    for (int k = 0; k < w->n_cfg; k++) {
         cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "config", cfgs[k].label);
+        cJSON_AddStringToObject(o, "config", w->cfgs[k].label);
         for (int t = 0; t < KS_EVAL_TASK_COUNT; t++)
-            if (sums[k].task_cells[t]) cJSON_AddNumberToObject(o, ks_eval_task_name((ks_eval_task)t), sums[k].task_acc[t]);
-        cJSON_AddNumberToObject(o, "all", sums[k].acc);
-        cJSON_AddNumberToObject(o, "tok_s", sums[k].tok_s);
+            if (w->sums[k].task_cells[t]) cJSON_AddNumberToObject(o, ks_eval_task_name((ks_eval_task)t), w->sums[k].task_acc[t]);
+        cJSON_AddNumberToObject(o, "all", w->sums[k].acc);
+        cJSON_AddNumberToObject(o, "tok_s", w->sums[k].tok_s);
         if (k) {
-            cJSON_AddNumberToObject(o, "agreement_forced", sums[k].agree_tf);
-            cJSON_AddNumberToObject(o, "agreement_free", sums[k].agree_free);
-            cJSON_AddNumberToObject(o, "kl", sums[k].kl);
-            if (sums[k].recall == sums[k].recall) cJSON_AddNumberToObject(o, "attention_recall", sums[k].recall);
+            cJSON_AddNumberToObject(o, "agreement_forced", w->sums[k].agree_tf);
+            cJSON_AddNumberToObject(o, "agreement_free", w->sums[k].agree_free);
+            cJSON_AddNumberToObject(o, "kl", w->sums[k].kl);
+            if (w->sums[k].recall == w->sums[k].recall) cJSON_AddNumberToObject(o, "attention_recall", w->sums[k].recall);
             cJSON *pc = cJSON_AddObjectToObject(o, "policy_counters");
-            cJSON_AddNumberToObject(pc, "selections", (double)sums[k].selections);
-            cJSON_AddNumberToObject(pc, "hits", (double)sums[k].hits);
-            cJSON_AddNumberToObject(pc, "misses", (double)sums[k].misses);
-            cJSON_AddNumberToObject(pc, "corrections", (double)sums[k].corrections);
-            cJSON_AddNumberToObject(pc, "rebuilds", (double)sums[k].rebuilds);
-            if (pol_sel[k]) {
-                cJSON_AddNumberToObject(o, "selections", (double)pol_sel[k]);
-                cJSON_AddNumberToObject(o, "rebuilds", (double)pol_reb[k]);
+            cJSON_AddNumberToObject(pc, "selections", (double)w->sums[k].selections);
+            cJSON_AddNumberToObject(pc, "hits", (double)w->sums[k].hits);
+            cJSON_AddNumberToObject(pc, "misses", (double)w->sums[k].misses);
+            cJSON_AddNumberToObject(pc, "corrections", (double)w->sums[k].corrections);
+            cJSON_AddNumberToObject(pc, "rebuilds", (double)w->sums[k].rebuilds);
+            if (w->pol_sel[k]) {
+                cJSON_AddNumberToObject(o, "selections", (double)w->pol_sel[k]);
+                cJSON_AddNumberToObject(o, "rebuilds", (double)w->pol_reb[k]);
             }
         }
         cJSON_AddItemToArray(sarr, o);
@@ -220,18 +201,11 @@ bool eval_print_json(const eval_sweep *w, const eval_meta *meta) {
 }
 
 void eval_print_table(const eval_sweep *w) {
-    const eval_cell *cells = w->cells;
-    const eval_cfg *cfgs = w->cfgs;
-    const eval_summary *sums = w->sums;
-    const int32_t *lens = w->lens;
-    const double *depths = w->depths;
-    size_t per_cfg = w->per_cfg;
-    int n_cfg = w->n_cfg;
     printf("%-18s %-10s %7s %6s %7s %9s %8s %8s %8s %8s %9s\n", "config", "task", "length", "depth", "samples",
            "accuracy", "agree_tf", "agree_fr", "KL", "recall", "tok/s");
-    for (int k = 0; k < n_cfg; k++)
-        for (size_t i = 0; i < per_cfg; i++) {
-            const eval_cell *c = &cells[k * per_cfg + i];
+    for (int k = 0; k < w->n_cfg; k++)
+        for (size_t i = 0; i < w->per_cfg; i++) {
+            const eval_cell *c = &w->cells[k * w->per_cfg + i];
             if (!c->runs) continue;
             char a1[16] = "-", a2[16] = "-", a3[16] = "-", a4[16] = "-";
             if (k) {
@@ -240,33 +214,33 @@ void eval_print_table(const eval_sweep *w) {
                 snprintf(a3, sizeof a3, "%.4f", c->kl_sum / c->runs);
                 if (c->recall_runs) snprintf(a4, sizeof a4, "%.3f", c->recall_sum / c->recall_runs);
             }
-            printf("%-18s %-10s %7d %6.2f %7d %9.3f %8s %8s %8s %8s %9.1f\n", cfgs[k].label,
-                   ks_eval_task_name((ks_eval_task)c->task), lens[c->li], depths[c->di], c->runs,
+            printf("%-18s %-10s %7d %6.2f %7d %9.3f %8s %8s %8s %8s %9.1f\n", w->cfgs[k].label,
+                   ks_eval_task_name((ks_eval_task)c->task), w->lens[c->li], w->depths[c->di], c->runs,
                    c->score_sum / c->runs, a1, a2, a3, a4, c->seconds > 0 ? c->tokens / c->seconds : 0);
         }
     printf("\n%-18s", "summary");
     for (int t = 0; t < KS_EVAL_TASK_COUNT; t++)
-        if (sums[0].task_cells[t]) printf(" %10s", ks_eval_task_name((ks_eval_task)t));
+        if (w->sums[0].task_cells[t]) printf(" %10s", ks_eval_task_name((ks_eval_task)t));
     printf(" %8s %8s %8s %8s %8s %9s\n", "all", "agree_tf", "agree_fr", "KL", "recall", "tok/s");
-    for (int k = 0; k < n_cfg; k++) {
-        printf("%-18s", cfgs[k].label);
+    for (int k = 0; k < w->n_cfg; k++) {
+        printf("%-18s", w->cfgs[k].label);
         for (int t = 0; t < KS_EVAL_TASK_COUNT; t++)
-            if (sums[0].task_cells[t]) printf(" %10.3f", sums[k].task_acc[t]);
+            if (w->sums[0].task_cells[t]) printf(" %10.3f", w->sums[k].task_acc[t]);
         if (k)
-            printf(" %8.3f %8.3f %8.3f %8.4f %8.3f %9.1f\n", sums[k].acc, sums[k].agree_tf, sums[k].agree_free,
-                   sums[k].kl, sums[k].recall, sums[k].tok_s);
+            printf(" %8.3f %8.3f %8.3f %8.4f %8.3f %9.1f\n", w->sums[k].acc, w->sums[k].agree_tf, w->sums[k].agree_free,
+                   w->sums[k].kl, w->sums[k].recall, w->sums[k].tok_s);
         else
-            printf(" %8.3f %8s %8s %8s %8s %9.1f\n", sums[k].acc, "-", "-", "-", "-", sums[k].tok_s);
+            printf(" %8.3f %8s %8s %8s %8s %9.1f\n", w->sums[k].acc, "-", "-", "-", "-", w->sums[k].tok_s);
     }
-    for (int k = 1; k < n_cfg; k++)
-        if (sums[k].selections || sums[k].hits || sums[k].misses || sums[k].corrections || sums[k].rebuilds) {
-            uint64_t hm = sums[k].hits + sums[k].misses;
+    for (int k = 1; k < w->n_cfg; k++)
+        if (w->sums[k].selections || w->sums[k].hits || w->sums[k].misses || w->sums[k].corrections || w->sums[k].rebuilds) {
+            uint64_t hm = w->sums[k].hits + w->sums[k].misses;
             printf("counters %-18s selections %llu, hits %llu, misses %llu (miss rate %.3f), corrections %llu "
-                   "(%.3f of selections), rebuilds %llu\n", cfgs[k].label, (unsigned long long)sums[k].selections,
-                   (unsigned long long)sums[k].hits, (unsigned long long)sums[k].misses,
-                   hm ? (double)sums[k].misses / hm : 0.0, (unsigned long long)sums[k].corrections,
-                   sums[k].selections ? (double)sums[k].corrections / sums[k].selections : 0.0,
-                   (unsigned long long)sums[k].rebuilds);
+                   "(%.3f of selections), rebuilds %llu\n", w->cfgs[k].label, (unsigned long long)w->sums[k].selections,
+                   (unsigned long long)w->sums[k].hits, (unsigned long long)w->sums[k].misses,
+                   hm ? (double)w->sums[k].misses / hm : 0.0, (unsigned long long)w->sums[k].corrections,
+                   w->sums[k].selections ? (double)w->sums[k].corrections / w->sums[k].selections : 0.0,
+                   (unsigned long long)w->sums[k].rebuilds);
         }
-    printf("mean all        %.3f  (policy dense)\n", sums[0].acc);
+    printf("mean all        %.3f  (policy dense)\n", w->sums[0].acc);
 }

@@ -399,42 +399,46 @@ ks_policy_config ks_policy_config_default(void) {
                               .dense_layers = -1, .policy_args = NULL};
 }
 
+/* The next part of a spec "a" or "a+b", *p advanced past it (NULL after the
+ * last part, so an empty part, as in "a+", is still seen): false at the end;
+ * *vt the part's interface, NULL for an unknown or empty name. */
+static bool next_part(const char **p, const ks_policy_i **vt) {
+    if (!*p) return false;
+    const char *e = strchr(*p, '+');
+    size_t n = e ? (size_t)(e - *p) : strlen(*p);
+    char name[64];
+    *vt = NULL;
+    if (n > 0 && n < sizeof name) {
+        memcpy(name, *p, n);
+        name[n] = 0;
+        *vt = ks_policy_find(name);
+    }
+    *p = e ? e + 1 : NULL;
+    return true;
+}
+
 bool ks_policy_prefill_chunkable(const char *spec) {
     /* no part has a prefill hook: the state after a prompt does not depend on
      * how it was split into ks_prefill calls */
     if (!spec || !*spec) return false;
-    for (const char *p = spec;;) {
-        const char *e = strchr(p, '+');
-        size_t n = e ? (size_t)(e - p) : strlen(p);
-        char name[64];
-        if (n == 0 || n >= sizeof name) return false;
-        memcpy(name, p, n);
-        name[n] = 0;
-        const ks_policy_i *vt = ks_policy_find(name);
+    const ks_policy_i *vt;
+    for (const char *p = spec; next_part(&p, &vt);)
         if (!vt || vt->on_prefill || vt->pseudo_tokens) return false;
-        if (!e) return true;
-        p = e + 1;
-    }
+    return true;
 }
 
 int32_t ks_policy_prefill_room(const char *spec, const char *args) {
     /* only the evictor's prefill hooks run before decoding, but every part
      * with pseudo tokens is counted: the larger answer is the safe one */
     int32_t room = 0;
-    for (const char *p = spec ? spec : ""; *p;) {
-        const char *e = strchr(p, '+');
-        size_t n = e ? (size_t)(e - p) : strlen(p);
-        char name[64];
-        if (n == 0 || n >= sizeof name) return 0;
-        memcpy(name, p, n);
-        name[n] = 0;
-        const ks_policy_i *vt = ks_policy_find(name);
-        if (vt && vt->pseudo_tokens && vt->prefill_room) {
+    const ks_policy_i *vt;
+    if (!spec || !*spec) return 0;
+    for (const char *p = spec; next_part(&p, &vt);) {
+        if (!vt) return 0;
+        if (vt->pseudo_tokens && vt->prefill_room) {
             int32_t r = vt->prefill_room(args);
             if (r > room) room = r;
         }
-        if (!e) break;
-        p = e + 1;
     }
     return room;
 }
