@@ -9,6 +9,8 @@
 #include "core.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -58,29 +60,72 @@ static void default_oom(size_t bytes) {
 static ks_oom_handler g_oom = default_oom;
 void ks_set_oom_handler(ks_oom_handler handler) { g_oom = handler ? handler : default_oom; }
 
+/* Every ks_ allocation is counted (relaxed: a statistic, not a fence), so a
+ * test can prove that a decode step allocates nothing. */
+static atomic_uint_least64_t g_alloc_count;
+uint64_t ks_alloc_count(void) { return atomic_load_explicit(&g_alloc_count, memory_order_relaxed); }
+#define COUNT_ALLOC() atomic_fetch_add_explicit(&g_alloc_count, 1, memory_order_relaxed)
+
 static void *oom(size_t n) {
     g_oom(n);
     abort(); /* a handler that returns must not let NULL escape */
 }
 
 void *ks_malloc(size_t n) {
+    COUNT_ALLOC();
     void *p = malloc(n ? n : 1);
     return p ? p : oom(n);
 }
 void *ks_calloc(size_t count, size_t size) {
+    COUNT_ALLOC();
     void *p = calloc(count ? count : 1, size ? size : 1);
     return p ? p : oom(count * size);
 }
 void *ks_realloc(void *p, size_t n) {
+    COUNT_ALLOC();
     void *q = realloc(p, n ? n : 1);
     return q ? q : oom(n);
 }
 void *ks_malloc_aligned(size_t n) {
+    COUNT_ALLOC();
     void *p = NULL;
     if (posix_memalign(&p, 64, n ? (n + 63) & ~(size_t)63 : 64) != 0) return oom(n);
     return p;
 }
 void ks_free_aligned(void *p) { free(p); }
+/* Scratch: one set of slots per thread, kept in a pthread key so that a
+ * worker's buffers are freed when the worker exits. */
+typedef struct {
+    void *p[KS_SCRATCH_SLOTS];
+    size_t n[KS_SCRATCH_SLOTS];
+} scratch_set;
+static pthread_key_t g_scratch_key;
+static pthread_once_t g_scratch_once = PTHREAD_ONCE_INIT;
+static void scratch_release(void *v) {
+    scratch_set *s = v;
+    for (int i = 0; i < KS_SCRATCH_SLOTS; i++) ks_free_aligned(s->p[i]);
+    ks_free(s);
+}
+static void scratch_make_key(void) { KS_ASSERT(pthread_key_create(&g_scratch_key, scratch_release) == 0); }
+
+void *ks_scratch(ks_scratch_slot slot, size_t bytes) {
+    KS_ASSERT((int)slot >= 0 && slot < KS_SCRATCH_SLOTS);
+    pthread_once(&g_scratch_once, scratch_make_key);
+    scratch_set *s = pthread_getspecific(g_scratch_key);
+    if (!s) {
+        s = ks_calloc(1, sizeof *s);
+        KS_ASSERT(pthread_setspecific(g_scratch_key, s) == 0);
+    }
+    if (s->n[slot] < bytes) { /* grow geometrically: a context's growing depth regrows a slot O(log n) times */
+        size_t n = bytes > 2 * s->n[slot] ? bytes : 2 * s->n[slot];
+        n = n < 4096 ? 4096 : n;
+        ks_free_aligned(s->p[slot]);
+        s->p[slot] = ks_malloc_aligned(n);
+        s->n[slot] = n;
+    }
+    return s->p[slot];
+}
+
 char *ks_strdup(const char *s) {
     size_t n = strlen(s) + 1;
     char *d = ks_malloc(n);

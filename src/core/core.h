@@ -49,6 +49,22 @@ void *ks_malloc_aligned(size_t n);
 void ks_free_aligned(void *p);
 char *ks_strdup(const char *s);
 #define ks_free free
+/* How many ks_ allocations the process has made (tests: no step allocates). */
+uint64_t ks_alloc_count(void);
+/* Per-thread scratch for the hot path, so that a decode step allocates
+ * nothing once its threads have seen a step as large: slot `slot` of the
+ * calling thread, at least `bytes`, 64-byte aligned, owned by the thread
+ * (freed when it exits).  The buffer stays valid until the same thread asks
+ * for the same slot again, so a function uses only its own slots: the
+ * policies' selection 0-3, their math helpers 4-5, the engine's services
+ * to policies 6-7. */
+typedef enum {
+    KS_SCRATCH_POLICY0, KS_SCRATCH_POLICY1, KS_SCRATCH_POLICY2, KS_SCRATCH_POLICY3,
+    KS_SCRATCH_MATH0, KS_SCRATCH_MATH1,
+    KS_SCRATCH_SERVICE0, KS_SCRATCH_SERVICE1,
+    KS_SCRATCH_SLOTS
+} ks_scratch_slot;
+void *ks_scratch(ks_scratch_slot slot, size_t bytes);
 
 /* Logging goes to stderr; stdout belongs to the program's output. */
 typedef enum { KS_LOG_DEBUG, KS_LOG_INFO, KS_LOG_WARN, KS_LOG_ERROR } ks_log_level;

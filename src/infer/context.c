@@ -108,6 +108,9 @@ void ks_context_destroy(ks_context *c) {
     ks_free_aligned(c->mm_scratch);
     ks_free(c->rope_cos);
     ks_free(c->rope_sin);
+    ks_free(c->step_i32);
+    ks_free(c->step_f32);
+    ks_free(c->step_want);
     ks_pool_destroy(c->pool);
     ks_free(c);
 }
@@ -168,7 +171,7 @@ static ks_status svc_read_keys(void *svc, int32_t seq, int32_t layer, int32_t he
     /* the K rows only, a page's worth at a time (a slow layer's V rows and
      * the rest of the page stay where they are) */
     size_t row = ks_kv_row_size(c->kv);
-    uint8_t *buf = ks_malloc(row * (size_t)P);
+    uint8_t *buf = ks_scratch(KS_SCRATCH_SERVICE0, row * (size_t)P);
     ks_status st = KS_OK;
     for (int32_t e = first; e < first + n && st == KS_OK;) {
         int32_t run = P - e % P < first + n - e ? P - e % P : first + n - e;
@@ -177,7 +180,6 @@ static ks_status svc_read_keys(void *svc, int32_t seq, int32_t layer, int32_t he
             ks_dequantize_row(ks_kv_dtype(c->kv_type), buf + (size_t)i * row, out + (size_t)(e - first + i) * hd, hd);
         e += run;
     }
-    ks_free(buf);
     return st;
 }
 
@@ -306,6 +308,9 @@ static void alloc_rows(ks_context *c) {
     c->up = ks_malloc_aligned(sizeof(float) * rows * hp->n_ff);
     c->rope_cos = ks_malloc(sizeof(float) * rows * (hp->n_rot / 2));
     c->rope_sin = ks_malloc(sizeof(float) * rows * (hp->n_rot / 2));
+    c->step_i32 = ks_malloc(sizeof(int32_t) * 5 * rows);
+    c->step_f32 = ks_malloc(sizeof(float) * 4 * rows);
+    c->step_want = ks_malloc(sizeof(bool) * rows);
     size_t mm = ks_matmul_scratch_bytes(m->output.type, m->output.cols, rows);
     for (int il = 0; il < hp->n_layer; il++) {
         const ks_layer *L = &m->layers[il];

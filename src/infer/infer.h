@@ -102,6 +102,13 @@ struct ks_context {
     ks_attn_scratch *scr;    /* [n_threads] */
     void *mm_scratch;        /* quantized activations for ks_matmul */
     float *rope_cos, *rope_sin; /* [max_rows][n_rot/2] */
+    /* A decode step's own arrays, sized once so that a step allocates nothing:
+     * step_i32 [5][max_rows] (positions, then a policy's rows: sequences,
+     * tokens, positions), step_f32 [4][max_rows] (entropy and varentropy of
+     * the batch, then of a policy's rows), step_want [max_rows]. */
+    int32_t *step_i32;
+    float *step_f32;
+    bool *step_want;
     int32_t n_aux;           /* hidden states captured for the policy (<= 3) */
     int32_t aux_layer[3];    /* layer whose input residual is captured (n_layer: final) */
     float *aux_h;            /* [max_rows][n_aux][n_embd] */

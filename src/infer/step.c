@@ -179,8 +179,8 @@ ks_status ks_prefill(ks_context *c, int32_t seq, const int32_t *tokens, int32_t 
  * ent: [2n] entropy then varentropy of each row. */
 static ks_status policies_before_step(ks_context *c, int32_t n, const int32_t *seqs, const int32_t *tokens,
                                       const int32_t *ps, const float *ent) {
-    int32_t *sq = ks_malloc(sizeof(int32_t) * 3 * (size_t)n), *tk = sq + n, *po = sq + 2 * n;
-    float *en = ks_malloc(sizeof(float) * 2 * (size_t)n);
+    int32_t *sq = c->step_i32 + c->max_rows, *tk = sq + c->max_rows, *po = tk + c->max_rows;
+    float *en = c->step_f32 + 2 * (size_t)c->max_rows;
     ks_status st = KS_OK;
     for (int32_t k = 0; k < c->n_pols && st == KS_OK; k++) {
         ks_infer_pol *e = &c->pols[k];
@@ -192,11 +192,11 @@ static ks_status policies_before_step(ks_context *c, int32_t n, const int32_t *s
                 tk[m] = tokens[i];
                 po[m] = ps[i];
                 en[m] = ent[i];
-                en[n + m] = ent[n + i];
+                en[c->max_rows + m] = ent[n + i];
                 m++;
             }
         if (!m) continue;
-        ks_step_info step = {.n = m, .seq = sq, .token = tk, .pos = po, .entropy = en, .varentropy = en + n};
+        ks_step_info step = {.n = m, .seq = sq, .token = tk, .pos = po, .entropy = en, .varentropy = en + c->max_rows};
         double ts = ks_time_sec();
         st = ks_policy_before_step(e->pol, &step);
         /* before_step may use every worker: count thread time like the per-head selections */
@@ -205,8 +205,6 @@ static ks_status policies_before_step(ks_context *c, int32_t n, const int32_t *s
             st = ks_infer_prefetch_global(c, e->dense_from, m, sq, po);
         }
     }
-    ks_free(sq);
-    ks_free(en);
     return st;
 }
 
@@ -234,13 +232,13 @@ ks_status ks_decode(ks_context *c, const int32_t *seqs, const int32_t *tokens, i
         KS_TRY(ks_infer_plan_apply(c, n, starting, S));
     }
     double t0 = ks_time_sec();
-    int32_t *ps = ks_malloc(sizeof(int32_t) * (size_t)n);
-    bool *want = ks_malloc(sizeof(bool) * (size_t)n);
+    int32_t *ps = c->step_i32;
+    bool *want = c->step_want;
     for (int32_t i = 0; i < n; i++) {
         ps[i] = c->seq_len[seqs[i]];
         want[i] = true;
     }
-    float *ent = ks_malloc(sizeof(float) * 2 * (size_t)n);
+    float *ent = c->step_f32;
     for (int32_t i = 0; i < n; i++) {
         ent[i] = c->entropy[seqs[i]];
         ent[n + i] = c->varentropy[seqs[i]];
@@ -259,9 +257,6 @@ ks_status ks_decode(ks_context *c, const int32_t *seqs, const int32_t *tokens, i
                 entropy_of(logits + (size_t)i * c->model->hp.n_vocab, c->model->hp.n_vocab, &c->entropy[seqs[i]],
                            &c->varentropy[seqs[i]]);
         }
-    ks_free(ent);
-    ks_free(ps);
-    ks_free(want);
     if (st != KS_OK) return st;
     c->stats.tokens_decoded += (uint64_t)n;
     c->stats.decode_seconds += ks_time_sec() - t0;

@@ -21,6 +21,7 @@ typedef struct {
     uint8_t *slots;       /* elastic buffer of a SLOW layer: [n_sh][n_slot][row] K rows, then the same of V rows */
     int32_t *slot_ent;    /* [n_sh][n_slot] physical entry (id * P + row) held by a slot, -1 empty */
     uint32_t *slot_stamp; /* [n_sh][n_slot] fetch stamp of the last use */
+    int32_t *slot_victim; /* [n_sh][n_slot] a fetch's scratch: the slots it may overwrite, oldest first */
     uint32_t *stamp;      /* [n_sh] current fetch stamp of each (seq, head) */
     int32_t *slot_of;     /* [n_phys * P] slot (sh * n_slot + s) holding a physical entry, -1 none */
     uint8_t *in_use;      /* [n_phys] */

@@ -91,6 +91,8 @@ void ks_kv_release_slow(kv_layer *L) {
     if (L->fd >= 0) close(L->fd);
     ks_free(L->slot_ent);
     ks_free(L->slot_stamp);
+    ks_free(L->slot_victim);
+    L->slot_victim = NULL;
     ks_free(L->stamp);
     L->slow = L->slots = NULL;
     L->slot_ent = NULL;
@@ -161,6 +163,7 @@ ks_status ks_kv_set_layer_tier(ks_kv_store *kv, int32_t layer, ks_kv_tier tier) 
         L->slots = slots;
         L->slot_ent = ks_malloc(sizeof(int32_t) * (size_t)kv->n_sh * kv->n_slot);
         L->slot_stamp = ks_calloc((size_t)kv->n_sh * kv->n_slot, sizeof(uint32_t));
+        L->slot_victim = ks_malloc(sizeof(int32_t) * (size_t)kv->n_sh * kv->n_slot);
         L->stamp = ks_calloc((size_t)kv->n_sh, sizeof(uint32_t));
         for (size_t i = 0; i < (size_t)kv->n_sh * kv->n_slot; i++) L->slot_ent[i] = -1;
         for (size_t i = 0; i < (size_t)kv->n_phys * kv->P; i++) L->slot_of[i] = -1;
@@ -234,8 +237,7 @@ ks_status ks_kv_fetch(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head,
         return KS_OK;
     }
     /* S_now - S_last goes into the slots of S_last - S_now (then of the least recently used) */
-    int32_t *vic = ks_malloc(sizeof(int32_t) * (size_t)kv->n_slot);
-    int32_t n_vic = 0;
+    int32_t *vic = L->slot_victim + (size_t)base, n_vic = 0;
     for (int32_t s = 0; s < kv->n_slot; s++)
         if (ss[s] != cur) vic[n_vic++] = s;
     qsort_r(vic, (size_t)n_vic, sizeof(int32_t), cmp_victim, ss);
@@ -285,7 +287,6 @@ ks_status ks_kv_fetch(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head,
         next += len;
         i += len;
     }
-    ks_free(vic);
     return st;
 }
 

@@ -289,7 +289,7 @@ ks_status ks_lrqk_decode(float *bq, float *bk, int32_t r, int32_t d, const doubl
         return KS_FAIL(KS_ERR_INVALID_ARG, "lrqk decode: rank %d / group %d out of range", r, G);
     size_t rr = (size_t)r * r, rg = (size_t)r * G;
     /* BQ2, BK2, M [r][r]; R, c, qh [r][G]; kb, kh, nk, qbq, qbk [r]; s [G] */
-    double *BQ2 = ks_malloc(sizeof(double) * (3 * rr + 3 * rg + 5 * (size_t)r + (size_t)G));
+    double *BQ2 = ks_scratch(KS_SCRATCH_MATH0, sizeof(double) * (3 * rr + 3 * rg + 5 * (size_t)r + (size_t)G));
     double *BK2 = BQ2 + rr, *M = BK2 + rr, *R = M + rr, *c = R + rg, *qh = c + rg, *kb = qh + rg, *kh = kb + r,
            *nk = kh + r, *qbq = nk + r, *qbk = qbq + r, *s = qbk + r;
     ks_status st = KS_OK;
@@ -359,13 +359,10 @@ ks_status ks_lrqk_decode(float *bq, float *bk, int32_t r, int32_t d, const doubl
     }
     for (int32_t i = 0; i < r; i++) khat[i] = (float)kh[i];
     for (size_t i = 0; i < (size_t)G * r; i++) qhat[i] = (float)qh[i];
-    float *dB = ks_malloc(sizeof(float) * (size_t)r * d), *e = ks_malloc(sizeof(float) * (size_t)d);
+    float *dB = ks_scratch(KS_SCRATCH_MATH1, sizeof(float) * ((size_t)r * d + (size_t)d)), *e = dB + (size_t)r * d;
     grad_step(bq, r, d, qhat, q, G, dB, e);
     grad_step(bk, r, d, khat, k, 1, dB, e);
-    ks_free(dB);
-    ks_free(e);
 out:
-    ks_free(BQ2);
     return st;
 }
 

@@ -152,25 +152,24 @@ int32_t ks_chess_mask(const float *page_s, const float *chunk_s, const float *gr
                       const ks_chess_cfg *cfg, int32_t *out) {
     if (np <= 0) return 0;
     int32_t nc = (np + cfg->chunk - 1) / cfg->chunk, ng = (nc + cfg->grid - 1) / cfg->grid;
-    uint8_t *gk = ks_malloc((size_t)ng + nc * 2 + np * 2);   /* grid kept, chunk active/kept, page active/kept */
-    uint8_t *ca = gk + ng, *ck = ca + nc, *pa = ck + nc, *pk = pa + np;
-    float *tmp = ks_malloc(sizeof(float) * (size_t)np);
-    int32_t *map = ks_malloc(sizeof(int32_t) * (size_t)np * 2), *idx = map + np;
+    /* one scratch block (no step allocates): pages scored and sorted [np],
+     * top-k scratch [np], map and index [2][np], then the keep flags of the
+     * grid, the chunks (active, kept) and the pages (active, kept) */
+    scored *sv = ks_scratch(KS_SCRATCH_MATH0, sizeof(scored) * (size_t)np + sizeof(float) * (size_t)np +
+                                                  sizeof(int32_t) * 2 * (size_t)np + (size_t)ng + 2 * (size_t)nc + 2 * (size_t)np);
+    float *tmp = (float *)(sv + np);
+    int32_t *map = (int32_t *)(tmp + np), *idx = map + np;
+    uint8_t *gk = (uint8_t *)(idx + np), *ca = gk + ng, *ck = ca + nc, *pa = ck + nc, *pk = pa + np;
     keep_top(grid_s, ng, NULL, cfg->rho_g, gk, tmp, map, idx);
     for (int32_t c = 0; c < nc; c++) ca[c] = gk[c / cfg->grid];
     keep_top(chunk_s, nc, ca, cfg->rho_c, ck, tmp, map, idx);
     for (int32_t p = 0; p < np; p++) pa[p] = ck[p / cfg->chunk];
     keep_top(page_s, np, pa, cfg->rho_p, pk, tmp, map, idx);
-    scored *sv = ks_malloc(sizeof(scored) * (size_t)np);
     int32_t n = 0;
     for (int32_t p = 0; p < np; p++)
         if (pk[p]) sv[n++] = (scored){page_s[p], p};
     qsort(sv, (size_t)n, sizeof *sv, cmp_scored);
     for (int32_t i = 0; i < n; i++) out[i] = sv[i].i;
-    ks_free(sv);
-    ks_free(map);
-    ks_free(tmp);
-    ks_free(gk);
     return n;
 }
 

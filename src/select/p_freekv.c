@@ -336,10 +336,16 @@ static ks_status fresh_select(freekv_state *s, const ks_select_req *req, const f
     *n_out = m;
     if (m == k) return KS_OK;
     int32_t nc = cr->nc;
-    float *sc = ks_malloc(sizeof(float) * (size_t)nc * (G + 1));
-    int32_t *map = ks_malloc(sizeof(int32_t) * (size_t)nc * 2), *top = map + nc;
+    /* one scratch block (a step allocates nothing): the f16 boxes' pointers
+     * [nc], the per-head scores and their reduction [nc][G + 1], the f16
+     * boxes' scores [nc][G], candidate map, top and f16 places [3][nc] */
+    size_t n_sc = (size_t)nc * (G + 1), n_b16 = (size_t)nc * G;
+    const uint16_t **kb16 = ks_scratch(KS_SCRATCH_POLICY1, sizeof(uint16_t *) * (size_t)nc +
+                                                              sizeof(float) * (n_sc + n_b16) + sizeof(int32_t) * 3 * (size_t)nc);
+    float *sc = (float *)(kb16 + nc), *b16 = sc + n_sc;
+    int32_t *map = (int32_t *)(b16 + n_b16), *top = map + nc, *at16 = top + nc, n16 = 0;
     float *red = sc + (size_t)nc * G;
-    float *keys = s->summary == SUM_CENTRE ? ks_malloc(sizeof(float) * (size_t)P * hd) : NULL;
+    float *keys = s->summary == SUM_CENTRE ? ks_scratch(KS_SCRATCH_POLICY2, sizeof(float) * (size_t)P * hd) : NULL;
     size_t slot = slot_of(s, seq, layer, head);
     int32_t edge_page = edge ? s->edge_page[slot] : -1;
     ks_status st = KS_OK;
@@ -350,8 +356,6 @@ static ks_status fresh_select(freekv_state *s, const ks_select_req *req, const f
      * same values) are scored together, as Quest scores them (half the
      * bytes, four pages x four heads a pass); the edge page and centre
      * boxes one by one */
-    const uint16_t **kb16 = ks_malloc(sizeof(*kb16) * (size_t)(nm > 0 ? nm : 1));
-    int32_t *at16 = ks_malloc(sizeof(int32_t) * (size_t)(nm > 0 ? nm : 1)), n16 = 0;
     for (int32_t i = 0; i < nm && st == KS_OK; i++) {
         const float *bl, *bh;
         if (map[i] == edge_page) {
@@ -372,14 +376,10 @@ static ks_status fresh_select(freekv_state *s, const ks_select_req *req, const f
             sc[(size_t)g * nm + i] = s->scale * ks_page_upper_bound(q + (size_t)g * hd, bl, bh, hd);
     }
     if (st == KS_OK && n16 > 0) {
-        float *b16 = ks_malloc(sizeof(float) * (size_t)n16 * G);
         ks_page_upper_bounds16_pages(q, G, kb16, n16, hd, b16, NULL);
         for (int32_t g = 0; g < G; g++)
             for (int32_t j = 0; j < n16; j++) sc[(size_t)g * nm + at16[j]] = s->scale * b16[(size_t)g * n16 + j];
-        ks_free(b16);
     }
-    ks_free(kb16);
-    ks_free(at16);
     if (st == KS_OK && nm > 0) {
         ks_group_reduce_scores(sc, G, nm, KS_GROUP_SOFTMAX_MEAN, red);
         int32_t got = ks_topk_scratch(red, nm, k - m, top, sc); /* the per-head scores are spent */
@@ -387,9 +387,6 @@ static ks_status fresh_select(freekv_state *s, const ks_select_req *req, const f
         m += got;
     }
     *n_out = m;
-    ks_free(keys);
-    ks_free(map);
-    ks_free(sc);
     return st;
 }
 
@@ -495,7 +492,7 @@ static ks_status freekv_select(void *state, const ks_select_req *req, ks_selecti
         keep_query(s, slot, req);
         return KS_OK;
     }
-    int32_t *cur = ks_malloc(sizeof(int32_t) * (size_t)s->max_pages * 2);
+    int32_t *cur = ks_scratch(KS_SCRATCH_POLICY0, sizeof(int32_t) * (size_t)s->max_pages * 2);
     uint8_t *mark = (uint8_t *)(cur + s->max_pages); /* [max_pages] pages attended at step t-1 */
     int32_t *spec = s->spec + slot * s->max_pages, nu = 0;
     bool have_prev = s->q_pos[slot] == req->pos - 1;
@@ -518,7 +515,6 @@ static ks_status freekv_select(void *state, const ks_select_req *req, ks_selecti
     }
     if (st != KS_OK) {
         forget(s, slot);
-        ks_free(cur);
         return st;
     }
     /* hits / misses: pages the recall buffer holds from step t-1 vs pages it must load */
@@ -537,7 +533,6 @@ static ks_status freekv_select(void *state, const ks_select_req *req, ks_selecti
         memcpy(spec, cur, sizeof(int32_t) * (size_t)nu);
         s->n_spec[slot] = nu;
     }
-    ks_free(cur);
     if (out->next) { /* recall for step t + 1 starts now */
         if (s->n_spec[slot] < 0) {
             st = fresh_select(s, req, req->q, &cr, false, spec, &s->n_spec[slot]);

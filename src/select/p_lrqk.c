@@ -459,7 +459,7 @@ static ks_status update_resident(lrqk_state *s, lrqk_slot *t, const ks_select_re
     } else {
         t->gram_age++;
     }
-    float *keys = ks_malloc(sizeof(float) * 64 * (size_t)hd);
+    float *keys = ks_scratch(KS_SCRATCH_POLICY0, sizeof(float) * 64 * (size_t)hd);
     ks_status st = KS_OK;
     int32_t run0 = -1, run_len = 0;
     for (int32_t w = 0; w < W && st == KS_OK; w++) {
@@ -478,7 +478,6 @@ static ks_status update_resident(lrqk_state *s, lrqk_slot *t, const ks_select_re
         }
     }
     if (st == KS_OK && run_len > 0) st = apply_run(s, t, req, run0, run_len, nw, keys);
-    ks_free(keys);
     if (st != KS_OK) { /* O unknown: start over at the next select */
         slot_clear_resident(s, t);
         return st;
@@ -502,17 +501,16 @@ static ks_status lrqk_select(void *state, const ks_select_req *req, ks_selection
     if (hi <= lo || req->n_select <= 0) return KS_OK;
     lrqk_slot *t = slot_get(s, req->seq, req->layer, req->head);
     if (t->n != n || t->final_rows < n - 1) { /* no prefill factors, or out of sync: rebuild from the keys */
-        float *keys = ks_malloc(sizeof(float) * (size_t)n * hd);
+        float *keys = ks_scratch(KS_SCRATCH_POLICY0, sizeof(float) * (size_t)n * hd);
         ks_status st = factor_slot(s, t, req->seq, req->layer, req->head, NULL, 0, n, keys);
-        ks_free(keys);
         KS_TRY(st);
         if (t->n != n) {
             out->all = true;
             return KS_OK;
         }
     }
-    float *qhat = ks_malloc(sizeof(float) * ((size_t)G * r + r)), *khat = qhat + (size_t)G * r;
-    double *gram = ks_malloc(sizeof(double) * (size_t)r * r);
+    float *qhat = ks_scratch(KS_SCRATCH_POLICY1, sizeof(float) * ((size_t)G * r + r)), *khat = qhat + (size_t)G * r;
+    double *gram = ks_scratch(KS_SCRATCH_POLICY2, sizeof(double) * (size_t)r * r);
     gram_read(t->gram, r, gram);
     ks_status st;
     if (t->updated != n) {
@@ -524,23 +522,19 @@ static ks_status lrqk_select(void *state, const ks_select_req *req, ks_selection
             t->updated = n;
         }
     } else { /* asked again for the same token: estimate on copies, no second update */
-        float *bq = ks_malloc(sizeof(float) * (size_t)r * hd * 2), *bk = bq + (size_t)r * hd;
+        float *bq = ks_scratch(KS_SCRATCH_POLICY3, sizeof(float) * (size_t)r * hd * 2), *bk = bq + (size_t)r * hd;
         memcpy(bq, t->bq, sizeof(float) * (size_t)r * hd);
         memcpy(bk, t->bk, sizeof(float) * (size_t)r * hd);
         st = ks_lrqk_decode(bq, bk, r, hd, gram, t->kao, req->q, G, t->kpend, s->iters, s->tol, s->lambda, qhat,
                             khat);
-        ks_free(bq);
     }
-    ks_free(gram);
     if (st != KS_OK) {
-        ks_free(qhat);
         out->all = true;
         return KS_OK;
     }
     int32_t m = hi - lo, k = req->n_select < out->cap ? req->n_select : out->cap;
     proxy_scores(t->ak + (size_t)lo * r, m, r, qhat, G, t->sc);
     out->n = ks_lrqk_topk(t->sc, m, k, out->idx, t->sc + m);
-    ks_free(qhat);
     for (int32_t i = 0; i < out->n; i++) out->idx[i] += lo;
     t->selections++;
     return update_resident(s, t, req, out->idx, out->n, t->nres);

@@ -72,13 +72,13 @@ static ks_status quest_select(void *state, const ks_select_req *req, ks_selectio
         out->all = true;
         return KS_OK;
     }
-    float *sc = ks_malloc(sizeof(float) * (size_t)np * (G + 1));
+    float *sc = ks_scratch(KS_SCRATCH_POLICY0, sizeof(float) * (size_t)np * (G + 1));
     float *red = sc + (size_t)np * G;
     /* the store's compact bounds: every page scored in one call (the group
      * max fused in), from the 8-bit bounds with bounds=q8, else from an f16
      * cache's f16 bounds; otherwise (a caller's metadata, or f16 bounds
      * asked of another cache) page by page from the f32 summaries */
-    void *kb = ks_malloc(sizeof(void *) * (size_t)np);
+    void *kb = ks_scratch(KS_SCRATCH_POLICY1, sizeof(void *) * (size_t)np);
     bool b8 = s->bounds8 && ks_policy_kv_pages_bounds8(env, req->seq, req->layer, req->head, np, (const uint8_t **)kb);
     bool f16 = !b8 && ks_policy_kv_pages_bounds16(env, req->seq, req->layer, req->head, np, (const uint16_t **)kb);
     bool fused = (b8 || f16) && s->group == KS_GROUP_MAX;
@@ -94,7 +94,6 @@ static ks_status quest_select(void *state, const ks_select_req *req, ks_selectio
             ks_page_upper_bounds(req->q, G, m.kmin, m.kmax, hd, sc + p, (size_t)np); /* min, max read once per group */
         }
     }
-    ks_free(kb);
     uint64_t bytes = b8 ? (uint64_t)np * ks_kv_bounds8_bytes(hd)
                         : (uint64_t)np * 2 * hd * (f16 ? sizeof(uint16_t) : sizeof(float));
     if (s->group == KS_GROUP_SOFTMAX_MEAN) /* bounds are logits: scale like attention */
@@ -103,7 +102,6 @@ static ks_status quest_select(void *state, const ks_select_req *req, ks_selectio
     if (!fused) ks_group_reduce_scores(sc, G, np, s->group, red);
     int32_t kk = k < out->cap ? k : out->cap;
     out->n = ks_topk_scratch(red, np, kk, out->idx, sc); /* partial selection; the group scores are spent */
-    ks_free(sc);
     return KS_OK;
 }
 

@@ -157,7 +157,7 @@ static void head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_
     float *fin = NULL;
     if (!s->embed_only) {
         size_t w = (size_t)s->n_aux * s->tH;
-        fin = ks_malloc(sizeof(float) * (size_t)n * w);
+        fin = ks_scratch(KS_SCRATCH_POLICY1, sizeof(float) * (size_t)n * w);
         for (int32_t r = 0; r < n; r++) {
             if (h[r]) memcpy(fin + r * w, h[r], sizeof(float) * w);
             else memset(fin + r * w, 0, sizeof(float) * w);
@@ -177,11 +177,10 @@ static void head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_
             ks_rmsnorm(x + s->H, f, s->dlm->hidden_norm, s->H, c->rms_eps);
         }
     }
-    ks_free(fin);
     if (want_q) ks_matmul(s->env.pool, s->t_q, s->w_q, (int64_t)s->Hq * s->hd, 2 * s->H, s->x, n, s->q, s->mm);
     ks_matmul(s->env.pool, s->t_k, s->w_k, (int64_t)s->Hkv * s->hd, 2 * s->H, s->x, n, s->k, s->mm);
     /* rotate_half RoPE (pairs (j, j + hd/2)), cos/sin scaled by mscale as in HF */
-    float *cs = ks_malloc(sizeof(float) * (size_t)s->hd), *sn = cs + s->hd / 2; /* [hd/2] cos, [hd/2] sin */
+    float *cs = ks_scratch(KS_SCRATCH_POLICY2, sizeof(float) * (size_t)s->hd), *sn = cs + s->hd / 2; /* [hd/2] cos, [hd/2] sin */
     for (int32_t r = 0; r < n; r++) {
         ks_rope_angles_freq(cs, sn, pos[r], s->hd, s->dlm->inv_freq, s->dlm->mscale);
         for (int g = 0; want_q && g < s->Hq; g++) {
@@ -195,7 +194,6 @@ static void head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_
             ks_rope_apply(k, s->hd, true, cs, sn);
         }
     }
-    ks_free(cs);
 }
 
 static void store_keys(spec_state *s, int32_t n, const int32_t *seq, const int32_t *pos) {
@@ -511,10 +509,9 @@ static ks_status spec_before_step(void *state, const ks_step_info *step) {
     spec_state *s = state;
     flush_pending(s);
     int32_t n = step->n;
-    const float **h = ks_malloc(sizeof(float *) * (size_t)n);
+    const float **h = ks_scratch(KS_SCRATCH_POLICY0, sizeof(float *) * (size_t)n);
     for (int32_t r = 0; r < n; r++) h[r] = ring_get(s, step->seq[r], step->pos[r] - 1);
     head_rows(s, n, step->token, step->pos, h, true);
-    ks_free(h);
     store_keys(s, n, step->seq, step->pos);
     for (int32_t r = 0; r < n; r++) s->sel_pos[step->seq[r]] = step->pos[r];
     int32_t n_select = s->p.budget - s->p.sink - s->p.window;

@@ -469,7 +469,7 @@ ks_status ks_policy_evict_scored(const ks_policy_env *e, const ks_prefill_info *
 void ks_group_reduce_scores(const float *scores, int32_t G, int32_t n, ks_group_reduce how, float *out) {
     if (how == KS_GROUP_SOFTMAX_MEAN) { /* softmax per head, averaged: out = sum_g e_g / (G sum e_g) */
         if (n <= 0) return;
-        float *p = ks_malloc(sizeof(float) * (size_t)n);
+        float *p = ks_scratch(KS_SCRATCH_MATH1, sizeof(float) * (size_t)n);
         for (int32_t g = 0; g < G; g++) {
             memcpy(p, scores + (size_t)g * n, sizeof(float) * (size_t)n);
             float w = 1.0f / (softmax_exp(p, n) * (float)G);
@@ -478,7 +478,6 @@ void ks_group_reduce_scores(const float *scores, int32_t G, int32_t n, ks_group_
             else
                 for (int32_t i = 0; i < n; i++) out[i] += p[i] * w;
         }
-        ks_free(p);
         return;
     }
     for (int32_t i = 0; i < n; i++) {
