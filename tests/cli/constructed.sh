@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# constructed.sh — the constructed fixture (tests/fixtures/models/constructed.gguf,
+# constructed.sh — the constructed fixture (tests/fixtures/models/constructed.gguf.gz,
 # tools/make_constructed_model.py: weights solved by construction, not trained):
 # it loads with valid metadata (llama architecture, GQA, 8K context, its
 # tokenizer), and greedy output on a fixed retrieval prompt
@@ -13,8 +13,10 @@ set -u
 KS=$(readlink -f "$1"); FIX=$2; TMP=$3
 mkdir -p "$TMP"
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
-MODEL="$SRC/tests/fixtures/models/constructed.gguf"
 . "$(dirname "$0")/lib/check.sh"
+. "$SRC/tests/fixtures/constructed.sh"
+unpack_constructed "$SRC" "$TMP/fixture" || { echo "FAIL: cannot unpack the constructed fixture"; exit 1; }
+MODEL=$CONSTRUCTED
 check_bundled_model "$KS" "$MODEL" 8192 32000
 
 PROMPT=$PASSKEY_PROMPT
@@ -25,7 +27,7 @@ want=$(cat "$SRC/tests/golden/bundled_continuation.txt")
 out2=$("$KS" run -m "$MODEL" -p "${PROMPT//31415/27182}" -n 8 --temp 0 -t 2 2>/dev/null)
 case "$out2" in *27182*) ;; *) bad "changed needle not retrieved: '$out2'";; esac
 
-DLM="$SRC/tests/fixtures/models/constructed-dlm"
+DLM="$TMP/fixture/constructed-dlm"
 check_bundled_dlm "$KS" "$DLM" 512 "0, 1, 1"
 SMALL="--budget 8 --sink 1 --window 4 --dense-layers 1"
 out4=$("$KS" run -m "$MODEL" -p "$PROMPT" -n 8 --temp 0 -t 2 --policy spec $SMALL 2>"$TMP/err") ||

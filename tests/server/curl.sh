@@ -100,7 +100,9 @@ grep -q '^kvsieve_http_responses_total{code="400"} [1-9]' "$TMP/metrics.txt" || 
 stop_server "$PID" main
 
 # ----- 429, disconnects, shutdown: the constructed fixture, one slot, one waiting place
-BUNDLED="$SRC/tests/fixtures/models/constructed.gguf"   # the constructed fixture: the pace these checks were sized for
+source "$SRC/tests/fixtures/constructed.sh"
+unpack_constructed "$SRC" "$TMP/fixture" || { echo "FAIL: cannot unpack the constructed fixture"; exit 1; }
+BUNDLED=$CONSTRUCTED   # the constructed fixture: the pace these checks were sized for
 start_server busy -m "$BUNDLED" -c 4096 --parallel 1 --max-queue 1 -t 2 --shutdown-grace 1
 AUTH=()
 LONG='{"prompt":"The quiet farmer","max_tokens":4000,"temperature":0,"kvsieve":{"ignore_eos":true}'

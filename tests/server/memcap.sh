@@ -18,8 +18,9 @@ command -v curl >/dev/null 2>&1 || { echo "SKIP: curl not found"; exit 77; }
 command -v python3 >/dev/null 2>&1 || { echo "SKIP: python3 not found (it parses the JSON)"; exit 77; }
 mkdir -p "$TMP"
 source "$DIR/common.sh"
-MODEL="$SRC/tests/fixtures/models/constructed.gguf"   # the constructed fixture: the caps below are sized for its KV (6.8 KiB a token)
-[ -f "$MODEL" ] || { echo "SKIP: no constructed fixture"; exit 77; }
+source "$SRC/tests/fixtures/constructed.sh"
+unpack_constructed "$SRC" "$TMP/fixture" || { echo "FAIL: cannot unpack the constructed fixture"; exit 1; }
+MODEL=$CONSTRUCTED   # the constructed fixture: the caps below are sized for its KV (6.8 KiB a token)
 N=300
 Q='"policy":"quest","budget":64'
 ref1=$("$KS" run -m "$MODEL" -c 2048 -p "The quiet farmer" -n $N --temp 0 --ignore-eos -t 2 --policy quest --budget 64 2>/dev/null)
