@@ -6,7 +6,8 @@
 # its prompt_tokens must be the token count of the conversation rendered as
 # the docs say (tokenized by `kvsieve tokenize`), so a client sees exactly
 # which prompt ran; and the last turn's greedy text must equal what `kvsieve
-# run` prints for that rendered prompt.  Then every malformed message list a
+# run` prints for that rendered prompt.  tools/bench_serve.py --turns runs a
+# small multi-turn benchmark against the same server.  Then every malformed message list a
 # client could send gets its 400 with the code and param that name it.
 # Usage: bash multiturn.sh <kvsieve> <fixtures-dir> <scratch-dir>
 set -u
@@ -94,6 +95,18 @@ check_turns plain 4 "$MODEL" ""
 ref=$("$KS" run -m "$MODEL" -f "$TMP/plain.turn4.prompt" -n 12 --temp 0 -t 2 -c 512 2>/dev/null)
 [ "$ref" = "$(cat "$TMP/plain.turn4.answer")" ] ||
   bad "plain turn 4: served '$(cat "$TMP/plain.turn4.answer")', kvsieve run on the rendered prompt '$ref'"
+
+# ----- tools/bench_serve.py's multi-turn mode: every turn of every conversation completes, prompts grow
+timeout 120 python3 "$SRC/tools/bench_serve.py" --url "$BASE" --turns 3 -n 2 -R 2 --input-len 80 --question-len 8 \
+  --output-len 4 --json > "$TMP/bench.json" 2> "$TMP/bench.err" || bad "bench_serve --turns: $(cat "$TMP/bench.err")"
+python3 - "$TMP/bench.json" <<'PY' || bad "bench_serve multi-turn report: $(cat "$TMP/bench.json")"
+import json, sys
+r = json.loads(open(sys.argv[1]).readline())
+assert r["mode"] == "multi-turn" and r["succeeded"] == 2 and r["failed"] == 0, r
+t = r["turns"]
+assert [x["turn"] for x in t] == [1, 2, 3] and all(x["completed"] == 2 and x["ttft_p50_ms"] > 0 for x in t), t
+assert t[0]["prompt_tokens_p50"] < t[1]["prompt_tokens_p50"] < t[2]["prompt_tokens_p50"], t
+PY
 
 # ----- malformed message lists: 400 with the code and param that say why
 post() { curl -s -o "$TMP/e.json" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary "$1" "$BASE/v1/chat/completions"; }
