@@ -11,8 +11,8 @@
  * because the encoder adds it).  Second, the property the prefix cache
  * lives on: turn N's rendering plus the assistant's answer is a prefix of
  * turn N+1's rendering, as text for every family and as token ids for the
- * phi-3 vocabulary of the fixtures, so a follow-up question shares every
- * token of the previous turn and its answer.
+ * phi-3 and llama (as llama2) vocabularies of the fixtures, so a follow-up
+ * question shares every token of the previous turn.
  */
 #include "testutil.h"
 
@@ -190,31 +190,42 @@ static void test_prefix_property(void **state) {
     }
 }
 
-/* The same property as token ids through a real vocabulary (phi-3's, with
- * its chat template detected from the vocabulary), with the answer encoded
- * as the model would have produced it, then the next turn's ids. */
-static void test_prefix_property_tokens(void **state) {
-    (void)state;
+/* The same property as token ids through real vocabularies: phi-3's (its
+ * template detected from the vocabulary) and llama's SentencePiece one
+ * rendered as llama2 (whose BOS and EOS it writes between turns), each turn
+ * encoded as the server encodes it (BOS added, special tokens parsed). */
+static void check_token_prefix(const char *vocab, ks_chat_family fam) {
+    char rel[128];
+    snprintf(rel, sizeof rel, "tokenizer/ggml-vocab-%s.gguf", vocab);
     ks_gguf *g = NULL;
-    assert_int_equal(ks_gguf_open(ks_test_fixture("tokenizer/ggml-vocab-phi-3.gguf"), &g), KS_OK);
+    assert_int_equal(ks_gguf_open(ks_test_fixture(rel), &g), KS_OK);
     ks_tokenizer *t = NULL;
     assert_int_equal(ks_tokenizer_create(g, &t), KS_OK);
     ks_gguf_close(g);
-    assert_int_equal(ks_tokenizer_chat_family(t), KS_CHAT_PHI3);
+    bool own = ks_tokenizer_chat_family(t) == fam; /* else render for fam with the vocabulary's BOS/EOS */
     int32_t *prev = NULL;
     size_t n_prev = 0;
     for (int turn = 1; turn <= 4; turn++) {
-        size_t need = 0, len = 0, n = 0;
-        ks_tokenizer_chat_render(t, growing, turn_end(turn), NULL, 0, &need);
-        char *text = malloc(need);
-        assert_int_equal(ks_tokenizer_chat_render(t, growing, turn_end(turn), text, need, &len), KS_OK);
+        size_t len = 0, n = 0;
+        char *text;
+        if (own) {
+            size_t need = 0;
+            ks_tokenizer_chat_render(t, growing, turn_end(turn), NULL, 0, &need);
+            text = malloc(need);
+            assert_int_equal(ks_tokenizer_chat_render(t, growing, turn_end(turn), text, need, &len), KS_OK);
+        } else {
+            text = render(fam, growing, turn_end(turn));
+            len = strlen(text);
+        }
         ks_tokenizer_encode(t, text, len, true, true, NULL, 0, &n);
         int32_t *ids = malloc(sizeof *ids * n);
         assert_int_equal(ks_tokenizer_encode(t, text, len, true, true, ids, n, &n), KS_OK);
         if (prev) {
             assert_true(n > n_prev);
             for (size_t i = 0; i < n_prev; i++)
-                if (ids[i] != prev[i]) fail_msg("turn %d: token %zu is %d, was %d in turn %d", turn, i, ids[i], prev[i], turn - 1);
+                if (ids[i] != prev[i])
+                    fail_msg("%s as %s, turn %d: token %zu is %d, was %d in turn %d", vocab, ks_chat_family_name(fam),
+                             turn, i, ids[i], prev[i], turn - 1);
         }
         free(prev);
         prev = ids;
@@ -223,6 +234,12 @@ static void test_prefix_property_tokens(void **state) {
     }
     free(prev);
     ks_tokenizer_destroy(t);
+}
+
+static void test_prefix_property_tokens(void **state) {
+    (void)state;
+    check_token_prefix("phi-3", KS_CHAT_PHI3);
+    check_token_prefix("llama-spm", KS_CHAT_LLAMA2);
 }
 
 int main(void) {
