@@ -58,6 +58,14 @@ foreach(drv curl invariance openai_node load memcap bench)
                    ${CMAKE_BINARY_DIR}/server_${drv})
   set_tests_properties(server_${drv} PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77)
 endforeach()
+# Multi-turn chat: multiturn.sh (a python client, bundled model and a
+# phi-3-template model) and openai_node_chat.sh (the OpenAI Node SDK, streaming).
+foreach(drv multiturn openai_node_chat)
+  add_test(NAME server_${drv}
+           COMMAND bash ${CMAKE_SOURCE_DIR}/tests/server/${drv}.sh $<TARGET_FILE:kvsieve_cli> ${KS_FIXTURES_DIR}
+                   ${CMAKE_BINARY_DIR}/server_${drv})
+  set_tests_properties(server_${drv} PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77)
+endforeach()
 
 # libFuzzer on the request-body parser (see `make fuzz`).
 if(CMAKE_C_COMPILER_ID STREQUAL "Clang" AND KVSIEVE_FUZZ)

@@ -79,10 +79,25 @@ int32_t ks_token_bos(const ks_model *model);
 int32_t ks_token_eos(const ks_model *model);
 bool ks_token_is_eog(const ks_model *model, int32_t id);
 
-/* Apply the model's chat template family (llama3 or ChatML) to one user turn
+/* Apply the model's chat template family (llama3, ChatML, phi-3, llama2) to one user turn
  * with an optional system prompt; writes a NUL-terminated prompt. */
 ks_status ks_chat_format(const ks_model *model, const char *system, const char *user,
                          char *buf, size_t cap, size_t *n_out);
+
+/* One message of a conversation; developer messages are system messages. */
+typedef enum ks_chat_role { KS_ROLE_SYSTEM = 0, KS_ROLE_USER = 1, KS_ROLE_ASSISTANT = 2 } ks_chat_role;
+typedef struct ks_chat_message {
+    ks_chat_role role;
+    const char *content; /* UTF-8, NUL-terminated */
+} ks_chat_message;
+/* A whole conversation, any order of roles, in the model's chat template,
+ * ending with the prompt for the assistant's next turn: turn N's rendering
+ * plus the answer is a prefix of turn N+1's (what lets a prefix cache hit).
+ * Encode with add_bos and parse_special.  KS_ERR_UNSUPPORTED when the model
+ * has no known template; cap too small: KS_ERR_INVALID_ARG with *n_out =
+ * bytes needed including the NUL. */
+ks_status ks_chat_render(const ks_model *model, const ks_chat_message *msgs, size_t n_msgs, char *buf, size_t cap,
+                         size_t *n_out);
 
 /* -------------------------------------------------------------- context -- */
 typedef struct ks_context ks_context;

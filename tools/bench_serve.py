@@ -17,7 +17,22 @@ and the counters' growth over the run).
     tools/bench_serve.py --spawn "build/kvsieve serve -m MODEL.gguf -t 2 --parallel 8 --mem-cap 2G" ...
 
 --policy takes a comma list: the same request mix (same prompts) runs once
-per policy, one after the other, on the same server.  --spawn starts the
+per policy, one after the other, on the same server.
+
+--turns T (T >= 1) switches to the multi-turn chat workload that a prefix
+cache is for: -n conversations (default R), R at once, each a streamed
+/v1/chat/completions conversation of T turns over one shared long document.
+Every conversation opens with the same system message holding the document
+(--input-len words of seeded English-like text, or --doc FILE), then asks
+its own question of --question-len words per turn; each answer
+(--output-len tokens, ignore_eos) is sent back as the assistant's turn of
+the next request, so turn k+1's prompt extends turn k's.  Reported per turn
+index: TTFT p50 and p99, prompt tokens and usage.prompt_tokens_details.
+cached_tokens (p50, when the server reports it), and the ratio of each
+turn's TTFT p50 to turn 1's.
+
+    tools/bench_serve.py --spawn "build/kvsieve serve -m MODEL.gguf -t 2 -c 20000" \
+        --turns 4 -n 4 -R 1 --input-len 16000 --question-len 64 --output-len 32  --spawn starts the
 server itself on a free loopback port (--port 0 is added), runs the
 benchmark and stops it with SIGTERM.
 
@@ -216,6 +231,118 @@ def run_one(a, policy, prompts, model):
     }
 
 
+WORDS = ("the a of and to in is was that for on with as by at from his her it an this which or be are were "
+         "river bridge farmer village market morning evening winter summer garden letter window house road "
+         "old small quiet long bright cold green early late open heavy simple careful strange "
+         "walks carries reads writes opens keeps finds sees hears counts builds paints remembers "
+         "sheep bird horse stone tree field cart lamp bell boat coin book table door wall hill "
+         "one two three four five six seven eight nine ten many few every each most some").split()
+
+
+def make_text(rng, n_words):
+    """n_words of seeded English-like sentences (a word is one to two tokens)."""
+    out, k = [], 0
+    while k < n_words:
+        m = min(n_words - k, rng.randrange(6, 14))
+        sent = [rng.choice(WORDS) for _ in range(m)]
+        sent[0] = sent[0].capitalize()
+        out.append(" ".join(sent) + ".")
+        k += m
+    return " ".join(out)
+
+
+def run_multiturn(a, policy, model, doc):
+    """-n conversations of --turns turns over one shared document; returns the report."""
+    n_conv = a.requests or a.concurrency
+    ext = {"ignore_eos": True}
+    if policy:
+        ext["policy"] = policy
+    if a.budget is not None:
+        ext["budget"] = a.budget
+    if a.policy_arg:
+        ext["policy_args"] = ",".join(a.policy_arg)
+    rng = random.Random(a.seed + 1)
+    questions = [["Question %d.%d: %s?" % (c + 1, k + 1, make_text(rng, a.question_len).rstrip("."))
+                  for k in range(a.turns)] for c in range(n_conv)]
+    system = "Answer questions about this document.\n\n" + doc
+    per_turn = [[] for _ in range(a.turns)]  # (ttft, prompt_tokens, cached_tokens or None)
+    failures, lock = [], threading.Lock()
+
+    def conversation(c):
+        msgs = [{"role": "system", "content": system}]
+        for k in range(a.turns):
+            msgs.append({"role": "user", "content": questions[c][k]})
+            t0 = time.monotonic()
+            marks = []
+
+            def ev(t, obj):
+                if obj and any((ch.get("delta") or {}).get("content") for ch in obj.get("choices", [])):
+                    marks.append(t)
+            st, text, events, done, err = stream_completion(
+                a.url, "/v1/chat/completions",
+                {"model": model, "messages": msgs, "max_tokens": a.output_len, "temperature": 0,
+                 "stream_options": {"include_usage": True}, "kvsieve": ext},
+                a.api_key, ev)
+            usage = next((o["usage"] for _, o in reversed(events) if o.get("usage")), None)
+            if st != 200 or not done or err or not marks or not usage:
+                with lock:
+                    failures.append((c, k, st, err))
+                return
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            with lock:
+                per_turn[k].append((marks[0] - t0, usage["prompt_tokens"], cached))
+            msgs.append({"role": "assistant", "content": text})
+
+    sem = threading.Semaphore(a.concurrency)
+
+    def gated(c):
+        with sem:
+            conversation(c)
+    t_start = time.monotonic()
+    threads = [threading.Thread(target=gated, args=(c,)) for c in range(n_conv)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - t_start
+    for c, k, st, err in failures:
+        print("  failed: conversation %d turn %d: status %s error %s" % (c + 1, k + 1, st, err), file=sys.stderr)
+    turns = []
+    for k, rows in enumerate(per_turn):
+        ttft = [r[0] for r in rows]
+        cached = [r[2] for r in rows if r[2] is not None]
+        turns.append({
+            "turn": k + 1, "completed": len(rows),
+            "ttft_p50_ms": round(percentile(ttft, 50) * 1e3, 2), "ttft_p99_ms": round(percentile(ttft, 99) * 1e3, 2),
+            "prompt_tokens_p50": percentile([r[1] for r in rows], 50) if rows else 0,
+            "cached_tokens_p50": percentile(cached, 50) if cached else None,
+        })
+    first = turns[0]["ttft_p50_ms"] if turns else float("nan")
+    for t in turns:
+        t["ttft_vs_turn1"] = round(t["ttft_p50_ms"] / first, 4) if first and first == first else None
+    return {
+        "mode": "multi-turn", "conversations": n_conv, "turns_per_conversation": a.turns,
+        "concurrency": a.concurrency, "document_words": len(doc.split()), "question_len": a.question_len,
+        "output_len": a.output_len, "policy": policy or "(server default)", "budget": a.budget,
+        "succeeded": n_conv - len(failures), "failed": len(failures), "wall_s": round(wall, 3), "turns": turns,
+    }
+
+
+def print_multiturn(rep):
+    print("bench-serve multi-turn: %d conversations x %d turns (%d at once), document %d words, questions %d words, "
+          "%d out tokens, policy %s budget %s" %
+          (rep["conversations"], rep["turns_per_conversation"], rep["concurrency"], rep["document_words"],
+           rep["question_len"], rep["output_len"], rep["policy"], rep["budget"]))
+    print("  conversations succeeded %d, failed %d; %.2f s" % (rep["succeeded"], rep["failed"], rep["wall_s"]))
+    print("  turn  done  prompt tok p50  cached tok p50  TTFT p50 ms  TTFT p99 ms  vs turn 1")
+    for t in rep["turns"]:
+        print("  %4d  %4d  %14s  %14s  %11.1f  %11.1f  %9s" %
+              (t["turn"], t["completed"], t["prompt_tokens_p50"],
+               "-" if t["cached_tokens_p50"] is None else t["cached_tokens_p50"],
+               t["ttft_p50_ms"], t["ttft_p99_ms"], "-" if t["ttft_vs_turn1"] is None else "%.3f" % t["ttft_vs_turn1"]))
+    sys.stdout.flush()
+
+
 def spawn(cmd):
     """Start `kvsieve serve ...` on a free loopback port; returns (process, url)."""
     p = subprocess.Popen(shlex.split(cmd) + ["--port", "0"], stdout=subprocess.PIPE, text=True)
@@ -240,7 +367,13 @@ def main():
     ap.add_argument("--policy-arg", action="append", default=[], help="K=V (repeatable)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true", help="print each report as one JSON line")
+    ap.add_argument("--turns", type=int, default=0,
+                    help="multi-turn chat mode: turns per conversation over a shared document (0: off)")
+    ap.add_argument("--question-len", type=int, default=64, help="multi-turn: words per question")
+    ap.add_argument("--doc", metavar="FILE", help="multi-turn: the shared document (default: --input-len words)")
     a = ap.parse_args()
+    if a.turns < 0 or a.question_len < 1:
+        ap.error("--turns must be >= 0 and --question-len >= 1")
     server = None
     if a.spawn:
         server, a.url = spawn(a.spawn)
@@ -251,9 +384,23 @@ def main():
         n_vocab = models["data"][0]["kvsieve"]["n_vocab"]
         model = models["data"][0]["id"]
         rng = random.Random(a.seed)
+        failed = 0
+        if a.turns:
+            if a.doc:
+                with open(a.doc, encoding="utf-8") as f:
+                    doc = f.read()
+            else:
+                doc = make_text(rng, a.input_len)
+            for policy in a.policy.split(",") if a.policy else [None]:
+                rep = run_multiturn(a, policy, model, doc)
+                failed += rep["failed"]
+                if a.json:
+                    print(json.dumps(rep), flush=True)
+                else:
+                    print_multiturn(rep)
+            return 1 if failed else 0
         prompts = [[rng.randrange(3, n_vocab) for _ in range(a.input_len)]
                    for _ in range(a.requests or a.concurrency)]
-        failed = 0
         for policy in a.policy.split(",") if a.policy else [None]:
             rep = run_one(a, policy, prompts, model)
             failed += rep["failed"]

@@ -287,3 +287,8 @@ ks_status ks_chat_format(const ks_model *m, const char *system, const char *user
                          size_t *n_out) {
     return ks_tokenizer_chat_format(m->tok, system, user, buf, cap, n_out);
 }
+ks_status ks_chat_render(const ks_model *m, const ks_chat_message *msgs, size_t n_msgs, char *buf, size_t cap,
+                         size_t *n_out) {
+    if (!m) return KS_FAIL(KS_ERR_INVALID_ARG, "chat: NULL model");
+    return ks_tokenizer_chat_render(m->tok, msgs, n_msgs, buf, cap, n_out);
+}

@@ -164,26 +164,49 @@ static int get_str(const cJSON *o, const char *key, const char *param, const cha
 
 /* ------------------------------------------------------------- fields -- */
 
-/* Text of a message's content: a string, or an array of {"type":"text",
- * "text":...} parts (joined). */
+/* Text of a message's content: a string, or a non-empty array of
+ * {"type":"text","text":...} parts (joined with nothing between, as OpenAI
+ * does).  Other part types (image_url, input_audio, file, refusal) are
+ * refused by name rather than dropped, so no answer ignores part of its
+ * question. */
 static char *content_text(const cJSON *c, int idx, ks_api_error *err) {
     char param[64];
     snprintf(param, sizeof param, "messages[%d].content", idx);
+    if (!c || cJSON_IsNull(c)) {
+        BAD("missing_required_parameter", param, "'%s' is required (a string or an array of text parts)", param);
+        return NULL;
+    }
     if (cJSON_IsString(c)) return ks_strdup(c->valuestring);
     if (!cJSON_IsArray(c)) {
-        BAD("invalid_type", param, "'%s' must be a string or an array of text parts, got %s", param,
-            c ? type_name(c) : "nothing");
+        BAD("invalid_type", param, "'%s' must be a string or an array of text parts, got %s", param, type_name(c));
+        return NULL;
+    }
+    if (cJSON_GetArraySize(c) == 0) {
+        BAD("invalid_value", param, "'%s' must not be an empty array", param);
         return NULL;
     }
     size_t n = 0, cap = 64;
     char *s = ks_malloc(cap);
     s[0] = 0;
     const cJSON *part;
+    int j = 0;
     cJSON_ArrayForEach(part, c) {
+        char pp[64];
+        snprintf(pp, sizeof pp, "messages[%d].content[%d]", idx, j++);
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "type"), *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
-        if (!cJSON_IsObject(part) || !cJSON_IsString(t) || strcmp(t->valuestring, "text") || !cJSON_IsString(tx)) {
-            BAD(cJSON_IsObject(part) && cJSON_IsString(t) ? "unsupported" : "invalid_type", param,
-                "'%s' parts must be {\"type\": \"text\", \"text\": \"...\"} (only text is supported)", param);
+        if (!cJSON_IsObject(part) || !cJSON_IsString(t)) {
+            BAD("invalid_type", pp, "'%s' must be an object {\"type\": \"text\", \"text\": \"...\"}, got %s", pp,
+                cJSON_IsObject(part) ? "an object without a string 'type'" : type_name(part));
+            free(s);
+            return NULL;
+        }
+        if (strcmp(t->valuestring, "text")) {
+            BAD("unsupported", pp, "'%s' is a '%.32s' part: only text parts are supported", pp, t->valuestring);
+            free(s);
+            return NULL;
+        }
+        if (!cJSON_IsString(tx)) {
+            BAD("invalid_type", pp, "'%s.text' must be a string, got %s", pp, tx ? type_name(tx) : "nothing");
             free(s);
             return NULL;
         }
@@ -200,6 +223,10 @@ static char *content_text(const cJSON *c, int idx, ks_api_error *err) {
     return s;
 }
 
+/* The conversation: system (or developer), user and assistant messages in
+ * any order, kept in order so the chat template renders it whole and turn
+ * N+1 shares turn N's rendered prefix.  Tool roles and assistant tool calls
+ * are a clear 400 until the server has tools. */
 static bool parse_messages(const cJSON *root, ks_api_request *r, ks_api_error *err) {
     const cJSON *msgs = get_required(root, "messages", err);
     if (!msgs) return false;
@@ -212,6 +239,8 @@ static bool parse_messages(const cJSON *root, ks_api_request *r, ks_api_error *e
         BAD("invalid_value", "messages", "'messages' must not be empty");
         return false;
     }
+    r->messages = ks_calloc((size_t)n, sizeof *r->messages);
+    bool any_user = false;
     const cJSON *m;
     cJSON_ArrayForEach(m, msgs) {
         char param[64];
@@ -223,49 +252,43 @@ static bool parse_messages(const cJSON *root, ks_api_request *r, ks_api_error *e
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         snprintf(param, sizeof param, "messages[%d].role", i);
         if (!cJSON_IsString(role)) {
-            BAD(role ? "invalid_type" : "missing_required_parameter", param, "'%s' must be a string", param);
+            BAD(role && !cJSON_IsNull(role) ? "invalid_type" : "missing_required_parameter", param,
+                "'%s' must be a string (system, developer, user or assistant)", param);
             return false;
         }
         const char *rn = role->valuestring;
-        bool sys = !strcmp(rn, "system") || !strcmp(rn, "developer"), user = !strcmp(rn, "user");
-        if (!sys && !user) {
-            if (!strcmp(rn, "assistant") || !strcmp(rn, "tool") || !strcmp(rn, "function"))
-                BAD("unsupported", "messages",
-                    "multi-turn conversations are not supported yet: give system messages and one user message");
-            else
-                BAD("invalid_value", param, "'%s' must be system, developer, user or assistant, got '%s'", param, rn);
+        ks_api_role kind;
+        if (!strcmp(rn, "system") || !strcmp(rn, "developer")) kind = KS_API_ROLE_SYSTEM;
+        else if (!strcmp(rn, "user")) kind = KS_API_ROLE_USER;
+        else if (!strcmp(rn, "assistant")) kind = KS_API_ROLE_ASSISTANT;
+        else if (!strcmp(rn, "tool") || !strcmp(rn, "function")) {
+            BAD("unsupported", param, "'%s' is '%s': tool and function messages are not supported (the server has no "
+                "tools yet); use system, developer, user and assistant", param, rn);
             return false;
+        } else {
+            BAD("invalid_value", param, "'%s' must be system, developer, user or assistant, got '%.64s'", param, rn);
+            return false;
+        }
+        if (kind == KS_API_ROLE_ASSISTANT) {
+            static const char *const calls[] = {"tool_calls", "function_call"};
+            for (int k = 0; k < 2; k++) {
+                const cJSON *tc = cJSON_GetObjectItemCaseSensitive(m, calls[k]);
+                if (tc && !cJSON_IsNull(tc) && !(cJSON_IsArray(tc) && cJSON_GetArraySize(tc) == 0)) {
+                    snprintf(param, sizeof param, "messages[%d].%s", i, calls[k]);
+                    BAD("unsupported", param, "'%s': assistant tool calls are not supported (the server has no tools "
+                        "yet)", param);
+                    return false;
+                }
+            }
         }
         char *text = content_text(cJSON_GetObjectItemCaseSensitive(m, "content"), i, err);
         if (!text) return false;
-        if (user) {
-            if (r->user) {
-                free(text);
-                BAD("unsupported", "messages",
-                    "multi-turn conversations are not supported yet: give system messages and one user message");
-                return false;
-            }
-            r->user = text;
-        } else if (r->user) {
-            free(text);
-            BAD("unsupported", "messages", "system messages must come before the user message");
-            return false;
-        } else if (!r->system) {
-            r->system = text;
-        } else { /* several system messages: joined by a newline */
-            size_t a = strlen(r->system), b = strlen(text);
-            char *j = ks_malloc(a + b + 2);
-            memcpy(j, r->system, a);
-            j[a] = '\n';
-            memcpy(j + a + 1, text, b + 1);
-            free(r->system);
-            free(text);
-            r->system = j;
-        }
+        r->messages[r->n_messages++] = (ks_api_message){kind, text};
+        any_user = any_user || kind == KS_API_ROLE_USER;
         i++;
     }
-    if (!r->user) {
-        BAD("invalid_value", "messages", "'messages' needs one message with role 'user'");
+    if (!any_user) {
+        BAD("invalid_value", "messages", "'messages' needs at least one message with role 'user'");
         return false;
     }
     return true;
@@ -497,8 +520,8 @@ void ks_api_request_free(ks_api_request *r) {
     free(r->model);
     free(r->prompt);
     free(r->prompt_ids);
-    free(r->system);
-    free(r->user);
+    for (int32_t i = 0; i < r->n_messages; i++) free(r->messages[i].content);
+    free(r->messages);
     for (int32_t i = 0; i < r->n_stops; i++) free(r->stops[i]);
     memset(r, 0, sizeof *r);
 }

@@ -52,6 +52,14 @@ enum {
     KS_API_EXT_ARGS = 1 << 6,
 };
 
+/* One message of a chat request: developer is folded into system; tool
+ * and function roles are rejected by the parser (no tools yet). */
+typedef enum ks_api_role { KS_API_ROLE_SYSTEM = 0, KS_API_ROLE_USER = 1, KS_API_ROLE_ASSISTANT = 2 } ks_api_role;
+typedef struct ks_api_message {
+    ks_api_role role;
+    char *content;              /* text parts joined; never NULL */
+} ks_api_message;
+
 typedef struct ks_api_request {
     ks_api_kind kind;
     char *model;                /* NULL when absent */
@@ -59,9 +67,9 @@ typedef struct ks_api_request {
     char *prompt;
     int32_t *prompt_ids;        /* [n_prompt_ids] */
     int32_t n_prompt_ids;
-    /* chat: system (and developer) messages joined, and the one user turn */
-    char *system;
-    char *user;
+    /* chat: the conversation in order (at least one user message) */
+    ks_api_message *messages;   /* [n_messages] */
+    int32_t n_messages;
     bool stream, include_usage;
     int32_t max_tokens;         /* 0: not given */
     unsigned set;               /* KS_API_SET_* */

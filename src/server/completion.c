@@ -230,6 +230,49 @@ static bool merge_policy(ks_server *srv, const ks_api_request *rq, ks_sched_poli
     return true;
 }
 
+/* The text of a chat request's prompt: the whole conversation rendered by
+ * the GGUF's chat template (parse special tokens), or, for a model with no
+ * known template, the non-empty contents joined by a blank line (system
+ * messages in a row by a newline), as a base model would read a transcript. */
+static bool chat_prompt(ks_server *srv, const ks_api_request *rq, char **text, bool *special, ks_api_error *e) {
+    ks_chat_message *msgs = ks_malloc(sizeof *msgs * (size_t)rq->n_messages);
+    for (int32_t i = 0; i < rq->n_messages; i++)
+        msgs[i] = (ks_chat_message){rq->messages[i].role == KS_API_ROLE_SYSTEM ? KS_ROLE_SYSTEM
+                                    : rq->messages[i].role == KS_API_ROLE_USER ? KS_ROLE_USER
+                                                                               : KS_ROLE_ASSISTANT,
+                                    rq->messages[i].content};
+    size_t need = 0, n = (size_t)rq->n_messages;
+    ks_status st = ks_chat_render(srv->model, msgs, n, NULL, 0, &need);
+    if (st == KS_ERR_UNSUPPORTED) {
+        size_t len = 0;
+        for (size_t i = 0; i < n; i++) len += strlen(msgs[i].content) + 2;
+        char *t = ks_malloc(len + 1), *w = t;
+        const ks_chat_message *prev = NULL; /* empty messages add nothing */
+        for (size_t i = 0; i < n; i++) {
+            if (!msgs[i].content[0]) continue;
+            if (prev) w = stpcpy(w, prev->role == KS_ROLE_SYSTEM && msgs[i].role == KS_ROLE_SYSTEM ? "\n" : "\n\n");
+            w = stpcpy(w, msgs[i].content);
+            prev = &msgs[i];
+        }
+        *w = 0;
+        *text = t;
+        *special = false;
+        free(msgs);
+        return true;
+    }
+    *text = ks_malloc(need + 1);
+    st = ks_chat_render(srv->model, msgs, n, *text, need + 1, &need);
+    free(msgs);
+    if (st != KS_OK) {
+        free(*text);
+        *text = NULL;
+        ks_api_error_set(e, 500, "server_error", "internal_error", NULL, "chat template: %s", ks_last_error());
+        return false;
+    }
+    *special = true;
+    return true;
+}
+
 /* Prompt token ids of the request (malloc'd into *ids). */
 static bool prepare_prompt(ks_server *srv, const ks_api_request *rq, int32_t **ids, int32_t *n_ids, ks_api_error *e) {
     const char *param = rq->kind == KS_API_CHAT ? "messages" : "prompt";
@@ -248,29 +291,7 @@ static bool prepare_prompt(ks_server *srv, const ks_api_request *rq, int32_t **i
     char *text = NULL;
     bool special = false;
     if (rq->kind == KS_API_CHAT) {
-        size_t need = 0;
-        ks_status st = ks_chat_format(srv->model, rq->system, rq->user, NULL, 0, &need);
-        if (st == KS_ERR_UNSUPPORTED) {
-            /* no known chat template in the GGUF: the system text, a blank line, the user text */
-            size_t a = rq->system ? strlen(rq->system) : 0, b = strlen(rq->user);
-            text = ks_malloc(a + b + 3);
-            if (a) {
-                memcpy(text, rq->system, a);
-                memcpy(text + a, "\n\n", 2);
-                a += 2;
-            }
-            memcpy(text + a, rq->user, b + 1);
-        } else {
-            text = ks_malloc(need + 1);
-            st = ks_chat_format(srv->model, rq->system, rq->user, text, need + 1, &need);
-            if (st != KS_OK) {
-                free(text);
-                ks_api_error_set(e, 500, "server_error", "internal_error", NULL, "chat template: %s",
-                                 ks_last_error());
-                return false;
-            }
-            special = true;
-        }
+        if (!chat_prompt(srv, rq, &text, &special, e)) return false;
     } else {
         text = ks_strdup(rq->prompt);
     }

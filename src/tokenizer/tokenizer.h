@@ -98,4 +98,17 @@ const char *ks_chat_family_name(ks_chat_family f);
 ks_status ks_tokenizer_chat_format(const ks_tokenizer *t, const char *system, const char *user,
                                    char *buf, size_t cap, size_t *n_out);
 
+/* A whole conversation (ks_chat_message, kvsieve.h) in the model's family,
+ * ending with the generation prompt, so that the rendering of turn N plus
+ * the answer is a prefix of the rendering of turn N+1 (tokenizer_chat.c).
+ * Same contract as ks_tokenizer_chat_format otherwise. */
+ks_status ks_tokenizer_chat_render(const ks_tokenizer *t, const ks_chat_message *msgs, size_t n_msgs, char *buf,
+                                   size_t cap, size_t *n_out);
+/* The same for a given family; bos_text / eos_text: the vocabulary's BOS and
+ * EOS token texts, which llama2 writes between turns (NULL: none).  Pure
+ * string building, for tests of every family without a vocabulary. */
+ks_status ks_chat_render_family(ks_chat_family fam, const char *bos_text, const char *eos_text,
+                                const ks_chat_message *msgs, size_t n_msgs, char *buf, size_t cap,
+                                size_t *n_out);
+
 #endif

@@ -1,10 +1,35 @@
 /*
- * tokenizer_chat.c — a user message (and optional system prompt) rendered
- * in the chat template a model was trained with: llama3, ChatML, phi-3,
- * llama2.  The family is detected once from GGUF metadata at load time;
- * rendering is plain string building, so the prompt then goes through the
- * ordinary encoder with special tokens parsed.  llama3 trims the content as
- * its reference Jinja template does; the others insert it verbatim.
+ * tokenizer_chat.c — a conversation rendered in the chat template a model
+ * was trained with: llama3, ChatML, phi-3, llama2.  The family is detected
+ * once from GGUF metadata at load time; rendering is plain string building,
+ * so the prompt then goes through the ordinary encoder with special tokens
+ * parsed.
+ *
+ * Why not a Jinja interpreter: the four families are fixed strings around
+ * each message, and a hand-written renderer of each family's published
+ * template is small, total (no template can fail or loop at request time)
+ * and testable against the reference outputs (tests/server/test_chat.c).
+ * What each renderer follows:
+ *   llama3  Meta-Llama-3-Instruct: every message as
+ *           <|start_header_id|>ROLE<|end_header_id|>\n\n CONTENT|trim <|eot_id|>.
+ *   ChatML  <|im_start|>ROLE\n CONTENT <|im_end|>\n, content verbatim.
+ *   phi-3   Phi-3-small / Phi-3.5: <|ROLE|>\n CONTENT <|end|>\n.
+ *   llama2  Llama-2-chat: the system text goes into the next user turn as
+ *           <<SYS>>\n...\n<</SYS>>\n\n; a user turn is BOS [INST] CONTENT|strip
+ *           [/INST], an assistant turn " CONTENT|strip " EOS.
+ * Each ends with the generation prompt (the assistant's header; llama2 has
+ * none, its user turn ends with [/INST]).  The BOS that starts the prompt is
+ * never written: the encoder adds it.
+ *
+ * The property the prefix cache needs: the rendering of a conversation is
+ * the concatenation of its messages' renderings, so turn N's prompt plus
+ * the assistant's answer (and the end-of-turn marker the model stopped on)
+ * is a prefix of turn N+1's prompt.  Every family keeps it, with two
+ * caveats the templates themselves impose: llama3 and llama2 trim the
+ * content, so an answer with leading or trailing whitespace comes back
+ * trimmed, and llama2 puts a space before the answer ("[/INST] answer").
+ * Roles are system, user and assistant; developer is the client's business
+ * (it maps to system).  Tool roles are rejected before they get here.
  */
 #include "tokenizer/tokenizer_internal.h"
 
@@ -34,56 +59,119 @@ static void ks_tok_sb_put(ks_tok_sb *b, const char *s, size_t n) {
         b->cap = (b->n + n + 1) * 2;
         b->p = ks_realloc(b->p, b->cap);
     }
-    memcpy(b->p + b->n, s, n);
+    if (n) memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = '\0';
 }
 static void ks_tok_sb_puts(ks_tok_sb *b, const char *s) { ks_tok_sb_put(b, s, strlen(s)); }
 
-/* Leading/trailing ASCII whitespace removed (llama3 templates trim content). */
-static void ks_tok_sb_put_trimmed(ks_tok_sb *b, const char *s) {
-    size_t n = strlen(s), i = 0;
-    while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) i++;
-    while (n > i && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' || s[n - 1] == '\r')) n--;
+static bool ks_tok_is_space(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
+
+/* s[n] without leading and trailing ASCII whitespace (Jinja's trim and
+ * Python's strip, which the templates apply to the content). */
+static void ks_tok_sb_put_trimmed(ks_tok_sb *b, const char *s, size_t n) {
+    size_t i = 0;
+    while (i < n && ks_tok_is_space(s[i])) i++;
+    while (n > i && ks_tok_is_space(s[n - 1])) n--;
     ks_tok_sb_put(b, s + i, n - i);
 }
 
-/* Every template is the same sequence of markers around the two contents:
- * begin, [sys_open system sys_close], user_open user end (end opens the
- * assistant's turn); trim: the contents are trimmed (llama3). */
-typedef struct ks_chat_template {
-    const char *begin, *sys_open, *sys_close, *user_open, *end;
-    bool trim;
-} ks_chat_template;
+static const char *ks_chat_role_name(ks_chat_role r) {
+    return r == KS_ROLE_SYSTEM ? "system" : r == KS_ROLE_USER ? "user" : "assistant";
+}
 
-static const ks_chat_template ks_chat_templates[] = {
-    [KS_CHAT_LLAMA3] = {"", "<|start_header_id|>system<|end_header_id|>\n\n", "<|eot_id|>",
-                        "<|start_header_id|>user<|end_header_id|>\n\n",
-                        "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n", true},
-    [KS_CHAT_CHATML] = {"", "<|im_start|>system\n", "<|im_end|>\n", "<|im_start|>user\n",
-                        "<|im_end|>\n<|im_start|>assistant\n", false},
-    [KS_CHAT_LLAMA2] = {"[INST] ", "<<SYS>>\n", "\n<</SYS>>\n\n", "", " [/INST]", false},
-    [KS_CHAT_PHI3] = {"", "<|system|>\n", "<|end|>\n", "<|user|>\n", "<|end|>\n<|assistant|>\n", false},
-};
-
-ks_status ks_tokenizer_chat_format(const ks_tokenizer *t, const char *system, const char *user,
-                                   char *buf, size_t cap, size_t *n_out) {
-    if (!t || !user || !n_out || (!buf && cap))
-        return KS_FAIL(KS_ERR_INVALID_ARG, "chat: NULL argument");
-    if (t->chat == KS_CHAT_NONE || (size_t)t->chat >= sizeof ks_chat_templates / sizeof ks_chat_templates[0])
-        return KS_FAIL(KS_ERR_UNSUPPORTED, "chat: the model has no known chat template");
-    const ks_chat_template *tp = &ks_chat_templates[t->chat];
-    void (*put)(ks_tok_sb *, const char *) = tp->trim ? ks_tok_sb_put_trimmed : ks_tok_sb_puts;
-    ks_tok_sb b = {0};
-    ks_tok_sb_puts(&b, tp->begin);
-    if (system && system[0]) {
-        ks_tok_sb_puts(&b, tp->sys_open);
-        put(&b, system);
-        ks_tok_sb_puts(&b, tp->sys_close);
+/* The families whose messages are all "open ROLE close": the markers
+ * around one message, and whether its content is trimmed. */
+static void ks_chat_render_uniform(ks_tok_sb *b, ks_chat_family fam, ks_chat_role role, const char *content) {
+    const char *rn = ks_chat_role_name(role);
+    size_t n = strlen(content);
+    switch (fam) {
+    case KS_CHAT_LLAMA3:
+        ks_tok_sb_puts(b, "<|start_header_id|>");
+        ks_tok_sb_puts(b, rn);
+        ks_tok_sb_puts(b, "<|end_header_id|>\n\n");
+        ks_tok_sb_put_trimmed(b, content, n);
+        ks_tok_sb_puts(b, "<|eot_id|>");
+        break;
+    case KS_CHAT_CHATML:
+        ks_tok_sb_puts(b, "<|im_start|>");
+        ks_tok_sb_puts(b, rn);
+        ks_tok_sb_puts(b, "\n");
+        ks_tok_sb_put(b, content, n);
+        ks_tok_sb_puts(b, "<|im_end|>\n");
+        break;
+    default: /* KS_CHAT_PHI3 */
+        ks_tok_sb_puts(b, "<|");
+        ks_tok_sb_puts(b, rn);
+        ks_tok_sb_puts(b, "|>\n");
+        ks_tok_sb_put(b, content, n);
+        ks_tok_sb_puts(b, "<|end|>\n");
+        break;
     }
-    ks_tok_sb_puts(&b, tp->user_open);
-    put(&b, user);
-    ks_tok_sb_puts(&b, tp->end);
+}
+
+/* llama2: system text waits for the next user turn (several are joined by
+ * a newline); a trailing system message with no user turn after it gets an
+ * empty user turn of its own rather than being dropped. */
+static void ks_chat_render_llama2(ks_tok_sb *b, const char *bos, const char *eos, const ks_chat_message *msgs,
+                                  size_t n) {
+    ks_tok_sb sys = {0}, turn = {0};
+    for (size_t i = 0; i < n; i++) {
+        const char *c = msgs[i].content;
+        if (msgs[i].role == KS_ROLE_SYSTEM) {
+            if (sys.p) ks_tok_sb_puts(&sys, "\n");
+            ks_tok_sb_puts(&sys, c);
+            if (i + 1 < n) continue;
+            c = ""; /* trailing system text: an empty user turn carries it */
+        }
+        if (msgs[i].role == KS_ROLE_ASSISTANT) {
+            ks_tok_sb_puts(b, " ");
+            ks_tok_sb_put_trimmed(b, c, strlen(c));
+            ks_tok_sb_puts(b, " ");
+            ks_tok_sb_puts(b, eos);
+            continue;
+        }
+        turn.n = 0;
+        if (sys.p) {
+            ks_tok_sb_puts(&turn, "<<SYS>>\n");
+            ks_tok_sb_put(&turn, sys.p, sys.n);
+            ks_tok_sb_puts(&turn, "\n<</SYS>>\n\n");
+            ks_free(sys.p);
+            sys = (ks_tok_sb){0};
+        }
+        ks_tok_sb_puts(&turn, c);
+        if (b->n) ks_tok_sb_puts(b, bos); /* the first BOS is the encoder's */
+        ks_tok_sb_puts(b, "[INST] ");
+        ks_tok_sb_put_trimmed(b, turn.p, turn.n);
+        ks_tok_sb_puts(b, " [/INST]");
+    }
+    ks_free(sys.p);
+    ks_free(turn.p);
+}
+
+ks_status ks_chat_render_family(ks_chat_family fam, const char *bos_text, const char *eos_text,
+                                const ks_chat_message *msgs, size_t n_msgs, char *buf, size_t cap,
+                                size_t *n_out) {
+    if (!n_out || (!msgs && n_msgs) || (!buf && cap)) return KS_FAIL(KS_ERR_INVALID_ARG, "chat: NULL argument");
+    if (fam != KS_CHAT_LLAMA3 && fam != KS_CHAT_CHATML && fam != KS_CHAT_PHI3 && fam != KS_CHAT_LLAMA2)
+        return KS_FAIL(KS_ERR_UNSUPPORTED, "chat: the model has no known chat template");
+    for (size_t i = 0; i < n_msgs; i++) {
+        if (!msgs[i].content) return KS_FAIL(KS_ERR_INVALID_ARG, "chat: message %zu has no content", i);
+        if (msgs[i].role != KS_ROLE_SYSTEM && msgs[i].role != KS_ROLE_USER && msgs[i].role != KS_ROLE_ASSISTANT)
+            return KS_FAIL(KS_ERR_INVALID_ARG, "chat: message %zu has an unknown role %d", i, (int)msgs[i].role);
+    }
+    ks_tok_sb b = {0};
+    ks_tok_sb_put(&b, "", 0);
+    if (fam == KS_CHAT_LLAMA2) {
+        ks_chat_render_llama2(&b, bos_text ? bos_text : "", eos_text ? eos_text : "", msgs, n_msgs);
+    } else {
+        for (size_t i = 0; i < n_msgs; i++) ks_chat_render_uniform(&b, fam, msgs[i].role, msgs[i].content);
+        ks_tok_sb_puts(&b, fam == KS_CHAT_LLAMA3   ? "<|start_header_id|>assistant<|end_header_id|>\n\n"
+                           : fam == KS_CHAT_CHATML ? "<|im_start|>assistant\n"
+                                                   : "<|assistant|>\n");
+    }
     ks_status st = KS_OK;
     if (b.n + 1 > cap) {
         *n_out = b.n + 1;
@@ -94,4 +182,34 @@ ks_status ks_tokenizer_chat_format(const ks_tokenizer *t, const char *system, co
     }
     ks_free(b.p);
     return st;
+}
+
+/* Text of a special token (its vocabulary string), "" when the vocabulary
+ * has none; copied into dst[cap]. */
+static const char *ks_tok_special_text(const ks_tokenizer *t, int32_t id, char *dst, size_t cap) {
+    dst[0] = '\0';
+    if (id < 0 || id >= t->n_vocab) return dst;
+    size_t n = t->vocab.off[id + 1] - t->vocab.off[id];
+    if (n >= cap) return dst;
+    memcpy(dst, t->vocab.blob + t->vocab.off[id], n);
+    dst[n] = '\0';
+    return dst;
+}
+
+ks_status ks_tokenizer_chat_render(const ks_tokenizer *t, const ks_chat_message *msgs, size_t n_msgs, char *buf,
+                                   size_t cap, size_t *n_out) {
+    if (!t) return KS_FAIL(KS_ERR_INVALID_ARG, "chat: NULL argument");
+    char bos[64], eos[64];
+    return ks_chat_render_family(t->chat, ks_tok_special_text(t, t->bos, bos, sizeof bos),
+                                 ks_tok_special_text(t, t->eos, eos, sizeof eos), msgs, n_msgs, buf, cap, n_out);
+}
+
+ks_status ks_tokenizer_chat_format(const ks_tokenizer *t, const char *system, const char *user, char *buf,
+                                   size_t cap, size_t *n_out) {
+    if (!t || !user || !n_out || (!buf && cap)) return KS_FAIL(KS_ERR_INVALID_ARG, "chat: NULL argument");
+    ks_chat_message m[2];
+    size_t n = 0;
+    if (system && system[0]) m[n++] = (ks_chat_message){KS_ROLE_SYSTEM, system};
+    m[n++] = (ks_chat_message){KS_ROLE_USER, user};
+    return ks_tokenizer_chat_render(t, m, n, buf, cap, n_out);
 }

@@ -26,8 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (ks_api_parse((const char *)data, size, (ks_api_kind)kind, &r, &e)) {
             if (r.model) h += strlen(r.model);
             if (r.prompt) h += strlen(r.prompt);
-            if (r.system) h += strlen(r.system);
-            if (r.user) h += strlen(r.user);
+            for (int32_t i = 0; i < r.n_messages; i++) h += strlen(r.messages[i].content) + (uint64_t)r.messages[i].role;
             for (int32_t i = 0; i < r.n_prompt_ids; i++) h += (uint64_t)r.prompt_ids[i];
             for (int32_t i = 0; i < r.n_stops; i++) h += strlen(r.stops[i]);
             h += strlen(r.policy) + strlen(r.policy_args);

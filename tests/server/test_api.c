@@ -73,10 +73,85 @@ static void test_chat_fields(void **state) {
                     "[{\"type\":\"text\",\"text\":\"B\"},{\"type\":\"text\",\"text\":\"C\"}]},"
                     "{\"role\":\"user\",\"content\":\"Q?\"}],\"max_completion_tokens\":4}";
     assert_true(parse(b, KS_API_CHAT, &r, &e));
-    assert_string_equal(r.system, "A\nBC");
-    assert_string_equal(r.user, "Q?");
+    assert_int_equal(r.n_messages, 3);
+    assert_int_equal(r.messages[0].role, KS_API_ROLE_SYSTEM);
+    assert_string_equal(r.messages[0].content, "A");
+    assert_int_equal(r.messages[1].role, KS_API_ROLE_SYSTEM); /* developer is system */
+    assert_string_equal(r.messages[1].content, "BC");
+    assert_int_equal(r.messages[2].role, KS_API_ROLE_USER);
+    assert_string_equal(r.messages[2].content, "Q?");
     assert_int_equal(r.max_tokens, 4);
     ks_api_request_free(&r);
+
+    /* multi-turn, in any order of roles, kept in order; an assistant message
+     * may carry an empty tool_calls list, null fields and a name */
+    b = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\","
+        "\"tool_calls\":[],\"function_call\":null,\"name\":\"bot\"},{\"role\":\"system\",\"content\":\"\"},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"c\"}]},"
+        "{\"role\":\"assistant\",\"content\":\"d\"}]}";
+    assert_true(parse(b, KS_API_CHAT, &r, &e));
+    assert_int_equal(r.n_messages, 5);
+    const ks_api_role want[] = {KS_API_ROLE_USER, KS_API_ROLE_ASSISTANT, KS_API_ROLE_SYSTEM, KS_API_ROLE_USER,
+                                KS_API_ROLE_ASSISTANT};
+    const char *text[] = {"a", "b", "", "c", "d"};
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(r.messages[i].role, want[i]);
+        assert_string_equal(r.messages[i].content, text[i]);
+    }
+    ks_api_request_free(&r);
+}
+
+/* Malformed conversations: each names the message (and part) at fault. */
+static void test_chat_errors(void **state) {
+    (void)state;
+    const ks_api_kind H = KS_API_CHAT;
+    expect_error("{\"messages\":[]}", H, 400, "invalid_value", "messages");
+    expect_error("{\"messages\":{}}", H, 400, "invalid_type", "messages");
+    expect_error("{\"messages\":[\"hi\"]}", H, 400, "invalid_type", "messages[0]");
+    expect_error("{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"assistant\",\"content\":\"a\"}]}",
+                 H, 400, "invalid_value", "messages");
+    /* role: missing, wrong type, unknown, tool and function */
+    expect_error("{\"messages\":[{\"role\":null,\"content\":\"x\"}]}", H, 400, "missing_required_parameter",
+                 "messages[0].role");
+    expect_error("{\"messages\":[{\"role\":3,\"content\":\"x\"}]}", H, 400, "invalid_type", "messages[0].role");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"robot\",\"content\":\"x\"}]}", H,
+                 400, "invalid_value", "messages[1].role");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"tool\",\"content\":\"42\","
+                 "\"tool_call_id\":\"c1\"}]}", H, 400, "unsupported", "messages[1].role");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"function\",\"name\":\"f\","
+                 "\"content\":\"42\"}]}", H, 400, "unsupported", "messages[1].role");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":null,"
+                 "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}]}",
+                 H, 400, "unsupported", "messages[1].tool_calls");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"\","
+                 "\"function_call\":{\"name\":\"f\"}}]}", H, 400, "unsupported", "messages[1].function_call");
+    /* content: missing, null, wrong type, empty parts, other part types */
+    expect_error("{\"messages\":[{\"role\":\"user\"}]}", H, 400, "missing_required_parameter", "messages[0].content");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":null}]}",
+                 H, 400, "missing_required_parameter", "messages[1].content");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":true}]}", H, 400, "invalid_type", "messages[0].content");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":{\"text\":\"x\"}}]}", H, 400, "invalid_type",
+                 "messages[0].content");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":[]}]}", H, 400, "invalid_value", "messages[0].content");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":[\"x\"]}]}", H, 400, "invalid_type",
+                 "messages[0].content[0]");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":[{\"text\":\"x\"}]}]}", H, 400, "invalid_type",
+                 "messages[0].content[0]");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"x\"},"
+                 "{\"type\":\"image_url\",\"image_url\":{\"url\":\"http://x\"}}]}]}", H, 400, "unsupported",
+                 "messages[0].content[1]");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":5}]}]}", H, 400,
+                 "invalid_type", "messages[0].content[0]");
+
+    /* the message says what to do */
+    ks_api_request r;
+    ks_api_error e;
+    assert_false(parse("{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", H, &r, &e));
+    assert_non_null(strstr(e.message, "tool"));
+    assert_non_null(strstr(e.message, "not supported"));
+    assert_false(parse("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_audio\"}]}]}", H, &r, &e));
+    assert_non_null(strstr(e.message, "input_audio"));
+    assert_non_null(strstr(e.message, "only text"));
 }
 
 static void test_extension(void **state) {
@@ -155,8 +230,6 @@ static void test_errors(void **state) {
     expect_error("{\"prompt\":\"x\",\"n\":2}", C, 400, "unsupported", "n");
     expect_error("{\"prompt\":\"x\",\"logprobs\":2}", C, 400, "unsupported", "logprobs");
     expect_error("{\"prompt\":[\"a\",\"b\"]}", C, 400, "unsupported", "prompt");
-    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\"},"
-                 "{\"role\":\"user\",\"content\":\"c\"}]}", H, 400, "unsupported", "messages");
 }
 
 static void test_error_json_and_utf8(void **state) {
@@ -175,6 +248,7 @@ static void test_error_json_and_utf8(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_completion_fields), cmocka_unit_test(test_chat_fields),
+        cmocka_unit_test(test_chat_errors),
         cmocka_unit_test(test_extension),         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_error_json_and_utf8),
     };
