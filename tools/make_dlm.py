@@ -2,7 +2,7 @@
 """make_dlm.py — distil the bundled model's EAGLE-3 draft model (DLM) from the trained target.
 
     /usr/bin/python3 tools/make_dlm.py [--target models/kvsieve-default.gguf]
-        [--out models/kvsieve-default-dlm] [--workdir models/train] [--steps N] [--resume]
+        [--out models/kvsieve-default-dlm-paper] [--workdir models/train] [--steps N] [--resume]
     /usr/bin/python3 tools/make_dlm.py --report [--lengths 8192] ...
 
 SpeContext (Section 4) selects each decode step's KV entries with the attention
@@ -533,6 +533,10 @@ def main(argv=None):
     torch.manual_seed(a.seed)
     random.seed(a.seed)
     out = a.out or (a.target[:-5] if a.target.endswith(".gguf") else a.target) + "-dlm"
+    if not a.out and a.attn_weight == 0 and os.path.abspath(a.target) == os.path.join(ROOT, "models", "kvsieve-default.gguf"):
+        # the bundled model's default draft (MODEL-dlm/) is the attention-aligned one;
+        # the paper's recipe alone writes beside it (docs/DLM.md)
+        out += "-paper"
     t0 = time.time()
     log = lambda m: print("[%7.1fs] %s" % (time.time() - t0, m), file=sys.stderr, flush=True)  # noqa: E731
 
