@@ -105,7 +105,26 @@ typedef struct {
     uint64_t bytes_read;                  /* those per step plus the K cache each selection scored */
 } spec_state;
 
-static const char *const spec_args[] = {"dlm", "variant", "yarn", "weights", "kcache", NULL};
+static const char *const spec_args[] = {"dlm", "variant", "yarn", "weights", "kcache", "aux_ids", NULL};
+
+/* aux_ids=[in:|out:]A:B:C — the fused states' layers, overriding the
+ * checkpoint's: "in" (the default) counts the residual streams entering
+ * layers A, B, C (EAGLE, vLLM), "out" the outputs of layers A, B, C
+ * (SpecForge, SGLang). */
+static ks_status parse_aux_ids(const char *v, int32_t ids[3], bool *outputs) {
+    *outputs = false;
+    if (!strncmp(v, "out:", 4)) { *outputs = true; v += 4; }
+    else if (!strncmp(v, "in:", 3)) v += 3;
+    for (int i = 0; i < 3; i++) {
+        char *end;
+        long x = strtol(v, &end, 10);
+        if (end == v || x < 0 || x > 100000 || (i < 2 ? *end != ':' : *end != 0))
+            return KS_FAIL(KS_ERR_INVALID_ARG, "spec aux_ids=%s: expected [in:|out:]A:B:C (three layer ids)", v);
+        ids[i] = (int32_t)x;
+        v = end + 1;
+    }
+    return KS_OK;
+}
 
 static ks_status dtype_of(const ks_eagle3_mat *m, ks_dtype *out) {
     switch (m->dtype) {
@@ -159,8 +178,12 @@ static void head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_
         size_t w = (size_t)s->n_aux * s->tH;
         fin = ks_malloc(sizeof(float) * (size_t)n * w);
         for (int32_t r = 0; r < n; r++) {
-            if (h[r]) memcpy(fin + r * w, h[r], sizeof(float) * w);
-            else memset(fin + r * w, 0, sizeof(float) * w);
+            if (h[r]) {
+                memcpy(fin + r * w, h[r], sizeof(float) * w);
+                ks_eagle3_fc_norm(s->dlm, fin + r * w); /* SpecForge's fc_norm (a no-op without) */
+            } else {
+                memset(fin + r * w, 0, sizeof(float) * w);
+            }
         }
         ks_matmul(s->env.pool, s->t_fc, s->w_fc, s->H, (int64_t)w, fin, n, s->f, s->mm);
     }
@@ -284,7 +307,7 @@ static ks_status requantize_q8_0(spec_state *s, bool embed_only) {
 }
 
 static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
-    char dir[1024], variant[16], yarn[32], wtype[16], kctype[16];
+    char dir[1024], variant[16], yarn[32], wtype[16], kctype[16], auxs[64];
     KS_TRY(ks_args_str(p->args, "dlm", "", dir, sizeof dir));
     KS_TRY(ks_args_str(p->args, "weights", "native", wtype, sizeof wtype));
     bool requant = !strcmp(wtype, "q8_0");
@@ -296,8 +319,16 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p
         return KS_FAIL(KS_ERR_INVALID_ARG, "spec kcache=%s: expected f16 or q8_0", kctype);
     KS_TRY(ks_args_str(p->args, "variant", "fused", variant, sizeof variant));
     KS_TRY(ks_args_str(p->args, "yarn", "auto", yarn, sizeof yarn));
+    KS_TRY(ks_args_str(p->args, "aux_ids", "", auxs, sizeof auxs));
+    int32_t aux_override[3];
+    bool aux_out = false;
+    if (auxs[0]) KS_TRY(parse_aux_ids(auxs, aux_override, &aux_out));
     if (!dir[0])
-        return KS_FAIL(KS_ERR_INVALID_ARG, "policy spec needs its draft model: --policy-arg dlm=DIR (an EAGLE-3 checkpoint)");
+        return KS_FAIL(KS_ERR_INVALID_ARG,
+                       "policy spec found no draft model for this model: it looks for MODEL-dlm/ beside MODEL.gguf. Pass "
+                       "--policy-arg spec.dlm=DIR (an EAGLE-3 draft: config.json with model.safetensors or pytorch_model.bin; "
+                       "docs/DLM.md lists the published drafts for each model) or train one: "
+                       "/usr/bin/python3 tools/make_dlm.py --target MODEL.gguf --text FILES...");
     bool embed_only = !strcmp(variant, "embed");
     if (!embed_only && strcmp(variant, "fused"))
         return KS_FAIL(KS_ERR_INVALID_ARG, "spec variant=%s: expected fused or embed", variant);
@@ -307,6 +338,7 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p
     ep.embed_only = embed_only;
     ks_eagle3 *dlm = NULL;
     KS_TRY(ks_eagle3_load(dir, ep, &dlm));
+    if (auxs[0]) ks_eagle3_set_aux_layers(dlm, aux_override, aux_out, "spec aux_ids=");
     spec_state *s = ks_calloc(1, sizeof *s);
     s->dlm = dlm;
     s->env = *env;
@@ -371,6 +403,8 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p
     if (!embed_only) {
         s->n_aux = 3;
         ks_eagle3_aux_layers(dlm, env->n_layer, s->aux);
+        KS_LOG(INFO, "spec: fusing the residual streams entering target layers %d, %d, %d (%s%s)%s", s->aux[0], s->aux[1],
+               s->aux[2], c->aux_source, auxs[0] ? auxs : "", dlm->fc_norm[0] ? ", fc_norm on each" : "");
     }
     size_t n_seq = (size_t)env->n_seq, n_ctx = (size_t)env->n_ctx;
     s->kc_type = kc_q8 ? KS_DTYPE_Q8_0 : KS_DTYPE_F16;
