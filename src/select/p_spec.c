@@ -15,11 +15,12 @@
  *   top-B tokens per KV head, the same set for every layer (plus the
  *   framework's sinks and recent window).
  *
- * The head keeps its own full K cache (one layer) indexed by position, f16
- * rows or, with `kcache=q8_0`, Q8_0 rows: at long contexts that cache is
- * most of the bytes a selection reads (32K positions x 8 KV heads x 64 dims
- * are 33.5 MB of f16 against the projections' 24.5 MB of Q8_0), and 8-bit
- * keys halve it at the cost of the keys' rounding in the scores.
+ * The head keeps its own full K cache (one layer) indexed by position, Q8_0
+ * rows by default (`kcache=f16` for f16 rows): at long contexts that cache
+ * is most of the bytes a selection reads (32K positions x 8 KV heads x 64
+ * dims are 33.5 MB of f16 against the projections' 24.5 MB of Q8_0), and
+ * 8-bit keys halve it at the cost of the keys' rounding in the scores, which
+ * kvsieve eval measures as noise (docs/POLICIES.md, "Deviations").
  * Prompt keys are computed from the hidden states the framework captures
  * during prefill (on_hidden), batched through ks_matmul; a decode step's key
  * is computed in before_step together with its query.  Scores for each
@@ -52,7 +53,8 @@
  * Arguments: dlm=DIR (required: an EAGLE-3 checkpoint directory),
  * variant=fused|embed, yarn=auto|off|FACTOR, weights=native|q8_0 (the
  * projections in the checkpoint's precision, or requantised to Q8_0 at load),
- * kcache=f16|q8_0 (the head's K cache rows).
+ * kcache=q8_0|f16 (the head's K cache rows; q8_0 by default),
+ * aux_ids=[in:|out:]A:B:C (the fused states' layers, overriding the checkpoint's).
  */
 #include "select/policy.h"
 #include "select/spec_score.h"
@@ -313,7 +315,7 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p
     bool requant = !strcmp(wtype, "q8_0");
     if (!requant && strcmp(wtype, "native"))
         return KS_FAIL(KS_ERR_INVALID_ARG, "spec weights=%s: expected native or q8_0", wtype);
-    KS_TRY(ks_args_str(p->args, "kcache", "f16", kctype, sizeof kctype));
+    KS_TRY(ks_args_str(p->args, "kcache", "q8_0", kctype, sizeof kctype));
     bool kc_q8 = !strcmp(kctype, "q8_0");
     if (!kc_q8 && strcmp(kctype, "f16"))
         return KS_FAIL(KS_ERR_INVALID_ARG, "spec kcache=%s: expected f16 or q8_0", kctype);
