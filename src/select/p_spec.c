@@ -329,8 +329,9 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p
         return KS_FAIL(KS_ERR_INVALID_ARG,
                        "policy spec found no draft model for this model: it looks for MODEL-dlm/ beside MODEL.gguf. Pass "
                        "--policy-arg spec.dlm=DIR (an EAGLE-3 draft: config.json with model.safetensors or pytorch_model.bin; "
-                       "docs/DLM.md lists the published drafts for each model) or train one: "
-                       "/usr/bin/python3 tools/make_dlm.py --target MODEL.gguf --text FILES...");
+                       "docs/DLM.md lists the published drafts and their models), or distil one for a llama GGUF from your own text: "
+                       "/usr/bin/python3 tools/make_dlm.py --target MODEL.gguf --text FILE... (writes MODEL-dlm/; resumable; "
+                       "docs/DLM.md); kvsieve gen-model --dlm-out DIR writes a random head of the right shape (speed runs only)");
     bool embed_only = !strcmp(variant, "embed");
     if (!embed_only && strcmp(variant, "fused"))
         return KS_FAIL(KS_ERR_INVALID_ARG, "spec variant=%s: expected fused or embed", variant);
