@@ -40,6 +40,7 @@ the projects publish rather than on files kvsieve writes itself:
   bad-oob.bin     a torch.save of a view whose size was patched to reach
                   past its storage: must be refused.
   tiny.bin        a four-tensor state dict (F16, BF16, I64, BOOL): a fuzz seed.
+  tiny-zip64.bin  the same archive with its directory fields in zip64 form.
 
 Needs python3-torch (scripts/deps.sh --reference).  The outputs are
 committed (a few hundred KB), so the tests do not need torch.
@@ -164,6 +165,34 @@ def head_qk(sd, h3, emb, pos, theta, fc_norm):
     return rope(q).tolist(), rope(k).tolist()
 
 
+def to_zip64(blob):
+    """The same archive with every 32-bit field a zip64 reader must look
+    past saturated: each central directory entry's sizes and local header
+    offset move to a zip64 extra field, and the end record's counts and
+    offsets to the zip64 end record (torch's writer emits one)."""
+    import struct
+    eocd = blob.rfind(b"PK\x05\x06")
+    n, cd_size, cd_off = struct.unpack("<HII", blob[eocd + 10:eocd + 20])
+    body, cd, p = blob[:cd_off], b"", cd_off
+    for _ in range(n):
+        fixed = bytearray(blob[p:p + 46])
+        nl, xl, cl = struct.unpack("<HHH", fixed[28:34])
+        csize, usize = struct.unpack("<II", fixed[20:28])
+        lho = struct.unpack("<I", fixed[42:46])[0]
+        name, comment = blob[p + 46:p + 46 + nl], blob[p + 46 + nl + xl:p + 46 + nl + xl + cl]
+        extra = struct.pack("<HHQQQ", 1, 24, usize, csize, lho)
+        fixed[20:28] = struct.pack("<II", 0xFFFFFFFF, 0xFFFFFFFF)
+        fixed[30:32] = struct.pack("<H", len(extra))
+        fixed[42:46] = struct.pack("<I", 0xFFFFFFFF)
+        cd += bytes(fixed) + name + extra + comment
+        p += 46 + nl + xl + cl
+    e64_off = len(body) + len(cd)
+    e64 = struct.pack("<IQHHIIQQQQ", 0x06064b50, 44, 45, 45, 0, 0, n, n, len(cd), len(body))
+    loc = struct.pack("<IIQI", 0x07064b50, 0, e64_off, 1)
+    end = struct.pack("<IHHHHIIH", 0x06054b50, 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+    return body + cd + e64 + loc + end
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures", "models", "dlm-layouts"))
@@ -236,6 +265,12 @@ def main():
     open(p, "wb").write(bytes(blob))
     torch.save({"a": torch.ones(2, 3, dtype=torch.float16), "b": torch.full((4,), 2.5, dtype=torch.bfloat16),
                 "c": torch.arange(3, dtype=torch.int64), "d": torch.tensor([True, False])}, os.path.join(out, "tiny.bin"))
+    z64 = to_zip64(open(os.path.join(out, "tiny.bin"), "rb").read())
+    open(os.path.join(out, "tiny-zip64.bin"), "wb").write(z64)
+    import io
+    import zipfile
+    with zipfile.ZipFile(io.BytesIO(z64)) as z:  # a reader of its own agrees it is a valid zip64 archive
+        assert z.read("tiny/data/2") == zipfile.ZipFile(os.path.join(out, "tiny.bin")).read("tiny/data/2")
     print("wrote", out)
 
 
