@@ -392,6 +392,8 @@ static void test_refusals(void **state) {
 
 /* ------------------------------------------------------ end to end -- */
 
+static const char *g_extra = ""; /* run(): more spec arguments after dlm=, e.g. ",aux_ids=1:2:3" */
+
 /* Greedy decode of a fixed prompt; returns the logits of every step. */
 static float *run(const char *policy, int32_t budget, const char *dlm, int n_prompt, int steps) {
     ks_context_params p = ks_context_default_params();
@@ -403,7 +405,7 @@ static float *run(const char *policy, int32_t budget, const char *dlm, int n_pro
     p.sink = 4;
     p.window = 8;
     char args[700];
-    snprintf(args, sizeof args, "dlm=%s", dlm ? dlm : "");
+    snprintf(args, sizeof args, "dlm=%s%s", dlm ? dlm : "", g_extra);
     p.policy_args = dlm ? args : NULL;
     ks_context *c = NULL;
     if (ks_context_create(g_target, p, &c) != KS_OK) fail_msg("context (%s): %s", dlm ? dlm : policy, ks_last_error());
@@ -448,6 +450,39 @@ static void test_spec_on_each_layout(void **state) {
     free(dense);
 }
 
+/* spec's aux_ids= override: the two conventions name the same streams, and
+ * other streams change the selection; a malformed value is refused */
+static void test_aux_ids_override(void **state) {
+    (void)state;
+    const int np = 96, steps = 4;
+    size_t bytes = sizeof(float) * (steps + 1) * g_target->hp.n_vocab;
+    float *dflt = run("spec", 24, layout("eagle-st"), np, steps); /* default [2, L/2, L-3] -> 1, 2, 2 */
+    g_extra = ",aux_ids=1:2:3";
+    float *in = run("spec", 24, layout("eagle-st"), np, steps);
+    g_extra = ",aux_ids=out:0:1:2";
+    float *out = run("spec", 24, layout("eagle-st"), np, steps);
+    g_extra = ",aux_ids=in:2:1:2"; /* the default's layers, listed out of order */
+    float *same = run("spec", 24, layout("eagle-st"), np, steps);
+    g_extra = "";
+    assert_memory_equal(in, out, bytes);
+    assert_memory_equal(same, dflt, bytes);
+    assert_true(memcmp(in, dflt, bytes) != 0);
+    free(dflt);
+    free(in);
+    free(out);
+    free(same);
+    ks_context_params p = ks_context_default_params();
+    p.n_ctx = 64;
+    p.policy = "spec";
+    p.budget = 16;
+    char args[700];
+    snprintf(args, sizeof args, "dlm=%s,aux_ids=1:2", layout("eagle-st"));
+    p.policy_args = args;
+    ks_context *c = NULL;
+    assert_int_not_equal(ks_context_create(g_target, p, &c), KS_OK);
+    assert_non_null(strstr(ks_last_error(), "aux_ids"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bin_and_safetensors_hold_the_same),
@@ -458,6 +493,7 @@ int main(void) {
         cmocka_unit_test(test_vocab_maps),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_spec_on_each_layout),
+        cmocka_unit_test(test_aux_ids_override),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

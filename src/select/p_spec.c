@@ -113,7 +113,8 @@ static const char *const spec_args[] = {"dlm", "variant", "yarn", "weights", "kc
  * checkpoint's: "in" (the default) counts the residual streams entering
  * layers A, B, C (EAGLE, vLLM), "out" the outputs of layers A, B, C
  * (SpecForge, SGLang). */
-static ks_status parse_aux_ids(const char *v, int32_t ids[3], bool *outputs) {
+static ks_status parse_aux_ids(const char *arg, int32_t ids[3], bool *outputs) {
+    const char *v = arg;
     *outputs = false;
     if (!strncmp(v, "out:", 4)) { *outputs = true; v += 4; }
     else if (!strncmp(v, "in:", 3)) v += 3;
@@ -121,7 +122,7 @@ static ks_status parse_aux_ids(const char *v, int32_t ids[3], bool *outputs) {
         char *end;
         long x = strtol(v, &end, 10);
         if (end == v || x < 0 || x > 100000 || (i < 2 ? *end != ':' : *end != 0))
-            return KS_FAIL(KS_ERR_INVALID_ARG, "spec aux_ids=%s: expected [in:|out:]A:B:C (three layer ids)", v);
+            return KS_FAIL(KS_ERR_INVALID_ARG, "spec aux_ids=%s: expected [in:|out:]A:B:C (three layer ids)", arg);
         ids[i] = (int32_t)x;
         v = end + 1;
     }
