@@ -2,8 +2,21 @@
 """make_dlm.py — distil the bundled model's EAGLE-3 draft model (DLM) from the trained target.
 
     /usr/bin/python3 tools/make_dlm.py [--target models/kvsieve-default.gguf]
-        [--out models/kvsieve-default-dlm] [--workdir models/train] [--steps N] [--resume]
+        [--out models/kvsieve-default-dlm-paper] [--workdir models/train] [--steps N] [--resume]
     /usr/bin/python3 tools/make_dlm.py --report [--lengths 8192] ...
+    /usr/bin/python3 tools/make_dlm.py --target ANY.gguf --text FILE... [--out ANY-dlm] [--steps N] [--resume]
+
+--text trains a draft for any llama-architecture GGUF (any quantisation
+gguf_reader.py dequantises: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K) on the
+user's own text: the files are tokenized by `kvsieve tokenize` with the
+GGUF's own vocabulary, the target's shape, RoPE base and norm epsilon come
+from its metadata, and the draft takes EAGLE-3's shape for it (the target's
+width, heads and MLP; aux layers [2, L/2, L-3]; the most frequent tokens of
+the text as its vocabulary, --draft-vocab).  Same objective, checkpoint and
+--resume / --max-minutes / --device as below; no report (the held-out
+measurements need the bundled corpus).  Ignored there: llama3 RoPE
+frequency factors (rope_freqs), which change the target's low frequencies
+slightly, and attention biases (llama GGUFs have none).
 
 SpeContext (Section 4) selects each decode step's KV entries with the attention
 of a distilled language model (DLM): an EAGLE-3 draft of the target, pruned to
@@ -83,6 +96,62 @@ def configure(target_path):
     assert TM.N_KV_HEAD == HKV, "one draft KV head per target KV head"
     H, N_FF = TM.N_EMBD, TM.N_FF
     AUX = [1, TM.N_LAYER // 2, TM.N_LAYER - 1]
+
+
+def configure_any(target_path, draft_vocab_max):
+    """Any llama GGUF: the target's shape from its metadata, EAGLE-3's draft
+    shape for it.  Returns the GGUF reader (the output matrix, if untied)."""
+    global H, N_FF, AUX, HQ, HKV, HD, ROPE_THETA, DRAFT_VOCAB
+    import gguf_reader as G
+    r = G.GGUFReader(target_path)
+    arch = str(r.kv.get("general.architecture", "?"))
+    if arch != "llama":
+        raise SystemExit("make_dlm.py --text: %s is a '%s' model; only the llama architecture is supported" % (target_path, arch))
+    kv = lambda k, d=None: r.kv[k] if k in r.kv else d  # noqa: E731
+    n_embd, n_head = int(kv("llama.embedding_length")), int(kv("llama.attention.head_count"))
+    TM.set_shape(n_embd, int(kv("llama.block_count")), n_head, int(kv("llama.attention.head_count_kv", n_head)),
+                 int(kv("llama.feed_forward_length")))
+    TM.N_VOCAB = int(r.tensors["token_embd.weight"].ne[1])  # GGUF lists dims innermost first
+    TM.ROPE_BASE = float(kv("llama.rope.freq_base", 10000.0))
+    TM.EPS = float(kv("llama.attention.layer_norm_rms_epsilon", 1e-5))
+    H, N_FF = TM.N_EMBD, TM.N_FF
+    HQ, HKV, HD = TM.N_HEAD, TM.N_KV_HEAD, TM.HEAD_DIM
+    L = TM.N_LAYER
+    AUX = sorted([2, L // 2, L - 3] if L >= 4 else [0, L // 2, L - 1])
+    ROPE_THETA = TM.ROPE_BASE
+    DRAFT_VOCAB = min(TM.N_VOCAB, draft_vocab_max)
+    return r
+
+
+class TextStream:
+    """Random windows of T + 1 tokens from the user's text (as TM.Stream.batch returns them)."""
+
+    def __init__(self, ids, seed):
+        self.ids = np.asarray(ids, dtype=np.int64)
+        self.r = random.Random(seed)
+
+    def batch(self, torch, n, T):
+        if len(self.ids) < T + 2:
+            raise SystemExit("make_dlm.py --text: the text has %d tokens; a training sequence needs %d" % (len(self.ids), T + 2))
+        starts = [self.r.randrange(len(self.ids) - T - 1) for _ in range(n)]
+        return torch.from_numpy(np.stack([self.ids[s:s + T + 1] for s in starts])), None
+
+    def state(self):
+        return self.r.getstate()
+
+    def set_state(self, st):
+        self.r.setstate(st)
+
+
+def tokenize_files(kvsieve, target, files, log):
+    import subprocess
+    ids = []
+    for f in files:
+        out = subprocess.run([kvsieve, "tokenize", "-m", target, "-f", f], check=True, capture_output=True, text=True).stdout
+        got = [int(x) for x in out.split()]
+        log("%s: %d tokens" % (f, len(got)))
+        ids += got
+    return ids
 
 
 def build_draft(torch, n_vocab):
@@ -190,9 +259,19 @@ def build_draft(torch, n_vocab):
     return Draft()
 
 
-def load_target(torch, path):
+def load_target(torch, path, reader=None):
     tgt = TM.build_model(torch)
     TM.load_gguf_into(torch, tgt, path)
+    if reader is not None and "output.weight" in reader.tensors:  # untied output matrix
+        out_w = torch.from_numpy(np.asarray(reader.dequantize("output.weight"), dtype=np.float32).copy()).reshape(TM.N_VOCAB, -1)
+        tgt.register_buffer("out_w", out_w, persistent=False)
+        plain = tgt.forward
+
+        def forward(ids, checkpoint=False, hidden=False):
+            _, hs = plain(ids, checkpoint, True)
+            logits = hs[-1] @ tgt.out_w.t().to(hs[-1].dtype)
+            return (logits, hs) if hidden else logits
+        tgt.forward = forward
     tgt = tgt.to(TM.DEVICE)
     tgt.eval()
     for p in tgt.parameters():
@@ -522,27 +601,50 @@ def main(argv=None):
                          "retrieval, where diffuse layers' spread mass does not count)")
     ap.add_argument("--attn-candidates", type=int, default=4, help="candidates per query position (x attn-queries)")
     ap.add_argument("--init-from", default=None, help="start from this DLM directory's weights (fresh optimizer)")
-    ap.add_argument("--ckpt", default=None, help="training checkpoint (default: WORKDIR/dlm-ckpt.pt)")
+    ap.add_argument("--ckpt", default=None, help="training checkpoint (default: WORKDIR/dlm-ckpt.pt; with --text OUT/ckpt.pt)")
+    ap.add_argument("--text", nargs="+", default=None, metavar="FILE",
+                    help="train a draft for any llama GGUF (--target) on these text files (see the top of this file)")
+    ap.add_argument("--draft-vocab", type=int, default=8192, help="with --text: the draft vocabulary's size (at most)")
+    ap.add_argument("--kvsieve", default=os.path.join(ROOT, "build", "kvsieve"), help="with --text: the binary that tokenizes")
     a = ap.parse_args(argv)
+    if a.text:
+        a.skip_report = True
+        if a.report:
+            raise SystemExit("make_dlm.py: --report needs the bundled corpus; it does not run with --text")
     if a.device == "cpu" and os.path.exists(TM.TCMALLOC) and TM.TCMALLOC not in os.environ.get("LD_PRELOAD", ""):
         env = dict(os.environ, LD_PRELOAD=TM.TCMALLOC, TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD="100000000000")
         os.execve(sys.executable, [sys.executable] + sys.argv, env)
     import torch
-    import sentencepiece as spm
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     random.seed(a.seed)
     out = a.out or (a.target[:-5] if a.target.endswith(".gguf") else a.target) + "-dlm"
+    if not a.out and a.attn_weight == 0 and os.path.abspath(a.target) == os.path.join(ROOT, "models", "kvsieve-default.gguf"):
+        # the bundled model's default draft (MODEL-dlm/) is the attention-aligned one;
+        # the paper's recipe alone writes beside it (docs/DLM.md)
+        out += "-paper"
     t0 = time.time()
     log = lambda m: print("[%7.1fs] %s" % (time.time() - t0, m), file=sys.stderr, flush=True)  # noqa: E731
 
-    corpus = TM.build_corpus(a.cache, log)
-    sp = spm.SentencePieceProcessor(model_file=os.path.join(a.workdir, "tok.model"))
-    configure(a.target)
-    TM.DEVICE = "cpu" if a.report else a.device
-    tgt = load_target(torch, a.target)
-    stream = TM.Stream(sp, corpus, a.seed)
-    ck = a.ckpt or os.path.join(a.workdir, "dlm-ckpt.pt")
+    if a.text:
+        reader = configure_any(a.target, a.draft_vocab)
+        corpus = sp = None
+        TM.DEVICE = a.device
+        tgt = load_target(torch, a.target, reader)
+        stream = TextStream(tokenize_files(a.kvsieve, a.target, a.text, log), a.seed)
+        os.makedirs(out, exist_ok=True)
+        ck = a.ckpt or os.path.join(out, "ckpt.pt")
+        log("target %s: %d layers, hidden %d, %d / %d heads of %d, vocabulary %d, RoPE base %g; aux layers %s" % (
+            a.target, TM.N_LAYER, TM.N_EMBD, TM.N_HEAD, TM.N_KV_HEAD, TM.HEAD_DIM, TM.N_VOCAB, TM.ROPE_BASE, AUX))
+    else:
+        import sentencepiece as spm
+        corpus = TM.build_corpus(a.cache, log)
+        sp = spm.SentencePieceProcessor(model_file=os.path.join(a.workdir, "tok.model"))
+        configure(a.target)
+        TM.DEVICE = "cpu" if a.report else a.device
+        tgt = load_target(torch, a.target)
+        stream = TM.Stream(sp, corpus, a.seed)
+        ck = a.ckpt or os.path.join(a.workdir, "dlm-ckpt.pt")
     step = 0
     if a.report:
         draft, d_ids = load_dlm(torch, out)
@@ -562,7 +664,11 @@ def main(argv=None):
         opt_state = None
     else:
         draft = build_draft(torch, TM.N_VOCAB)
-        d_ids = draft_vocab(sp, stream, torch)
+        if a.text:  # the text's most frequent tokens
+            counts = np.bincount(stream.ids, minlength=TM.N_VOCAB)
+            d_ids = np.sort(np.argsort(-counts, kind="stable")[:DRAFT_VOCAB])
+        else:
+            d_ids = draft_vocab(sp, stream, torch)
         opt_state = None
     if not a.report and a.attn_weight > 0:
         draft.max_pos = max(draft.max_pos, a.attn_seq)
@@ -581,6 +687,7 @@ def main(argv=None):
             if a.attn_weight > 0 else ""))
     qgen = torch.Generator().manual_seed(a.seed + step)
     last = t_start = time.time()
+    step0 = step
     while not a.report and step < a.steps:
         n_tok = a.attn_seq if a.attn_weight > 0 else SEQ
         X, _ = stream.batch(torch, a.batch, n_tok)
@@ -621,9 +728,9 @@ def main(argv=None):
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         opt.step()
         step += 1
-        if step % 20 == 0 or step == a.steps:
-            log("step %d/%d loss %.4f%s  top-1 agreement by TTT step %s" % (
-                step, a.steps, loss.item(), "  attention KL %.4f" % aloss.item() if a.attn_weight > 0 else "",
+        if step % 20 == 0 or step == a.steps or (a.text and step <= 3):
+            log("step %d/%d (%.1f s a step) loss %.4f%s  top-1 agreement by TTT step %s" % (
+                step, a.steps, (time.time() - t_start) / max(1, step - step0), loss.item(), "  attention KL %.4f" % aloss.item() if a.attn_weight > 0 else "",
                 " ".join("%.3f" % x for x in accs)))
         over = a.max_minutes and time.time() - t_start >= a.max_minutes * 60
         if time.time() - last > 600 or step == a.steps or over:

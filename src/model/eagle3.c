@@ -181,18 +181,51 @@ static ks_status parse_config(const cJSON *json, ks_eagle3_config *c) {
     KS_TRY(cfg_int(root, "draft_vocab_size", false, c->vocab_size, 1, 1 << 24, &c->draft_vocab_size));
     KS_TRY(cfg_int(root, "max_position_embeddings", false, 2048, 1, 1 << 24, &c->max_pos));
     KS_TRY(cfg_float(root, "rms_norm_eps", 1e-6, 0.0, 1.0, &c->rms_eps));
-    KS_TRY(cfg_float(root, "rope_theta", 10000.0, 1.0 + 1e-6, 1e12, &c->rope_theta));
+    /* transformers 5 writes RoPE as rope_parameters {rope_type, rope_theta,
+     * factor, ...} (SpecForge's llama3_eagle.py get_rope_config reads it
+     * first); the legacy keys rope_theta / rope_scaling come next; EAGLE's
+     * own configs have neither, and its rotary embedding then uses 10000. */
+    const cJSON *rp = cfg_item(root, "rope_parameters");
+    if (rp && !cJSON_IsNull(rp) && !cJSON_IsObject(rp))
+        return KS_FAIL(KS_ERR_FORMAT, "config.json: \"rope_parameters\" must be an object");
+    if (cJSON_IsObject(rp) && !cJSON_GetObjectItemCaseSensitive(rp, "rope_theta")) {
+        /* per-layer-type parameters (e.g. {"full_attention": {...}}): the full-attention ones */
+        const cJSON *full = cJSON_GetObjectItemCaseSensitive(rp, "full_attention");
+        if (cJSON_IsObject(full)) rp = full;
+    }
+    const cfg_src rsrc = {cJSON_IsObject(rp) ? rp : NULL, NULL};
+    if (rsrc.first && cJSON_GetObjectItemCaseSensitive(rp, "rope_theta"))
+        KS_TRY(cfg_float(&rsrc, "rope_theta", 10000.0, 1.0 + 1e-6, 1e12, &c->rope_theta));
+    else
+        KS_TRY(cfg_float(root, "rope_theta", 10000.0, 1.0 + 1e-6, 1e12, &c->rope_theta));
     if (c->head_dim % 2) return KS_FAIL(KS_ERR_FORMAT, "config.json: head_dim %d is odd (RoPE rotates pairs)", c->head_dim);
     if (c->n_head % c->n_head_kv)
         return KS_FAIL(KS_ERR_FORMAT, "config.json: num_attention_heads %d is not a multiple of num_key_value_heads %d", c->n_head, c->n_head_kv);
     if (c->draft_vocab_size > c->vocab_size)
         return KS_FAIL(KS_ERR_FORMAT, "config.json: draft_vocab_size %d exceeds vocab_size %d", c->draft_vocab_size, c->vocab_size);
-    KS_TRY(parse_rope_scaling(cfg_item(root, "rope_scaling"), c->max_pos, &c->rope));
+    const cJSON *legacy = cfg_item(root, "rope_scaling");
+    KS_TRY(parse_rope_scaling(rsrc.first && (!legacy || cJSON_IsNull(legacy)) ? rsrc.first : legacy, c->max_pos, &c->rope));
+    /* Aux ids and what they mean.  SpecForge and SGLang read
+     * eagle_config.eagle_aux_hidden_state_layer_ids and capture at id + 1
+     * (SGLang's set_eagle3_layers_to_capture: "[val + 1 for val in
+     * layer_ids]", i.e. the output of layer id); vLLM and speculators read
+     * the top-level key and capture the stream entering layer id.  A SpecForge
+     * export is trained in its convention, so the nested key wins. */
     c->aux_layers[0] = c->aux_layers[1] = c->aux_layers[2] = -1;
-    const cJSON *aux = cfg_item(root, "eagle_aux_hidden_state_layer_ids");
     const cJSON *ec = cfg_item(root, "eagle_config");
-    if (!aux && cJSON_IsObject(ec)) aux = cJSON_GetObjectItemCaseSensitive(ec, "eagle_aux_hidden_state_layer_ids");
-    KS_TRY(parse_aux_layers(aux, c));
+    const cJSON *nested_aux = cJSON_IsObject(ec) ? cJSON_GetObjectItemCaseSensitive(ec, "eagle_aux_hidden_state_layer_ids") : NULL;
+    const cJSON *aux = cfg_item(root, "eagle_aux_hidden_state_layer_ids");
+    if (nested_aux && !cJSON_IsNull(nested_aux)) {
+        KS_TRY(parse_aux_layers(nested_aux, c));
+        c->aux_ids_are_outputs = true;
+        snprintf(c->aux_source, sizeof c->aux_source, "eagle_config.eagle_aux_hidden_state_layer_ids: outputs of layers (SpecForge/SGLang)");
+    } else {
+        KS_TRY(parse_aux_layers(aux, c));
+        snprintf(c->aux_source, sizeof c->aux_source, "%s",
+                 c->aux_layers_set ? "eagle_aux_hidden_state_layer_ids: inputs of layers (EAGLE/vLLM)" : "EAGLE-3's default [2, L/2, L-3]");
+    }
+    const cJSON *fn = cfg_item(root, "fc_norm");
+    c->fc_norm = cJSON_IsTrue(fn);
     return KS_OK;
 }
 
@@ -299,6 +332,7 @@ static ks_status pick_layer_prefix(const ks_safetensors *st, char *out, size_t c
 }
 
 static void free_vecs(ks_eagle3 *d) {
+    for (int i = 0; i < 3; i++) ks_free(d->fc_norm[i]);
     ks_free(d->fc_bias); ks_free(d->hidden_norm); ks_free(d->input_norm);
     ks_free(d->q_norm); ks_free(d->k_norm); ks_free(d->post_norm); ks_free(d->norm);
     ks_free(d->d2t); ks_free(d->t2d); ks_free(d->inv_freq);
@@ -329,6 +363,64 @@ static void copy_to_arena(ks_eagle3 *d) {
     d->arena = a;
 }
 
+/* d2t / t2d (EAGLE-3's map between the draft's and the target's
+ * vocabularies), checked whenever present, also for a head-only load, which
+ * does not use them: a draft whose maps are inconsistent was exported wrong,
+ * and its fused states are then suspect too.  d2t[i] is an offset: draft
+ * token i is target token i + d2t[i], inside the vocabulary and distinct;
+ * t2d marks exactly those target tokens. */
+static ks_status load_vocab_maps(ks_eagle3 *d, const ks_safetensors *st) {
+    const ks_eagle3_config *c = &d->cfg;
+    char name[64];
+    const ks_st_tensor *t = find_any(st, "d2t", name, sizeof name), *u = find_any(st, "t2d", name, sizeof name);
+    if (t && (t->dtype != KS_ST_I64 || t->n_dims != 1 || t->shape[0] != c->draft_vocab_size))
+        return KS_FAIL(KS_ERR_FORMAT, "tensor %s must be I64 [%d] (draft_vocab_size; is %s with %d dims)", t->name,
+                       c->draft_vocab_size, ks_st_dtype_name(t->dtype), t->n_dims);
+    if (u && (u->dtype != KS_ST_BOOL || u->n_dims != 1 || u->shape[0] != c->vocab_size))
+        return KS_FAIL(KS_ERR_FORMAT, "tensor %s must be BOOL [%d] (vocab_size; is %s with %d dims)", u->name, c->vocab_size,
+                       ks_st_dtype_name(u->dtype), u->n_dims);
+    if (!t && !u) return KS_OK;
+    ks_status s = KS_OK;
+    int64_t *d2t = NULL;
+    uint8_t *t2d = NULL, *hit = NULL;
+    if (t) {
+        d2t = ks_malloc(sizeof(int64_t) * (size_t)t->n_elem + 1);
+        memcpy(d2t, t->data, t->nbytes);
+        hit = ks_calloc((size_t)c->vocab_size, 1);
+        for (int64_t i = 0; i < t->n_elem && s == KS_OK; i++) {
+            if (d2t[i] < -i || d2t[i] >= (int64_t)c->vocab_size - i)
+                s = KS_FAIL(KS_ERR_FORMAT, "tensor %s: entry %lld maps draft token %lld outside the %d-token vocabulary", t->name,
+                            (long long)i, (long long)i, c->vocab_size);
+            else if (hit[i + d2t[i]]++)
+                s = KS_FAIL(KS_ERR_FORMAT, "tensor %s: draft tokens map twice to target token %lld", t->name, (long long)(i + d2t[i]));
+        }
+    }
+    if (u && s == KS_OK) {
+        t2d = ks_malloc((size_t)u->n_elem + 1);
+        memcpy(t2d, u->data, u->nbytes);
+        int64_t n_true = 0;
+        for (int64_t i = 0; i < u->n_elem && s == KS_OK; i++) {
+            if (t2d[i] > 1) s = KS_FAIL(KS_ERR_FORMAT, "tensor %s: entry %lld is %u, not a bool", u->name, (long long)i, t2d[i]);
+            else if (hit && t2d[i] != hit[i])
+                s = KS_FAIL(KS_ERR_FORMAT, "tensors d2t and t2d disagree on target token %lld (t2d says %s)", (long long)i,
+                            t2d[i] ? "in the draft vocabulary" : "not in it");
+            n_true += t2d[i];
+        }
+        if (s == KS_OK && n_true != c->draft_vocab_size)
+            s = KS_FAIL(KS_ERR_FORMAT, "tensor %s marks %lld target tokens, but draft_vocab_size is %d", u->name, (long long)n_true,
+                        c->draft_vocab_size);
+    }
+    ks_free(hit);
+    if (s != KS_OK || d->head_only) {
+        ks_free(d2t);
+        ks_free(t2d);
+        return s;
+    }
+    d->d2t = d2t;
+    d->t2d = t2d;
+    return KS_OK;
+}
+
 static ks_status load_tensors(ks_eagle3 *d, const ks_safetensors *st) {
     const ks_eagle3_config *c = &d->cfg;
     KS_TRY(pick_layer_prefix(st, d->layer_prefix, sizeof d->layer_prefix));
@@ -340,6 +432,13 @@ static ks_status load_tensors(ks_eagle3 *d, const ks_safetensors *st) {
     if (!d->embed_only) {
         KS_TRY(get_mat(&L, false, "fc.weight", H, 3 * TH, true, &d->fc));
         KS_TRY(get_vec(&L, false, "fc.bias", H, false, &d->fc_bias));
+        for (int i = 0; i < 3; i++) { /* SpecForge: a norm on each fused state before fc */
+            char nm[32];
+            snprintf(nm, sizeof nm, "fc_norm.%d.weight", i);
+            KS_TRY(get_vec(&L, false, nm, TH, c->fc_norm, &d->fc_norm[i]));
+        }
+        if ((d->fc_norm[0] != NULL) != (d->fc_norm[1] != NULL) || (d->fc_norm[0] != NULL) != (d->fc_norm[2] != NULL))
+            return KS_FAIL(KS_ERR_FORMAT, "EAGLE-3 checkpoint has some of fc_norm.{0,1,2}.weight but not all three");
         KS_TRY(get_vec(&L, true, "hidden_norm.weight", H, true, &d->hidden_norm));
     }
     KS_TRY(get_vec(&L, true, "input_layernorm.weight", H, true, &d->input_norm));
@@ -358,28 +457,8 @@ static ks_status load_tensors(ks_eagle3 *d, const ks_safetensors *st) {
         KS_TRY(get_mat(&L, true, "mlp.down_proj.weight", H, I, true, &d->w_down));
         KS_TRY(get_vec(&L, false, "norm.weight", H, true, &d->norm));
         KS_TRY(get_mat(&L, false, "lm_head.weight", c->draft_vocab_size, H, true, &d->lm_head));
-        char name[64];
-        const ks_st_tensor *t = find_any(st, "d2t", name, sizeof name);
-        if (t) {
-            if (t->dtype != KS_ST_I64 || t->n_dims != 1 || t->shape[0] != c->draft_vocab_size)
-                return KS_FAIL(KS_ERR_FORMAT, "tensor %s must be I64 [%d] (is %s with %d dims)", t->name, c->draft_vocab_size,
-                               ks_st_dtype_name(t->dtype), t->n_dims);
-            d->d2t = ks_malloc(sizeof(int64_t) * (size_t)t->n_elem + 1);
-            memcpy(d->d2t, t->data, t->nbytes);
-            for (int64_t i = 0; i < t->n_elem; i++)
-                if (d->d2t[i] < -i || d->d2t[i] >= (int64_t)c->vocab_size - i)
-                    return KS_FAIL(KS_ERR_FORMAT, "tensor %s: entry %lld maps draft token %lld outside the %d-token vocabulary",
-                                   t->name, (long long)i, (long long)i, c->vocab_size);
-        }
-        t = find_any(st, "t2d", name, sizeof name);
-        if (t) {
-            if (t->dtype != KS_ST_BOOL || t->n_dims != 1 || t->shape[0] != c->vocab_size)
-                return KS_FAIL(KS_ERR_FORMAT, "tensor %s must be BOOL [%d] (is %s with %d dims)", t->name, c->vocab_size,
-                               ks_st_dtype_name(t->dtype), t->n_dims);
-            d->t2d = ks_malloc((size_t)t->n_elem + 1);
-            memcpy(d->t2d, t->data, t->nbytes);
-        }
     }
+    KS_TRY(load_vocab_maps(d, st));
     /* parameter counts */
     for (int64_t i = 0; i < ks_safetensors_count(st); i++) {
         const ks_st_tensor *t = ks_safetensors_at(st, i);
@@ -387,7 +466,7 @@ static ks_status load_tensors(ks_eagle3 *d, const ks_safetensors *st) {
     }
     d->n_params_embed = mat_elems(&d->embed);
     d->n_params_head = d->n_params_embed + mat_elems(&d->fc) + mat_elems(&d->wq) + mat_elems(&d->wk) + H /* input norm */ +
-                       (d->fc_bias ? H : 0) + (d->hidden_norm ? H : 0) + (d->q_norm ? hd : 0) + (d->k_norm ? hd : 0);
+                       (d->fc_bias ? H : 0) + (d->fc_norm[0] ? 3 * TH : 0) + (d->hidden_norm ? H : 0) + (d->q_norm ? hd : 0) + (d->k_norm ? hd : 0);
     d->n_params_full = d->n_params_ckpt;
     return KS_OK;
 }
@@ -471,12 +550,32 @@ ks_status ks_eagle3_add_yarn(ks_eagle3 *d, float factor, int32_t orig_max_pos) {
 
 void ks_eagle3_aux_layers(const ks_eagle3 *d, int32_t n_layer, int32_t out[3]) {
     if (d->cfg.aux_layers_set) {
-        memcpy(out, d->cfg.aux_layers, sizeof(int32_t) * 3);
-        return;
+        for (int i = 0; i < 3; i++) out[i] = d->cfg.aux_layers[i] + (d->cfg.aux_ids_are_outputs ? 1 : 0);
+    } else {
+        out[0] = 2;
+        out[1] = n_layer / 2;
+        out[2] = n_layer - 3;
     }
-    out[0] = 2;
-    out[1] = n_layer / 2;
-    out[2] = n_layer - 3;
+    /* ascending: EAGLE, vLLM and SGLang append the states as the layer loop meets them */
+    for (int i = 1; i < 3; i++)
+        for (int j = i; j > 0 && out[j - 1] > out[j]; j--) {
+            int32_t t = out[j];
+            out[j] = out[j - 1];
+            out[j - 1] = t;
+        }
+}
+
+void ks_eagle3_set_aux_layers(ks_eagle3 *d, const int32_t ids[3], bool outputs, const char *source) {
+    memcpy(d->cfg.aux_layers, ids, sizeof(int32_t) * 3);
+    d->cfg.aux_layers_set = true;
+    d->cfg.aux_ids_are_outputs = outputs;
+    snprintf(d->cfg.aux_source, sizeof d->cfg.aux_source, "%s", source ? source : "set by the caller");
+}
+
+void ks_eagle3_fc_norm(const ks_eagle3 *d, float *h3) {
+    if (!d->fc_norm[0]) return;
+    const int TH = d->cfg.target_hidden_size;
+    for (int i = 0; i < 3; i++) ks_rmsnorm(h3 + (size_t)i * TH, h3 + (size_t)i * TH, d->fc_norm[i], TH, d->cfg.rms_eps);
 }
 
 ks_status ks_eagle3_check_target(const ks_eagle3 *d, const ks_eagle3_target *t) {
@@ -496,10 +595,10 @@ ks_status ks_eagle3_check_target(const ks_eagle3 *d, const ks_eagle3_target *t) 
         int32_t aux[3];
         ks_eagle3_aux_layers(d, t->n_layer, aux);
         for (int i = 0; i < 3; i++)
-            if (aux[i] < 0 || aux[i] >= t->n_layer)
+            if (aux[i] < 0 || aux[i] > t->n_layer || (!d->cfg.aux_ids_are_outputs && aux[i] == t->n_layer))
                 return KS_FAIL(KS_ERR_INVALID_ARG, "EAGLE-3 aux hidden-state layer %d (%s) is out of range for a %d-layer target",
-                               aux[i], d->cfg.aux_layers_set ? "from eagle_aux_hidden_state_layer_ids" : "default [2, L/2, L-3]",
-                               t->n_layer);
+                               d->cfg.aux_layers_set ? aux[i] - (d->cfg.aux_ids_are_outputs ? 1 : 0) : aux[i],
+                               d->cfg.aux_layers_set ? d->cfg.aux_source : "default [2, L/2, L-3]", t->n_layer);
     }
     return KS_OK;
 }
@@ -531,7 +630,15 @@ ks_status ks_eagle3_head_qk(const ks_eagle3 *d, const float *h3, const float *em
     ks_rmsnorm(x, emb, d->input_norm, (int)H, c->rms_eps);
     if (!d->embed_only) {
         float *f = ks_malloc(sizeof(float) * (size_t)H); /* [H] fused aux states */
+        float *hn = NULL;
+        if (d->fc_norm[0]) { /* SpecForge: each state normed before fc */
+            hn = ks_malloc(sizeof(float) * 3 * (size_t)c->target_hidden_size);
+            memcpy(hn, h3, sizeof(float) * 3 * (size_t)c->target_hidden_size);
+            ks_eagle3_fc_norm(d, hn);
+            h3 = hn;
+        }
         ks_eagle3_mat_vec(&d->fc, h3, f);
+        ks_free(hn);
         if (d->fc_bias)
             for (int64_t i = 0; i < H; i++) f[i] += d->fc_bias[i];
         ks_rmsnorm(x + H, f, d->hidden_norm, (int)H, c->rms_eps);
@@ -596,8 +703,10 @@ ks_status ks_eagle3_describe(const ks_eagle3 *d, char *buf, size_t cap) {
     if (c->rope.type != KS_ROPE_SCALING_NONE) P(" (factor %g, original %d)", (double)c->rope.factor, c->rope.orig_max_pos);
     P("\n  layer tensors under '%s', embed_tokens %s%s\n", d->layer_prefix,
       d->has_embed ? "present" : "absent (the target's embedding is used)", d->embed_only ? ", embedding-only head" : "");
-    if (c->aux_layers_set) P("  aux layers [%d, %d, %d] (from config)\n", c->aux_layers[0], c->aux_layers[1], c->aux_layers[2]);
+    if (c->aux_layers_set)
+        P("  aux layers [%d, %d, %d] (from config: %s)\n", c->aux_layers[0], c->aux_layers[1], c->aux_layers[2], c->aux_source);
     else P("  aux layers: default [2, L/2, L-3] of the target\n");
+    if (d->fc_norm[0]) P("  fc_norm on each fused state (SpecForge)\n");
     char a[32], b[32], e[32], f[32];
     human((double)d->n_params_full, a, sizeof a);
     human((double)d->n_params_head, b, sizeof b);

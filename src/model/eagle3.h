@@ -54,8 +54,15 @@ typedef struct ks_eagle3_config {
     int32_t max_pos;             /* max_position_embeddings */
     float rms_eps, rope_theta;
     ks_rope_scaling rope;
-    int32_t aux_layers[3];       /* eagle_aux_hidden_state_layer_ids, or -1 = default [2, L/2, L-3] */
+    int32_t aux_layers[3];       /* eagle_aux_hidden_state_layer_ids as written, or -1 = default [2, L/2, L-3] */
     bool aux_layers_set;
+    /* What an id means.  false (EAGLE, vLLM, speculators: the top-level key):
+     * id i is the residual stream *entering* layer i.  true (SpecForge and
+     * SGLang: eagle_config.eagle_aux_hidden_state_layer_ids): id i is the
+     * *output* of layer i, i.e. the stream entering layer i + 1. */
+    bool aux_ids_are_outputs;
+    char aux_source[96];         /* where the ids came from, for the log */
+    bool fc_norm;                /* config "fc_norm": SpecForge's RMSNorm on each fused state before fc */
 } ks_eagle3_config;
 
 typedef struct ks_eagle3_params {
@@ -73,6 +80,7 @@ typedef struct ks_eagle3 {
     ks_eagle3_mat embed;         /* [vocab_size][H] */
     ks_eagle3_mat fc;            /* [H][3*target_H]; absent when embed_only */
     float *fc_bias;              /* [H] or NULL */
+    float *fc_norm[3];           /* [target_H] each: SpecForge's fc_norm.{0,1,2} (NULL when absent) */
     float *hidden_norm;          /* [H] (NULL when embed_only) */
     float *input_norm;           /* [H] */
     ks_eagle3_mat wq;            /* [n_head*head_dim][2H] */
@@ -111,8 +119,18 @@ ks_status ks_eagle3_read_config(const char *config_path, ks_eagle3_config *out);
 ks_status ks_eagle3_load(const char *dir, ks_eagle3_params params, ks_eagle3 **out);
 void ks_eagle3_destroy(ks_eagle3 *dlm);
 
-/* Aux layer ids for an n_layer target: the config's, or EAGLE-3's default. */
+/* The target layers whose *entering* residual stream the draft fuses (the
+ * engine's capture convention; n_layer = after the last layer), in
+ * ascending order as EAGLE, vLLM and SGLang concatenate them: the config's
+ * ids translated by their convention (aux_ids_are_outputs: + 1), or
+ * EAGLE-3's default [2, L/2, L-3]. */
 void ks_eagle3_aux_layers(const ks_eagle3 *dlm, int32_t n_layer, int32_t out[3]);
+/* Override the ids (spec's aux_ids=): outputs=false means the streams
+ * entering layers ids[i], true the outputs of layers ids[i]. */
+void ks_eagle3_set_aux_layers(ks_eagle3 *dlm, const int32_t ids[3], bool outputs, const char *source);
+/* RMSNorm each of the three [target_H] fused states in place with fc_norm
+ * (SpecForge), a no-op when the draft has none. */
+void ks_eagle3_fc_norm(const ks_eagle3 *dlm, float *h3);
 /* The shapes of the target model a draft is checked against (a GGUF model's
  * hyper-parameters, or what a selection policy is told of its target). */
 typedef struct ks_eagle3_target {

@@ -20,6 +20,7 @@
 #include "model/safetensors.h"
 
 #include "core/file.h"
+#include "model/torch_bin.h"
 #include "tensor/dtype.h"
 
 #include <cjson/cJSON.h>
@@ -374,6 +375,31 @@ static char *path_join(const char *dir, const char *name) {
     return p;
 }
 
+/* PyTorch's pickled state dicts (pytorch_model.bin, *.pt, *.pth): the
+ * restricted reader of torch_bin.c hands out views into the shard's bytes,
+ * which become this handle's tensors like a safetensors file's.  No
+ * overlap check here: tensors of one torch storage may share bytes (tied
+ * weights), and every view was checked to lie inside its storage. */
+static bool is_torch_name(const char *path) {
+    return ends_with(path, ".bin") || ends_with(path, ".pt") || ends_with(path, ".pth");
+}
+
+static ks_status parse_torch_shard(ks_safetensors *st, int shard) {
+    const st_shard *sh = &st->shards[shard];
+    ks_torch_bin *tb = NULL;
+    KS_TRY(ks_torch_bin_parse(sh->file.data, sh->file.size, &tb));
+    for (int64_t i = 0; i < tb->n_tensors; i++) {
+        ks_torch_tensor *src = &tb->tensors[i];
+        ks_st_tensor t = {.name = src->name, .dtype = src->dtype, .n_dims = src->n_dims, .n_elem = src->n_elem,
+                          .data = src->data, .nbytes = src->nbytes, .shard = shard};
+        memcpy(t.shape, src->shape, sizeof t.shape);
+        src->name = NULL; /* owned by the handle now */
+        push_tensor(st, &t);
+    }
+    ks_torch_bin_free(tb);
+    return KS_OK;
+}
+
 /* Adds one file as a new shard and parses it; the message names the file. */
 static ks_status add_shard(ks_safetensors *st, const char *path, bool use_mmap) {
     st->shards = ks_realloc(st->shards, sizeof(st_shard) * (size_t)(st->n_shards + 1));
@@ -382,7 +408,7 @@ static ks_status add_shard(ks_safetensors *st, const char *path, bool use_mmap) 
     KS_TRY(ks_file_map_open(path, use_mmap, &sh->file));
     sh->path = ks_strdup(path);
     st->n_shards++;
-    ks_status s = parse_shard(st, st->n_shards - 1);
+    ks_status s = is_torch_name(path) ? parse_torch_shard(st, st->n_shards - 1) : parse_shard(st, st->n_shards - 1);
     if (s != KS_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", ks_last_error());
@@ -478,16 +504,24 @@ ks_status ks_safetensors_open(const char *path, bool use_mmap, ks_safetensors **
     ks_safetensors *st = ks_calloc(1, sizeof *st);
     ks_status s;
     if (is_dir(path)) {
+        /* safetensors first; then PyTorch's pickled layout as the EAGLE authors publish it */
         char *idx = path_join(path, "model.safetensors.index.json");
         char *one = path_join(path, "model.safetensors");
-        if (is_file(idx)) s = open_index(st, idx, use_mmap);
-        else if (is_file(one)) {
-            s = add_shard(st, one, use_mmap);
+        char *tidx = path_join(path, "pytorch_model.bin.index.json");
+        char *tone = path_join(path, "pytorch_model.bin");
+        const char *index = is_file(idx) ? idx : !is_file(one) && is_file(tidx) ? tidx : NULL;
+        const char *single = index ? NULL : is_file(one) ? one : is_file(tone) ? tone : NULL;
+        if (index) s = open_index(st, index, use_mmap);
+        else if (single) {
+            s = add_shard(st, single, use_mmap);
             if (s == KS_OK) s = finish(st);
         } else
-            s = KS_FAIL(KS_ERR_IO, "'%s' holds neither model.safetensors nor model.safetensors.index.json", path);
+            s = KS_FAIL(KS_ERR_IO, "'%s' holds none of model.safetensors, model.safetensors.index.json, pytorch_model.bin, "
+                                   "pytorch_model.bin.index.json", path);
         ks_free(idx);
         ks_free(one);
+        ks_free(tidx);
+        ks_free(tone);
     } else if (ends_with(path, ".index.json")) {
         s = open_index(st, path, use_mmap);
     } else {

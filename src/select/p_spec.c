@@ -15,11 +15,12 @@
  *   top-B tokens per KV head, the same set for every layer (plus the
  *   framework's sinks and recent window).
  *
- * The head keeps its own full K cache (one layer) indexed by position, f16
- * rows or, with `kcache=q8_0`, Q8_0 rows: at long contexts that cache is
- * most of the bytes a selection reads (32K positions x 8 KV heads x 64 dims
- * are 33.5 MB of f16 against the projections' 24.5 MB of Q8_0), and 8-bit
- * keys halve it at the cost of the keys' rounding in the scores.
+ * The head keeps its own full K cache (one layer) indexed by position, Q8_0
+ * rows by default (`kcache=f16` for f16 rows): at long contexts that cache
+ * is most of the bytes a selection reads (32K positions x 8 KV heads x 64
+ * dims are 33.5 MB of f16 against the projections' 24.5 MB of Q8_0), and
+ * 8-bit keys halve it at the cost of the keys' rounding in the scores, which
+ * kvsieve eval measures as noise (docs/POLICIES.md, "Deviations").
  * Prompt keys are computed from the hidden states the framework captures
  * during prefill (on_hidden), batched through ks_matmul; a decode step's key
  * is computed in before_step together with its query.  Scores for each
@@ -52,7 +53,8 @@
  * Arguments: dlm=DIR (required: an EAGLE-3 checkpoint directory),
  * variant=fused|embed, yarn=auto|off|FACTOR, weights=native|q8_0 (the
  * projections in the checkpoint's precision, or requantised to Q8_0 at load),
- * kcache=f16|q8_0 (the head's K cache rows).
+ * kcache=q8_0|f16 (the head's K cache rows; q8_0 by default),
+ * aux_ids=[in:|out:]A:B:C (the fused states' layers, overriding the checkpoint's).
  */
 #include "select/policy.h"
 #include "select/spec_score.h"
@@ -105,7 +107,27 @@ typedef struct {
     uint64_t bytes_read;                  /* those per step plus the K cache each selection scored */
 } spec_state;
 
-static const char *const spec_args[] = {"dlm", "variant", "yarn", "weights", "kcache", NULL};
+static const char *const spec_args[] = {"dlm", "variant", "yarn", "weights", "kcache", "aux_ids", NULL};
+
+/* aux_ids=[in:|out:]A:B:C — the fused states' layers, overriding the
+ * checkpoint's: "in" (the default) counts the residual streams entering
+ * layers A, B, C (EAGLE, vLLM), "out" the outputs of layers A, B, C
+ * (SpecForge, SGLang). */
+static ks_status parse_aux_ids(const char *arg, int32_t ids[3], bool *outputs) {
+    const char *v = arg;
+    *outputs = false;
+    if (!strncmp(v, "out:", 4)) { *outputs = true; v += 4; }
+    else if (!strncmp(v, "in:", 3)) v += 3;
+    for (int i = 0; i < 3; i++) {
+        char *end;
+        long x = strtol(v, &end, 10);
+        if (end == v || x < 0 || x > 100000 || (i < 2 ? *end != ':' : *end != 0))
+            return KS_FAIL(KS_ERR_INVALID_ARG, "spec aux_ids=%s: expected [in:|out:]A:B:C (three layer ids)", arg);
+        ids[i] = (int32_t)x;
+        v = end + 1;
+    }
+    return KS_OK;
+}
 
 static ks_status dtype_of(const ks_eagle3_mat *m, ks_dtype *out) {
     switch (m->dtype) {
@@ -159,8 +181,12 @@ static void head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_
         size_t w = (size_t)s->n_aux * s->tH;
         fin = ks_scratch(KS_SCRATCH_POLICY1, sizeof(float) * (size_t)n * w);
         for (int32_t r = 0; r < n; r++) {
-            if (h[r]) memcpy(fin + r * w, h[r], sizeof(float) * w);
-            else memset(fin + r * w, 0, sizeof(float) * w);
+            if (h[r]) {
+                memcpy(fin + r * w, h[r], sizeof(float) * w);
+                ks_eagle3_fc_norm(s->dlm, fin + r * w); /* SpecForge's fc_norm (a no-op without) */
+            } else {
+                memset(fin + r * w, 0, sizeof(float) * w);
+            }
         }
         ks_matmul(s->env.pool, s->t_fc, s->w_fc, s->H, (int64_t)w, fin, n, s->f, s->mm);
     }
@@ -282,20 +308,29 @@ static ks_status requantize_q8_0(spec_state *s, bool embed_only) {
 }
 
 static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
-    char dir[1024], variant[16], yarn[32], wtype[16], kctype[16];
+    char dir[1024], variant[16], yarn[32], wtype[16], kctype[16], auxs[64];
     KS_TRY(ks_args_str(p->args, "dlm", "", dir, sizeof dir));
     KS_TRY(ks_args_str(p->args, "weights", "native", wtype, sizeof wtype));
     bool requant = !strcmp(wtype, "q8_0");
     if (!requant && strcmp(wtype, "native"))
         return KS_FAIL(KS_ERR_INVALID_ARG, "spec weights=%s: expected native or q8_0", wtype);
-    KS_TRY(ks_args_str(p->args, "kcache", "f16", kctype, sizeof kctype));
+    KS_TRY(ks_args_str(p->args, "kcache", "q8_0", kctype, sizeof kctype));
     bool kc_q8 = !strcmp(kctype, "q8_0");
     if (!kc_q8 && strcmp(kctype, "f16"))
         return KS_FAIL(KS_ERR_INVALID_ARG, "spec kcache=%s: expected f16 or q8_0", kctype);
     KS_TRY(ks_args_str(p->args, "variant", "fused", variant, sizeof variant));
     KS_TRY(ks_args_str(p->args, "yarn", "auto", yarn, sizeof yarn));
+    KS_TRY(ks_args_str(p->args, "aux_ids", "", auxs, sizeof auxs));
+    int32_t aux_override[3];
+    bool aux_out = false;
+    if (auxs[0]) KS_TRY(parse_aux_ids(auxs, aux_override, &aux_out));
     if (!dir[0])
-        return KS_FAIL(KS_ERR_INVALID_ARG, "policy spec needs its draft model: --policy-arg dlm=DIR (an EAGLE-3 checkpoint)");
+        return KS_FAIL(KS_ERR_INVALID_ARG,
+                       "policy spec found no draft model for this model: it looks for MODEL-dlm/ beside MODEL.gguf. Pass "
+                       "--policy-arg spec.dlm=DIR (an EAGLE-3 draft: config.json with model.safetensors or pytorch_model.bin; "
+                       "docs/DLM.md lists the published drafts and their models), or distil one for a llama GGUF from your own text: "
+                       "/usr/bin/python3 tools/make_dlm.py --target MODEL.gguf --text FILE... (writes MODEL-dlm/; resumable; "
+                       "docs/DLM.md); kvsieve gen-model --dlm-out DIR writes a random head of the right shape (speed runs only)");
     bool embed_only = !strcmp(variant, "embed");
     if (!embed_only && strcmp(variant, "fused"))
         return KS_FAIL(KS_ERR_INVALID_ARG, "spec variant=%s: expected fused or embed", variant);
@@ -305,6 +340,7 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p
     ep.embed_only = embed_only;
     ks_eagle3 *dlm = NULL;
     KS_TRY(ks_eagle3_load(dir, ep, &dlm));
+    if (auxs[0]) ks_eagle3_set_aux_layers(dlm, aux_override, aux_out, "spec aux_ids=");
     spec_state *s = ks_calloc(1, sizeof *s);
     s->dlm = dlm;
     s->env = *env;
@@ -369,6 +405,8 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p
     if (!embed_only) {
         s->n_aux = 3;
         ks_eagle3_aux_layers(dlm, env->n_layer, s->aux);
+        KS_LOG(INFO, "spec: fusing the residual streams entering target layers %d, %d, %d (%s%s)%s", s->aux[0], s->aux[1],
+               s->aux[2], c->aux_source, auxs[0] ? auxs : "", dlm->fc_norm[0] ? ", fc_norm on each" : "");
     }
     size_t n_seq = (size_t)env->n_seq, n_ctx = (size_t)env->n_ctx;
     s->kc_type = kc_q8 ? KS_DTYPE_Q8_0 : KS_DTYPE_F16;

@@ -144,7 +144,14 @@ expect_fail 2 "two policies for run" -- "$KS" run -m "$MODEL" -p hi --policy que
 expect_fail 2 "policy-arg without =" -- "$KS" run -m "$MODEL" -p hi --policy quest --policy-arg group
 expect_fail 2 "bad mem-cap" -- "$KS" run -m "$MODEL" -p hi --mem-cap lots
 expect_fail any "unknown policy-arg key" -- "$KS" run -m "$MODEL" -p hi --policy quest --policy-arg nokey=1
-expect_fail any "spec without a draft model" -- "$KS" run -m "$MODEL" -p hi --policy spec --budget 32
+expect_fail any "spec without a draft model" -- "$KS" run -m "$MODEL" -p hi -n 4 --policy spec --budget 32
+grep -q "MODEL-dlm/" "$TMP/err" && grep -q "make_dlm.py --target" "$TMP/err" || fail "spec without a draft: no hint ($(cat "$TMP/err"))"
+# a pytorch_model.bin that calls code is refused, naming what it calls
+mkdir -p "$TMP/evil-dlm"
+cp "$FIX/models/dlm-layouts/bad-global.bin" "$TMP/evil-dlm/pytorch_model.bin"
+cp "$FIX/models/dlm-layouts/eagle-bin/config.json" "$TMP/evil-dlm/"
+expect_fail any "pickled code in a draft" -- "$KS" run -m "$MODEL" -p hi -n 4 --policy spec --budget 32 --policy-arg "spec.dlm=$TMP/evil-dlm"
+grep -q "posix.system" "$TMP/err" || fail "pickled code in a draft: message does not name posix.system ($(cat "$TMP/err"))"
 expect_fail 1 "offload dir missing" -- "$KS" run -m "$MODEL" -p hi -n 4 --kv-offload-layers 2 --kv-offload-dir /nonexistent-kvsieve-dir
 expect_fail any "offload more layers than the model has" -- "$KS" run -m "$MODEL" -p hi --kv-offload-layers 99
 expect_fail any "mem-cap below the weights" -- "$KS" run -m "$MODEL" -p hi --policy quest --budget 32 --mem-cap 1000

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # model.sh — the bundled model (models/kvsieve-default.gguf, trained by
 # tools/train_model.py) and its distilled EAGLE-3 draft
-# (models/kvsieve-default-dlm, tools/make_dlm.py).  The model loads with valid
+# (models/kvsieve-default-dlm, the one spec finds beside the model, and the
+# paper's recipe, models/kvsieve-default-dlm-paper; tools/make_dlm.py).  The model loads with valid
 # metadata (llama, GQA, 16K context, its own 4096-token SentencePiece
 # vocabulary) and fits in 30 MB; the default model path finds it; on a natural
 # prompt it writes English words, and exactly the committed greedy
@@ -49,6 +50,7 @@ out3=$(cd "$TMP" && env -u KVSIEVE_MODEL "$KS" run -p "$PROMPT" -n 8 --temp 0 -t
 
 DLM="$SRC/models/kvsieve-default-dlm"
 check_bundled_dlm "$KS" "$DLM" 256 "1, 3, 5"
+check_bundled_dlm "$KS" "$SRC/models/kvsieve-default-dlm-paper" 256 "1, 3, 5"
 # spec finds the DLM beside the model and runs with it; at a budget covering
 # the whole prompt it reproduces dense exactly.  (At 16-32 entries the
 # distilled head does not yet keep this needle: docs/DLM.md has its recall.)
