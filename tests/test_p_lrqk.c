@@ -36,13 +36,7 @@ static char g_path[256], g_dir[256];
 static int setup(void **state) {
     (void)state;
     snprintf(g_path, sizeof g_path, "/tmp/kvsieve-test-lrqk-%d.gguf", (int)getpid());
-    ks_gguf *vocab = NULL;
-    if (ks_gguf_open(ks_test_fixture("models/aidreams260K.gguf"), &vocab) != KS_OK) return -1;
-    ks_shape_gen_params gp = {.type = KS_DTYPE_F16, .vocab = vocab, .seed = 5, .n_layer = 3, .n_ctx = 512};
-    ks_status st = ks_shape_generate(ks_shape_find("tiny-llama"), &gp, g_path, NULL);
-    ks_gguf_close(vocab);
-    if (st != KS_OK) return -1;
-    if (ks_model_load(g_path, ks_model_default_params(), &g_gqa) != KS_OK) return -1;
+    if (ks_test_tiny_llama(3, 5, g_path, &g_gqa) != 0) return -1;
     if (ks_model_load(ks_test_fixture("models/aidreams260K.gguf"), ks_model_default_params(), &g_mha) != KS_OK) return -1;
     snprintf(g_dir, sizeof g_dir, "/tmp/kvsieve-test-lrqk-XXXXXX");
     return mkdtemp(g_dir) ? 0 : -1;

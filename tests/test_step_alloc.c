@@ -36,13 +36,7 @@ static int setup(void **state) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/kvsieve-test-step-alloc-XXXXXX");
     if (!mkdtemp(g_tmp)) return -1;
     snprintf(g_path, sizeof g_path, "%s/tiny.gguf", g_tmp);
-    ks_gguf *vocab = NULL;
-    if (ks_gguf_open(ks_test_fixture("models/aidreams260K.gguf"), &vocab) != KS_OK) return -1;
-    ks_shape_gen_params gp = {.type = KS_DTYPE_F16, .vocab = vocab, .seed = 5, .n_layer = 3, .n_ctx = 512};
-    ks_status st = ks_shape_generate(ks_shape_find("tiny-llama"), &gp, g_path, NULL);
-    ks_gguf_close(vocab);
-    if (st != KS_OK) return -1;
-    if (ks_model_load(g_path, ks_model_default_params(), &g_model) != KS_OK) return -1;
+    if (ks_test_tiny_llama(3, 5, g_path, &g_model) != 0) return -1;
     snprintf(g_dlm, sizeof g_dlm, "%s/dlm", g_tmp);
     if (ks_eagle3_generate_head(ks_shape_find("tiny-llama"), 3, g_model->hp.n_vocab, 512, 7, g_dlm) != KS_OK) return -1;
     return 0;

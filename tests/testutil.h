@@ -37,4 +37,10 @@ uint8_t *ks_test_safetensors_build(const ks_test_st_tensor *t, int n, const char
 uint8_t *ks_test_safetensors_raw(const char *header, const void *data, size_t data_len, size_t *size);
 /* Write bytes to path; 0 on success. */
 int ks_test_write_file(const char *path, const void *data, size_t n);
+
+/* The policies' test model: gen-model's tiny-llama (GQA, head dim 64, f16)
+ * with n_layer layers, 512 tokens of context and aidreams260K's vocabulary,
+ * written to path and loaded into *out.  0 on success. */
+struct ks_model;
+int ks_test_tiny_llama(int n_layer, uint64_t seed, const char *path, struct ks_model **out);
 #endif
