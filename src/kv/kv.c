@@ -255,6 +255,15 @@ static void meta_add(ks_kv_store *kv, kv_layer *L, int32_t id, int32_t slot, int
 /* ----------------------------------------------------------- append -- */
 ks_status ks_kv_append(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t pos, const float *k,
                        const float *v) {
+    /* stack scratch: appends to different layers may run in parallel */
+    uint8_t krow[KS_KV_MAX_HEAD_DIM * 2], vrow[KS_KV_MAX_HEAD_DIM * 2];
+    ks_quantize_row(ks_kv_dtype(kv->p.type), k, krow, kv->hd);
+    ks_quantize_row(ks_kv_dtype(kv->p.type), v, vrow, kv->hd);
+    return ks_kv_append_stored(kv, seq, layer, head, pos, krow, vrow);
+}
+
+ks_status ks_kv_append_stored(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t pos,
+                              const uint8_t *krow, const uint8_t *vrow) {
     KS_ASSERT(seq >= 0 && seq < kv->p.n_seq && layer >= 0 && layer < kv->p.n_layer && head >= 0 && head < kv->nh);
     KS_ASSERT(!kv->parked[seq]); /* the context refuses steps of a parked sequence */
     kv_layer *L = &kv->layers[layer];
@@ -269,11 +278,7 @@ ks_status ks_kv_append(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head
         tab[lp] = id;
     }
     int32_t id = tab[lp];
-    /* stack scratch: appends to different layers may run in parallel */
-    uint8_t krow[KS_KV_MAX_HEAD_DIM * 2], vrow[KS_KV_MAX_HEAD_DIM * 2];
     float key[KS_KV_MAX_HEAD_DIM];
-    ks_quantize_row(ks_kv_dtype(kv->p.type), k, krow, kv->hd);
-    ks_quantize_row(ks_kv_dtype(kv->p.type), v, vrow, kv->hd);
     if (L->tier == KS_TIER_SLOW) {
         /* an in-flight load of this page must land before the newer row */
         KS_TRY(ks_copy_wait(&L->ev, &kv->wait_seconds));
