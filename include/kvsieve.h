@@ -315,7 +315,9 @@ ks_status ks_prefix_cache_create(const ks_model *model, const ks_prefix_cache_pa
 void ks_prefix_cache_destroy(ks_prefix_cache *pc);
 /* Wait until every block taken so far is written to the directory. */
 void ks_prefix_cache_flush(ks_prefix_cache *pc);
-/* Give RAM back: evict (LRU) until the cache holds at most ram_bytes. */
+/* Give RAM back: evict (LRU) until the cache holds at most ram_bytes, and
+ * keep it there (a later call with more raises the limit again, never past
+ * the cap it was created with). */
 void ks_prefix_cache_trim(ks_prefix_cache *pc, uint64_t ram_bytes);
 void ks_prefix_cache_get_stats(ks_prefix_cache *pc, ks_prefix_cache_stats *out);
 

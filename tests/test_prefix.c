@@ -247,6 +247,29 @@ static void test_registry_exact(void **state) {
     }
 }
 
+/* A prompt shorter than a policy's observation window restores nothing
+ * (the window is always recomputed), and never a negative count. */
+static void test_short_prompt(void **state) {
+    (void)state;
+    ks_context *c = make_ctx(g_model, "snapkv");
+    ks_prefix_cache_params pp = ks_prefix_cache_default_params();
+    ks_prefix_cache *pc = NULL;
+    assert_int_equal(ks_prefix_cache_create(g_model, &pp, &pc), KS_OK);
+    int32_t p[40];
+    make_prompt(p, 30, 10, 1);
+    float *ref = run(c, NULL, p, 40, NULL);
+    for (int k = 0; k < 2; k++) {
+        int32_t hit = -1;
+        float *got = run(c, pc, p, 40, &hit);
+        assert_int_equal(hit, 0);
+        assert_memory_equal(got, ref, sizeof(float) * (size_t)(1 + STEPS) * g_model->hp.n_vocab);
+        free(got);
+    }
+    free(ref);
+    ks_prefix_cache_destroy(pc);
+    ks_context_destroy(c);
+}
+
 /* spec alone in RAM: its keys come back with the blocks */
 static void test_spec_state(void **state) {
     (void)state;
@@ -390,6 +413,7 @@ int main(void) {
         cmocka_unit_test(test_record_parse),
         cmocka_unit_test(test_registry_exact),
         cmocka_unit_test(test_spec_state),
+        cmocka_unit_test(test_short_prompt),
         cmocka_unit_test(test_corrupt_files),
         cmocka_unit_test(test_prompt_file),
     };

@@ -233,6 +233,7 @@ enum { N_BUCKETS = 4096 };
 struct ks_prefix_cache {
     ks_pc_key model;
     ks_prefix_cache_params p;
+    uint64_t limit;         /* the RAM cap now: p.ram_bytes, or less while a memory cap needs the room */
     char *dir;
     pthread_mutex_t mu;
     pthread_cond_t cv;      /* writer: work or quit */
@@ -301,8 +302,8 @@ static void make_room_locked(ks_prefix_cache *pc, uint64_t cap, uint64_t need) {
 
 /* List a new block (refs: the table's); false when it cannot fit the cap. */
 static bool insert_locked(ks_prefix_cache *pc, pc_block *b) {
-    if (b->bytes > pc->p.ram_bytes) return false;
-    make_room_locked(pc, pc->p.ram_bytes, b->bytes);
+    if (b->bytes > pc->limit) return false;
+    make_room_locked(pc, pc->limit, b->bytes);
     b->stamp = ++pc->clock;
     b->refs = 1;
     b->listed = true;
@@ -316,7 +317,8 @@ static bool insert_locked(ks_prefix_cache *pc, pc_block *b) {
 void ks_prefix_cache_trim(ks_prefix_cache *pc, uint64_t ram_bytes) {
     if (!pc) return;
     pthread_mutex_lock(&pc->mu);
-    make_room_locked(pc, ram_bytes, 0);
+    pc->limit = ram_bytes < pc->p.ram_bytes ? ram_bytes : pc->p.ram_bytes;
+    make_room_locked(pc, pc->limit, 0);
     pthread_mutex_unlock(&pc->mu);
 }
 
@@ -624,6 +626,7 @@ ks_status ks_prefix_cache_create(const ks_model *model, const ks_prefix_cache_pa
     pc->p = *p;
     pc->dir = p->dir ? ks_strdup(p->dir) : NULL;
     pc->p.dir = pc->dir;
+    pc->limit = pc->p.ram_bytes;
     pc->model = fingerprint(model);
     pthread_mutex_init(&pc->mu, NULL);
     pthread_cond_init(&pc->cv, NULL);
@@ -734,7 +737,7 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
      * on a row's place in its chunk.  At most n_batch - 1 more rows to
      * compute. */
     int32_t nbat = c->params.n_batch;
-    limit = limit / nbat * nbat;
+    limit = limit > 0 ? limit / nbat * nbat : 0;
     if (limit > c->n_ctx) limit = c->n_ctx;
     int32_t nb_max = limit > 0 ? (limit + P - 1) / P : 0;
     if (nb_max > n / P) nb_max = n / P;
