@@ -734,8 +734,10 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
     /* The rest is prefilled in n_batch chunks from the hit on; a hit on a
      * multiple of n_batch makes them the very chunks of an uncached prefill,
      * so the result is bit-identical even where a kernel's rounding depends
-     * on a row's place in its chunk.  At most n_batch - 1 more rows to
-     * compute. */
+     * on a row's place in its chunk (today's matmul tiles do: a hit at 96
+     * with 64-row chunks changes the last bits).  At most n_batch - 1 more
+     * rows to compute; once every prefill row is independent of its chunk,
+     * the page alone is the grain. */
     int32_t nbat = c->params.n_batch;
     limit = limit > 0 ? limit / nbat * nbat : 0;
     if (limit > c->n_ctx) limit = c->n_ctx;
