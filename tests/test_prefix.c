@@ -408,9 +408,28 @@ static void test_prompt_file(void **state) {
     ks_context_destroy(c);
 }
 
+/* docs/POLICIES.md's prefix-caching table says what the registry says. */
+static void test_docs_table(void **state) {
+    (void)state;
+    size_t len = 0;
+    char *doc = ks_test_read_file(ks_test_source("docs/POLICIES.md"), &len);
+    assert_non_null(doc);
+    char *sec = strstr(doc, "\n### Prefix caching\n");
+    assert_non_null(sec);
+    const ks_policy_i *const *reg = ks_policy_list();
+    for (int i = 0; reg[i]; i++) {
+        char pat[128];
+        snprintf(pat, sizeof pat, "\n| `%s` | %s |", reg[i]->name, reg[i]->prefix_shareable ? "yes" : "**no**");
+        if (!strstr(sec, pat)) fail_msg("docs/POLICIES.md's prefix-caching table lacks '%s'", pat + 1);
+        assert_non_null(reg[i]->prefix_why);
+    }
+    free(doc);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_record_parse),
+        cmocka_unit_test(test_docs_table),
         cmocka_unit_test(test_registry_exact),
         cmocka_unit_test(test_spec_state),
         cmocka_unit_test(test_short_prompt),
