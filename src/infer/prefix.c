@@ -717,6 +717,39 @@ static void release(ks_prefix_cache *pc, pc_block *b) {
     pthread_mutex_unlock(&pc->mu);
 }
 
+/* The rows of a hit into the store, whole layers per worker (appends to one
+ * layer are serial, to different layers independent). */
+typedef struct {
+    ks_context *c;
+    pc_block *const *blocks;
+    int32_t seq, hit;
+    _Atomic int failed;
+} restore_job;
+
+static void restore_worker(void *arg, int ith, int nth) {
+    restore_job *j = arg;
+    ks_context *c = j->c;
+    const ks_hparams *hp = &c->model->hp;
+    int32_t P = ks_kv_page_size(c->kv);
+    size_t row = ks_kv_row_size(c->kv), page_bytes = ks_kv_page_bytes(c->kv);
+    for (int32_t l = ith; l < hp->n_layer; l += nth)
+        for (int32_t b = 0; b * P < j->hit; b++) {
+            int32_t m = j->hit - b * P < P ? j->hit - b * P : P;
+            for (int32_t h = 0; h < hp->n_head_kv; h++) {
+                const uint8_t *pg = j->blocks[b]->kv + ((size_t)l * hp->n_head_kv + h) * page_bytes;
+                for (int32_t r = 0; r < m; r++)
+                {
+                    ks_status st = ks_kv_append_stored(c->kv, j->seq, l, h, b * P + r, pg + (size_t)r * row,
+                                                       pg + ((size_t)P + r) * row);
+                    if (st != KS_OK) {
+                        atomic_store(&j->failed, (int)st); /* the message stays on the worker's thread */
+                        return;
+                    }
+                }
+            }
+        }
+}
+
 ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, const int32_t *prompt, int32_t n,
                             int32_t *n_restored) {
     if (!c || !prompt || !n_restored) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL argument");
@@ -762,20 +795,16 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
     hit = hit / nbat * nbat;
     ks_status st = KS_OK;
     if (hit > 0) st = ks_infer_plan_apply(c, hit, 1, hit);
-    const ks_hparams *hp = &c->model->hp;
-    size_t row = ks_kv_row_size(c->kv), page_bytes = ks_kv_page_bytes(c->kv);
-    for (int32_t b = 0; b < nb && st == KS_OK && b * P < hit; b++) {
-        int32_t m = hit - b * P < P ? hit - b * P : P;
-        const uint8_t *kvb = got[b]->kv;
-        for (int32_t l = 0; l < hp->n_layer && st == KS_OK; l++)
-            for (int32_t h = 0; h < hp->n_head_kv && st == KS_OK; h++) {
-                const uint8_t *pg = kvb + ((size_t)l * hp->n_head_kv + h) * page_bytes;
-                for (int32_t r = 0; r < m && st == KS_OK; r++)
-                    st = ks_kv_append_stored(c->kv, seq, l, h, b * P + r, pg + (size_t)r * row,
-                                             pg + ((size_t)P + r) * row);
-            }
-        if (st == KS_OK && sbytes) st = ks_policy_prefix_state_load(pol, seq, b * P, P, state_of(got[b], pk)->data);
+    if (st == KS_OK && hit > 0) {
+        restore_job j = {.c = c, .blocks = got, .seq = seq, .hit = hit};
+        atomic_init(&j.failed, 0);
+        ks_pool_run(c->pool, restore_worker, &j);
+        int f = atomic_load(&j.failed);
+        if (f) st = KS_FAIL((ks_status)f, "restoring %d cached prompt tokens: %s (KV pool or slow tier)", hit,
+                            ks_status_str((ks_status)f));
     }
+    for (int32_t b = 0; b < nb && st == KS_OK && sbytes && b * P < hit; b++)
+        st = ks_policy_prefix_state_load(pol, seq, b * P, P, state_of(got[b], pk)->data);
     for (int32_t b = 0; b < nb; b++) release(pc, got[b]);
     ks_free(got);
     if (st != KS_OK) {
