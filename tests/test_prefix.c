@@ -7,7 +7,8 @@
  *    earlier one gives the same prompt logits and the same greedy decode
  *    logits, bit for bit, as the uncached run: from RAM, from the
  *    directory (a new cache object on the same directory: a restart, or
- *    another replica), and with a page-unaligned hit.  Shareable policies
+ *    another replica; spec's per-token state comes back from its own
+ *    files), and with a page-unaligned hit.  Shareable policies
  *    restore > 0 tokens; the others restore none.  spec runs with a random
  *    draft model written here.
  * 2. Files are untrusted: truncated, bit-flipped and foreign-model block
@@ -222,11 +223,9 @@ static void check_policy(const char *policy, int n_doc, int n_q) {
     int32_t hit2 = -1;
     got = run(c, pc, follow, n, &hit2);
     ks_prefix_cache_get_stats(pc, &st);
-    if (!strstr(policy, "spec")) { /* spec's per-token state lives in RAM only */
-        /* the follow-up's own blocks were taken too: now it hits all but its last row's page */
-        assert_true(hit2 >= hit);
-        if (share) assert_true(st.loads > 0);
-    }
+    /* the follow-up's own blocks were taken too: now it hits all but its last rows */
+    assert_true(hit2 >= hit);
+    if (share) assert_true(st.loads > 0);
     assert_int_equal(st.skipped_corrupt, 0);
     if (memcmp(got, ref, bytes)) fail_msg("policy %s: a disk hit of %d tokens changed the logits", policy, hit2);
     free(got);
@@ -372,6 +371,23 @@ static void test_record_parse(void **state) {
         buf[i] ^= 0x40;
     }
     free(buf);
+    /* a policy-state record */
+    uint8_t st[KS_PC_STATE_HEADER_BYTES + 40];
+    for (int i = 0; i < 40; i++) st[KS_PC_STATE_HEADER_BYTES + i] = (uint8_t)(i * 3);
+    ks_pc_state_header(st, &model, &key, 77, st + KS_PC_STATE_HEADER_BYTES, 40);
+    ks_pc_state_record sr;
+    assert_int_equal(ks_pc_state_parse(st, sizeof st, &model, &sr), KS_OK);
+    assert_int_equal(sr.pol, 77);
+    assert_int_equal(sr.data_bytes, 40);
+    assert_int_equal(ks_pc_state_parse(st, sizeof st - 1, &model, &sr), KS_ERR_FORMAT);
+    assert_int_equal(ks_pc_state_parse(st, sizeof st, &other, &sr), KS_ERR_FORMAT);
+    for (size_t i = 0; i < sizeof st; i += 3) {
+        if (i >= 72 && i < 80) continue; /* reserved */
+        if (i >= 12 && i < 16) continue;
+        st[i] ^= 0x08;
+        assert_int_equal(ks_pc_state_parse(st, sizeof st, &model, &sr), KS_ERR_FORMAT);
+        st[i] ^= 0x08;
+    }
 }
 
 /* ------------------------------------------------- one-file cache -- */

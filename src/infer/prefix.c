@@ -201,6 +201,52 @@ ks_status ks_pc_record_parse(const uint8_t *buf, size_t len, const ks_pc_key *mo
     return KS_OK;
 }
 
+static const char SMAGIC[8] = {'K', 'S', 'P', 'C', 'S', 'T', 'A', 0};
+
+static uint64_t state_checksum(const ks_pc_key *key, uint64_t pol, const uint8_t *data, size_t n) {
+    ks_pc_key h = hash_seed(0x737461);
+    hash_feed(&h, key, sizeof *key);
+    hash_feed(&h, &pol, sizeof pol);
+    hash_feed(&h, data, n);
+    return h.a ^ h.b;
+}
+
+void ks_pc_state_header(uint8_t *hdr, const ks_pc_key *model, const ks_pc_key *key, uint64_t pol, const uint8_t *data,
+                        size_t bytes) {
+    memset(hdr, 0, KS_PC_STATE_HEADER_BYTES);
+    memcpy(hdr, SMAGIC, 8);
+    put32(hdr + 8, KS_PC_VERSION);
+    put64(hdr + 16, model->a);
+    put64(hdr + 24, model->b);
+    put64(hdr + 32, key->a);
+    put64(hdr + 40, key->b);
+    put64(hdr + 48, pol);
+    put64(hdr + 56, bytes);
+    put64(hdr + 64, state_checksum(key, pol, data, bytes));
+}
+
+ks_status ks_pc_state_parse(const uint8_t *buf, size_t len, const ks_pc_key *model, ks_pc_state_record *out) {
+    if (len < KS_PC_STATE_HEADER_BYTES) return KS_FAIL(KS_ERR_FORMAT, "state record truncated (%zu bytes)", len);
+    if (memcmp(buf, SMAGIC, 8)) return KS_FAIL(KS_ERR_FORMAT, "not a kvsieve prefix state (bad magic)");
+    if (get32(buf + 8) != KS_PC_VERSION)
+        return KS_FAIL(KS_ERR_FORMAT, "state format version %u (this build reads %d)", get32(buf + 8), KS_PC_VERSION);
+    ks_pc_state_record r = {0};
+    r.model = (ks_pc_key){get64(buf + 16), get64(buf + 24)};
+    r.key = (ks_pc_key){get64(buf + 32), get64(buf + 40)};
+    r.pol = get64(buf + 48);
+    uint64_t n = get64(buf + 56);
+    if (n == 0 || n > ((uint64_t)1 << 30) || n > len - KS_PC_STATE_HEADER_BYTES)
+        return KS_FAIL(KS_ERR_FORMAT, "state record truncated or oversized (%llu bytes of data)", (unsigned long long)n);
+    if (model && !key_eq(model, &r.model)) return KS_FAIL(KS_ERR_FORMAT, "state of another model (fingerprint differs)");
+    r.data = buf + KS_PC_STATE_HEADER_BYTES;
+    r.data_bytes = (size_t)n;
+    if (state_checksum(&r.key, r.pol, r.data, r.data_bytes) != get64(buf + 64))
+        return KS_FAIL(KS_ERR_FORMAT, "state checksum mismatch (corrupt)");
+    r.bytes = KS_PC_STATE_HEADER_BYTES + r.data_bytes;
+    *out = r;
+    return KS_OK;
+}
+
 /* -------------------------------------------------------------- cache -- */
 typedef struct pc_state {
     uint64_t pol;          /* hash of the policy configuration */
@@ -220,13 +266,21 @@ typedef struct pc_block {
     int refs;              /* the table's (while listed), restores in progress, the writer's */
     bool listed;
     bool queued;           /* waiting for the writer */
+    bool st_queued;        /* a state of it waits for the writer */
     struct pc_block *hnext;
 } pc_block;
 
 typedef struct disk_ent {
     ks_pc_key key;
+    uint64_t pol;          /* 0: the block's file; else the state file of that policy configuration */
     uint64_t bytes, stamp;
 } disk_ent;
+
+/* A write for the writer: a block's file (st NULL) or one of its states'. */
+typedef struct pc_job {
+    struct pc_block *b;
+    struct pc_state *st;
+} pc_job;
 
 enum { N_BUCKETS = 4096 };
 
@@ -240,7 +294,7 @@ struct ks_prefix_cache {
     pthread_cond_t done_cv; /* flush: queue drained */
     pc_block *buckets[N_BUCKETS];
     uint64_t clock;
-    pc_block **q;           /* write queue */
+    pc_job *q;              /* write queue */
     int32_t qn, qcap;
     bool writing, quit, has_writer;
     pthread_t writer;
@@ -335,8 +389,12 @@ static uint64_t wall_us(void) {
     return (uint64_t)tv.tv_sec * 1000000u + (uint64_t)tv.tv_usec;
 }
 
-static void file_name(const ks_prefix_cache *pc, const ks_pc_key *k, char *out, size_t cap) {
-    snprintf(out, cap, "%s/%016llx%016llx.kvb", pc->dir, (unsigned long long)k->a, (unsigned long long)k->b);
+static void file_name(const ks_prefix_cache *pc, const ks_pc_key *k, uint64_t pol, char *out, size_t cap) {
+    if (pol)
+        snprintf(out, cap, "%s/%016llx%016llx-%016llx.kvs", pc->dir, (unsigned long long)k->a,
+                 (unsigned long long)k->b, (unsigned long long)pol);
+    else
+        snprintf(out, cap, "%s/%016llx%016llx.kvb", pc->dir, (unsigned long long)k->a, (unsigned long long)k->b);
 }
 
 static void skip_warn(ks_prefix_cache *pc, const char *what, const char *why) {
@@ -346,14 +404,14 @@ static void skip_warn(ks_prefix_cache *pc, const char *what, const char *why) {
     KS_LOG(WARN, "prefix cache: skipped %s: %s", what, why);
 }
 
-static int32_t disk_find_locked(ks_prefix_cache *pc, const ks_pc_key *k) {
+static int32_t disk_find_locked(ks_prefix_cache *pc, const ks_pc_key *k, uint64_t pol) {
     for (int32_t i = 0; i < pc->n_disk; i++)
-        if (key_eq(&pc->disk[i].key, k)) return i;
+        if (key_eq(&pc->disk[i].key, k) && pc->disk[i].pol == pol) return i;
     return -1;
 }
 
-static void disk_note_locked(ks_prefix_cache *pc, const ks_pc_key *k, uint64_t bytes, uint64_t stamp) {
-    int32_t i = disk_find_locked(pc, k);
+static void disk_note_locked(ks_prefix_cache *pc, const ks_pc_key *k, uint64_t pol, uint64_t bytes, uint64_t stamp) {
+    int32_t i = disk_find_locked(pc, k, pol);
     if (i >= 0) {
         pc->disk[i].stamp = stamp;
         return;
@@ -362,7 +420,7 @@ static void disk_note_locked(ks_prefix_cache *pc, const ks_pc_key *k, uint64_t b
         pc->disk_cap = pc->disk_cap ? 2 * pc->disk_cap : 256;
         pc->disk = ks_realloc(pc->disk, sizeof(disk_ent) * (size_t)pc->disk_cap);
     }
-    pc->disk[pc->n_disk++] = (disk_ent){*k, bytes, stamp};
+    pc->disk[pc->n_disk++] = (disk_ent){*k, pol, bytes, stamp};
     pc->st.disk_bytes += bytes;
     pc->st.disk_blocks++;
 }
@@ -374,7 +432,7 @@ static void disk_trim_locked(ks_prefix_cache *pc) {
         for (int32_t i = 1; i < pc->n_disk; i++)
             if (pc->disk[i].stamp < pc->disk[o].stamp) o = i;
         char path[4096];
-        file_name(pc, &pc->disk[o].key, path, sizeof path);
+        file_name(pc, &pc->disk[o].key, pc->disk[o].pol, path, sizeof path);
         unlink(path); /* another replica may have removed it already */
         pc->st.disk_bytes -= pc->disk[o].bytes;
         pc->st.disk_blocks--;
@@ -415,10 +473,29 @@ static ks_status write_block(ks_prefix_cache *pc, const pc_block *b) {
     uint8_t hdr[KS_PC_HEADER_BYTES];
     ks_pc_record_header(hdr, &b->fmt, &pc->model, &b->key, &b->parent, b->tok, b->kv);
     char path[4096];
-    file_name(pc, &b->key, path, sizeof path);
+    file_name(pc, &b->key, 0, path, sizeof path);
     const void *parts[3] = {hdr, b->tok, b->kv};
     size_t sizes[3] = {sizeof hdr, sizeof(int32_t) * b->fmt.page, b->kv_bytes};
     return publish(path, parts, sizes, 3);
+}
+
+static ks_status write_state(ks_prefix_cache *pc, const pc_block *b, const pc_state *s) {
+    uint8_t hdr[KS_PC_STATE_HEADER_BYTES];
+    ks_pc_state_header(hdr, &pc->model, &b->key, s->pol, s->data, s->bytes);
+    char path[4096];
+    file_name(pc, &b->key, s->pol, path, sizeof path);
+    const void *parts[2] = {hdr, s->data};
+    size_t sizes[2] = {sizeof hdr, s->bytes};
+    return publish(path, parts, sizes, 2);
+}
+
+static void written_locked(ks_prefix_cache *pc, const pc_block *b, const pc_state *s) {
+    pc->st.spills += !s;
+    disk_note_locked(pc, &b->key, s ? s->pol : 0,
+                     s ? KS_PC_STATE_HEADER_BYTES + s->bytes
+                       : KS_PC_HEADER_BYTES + sizeof(int32_t) * b->fmt.page + b->kv_bytes,
+                     wall_us());
+    disk_trim_locked(pc);
 }
 
 static void *writer_main(void *arg) {
@@ -427,19 +504,18 @@ static void *writer_main(void *arg) {
     for (;;) {
         while (!pc->qn && !pc->quit) pthread_cond_wait(&pc->cv, &pc->mu);
         if (!pc->qn) break;
-        pc_block *b = pc->q[0];
-        memmove(pc->q, pc->q + 1, sizeof(pc_block *) * (size_t)--pc->qn);
+        pc_job job = pc->q[0];
+        pc_block *b = job.b;
+        memmove(pc->q, pc->q + 1, sizeof(pc_job) * (size_t)--pc->qn);
         pc->writing = true;
         pthread_mutex_unlock(&pc->mu);
-        ks_status st = write_block(pc, b); /* the block is immutable: no lock needed */
+        /* a block and its attached states are immutable: no lock needed */
+        ks_status st = job.st ? write_state(pc, b, job.st) : write_block(pc, b);
         if (st != KS_OK) KS_LOG(WARN, "prefix cache: could not write a block: %s", ks_last_error());
         pthread_mutex_lock(&pc->mu);
-        b->queued = false;
-        if (st == KS_OK) {
-            pc->st.spills++;
-            disk_note_locked(pc, &b->key, KS_PC_HEADER_BYTES + sizeof(int32_t) * b->fmt.page + b->kv_bytes, wall_us());
-            disk_trim_locked(pc);
-        }
+        if (job.st) b->st_queued = false;
+        else b->queued = false;
+        if (st == KS_OK) written_locked(pc, b, job.st);
         unref_locked(b);
         pc->writing = false;
         if (!pc->qn) pthread_cond_broadcast(&pc->done_cv);
@@ -448,27 +524,24 @@ static void *writer_main(void *arg) {
     return NULL;
 }
 
-/* Queue a listed block for the directory (caller holds mu). */
-static void enqueue_locked(ks_prefix_cache *pc, pc_block *b) {
-    if (!pc->dir || b->queued || disk_find_locked(pc, &b->key) >= 0) return;
+/* Queue a listed block (s NULL) or one of its states for the directory
+ * (caller holds mu). */
+static void enqueue_locked(ks_prefix_cache *pc, pc_block *b, pc_state *s) {
+    if (!pc->dir || (s ? b->st_queued : b->queued) || disk_find_locked(pc, &b->key, s ? s->pol : 0) >= 0) return;
     if (!pc->has_writer) { /* synchronous mode */
-        ks_status st = write_block(pc, b);
-        if (st == KS_OK) {
-            pc->st.spills++;
-            disk_note_locked(pc, &b->key, KS_PC_HEADER_BYTES + sizeof(int32_t) * b->fmt.page + b->kv_bytes, wall_us());
-            disk_trim_locked(pc);
-        } else {
-            KS_LOG(WARN, "prefix cache: could not write a block: %s", ks_last_error());
-        }
+        ks_status st = s ? write_state(pc, b, s) : write_block(pc, b);
+        if (st == KS_OK) written_locked(pc, b, s);
+        else KS_LOG(WARN, "prefix cache: could not write a block: %s", ks_last_error());
         return;
     }
     if (pc->qn == pc->qcap) {
         pc->qcap = pc->qcap ? 2 * pc->qcap : 64;
-        pc->q = ks_realloc(pc->q, sizeof(pc_block *) * (size_t)pc->qcap);
+        pc->q = ks_realloc(pc->q, sizeof(pc_job) * (size_t)pc->qcap);
     }
-    b->queued = true;
+    if (s) b->st_queued = true;
+    else b->queued = true;
     b->refs++;
-    pc->q[pc->qn++] = b;
+    pc->q[pc->qn++] = (pc_job){b, s};
     pthread_cond_signal(&pc->cv);
 }
 
@@ -529,7 +602,7 @@ static pc_block *load_block(ks_prefix_cache *pc, const ks_pc_key *key, const ks_
                             const ks_pc_format *fmt) {
     if (!pc->dir) return NULL;
     char path[4096];
-    file_name(pc, key, path, sizeof path);
+    file_name(pc, key, 0, path, sizeof path);
     size_t want = KS_PC_HEADER_BYTES + sizeof(int32_t) * fmt->page + ks_pc_payload_bytes(fmt);
     uint8_t *buf = NULL;
     size_t len = 0;
@@ -554,7 +627,7 @@ static pc_block *load_block(ks_prefix_cache *pc, const ks_pc_key *key, const ks_
     if (b) {
         pthread_mutex_lock(&pc->mu);
         pc->st.loads++;
-        disk_note_locked(pc, key, len, wall_us());
+        disk_note_locked(pc, key, 0, len, wall_us());
         pthread_mutex_unlock(&pc->mu);
     }
     return b;
@@ -567,18 +640,22 @@ static void scan_dir(ks_prefix_cache *pc) {
     struct dirent *e;
     while ((e = readdir(d))) {
         size_t n = strlen(e->d_name);
-        if (n != 36 || strcmp(e->d_name + 32, ".kvb")) continue;
-        char a[17] = {0}, b[17] = {0};
+        bool block = n == 36 && !strcmp(e->d_name + 32, ".kvb");
+        bool state = n == 53 && e->d_name[32] == '-' && !strcmp(e->d_name + 49, ".kvs");
+        if (!block && !state) continue;
+        char a[17] = {0}, b[17] = {0}, c[17] = {0};
         memcpy(a, e->d_name, 16);
         memcpy(b, e->d_name + 16, 16);
-        char *end1, *end2;
+        if (state) memcpy(c, e->d_name + 33, 16);
+        char *end1, *end2, *end3 = c;
         ks_pc_key k = {strtoull(a, &end1, 16), strtoull(b, &end2, 16)};
-        if (*end1 || *end2) continue;
+        uint64_t pol = state ? strtoull(c, &end3, 16) : 0;
+        if (*end1 || *end2 || *end3 || (state && !pol)) continue;
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", pc->dir, e->d_name);
         struct stat sb;
         if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
-        disk_note_locked(pc, &k, (uint64_t)sb.st_size,
+        disk_note_locked(pc, &k, pol, (uint64_t)sb.st_size,
                          (uint64_t)sb.st_mtim.tv_sec * 1000000u + (uint64_t)sb.st_mtim.tv_nsec / 1000u);
     }
     closedir(d);
@@ -673,13 +750,63 @@ static uint64_t policy_key(const ks_context *c, int32_t seq) {
     ks_pc_key h = hash_seed(0x706F6CULL);
     hash_feed(&h, e->spec, strlen(e->spec));
     if (e->args) hash_feed(&h, e->args, strlen(e->args) + 1);
-    return h.a ^ h.b;
+    uint64_t k = h.a ^ h.b;
+    return k ? k : 1; /* 0 names the block's own file */
 }
 
 static pc_state *state_of(pc_block *b, uint64_t pol) {
     for (pc_state *s = b->st; s; s = s->next)
         if (s->pol == pol) return s;
     return NULL;
+}
+
+/* A block's state for policy configuration pol: in RAM, else from its file
+ * (verified and attached); NULL when there is none. */
+static pc_state *state_get(ks_prefix_cache *pc, pc_block *b, uint64_t pol, size_t want) {
+    pthread_mutex_lock(&pc->mu);
+    pc_state *s = state_of(b, pol);
+    pthread_mutex_unlock(&pc->mu);
+    if (s || !pc->dir) return s;
+    char path[4096];
+    file_name(pc, &b->key, pol, path, sizeof path);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    ks_status st = read_file(path, KS_PC_STATE_HEADER_BYTES + want, &buf, &len);
+    if (st == KS_ERR_NOT_FOUND) return NULL;
+    if (st != KS_OK) {
+        skip_warn(pc, path, ks_last_error());
+        return NULL;
+    }
+    ks_pc_state_record r;
+    if (ks_pc_state_parse(buf, len, &pc->model, &r) != KS_OK) {
+        skip_warn(pc, path, ks_last_error());
+    } else if (!key_eq(&r.key, &b->key) || r.pol != pol || r.data_bytes != want || r.bytes != len) {
+        skip_warn(pc, path, "the state is not the one its name says");
+    } else {
+        s = ks_calloc(1, sizeof *s);
+        s->pol = pol;
+        s->bytes = want;
+        s->data = ks_malloc(want);
+        memcpy(s->data, r.data, want);
+    }
+    ks_free(buf);
+    if (!s) return NULL;
+    pthread_mutex_lock(&pc->mu);
+    pc_state *there = state_of(b, pol);
+    if (there) {
+        ks_free(s->data);
+        ks_free(s);
+        s = there;
+    } else {
+        s->next = b->st;
+        b->st = s;
+        b->bytes += s->bytes;
+        if (b->listed) pc->st.ram_bytes += s->bytes;
+        pc->st.loads++;
+        disk_note_locked(pc, &b->key, pol, len, wall_us());
+    }
+    pthread_mutex_unlock(&pc->mu);
+    return s;
 }
 
 /* The block of key (RAM, else the directory), referenced for the caller;
@@ -784,7 +911,7 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
         ks_pc_key key = ks_pc_chain(&parent, prompt + (size_t)b * P, P);
         pc_block *blk = acquire(pc, &key, &parent, prompt + (size_t)b * P, &fmt);
         if (!blk) break;
-        if (memcmp(blk->tok, prompt + (size_t)b * P, sizeof(int32_t) * P) || (sbytes && !state_of(blk, pk))) {
+        if (memcmp(blk->tok, prompt + (size_t)b * P, sizeof(int32_t) * P) || (sbytes && !state_get(pc, blk, pk, sbytes))) {
             release(pc, blk);
             break;
         }
@@ -804,7 +931,7 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
                             ks_status_str((ks_status)f));
     }
     for (int32_t b = 0; b < nb && st == KS_OK && sbytes && b * P < hit; b++)
-        st = ks_policy_prefix_state_load(pol, seq, b * P, P, state_of(got[b], pk)->data);
+        st = ks_policy_prefix_state_load(pol, seq, b * P, P, state_of(got[b], pk)->data); /* attached: stays */
     for (int32_t b = 0; b < nb; b++) release(pc, got[b]);
     ks_free(got);
     if (st != KS_OK) {
@@ -834,7 +961,7 @@ ks_status ks_prefix_capture_kv(ks_context *c, ks_prefix_cache *pc, int32_t seq, 
         pc_block *have = find_locked(pc, &key);
         if (have) {
             have->stamp = ++pc->clock;
-            enqueue_locked(pc, have); /* no-op when on disk or queued */
+            enqueue_locked(pc, have, NULL); /* no-op when on disk or queued */
         }
         pthread_mutex_unlock(&pc->mu);
         if (!have) {
@@ -864,7 +991,7 @@ ks_status ks_prefix_capture_kv(ks_context *c, ks_prefix_cache *pc, int32_t seq, 
                 return st;
             }
             pthread_mutex_lock(&pc->mu);
-            if (!find_locked(pc, &key) && insert_locked(pc, blk)) enqueue_locked(pc, blk);
+            if (!find_locked(pc, &key) && insert_locked(pc, blk)) enqueue_locked(pc, blk, NULL);
             else block_free(blk);
             pthread_mutex_unlock(&pc->mu);
         }
@@ -900,7 +1027,10 @@ ks_status ks_prefix_capture_state(ks_context *c, ks_prefix_cache *pc, int32_t se
             s->next = blk->st;
             blk->st = s;
             blk->bytes += sbytes;
-            if (blk->listed) pc->st.ram_bytes += sbytes;
+            if (blk->listed) {
+                pc->st.ram_bytes += sbytes;
+                enqueue_locked(pc, blk, s);
+            }
             s = NULL;
         }
         unref_locked(blk);

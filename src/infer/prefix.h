@@ -47,6 +47,22 @@ ks_pc_key ks_pc_chain(const ks_pc_key *parent, const int32_t *tokens, int32_t pa
  * tokens).  model (optional) must match the record's fingerprint.  Any
  * mismatch is KS_ERR_FORMAT with a message; nothing is allocated. */
 ks_status ks_pc_record_parse(const uint8_t *buf, size_t len, const ks_pc_key *model, ks_pc_record *out);
+/* A policy's per-token state of one block (spec's retrieval keys), kept in
+ * a file of its own beside the block's: a header (magic, version, model,
+ * block key, policy-configuration hash, size, checksum) and the bytes. */
+enum { KS_PC_STATE_HEADER_BYTES = 80 };
+typedef struct ks_pc_state_record {
+    ks_pc_key model, key;
+    uint64_t pol;
+    const uint8_t *data;
+    size_t data_bytes, bytes;
+} ks_pc_state_record;
+/* Parse one state record at the start of buf[len] (bytes of data at most
+ * 1 GiB); same rules as ks_pc_record_parse. */
+ks_status ks_pc_state_parse(const uint8_t *buf, size_t len, const ks_pc_key *model, ks_pc_state_record *out);
+void ks_pc_state_header(uint8_t *hdr, const ks_pc_key *model, const ks_pc_key *key, uint64_t pol, const uint8_t *data,
+                        size_t bytes);
+
 /* The fingerprint a cache keys its model by (tests find block files with it). */
 typedef struct ks_prefix_cache ks_prefix_cache;
 ks_pc_key ks_pc_model_key(const ks_prefix_cache *pc);

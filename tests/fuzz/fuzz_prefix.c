@@ -8,7 +8,8 @@
  * cannot use.  The input is a mode byte and then a file of records, parsed
  * one after another as ks_prefix_cache_load_file does; every token and
  * payload byte of an accepted record is touched (ASan reports a stray read).
- * A key and a checksum stop blind mutation at the first check, so with the
+ * With the mode's bit 2 the input is a policy-state file instead
+ * (ks_pc_state_parse).  A key and a checksum stop blind mutation at the first check, so with the
  * mode's low bit set the target first repairs them (the header's layout
  * decides the sizes) and the mutations reach the checks behind them.  Built
  * only with clang and -DKVSIEVE_FUZZ=ON; seeds in tests/fuzz/corpus_prefix/.
@@ -56,6 +57,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (mode & 1) repair(buf, size);
     ks_pc_key model = {get64((const uint8_t *)"kvsieve-"), 0};
     uint64_t h = 0;
+    if (mode & 4) { /* a policy-state file instead */
+        ks_pc_state_record s;
+        if (ks_pc_state_parse(buf, size, (mode & 2) ? &model : NULL, &s) == KS_OK) {
+            for (size_t i = 0; i < s.data_bytes; i += 5) h += s.data[i];
+            if (s.bytes > size) abort();
+        }
+        g_sink += h;
+        free(buf);
+        return 0;
+    }
     for (size_t off = 0; off < size;) {
         ks_pc_record r;
         if (ks_pc_record_parse(buf + off, size - off, (mode & 2) ? &model : NULL, &r) != KS_OK) break;
