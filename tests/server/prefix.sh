@@ -48,6 +48,23 @@ PID_A=$PID; BASE_A=$BASE
 check first "$(ask r1 "$Q1")" ref1 eq0
 check follow "$(ask r2 "$Q2")" ref2 gt0
 check nocache "$(ask r2n "$Q2" ',"cache_prompt":false')" ref2 eq0
+# two requests arriving together with the same new document: it is prefilled once (the second restores it)
+DOC2="Tom had a big red truck. He liked to push it up the hill and let it roll down fast. One day the truck hit a rock and a wheel fell off, so his dad helped him fix it with a little screw and some glue before dinner."
+for i in 1 2; do
+  eval "q=\$Q$i"
+  "$KS" run -m "$MODEL" "${FLAGS[@]}" -p "$DOC2 $q" -n 24 --temp 0 2>/dev/null > "$TMP/ref2_$i" || bad "kvsieve run doc2 $i failed"
+done
+curl -s -d "{\"prompt\":\"$DOC2 $Q1\",\"max_tokens\":24,\"temperature\":0}" "$BASE/v1/completions" > "$TMP/t1.json" & T1=$!
+curl -s -d "{\"prompt\":\"$DOC2 $Q2\",\"max_tokens\":24,\"temperature\":0}" "$BASE/v1/completions" > "$TMP/t2.json" & T2=$!
+wait $T1 $T2
+tog=$(python3 -c '
+import json, sys
+ds = [json.load(open(p)) for p in sys.argv[1:3]]
+refs = [open(p).read().rstrip("\n") for p in sys.argv[3:5]]
+ok = all(d["choices"][0]["text"] == r for d, r in zip(ds, refs))
+print(sorted(d["usage"]["prompt_tokens_details"]["cached_tokens"] for d in ds), ok)' \
+  "$TMP/t1.json" "$TMP/t2.json" "$TMP/ref2_1" "$TMP/ref2_2" 2>&1)
+case "$tog" in "[0, "[1-9]*"] True") ;; *) bad "two requests together: cached tokens and exactness $tog" ;; esac
 # streamed, with usage
 curl -sN -d "$(req "$Q3" ',"stream":true,"stream_options":{"include_usage":true}')" "$BASE/v1/completions" > "$TMP/s3.txt"
 got=$(sse_text "$TMP/s3.txt")
