@@ -126,8 +126,11 @@ static void make_prompt(int32_t *out, int n_doc, int n_q, int which) {
     for (int i = 0; i < n_q; i++) out[n_doc + i] = (i * 13 + which * 101 + 7) % V;
 }
 
+static int32_t g_offload; /* layers in the slow tier of the contexts make_ctx makes */
+
 static ks_context *make_ctx(ks_model *m, const char *policy) {
     ks_context_params p = ks_context_default_params();
+    p.kv_offload_layers = g_offload;
     p.n_ctx = NCTX;
     p.n_threads = 2;
     p.n_batch = 16;
@@ -243,6 +246,66 @@ static void test_registry_exact(void **state) {
     for (int i = 0; i < n; i++) {
         check_policy(names[i], 120, 75);  /* the hit ends on a page */
         check_policy(names[i], 123, 70);  /* and inside one */
+    }
+}
+
+/* A hit into layers in the slow tier (rows written through to it) */
+static void test_offloaded(void **state) {
+    (void)state;
+    g_offload = 2;
+    check_policy("quest", 120, 75);
+    check_policy("snapkv+quest", 123, 70);
+    g_offload = 0;
+}
+
+/* A page appended at once equals its rows appended one by one: bytes,
+ * positions and every summary. */
+static void test_page_append(void **state) {
+    (void)state;
+    for (int type = 0; type < 2; type++) {
+        ks_kv_params kp = ks_kv_default_params();
+        kp.n_layer = 1;
+        kp.n_head_kv = 1;
+        kp.head_dim = 64;
+        kp.n_seq = 2;
+        kp.n_ctx = 64;
+        kp.page = 16;
+        kp.type = type ? KS_KV_Q8 : KS_KV_F16;
+        ks_kv_store *kv = NULL;
+        assert_int_equal(ks_kv_create(&kp, &kv), KS_OK);
+        ks_rng r = {7};
+        float k[64], v[64];
+        for (int e = 0; e < 21; e++) {
+            for (int i = 0; i < 64; i++) {
+                k[i] = ks_rng_normal(&r) * (e + 1);
+                v[i] = ks_rng_normal(&r);
+            }
+            assert_int_equal(ks_kv_append(kv, 0, 0, 0, e, k, v), KS_OK);
+        }
+        size_t pb = ks_kv_page_bytes(kv);
+        uint8_t *pg = malloc(pb), *back = malloc(pb);
+        for (int lp = 0; lp < 2; lp++) {
+            int m = lp ? 5 : 16;
+            assert_int_equal(ks_kv_read_page(kv, 0, 0, 0, lp, pg), KS_OK);
+            assert_int_equal(ks_kv_append_page_stored(kv, 1, 0, 0, lp * 16, pg, m), KS_OK);
+            assert_int_equal(ks_kv_read_page(kv, 1, 0, 0, lp, back), KS_OK);
+            size_t row = ks_kv_row_size(kv);
+            assert_memory_equal(pg, back, (size_t)m * row);
+            assert_memory_equal(pg + 16 * row, back + 16 * row, (size_t)m * row);
+            ks_kv_page_meta a, b;
+            ks_kv_page_meta_get(kv, 0, 0, 0, lp, &a);
+            ks_kv_page_meta_get(kv, 1, 0, 0, lp, &b);
+            assert_int_equal(a.fill, b.fill);
+            assert_memory_equal(a.pos, b.pos, sizeof(int32_t) * (size_t)m);
+            assert_memory_equal(a.kmin, b.kmin, sizeof(float) * 64);
+            assert_memory_equal(a.kmax, b.kmax, sizeof(float) * 64);
+            assert_memory_equal(a.ksum, b.ksum, sizeof(float) * 64);
+            assert_memory_equal(a.kbound8, b.kbound8, ks_kv_bounds8_bytes(64));
+            if (a.kbound16) assert_memory_equal(a.kbound16, b.kbound16, sizeof(uint16_t) * 128);
+        }
+        free(pg);
+        free(back);
+        ks_kv_destroy(kv);
     }
 }
 
@@ -449,6 +512,8 @@ int main(void) {
         cmocka_unit_test(test_registry_exact),
         cmocka_unit_test(test_spec_state),
         cmocka_unit_test(test_short_prompt),
+        cmocka_unit_test(test_offloaded),
+        cmocka_unit_test(test_page_append),
         cmocka_unit_test(test_corrupt_files),
         cmocka_unit_test(test_prompt_file),
     };

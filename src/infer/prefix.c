@@ -858,20 +858,16 @@ static void restore_worker(void *arg, int ith, int nth) {
     ks_context *c = j->c;
     const ks_hparams *hp = &c->model->hp;
     int32_t P = ks_kv_page_size(c->kv);
-    size_t row = ks_kv_row_size(c->kv), page_bytes = ks_kv_page_bytes(c->kv);
+    size_t page_bytes = ks_kv_page_bytes(c->kv);
     for (int32_t l = ith; l < hp->n_layer; l += nth)
         for (int32_t b = 0; b * P < j->hit; b++) {
             int32_t m = j->hit - b * P < P ? j->hit - b * P : P;
             for (int32_t h = 0; h < hp->n_head_kv; h++) {
                 const uint8_t *pg = j->blocks[b]->kv + ((size_t)l * hp->n_head_kv + h) * page_bytes;
-                for (int32_t r = 0; r < m; r++)
-                {
-                    ks_status st = ks_kv_append_stored(c->kv, j->seq, l, h, b * P + r, pg + (size_t)r * row,
-                                                       pg + ((size_t)P + r) * row);
-                    if (st != KS_OK) {
-                        atomic_store(&j->failed, (int)st); /* the message stays on the worker's thread */
-                        return;
-                    }
+                ks_status st = ks_kv_append_page_stored(c->kv, j->seq, l, h, b * P, pg, m);
+                if (st != KS_OK) {
+                    atomic_store(&j->failed, (int)st); /* the message stays on the worker's thread */
+                    return;
                 }
             }
         }

@@ -308,6 +308,53 @@ ks_status ks_kv_append_stored(ks_kv_store *kv, int32_t seq, int32_t layer, int32
     return KS_OK;
 }
 
+ks_status ks_kv_append_page_stored(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t pos0,
+                                   const uint8_t *page, int32_t m) {
+    KS_ASSERT(seq >= 0 && seq < kv->p.n_seq && layer >= 0 && layer < kv->p.n_layer && head >= 0 && head < kv->nh);
+    KS_ASSERT(!kv->parked[seq] && m >= 1 && m <= kv->P);
+    kv_layer *L = &kv->layers[layer];
+    size_t hi = kv_hidx(kv, seq, layer, head);
+    int32_t n = kv->n_ent[hi];
+    KS_ASSERT(n % kv->P == 0);
+    if (L->tier != KS_TIER_FAST) { /* the slow tier's write-through: row by row */
+        for (int32_t r = 0; r < m; r++)
+            KS_TRY(ks_kv_append_stored(kv, seq, layer, head, pos0 + r, page + kv_row_off(kv, r, false),
+                                       page + kv_row_off(kv, r, true)));
+        return KS_OK;
+    }
+    if (n + m > kv->p.n_ctx) return KS_FAIL(KS_ERR_CONTEXT_FULL, "KV head holds %d entries already", n);
+    int32_t lp = n / kv->P, id = ks_kv_page_alloc(kv, L, seq, head, lp);
+    if (id < 0) return KS_FAIL(KS_ERR_NOMEM, "layer %d KV page pool exhausted (%d pages)", layer, kv->n_phys);
+    kv_table_of(kv, seq, layer, head)[lp] = id;
+    memcpy(kv_fast_k(kv, L, id), page, (size_t)m * kv->row);
+    memcpy(kv_fast_v(kv, L, id), page + kv_row_off(kv, 0, true), (size_t)m * kv->row);
+    /* the summaries as m appends leave them: min / max are exact in any
+     * order, the sum is taken in row order, and the compact bounds of the
+     * final min / max are what the last widening encoded */
+    int32_t hd = kv->hd;
+    float *mn = L->kmin + (size_t)id * hd, *mx = L->kmax + (size_t)id * hd, *sm = L->ksum + (size_t)id * hd;
+    float key[KS_KV_MAX_HEAD_DIM];
+    for (int32_t r = 0; r < m; r++) {
+        ks_dequantize_row(ks_kv_dtype(kv->p.type), page + kv_row_off(kv, r, false), key, hd);
+        if (r == 0) {
+            memcpy(mn, key, sizeof(float) * hd);
+            memcpy(mx, key, sizeof(float) * hd);
+            memcpy(sm, key, sizeof(float) * hd);
+        } else {
+            for (int32_t i = 0; i < hd; i++) {
+                mn[i] = key[i] < mn[i] ? key[i] : mn[i];
+                mx[i] = key[i] > mx[i] ? key[i] : mx[i];
+                sm[i] += key[i];
+            }
+        }
+        L->pos[(size_t)id * kv->P + r] = pos0 + r;
+    }
+    ks_kv_meta_compact_bounds(kv, L, id);
+    L->fill[id] = m;
+    kv->n_ent[hi] = n + m;
+    return KS_OK;
+}
+
 void ks_kv_head_clear(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head) {
     kv_layer *L = &kv->layers[layer];
     size_t hi = kv_hidx(kv, seq, layer, head);
