@@ -344,7 +344,7 @@ static void key_path(ks_prefix_cache *pc, const ks_context *c, const int32_t *to
     (void)pc;
     ks_pc_key model = ks_pc_model_key(pc);
     ks_pc_format f = {(uint32_t)c->kv_type, PAGE, 3, (uint32_t)g_model->hp.n_head_kv, (uint32_t)g_model->hp.head_dim};
-    ks_pc_key root = ks_pc_root(&model, &f);
+    ks_pc_key root = ks_pc_root(&model, &f, c->params.n_batch);
     ks_pc_key k = ks_pc_chain(&root, tok, PAGE);
     snprintf(out, cap, "%s/%016llx%016llx.kvb", dir, (unsigned long long)k.a, (unsigned long long)k.b);
 }
@@ -413,7 +413,7 @@ static void test_record_parse(void **state) {
     ks_pc_format f = {0, 4, 2, 1, 32};
     size_t pb = ks_pc_payload_bytes(&f);
     assert_int_equal(pb, 2 * 1 * 2 * 4 * 64);
-    ks_pc_key model = {1, 2}, root = ks_pc_root(&model, &f);
+    ks_pc_key model = {1, 2}, root = ks_pc_root(&model, &f, 256);
     int32_t tok[4] = {5, 6, 7, 8};
     ks_pc_key key = ks_pc_chain(&root, tok, 4);
     size_t n = KS_PC_HEADER_BYTES + sizeof tok + pb;

@@ -106,10 +106,10 @@ size_t ks_pc_payload_bytes(const ks_pc_format *f) {
     return (size_t)f->n_layer * f->n_head_kv * 2 * f->page * row; /* < 2^45: no overflow */
 }
 
-ks_pc_key ks_pc_root(const ks_pc_key *model, const ks_pc_format *f) {
+ks_pc_key ks_pc_root(const ks_pc_key *model, const ks_pc_format *f, int32_t grid) {
     ks_pc_key h = hash_seed(KS_PC_VERSION);
     hash_feed(&h, model, sizeof *model);
-    uint32_t v[5] = {f->kv_type, f->page, f->n_layer, f->n_head_kv, f->head_dim};
+    uint32_t v[6] = {f->kv_type, f->page, f->n_layer, f->n_head_kv, f->head_dim, (uint32_t)grid};
     hash_feed(&h, v, sizeof v);
     return h;
 }
@@ -902,7 +902,7 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
     uint64_t pk = policy_key(c, seq);
     pc_block **got = nb_max ? ks_malloc(sizeof(pc_block *) * (size_t)nb_max) : NULL;
     int32_t nb = 0;
-    ks_pc_key parent = ks_pc_root(&pc->model, &fmt);
+    ks_pc_key parent = ks_pc_root(&pc->model, &fmt, c->params.n_batch);
     for (int32_t b = 0; b < nb_max; b++) {
         ks_pc_key key = ks_pc_chain(&parent, prompt + (size_t)b * P, P);
         pc_block *blk = acquire(pc, &key, &parent, prompt + (size_t)b * P, &fmt);
@@ -949,7 +949,7 @@ ks_status ks_prefix_capture_kv(ks_context *c, ks_prefix_cache *pc, int32_t seq, 
     if (c->seq_len[seq] != n || nb == 0) return KS_OK;
     const ks_hparams *hp = &c->model->hp;
     size_t page_bytes = ks_kv_page_bytes(c->kv);
-    ks_pc_key parent = ks_pc_root(&pc->model, &fmt);
+    ks_pc_key parent = ks_pc_root(&pc->model, &fmt, c->params.n_batch);
     for (int32_t b = 0; b < nb; b++) {
         const int32_t *tok = prompt + (size_t)b * P;
         ks_pc_key key = ks_pc_chain(&parent, tok, P);
@@ -1003,7 +1003,7 @@ ks_status ks_prefix_capture_state(ks_context *c, ks_prefix_cache *pc, int32_t se
     size_t sbytes = ks_policy_prefix_state_bytes(pol, P);
     if (!sbytes || !ks_policy_prefix_shareable(pol)) return KS_OK;
     uint64_t pk = policy_key(c, seq);
-    ks_pc_key parent = ks_pc_root(&pc->model, &fmt);
+    ks_pc_key parent = ks_pc_root(&pc->model, &fmt, c->params.n_batch);
     for (int32_t b = 0; b < nb; b++) {
         ks_pc_key key = ks_pc_chain(&parent, prompt + (size_t)b * P, P);
         parent = key;
@@ -1057,7 +1057,7 @@ ks_status ks_prefix_cache_save_file(ks_prefix_cache *pc, const ks_context *c, co
     int32_t P = (int32_t)fmt.page, nb = n / P;
     pc_block **got = ks_malloc(sizeof(pc_block *) * (size_t)(nb + 1));
     int32_t k = 0;
-    ks_pc_key parent = ks_pc_root(&pc->model, &fmt);
+    ks_pc_key parent = ks_pc_root(&pc->model, &fmt, c->params.n_batch);
     pthread_mutex_lock(&pc->mu);
     for (int32_t b = 0; b < nb; b++) {
         ks_pc_key key = ks_pc_chain(&parent, prompt + (size_t)b * P, P);
