@@ -106,10 +106,10 @@ size_t ks_pc_payload_bytes(const ks_pc_format *f) {
     return (size_t)f->n_layer * f->n_head_kv * 2 * f->page * row; /* < 2^45: no overflow */
 }
 
-ks_pc_key ks_pc_root(const ks_pc_key *model, const ks_pc_format *f, int32_t grid) {
+ks_pc_key ks_pc_root(const ks_pc_key *model, const ks_pc_format *f) {
     ks_pc_key h = hash_seed(KS_PC_VERSION);
     hash_feed(&h, model, sizeof *model);
-    uint32_t v[6] = {f->kv_type, f->page, f->n_layer, f->n_head_kv, f->head_dim, (uint32_t)grid};
+    uint32_t v[5] = {f->kv_type, f->page, f->n_layer, f->n_head_kv, f->head_dim};
     hash_feed(&h, v, sizeof v);
     return h;
 }
@@ -887,22 +887,19 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
     int32_t limit = ks_policy_prefix_shareable(pol) ? n - ks_policy_prefix_min_suffix(pol) : 0;
     size_t sbytes = ks_policy_prefix_state_bytes(pol, P);
     if (sbytes) limit = limit / P * P; /* per-token state is kept per whole block */
-    /* The rest is prefilled in n_batch chunks from the hit on; a hit on a
-     * multiple of n_batch makes them the very chunks of an uncached prefill,
-     * so the result is bit-identical even where a kernel's rounding depends
-     * on a row's place in its chunk (today's matmul tiles do: a hit at 96
-     * with 64-row chunks changes the last bits).  At most n_batch - 1 more
-     * rows to compute; once every prefill row is independent of its chunk,
-     * the page alone is the grain. */
-    int32_t nbat = c->params.n_batch;
-    limit = limit > 0 ? limit / nbat * nbat : 0;
+    /* The rest is prefilled in n_batch chunks from the hit on, not on the
+     * uncached run's grid: exact because a prefill row's result does not
+     * depend on the chunk it is computed in (every kernel is row-local, and
+     * one-row chunks take the block kernel too: attend.c); test_prefix's
+     * split test holds the engine to it. */
+    if (limit < 0) limit = 0;
     if (limit > c->n_ctx) limit = c->n_ctx;
     int32_t nb_max = limit > 0 ? (limit + P - 1) / P : 0;
     if (nb_max > n / P) nb_max = n / P;
     uint64_t pk = policy_key(c, seq);
     pc_block **got = nb_max ? ks_malloc(sizeof(pc_block *) * (size_t)nb_max) : NULL;
     int32_t nb = 0;
-    ks_pc_key parent = ks_pc_root(&pc->model, &fmt, c->params.n_batch);
+    ks_pc_key parent = ks_pc_root(&pc->model, &fmt);
     for (int32_t b = 0; b < nb_max; b++) {
         ks_pc_key key = ks_pc_chain(&parent, prompt + (size_t)b * P, P);
         pc_block *blk = acquire(pc, &key, &parent, prompt + (size_t)b * P, &fmt);
@@ -915,7 +912,6 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
         parent = key;
     }
     int32_t hit = nb * P < limit ? nb * P : limit;
-    hit = hit / nbat * nbat;
     ks_status st = KS_OK;
     if (hit > 0) st = ks_infer_plan_apply(c, hit, 1, hit);
     if (st == KS_OK && hit > 0) {
@@ -949,7 +945,7 @@ ks_status ks_prefix_capture_kv(ks_context *c, ks_prefix_cache *pc, int32_t seq, 
     if (c->seq_len[seq] != n || nb == 0) return KS_OK;
     const ks_hparams *hp = &c->model->hp;
     size_t page_bytes = ks_kv_page_bytes(c->kv);
-    ks_pc_key parent = ks_pc_root(&pc->model, &fmt, c->params.n_batch);
+    ks_pc_key parent = ks_pc_root(&pc->model, &fmt);
     for (int32_t b = 0; b < nb; b++) {
         const int32_t *tok = prompt + (size_t)b * P;
         ks_pc_key key = ks_pc_chain(&parent, tok, P);
@@ -1003,7 +999,7 @@ ks_status ks_prefix_capture_state(ks_context *c, ks_prefix_cache *pc, int32_t se
     size_t sbytes = ks_policy_prefix_state_bytes(pol, P);
     if (!sbytes || !ks_policy_prefix_shareable(pol)) return KS_OK;
     uint64_t pk = policy_key(c, seq);
-    ks_pc_key parent = ks_pc_root(&pc->model, &fmt, c->params.n_batch);
+    ks_pc_key parent = ks_pc_root(&pc->model, &fmt);
     for (int32_t b = 0; b < nb; b++) {
         ks_pc_key key = ks_pc_chain(&parent, prompt + (size_t)b * P, P);
         parent = key;
@@ -1057,7 +1053,7 @@ ks_status ks_prefix_cache_save_file(ks_prefix_cache *pc, const ks_context *c, co
     int32_t P = (int32_t)fmt.page, nb = n / P;
     pc_block **got = ks_malloc(sizeof(pc_block *) * (size_t)(nb + 1));
     int32_t k = 0;
-    ks_pc_key parent = ks_pc_root(&pc->model, &fmt, c->params.n_batch);
+    ks_pc_key parent = ks_pc_root(&pc->model, &fmt);
     pthread_mutex_lock(&pc->mu);
     for (int32_t b = 0; b < nb; b++) {
         ks_pc_key key = ks_pc_chain(&parent, prompt + (size_t)b * P, P);

@@ -37,11 +37,10 @@ typedef struct ks_pc_record {
 
 /* Bytes of a block's KV in a format (0 when the format is invalid). */
 size_t ks_pc_payload_bytes(const ks_pc_format *f);
-/* The key a block's chain starts from: the model, the KV layout and the
- * prefill's chunk grid (n_batch: a row's last bits may depend on the chunk
- * it was computed in, so KV computed on another grid could differ from
- * what this context computes; the records themselves do not carry it). */
-ks_pc_key ks_pc_root(const ks_pc_key *model, const ks_pc_format *f, int32_t grid);
+/* The key a block's chain starts from: the model and the KV layout.  A
+ * prefill row's KV is a function of the tokens up to it alone (whatever the
+ * chunking or thread count), so nothing else belongs in it. */
+ks_pc_key ks_pc_root(const ks_pc_key *model, const ks_pc_format *f);
 /* The key of a block of `page` tokens under parent. */
 ks_pc_key ks_pc_chain(const ks_pc_key *parent, const int32_t *tokens, int32_t page);
 
