@@ -14,10 +14,13 @@
  * prefill's, and a sparse step's certainly does).
  *
  * Exactness.  A hit appends the cached rows to an empty sequence byte for
- * byte through the store (ks_kv_append_stored), which recomputes the page
- * summaries from the stored rows in append order: everything Quest, FreeKV
- * and CHESS read comes out identical.  The rest of the prompt is prefilled
- * by ks_prefill_rest with the prefill hooks seeing the whole prompt, and
+ * byte through the store (ks_kv_append_page_stored), which recomputes the
+ * page summaries from the stored rows as row appends would: everything
+ * Quest, FreeKV and CHESS read comes out identical.  The rest of the prompt
+ * is prefilled by ks_prefill_rest from the end of the hit, which may fall
+ * on any page because a prefill row's result does not depend on the chunk
+ * it is computed in (tests/test_prefix.c, test_chunk_invariance), with the
+ * prefill hooks seeing the whole prompt, and
  * the restore leaves the policy's observation rows (and always the last row,
  * whose logits are the answer) to compute: SnapKV's window, H2O's scoring
  * rows, FreeKV's last query, DapQ's pseudo tokens all see what one prefill
@@ -27,7 +30,11 @@
  * queries) is declared not shareable in the registry and restores nothing.
  * Per-token state a policy keeps outside the store (spec's retrieval keys)
  * travels with the blocks through the policy's prefix_state hooks, keyed by
- * the policy's configuration.
+ * the policy's configuration (in RAM with the block, and in a file of its
+ * own beside the block's).  Prior art: vLLM's automatic prefix caching
+ * (hashed block chains, full blocks only, the last token recomputed),
+ * SGLang's RadixAttention and llama-server's cache_prompt; no code of
+ * theirs is used.
  *
  * Design choice: a hit copies blocks into the sequence's own pages rather
  * than sharing pages by reference count.  Copying is memory bandwidth
