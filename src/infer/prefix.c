@@ -904,7 +904,7 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
     int32_t nb_max = limit > 0 ? (limit + P - 1) / P : 0;
     if (nb_max > n / P) nb_max = n / P;
     uint64_t pk = policy_key(c, seq);
-    pc_block **got = nb_max ? ks_malloc(sizeof(pc_block *) * (size_t)nb_max) : NULL;
+    pc_block **got = ks_malloc(sizeof(pc_block *) * (size_t)(nb_max + 1));
     int32_t nb = 0;
     ks_pc_key parent = ks_pc_root(&pc->model, &fmt);
     for (int32_t b = 0; b < nb_max; b++) {
@@ -918,7 +918,35 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
         got[nb++] = blk;
         parent = key;
     }
-    int32_t hit = nb * P < limit ? nb * P : limit;
+    /* Past the last whole block: a cached block under the same parent whose
+     * first tokens match the prompt's next ones gives those rows too (a
+     * row's KV depends on the tokens up to it alone), so a follow-up that
+     * shares a document recomputes its question, not the document's last
+     * partial page.  RAM only (files are found by their whole key); not for
+     * policies whose state is kept per whole block. */
+    int32_t tail = 0;
+    if (!sbytes && nb * P < limit) {
+        int32_t want = limit - nb * P < P ? limit - nb * P : P;
+        pc_block *best = NULL;
+        pthread_mutex_lock(&pc->mu);
+        for (int i = 0; i < N_BUCKETS; i++)
+            for (pc_block *b = pc->buckets[i]; b; b = b->hnext) {
+                if (!key_eq(&b->parent, &parent) || memcmp(&b->fmt, &fmt, sizeof fmt)) continue;
+                int32_t k = 0;
+                while (k < want && b->tok[k] == prompt[(size_t)nb * P + k]) k++;
+                if (k > tail) {
+                    tail = k;
+                    best = b;
+                }
+            }
+        if (best) {
+            best->refs++;
+            best->stamp = ++pc->clock;
+            got[nb] = best;
+        }
+        pthread_mutex_unlock(&pc->mu);
+    }
+    int32_t hit = nb * P + tail < limit ? nb * P + tail : limit;
     ks_status st = KS_OK;
     if (hit > 0) st = ks_infer_plan_apply(c, hit, 1, hit);
     if (st == KS_OK && hit > 0) {
@@ -931,7 +959,7 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
     }
     for (int32_t b = 0; b < nb && st == KS_OK && sbytes && b * P < hit; b++)
         st = ks_policy_prefix_state_load(pol, seq, b * P, P, state_of(got[b], pk)->data); /* attached: stays */
-    for (int32_t b = 0; b < nb; b++) release(pc, got[b]);
+    for (int32_t b = 0; b < nb + (tail > 0); b++) release(pc, got[b]);
     ks_free(got);
     if (st != KS_OK) {
         ks_seq_reset(c, seq);
