@@ -923,9 +923,10 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
      * row's KV depends on the tokens up to it alone), so a follow-up that
      * shares a document recomputes its question, not the document's last
      * partial page.  RAM only (files are found by their whole key); not for
-     * policies whose state is kept per whole block. */
+     * policies whose state is kept per whole block; and only behind a whole
+     * block (every prompt shares its first token, BOS, with every other). */
     int32_t tail = 0;
-    if (!sbytes && nb * P < limit) {
+    if (!sbytes && nb > 0 && nb * P < limit) {
         int32_t want = limit - nb * P < P ? limit - nb * P : P;
         pc_block *best = NULL;
         pthread_mutex_lock(&pc->mu);
