@@ -126,11 +126,13 @@ static void make_prompt(int32_t *out, int n_doc, int n_q, int which) {
     for (int i = 0; i < n_q; i++) out[n_doc + i] = (i * 13 + which * 101 + 7) % V;
 }
 
-static int32_t g_offload; /* layers in the slow tier of the contexts make_ctx makes */
+static int32_t g_offload;  /* layers in the slow tier of the contexts make_ctx makes */
+static ks_kv_type g_kvtype; /* their KV element type */
 
 static ks_context *make_ctx(ks_model *m, const char *policy) {
     ks_context_params p = ks_context_default_params();
     p.kv_offload_layers = g_offload;
+    p.kv_type = g_kvtype;
     p.n_ctx = NCTX;
     p.n_threads = 2;
     p.n_batch = 16;
@@ -256,6 +258,16 @@ static void test_offloaded(void **state) {
     check_policy("quest", 120, 75);
     check_policy("snapkv+quest", 123, 70);
     g_offload = 0;
+}
+
+/* 8-bit KV: blocks of Q8_0 rows */
+static void test_kv_q8(void **state) {
+    (void)state;
+    g_kvtype = KS_KV_Q8;
+    check_policy("dense", 123, 70);
+    check_policy("quest", 120, 75);
+    check_policy("freekv", 123, 70);
+    g_kvtype = KS_KV_F16;
 }
 
 /* A page appended at once equals its rows appended one by one: bytes,
@@ -567,6 +579,7 @@ int main(void) {
         cmocka_unit_test(test_spec_state),
         cmocka_unit_test(test_short_prompt),
         cmocka_unit_test(test_offloaded),
+        cmocka_unit_test(test_kv_q8),
         cmocka_unit_test(test_page_append),
         cmocka_unit_test(test_corrupt_files),
         cmocka_unit_test(test_prompt_file),
