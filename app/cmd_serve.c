@@ -191,6 +191,9 @@ int cmd_serve(int argc, char **argv) {
     }
     fprintf(stderr, "kvsieve serve: model %s, context %ld x %ld slots, policy %s budget %d%s%s\n", id, n_ctx, parallel,
             d->policy, d->budget, sp.mem_cap > 0 ? ", memory cap on" : "", api_key ? ", API key required" : "");
+    if (cache)
+        fprintf(stderr, "kvsieve serve: prefix cache %.2f GB of RAM%s%s\n", cache_ram / 1e9, cache_dir ? ", blocks in " : "",
+                cache_dir ? cache_dir : "");
     bool v6 = strchr(host, ':') != NULL;
     printf("kvsieve serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", host, v6 ? "]" : "", ks_server_port(srv));
     fflush(stdout);
