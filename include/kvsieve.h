@@ -330,9 +330,11 @@ ks_status ks_prefix_restore(ks_context *ctx, ks_prefix_cache *pc, int32_t seq, c
                             int32_t *n_restored);
 /* Prefill prompt rows [ks_seq_len(seq), upto) of prompt[0, n), the
  * sequence holding exactly the rows before (restored or prefilled by
- * earlier calls).  When upto == n the prompt ends: the policy's prefill
- * hooks see the whole prompt (as one ks_prefill of it), logits receives the
- * last row's, and pc (optional) takes the prompt's full blocks. */
+ * earlier calls); pc (optional) takes the whole blocks of prompt[0, upto).
+ * Stopping short of n is for policies whose prefill may be split
+ * (ks_policy_prefill_chunkable).  When upto == n the prompt ends: the
+ * policy's prefill hooks see the whole prompt (as one ks_prefill of it) and
+ * logits receives the last row's. */
 ks_status ks_prefill_rest(ks_context *ctx, ks_prefix_cache *pc, int32_t seq, const int32_t *prompt, int32_t n,
                           int32_t upto, float *logits);
 /* ks_prefix_restore then ks_prefill_rest to the end, for an empty sequence. */

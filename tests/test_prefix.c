@@ -374,6 +374,32 @@ static void test_chunk_invariance(void **state) {
     }
 }
 
+/* A prompt prefilled in pieces leaves its whole blocks in the cache after
+ * every piece (a long prompt cancelled halfway keeps what it computed). */
+static void test_partial_prompt(void **state) {
+    (void)state;
+    ks_context *c = make_ctx(g_model, "quest");
+    ks_prefix_cache_params pp = ks_prefix_cache_default_params();
+    ks_prefix_cache *pc = NULL;
+    assert_int_equal(ks_prefix_cache_create(g_model, &pp, &pc), KS_OK);
+    int32_t p[195];
+    make_prompt(p, 120, 75, 1);
+    float *ref = run(c, NULL, p, 195, NULL);
+    ks_seq_reset(c, 0);
+    assert_int_equal(ks_prefill_rest(c, pc, 0, p, 195, 100, NULL), KS_OK); /* then "cancelled" */
+    ks_prefix_cache_stats st;
+    ks_prefix_cache_get_stats(pc, &st);
+    assert_int_equal(st.ram_blocks, 100 / PAGE);
+    int32_t hit = 0;
+    float *got = run(c, pc, p, 195, &hit);
+    assert_int_equal(hit, 100 / PAGE * PAGE);
+    assert_memory_equal(got, ref, sizeof(float) * (size_t)(1 + STEPS) * g_model->hp.n_vocab);
+    free(got);
+    free(ref);
+    ks_prefix_cache_destroy(pc);
+    ks_context_destroy(c);
+}
+
 /* A prompt shorter than a policy's observation window restores nothing
  * (the window is always recomputed), and never a negative count. */
 static void test_short_prompt(void **state) {
@@ -578,6 +604,7 @@ int main(void) {
         cmocka_unit_test(test_registry_exact),
         cmocka_unit_test(test_spec_state),
         cmocka_unit_test(test_short_prompt),
+        cmocka_unit_test(test_partial_prompt),
         cmocka_unit_test(test_offloaded),
         cmocka_unit_test(test_kv_q8),
         cmocka_unit_test(test_page_append),

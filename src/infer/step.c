@@ -101,9 +101,10 @@ static ks_status drop_pseudo(ks_context *c, int32_t seq, int32_t np) {
  * prefix, infer/prefix.c), so a prompt split into a restored prefix and
  * computed rows leaves a policy exactly where one prefill of it does: the
  * observation rows must lie among the computed ones.  hooks: this call ends
- * the prompt (pseudo tokens and on_prefill run; pc, when set, takes the
- * prompt's blocks: KV before the hooks, so an evictor's cut is per
- * request, and the policy's own per-token state after them). */
+ * the prompt (pseudo tokens and on_prefill run).  pc, when set, takes the
+ * whole blocks of full[0, n_full) after the forward (before the hooks, so
+ * an evictor's cut is per request) and, at the prompt's end, the policy's
+ * own per-token state after the hooks. */
 static ks_status prefill_impl(ks_context *c, int32_t seq, const int32_t *tokens, int32_t n, float *logits,
                               float *all_logits, const int32_t *full, int32_t n_full, bool hooks, ks_prefix_cache *pc) {
     if (!c || !tokens) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL context or tokens");
@@ -151,7 +152,10 @@ static ks_status prefill_impl(ks_context *c, int32_t seq, const int32_t *tokens,
         if (st == KS_OK) c->seq_len[seq] += m;
     }
     if (st == KS_OK && all_logits && last) memcpy(last, all_logits + (size_t)(n - 1) * V, V * sizeof(float));
-    if (st == KS_OK && hooks && pc) st = ks_prefix_capture_kv(c, pc, seq, full, n_full);
+    /* every piece's whole blocks are final once computed (pieces are only
+     * split for policies without prefill hooks): a long prompt cancelled
+     * halfway leaves what it computed */
+    if (st == KS_OK && pc) st = ks_prefix_capture_kv(c, pc, seq, full, n_full);
     int32_t n_pseudo = 0;
     if (st == KS_OK && hooks) st = prefill_pseudo(c, seq, full, n_full, &n_pseudo);
     if (st == KS_OK && hooks && n_pseudo > 0) {
