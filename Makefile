@@ -44,20 +44,23 @@ asan: deps
 	@cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
 
-# libFuzzer on the GGUF and safetensors parsers and the server's request-body
-# parser (clang), FUZZ_SECONDS in all: each of the four fuzzers runs for a quarter of it.
-FUZZ_HALF = $(shell echo $$(( $(FUZZ_SECONDS) / 4 > 0 ? $(FUZZ_SECONDS) / 4 : 1 )))
+# libFuzzer on the GGUF, safetensors and torch.save parsers, the server's
+# request-body parser and the prefix cache's block reader (clang),
+# FUZZ_SECONDS in all: each of the five fuzzers runs for a fifth of it.
+FUZZ_EACH = $(shell echo $$(( ($(FUZZ_SECONDS) + 4) / 5 )))
 fuzz: deps
 	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVSIEVE_FUZZ=ON > /dev/null
-	@cmake --build build-fuzz --target fuzz_gguf fuzz_safetensors fuzz_torch_bin fuzz_request -j $(JOBS)
+	@cmake --build build-fuzz --target fuzz_gguf fuzz_safetensors fuzz_torch_bin fuzz_request fuzz_prefix -j $(JOBS)
 	@mkdir -p build-fuzz/corpus && cp -n tests/fuzz/corpus/* build-fuzz/corpus/ 2>/dev/null || true
 	@mkdir -p build-fuzz/corpus_safetensors && cp -n tests/fuzz/corpus_safetensors/* build-fuzz/corpus_safetensors/ 2>/dev/null || true
-	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_HALF) -rss_limit_mb=2048 -max_len=65536 build-fuzz/corpus
-	build-fuzz/fuzz_safetensors -max_total_time=$(FUZZ_HALF) -rss_limit_mb=2048 -max_len=65536 -dict=tests/fuzz/safetensors.dict build-fuzz/corpus_safetensors
+	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_EACH) -rss_limit_mb=2048 -max_len=65536 build-fuzz/corpus
+	build-fuzz/fuzz_safetensors -max_total_time=$(FUZZ_EACH) -rss_limit_mb=2048 -max_len=65536 -dict=tests/fuzz/safetensors.dict build-fuzz/corpus_safetensors
 	@mkdir -p build-fuzz/corpus_torch_bin && cp -n tests/fuzz/corpus_torch_bin/* build-fuzz/corpus_torch_bin/ 2>/dev/null || true
-	build-fuzz/fuzz_torch_bin -max_total_time=$(FUZZ_HALF) -rss_limit_mb=2048 -max_len=65536 -dict=tests/fuzz/torch_bin.dict build-fuzz/corpus_torch_bin
+	build-fuzz/fuzz_torch_bin -max_total_time=$(FUZZ_EACH) -rss_limit_mb=2048 -max_len=65536 -dict=tests/fuzz/torch_bin.dict build-fuzz/corpus_torch_bin
 	@mkdir -p build-fuzz/corpus_request && cp -n tests/fuzz/corpus_request/* build-fuzz/corpus_request/ 2>/dev/null || true
-	build-fuzz/fuzz_request -max_total_time=$(FUZZ_HALF) -rss_limit_mb=2048 -max_len=16384 build-fuzz/corpus_request
+	build-fuzz/fuzz_request -max_total_time=$(FUZZ_EACH) -rss_limit_mb=2048 -max_len=16384 build-fuzz/corpus_request
+	@mkdir -p build-fuzz/corpus_prefix && cp -n tests/fuzz/corpus_prefix/* build-fuzz/corpus_prefix/ 2>/dev/null || true
+	build-fuzz/fuzz_prefix -max_total_time=$(FUZZ_EACH) -rss_limit_mb=2048 -max_len=65536 build-fuzz/corpus_prefix
 
 # Compile-check the optional CUDA code, target ks_cuda (no GPU needed; not used
 # by the engine yet: src/cuda/ks_cuda.h).

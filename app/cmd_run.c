@@ -37,6 +37,8 @@ static void usage(FILE *f) {
             "  --ignore-eos       keep generating past end-of-generation tokens\n"
             "  --kv-type f16|q8   KV cache element type (default f16)\n"
             "  --batch N          prefill chunk size in tokens (default 256)\n"
+            "  --prompt-cache FILE  start from the longest prefix of the prompt cached in FILE, and save the\n"
+            "                     prompt's KV there after prefill (exact: the same output as without it)\n"
             "  --no-bos           do not prepend BOS\n"
             "  --verbose          log level debug\n"
             "%s", app_policy_usage());
@@ -44,6 +46,8 @@ static void usage(FILE *f) {
 
 int cmd_run(int argc, char **argv) {
     const char *cmd = "run", *model_path = NULL, *prompt = NULL, *prompt_file = NULL, *system = NULL;
+    const char *cache_file = NULL;
+    ks_prefix_cache *pcache = NULL;
     long n_gen = 128, n_ctx = 0, n_threads = 0, n_batch = 256;
     bool chat = false, ignore_eos = false, add_bos = true;
     ks_sampler_params sp = ks_sampler_default_params();
@@ -86,6 +90,7 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--no-bos")) add_bos = false;
         else if (!strcmp(a, "--verbose")) ks_log_set_level(KS_LOG_DEBUG);
         else if (!strcmp(a, "--kv-type")) { VAL(); if (!arg_kv_type(cmd, v, &kv_type)) return 2; }
+        else if (!strcmp(a, "--prompt-cache")) { VAL(); cache_file = v; }
         else { fprintf(stderr, "kvsieve run: unknown option '%s'\n", a); usage(stderr); return 2; }
 #undef VAL
     }
@@ -169,7 +174,30 @@ int cmd_run(int argc, char **argv) {
     if ((st = ks_sampler_create(sp, n_vocab, &smp)) != KS_OK) { app_report(cmd, "creating the sampler", st); goto done; }
     if ((st = ks_stop_create(stops, n_stops, &stop)) != KS_OK) { app_report(cmd, "stop strings", st); goto done; }
     for (size_t i = 0; i < n_prompt; i++) ks_sampler_accept(smp, ids[i]);
-    if ((st = ks_prefill(ctx, 0, ids, (int32_t)n_prompt, logits, NULL)) != KS_OK) { app_report(cmd, "prefill", st); goto done; }
+    double t_pf0 = ks_time_sec(), t_load = 0, t_save = 0;
+    int32_t n_cached = 0, n_saved = 0;
+    if (cache_file) { /* llama-cli's --prompt-cache: a file of the prompt's KV blocks */
+        ks_prefix_cache_params pcp = ks_prefix_cache_default_params();
+        pcp.ram_bytes = UINT64_MAX / 2; /* the file is the bound */
+        if ((st = ks_prefix_cache_create(model, &pcp, &pcache)) != KS_OK) { app_report(cmd, "prompt cache", st); goto done; }
+        int32_t nb = 0;
+        st = ks_prefix_cache_load_file(pcache, cache_file, &nb);
+        if (st != KS_OK && st != KS_ERR_NOT_FOUND) { app_report(cmd, "reading the prompt cache", st); goto done; }
+        t_load = ks_time_sec() - t_pf0;
+        st = ks_prefill_cached(ctx, pcache, 0, ids, (int32_t)n_prompt, logits, &n_cached);
+    } else {
+        st = ks_prefill(ctx, 0, ids, (int32_t)n_prompt, logits, NULL);
+    }
+    if (st != KS_OK) { app_report(cmd, "prefill", st); goto done; }
+    double t_pf = ks_time_sec() - t_pf0;
+    if (cache_file) {
+        double t0 = ks_time_sec();
+        if ((st = ks_prefix_cache_save_file(pcache, ctx, ids, (int32_t)n_prompt, cache_file, &n_saved)) != KS_OK) {
+            app_report(cmd, "writing the prompt cache", st);
+            goto done;
+        }
+        t_save = ks_time_sec() - t0;
+    }
     ks_stats s_prefill;
     ks_context_stats(ctx, &s_prefill);
     ks_stats_reset(ctx);
@@ -202,6 +230,10 @@ int cmd_run(int argc, char **argv) {
     double pf_s = s_prefill.prefill_seconds, dc_s = sd.decode_seconds;
     fprintf(stderr, "\nkvsieve run: stopped by %s\n", why);
     fprintf(stderr, "  prompt:  %5zu tokens in %7.3f s = %8.2f tok/s\n", n_prompt, pf_s, pf_s > 0 ? n_prompt / pf_s : 0);
+    if (cache_file)
+        fprintf(stderr, "  cache:   %d prompt tokens cached, %zu computed; first token after %.3f s (cache read %.3f s); "
+                        "%d blocks saved to %s in %.3f s\n",
+                n_cached, n_prompt - (size_t)n_cached, t_pf, t_load, n_saved, cache_file, t_save);
     if (sd.tokens_decoded)
         fprintf(stderr, "  decode:  %5llu tokens in %7.3f s = %8.2f tok/s, %.2f GB/s (weights %.2f + KV %.3f GB read)\n",
                 (unsigned long long)sd.tokens_decoded, dc_s, sd.tokens_decoded / dc_s,
@@ -227,6 +259,7 @@ done:
     ks_stop_destroy(stop);
     ks_sampler_destroy(smp);
     ks_context_destroy(ctx);
+    ks_prefix_cache_destroy(pcache);
     ks_model_destroy(model);
     free(ids);
     free(logits);

@@ -45,6 +45,11 @@ static void usage(FILE *f) {
             "  --api-key KEY        require 'Authorization: Bearer KEY' (default: $KVSIEVE_API_KEY, else none)\n"
             "  --alias NAME         model name reported by /v1/models (default: the file name)\n"
             "  --shutdown-grace S   seconds running requests may finish after SIGINT/SIGTERM (default 10)\n"
+            "  --cache-ram SIZE     prefix cache in RAM (default 1G; 0: no prefix cache); under --mem-cap it\n"
+            "                       only holds what the running requests leave\n"
+            "  --cache-dir DIR      also keep cached prefix blocks in DIR (written behind the requests; a\n"
+            "                       restart or another replica with the same model hits them)\n"
+            "  --cache-disk SIZE    cap of the blocks in --cache-dir (default 8G)\n"
             "Policy flags are the defaults of requests without a \"kvsieve\" object (docs/SERVER.md):\n"
             "%s",
             app_policy_usage());
@@ -55,6 +60,8 @@ int cmd_serve(int argc, char **argv) {
     const char *alias = NULL;
     long port = 8080, parallel = 4, n_ctx = 0, n_threads = 0, n_batch = 256, max_queue = 64, max_groups = 0;
     float grace = 10;
+    double cache_ram = 1e9, cache_disk = 8e9;
+    const char *cache_dir = NULL;
     ks_kv_type kv_type = KS_KV_F16;
     app_policy_opts po;
     app_policy_opts_init(&po);
@@ -78,6 +85,15 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--alias")) { VAL(); alias = v; }
         else if (!strcmp(a, "--shutdown-grace")) { VAL(); if (!arg_float(cmd, a, v, 0, 3600, &grace)) return 2; }
         else if (!strcmp(a, "--kv-type")) { VAL(); if (!arg_kv_type(cmd, v, &kv_type)) return 2; }
+        else if (!strcmp(a, "--cache-ram") || !strcmp(a, "--cache-disk")) {
+            VAL();
+            double *dst = !strcmp(a, "--cache-ram") ? &cache_ram : &cache_disk;
+            if (!app_parse_size(v, dst)) {
+                fprintf(stderr, "kvsieve serve: %s '%s': expected a size such as 512M or 4G\n", a, v);
+                return 2;
+            }
+        }
+        else if (!strcmp(a, "--cache-dir")) { VAL(); cache_dir = v; }
         else { fprintf(stderr, "kvsieve serve: unknown option '%s'\n", a); usage(stderr); return 2; }
 #undef VAL
     }
@@ -102,6 +118,7 @@ int cmd_serve(int argc, char **argv) {
     ks_model *model = NULL;
     ks_sched *sched = NULL;
     ks_server *srv = NULL;
+    ks_prefix_cache *cache = NULL;
     char err[1024];
     ks_status st = ks_model_load(model_path, ks_model_default_params(), &model);
     if (st != KS_OK) { app_report(cmd, "loading the model", st); goto done; }
@@ -125,6 +142,17 @@ int cmd_serve(int argc, char **argv) {
     sp.kv_offload_dir = cp.kv_offload_dir;
     sp.kv_offload_layers = cp.kv_offload_layers;
     sp.kv_slots = cp.kv_slots;
+    if (cache_ram > 0) {
+        ks_prefix_cache_params pcp = ks_prefix_cache_default_params();
+        pcp.ram_bytes = (uint64_t)cache_ram;
+        pcp.dir = cache_dir;
+        pcp.disk_bytes = (uint64_t)cache_disk;
+        if ((st = ks_prefix_cache_create(model, &pcp, &cache)) != KS_OK) { app_report(cmd, "creating the prefix cache", st); goto done; }
+        sp.cache = cache;
+    } else if (cache_dir) {
+        fprintf(stderr, "kvsieve serve: --cache-dir needs a prefix cache (--cache-ram > 0)\n");
+        goto done;
+    }
     ks_sched_policy *d = &sp.defaults;
     snprintf(d->policy, sizeof d->policy, "%s", cp.policy);
     d->budget = cp.budget;
@@ -163,6 +191,9 @@ int cmd_serve(int argc, char **argv) {
     }
     fprintf(stderr, "kvsieve serve: model %s, context %ld x %ld slots, policy %s budget %d%s%s\n", id, n_ctx, parallel,
             d->policy, d->budget, sp.mem_cap > 0 ? ", memory cap on" : "", api_key ? ", API key required" : "");
+    if (cache)
+        fprintf(stderr, "kvsieve serve: prefix cache %.2f GB of RAM%s%s\n", cache_ram / 1e9, cache_dir ? ", blocks in " : "",
+                cache_dir ? cache_dir : "");
     bool v6 = strchr(host, ':') != NULL;
     printf("kvsieve serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", host, v6 ? "]" : "", ks_server_port(srv));
     fflush(stdout);
@@ -189,6 +220,7 @@ int cmd_serve(int argc, char **argv) {
 done:
     ks_server_stop(srv);
     ks_sched_destroy(sched);
+    ks_prefix_cache_destroy(cache); /* after the scheduler: it borrows the cache */
     ks_model_destroy(model);
     if (rc == 0) fprintf(stderr, "kvsieve serve: stopped\n");
     return rc;

@@ -38,7 +38,10 @@ target_link_libraries(kvsieve_cli PRIVATE ks_server)
 # (routes, errors, disconnects, shutdown), invariance (outputs equal to
 # `kvsieve run` among other requests and policies), openai_node, load (64
 # requests over 16 clients), memcap (offload under --mem-cap, waiting,
-# refusal), bench (a smoke run of tools/bench_serve.py).  A driver lacking an
+# refusal), bench (a smoke run of tools/bench_serve.py), prefix (the prefix
+# cache: follow-ups, replicas and restarts on one --cache-dir, bad files),
+# prefix_load (64 requests on 4 shared documents under a small cache and a
+# memory cap).  A driver lacking an
 # optional tool exits 77 (skipped).  Every test is bounded in time.
 file(GLOB KS_SERVER_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/server/test_*.c)
 foreach(src ${KS_SERVER_TESTS})
@@ -52,7 +55,7 @@ foreach(src ${KS_SERVER_TESTS})
   set_tests_properties(${tname} PROPERTIES TIMEOUT 120 ENVIRONMENT "CMOCKA_MESSAGE_OUTPUT=stdout")
 endforeach()
 
-foreach(drv curl invariance openai_node load memcap bench)
+foreach(drv curl invariance openai_node load memcap bench prefix prefix_load)
   add_test(NAME server_${drv}
            COMMAND bash ${CMAKE_SOURCE_DIR}/tests/server/${drv}.sh $<TARGET_FILE:kvsieve_cli> ${KS_FIXTURES_DIR}
                    ${CMAKE_BINARY_DIR}/server_${drv})

@@ -290,6 +290,80 @@ void ks_stats_reset(ks_context *ctx);
  * long-depth decode can be benchmarked without a long prefill. */
 ks_status ks_seq_fill_synthetic(ks_context *ctx, int32_t seq, int32_t n, uint64_t seed);
 
+/* --------------------------------------------------------- prefix cache -- */
+/* A cache of prompt prefixes' KV shared by every context of one model
+ * (docs/SERVER.md, "Prefix cache").  Content-addressed by a chain of
+ * page-sized token blocks (a block's key hashes its parent's key and its
+ * tokens; the chain starts from the model's fingerprint and the KV layout),
+ * only full blocks, only rows a prefill computed.  Kept in RAM under its own
+ * cap (LRU) and, with a directory, written there behind the request path
+ * (bounded, LRU; files published atomically, each with a header and a
+ * checksum: a corrupt, truncated or foreign file is skipped and counted),
+ * so a restarted process or another replica on the same directory hits the
+ * blocks too.  A hit restores the rows byte for byte: the logits equal those
+ * of the uncached prefill bit for bit.  Thread-safe. */
+typedef struct ks_prefix_cache ks_prefix_cache;
+
+typedef struct ks_prefix_cache_params {
+    uint64_t ram_bytes;   /* RAM cap (default 1 GiB) */
+    const char *dir;      /* block files (NULL: RAM only); created if missing; copied */
+    uint64_t disk_bytes;  /* cap of the directory's block files this process manages (default 8 GiB; 0: none) */
+    bool write_behind;    /* write files on a thread of their own (default true; false: before the call returns) */
+} ks_prefix_cache_params;
+
+typedef struct ks_prefix_cache_stats {
+    uint64_t hit_tokens, miss_tokens;  /* prompt tokens restored / computed by restores */
+    uint64_t ram_bytes, disk_bytes;    /* bytes cached now per tier */
+    uint64_t ram_blocks, disk_blocks;
+    uint64_t evictions;                /* blocks dropped from RAM */
+    uint64_t spills;                   /* blocks written to the directory */
+    uint64_t loads;                    /* blocks read back from the directory */
+    uint64_t disk_evictions;           /* files removed by the disk cap */
+    uint64_t skipped_corrupt;          /* files (or records) refused: corrupt, truncated, foreign */
+} ks_prefix_cache_stats;
+
+ks_prefix_cache_params ks_prefix_cache_default_params(void);
+/* The model is fingerprinted (shapes, metadata, samples of every tensor);
+ * it must outlive the cache. */
+ks_status ks_prefix_cache_create(const ks_model *model, const ks_prefix_cache_params *p, ks_prefix_cache **out);
+/* Waits for the pending writes, then frees. */
+void ks_prefix_cache_destroy(ks_prefix_cache *pc);
+/* Wait until every block taken so far is written to the directory. */
+void ks_prefix_cache_flush(ks_prefix_cache *pc);
+/* Give RAM back: evict (LRU) until the cache holds at most ram_bytes, and
+ * keep it there (a later call with more raises the limit again, never past
+ * the cap it was created with). */
+void ks_prefix_cache_trim(ks_prefix_cache *pc, uint64_t ram_bytes);
+void ks_prefix_cache_get_stats(ks_prefix_cache *pc, ks_prefix_cache_stats *out);
+
+/* Start an empty sequence from the longest cached prefix of prompt[0, n)
+ * that its policy can use (ks_policy_prefix_shareable: 0 for policies whose
+ * state a restore cannot rebuild; the policy's observation rows and the
+ * last row are always left to compute): *n_restored rows are in the
+ * sequence afterwards; continue with ks_prefill_rest.  pc NULL: 0. */
+ks_status ks_prefix_restore(ks_context *ctx, ks_prefix_cache *pc, int32_t seq, const int32_t *prompt, int32_t n,
+                            int32_t *n_restored);
+/* Prefill prompt rows [ks_seq_len(seq), upto) of prompt[0, n), the
+ * sequence holding exactly the rows before (restored or prefilled by
+ * earlier calls); pc (optional) takes the whole blocks of prompt[0, upto).
+ * Stopping short of n is for policies whose prefill may be split
+ * (ks_policy_prefill_chunkable).  When upto == n the prompt ends: the
+ * policy's prefill hooks see the whole prompt (as one ks_prefill of it) and
+ * logits receives the last row's. */
+ks_status ks_prefill_rest(ks_context *ctx, ks_prefix_cache *pc, int32_t seq, const int32_t *prompt, int32_t n,
+                          int32_t upto, float *logits);
+/* ks_prefix_restore then ks_prefill_rest to the end, for an empty sequence. */
+ks_status ks_prefill_cached(ks_context *ctx, ks_prefix_cache *pc, int32_t seq, const int32_t *prompt, int32_t n,
+                            float *logits, int32_t *n_cached);
+/* One file holding the cached blocks of prompt[0, n) in the context's KV
+ * layout (`kvsieve run --prompt-cache`): written atomically; *n_blocks
+ * receives how many.  Loading inserts every valid record into the cache
+ * (an invalid one ends the file, counted in skipped_corrupt); a missing
+ * file is KS_ERR_NOT_FOUND. */
+ks_status ks_prefix_cache_save_file(ks_prefix_cache *pc, const ks_context *ctx, const int32_t *prompt, int32_t n,
+                                    const char *path, int32_t *n_blocks);
+ks_status ks_prefix_cache_load_file(ks_prefix_cache *pc, const char *path, int32_t *n_blocks);
+
 /* ------------------------------------------------------------- sampling -- */
 typedef struct ks_sampler ks_sampler;
 

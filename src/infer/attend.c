@@ -260,8 +260,11 @@ static void attn_worker(void *arg, int ith, int nth) {
 ks_status ks_infer_attend_layer(ks_context *c, int il, int n, const int32_t *seq, const int32_t *pos, bool sparse) {
     int hd = c->model->hp.head_dim;
     attn_job job = {.c = c, .il = il, .n = n, .seq = seq, .pos = pos, .sparse = sparse};
-    /* prefill chunks of one sequence take the blocked kernel (f16, or 8-bit KV in whole Q8_0 blocks) */
-    job.blocked = !c->decoding && n > 1 && seq[0] == seq[n - 1] && (c->kv_type == KS_KV_F16 || hd % 32 == 0) &&
+    /* prefill chunks of one sequence take the blocked kernel (f16, or 8-bit KV in whole Q8_0 blocks),
+     * a chunk of one row too: a row's result then never depends on the chunk it falls in (a
+     * one-row chunk through the decode kernel rounded differently), which a prefix-cache hit
+     * that ends anywhere relies on (infer/prefix.c) */
+    job.blocked = !c->decoding && seq[0] == seq[n - 1] && (c->kv_type == KS_KV_F16 || hd % 32 == 0) &&
                   hd % 16 == 0 && ks_simd_current() >= KS_SIMD_AVX2;
     atomic_init(&job.next, 0);
     atomic_flag_clear(&c->step_failed);

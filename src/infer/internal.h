@@ -119,4 +119,12 @@ ks_status ks_infer_prefetch_global(ks_context *c, int32_t first_layer, int32_t n
  * (rows of one sequence run in parallel and share them), then wait. */
 ks_status ks_infer_load_prefill_slots(ks_context *c, int il, int n, const int32_t *seq);
 
+/* ------------------------------------------------------------- prefix.c -- */
+/* After the forward of a whole prompt (seq holds exactly prompt[0, n) from
+ * position 0), before the prefill hooks: cache the prompt's full blocks of
+ * KV not cached yet. */
+ks_status ks_prefix_capture_kv(ks_context *c, ks_prefix_cache *pc, int32_t seq, const int32_t *prompt, int32_t n);
+/* After the hooks: the policy's own per-token state of those blocks. */
+ks_status ks_prefix_capture_state(ks_context *c, ks_prefix_cache *pc, int32_t seq, const int32_t *prompt, int32_t n);
+
 #endif

@@ -95,8 +95,18 @@ static ks_status drop_pseudo(ks_context *c, int32_t seq, int32_t np) {
     return st;
 }
 
-ks_status ks_prefill(ks_context *c, int32_t seq, const int32_t *tokens, int32_t n, float *logits,
-                     float *all_logits) {
+/* Prefill rows tokens[0, n) after what sequence seq holds.  The prefill
+ * hooks see the prompt full[0, n_full), of which these rows are the last n
+ * (full == tokens for a plain prefill; the whole prompt after a restored
+ * prefix, infer/prefix.c), so a prompt split into a restored prefix and
+ * computed rows leaves a policy exactly where one prefill of it does: the
+ * observation rows must lie among the computed ones.  hooks: this call ends
+ * the prompt (pseudo tokens and on_prefill run).  pc, when set, takes the
+ * whole blocks of full[0, n_full) after the forward (before the hooks, so
+ * an evictor's cut is per request) and, at the prompt's end, the policy's
+ * own per-token state after the hooks. */
+static ks_status prefill_impl(ks_context *c, int32_t seq, const int32_t *tokens, int32_t n, float *logits,
+                              float *all_logits, const int32_t *full, int32_t n_full, bool hooks, ks_prefix_cache *pc) {
     if (!c || !tokens) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL context or tokens");
     if (seq < 0 || seq >= c->n_seq) return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d out of range [0, %d)", seq, c->n_seq);
     if (n <= 0) return KS_FAIL(KS_ERR_INVALID_ARG, "empty prompt (%d tokens)", n);
@@ -112,12 +122,16 @@ ks_status ks_prefill(ks_context *c, int32_t seq, const int32_t *tokens, int32_t 
     int32_t obs_window = ks_infer_pol_of(c, seq)->obs_window;
     double t0 = ks_time_sec();
     int chunk = c->params.n_batch;
+    size_t V = (size_t)hp->n_vocab;
+    int32_t skip = n_full - n; /* rows of the prompt before these */
+    int32_t first_pos = c->seq_len[seq] - skip;
+    int32_t n_obs = !hooks ? 0 : obs_window < 0 ? n_full : (obs_window < n_full ? obs_window : n_full);
+    if (n_obs > n)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "the policy's %d observation rows reach into the %d restored prompt rows",
+                       n_obs, skip);
     int32_t *sq = ks_malloc(sizeof(int32_t) * chunk), *ps = ks_malloc(sizeof(int32_t) * chunk);
     int32_t *obs = ks_malloc(sizeof(int32_t) * chunk);
     bool *want = ks_calloc((size_t)chunk, sizeof(bool));
-    size_t V = (size_t)hp->n_vocab;
-    int32_t first_pos = c->seq_len[seq];
-    int32_t n_obs = obs_window < 0 ? n : (obs_window < n ? obs_window : n);
     ks_free(c->obs_q);
     c->obs_q = NULL;
     c->obs_cap = n_obs;
@@ -138,22 +152,27 @@ ks_status ks_prefill(ks_context *c, int32_t seq, const int32_t *tokens, int32_t 
         if (st == KS_OK) c->seq_len[seq] += m;
     }
     if (st == KS_OK && all_logits && last) memcpy(last, all_logits + (size_t)(n - 1) * V, V * sizeof(float));
+    /* every piece's whole blocks are final once computed (pieces are only
+     * split for policies without prefill hooks): a long prompt cancelled
+     * halfway leaves what it computed */
+    if (st == KS_OK && pc) st = ks_prefix_capture_kv(c, pc, seq, full, n_full);
     int32_t n_pseudo = 0;
-    if (st == KS_OK) st = prefill_pseudo(c, seq, tokens, n, &n_pseudo);
-    if (st == KS_OK && n_pseudo > 0) {
+    if (st == KS_OK && hooks) st = prefill_pseudo(c, seq, full, n_full, &n_pseudo);
+    if (st == KS_OK && hooks && n_pseudo > 0) {
         /* the part that asked for them scores with their KV still in the heads (its
          * softmax has the pseudo keys in scope), then the KV goes, then the other parts */
-        ks_prefill_info info = {.seq = seq, .n_prompt = n, .prompt = tokens, .n_obs = n_pseudo, .obs_q = c->obs_q,
+        ks_prefill_info info = {.seq = seq, .n_prompt = n_full, .prompt = full, .n_obs = n_pseudo, .obs_q = c->obs_q,
                                 .pseudo = true, .n_pseudo = n_pseudo, .first_pos = first_pos};
         st = ks_policy_on_prefill_split(pol, &info, true);
         if (st == KS_OK) st = drop_pseudo(c, seq, n_pseudo);
         info.n_pseudo = 0;
         if (st == KS_OK) st = ks_policy_on_prefill_split(pol, &info, false);
-    } else if (st == KS_OK) {
-        ks_prefill_info info = {.seq = seq, .n_prompt = n, .prompt = tokens, .n_obs = n_obs, .obs_q = c->obs_q,
+    } else if (st == KS_OK && hooks) {
+        ks_prefill_info info = {.seq = seq, .n_prompt = n_full, .prompt = full, .n_obs = n_obs, .obs_q = c->obs_q,
                                 .first_pos = first_pos};
         st = ks_policy_on_prefill(pol, &info);
     }
+    if (st == KS_OK && hooks && pc) st = ks_prefix_capture_state(c, pc, seq, full, n_full);
     if (st == KS_OK && last && ks_policy_wants_entropy(pol))
         entropy_of(last, (int32_t)V, &c->entropy[seq], &c->varentropy[seq]);
     ks_free(c->obs_q);
@@ -171,6 +190,22 @@ ks_status ks_prefill(ks_context *c, int32_t seq, const int32_t *tokens, int32_t 
     c->stats.tokens_prefilled += (uint64_t)n;
     c->stats.prefill_seconds += ks_time_sec() - t0;
     return KS_OK;
+}
+
+ks_status ks_prefill(ks_context *c, int32_t seq, const int32_t *tokens, int32_t n, float *logits,
+                     float *all_logits) {
+    return prefill_impl(c, seq, tokens, n, logits, all_logits, tokens, n, true, NULL);
+}
+
+ks_status ks_prefill_rest(ks_context *c, ks_prefix_cache *pc, int32_t seq, const int32_t *prompt, int32_t n,
+                          int32_t upto, float *logits) {
+    if (!c || !prompt) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL context or prompt");
+    if (seq < 0 || seq >= c->n_seq) return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d out of range [0, %d)", seq, c->n_seq);
+    int32_t have = c->seq_len[seq];
+    if (upto > n || upto <= have)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "prefill of prompt rows [%d, %d) of %d: nothing or out of range", have, upto, n);
+    bool end = upto == n;
+    return prefill_impl(c, seq, prompt + have, upto - have, end ? logits : NULL, NULL, prompt, upto, end, pc);
 }
 
 /* Each policy instance with rows in the step gets before_step for its own

@@ -255,6 +255,15 @@ static void meta_add(ks_kv_store *kv, kv_layer *L, int32_t id, int32_t slot, int
 /* ----------------------------------------------------------- append -- */
 ks_status ks_kv_append(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t pos, const float *k,
                        const float *v) {
+    /* stack scratch: appends to different layers may run in parallel */
+    uint8_t krow[KS_KV_MAX_HEAD_DIM * 2], vrow[KS_KV_MAX_HEAD_DIM * 2];
+    ks_quantize_row(ks_kv_dtype(kv->p.type), k, krow, kv->hd);
+    ks_quantize_row(ks_kv_dtype(kv->p.type), v, vrow, kv->hd);
+    return ks_kv_append_stored(kv, seq, layer, head, pos, krow, vrow);
+}
+
+ks_status ks_kv_append_stored(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t pos,
+                              const uint8_t *krow, const uint8_t *vrow) {
     KS_ASSERT(seq >= 0 && seq < kv->p.n_seq && layer >= 0 && layer < kv->p.n_layer && head >= 0 && head < kv->nh);
     KS_ASSERT(!kv->parked[seq]); /* the context refuses steps of a parked sequence */
     kv_layer *L = &kv->layers[layer];
@@ -269,11 +278,7 @@ ks_status ks_kv_append(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head
         tab[lp] = id;
     }
     int32_t id = tab[lp];
-    /* stack scratch: appends to different layers may run in parallel */
-    uint8_t krow[KS_KV_MAX_HEAD_DIM * 2], vrow[KS_KV_MAX_HEAD_DIM * 2];
     float key[KS_KV_MAX_HEAD_DIM];
-    ks_quantize_row(ks_kv_dtype(kv->p.type), k, krow, kv->hd);
-    ks_quantize_row(ks_kv_dtype(kv->p.type), v, vrow, kv->hd);
     if (L->tier == KS_TIER_SLOW) {
         /* an in-flight load of this page must land before the newer row */
         KS_TRY(ks_copy_wait(&L->ev, &kv->wait_seconds));
@@ -300,6 +305,53 @@ ks_status ks_kv_append(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head
     ks_dequantize_row(ks_kv_dtype(kv->p.type), krow, key, kv->hd);
     meta_add(kv, L, id, slot, pos, key);
     kv->n_ent[hi] = n + 1;
+    return KS_OK;
+}
+
+ks_status ks_kv_append_page_stored(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t pos0,
+                                   const uint8_t *page, int32_t m) {
+    KS_ASSERT(seq >= 0 && seq < kv->p.n_seq && layer >= 0 && layer < kv->p.n_layer && head >= 0 && head < kv->nh);
+    KS_ASSERT(!kv->parked[seq] && m >= 1 && m <= kv->P);
+    kv_layer *L = &kv->layers[layer];
+    size_t hi = kv_hidx(kv, seq, layer, head);
+    int32_t n = kv->n_ent[hi];
+    KS_ASSERT(n % kv->P == 0);
+    if (L->tier != KS_TIER_FAST) { /* the slow tier's write-through: row by row */
+        for (int32_t r = 0; r < m; r++)
+            KS_TRY(ks_kv_append_stored(kv, seq, layer, head, pos0 + r, page + kv_row_off(kv, r, false),
+                                       page + kv_row_off(kv, r, true)));
+        return KS_OK;
+    }
+    if (n + m > kv->p.n_ctx) return KS_FAIL(KS_ERR_CONTEXT_FULL, "KV head holds %d entries already", n);
+    int32_t lp = n / kv->P, id = ks_kv_page_alloc(kv, L, seq, head, lp);
+    if (id < 0) return KS_FAIL(KS_ERR_NOMEM, "layer %d KV page pool exhausted (%d pages)", layer, kv->n_phys);
+    kv_table_of(kv, seq, layer, head)[lp] = id;
+    memcpy(kv_fast_k(kv, L, id), page, (size_t)m * kv->row);
+    memcpy(kv_fast_v(kv, L, id), page + kv_row_off(kv, 0, true), (size_t)m * kv->row);
+    /* the summaries as m appends leave them: min / max are exact in any
+     * order, the sum is taken in row order, and the compact bounds of the
+     * final min / max are what the last widening encoded */
+    int32_t hd = kv->hd;
+    float *mn = L->kmin + (size_t)id * hd, *mx = L->kmax + (size_t)id * hd, *sm = L->ksum + (size_t)id * hd;
+    float key[KS_KV_MAX_HEAD_DIM];
+    for (int32_t r = 0; r < m; r++) {
+        ks_dequantize_row(ks_kv_dtype(kv->p.type), page + kv_row_off(kv, r, false), key, hd);
+        if (r == 0) {
+            memcpy(mn, key, sizeof(float) * hd);
+            memcpy(mx, key, sizeof(float) * hd);
+            memcpy(sm, key, sizeof(float) * hd);
+        } else {
+            for (int32_t i = 0; i < hd; i++) {
+                mn[i] = key[i] < mn[i] ? key[i] : mn[i];
+                mx[i] = key[i] > mx[i] ? key[i] : mx[i];
+                sm[i] += key[i];
+            }
+        }
+        L->pos[(size_t)id * kv->P + r] = pos0 + r;
+    }
+    ks_kv_meta_compact_bounds(kv, L, id);
+    L->fill[id] = m;
+    kv->n_ent[hi] = n + m;
     return KS_OK;
 }
 

@@ -87,6 +87,20 @@ size_t ks_kv_row_size(const ks_kv_store *kv);
  * tier refused the write. */
 ks_status ks_kv_append(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t pos, const float *k,
                        const float *v);
+/* The same with the rows already in the stored format (ks_kv_row_size bytes
+ * each, as ks_kv_read_page returns them): a restored prefix (infer/prefix.c)
+ * is stored byte for byte as its prefill stored it, and its page summaries,
+ * computed from the stored rows in append order, come out identical. */
+ks_status ks_kv_append_stored(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t pos,
+                              const uint8_t *krow, const uint8_t *vrow);
+/* The first m rows (1..P) of a page in the stored layout (K rows [P][row],
+ * then V rows [P][row], as ks_kv_read_page returns it) appended at once to a
+ * head whose entry count is a multiple of P, at positions pos0..: the same
+ * bytes and summaries as m ks_kv_append_stored calls, with the summaries'
+ * compact bounds encoded once instead of at every widening (a restored
+ * prefix fills thousands of pages). */
+ks_status ks_kv_append_page_stored(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t pos0,
+                                   const uint8_t *page, int32_t m);
 /* Drop every entry of a sequence (all layers and heads); pages return to the pools. */
 void ks_kv_seq_clear(ks_kv_store *kv, int32_t seq);
 /* Keep only the entries with keep[i] != 0 (i < n_entries) of (seq, layer,

@@ -271,6 +271,21 @@ static void step_need(ks_sched *s, group *g, ks_mem_query *q, int32_t *n_run) {
     }
 }
 
+bool ks_sched_cache_fit(ks_sched *s, group *g) {
+    if (!s->p.cache || s->p.mem_cap <= 0) return false;
+    ks_mem_query q;
+    int32_t n_run = 0;
+    step_need(s, g, &q, &n_run);
+    ks_mem_fit f;
+    if (ks_context_mem_fits(g->ctx, &q, &f) != KS_OK || !f.active) return false;
+    double room = f.mem_cap - f.bytes;
+    uint64_t allow = room > 0 ? (uint64_t)room : 0;
+    ks_prefix_cache_stats cs;
+    ks_prefix_cache_get_stats(s->p.cache, &cs);
+    ks_prefix_cache_trim(s->p.cache, allow); /* also raises the limit again when room returned */
+    return cs.ram_bytes > allow;
+}
+
 void ks_sched_group_balance(ks_sched *s, group *g, int32_t *paused, int32_t *resumed) {
     *paused = *resumed = 0;
     ks_mem_fit f;
@@ -345,6 +360,7 @@ void ks_sched_slot_admit(ks_sched *s, group *g, int32_t i, ks_sched_req *r) {
     sl->n_fed = 0;
     sl->decoding = false;
     sl->n_gen = 0;
+    sl->n_cached = -1;
     sl->order = s->next_order++;
     ks_status st = ks_stop_create((const char *const *)r->stops, (size_t)r->n_stops, &sl->stop);
     KS_ASSERT(st == KS_OK); /* the strings were checked at submit */

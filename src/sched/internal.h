@@ -30,6 +30,7 @@ struct ks_sched_req {
     int32_t n_stops;
     bool ignore_eos;
     ks_sched_policy policy;
+    bool no_cache;              /* cache_prompt: false */
     ks_sampler *smp;            /* created at submit; used by the scheduler thread only */
     /* under mu */
     ks_sched_state state;
@@ -40,6 +41,7 @@ struct ks_sched_req {
     ks_sched_error error;
     char message[1024];
     int32_t n_generated;
+    int32_t n_cached;           /* prompt tokens restored from the prefix cache */
     double t_submit, t_admit, t_first;
     pthread_cond_t cv;
 };
@@ -50,6 +52,7 @@ typedef struct slot {  /* a sequence of a group's context */
     bool decoding;
     int32_t next_tok;           /* the token the next decode step feeds */
     int32_t n_gen;
+    int32_t n_cached;           /* staged: prompt tokens restored (-1: none to publish) */
     uint64_t order;             /* admission order (prefill FIFO) */
     bool chunkable;             /* its policy's prompt may be prefilled in chunks */
     bool paused;                /* its KV parked in the slow tier (ks_seq_park) until room returns */
@@ -96,7 +99,7 @@ struct ks_sched {
     /* metrics (under mu) */
     ks_stats retired;
     uint64_t submitted, rejected, completed, cancelled, failed, tok_prompt, tok_gen, steps, chunks, mixed_steps;
-    uint64_t ctx_created, ctx_recycled, pauses, resumes;
+    uint64_t ctx_created, ctx_recycled, pauses, resumes, cache_trims;
     int32_t n_paused;           /* slots paused now, over every group */
     uint64_t rate_tok[RATE_BUCKETS];
     int64_t rate_sec[RATE_BUCKETS];
@@ -135,6 +138,11 @@ bool ks_sched_fits_alone(group *g, const ks_sched_req *r);
  * running ones while the step would not fit even with every layer
  * offloaded.  Counts go to *paused / *resumed. */
 void ks_sched_group_balance(ks_sched *s, group *g, int32_t *paused, int32_t *resumed);
+
+/* Under a cap, with a prefix cache: trim the cache's RAM to the cap minus
+ * the coming step's predicted bytes (before any pause); true when it gave
+ * memory back. */
+bool ks_sched_cache_fit(ks_sched *s, group *g);
 
 /* loop.c: the scheduler thread */
 void *ks_sched_main(void *arg);

@@ -154,10 +154,11 @@ static void stage_error(slot *sl, ks_sched_error err, const char *what, ks_statu
 /* One step of group g, without the lock.  The slot set cannot change under
  * us: only this thread admits and ends. */
 static void group_step(ks_sched *s, group *g, bool *did_decode, bool *did_prefill, bool *mixed, int32_t *paused,
-                       int32_t *resumed) {
+                       int32_t *resumed, bool *cache_trim) {
     int32_t V = s->n_vocab, n = 0;
     /* under a cap: resume paused requests when room returned, pause the
      * newest while this step would not fit even with every layer offloaded */
+    if (ks_sched_cache_fit(s, g)) *cache_trim = true;
     ks_sched_group_balance(s, g, paused, resumed);
     for (int32_t i = 0; i < s->p.n_parallel; i++) {
         slot *sl = &g->slots[i];
@@ -194,10 +195,21 @@ static void group_step(ks_sched *s, group *g, bool *did_decode, bool *did_prefil
     *did_prefill = pf != NULL;
     if (pf && !g->broken) {
         ks_sched_req *r = pf->req;
+        ks_prefix_cache *pc = r->no_cache ? NULL : s->p.cache;
+        ks_status st = KS_OK;
+        if (pf->n_fed == 0 && pc && ks_seq_len(g->ctx, pi) == 0) { /* start from the longest cached prefix */
+            int32_t hit = 0;
+            st = ks_prefix_restore(g->ctx, pc, pi, r->prompt, r->n_prompt, &hit);
+            if (st == KS_OK) {
+                pf->n_fed = hit;
+                pf->n_cached = hit;
+            }
+        }
         int32_t left = r->n_prompt - pf->n_fed;
         int32_t m = pf->chunkable && left > s->p.n_batch ? s->p.n_batch : left;
         bool last = m == left;
-        ks_status st = ks_prefill(g->ctx, pi, r->prompt + pf->n_fed, m, last ? s->pf_logits : NULL, NULL);
+        if (st == KS_OK)
+            st = ks_prefill_rest(g->ctx, pc, pi, r->prompt, r->n_prompt, pf->n_fed + m, last ? s->pf_logits : NULL);
         if (st != KS_OK) {
             stage_error(pf, st == KS_ERR_NOMEM ? KS_SCHED_ERR_TOO_LONG : KS_SCHED_ERR_INTERNAL, "prefill", st);
             if (st == KS_ERR_BACKEND) g->broken = true;
@@ -226,6 +238,10 @@ static void group_publish(ks_sched *s, group *g) {
         slot *sl = &g->slots[i];
         ks_sched_req *r = sl->req;
         if (!r) continue;
+        if (sl->n_cached >= 0) {
+            r->n_cached = sl->n_cached;
+            sl->n_cached = -1;
+        }
         if (sl->n_gen > r->n_generated) {
             gen += (uint64_t)(sl->n_gen - r->n_generated);
             if (!r->t_first) r->t_first = now;
@@ -275,8 +291,10 @@ void *ks_sched_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
         bool dec = false, pre = false, mixed = false;
         int32_t paused = 0, resumed = 0;
-        group_step(s, g, &dec, &pre, &mixed, &paused, &resumed);
+        bool trimmed = false;
+        group_step(s, g, &dec, &pre, &mixed, &paused, &resumed, &trimmed);
         pthread_mutex_lock(&s->mu);
+        s->cache_trims += trimmed;
         s->pauses += (uint64_t)paused;
         s->resumes += (uint64_t)resumed;
         s->n_paused += paused - resumed;

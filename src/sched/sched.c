@@ -254,6 +254,7 @@ ks_sched_req *ks_sched_submit(ks_sched *s, const ks_sched_req_params *p, ks_sche
     r->n_stops = p->n_stops;
     r->ignore_eos = p->ignore_eos;
     r->policy = p->policy;
+    r->no_cache = p->no_prompt_cache;
     /* the repetition penalty sees the prompt, as in `kvsieve run` */
     for (int32_t i = 0; i < p->n_prompt; i++) ks_sampler_accept(r->smp, p->prompt[i]);
     pthread_condattr_t ca;
@@ -328,6 +329,7 @@ bool ks_sched_req_take(ks_sched *s, ks_sched_req *r, double timeout_s, ks_sched_
     snprintf(out->message, sizeof out->message, "%s", r->message);
     out->n_prompt = r->n_prompt;
     out->n_generated = r->n_generated;
+    out->n_cached = r->n_cached;
     out->t_submit = r->t_submit;
     out->t_admit = r->t_admit;
     out->t_first = r->t_first;
@@ -413,6 +415,11 @@ void ks_sched_get_metrics(ks_sched *s, ks_sched_metrics *m) {
     m->pauses = s->pauses;
     m->resumes = s->resumes;
     m->paused = s->n_paused;
+    m->cache_trims = s->cache_trims;
+    if (s->p.cache) {
+        m->cache_on = true;
+        ks_prefix_cache_get_stats(s->p.cache, &m->cache);
+    }
     double now = ks_sched_now();
     int64_t sec = (int64_t)now;
     uint64_t tok = 0;

@@ -130,6 +130,16 @@ typedef struct ks_sched_params {
     int32_t kv_offload_layers;
     int32_t kv_slots;
     ks_sched_policy defaults; /* the context's default policy; the context is created at start to validate the flags */
+    /* Prefix cache (borrowed, NULL: none; must outlive the scheduler): a
+     * request's prefill starts from the longest cached prefix its policy
+     * can use and its prompt's blocks are cached after it.  Prompts are
+     * prefilled one at a time in admission order, so of two requests that
+     * arrive together with the same prefix the second restores what the
+     * first computed.  Under a memory cap the cache's RAM is what the
+     * running requests leave: before each step it is trimmed to the cap
+     * minus the step's predicted bytes, so it gives memory back before any
+     * request is paused or refused. */
+    ks_prefix_cache *cache;
 } ks_sched_params;
 
 ks_sched_params ks_sched_default_params(void);
@@ -167,6 +177,7 @@ typedef struct ks_sched_req_params {
     int32_t n_stops;            /* <= KS_SCHED_MAX_STOPS */
     bool ignore_eos;            /* keep generating past end-of-generation tokens */
     ks_sched_policy policy;
+    bool no_prompt_cache;       /* neither restore from nor add to the prefix cache (cache_prompt: false) */
 } ks_sched_req_params;
 
 enum { KS_SCHED_MAX_STOPS = 16 };
@@ -182,6 +193,7 @@ typedef struct ks_sched_update {
     ks_sched_error error;
     char message[1024];
     int32_t n_prompt, n_generated;
+    int32_t n_cached;           /* prompt tokens restored from the prefix cache */
     double t_submit, t_admit, t_first; /* ks_sched_now() times; 0 when not yet */
 } ks_sched_update;
 
@@ -224,6 +236,9 @@ typedef struct ks_sched_metrics {
     uint64_t contexts_created, contexts_recycled;
     uint64_t pauses, resumes;   /* requests paused (KV parked in the slow tier) and resumed, since start */
     int32_t paused;             /* requests paused now (counted in running too) */
+    bool cache_on;              /* a prefix cache is in use */
+    ks_prefix_cache_stats cache;
+    uint64_t cache_trims;       /* times the cache gave RAM back to the running requests under the cap */
 } ks_sched_metrics;
 
 void ks_sched_get_metrics(ks_sched *s, ks_sched_metrics *out);

@@ -407,4 +407,6 @@ const ks_policy_i ks_policy_chess = {
     .select_layer = chess_select,
     .counters = chess_counters,
     .page_summaries = true,
+    .prefix_shareable = true,
+    .prefix_why = "its summaries are built at decode steps from the store's page metadata, recomputed from the restored keys",
 };

@@ -166,4 +166,6 @@ const ks_policy_i ks_policy_dapq = {
     .prefill_room = dapq_prefill_room,
     .evicts = true,
     .page_summaries = true,
+    .prefix_shareable = true,
+    .prefix_why = "the cache keeps the full pre-eviction prefix; the pseudo tokens run after the whole prompt as without a hit and the eviction runs per request",
 };

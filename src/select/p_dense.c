@@ -20,4 +20,6 @@ const ks_policy_i ks_policy_dense = {
     .summary = "full attention over every KV entry (the reference)",
     .create = dense_create,
     .destroy = dense_destroy,
+    .prefix_shareable = true,
+    .prefix_why = "no state beyond the KV store: the restored rows are all it reads",
 };

@@ -572,4 +572,6 @@ const ks_policy_i ks_policy_freekv = {
     .select_layer = freekv_select,
     .counters = freekv_counters,
     .page_summaries = true,
+    .prefix_shareable = true,
+    .prefix_why = "its page bounds are recomputed from the restored keys; its prefill state is the last prompt row's query, always recomputed",
 };

@@ -101,4 +101,6 @@ const ks_policy_i ks_policy_h2o = {
     .on_prefill = h2o_prefill,
     .select_layer = h2o_select,
     .after_attention = h2o_after,
+    .prefix_shareable = true,
+    .prefix_why = "its prefill scores are the attention of the last obs prompt rows, recomputed after a hit over the restored keys; decode accumulation starts after the prompt",
 };

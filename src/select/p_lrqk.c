@@ -568,4 +568,6 @@ const ks_policy_i ks_policy_lrqk = {
     .select_layer = lrqk_select,
     .on_append = lrqk_append,
     .counters = lrqk_counters,
+    .prefix_shareable = false,
+    .prefix_why = "its low-rank factors are fitted on the queries of every prompt row, which the cache does not keep: a hit would change its answers",
 };

@@ -115,4 +115,6 @@ const ks_policy_i ks_policy_quest = {
     .select_layer = quest_select,
     .counters = quest_counters,
     .page_summaries = true,
+    .prefix_shareable = true,
+    .prefix_why = "its page bounds are the store's summaries, recomputed from the restored keys on append",
 };

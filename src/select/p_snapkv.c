@@ -66,4 +66,6 @@ const ks_policy_i ks_policy_snapkv = {
     .destroy = snapkv_destroy,
     .on_prefill = snapkv_prefill,
     .evicts = true,
+    .prefix_shareable = true,
+    .prefix_why = "the cache keeps the full pre-eviction prefix; the observation window is recomputed (a hit stops obs_window rows early) and the eviction runs per request",
 };

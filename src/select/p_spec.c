@@ -89,6 +89,10 @@ typedef struct {
     int32_t *klen;                        /* [n_seq] positions with a key */
     float *ring;                          /* [n_seq][SPEC_RING][n_aux * tH] hidden states by position */
     int32_t *ring_pos;                    /* [n_seq][SPEC_RING] position held, -1 */
+    /* prefix caching: the hidden states of each page's last position (the
+     * next position's key needs them after a restore), allocated on first use */
+    float *bnd;                           /* [n_seq][n_ctx / P][n_aux * tH] */
+    int32_t bnd_P;
     /* pending prompt rows (keys to compute) */
     int32_t n_pend, pend_seq[SPEC_FLUSH], pend_pos[SPEC_FLUSH], pend_tok[SPEC_FLUSH];
     float *pend_h;                        /* [SPEC_FLUSH][n_aux * tH] hidden of pos-1 */
@@ -247,6 +251,17 @@ static const float *ring_get(spec_state *s, int32_t seq, int32_t pos) {
     return s->ring + ((size_t)seq * SPEC_RING + slot) * s->n_aux * s->tH;
 }
 
+/* The boundary slot of pos when pos ends a page (allocated on first use), else NULL. */
+static float *bnd_at(spec_state *s, int32_t seq, int32_t pos) {
+    if (!s->n_aux || !s->env.kv) return NULL;
+    if (!s->bnd_P) s->bnd_P = ks_kv_page_size(s->env.kv);
+    int32_t P = s->bnd_P;
+    if ((pos + 1) % P || pos >= s->env.n_ctx) return NULL;
+    size_t w = (size_t)s->n_aux * s->tH, per = (size_t)s->env.n_ctx / P;
+    if (!s->bnd) s->bnd = ks_calloc((size_t)s->env.n_seq * per, sizeof(float) * w);
+    return s->bnd + ((size_t)seq * per + (size_t)(pos / P)) * w;
+}
+
 /* ------------------------------------------------------------- hooks -- */
 static void spec_destroy(void *state) {
     spec_state *s = state;
@@ -257,6 +272,7 @@ static void spec_destroy(void *state) {
     ks_free(s->klen);
     ks_free(s->ring);
     ks_free(s->ring_pos);
+    ks_free(s->bnd);
     ks_free(s->pend_h);
     ks_free_aligned(s->x);
     ks_free_aligned(s->f);
@@ -485,7 +501,45 @@ static void spec_on_hidden(void *state, int32_t seq, int32_t pos, int32_t token,
         int32_t slot = pos % SPEC_RING;
         memcpy(s->ring + ((size_t)seq * SPEC_RING + slot) * w, h, sizeof(float) * w);
         s->ring_pos[(size_t)seq * SPEC_RING + slot] = pos;
+        float *b = bnd_at(s, seq, pos);
+        if (b) memcpy(b, h, sizeof(float) * w);
     }
+}
+
+/* Prefix caching: per position, each KV head's K cache row; per block, the
+ * hidden states of its last position (the next position's key reads them). */
+static size_t spec_prefix_bytes(void *state, int32_t n) {
+    spec_state *s = state;
+    return (size_t)n * s->Hkv * s->kc_rb + sizeof(float) * (size_t)s->n_aux * s->tH;
+}
+
+static ks_status spec_prefix_save(void *state, int32_t seq, int32_t first, int32_t n, uint8_t *out) {
+    spec_state *s = state;
+    if (first + n > s->klen[seq]) return KS_FAIL(KS_ERR_INVALID_ARG, "spec: no keys for positions [%d, %d)", first, first + n);
+    size_t w = (size_t)s->n_aux * s->tH;
+    const float *h = w ? bnd_at(s, seq, first + n - 1) : NULL;
+    if (w && !h) return KS_FAIL(KS_ERR_INVALID_ARG, "spec: blocks must end at a page boundary");
+    for (int32_t p = first; p < first + n; p++)
+        for (int32_t g = 0; g < s->Hkv; g++, out += s->kc_rb) memcpy(out, kc_at(s, seq, g, p), s->kc_rb);
+    if (w) memcpy(out, h, sizeof(float) * w);
+    return KS_OK;
+}
+
+static ks_status spec_prefix_load(void *state, int32_t seq, int32_t first, int32_t n, const uint8_t *in) {
+    spec_state *s = state;
+    if (first + n > s->env.n_ctx) return KS_FAIL(KS_ERR_CONTEXT_FULL, "spec: restore past the context");
+    for (int32_t p = first; p < first + n; p++)
+        for (int32_t g = 0; g < s->Hkv; g++, in += s->kc_rb) memcpy(kc_at(s, seq, g, p), in, s->kc_rb);
+    if (first + n > s->klen[seq]) s->klen[seq] = first + n;
+    size_t w = (size_t)s->n_aux * s->tH;
+    if (w) {
+        int32_t pos = first + n - 1, slot = pos % SPEC_RING;
+        memcpy(s->ring + ((size_t)seq * SPEC_RING + slot) * w, in, sizeof(float) * w);
+        s->ring_pos[(size_t)seq * SPEC_RING + slot] = pos;
+        float *b = bnd_at(s, seq, pos);
+        if (b) memcpy(b, in, sizeof(float) * w);
+    }
+    return KS_OK;
 }
 
 static ks_status spec_prefill(void *state, const ks_prefill_info *info) {
@@ -642,4 +696,9 @@ const ks_policy_i ks_policy_spec = {
     .hidden_layers = spec_hidden_layers,
     .on_hidden = spec_on_hidden,
     .needs_dlm = true,
+    .prefix_state_bytes = spec_prefix_bytes,
+    .prefix_state_save = spec_prefix_save,
+    .prefix_state_load = spec_prefix_load,
+    .prefix_shareable = true,
+    .prefix_why = "the retrieval head's keys of the restored positions, and the hidden states of a block's last position, are saved and restored with the blocks",
 };

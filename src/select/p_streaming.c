@@ -40,4 +40,6 @@ const ks_policy_i ks_policy_streaming = {
     .create = streaming_create,
     .destroy = streaming_destroy,
     .select_layer = streaming_select,
+    .prefix_shareable = true,
+    .prefix_why = "sinks and the recent window are positions: no state beyond the KV store",
 };

@@ -245,6 +245,37 @@ bool ks_policy_is_global(const ks_policy *pol) { return decoder(pol)->global; }
 bool ks_policy_same_every_layer(const ks_policy *pol) { return decoder(pol)->same_every_layer; }
 bool ks_policy_wants_weights(const ks_policy *pol) { return decoder(pol)->after_attention != NULL; }
 
+bool ks_policy_prefix_shareable(const ks_policy *pol) {
+    for (int i = 0; i < pol->n; i++)
+        if (!pol->vt[i]->prefix_shareable || pol->vt[i]->obs_window < 0) return false;
+    return true;
+}
+int32_t ks_policy_prefix_min_suffix(const ks_policy *pol) {
+    int32_t w = ks_policy_obs_window(pol);
+    return w > 1 ? w : 1;
+}
+size_t ks_policy_prefix_state_bytes(ks_policy *pol, int32_t n_tokens) {
+    size_t b = 0;
+    for (int i = 0; i < pol->n; i++)
+        if (pol->vt[i]->prefix_state_bytes) b += pol->vt[i]->prefix_state_bytes(pol->st[i], n_tokens);
+    return b;
+}
+ks_status ks_policy_prefix_state_save(ks_policy *pol, int32_t seq, int32_t first, int32_t n, uint8_t *out) {
+    for (int i = 0; i < pol->n; i++)
+        if (pol->vt[i]->prefix_state_bytes) {
+            KS_TRY(pol->vt[i]->prefix_state_save(pol->st[i], seq, first, n, out));
+            out += pol->vt[i]->prefix_state_bytes(pol->st[i], n);
+        }
+    return KS_OK;
+}
+ks_status ks_policy_prefix_state_load(ks_policy *pol, int32_t seq, int32_t first, int32_t n, const uint8_t *in) {
+    for (int i = 0; i < pol->n; i++)
+        if (pol->vt[i]->prefix_state_bytes) {
+            KS_TRY(pol->vt[i]->prefix_state_load(pol->st[i], seq, first, n, in));
+            in += pol->vt[i]->prefix_state_bytes(pol->st[i], n);
+        }
+    return KS_OK;
+}
 void ks_policy_seq_reset(ks_policy *pol, int32_t seq) {
     for (int i = 0; i < pol->n; i++)
         if (pol->vt[i]->seq_reset) pol->vt[i]->seq_reset(pol->st[i], seq);

@@ -234,6 +234,23 @@ typedef struct ks_policy_i {
     bool needs_dlm;       /* needs a draft model's retrieval head and the target's hidden states (spec) */
     bool evicts;          /* removes entries at prefill through env->evict (an EVICTOR of a composition) */
     bool page_summaries;  /* reads per-page key summaries (kmin / kmax / ksum of kv_meta.h) */
+    /* Prefix caching (infer/prefix.c).  prefix_shareable: a prompt whose
+     * leading tokens' KV is restored from the cache (byte for byte what a
+     * prefill of them stores; the page summaries are recomputed from it) and
+     * whose rest is prefilled, with the prefill hooks seeing the whole
+     * prompt and the last max(1, obs_window) rows recomputed, leaves this
+     * policy in exactly the state a prefill of the whole prompt does.
+     * prefix_why says why (or why not), for docs/POLICIES.md and --help.
+     * A policy with per-token state outside the store that the restored rows
+     * would have built (spec's retrieval-head keys) saves and loads it
+     * through the three hooks, kept with the cached blocks.  OPTIONAL */
+    bool prefix_shareable;
+    const char *prefix_why;
+    size_t (*prefix_state_bytes)(void *state, int32_t n_tokens);
+    /* positions [first, first + n) of seq, out / in [prefix_state_bytes(n)];
+     * load is called in position order from 0 on an empty sequence. */
+    ks_status (*prefix_state_save)(void *state, int32_t seq, int32_t first, int32_t n, uint8_t *out);
+    ks_status (*prefix_state_load)(void *state, int32_t seq, int32_t first, int32_t n, const uint8_t *in);
 } ks_policy_i;
 
 /* ------------------------------------------------------------ registry -- */
@@ -286,6 +303,16 @@ void ks_policy_on_hidden(ks_policy *pol, int32_t seq, int32_t pos, int32_t token
 size_t ks_policy_weight_bytes(ks_policy *pol);
 bool ks_policy_own_kcache(const ks_policy *pol);
 void ks_policy_seq_fill_synthetic(ks_policy *pol, int32_t seq, int32_t n, uint64_t seed);
+/* Prefix caching over every part: shareable only when every part is (and
+ * no part reads every prompt row's queries, obs_window < 0); min_suffix:
+ * prompt rows a hit must leave to recompute (the observation window, at
+ * least 1: the last row's logits); the parts' per-token state, concatenated
+ * in part order (bytes 0: none). */
+bool ks_policy_prefix_shareable(const ks_policy *pol);
+int32_t ks_policy_prefix_min_suffix(const ks_policy *pol);
+size_t ks_policy_prefix_state_bytes(ks_policy *pol, int32_t n_tokens);
+ks_status ks_policy_prefix_state_save(ks_policy *pol, int32_t seq, int32_t first, int32_t n, uint8_t *out);
+ks_status ks_policy_prefix_state_load(ks_policy *pol, int32_t seq, int32_t first, int32_t n, const uint8_t *in);
 
 /* ------------------------------------------------------------- helpers -- */
 /* Typed "k=v,k=v" lookups; unknown keys are reported by ks_args_check. */

@@ -453,6 +453,7 @@ static bool parse_ext(const cJSON *root, ks_api_request *r, ks_api_error *err) {
         }
     }
     if (get_bool(x, "ignore_eos", "kvsieve.ignore_eos", &r->ignore_eos, err) < 0) return false;
+    if (get_bool(x, "cache_prompt", "kvsieve.cache_prompt", &r->cache_prompt, err) < 0) return false;
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(x, "policy_args");
     if (a && !cJSON_IsNull(a)) {
         char *dst = r->policy_args;
@@ -556,6 +557,8 @@ bool ks_api_parse(const char *body, size_t len, ks_api_kind kind, ks_api_request
     if (k > 0) out->model = ks_strdup(s);
     if (kind == KS_API_CHAT ? !parse_messages(root, out, err) : !parse_prompt(root, out, err)) goto done;
     if (get_bool(root, "stream", "stream", &out->stream, err) < 0) goto done;
+    out->cache_prompt = true; /* llama-server's name; kvsieve.cache_prompt below too */
+    if (get_bool(root, "cache_prompt", "cache_prompt", &out->cache_prompt, err) < 0) goto done;
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (so && !cJSON_IsNull(so)) {
         if (!cJSON_IsObject(so)) {

@@ -79,6 +79,7 @@ typedef struct ks_api_request {
     char *stops[KS_API_MAX_STOPS];
     int32_t n_stops;
     bool ignore_eos;            /* kvsieve.ignore_eos */
+    bool cache_prompt;          /* cache_prompt (or kvsieve.cache_prompt): use the prefix cache (default true) */
     unsigned ext_set;           /* KS_API_EXT_* */
     char policy[128];
     int32_t budget, sink, window, page, dense_layers;

@@ -53,11 +53,14 @@ static const char *finish_name(ks_sched_finish f) {
     return f == KS_SCHED_FINISH_LENGTH ? "length" : "stop";
 }
 
-static cJSON *usage_json(int32_t n_prompt, int32_t n_gen) {
+/* OpenAI's usage, with prompt_tokens_details.cached_tokens: the prompt
+ * tokens restored from the prefix cache. */
+static cJSON *usage_json(int32_t n_prompt, int32_t n_gen, int32_t n_cached) {
     cJSON *u = cJSON_CreateObject();
     cJSON_AddNumberToObject(u, "prompt_tokens", n_prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", n_gen);
     cJSON_AddNumberToObject(u, "total_tokens", (double)n_prompt + n_gen);
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", n_cached);
     return u;
 }
 
@@ -143,7 +146,7 @@ static void stream_absorb(stream *st, ks_sched_update *u) {
             bool chat = st->kind == KS_API_CHAT;
             cJSON *o = envelope(st->srv, st->id, chat ? "chat.completion.chunk" : "text_completion", st->created);
             cJSON_AddArrayToObject(o, "choices");
-            cJSON_AddItemToObject(o, "usage", usage_json(u->n_prompt, u->n_generated));
+            cJSON_AddItemToObject(o, "usage", usage_json(u->n_prompt, u->n_generated, u->n_cached));
             sse_put(st, o);
         }
     }
@@ -365,6 +368,7 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
         .n_stops = rq.n_stops,
         .ignore_eos = rq.ignore_eos,
         .policy = pol,
+        .no_prompt_cache = !rq.cache_prompt,
     };
     ks_sched_error why;
     char msg[512];
@@ -430,7 +434,7 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
         cJSON_AddNullToObject(c, "logprobs");
         cJSON_AddStringToObject(c, "finish_reason", finish_name(u.finish));
         cJSON_AddItemToArray(choices, c);
-        cJSON_AddItemToObject(o, "usage", usage_json(u.n_prompt, u.n_generated));
+        cJSON_AddItemToObject(o, "usage", usage_json(u.n_prompt, u.n_generated, u.n_cached));
         free(text.p);
         ks_sched_req_release(srv->sched, req);
         atomic_fetch_sub(&srv->active, 1);

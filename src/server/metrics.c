@@ -91,6 +91,34 @@ enum MHD_Result ks_server_handle_metrics(ks_server *srv, struct MHD_Connection *
            (unsigned long long)m.pauses);
     METRIC("request_resumes_total", "counter", "Paused requests resumed (KV brought back).", "%llu",
            (unsigned long long)m.resumes);
+    if (m.cache_on) { /* the prefix cache (docs/SERVER.md, "Prefix cache") */
+        const ks_prefix_cache_stats *c = &m.cache;
+        METRIC("prefix_cache_hit_tokens_total", "counter", "Prompt tokens restored from the prefix cache.", "%llu",
+               (unsigned long long)c->hit_tokens);
+        METRIC("prefix_cache_miss_tokens_total", "counter", "Prompt tokens computed by requests that used the cache.",
+               "%llu", (unsigned long long)c->miss_tokens);
+        ks_sbuf_printf(&b, "# HELP kvsieve_prefix_cache_bytes Bytes of cached prefix blocks now, per tier.\n"
+                           "# TYPE kvsieve_prefix_cache_bytes gauge\n");
+        ks_sbuf_printf(&b, "kvsieve_prefix_cache_bytes{tier=\"ram\"} %llu\n", (unsigned long long)c->ram_bytes);
+        ks_sbuf_printf(&b, "kvsieve_prefix_cache_bytes{tier=\"disk\"} %llu\n", (unsigned long long)c->disk_bytes);
+        ks_sbuf_printf(&b, "# HELP kvsieve_prefix_cache_blocks Cached prefix blocks now, per tier.\n"
+                           "# TYPE kvsieve_prefix_cache_blocks gauge\n");
+        ks_sbuf_printf(&b, "kvsieve_prefix_cache_blocks{tier=\"ram\"} %llu\n", (unsigned long long)c->ram_blocks);
+        ks_sbuf_printf(&b, "kvsieve_prefix_cache_blocks{tier=\"disk\"} %llu\n", (unsigned long long)c->disk_blocks);
+        METRIC("prefix_cache_evictions_total", "counter", "Blocks dropped from the RAM cache (LRU or memory cap).", "%llu",
+               (unsigned long long)c->evictions);
+        METRIC("prefix_cache_spills_total", "counter", "Blocks written to the cache directory.", "%llu",
+               (unsigned long long)c->spills);
+        METRIC("prefix_cache_loads_total", "counter", "Blocks read back from the cache directory.", "%llu",
+               (unsigned long long)c->loads);
+        METRIC("prefix_cache_disk_evictions_total", "counter", "Block files removed by the --cache-disk cap.", "%llu",
+               (unsigned long long)c->disk_evictions);
+        METRIC("prefix_cache_skipped_corrupt_total", "counter",
+               "Block files skipped: corrupt, truncated or another model's.", "%llu",
+               (unsigned long long)c->skipped_corrupt);
+        METRIC("prefix_cache_trims_total", "counter", "Steps at which the cache gave RAM back under --mem-cap.", "%llu",
+               (unsigned long long)m.cache_trims);
+    }
     long pages = 0, rss = 0;
     FILE *f = fopen("/proc/self/statm", "r");
     if (f) {
