@@ -21,6 +21,7 @@ cJSON *ks_server_model_object(ks_server *srv) {
     cJSON_AddNumberToObject(x, "n_parallel", mt.n_parallel);
     cJSON_AddStringToObject(x, "policy", srv->p.defaults.policy);
     cJSON_AddNumberToObject(x, "budget", srv->p.defaults.budget);
+    cJSON_AddBoolToObject(x, "prefix_cache", mt.cache_on); /* clients may expect cached_tokens to grow */
     return m;
 }
 

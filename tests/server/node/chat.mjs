@@ -31,11 +31,15 @@ const messages = [
   { role: 'system', content: 'You answer questions about the document the user gives.' },
   { role: 'developer', content: 'Keep answers short.' },
 ];
+// Each follow-up is longer than a KV page (32 tokens), so every turn's prompt
+// ends at least one whole cached block past the turn before: the cache keeps
+// whole pages of prefilled rows, and the answers (decoded rows) are prefilled
+// again by the next turn.
 const questions = [
   [{ type: 'text', text: `Here is a document.\n${doc}\n` }, { type: 'text', text: 'How many sheep on line 3?' }],
-  'And on line 10?',
-  'Which line has the most sheep?',
-  'Thank you. Summarise the document in one sentence.',
+  'And on line 10? Please read the line again carefully, count the sheep the farmer counts there, and answer with the number only, as before.',
+  'Which line has the most sheep? Look at every line from the first to the last, compare the numbers of sheep, and answer with the line number only.',
+  'Thank you. Now summarise the whole document in one short sentence that names the farmer, the bridge and how the number of sheep changes.',
 ];
 
 let lastPrompt = 0, lastCached = -1;
