@@ -1,0 +1,146 @@
+/*
+ * vnni_peak.c — the int8 multiply-add peak of this CPU, measured with a
+ * register-only vpdpbusd loop (diagnostics, not a test).
+ *
+ * Why it exists: "the GEMM runs at X% of the chip" needs a denominator that
+ * was measured here, not taken from a datasheet: under a hypervisor the two
+ * vCPUs may be two hyperthreads of one core (then two threads share one set
+ * of VNNI pipes), and the clock under load is unknown.  The loop keeps
+ * 24 independent zmm accumulator chains (more than latency x throughput on
+ * any current core), all operands in registers, so nothing but the VNNI
+ * pipes limits it.  Each vpdpbusd is 16 lanes x 4 u8*s8 = 64 multiply-adds.
+ *
+ * It also times the mix the Q8_0 prefill kernel runs per (row, vector,
+ * 4-block group) — 2 vpdpbusd + int->float + multiply + FMA — to show how
+ * much of the peak a kernel with that float epilogue can reach at best.
+ *
+ * Usage: vnni_peak [threads=2] [seconds=1]
+ * Prints multiply-adds per second for 1 thread and for `threads` threads at
+ * once (each thread pinned to its own CPU when possible).
+ */
+#define _GNU_SOURCE
+#include <immintrin.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl")))
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* 24 chains x 64 MACs per iteration; `iters` iterations. */
+TGT static int32_t dpbusd_loop(int64_t iters, int seed) {
+    __m512i a[24];
+    const __m512i u = _mm512_set1_epi8((char)(seed | 1)), s = _mm512_set1_epi8(3);
+    for (int i = 0; i < 24; i++) a[i] = _mm512_set1_epi32(i + seed);
+    for (int64_t it = 0; it < iters; it++) {
+#pragma GCC unroll 24
+        for (int i = 0; i < 24; i++) a[i] = _mm512_dpbusd_epi32(a[i], u, s);
+        __asm__ volatile("" : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]), "+v"(a[4]), "+v"(a[5]),
+                         "+v"(a[6]), "+v"(a[7]), "+v"(a[8]), "+v"(a[9]), "+v"(a[10]), "+v"(a[11]));
+        __asm__ volatile("" : "+v"(a[12]), "+v"(a[13]), "+v"(a[14]), "+v"(a[15]), "+v"(a[16]), "+v"(a[17]),
+                         "+v"(a[18]), "+v"(a[19]), "+v"(a[20]), "+v"(a[21]), "+v"(a[22]), "+v"(a[23]));
+    }
+    __m512i t = a[0];
+    for (int i = 1; i < 24; i++) t = _mm512_add_epi32(t, a[i]);
+    return _mm512_reduce_add_epi32(t);
+}
+
+/* The Q8_0 kernel's mix, 6 independent (row, vector) chains: per chain and
+ * iteration 2 vpdpbusd (128 MACs) + cvt + mul + fma. */
+TGT static float mix_loop(int64_t iters, int seed) {
+    __m512 acc[6];
+    __m512i c[6];
+    const __m512i u = _mm512_set1_epi8((char)(seed | 1)), s = _mm512_set1_epi8(3);
+    const __m512 dw = _mm512_set1_ps(1e-3f), dx = _mm512_set1_ps(2e-3f);
+    for (int i = 0; i < 6; i++) acc[i] = _mm512_setzero_ps(), c[i] = _mm512_set1_epi32(i);
+    for (int64_t it = 0; it < iters; it++) {
+#pragma GCC unroll 6
+        for (int i = 0; i < 6; i++) {
+            __m512i p = _mm512_dpbusd_epi32(c[i], u, s);
+            p = _mm512_dpbusd_epi32(p, s, u);
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dx), acc[i]);
+        }
+        __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]), "+v"(acc[4]), "+v"(acc[5]),
+                         "+v"(c[0]), "+v"(c[1]), "+v"(c[2]), "+v"(c[3]), "+v"(c[4]), "+v"(c[5]));
+    }
+    __m512 t = acc[0];
+    for (int i = 1; i < 6; i++) t = _mm512_add_ps(t, acc[i]);
+    return _mm512_reduce_add_ps(t);
+}
+
+typedef struct {
+    int cpu, mode;
+    double seconds, macs;
+    volatile int *go;
+} job;
+
+static void *worker(void *arg) {
+    job *j = arg;
+    if (j->cpu >= 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(j->cpu, &set);
+        pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    }
+    while (!*j->go) {
+    }
+    const int64_t iters = 1 << 20;
+    const double per = j->mode ? 6.0 * 128 : 24.0 * 64;
+    double t0 = now(), t;
+    int64_t done = 0;
+    volatile float sink = 0;
+    do {
+        sink += j->mode ? mix_loop(iters, (int)done) : (float)dpbusd_loop(iters, (int)done);
+        done += iters;
+        t = now();
+    } while (t - t0 < j->seconds);
+    (void)sink;
+    j->macs = (double)done * per / (t - t0);
+    return NULL;
+}
+
+static double run(int nth, int mode, double seconds) {
+    pthread_t th[64];
+    job jobs[64];
+    volatile int go = 0;
+    int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    for (int i = 0; i < nth; i++) {
+        jobs[i] = (job){.cpu = ncpu >= nth ? i : -1, .mode = mode, .seconds = seconds, .go = &go};
+        pthread_create(&th[i], NULL, worker, &jobs[i]);
+    }
+    go = 1;
+    double total = 0;
+    for (int i = 0; i < nth; i++) {
+        pthread_join(th[i], NULL);
+        total += jobs[i].macs;
+    }
+    return total;
+}
+
+int main(int argc, char **argv) {
+    int nth = argc > 1 ? atoi(argv[1]) : 2;
+    double seconds = argc > 2 ? atof(argv[2]) : 1.0;
+    if (nth < 1 || nth > 64 || !(seconds > 0)) {
+        fprintf(stderr, "usage: vnni_peak [threads=2] [seconds=1]\n");
+        return 2;
+    }
+    if (!__builtin_cpu_supports("avx512vnni")) {
+        fprintf(stderr, "vnni_peak: this CPU has no AVX-512 VNNI\n");
+        return 1;
+    }
+    for (int mode = 0; mode < 2; mode++) {
+        const char *name = mode ? "q8_0 mix (2 dpbusd+cvt+mul+fma)" : "vpdpbusd register-only";
+        double one = run(1, mode, seconds), all = run(nth, mode, seconds);
+        printf("%-34s 1 thread %7.1f G MAC/s   %d threads %7.1f G MAC/s\n", name, one * 1e-9, nth, all * 1e-9);
+    }
+    return 0;
+}
