@@ -169,6 +169,8 @@ int cmd_run(int argc, char **argv) {
     if ((st = ks_sampler_create(sp, n_vocab, &smp)) != KS_OK) { app_report(cmd, "creating the sampler", st); goto done; }
     if ((st = ks_stop_create(stops, n_stops, &stop)) != KS_OK) { app_report(cmd, "stop strings", st); goto done; }
     for (size_t i = 0; i < n_prompt; i++) ks_sampler_accept(smp, ids[i]);
+    const double t_submit = ks_time_sec(); /* time to first token: from here to the first sampled token */
+    double ttft = -1;
     if ((st = ks_prefill(ctx, 0, ids, (int32_t)n_prompt, logits, NULL)) != KS_OK) { app_report(cmd, "prefill", st); goto done; }
     ks_stats s_prefill;
     ks_context_stats(ctx, &s_prefill);
@@ -179,6 +181,7 @@ int cmd_run(int argc, char **argv) {
     ks_stop_out so = {0};
     while (n_done < n_gen) {
         int32_t tok = ks_sampler_sample(smp, logits);
+        if (ttft < 0) ttft = ks_time_sec() - t_submit;
         ks_sampler_accept(smp, tok);
         if (!ignore_eos && ks_token_is_eog(model, tok)) { why = "end of generation"; break; }
         n_done++;
@@ -202,6 +205,7 @@ int cmd_run(int argc, char **argv) {
     double pf_s = s_prefill.prefill_seconds, dc_s = sd.decode_seconds;
     fprintf(stderr, "\nkvsieve run: stopped by %s\n", why);
     fprintf(stderr, "  prompt:  %5zu tokens in %7.3f s = %8.2f tok/s\n", n_prompt, pf_s, pf_s > 0 ? n_prompt / pf_s : 0);
+    if (ttft >= 0) fprintf(stderr, "  time to first token: %.3f s\n", ttft);
     if (sd.tokens_decoded)
         fprintf(stderr, "  decode:  %5llu tokens in %7.3f s = %8.2f tok/s, %.2f GB/s (weights %.2f + KV %.3f GB read)\n",
                 (unsigned long long)sd.tokens_decoded, dc_s, sd.tokens_decoded / dc_s,

@@ -21,7 +21,10 @@
 #include <string.h>
 
 static void matmul_w(ks_context *c, const ks_weight *w, const float *X, int n, float *Y) {
-    ks_matmul(c->pool, w->type, w->data, w->rows, w->cols, X, n, Y, c->mm_scratch);
+    double t0 = ks_time_sec();
+    ks_matmul_weight(c->pool, w, X, n, Y, c->mm_scratch);
+    c->stats.matmul_seconds += ks_time_sec() - t0;
+    c->stats.matmul_macs += (uint64_t)w->rows * (uint64_t)w->cols * (uint64_t)n;
     c->stats.weight_bytes_read += ks_weight_bytes(w);
 }
 
@@ -140,7 +143,9 @@ ks_status ks_infer_forward_rows(ks_context *c, int n, const int32_t *seq, const 
         KS_TRY(qkv_rows(c, L, il, n, seq, pos, obs_slot));
         if (!c->decoding && ks_kv_layer_tier(c->kv, il) == KS_TIER_SLOW) KS_TRY(ks_infer_load_prefill_slots(c, il, n, seq));
         /* at decode each row's own policy decides whether this layer selects */
+        double t_att = ks_time_sec();
         KS_TRY(ks_infer_attend_layer(c, il, n, seq, pos, c->decoding));
+        c->stats.attention_seconds += ks_time_sec() - t_att;
         matmul_w(c, &L->wo, c->att, n, c->xn);
         for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->xn[i];
         mlp_rows(c, L, n);

@@ -9,10 +9,15 @@
  * Q/K rows of "llama" models so RoPE rotates adjacent pairs, while qwen2/qwen3
  * keep Hugging Face's half-split (NEOX) pairing.
  */
+#define _GNU_SOURCE /* mprotect */
 #include "model/model.h"
+
+#include "tensor/matmul.h"
 
 #include <math.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 ks_model_params ks_model_default_params(void) {
     return (ks_model_params){.use_mmap = true, .vocab_only = false};
@@ -200,6 +205,31 @@ void ks_model_destroy(ks_model *m) {
     ks_free(m);
 }
 
+/* Repack the layer matrices the prefill GEMM has a packed tile for
+ * (ks_matmul_pack: Q8_0 today), in place.  A mapped file is MAP_PRIVATE and
+ * read-only: its pages under a packed tensor are made writable, so the
+ * repack copies them on write — the file's pages leave the process and
+ * anonymous ones of the same size take their place (resident memory does
+ * not double, and the file is never written).  Read into memory
+ * (--no-mmap), the buffer is ours already. */
+static ks_status repack_weights(ks_model *m, bool mapped) {
+    const long page = sysconf(_SC_PAGESIZE);
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        ks_layer *L = &m->layers[il];
+        ks_weight *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof lw / sizeof lw[0]; i++) {
+            if (!ks_matmul_can_pack(lw[i])) continue;
+            if (mapped) {
+                uintptr_t a = (uintptr_t)lw[i]->data & ~(uintptr_t)(page - 1);
+                uintptr_t e = (uintptr_t)lw[i]->data + ks_weight_bytes(lw[i]);
+                if (mprotect((void *)a, e - a, PROT_READ | PROT_WRITE) != 0) continue; /* keep the file layout */
+            }
+            ks_matmul_pack(lw[i]);
+        }
+    }
+    return KS_OK;
+}
+
 ks_status ks_model_load(const char *path, ks_model_params params, ks_model **out) {
     if (!path || !out) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL path or out");
     ks_model *m = ks_calloc(1, sizeof *m);
@@ -213,6 +243,7 @@ ks_status ks_model_load(const char *path, ks_model_params params, ks_model **out
     if (st == KS_OK) m->hp.n_vocab = ks_tokenizer_n_vocab(m->tok);
     if (st == KS_OK && !params.vocab_only) st = read_hparams(m->gguf, &m->hp);
     if (st == KS_OK && !params.vocab_only) st = bind_weights(m);
+    if (st == KS_OK && !params.vocab_only && !params.no_repack) st = repack_weights(m, params.use_mmap);
     if (st != KS_OK) {
         ks_model_destroy(m);
         return st;

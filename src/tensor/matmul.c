@@ -396,8 +396,8 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
     }
 }
 
-void ks_matmul(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64_t cols,
-               const float *X, int64_t n, float *Y, void *scratch) {
+static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64_t cols, const float *X,
+                      int64_t n, float *Y, void *scratch, ks_pool_fn worker) {
     KS_ASSERT(ks_dtype_is_weight_type((uint32_t)wtype));
     KS_ASSERT(rows >= 0 && cols >= 0 && n >= 0);
     KS_ASSERT(cols % ks_dtype_block_size(wtype) == 0);
@@ -439,7 +439,137 @@ void ks_matmul(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64
             for (int64_t c = 0; c < n; c++) ks_mm_quantize_one(&job, c);
         }
     }
-    ks_pool_run(pool, ks_mm_worker, &job);
+    ks_pool_run(pool, worker, &job);
+}
+
+void ks_matmul(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64_t cols,
+               const float *X, int64_t n, float *Y, void *scratch) {
+    ks_mm_run(pool, wtype, W, rows, cols, X, n, Y, scratch, ks_mm_worker);
+}
+
+/* ------------------------------------------- packed Q8_0 (prefill GEMM) --
+ * Layout (KS_WEIGHT_Q8_0_P4): four rows form a panel of ng = nb / 4 groups;
+ * panel p sits where rows 4p..4p+3 sat (4 * nb * 34 = ng * 544 bytes):
+ *   u8  q[ng][512]   per group: LO of rows 0..3 (64 B each), then HI of rows 0..3
+ *   f16 d[ng][4][4]  per group and row: the scales of its four blocks
+ * LO/HI are the grouped kernel's lane order (128-bit lane k: elements 0-15 /
+ * 16-31 of block 4g+k) as u8 w + 128 (matmul_x86.c, "Q8_0 packed panels").
+ *
+ * Why these products are shaped as they are: prefill multiplies hundreds of
+ * vectors by each matrix, so weights are reused from cache and the cost is
+ * instructions per MAC.  The packed tile takes 4 rows x 4 vectors per call
+ * (each load serves 4 products), row panels in blocks that stay in L2 while
+ * every 4-vector tile of activations (in L1 at 2048 columns) passes over
+ * them, and the threads split the panels evenly, so both cores work on every
+ * matmul of a chunk and finish together. */
+#define KS_MM_P4_BLOCK_BYTES (256 * 1024) /* weight bytes of a row block kept in L2 */
+#define KS_MM_P4_KGROUPS 16 /* groups (128 columns each) per K block */
+
+bool ks_matmul_can_pack(const ks_weight *w) {
+    if (w->layout != KS_WEIGHT_ROWS || w->type != KS_DTYPE_Q8_0 || !w->data) return false;
+    if (w->rows <= 0 || w->rows % 4 || w->cols <= 0 || w->cols % (4 * KS_QK8_0)) return false;
+    return ks_simd_detect() == KS_SIMD_AVX512;
+}
+
+void ks_matmul_pack(ks_weight *w) {
+    if (!ks_matmul_can_pack(w)) return;
+    const int64_t nb = w->cols / KS_QK8_0, ng = nb / 4;
+    const size_t panel_bytes = (size_t)ng * 544;
+    ks_block_q8_0 *rows = ks_malloc(sizeof(ks_block_q8_0) * (size_t)(4 * nb));
+    uint8_t *base = (uint8_t *)(uintptr_t)w->data; /* the caller made it writable */
+    for (int64_t p = 0; p < w->rows / 4; p++) {
+        uint8_t *panel = base + (size_t)p * panel_bytes;
+        memcpy(rows, panel, panel_bytes);
+        ks_f16 *d = (ks_f16 *)(panel + (size_t)ng * 512);
+        for (int64_t g = 0; g < ng; g++)
+            for (int r = 0; r < 4; r++)
+                for (int k = 0; k < 4; k++) {
+                    const ks_block_q8_0 *b = &rows[(size_t)r * nb + 4 * g + k];
+                    uint8_t *lo = panel + (size_t)g * 512 + 64 * r + 16 * k, *hi = lo + 256;
+                    for (int i = 0; i < 16; i++) {
+                        lo[i] = (uint8_t)(b->qs[i] ^ 0x80);
+                        hi[i] = (uint8_t)(b->qs[16 + i] ^ 0x80);
+                    }
+                    memcpy(&d[(g * 4 + r) * 4 + k], &b->d, sizeof(ks_f16));
+                }
+    }
+    ks_free(rows);
+    w->layout = KS_WEIGHT_Q8_0_P4;
+}
+
+/* Panel p back to four ordinary rows (the fallback below a level that has
+ * the packed tile: tests forcing AVX2 or scalar). */
+static void ks_mm_unpack_panel(const uint8_t *panel, int64_t nb, ks_block_q8_0 *rows) {
+    const int64_t ng = nb / 4;
+    const ks_f16 *d = (const ks_f16 *)(panel + (size_t)ng * 512);
+    for (int64_t g = 0; g < ng; g++)
+        for (int r = 0; r < 4; r++)
+            for (int k = 0; k < 4; k++) {
+                ks_block_q8_0 *b = &rows[(size_t)r * nb + 4 * g + k];
+                const uint8_t *lo = panel + (size_t)g * 512 + 64 * r + 16 * k, *hi = lo + 256;
+                for (int i = 0; i < 16; i++) {
+                    b->qs[i] = (int8_t)(lo[i] ^ 0x80);
+                    b->qs[16 + i] = (int8_t)(hi[i] ^ 0x80);
+                }
+                memcpy(&b->d, &d[(g * 4 + r) * 4 + k], sizeof(ks_f16));
+            }
+}
+
+static void ks_mm_packed_worker(void *arg, int ith, int nth) {
+    const ks_mm_job *job = arg;
+    const int64_t nb = job->cols / KS_QK8_0, ng = nb / 4, n_panels = job->rows / 4;
+    const size_t panel_bytes = (size_t)ng * 544;
+    int64_t p0, p1;
+    ks_pool_share(n_panels, ith, nth, &p0, &p1);
+    if (p0 >= p1) return;
+#if KS_MM_HAVE_X86
+    if (job->level == KS_SIMD_AVX512) {
+        /* row block: weights kept in L2 while every vector tile passes;
+         * K block: a tile's activations (4 x KG x 256 B) kept in L1 */
+        int64_t block = (int64_t)(KS_MM_P4_BLOCK_BYTES / panel_bytes);
+        if (block < 1) block = 1;
+        if (job->n <= KS_MM_NC) block = p1 - p0;
+        const int64_t kg = job->n <= KS_MM_NC || ng <= KS_MM_P4_KGROUPS ? ng : KS_MM_P4_KGROUPS;
+        float *acc = ks_malloc_aligned(sizeof(float) * 256 * (size_t)(kg < ng ? block : 1));
+        for (int64_t b0 = p0; b0 < p1; b0 += block) {
+            const int64_t b1 = b0 + block < p1 ? b0 + block : p1;
+            for (int64_t c = 0; c < job->n; c += KS_MM_NC) {
+                const int nc = (int)(job->n - c < KS_MM_NC ? job->n - c : KS_MM_NC);
+                for (int64_t g0 = 0; g0 < ng; g0 += kg) {
+                    const int64_t g1 = g0 + kg < ng ? g0 + kg : ng;
+                    for (int64_t p = b0; p < b1; p++)
+                        ks_mm_q8_0p_avx512(job->W + (size_t)p * panel_bytes, ng, g0, g1,
+                                           job->xq + (size_t)c * job->xs, job->xs, nc,
+                                           acc + (kg < ng ? 256 * (size_t)(p - b0) : 0),
+                                           job->Y + c * job->rows + 4 * p, job->rows, 4);
+                }
+            }
+        }
+        ks_free_aligned(acc);
+        return;
+    }
+#endif
+    ks_block_q8_0 *rows = ks_malloc(sizeof(ks_block_q8_0) * (size_t)(4 * nb));
+    for (int64_t p = p0; p < p1; p++) {
+        ks_mm_unpack_panel(job->W + (size_t)p * panel_bytes, nb, rows);
+        for (int r = 0; r < 4; r++)
+            for (int64_t c = 0; c < job->n; c += KS_MM_NC) {
+                const int nc = (int)(job->n - c < KS_MM_NC ? job->n - c : KS_MM_NC);
+                job->kern((const uint8_t *)(rows + (size_t)r * nb), job->xq + (size_t)c * job->xs, job->xs, nc,
+                          job->cols, job->Y + c * job->rows + 4 * p + r, job->rows);
+            }
+    }
+    ks_free(rows);
+}
+
+void ks_matmul_weight(ks_pool *pool, const ks_weight *w, const float *X, int64_t n, float *Y, void *scratch) {
+    if (w->layout == KS_WEIGHT_ROWS) {
+        ks_matmul(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch);
+        return;
+    }
+    KS_ASSERT(w->layout == KS_WEIGHT_Q8_0_P4 && w->type == KS_DTYPE_Q8_0);
+    if (w->rows == 0 || n == 0) return;
+    ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_packed_worker);
 }
 
 /* ------------------------------------------------------ reference dot ----- */

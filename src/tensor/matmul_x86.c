@@ -382,6 +382,79 @@ KS_MM_QX_KERNEL(ks_mm_q4_0x, ks_block_q4_0, KS_MM_SFX(ks_mm_q4x_wgroup))
 #undef KS_MM_QX_KERNEL
 #undef KS_MM_QX_GROUP
 
+/* ------------------------------- Q8_0 packed panels (prefill GEMM tile) --
+ * The weights of a packed Q8_0 matrix (ks_matmul_pack, matmul.c) are
+ * already what the grouped kernel above builds per group: four rows form a
+ * panel, and per group of four blocks the panel holds LO and HI of each row
+ * as u8 (w + 128, shuffled into lane order once, at load), then, after all
+ * groups, the rows' four f16 block scales per group.  So a group costs no
+ * shuffle and no xor, and the tile below runs 4 rows x NC vectors: each
+ * activation load (corr, LO, HI, scale) serves four rows and each weight
+ * register NC vectors.  Per (row, vector, group) the arithmetic is the
+ * grouped kernel's, op for op — corr + LO.lo + HI.hi in int32 (exact in any
+ * order), one cvt, dw * dx, one FMA into the same 16 lanes, and the same
+ * reduce_add_ps at the end — so a packed matmul gives the very bits of the
+ * unpacked one, for every n and whatever the tiling: chunked prefill equals
+ * one prefill, and decode equals prefill, as before.  Zero-padded tail
+ * blocks (qs 0 -> u8 128 against zero activations, d 0) reproduce the
+ * grouped kernel's stand-in blocks. */
+#define KS_MM_P4_ROWS 4
+
+KS_MM_INL void KS_MM_SFX(ks_mm_q8_0p_body)(const uint8_t *panel, int64_t ng, int64_t g0, int64_t g1,
+                                           const uint8_t *xq, size_t xs, float *accio, float *y, int64_t ys,
+                                           int nr, const int NC) {
+    const uint8_t *qb = panel + (size_t)g0 * 512;
+    const uint64_t *sb = (const uint64_t *)(panel + (size_t)ng * 512); /* [ng][4 rows] 4 x f16 */
+    __m512 acc[KS_MM_P4_ROWS][4];
+    _Pragma("GCC unroll 4") for (int r = 0; r < KS_MM_P4_ROWS; r++)
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[r][c] =
+            g0 ? _mm512_load_ps(accio + 16 * (4 * r + c)) : _mm512_setzero_ps();
+    for (int64_t g = g0; g < g1; g++, qb += 512) {
+        __m512i lo[KS_MM_P4_ROWS], hi[KS_MM_P4_ROWS];
+        __m512 dw[KS_MM_P4_ROWS];
+        _Pragma("GCC unroll 8") for (int l = 0; l < 8; l++) _mm_prefetch((const char *)(qb + 2048 + 64 * l), _MM_HINT_T0);
+        _Pragma("GCC unroll 4") for (int r = 0; r < KS_MM_P4_ROWS; r++) {
+            lo[r] = _mm512_loadu_si512((const void *)(qb + 64 * r)); /* GGUF data is 32-byte aligned */
+            hi[r] = _mm512_loadu_si512((const void *)(qb + 256 + 64 * r));
+            dw[r] = KS_MM_SFX(ks_mm_dw4)(sb[4 * g + r]);
+        }
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+            const uint8_t *xg = xq + c * xs + (size_t)g * KS_MM_Q8X_GROUP;
+            const __m512i corr = _mm512_load_si512((const void *)(xg + 192));
+            const __m512 dx = _mm512_load_ps((const void *)(xg + 128));
+            _Pragma("GCC unroll 4") for (int r = 0; r < KS_MM_P4_ROWS; r++) {
+                __m512i p = _mm512_dpbusd_epi32(corr, lo[r], _mm512_load_si512((const void *)xg));
+                p = _mm512_dpbusd_epi32(p, hi[r], _mm512_load_si512((const void *)(xg + 64)));
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), acc[r][c]);
+            }
+        }
+    }
+    if (g1 < ng) { /* more K-blocks follow: park the lanes exactly */
+        _Pragma("GCC unroll 4") for (int r = 0; r < KS_MM_P4_ROWS; r++)
+            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) _mm512_store_ps(accio + 16 * (4 * r + c), acc[r][c]);
+        return;
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < KS_MM_P4_ROWS; r++)
+        if (r < nr) _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+/* One panel (nr <= 4 valid rows) times nc (1..4) vectors over groups
+ * [g0, g1) of its ng: lanes start from zero (g0 == 0) or accio, and end in
+ * accio (g1 < ng: a K-block of a long row, so that a tile's activations stay
+ * in L1) or, reduced, in y[c*ys + r].  accio: 64-byte aligned, 4 x 4 x 16
+ * floats.  Splitting K changes nothing in the arithmetic: each lane's FMA
+ * chain runs in the same order, parked in memory between blocks. */
+KS_MM_FN void KS_MM_SFX(ks_mm_q8_0p)(const uint8_t *panel, int64_t ng, int64_t g0, int64_t g1, const uint8_t *xq,
+                                     size_t xs, int nc, float *accio, float *y, int64_t ys, int nr) {
+    KS_ASSERT(((uintptr_t)xq & 63) == 0 && (xs & 63) == 0 && ((uintptr_t)accio & 63) == 0);
+    switch (nc) {
+    case 4: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 4); break;
+    case 3: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 3); break;
+    case 2: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 2); break;
+    default: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 1); break;
+    }
+}
+
 #endif /* KS_MM_LEVEL >= 2 */
 
 /* ------------------------------------------- Q4_K / Q6_K, AVX-512 zmm form --

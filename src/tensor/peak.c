@@ -1,0 +1,76 @@
+/*
+ * peak.c — the int8 multiply-add peak of the threads of a pool, measured.
+ *
+ * Why measured: "the prefill GEMM runs at X% of the chip" needs a
+ * denominator from this host, not a datasheet: under a hypervisor two vCPUs
+ * may be hyperthreads of one core (sharing one set of VNNI pipes), and the
+ * clock under load is unknown.  Every pool thread runs, at the same time, a
+ * register-only vpdpbusd loop with 24 independent accumulator chains (more
+ * than latency x throughput on any current core), so nothing but the
+ * integer pipes limits it; each vpdpbusd is 16 lanes x 4 u8*s8 products.
+ * tools/microbench/vnni_peak.c is the same loop as a stand-alone tool.
+ * Without AVX-512 VNNI the probe reports 0 (no integer peak to compare to).
+ */
+#include "tensor/matmul.h"
+
+#include "core/simd.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static int32_t ks_peak_dpbusd(int64_t iters, int seed) {
+    __m512i a[24];
+    const __m512i u = _mm512_set1_epi8((char)(seed | 1)), s = _mm512_set1_epi8(3);
+    for (int i = 0; i < 24; i++) a[i] = _mm512_set1_epi32(i + seed);
+    for (int64_t it = 0; it < iters; it++) {
+#pragma GCC unroll 24
+        for (int i = 0; i < 24; i++) a[i] = _mm512_dpbusd_epi32(a[i], u, s);
+        /* opaque to the compiler: the chains must really run */
+        __asm__ volatile("" : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]), "+v"(a[4]), "+v"(a[5]),
+                         "+v"(a[6]), "+v"(a[7]), "+v"(a[8]), "+v"(a[9]), "+v"(a[10]), "+v"(a[11]));
+        __asm__ volatile("" : "+v"(a[12]), "+v"(a[13]), "+v"(a[14]), "+v"(a[15]), "+v"(a[16]), "+v"(a[17]),
+                         "+v"(a[18]), "+v"(a[19]), "+v"(a[20]), "+v"(a[21]), "+v"(a[22]), "+v"(a[23]));
+    }
+    __m512i t = a[0];
+    for (int i = 1; i < 24; i++) t = _mm512_add_epi32(t, a[i]);
+    return _mm512_reduce_add_epi32(t);
+}
+#define KS_PEAK_X86 1
+#else
+#define KS_PEAK_X86 0
+#endif
+
+typedef struct {
+    double seconds;
+    double macs[256]; /* per thread, MAC/s */
+} ks_peak_job;
+
+static void ks_peak_worker(void *arg, int ith, int nth) {
+    (void)nth;
+    ks_peak_job *job = arg;
+#if KS_PEAK_X86
+    const int64_t iters = 1 << 16; /* 100M MACs, ~0.4 ms */
+    volatile int32_t sink = 0;
+    int64_t done = 0;
+    double t0 = ks_time_sec(), t;
+    do {
+        sink += ks_peak_dpbusd(iters, (int)done);
+        done += iters;
+        t = ks_time_sec();
+    } while (t - t0 < job->seconds);
+    (void)sink;
+    if (ith < 256) job->macs[ith] = (double)done * 24.0 * 64.0 / (t - t0);
+#else
+    (void)job, (void)ith;
+#endif
+}
+
+double ks_int8_peak_macs(ks_pool *pool, double seconds) {
+    if (ks_simd_detect() < KS_SIMD_AVX512) return 0.0;
+    ks_peak_job job = {.seconds = seconds > 0 ? seconds : 0.2};
+    ks_pool_run(pool, ks_peak_worker, &job);
+    int nth = pool ? ks_pool_size(pool) : 1;
+    double total = 0;
+    for (int i = 0; i < nth && i < 256; i++) total += job.macs[i];
+    return total;
+}
