@@ -397,7 +397,7 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
 }
 
 static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64_t cols, const float *X,
-                      int64_t n, float *Y, void *scratch, ks_pool_fn worker) {
+                      int64_t n, float *Y, void *scratch, ks_pool_fn worker, bool x_ready) {
     KS_ASSERT(ks_dtype_is_weight_type((uint32_t)wtype));
     KS_ASSERT(rows >= 0 && cols >= 0 && n >= 0);
     KS_ASSERT(cols % ks_dtype_block_size(wtype) == 0);
@@ -433,7 +433,9 @@ static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows
         job.xq = scratch;
         /* Quantizing X costs ~1/rows of the product: do it inline for small
          * batches (one dispatch saved) and in parallel by vector for prefill. */
-        if (pool && ks_pool_size(pool) > 1 && n >= 4 && n * cols >= 32768) {
+        if (x_ready) {
+            /* the previous call left this very X quantized in scratch */
+        } else if (pool && ks_pool_size(pool) > 1 && n >= 4 && n * cols >= 32768) {
             ks_pool_run(pool, ks_mm_quantize_worker, &job);
         } else {
             for (int64_t c = 0; c < n; c++) ks_mm_quantize_one(&job, c);
@@ -444,7 +446,7 @@ static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows
 
 void ks_matmul(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64_t cols,
                const float *X, int64_t n, float *Y, void *scratch) {
-    ks_mm_run(pool, wtype, W, rows, cols, X, n, Y, scratch, ks_mm_worker);
+    ks_mm_run(pool, wtype, W, rows, cols, X, n, Y, scratch, ks_mm_worker, false);
 }
 
 /* ------------------------------------------- packed Q8_0 (prefill GEMM) --
@@ -562,14 +564,19 @@ static void ks_mm_packed_worker(void *arg, int ith, int nth) {
     ks_free(rows);
 }
 
-void ks_matmul_weight(ks_pool *pool, const ks_weight *w, const float *X, int64_t n, float *Y, void *scratch) {
+void ks_matmul_weight_ex(ks_pool *pool, const ks_weight *w, const float *X, int64_t n, float *Y, void *scratch,
+                         bool x_ready) {
     if (w->layout == KS_WEIGHT_ROWS) {
-        ks_matmul(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch);
+        ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_worker, x_ready);
         return;
     }
     KS_ASSERT(w->layout == KS_WEIGHT_Q8_0_P4 && w->type == KS_DTYPE_Q8_0);
     if (w->rows == 0 || n == 0) return;
-    ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_packed_worker);
+    ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_packed_worker, x_ready);
+}
+
+void ks_matmul_weight(ks_pool *pool, const ks_weight *w, const float *X, int64_t n, float *Y, void *scratch) {
+    ks_matmul_weight_ex(pool, w, X, n, Y, scratch, false);
 }
 
 /* ------------------------------------------------------ reference dot ----- */

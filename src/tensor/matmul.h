@@ -33,6 +33,12 @@ void ks_matmul(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64
  * KS_WEIGHT_ROWS).  Same scratch as ks_matmul. */
 void ks_matmul_weight(ks_pool *pool, const ks_weight *w, const float *X, int64_t n, float *Y, void *scratch);
 
+/* As ks_matmul_weight, but x_ready says scratch still holds X quantized by
+ * the previous call (same X, n, cols and weight type, scratch untouched
+ * since): Q, K and V of a chunk, or gate and up, quantize their input once. */
+void ks_matmul_weight_ex(ks_pool *pool, const ks_weight *w, const float *X, int64_t n, float *Y, void *scratch,
+                         bool x_ready);
+
 /* Whether ks_matmul_pack would repack w (a Q8_0 matrix with rows and blocks
  * per row multiples of 4, on a CPU with AVX-512 VNNI). */
 bool ks_matmul_can_pack(const ks_weight *w);
