@@ -339,7 +339,7 @@ static void test_matmul_kquant_raw(void **state) {
     ks_simd_force(saved);
 }
 
-/* Packed Q8_0 (ks_matmul_pack): bit-identical to the unpacked matmul at
+/* Packed Q8_0 and Q4_0 (ks_matmul_pack): bit-identical to the unpacked matmul at
  * every level and every n (the engine's promise that chunked prefill equals
  * one prefill, and decode equals prefill, rests on it), with and without a
  * pool; rows of zeros included. */
@@ -349,26 +349,27 @@ static void test_matmul_packed_q8_0(void **state) {
     assert_int_equal(ks_pool_create(2, &pool2), KS_OK);
     static const int64_t shapes[][2] = {{4, 128}, {12, 384}, {64, 256}, {36, 2048}};
     static const int64_t ns[] = {1, 3, 4, 5, 9, 33};
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-        const int64_t rows = shapes[si][0], cols = shapes[si][1];
-        wmat m = make_w(KS_DTYPE_Q8_0, rows, cols, 91 + si);
-        memset(m.W, 0, ks_dtype_row_bytes(KS_DTYPE_Q8_0, cols)); /* row 0: zeros */
-        size_t bytes = ks_dtype_row_bytes(KS_DTYPE_Q8_0, cols) * (size_t)rows;
+    for (size_t si = 0; si < 2 * sizeof shapes / sizeof shapes[0]; si++) {
+        const ks_dtype t = si % 2 ? KS_DTYPE_Q4_0 : KS_DTYPE_Q8_0;
+        const int64_t rows = shapes[si / 2][0], cols = shapes[si / 2][1];
+        wmat m = make_w(t, rows, cols, 91 + si);
+        memset(m.W, 0, ks_dtype_row_bytes(t, cols)); /* row 0: zeros */
+        size_t bytes = ks_dtype_row_bytes(t, cols) * (size_t)rows;
         void *P = ks_malloc_aligned(bytes + 64);
         memcpy((uint8_t *)P + 32, m.W, bytes); /* 32-byte aligned only, as in a GGUF file */
-        ks_weight w = {.type = KS_DTYPE_Q8_0, .rows = rows, .cols = cols, .data = (uint8_t *)P + 32};
+        ks_weight w = {.type = t, .rows = rows, .cols = cols, .data = (uint8_t *)P + 32};
         bool packs = ks_matmul_can_pack(&w);
         ks_matmul_pack(&w);
-        assert_int_equal(w.layout, packs ? KS_WEIGHT_Q8_0_P4 : KS_WEIGHT_ROWS);
+        assert_int_equal(w.layout, !packs ? KS_WEIGHT_ROWS : t == KS_DTYPE_Q8_0 ? KS_WEIGHT_Q8_0_P4 : KS_WEIGHT_Q4_0_P4);
         float *X = make_x(33, cols, 92);
         float *Y = ks_malloc(sizeof(float) * (size_t)(33 * rows)), *Yp = ks_malloc(sizeof(float) * (size_t)(33 * rows));
-        void *scratch = ks_malloc_aligned(ks_matmul_scratch_bytes(KS_DTYPE_Q8_0, cols, 33));
+        void *scratch = ks_malloc_aligned(ks_matmul_scratch_bytes(t, cols, 33));
         for (int lv = KS_SIMD_SCALAR; lv <= (int)ks_simd_detect(); lv++) {
             ks_simd_level prev = ks_simd_force((ks_simd_level)lv);
             for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
                 for (int pi = 0; pi < 2; pi++) {
                     ks_pool *pool = pi ? pool2 : NULL;
-                    ks_matmul(pool, KS_DTYPE_Q8_0, m.W, rows, cols, X, ns[ni], Y, scratch);
+                    ks_matmul(pool, t, m.W, rows, cols, X, ns[ni], Y, scratch);
                     for (int64_t i = 0; i < ns[ni] * rows; i++) Yp[i] = NAN;
                     ks_matmul_weight(pool, &w, X, ns[ni], Yp, scratch);
                     assert_memory_equal(Y, Yp, sizeof(float) * (size_t)(ns[ni] * rows));

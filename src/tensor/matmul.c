@@ -449,13 +449,16 @@ void ks_matmul(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64
     ks_mm_run(pool, wtype, W, rows, cols, X, n, Y, scratch, ks_mm_worker, false);
 }
 
-/* ------------------------------------------- packed Q8_0 (prefill GEMM) --
+/* ------------------------------------ packed Q8_0 / Q4_0 (prefill GEMM) --
  * Layout (KS_WEIGHT_Q8_0_P4): four rows form a panel of ng = nb / 4 groups;
  * panel p sits where rows 4p..4p+3 sat (4 * nb * 34 = ng * 544 bytes):
  *   u8  q[ng][512]   per group: LO of rows 0..3 (64 B each), then HI of rows 0..3
  *   f16 d[ng][4][4]  per group and row: the scales of its four blocks
  * LO/HI are the grouped kernel's lane order (128-bit lane k: elements 0-15 /
  * 16-31 of block 4g+k) as u8 w + 128 (matmul_x86.c, "Q8_0 packed panels").
+ * KS_WEIGHT_Q4_0_P4 is the same with q[ng][256]: per group and row 64 bytes,
+ * 128-bit lane k holding block 4g+k's 16 packed nibble bytes as in the file
+ * (ng * 288 = 4 * nb * 18 bytes).
  *
  * Why these products are shaped as they are: prefill multiplies hundreds of
  * vectors by each matrix, so weights are reused from cache and the cost is
@@ -468,59 +471,84 @@ void ks_matmul(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64
 #define KS_MM_P4_KGROUPS 16 /* groups (128 columns each) per K block */
 
 bool ks_matmul_can_pack(const ks_weight *w) {
-    if (w->layout != KS_WEIGHT_ROWS || w->type != KS_DTYPE_Q8_0 || !w->data) return false;
+    if (w->layout != KS_WEIGHT_ROWS || (w->type != KS_DTYPE_Q8_0 && w->type != KS_DTYPE_Q4_0) || !w->data) return false;
     if (w->rows <= 0 || w->rows % 4 || w->cols <= 0 || w->cols % (4 * KS_QK8_0)) return false;
     return ks_simd_detect() == KS_SIMD_AVX512;
 }
 
+/* Bytes of a packed panel's quants per group (4 rows x 4 blocks) and of a
+ * block in the file, by type. */
+static size_t ks_mm_p4_gbytes(ks_dtype t) { return t == KS_DTYPE_Q8_0 ? 512 : 256; }
+
 void ks_matmul_pack(ks_weight *w) {
     if (!ks_matmul_can_pack(w)) return;
-    const int64_t nb = w->cols / KS_QK8_0, ng = nb / 4;
-    const size_t panel_bytes = (size_t)ng * 544;
-    ks_block_q8_0 *rows = ks_malloc(sizeof(ks_block_q8_0) * (size_t)(4 * nb));
+    const bool q8 = w->type == KS_DTYPE_Q8_0;
+    const int64_t nb = w->cols / 32, ng = nb / 4;
+    const size_t bb = q8 ? sizeof(ks_block_q8_0) : sizeof(ks_block_q4_0), gq = ks_mm_p4_gbytes(w->type);
+    const size_t panel_bytes = (size_t)ng * (gq + 32);
+    KS_ASSERT(panel_bytes == 4 * (size_t)nb * bb); /* in place: same size */
+    uint8_t *rows = ks_malloc(panel_bytes);
     uint8_t *base = (uint8_t *)(uintptr_t)w->data; /* the caller made it writable */
     for (int64_t p = 0; p < w->rows / 4; p++) {
         uint8_t *panel = base + (size_t)p * panel_bytes;
         memcpy(rows, panel, panel_bytes);
-        ks_f16 *d = (ks_f16 *)(panel + (size_t)ng * 512);
+        ks_f16 *d = (ks_f16 *)(panel + (size_t)ng * gq);
         for (int64_t g = 0; g < ng; g++)
             for (int r = 0; r < 4; r++)
                 for (int k = 0; k < 4; k++) {
-                    const ks_block_q8_0 *b = &rows[(size_t)r * nb + 4 * g + k];
-                    uint8_t *lo = panel + (size_t)g * 512 + 64 * r + 16 * k, *hi = lo + 256;
-                    for (int i = 0; i < 16; i++) {
-                        lo[i] = (uint8_t)(b->qs[i] ^ 0x80);
-                        hi[i] = (uint8_t)(b->qs[16 + i] ^ 0x80);
+                    const uint8_t *b = rows + ((size_t)r * nb + 4 * g + k) * bb;
+                    ks_f16 dk;
+                    if (q8) {
+                        const ks_block_q8_0 *b8 = (const ks_block_q8_0 *)b;
+                        uint8_t *lo = panel + (size_t)g * gq + 64 * r + 16 * k, *hi = lo + 256;
+                        for (int i = 0; i < 16; i++) {
+                            lo[i] = (uint8_t)(b8->qs[i] ^ 0x80);
+                            hi[i] = (uint8_t)(b8->qs[16 + i] ^ 0x80);
+                        }
+                        dk = b8->d;
+                    } else {
+                        const ks_block_q4_0 *b4 = (const ks_block_q4_0 *)b;
+                        memcpy(panel + (size_t)g * gq + 64 * r + 16 * k, b4->qs, 16);
+                        dk = b4->d;
                     }
-                    memcpy(&d[(g * 4 + r) * 4 + k], &b->d, sizeof(ks_f16));
+                    memcpy(&d[(g * 4 + r) * 4 + k], &dk, sizeof(ks_f16));
                 }
     }
     ks_free(rows);
-    w->layout = KS_WEIGHT_Q8_0_P4;
+    w->layout = q8 ? KS_WEIGHT_Q8_0_P4 : KS_WEIGHT_Q4_0_P4;
 }
 
 /* Panel p back to four ordinary rows (the fallback below a level that has
  * the packed tile: tests forcing AVX2 or scalar). */
-static void ks_mm_unpack_panel(const uint8_t *panel, int64_t nb, ks_block_q8_0 *rows) {
+static void ks_mm_unpack_panel(ks_dtype t, const uint8_t *panel, int64_t nb, uint8_t *rows) {
+    const bool q8 = t == KS_DTYPE_Q8_0;
     const int64_t ng = nb / 4;
-    const ks_f16 *d = (const ks_f16 *)(panel + (size_t)ng * 512);
+    const size_t bb = q8 ? sizeof(ks_block_q8_0) : sizeof(ks_block_q4_0), gq = ks_mm_p4_gbytes(t);
+    const ks_f16 *d = (const ks_f16 *)(panel + (size_t)ng * gq);
     for (int64_t g = 0; g < ng; g++)
         for (int r = 0; r < 4; r++)
             for (int k = 0; k < 4; k++) {
-                ks_block_q8_0 *b = &rows[(size_t)r * nb + 4 * g + k];
-                const uint8_t *lo = panel + (size_t)g * 512 + 64 * r + 16 * k, *hi = lo + 256;
-                for (int i = 0; i < 16; i++) {
-                    b->qs[i] = (int8_t)(lo[i] ^ 0x80);
-                    b->qs[16 + i] = (int8_t)(hi[i] ^ 0x80);
+                uint8_t *b = rows + ((size_t)r * nb + 4 * g + k) * bb;
+                const uint8_t *src = panel + (size_t)g * gq + 64 * r + 16 * k;
+                if (q8) {
+                    ks_block_q8_0 *b8 = (ks_block_q8_0 *)b;
+                    for (int i = 0; i < 16; i++) {
+                        b8->qs[i] = (int8_t)(src[i] ^ 0x80);
+                        b8->qs[16 + i] = (int8_t)(src[256 + i] ^ 0x80);
+                    }
+                    memcpy(&b8->d, &d[(g * 4 + r) * 4 + k], sizeof(ks_f16));
+                } else {
+                    ks_block_q4_0 *b4 = (ks_block_q4_0 *)b;
+                    memcpy(b4->qs, src, 16);
+                    memcpy(&b4->d, &d[(g * 4 + r) * 4 + k], sizeof(ks_f16));
                 }
-                memcpy(&b->d, &d[(g * 4 + r) * 4 + k], sizeof(ks_f16));
             }
 }
 
 static void ks_mm_packed_worker(void *arg, int ith, int nth) {
     const ks_mm_job *job = arg;
     const int64_t nb = job->cols / KS_QK8_0, ng = nb / 4, n_panels = job->rows / 4;
-    const size_t panel_bytes = (size_t)ng * 544;
+    const size_t bb = job->wrow / (size_t)nb, panel_bytes = (size_t)ng * (ks_mm_p4_gbytes(job->wtype) + 32);
     int64_t p0, p1;
     ks_pool_share(n_panels, ith, nth, &p0, &p1);
     if (p0 >= p1) return;
@@ -540,10 +568,9 @@ static void ks_mm_packed_worker(void *arg, int ith, int nth) {
                 for (int64_t g0 = 0; g0 < ng; g0 += kg) {
                     const int64_t g1 = g0 + kg < ng ? g0 + kg : ng;
                     for (int64_t p = b0; p < b1; p++)
-                        ks_mm_q8_0p_avx512(job->W + (size_t)p * panel_bytes, ng, g0, g1,
-                                           job->xq + (size_t)c * job->xs, job->xs, nc,
-                                           acc + (kg < ng ? 256 * (size_t)(p - b0) : 0),
-                                           job->Y + c * job->rows + 4 * p, job->rows, 4);
+                        (job->wtype == KS_DTYPE_Q8_0 ? ks_mm_q8_0p_avx512 : ks_mm_q4_0p_avx512)(
+                            job->W + (size_t)p * panel_bytes, ng, g0, g1, job->xq + (size_t)c * job->xs, job->xs, nc,
+                            acc + (kg < ng ? 256 * (size_t)(p - b0) : 0), job->Y + c * job->rows + 4 * p, job->rows, 4);
                 }
             }
         }
@@ -551,14 +578,14 @@ static void ks_mm_packed_worker(void *arg, int ith, int nth) {
         return;
     }
 #endif
-    ks_block_q8_0 *rows = ks_malloc(sizeof(ks_block_q8_0) * (size_t)(4 * nb));
+    uint8_t *rows = ks_malloc(panel_bytes);
     for (int64_t p = p0; p < p1; p++) {
-        ks_mm_unpack_panel(job->W + (size_t)p * panel_bytes, nb, rows);
+        ks_mm_unpack_panel(job->wtype, job->W + (size_t)p * panel_bytes, nb, rows);
         for (int r = 0; r < 4; r++)
             for (int64_t c = 0; c < job->n; c += KS_MM_NC) {
                 const int nc = (int)(job->n - c < KS_MM_NC ? job->n - c : KS_MM_NC);
-                job->kern((const uint8_t *)(rows + (size_t)r * nb), job->xq + (size_t)c * job->xs, job->xs, nc,
-                          job->cols, job->Y + c * job->rows + 4 * p + r, job->rows);
+                job->kern(rows + (size_t)r * nb * bb, job->xq + (size_t)c * job->xs, job->xs, nc, job->cols,
+                          job->Y + c * job->rows + 4 * p + r, job->rows);
             }
     }
     ks_free(rows);
@@ -570,7 +597,8 @@ void ks_matmul_weight_ex(ks_pool *pool, const ks_weight *w, const float *X, int6
         ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_worker, x_ready);
         return;
     }
-    KS_ASSERT(w->layout == KS_WEIGHT_Q8_0_P4 && w->type == KS_DTYPE_Q8_0);
+    KS_ASSERT((w->layout == KS_WEIGHT_Q8_0_P4 && w->type == KS_DTYPE_Q8_0) ||
+              (w->layout == KS_WEIGHT_Q4_0_P4 && w->type == KS_DTYPE_Q4_0));
     if (w->rows == 0 || n == 0) return;
     ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_packed_worker, x_ready);
 }

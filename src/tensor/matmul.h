@@ -39,8 +39,8 @@ void ks_matmul_weight(ks_pool *pool, const ks_weight *w, const float *X, int64_t
 void ks_matmul_weight_ex(ks_pool *pool, const ks_weight *w, const float *X, int64_t n, float *Y, void *scratch,
                          bool x_ready);
 
-/* Whether ks_matmul_pack would repack w (a Q8_0 matrix with rows and blocks
- * per row multiples of 4, on a CPU with AVX-512 VNNI). */
+/* Whether ks_matmul_pack would repack w (a Q8_0 or Q4_0 matrix with rows
+ * and blocks per row multiples of 4, on a CPU with AVX-512 VNNI). */
 bool ks_matmul_can_pack(const ks_weight *w);
 
 /* Repack w's bytes IN PLACE (they must be writable: w->data is cast) into

@@ -402,20 +402,29 @@ KS_MM_QX_KERNEL(ks_mm_q4_0x, ks_block_q4_0, KS_MM_SFX(ks_mm_q4x_wgroup))
 
 KS_MM_INL void KS_MM_SFX(ks_mm_q8_0p_body)(const uint8_t *panel, int64_t ng, int64_t g0, int64_t g1,
                                            const uint8_t *xq, size_t xs, float *accio, float *y, int64_t ys,
-                                           int nr, const int NC) {
-    const uint8_t *qb = panel + (size_t)g0 * 512;
-    const uint64_t *sb = (const uint64_t *)(panel + (size_t)ng * 512); /* [ng][4 rows] 4 x f16 */
+                                           int nr, const int NC, const bool Q4) {
+    const size_t gbytes = Q4 ? 256 : 512; /* quant bytes of a panel group */
+    const uint8_t *qb = panel + (size_t)g0 * gbytes;
+    const uint64_t *sb = (const uint64_t *)(panel + (size_t)ng * gbytes); /* [ng][4 rows] 4 x f16 */
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512 acc[KS_MM_P4_ROWS][4];
     _Pragma("GCC unroll 4") for (int r = 0; r < KS_MM_P4_ROWS; r++)
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[r][c] =
             g0 ? _mm512_load_ps(accio + 16 * (4 * r + c)) : _mm512_setzero_ps();
-    for (int64_t g = g0; g < g1; g++, qb += 512) {
+    for (int64_t g = g0; g < g1; g++, qb += gbytes) {
         __m512i lo[KS_MM_P4_ROWS], hi[KS_MM_P4_ROWS];
         __m512 dw[KS_MM_P4_ROWS];
-        _Pragma("GCC unroll 8") for (int l = 0; l < 8; l++) _mm_prefetch((const char *)(qb + 2048 + 64 * l), _MM_HINT_T0);
+        _Pragma("GCC unroll 4") for (int l = 0; l < 4; l++) _mm_prefetch((const char *)(qb + 2048 + 64 * l), _MM_HINT_T0);
+        if (!Q4) _Pragma("GCC unroll 4") for (int l = 4; l < 8; l++) _mm_prefetch((const char *)(qb + 2048 + 64 * l), _MM_HINT_T0);
         _Pragma("GCC unroll 4") for (int r = 0; r < KS_MM_P4_ROWS; r++) {
-            lo[r] = _mm512_loadu_si512((const void *)(qb + 64 * r)); /* GGUF data is 32-byte aligned */
-            hi[r] = _mm512_loadu_si512((const void *)(qb + 256 + 64 * r));
+            if (Q4) { /* 128-bit lane k: block 4g+k's 16 packed bytes; nibbles are u8 w + 8 */
+                const __m512i z = _mm512_loadu_si512((const void *)(qb + 64 * r));
+                lo[r] = _mm512_and_si512(z, m4);
+                hi[r] = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+            } else {
+                lo[r] = _mm512_loadu_si512((const void *)(qb + 64 * r)); /* GGUF data is 32-byte aligned */
+                hi[r] = _mm512_loadu_si512((const void *)(qb + 256 + 64 * r));
+            }
             dw[r] = KS_MM_SFX(ks_mm_dw4)(sb[4 * g + r]);
         }
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
@@ -448,10 +457,24 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q8_0p)(const uint8_t *panel, int64_t ng, int64_t g
                                      size_t xs, int nc, float *accio, float *y, int64_t ys, int nr) {
     KS_ASSERT(((uintptr_t)xq & 63) == 0 && (xs & 63) == 0 && ((uintptr_t)accio & 63) == 0);
     switch (nc) {
-    case 4: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 4); break;
-    case 3: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 3); break;
-    case 2: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 2); break;
-    default: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 1); break;
+    case 4: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 4, false); break;
+    case 3: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 3, false); break;
+    case 2: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 2, false); break;
+    default: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 1, false); break;
+    }
+}
+
+/* The same tile over a packed Q4_0 panel (per group: each row's 64 bytes,
+ * 128-bit lane k = block 4g+k's packed nibbles, then the scales): the
+ * grouped Q4_0 kernel's arithmetic, so the same bits as unpacked Q4_0. */
+KS_MM_FN void KS_MM_SFX(ks_mm_q4_0p)(const uint8_t *panel, int64_t ng, int64_t g0, int64_t g1, const uint8_t *xq,
+                                     size_t xs, int nc, float *accio, float *y, int64_t ys, int nr) {
+    KS_ASSERT(((uintptr_t)xq & 63) == 0 && (xs & 63) == 0 && ((uintptr_t)accio & 63) == 0);
+    switch (nc) {
+    case 4: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 4, true); break;
+    case 3: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 3, true); break;
+    case 2: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 2, true); break;
+    default: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 1, true); break;
     }
 }
 
