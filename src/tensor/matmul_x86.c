@@ -399,6 +399,7 @@ KS_MM_QX_KERNEL(ks_mm_q4_0x, ks_block_q4_0, KS_MM_SFX(ks_mm_q4x_wgroup))
  * blocks (qs 0 -> u8 128 against zero activations, d 0) reproduce the
  * grouped kernel's stand-in blocks. */
 #define KS_MM_P4_ROWS 4
+#define KS_MM_P4_PF 6144 /* software prefetch distance in the panel's quants, bytes */
 
 KS_MM_INL void KS_MM_SFX(ks_mm_q8_0p_body)(const uint8_t *panel, int64_t ng, int64_t g0, int64_t g1,
                                            const uint8_t *xq, size_t xs, float *accio, float *y, int64_t ys,
@@ -414,8 +415,11 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q8_0p_body)(const uint8_t *panel, int64_t ng, int
     for (int64_t g = g0; g < g1; g++, qb += gbytes) {
         __m512i lo[KS_MM_P4_ROWS], hi[KS_MM_P4_ROWS];
         __m512 dw[KS_MM_P4_ROWS];
-        _Pragma("GCC unroll 4") for (int l = 0; l < 4; l++) _mm_prefetch((const char *)(qb + 2048 + 64 * l), _MM_HINT_T0);
-        if (!Q4) _Pragma("GCC unroll 4") for (int l = 4; l < 8; l++) _mm_prefetch((const char *)(qb + 2048 + 64 * l), _MM_HINT_T0);
+        /* decode streams the panel from DRAM: ~6 KiB ahead covers its latency at one core's
+         * share of the bandwidth (the file-layout kernel prefetches 4.3 KiB ahead per row) */
+        _Pragma("GCC unroll 4") for (int l = 0; l < 4; l++) _mm_prefetch((const char *)(qb + KS_MM_P4_PF + 64 * l), _MM_HINT_T0);
+        if (!Q4) _Pragma("GCC unroll 4") for (int l = 4; l < 8; l++) _mm_prefetch((const char *)(qb + KS_MM_P4_PF + 64 * l), _MM_HINT_T0);
+        if (!(g & 1)) _mm_prefetch((const char *)(sb + 4 * g + 4 * KS_MM_P4_PF / gbytes), _MM_HINT_T0); /* the scales' stream */
         _Pragma("GCC unroll 4") for (int r = 0; r < KS_MM_P4_ROWS; r++) {
             if (Q4) { /* 128-bit lane k: block 4g+k's 16 packed bytes; nibbles are u8 w + 8 */
                 const __m512i z = _mm512_loadu_si512((const void *)(qb + 64 * r));
