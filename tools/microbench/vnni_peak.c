@@ -12,7 +12,9 @@
  *
  * It also times the mix the Q8_0 prefill kernel runs per (row, vector,
  * 4-block group) — 2 vpdpbusd + int->float + multiply + FMA — to show how
- * much of the peak a kernel with that float epilogue can reach at best.
+ * much of the peak a kernel with that float epilogue can reach at best, and
+ * the f32 FMA peak (16 multiply-adds per instruction), the denominator of
+ * the float weights (F16, BF16 converted to f32) and of f32 attention.
  *
  * Usage: vnni_peak [threads=2] [seconds=1]
  * Prints multiply-adds per second for 1 thread and for `threads` threads at
@@ -77,6 +79,24 @@ TGT static float mix_loop(int64_t iters, int seed) {
     return _mm512_reduce_add_ps(t);
 }
 
+/* f32 FMA peak (the float weights' denominator): 24 chains x 16 MACs. */
+TGT static float fma_loop(int64_t iters, int seed) {
+    __m512 a[24];
+    const __m512 x = _mm512_set1_ps(1.0f + 1e-7f * (float)seed), y = _mm512_set1_ps(0.999999f);
+    for (int i = 0; i < 24; i++) a[i] = _mm512_set1_ps((float)i);
+    for (int64_t it = 0; it < iters; it++) {
+#pragma GCC unroll 24
+        for (int i = 0; i < 24; i++) a[i] = _mm512_fmadd_ps(a[i], x, y);
+        __asm__ volatile("" : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]), "+v"(a[4]), "+v"(a[5]),
+                         "+v"(a[6]), "+v"(a[7]), "+v"(a[8]), "+v"(a[9]), "+v"(a[10]), "+v"(a[11]));
+        __asm__ volatile("" : "+v"(a[12]), "+v"(a[13]), "+v"(a[14]), "+v"(a[15]), "+v"(a[16]), "+v"(a[17]),
+                         "+v"(a[18]), "+v"(a[19]), "+v"(a[20]), "+v"(a[21]), "+v"(a[22]), "+v"(a[23]));
+    }
+    __m512 t = a[0];
+    for (int i = 1; i < 24; i++) t = _mm512_add_ps(t, a[i]);
+    return _mm512_reduce_add_ps(t);
+}
+
 typedef struct {
     int cpu, mode;
     double seconds, macs;
@@ -94,12 +114,14 @@ static void *worker(void *arg) {
     while (!*j->go) {
     }
     const int64_t iters = 1 << 20;
-    const double per = j->mode ? 6.0 * 128 : 24.0 * 64;
+    const double per = j->mode == 2 ? 24.0 * 16 : j->mode ? 6.0 * 128 : 24.0 * 64;
     double t0 = now(), t;
     int64_t done = 0;
     volatile float sink = 0;
     do {
-        sink += j->mode ? mix_loop(iters, (int)done) : (float)dpbusd_loop(iters, (int)done);
+        sink += j->mode == 2 ? fma_loop(iters, (int)done)
+                : j->mode  ? mix_loop(iters, (int)done)
+                           : (float)dpbusd_loop(iters, (int)done);
         done += iters;
         t = now();
     } while (t - t0 < j->seconds);
@@ -137,8 +159,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "vnni_peak: this CPU has no AVX-512 VNNI\n");
         return 1;
     }
-    for (int mode = 0; mode < 2; mode++) {
-        const char *name = mode ? "q8_0 mix (2 dpbusd+cvt+mul+fma)" : "vpdpbusd register-only";
+    for (int mode = 0; mode < 3; mode++) {
+        const char *name = mode == 2 ? "f32 vfmadd231ps register-only"
+                           : mode    ? "q8_0 mix (2 dpbusd+cvt+mul+fma)"
+                                     : "vpdpbusd register-only";
         double one = run(1, mode, seconds), all = run(nth, mode, seconds);
         printf("%-34s 1 thread %7.1f G MAC/s   %d threads %7.1f G MAC/s\n", name, one * 1e-9, nth, all * 1e-9);
     }
