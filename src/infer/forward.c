@@ -24,7 +24,7 @@
  * that X is quantized once when both weights want the same partner. */
 static void matmul_w(ks_context *c, const ks_weight *w, const float *X, int n, float *Y, const ks_weight *prev) {
     double t0 = ks_time_sec();
-    bool x_ready = prev && prev->type == w->type && prev->cols == w->cols;
+    bool x_ready = prev && prev->type == w->type && prev->cols == w->cols && prev->layout == w->layout;
     ks_matmul_weight_ex(c->pool, w, X, n, Y, c->mm_scratch, x_ready);
     c->stats.matmul_seconds += ks_time_sec() - t0;
     c->stats.matmul_macs += (uint64_t)w->rows * (uint64_t)w->cols * (uint64_t)n;

@@ -83,6 +83,12 @@ static size_t ks_mm_q8x_stride(int64_t cols) {
     return (size_t)((cols / KS_QK8_0 + 3) / 4) * KS_MM_Q8X_GROUP;
 }
 
+/* Partner of the transposed Q8_0 panels: int8 q[cols], f32 d[nb], int32
+ * corr[nb] (matmul_x86.c, "Q8_0 transposed panels"). */
+static size_t ks_mm_q8t_stride(int64_t cols) {
+    return ks_mm_align64((size_t)cols) + 2 * ks_mm_align64((size_t)(cols / KS_QK8_0) * 4);
+}
+
 static size_t ks_mm_q8k_stride(int64_t cols) {
     return ks_mm_align64((size_t)(cols / KS_QK_K) * sizeof(ks_block_q8_k));
 }
@@ -104,8 +110,9 @@ size_t ks_matmul_scratch_bytes(ks_dtype wtype, int64_t cols, int64_t n) {
     KS_ASSERT(ks_dtype_is_weight_type((uint32_t)wtype));
     switch (ks_mm_xkind_of(wtype)) {
     case KS_MM_XQ8: { /* the level may change after sizing: fit every layout */
-        size_t a = ks_mm_q8_stride(cols), b = ks_mm_q8x_stride(cols);
-        return (size_t)n * (a > b ? a : b);
+        size_t a = ks_mm_q8_stride(cols), b = ks_mm_q8x_stride(cols), t = ks_mm_q8t_stride(cols);
+        if (b > a) a = b;
+        return (size_t)n * (t > a ? t : a);
     }
     case KS_MM_XQ8K: return (size_t)n * ks_mm_q8k_stride(cols);
     default: return 0;
@@ -323,6 +330,7 @@ typedef struct {
     const uint8_t *xq; /* [n][xs bytes]: quantized X, or X itself */
     uint8_t *scratch;
     size_t xs;         /* bytes per activation vector in xq */
+    bool xt;           /* xq in the transposed panels' partner layout (ks_mm_quantize_q8t) */
     float *Y;          /* [n][rows] */
 } ks_mm_job;
 
@@ -331,7 +339,8 @@ static void ks_mm_quantize_one(const ks_mm_job *job, int64_t c) {
     uint8_t *dst = job->scratch + (size_t)c * job->xs;
 #if KS_MM_HAVE_X86
     if (job->level == KS_SIMD_AVX512) {
-        if (job->xkind == KS_MM_XQ8) /* grouped layout; u8 weight offset 128 (Q8_0) or 8 (Q4_0) */
+        if (job->xt) ks_mm_quantize_q8t_avx512(x, dst, job->cols);
+        else if (job->xkind == KS_MM_XQ8) /* grouped layout; u8 weight offset 128 (Q8_0) or 8 (Q4_0) */
             ks_mm_quantize_q8x_avx512(x, dst, job->cols, job->wtype == KS_DTYPE_Q8_0 ? 128 : 8);
         else ks_mm_quantize_q8_k_avx512(x, dst, job->cols);
         return;
@@ -397,7 +406,7 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
 }
 
 static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64_t cols, const float *X,
-                      int64_t n, float *Y, void *scratch, ks_pool_fn worker, bool x_ready) {
+                      int64_t n, float *Y, void *scratch, ks_pool_fn worker, bool x_ready, bool xt) {
     KS_ASSERT(ks_dtype_is_weight_type((uint32_t)wtype));
     KS_ASSERT(rows >= 0 && cols >= 0 && n >= 0);
     KS_ASSERT(cols % ks_dtype_block_size(wtype) == 0);
@@ -417,6 +426,7 @@ static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows
         .X = X,
         .scratch = scratch,
         .Y = Y,
+        .xt = xt && level == KS_SIMD_AVX512,
     };
     if (cols == 0) {
         memset(Y, 0, (size_t)(n * rows) * sizeof(float));
@@ -428,6 +438,7 @@ static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows
     } else {
         KS_ASSERT(scratch != NULL && ((uintptr_t)scratch & 63) == 0);
         job.xs = job.xkind == KS_MM_XQ8K      ? ks_mm_q8k_stride(cols)
+                 : job.xt                  ? ks_mm_q8t_stride(cols)
                  : level == KS_SIMD_AVX512 ? ks_mm_q8x_stride(cols)
                                            : ks_mm_q8_stride(cols);
         job.xq = scratch;
@@ -446,7 +457,7 @@ static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows
 
 void ks_matmul(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64_t cols,
                const float *X, int64_t n, float *Y, void *scratch) {
-    ks_mm_run(pool, wtype, W, rows, cols, X, n, Y, scratch, ks_mm_worker, false);
+    ks_mm_run(pool, wtype, W, rows, cols, X, n, Y, scratch, ks_mm_worker, false, false);
 }
 
 /* ------------------------------------ packed Q8_0 / Q4_0 (prefill GEMM) --
@@ -472,6 +483,8 @@ void ks_matmul(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64
 
 bool ks_matmul_can_pack(const ks_weight *w) {
     if (w->layout != KS_WEIGHT_ROWS || (w->type != KS_DTYPE_Q8_0 && w->type != KS_DTYPE_Q4_0) || !w->data) return false;
+    if (w->type == KS_DTYPE_Q8_0 && w->rows > 0 && w->rows % 16 == 0 && w->cols > 0 && w->cols % KS_QK8_0 == 0)
+        return ks_simd_detect() == KS_SIMD_AVX512; /* transposed 16-row panels */
     if (w->rows <= 0 || w->rows % 4 || w->cols <= 0 || w->cols % (4 * KS_QK8_0)) return false;
     return ks_simd_detect() == KS_SIMD_AVX512;
 }
@@ -480,8 +493,89 @@ bool ks_matmul_can_pack(const ks_weight *w) {
  * block in the file, by type. */
 static size_t ks_mm_p4_gbytes(ks_dtype t) { return t == KS_DTYPE_Q8_0 ? 512 : 256; }
 
+/* Q8_0 into transposed 16-row panels (KS_WEIGHT_Q8_0_P16), in place:
+ * panel p (rows 16p..16p+15, 16 * nb * 34 = nb * 544 bytes) holds per block
+ * b eight 64-byte groups (group k, lane r: bytes 4k..4k+3 of row r's block
+ * b, xor 0x80), then the f16 scales [nb][16]. */
+static void ks_mm_pack_p16(ks_weight *w) {
+    const int64_t nb = w->cols / KS_QK8_0;
+    const size_t panel_bytes = (size_t)nb * 544;
+    ks_block_q8_0 *rows = ks_malloc(panel_bytes);
+    uint8_t *base = (uint8_t *)(uintptr_t)w->data;
+    for (int64_t p = 0; p < w->rows / 16; p++) {
+        uint8_t *panel = base + (size_t)p * panel_bytes;
+        memcpy(rows, panel, panel_bytes);
+        ks_f16 *d = (ks_f16 *)(panel + (size_t)nb * 512);
+        for (int64_t b = 0; b < nb; b++)
+            for (int r = 0; r < 16; r++) {
+                const ks_block_q8_0 *blk = &rows[(size_t)r * nb + b];
+                for (int k = 0; k < 8; k++)
+                    for (int i = 0; i < 4; i++)
+                        panel[(size_t)b * 512 + 64 * k + 4 * r + i] = (uint8_t)(blk->qs[4 * k + i] ^ 0x80);
+                memcpy(&d[b * 16 + r], &blk->d, sizeof(ks_f16));
+            }
+    }
+    ks_free(rows);
+    w->layout = KS_WEIGHT_Q8_0_P16;
+}
+
+static void ks_mm_unpack_p16(const uint8_t *panel, int64_t nb, ks_block_q8_0 *rows) {
+    const ks_f16 *d = (const ks_f16 *)(panel + (size_t)nb * 512);
+    for (int64_t b = 0; b < nb; b++)
+        for (int r = 0; r < 16; r++) {
+            ks_block_q8_0 *blk = &rows[(size_t)r * nb + b];
+            for (int k = 0; k < 8; k++)
+                for (int i = 0; i < 4; i++) blk->qs[4 * k + i] = (int8_t)(panel[(size_t)b * 512 + 64 * k + 4 * r + i] ^ 0x80);
+            memcpy(&blk->d, &d[b * 16 + r], sizeof(ks_f16));
+        }
+}
+
+#define KS_MM_P16_NC 8 /* vectors per transposed-panel tile */
+
+static void ks_mm_p16_worker(void *arg, int ith, int nth) {
+    const ks_mm_job *job = arg;
+    const int64_t nb = job->cols / KS_QK8_0, n_panels = job->rows / 16;
+    const size_t panel_bytes = (size_t)nb * 544;
+    int64_t p0, p1;
+    ks_pool_share(n_panels, ith, nth, &p0, &p1);
+    if (p0 >= p1) return;
+#if KS_MM_HAVE_X86
+    if (job->level == KS_SIMD_AVX512) {
+        /* row block: weights kept in L2 while every 8-vector tile passes */
+        int64_t block = (int64_t)(KS_MM_P4_BLOCK_BYTES / panel_bytes);
+        if (block < 1) block = 1;
+        if (job->n <= KS_MM_P16_NC) block = p1 - p0;
+        for (int64_t b0 = p0; b0 < p1; b0 += block) {
+            const int64_t b1 = b0 + block < p1 ? b0 + block : p1;
+            for (int64_t c = 0; c < job->n; c += KS_MM_P16_NC) {
+                const int nc = (int)(job->n - c < KS_MM_P16_NC ? job->n - c : KS_MM_P16_NC);
+                for (int64_t p = b0; p < b1; p++)
+                    ks_mm_q8_0t_avx512(job->W + (size_t)p * panel_bytes, nb, job->xq + (size_t)c * job->xs, job->xs,
+                                       nc, job->Y + c * job->rows + 16 * p, job->rows);
+            }
+        }
+        return;
+    }
+#endif
+    ks_block_q8_0 *rows = ks_malloc(panel_bytes);
+    for (int64_t p = p0; p < p1; p++) {
+        ks_mm_unpack_p16(job->W + (size_t)p * panel_bytes, nb, rows);
+        for (int r = 0; r < 16; r++)
+            for (int64_t c = 0; c < job->n; c += KS_MM_NC) {
+                const int nc = (int)(job->n - c < KS_MM_NC ? job->n - c : KS_MM_NC);
+                job->kern((const uint8_t *)(rows + (size_t)r * nb), job->xq + (size_t)c * job->xs, job->xs, nc,
+                          job->cols, job->Y + c * job->rows + 16 * p + r, job->rows);
+            }
+    }
+    ks_free(rows);
+}
+
 void ks_matmul_pack(ks_weight *w) {
     if (!ks_matmul_can_pack(w)) return;
+    if (w->type == KS_DTYPE_Q8_0 && w->rows % 16 == 0) {
+        ks_mm_pack_p16(w);
+        return;
+    }
     const bool q8 = w->type == KS_DTYPE_Q8_0;
     const int64_t nb = w->cols / 32, ng = nb / 4;
     const size_t bb = q8 ? sizeof(ks_block_q8_0) : sizeof(ks_block_q4_0), gq = ks_mm_p4_gbytes(w->type);
@@ -594,13 +688,19 @@ static void ks_mm_packed_worker(void *arg, int ith, int nth) {
 void ks_matmul_weight_ex(ks_pool *pool, const ks_weight *w, const float *X, int64_t n, float *Y, void *scratch,
                          bool x_ready) {
     if (w->layout == KS_WEIGHT_ROWS) {
-        ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_worker, x_ready);
+        ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_worker, x_ready, false);
+        return;
+    }
+    if (w->layout == KS_WEIGHT_Q8_0_P16) {
+        KS_ASSERT(w->type == KS_DTYPE_Q8_0);
+        if (w->rows == 0 || n == 0) return;
+        ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_p16_worker, x_ready, true);
         return;
     }
     KS_ASSERT((w->layout == KS_WEIGHT_Q8_0_P4 && w->type == KS_DTYPE_Q8_0) ||
               (w->layout == KS_WEIGHT_Q4_0_P4 && w->type == KS_DTYPE_Q4_0));
     if (w->rows == 0 || n == 0) return;
-    ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_packed_worker, x_ready);
+    ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_packed_worker, x_ready, false);
 }
 
 void ks_matmul_weight(ks_pool *pool, const ks_weight *w, const float *X, int64_t n, float *Y, void *scratch) {

@@ -482,6 +482,77 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q4_0p)(const uint8_t *panel, int64_t ng, int64_t g
     }
 }
 
+
+/* ------------------------- Q8_0 transposed panels (the prefill GEMM tile) --
+ * Why a second packed form.  The grouped kernels above finish every (row,
+ * vector, 4 blocks) with an int->float conversion, a scale multiply and an
+ * FMA, and on this core the multiply and the FMA share the two vector pipes
+ * that run vpdpbusd: two of every four pipe slots go to the epilogue, which
+ * caps them near half the int8 peak (tools/microbench/vnni_peak.c).  Here
+ * sixteen rows form a panel stored transposed by 4-byte groups (zmm k of
+ * block b: lane r = bytes 4k..4k+3 of row r's block b, as u8 w + 128), so
+ * that a vector's activations enter as broadcast dwords and each lane of the
+ * accumulator is one row: a block costs eight vpdpbusd for sixteen rows,
+ * then ONE conversion, multiply and FMA for all sixteen, and no horizontal
+ * reduction is ever needed (the lanes are the outputs).
+ *
+ * The arithmetic per output (row r, vector c) is fixed and sequential:
+ *   acc = 0; for b in blocks: p = corr_c[b] + sum_i (w + 128) x  (int32, exact)
+ *                             acc = fma((float)p, dw_r[b] * dx_c[b], acc)
+ * whatever the tile, the chunk or the number of vectors, so decode and
+ * prefill, chunked or not, give the same bits (tests/test_matmul.c checks it
+ * against a scalar emulation); it differs from the file-layout kernels only
+ * by float rounding (they sum 16 lane partials, then reduce).
+ *
+ * Partner per vector (ks_mm_quantize_q8t): int8 q[cols] in element order
+ * (64-byte aligned), f32 d[nb], int32 corr[nb] = -128 * sum of the block's q
+ * (the +128 of the u8 weights taken off exactly). */
+#define KS_MM_P16_PF 6144 /* software prefetch distance in a panel's quants, bytes (decode reads from DRAM) */
+
+KS_MM_INL void KS_MM_SFX(ks_mm_q8_0t_body)(const uint8_t *panel, int64_t nb, const uint8_t *xq, size_t xs,
+                                           float *y, int64_t ys, const int NC) {
+    const uint16_t *sd = (const uint16_t *)(panel + (size_t)nb * 512); /* [nb][16] f16 */
+    const size_t qoff = 0, doff = ks_mm_align64((size_t)nb * 32), coff = doff + ks_mm_align64((size_t)nb * 4);
+    __m512 acc[8];
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = panel + (size_t)b * 512;
+        _Pragma("GCC unroll 8") for (int l = 0; l < 8; l++) _mm_prefetch((const char *)(wb + KS_MM_P16_PF + 64 * l), _MM_HINT_T0);
+        if (!(b & 1)) _mm_prefetch((const char *)(sd + 16 * b + KS_MM_P16_PF / 16), _MM_HINT_T0);
+        __m512i W[8];
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) W[k] = _mm512_loadu_si512((const void *)(wb + 64 * k));
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sd + 16 * b)));
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
+            const uint8_t *xc = xq + c * xs;
+            const int32_t *qd = (const int32_t *)(xc + qoff + 32 * (size_t)b);
+            /* two dpbusd chains of four (latency), joined exactly in int32 */
+            __m512i p = _mm512_set1_epi32(((const int32_t *)(xc + coff))[b]), p1 = _mm512_setzero_si512();
+            _Pragma("GCC unroll 4") for (int k = 0; k < 8; k += 2) {
+                p = _mm512_dpbusd_epi32(p, W[k], _mm512_set1_epi32(qd[k]));
+                p1 = _mm512_dpbusd_epi32(p1, W[k + 1], _mm512_set1_epi32(qd[k + 1]));
+            }
+            p = _mm512_add_epi32(p, p1);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
+                                     _mm512_mul_ps(dw, _mm512_set1_ps(((const float *)(xc + doff))[b])), acc[c]);
+        }
+    }
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) _mm512_storeu_ps(y + c * ys, acc[c]);
+}
+
+/* One 16-row panel times nc (1..8) vectors: y[c*ys + r], r < 16. */
+KS_MM_FN void KS_MM_SFX(ks_mm_q8_0t)(const uint8_t *panel, int64_t nb, const uint8_t *xq, size_t xs, int nc, float *y,
+                                     int64_t ys) {
+    switch (nc) {
+    case 8: KS_MM_SFX(ks_mm_q8_0t_body)(panel, nb, xq, xs, y, ys, 8); break;
+    case 7: KS_MM_SFX(ks_mm_q8_0t_body)(panel, nb, xq, xs, y, ys, 7); break;
+    case 6: KS_MM_SFX(ks_mm_q8_0t_body)(panel, nb, xq, xs, y, ys, 6); break;
+    case 5: KS_MM_SFX(ks_mm_q8_0t_body)(panel, nb, xq, xs, y, ys, 5); break;
+    case 4: KS_MM_SFX(ks_mm_q8_0t_body)(panel, nb, xq, xs, y, ys, 4); break;
+    case 3: KS_MM_SFX(ks_mm_q8_0t_body)(panel, nb, xq, xs, y, ys, 3); break;
+    case 2: KS_MM_SFX(ks_mm_q8_0t_body)(panel, nb, xq, xs, y, ys, 2); break;
+    default: KS_MM_SFX(ks_mm_q8_0t_body)(panel, nb, xq, xs, y, ys, 1); break;
+    }
+}
 #endif /* KS_MM_LEVEL >= 2 */
 
 /* ------------------------------------------- Q4_K / Q6_K, AVX-512 zmm form --
