@@ -461,6 +461,8 @@ void ks_matmul(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64
 }
 
 /* ------------------------------------ packed Q8_0 / Q4_0 (prefill GEMM) --
+ * (Q8_0 matrices whose rows are a multiple of 16 take the transposed
+ * 16-row panels instead: ks_mm_pack_p16 below, matmul_x86.c.)
  * Layout (KS_WEIGHT_Q8_0_P4): four rows form a panel of ng = nb / 4 groups;
  * panel p sits where rows 4p..4p+3 sat (4 * nb * 34 = ng * 544 bytes):
  *   u8  q[ng][512]   per group: LO of rows 0..3 (64 B each), then HI of rows 0..3

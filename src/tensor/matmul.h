@@ -45,9 +45,12 @@ bool ks_matmul_can_pack(const ks_weight *w);
 
 /* Repack w's bytes IN PLACE (they must be writable: w->data is cast) into
  * the panel layout of the AVX-512 prefill tile and set w->layout; the size
- * does not change.  Products with the packed weight are bit-identical to the
- * unpacked ones at the AVX-512 level (and correct at every level).  No-op
- * when !ks_matmul_can_pack(w). */
+ * does not change.  Q8_0 with rows a multiple of 16 becomes transposed
+ * 16-row panels, whose products have their own fixed arithmetic per output
+ * (the same bits for every n and chunking; float rounding away from the
+ * unpacked kernel); the 4-row panels (Q4_0, other Q8_0) give the unpacked
+ * kernel's very bits.  Correct at every level.  No-op when
+ * !ks_matmul_can_pack(w). */
 void ks_matmul_pack(ks_weight *w);
 
 /* The int8 multiply-add peak of the pool's threads (MAC/s, all threads at
