@@ -76,8 +76,9 @@ int cmd_bench(int argc, char **argv) {
     const char *cmd = "bench", *model_path = NULL;
     long depths[16] = {0}, batches[16] = {1};
     int n_depth = 1, n_batch = 1;
-    long n_threads = 0, n_gen = 16, n_prompt = 256;
-    bool json = false, skip_prefill = false, use_mmap = true;
+    long n_threads = 0, n_gen = 16, prompts[16] = {256};
+    int n_prompts = 1;
+    bool json = false, skip_prefill = false, use_mmap = true, no_repack = false;
     ks_kv_type kv_type = KS_KV_F16;
     app_policy_opts po;
     app_policy_opts_init(&po);
@@ -110,17 +111,21 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--batch")) { VAL(); if ((n_batch = arg_long_list(cmd, a, v, 1, 256, batches, 16)) < 0) return 2; }
         else if (!strcmp(a, "-t")) { VAL(); if (!arg_long(cmd, a, v, 1, 1024, &n_threads)) return 2; }
         else if (!strcmp(a, "--n-gen")) { VAL(); if (!arg_long(cmd, a, v, 1, 100000, &n_gen)) return 2; }
-        else if (!strcmp(a, "--n-prompt")) { VAL(); if (!arg_long(cmd, a, v, 1, 1 << 20, &n_prompt)) return 2; }
+        else if (!strcmp(a, "--n-prompt")) { VAL(); if ((n_prompts = arg_long_list(cmd, a, v, 1, 1 << 20, prompts, 16)) < 0) return 2; }
         else if (!strcmp(a, "--no-prefill")) skip_prefill = true;
         else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--no-mmap")) use_mmap = false;
+        else if (!strcmp(a, "--no-repack")) no_repack = true;
         else if (!strcmp(a, "--kv-type")) {
             VAL();
             if (!arg_kv_type(cmd, v, &kv_type)) return 2;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: kvsieve bench [-m MODEL.gguf] [--depth 0,4096,...] [--batch 1,4,16] [-t THREADS]\n"
-                   "                     [--n-gen 16] [--n-prompt 256] [--no-prefill] [--kv-type f16|q8] [--no-mmap] [--json]\n"
+                   "                     [--n-gen 16] [--n-prompt 256,4096] [--no-prefill] [--kv-type f16|q8] [--no-mmap] [--no-repack] [--json]\n"
                    "  --no-mmap  read the weights into huge-page memory instead of mapping the file\n"
+                   "  --no-repack  keep the file's weight layout (no packed prefill GEMM)\n"
+                   "  --n-prompt  prompt lengths to prefill (each: tok/s, GEMM and attention shares of the time,\n"
+                   "             GEMM multiply-adds/s as a share of the measured int8 peak)\n"
                    "  --offload none,all,adaptive  slow-tier modes to compare: nothing offloaded, every layer\n"
                    "             offloaded, or SpeContext's adaptive manager under --mem-cap (default none)\n%s",
                    app_policy_usage());
@@ -135,6 +140,7 @@ int cmd_bench(int argc, char **argv) {
     ks_model *m = NULL;
     ks_model_params mp = ks_model_default_params();
     mp.use_mmap = use_mmap;
+    mp.no_repack = no_repack;
     ks_status st = ks_model_load(model_path, mp, &m);
     if (st != KS_OK) { app_report(cmd, "loading the model", st); return 1; }
     if (n_threads == 0) n_threads = ks_cpu_count();
@@ -171,11 +177,20 @@ int cmd_bench(int argc, char **argv) {
             fprintf(stderr, "kvsieve bench: --offload adaptive needs --mem-cap SIZE\n");
             return 2;
         }
-    int total = (skip_prefill ? 0 : 1) + n_depth * n_batch * n_pol * n_bud * n_modes, done = 0;
+    int total = (skip_prefill ? 0 : n_prompts) + n_depth * n_batch * n_pol * n_bud * n_modes, done = 0;
     bool first = true;
     int32_t V = hp->n_vocab;
-    /* prefill */
-    if (!skip_prefill) {
+    /* prefill: one fresh context per prompt length; the GEMM's multiply-adds
+     * per second are set against the int8 peak of the same threads, measured
+     * here (a register-only vpdpbusd loop, tensor/peak.c) */
+    double peak = 0;
+    for (int k = 0; k < 3 && !skip_prefill; k++) { /* best of three: a shared host only ever lowers it */
+        double p = ks_int8_peak_macs(pool, 0.2);
+        if (p > peak) peak = p;
+    }
+    if (!skip_prefill && !json) printf("int8 peak (vpdpbusd, %ld threads, best of 3): %.1f G MAC/s\n", n_threads, peak * 1e-9);
+    for (int pi = 0; !skip_prefill && pi < n_prompts; pi++) {
+        long n_prompt = prompts[pi];
         ks_context_params cp = ks_context_default_params();
         cp.n_ctx = (int32_t)n_prompt + 1;
         cp.n_threads = (int32_t)n_threads;
@@ -193,14 +208,21 @@ int cmd_bench(int argc, char **argv) {
         ks_context_stats(ctx, &s);
         double tps = n_prompt / s.prefill_seconds;
         double gb = (s.weight_bytes_read + s.kv_bytes_read) / 1e9;
+        double mm_share = s.matmul_seconds / s.prefill_seconds, att_share = s.attention_seconds / s.prefill_seconds;
+        double mm_rate = s.matmul_seconds > 0 ? s.matmul_macs / s.matmul_seconds : 0;
         progress("prefill", ++done, total);
         if (json) {
-            printf("%s\n  {\"test\": \"prefill\", \"tokens\": %ld, \"tok_s\": %.3f, \"seconds\": %.4f, \"gb_read\": %.4f}",
-                   first ? "" : ",", n_prompt, tps, s.prefill_seconds, gb);
+            printf("%s\n  {\"test\": \"prefill\", \"tokens\": %ld, \"tok_s\": %.3f, \"seconds\": %.4f, \"gb_read\": %.4f, "
+                   "\"gemm_share\": %.4f, \"attention_share\": %.4f, \"gemm_macs_s\": %.4g, \"int8_peak_macs_s\": %.4g, "
+                   "\"gemm_peak_share\": %.4f}",
+                   first ? "" : ",", n_prompt, tps, s.prefill_seconds, gb, mm_share, att_share, mm_rate, peak,
+                   peak > 0 ? mm_rate / peak : 0);
             first = false;
         } else
-            printf("%-14s %6s %6ld %6d %11.2f %9s %9.2f %8.3f %8.2f %7s %9s %8s %6s %6s %6s %9s\n", "prefill", "-", n_prompt,
-                   1, tps, "-", 1e3 * s.prefill_seconds, gb, gb / s.prefill_seconds, "-", "-", "-", "-", "-", "-", "-");
+            printf("%-14s %6s %6ld %6d %11.2f %9s %9.2f %8.3f %8.2f %7s   gemm %4.1f%% of time at %.1f G MAC/s = %.1f%% of peak, "
+                   "attention %4.1f%%\n",
+                   "prefill", "-", n_prompt, 1, tps, "-", 1e3 * s.prefill_seconds, gb, gb / s.prefill_seconds, "-",
+                   100 * mm_share, mm_rate * 1e-9, peak > 0 ? 100 * mm_rate / peak : 0, 100 * att_share);
         fflush(stdout);
         free(toks);
         free(logits);

@@ -174,7 +174,9 @@ int cmd_run(int argc, char **argv) {
     if ((st = ks_sampler_create(sp, n_vocab, &smp)) != KS_OK) { app_report(cmd, "creating the sampler", st); goto done; }
     if ((st = ks_stop_create(stops, n_stops, &stop)) != KS_OK) { app_report(cmd, "stop strings", st); goto done; }
     for (size_t i = 0; i < n_prompt; i++) ks_sampler_accept(smp, ids[i]);
-    double t_pf0 = ks_time_sec(), t_load = 0, t_save = 0;
+    const double t_submit = ks_time_sec(); /* time to first token: from here to the first sampled token */
+    double ttft = -1;
+    double t_pf0 = t_submit, t_load = 0, t_save = 0;
     int32_t n_cached = 0, n_saved = 0;
     if (cache_file) { /* llama-cli's --prompt-cache: a file of the prompt's KV blocks */
         ks_prefix_cache_params pcp = ks_prefix_cache_default_params();
@@ -207,6 +209,7 @@ int cmd_run(int argc, char **argv) {
     ks_stop_out so = {0};
     while (n_done < n_gen) {
         int32_t tok = ks_sampler_sample(smp, logits);
+        if (ttft < 0) ttft = ks_time_sec() - t_submit;
         ks_sampler_accept(smp, tok);
         if (!ignore_eos && ks_token_is_eog(model, tok)) { why = "end of generation"; break; }
         n_done++;
@@ -231,9 +234,10 @@ int cmd_run(int argc, char **argv) {
     fprintf(stderr, "\nkvsieve run: stopped by %s\n", why);
     fprintf(stderr, "  prompt:  %5zu tokens in %7.3f s = %8.2f tok/s\n", n_prompt, pf_s, pf_s > 0 ? n_prompt / pf_s : 0);
     if (cache_file)
-        fprintf(stderr, "  cache:   %d prompt tokens cached, %zu computed; first token after %.3f s (cache read %.3f s); "
+        fprintf(stderr, "  cache:   %d prompt tokens cached, %zu computed, prompt done after %.3f s (cache read %.3f s); "
                         "%d blocks saved to %s in %.3f s\n",
                 n_cached, n_prompt - (size_t)n_cached, t_pf, t_load, n_saved, cache_file, t_save);
+    if (ttft >= 0) fprintf(stderr, "  time to first token: %.3f s\n", ttft);
     if (sd.tokens_decoded)
         fprintf(stderr, "  decode:  %5llu tokens in %7.3f s = %8.2f tok/s, %.2f GB/s (weights %.2f + KV %.3f GB read)\n",
                 (unsigned long long)sd.tokens_decoded, dc_s, sd.tokens_decoded / dc_s,

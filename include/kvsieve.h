@@ -56,6 +56,8 @@ typedef struct ks_model ks_model;
 typedef struct ks_model_params {
     bool use_mmap;   /* map weights zero-copy (default true) */
     bool vocab_only; /* load only the tokenizer (vocabulary GGUF files) */
+    bool no_repack;  /* keep the file's weight layout (default false: Q8_0 layer matrices are
+                        repacked in place at load for the prefill GEMM; same bits, same memory) */
 } ks_model_params;
 
 ks_model_params ks_model_default_params(void);
@@ -232,6 +234,9 @@ typedef struct ks_stats {
     uint64_t gather_bytes;        /* decode: K and V bytes copied into staging (elastic-buffer rows out of order) */
     uint64_t select_bytes_read;   /* bytes the selection itself read: a retrieval head's weights and K cache,
                                      page summaries (reset by ks_stats_reset) */
+    double matmul_seconds;        /* weight products (prefill and decode), wall time */
+    uint64_t matmul_macs;         /* their multiply-adds: rows x cols x vectors */
+    double attention_seconds;     /* attention of every layer (prefill and decode), wall time */
 } ks_stats;
 
 /* The memory plan of a context (mem_cap > 0): thresholds[k] = longest

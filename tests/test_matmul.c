@@ -339,6 +339,109 @@ static void test_matmul_kquant_raw(void **state) {
     ks_simd_force(saved);
 }
 
+/* The transposed Q8_0 panels' arithmetic in scalar C (matmul_x86.c, "Q8_0
+ * transposed panels"): X quantized as ks_matmul does (d = amax / 127 in f32,
+ * q = round(x / d)), then per output, block after block,
+ * acc = fma((float)sum(w q), dw * dx, acc).  -std=c11 keeps the compiler
+ * from fusing the multiply, so this is the kernel's result bit for bit. */
+static void p16_emulate(const void *W, int64_t rows, int64_t cols, const float *X, int64_t n, float *Y) {
+    const int64_t nb = cols / 32;
+    int8_t *q = ks_malloc((size_t)cols);
+    float *dx = ks_malloc(sizeof(float) * (size_t)nb);
+    const ks_block_q8_0 *wb = W;
+    for (int64_t c = 0; c < n; c++) {
+        for (int64_t b = 0; b < nb; b++) {
+            float amax = 0.0f;
+            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(X[c * cols + 32 * b + i]));
+            float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            dx[b] = d;
+            for (int i = 0; i < 32; i++) q[32 * b + i] = (int8_t)lrintf(X[c * cols + 32 * b + i] * id);
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const ks_block_q8_0 *blk = &wb[r * nb + b];
+                int32_t p = 0;
+                for (int i = 0; i < 32; i++) p += blk->qs[i] * q[32 * b + i];
+                float s = ks_f16_to_f32(blk->d) * dx[b];
+                acc = fmaf((float)p, s, acc);
+            }
+            Y[c * rows + r] = acc;
+        }
+    }
+    ks_free(q);
+    ks_free(dx);
+}
+
+/* Packed Q8_0 and Q4_0 (ks_matmul_pack).  Transposed Q8_0 panels (rows a
+ * multiple of 16, AVX-512): the scalar emulation above, bit for bit, at every
+ * n, with and without a pool — the engine's promise that chunked prefill
+ * equals one prefill and decode equals prefill rests on it — and within the
+ * quantization tolerance of the double reference.  Every other packed form,
+ * and every level below AVX-512: bit-identical to the unpacked matmul.  Rows
+ * of zeros included. */
+static void test_matmul_packed_q8_0(void **state) {
+    (void)state;
+    ks_pool *pool2 = NULL;
+    assert_int_equal(ks_pool_create(2, &pool2), KS_OK);
+    static const int64_t shapes[][2] = {{4, 128}, {12, 384}, {64, 256}, {36, 2048}, {16, 96}, {48, 2048}};
+    static const int64_t ns[] = {1, 3, 4, 5, 9, 33};
+    const size_t n_shapes = sizeof shapes / sizeof shapes[0];
+    for (size_t si = 0; si < 2 * n_shapes; si++) {
+        const ks_dtype t = si % 2 ? KS_DTYPE_Q4_0 : KS_DTYPE_Q8_0;
+        const int64_t rows = shapes[si / 2][0], cols = shapes[si / 2][1];
+        if (t == KS_DTYPE_Q4_0 && cols % 128) continue; /* not packable: nothing to compare */
+        wmat m = make_w(t, rows, cols, 91 + si);
+        memset(m.W, 0, ks_dtype_row_bytes(t, cols)); /* row 0: zeros */
+        size_t bytes = ks_dtype_row_bytes(t, cols) * (size_t)rows;
+        void *P = ks_malloc_aligned(bytes + 64);
+        memcpy((uint8_t *)P + 32, m.W, bytes); /* 32-byte aligned only, as in a GGUF file */
+        ks_weight w = {.type = t, .rows = rows, .cols = cols, .data = (uint8_t *)P + 32};
+        bool packs = ks_matmul_can_pack(&w);
+        ks_matmul_pack(&w);
+        const bool p16 = packs && t == KS_DTYPE_Q8_0 && rows % 16 == 0;
+        assert_int_equal(w.layout, !packs ? KS_WEIGHT_ROWS
+                                   : p16  ? KS_WEIGHT_Q8_0_P16
+                                   : t == KS_DTYPE_Q8_0 ? KS_WEIGHT_Q8_0_P4
+                                                        : KS_WEIGHT_Q4_0_P4);
+        float *X = make_x(33, cols, 92);
+        float *Y = ks_malloc(sizeof(float) * (size_t)(33 * rows)), *Yp = ks_malloc(sizeof(float) * (size_t)(33 * rows));
+        float *Yr = ks_malloc(sizeof(float) * (size_t)(33 * rows));
+        void *scratch = ks_malloc_aligned(ks_matmul_scratch_bytes(t, cols, 33));
+        if (p16) p16_emulate(m.W, rows, cols, X, 33, Yr);
+        for (int lv = KS_SIMD_SCALAR; lv <= (int)ks_simd_detect(); lv++) {
+            ks_simd_level prev = ks_simd_force((ks_simd_level)lv);
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+                for (int pi = 0; pi < 2; pi++) {
+                    ks_pool *pool = pi ? pool2 : NULL;
+                    ks_matmul(pool, t, m.W, rows, cols, X, ns[ni], Y, scratch);
+                    for (int64_t i = 0; i < ns[ni] * rows; i++) Yp[i] = NAN;
+                    ks_matmul_weight(pool, &w, X, ns[ni], Yp, scratch);
+                    if (p16 && lv == KS_SIMD_AVX512) {
+                        assert_memory_equal(Yr, Yp, sizeof(float) * (size_t)(ns[ni] * rows));
+                        double scale2 = 0, e = 0;
+                        for (int64_t i = 0; i < ns[ni] * rows; i++) {
+                            e += ((double)Yp[i] - Y[i]) * ((double)Yp[i] - Y[i]);
+                            scale2 += (double)Y[i] * Y[i];
+                        }
+                        assert_true(e <= 1e-10 * (scale2 > 0 ? scale2 : 1)); /* float rounding apart */
+                    } else {
+                        assert_memory_equal(Y, Yp, sizeof(float) * (size_t)(ns[ni] * rows));
+                    }
+                }
+            ks_simd_force(prev);
+        }
+        ks_free_aligned(scratch);
+        ks_free(X);
+        ks_free(Y);
+        ks_free(Yp);
+        ks_free(Yr);
+        ks_free_aligned(P);
+        free_w(&m);
+    }
+    ks_pool_destroy(pool2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_simd_levels),
@@ -348,6 +451,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_chunked),
         cmocka_unit_test(test_matmul_extremes),
         cmocka_unit_test(test_matmul_kquant_raw),
+        cmocka_unit_test(test_matmul_packed_q8_0),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -254,7 +254,7 @@ static void check_block(ks_kv_type kt, int n, int hd, int G, int P) {
     int32_t n_att[R];
     for (int r = 0; r < R; r++) n_att[r] = n - R + 1 + r;
     float *q = malloc(sizeof(float) * R * G * hd), *out = malloc(sizeof(float) * R * G * hd);
-    float *S = malloc(sizeof(float) * R * G * n), *tile = malloc(sizeof(float) * P * hd);
+    float *S = malloc(sizeof(float) * R * G * n), *tile = malloc(sizeof(float) * (P + 16) * hd);
     for (int i = 0; i < R * G * hd; i++) q[i] = ks_rng_normal(&rng);
     float scale = 1.0f / sqrtf((float)hd);
     bool ok = kt == KS_KV_F16 && ks_simd_current() >= KS_SIMD_AVX512

@@ -207,7 +207,7 @@ static bool attend_block(ks_context *c, attn_job *j, ks_attn_scratch *s, int r0,
     int32_t n_att[KS_PREFILL_BLOCK];
     for (int r = 0; r < R; r++) n_att[r] = c->n_att[(size_t)(r0 + r) * nkv + h];
     if (!s->blk_S) s->blk_S = ks_malloc(sizeof(float) * (size_t)KS_PREFILL_BLOCK * G * c->n_ctx);
-    if (!s->blk_tile) s->blk_tile = ks_malloc(sizeof(float) * (size_t)P * hd);
+    if (!s->blk_tile) s->blk_tile = ks_malloc(sizeof(float) * (size_t)(P + 16) * hd); /* + 16: a K page transposed, keys padded to 16 */
     /* a slow-tier layer: its pages are in the slots (forward_rows loaded them) or gathered here */
     uint8_t *gather = NULL;
     bool slow = ks_kv_layer_tier(c->kv, j->il) == KS_TIER_SLOW;

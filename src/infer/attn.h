@@ -32,7 +32,7 @@ typedef struct ks_kv_seg16 {
 
 /* Prefill: causal attention of R consecutive query rows (G heads each) of one
  * sequence over one KV head's pages, each page read once for the whole
- * block.  n_att[r]: entries row r sees.  S: [R*G][n_att[R-1]], tile: [P][hd].
+ * block.  n_att[r]: entries row r sees.  S: [R*G][n_att[R-1]], tile: [P + 16][hd] (AVX-512: a K page transposed, keys padded to 16).
  * f16 KV, hd % 16 == 0, AVX-512; false if it does not apply. */
 bool ks_attention_block_avx512(const ks_kv_seg16 *segs, int nseg, const int32_t *n_att, int R, int hd, int G,
                                const float *q, size_t q_stride, float *out, size_t out_stride, float *S, float *tile,

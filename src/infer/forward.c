@@ -20,8 +20,14 @@
 #include <math.h>
 #include <string.h>
 
-static void matmul_w(ks_context *c, const ks_weight *w, const float *X, int n, float *Y) {
-    ks_matmul(c->pool, w->type, w->data, w->rows, w->cols, X, n, Y, c->mm_scratch);
+/* prev: the weight of the previous product on the same X (NULL: none), so
+ * that X is quantized once when both weights want the same partner. */
+static void matmul_w(ks_context *c, const ks_weight *w, const float *X, int n, float *Y, const ks_weight *prev) {
+    double t0 = ks_time_sec();
+    bool x_ready = prev && prev->type == w->type && prev->cols == w->cols && prev->layout == w->layout;
+    ks_matmul_weight_ex(c->pool, w, X, n, Y, c->mm_scratch, x_ready);
+    c->stats.matmul_seconds += ks_time_sec() - t0;
+    c->stats.matmul_macs += (uint64_t)w->rows * (uint64_t)w->cols * (uint64_t)n;
     c->stats.weight_bytes_read += ks_weight_bytes(w);
 }
 
@@ -43,9 +49,9 @@ static ks_status qkv_rows(ks_context *c, const ks_layer *L, int il, int n, const
     int D = hp->n_embd, hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv, half = hp->n_rot / 2;
     size_t q_dim = (size_t)nh * hd, kv_dim = (size_t)nkv * hd;
     for (int r = 0; r < n; r++) ks_rmsnorm(c->xn + (size_t)r * D, c->x + (size_t)r * D, L->attn_norm, D, hp->rms_eps);
-    matmul_w(c, &L->wq, c->xn, n, c->q);
-    matmul_w(c, &L->wk, c->xn, n, c->kk);
-    matmul_w(c, &L->wv, c->xn, n, c->vv);
+    matmul_w(c, &L->wq, c->xn, n, c->q, NULL);
+    matmul_w(c, &L->wk, c->xn, n, c->kk, &L->wq);
+    matmul_w(c, &L->wv, c->xn, n, c->vv, &L->wk);
     for (int r = 0; r < n; r++) {
         float *q = c->q + r * q_dim, *k = c->kk + r * kv_dim, *v = c->vv + r * kv_dim;
         if (L->bq) for (size_t i = 0; i < q_dim; i++) q[i] += L->bq[i];
@@ -74,13 +80,13 @@ static void mlp_rows(ks_context *c, const ks_layer *L, int n) {
     const ks_hparams *hp = &c->model->hp;
     int D = hp->n_embd;
     for (int r = 0; r < n; r++) ks_rmsnorm(c->xn + (size_t)r * D, c->x + (size_t)r * D, L->ffn_norm, D, hp->rms_eps);
-    matmul_w(c, &L->w_gate, c->xn, n, c->gate);
-    matmul_w(c, &L->w_up, c->xn, n, c->up);
+    matmul_w(c, &L->w_gate, c->xn, n, c->gate, NULL);
+    matmul_w(c, &L->w_up, c->xn, n, c->up, &L->w_gate);
     for (size_t i = 0; i < (size_t)n * hp->n_ff; i++) {
         float g = c->gate[i];
         c->gate[i] = g / (1.0f + expf(-g)) * c->up[i];
     }
-    matmul_w(c, &L->w_down, c->gate, n, c->xn);
+    matmul_w(c, &L->w_down, c->gate, n, c->xn, NULL);
     for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->xn[i];
 }
 
@@ -140,8 +146,10 @@ ks_status ks_infer_forward_rows(ks_context *c, int n, const int32_t *seq, const 
         KS_TRY(qkv_rows(c, L, il, n, seq, pos, obs_slot));
         if (!c->decoding && ks_kv_layer_tier(c->kv, il) == KS_TIER_SLOW) KS_TRY(ks_infer_load_prefill_slots(c, il, n, seq));
         /* at decode each row's own policy decides whether this layer selects */
+        double t_att = ks_time_sec();
         KS_TRY(ks_infer_attend_layer(c, il, n, seq, pos, c->decoding));
-        matmul_w(c, &L->wo, c->att, n, c->xn);
+        c->stats.attention_seconds += ks_time_sec() - t_att;
+        matmul_w(c, &L->wo, c->att, n, c->xn, NULL);
         for (size_t i = 0; i < (size_t)n * D; i++) c->x[i] += c->xn[i];
         mlp_rows(c, L, n);
     }
@@ -153,6 +161,6 @@ ks_status ks_infer_forward_rows(ks_context *c, int n, const int32_t *seq, const 
     int n_want = 0;
     for (int r = 0; r < n; r++)
         if (want[r]) ks_rmsnorm(c->xn + (size_t)(n_want++) * D, c->x + (size_t)r * D, m->output_norm, D, hp->rms_eps);
-    if (n_want) matmul_w(c, &m->output, c->xn, n_want, logits_out);
+    if (n_want) matmul_w(c, &m->output, c->xn, n_want, logits_out, NULL);
     return KS_OK;
 }

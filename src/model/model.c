@@ -9,10 +9,16 @@
  * Q/K rows of "llama" models so RoPE rotates adjacent pairs, while qwen2/qwen3
  * keep Hugging Face's half-split (NEOX) pairing.
  */
+#define _GNU_SOURCE /* mprotect */
 #include "model/model.h"
+
+#include "core/file.h"
+#include "tensor/matmul.h"
 
 #include <math.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 ks_model_params ks_model_default_params(void) {
     return (ks_model_params){.use_mmap = true, .vocab_only = false};
@@ -182,6 +188,7 @@ static ks_status bind_weights(ks_model *m) {
 
 void ks_model_destroy(ks_model *m) {
     if (!m) return;
+    free(m->packed);
     for (int il = 0; m->layers && il < m->hp.n_layer; il++) {
         ks_layer *L = &m->layers[il];
         ks_free(L->attn_norm);
@@ -200,6 +207,53 @@ void ks_model_destroy(ks_model *m) {
     ks_free(m);
 }
 
+/* Repack the layer matrices the prefill GEMM has a packed tile for
+ * (ks_matmul_pack: Q8_0 and Q4_0), without doubling resident memory.
+ * Read into memory (--no-mmap), the buffer is ours: they are repacked in
+ * place.  From a mapped file they are copied into one huge-page buffer
+ * (ks_alloc_streamed) and repacked there, and the file's pages under them
+ * are dropped from the process (MADV_DONTNEED; they are never touched
+ * again), so the packed copy replaces them rather than adding to them.
+ * Huge pages matter for decode, which streams these bytes once per step:
+ * copy-on-write pages of the mapping, repacked in place, are scattered 4 KiB
+ * pages and decoded measurably slower than the file's page cache did.  If
+ * the buffer cannot be had, the file layout stays (products are the same
+ * bits either way). */
+static ks_status repack_weights(ks_model *m, bool mapped) {
+    ks_weight *ws[7 * 1024];
+    size_t n = 0, total = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        ks_layer *L = &m->layers[il];
+        ks_weight *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof lw / sizeof lw[0] && n < sizeof ws / sizeof ws[0]; i++)
+            if (ks_matmul_can_pack(lw[i])) {
+                ws[n++] = lw[i];
+                total += (ks_weight_bytes(lw[i]) + 63) & ~(size_t)63;
+            }
+    }
+    if (!n) return KS_OK;
+    if (!mapped) {
+        for (size_t i = 0; i < n; i++) ks_matmul_pack(ws[i]);
+        return KS_OK;
+    }
+    uint8_t *buf = ks_alloc_streamed(total);
+    if (!buf) return KS_OK; /* keep the file layout */
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        const size_t bytes = ks_weight_bytes(ws[i]);
+        const uint8_t *src = ws[i]->data;
+        memcpy(buf + off, src, bytes);
+        ws[i]->data = buf + off;
+        ks_matmul_pack(ws[i]);
+        uintptr_t a = ((uintptr_t)src + page - 1) & ~(page - 1), e = ((uintptr_t)src + bytes) & ~(page - 1);
+        if (e > a) madvise((void *)a, e - a, MADV_DONTNEED); /* pages wholly inside this tensor */
+        off += (bytes + 63) & ~(size_t)63;
+    }
+    m->packed = buf;
+    return KS_OK;
+}
+
 ks_status ks_model_load(const char *path, ks_model_params params, ks_model **out) {
     if (!path || !out) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL path or out");
     ks_model *m = ks_calloc(1, sizeof *m);
@@ -213,6 +267,7 @@ ks_status ks_model_load(const char *path, ks_model_params params, ks_model **out
     if (st == KS_OK) m->hp.n_vocab = ks_tokenizer_n_vocab(m->tok);
     if (st == KS_OK && !params.vocab_only) st = read_hparams(m->gguf, &m->hp);
     if (st == KS_OK && !params.vocab_only) st = bind_weights(m);
+    if (st == KS_OK && !params.vocab_only && !params.no_repack) st = repack_weights(m, params.use_mmap);
     if (st != KS_OK) {
         ks_model_destroy(m);
         return st;

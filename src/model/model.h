@@ -52,6 +52,7 @@ struct ks_model {
     ks_layer *layers;         /* [n_layer] */
     size_t weight_bytes;      /* bytes of all weight tensors */
     int64_t n_params;
+    void *packed;             /* huge-page copy of the repacked layer weights of a mapped file, or NULL */
 };
 
 #endif

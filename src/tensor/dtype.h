@@ -88,12 +88,23 @@ void ks_quantize_query_q8(const float *q, int hd, int8_t *qi, uint8_t *qu, float
 static inline ks_dtype ks_kv_dtype(ks_kv_type t) { return t == KS_KV_F16 ? KS_DTYPE_F16 : KS_DTYPE_Q8_0; }
 static inline size_t ks_kv_row_bytes(ks_kv_type t, int hd) { return ks_dtype_row_bytes(ks_kv_dtype(t), hd); }
 
+/* How a weight's bytes are laid out: rows as in the file, or repacked once
+ * at load into the prefill GEMM's panels (ks_matmul_pack, tensor/matmul.h;
+ * same size, so it is done in place). */
+typedef enum ks_weight_layout {
+    KS_WEIGHT_ROWS = 0,
+    KS_WEIGHT_Q8_0_P4 = 1,  /* 4-row panels, grouped lane order (rows not a multiple of 16) */
+    KS_WEIGHT_Q4_0_P4 = 2,
+    KS_WEIGHT_Q8_0_P16 = 3, /* 16-row panels transposed by 4-byte groups */
+} ks_weight_layout;
+
 /* A 2-D weight matrix: [rows][cols] of type, rows contiguous (a model's
- * weights point into the GGUF mapping). */
+ * weights point into the GGUF mapping), unless layout says packed. */
 typedef struct ks_weight {
     ks_dtype type;
     int64_t rows, cols;
     const void *data;
+    ks_weight_layout layout;
 } ks_weight;
 
 /* Bytes one step streams from a weight. */

@@ -29,6 +29,35 @@ size_t ks_matmul_scratch_bytes(ks_dtype wtype, int64_t cols, int64_t n);
 void ks_matmul(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64_t cols,
                const float *X, int64_t n, float *Y, void *scratch);
 
+/* Y = X W^T for a bound weight, in whichever layout it has (ks_matmul for
+ * KS_WEIGHT_ROWS).  Same scratch as ks_matmul. */
+void ks_matmul_weight(ks_pool *pool, const ks_weight *w, const float *X, int64_t n, float *Y, void *scratch);
+
+/* As ks_matmul_weight, but x_ready says scratch still holds X quantized by
+ * the previous call (same X, n, cols and weight type, scratch untouched
+ * since): Q, K and V of a chunk, or gate and up, quantize their input once. */
+void ks_matmul_weight_ex(ks_pool *pool, const ks_weight *w, const float *X, int64_t n, float *Y, void *scratch,
+                         bool x_ready);
+
+/* Whether ks_matmul_pack would repack w (a Q8_0 or Q4_0 matrix with rows
+ * and blocks per row multiples of 4, on a CPU with AVX-512 VNNI). */
+bool ks_matmul_can_pack(const ks_weight *w);
+
+/* Repack w's bytes IN PLACE (they must be writable: w->data is cast) into
+ * the panel layout of the AVX-512 prefill tile and set w->layout; the size
+ * does not change.  Q8_0 with rows a multiple of 16 becomes transposed
+ * 16-row panels, whose products have their own fixed arithmetic per output
+ * (the same bits for every n and chunking; float rounding away from the
+ * unpacked kernel); the 4-row panels (Q4_0, other Q8_0) give the unpacked
+ * kernel's very bits.  Correct at every level.  No-op when
+ * !ks_matmul_can_pack(w). */
+void ks_matmul_pack(ks_weight *w);
+
+/* The int8 multiply-add peak of the pool's threads (MAC/s, all threads at
+ * once) from a register-only vpdpbusd loop run for `seconds` (peak.c); 0
+ * without AVX-512 VNNI.  The denominator of "share of the integer peak". */
+double ks_int8_peak_macs(ks_pool *pool, double seconds);
+
 /* Dot product of one weight row of wtype with f32 x (no threads; scalar
  * reference used by tests and small ops). */
 float ks_dot_row_ref(ks_dtype wtype, const void *wrow, const float *x, int64_t cols);

@@ -119,6 +119,30 @@ KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8x)(const float *x, uint8_t *dst, int64_
 }
 #endif
 
+#if KS_MM_LEVEL >= 2
+/* Partner of the transposed Q8_0 panels (matmul_x86.c): int8 q[cols] in
+ * element order, f32 d[nb], int32 corr[nb] = -128 * sum of the block's q;
+ * the integers and scales are ks_mm_quantize_q8's. */
+KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8t)(const float *x, uint8_t *dst, int64_t cols) {
+    const int64_t nb = cols / 32;
+    float *ds = (float *)(dst + ks_mm_align64((size_t)cols));
+    int32_t *corr = (int32_t *)((uint8_t *)ds + ks_mm_align64((size_t)nb * 4));
+    for (int64_t b = 0; b < nb; b++) {
+        __m256 v[4];
+        __m256i iv[4];
+        float amax = KS_MM_SFX(ks_mm_hmax8)(KS_MM_SFX(ks_mm_absmax32)(x + 32 * b, v));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        ds[b] = d;
+        _mm256_storeu_si256((__m256i *)(dst + 32 * b), KS_MM_SFX(ks_mm_round32)(v, id, iv));
+        __m256i s = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+        corr[b] = -128 * _mm_cvtsi128_si32(t);
+    }
+}
+#endif
+
 #undef KS_MM_FN
 #undef KS_MM_INL
 #endif /* KS_MM_TEMPLATE_PASS */

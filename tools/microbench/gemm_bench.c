@@ -1,0 +1,93 @@
+/*
+ * gemm_bench.c — one weight matrix times n activation vectors through
+ * ks_matmul (rows as in the file) and ks_matmul_weight (packed, when the
+ * type packs), alternated in one run (diagnostics, not a test).
+ *
+ * Why it exists: prefill time is mostly these products, and `kvsieve bench`
+ * sees them mixed with attention and the host's noise; tuning a tile needs
+ * the product alone, in G multiply-adds per second, next to the peak that
+ * tools/microbench/vnni_peak.c measures.
+ *
+ * Usage: gemm_bench [threads=2] [rows=2048] [cols=2048] [n=512] [type=q8_0] [reps=5]
+ * Prints the best of reps for each layout.  GEMM_ONLY=rows|packed runs one
+ * layout only (for `perf stat -e cycles`: MACs per cycle survive a shared host).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "core/core.h"
+#include "tensor/dtype.h"
+#include "tensor/matmul.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double cpu_sec(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int main(int argc, char **argv) {
+    int nth = argc > 1 ? atoi(argv[1]) : 2;
+    int64_t rows = argc > 2 ? atoll(argv[2]) : 2048, cols = argc > 3 ? atoll(argv[3]) : 2048;
+    int64_t n = argc > 4 ? atoll(argv[4]) : 512;
+    const char *tname = argc > 5 ? argv[5] : "q8_0";
+    int reps = argc > 6 ? atoi(argv[6]) : 5;
+    ks_dtype t;
+    if (!strcmp(tname, "q8_0")) t = KS_DTYPE_Q8_0;
+    else if (!strcmp(tname, "q4_0")) t = KS_DTYPE_Q4_0;
+    else if (!strcmp(tname, "q4_k")) t = KS_DTYPE_Q4_K;
+    else if (!strcmp(tname, "q6_k")) t = KS_DTYPE_Q6_K;
+    else if (!strcmp(tname, "f16")) t = KS_DTYPE_F16;
+    else if (!strcmp(tname, "bf16")) t = KS_DTYPE_BF16;
+    else { fprintf(stderr, "gemm_bench: unknown type '%s'\n", tname); return 2; }
+    if (nth < 1 || rows < 4 || cols < 256 || n < 1 || reps < 1 || cols % 256) {
+        fprintf(stderr, "usage: gemm_bench [threads] [rows] [cols, multiple of 256] [n] [type] [reps]\n");
+        return 2;
+    }
+    ks_pool *pool = NULL;
+    if (ks_pool_create(nth, &pool) != KS_OK) return 1;
+    size_t rb = ks_dtype_row_bytes(t, cols), bytes = rb * (size_t)rows;
+    uint8_t *W = ks_malloc_aligned(bytes), *Wp = ks_malloc_aligned(bytes);
+    float *tmp = ks_malloc(sizeof(float) * (size_t)cols), *X = ks_malloc(sizeof(float) * (size_t)(n * cols));
+    float *Y = ks_malloc(sizeof(float) * (size_t)(n * rows));
+    ks_rng rng = {1};
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < cols; i++) tmp[i] = ks_rng_normal(&rng) * 0.05f;
+        ks_quantize_row(t, tmp, W + (size_t)r * rb, cols);
+    }
+    for (int64_t i = 0; i < n * cols; i++) X[i] = ks_rng_normal(&rng);
+    memcpy(Wp, W, bytes);
+    ks_weight w = {.type = t, .rows = rows, .cols = cols, .data = Wp};
+    ks_matmul_pack(&w);
+    void *scratch = ks_malloc_aligned(ks_matmul_scratch_bytes(t, cols, n) + 64);
+    double best[2] = {1e30, 1e30}, cbest[2] = {1e30, 1e30};
+    for (int rep = 0; rep < reps; rep++)
+        for (int k = 0; k < 2; k++) {
+            const char *only = getenv("GEMM_ONLY");
+            if (only && strcmp(only, k ? "packed" : "rows")) continue;
+            double t0 = ks_time_sec(), c0 = cpu_sec();
+            if (k == 0) ks_matmul(pool, t, W, rows, cols, X, n, Y, scratch);
+            else ks_matmul_weight(pool, &w, X, n, Y, scratch);
+            double dt = ks_time_sec() - t0, dc = cpu_sec() - c0;
+            if (dt < best[k]) best[k] = dt;
+            if (dc < cbest[k]) cbest[k] = dc;
+        }
+    double macs = (double)rows * (double)cols * (double)n;
+    /* per CPU-second: what one core does while it runs (less sensitive to a
+     * shared host than wall time) */
+    printf("%s %lldx%lld n=%lld threads=%d: rows %.1f G MAC/s (%.2f ms; %.1f G MAC per CPU-s), "
+           "%s %.1f G MAC/s (%.2f ms; %.1f G MAC per CPU-s)\n",
+           tname, (long long)rows, (long long)cols, (long long)n, nth, macs / best[0] * 1e-9, best[0] * 1e3,
+           macs / cbest[0] * 1e-9, w.layout == KS_WEIGHT_ROWS ? "unpacked" : "packed", macs / best[1] * 1e-9,
+           best[1] * 1e3, macs / cbest[1] * 1e-9);
+    ks_free_aligned(scratch);
+    ks_free_aligned(W);
+    ks_free_aligned(Wp);
+    ks_free(tmp);
+    ks_free(X);
+    ks_free(Y);
+    ks_pool_destroy(pool);
+    return 0;
+}

@@ -1,0 +1,206 @@
+/*
+ * vnni_peak.c — the int8 multiply-add peak of this CPU, measured with a
+ * register-only vpdpbusd loop (diagnostics, not a test).
+ *
+ * Why it exists: "the GEMM runs at X% of the chip" needs a denominator that
+ * was measured here, not taken from a datasheet: under a hypervisor the two
+ * vCPUs may be two hyperthreads of one core (then two threads share one set
+ * of VNNI pipes), and the clock under load is unknown.  The loop keeps
+ * 24 independent zmm accumulator chains (more than latency x throughput on
+ * any current core), all operands in registers, so nothing but the VNNI
+ * pipes limits it.  Each vpdpbusd is 16 lanes x 4 u8*s8 = 64 multiply-adds.
+ *
+ * It also times the mix the Q8_0 prefill kernel runs per (row, vector,
+ * 4-block group) — 2 vpdpbusd + int->float + multiply + FMA — to show how
+ * much of the peak a kernel with that float epilogue can reach at best, and
+ * the f32 FMA peak (16 multiply-adds per instruction), the denominator of
+ * the float weights (F16, BF16 converted to f32) and of f32 attention.
+ *
+ * Usage: vnni_peak [threads=2] [seconds=1]
+ * Prints multiply-adds per second for 1 thread and for `threads` threads at
+ * once (each thread pinned to its own CPU when possible), and per CPU-second
+ * of a thread (robust to a shared host's time slicing; compare with
+ * gemm_bench's "per CPU-s").
+ */
+#define _GNU_SOURCE
+#include <immintrin.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl")))
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* this thread's CPU time: on a shared host the rate per CPU-second is what
+ * a core does while it runs, whatever share of the wall time it gets */
+static double thread_cpu(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* 24 chains x 64 MACs per iteration; `iters` iterations.  Named variables
+ * (not an array), so that the accumulators stay in registers: an array is
+ * spilled and reloaded every iteration at -O2, and the stores then bound
+ * the loop instead of the VNNI pipes. */
+#define KS_PEAK_VARS(T) T a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22, a23
+#define KS_PEAK_APPLY(OP)                                                                                    \
+    OP(a0); OP(a1); OP(a2); OP(a3); OP(a4); OP(a5); OP(a6); OP(a7); OP(a8); OP(a9); OP(a10); OP(a11);      \
+    OP(a12); OP(a13); OP(a14); OP(a15); OP(a16); OP(a17); OP(a18); OP(a19); OP(a20); OP(a21); OP(a22); OP(a23)
+#define KS_PEAK_BARRIER()                                                                                    \
+    __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7)); \
+    __asm__ volatile("" : "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11), "+v"(a12), "+v"(a13), "+v"(a14),     \
+                     "+v"(a15));                                                                             \
+    __asm__ volatile("" : "+v"(a16), "+v"(a17), "+v"(a18), "+v"(a19), "+v"(a20), "+v"(a21), "+v"(a22),   \
+                     "+v"(a23))
+TGT static int32_t dpbusd_loop(int64_t iters, int seed) {
+    KS_PEAK_VARS(__m512i);
+    const __m512i u = _mm512_set1_epi8((char)(seed | 1)), s = _mm512_set1_epi8(3);
+    int k = seed;
+#define INIT(x) x = _mm512_set1_epi32(k++)
+    KS_PEAK_APPLY(INIT);
+#undef INIT
+    for (int64_t it = 0; it < iters; it++) {
+#define STEP(x) x = _mm512_dpbusd_epi32(x, u, s)
+        KS_PEAK_APPLY(STEP);
+#undef STEP
+        KS_PEAK_BARRIER();
+    }
+    __m512i t = _mm512_setzero_si512();
+#define SUM(x) t = _mm512_add_epi32(t, x)
+    KS_PEAK_APPLY(SUM);
+#undef SUM
+    return _mm512_reduce_add_epi32(t);
+}
+
+/* The Q8_0 kernel's mix, 8 independent (row, vector) chains: per chain and
+ * iteration 2 vpdpbusd (128 MACs) + cvt + mul + fma (named variables, so
+ * nothing is spilled). */
+TGT static float mix_loop(int64_t iters, int seed) {
+    const __m512i u = _mm512_set1_epi8((char)(seed | 1)), s = _mm512_set1_epi8(3);
+    const __m512 dw = _mm512_set1_ps(1e-3f), dx = _mm512_set1_ps(2e-3f);
+    __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0, f4 = f0, f5 = f0, f6 = f0, f7 = f0;
+    __m512i c0 = _mm512_set1_epi32(seed), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+    for (int64_t it = 0; it < iters; it++) {
+#define MIX(f, c)                                                           \
+    do {                                                                    \
+        __m512i p = _mm512_dpbusd_epi32(c, u, s);                           \
+        p = _mm512_dpbusd_epi32(p, s, u);                                   \
+        f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dx), f); \
+    } while (0)
+        MIX(f0, c0); MIX(f1, c1); MIX(f2, c2); MIX(f3, c3); MIX(f4, c4); MIX(f5, c5); MIX(f6, c6); MIX(f7, c7);
+#undef MIX
+        __asm__ volatile("" : "+v"(f0), "+v"(f1), "+v"(f2), "+v"(f3), "+v"(f4), "+v"(f5), "+v"(f6), "+v"(f7));
+        __asm__ volatile("" : "+v"(c0), "+v"(c1), "+v"(c2), "+v"(c3), "+v"(c4), "+v"(c5), "+v"(c6), "+v"(c7));
+    }
+    __m512 t = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(f0, f1), _mm512_add_ps(f2, f3)),
+                             _mm512_add_ps(_mm512_add_ps(f4, f5), _mm512_add_ps(f6, f7)));
+    return _mm512_reduce_add_ps(t);
+}
+
+/* f32 FMA peak (the float weights' denominator): 24 chains x 16 MACs. */
+TGT static float fma_loop(int64_t iters, int seed) {
+    KS_PEAK_VARS(__m512);
+    const __m512 x = _mm512_set1_ps(1.0f + 1e-7f * (float)seed), y = _mm512_set1_ps(0.999999f);
+    float k = 0;
+#define INIT(v) v = _mm512_set1_ps(k++)
+    KS_PEAK_APPLY(INIT);
+#undef INIT
+    for (int64_t it = 0; it < iters; it++) {
+#define STEP(v) v = _mm512_fmadd_ps(v, x, y)
+        KS_PEAK_APPLY(STEP);
+#undef STEP
+        KS_PEAK_BARRIER();
+    }
+    __m512 t = _mm512_setzero_ps();
+#define SUM(v) t = _mm512_add_ps(t, v)
+    KS_PEAK_APPLY(SUM);
+#undef SUM
+    return _mm512_reduce_add_ps(t);
+}
+
+typedef struct {
+    int cpu, mode;
+    double seconds, macs, macs_cpu;
+    volatile int *go;
+} job;
+
+static void *worker(void *arg) {
+    job *j = arg;
+    if (j->cpu >= 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(j->cpu, &set);
+        pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    }
+    while (!*j->go) {
+    }
+    const int64_t iters = 1 << 20;
+    const double per = j->mode == 2 ? 24.0 * 16 : j->mode ? 8.0 * 128 : 24.0 * 64;
+    double t0 = now(), c0 = thread_cpu(), t;
+    int64_t done = 0;
+    volatile float sink = 0;
+    do {
+        sink += j->mode == 2 ? fma_loop(iters, (int)done)
+                : j->mode  ? mix_loop(iters, (int)done)
+                           : (float)dpbusd_loop(iters, (int)done);
+        done += iters;
+        t = now();
+    } while (t - t0 < j->seconds);
+    (void)sink;
+    j->macs = (double)done * per / (t - t0);
+    j->macs_cpu = (double)done * per / (thread_cpu() - c0);
+    return NULL;
+}
+
+static double run(int nth, int mode, double seconds, double *per_cpu) {
+    pthread_t th[64];
+    job jobs[64];
+    volatile int go = 0;
+    int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    for (int i = 0; i < nth; i++) {
+        jobs[i] = (job){.cpu = ncpu >= nth ? i : -1, .mode = mode, .seconds = seconds, .go = &go};
+        pthread_create(&th[i], NULL, worker, &jobs[i]);
+    }
+    go = 1;
+    double total = 0, cpu = 0;
+    for (int i = 0; i < nth; i++) {
+        pthread_join(th[i], NULL);
+        total += jobs[i].macs;
+        cpu += jobs[i].macs_cpu;
+    }
+    *per_cpu = cpu / nth;
+    return total;
+}
+
+int main(int argc, char **argv) {
+    int nth = argc > 1 ? atoi(argv[1]) : 2;
+    double seconds = argc > 2 ? atof(argv[2]) : 1.0;
+    if (nth < 1 || nth > 64 || !(seconds > 0)) {
+        fprintf(stderr, "usage: vnni_peak [threads=2] [seconds=1]\n");
+        return 2;
+    }
+    if (!__builtin_cpu_supports("avx512vnni")) {
+        fprintf(stderr, "vnni_peak: this CPU has no AVX-512 VNNI\n");
+        return 1;
+    }
+    for (int mode = 0; mode < 3; mode++) {
+        const char *name = mode == 2 ? "f32 vfmadd231ps register-only"
+                           : mode    ? "q8_0 mix (2 dpbusd+cvt+mul+fma)"
+                                     : "vpdpbusd register-only";
+        double c1, cn;
+        double one = run(1, mode, seconds, &c1), all = run(nth, mode, seconds, &cn);
+        printf("%-34s 1 thread %7.1f G MAC/s   %d threads %7.1f G MAC/s   (per CPU-second: %.1f / %.1f)\n", name,
+               one * 1e-9, nth, all * 1e-9, c1 * 1e-9, cn * 1e-9);
+    }
+    return 0;
+}
