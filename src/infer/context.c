@@ -5,7 +5,10 @@
  * A context owns everything a step needs so that no step allocates on the
  * hot path: the paged KV store (src/kv), the policy (src/select), per-row
  * activation buffers sized for the largest batch, per-worker attention
- * scratch sized for the whole context, and the thread pool.  Creation
+ * scratch sized for the whole context, a decode step's own arrays, and the
+thread pool; what the policies and the services to them need per call is
+per-thread scratch that only grows (ks_scratch), so once a step has run at
+a depth the next allocates nothing (tests/test_step_alloc.c).  Creation
  * validates every parameter before it allocates anything, then builds the
  * parts in dependency order; any failure after the first allocation goes
  * through the one cleanup path, ks_context_destroy, which accepts a
