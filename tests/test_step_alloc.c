@@ -11,8 +11,9 @@
  * policy of the registry (and each per-layer selector behind an evictor,
  * the compositions kvsieve runs), with a budget well under the context so the
  * selection really runs, batch 1 and 2, fast tier and a layer in the slow
- * tier, the count does not move across decode steps after the first (the
- * first may fault in lazily sized scratch that depends on the prompt).
+ * tier, the count does not move across four decode steps after two
+ * warm-up steps (those may size the per-thread scratch, ks_scratch, which
+ * only grows, in powers of two, on whichever worker a head's work lands).
  */
 #define _GNU_SOURCE
 #include "infer/infer.h"
@@ -50,9 +51,9 @@ static int teardown(void **state) {
     return system(cmd) == 0 ? 0 : -1;
 }
 
-/* Allocations made by decode steps 2..n_steps of one configuration. */
+/* Allocations made by decode steps 3..6 of one configuration. */
 static uint64_t step_allocs(const char *policy, const char *args, int n_seq, int offload) {
-    enum { PROMPT = 200, STEPS = 5 };
+    enum { PROMPT = 200, STEPS = 6 };
     ks_context_params p = ks_context_default_params();
     p.n_ctx = PROMPT + STEPS + 1;
     p.n_seq = n_seq;
@@ -78,7 +79,7 @@ static uint64_t step_allocs(const char *policy, const char *args, int n_seq, int
     uint64_t before = 0;
     for (int t = 0; t < STEPS; t++) {
         for (int s = 0; s < n_seq; s++) toks[s] = (int32_t)((t * 13 + s * 7 + 3) % V);
-        if (t == 1) before = ks_alloc_count();
+        if (t == 2) before = ks_alloc_count();
         if (ks_decode(c, seqs, toks, n_seq, logits) != KS_OK) fail_msg("%s decode: %s", policy, ks_last_error());
     }
     uint64_t n = ks_alloc_count() - before;
@@ -118,9 +119,36 @@ static void test_no_allocation_in_a_decode_step(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/* The weight products of a decode step: Q8_0 and Q4_0 weights take the
+ * packed kernels on AVX-512 VNNI hosts (and their fallbacks elsewhere); no
+ * tile buffer may be allocated per product. */
+static void test_no_allocation_with_quantized_weights(void **state) {
+    (void)state;
+    const ks_dtype types[] = {KS_DTYPE_Q8_0, KS_DTYPE_Q4_0};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/tiny-%zu.gguf", g_tmp, t);
+        ks_gguf *vocab = NULL;
+        assert_int_equal(ks_gguf_open(ks_test_fixture("models/aidreams260K.gguf"), &vocab), KS_OK);
+        ks_shape_gen_params gp = {.type = types[t], .vocab = vocab, .seed = 9, .n_layer = 2, .n_ctx = 512};
+        assert_int_equal(ks_shape_generate(ks_shape_find("tiny-llama"), &gp, path, NULL), KS_OK);
+        ks_gguf_close(vocab);
+        ks_model *saved = g_model;
+        assert_int_equal(ks_model_load(path, ks_model_default_params(), &g_model), KS_OK);
+        for (int n_seq = 1; n_seq <= 2; n_seq++) {
+            uint64_t n = step_allocs("dense", NULL, n_seq, 0);
+            if (n) fail_msg("%s weights, batch %d: %llu allocations in 4 steps", ks_dtype_name(types[t]), n_seq,
+                            (unsigned long long)n);
+        }
+        ks_model_destroy(g_model);
+        g_model = saved;
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_allocation_in_a_decode_step),
+        cmocka_unit_test(test_no_allocation_with_quantized_weights),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -116,9 +116,12 @@ void *ks_scratch(ks_scratch_slot slot, size_t bytes) {
         s = ks_calloc(1, sizeof *s);
         KS_ASSERT(pthread_setspecific(g_scratch_key, s) == 0);
     }
-    if (s->n[slot] < bytes) { /* grow geometrically: a context's growing depth regrows a slot O(log n) times */
-        size_t n = bytes > 2 * s->n[slot] ? bytes : 2 * s->n[slot];
-        n = n < 4096 ? 4096 : n;
+    if (s->n[slot] < bytes) {
+        /* powers of two: a context's growing depth (one entry a step) regrows
+         * a slot O(log n) times, and a step only a little larger than the
+         * last one, on whichever worker it lands, fits what is there */
+        size_t n = 4096;
+        while (n < bytes) n *= 2;
         ks_free_aligned(s->p[slot]);
         s->p[slot] = ks_malloc_aligned(n);
         s->n[slot] = n;

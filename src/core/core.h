@@ -57,11 +57,12 @@ uint64_t ks_alloc_count(void);
  * (freed when it exits).  The buffer stays valid until the same thread asks
  * for the same slot again, so a function uses only its own slots: the
  * policies' selection 0-3, their math helpers 4-5, the engine's services
- * to policies 6-7. */
+ * to policies 6-7, the tensor kernels' workers 8. */
 typedef enum {
     KS_SCRATCH_POLICY0, KS_SCRATCH_POLICY1, KS_SCRATCH_POLICY2, KS_SCRATCH_POLICY3,
     KS_SCRATCH_MATH0, KS_SCRATCH_MATH1,
     KS_SCRATCH_SERVICE0, KS_SCRATCH_SERVICE1,
+    KS_SCRATCH_KERNEL, /* a tensor kernel's worker (matmul tiles), below everything else */
     KS_SCRATCH_SLOTS
 } ks_scratch_slot;
 void *ks_scratch(ks_scratch_slot slot, size_t bytes);

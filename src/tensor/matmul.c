@@ -559,7 +559,7 @@ static void ks_mm_p16_worker(void *arg, int ith, int nth) {
         return;
     }
 #endif
-    ks_block_q8_0 *rows = ks_malloc(panel_bytes);
+    ks_block_q8_0 *rows = ks_scratch(KS_SCRATCH_KERNEL, panel_bytes);
     for (int64_t p = p0; p < p1; p++) {
         ks_mm_unpack_p16(job->W + (size_t)p * panel_bytes, nb, rows);
         for (int r = 0; r < 16; r++)
@@ -569,7 +569,6 @@ static void ks_mm_p16_worker(void *arg, int ith, int nth) {
                           job->cols, job->Y + c * job->rows + 16 * p + r, job->rows);
             }
     }
-    ks_free(rows);
 }
 
 void ks_matmul_pack(ks_weight *w) {
@@ -656,7 +655,7 @@ static void ks_mm_packed_worker(void *arg, int ith, int nth) {
         if (block < 1) block = 1;
         if (job->n <= KS_MM_NC) block = p1 - p0;
         const int64_t kg = job->n <= KS_MM_NC || ng <= KS_MM_P4_KGROUPS ? ng : KS_MM_P4_KGROUPS;
-        float *acc = ks_malloc_aligned(sizeof(float) * 256 * (size_t)(kg < ng ? block : 1));
+        float *acc = ks_scratch(KS_SCRATCH_KERNEL, sizeof(float) * 256 * (size_t)(kg < ng ? block : 1));
         for (int64_t b0 = p0; b0 < p1; b0 += block) {
             const int64_t b1 = b0 + block < p1 ? b0 + block : p1;
             for (int64_t c = 0; c < job->n; c += KS_MM_NC) {
@@ -670,11 +669,10 @@ static void ks_mm_packed_worker(void *arg, int ith, int nth) {
                 }
             }
         }
-        ks_free_aligned(acc);
         return;
     }
 #endif
-    uint8_t *rows = ks_malloc(panel_bytes);
+    uint8_t *rows = ks_scratch(KS_SCRATCH_KERNEL, panel_bytes);
     for (int64_t p = p0; p < p1; p++) {
         ks_mm_unpack_panel(job->wtype, job->W + (size_t)p * panel_bytes, nb, rows);
         for (int r = 0; r < 4; r++)
@@ -684,7 +682,6 @@ static void ks_mm_packed_worker(void *arg, int ith, int nth) {
                           job->Y + c * job->rows + 4 * p + r, job->rows);
             }
     }
-    ks_free(rows);
 }
 
 void ks_matmul_weight_ex(ks_pool *pool, const ks_weight *w, const float *X, int64_t n, float *Y, void *scratch,

@@ -34,11 +34,11 @@ static void ks_peak_worker(void *arg, int ith, int nth) {
     ks_peak_job *job = arg;
 #if KS_PEAK_X86
     const int64_t iters = 1 << 16; /* 100M MACs, ~0.4 ms */
-    volatile int32_t sink = 0;
+    volatile uint32_t sink = 0; /* unsigned: the sums wrap by design */
     int64_t done = 0;
     double t0 = ks_time_sec(), t;
     do {
-        sink += ks_peak_dpbusd(iters, (int)done);
+        sink += (uint32_t)ks_peak_dpbusd(iters, (int)done);
         done += iters;
         t = ks_time_sec();
     } while (t - t0 < job->seconds);

@@ -41,6 +41,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static inline int32_t ks_
 #define SUM(x) t = _mm512_add_epi32(t, x)
     KS_PEAK_APPLY(SUM);
 #undef SUM
-    return _mm512_reduce_add_epi32(t);
+    /* lane 0 keeps every chain alive; _mm512_reduce_add_epi32 would add the
+     * lanes as signed ints, which overflow (UB) on these sums */
+    return _mm_cvtsi128_si32(_mm512_castsi512_si128(t));
 }
 #endif
