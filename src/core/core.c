@@ -108,25 +108,50 @@ static void scratch_release(void *v) {
 }
 static void scratch_make_key(void) { KS_ASSERT(pthread_key_create(&g_scratch_key, scratch_release) == 0); }
 
-void *ks_scratch(ks_scratch_slot slot, size_t bytes) {
-    KS_ASSERT((int)slot >= 0 && slot < KS_SCRATCH_SLOTS);
+/* Each slot's largest size on any thread, and a counter bumped when one
+ * rises (relaxed: a thread that misses a rise reserves at the next check). */
+static atomic_size_t g_scratch_mark[KS_SCRATCH_SLOTS];
+static atomic_uint_least64_t g_scratch_epoch;
+
+static scratch_set *scratch_of_thread(void) {
     pthread_once(&g_scratch_once, scratch_make_key);
     scratch_set *s = pthread_getspecific(g_scratch_key);
     if (!s) {
         s = ks_calloc(1, sizeof *s);
         KS_ASSERT(pthread_setspecific(g_scratch_key, s) == 0);
     }
-    if (s->n[slot] < bytes) {
-        /* powers of two: a context's growing depth (one entry a step) regrows
-         * a slot O(log n) times, and a step only a little larger than the
-         * last one, on whichever worker it lands, fits what is there */
-        size_t n = 4096;
-        while (n < bytes) n *= 2;
-        ks_free_aligned(s->p[slot]);
-        s->p[slot] = ks_malloc_aligned(n);
-        s->n[slot] = n;
+    return s;
+}
+
+static void scratch_grow(scratch_set *s, ks_scratch_slot slot, size_t bytes) {
+    /* powers of two: a context's growing depth (one entry a step) regrows
+     * a slot O(log n) times */
+    size_t n = 4096;
+    while (n < bytes) n *= 2;
+    ks_free_aligned(s->p[slot]);
+    s->p[slot] = ks_malloc_aligned(n);
+    s->n[slot] = n;
+    size_t mark = atomic_load_explicit(&g_scratch_mark[slot], memory_order_relaxed);
+    while (mark < n && !atomic_compare_exchange_weak(&g_scratch_mark[slot], &mark, n)) {
     }
+    if (mark < n) atomic_fetch_add_explicit(&g_scratch_epoch, 1, memory_order_relaxed);
+}
+
+void *ks_scratch(ks_scratch_slot slot, size_t bytes) {
+    KS_ASSERT((int)slot >= 0 && slot < KS_SCRATCH_SLOTS);
+    scratch_set *s = scratch_of_thread();
+    if (s->n[slot] < bytes) scratch_grow(s, slot, bytes);
     return s->p[slot];
+}
+
+uint64_t ks_scratch_epoch(void) { return atomic_load_explicit(&g_scratch_epoch, memory_order_relaxed); }
+
+void ks_scratch_reserve(void) {
+    scratch_set *s = scratch_of_thread();
+    for (int i = 0; i < KS_SCRATCH_SLOTS; i++) {
+        size_t mark = atomic_load_explicit(&g_scratch_mark[i], memory_order_relaxed);
+        if (s->n[i] < mark) scratch_grow(s, (ks_scratch_slot)i, mark);
+    }
 }
 
 char *ks_strdup(const char *s) {

@@ -66,6 +66,14 @@ typedef enum {
     KS_SCRATCH_SLOTS
 } ks_scratch_slot;
 void *ks_scratch(ks_scratch_slot slot, size_t bytes);
+/* Which thread of a pool takes which head varies from step to step, so a
+ * slot grown on one worker must be grown on the others before the next step
+ * or a later step allocates there: the process keeps each slot's high-water
+ * mark, ks_scratch_epoch() changes whenever one rises, and
+ * ks_scratch_reserve() grows the calling thread's slots to the marks
+ * (ks_pool_reserve_scratch does it on every thread of a pool). */
+uint64_t ks_scratch_epoch(void);
+void ks_scratch_reserve(void);
 
 /* Logging goes to stderr; stdout belongs to the program's output. */
 typedef enum { KS_LOG_DEBUG, KS_LOG_INFO, KS_LOG_WARN, KS_LOG_ERROR } ks_log_level;
@@ -99,6 +107,8 @@ void ks_pool_destroy(ks_pool *pool);
 int ks_pool_size(const ks_pool *pool);
 /* Runs fn(arg, i, n) for i in [0, n) on the pool and returns when all are done. */
 void ks_pool_run(ks_pool *pool, ks_pool_fn fn, void *arg);
+/* ks_scratch_reserve on every thread of the pool, the caller included. */
+void ks_pool_reserve_scratch(ks_pool *pool);
 /* Worker ith's share [*begin, *end) of n units split as evenly as possible
  * among nth workers (shares differ by at most one unit, and are in order). */
 static inline void ks_pool_share(int64_t n, int ith, int nth, int64_t *begin, int64_t *end) {

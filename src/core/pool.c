@@ -134,3 +134,10 @@ void ks_pool_run(ks_pool *pool, ks_pool_fn fn, void *arg) {
         pthread_mutex_unlock(&pool->mu);
     }
 }
+
+static void reserve_worker(void *arg, int ith, int nth) {
+    (void)arg, (void)ith, (void)nth;
+    ks_scratch_reserve();
+}
+
+void ks_pool_reserve_scratch(ks_pool *pool) { ks_pool_run(pool, reserve_worker, NULL); }

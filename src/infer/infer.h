@@ -91,6 +91,7 @@ struct ks_context {
     int32_t *seq_len;        /* [n_seq] next position of each sequence */
     bool decoding;           /* the rows being computed are a decode step */
     uint64_t step_serial;    /* decode steps so far (keys step_plans) */
+    uint64_t scratch_epoch;  /* ks_scratch_epoch() when the pool last reserved its scratch */
     ks_step_plan *step_plans; /* [n_seq][n_head_kv], buffers allocated on first use */
     bool plan_per_layer;     /* tests: select and plan in every layer even where one plan would do */
     float *x;                /* [max_rows][n_embd] residual stream */

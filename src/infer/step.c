@@ -95,6 +95,15 @@ static ks_status drop_pseudo(ks_context *c, int32_t seq, int32_t np) {
     return st;
 }
 
+/* A slot that grew on one worker this call is grown on all of them now, so
+ * the next step allocates nothing whichever worker takes which head. */
+static void reserve_scratch(ks_context *c) {
+    uint64_t epoch = ks_scratch_epoch();
+    if (epoch == c->scratch_epoch) return;
+    ks_pool_reserve_scratch(c->pool);
+    c->scratch_epoch = epoch;
+}
+
 /* Prefill rows tokens[0, n) after what sequence seq holds.  The prefill
  * hooks see the prompt full[0, n_full), of which these rows are the last n
  * (full == tokens for a plain prefill; the whole prompt after a restored
@@ -189,6 +198,7 @@ static ks_status prefill_impl(ks_context *c, int32_t seq, const int32_t *tokens,
     }
     c->stats.tokens_prefilled += (uint64_t)n;
     c->stats.prefill_seconds += ks_time_sec() - t0;
+    reserve_scratch(c);
     return KS_OK;
 }
 
@@ -295,6 +305,7 @@ ks_status ks_decode(ks_context *c, const int32_t *seqs, const int32_t *tokens, i
     if (st != KS_OK) return st;
     c->stats.tokens_decoded += (uint64_t)n;
     c->stats.decode_seconds += ks_time_sec() - t0;
+    reserve_scratch(c);
     return KS_OK;
 }
 
