@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""eval_table.py — the Markdown tables of docs/EVAL.md from `kvsieve eval --json` output.
+"""eval_table.py — the Markdown tables of docs/results/EVAL.md from `kvsieve eval --json` output.
 
     python3 tools/eval_table.py EVAL.json [EVAL2.json ...] [--keep-share 0.95]
 
