@@ -18,6 +18,10 @@ tracked-looking *.md file (build and hidden directories skipped):
   and `*` globs; paths holding a shell variable (`$`) or placeholders in
   capitals are skipped, since they name no one file.
 
+The same `docs/` check runs over the sources, tools, tests and build files
+(*.c, *.h, *.py, *.sh, *.cmake, Makefile, CMakeLists.txt), whose comments
+and messages send readers to the docs too.
+
 Prints one line per broken reference (file:line: what) and exits 1 if there
 is any, 0 otherwise.  Standard library only.
 """
@@ -32,13 +36,26 @@ DOCS_PATH = re.compile(r"(?<![\w./-])(docs/[A-Za-z0-9_./{},*$-]*[A-Za-z0-9_*}/])
 SKIP_DIRS = {"node_modules"}
 
 
-def markdown_files(root):
+SOURCE_SUFFIXES = (".c", ".h", ".py", ".sh", ".cmake")
+SOURCE_NAMES = ("Makefile", "CMakeLists.txt")
+
+
+def repo_files(root):
     for d, dirs, files in os.walk(root):
         dirs[:] = sorted(x for x in dirs
                          if not x.startswith(".") and not x.startswith("build") and x not in SKIP_DIRS)
         for f in sorted(files):
-            if f.endswith(".md"):
-                yield os.path.join(d, f)
+            yield os.path.join(d, f)
+
+
+def markdown_files(root):
+    return (p for p in repo_files(root) if p.endswith(".md"))
+
+
+def source_files(root):
+    me = os.path.abspath(__file__)
+    return (p for p in repo_files(root)
+            if (p.endswith(SOURCE_SUFFIXES) or os.path.basename(p) in SOURCE_NAMES) and os.path.abspath(p) != me)
 
 
 def slug(heading):
@@ -123,10 +140,25 @@ def main(argv):
                     if p:
                         bad += 1
                         print("%s:%d: %s" % (os.path.relpath(md, root), i, p))
+    n_sources = 0
+    for src in source_files(root):
+        n_sources += 1
+        try:
+            with open(src, encoding="utf-8") as f:
+                text = f.read()
+        except (UnicodeDecodeError, OSError):
+            continue  # binary or unreadable: no docs paths to check
+        for i, line in enumerate(text.split("\n"), 1):
+            for m in DOCS_PATH.finditer(line):
+                p = check_docs_path(m.group(1), root)
+                if p:
+                    bad += 1
+                    print("%s:%d: %s" % (os.path.relpath(src, root), i, p))
     if n_files == 0:
         print("check_links: no Markdown files under %s" % root)
         return 1
-    print("check_links: %d Markdown files, %d broken reference%s" % (n_files, bad, "" if bad == 1 else "s"))
+    print("check_links: %d Markdown files and %d sources, %d broken reference%s"
+          % (n_files, n_sources, bad, "" if bad == 1 else "s"))
     return 1 if bad else 0
 
 
