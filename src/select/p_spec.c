@@ -20,7 +20,7 @@
  * is most of the bytes a selection reads (32K positions x 8 KV heads x 64
  * dims are 33.5 MB of f16 against the projections' 24.5 MB of Q8_0), and
  * 8-bit keys halve it at the cost of the keys' rounding in the scores, which
- * kvsieve eval measures as noise (docs/POLICIES.md, "Deviations").
+ * kvsieve eval measures as noise (docs/results/POLICIES.md, "Deviations").
  * Prompt keys are computed from the hidden states the framework captures
  * during prefill (on_hidden), batched through ks_matmul; a decode step's key
  * is computed in before_step together with its query.  Scores for each
@@ -47,7 +47,7 @@
  * counts B per offloaded layer and head as M_part does; its alpha is the
  * per-token scratch kvsieve's workers really allocate, not the paper's GQA
  * group count (its repeat_kv buffer, which kvsieve's kernels never
- * materialise): docs/POLICIES.md, "Deviations".  `variant=embed` is the embedding-only head (no fused
+ * materialise): docs/results/POLICIES.md, "Deviations".  `variant=embed` is the embedding-only head (no fused
  * states) the paper describes as the cheaper option.
  *
  * Arguments: dlm=DIR (required: an EAGLE-3 checkpoint directory),
@@ -291,7 +291,7 @@ static void spec_destroy(void *state) {
  * 8-bit format), so the once-a-step projections read about half the bytes
  * of bf16 / f16 weights (a quarter of f32).  The projections change by the
  * rounding of Q8_0, so the selection may differ slightly from the
- * checkpoint's precision; docs/POLICIES.md has the measured effect. */
+ * checkpoint's precision; docs/results/POLICIES.md has the measured effect. */
 static ks_status requantize_q8_0(spec_state *s, bool embed_only) {
     const ks_eagle3_mat *m[3] = {&s->dlm->wq, &s->dlm->wk, embed_only ? NULL : &s->dlm->fc};
     ks_dtype *t[3] = {&s->t_q, &s->t_k, &s->t_fc};
