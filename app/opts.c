@@ -99,7 +99,7 @@ static const app_opt g_opts[] = {
     {"--pieces", 0, OPT_FLAG, APP_TOKENIZE, F(pieces), 0, 0, 0, 0, 0, 0, "print each id with its decoded text", 0},
     /* perplexity */
     {"--windows", 0, OPT_LONG, APP_PPL, F(max_windows), 0, 1, 1 << 20, 0, 0, "N", "score at most N windows", 0},
-    {"--decode-from", 0, OPT_LONG, APP_PPL, F(decode_from), 0, 1, 1 << 24, 0, "-1", "N",
+    {"--decode-from", 0, OPT_LONG, APP_PPL, F(decode_from), 0, 1, 1 << 24, 0, 0, "N",
      "prefill N tokens of each window, decode the rest (default: half a window with a policy)", 0},
     {"--score-second-half", 0, OPT_FLAG, APP_PPL, F(second_half), 0, 0, 0, 0, 0, 0,
      "score only the second half of each window of -c tokens, as llama.cpp's\n"
@@ -238,8 +238,8 @@ static void print_row(FILE *f, const app_opt *r) {
     char left[64];
     snprintf(left, sizeof left, "%s%s%s%s%s", r->name, r->alias ? ", " : "", r->alias ? r->alias : "",
              r->meta ? " " : "", r->meta ? r->meta : "");
-    fprintf(f, "  %-20s ", left);
-    if (strlen(left) > 20) fprintf(f, "\n  %-20s ", "");
+    if (strlen(left) > 20) fprintf(f, "  %s\n  %-20s ", left, ""); /* a long left column: help on the next line */
+    else fprintf(f, "  %-20s ", left);
     for (const char *h = r->help; *h; h++) {
         fputc(*h, f);
         if (*h == '\n') fprintf(f, "  %-20s ", "");
