@@ -3,271 +3,242 @@
  *
  * stdout carries only the generated text (so it can be piped); timings and
  * bandwidth go to stderr.  Stop strings are matched on the decoded text with
- * a hold-back buffer, so no part of a stop string is ever printed.
+ * a hold-back buffer, so no part of a stop string is ever printed.  The
+ * command is four steps over one run_state: prepare (prompt, model, tokens,
+ * context), prefill (optionally through a prompt-cache file), generate and
+ * report; each step returns -1 to go on or the exit code.
  */
 #include "args.h"
 #include "commands.h"
-#include "infer/infer.h"
-#include "infer/stop.h"
 #include "kvsieve.h"
-#include "policy_opts.h"
+#include "kvsieve_tools.h"
+#include "opts.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: kvsieve run [-m MODEL.gguf] (-p PROMPT | -f FILE) [options]\n"
-            "  -m PATH            model (default: $KVSIEVE_MODEL or the bundled model)\n"
-            "  -p TEXT            prompt text\n"
-            "  -f FILE            read the prompt from a file\n"
-            "  -n N               tokens to generate (default 128)\n"
-            "  -c N               context length (default: prompt + n, at least 512, capped by the model)\n"
-            "  -t N               threads (default: all cores)\n"
-            "  --chat             wrap the prompt in the model's chat template\n"
-            "  --system TEXT      system prompt for --chat\n"
-            "  --temp X           temperature, 0 = greedy (default 0.8)\n"
-            "  --top-k N          (default 40, 0 = off)\n"
-            "  --top-p X          (default 0.95, 1 = off)\n"
-            "  --min-p X          (default 0.05, 0 = off)\n"
-            "  --repeat-penalty X (default 1.0 = off)   --repeat-last-n N (default 64)\n"
-            "  --seed N           sampling seed (default 42)\n"
-            "  --stop TEXT        stop when TEXT is generated (repeatable)\n"
-            "  --ignore-eos       keep generating past end-of-generation tokens\n"
-            "  --kv-type f16|q8   KV cache element type (default f16)\n"
-            "  --batch N          prefill chunk size in tokens (default 256)\n"
-            "  --prompt-cache FILE  start from the longest prefix of the prompt cached in FILE, and save the\n"
-            "                     prompt's KV there after prefill (exact: the same output as without it)\n"
-            "  --no-bos           do not prepend BOS\n"
-            "  --verbose          log level debug\n"
-            "%s", app_policy_usage());
+bool app_parse_stop(app_options *o, const char *flag, const char *v) {
+    if (o->n_stops == APP_MAX_STOPS) { fprintf(stderr, "kvsieve run: at most 16 --stop strings\n"); return false; }
+    if (!*v) { fprintf(stderr, "kvsieve run: --stop needs a non-empty string\n"); return false; }
+    o->stops[o->n_stops++] = v;
+    return true;
 }
 
-int cmd_run(int argc, char **argv) {
-    const char *cmd = "run", *model_path = NULL, *prompt = NULL, *prompt_file = NULL, *system = NULL;
-    const char *cache_file = NULL;
-    ks_prefix_cache *pcache = NULL;
-    long n_gen = 128, n_ctx = 0, n_threads = 0, n_batch = 256;
-    bool chat = false, ignore_eos = false, add_bos = true;
-    ks_sampler_params sp = ks_sampler_default_params();
-    ks_kv_type kv_type = KS_KV_F16;
-    const char *stops[16];
-    size_t n_stops = 0;
-    app_policy_opts po;
-    app_policy_opts_init(&po);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        long lv;
-        int pr = app_policy_opt(cmd, argc, argv, &i, &po, false);
-        if (pr < 0) return 2;
-        if (pr > 0) continue;
-#define VAL() do { if (!(v = arg_value(cmd, argc, argv, &i))) return 2; } while (0)
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
-        else if (!strcmp(a, "-m")) { VAL(); model_path = v; }
-        else if (!strcmp(a, "-p")) { VAL(); prompt = v; }
-        else if (!strcmp(a, "-f")) { VAL(); prompt_file = v; }
-        else if (!strcmp(a, "-n")) { VAL(); if (!arg_long(cmd, a, v, 0, 1 << 24, &n_gen)) return 2; }
-        else if (!strcmp(a, "-c")) { VAL(); if (!arg_long(cmd, a, v, 1, 1 << 24, &n_ctx)) return 2; }
-        else if (!strcmp(a, "-t")) { VAL(); if (!arg_long(cmd, a, v, 1, 1024, &n_threads)) return 2; }
-        else if (!strcmp(a, "--batch")) { VAL(); if (!arg_long(cmd, a, v, 1, 65536, &n_batch)) return 2; }
-        else if (!strcmp(a, "--chat")) chat = true;
-        else if (!strcmp(a, "--system")) { VAL(); system = v; }
-        else if (!strcmp(a, "--temp")) { VAL(); if (!arg_float(cmd, a, v, 0, 100, &sp.temperature)) return 2; }
-        else if (!strcmp(a, "--top-k")) { VAL(); if (!arg_long(cmd, a, v, 0, 1 << 30, &lv)) return 2; sp.top_k = (int32_t)lv; }
-        else if (!strcmp(a, "--top-p")) { VAL(); if (!arg_float(cmd, a, v, 1e-6, 1, &sp.top_p)) return 2; }
-        else if (!strcmp(a, "--min-p")) { VAL(); if (!arg_float(cmd, a, v, 0, 0.999999, &sp.min_p)) return 2; }
-        else if (!strcmp(a, "--repeat-penalty")) { VAL(); if (!arg_float(cmd, a, v, 1e-3, 100, &sp.repeat_penalty)) return 2; }
-        else if (!strcmp(a, "--repeat-last-n")) { VAL(); if (!arg_long(cmd, a, v, 0, 1 << 20, &lv)) return 2; sp.repeat_last_n = (int32_t)lv; }
-        else if (!strcmp(a, "--seed")) { VAL(); if (!arg_long(cmd, a, v, 0, 0x7fffffffffffffffL, &lv)) return 2; sp.seed = (uint64_t)lv; }
-        else if (!strcmp(a, "--stop")) {
-            VAL();
-            if (n_stops == 16) { fprintf(stderr, "kvsieve run: at most 16 --stop strings\n"); return 2; }
-            if (!*v) { fprintf(stderr, "kvsieve run: --stop needs a non-empty string\n"); return 2; }
-            stops[n_stops++] = v;
-        }
-        else if (!strcmp(a, "--ignore-eos")) ignore_eos = true;
-        else if (!strcmp(a, "--no-bos")) add_bos = false;
-        else if (!strcmp(a, "--verbose")) ks_log_set_level(KS_LOG_DEBUG);
-        else if (!strcmp(a, "--kv-type")) { VAL(); if (!arg_kv_type(cmd, v, &kv_type)) return 2; }
-        else if (!strcmp(a, "--prompt-cache")) { VAL(); cache_file = v; }
-        else { fprintf(stderr, "kvsieve run: unknown option '%s'\n", a); usage(stderr); return 2; }
-#undef VAL
-    }
-    if (!prompt == !prompt_file) {
-        fprintf(stderr, "kvsieve run: give exactly one of -p PROMPT or -f FILE\n");
-        return 2;
-    }
-    if (!model_path) model_path = app_default_model();
-    po.model_path = model_path;
-    if (!model_path) {
-        fprintf(stderr, "kvsieve run: no model given (-m) and no bundled model found (set KVSIEVE_MODEL)\n");
-        return 2;
-    }
-    if (!app_policy_calibration(&po, cmd, model_path)) return 2;
-    char *file_text = NULL;
-    size_t prompt_len = 0;
-    if (prompt_file) {
-        if (!(file_text = app_read_file(cmd, prompt_file, &prompt_len))) return 1;
-        prompt = file_text;
-    } else {
-        prompt_len = strlen(prompt);
-    }
-    int rc = 1;
-    ks_model *model = NULL;
-    ks_context *ctx = NULL;
-    ks_sampler *smp = NULL;
-    ks_stop_matcher *stop = NULL;
-    int32_t *ids = NULL;
-    float *logits = NULL;
-    char *chat_buf = NULL;
-    if (prompt_len == 0) {
-        fprintf(stderr, "kvsieve run: the prompt is empty\n");
-        rc = 2;
-        goto done;
-    }
-    ks_status st = ks_model_load(model_path, ks_model_default_params(), &model);
-    if (st != KS_OK) { app_report(cmd, "loading the model", st); goto done; }
+bool app_parse_verbose(app_options *o, const char *flag, const char *v) {
+    ks_log_verbose(true);
+    return true;
+}
+
+typedef struct run_state {
+    char *file_text, *chat_buf;
+    const char *prompt;
+    size_t prompt_len, n_prompt;
+    ks_model *model;
+    ks_context *ctx;
+    ks_context_params cp;
+    ks_sampler *smp;
+    ks_stop_matcher *stop;
+    ks_prefix_cache *pcache;
+    int32_t *ids;
+    float *logits;
+    double t_submit, ttft, t_pf, t_load, t_save;
+    int32_t n_cached, n_saved;
+    ks_stats s_prefill;
+    const char *why;
+    bool matched;
+} run_state;
+
+/* The prompt text (-p or -f), through the chat template with --chat, as tokens. */
+static int run_tokens(app_options *o, run_state *s) {
+    const char *cmd = o->cmd;
+    bool chat = o->chat;
+    ks_status st;
     if (chat) {
         size_t need = 0;
-        ks_chat_format(model, system, prompt, NULL, 0, &need);
-        chat_buf = malloc(need + 1);
-        st = ks_chat_format(model, system, prompt, chat_buf, need + 1, &need);
-        if (st != KS_OK) { app_report(cmd, "applying the chat template", st); goto done; }
-        prompt = chat_buf;
-        prompt_len = need;
+        ks_chat_format(s->model, o->system, s->prompt, NULL, 0, &need);
+        s->chat_buf = malloc(need + 1);
+        st = ks_chat_format(s->model, o->system, s->prompt, s->chat_buf, need + 1, &need);
+        if (st != KS_OK) { app_report(cmd, "applying the chat template", st); return 1; }
+        s->prompt = s->chat_buf;
+        s->prompt_len = need;
     }
-    size_t n_prompt = 0;
-    st = ks_tokenize(model, prompt, prompt_len, add_bos, chat, NULL, 0, &n_prompt);
-    if (st != KS_OK && n_prompt == 0) { app_report(cmd, "tokenizing the prompt", st); goto done; }
-    ids = malloc(sizeof(int32_t) * (n_prompt + (size_t)n_gen + 1));
-    st = ks_tokenize(model, prompt, prompt_len, add_bos, chat, ids, n_prompt, &n_prompt);
-    if (st != KS_OK) { app_report(cmd, "tokenizing the prompt", st); goto done; }
-    if (n_prompt == 0) { fprintf(stderr, "kvsieve run: the prompt has no tokens\n"); rc = 2; goto done; }
-    int32_t train = ks_model_n_ctx_train(model);
+    size_t n = 0;
+    st = ks_tokenize(s->model, s->prompt, s->prompt_len, !o->no_bos, chat, NULL, 0, &n);
+    if (st != KS_OK && n == 0) { app_report(cmd, "tokenizing the prompt", st); return 1; }
+    s->ids = malloc(sizeof(int32_t) * (n + (size_t)o->n_gen + 1));
+    st = ks_tokenize(s->model, s->prompt, s->prompt_len, !o->no_bos, chat, s->ids, n, &n);
+    if (st != KS_OK) { app_report(cmd, "tokenizing the prompt", st); return 1; }
+    if (n == 0) { fprintf(stderr, "kvsieve run: the prompt has no tokens\n"); return 2; }
+    s->n_prompt = n;
+    return -1;
+}
+
+/* -c, or prompt + n (at least 512, at most the trained context) plus room
+ * for the policy's prefill tokens; an explicit -c is the caller's (dapq logs a shortfall). */
+static int run_context(app_options *o, run_state *s) {
+    int32_t train = ks_model_n_ctx_train(s->model);
+    long n_ctx = o->n_ctx, n_gen = o->n_gen;
     bool auto_ctx = n_ctx == 0;
     if (auto_ctx) {
-        n_ctx = (long)n_prompt + n_gen;
+        n_ctx = (long)s->n_prompt + n_gen;
         if (n_ctx < 512) n_ctx = 512;
         if (n_ctx > train) n_ctx = train;
     }
-    if ((long)n_prompt + n_gen > n_ctx) {
+    if ((long)s->n_prompt + n_gen > n_ctx) {
         fprintf(stderr, "kvsieve run: prompt of %zu tokens + %ld to generate exceed the context of %ld tokens "
-                        "(model trained for %d); shorten the prompt or raise -c\n", n_prompt, n_gen, n_ctx, train);
-        rc = 2;
-        goto done;
+                        "(model trained for %d); shorten the prompt or raise -c\n", s->n_prompt, n_gen, n_ctx, train);
+        return 2;
     }
-    ks_context_params cp = ks_context_default_params();
-    cp.n_ctx = (int32_t)n_ctx;
-    cp.n_threads = (int32_t)n_threads;
-    cp.n_batch = (int32_t)n_batch;
-    cp.kv_type = kv_type;
-    app_policy_apply(&po, 0, app_budget_tokens(&po.budgets[0], (int32_t)n_ctx), &cp);
-    if (auto_ctx) { /* room for DapQ's pseudo tokens; an explicit -c is the caller's (dapq logs a shortfall) */
-        long with_room = n_ctx + ks_policy_prefill_room(cp.policy, cp.policy_args);
+    s->cp = app_context_params(o, 0, app_budget_tokens(&o->po.budgets[0], (int32_t)n_ctx), (int32_t)n_ctx, false);
+    if (auto_ctx) {
+        long with_room = n_ctx + ks_policy_prefill_room(s->cp.policy, s->cp.policy_args);
         if (with_room > train) with_room = train > n_ctx ? train : n_ctx;
-        cp.n_ctx = (int32_t)with_room;
+        s->cp.n_ctx = (int32_t)with_room;
     }
-    if ((st = ks_context_create(model, cp, &ctx)) != KS_OK) { app_report(cmd, "creating the context", st); goto done; }
-    int32_t n_vocab = ks_model_n_vocab(model);
-    logits = malloc(sizeof(float) * (size_t)n_vocab);
-    if ((st = ks_sampler_create(sp, n_vocab, &smp)) != KS_OK) { app_report(cmd, "creating the sampler", st); goto done; }
-    if ((st = ks_stop_create(stops, n_stops, &stop)) != KS_OK) { app_report(cmd, "stop strings", st); goto done; }
-    for (size_t i = 0; i < n_prompt; i++) ks_sampler_accept(smp, ids[i]);
-    const double t_submit = ks_time_sec(); /* time to first token: from here to the first sampled token */
-    double ttft = -1;
-    double t_pf0 = t_submit, t_load = 0, t_save = 0;
-    int32_t n_cached = 0, n_saved = 0;
-    if (cache_file) { /* llama-cli's --prompt-cache: a file of the prompt's KV blocks */
+    return app_create_context(o, s->model, s->cp, "creating the context", &s->ctx) ? -1 : 1;
+}
+
+static int run_prepare(app_options *o, run_state *s) {
+    const char *cmd = o->cmd;
+    if (!o->prompt == !o->file) {
+        fprintf(stderr, "kvsieve run: give exactly one of -p PROMPT or -f FILE\n");
+        return 2;
+    }
+    int rc = app_resolve_model(o, true);
+    if (rc >= 0) return rc;
+    if (o->file) {
+        if (!(s->file_text = app_read_file(cmd, o->file, &s->prompt_len))) return 1;
+        s->prompt = s->file_text;
+    } else {
+        s->prompt = o->prompt;
+        s->prompt_len = strlen(o->prompt);
+    }
+    if (s->prompt_len == 0) { fprintf(stderr, "kvsieve run: the prompt is empty\n"); return 2; }
+    if (!app_load_model(o, ks_model_default_params(), &s->model)) return 1;
+    if ((rc = run_tokens(o, s)) >= 0 || (rc = run_context(o, s)) >= 0) return rc;
+    int32_t n_vocab = ks_model_n_vocab(s->model);
+    s->logits = malloc(sizeof(float) * (size_t)n_vocab);
+    ks_status st;
+    if ((st = ks_sampler_create(o->sampler, n_vocab, &s->smp)) != KS_OK) { app_report(cmd, "creating the sampler", st); return 1; }
+    if ((st = ks_stop_create(o->stops, o->n_stops, &s->stop)) != KS_OK) { app_report(cmd, "stop strings", st); return 1; }
+    for (size_t i = 0; i < s->n_prompt; i++) ks_sampler_accept(s->smp, s->ids[i]);
+    return -1;
+}
+
+/* llama-cli's --prompt-cache: start from a file of the prompt's KV blocks, save them after. */
+static int run_prefill(app_options *o, run_state *s) {
+    const char *cmd = o->cmd, *cache_file = o->cache_file;
+    ks_status st;
+    s->t_submit = ks_time_sec(); /* time to first token: from here to the first sampled token */
+    s->ttft = -1;
+    if (cache_file) {
         ks_prefix_cache_params pcp = ks_prefix_cache_default_params();
         pcp.ram_bytes = UINT64_MAX / 2; /* the file is the bound */
-        if ((st = ks_prefix_cache_create(model, &pcp, &pcache)) != KS_OK) { app_report(cmd, "prompt cache", st); goto done; }
+        if ((st = ks_prefix_cache_create(s->model, &pcp, &s->pcache)) != KS_OK) { app_report(cmd, "prompt cache", st); return 1; }
         int32_t nb = 0;
-        st = ks_prefix_cache_load_file(pcache, cache_file, &nb);
-        if (st != KS_OK && st != KS_ERR_NOT_FOUND) { app_report(cmd, "reading the prompt cache", st); goto done; }
-        t_load = ks_time_sec() - t_pf0;
-        st = ks_prefill_cached(ctx, pcache, 0, ids, (int32_t)n_prompt, logits, &n_cached);
+        st = ks_prefix_cache_load_file(s->pcache, cache_file, &nb);
+        if (st != KS_OK && st != KS_ERR_NOT_FOUND) { app_report(cmd, "reading the prompt cache", st); return 1; }
+        s->t_load = ks_time_sec() - s->t_submit;
+        st = ks_prefill_cached(s->ctx, s->pcache, 0, s->ids, (int32_t)s->n_prompt, s->logits, &s->n_cached);
     } else {
-        st = ks_prefill(ctx, 0, ids, (int32_t)n_prompt, logits, NULL);
+        st = ks_prefill(s->ctx, 0, s->ids, (int32_t)s->n_prompt, s->logits, NULL);
     }
-    if (st != KS_OK) { app_report(cmd, "prefill", st); goto done; }
-    double t_pf = ks_time_sec() - t_pf0;
+    if (st != KS_OK) { app_report(cmd, "prefill", st); return 1; }
+    s->t_pf = ks_time_sec() - s->t_submit;
     if (cache_file) {
         double t0 = ks_time_sec();
-        if ((st = ks_prefix_cache_save_file(pcache, ctx, ids, (int32_t)n_prompt, cache_file, &n_saved)) != KS_OK) {
-            app_report(cmd, "writing the prompt cache", st);
-            goto done;
-        }
-        t_save = ks_time_sec() - t0;
+        st = ks_prefix_cache_save_file(s->pcache, s->ctx, s->ids, (int32_t)s->n_prompt, cache_file, &s->n_saved);
+        if (st != KS_OK) { app_report(cmd, "writing the prompt cache", st); return 1; }
+        s->t_save = ks_time_sec() - t0;
     }
-    ks_stats s_prefill;
-    ks_context_stats(ctx, &s_prefill);
-    ks_stats_reset(ctx);
+    ks_context_stats(s->ctx, &s->s_prefill);
+    ks_stats_reset(s->ctx);
+    return -1;
+}
+
+static int run_generate(app_options *o, run_state *s) {
     int32_t seq0 = 0, n_done = 0;
-    const char *why = "length";
     char piece[256];
     ks_stop_out so = {0};
-    while (n_done < n_gen) {
-        int32_t tok = ks_sampler_sample(smp, logits);
-        if (ttft < 0) ttft = ks_time_sec() - t_submit;
-        ks_sampler_accept(smp, tok);
-        if (!ignore_eos && ks_token_is_eog(model, tok)) { why = "end of generation"; break; }
+    ks_status st;
+    s->why = "length";
+    while (n_done < o->n_gen) {
+        int32_t tok = ks_sampler_sample(s->smp, s->logits);
+        if (s->ttft < 0) s->ttft = ks_time_sec() - s->t_submit;
+        ks_sampler_accept(s->smp, tok);
+        if (!o->ignore_eos && ks_token_is_eog(s->model, tok)) { s->why = "end of generation"; break; }
         n_done++;
         size_t np = 0;
-        if (ks_token_to_piece(model, tok, piece, sizeof piece, &np) != KS_OK) np = 0;
-        if ((st = ks_stop_feed(stop, piece, np, &so)) != KS_OK) { app_report(cmd, "stop strings", st); goto done; }
+        if (ks_token_to_piece(s->model, tok, piece, sizeof piece, &np) != KS_OK) np = 0;
+        if ((st = ks_stop_feed(s->stop, piece, np, &so)) != KS_OK) { app_report(o->cmd, "stop strings", st); return 1; }
         fwrite(so.text, 1, so.len, stdout);
         fflush(stdout);
-        if (so.matched) { why = "stop string"; break; }
-        if (n_done == n_gen) break; /* no decode for a token that will not be sampled from */
-        if ((st = ks_decode(ctx, &seq0, &tok, 1, logits)) != KS_OK) { app_report(cmd, "decode", st); goto done; }
+        if (so.matched) { s->why = "stop string"; break; }
+        if (n_done == o->n_gen) break; /* no decode for a token that will not be sampled from */
+        if ((st = ks_decode(s->ctx, &seq0, &tok, 1, s->logits)) != KS_OK) { app_report(o->cmd, "decode", st); return 1; }
     }
     if (!so.matched) {
-        ks_stop_flush(stop, &so);
+        ks_stop_flush(s->stop, &so);
         fwrite(so.text, 1, so.len, stdout);
     }
     fputc('\n', stdout);
     fflush(stdout);
+    return -1;
+}
+
+static void run_report(const app_options *o, const run_state *s) {
     ks_stats sd;
-    ks_context_stats(ctx, &sd);
-    double pf_s = s_prefill.prefill_seconds, dc_s = sd.decode_seconds;
-    fprintf(stderr, "\nkvsieve run: stopped by %s\n", why);
+    ks_context_stats(s->ctx, &sd);
+    const ks_context_params *cp = &s->cp;
+    double pf_s = s->s_prefill.prefill_seconds, dc_s = sd.decode_seconds;
+    size_t n_prompt = s->n_prompt;
+    fprintf(stderr, "\nkvsieve run: stopped by %s\n", s->why);
     fprintf(stderr, "  prompt:  %5zu tokens in %7.3f s = %8.2f tok/s\n", n_prompt, pf_s, pf_s > 0 ? n_prompt / pf_s : 0);
-    if (cache_file)
+    if (o->cache_file)
         fprintf(stderr, "  cache:   %d prompt tokens cached, %zu computed, prompt done after %.3f s (cache read %.3f s); "
                         "%d blocks saved to %s in %.3f s\n",
-                n_cached, n_prompt - (size_t)n_cached, t_pf, t_load, n_saved, cache_file, t_save);
-    if (ttft >= 0) fprintf(stderr, "  time to first token: %.3f s\n", ttft);
+                s->n_cached, n_prompt - (size_t)s->n_cached, s->t_pf, s->t_load, s->n_saved, o->cache_file, s->t_save);
+    if (s->ttft >= 0) fprintf(stderr, "  time to first token: %.3f s\n", s->ttft);
     if (sd.tokens_decoded)
         fprintf(stderr, "  decode:  %5llu tokens in %7.3f s = %8.2f tok/s, %.2f GB/s (weights %.2f + KV %.3f GB read)\n",
                 (unsigned long long)sd.tokens_decoded, dc_s, sd.tokens_decoded / dc_s,
                 (sd.weight_bytes_read + sd.kv_bytes_read) / dc_s / 1e9, sd.weight_bytes_read / 1e9,
                 sd.kv_bytes_read / 1e9);
-    if (sd.tokens_decoded && (strcmp(cp.policy, "dense") != 0 || cp.kv_offload_layers > 0))
+    if (sd.tokens_decoded && (strcmp(cp->policy, "dense") != 0 || cp->kv_offload_layers > 0))
         fprintf(stderr, "  policy:  %s budget %d: attended %.1f%% of KV entries; selection %.2f ms/token (thread time); "
                         "slow tier: %.2f MB loaded, %.2f MB stored, %llu entries loaded / %llu kept buffered, "
                         "%llu whole pages read, %llu synchronous fallbacks\n",
-                cp.policy, cp.budget,
+                cp->policy, cp->budget,
                 sd.kv_entries_total ? 100.0 * sd.kv_entries_attended / sd.kv_entries_total : 100.0,
                 1e3 * sd.select_seconds / sd.tokens_decoded, sd.kv_bytes_loaded / 1e6, sd.kv_bytes_stored / 1e6,
                 (unsigned long long)sd.kv_entries_loaded, (unsigned long long)sd.kv_entries_hit,
                 (unsigned long long)sd.kv_pages_loaded, (unsigned long long)sd.kv_sync_fallbacks);
-    if (cp.mem_cap > 0) {
+    if (cp->mem_cap > 0) {
         ks_memplan_info pl;
-        ks_context_memplan(ctx, &pl);
+        ks_context_memplan(s->ctx, &pl);
         fprintf(stderr, "  memory:  cap %.2f GB: %d of %d layers offloaded at the end (%llu offload events, logged above)\n",
-                cp.mem_cap / 1e9, pl.offloaded, pl.n_layer, (unsigned long long)sd.kv_offload_events);
+                cp->mem_cap / 1e9, pl.offloaded, pl.n_layer, (unsigned long long)sd.kv_offload_events);
     }
-    rc = 0;
-done:
-    ks_stop_destroy(stop);
-    ks_sampler_destroy(smp);
-    ks_context_destroy(ctx);
-    ks_prefix_cache_destroy(pcache);
-    ks_model_destroy(model);
-    free(ids);
-    free(logits);
-    free(chat_buf);
-    free(file_text);
+}
+
+int cmd_run(int argc, char **argv) {
+    app_options o;
+    int rc = app_parse("run", argc, argv, &o);
+    if (rc >= 0) return rc;
+    run_state s = {0};
+    if ((rc = run_prepare(&o, &s)) < 0 && (rc = run_prefill(&o, &s)) < 0 && (rc = run_generate(&o, &s)) < 0) {
+        run_report(&o, &s);
+        rc = 0;
+    }
+    ks_stop_destroy(s.stop);
+    ks_sampler_destroy(s.smp);
+    ks_context_destroy(s.ctx);
+    ks_prefix_cache_destroy(s.pcache);
+    ks_model_destroy(s.model);
+    free(s.ids);
+    free(s.logits);
+    free(s.chat_buf);
+    free(s.file_text);
     return rc;
 }

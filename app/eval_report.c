@@ -6,7 +6,7 @@
 #include "eval_report.h"
 
 #include "commands.h"
-#include "core/simd.h"
+#include "kvsieve_tools.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -8,7 +8,7 @@
 #ifndef KS_APP_EVAL_REPORT_H
 #define KS_APP_EVAL_REPORT_H
 
-#include "eval/eval.h"
+#include "kvsieve_eval.h"
 #include "kvsieve.h"
 #include "policy_opts.h"
 

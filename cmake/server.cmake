@@ -29,7 +29,7 @@ else()
 endif()
 
 # `kvsieve serve` (app/cmd_serve.c is picked up by the CLI's glob)
-target_link_libraries(kvsieve_cli PRIVATE ks_server)
+target_link_libraries(ks_cli_link INTERFACE $<LINK_ONLY:ks_server>)   # include/kvsieve_server.h is its API
 
 # ---------------------------------------------------------------- tests --
 # cmocka programs in tests/server/test_*.c, and shell drivers that start the

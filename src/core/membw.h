@@ -18,21 +18,13 @@
 #define KS_MEMBW_H
 
 #include "core/core.h"
+#include "kvsieve_tools.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef struct ks_membw_result {
-    double copy_gbs;        /* a[i] = b[i] */
-    double triad_gbs;       /* a[i] = b[i] + s * c[i] */
-    double read_gbs;        /* sum += a[i] (several accumulators) */
-    size_t bytes_per_array; /* as measured (rounded down to whole 64-byte lines per thread) */
-    int reps;               /* best of this many repetitions per kernel */
-    int n_threads;          /* threads of the pool used */
-    double seconds;         /* wall time of the whole probe, allocation included */
-    double checksum;        /* of the read kernel; keeps it from being optimised away */
-} ks_membw_result;
+/* ks_membw_result and ks_membw_measure are public (kvsieve_tools.h): `kvsieve bench` reports them. */
 
 /* Default: 3 x 256 MiB = 768 MiB, several times the last-level cache of
  * current CPUs (STREAM asks for 4x), and ~0.5-1.5 s in all on a desktop. */

@@ -13,21 +13,14 @@
 #ifndef KS_CORE_SIMD_H
 #define KS_CORE_SIMD_H
 
+#include "kvsieve_tools.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum ks_simd_level { KS_SIMD_SCALAR = 0, KS_SIMD_AVX2 = 1, KS_SIMD_AVX512 = 2 } ks_simd_level;
-
-/* Best level this CPU supports (cached); KS_SIMD env var ("scalar", "avx2",
- * "avx512") caps it for testing. */
-ks_simd_level ks_simd_detect(void);
-const char *ks_simd_name(ks_simd_level level);
-/* The level kernels dispatch on: the detected one unless a test forced
- * another.  Every SIMD dispatch (matmul, attention, selection) reads this. */
-ks_simd_level ks_simd_current(void);
-/* Force a level (tests); returns the previous one.  Not thread-safe. */
-ks_simd_level ks_simd_force(ks_simd_level level);
+/* ks_simd_level, ks_simd_detect, ks_simd_name, ks_simd_current and
+ * ks_simd_force are public (kvsieve_tools.h): eval and bench name the level. */
 
 #ifdef __cplusplus
 }

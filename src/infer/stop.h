@@ -27,33 +27,14 @@
 #define KS_STOP_H
 
 #include "core/core.h"
+#include "kvsieve_tools.h"
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct ks_stop_matcher ks_stop_matcher;
-
-typedef struct ks_stop_out {
-    const char *text; /* [len] bytes safe to emit now; valid until the next call on the matcher */
-    size_t len;
-    bool matched;     /* a stop string completed; text ends right before it */
-    int32_t which;    /* index of the matched stop string, -1 if none */
-    size_t n_held;    /* bytes held back after this call (possible stop prefix / partial UTF-8) */
-} ks_stop_out;
-
-/* stops: [n_stops] NUL-terminated, non-empty strings (copied).  n_stops may
- * be 0 (then only incomplete UTF-8 is held back). */
-ks_status ks_stop_create(const char *const *stops, size_t n_stops, ks_stop_matcher **out);
-void ks_stop_destroy(ks_stop_matcher *m);
-/* Forget all held text and any match (new generation). */
-void ks_stop_reset(ks_stop_matcher *m);
-
-/* Feed the next piece of generated text.  After a match, further feeds emit
- * nothing and keep reporting the match until ks_stop_reset. */
-ks_status ks_stop_feed(ks_stop_matcher *m, const char *piece, size_t len, ks_stop_out *out);
-/* End of generation without a match: release everything held back. */
-void ks_stop_flush(ks_stop_matcher *m, ks_stop_out *out);
+/* The matcher (ks_stop_matcher, ks_stop_out, create / destroy / reset / feed /
+ * flush) is public: kvsieve_tools.h.  What follows is the engine's own. */
 
 /* Stateless helpers (also used by the matcher). */
 /* Length of the longest suffix of text[len] that is a proper prefix of any stop string. */
