@@ -154,13 +154,11 @@ int cmd_serve(int argc, char **argv) {
         goto done;
     }
     ks_sched_policy *d = &sp.defaults;
-    snprintf(d->policy, sizeof d->policy, "%s", cp.policy);
-    d->budget = cp.budget;
-    d->sink = cp.sink;
-    d->window = cp.window;
     d->page = cp.page;
-    d->dense_layers = cp.dense_layers;
-    snprintf(d->args, sizeof d->args, "%s", cp.policy_args ? cp.policy_args : "");
+    if (!app_policy_spec(&po, cmd, 0, cp.budget, &d->spec)) {
+        rc = 2;
+        goto done;
+    }
     if ((st = ks_sched_create(model, &sp, &sched, err, sizeof err)) != KS_OK) {
         fprintf(stderr, "kvsieve serve: creating the scheduler: %s\n", err);
         rc = st == KS_ERR_INVALID_ARG ? 2 : 1;
@@ -190,7 +188,7 @@ int cmd_serve(int argc, char **argv) {
         goto done;
     }
     fprintf(stderr, "kvsieve serve: model %s, context %ld x %ld slots, policy %s budget %d%s%s\n", id, n_ctx, parallel,
-            d->policy, d->budget, sp.mem_cap > 0 ? ", memory cap on" : "", api_key ? ", API key required" : "");
+            d->spec.name, d->spec.budget, sp.mem_cap > 0 ? ", memory cap on" : "", api_key ? ", API key required" : "");
     if (cache)
         fprintf(stderr, "kvsieve serve: prefix cache %.2f GB of RAM%s%s\n", cache_ram / 1e9, cache_dir ? ", blocks in " : "",
                 cache_dir ? cache_dir : "");

@@ -6,7 +6,7 @@
  */
 #include "select/policy.h"
 
-static ks_status dense_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
+static ks_status dense_create(const ks_policy_env *env, const ks_policy_spec *p, void **state) {
     (void)env;
     (void)p;
     *state = ks_calloc(1, 1);
@@ -15,11 +15,13 @@ static ks_status dense_create(const ks_policy_env *env, const ks_policy_params *
 
 static void dense_destroy(void *state) { ks_free(state); }
 
+static const ks_policy_prefix_i dense_prefix_i = {0};
+
 const ks_policy_i ks_policy_dense = {
     .name = "dense",
     .summary = "full attention over every KV entry (the reference)",
+    .prefix_why = "no state beyond the KV store: the restored rows are all it reads",
     .create = dense_create,
     .destroy = dense_destroy,
-    .prefix_shareable = true,
-    .prefix_why = "no state beyond the KV store: the restored rows are all it reads",
+    .prefix = &dense_prefix_i,
 };
