@@ -46,7 +46,6 @@ static ks_status uniform_select(void *state, const ks_select_req *req, ks_select
 }
 
 static const ks_policy_select_i uniform_select_i = {.select_layer = uniform_select, .default_dense_layers = 1};
-static const ks_policy_prefix_i uniform_prefix_i = {0}; /* no state beyond the store */
 
 const ks_policy_i ks_policy_uniform = {
     .name = "uniform",
@@ -56,5 +55,5 @@ const ks_policy_i ks_policy_uniform = {
     .destroy = uniform_destroy,
     .arg_names = uniform_args,
     .select = &uniform_select_i,
-    .prefix = &uniform_prefix_i,
+    .prefix = &ks_policy_prefix_stateless, /* a prefix-cache hit leaves it as a whole prefill would */
 };

@@ -400,8 +400,6 @@ static const ks_policy_select_i chess_select_i = {
     .counters = chess_counters,
 };
 
-static const ks_policy_prefix_i chess_prefix_i = {0};
-
 const ks_policy_i ks_policy_chess = {
     .name = "chess",
     .summary = "CHESS: one global grid/chunk/page selection by key-key affinity to the window, rebuilt when a "
@@ -412,5 +410,5 @@ const ks_policy_i ks_policy_chess = {
     .arg_names = chess_args,
     .page_summaries = true,
     .select = &chess_select_i,
-    .prefix = &chess_prefix_i,
+    .prefix = &ks_policy_prefix_stateless,
 };

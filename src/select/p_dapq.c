@@ -161,8 +161,6 @@ static const ks_policy_prefill_i dapq_prefill_i = {
     .evicts = true,
 };
 
-static const ks_policy_prefix_i dapq_prefix_i = {0};
-
 const ks_policy_i ks_policy_dapq = {
     .name = "dapq",
     .summary = "DapQ: prefill eviction scored by pseudo queries at the decode positions (pooled, per KV head), dense decode",
@@ -172,5 +170,5 @@ const ks_policy_i ks_policy_dapq = {
     .arg_names = dapq_args,
     .page_summaries = true,
     .prefill = &dapq_prefill_i,
-    .prefix = &dapq_prefix_i,
+    .prefix = &ks_policy_prefix_stateless,
 };

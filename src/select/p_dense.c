@@ -15,13 +15,11 @@ static ks_status dense_create(const ks_policy_env *env, const ks_policy_spec *p,
 
 static void dense_destroy(void *state) { ks_free(state); }
 
-static const ks_policy_prefix_i dense_prefix_i = {0};
-
 const ks_policy_i ks_policy_dense = {
     .name = "dense",
     .summary = "full attention over every KV entry (the reference)",
     .prefix_why = "no state beyond the KV store: the restored rows are all it reads",
     .create = dense_create,
     .destroy = dense_destroy,
-    .prefix = &dense_prefix_i,
+    .prefix = &ks_policy_prefix_stateless,
 };

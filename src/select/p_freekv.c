@@ -569,8 +569,6 @@ static const ks_policy_prefill_i freekv_prefill_i = {
     .on_prefill = freekv_prefill,
 };
 
-static const ks_policy_prefix_i freekv_prefix_i = {0};
-
 const ks_policy_i ks_policy_freekv = {
     .name = "freekv",
     .summary = "FreeKV: speculative page retrieval (previous step's pages, next step's prefetched) with query-"
@@ -582,5 +580,5 @@ const ks_policy_i ks_policy_freekv = {
     .page_summaries = true,
     .select = &freekv_select_i,
     .prefill = &freekv_prefill_i,
-    .prefix = &freekv_prefix_i,
+    .prefix = &ks_policy_prefix_stateless,
 };

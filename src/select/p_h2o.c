@@ -101,8 +101,6 @@ static const ks_policy_prefill_i h2o_prefill_i = {
     .on_prefill = h2o_prefill,
 };
 
-static const ks_policy_prefix_i h2o_prefix_i = {0};
-
 const ks_policy_i ks_policy_h2o = {
     .name = "h2o",
     .summary = "H2O: heavy hitters by accumulated attention + sinks + recent window",
@@ -112,5 +110,5 @@ const ks_policy_i ks_policy_h2o = {
     .arg_names = h2o_args,
     .select = &h2o_select_i,
     .prefill = &h2o_prefill_i,
-    .prefix = &h2o_prefix_i,
+    .prefix = &ks_policy_prefix_stateless,
 };

@@ -111,8 +111,6 @@ static const ks_policy_select_i quest_select_i = {
     .counters = quest_counters,
 };
 
-static const ks_policy_prefix_i quest_prefix_i = {0};
-
 const ks_policy_i ks_policy_quest = {
     .name = "quest",
     .summary = "Quest: per-layer top pages by the per-channel min/max bound (first two layers dense)",
@@ -122,5 +120,5 @@ const ks_policy_i ks_policy_quest = {
     .arg_names = quest_args,
     .page_summaries = true,
     .select = &quest_select_i,
-    .prefix = &quest_prefix_i,
+    .prefix = &ks_policy_prefix_stateless,
 };

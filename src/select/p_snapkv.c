@@ -63,8 +63,6 @@ static const ks_policy_prefill_i snapkv_prefill_i = {
     .evicts = true,
 };
 
-static const ks_policy_prefix_i snapkv_prefix_i = {0};
-
 const ks_policy_i ks_policy_snapkv = {
     .name = "snapkv",
     .summary = "SnapKV: observation-window prefill eviction (pooled, per KV head), dense decode",
@@ -73,5 +71,5 @@ const ks_policy_i ks_policy_snapkv = {
     .destroy = snapkv_destroy,
     .arg_names = snapkv_args,
     .prefill = &snapkv_prefill_i,
-    .prefix = &snapkv_prefix_i,
+    .prefix = &ks_policy_prefix_stateless,
 };

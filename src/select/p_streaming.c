@@ -38,8 +38,6 @@ static const ks_policy_select_i streaming_select_i = {
     .select_layer = streaming_select,
 };
 
-static const ks_policy_prefix_i streaming_prefix_i = {0};
-
 const ks_policy_i ks_policy_streaming = {
     .name = "streaming",
     .summary = "StreamingLLM: sinks + recent window (set them with --sink/--window)",
@@ -47,5 +45,5 @@ const ks_policy_i ks_policy_streaming = {
     .create = streaming_create,
     .destroy = streaming_destroy,
     .select = &streaming_select_i,
-    .prefix = &streaming_prefix_i,
+    .prefix = &ks_policy_prefix_stateless,
 };

@@ -48,6 +48,8 @@ void ks_policy_kv_page_meta(const ks_policy_env *env, int32_t seq, int32_t layer
     else ks_kv_page_meta_get(env->kv, seq, layer, head, lp, out);
 }
 
+const ks_policy_prefix_i ks_policy_prefix_stateless = {0};
+
 struct ks_policy {
     ks_policy_spec spec;                       /* copied whole at create */
     int n;                                     /* parts: 1, or 2 when composed */

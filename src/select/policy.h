@@ -195,6 +195,9 @@ typedef struct ks_policy_prefix_i {
     ks_status (*state_save)(void *state, int32_t seq, int32_t first, int32_t n, uint8_t *out);
     ks_status (*state_load)(void *state, int32_t seq, int32_t first, int32_t n, const uint8_t *in);
 } ks_policy_prefix_i;
+/* The prefix part of a shareable policy with no per-token state outside
+ * the store (every policy but spec): no hooks. */
+extern const ks_policy_prefix_i ks_policy_prefix_stateless;
 
 typedef struct ks_policy_i {
     const char *name;     /* REQUIRED: the name --policy takes */

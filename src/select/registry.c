@@ -151,52 +151,42 @@ bool ks_policy_args_valid(const char *args) {
     return !args || !*args || args[strlen(args) - 1] != ','; /* no empty last item */
 }
 
-/* key's value as a NUL-terminated string in buf for a numeric parse; *found
- * false when the key is absent; `what` names the number in the error. */
-static ks_status args_number(const char *args, const char *key, const char *what, char buf[64], bool *found) {
+/* key's value as a number in [lo, hi] (integer: digits only), def when
+ * absent. */
+static ks_status args_number(const char *args, const char *key, bool integer, double def, double lo, double hi,
+                             double *out) {
     const char *v;
     size_t vn;
-    *found = args_find(args, key, &v, &vn);
-    if (!*found) return KS_OK;
+    if (!args_find(args, key, &v, &vn)) {
+        *out = def;
+        return KS_OK;
+    }
+    const char *what = integer ? "an integer" : "a number";
     if (vn == 0 || vn >= 64) return KS_FAIL(KS_ERR_INVALID_ARG, "policy argument %s needs %s", key, what);
+    char buf[64], *end;
     memcpy(buf, v, vn);
     buf[vn] = 0;
+    errno = 0;
+    double x = integer ? (double)strtoll(buf, &end, 10) : strtod(buf, &end);
+    if (*end || errno || !(x >= lo && x <= hi)) {
+        if (integer)
+            return KS_FAIL(KS_ERR_INVALID_ARG, "policy argument %s=%s: expected an integer in [%lld, %lld]", key, buf,
+                           (long long)lo, (long long)hi);
+        return KS_FAIL(KS_ERR_INVALID_ARG, "policy argument %s=%s: expected a number in [%g, %g]", key, buf, lo, hi);
+    }
+    *out = x;
     return KS_OK;
 }
 
 ks_status ks_args_int(const char *args, const char *key, int64_t def, int64_t lo, int64_t hi, int64_t *out) {
-    char buf[64];
-    bool found;
-    KS_TRY(args_number(args, key, "an integer", buf, &found));
-    if (!found) {
-        *out = def;
-        return KS_OK;
-    }
-    char *end;
-    errno = 0;
-    long long x = strtoll(buf, &end, 10);
-    if (*end || errno || x < lo || x > hi)
-        return KS_FAIL(KS_ERR_INVALID_ARG, "policy argument %s=%s: expected an integer in [%lld, %lld]", key, buf,
-                       (long long)lo, (long long)hi);
-    *out = x;
+    double x; /* the bounds policies use are far below 2^53: exact as doubles */
+    KS_TRY(args_number(args, key, true, (double)def, (double)lo, (double)hi, &x));
+    *out = (int64_t)x;
     return KS_OK;
 }
 
 ks_status ks_args_float(const char *args, const char *key, double def, double lo, double hi, double *out) {
-    char buf[64];
-    bool found;
-    KS_TRY(args_number(args, key, "a number", buf, &found));
-    if (!found) {
-        *out = def;
-        return KS_OK;
-    }
-    char *end;
-    errno = 0;
-    double x = strtod(buf, &end);
-    if (*end || errno || !(x >= lo && x <= hi))
-        return KS_FAIL(KS_ERR_INVALID_ARG, "policy argument %s=%s: expected a number in [%g, %g]", key, buf, lo, hi);
-    *out = x;
-    return KS_OK;
+    return args_number(args, key, false, def, lo, hi, out);
 }
 
 ks_status ks_args_str(const char *args, const char *key, const char *def, char *out, size_t cap) {
