@@ -112,14 +112,16 @@ typedef struct ks_context_params {
     int32_t n_threads;    /* CPU worker threads (default: online cores) */
     int32_t n_batch;      /* prefill chunk in tokens (default 256) */
     ks_kv_type kv_type;   /* KV cache element type (default f16) */
-    /* Selection policy (docs/POLICIES.md): which KV entries a decode step reads. */
-    const char *policy;        /* "dense" (default), "quest", "snapkv+quest", ... (copied) */
+    /* Selection policy (docs/POLICIES.md): which KV entries a decode step
+     * reads.  The six fields below are parsed once, by ks_context_create,
+     * into a ks_policy_spec (the context keeps that, not the strings). */
+    const char *policy;        /* "dense" (default), "quest", "snapkv+quest", ... */
     int32_t budget;            /* entries per KV head per decode step, sinks + window included; 0: all */
     int32_t sink;              /* leading entries always attended (default 4) */
     int32_t window;            /* most recent entries always attended (default 64) */
     int32_t page;              /* tokens per KV page (default 32) */
     int32_t dense_layers;      /* first N layers dense at decode; -1: the policy's default */
-    const char *policy_args;   /* policy-specific "k=v,k=v" (copied) */
+    const char *policy_args;   /* policy-specific "k=v,k=v" */
     /* The policy already parsed (ks_policy_spec_parse; copied): when set,
      * policy, budget, sink, window, dense_layers and policy_args are not read. */
     const struct ks_policy_spec *policy_spec;

@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 static ks_model *g_gqa, *g_mha;
 static char g_path[256], g_dir[256];
@@ -519,6 +520,41 @@ static int cmp_desc_index(const void *a, const void *b) {
     return (i > j) - (i < j);
 }
 
+/* The draft model shipped beside a model (MODEL.gguf -> MODEL-dlm/) is added
+ * for the policies the registry says need one, by that answer alone. */
+static void test_spec_draft_beside(void **state) {
+    (void)state;
+    char model[300], dlm[320], cfg[340];
+    snprintf(model, sizeof model, "%s/m.gguf", g_dir);
+    snprintf(dlm, sizeof dlm, "%s/m-dlm", g_dir);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dlm);
+    ks_policy_spec sp, out;
+    assert_int_equal(ks_policy_spec_parse("spec", "kcache=f16", 64, 4, 64, -1, &sp), KS_OK);
+    ks_policy_spec_add_draft(&sp, model, &out); /* nothing beside it yet */
+    assert_string_equal(out.args, "kcache=f16");
+    assert_int_equal(mkdir(dlm, 0700), 0);
+    FILE *f = fopen(cfg, "w");
+    assert_non_null(f);
+    fclose(f);
+    char want[400];
+    snprintf(want, sizeof want, "kcache=f16,dlm=%s", dlm);
+    ks_policy_spec_add_draft(&sp, model, &out);
+    assert_string_equal(out.args, want);
+    assert_true(ks_policy_spec_equal(&sp, &sp) && !ks_policy_spec_equal(&sp, &out));
+    assert_int_equal(ks_policy_spec_parse("dapq+spec", NULL, 64, 4, 64, -1, &sp), KS_OK);
+    ks_policy_spec_add_draft(&sp, model, &sp); /* in place */
+    snprintf(want, sizeof want, "dlm=%s", dlm);
+    assert_string_equal(sp.args, want);
+    assert_int_equal(ks_policy_spec_parse("spec", "dlm=elsewhere", 64, 4, 64, -1, &sp), KS_OK);
+    ks_policy_spec_add_draft(&sp, model, &out); /* the user's draft stays */
+    assert_string_equal(out.args, "dlm=elsewhere");
+    assert_int_equal(ks_policy_spec_parse("quest", NULL, 64, 4, 64, -1, &sp), KS_OK);
+    ks_policy_spec_add_draft(&sp, model, &out); /* no draft for a policy that needs none */
+    assert_string_equal(out.args, "");
+    unlink(cfg);
+    rmdir(dlm);
+}
+
 static void test_helpers(void **state) {
     (void)state;
     float x[] = {1, 5, 3, 5, -1, 2};
@@ -751,7 +787,8 @@ int main(void) {
         cmocka_unit_test(test_sparse_differs_and_counts),    cmocka_unit_test(test_bad_policy_args),
         cmocka_unit_test(test_quest_finds_the_page),         cmocka_unit_test(test_h2o_keeps_heavy_hitters),
         cmocka_unit_test(test_streaming_window),             cmocka_unit_test(test_snapkv_keeps_attended),
-        cmocka_unit_test(test_helpers),                      cmocka_unit_test(test_bounds8),
+        cmocka_unit_test(test_helpers),                      cmocka_unit_test(test_spec_draft_beside),
+        cmocka_unit_test(test_bounds8),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
