@@ -137,20 +137,10 @@ int app_policy_opt(const char *cmd, int argc, char **argv, int *i, app_policy_op
                 fprintf(stderr, "kvsieve %s: too many or too long --policy names\n", cmd);
                 return -1;
             }
-            /* every part of a composition must be known */
-            char part[64];
-            snprintf(part, sizeof part, "%s", t);
-            char *s2 = NULL;
-            for (char *p = strtok_r(part, "+", &s2); p; p = strtok_r(NULL, "+", &s2)) {
-                bool known = false;
-                for (int k = 0; k < ks_policy_count(); k++)
-                    if (!strcmp(ks_policy_name_at(k, NULL), p)) known = true;
-                if (!known) {
-                    fprintf(stderr, "kvsieve %s: unknown policy '%s' (known:", cmd, p);
-                    for (int k = 0; k < ks_policy_count(); k++) fprintf(stderr, " %s", ks_policy_name_at(k, NULL));
-                    fprintf(stderr, ")\n");
-                    return -1;
-                }
+            ks_policy_spec spec; /* every part known, a composition led by an evictor */
+            if (ks_policy_spec_parse(t, NULL, 0, 0, 0, -1, &spec) != KS_OK) {
+                fprintf(stderr, "kvsieve %s: %s\n", cmd, ks_last_error());
+                return -1;
             }
             snprintf(o->names[o->n_names++], sizeof o->names[0], "%s", t);
         }
@@ -194,7 +184,7 @@ int app_policy_opt(const char *cmd, int argc, char **argv, int *i, app_policy_op
     }
     if (!strcmp(a, "--policy-arg")) {
         if (!(v = arg_value(cmd, argc, argv, i))) return -1;
-        if (!strchr(v, '=') || strchr(v, ',') || *v == '=') {
+        if (!*v || strchr(v, ',') || !ks_policy_args_valid(v)) { /* one KEY=VALUE item */
             fprintf(stderr, "kvsieve %s: --policy-arg wants KEY=VALUE, got '%s'\n", cmd, v);
             return -1;
         }
@@ -242,35 +232,17 @@ int32_t app_budget_tokens(const app_budget *b, int32_t length) {
     return t < 1 ? 1 : t;
 }
 
-/* Does the spec "a" or "a+b" have the part `name`? */
-static bool has_part(const char *spec, const char *name) {
-    size_t n = strlen(name);
-    for (const char *p = spec; *p;) {
-        const char *e = strchr(p, '+');
-        size_t len = e ? (size_t)(e - p) : strlen(p);
-        if (len == n && !strncmp(p, name, n)) return true;
-        p += len + (e != NULL);
-    }
-    return false;
-}
-
-/* Does "k=v,k=v" set key? */
-static bool has_key(const char *args, const char *key) {
-    size_t n = strlen(key);
-    for (const char *p = args; *p;) {
-        if (!strncmp(p, key, n) && p[n] == '=') return true;
-        const char *e = strchr(p, ',');
-        if (!e) break;
-        p = e + 1;
-    }
-    return false;
+/* Does a --policy name have the part `name` (names were checked when parsed)? */
+static bool has_part(const char *policy, const char *name) {
+    ks_policy_spec spec;
+    return ks_policy_spec_parse(policy, NULL, 0, 0, 0, -1, &spec) == KS_OK && ks_policy_spec_has_part(&spec, name);
 }
 
 bool app_policy_calibration(app_policy_opts *o, const char *cmd, const char *model_path) {
     o->chess_args[0] = 0;
     bool chess = false;
     for (int k = 0; k < o->n_names; k++) chess |= has_part(o->names[k], "chess");
-    bool need_h = !has_key(o->args, "h_max"), need_v = !has_key(o->args, "v_max");
+    bool need_h = !ks_policy_args_has(o->args, "h_max"), need_v = !ks_policy_args_has(o->args, "v_max");
     if (!chess || !model_path || (!need_h && !need_v)) return true;
     double h, v;
     int r = app_chess_calib_read(cmd, model_path, &h, &v);
@@ -291,75 +263,50 @@ bool app_policy_calibration(app_policy_opts *o, const char *cmd, const char *mod
     return true;
 }
 
+/* o->scoped[k]: the arguments policy k takes (unscoped keys one of its
+ * parts knows, or all of them for a lone policy, and NAME.key=v for a part
+ * NAME), the draft model shipped beside the model for a policy that needs
+ * one (the registry says which), and the calibrated chess thresholds. */
+static const char *scoped_args(app_policy_opts *o, int k, int32_t budget) {
+    char *dst = o->scoped[k];
+    size_t cap = sizeof o->scoped[k];
+    dst[0] = 0;
+    (void)ks_policy_args_scope(o->names[k], o->args, o->n_names == 1, dst, cap); /* too long: what fits */
+    ks_policy_spec spec;
+    if (ks_policy_spec_parse(o->names[k], dst, budget, (int32_t)o->sink, (int32_t)o->window, (int32_t)o->dense_layers,
+                             &spec) == KS_OK) {
+        ks_policy_spec_add_draft(&spec, o->model_path, &spec);
+        snprintf(dst, cap, "%s", spec.args);
+    }
+    if (o->chess_args[0] && has_part(o->names[k], "chess")) {
+        size_t used = strlen(dst);
+        snprintf(dst + used, cap - used, "%s%s", used ? "," : "", o->chess_args);
+    }
+    return dst[0] ? dst : NULL;
+}
+
 void app_policy_apply(app_policy_opts *o, int k, int32_t budget, ks_context_params *cp) {
     cp->policy = o->names[k];
-    /* the args this policy takes: unscoped keys it knows, or NAME.key=v for it */
-    char *dst = o->scoped[k];
-    dst[0] = 0;
-    const char *a = o->args;
-    while (*a) {
-        const char *end = strchr(a, ',');
-        size_t n = end ? (size_t)(end - a) : strlen(a);
-        char item[1024], key[256];
-        snprintf(item, sizeof item, "%.*s", (int)n, a);
-        char *eq = strchr(item, '=');
-        const char *use = NULL;
-        if (eq) {
-            snprintf(key, sizeof key, "%.*s", (int)(eq - item), item);
-            char *dot = strchr(key, '.');
-            if (dot) { /* scoped: only for the named policy (or a composition containing it) */
-                *dot = 0;
-                char names[128];
-                snprintf(names, sizeof names, "+%s+", o->names[k]);
-                char pat[260];
-                snprintf(pat, sizeof pat, "+%s+", key);
-                if (strstr(names, pat)) use = item + strlen(key) + 1;
-            } else if (o->n_names == 1 || ks_policy_accepts_arg(o->names[k], key)) {
-                use = item; /* one policy: pass everything, unknown keys are reported */
-            }
-        } else if (o->n_names == 1) {
-            use = item;
-        }
-        if (use && strlen(dst) + strlen(use) + 2 < sizeof o->scoped[k]) {
-            if (dst[0]) strcat(dst, ",");
-            strcat(dst, use);
-        }
-        a += n;
-        if (*a == ',') a++;
-    }
+    cp->policy_args = scoped_args(o, k, budget);
     cp->budget = budget;
     cp->sink = (int32_t)o->sink;
     cp->window = (int32_t)o->window;
     cp->page = (int32_t)o->page;
     cp->dense_layers = (int32_t)o->dense_layers;
-    /* spec without dlm=: the draft model shipped beside the model (MODEL.gguf -> MODEL-dlm/) */
-    if (o->model_path && strstr(cp->policy, "spec") && !strstr(dst, "dlm=")) {
-        char dir[1024];
-        size_t n = strlen(o->model_path);
-        if (n > 5 && !strcmp(o->model_path + n - 5, ".gguf")) n -= 5;
-        snprintf(dir, sizeof dir, "%.*s-dlm", (int)n, o->model_path);
-        char cfg[1100];
-        snprintf(cfg, sizeof cfg, "%s/config.json", dir);
-        FILE *f = fopen(cfg, "r");
-        if (f) {
-            fclose(f);
-            if (strlen(dst) + strlen(dir) + 6 < sizeof o->scoped[k]) {
-                if (dst[0]) strcat(dst, ",");
-                strcat(dst, "dlm=");
-                strcat(dst, dir);
-            }
-        }
-    }
-    if (o->chess_args[0] && has_part(o->names[k], "chess")) {
-        size_t used = strlen(dst);
-        snprintf(dst + used, sizeof o->scoped[k] - used, "%s%s", used ? "," : "", o->chess_args);
-    }
-    cp->policy_args = dst[0] ? dst : NULL;
     cp->kv_offload_dir = o->offload_dir;
     cp->kv_offload_layers = (int32_t)o->offload_layers;
     cp->kv_slots = (int32_t)o->kv_slots;
     cp->mem_cap = o->mem_cap;
     cp->mem_overhead = o->mem_overhead;
+}
+
+bool app_policy_spec(app_policy_opts *o, const char *cmd, int k, int32_t budget, ks_policy_spec *out) {
+    const char *args = scoped_args(o, k, budget);
+    if (ks_policy_spec_parse(o->names[k], args, budget, (int32_t)o->sink, (int32_t)o->window, (int32_t)o->dense_layers,
+                             out) == KS_OK)
+        return true;
+    fprintf(stderr, "kvsieve %s: %s\n", cmd, ks_last_error());
+    return false;
 }
 
 void app_budget_label(const app_budget *b, char *out, size_t cap) {

@@ -54,6 +54,9 @@ int32_t app_budget_tokens(const app_budget *b, int32_t length);
  * those scoped to it ("NAME.key=v"); a key no listed policy takes is an
  * error at context creation. */
 void app_policy_apply(app_policy_opts *o, int k, int32_t budget, ks_context_params *cp);
+/* Policy names[k] with budget as one parsed value (the arguments scoped as
+ * app_policy_apply's); false (message printed) when the parser refuses it. */
+bool app_policy_spec(app_policy_opts *o, const char *cmd, int k, int32_t budget, ks_policy_spec *out);
 /* CHESS thresholds: when a --policy name has a chess part and --policy-arg
  * did not give h_max / v_max, read the missing ones from MODEL.chess.json
  * (written by `kvsieve eval --calibrate`) and note it on stderr; they are

@@ -112,14 +112,19 @@ typedef struct ks_context_params {
     int32_t n_threads;    /* CPU worker threads (default: online cores) */
     int32_t n_batch;      /* prefill chunk in tokens (default 256) */
     ks_kv_type kv_type;   /* KV cache element type (default f16) */
-    /* Selection policy (docs/POLICIES.md): which KV entries a decode step reads. */
-    const char *policy;        /* "dense" (default), "quest", "snapkv+quest", ... (copied) */
+    /* Selection policy (docs/POLICIES.md): which KV entries a decode step
+     * reads.  The six fields below are parsed once, by ks_context_create,
+     * into a ks_policy_spec (the context keeps that, not the strings). */
+    const char *policy;        /* "dense" (default), "quest", "snapkv+quest", ... */
     int32_t budget;            /* entries per KV head per decode step, sinks + window included; 0: all */
     int32_t sink;              /* leading entries always attended (default 4) */
     int32_t window;            /* most recent entries always attended (default 64) */
     int32_t page;              /* tokens per KV page (default 32) */
     int32_t dense_layers;      /* first N layers dense at decode; -1: the policy's default */
-    const char *policy_args;   /* policy-specific "k=v,k=v" (copied) */
+    const char *policy_args;   /* policy-specific "k=v,k=v" */
+    /* The policy already parsed (ks_policy_spec_parse; copied): when set,
+     * policy, budget, sink, window, dense_layers and policy_args are not read. */
+    const struct ks_policy_spec *policy_spec;
     /* Slow tier: the last kv_offload_layers layers keep their KV in the slow
      * tier (a file per layer in kv_offload_dir, or host memory when NULL) and
      * attention reads them through fast-tier slots. */
@@ -153,6 +158,56 @@ int32_t ks_policy_count(void);
 /* Whether a policy spec ("quest", "dapq+spec") takes argument key. */
 bool ks_policy_accepts_arg(const char *spec, const char *key);
 const char *ks_policy_name_at(int32_t i, const char **summary);
+
+/* A selection policy as one immutable value: the composition as a chain of
+ * registry entries (an evictor's prefill hooks, then the last part's decode
+ * hooks), the budget knobs and the arguments, parsed and checked once by
+ * ks_policy_spec_parse, the one parser of policy strings ("EVICTOR+SELECTOR"
+ * and "k=v,k=v").  Every entrance (the CLI flags, the server's `kvsieve`
+ * object, ks_context_params, ks_policy_config, the selection API) parses
+ * into it; below them it is passed by const pointer or copied whole. */
+enum { KS_POLICY_NAME_MAX = 64, KS_POLICY_ARGS_MAX = 1024, KS_POLICY_MAX_PARTS = 2 };
+typedef struct ks_policy_spec {
+    char name[KS_POLICY_NAME_MAX];     /* "quest", "snapkv+quest" */
+    int32_t n_parts;                   /* 1, or 2 for a composition */
+    int32_t part[KS_POLICY_MAX_PARTS]; /* registry indices (ks_policy_name_at), the decode selector last */
+    int32_t budget;       /* entries per KV head per decode step, sinks + window included; 0: all */
+    int32_t sink, window; /* leading / most recent entries always attended */
+    int32_t dense_layers; /* first N layers dense at decode; -1: the policy's default */
+    char args[KS_POLICY_ARGS_MAX]; /* "k=v,k=v", every key taken by some part ("": none) */
+} ks_policy_spec;
+
+/* dense, budget 0, sink 4, window 64, dense_layers -1, no arguments. */
+ks_policy_spec ks_policy_spec_default(void);
+/* policy: "NAME" or "EVICTOR+SELECTOR" (NULL or "": dense); args: "k=v,k=v"
+ * (NULL: none), every key one some part takes.  KS_ERR_NOT_FOUND for an
+ * unknown name, KS_ERR_INVALID_ARG for a bad composition, argument or a
+ * negative budget, sink or window; *out is written only on success. */
+ks_status ks_policy_spec_parse(const char *policy, const char *args, int32_t budget, int32_t sink, int32_t window,
+                               int32_t dense_layers, ks_policy_spec *out);
+/* The same configuration (instances may be shared). */
+bool ks_policy_spec_equal(const ks_policy_spec *a, const ks_policy_spec *b);
+/* What the registry says the policy needs: a part named name; a draft
+ * model (the DLM, SpeContext's `spec`: ks_policy_draft_beside finds the one
+ * shipped with a model); whether its prompt may be prefilled in several
+ * ks_prefill calls with the same result as one (no part has a prefill hook). */
+bool ks_policy_spec_has_part(const ks_policy_spec *spec, const char *name);
+bool ks_policy_spec_needs_dlm(const ks_policy_spec *spec);
+bool ks_policy_spec_chunkable(const ks_policy_spec *spec);
+/* Whether "k=v,k=v" sets key; whether every item of it is k=v with a
+ * non-empty key (NULL and "" are). */
+bool ks_policy_args_has(const char *args, const char *key);
+bool ks_policy_args_valid(const char *args);
+/* The items of args ("k=v" or "NAME.k=v", comma-separated) that policy
+ * ("a" or "a+b") takes, appended to out[cap] comma-separated: NAME.k=v for
+ * a part of policy (as k=v), k=v when some part takes k or when all is set.
+ * KS_ERR_INVALID_ARG when out is too small. */
+ks_status ks_policy_args_scope(const char *policy, const char *args, bool all, char *out, size_t cap);
+/* spec with dlm=DIR added when the registry says it needs a draft model
+ * (ks_policy_spec_needs_dlm), its arguments name none, and one ships beside
+ * the model file (MODEL.gguf -> MODEL-dlm/ holding a config.json);
+ * otherwise an unchanged copy.  in and out may be the same. */
+void ks_policy_spec_add_draft(const ks_policy_spec *in, const char *model_path, ks_policy_spec *out);
 /* Whether a policy spec's prompt may be prefilled in several ks_prefill calls
  * with the same result as one (no part has a prefill hook: dense, streaming,
  * quest, chess).  False for unknown names. */
@@ -193,6 +248,8 @@ ks_policy_config ks_policy_config_default(void);
  * KS_ERR_NOT_FOUND / KS_ERR_UNSUPPORTED (a policy asking for other hidden
  * states than one already in use) leave the sequence's policy unchanged. */
 ks_status ks_seq_set_policy(ks_context *ctx, int32_t seq, const ks_policy_config *cfg);
+/* The same with the policy already parsed (NULL: the context's default). */
+ks_status ks_seq_set_policy_spec(ks_context *ctx, int32_t seq, const ks_policy_spec *spec);
 
 /* Move layer's KV between the fast (offload = false) and the slow tier for
  * all sequences; nothing is lost.  KS_ERR_IO/NOMEM leave the layer where it was. */

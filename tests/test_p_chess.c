@@ -19,7 +19,7 @@
 #define _GNU_SOURCE
 #include "kv/kv.h"
 #include "select/p_chess.h"
-#include "select/policy.h"
+#include "select/registry.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -182,13 +182,7 @@ static void make_store(store *s) {
 static ks_status make_chess(store *s, int32_t budget, const char *args, ks_policy **out) {
     ks_policy_env env = {.n_layer = NL, .n_head = NKV * 2, .n_head_kv = NKV, .head_dim = HD, .n_seq = 1,
                          .n_ctx = CTX, .kv = s->kv};
-    ks_policy_params pp = ks_policy_default_params();
-    pp.budget = budget;
-    pp.sink = 2;
-    pp.window = 4;
-    pp.dense_layers = 0;
-    pp.args = args;
-    return ks_policy_create("chess", &env, &pp, out);
+    return ks_test_policy_create("chess", args, budget, 2, 4, 0, &env, out);
 }
 
 /* One decode step of sequence 0 (entropies H, V), then the selection of

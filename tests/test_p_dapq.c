@@ -132,12 +132,7 @@ static ks_status make_policy_ctx(fake_svc *f, const char *name, int32_t budget, 
                                  ks_policy **pol) {
     ks_policy_env env = {.n_layer = 1, .n_head = NQ, .n_head_kv = NKV, .head_dim = HD, .n_seq = 1, .n_ctx = n_ctx,
                          .kv = f->kv, .svc = f, .attn_probs = fake_probs, .evict = fake_evict};
-    ks_policy_params pp = ks_policy_default_params();
-    pp.budget = budget;
-    pp.sink = 2;
-    pp.window = 4;
-    pp.args = args;
-    return ks_policy_create(name, &env, &pp, pol);
+    return ks_test_policy_create(name, args, budget, 2, 4, -1, &env, pol);
 }
 
 static ks_policy *make_policy(fake_svc *f, const char *name, int32_t budget, const char *args) {

@@ -95,13 +95,7 @@ static ks_status make_policy_st(fake_svc *f, const char *name, int32_t budget, c
     ks_policy_env env = {.n_layer = 1, .n_head = NQ, .n_head_kv = NKV, .head_dim = HD, .n_seq = 1, .n_ctx = CTX,
                          .kv = f->kv, .svc = f, .attn_probs = fake_probs, .evict = fake_evict,
                          .read_keys = fake_read_keys};
-    ks_policy_params pp = ks_policy_default_params();
-    pp.budget = budget;
-    pp.sink = 2;
-    pp.window = 4;
-    pp.dense_layers = 0;
-    pp.args = args;
-    return ks_policy_create(name, &env, &pp, pol);
+    return ks_test_policy_create(name, args, budget, 2, 4, 0, &env, pol);
 }
 
 static ks_policy *make_policy(fake_svc *f, const char *args) {
@@ -280,13 +274,8 @@ static ks_policy *make_counting_policy(counting_meta *cm, ks_kv_meta_src *src, i
     *src = (ks_kv_meta_src){.ctx = cm, .page_size = PG, .n_entries = cm_n_entries, .page_meta = cm_page_meta};
     ks_policy_env env = {.n_layer = 1, .n_head = NQ, .n_head_kv = NKV, .head_dim = HD, .n_seq = 1, .n_ctx = CTX,
                          .meta = src, .attn_probs = fake_probs};
-    ks_policy_params pp = ks_policy_default_params();
-    pp.budget = budget;
-    pp.sink = 2;
-    pp.window = window;
-    pp.dense_layers = 0;
     ks_policy *pol = NULL;
-    assert_int_equal(ks_policy_create("freekv", &env, &pp, &pol), KS_OK);
+    assert_int_equal(ks_test_policy_create("freekv", NULL, budget, 2, window, 0, &env, &pol), KS_OK);
     return pol;
 }
 
@@ -543,14 +532,8 @@ static void test_scale_head_dim_256(void **state) {
         }
         ks_policy_env env = {.n_layer = 1, .n_head = 1, .n_head_kv = 1, .head_dim = BIG, .n_seq = 1, .n_ctx = CTX,
                              .kv = f.kv, .svc = &f, .attn_probs = fake_probs, .evict = fake_evict};
-        ks_policy_params pp = ks_policy_default_params();
-        pp.budget = 14; /* sink 2 + window 4 + 8 entries: two pages */
-        pp.sink = 2;
-        pp.window = 4;
-        pp.dense_layers = 0;
-        pp.args = v ? "scale=none" : NULL;
         ks_policy *pol = NULL;
-        assert_int_equal(ks_policy_create("freekv", &env, &pp, &pol), KS_OK);
+        assert_int_equal(ks_test_policy_create("freekv", v ? "scale=none" : NULL, 14, 2, 4, 0, &env, &pol), KS_OK);
         float q[BIG] = {0};
         q[0] = 100.0f;
         sel_buf b;

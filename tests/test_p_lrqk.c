@@ -19,7 +19,7 @@
 #include "gguf/gguf.h"
 #include "model/shapes.h"
 #include "select/lrqk_math.h"
-#include "select/policy.h"
+#include "select/registry.h"
 #include "tensor/dtype.h"
 #include "core/simd.h"
 #include "testutil.h"
@@ -313,14 +313,8 @@ static void make_kv(fake_svc *f, int hot) {
 static ks_policy *make_policy(fake_svc *f, const char *args) {
     ks_policy_env env = {.n_layer = 1, .n_head = NQH, .n_head_kv = NKV, .head_dim = HD, .n_seq = 1, .n_ctx = CTX,
                          .kv = f->kv, .svc = f, .read_keys = fake_read_keys};
-    ks_policy_params pp = ks_policy_default_params();
-    pp.budget = 12;
-    pp.sink = 2;
-    pp.window = 4;
-    pp.dense_layers = -1; /* lrqk's default: 0 */
-    pp.args = args;
     ks_policy *pol = NULL;
-    assert_int_equal(ks_policy_create("lrqk", &env, &pp, &pol), KS_OK);
+    assert_int_equal(ks_test_policy_create("lrqk", args, 12, 2, 4, -1, &env, &pol), KS_OK);
     assert_int_equal(ks_policy_dense_layers(pol), 0);
     assert_int_equal(ks_policy_obs_window(pol), -1);
     return pol;
@@ -552,12 +546,10 @@ static void test_bad_args(void **state) {
     make_kv(&f, 21);
     ks_policy_env env = {.n_layer = 1, .n_head = NQH, .n_head_kv = NKV, .head_dim = HD, .n_seq = 1, .n_ctx = CTX,
                          .kv = f.kv, .svc = &f, .read_keys = fake_read_keys};
-    ks_policy_params pp = ks_policy_default_params();
     const char *bad[] = {"rank=0", "rank=1025", "iters=0", "tol=-1", "lambda=0", "rank=x", "nokey=1", "rank"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        pp.args = bad[i];
         ks_policy *pol = NULL;
-        assert_int_equal(ks_policy_create("lrqk", &env, &pp, &pol), KS_ERR_INVALID_ARG);
+        assert_int_equal(ks_test_policy_create("lrqk", bad[i], 0, 4, 64, -1, &env, &pol), KS_ERR_INVALID_ARG);
         assert_null(pol);
     }
     ks_kv_destroy(f.kv);

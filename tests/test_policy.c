@@ -20,7 +20,7 @@
 #include "gguf/gguf.h"
 #include "model/shapes.h"
 #include "core/simd.h"
-#include "select/policy.h"
+#include "select/registry.h"
 #include "tensor/dtype.h"
 #include "testutil.h"
 
@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 static ks_model *g_gqa, *g_mha;
 static char g_path[256], g_dir[256];
@@ -111,13 +112,13 @@ static int registry_specs(char (*out)[64], int cap) {
     const ks_policy_i *evictors[16];
     int n = 0, n_ev = 0, k = 0;
     for (int i = 0; reg[i]; i++)
-        if (reg[i]->evicts && n_ev < 16) evictors[n_ev++] = reg[i];
+        if (ks_policy_i_evicts(reg[i]) && n_ev < 16) evictors[n_ev++] = reg[i];
     assert_true(n_ev > 0);
     for (int i = 0; reg[i] && n < cap; i++) {
         const ks_policy_i *p = reg[i];
-        if (!strcmp(p->name, "dense") || p->needs_dlm) continue;
+        if (!strcmp(p->name, "dense") || ks_policy_i_needs_dlm(p)) continue;
         snprintf(out[n++], 64, "%s", p->name);
-        if (p->select_layer && !p->global && !p->evicts && n < cap)
+        if (p->select && !ks_policy_i_global(p) && !ks_policy_i_evicts(p) && n < cap)
             snprintf(out[n++], 64, "%s+%s", evictors[k++ % n_ev]->name, p->name);
     }
     return n;
@@ -277,14 +278,8 @@ static void make_kv(fake_svc *f, const int *hot, int n_hot) {
 static ks_policy *make_policy(fake_svc *f, const char *name, int32_t budget, const char *args) {
     ks_policy_env env = {.n_layer = 1, .n_head = NQ, .n_head_kv = NKV, .head_dim = HD, .n_seq = 1, .n_ctx = CTX,
                          .kv = f->kv, .svc = f, .attn_probs = fake_probs, .evict = fake_evict};
-    ks_policy_params pp = ks_policy_default_params();
-    pp.budget = budget;
-    pp.sink = 2;
-    pp.window = 4;
-    pp.dense_layers = 0;
-    pp.args = args;
     ks_policy *pol = NULL;
-    assert_int_equal(ks_policy_create(name, &env, &pp, &pol), KS_OK);
+    assert_int_equal(ks_test_policy_create(name, args, budget, 2, 4, 0, &env, &pol), KS_OK);
     return pol;
 }
 
@@ -525,6 +520,41 @@ static int cmp_desc_index(const void *a, const void *b) {
     return (i > j) - (i < j);
 }
 
+/* The draft model shipped beside a model (MODEL.gguf -> MODEL-dlm/) is added
+ * for the policies the registry says need one, by that answer alone. */
+static void test_spec_draft_beside(void **state) {
+    (void)state;
+    char model[300], dlm[320], cfg[340];
+    snprintf(model, sizeof model, "%s/m.gguf", g_dir);
+    snprintf(dlm, sizeof dlm, "%s/m-dlm", g_dir);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dlm);
+    ks_policy_spec sp, out;
+    assert_int_equal(ks_policy_spec_parse("spec", "kcache=f16", 64, 4, 64, -1, &sp), KS_OK);
+    ks_policy_spec_add_draft(&sp, model, &out); /* nothing beside it yet */
+    assert_string_equal(out.args, "kcache=f16");
+    assert_int_equal(mkdir(dlm, 0700), 0);
+    FILE *f = fopen(cfg, "w");
+    assert_non_null(f);
+    fclose(f);
+    char want[400];
+    snprintf(want, sizeof want, "kcache=f16,dlm=%s", dlm);
+    ks_policy_spec_add_draft(&sp, model, &out);
+    assert_string_equal(out.args, want);
+    assert_true(ks_policy_spec_equal(&sp, &sp) && !ks_policy_spec_equal(&sp, &out));
+    assert_int_equal(ks_policy_spec_parse("dapq+spec", NULL, 64, 4, 64, -1, &sp), KS_OK);
+    ks_policy_spec_add_draft(&sp, model, &sp); /* in place */
+    snprintf(want, sizeof want, "dlm=%s", dlm);
+    assert_string_equal(sp.args, want);
+    assert_int_equal(ks_policy_spec_parse("spec", "dlm=elsewhere", 64, 4, 64, -1, &sp), KS_OK);
+    ks_policy_spec_add_draft(&sp, model, &out); /* the user's draft stays */
+    assert_string_equal(out.args, "dlm=elsewhere");
+    assert_int_equal(ks_policy_spec_parse("quest", NULL, 64, 4, 64, -1, &sp), KS_OK);
+    ks_policy_spec_add_draft(&sp, model, &out); /* no draft for a policy that needs none */
+    assert_string_equal(out.args, "");
+    unlink(cfg);
+    rmdir(dlm);
+}
+
 static void test_helpers(void **state) {
     (void)state;
     float x[] = {1, 5, 3, 5, -1, 2};
@@ -725,10 +755,29 @@ static void test_helpers(void **state) {
     assert_true(d == 0.8);
     assert_int_equal(ks_args_str("group=mean", "group", "max", s, sizeof s), KS_OK);
     assert_string_equal(s, "mean");
-    const char *known[] = {"a", NULL};
-    assert_int_equal(ks_args_check("a=1,b=2", "p", known), KS_ERR_INVALID_ARG);
-    assert_int_equal(ks_args_check("a", "p", known), KS_ERR_INVALID_ARG);
-    assert_int_equal(ks_args_check("a=1", "p", known), KS_OK);
+    /* the one parser: keys checked against the chain's parts, k=v syntax */
+    ks_policy_spec sp;
+    assert_int_equal(ks_policy_spec_parse("quest", "group=max,b=2", 0, 4, 64, -1, &sp), KS_ERR_INVALID_ARG);
+    assert_int_equal(ks_policy_spec_parse("quest", "group", 0, 4, 64, -1, &sp), KS_ERR_INVALID_ARG);
+    assert_int_equal(ks_policy_spec_parse("quest", "group=max", 0, 4, 64, -1, &sp), KS_OK);
+    assert_int_equal(ks_policy_spec_parse("snapkv+quest", "obs=8,group=mean", 0, 4, 64, -1, &sp), KS_OK);
+    assert_int_equal(sp.n_parts, 2);
+    assert_string_equal(ks_policy_spec_part(&sp, 0)->name, "snapkv");
+    assert_string_equal(ks_policy_spec_part(&sp, 1)->name, "quest");
+    assert_int_equal(ks_policy_spec_parse("quest+snapkv", NULL, 0, 4, 64, -1, &sp), KS_ERR_INVALID_ARG);
+    assert_int_equal(ks_policy_spec_parse("snapkv+nope", NULL, 0, 4, 64, -1, &sp), KS_ERR_NOT_FOUND);
+    assert_int_equal(ks_policy_spec_parse("quest", NULL, -1, 4, 64, -1, &sp), KS_ERR_INVALID_ARG);
+    assert_true(ks_policy_args_valid("a=1,b=2") && ks_policy_args_valid("") && ks_policy_args_valid(NULL));
+    assert_false(ks_policy_args_valid("a=1,") || ks_policy_args_valid("a=1,,b=2") || ks_policy_args_valid("=1"));
+    char scoped[64] = "";
+    assert_int_equal(ks_policy_args_scope("snapkv+quest", "obs=8,quest.group=mean,chess.grid=2,x=1", false, scoped,
+                                          sizeof scoped), KS_OK);
+    assert_string_equal(scoped, "obs=8,group=mean");
+    /* what a policy needs is the registry's answer, not its name */
+    assert_int_equal(ks_policy_spec_parse("dapq+spec", NULL, 0, 4, 64, -1, &sp), KS_OK);
+    assert_true(ks_policy_spec_needs_dlm(&sp) && !ks_policy_spec_chunkable(&sp));
+    assert_int_equal(ks_policy_spec_parse("quest", NULL, 0, 4, 64, -1, &sp), KS_OK);
+    assert_true(!ks_policy_spec_needs_dlm(&sp) && ks_policy_spec_chunkable(&sp));
     assert_true(ks_policy_count() >= 6);
 }
 
@@ -738,7 +787,8 @@ int main(void) {
         cmocka_unit_test(test_sparse_differs_and_counts),    cmocka_unit_test(test_bad_policy_args),
         cmocka_unit_test(test_quest_finds_the_page),         cmocka_unit_test(test_h2o_keeps_heavy_hitters),
         cmocka_unit_test(test_streaming_window),             cmocka_unit_test(test_snapkv_keeps_attended),
-        cmocka_unit_test(test_helpers),                      cmocka_unit_test(test_bounds8),
+        cmocka_unit_test(test_helpers),                      cmocka_unit_test(test_spec_draft_beside),
+        cmocka_unit_test(test_bounds8),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -20,7 +20,7 @@
  */
 #define _GNU_SOURCE
 #include "kvsieve_select.h"
-#include "select/policy.h"
+#include "select/registry.h"
 #include "tensor/dtype.h"
 #include "testutil.h"
 
@@ -149,7 +149,7 @@ static void test_registry(void **state) {
         assert_string_equal(info.name, reg[i]->name);
         assert_non_null(info.summary);
         assert_non_null(info.args);
-        assert_true(info.api == (!reg[i]->needs_dlm && !reg[i]->evicts));
+        assert_true(info.api == (!ks_policy_i_needs_dlm(reg[i]) && !ks_policy_i_evicts(reg[i])));
         kvs_selector_params p = params(64);
         kvs_selector *s = (kvs_selector *)&served; /* must stay untouched on failure */
         kvs_status st = kvs_selector_create(info.name, &p, &s);

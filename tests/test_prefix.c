@@ -21,7 +21,7 @@
 #include "infer/prefix.h"
 #include "gguf/gguf.h"
 #include "model/shapes.h"
-#include "select/policy.h"
+#include "select/registry.h"
 #include "testutil.h"
 
 #include <dirent.h>
@@ -174,11 +174,11 @@ static int policy_specs(char (*out)[64], int cap) {
     const ks_policy_i *evictors[16];
     int n = 0, n_ev = 0, k = 0;
     for (int i = 0; reg[i]; i++)
-        if (reg[i]->evicts && n_ev < 16) evictors[n_ev++] = reg[i];
+        if (ks_policy_i_evicts(reg[i]) && n_ev < 16) evictors[n_ev++] = reg[i];
     for (int i = 0; reg[i] && n < cap; i++) {
         const ks_policy_i *p = reg[i];
         snprintf(out[n++], 64, "%s", p->name);
-        if (p->select_layer && !p->global && !p->evicts && n < cap)
+        if (p->select && !ks_policy_i_global(p) && !ks_policy_i_evicts(p) && n < cap)
             snprintf(out[n++], 64, "%s+%s", evictors[k++ % n_ev]->name, p->name);
     }
     return n;
@@ -190,7 +190,7 @@ static bool spec_shareable(const char *spec) {
     char *save = NULL;
     for (char *t = strtok_r(buf, "+", &save); t; t = strtok_r(NULL, "+", &save)) {
         const ks_policy_i *p = ks_policy_find(t);
-        if (!p || !p->prefix_shareable || p->obs_window < 0) return false;
+        if (!p || !p->prefix || ks_policy_i_obs_window(p) < 0) return false;
     }
     return true;
 }
@@ -589,7 +589,7 @@ static void test_docs_table(void **state) {
     const ks_policy_i *const *reg = ks_policy_list();
     for (int i = 0; reg[i]; i++) {
         char pat[128];
-        snprintf(pat, sizeof pat, "\n| `%s` | %s |", reg[i]->name, reg[i]->prefix_shareable ? "yes" : "**no**");
+        snprintf(pat, sizeof pat, "\n| `%s` | %s |", reg[i]->name, reg[i]->prefix ? "yes" : "**no**");
         if (!strstr(sec, pat)) fail_msg("docs/POLICIES.md's prefix-caching table lacks '%s'", pat + 1);
         assert_non_null(reg[i]->prefix_why);
     }

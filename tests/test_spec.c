@@ -165,15 +165,10 @@ static void check_selection(const char *shape, int nkv, const int *seek /* [NQ] 
         int lv = run / 2;
         const char *kc = run % 2 ? "q8_0" : "f16";
         ks_simd_level prev = ks_simd_force((ks_simd_level)lv);
-        ks_policy_params pp = ks_policy_default_params();
-        pp.budget = 2 + 4 + G; /* sink 2 + window 4 + one token per query head */
-        pp.sink = 2;
-        pp.window = 4;
         char args[500];
         snprintf(args, sizeof args, "dlm=%s,variant=embed,kcache=%s", dir, kc);
-        pp.args = args;
         ks_policy *pol = NULL;
-        ks_status st = ks_policy_create("spec", &env, &pp, &pol);
+        ks_status st = ks_test_policy_create("spec", args, 2 + 4 + G, 2, 4, -1, &env, &pol);
         if (st != KS_OK) fail_msg("spec create: %s", ks_last_error());
         int32_t prompt[40];
         for (int i = 0; i < 40; i++) prompt[i] = 5 + i % 3;
@@ -238,15 +233,10 @@ static void select_at_level(ks_model *m, const char *dir, int nq, int nkv, ks_si
     ks_policy_env env = {.pool = pool, .n_layer = 1, .n_head = m->hp.n_head, .n_head_kv = nkv,
                          .head_dim = HD, .n_seq = 1, .n_ctx = LV_CTX, .n_vocab = m->hp.n_vocab,
                          .n_embd = m->hp.n_embd, .tok_embd = m->tok_embd};
-    ks_policy_params pp = ks_policy_default_params();
-    pp.budget = LV_BUDGET;
-    pp.sink = 2;
-    pp.window = 4;
     char args[500];
     snprintf(args, sizeof args, "dlm=%s,variant=embed,kcache=%s", dir, kcache);
-    pp.args = args;
     ks_policy *pol = NULL;
-    if (ks_policy_create("spec", &env, &pp, &pol) != KS_OK) fail_msg("spec create: %s", ks_last_error());
+    if (ks_test_policy_create("spec", args, LV_BUDGET, 2, 4, -1, &env, &pol) != KS_OK) fail_msg("spec create: %s", ks_last_error());
     int32_t prompt[LV_PROMPT];
     for (int i = 0; i < LV_PROMPT; i++) prompt[i] = (i * 37 + 11) % V;
     ks_prefill_info info = {.seq = 0, .n_prompt = LV_PROMPT, .prompt = prompt, .first_pos = 0};

@@ -20,7 +20,7 @@
 #include "gguf/gguf.h"
 #include "model/eagle3.h"
 #include "model/shapes.h"
-#include "select/policy.h"
+#include "select/registry.h"
 #include "tensor/dtype.h"
 #include "testutil.h"
 
@@ -93,7 +93,7 @@ static void test_no_allocation_in_a_decode_step(void **state) {
     const ks_policy_i *const *reg = ks_policy_list();
     const char *evictor = NULL;
     for (int i = 0; reg[i]; i++)
-        if (reg[i]->evicts && !evictor) evictor = reg[i]->name;
+        if (ks_policy_i_evicts(reg[i]) && !evictor) evictor = reg[i]->name;
     char args[600];
     snprintf(args, sizeof args, "dlm=%s", g_dlm);
     int failures = 0, runs = 0;
@@ -101,12 +101,12 @@ static void test_no_allocation_in_a_decode_step(void **state) {
         char names[2][64];
         int n_names = 0;
         snprintf(names[n_names++], 64, "%s", reg[i]->name);
-        if (reg[i]->select_layer && !reg[i]->global && !reg[i]->evicts && evictor)
+        if (reg[i]->select && !ks_policy_i_global(reg[i]) && !ks_policy_i_evicts(reg[i]) && evictor)
             snprintf(names[n_names++], 64, "%s+%s", evictor, reg[i]->name);
         for (int k = 0; k < n_names; k++)
             for (int n_seq = 1; n_seq <= 2; n_seq++)
                 for (int off = 0; off <= 1; off++) {
-                    uint64_t n = step_allocs(names[k], reg[i]->needs_dlm ? args : NULL, n_seq, off);
+                    uint64_t n = step_allocs(names[k], ks_policy_i_needs_dlm(reg[i]) ? args : NULL, n_seq, off);
                     runs++;
                     if (n) {
                         print_message("%s, batch %d, %d layer(s) offloaded: %llu allocations in 4 steps\n", names[k],

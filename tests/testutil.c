@@ -1,4 +1,5 @@
 #include "testutil.h"
+#include "select/registry.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "model/shapes.h"
@@ -103,4 +104,11 @@ int ks_test_tiny_llama(int n_layer, uint64_t seed, const char *path, struct ks_m
     ks_gguf_close(vocab);
     if (st != KS_OK) return -1;
     return ks_model_load(path, ks_model_default_params(), out) == KS_OK ? 0 : -1;
+}
+
+int ks_test_policy_create(const char *name, const char *args, int32_t budget, int32_t sink, int32_t window,
+                          int32_t dense_layers, const ks_policy_env *env, ks_policy **out) {
+    ks_policy_spec spec;
+    ks_status st = ks_policy_spec_parse(name, args, budget, sink, window, dense_layers, &spec);
+    return st != KS_OK ? (int)st : (int)ks_policy_create(&spec, env, out);
 }

@@ -43,4 +43,11 @@ int ks_test_write_file(const char *path, const void *data, size_t n);
  * written to path and loaded into *out.  0 on success. */
 struct ks_model;
 int ks_test_tiny_llama(int n_layer, uint64_t seed, const char *path, struct ks_model **out);
+/* A policy instance over env from its name and arguments, through the one
+ * parser (ks_policy_spec_parse) and ks_policy_create: the parser's status
+ * when it refuses them, else create's. */
+struct ks_policy_env;
+struct ks_policy;
+int ks_test_policy_create(const char *name, const char *args, int32_t budget, int32_t sink, int32_t window,
+                          int32_t dense_layers, const struct ks_policy_env *env, struct ks_policy **out);
 #endif

@@ -46,6 +46,7 @@ ks_context_params ks_context_default_params(void) {
                                .page = 32,
                                .dense_layers = -1,
                                .policy_args = NULL,
+                               .policy_spec = NULL,
                                .kv_offload_dir = NULL,
                                .kv_offload_layers = 0,
                                .mem_cap = 0,
@@ -54,11 +55,7 @@ ks_context_params ks_context_default_params(void) {
 
 void ks_context_destroy(ks_context *c) {
     if (!c) return;
-    for (int32_t k = 0; k < c->n_pols; k++) {
-        ks_policy_destroy(c->pols[k].pol);
-        ks_free(c->pols[k].spec);
-        ks_free(c->pols[k].args);
-    }
+    for (int32_t k = 0; k < c->n_pols; k++) ks_policy_destroy(c->pols[k].pol);
     if (!c->pols) ks_policy_destroy(c->policy);
     ks_free(c->pols);
     ks_free(c->seq_pol);
@@ -97,8 +94,6 @@ void ks_context_destroy(ks_context *c) {
     ks_free(c->varentropy);
     ks_free(c->n_att);
     ks_free(c->seq_len);
-    ks_free((char *)c->params.policy);
-    ks_free((char *)c->params.policy_args);
     ks_free((char *)c->params.kv_offload_dir);
     ks_free_aligned(c->x);
     ks_free_aligned(c->xn);
@@ -197,7 +192,6 @@ static ks_status check_params(const ks_hparams *hp, ks_context_params *p) {
     if (p->n_ctx <= 0) p->n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
     if (p->n_threads <= 0) p->n_threads = ks_cpu_count();
     if (p->n_batch <= 0) p->n_batch = 256;
-    if (!p->policy || !*p->policy) p->policy = "dense";
     if (p->page <= 0) p->page = 32;
     if (p->n_seq <= 0 || p->n_seq > 4096) return KS_FAIL(KS_ERR_INVALID_ARG, "n_seq %d out of range [1, 4096]", p->n_seq);
     if (p->n_ctx > (1 << 24)) return KS_FAIL(KS_ERR_INVALID_ARG, "n_ctx %d is too large", p->n_ctx);
@@ -205,8 +199,6 @@ static ks_status check_params(const ks_hparams *hp, ks_context_params *p) {
         return KS_FAIL(KS_ERR_INVALID_ARG, "unknown KV type %d", (int)p->kv_type);
     if (p->kv_type == KS_KV_Q8 && hp->head_dim % KS_QK8_0)
         return KS_FAIL(KS_ERR_UNSUPPORTED, "8-bit KV needs a head dim multiple of 32 (have %d)", hp->head_dim);
-    if (p->budget < 0 || p->sink < 0 || p->window < 0)
-        return KS_FAIL(KS_ERR_INVALID_ARG, "budget, sink and window must be >= 0");
     if (p->page > 4096) return KS_FAIL(KS_ERR_INVALID_ARG, "page size %d out of range [1, 4096]", p->page);
     if (p->kv_slots < 0) return KS_FAIL(KS_ERR_INVALID_ARG, "kv_slots %d < 0", p->kv_slots);
     if (p->kv_offload_layers < 0 || p->kv_offload_layers > hp->n_layer)
@@ -218,7 +210,7 @@ static ks_status check_params(const ks_hparams *hp, ks_context_params *p) {
 
 /* The store, with the last kv_offload_layers layers in the slow tier and
  * their elastic buffers sized by tiers.c. */
-static ks_status create_kv(ks_context *c) {
+static ks_status create_kv(ks_context *c, int32_t budget) {
     const ks_hparams *hp = &c->model->hp;
     const ks_context_params *p = &c->params;
     ks_kv_params kp = ks_kv_default_params();
@@ -230,14 +222,16 @@ static ks_status create_kv(ks_context *c) {
     kp.page = p->page;
     kp.type = p->kv_type;
     kp.offload_dir = p->kv_offload_dir;
-    kp.slot_entries = ks_infer_buffer_entries(p);
+    kp.slot_entries = ks_infer_buffer_entries(p, budget);
     KS_TRY(ks_kv_create(&kp, &c->kv));
     for (int32_t l = hp->n_layer - p->kv_offload_layers; l < hp->n_layer; l++)
         KS_TRY(ks_kv_set_layer_tier(c->kv, l, KS_TIER_SLOW));
     return KS_OK;
 }
 
-static ks_status create_policy(ks_context *c) {
+static ks_status pol_make(ks_context *c, const ks_policy_spec *spec, ks_infer_pol *e);
+
+static ks_status create_policy(ks_context *c, const ks_policy_spec *spec) {
     const ks_hparams *hp = &c->model->hp;
     const ks_context_params *p = &c->params;
     c->penv = (ks_policy_env){.pool = c->pool,
@@ -255,36 +249,15 @@ static ks_status create_policy(ks_context *c) {
                               .attn_probs = svc_attn_probs,
                               .evict = svc_evict,
                               .read_keys = svc_read_keys};
-    ks_policy_params pp = ks_policy_default_params();
-    pp.budget = p->budget;
-    pp.sink = p->sink;
-    pp.window = p->window;
-    pp.dense_layers = p->dense_layers;
-    pp.args = p->policy_args;
-    KS_TRY(ks_policy_create(p->policy, &c->penv, &pp, &c->policy));
-    c->dense_layers = ks_policy_dense_layers(c->policy);
-    c->n_aux = ks_policy_hidden_layers(c->policy, c->aux_layer);
-    KS_ASSERT(c->n_aux >= 0 && c->n_aux <= 3);
-    for (int k = 0; k < c->n_aux; k++)
-        if (c->aux_layer[k] < 0 || c->aux_layer[k] > hp->n_layer)
-            return KS_FAIL(KS_ERR_INVALID_ARG, "policy asks for the hidden state of layer %d of %d", c->aux_layer[k],
-                           hp->n_layer);
-    c->obs_window = ks_policy_obs_window(c->policy);
     /* entry 0: the default, serving every sequence until ks_seq_set_policy */
     c->pols = ks_calloc((size_t)p->n_seq + 2, sizeof(ks_infer_pol));
     c->seq_pol = ks_calloc((size_t)p->n_seq, sizeof(int32_t));
+    KS_TRY(pol_make(c, spec, &c->pols[0]));
     c->n_pols = 1;
-    c->pols[0] = (ks_infer_pol){.pol = c->policy,
-                                .spec = ks_strdup(p->policy),
-                                .args = p->policy_args ? ks_strdup(p->policy_args) : NULL,
-                                .budget = p->budget,
-                                .sink = p->sink,
-                                .window = p->window,
-                                .dense_layers = p->dense_layers,
-                                .dense_from = c->dense_layers,
-                                .obs_window = c->obs_window,
-                                .selects = ks_policy_selects(c->policy),
-                                .users = p->n_seq};
+    c->pols[0].users = p->n_seq;
+    c->policy = c->pols[0].pol;
+    c->dense_layers = c->pols[0].dense_from;
+    c->obs_window = c->pols[0].obs_window;
     return KS_OK;
 }
 
@@ -300,7 +273,7 @@ static void alloc_rows(ks_context *c) {
     c->varentropy = ks_malloc(sizeof(float) * (size_t)c->n_seq);
     for (int i = 0; i < c->n_seq; i++) c->entropy[i] = c->varentropy[i] = NAN;
     c->n_att = ks_calloc(rows * hp->n_head_kv, sizeof(int32_t));
-    if (c->n_aux) c->aux_h = ks_malloc(sizeof(float) * rows * c->n_aux * hp->n_embd);
+    if (c->n_aux && !c->aux_h) c->aux_h = ks_malloc(sizeof(float) * rows * c->n_aux * hp->n_embd);
     c->x = ks_malloc_aligned(sizeof(float) * rows * hp->n_embd);
     c->xn = ks_malloc_aligned(sizeof(float) * rows * wide);
     c->q = ks_malloc_aligned(sizeof(float) * rows * q_dim);
@@ -356,10 +329,16 @@ ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_conte
     if (!model || !out) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL model or out");
     if (model->vocab_only) return KS_FAIL(KS_ERR_INVALID_ARG, "the model was loaded vocabulary-only");
     KS_TRY(check_params(&model->hp, &p));
+    /* the policy fields are read here, once: parsed into the spec the
+     * default instance keeps (or the caller's, parsed already) */
+    ks_policy_spec spec;
+    if (p.policy_spec) spec = *p.policy_spec;
+    else KS_TRY(ks_policy_spec_parse(p.policy, p.policy_args, p.budget, p.sink, p.window, p.dense_layers, &spec));
+    p.policy = NULL;
+    p.policy_args = NULL;
+    p.policy_spec = NULL;
     ks_context *c = ks_calloc(1, sizeof *c);
     c->model = model;
-    p.policy = ks_strdup(p.policy);
-    p.policy_args = p.policy_args ? ks_strdup(p.policy_args) : NULL;
     p.kv_offload_dir = p.kv_offload_dir ? ks_strdup(p.kv_offload_dir) : NULL;
     c->params = p;
     c->n_ctx = p.n_ctx;
@@ -369,8 +348,8 @@ ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_conte
     c->kv_row_bytes = ks_kv_row_bytes(p.kv_type, model->hp.head_dim);
     ks_status st;
     if ((st = ks_pool_create(p.n_threads, &c->pool)) != KS_OK) goto fail;
-    if ((st = create_kv(c)) != KS_OK) goto fail;
-    if ((st = create_policy(c)) != KS_OK) goto fail;
+    if ((st = create_kv(c, spec.budget)) != KS_OK) goto fail;
+    if ((st = create_policy(c, &spec)) != KS_OK) goto fail;
     alloc_rows(c);
     alloc_scratch(c);
     if (p.mem_cap > 0 && (st = ks_infer_plan_init(c)) != KS_OK) goto fail;
@@ -407,55 +386,6 @@ ks_policy_config ks_policy_config_default(void) {
                               .dense_layers = -1, .policy_args = NULL};
 }
 
-/* The next part of a spec "a" or "a+b", *p advanced past it (NULL after the
- * last part, so an empty part, as in "a+", is still seen): false at the end;
- * *vt the part's interface, NULL for an unknown or empty name. */
-static bool next_part(const char **p, const ks_policy_i **vt) {
-    if (!*p) return false;
-    const char *e = strchr(*p, '+');
-    size_t n = e ? (size_t)(e - *p) : strlen(*p);
-    char name[64];
-    *vt = NULL;
-    if (n > 0 && n < sizeof name) {
-        memcpy(name, *p, n);
-        name[n] = 0;
-        *vt = ks_policy_find(name);
-    }
-    *p = e ? e + 1 : NULL;
-    return true;
-}
-
-bool ks_policy_prefill_chunkable(const char *spec) {
-    /* no part has a prefill hook: the state after a prompt does not depend on
-     * how it was split into ks_prefill calls */
-    if (!spec || !*spec) return false;
-    const ks_policy_i *vt;
-    for (const char *p = spec; next_part(&p, &vt);)
-        if (!vt || vt->on_prefill || vt->pseudo_tokens) return false;
-    return true;
-}
-
-int32_t ks_policy_prefill_room(const char *spec, const char *args) {
-    /* only the evictor's prefill hooks run before decoding, but every part
-     * with pseudo tokens is counted: the larger answer is the safe one */
-    int32_t room = 0;
-    const ks_policy_i *vt;
-    if (!spec || !*spec) return 0;
-    for (const char *p = spec; next_part(&p, &vt);) {
-        if (!vt) return 0;
-        if (vt->pseudo_tokens && vt->prefill_room) {
-            int32_t r = vt->prefill_room(args);
-            if (r > room) room = r;
-        }
-    }
-    return room;
-}
-
-static bool same_str(const char *a, const char *b) {
-    if (!a || !*a) return !b || !*b;
-    return b && !strcmp(a, b);
-}
-
 /* The memory plan for the instances alive now: the largest budget (every
  * active sequence counted at it: conservative), the policies' weights
  * summed, a retrieval K cache if any keeps one; refused when not even one
@@ -469,7 +399,7 @@ static ks_status replan(ks_context *c) {
     for (int32_t k = 0; k < c->n_pols; k++) {
         ks_infer_pol *e = &c->pols[k];
         if (!e->pol) continue;
-        if (e->budget > p.budget) p.budget = e->budget;
+        if (e->spec.budget > p.budget) p.budget = e->spec.budget;
         p.dlm_bytes += (double)ks_policy_weight_bytes(e->pol);
         p.dlm_cache = p.dlm_cache || ks_policy_own_kcache(e->pol);
     }
@@ -492,40 +422,23 @@ static void pol_free(ks_context *c, int32_t k) {
     ks_infer_pol *e = &c->pols[k];
     counters_add(&c->retired_pc, e->pol);
     ks_policy_destroy(e->pol);
-    ks_free(e->spec);
-    ks_free(e->args);
     memset(e, 0, sizeof *e);
     while (c->n_pols > 1 && !c->pols[c->n_pols - 1].pol) c->n_pols--;
 }
 
-/* A new instance for cfg in a free entry: *k receives its index. */
-static ks_status pol_new(ks_context *c, const ks_policy_config *cfg, const char *spec, int32_t *k) {
+/* An instance of spec into e (the spec copied whole, the resolved layers
+ * and rows beside it), checked against the hidden states in use. */
+static ks_status pol_make(ks_context *c, const ks_policy_spec *spec, ks_infer_pol *e) {
     const ks_hparams *hp = &c->model->hp;
-    if (c->plan_thr && cfg->budget <= 0)
-        return KS_FAIL(KS_ERR_INVALID_ARG, "adaptive memory management needs a budget: offloaded layers keep B entries fast");
-    /* instances no sequence uses go first (their memory, their plan share) */
-    for (int32_t j = 1; j < c->n_pols; j++)
-        if (c->pols[j].pol && c->pols[j].users == 0) pol_free(c, j);
-    int32_t free_k = 1;
-    while (free_k < c->n_pols && c->pols[free_k].pol) free_k++;
-    /* n_seq + 2 entries: the default, one per sequence, and the new one while
-     * the sequence being set still holds its old one */
-    KS_ASSERT(free_k <= c->n_seq + 1);
-    ks_policy_params pp = ks_policy_default_params();
-    pp.budget = cfg->budget;
-    pp.sink = cfg->sink;
-    pp.window = cfg->window;
-    pp.dense_layers = cfg->dense_layers;
-    pp.args = cfg->policy_args && *cfg->policy_args ? cfg->policy_args : NULL;
     ks_policy *pol = NULL;
-    KS_TRY(ks_policy_create(spec, &c->penv, &pp, &pol));
+    KS_TRY(ks_policy_create(spec, &c->penv, &pol));
     int32_t lay[3], na = ks_policy_hidden_layers(pol, lay);
     ks_status st = KS_OK;
     if (na < 0 || na > 3) {
-        st = KS_FAIL(KS_ERR_INVALID_ARG, "policy '%s' asks for %d hidden states", spec, na);
+        st = KS_FAIL(KS_ERR_INVALID_ARG, "policy '%s' asks for %d hidden states", spec->name, na);
     } else if (na > 0 && c->n_aux > 0 && (na != c->n_aux || memcmp(lay, c->aux_layer, sizeof(int32_t) * na))) {
         st = KS_FAIL(KS_ERR_UNSUPPORTED, "policy '%s' needs other hidden states than a policy already in this context",
-                     spec);
+                     spec->name);
     } else {
         for (int i = 0; i < na; i++)
             if (lay[i] < 0 || lay[i] > hp->n_layer)
@@ -535,27 +448,38 @@ static ks_status pol_new(ks_context *c, const ks_policy_config *cfg, const char 
         ks_policy_destroy(pol);
         return st;
     }
-    ks_infer_pol *e = &c->pols[free_k];
     *e = (ks_infer_pol){.pol = pol,
-                        .spec = ks_strdup(spec),
-                        .args = pp.args ? ks_strdup(pp.args) : NULL,
-                        .budget = cfg->budget,
-                        .sink = cfg->sink,
-                        .window = cfg->window,
-                        .dense_layers = cfg->dense_layers,
+                        .spec = *spec,
                         .dense_from = ks_policy_dense_layers(pol),
                         .obs_window = ks_policy_obs_window(pol),
                         .selects = ks_policy_selects(pol)};
-    if (free_k == c->n_pols) c->n_pols++;
-    if ((st = replan(c)) != KS_OK) {
-        pol_free(c, free_k);
-        return st;
-    }
     if (na > 0 && c->n_aux == 0) { /* the first policy reading hidden states */
         ks_free(c->aux_h);
         c->aux_h = ks_malloc(sizeof(float) * (size_t)c->max_rows * na * hp->n_embd);
         memcpy(c->aux_layer, lay, sizeof(int32_t) * na);
         c->n_aux = na;
+    }
+    return KS_OK;
+}
+
+/* A new instance for spec in a free entry: *k receives its index. */
+static ks_status pol_new(ks_context *c, const ks_policy_spec *spec, int32_t *k) {
+    if (c->plan_thr && spec->budget <= 0)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "adaptive memory management needs a budget: offloaded layers keep B entries fast");
+    /* instances no sequence uses go first (their memory, their plan share) */
+    for (int32_t j = 1; j < c->n_pols; j++)
+        if (c->pols[j].pol && c->pols[j].users == 0) pol_free(c, j);
+    int32_t free_k = 1;
+    while (free_k < c->n_pols && c->pols[free_k].pol) free_k++;
+    /* n_seq + 2 entries: the default, one per sequence, and the new one while
+     * the sequence being set still holds its old one */
+    KS_ASSERT(free_k <= c->n_seq + 1);
+    KS_TRY(pol_make(c, spec, &c->pols[free_k]));
+    if (free_k == c->n_pols) c->n_pols++;
+    ks_status st = replan(c);
+    if (st != KS_OK) {
+        pol_free(c, free_k);
+        return st;
     }
     *k = free_k;
     return KS_OK;
@@ -563,25 +487,27 @@ static ks_status pol_new(ks_context *c, const ks_policy_config *cfg, const char 
 
 ks_status ks_seq_set_policy(ks_context *c, int32_t seq, const ks_policy_config *cfg) {
     if (!c) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL context");
+    if (!cfg) return ks_seq_set_policy_spec(c, seq, NULL);
+    if (cfg->page != 0 && cfg->page != c->params.page)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "page %d: the KV page size belongs to the context (%d)", cfg->page,
+                       c->params.page);
+    ks_policy_spec spec;
+    KS_TRY(ks_policy_spec_parse(cfg->policy, cfg->policy_args, cfg->budget, cfg->sink, cfg->window, cfg->dense_layers,
+                                &spec));
+    return ks_seq_set_policy_spec(c, seq, &spec);
+}
+
+ks_status ks_seq_set_policy_spec(ks_context *c, int32_t seq, const ks_policy_spec *spec) {
+    if (!c) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL context");
     if (seq < 0 || seq >= c->n_seq) return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d out of range [0, %d)", seq, c->n_seq);
     if (c->seq_len[seq] != 0)
         return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d holds %d tokens: its policy can change only while it is empty",
                        seq, c->seq_len[seq]);
     int32_t k = 0;
-    if (cfg) {
-        const char *spec = cfg->policy && *cfg->policy ? cfg->policy : "dense";
-        if (cfg->budget < 0 || cfg->sink < 0 || cfg->window < 0)
-            return KS_FAIL(KS_ERR_INVALID_ARG, "budget, sink and window must be >= 0");
-        if (cfg->page != 0 && cfg->page != c->params.page)
-            return KS_FAIL(KS_ERR_INVALID_ARG, "page %d: the KV page size belongs to the context (%d)", cfg->page,
-                           c->params.page);
-        for (k = 0; k < c->n_pols; k++) {
-            const ks_infer_pol *e = &c->pols[k];
-            if (e->pol && !strcmp(e->spec, spec) && same_str(e->args, cfg->policy_args) && e->budget == cfg->budget &&
-                e->sink == cfg->sink && e->window == cfg->window && e->dense_layers == cfg->dense_layers)
-                break;
-        }
-        if (k == c->n_pols) KS_TRY(pol_new(c, cfg, spec, &k));
+    if (spec) {
+        for (k = 0; k < c->n_pols; k++)
+            if (c->pols[k].pol && ks_policy_spec_equal(&c->pols[k].spec, spec)) break;
+        if (k == c->n_pols) KS_TRY(pol_new(c, spec, &k));
     }
     int32_t old = c->seq_pol[seq];
     if (old == k) return KS_OK;

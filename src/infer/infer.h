@@ -13,7 +13,7 @@
 #include "kv/kv.h"
 #include "kv/memplan.h"
 #include "model/model.h"
-#include "select/policy.h"
+#include "select/registry.h"
 #include "tensor/matmul.h"
 #include "tensor/ops.h"
 
@@ -64,8 +64,7 @@ typedef struct ks_step_plan {
  * sequences with equal configurations share it (ks_seq_set_policy). */
 typedef struct ks_infer_pol {
     ks_policy *pol;          /* NULL: a free entry */
-    char *spec, *args;       /* owned; args NULL: none */
-    int32_t budget, sink, window, dense_layers; /* as configured (dense_layers -1: the policy's) */
+    ks_policy_spec spec;     /* as configured (a copy: sequences compare theirs with ks_policy_spec_equal) */
     int32_t dense_from;      /* resolved: layers below attend densely */
     int32_t obs_window;
     bool selects;            /* has a decode selector */

@@ -97,8 +97,8 @@ uint8_t *ks_infer_gather_buffer(ks_context *c, ks_attn_scratch *s);
 
 /* -------------------------------------------------------------- tiers.c -- */
 /* Entry slots of the elastic buffer per (seq, KV head) of an offloaded layer
- * (0: every entry). */
-int32_t ks_infer_buffer_entries(const ks_context_params *p);
+ * (0: every entry), for the default policy's budget. */
+int32_t ks_infer_buffer_entries(const ks_context_params *p, int32_t budget);
 /* Whether a plan holds the weights and one sequence with every layer
  * offloaded (its budget entries): the least a capped context must hold; more
  * sequences are the scheduler's to admit or pause (ks_context_mem_fits). */

@@ -755,8 +755,8 @@ static ks_pc_format format_of(const ks_context *c) {
 static uint64_t policy_key(const ks_context *c, int32_t seq) {
     const ks_infer_pol *e = ks_infer_pol_of(c, seq);
     ks_pc_key h = hash_seed(0x706F6CULL);
-    hash_feed(&h, e->spec, strlen(e->spec));
-    if (e->args) hash_feed(&h, e->args, strlen(e->args) + 1);
+    hash_feed(&h, e->spec.name, strlen(e->spec.name));
+    if (e->spec.args[0]) hash_feed(&h, e->spec.args, strlen(e->spec.args) + 1);
     uint64_t k = h.a ^ h.b;
     return k ? k : 1; /* 0 names the block's own file */
 }

@@ -36,9 +36,9 @@
 
 #include <string.h>
 
-int32_t ks_infer_buffer_entries(const ks_context_params *p) {
+int32_t ks_infer_buffer_entries(const ks_context_params *p, int32_t budget) {
     if (p->kv_slots > 0) return p->kv_slots > INT32_MAX / p->page ? 0 : p->kv_slots * p->page;
-    if (p->budget > 0) return p->budget > INT32_MAX - p->page ? 0 : p->budget + p->page - 1;
+    if (budget > 0) return budget > INT32_MAX - p->page ? 0 : budget + p->page - 1;
     return 0;
 }
 
@@ -50,7 +50,8 @@ bool ks_infer_plan_holds_one(const ks_memplan_params *p) {
 ks_status ks_infer_plan_init(ks_context *c) {
     const ks_hparams *hp = &c->model->hp;
     const ks_context_params *p = &c->params;
-    if (p->budget <= 0)
+    int32_t budget = c->pols[0].spec.budget; /* the default instance's */
+    if (budget <= 0)
         return KS_FAIL(KS_ERR_INVALID_ARG, "adaptive memory management needs a budget: offloaded layers keep B entries fast");
     int G = hp->n_head / hp->n_head_kv;
     /* alpha: the per-token scratch each worker allocates (ks_attn_scratch) */
@@ -66,7 +67,7 @@ ks_status ks_infer_plan_init(ks_context *c) {
                                   .head_dim = hp->head_dim,
                                   .kv_elem_bytes = elem,
                                   .requests = c->n_seq,
-                                  .budget = p->budget,
+                                  .budget = budget,
                                   .dlm_cache = ks_policy_own_kcache(c->policy),
                                   .alpha = per_tok_scratch / (2.0 * elem * c->n_seq * hp->n_head_kv * hp->head_dim),
                                   .mem_cap = p->mem_cap};
@@ -75,7 +76,7 @@ ks_status ks_infer_plan_init(ks_context *c) {
     if (!ks_infer_plan_holds_one(&c->plan))
         return KS_FAIL(KS_ERR_NOMEM, "a fast tier of %.2f GB cannot hold the weights (%.2f GB x %.1f) and one sequence's "
                        "%d budget entries per layer", p->mem_cap / 1e9, c->plan.model_bytes / 1e9, c->plan.overhead,
-                       p->budget);
+                       budget);
     KS_LOG(INFO, "memory plan: cap %.2f GB, weights %.2f GB (+%.3f GB policy), alpha %.3f; all layers fast up to S=%lld, "
            "all offloaded up to S=%lld", p->mem_cap / 1e9, c->plan.model_bytes / 1e9, c->plan.dlm_bytes / 1e9,
            c->plan.alpha, (long long)c->plan_thr[0], (long long)c->plan_thr[hp->n_layer]);

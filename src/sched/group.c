@@ -50,13 +50,8 @@ ks_status ks_sched_group_create(ks_sched *s, int32_t page, group **out, char *er
     if (s->p.n_threads > 0) cp.n_threads = s->p.n_threads;
     cp.n_batch = s->p.n_batch;
     cp.kv_type = s->p.kv_type;
-    cp.policy = pol->policy;
-    cp.budget = pol->budget;
-    cp.sink = pol->sink;
-    cp.window = pol->window;
+    cp.policy_spec = &pol->spec;
     cp.page = page;
-    cp.dense_layers = pol->dense_layers;
-    cp.policy_args = pol->args[0] ? pol->args : NULL;
     cp.kv_offload_dir = s->offload_dir;
     cp.kv_offload_layers = s->p.kv_offload_layers;
     cp.kv_slots = s->p.kv_slots;
@@ -65,7 +60,7 @@ ks_status ks_sched_group_create(ks_sched *s, int32_t page, group **out, char *er
     ks_context *ctx = NULL;
     ks_status st = ks_context_create(s->model, cp, &ctx);
     if (st != KS_OK) {
-        snprintf(err, err_cap, "policy '%s' budget %d page %d: %s (%s)", pol->policy, pol->budget, page,
+        snprintf(err, err_cap, "policy '%s' budget %d page %d: %s (%s)", pol->spec.name, pol->spec.budget, page,
                  ks_status_str(st), ks_last_error());
         return st;
     }
@@ -180,18 +175,10 @@ int32_t ks_sched_slot_prepare(ks_sched *s, group *g, const ks_sched_req *r, ks_s
     while (g->slots[i].req) i++;
     ks_seq_reset(g->ctx, i);
     const ks_sched_policy *pol = &r->policy;
-    ks_policy_config pc = ks_policy_config_default();
-    pc.policy = pol->policy;
-    pc.budget = pol->budget;
-    pc.sink = pol->sink;
-    pc.window = pol->window;
-    pc.page = pol->page;
-    pc.dense_layers = pol->dense_layers;
-    pc.policy_args = pol->args[0] ? pol->args : NULL;
-    ks_status st = ks_seq_set_policy(g->ctx, i, &pc);
+    ks_status st = ks_seq_set_policy_spec(g->ctx, i, &pol->spec); /* the group's page is the request's */
     if (st != KS_OK) {
         *why = st == KS_ERR_NOMEM ? KS_SCHED_ERR_TOO_LONG : KS_SCHED_ERR_INVALID;
-        snprintf(msg, msg_cap, "policy '%s' budget %d: %s (%s)", pol->policy, pol->budget, ks_status_str(st),
+        snprintf(msg, msg_cap, "policy '%s' budget %d: %s (%s)", pol->spec.name, pol->spec.budget, ks_status_str(st),
                  ks_last_error());
         return -1;
     }
@@ -354,7 +341,7 @@ void ks_sched_group_balance(ks_sched *s, group *g, int32_t *paused, int32_t *res
 /* under mu: r into slot i (ks_sched_slot_prepare's) */
 void ks_sched_slot_admit(ks_sched *s, group *g, int32_t i, ks_sched_req *r) {
     slot *sl = &g->slots[i];
-    sl->chunkable = ks_policy_prefill_chunkable(r->policy.policy);
+    sl->chunkable = ks_policy_spec_chunkable(&r->policy.spec);
     sl->req = r;
     sl->paused = false;
     sl->n_fed = 0;

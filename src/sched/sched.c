@@ -53,21 +53,11 @@ void ks_sched_deadline_in(struct timespec *ts, double seconds) {
 /* ----------------------------------------------------------- policies -- */
 
 ks_sched_policy ks_sched_policy_default(void) {
-    ks_sched_policy p;
-    memset(&p, 0, sizeof p);
-    ks_context_params d = ks_context_default_params();
-    snprintf(p.policy, sizeof p.policy, "%s", d.policy ? d.policy : "dense");
-    p.budget = 0;
-    p.sink = d.sink;
-    p.window = d.window;
-    p.page = d.page;
-    p.dense_layers = d.dense_layers;
-    return p;
+    return (ks_sched_policy){.spec = ks_policy_spec_default(), .page = ks_context_default_params().page};
 }
 
 bool ks_sched_policy_equal(const ks_sched_policy *a, const ks_sched_policy *b) {
-    return !strcmp(a->policy, b->policy) && a->budget == b->budget && a->sink == b->sink && a->window == b->window &&
-           a->page == b->page && a->dense_layers == b->dense_layers && !strcmp(a->args, b->args);
+    return a->page == b->page && ks_policy_spec_equal(&a->spec, &b->spec);
 }
 
 bool ks_sched_policy_chunkable(const char *spec) {

@@ -105,14 +105,11 @@ typedef struct ks_sched_req ks_sched_req;
  * admission (requests with equal configurations share a policy instance;
  * all share the context's steps, except a request with another page). */
 typedef struct ks_sched_policy {
-    char policy[128];      /* "dense", "quest", "snapkv+quest", ... */
-    int32_t budget;        /* entries per KV head per step (0: all) */
-    int32_t sink, window, page;
-    int32_t dense_layers;  /* -1: the policy's default */
-    char args[1024];       /* "k=v,k=v" or "" */
+    ks_policy_spec spec;   /* parsed once, where the request or the flags came in */
+    int32_t page;          /* tokens per KV page: another page gets a context of its own */
 } ks_sched_policy;
 
-/* The engine defaults (dense, budget 0, sink/window/page from
+/* The engine defaults (ks_policy_spec_default, the page of
  * ks_context_default_params). */
 ks_sched_policy ks_sched_policy_default(void);
 

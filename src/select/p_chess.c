@@ -188,7 +188,7 @@ typedef struct {
 
 typedef struct {
     ks_policy_env env;
-    ks_policy_params p;
+    ks_policy_spec p;
     ks_chess_cfg cfg;
     double h_max, v_max;
     bool horizon_on;
@@ -214,7 +214,7 @@ static void chess_destroy(void *state) {
     ks_free(s);
 }
 
-static ks_status chess_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
+static ks_status chess_create(const ks_policy_env *env, const ks_policy_spec *p, void **state) {
     int64_t chunk, grid, layers, horizon, period;
     double rg, rc, rp, h_max, v_max;
     char preset[32];
@@ -233,7 +233,6 @@ static ks_status chess_create(const ks_policy_env *env, const ks_policy_params *
     chess_state *s = ks_calloc(1, sizeof *s);
     s->env = *env;
     s->p = *p;
-    s->p.args = NULL; /* borrowed; not needed after create */
     s->cfg = (ks_chess_cfg){(int32_t)chunk, (int32_t)grid, rg, rc, rp};
     s->h_max = h_max;
     s->v_max = v_max;
@@ -392,21 +391,24 @@ static void chess_counters(void *state, ks_policy_counters *out) {
     out->rebuilds += s->rebuilds;
 }
 
-const ks_policy_i ks_policy_chess = {
-    .name = "chess",
-    .summary = "CHESS: one global grid/chunk/page selection by key-key affinity to the window, rebuilt when a "
-               "page's mean entropy and varentropy both pass calibrated thresholds",
-    .default_dense_layers = 0,
+static const ks_policy_select_i chess_select_i = {
     .global = true,
-    .arg_names = chess_args,
     .wants_entropy = true,
-    .create = chess_create,
-    .destroy = chess_destroy,
     .seq_reset = chess_seq_reset,
     .before_step = chess_before_step,
     .select_layer = chess_select,
     .counters = chess_counters,
-    .page_summaries = true,
-    .prefix_shareable = true,
+};
+
+const ks_policy_i ks_policy_chess = {
+    .name = "chess",
+    .summary = "CHESS: one global grid/chunk/page selection by key-key affinity to the window, rebuilt when a "
+               "page's mean entropy and varentropy both pass calibrated thresholds",
     .prefix_why = "its summaries are built at decode steps from the store's page metadata, recomputed from the restored keys",
+    .create = chess_create,
+    .destroy = chess_destroy,
+    .arg_names = chess_args,
+    .page_summaries = true,
+    .select = &chess_select_i,
+    .prefix = &ks_policy_prefix_stateless,
 };

@@ -60,7 +60,7 @@
 
 typedef struct {
     ks_policy_env env;
-    ks_policy_params p;
+    ks_policy_spec p;
     int32_t n_pseudo, n_head_tokens, pool, keep_recent;
     bool told_short; /* the note that fewer pseudo tokens fit than asked was logged */
 } dapq_state;
@@ -69,7 +69,7 @@ enum { DAPQ_PSEUDO_DEFAULT = 32, DAPQ_PSEUDO_MAX = 1024 }; /* the paper's N; the
 
 static const char *const dapq_args[] = {"n_pseudo", "n_head_tokens", "pool", "keep_recent", NULL};
 
-static ks_status dapq_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
+static ks_status dapq_create(const ks_policy_env *env, const ks_policy_spec *p, void **state) {
     int64_t n_pseudo, n_head, pool, recent;
     KS_TRY(ks_args_int(p->args, "n_pseudo", DAPQ_PSEUDO_DEFAULT, 1, DAPQ_PSEUDO_MAX, &n_pseudo));
     KS_TRY(ks_args_int(p->args, "n_head_tokens", 4, 0, 1024, &n_head));
@@ -154,18 +154,21 @@ static ks_status dapq_prefill(void *state, const ks_prefill_info *info) {
     return ks_policy_evict_scored(&s->env, info, 0, info->n_obs, s->p.budget, s->pool, dapq_span, s);
 }
 
-const ks_policy_i ks_policy_dapq = {
-    .name = "dapq",
-    .summary = "DapQ: prefill eviction scored by pseudo queries at the decode positions (pooled, per KV head), dense decode",
-    .obs_window = 0,
-    .arg_names = dapq_args,
-    .create = dapq_create,
-    .destroy = dapq_destroy,
+static const ks_policy_prefill_i dapq_prefill_i = {
     .on_prefill = dapq_prefill,
     .pseudo_tokens = dapq_pseudo_tokens,
     .prefill_room = dapq_prefill_room,
     .evicts = true,
-    .page_summaries = true,
-    .prefix_shareable = true,
+};
+
+const ks_policy_i ks_policy_dapq = {
+    .name = "dapq",
+    .summary = "DapQ: prefill eviction scored by pseudo queries at the decode positions (pooled, per KV head), dense decode",
     .prefix_why = "the cache keeps the full pre-eviction prefix; the pseudo tokens run after the whole prompt as without a hit and the eviction runs per request",
+    .create = dapq_create,
+    .destroy = dapq_destroy,
+    .arg_names = dapq_args,
+    .page_summaries = true,
+    .prefill = &dapq_prefill_i,
+    .prefix = &ks_policy_prefix_stateless,
 };

@@ -6,7 +6,7 @@
  */
 #include "select/policy.h"
 
-static ks_status dense_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
+static ks_status dense_create(const ks_policy_env *env, const ks_policy_spec *p, void **state) {
     (void)env;
     (void)p;
     *state = ks_calloc(1, 1);
@@ -18,8 +18,8 @@ static void dense_destroy(void *state) { ks_free(state); }
 const ks_policy_i ks_policy_dense = {
     .name = "dense",
     .summary = "full attention over every KV entry (the reference)",
+    .prefix_why = "no state beyond the KV store: the restored rows are all it reads",
     .create = dense_create,
     .destroy = dense_destroy,
-    .prefix_shareable = true,
-    .prefix_why = "no state beyond the KV store: the restored rows are all it reads",
+    .prefix = &ks_policy_prefix_stateless,
 };

@@ -109,7 +109,7 @@ enum { SUM_BOUND = 0, SUM_CENTRE = 1 };
 
 typedef struct {
     ks_policy_env env;
-    ks_policy_params p;
+    ks_policy_spec p;
     double tau;
     double sink_frac, recent_frac; /* the paper's S / B and W / B (whole pages, paid from the budget) */
     float scale;         /* multiplies page scores before the softmax */
@@ -146,7 +146,7 @@ static size_t slot_of(const freekv_state *s, int32_t seq, int32_t layer, int32_t
     return ((size_t)seq * s->env.n_layer + (size_t)layer) * s->env.n_head_kv + (size_t)head;
 }
 
-static ks_status freekv_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
+static ks_status freekv_create(const ks_policy_env *env, const ks_policy_spec *p, void **state) {
     double tau, sink_frac, recent_frac;
     char sum[16], sc[16], preset[16];
     KS_TRY(ks_args_str(p->args, "preset", "input", preset, sizeof preset));
@@ -173,7 +173,6 @@ static ks_status freekv_create(const ks_policy_env *env, const ks_policy_params 
     freekv_state *s = ks_calloc(1, sizeof *s);
     s->env = *env;
     s->p = *p;
-    s->p.args = NULL; /* borrowed string: not kept */
     s->tau = tau;
     s->sink_frac = sink_frac;
     s->recent_frac = recent_frac;
@@ -558,20 +557,28 @@ static void freekv_counters(void *state, ks_policy_counters *out) {
     }
 }
 
+static const ks_policy_select_i freekv_select_i = {
+    .default_dense_layers = 1,
+    .seq_reset = freekv_seq_reset,
+    .select_layer = freekv_select,
+    .counters = freekv_counters,
+};
+
+static const ks_policy_prefill_i freekv_prefill_i = {
+    .obs_window = 1,
+    .on_prefill = freekv_prefill,
+};
+
 const ks_policy_i ks_policy_freekv = {
     .name = "freekv",
     .summary = "FreeKV: speculative page retrieval (previous step's pages, next step's prefetched) with query-"
                "similarity correction (layer 0 dense)",
-    .default_dense_layers = 1,
-    .obs_window = 1,
-    .arg_names = freekv_args,
+    .prefix_why = "its page bounds are recomputed from the restored keys; its prefill state is the last prompt row's query, always recomputed",
     .create = freekv_create,
     .destroy = freekv_destroy,
-    .seq_reset = freekv_seq_reset,
-    .on_prefill = freekv_prefill,
-    .select_layer = freekv_select,
-    .counters = freekv_counters,
+    .arg_names = freekv_args,
     .page_summaries = true,
-    .prefix_shareable = true,
-    .prefix_why = "its page bounds are recomputed from the restored keys; its prefill state is the last prompt row's query, always recomputed",
+    .select = &freekv_select_i,
+    .prefill = &freekv_prefill_i,
+    .prefix = &ks_policy_prefix_stateless,
 };

@@ -28,7 +28,7 @@ static float *acc_of(h2o_state *s, int32_t seq, int32_t layer, int32_t head) {
     return s->acc + (((size_t)seq * e->n_layer + layer) * e->n_head_kv + head) * (size_t)e->n_ctx;
 }
 
-static ks_status h2o_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
+static ks_status h2o_create(const ks_policy_env *env, const ks_policy_spec *p, void **state) {
     int64_t obs;
     KS_TRY(ks_args_int(p->args, "obs", 64, 0, 64, &obs));
     h2o_state *s = ks_calloc(1, sizeof *s);
@@ -90,17 +90,25 @@ static void h2o_after(void *state, const ks_select_req *req, const int32_t *entr
     for (int32_t i = 0; i < n; i++) acc[entries[i]] += w[i];
 }
 
+static const ks_policy_select_i h2o_select_i = {
+    .seq_reset = h2o_seq_reset,
+    .select_layer = h2o_select,
+    .after_attention = h2o_after,
+};
+
+static const ks_policy_prefill_i h2o_prefill_i = {
+    .obs_window = 64,
+    .on_prefill = h2o_prefill,
+};
+
 const ks_policy_i ks_policy_h2o = {
     .name = "h2o",
     .summary = "H2O: heavy hitters by accumulated attention + sinks + recent window",
-    .obs_window = 64,
-    .arg_names = h2o_args,
+    .prefix_why = "its prefill scores are the attention of the last obs prompt rows, recomputed after a hit over the restored keys; decode accumulation starts after the prompt",
     .create = h2o_create,
     .destroy = h2o_destroy,
-    .seq_reset = h2o_seq_reset,
-    .on_prefill = h2o_prefill,
-    .select_layer = h2o_select,
-    .after_attention = h2o_after,
-    .prefix_shareable = true,
-    .prefix_why = "its prefill scores are the attention of the last obs prompt rows, recomputed after a hit over the restored keys; decode accumulation starts after the prompt",
+    .arg_names = h2o_args,
+    .select = &h2o_select_i,
+    .prefill = &h2o_prefill_i,
+    .prefix = &ks_policy_prefix_stateless,
 };

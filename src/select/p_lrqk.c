@@ -148,7 +148,7 @@ static void slot_clear_resident(const lrqk_state *s, lrqk_slot *t) {
     t->gram_age = 0;
 }
 
-static ks_status lrqk_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
+static ks_status lrqk_create(const ks_policy_env *env, const ks_policy_spec *p, void **state) {
     int64_t rank, iters;
     double tol, lambda;
     KS_TRY(ks_args_int(p->args, "rank", 32, 1, LRQK_MAX_RANK, &rank));
@@ -555,19 +555,25 @@ static void lrqk_counters(void *state, ks_policy_counters *out) {
     out->misses += misses;
 }
 
-const ks_policy_i ks_policy_lrqk = {
-    .name = "lrqk",
-    .summary = "LRQK: top-k by a joint low-rank proxy of q.k (prefill factorisation, decode updates) + sinks + window",
-    .default_dense_layers = 0,
-    .obs_window = -1,
-    .arg_names = lrqk_args,
-    .create = lrqk_create,
-    .destroy = lrqk_destroy,
+static const ks_policy_select_i lrqk_select_i = {
     .seq_reset = lrqk_seq_reset,
-    .on_prefill = lrqk_prefill,
     .select_layer = lrqk_select,
     .on_append = lrqk_append,
     .counters = lrqk_counters,
-    .prefix_shareable = false,
+};
+
+static const ks_policy_prefill_i lrqk_prefill_i = {
+    .obs_window = -1,
+    .on_prefill = lrqk_prefill,
+};
+
+const ks_policy_i ks_policy_lrqk = {
+    .name = "lrqk",
+    .summary = "LRQK: top-k by a joint low-rank proxy of q.k (prefill factorisation, decode updates) + sinks + window",
     .prefix_why = "its low-rank factors are fitted on the queries of every prompt row, which the cache does not keep: a hit would change its answers",
+    .create = lrqk_create,
+    .destroy = lrqk_destroy,
+    .arg_names = lrqk_args,
+    .select = &lrqk_select_i,
+    .prefill = &lrqk_prefill_i,
 };

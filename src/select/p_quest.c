@@ -34,7 +34,7 @@ typedef struct {
 
 static const char *const quest_args[] = {"group", "bounds", NULL};
 
-static ks_status quest_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
+static ks_status quest_create(const ks_policy_env *env, const ks_policy_spec *p, void **state) {
     char g[16];
     KS_TRY(ks_args_str(p->args, "group", "max", g, sizeof g));
     ks_group_reduce how;
@@ -105,16 +105,20 @@ static ks_status quest_select(void *state, const ks_select_req *req, ks_selectio
     return KS_OK;
 }
 
+static const ks_policy_select_i quest_select_i = {
+    .default_dense_layers = 2,
+    .select_layer = quest_select,
+    .counters = quest_counters,
+};
+
 const ks_policy_i ks_policy_quest = {
     .name = "quest",
     .summary = "Quest: per-layer top pages by the per-channel min/max bound (first two layers dense)",
-    .default_dense_layers = 2,
-    .arg_names = quest_args,
+    .prefix_why = "its page bounds are the store's summaries, recomputed from the restored keys on append",
     .create = quest_create,
     .destroy = quest_destroy,
-    .select_layer = quest_select,
-    .counters = quest_counters,
+    .arg_names = quest_args,
     .page_summaries = true,
-    .prefix_shareable = true,
-    .prefix_why = "its page bounds are the store's summaries, recomputed from the restored keys on append",
+    .select = &quest_select_i,
+    .prefix = &ks_policy_prefix_stateless,
 };

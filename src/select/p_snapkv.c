@@ -15,13 +15,13 @@
 
 typedef struct {
     ks_policy_env env;
-    ks_policy_params p;
+    ks_policy_spec p;
     int32_t obs, pool;
 } snapkv_state;
 
 static const char *const snapkv_args[] = {"obs", "pool", NULL};
 
-static ks_status snapkv_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
+static ks_status snapkv_create(const ks_policy_env *env, const ks_policy_spec *p, void **state) {
     int64_t obs, pool;
     KS_TRY(ks_args_int(p->args, "obs", 32, 1, 64, &obs));
     KS_TRY(ks_args_int(p->args, "pool", 5, 1, 63, &pool));
@@ -57,15 +57,19 @@ static ks_status snapkv_prefill(void *state, const ks_prefill_info *info) {
     return ks_policy_evict_scored(&s->env, info, info->n_obs - nobs, nobs, s->p.budget, s->pool, snapkv_span, s);
 }
 
+static const ks_policy_prefill_i snapkv_prefill_i = {
+    .obs_window = 64,
+    .on_prefill = snapkv_prefill,
+    .evicts = true,
+};
+
 const ks_policy_i ks_policy_snapkv = {
     .name = "snapkv",
     .summary = "SnapKV: observation-window prefill eviction (pooled, per KV head), dense decode",
-    .obs_window = 64,
-    .arg_names = snapkv_args,
+    .prefix_why = "the cache keeps the full pre-eviction prefix; the observation window is recomputed (a hit stops obs_window rows early) and the eviction runs per request",
     .create = snapkv_create,
     .destroy = snapkv_destroy,
-    .on_prefill = snapkv_prefill,
-    .evicts = true,
-    .prefix_shareable = true,
-    .prefix_why = "the cache keeps the full pre-eviction prefix; the observation window is recomputed (a hit stops obs_window rows early) and the eviction runs per request",
+    .arg_names = snapkv_args,
+    .prefill = &snapkv_prefill_i,
+    .prefix = &ks_policy_prefix_stateless,
 };

@@ -75,7 +75,7 @@ enum { SPEC_RING = 64, SPEC_FLUSH = 256 };
 
 typedef struct {
     ks_policy_env env;
-    ks_policy_params p;
+    ks_policy_spec p;
     ks_eagle3 *dlm;
     bool embed_only;
     int32_t n_aux, aux[3];
@@ -323,7 +323,7 @@ static ks_status requantize_q8_0(spec_state *s, bool embed_only) {
     return KS_OK;
 }
 
-static ks_status spec_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
+static ks_status spec_create(const ks_policy_env *env, const ks_policy_spec *p, void **state) {
     char dir[1024], variant[16], yarn[32], wtype[16], kctype[16], auxs[64];
     KS_TRY(ks_args_str(p->args, "dlm", "", dir, sizeof dir));
     KS_TRY(ks_args_str(p->args, "weights", "native", wtype, sizeof wtype));
@@ -676,29 +676,43 @@ static void spec_counters(void *state, ks_policy_counters *out) {
     out->bytes_read += ((spec_state *)state)->bytes_read;
 }
 
-const ks_policy_i ks_policy_spec = {
-    .name = "spec",
-    .summary = "SpeContext: a distilled retrieval head picks the top tokens per KV head once per step for all layers",
-    .default_dense_layers = 0,
+static const ks_policy_select_i spec_select_i = {
     .global = true,
     .same_every_layer = true,
-    .arg_names = spec_args,
-    .create = spec_create,
-    .destroy = spec_destroy,
     .seq_reset = spec_seq_reset,
-    .on_prefill = spec_prefill,
     .before_step = spec_before_step,
     .select_layer = spec_select,
     .counters = spec_counters,
+    .seq_fill_synthetic = spec_fill_synthetic,
+};
+
+static const ks_policy_prefill_i spec_prefill_i = {
+    .on_prefill = spec_prefill,
+};
+
+static const ks_policy_hidden_i spec_hidden_i = {
     .weight_bytes = spec_weight_bytes,
     .own_kcache = true,
-    .seq_fill_synthetic = spec_fill_synthetic,
     .hidden_layers = spec_hidden_layers,
     .on_hidden = spec_on_hidden,
     .needs_dlm = true,
-    .prefix_state_bytes = spec_prefix_bytes,
-    .prefix_state_save = spec_prefix_save,
-    .prefix_state_load = spec_prefix_load,
-    .prefix_shareable = true,
+};
+
+static const ks_policy_prefix_i spec_prefix_i = {
+    .state_bytes = spec_prefix_bytes,
+    .state_save = spec_prefix_save,
+    .state_load = spec_prefix_load,
+};
+
+const ks_policy_i ks_policy_specontext = { /* `spec`: the type ks_policy_spec is the parsed choice */
+    .name = "spec",
+    .summary = "SpeContext: a distilled retrieval head picks the top tokens per KV head once per step for all layers",
     .prefix_why = "the retrieval head's keys of the restored positions, and the hidden states of a block's last position, are saved and restored with the blocks",
+    .create = spec_create,
+    .destroy = spec_destroy,
+    .arg_names = spec_args,
+    .select = &spec_select_i,
+    .prefill = &spec_prefill_i,
+    .hidden = &spec_hidden_i,
+    .prefix = &spec_prefix_i,
 };

@@ -13,7 +13,7 @@ typedef struct {
     int32_t budget;
 } streaming_state;
 
-static ks_status streaming_create(const ks_policy_env *env, const ks_policy_params *p, void **state) {
+static ks_status streaming_create(const ks_policy_env *env, const ks_policy_spec *p, void **state) {
     (void)env;
     streaming_state *s = ks_calloc(1, sizeof *s);
     s->budget = p->budget;
@@ -34,12 +34,16 @@ static ks_status streaming_select(void *state, const ks_select_req *req, ks_sele
     return KS_OK;
 }
 
+static const ks_policy_select_i streaming_select_i = {
+    .select_layer = streaming_select,
+};
+
 const ks_policy_i ks_policy_streaming = {
     .name = "streaming",
     .summary = "StreamingLLM: sinks + recent window (set them with --sink/--window)",
+    .prefix_why = "sinks and the recent window are positions: no state beyond the KV store",
     .create = streaming_create,
     .destroy = streaming_destroy,
-    .select_layer = streaming_select,
-    .prefix_shareable = true,
-    .prefix_why = "sinks and the recent window are positions: no state beyond the KV store",
+    .select = &streaming_select_i,
+    .prefix = &ks_policy_prefix_stateless,
 };

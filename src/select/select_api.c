@@ -31,7 +31,7 @@
 #define _GNU_SOURCE
 #include "kvsieve_select.h"
 
-#include "select/policy.h"
+#include "select/registry.h"
 #include "tensor/dtype.h"
 #include "tensor/ops.h"
 
@@ -53,7 +53,6 @@ typedef struct {
 
 struct kvs_selector {
     kvs_selector_params p;
-    char *args;                /* owned copy of p.args */
     const ks_policy_i *vt;
     ks_policy *pol;
     ks_kv_meta_src meta;
@@ -103,7 +102,7 @@ const char *kvs_status_str(kvs_status st) {
 const char *kvs_last_error(void) { return ks_last_error(); }
 
 /* ---------------------------------------------------------- registry -- */
-static bool served(const ks_policy_i *vt) { return !vt->needs_dlm && !vt->evicts; }
+static bool served(const ks_policy_i *vt) { return !ks_policy_i_needs_dlm(vt) && !ks_policy_i_evicts(vt); }
 
 int32_t kvs_policy_count(void) { return ks_policy_count(); }
 
@@ -115,13 +114,13 @@ kvs_status kvs_policy_get(int32_t i, kvs_policy_info *out) {
     *out = (kvs_policy_info){.name = vt->name,
                              .summary = vt->summary,
                              .args = vt->arg_names ? vt->arg_names : none,
-                             .dense_layers = vt->default_dense_layers,
-                             .obs_window = vt->obs_window,
+                             .dense_layers = vt->select ? vt->select->default_dense_layers : 0,
+                             .obs_window = ks_policy_i_obs_window(vt),
                              .api = served(vt),
-                             .needs_dlm = vt->needs_dlm,
-                             .evicts = vt->evicts,
+                             .needs_dlm = ks_policy_i_needs_dlm(vt),
+                             .evicts = ks_policy_i_evicts(vt),
                              .page_summaries = vt->page_summaries,
-                             .wants_feedback = vt->after_attention != NULL};
+                             .wants_feedback = vt->select && vt->select->after_attention};
     return KVS_OK;
 }
 
@@ -292,7 +291,7 @@ static void sync_appends(kvs_selector *s, size_t i, bool first_is_prompt_but_las
 
 /* ---------------------------------------------------------- selector -- */
 kvs_selector_params kvs_selector_default_params(void) {
-    ks_policy_params d = ks_policy_default_params();
+    ks_policy_spec d = ks_policy_spec_default();
     return (kvs_selector_params){.page_size = 32, .budget = d.budget, .sink = d.sink, .window = d.window,
                                  .dense_layers = d.dense_layers};
 }
@@ -309,28 +308,23 @@ void kvs_selector_destroy(kvs_selector *s) {
     free(s->kbuf);
     free(s->sel_idx);
     free(s->mask);
-    free(s->args);
     free(s);
 }
 
 kvs_status kvs_selector_create(const char *name, const kvs_selector_params *params, kvs_selector **out) {
     if (!name || !params || !out) return status_of(KS_FAIL(KS_ERR_INVALID_ARG, "NULL name, params or out"));
-    if (strchr(name, '+'))
+    /* the one parser of policy strings checks the name and the arguments */
+    ks_policy_spec spec;
+    KVS_TRY(ks_policy_spec_parse(name, params->args, params->budget > 0 ? params->budget : 0, params->sink,
+                                 params->window, params->dense_layers, &spec));
+    if (spec.n_parts > 1)
         return status_of(KS_FAIL(KS_ERR_UNSUPPORTED, "policy '%s': compositions start with a prefill evictor, which "
                                  "a caller-owned KV cache does not support", name));
-    const ks_policy_i *vt = ks_policy_find(name);
-    if (!vt) {
-        char known[512] = "";
-        for (int32_t i = 0; i < ks_policy_count(); i++) {
-            strncat(known, i ? ", " : "", sizeof known - strlen(known) - 1);
-            strncat(known, ks_policy_name_at(i, NULL), sizeof known - strlen(known) - 1);
-        }
-        return status_of(KS_FAIL(KS_ERR_NOT_FOUND, "unknown policy '%s' (known: %s)", name, known));
-    }
-    if (vt->needs_dlm)
+    const ks_policy_i *vt = ks_policy_spec_part(&spec, 0);
+    if (ks_policy_i_needs_dlm(vt))
         return status_of(KS_FAIL(KS_ERR_UNSUPPORTED, "policy '%s' needs a draft model's retrieval head and the "
                                  "target's hidden states, which this API does not take", name));
-    if (vt->evicts)
+    if (ks_policy_i_evicts(vt))
         return status_of(KS_FAIL(KS_ERR_UNSUPPORTED, "policy '%s' evicts entries at prefill; a caller-owned KV cache "
                                  "cannot be compacted through this API", name));
     const kvs_selector_params *p = params;
@@ -356,22 +350,18 @@ kvs_status kvs_selector_create(const char *name, const kvs_selector_params *para
     s->kbuf = malloc(sizeof(float) * (size_t)p->head_dim);
     s->sel_idx = malloc(sizeof(int32_t) * (size_t)p->n_ctx);
     s->mask = calloc((size_t)p->n_ctx / 64 + 1, sizeof(uint64_t));
-    if (p->args) s->args = strdup(p->args);
-    if (!s->sums || !s->heads || !s->iota || !s->qbuf || !s->kbuf || !s->sel_idx || !s->mask ||
-        (p->args && !s->args)) {
+    if (!s->sums || !s->heads || !s->iota || !s->qbuf || !s->kbuf || !s->sel_idx || !s->mask) {
         kvs_selector_destroy(s);
         return status_of(KS_FAIL(KS_ERR_NOMEM, "selector buffers for n_ctx %d", p->n_ctx));
     }
-    s->p.args = s->args;
+    s->p.args = NULL; /* the policy keeps its parsed spec */
     for (int32_t i = 0; i < p->n_ctx; i++) s->iota[i] = i;
     s->meta = (ks_kv_meta_src){.ctx = s, .page_size = p->page_size, .n_entries = meta_n_entries,
                                .page_meta = meta_page};
     ks_policy_env env = {.n_layer = p->n_layer, .n_head = p->n_head, .n_head_kv = p->n_head_kv,
                          .head_dim = p->head_dim, .n_seq = 1, .n_ctx = p->n_ctx, .svc = s,
                          .attn_probs = svc_attn_probs, .read_keys = svc_read_keys, .meta = &s->meta};
-    ks_policy_params pp = {.budget = p->budget, .sink = p->sink, .window = p->window,
-                           .dense_layers = p->dense_layers, .args = s->args};
-    ks_status st = ks_policy_create(name, &env, &pp, &s->pol);
+    ks_status st = ks_policy_create(&spec, &env, &s->pol);
     if (st != KS_OK) {
         kvs_selector_destroy(s);
         return status_of(st);

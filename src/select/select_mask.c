@@ -9,12 +9,12 @@
  * in any order, are merged in a bitmap over the head's entries, one bit
  * each, so the result is sorted and duplicate-free for free.
  */
-#include "select/policy.h"
+#include "select/registry.h"
 
 #include <string.h>
 
 bool ks_policy_budget_binds(const ks_policy *pol, int32_t n) {
-    int32_t budget = ks_policy_params_of(pol)->budget;
+    int32_t budget = ks_policy_spec_of(pol)->budget;
     return budget > 0 && budget < n;
 }
 
@@ -28,7 +28,7 @@ static void mask_set_range(uint64_t *m, int32_t a, int32_t b) {
 }
 
 ks_status ks_policy_select_mask(ks_policy *pol, ks_select_req *req, ks_selection *sel, int32_t page, uint64_t *mask) {
-    const ks_policy_params *pp = ks_policy_params_of(pol);
+    const ks_policy_spec *pp = ks_policy_spec_of(pol);
     int32_t n = req->n_entries, P = page;
     req->sink = pp->sink < n ? pp->sink : n;
     req->window = pp->window < n ? pp->window : n;

@@ -372,40 +372,6 @@ static bool parse_stop(const cJSON *root, ks_api_request *r, ks_api_error *err) 
     return true;
 }
 
-/* "k=v" items: non-empty keys, no empty items. */
-static bool args_syntax_ok(const char *a) {
-    if (!*a) return true;
-    for (const char *p = a;;) {
-        const char *e = strchr(p, ','), *end = e ? e : p + strlen(p);
-        const char *eq = memchr(p, '=', (size_t)(end - p));
-        if (!eq || eq == p) return false;
-        if (!e) return true;
-        p = e + 1;
-    }
-}
-
-static bool policy_known(const char *spec, char *bad, size_t bad_cap) {
-    if (!*spec) {
-        snprintf(bad, bad_cap, "%s", "");
-        return false;
-    }
-    for (const char *p = spec;;) {
-        const char *e = strchr(p, '+');
-        size_t n = e ? (size_t)(e - p) : strlen(p);
-        bool ok = false;
-        for (int32_t k = 0; k < ks_policy_count() && !ok; k++) {
-            const char *name = ks_policy_name_at(k, NULL);
-            ok = strlen(name) == n && !strncmp(name, p, n);
-        }
-        if (!ok) {
-            snprintf(bad, bad_cap, "%.*s", (int)(n < 64 ? n : 64), p);
-            return false;
-        }
-        if (!e) return true;
-        p = e + 1;
-    }
-}
-
 static bool parse_ext(const cJSON *root, ks_api_request *r, ks_api_error *err) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(root, "kvsieve");
     if (!x || cJSON_IsNull(x)) return true;
@@ -417,15 +383,11 @@ static bool parse_ext(const cJSON *root, ks_api_request *r, ks_api_error *err) {
     int k = get_str(x, "policy", "kvsieve.policy", &s, err);
     if (k < 0) return false;
     if (k > 0) {
-        char bad[80];
-        if (strlen(s) >= sizeof r->policy || !policy_known(s, bad, sizeof bad)) {
-            char known[512] = "";
-            for (int32_t i = 0; i < ks_policy_count(); i++) {
-                if (i) strncat(known, ", ", sizeof known - strlen(known) - 1);
-                strncat(known, ks_policy_name_at(i, NULL), sizeof known - strlen(known) - 1);
-            }
-            BAD("unknown_policy", "kvsieve.policy", "unknown policy '%s' (known: %s; or EVICTOR+SELECTOR)",
-                bad[0] ? bad : s, known);
+        ks_policy_spec spec; /* the name checked by the one parser; the request's spec is made at admission */
+        ks_status st = ks_policy_spec_parse(s, NULL, 0, 0, 0, -1, &spec);
+        if (st != KS_OK) {
+            BAD(st == KS_ERR_NOT_FOUND ? "unknown_policy" : "invalid_value", "kvsieve.policy",
+                "%s; or EVICTOR+SELECTOR", ks_last_error());
             return false;
         }
         snprintf(r->policy, sizeof r->policy, "%s", s);
@@ -459,7 +421,7 @@ static bool parse_ext(const cJSON *root, ks_api_request *r, ks_api_error *err) {
         char *dst = r->policy_args;
         size_t cap = sizeof r->policy_args;
         if (cJSON_IsString(a)) {
-            if (strlen(a->valuestring) >= cap || !args_syntax_ok(a->valuestring)) {
+            if (strlen(a->valuestring) >= cap || !ks_policy_args_valid(a->valuestring)) {
                 BAD("invalid_value", "kvsieve.policy_args",
                     "'kvsieve.policy_args' must be \"key=value,key=value\" (under %zu bytes)", cap);
                 return false;
@@ -500,20 +462,10 @@ static bool parse_ext(const cJSON *root, ks_api_request *r, ks_api_error *err) {
 }
 
 bool ks_api_check_policy_args(const char *policy, const char *args, ks_api_error *err) {
-    for (const char *p = args; p && *p;) {
-        const char *e = strchr(p, ','), *eq = strchr(p, '=');
-        size_t n = eq && (!e || eq < e) ? (size_t)(eq - p) : e ? (size_t)(e - p) : strlen(p);
-        char key[256];
-        snprintf(key, sizeof key, "%.*s", (int)(n < 255 ? n : 255), p);
-        if (!ks_policy_accepts_arg(policy, key)) {
-            BAD("invalid_value", "kvsieve.policy_args", "policy '%s' takes no argument '%s' (docs/POLICIES.md)", policy,
-                key);
-            return false;
-        }
-        if (!e) break;
-        p = e + 1;
-    }
-    return true;
+    ks_policy_spec spec;
+    if (ks_policy_spec_parse(policy, args, 0, 0, 0, -1, &spec) == KS_OK) return true;
+    BAD("invalid_value", "kvsieve.policy_args", "%s (docs/POLICIES.md)", ks_last_error());
+    return false;
 }
 
 void ks_api_request_free(ks_api_request *r) {

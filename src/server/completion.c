@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <sys/stat.h>
 
 static uint64_t random_u64(void) {
     uint64_t v = 0;
@@ -189,47 +188,29 @@ static void stream_free(void *cls) {
 
 /* ------------------------------------------------------- completions -- */
 
-static bool has_key(const char *args, const char *key) {
-    size_t n = strlen(key);
-    for (const char *p = args; p && *p;) {
-        if (!strncmp(p, key, n) && p[n] == '=') return true;
-        const char *e = strchr(p, ',');
-        if (!e) break;
-        p = e + 1;
-    }
-    return false;
-}
-
-/* The request's kvsieve object over the server's defaults.  A request that
- * names another policy than the default does not inherit the default's
- * arguments (they may not apply to it). */
+/* The request's kvsieve object over the server's defaults, parsed into
+ * the request's spec.  A request that names another policy than the
+ * default does not inherit the default's arguments (they may not apply to
+ * it).  A policy that needs a draft model and names none gets the one
+ * shipped beside the model, as the CLI does. */
 static bool merge_policy(ks_server *srv, const ks_api_request *rq, ks_sched_policy *pol, ks_api_error *e) {
+    const ks_policy_spec *d = &srv->p.defaults.spec;
     *pol = srv->p.defaults;
-    if ((rq->ext_set & KS_API_EXT_POLICY) && strcmp(rq->policy, pol->policy)) {
-        snprintf(pol->policy, sizeof pol->policy, "%s", rq->policy);
-        pol->args[0] = 0;
-    }
-    if (rq->ext_set & KS_API_EXT_BUDGET) pol->budget = rq->budget;
-    if (rq->ext_set & KS_API_EXT_SINK) pol->sink = rq->sink;
-    if (rq->ext_set & KS_API_EXT_WINDOW) pol->window = rq->window;
+    bool other = (rq->ext_set & KS_API_EXT_POLICY) && strcmp(rq->policy, d->name);
+    const char *args = (rq->ext_set & KS_API_EXT_ARGS) ? rq->policy_args : other ? "" : d->args;
     if (rq->ext_set & KS_API_EXT_PAGE) pol->page = rq->page;
-    if (rq->ext_set & KS_API_EXT_DENSE_LAYERS) pol->dense_layers = rq->dense_layers;
-    if (rq->ext_set & KS_API_EXT_ARGS) {
-        if (!ks_api_check_policy_args(pol->policy, rq->policy_args, e)) return false;
-        snprintf(pol->args, sizeof pol->args, "%s", rq->policy_args);
+    ks_status st = ks_policy_spec_parse(other ? rq->policy : d->name, args,
+                                        rq->ext_set & KS_API_EXT_BUDGET ? rq->budget : d->budget,
+                                        rq->ext_set & KS_API_EXT_SINK ? rq->sink : d->sink,
+                                        rq->ext_set & KS_API_EXT_WINDOW ? rq->window : d->window,
+                                        rq->ext_set & KS_API_EXT_DENSE_LAYERS ? rq->dense_layers : d->dense_layers,
+                                        &pol->spec);
+    if (st != KS_OK) { /* the name was checked when the request was parsed: the arguments */
+        ks_api_error_set(e, 400, "invalid_request_error", "invalid_value", "kvsieve.policy_args", "%s (docs/POLICIES.md)",
+                         ks_last_error());
+        return false;
     }
-    /* spec without dlm=: the draft model shipped beside the model, as the CLI does */
-    if (strstr(pol->policy, "spec") && !has_key(pol->args, "dlm") && srv->model_path) {
-        char dir[1024], cfg[1100];
-        size_t n = strlen(srv->model_path);
-        if (n > 5 && !strcmp(srv->model_path + n - 5, ".gguf")) n -= 5;
-        snprintf(dir, sizeof dir, "%.*s-dlm", (int)n, srv->model_path);
-        snprintf(cfg, sizeof cfg, "%s/config.json", dir);
-        struct stat sb;
-        size_t used = strlen(pol->args);
-        if (stat(cfg, &sb) == 0 && used + strlen(dir) + 6 < sizeof pol->args)
-            snprintf(pol->args + used, sizeof pol->args - used, "%sdlm=%s", used ? "," : "", dir);
-    }
+    ks_policy_spec_add_draft(&pol->spec, srv->model_path, &pol->spec);
     return true;
 }
 

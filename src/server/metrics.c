@@ -19,8 +19,8 @@ cJSON *ks_server_model_object(ks_server *srv) {
     cJSON_AddNumberToObject(x, "n_ctx", srv->n_ctx);
     cJSON_AddNumberToObject(x, "n_vocab", srv->n_vocab);
     cJSON_AddNumberToObject(x, "n_parallel", mt.n_parallel);
-    cJSON_AddStringToObject(x, "policy", srv->p.defaults.policy);
-    cJSON_AddNumberToObject(x, "budget", srv->p.defaults.budget);
+    cJSON_AddStringToObject(x, "policy", srv->p.defaults.spec.name);
+    cJSON_AddNumberToObject(x, "budget", srv->p.defaults.spec.budget);
     cJSON_AddBoolToObject(x, "prefix_cache", mt.cache_on); /* clients may expect cached_tokens to grow */
     return m;
 }

@@ -1,8 +1,9 @@
 /*
  * serve_api.c — the public server handle (include/kvsieve_server.h): a
  * scheduler and the HTTP front started together, stopped together.  The
- * request defaults arrive as a ks_context_params and are copied into the
- * scheduler's policy struct here, so no caller sees ks_sched_policy.
+ * request defaults arrive as a ks_context_params whose policy (its
+ * policy_spec, or its strings parsed here once) becomes the scheduler's
+ * default, so no caller sees ks_sched_policy.
  */
 #include "kvsieve_server.h"
 #include "sched/sched.h"
@@ -21,7 +22,7 @@ ks_serve_params ks_serve_default_params(void) {
                              .defaults = ks_context_default_params()};
 }
 
-static void serve_sched_params(const ks_serve_params *p, ks_sched_params *sp) {
+static ks_status serve_sched_params(const ks_serve_params *p, ks_sched_params *sp) {
     const ks_context_params *cp = &p->defaults;
     *sp = ks_sched_default_params();
     sp->n_ctx = p->n_ctx;
@@ -38,13 +39,13 @@ static void serve_sched_params(const ks_serve_params *p, ks_sched_params *sp) {
     sp->kv_slots = cp->kv_slots;
     sp->cache = p->cache;
     ks_sched_policy *d = &sp->defaults;
-    snprintf(d->policy, sizeof d->policy, "%s", cp->policy ? cp->policy : "dense");
-    d->budget = cp->budget;
-    d->sink = cp->sink;
-    d->window = cp->window;
     d->page = cp->page;
-    d->dense_layers = cp->dense_layers;
-    snprintf(d->args, sizeof d->args, "%s", cp->policy_args ? cp->policy_args : "");
+    if (cp->policy_spec) {
+        d->spec = *cp->policy_spec;
+        return KS_OK;
+    }
+    return ks_policy_spec_parse(cp->policy ? cp->policy : "dense", cp->policy_args, cp->budget, cp->sink, cp->window,
+                                cp->dense_layers, &d->spec);
 }
 
 ks_status ks_serve_start(const ks_model *model, const ks_serve_params *p, ks_serve **out, char *err, size_t err_cap,
@@ -58,8 +59,14 @@ ks_status ks_serve_start(const ks_model *model, const ks_serve_params *p, ks_ser
         return KS_ERR_NOMEM;
     }
     ks_sched_params sp;
-    serve_sched_params(p, &sp);
-    ks_status st = ks_sched_create(model, &sp, &s->sched, err, err_cap);
+    ks_status st = serve_sched_params(p, &sp);
+    if (st != KS_OK) {
+        snprintf(err, err_cap, "%s", ks_last_error());
+        *what = "creating the scheduler"; /* its default policy */
+        free(s);
+        return st;
+    }
+    st = ks_sched_create(model, &sp, &s->sched, err, err_cap);
     if (st != KS_OK) {
         *what = "creating the scheduler";
         free(s);

@@ -107,8 +107,8 @@ static ks_sched_req *submit(ks_sched *s, const char *prompt, int32_t max_tokens,
     p.stops = stops;
     p.n_stops = n_stops;
     p.policy = ks_sched_policy_default();
-    if (policy) snprintf(p.policy.policy, sizeof p.policy.policy, "%s", policy);
-    p.policy.budget = budget;
+    if (ks_policy_spec_parse(policy, NULL, budget, 4, 64, -1, &p.policy.spec) != KS_OK)
+        fail_msg("policy %s: %s", policy ? policy : "dense", ks_last_error());
     char msg[512];
     ks_sched_error w;
     ks_sched_req *r = ks_sched_submit(s, &p, why ? why : &w, msg, sizeof msg);
@@ -395,8 +395,8 @@ static ks_sched_req *submit_ie(ks_sched *s, const char *prompt, int32_t max_toke
     p.sampling = greedy();
     p.ignore_eos = true;
     p.policy = ks_sched_policy_default();
-    snprintf(p.policy.policy, sizeof p.policy.policy, "%s", policy);
-    p.policy.budget = budget;
+    if (ks_policy_spec_parse(policy, NULL, budget, 4, 64, -1, &p.policy.spec) != KS_OK)
+        fail_msg("policy %s: %s", policy, ks_last_error());
     char msg[512];
     ks_sched_error w;
     ks_sched_req *r = ks_sched_submit(s, &p, &w, msg, sizeof msg);
@@ -419,8 +419,7 @@ static void test_mem_cap_mixed_budgets(void **state) {
     p.n_parallel = 2;
     p.n_threads = 2;
     p.mem_cap = cap;
-    p.defaults.budget = 16;
-    snprintf(p.defaults.policy, sizeof p.defaults.policy, "quest");
+    assert_int_equal(ks_policy_spec_parse("quest", NULL, 16, 4, 64, -1, &p.defaults.spec), KS_OK);
     ks_sched *s = NULL;
     char err[512];
     if (ks_sched_create(g_model, &p, &s, err, sizeof err) != KS_OK) fail_msg("sched: %s", err);
@@ -470,8 +469,7 @@ static void test_mem_cap_pause(void **state) {
     p.n_parallel = 3;
     p.n_threads = 2;
     p.mem_cap = cap;
-    p.defaults.budget = 16;
-    snprintf(p.defaults.policy, sizeof p.defaults.policy, "quest");
+    assert_int_equal(ks_policy_spec_parse("quest", NULL, 16, 4, 64, -1, &p.defaults.spec), KS_OK);
     ks_sched *s = NULL;
     char err[512];
     if (ks_sched_create(g_model, &p, &s, err, sizeof err) != KS_OK) fail_msg("sched: %s", err);
