@@ -137,9 +137,13 @@ ks_status ks_policy_create(const char *spec, const ks_policy_env *env, const ks_
     if (!spec || !*spec) return KS_FAIL(KS_ERR_INVALID_ARG, "empty policy name");
     if (strlen(spec) >= sizeof((ks_policy *)0)->name) return KS_FAIL(KS_ERR_INVALID_ARG, "policy spec too long");
     ks_policy *pol = ks_calloc(1, sizeof *pol);
+    if (!pol) return KS_FAIL(KS_ERR_NOMEM, "policy '%s'", spec);
     snprintf(pol->name, sizeof pol->name, "%s", spec);
     pol->p = *p;
-    if (p->args) pol->args = ks_strdup(p->args);
+    if (p->args && !(pol->args = ks_strdup(p->args))) {
+        ks_policy_destroy(pol);
+        return KS_FAIL(KS_ERR_NOMEM, "policy '%s' arguments", spec);
+    }
     pol->p.args = pol->args;
     char buf[128];
     snprintf(buf, sizeof buf, "%s", spec);
@@ -448,6 +452,7 @@ ks_status ks_policy_prefill_probs(const ks_policy_env *e, const ks_prefill_info 
     /* pseudo row i (of the n_pseudo) sees the prompt entries and the pseudo keys up to its own */
     int32_t base = ks_policy_kv_n_entries(e, info->seq, l, h) - info->n_pseudo;
     int32_t *n_keys = ks_malloc(sizeof(int32_t) * (size_t)(nq > 0 ? nq : 1));
+    if (!n_keys) return KS_FAIL(KS_ERR_NOMEM, "key counts of %d rows", nq);
     for (int32_t r = 0; r < nq; r++) n_keys[r] = base + row0 + r + 1;
     ks_status st = e->attn_probs(e->svc, info->seq, l, h, q, nq, n_keys, acc);
     ks_free(n_keys);
@@ -462,7 +467,8 @@ ks_status ks_policy_evict_scored(const ks_policy_env *e, const ks_prefill_info *
     float *pooled = ks_malloc(sizeof(float) * (size_t)e->n_ctx); /* [n], read in [lo, hi) */
     int32_t *idx = ks_malloc(sizeof(int32_t) * (size_t)e->n_ctx);
     uint8_t *keep = ks_malloc((size_t)e->n_ctx); /* [n] */
-    ks_status st = KS_OK;
+    ks_status st = !q || !acc || !pooled || !idx || !keep ? KS_FAIL(KS_ERR_NOMEM, "eviction scores of %d entries", e->n_ctx)
+                                                          : KS_OK;
     for (int32_t l = 0; l < e->n_layer && st == KS_OK; l++) {
         for (int32_t h = 0; h < e->n_head_kv && st == KS_OK; h++) {
             /* the prompt's entries; the pseudo tokens' (the last n_pseudo) are only scored over */
@@ -497,10 +503,11 @@ ks_status ks_policy_evict_scored(const ks_policy_env *e, const ks_prefill_info *
     return st;
 }
 
-void ks_group_reduce_scores(const float *scores, int32_t G, int32_t n, ks_group_reduce how, float *out) {
+ks_status ks_group_reduce_scores(const float *scores, int32_t G, int32_t n, ks_group_reduce how, float *out) {
     if (how == KS_GROUP_SOFTMAX_MEAN) { /* softmax per head, averaged: out = sum_g e_g / (G sum e_g) */
-        if (n <= 0) return;
+        if (n <= 0) return KS_OK;
         float *p = ks_scratch(KS_SCRATCH_MATH1, sizeof(float) * (size_t)n);
+        if (!p) return KS_FAIL(KS_ERR_NOMEM, "softmax of %d scores", n);
         for (int32_t g = 0; g < G; g++) {
             memcpy(p, scores + (size_t)g * n, sizeof(float) * (size_t)n);
             float w = 1.0f / (softmax_exp(p, n) * (float)G);
@@ -509,7 +516,7 @@ void ks_group_reduce_scores(const float *scores, int32_t G, int32_t n, ks_group_
             else
                 for (int32_t i = 0; i < n; i++) out[i] += p[i] * w;
         }
-        return;
+        return KS_OK;
     }
     for (int32_t i = 0; i < n; i++) {
         float acc = how == KS_GROUP_MAX ? -INFINITY : 0;
@@ -520,6 +527,7 @@ void ks_group_reduce_scores(const float *scores, int32_t G, int32_t n, ks_group_
         }
         out[i] = acc;
     }
+    return KS_OK;
 }
 
 ks_status ks_group_reduce_parse(const char *s, ks_group_reduce *out) {
