@@ -534,8 +534,8 @@ static ks_status replan(ks_context *c) {
     int64_t *thr = ks_malloc(sizeof(int64_t) * (size_t)(L + 1));
     if (!thr) return KS_FAIL(KS_ERR_NOMEM, "plan thresholds of %d layers", L);
     ks_status st = ks_memplan_thresholds(&p, thr);
-    if (st == KS_OK && !ks_infer_plan_holds_one(&p))
-        st = KS_FAIL(KS_ERR_NOMEM, "a fast tier of %.2f GB cannot hold the weights (%.2f GB x %.1f, +%.3f GB policies) "
+    if (st == KS_OK && !ks_infer_plan_holds_one(&p)) /* the budget does not fit the cap: a request's size, not a refused allocation */
+        st = KS_FAIL(KS_ERR_CONTEXT_FULL, "a fast tier of %.2f GB cannot hold the weights (%.2f GB x %.1f, +%.3f GB policies) "
                      "and one sequence's %d budget entries per layer", p.mem_cap / 1e9, p.model_bytes / 1e9, p.overhead,
                      p.dlm_bytes / 1e9, p.budget);
     if (st == KS_OK) {
