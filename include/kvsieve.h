@@ -35,7 +35,7 @@ typedef enum ks_status {
     KS_ERR_IO,           /* open/read/write/mmap failed; nothing was created */
     KS_ERR_FORMAT,       /* file malformed, truncated or corrupt; nothing was created */
     KS_ERR_UNSUPPORTED,  /* well-formed but unsupported (architecture, type); nothing created */
-    KS_ERR_NOMEM,        /* an allocation the caller sized was refused */
+    KS_ERR_NOMEM,        /* an allocation was refused, or a memory cap cannot hold what was asked; what the call built is undone */
     KS_ERR_CONTEXT_FULL, /* tokens would exceed the context; the sequence is unchanged */
     KS_ERR_NOT_FOUND,    /* a named key/tensor/token is absent */
     KS_ERR_BACKEND,      /* accelerator failure; the context must be destroyed */
