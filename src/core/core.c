@@ -149,7 +149,7 @@ static bool scratch_grow(scratch_set *s, ks_scratch_slot slot, size_t bytes) {
 void *ks_scratch(ks_scratch_slot slot, size_t bytes) {
     KS_ASSERT((int)slot >= 0 && slot < KS_SCRATCH_SLOTS);
     scratch_set *s = scratch_of_thread();
-    if (!s || (s->n[slot] < bytes && !scratch_grow(s, slot, bytes))) return NULL;
+    if (!s || ((s->n[slot] < bytes || !s->p[slot]) && !scratch_grow(s, slot, bytes))) return NULL; /* NULL: refused */
     return s->p[slot];
 }
 
