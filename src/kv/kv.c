@@ -98,11 +98,11 @@ ks_status ks_kv_create(const ks_kv_params *p, ks_kv_store **out) {
     kv->tmp = ks_malloc(sizeof(float) * 2 * (size_t)kv->hd);
     kv->page_tmp = ks_malloc(2 * kv->page_bytes);
     kv->parked = ks_calloc((size_t)p->n_seq, sizeof(kv_parked *));
+    for (int32_t l = 0; kv->layers && l < p->n_layer; l++) kv->layers[l].fd = -1; /* destroy may run before a layer is built */
     if (!kv->layers || !kv->table || !kv->n_ent || !kv->tmp || !kv->page_tmp || !kv->parked) {
         ks_kv_destroy(kv);
         return KS_FAIL(KS_ERR_NOMEM, "KV tables of %d seqs x %d layers", p->n_seq, p->n_layer);
     }
-    for (int32_t l = 0; l < p->n_layer; l++) kv->layers[l].fd = -1; /* destroy may run before a layer is built */
     for (int32_t l = 0; l < p->n_layer; l++) {
         kv_layer *L = &kv->layers[l];
         L->tier = KS_TIER_FAST;
