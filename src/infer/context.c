@@ -59,7 +59,7 @@ void ks_context_destroy(ks_context *c) {
         ks_free(c->pols[k].spec);
         ks_free(c->pols[k].args);
     }
-    if (!c->pols) ks_policy_destroy(c->policy);
+    if (!c->n_pols) ks_policy_destroy(c->policy); /* not in the table yet (creation stopped before it) */
     ks_free(c->pols);
     ks_free(c->seq_pol);
     ks_kv_destroy(c->kv);

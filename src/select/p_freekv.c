@@ -205,7 +205,7 @@ static ks_status freekv_create(const ks_policy_env *env, const ks_policy_params 
     if (!s->q || !s->q_pos || !s->spec || !s->n_spec || !s->edge_page || !s->edge_box || !s->att || !s->n_att ||
         !s->att_pos || !s->cnt || (summary == SUM_CENTRE && (!s->cs || !s->cs_fp))) {
         freekv_destroy(s);
-        return KS_FAIL(KS_ERR_NOMEM, "freekv: state of %zu heads x %d pages", s->n_slot, s->max_pages);
+        return KS_FAIL(KS_ERR_NOMEM, "freekv: state of %zu head pages", np_all);
     }
     for (size_t i = 0; i < s->n_slot; i++)
         s->q_pos[i] = s->n_spec[i] = s->n_att[i] = s->att_pos[i] = s->edge_page[i] = -1;
