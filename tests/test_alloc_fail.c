@@ -12,12 +12,16 @@
  * decode refused must still compute the same logits afterwards: a failure
  * leaves the objects involved valid (kvsieve.h's error convention).
  * Calls: model load (the GGUF, the tokenizer, the weights and their
- * repacking), context creation for the registry's policy families, the
- * tokenizer, prefill and decode.  The server-level test is
+ * repacking), context creation for the registry's policy families (spec
+ * with a generated draft head), the tokenizer, prefill and decode, the
+ * prefix cache on a directory, the sampler and the stop-string matcher.  The server-level test is
  * tests/server/test_oom.c.
  */
 #define _GNU_SOURCE
 #include "core/core.h"
+#include "infer/stop.h"
+#include "model/eagle3.h"
+#include "model/shapes.h"
 #include "testutil.h"
 
 #include "kvsieve.h"
@@ -29,23 +33,27 @@
 #include <unistd.h>
 
 static ks_model *g_model;
-static char g_tmp[256], g_path[512];
+static char g_tmp[256], g_path[512], g_dlm[512], g_cache[512];
 
 static int setup(void **state) {
     (void)state;
+    ks_log_set_level(KS_LOG_WARN); /* spec logs each creation */
     snprintf(g_tmp, sizeof g_tmp, "/tmp/kvsieve-test-alloc-fail-XXXXXX");
     if (!mkdtemp(g_tmp)) return -1;
     snprintf(g_path, sizeof g_path, "%s/tiny.gguf", g_tmp);
-    return ks_test_tiny_llama(2, 11, g_path, &g_model);
+    snprintf(g_dlm, sizeof g_dlm, "%s/dlm", g_tmp);
+    snprintf(g_cache, sizeof g_cache, "%s/cache", g_tmp);
+    if (ks_test_tiny_llama(2, 11, g_path, &g_model) != 0) return -1;
+    return ks_eagle3_generate_head(ks_shape_find("tiny-llama"), 2, ks_model_n_vocab(g_model), 512, 7, g_dlm) == KS_OK ? 0 : -1;
 }
 
 static int teardown(void **state) {
     (void)state;
     ks_alloc_fail_after(-1);
     ks_model_destroy(g_model);
-    unlink(g_path);
-    rmdir(g_tmp);
-    return 0;
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
+    return system(cmd) == 0 ? 0 : -1;
 }
 
 /* The n-th allocation refused: exactly KS_ERR_NOMEM with a message, or OK
@@ -93,7 +101,7 @@ static void test_context_create(void **state) {
     } pols[] = {
         {"dense", NULL, 0},     {"quest", NULL, 32},    {"chess", NULL, 32}, {"streaming", NULL, 32},
         {"snapkv", NULL, 32},   {"lrqk", NULL, 32},     {"freekv", NULL, 32}, {"h2o", NULL, 32},
-        {"snapkv+quest", NULL, 32},
+        {"snapkv+quest", NULL, 32}, {"spec", g_dlm, 32},
     };
     for (size_t k = 0; k < sizeof pols / sizeof pols[0]; k++) {
         ks_context_params cp = ks_context_default_params();
@@ -101,7 +109,9 @@ static void test_context_create(void **state) {
         cp.n_seq = 2;
         cp.n_threads = 2;
         cp.policy = pols[k].policy;
-        cp.policy_args = pols[k].args;
+        char args[600];
+        snprintf(args, sizeof args, "dlm=%s", pols[k].args ? pols[k].args : "");
+        cp.policy_args = pols[k].args ? args : NULL;
         cp.budget = pols[k].budget;
         bool done = false;
         long n = 0;
@@ -178,12 +188,82 @@ static void test_prefill_decode(void **state) {
     free(got);
 }
 
+/* The prefix cache on a directory: a restore refused part-way computes the
+ * rows itself (a miss) or fails with NOMEM, and either way the logits are
+ * those of the uncached prefill. */
+static void test_prefix_cache(void **state) {
+    (void)state;
+    int32_t V = ks_model_n_vocab(g_model);
+    float *want = malloc(sizeof(float) * (size_t)V), *got = malloc(sizeof(float) * (size_t)V);
+    int32_t prompt[100];
+    for (int i = 0; i < 100; i++) prompt[i] = 1 + (i * 13) % (V - 1);
+    ks_context_params cp = ks_context_default_params();
+    cp.n_ctx = 128;
+    cp.n_threads = 2;
+    ks_context *c = NULL;
+    assert_int_equal(ks_context_create(g_model, cp, &c), KS_OK);
+    assert_int_equal(ks_prefill(c, 0, prompt, 100, want, NULL), KS_OK);
+    ks_prefix_cache_params pp = ks_prefix_cache_default_params();
+    pp.dir = g_cache;
+    pp.write_behind = false;
+    bool done = false;
+    long n = 0;
+    for (; !done && n < 10000; n++) {
+        ks_prefix_cache *pc = NULL;
+        ks_alloc_fail_after(n);
+        ks_status st = ks_prefix_cache_create(g_model, &pp, &pc);
+        if (st == KS_OK) {
+            ks_seq_reset(c, 0);
+            int32_t hit = 0;
+            st = ks_prefill_cached(c, pc, 0, prompt, 100, got, &hit); /* takes the blocks */
+            if (st == KS_OK) {
+                ks_seq_reset(c, 0);
+                st = ks_prefill_cached(c, pc, 0, prompt, 100, got, &hit); /* restores them */
+            }
+        }
+        expect_nomem_or_ok(st, n, "prefix cache", &done);
+        if (st == KS_OK) assert_memory_equal(got, want, sizeof(float) * (size_t)V);
+        ks_prefix_cache_destroy(pc);
+    }
+    assert_true(done && n > 3);
+    print_message("prefix cache create, capture and restore: %ld allocations refused one at a time\n", n - 1);
+    ks_context_destroy(c);
+    free(want);
+    free(got);
+}
+
+static void test_sampler_and_stops(void **state) {
+    (void)state;
+    static const char *const stops[] = {"The end", "\n\n", "zz"};
+    ks_sampler_params sp = ks_sampler_default_params();
+    sp.repeat_last_n = 16;
+    bool done = false;
+    for (long n = 0; !done && n < 1000; n++) {
+        ks_sampler *smp = NULL;
+        ks_stop_matcher *m = NULL;
+        ks_alloc_fail_after(n);
+        ks_status st = ks_sampler_create(sp, ks_model_n_vocab(g_model), &smp);
+        if (st == KS_OK) st = ks_stop_create(stops, 3, &m);
+        ks_stop_out o;
+        static char big[600];
+        memset(big, 'a', sizeof big - 1);
+        if (st == KS_OK) st = ks_stop_feed(m, "The e", 5, &o); /* held back: a stop may start here */
+        if (st == KS_OK) st = ks_stop_feed(m, big, sizeof big - 1, &o);
+        expect_nomem_or_ok(st, n, "sampler and stop strings", &done);
+        ks_sampler_destroy(smp);
+        ks_stop_destroy(m);
+    }
+    assert_true(done);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_load),
         cmocka_unit_test(test_context_create),
         cmocka_unit_test(test_tokenize),
         cmocka_unit_test(test_prefill_decode),
+        cmocka_unit_test(test_prefix_cache),
+        cmocka_unit_test(test_sampler_and_stops),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
