@@ -19,7 +19,11 @@
  */
 #define _GNU_SOURCE
 #include "core/core.h"
+#include "eval/eval.h"
+#include "gguf/gguf.h"
 #include "infer/stop.h"
+#include "model/safetensors.h"
+#include "model/torch_bin.h"
 #include "model/eagle3.h"
 #include "model/shapes.h"
 #include "testutil.h"
@@ -256,6 +260,82 @@ static void test_sampler_and_stops(void **state) {
     assert_true(done);
 }
 
+/* Files of the other formats (the fuzzers' seeds), a written GGUF, and
+ * generated eval instances: NOMEM or the same result as unrefused. */
+static void test_formats_and_eval(void **state) {
+    (void)state;
+    static const char *const st_files[] = {"mixed.safetensors", "eagle3_head.safetensors", "metadata_only.safetensors"};
+    for (size_t k = 0; k < sizeof st_files / sizeof st_files[0]; k++) {
+        char rel[128];
+        snprintf(rel, sizeof rel, "tests/fuzz/corpus_safetensors/%s", st_files[k]);
+        size_t len = 0;
+        char *buf = ks_test_read_file(ks_test_source(rel), &len);
+        assert_non_null(buf);
+        bool done = false;
+        for (long n = 0; !done && n < 10000; n++) {
+            ks_safetensors *st = NULL;
+            ks_alloc_fail_after(n);
+            expect_nomem_or_ok(ks_safetensors_open_buffer(buf, len, &st), n, st_files[k], &done);
+            ks_safetensors_close(st);
+        }
+        assert_true(done);
+        free(buf);
+    }
+    size_t len = 0;
+    char *buf = ks_test_read_file(ks_test_source("tests/fuzz/corpus_torch_bin/shard.bin"), &len);
+    assert_non_null(buf);
+    bool done = false;
+    for (long n = 0; !done && n < 10000; n++) {
+        ks_torch_bin *tb = NULL;
+        ks_alloc_fail_after(n);
+        expect_nomem_or_ok(ks_torch_bin_parse(buf, len, &tb), n, "torch.save", &done);
+        ks_torch_bin_free(tb);
+    }
+    assert_true(done);
+    free(buf);
+    /* a GGUF written with every kind of value */
+    char out[600];
+    snprintf(out, sizeof out, "%s/w.gguf", g_tmp);
+    float data[64];
+    for (int i = 0; i < 64; i++) data[i] = (float)i;
+    int64_t ne[2] = {32, 2};
+    done = false;
+    for (long n = 0; !done && n < 10000; n++) {
+        ks_gguf_writer *w = NULL;
+        ks_alloc_fail_after(n);
+        ks_status st = ks_gguf_writer_create(&w);
+        if (st == KS_OK) {
+            ks_gguf_writer_set_u32(w, "a.u32", 7);
+            ks_gguf_writer_set_str(w, "a.str", "hello");
+            uint32_t arr[3] = {1, 2, 3};
+            ks_gguf_writer_set_arr(w, "a.arr", KS_GGUF_UINT32, arr, 3);
+            st = ks_gguf_writer_add_tensor(w, "t", KS_DTYPE_F32, 2, ne, data, NULL, NULL);
+            if (st == KS_OK) st = ks_gguf_writer_write(w, out);
+        }
+        expect_nomem_or_ok(st, n, "GGUF writer", &done);
+        ks_gguf_writer_destroy(w);
+    }
+    assert_true(done);
+    /* eval instances */
+    for (int task = 0; task < KS_EVAL_TASK_COUNT; task++) {
+        ks_eval_instance want;
+        if (ks_eval_generate((ks_eval_task)task, 3, 200, 0.5, g_model, &want) != KS_OK) continue; /* too short for it */
+        done = false;
+        for (long n = 0; !done && n < 100000; n++) {
+            ks_eval_instance got;
+            ks_alloc_fail_after(n);
+            ks_status st = ks_eval_generate((ks_eval_task)task, 3, 200, 0.5, g_model, &got);
+            expect_nomem_or_ok(st, n, "eval instance", &done);
+            if (st == KS_OK) {
+                assert_string_equal(got.prompt, want.prompt);
+                ks_eval_instance_free(&got);
+            }
+        }
+        assert_true(done);
+        ks_eval_instance_free(&want);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_load),
@@ -264,6 +344,7 @@ int main(void) {
         cmocka_unit_test(test_prefill_decode),
         cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_sampler_and_stops),
+        cmocka_unit_test(test_formats_and_eval),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -541,6 +541,16 @@ static ks_status eval_build(const ks_model *m, const eval_spec *sp, const eval_f
             return KS_FAIL(KS_ERR_NOMEM, "eval prompt");
         }
         ks_eval_sbuf all = {0};
+        /* a failure below (a refused allocation while counting) frees the two buffers */
+#define EVAL_TRY(expr)                         \
+    do {                                       \
+        ks_status eval_try_st_ = (expr);       \
+        if (eval_try_st_ != KS_OK) {           \
+            ks_free(b.s);                      \
+            ks_free(all.s);                    \
+            return eval_try_st_;               \
+        }                                      \
+    } while (0)
         ks_eval_sbuf_puts(&all, b.s);
         int32_t n = 0, hb = 0;
         if (all.refused) {
@@ -548,10 +558,10 @@ static ks_status eval_build(const ks_model *m, const eval_spec *sp, const eval_f
             ks_free(all.s);
             return KS_FAIL(KS_ERR_NOMEM, "eval prompt");
         }
-        KS_TRY(eval_count(m, b.s, hay_begin, true, &hb));
-        KS_TRY(eval_count(m, b.s, b.n, true, &n));
+        EVAL_TRY(eval_count(m, b.s, hay_begin, true, &hb));
+        EVAL_TRY(eval_count(m, b.s, b.n, true, &n));
         int32_t before = 0;
-        KS_TRY(eval_count(m, b.s, ev_char, true, &before));
+        EVAL_TRY(eval_count(m, b.s, ev_char, true, &before));
         eval_seg_text(inst, ks_eval_sbuf_take(&b));
         inst->haystack_begin = hb;
         inst->evidence_begin = before;
@@ -561,7 +571,7 @@ static ks_status eval_build(const ks_model *m, const eval_spec *sp, const eval_f
                 char label[16];
                 snprintf(label, sizeof label, "\n%d.", (int)i);
                 int32_t nl = 0;
-                KS_TRY(eval_count_cont(m, label, &nl));
+                EVAL_TRY(eval_count_cont(m, label, &nl));
                 n += nl;
                 ks_eval_sbuf_puts(&all, label);
                 char *copy = ks_strdup(label);
@@ -586,10 +596,10 @@ static ks_status eval_build(const ks_model *m, const eval_spec *sp, const eval_f
             ks_free(all.s);
             return KS_FAIL(KS_ERR_NOMEM, "eval prompt");
         }
-        KS_TRY(eval_count_cont(m, b.s, &nb));
+        EVAL_TRY(eval_count_cont(m, b.s, &nb));
         char save = b.s[tail_filler];
         b.s[tail_filler] = '\0';
-        KS_TRY(eval_count_cont(m, b.s, &nf));
+        EVAL_TRY(eval_count_cont(m, b.s, &nf));
         b.s[tail_filler] = save;
         ks_eval_sbuf_puts(&all, b.s);
         eval_seg_text(inst, ks_eval_sbuf_take(&b));
@@ -597,6 +607,7 @@ static ks_status eval_build(const ks_model *m, const eval_spec *sp, const eval_f
         inst->n_prompt = n + nb;
         inst->haystack_end = n + gen + nf;
         inst->n_total = inst->n_prompt + gen + sp->answer_budget;
+#undef EVAL_TRY
         inst->prompt = ks_eval_sbuf_take(&all);
         if (!inst->prompt || !inst->segs[inst->n_segs - 2].text) return KS_FAIL(KS_ERR_NOMEM, "eval prompt");
     }
