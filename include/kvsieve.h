@@ -11,8 +11,8 @@
  * through out-parameters, which are left untouched on failure.  The message of
  * the last failure on the calling thread (with the source file and line where
  * it was detected) is available from ks_last_error().  The library never exits
- * the process; the one exception is the allocation-failure handler (see
- * ks_set_oom_handler), which by default aborts, as in redis.
+ * the process: a refused allocation is KS_ERR_NOMEM from the call that needed
+ * it, with what that call had built undone.
  */
 #ifndef KVSIEVE_H
 #define KVSIEVE_H
@@ -35,7 +35,7 @@ typedef enum ks_status {
     KS_ERR_IO,           /* open/read/write/mmap failed; nothing was created */
     KS_ERR_FORMAT,       /* file malformed, truncated or corrupt; nothing was created */
     KS_ERR_UNSUPPORTED,  /* well-formed but unsupported (architecture, type); nothing created */
-    KS_ERR_NOMEM,        /* an allocation the caller sized was refused */
+    KS_ERR_NOMEM,        /* an allocation was refused, or a memory cap cannot hold what was asked; what the call built is undone */
     KS_ERR_CONTEXT_FULL, /* tokens would exceed the context; the sequence is unchanged */
     KS_ERR_NOT_FOUND,    /* a named key/tensor/token is absent */
     KS_ERR_BACKEND,      /* accelerator failure; the context must be destroyed */
@@ -45,10 +45,6 @@ typedef enum ks_status {
 const char *ks_status_str(ks_status st);
 /* Message of the last failure on this thread: "file:line: what happened". */
 const char *ks_last_error(void);
-
-typedef void (*ks_oom_handler)(size_t bytes);
-/* Called when malloc fails; the default prints and aborts. */
-void ks_set_oom_handler(ks_oom_handler handler);
 
 /* ---------------------------------------------------------------- model -- */
 typedef struct ks_model ks_model;

@@ -2,8 +2,9 @@
  * core.c — error recording, allocation, logging, clocks.
  *
  * The error buffer is thread-local so that concurrent contexts never see
- * each other's messages.  The OOM handler is process-wide and set once by the
- * application, before any thread starts.
+ * each other's messages.  Allocation failure is a return value (NULL) that
+ * every caller turns into KS_ERR_NOMEM; a counting hook lets tests refuse
+ * the n-th allocation to walk that path.
  */
 #define _GNU_SOURCE
 #include "core.h"
@@ -53,43 +54,44 @@ void ks_assert_fail(const char *expr, const char *file, int line) {
     abort();
 }
 
-static void default_oom(size_t bytes) {
-    fprintf(stderr, "kvsieve: out of memory allocating %zu bytes\n", bytes);
-    abort();
-}
-static ks_oom_handler g_oom = default_oom;
-void ks_set_oom_handler(ks_oom_handler handler) { g_oom = handler ? handler : default_oom; }
-
 /* Every ks_ allocation is counted (relaxed: a statistic, not a fence), so a
  * test can prove that a decode step allocates nothing. */
 static atomic_uint_least64_t g_alloc_count;
 uint64_t ks_alloc_count(void) { return atomic_load_explicit(&g_alloc_count, memory_order_relaxed); }
-#define COUNT_ALLOC() atomic_fetch_add_explicit(&g_alloc_count, 1, memory_order_relaxed)
 
-static void *oom(size_t n) {
-    g_oom(n);
-    abort(); /* a handler that returns must not let NULL escape */
+/* Failure injection (tests): g_fail_after counts down the allocations still
+ * allowed; the one that finds it at zero is refused, once (-1: disarmed).  A
+ * CAS loop, so that among threads racing for the last allowance exactly one
+ * allocation fails. */
+static atomic_int_least64_t g_fail_after = -1;
+static atomic_uint_least64_t g_fail_count;
+void ks_alloc_fail_after(int64_t n) { atomic_store(&g_fail_after, n < 0 ? -1 : n); }
+uint64_t ks_alloc_failures_injected(void) { return atomic_load(&g_fail_count); }
+
+/* Counts the allocation; false when the injection hook refuses it. */
+static bool alloc_allowed(void) {
+    atomic_fetch_add_explicit(&g_alloc_count, 1, memory_order_relaxed);
+    int_least64_t left = atomic_load_explicit(&g_fail_after, memory_order_relaxed);
+    while (left >= 0) {
+        if (atomic_compare_exchange_weak(&g_fail_after, &left, left - 1)) {
+            if (left > 0) return true;
+            atomic_fetch_add(&g_fail_count, 1);
+            return false;
+        }
+    }
+    return true;
 }
 
-void *ks_malloc(size_t n) {
-    COUNT_ALLOC();
-    void *p = malloc(n ? n : 1);
-    return p ? p : oom(n);
-}
+/* Failure is the caller's to handle: NULL, never an exit (a server must fail
+ * one request, not every request in flight). */
+void *ks_malloc(size_t n) { return alloc_allowed() ? malloc(n ? n : 1) : NULL; }
 void *ks_calloc(size_t count, size_t size) {
-    COUNT_ALLOC();
-    void *p = calloc(count ? count : 1, size ? size : 1);
-    return p ? p : oom(count * size);
+    return alloc_allowed() ? calloc(count ? count : 1, size ? size : 1) : NULL;
 }
-void *ks_realloc(void *p, size_t n) {
-    COUNT_ALLOC();
-    void *q = realloc(p, n ? n : 1);
-    return q ? q : oom(n);
-}
+void *ks_realloc(void *p, size_t n) { return alloc_allowed() ? realloc(p, n ? n : 1) : NULL; }
 void *ks_malloc_aligned(size_t n) {
-    COUNT_ALLOC();
     void *p = NULL;
-    if (posix_memalign(&p, 64, n ? (n + 63) & ~(size_t)63 : 64) != 0) return oom(n);
+    if (!alloc_allowed() || posix_memalign(&p, 64, n ? (n + 63) & ~(size_t)63 : 64) != 0) return NULL;
     return p;
 }
 void ks_free_aligned(void *p) { free(p); }
@@ -118,46 +120,56 @@ static scratch_set *scratch_of_thread(void) {
     scratch_set *s = pthread_getspecific(g_scratch_key);
     if (!s) {
         s = ks_calloc(1, sizeof *s);
-        KS_ASSERT(pthread_setspecific(g_scratch_key, s) == 0);
+        if (s && pthread_setspecific(g_scratch_key, s) != 0) {
+            ks_free(s);
+            s = NULL;
+        }
     }
     return s;
 }
 
-static void scratch_grow(scratch_set *s, ks_scratch_slot slot, size_t bytes) {
+/* False when refused: the slot is then empty (the old buffer is gone, and
+ * a later call tries again). */
+static bool scratch_grow(scratch_set *s, ks_scratch_slot slot, size_t bytes) {
     /* powers of two: a context's growing depth (one entry a step) regrows
      * a slot O(log n) times */
     size_t n = 4096;
     while (n < bytes) n *= 2;
     ks_free_aligned(s->p[slot]);
     s->p[slot] = ks_malloc_aligned(n);
-    s->n[slot] = n;
+    s->n[slot] = s->p[slot] ? n : 0;
+    if (!s->p[slot]) return false;
     size_t mark = atomic_load_explicit(&g_scratch_mark[slot], memory_order_relaxed);
     while (mark < n && !atomic_compare_exchange_weak(&g_scratch_mark[slot], &mark, n)) {
     }
     if (mark < n) atomic_fetch_add_explicit(&g_scratch_epoch, 1, memory_order_relaxed);
+    return true;
 }
 
 void *ks_scratch(ks_scratch_slot slot, size_t bytes) {
     KS_ASSERT((int)slot >= 0 && slot < KS_SCRATCH_SLOTS);
     scratch_set *s = scratch_of_thread();
-    if (s->n[slot] < bytes) scratch_grow(s, slot, bytes);
+    if (!s || ((s->n[slot] < bytes || !s->p[slot]) && !scratch_grow(s, slot, bytes))) return NULL; /* NULL: refused */
     return s->p[slot];
 }
 
 uint64_t ks_scratch_epoch(void) { return atomic_load_explicit(&g_scratch_epoch, memory_order_relaxed); }
 
-void ks_scratch_reserve(void) {
+bool ks_scratch_reserve(void) {
     scratch_set *s = scratch_of_thread();
+    if (!s) return false;
+    bool ok = true;
     for (int i = 0; i < KS_SCRATCH_SLOTS; i++) {
         size_t mark = atomic_load_explicit(&g_scratch_mark[i], memory_order_relaxed);
-        if (s->n[i] < mark) scratch_grow(s, (ks_scratch_slot)i, mark);
+        if (s->n[i] < mark && !scratch_grow(s, (ks_scratch_slot)i, mark)) ok = false;
     }
+    return ok;
 }
 
 char *ks_strdup(const char *s) {
     size_t n = strlen(s) + 1;
     char *d = ks_malloc(n);
-    memcpy(d, s, n);
+    if (d) memcpy(d, s, n);
     return d;
 }
 

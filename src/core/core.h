@@ -8,10 +8,12 @@
  * in release builds: a broken invariant is a bug and must stop the process
  * loudly rather than produce wrong logits quietly.
  *
- * Allocation: ks_malloc/ks_calloc/ks_realloc never return NULL.  Failure goes
- * to one handler (default: print and abort), like redis's zmalloc, so no call
- * site carries its own out-of-memory path.  Sizes that come from untrusted
- * input are validated against the file size *before* they reach ks_malloc.
+ * Allocation: ks_malloc/ks_calloc/ks_realloc/ks_strdup return NULL when
+ * refused, and every caller checks and returns KS_ERR_NOMEM after undoing
+ * what it did, so that in a server one failed allocation fails one request
+ * and not the process (the compiler insists the result is used).  Sizes that
+ * come from untrusted input are validated against the file size *before* they
+ * reach ks_malloc.
  */
 #ifndef KS_CORE_H
 #define KS_CORE_H
@@ -41,16 +43,23 @@ ks_status ks_fail_at(ks_status st, const char *file, int line, const char *fmt, 
 void ks_assert_fail(const char *expr, const char *file, int line) __attribute__((noreturn));
 #define KS_ASSERT(x) ((x) ? (void)0 : ks_assert_fail(#x, __FILE__, __LINE__))
 
-void *ks_malloc(size_t n);
-void *ks_calloc(size_t count, size_t size);
-void *ks_realloc(void *p, size_t n);
+#define KS_ALLOC_FN __attribute__((warn_unused_result, malloc))
+KS_ALLOC_FN void *ks_malloc(size_t n);
+KS_ALLOC_FN void *ks_calloc(size_t count, size_t size);
+/* NULL when refused, and then p is untouched (still the caller's). */
+__attribute__((warn_unused_result)) void *ks_realloc(void *p, size_t n);
 /* 64-byte aligned (cache line / AVX-512); release with ks_free_aligned. */
-void *ks_malloc_aligned(size_t n);
+KS_ALLOC_FN void *ks_malloc_aligned(size_t n);
 void ks_free_aligned(void *p);
-char *ks_strdup(const char *s);
+KS_ALLOC_FN char *ks_strdup(const char *s);
 #define ks_free free
 /* How many ks_ allocations the process has made (tests: no step allocates). */
 uint64_t ks_alloc_count(void);
+/* Test hook: the next n ks_ allocations (process-wide) succeed and the one
+ * after is refused, once; n < 0 disarms.  ks_alloc_failures_injected counts
+ * the refusals made so far, so a test knows whether its failure happened. */
+void ks_alloc_fail_after(int64_t n);
+uint64_t ks_alloc_failures_injected(void);
 /* Per-thread scratch for the hot path, so that a decode step allocates
  * nothing once its threads have seen a step as large: slot `slot` of the
  * calling thread, at least `bytes`, 64-byte aligned, owned by the thread
@@ -65,15 +74,19 @@ typedef enum {
     KS_SCRATCH_KERNEL, /* a tensor kernel's worker (matmul tiles), below everything else */
     KS_SCRATCH_SLOTS
 } ks_scratch_slot;
-void *ks_scratch(ks_scratch_slot slot, size_t bytes);
+/* NULL when the slot had to grow and the allocator refused (KS_ERR_NOMEM
+ * for the caller). */
+__attribute__((warn_unused_result)) void *ks_scratch(ks_scratch_slot slot, size_t bytes);
 /* Which thread of a pool takes which head varies from step to step, so a
  * slot grown on one worker must be grown on the others before the next step
  * or a later step allocates there: the process keeps each slot's high-water
  * mark, ks_scratch_epoch() changes whenever one rises, and
  * ks_scratch_reserve() grows the calling thread's slots to the marks
- * (ks_pool_reserve_scratch does it on every thread of a pool). */
+ * (ks_pool_reserve_scratch does it on every thread of a pool).  Reserving
+ * is ahead-of-time only: false when a slot could not grow, which a later
+ * ks_scratch of that slot reports as NULL. */
 uint64_t ks_scratch_epoch(void);
-void ks_scratch_reserve(void);
+bool ks_scratch_reserve(void);
 
 /* Logging goes to stderr; stdout belongs to the program's output. */
 typedef enum { KS_LOG_DEBUG, KS_LOG_INFO, KS_LOG_WARN, KS_LOG_ERROR } ks_log_level;

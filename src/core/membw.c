@@ -169,11 +169,18 @@ ks_status ks_membw_measure(ks_pool *pool, size_t bytes_per_array, int reps, ks_m
     j.a = ks_malloc_aligned(j.n * sizeof(float));
     j.b = ks_malloc_aligned(j.n * sizeof(float));
     j.c = ks_malloc_aligned(j.n * sizeof(float));
+    j.sums = ks_malloc_aligned((size_t)nth * sizeof *j.sums);
+    if (!j.a || !j.b || !j.c || !j.sums) {
+        ks_free_aligned(j.a);
+        ks_free_aligned(j.b);
+        ks_free_aligned(j.c);
+        ks_free_aligned(j.sums);
+        return KS_FAIL(KS_ERR_NOMEM, "membw: three arrays of %zu bytes", bytes_per_array);
+    }
+    memset(j.sums, 0, (size_t)nth * sizeof *j.sums);
     membw_advise_huge(j.a, j.n * sizeof(float));
     membw_advise_huge(j.b, j.n * sizeof(float));
     membw_advise_huge(j.c, j.n * sizeof(float));
-    j.sums = ks_malloc_aligned((size_t)nth * sizeof *j.sums);
-    memset(j.sums, 0, (size_t)nth * sizeof *j.sums);
 
     j.k = MEMBW_INIT;
     ks_pool_run(pool, membw_worker, &j); /* first touch: page faults stay out of the timings */

@@ -71,13 +71,24 @@ ks_status ks_pool_create(int n_threads, ks_pool **out) {
     if (n_threads < 1 || n_threads > 1024)
         return KS_FAIL(KS_ERR_INVALID_ARG, "thread count %d out of range [1, 1024]", n_threads);
     ks_pool *pool = ks_calloc(1, sizeof *pool);
+    if (!pool) return KS_FAIL(KS_ERR_NOMEM, "thread pool");
     pool->n = n_threads;
     pthread_mutex_init(&pool->mu, NULL);
     pthread_cond_init(&pool->cv_start, NULL);
     pthread_cond_init(&pool->cv_done, NULL);
     pool->threads = ks_calloc((size_t)n_threads, sizeof(pthread_t));
+    if (!pool->threads) {
+        pool->n = 1; /* no worker to join */
+        ks_pool_destroy(pool);
+        return KS_FAIL(KS_ERR_NOMEM, "thread pool of %d", n_threads);
+    }
     for (int i = 1; i < n_threads; i++) {
         worker_arg *wa = ks_malloc(sizeof *wa);
+        if (!wa) {
+            pool->n = i;
+            ks_pool_destroy(pool);
+            return KS_FAIL(KS_ERR_NOMEM, "thread pool worker %d", i);
+        }
         wa->pool = pool;
         wa->ith = i;
         if (pthread_create(&pool->threads[i - 1], NULL, worker_main, wa) != 0) {

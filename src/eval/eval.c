@@ -50,7 +50,9 @@ ks_status ks_eval_run(ks_context *ctx, const ks_model *model, const ks_eval_inst
     int32_t *ids = NULL;
     size_t ids_cap = 0;
     int32_t n_prompt = 0, n_gen = 0, gi = 0;
-    ks_status st = KS_OK;
+    ks_status st = !logits || !tokens || (opts.keep_logits && !kept) || !gen_text
+                       ? KS_FAIL(KS_ERR_NOMEM, "eval run buffers (%d tokens)", gen_cap)
+                       : KS_OK;
     ks_seq_reset(ctx, opts.seq);
     double t0 = ks_time_sec();
     for (int32_t si = 0; si < inst->n_segs && st == KS_OK; si++) {
@@ -62,8 +64,13 @@ ks_status ks_eval_run(ks_context *ctx, const ks_model *model, const ks_eval_inst
                 st = si == 0 ? ks_tokenize(model, sg->text, len, true, false, ids, ids_cap, &n)
                              : ks_eval_tokenize_cont(model, sg->text, ids, ids_cap, &n);
                 if (st != KS_ERR_INVALID_ARG || n <= ids_cap) break;
+                int32_t *grown = ks_realloc(ids, sizeof(int32_t) * (n + 1));
+                if (!grown) {
+                    st = KS_FAIL(KS_ERR_NOMEM, "prompt of %zu tokens", n);
+                    break;
+                }
+                ids = grown;
                 ids_cap = n;
-                ids = ks_realloc(ids, sizeof(int32_t) * (ids_cap + 1));
             }
             if (st != KS_OK) break;
             if (n == 0) continue;
@@ -91,7 +98,8 @@ ks_status ks_eval_run(ks_context *ctx, const ks_model *model, const ks_eval_inst
             if (last && t + 1 == sg->max_tokens) break; /* nothing reads its logits */
             if ((st = ks_decode(ctx, &opts.seq, &tok, 1, logits)) != KS_OK) break;
         }
-        gen_text[gi++] = ks_eval_sbuf_take(&text);
+        if (!(gen_text[gi++] = ks_eval_sbuf_take(&text)) && st == KS_OK)
+            st = KS_FAIL(KS_ERR_NOMEM, "generated text");
     }
     double secs = ks_time_sec() - t0;
     if (st == KS_OK) {
@@ -99,7 +107,7 @@ ks_status ks_eval_run(ks_context *ctx, const ks_model *model, const ks_eval_inst
         /* longgen: every GEN but the last is a list item */
         *out = (ks_eval_result){
             .score = ks_eval_score(inst, answer, (const char *const *)gen_text, gi > 0 ? gi - 1 : 0),
-            .answer = ks_strdup(answer),
+            .answer = ks_strdup(answer), /* checked below */
             .n_prompt = n_prompt,
             .n_gen = n_gen,
             .tokens = tokens,
@@ -108,8 +116,14 @@ ks_status ks_eval_run(ks_context *ctx, const ks_model *model, const ks_eval_inst
         };
         tokens = NULL;
         kept = NULL;
+        if (!out->answer) {
+            ks_free(out->tokens);
+            ks_free(out->logits);
+            *out = (ks_eval_result){0};
+            st = KS_FAIL(KS_ERR_NOMEM, "the answer");
+        }
     }
-    for (int32_t i = 0; i < gi; i++) ks_free(gen_text[i]);
+    for (int32_t i = 0; gen_text && i < gi; i++) ks_free(gen_text[i]);
     ks_free(gen_text);
     ks_free(ids);
     ks_free(logits);

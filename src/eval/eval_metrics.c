@@ -185,6 +185,7 @@ ks_status ks_eval_attention_recall(const float *probs, int32_t n_layer, int32_t 
     if (!probs || !mean || n_layer <= 0 || n_head <= 0 || n_kv <= 0 || n_sel < 0 || (n_sel > 0 && !sel))
         return KS_FAIL(KS_ERR_INVALID_ARG, "attention recall: bad shape");
     unsigned char *mark = ks_calloc((size_t)n_kv, 1); /* [n_kv] */
+    if (!mark) return KS_FAIL(KS_ERR_NOMEM, "attention recall over %d keys", n_kv);
     double sum = 0;
     for (int32_t lh = 0; lh < n_layer * n_head; lh++) {
         const float *pr = probs + (size_t)lh * n_kv;

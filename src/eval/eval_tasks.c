@@ -41,10 +41,16 @@
 /* ----------------------------------------------------------- buffer -- */
 
 void ks_eval_sbuf_putn(ks_eval_sbuf *b, const char *s, size_t n) {
+    if (b->refused) return;
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
         while (b->n + n + 1 > cap) cap *= 2;
-        b->s = ks_realloc(b->s, cap);
+        char *p = ks_realloc(b->s, cap);
+        if (!p) {
+            b->refused = true;
+            return;
+        }
+        b->s = p;
         b->cap = cap;
     }
     memcpy(b->s + b->n, s, n);
@@ -66,6 +72,10 @@ void ks_eval_sbuf_printf(ks_eval_sbuf *b, const char *fmt, ...) {
         return;
     }
     char *big = ks_malloc((size_t)n + 1);
+    if (!big) {
+        b->refused = true;
+        return;
+    }
     va_start(ap, fmt);
     vsnprintf(big, (size_t)n + 1, fmt, ap);
     va_end(ap);
@@ -75,7 +85,8 @@ void ks_eval_sbuf_printf(ks_eval_sbuf *b, const char *fmt, ...) {
 
 char *ks_eval_sbuf_take(ks_eval_sbuf *b) {
     if (!b->s) ks_eval_sbuf_putn(b, "", 0);
-    char *s = b->s;
+    char *s = b->refused ? NULL : b->s;
+    if (b->refused) ks_free(b->s);
     *b = (ks_eval_sbuf){0};
     return s;
 }
@@ -133,11 +144,12 @@ static const char *eval_pick(ks_rng *r, const char *const *list, int n) {
 }
 
 /* At least `n_min` words, ending on a sentence boundary. */
-static void eval_filler_make(ks_rng *r, int32_t n_min, eval_filler *f) {
+static ks_status eval_filler_make(ks_rng *r, int32_t n_min, eval_filler *f) {
     int32_t cap = n_min + 16;
     f->word = ks_malloc(sizeof(char *) * (size_t)cap);
     f->start = ks_malloc(sizeof(bool) * (size_t)cap);
     f->n = 0;
+    if (!f->word || !f->start) return KS_FAIL(KS_ERR_NOMEM, "filler of %d words", n_min);
     while (f->n < n_min) {
         const char *shape = g_shapes[ks_rng_next(r) % (uint64_t)KS_EVAL_NELEM(g_shapes)];
         for (const char *c = shape; *c; c++) {
@@ -156,6 +168,7 @@ static void eval_filler_make(ks_rng *r, int32_t n_min, eval_filler *f) {
             f->n++;
         }
     }
+    return KS_OK;
 }
 
 static void eval_filler_free(eval_filler *f) {
@@ -212,10 +225,15 @@ ks_status ks_eval_tokenize_cont(const ks_model *model, const char *text, int32_t
     size_t na = 0, nt = 0, len = strlen(text);
     KS_TRY(ks_tokenize(model, anchor, 1, false, false, a_ids, 8, &na));
     char *joined = ks_malloc(len + 2);
+    if (!joined) return KS_FAIL(KS_ERR_NOMEM, "continuation of %zu bytes", len);
     joined[0] = anchor[0];
     memcpy(joined + 1, text, len + 1);
     ks_status st = ks_tokenize(model, joined, len + 1, false, false, NULL, 0, &nt);
     int32_t *tmp = ks_malloc(sizeof(int32_t) * (nt + 1));
+    if (!tmp) {
+        ks_free(joined);
+        return KS_FAIL(KS_ERR_NOMEM, "continuation of %zu tokens", nt);
+    }
     if (st == KS_OK || st == KS_ERR_INVALID_ARG) st = ks_tokenize(model, joined, len + 1, false, false, tmp, nt + 1, &nt);
     ks_free(joined);
     bool anchored = st == KS_OK && nt >= na && memcmp(tmp, a_ids, na * sizeof(int32_t)) == 0;
@@ -469,6 +487,7 @@ static ks_status eval_build(const ks_model *m, const eval_spec *sp, const eval_f
     eval_segs_free(inst);
     int32_t max_segs = 4 + 3 * KS_EVAL_MAX_ITEMS;
     inst->segs = ks_calloc((size_t)max_segs, sizeof(ks_eval_seg));
+    if (!inst->segs) return KS_FAIL(KS_ERR_NOMEM, "script of %d segments", max_segs);
     ks_eval_sbuf b = {0};
     ks_eval_sbuf_puts(&b, sp->intro);
     size_t hay_begin = b.n, ev_begin = 0, ev_end = 0;
@@ -492,8 +511,9 @@ static ks_status eval_build(const ks_model *m, const eval_spec *sp, const eval_f
         eval_filler_render(f, at, w, &b);
         size_t hay_end = b.n;
         ks_eval_sbuf_puts(&b, sp->question);
-        inst->prompt = ks_strdup(b.s);
+        inst->prompt = b.refused ? NULL : ks_strdup(b.s);
         eval_seg_text(inst, ks_eval_sbuf_take(&b));
+        if (!inst->prompt || !inst->segs[inst->n_segs - 1].text) return KS_FAIL(KS_ERR_NOMEM, "eval prompt");
         eval_seg_gen(inst, sp->answer_budget, false);
         int32_t hb = 0, he = 0, eb = 0, ee = 0;
         if (spans) { /* four more tokenizations: only for the final size */
@@ -516,13 +536,32 @@ static ks_status eval_build(const ks_model *m, const eval_spec *sp, const eval_f
         size_t ev_char = b.n;
         if (b.n && b.s[b.n - 1] != '\n') ks_eval_sbuf_putn(&b, " ", 1);
         ks_eval_sbuf_puts(&b, sp->instruction);
+        if (b.refused) {
+            ks_free(b.s);
+            return KS_FAIL(KS_ERR_NOMEM, "eval prompt");
+        }
         ks_eval_sbuf all = {0};
+        /* a failure below (a refused allocation while counting) frees the two buffers */
+#define EVAL_TRY(expr)                         \
+    do {                                       \
+        ks_status eval_try_st_ = (expr);       \
+        if (eval_try_st_ != KS_OK) {           \
+            ks_free(b.s);                      \
+            ks_free(all.s);                    \
+            return eval_try_st_;               \
+        }                                      \
+    } while (0)
         ks_eval_sbuf_puts(&all, b.s);
         int32_t n = 0, hb = 0;
-        KS_TRY(eval_count(m, b.s, hay_begin, true, &hb));
-        KS_TRY(eval_count(m, b.s, b.n, true, &n));
+        if (all.refused) {
+            ks_free(b.s);
+            ks_free(all.s);
+            return KS_FAIL(KS_ERR_NOMEM, "eval prompt");
+        }
+        EVAL_TRY(eval_count(m, b.s, hay_begin, true, &hb));
+        EVAL_TRY(eval_count(m, b.s, b.n, true, &n));
         int32_t before = 0;
-        KS_TRY(eval_count(m, b.s, ev_char, true, &before));
+        EVAL_TRY(eval_count(m, b.s, ev_char, true, &before));
         eval_seg_text(inst, ks_eval_sbuf_take(&b));
         inst->haystack_begin = hb;
         inst->evidence_begin = before;
@@ -532,10 +571,15 @@ static ks_status eval_build(const ks_model *m, const eval_spec *sp, const eval_f
                 char label[16];
                 snprintf(label, sizeof label, "\n%d.", (int)i);
                 int32_t nl = 0;
-                KS_TRY(eval_count_cont(m, label, &nl));
+                EVAL_TRY(eval_count_cont(m, label, &nl));
                 n += nl;
                 ks_eval_sbuf_puts(&all, label);
-                eval_seg_text(inst, ks_strdup(label));
+                char *copy = ks_strdup(label);
+                if (!copy) {
+                    ks_free(all.s);
+                    return KS_FAIL(KS_ERR_NOMEM, "eval label");
+                }
+                eval_seg_text(inst, copy);
             }
             ks_eval_sbuf_puts(&all, " <item>");
             eval_seg_gen(inst, sp->item_budget, true);
@@ -547,10 +591,15 @@ static ks_status eval_build(const ks_model *m, const eval_spec *sp, const eval_f
         size_t tail_filler = b.n;
         ks_eval_sbuf_puts(&b, sp->question);
         int32_t nb = 0, nf = 0;
-        KS_TRY(eval_count_cont(m, b.s, &nb));
+        if (b.refused || all.refused) {
+            ks_free(b.s);
+            ks_free(all.s);
+            return KS_FAIL(KS_ERR_NOMEM, "eval prompt");
+        }
+        EVAL_TRY(eval_count_cont(m, b.s, &nb));
         char save = b.s[tail_filler];
         b.s[tail_filler] = '\0';
-        KS_TRY(eval_count_cont(m, b.s, &nf));
+        EVAL_TRY(eval_count_cont(m, b.s, &nf));
         b.s[tail_filler] = save;
         ks_eval_sbuf_puts(&all, b.s);
         eval_seg_text(inst, ks_eval_sbuf_take(&b));
@@ -558,7 +607,9 @@ static ks_status eval_build(const ks_model *m, const eval_spec *sp, const eval_f
         inst->n_prompt = n + nb;
         inst->haystack_end = n + gen + nf;
         inst->n_total = inst->n_prompt + gen + sp->answer_budget;
+#undef EVAL_TRY
         inst->prompt = ks_eval_sbuf_take(&all);
+        if (!inst->prompt || !inst->segs[inst->n_segs - 2].text) return KS_FAIL(KS_ERR_NOMEM, "eval prompt");
     }
     int32_t ev = inst->evidence_end - inst->evidence_begin;
     int32_t room = inst->haystack_end - inst->haystack_begin - ev;
@@ -596,14 +647,14 @@ ks_status ks_eval_generate(ks_eval_task task, uint64_t seed, int32_t target_toke
         }
         eval_spec_make(task, seed, level, depth, &sp, &inst);
         eval_filler_free(&f);
-        eval_filler_make(&(ks_rng){seed ^ 0xF111E5ull}, 0, &f);
+        if ((st = eval_filler_make(&(ks_rng){seed ^ 0xF111E5ull}, 0, &f)) != KS_OK) goto fail;
         if ((st = eval_build(model, &sp, &f, 0, false, &inst)) != KS_OK) goto fail;
         if (inst.n_total <= target_tokens) break;
     }
     /* every filler word costs >= 1 token, so target words always suffice */
     eval_filler_free(&f);
     ks_rng fr = {seed ^ 0xF111E5ull};
-    eval_filler_make(&fr, target_tokens, &f);
+    if ((st = eval_filler_make(&fr, target_tokens, &f)) != KS_OK) goto fail;
     int32_t lo = 0, hi = f.n; /* total(lo) <= target; find the largest such w */
     while (lo < hi) {
         int32_t mid = lo + (hi - lo + 1) / 2;

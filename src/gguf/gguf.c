@@ -114,6 +114,7 @@ static ks_status parse_value(cursor *c, ks_gguf_kv *kv, const char *key_for_msg)
             return KS_FAIL(KS_ERR_FORMAT, "key '%s': %llu strings cannot fit in %zu bytes", key_for_msg,
                            (unsigned long long)kv->arr_n, cur_left(c));
         kv->arr_strs = ks_malloc((size_t)kv->arr_n * sizeof(ks_gguf_str) + 1);
+        if (!kv->arr_strs) return KS_FAIL(KS_ERR_NOMEM, "key '%s': %llu strings", key_for_msg, (unsigned long long)kv->arr_n);
         for (uint64_t i = 0; i < kv->arr_n; i++) KS_TRY(cur_str(c, &kv->arr_strs[i], key_for_msg));
         return KS_OK;
     }
@@ -184,6 +185,7 @@ static int str_cmp(const void *a, const void *b) {
 static ks_status check_unique(const ks_gguf_str *names, size_t stride, int64_t n, const char *what) {
     if (n < 2) return KS_OK;
     ks_gguf_str *sorted = ks_malloc(sizeof(ks_gguf_str) * (size_t)n);
+    if (!sorted) return KS_FAIL(KS_ERR_NOMEM, "checking %lld %s names", (long long)n, what);
     for (int64_t i = 0; i < n; i++) sorted[i] = *(const ks_gguf_str *)((const uint8_t *)names + (size_t)i * stride);
     qsort(sorted, (size_t)n, sizeof *sorted, str_cmp);
     ks_status st = KS_OK;
@@ -222,6 +224,7 @@ static ks_status gguf_parse(ks_gguf *g) {
     if (n_tensors > cur_left(&c) / 32)
         return KS_FAIL(KS_ERR_FORMAT, "tensor count %llu cannot fit in a %zu-byte file", (unsigned long long)n_tensors, g->file.size);
     g->kvs = ks_calloc((size_t)n_kv + 1, sizeof(ks_gguf_kv));
+    if (!g->kvs) return KS_FAIL(KS_ERR_NOMEM, "%llu metadata keys", (unsigned long long)n_kv);
     g->alignment = KS_GGUF_DEFAULT_ALIGNMENT;
     for (uint64_t i = 0; i < n_kv; i++) {
         ks_gguf_kv *kv = &g->kvs[i];
@@ -246,6 +249,7 @@ static ks_status gguf_parse(ks_gguf *g) {
     }
     KS_TRY(check_unique(&g->kvs[0].key, sizeof(ks_gguf_kv), g->n_kv, "key"));
     g->tensors = ks_calloc((size_t)n_tensors + 1, sizeof(ks_gguf_tensor));
+    if (!g->tensors) return KS_FAIL(KS_ERR_NOMEM, "%llu tensor infos", (unsigned long long)n_tensors);
     g->n_tensors = (int64_t)n_tensors;
     for (uint64_t i = 0; i < n_tensors; i++) KS_TRY(parse_tensor(&c, &g->tensors[i], (int64_t)i));
     KS_TRY(check_unique(&g->tensors[0].name, sizeof(ks_gguf_tensor), g->n_tensors, "tensor name"));
@@ -271,6 +275,7 @@ static ks_status gguf_parse(ks_gguf *g) {
 ks_status ks_gguf_open_buffer(const void *buf, size_t size, ks_gguf **out) {
     if (!buf && size) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL buffer");
     ks_gguf *g = ks_calloc(1, sizeof *g);
+    if (!g) return KS_FAIL(KS_ERR_NOMEM, "GGUF handle");
     g->file = (ks_file_map){.data = buf, .size = size};
     ks_status st = gguf_parse(g);
     if (st != KS_OK) {
@@ -290,6 +295,10 @@ ks_status ks_gguf_open_ex(const char *path, bool use_mmap, ks_gguf **out) {
         return KS_FAIL(KS_ERR_FORMAT, "'%s' is too small (%zu bytes) to be a GGUF file", path, size);
     }
     ks_gguf *g = ks_calloc(1, sizeof *g);
+    if (!g) {
+        ks_file_map_close(&file);
+        return KS_FAIL(KS_ERR_NOMEM, "GGUF handle for '%s'", path);
+    }
     g->file = file;
     ks_status st = gguf_parse(g);
     if (st != KS_OK) {

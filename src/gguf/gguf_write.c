@@ -60,19 +60,29 @@ struct ks_gguf_writer {
     int64_t n_kv, cap_kv;
     ks_gguf_wtensor *ts; /* [n_t] in insertion order = file order */
     int64_t n_t, cap_t;
+    bool refused;        /* a setter's allocation was refused: write reports KS_ERR_NOMEM */
 };
 
 /* ------------------------------------------------------- byte encoding -- */
+/* A refused allocation makes the buffer "refused" and later puts no-ops,
+ * so that encoders stay simple and the owner checks once. */
 typedef struct ks_gguf_bytes {
     uint8_t *p;
     size_t n, cap;
+    bool refused;
 } ks_gguf_bytes;
 
 static void ks_gguf_bytes_put(ks_gguf_bytes *b, const void *src, size_t n) {
+    if (b->refused) return;
     if (b->n + n > b->cap) {
         size_t cap = b->cap ? b->cap : 64;
         while (cap < b->n + n) cap *= 2;
-        b->p = ks_realloc(b->p, cap);
+        uint8_t *p = ks_realloc(b->p, cap);
+        if (!p) {
+            b->refused = true;
+            return;
+        }
+        b->p = p;
         b->cap = cap;
     }
     if (n) memcpy(b->p + b->n, src, n);
@@ -121,19 +131,32 @@ static ks_gguf_wkv *ks_gguf_writer_slot(ks_gguf_writer *w, const char *key, ks_g
             return &w->kvs[i];
         }
     }
+    char *copy = ks_strdup(key);
+    if (!copy) return NULL;
     if (w->n_kv == w->cap_kv) {
-        w->cap_kv = w->cap_kv ? w->cap_kv * 2 : 32;
-        w->kvs = ks_realloc(w->kvs, (size_t)w->cap_kv * sizeof *w->kvs);
+        int64_t cap = w->cap_kv ? w->cap_kv * 2 : 32;
+        ks_gguf_wkv *kvs = ks_realloc(w->kvs, (size_t)cap * sizeof *w->kvs);
+        if (!kvs) {
+            ks_free(copy);
+            return NULL;
+        }
+        w->kvs = kvs;
+        w->cap_kv = cap;
     }
     ks_gguf_wkv *kv = &w->kvs[w->n_kv++];
-    kv->key = ks_strdup(key);
+    kv->key = copy;
     kv->type = type;
     kv->val = NULL;
     kv->val_len = 0;
     return kv;
 }
 static void ks_gguf_writer_put(ks_gguf_writer *w, const char *key, ks_gguf_type type, ks_gguf_bytes *b) {
-    ks_gguf_wkv *kv = ks_gguf_writer_slot(w, key, type);
+    ks_gguf_wkv *kv = b->refused ? NULL : ks_gguf_writer_slot(w, key, type);
+    if (!kv) {
+        w->refused = true;
+        ks_free(b->p);
+        return;
+    }
     kv->val = b->p;
     kv->val_len = b->n;
 }
@@ -146,7 +169,7 @@ static void ks_gguf_writer_set_scalar(ks_gguf_writer *w, const char *key, ks_ggu
 ks_status ks_gguf_writer_create(ks_gguf_writer **out) {
     if (!out) return KS_FAIL(KS_ERR_INVALID_ARG, "gguf writer: out is NULL");
     *out = ks_calloc(1, sizeof(ks_gguf_writer));
-    return KS_OK;
+    return *out ? KS_OK : KS_FAIL(KS_ERR_NOMEM, "gguf writer");
 }
 
 void ks_gguf_writer_destroy(ks_gguf_writer *w) {
@@ -217,6 +240,11 @@ void ks_gguf_writer_copy_kv(ks_gguf_writer *w, const ks_gguf_kv *kv) {
     }
     /* keys are not NUL-terminated in the reader: make a C string */
     char *key = ks_malloc((size_t)kv->key.len + 1);
+    if (!key) {
+        w->refused = true;
+        ks_free(b.p);
+        return;
+    }
     memcpy(key, kv->key.data, (size_t)kv->key.len);
     key[kv->key.len] = '\0';
     ks_gguf_writer_put(w, key, kv->type, &b);
@@ -261,13 +289,21 @@ ks_status ks_gguf_writer_add_tensor(ks_gguf_writer *w, const char *name, ks_dtyp
     if (rows > (UINT64_MAX >> 1) / row_bytes || rows * row_bytes > (uint64_t)SIZE_MAX)
         return KS_FAIL(KS_ERR_INVALID_ARG, "gguf writer: tensor '%s' too large", name);
 
+    char *copy = ks_strdup(name);
+    if (!copy) return KS_FAIL(KS_ERR_NOMEM, "gguf writer: tensor '%s'", name);
     if (w->n_t == w->cap_t) {
-        w->cap_t = w->cap_t ? w->cap_t * 2 : 64;
-        w->ts = ks_realloc(w->ts, (size_t)w->cap_t * sizeof *w->ts);
+        int64_t cap = w->cap_t ? w->cap_t * 2 : 64;
+        ks_gguf_wtensor *ts = ks_realloc(w->ts, (size_t)cap * sizeof *w->ts);
+        if (!ts) {
+            ks_free(copy);
+            return KS_FAIL(KS_ERR_NOMEM, "gguf writer: %lld tensors", (long long)cap);
+        }
+        w->ts = ts;
+        w->cap_t = cap;
     }
     ks_gguf_wtensor *t = &w->ts[w->n_t++];
     memset(t, 0, sizeof *t);
-    t->name = ks_strdup(name);
+    t->name = copy;
     t->type = type;
     t->n_dims = n_dims;
     memcpy(t->ne, full, sizeof full);
@@ -342,7 +378,8 @@ static ks_status ks_gguf_writer_emit(ks_gguf_writer *w, ks_gguf_out *o, uint64_t
         ks_gguf_bytes_put_le(&h, (uint32_t)t->type, 4);
         ks_gguf_bytes_put_le(&h, t->offset, 8);
     }
-    ks_status st = ks_gguf_out_put(o, h.p, h.n);
+    ks_status st = h.refused ? KS_FAIL(KS_ERR_NOMEM, "gguf writer: header of %lld tensors", (long long)w->n_t)
+                             : ks_gguf_out_put(o, h.p, h.n);
     ks_free(h.p);
     if (st != KS_OK || w->n_t == 0) return st;
     KS_TRY(ks_gguf_out_pad(o, align));
@@ -350,6 +387,7 @@ static ks_status ks_gguf_writer_emit(ks_gguf_writer *w, ks_gguf_out *o, uint64_t
     /* data section: one tensor at a time; the fill buffer is reused */
     uint64_t data_start = o->pos;
     void *buf = max_fill ? ks_malloc_aligned((size_t)max_fill) : NULL;
+    if (max_fill && !buf) return KS_FAIL(KS_ERR_NOMEM, "gguf writer: fill buffer of %llu bytes", (unsigned long long)max_fill);
     for (int64_t i = 0; i < w->n_t && st == KS_OK; i++) {
         const ks_gguf_wtensor *t = &w->ts[i];
         KS_ASSERT(o->pos - data_start == t->offset);
@@ -368,6 +406,7 @@ static ks_status ks_gguf_writer_emit(ks_gguf_writer *w, ks_gguf_out *o, uint64_t
 
 ks_status ks_gguf_writer_write(ks_gguf_writer *w, const char *path) {
     if (!w || !path) return KS_FAIL(KS_ERR_INVALID_ARG, "gguf writer: NULL argument");
+    if (w->refused) return KS_FAIL(KS_ERR_NOMEM, "gguf writer: a metadata value could not be stored");
     uint64_t align;
     KS_TRY(ks_gguf_writer_alignment(w, &align));
 

@@ -76,6 +76,14 @@ static ks_step_plan *shared_plan(ks_context *c, const ks_policy *pol, int32_t se
         pl->first = ks_malloc(sizeof(int32_t) * (n_ctx + 1));
         pl->len = ks_malloc(sizeof(int32_t) * (n_ctx + 1));
         pl->pages = ks_malloc(sizeof(int32_t) * (max_pages + 1));
+        if (!pl->mask || !pl->first || !pl->len || !pl->pages) { /* refused: nothing kept, the caller fails */
+            ks_free(pl->mask);
+            ks_free(pl->first);
+            ks_free(pl->len);
+            ks_free(pl->pages);
+            *pl = (ks_step_plan){0};
+            return NULL;
+        }
     }
     return pl;
 }
@@ -116,6 +124,8 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
     bool planned = false;
     if (sparse && ks_infer_budget_binds(c, seq, n)) {
         plan = shared_plan(c, pol, seq, h, n, j->pos[r]);
+        if (!plan && c->decoding && !c->plan_per_layer && n == j->pos[r] + 1 && ks_policy_same_every_layer(pol))
+            return KS_FAIL(KS_ERR_NOMEM, "the step's plan of sequence %d head %d", seq, h);
         if (plan && plan->step == c->step_serial && plan->n == n) {
             planned = true;
             all = plan->all;
@@ -208,6 +218,10 @@ static bool attend_block(ks_context *c, attn_job *j, ks_attn_scratch *s, int r0,
     for (int r = 0; r < R; r++) n_att[r] = c->n_att[(size_t)(r0 + r) * nkv + h];
     if (!s->blk_S) s->blk_S = ks_malloc(sizeof(float) * (size_t)KS_PREFILL_BLOCK * G * c->n_ctx);
     if (!s->blk_tile) s->blk_tile = ks_malloc(sizeof(float) * (size_t)(P + 16) * hd); /* + 16: a K page transposed, keys padded to 16 */
+    if (!s->blk_S || !s->blk_tile) { /* fail the rows rather than take attend_one's other arithmetic */
+        record_failure(c, KS_FAIL(KS_ERR_NOMEM, "prefill block scores of %d entries", c->n_ctx));
+        return true;
+    }
     /* a slow-tier layer: its pages are in the slots (forward_rows loaded them) or gathered here */
     uint8_t *gather = NULL;
     bool slow = ks_kv_layer_tier(c->kv, j->il) == KS_TIER_SLOW;

@@ -125,15 +125,26 @@ static ks_status svc_attn_probs(void *svc, int32_t seq, int32_t layer, int32_t h
     if (n == 0) return KS_OK;
     ks_kv_seg *segs = ks_malloc(sizeof(ks_kv_seg) * ((size_t)n + 1));
     int32_t *first = ks_malloc(sizeof(int32_t) * ((size_t)n + 1)), *pages = ks_malloc(sizeof(int32_t) * ((size_t)n + 1));
+    if (!segs || !first || !pages) {
+        ks_free(segs);
+        ks_free(first);
+        ks_free(pages);
+        return KS_FAIL(KS_ERR_NOMEM, "attention probabilities over %d entries", n);
+    }
     int32_t np, total;
     int32_t nseg = ks_infer_segs_plan(NULL, n, ks_kv_page_size(c->kv), segs, first, pages, &np, &total);
     bool slow = ks_kv_layer_tier(c->kv, layer) == KS_TIER_SLOW;
     uint8_t *buf = slow ? ks_malloc(ks_kv_page_bytes(c->kv) * (size_t)np) : NULL;
-    ks_status st = ks_infer_segs_resolve(c->kv, seq, layer, head, segs, first, nseg, pages, buf);
+    ks_status st = slow && !buf ? KS_FAIL(KS_ERR_NOMEM, "%d slow-tier pages", np)
+                                : ks_infer_segs_resolve(c->kv, seq, layer, head, segs, first, nseg, pages, buf);
     if (st == KS_OK) {
         float *scores = ks_malloc_aligned(sizeof(float) * ((size_t)(G > 4 ? G : 4) * n + 16));
         float *out = ks_malloc(sizeof(float) * (size_t)G * hd), *tmp = ks_malloc(sizeof(float) * ((size_t)hd + 16));
         ks_kv_seg *lim = n_keys ? ks_malloc(sizeof(ks_kv_seg) * ((size_t)nseg + 1)) : NULL;
+        if (!scores || !out || !tmp || (n_keys && !lim)) {
+            st = KS_FAIL(KS_ERR_NOMEM, "attention scores over %d entries", n);
+            nq = 0; /* skip the rows; the buffers are freed below */
+        }
         for (int32_t r = 0; r < nq; r++) {
             const float *qr = q + (size_t)r * G * hd;
             int32_t m = n_keys && n_keys[r] < n ? n_keys[r] : n; /* the row's keys in scope: [0, m) */
@@ -170,6 +181,7 @@ static ks_status svc_read_keys(void *svc, int32_t seq, int32_t layer, int32_t he
      * the rest of the page stay where they are) */
     size_t row = ks_kv_row_size(c->kv);
     uint8_t *buf = ks_scratch(KS_SCRATCH_SERVICE0, row * (size_t)P);
+    if (!buf) return KS_FAIL(KS_ERR_NOMEM, "a page of keys");
     ks_status st = KS_OK;
     for (int32_t e = first; e < first + n && st == KS_OK;) {
         int32_t run = P - e % P < first + n - e ? P - e % P : first + n - e;
@@ -252,6 +264,7 @@ static ks_status create_policy(ks_context *c, const ks_policy_spec *spec) {
     /* entry 0: the default, serving every sequence until ks_seq_set_policy */
     c->pols = ks_calloc((size_t)p->n_seq + 2, sizeof(ks_infer_pol));
     c->seq_pol = ks_calloc((size_t)p->n_seq, sizeof(int32_t));
+    if (!c->pols || !c->seq_pol) return KS_FAIL(KS_ERR_NOMEM, "policy table of %d sequences", p->n_seq);
     KS_TRY(pol_make(c, spec, &c->pols[0]));
     c->n_pols = 1;
     c->pols[0].users = p->n_seq;
@@ -262,7 +275,7 @@ static ks_status create_policy(ks_context *c, const ks_policy_spec *spec) {
 }
 
 /* Activations of max_rows rows, and the matmul scratch for the widest weight. */
-static void alloc_rows(ks_context *c) {
+static ks_status alloc_rows(ks_context *c) {
     const ks_model *m = c->model;
     const ks_hparams *hp = &m->hp;
     size_t rows = (size_t)c->max_rows;
@@ -271,6 +284,7 @@ static void alloc_rows(ks_context *c) {
     c->seq_len = ks_calloc((size_t)c->n_seq, sizeof(int32_t));
     c->entropy = ks_malloc(sizeof(float) * (size_t)c->n_seq);
     c->varentropy = ks_malloc(sizeof(float) * (size_t)c->n_seq);
+    if (!c->seq_len || !c->entropy || !c->varentropy) return KS_FAIL(KS_ERR_NOMEM, "state of %d sequences", c->n_seq);
     for (int i = 0; i < c->n_seq; i++) c->entropy[i] = c->varentropy[i] = NAN;
     c->n_att = ks_calloc(rows * hp->n_head_kv, sizeof(int32_t));
     if (c->n_aux && !c->aux_h) c->aux_h = ks_malloc(sizeof(float) * rows * c->n_aux * hp->n_embd);
@@ -288,23 +302,52 @@ static void alloc_rows(ks_context *c) {
     c->step_f32 = ks_malloc(sizeof(float) * 4 * rows);
     c->step_want = ks_malloc(sizeof(bool) * rows);
     size_t mm = ks_matmul_scratch_bytes(m->output.type, m->output.cols, rows);
+    c->mm_worker_bytes = ks_matmul_worker_scratch_bytes(&m->output);
     for (int il = 0; il < hp->n_layer; il++) {
         const ks_layer *L = &m->layers[il];
         const ks_weight *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
         for (size_t i = 0; i < sizeof lw / sizeof lw[0]; i++) {
             size_t need = ks_matmul_scratch_bytes(lw[i]->type, lw[i]->cols, rows);
             if (need > mm) mm = need;
+            need = ks_matmul_worker_scratch_bytes(lw[i]);
+            if (need > c->mm_worker_bytes) c->mm_worker_bytes = need;
         }
     }
     c->mm_scratch = ks_malloc_aligned(mm ? mm : 64);
+    if (!c->n_att || (c->n_aux && !c->aux_h) || !c->x || !c->xn || !c->q || !c->kk || !c->vv || !c->att || !c->gate ||
+        !c->up || !c->rope_cos || !c->rope_sin || !c->step_i32 || !c->step_f32 || !c->step_want || !c->mm_scratch)
+        return KS_FAIL(KS_ERR_NOMEM, "activations of %zu rows", rows);
+    return KS_OK;
+}
+
+/* The packed weights' kernels take their tiles from every worker's
+ * KS_SCRATCH_KERNEL slot and cannot report a refusal from inside a
+ * parallel-for, so the slot is made large enough on every thread here. */
+typedef struct {
+    size_t bytes;
+    _Atomic int refused;
+} kernel_reserve_job;
+
+static void kernel_reserve_worker(void *arg, int ith, int nth) {
+    (void)ith, (void)nth;
+    kernel_reserve_job *j = arg;
+    if (!ks_scratch(KS_SCRATCH_KERNEL, j->bytes)) j->refused = 1;
+}
+
+static ks_status reserve_kernel_scratch(ks_context *c) {
+    if (!c->mm_worker_bytes) return KS_OK;
+    kernel_reserve_job j = {.bytes = c->mm_worker_bytes};
+    ks_pool_run(c->pool, kernel_reserve_worker, &j);
+    return j.refused ? KS_FAIL(KS_ERR_NOMEM, "matmul tiles of %zu bytes per thread", c->mm_worker_bytes) : KS_OK;
 }
 
 /* Per-worker attention scratch, sized for a whole head of the context. */
-static void alloc_scratch(ks_context *c) {
+static ks_status alloc_scratch(ks_context *c) {
     const ks_hparams *hp = &c->model->hp;
     int G = hp->n_head / hp->n_head_kv;
     size_t n_ctx = (size_t)c->n_ctx, max_pages = (n_ctx + c->params.page - 1) / c->params.page;
     c->scr = ks_calloc((size_t)c->params.n_threads, sizeof(ks_attn_scratch));
+    if (!c->scr) return KS_FAIL(KS_ERR_NOMEM, "attention scratch of %d threads", c->params.n_threads);
     for (int i = 0; i < c->params.n_threads; i++) {
         ks_attn_scratch *s = &c->scr[i];
         /* scores: [G][n_ctx] for the portable kernels, [n_ctx][4] for the AVX-512 one */
@@ -321,8 +364,13 @@ static void alloc_scratch(ks_context *c) {
         s->probe_out = ks_malloc(sizeof(float) * (size_t)hp->n_head * hp->head_dim);
         s->recall_sum = ks_calloc((size_t)hp->n_layer * hp->n_head_kv, sizeof(double));
         s->recall_n = ks_calloc((size_t)hp->n_layer * hp->n_head_kv, sizeof(uint32_t));
+        if (!s->scores || !s->tmp || !s->weights || !s->entries || !s->mask || !s->sel || !s->next || !s->pages ||
+            !s->segs || !s->first || !s->probe_out || !s->recall_sum || !s->recall_n)
+            return KS_FAIL(KS_ERR_NOMEM, "attention scratch of %zu entries", n_ctx);
     }
     c->step_plans = ks_calloc((size_t)c->n_seq * hp->n_head_kv, sizeof(ks_step_plan));
+    if (!c->step_plans) return KS_FAIL(KS_ERR_NOMEM, "step plans of %d sequences", c->n_seq);
+    return KS_OK;
 }
 
 ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_context **out) {
@@ -338,20 +386,27 @@ ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_conte
     p.policy_args = NULL;
     p.policy_spec = NULL;
     ks_context *c = ks_calloc(1, sizeof *c);
+    if (!c) return KS_FAIL(KS_ERR_NOMEM, "context");
     c->model = model;
+    const char *offload_dir = p.kv_offload_dir;
     p.kv_offload_dir = p.kv_offload_dir ? ks_strdup(p.kv_offload_dir) : NULL;
     c->params = p;
+    ks_status st = KS_OK;
+    if (offload_dir && !p.kv_offload_dir) {
+        st = KS_FAIL(KS_ERR_NOMEM, "context parameters (offload directory '%s')", offload_dir);
+        goto fail;
+    }
     c->n_ctx = p.n_ctx;
     c->n_seq = p.n_seq;
     c->max_rows = p.n_batch > p.n_seq ? p.n_batch : p.n_seq;
     c->kv_type = p.kv_type;
     c->kv_row_bytes = ks_kv_row_bytes(p.kv_type, model->hp.head_dim);
-    ks_status st;
     if ((st = ks_pool_create(p.n_threads, &c->pool)) != KS_OK) goto fail;
     if ((st = create_kv(c, spec.budget)) != KS_OK) goto fail;
     if ((st = create_policy(c, &spec)) != KS_OK) goto fail;
-    alloc_rows(c);
-    alloc_scratch(c);
+    if ((st = alloc_rows(c)) != KS_OK) goto fail;
+    if ((st = alloc_scratch(c)) != KS_OK) goto fail;
+    if ((st = reserve_kernel_scratch(c)) != KS_OK) goto fail;
     if (p.mem_cap > 0 && (st = ks_infer_plan_init(c)) != KS_OK) goto fail;
     *out = c;
     return KS_OK;
@@ -405,9 +460,10 @@ static ks_status replan(ks_context *c) {
     }
     int32_t L = c->model->hp.n_layer;
     int64_t *thr = ks_malloc(sizeof(int64_t) * (size_t)(L + 1));
+    if (!thr) return KS_FAIL(KS_ERR_NOMEM, "plan thresholds of %d layers", L);
     ks_status st = ks_memplan_thresholds(&p, thr);
-    if (st == KS_OK && !ks_infer_plan_holds_one(&p))
-        st = KS_FAIL(KS_ERR_NOMEM, "a fast tier of %.2f GB cannot hold the weights (%.2f GB x %.1f, +%.3f GB policies) "
+    if (st == KS_OK && !ks_infer_plan_holds_one(&p)) /* the budget does not fit the cap: a request's size, not a refused allocation */
+        st = KS_FAIL(KS_ERR_CONTEXT_FULL, "a fast tier of %.2f GB cannot hold the weights (%.2f GB x %.1f, +%.3f GB policies) "
                      "and one sequence's %d budget entries per layer", p.mem_cap / 1e9, p.model_bytes / 1e9, p.overhead,
                      p.dlm_bytes / 1e9, p.budget);
     if (st == KS_OK) {
@@ -454,8 +510,14 @@ static ks_status pol_make(ks_context *c, const ks_policy_spec *spec, ks_infer_po
                         .obs_window = ks_policy_obs_window(pol),
                         .selects = ks_policy_selects(pol)};
     if (na > 0 && c->n_aux == 0) { /* the first policy reading hidden states */
+        float *aux_h = ks_malloc(sizeof(float) * (size_t)c->max_rows * na * hp->n_embd);
+        if (!aux_h) {
+            ks_policy_destroy(pol);
+            memset(e, 0, sizeof *e);
+            return KS_FAIL(KS_ERR_NOMEM, "hidden states of %d rows", c->max_rows);
+        }
         ks_free(c->aux_h);
-        c->aux_h = ks_malloc(sizeof(float) * (size_t)c->max_rows * na * hp->n_embd);
+        c->aux_h = aux_h;
         memcpy(c->aux_layer, lay, sizeof(int32_t) * na);
         c->n_aux = na;
     }

@@ -101,6 +101,7 @@ struct ks_context {
     float *gate, *up;        /* [max_rows][n_ff] */
     ks_attn_scratch *scr;    /* [n_threads] */
     void *mm_scratch;        /* quantized activations for ks_matmul */
+    size_t mm_worker_bytes;  /* KS_SCRATCH_KERNEL bytes every thread holds (reserved at create; checked per call on the caller) */
     float *rope_cos, *rope_sin; /* [max_rows][n_rot/2] */
     /* A decode step's own arrays, sized once so that a step allocates nothing:
      * step_i32 [5][max_rows] (positions, then a policy's rows: sequences,

@@ -198,6 +198,7 @@ ks_status ks_pc_record_parse(const uint8_t *buf, size_t len, const ks_pc_key *mo
     if (checksum_of(&r.key, tok, tok_bytes, r.payload, pb) != get64(buf + 88))
         return KS_FAIL(KS_ERR_FORMAT, "block checksum mismatch (corrupt)");
     int32_t *t = ks_malloc(tok_bytes);
+    if (!t) return KS_FAIL(KS_ERR_NOMEM, "block tokens of %zu bytes", tok_bytes);
     memcpy(t, tok, tok_bytes);
     ks_pc_key k = ks_pc_chain(&r.parent, t, (int32_t)r.fmt.page);
     ks_free(t);
@@ -424,8 +425,11 @@ static void disk_note_locked(ks_prefix_cache *pc, const ks_pc_key *k, uint64_t p
         return;
     }
     if (pc->n_disk == pc->disk_cap) {
-        pc->disk_cap = pc->disk_cap ? 2 * pc->disk_cap : 256;
-        pc->disk = ks_realloc(pc->disk, sizeof(disk_ent) * (size_t)pc->disk_cap);
+        int32_t cap = pc->disk_cap ? 2 * pc->disk_cap : 256;
+        disk_ent *disk = ks_realloc(pc->disk, sizeof(disk_ent) * (size_t)cap);
+        if (!disk) return; /* the file stays unlisted: the index only ever under-counts */
+        pc->disk = disk;
+        pc->disk_cap = cap;
     }
     pc->disk[pc->n_disk++] = (disk_ent){*k, pol, bytes, stamp};
     pc->st.disk_bytes += bytes;
@@ -542,8 +546,14 @@ static void enqueue_locked(ks_prefix_cache *pc, pc_block *b, pc_state *s) {
         return;
     }
     if (pc->qn == pc->qcap) {
-        pc->qcap = pc->qcap ? 2 * pc->qcap : 64;
-        pc->q = ks_realloc(pc->q, sizeof(pc_job) * (size_t)pc->qcap);
+        int32_t cap = pc->qcap ? 2 * pc->qcap : 64;
+        pc_job *q = ks_realloc(pc->q, sizeof(pc_job) * (size_t)cap);
+        if (!q) { /* the block stays in RAM only, as without a directory */
+            KS_LOG(WARN, "prefix cache: no room to queue a block write");
+            return;
+        }
+        pc->q = q;
+        pc->qcap = cap;
     }
     if (s) b->st_queued = true;
     else b->queued = true;
@@ -576,6 +586,10 @@ static ks_status read_file(const char *path, size_t cap, uint8_t **out, size_t *
     }
     size_t n = (size_t)sb.st_size, got = 0;
     uint8_t *buf = ks_malloc(n ? n : 1);
+    if (!buf) {
+        close(fd);
+        return KS_FAIL(KS_ERR_NOMEM, "reading %s (%zu bytes)", path, n);
+    }
     while (got < n) {
         ssize_t r = read(fd, buf + got, n - got);
         if (r < 0 && errno == EINTR) continue;
@@ -591,13 +605,18 @@ static ks_status read_file(const char *path, size_t cap, uint8_t **out, size_t *
 /* A block from a parsed record (owned copy). */
 static pc_block *block_from_record(const ks_pc_record *r) {
     pc_block *b = ks_calloc(1, sizeof *b);
+    if (!b) return NULL;
     b->key = r->key;
     b->parent = r->parent;
     b->fmt = r->fmt;
     b->tok = ks_malloc(sizeof(int32_t) * r->fmt.page);
-    memcpy(b->tok, r->tokens, sizeof(int32_t) * r->fmt.page);
     b->kv_bytes = r->payload_bytes;
     b->kv = ks_malloc(r->payload_bytes);
+    if (!b->tok || !b->kv) {
+        block_free(b);
+        return NULL;
+    }
+    memcpy(b->tok, r->tokens, sizeof(int32_t) * r->fmt.page);
     memcpy(b->kv, r->payload, r->payload_bytes);
     b->bytes = b->kv_bytes + sizeof(int32_t) * r->fmt.page + sizeof *b;
     return b;
@@ -614,7 +633,7 @@ static pc_block *load_block(ks_prefix_cache *pc, const ks_pc_key *key, const ks_
     uint8_t *buf = NULL;
     size_t len = 0;
     ks_status st = read_file(path, want, &buf, &len);
-    if (st == KS_ERR_NOT_FOUND) return NULL;
+    if (st == KS_ERR_NOT_FOUND || st == KS_ERR_NOMEM) return NULL; /* a miss: the rows are computed */
     if (st != KS_OK) {
         skip_warn(pc, path, ks_last_error());
         return NULL;
@@ -707,8 +726,13 @@ ks_status ks_prefix_cache_create(const ks_model *model, const ks_prefix_cache_pa
             return KS_FAIL(KS_ERR_IO, "%s is not a directory", p->dir);
     }
     ks_prefix_cache *pc = ks_calloc(1, sizeof *pc);
+    if (!pc) return KS_FAIL(KS_ERR_NOMEM, "prefix cache");
     pc->p = *p;
     pc->dir = p->dir ? ks_strdup(p->dir) : NULL;
+    if (p->dir && !pc->dir) {
+        ks_free(pc);
+        return KS_FAIL(KS_ERR_NOMEM, "prefix cache directory name");
+    }
     pc->p.dir = pc->dir;
     pc->limit = pc->p.ram_bytes;
     pc->model = fingerprint(model);
@@ -779,7 +803,7 @@ static pc_state *state_get(ks_prefix_cache *pc, pc_block *b, uint64_t pol, size_
     uint8_t *buf = NULL;
     size_t len = 0;
     ks_status st = read_file(path, KS_PC_STATE_HEADER_BYTES + want, &buf, &len);
-    if (st == KS_ERR_NOT_FOUND) return NULL;
+    if (st == KS_ERR_NOT_FOUND || st == KS_ERR_NOMEM) return NULL; /* a miss: the rows are computed */
     if (st != KS_OK) {
         skip_warn(pc, path, ks_last_error());
         return NULL;
@@ -791,10 +815,15 @@ static pc_state *state_get(ks_prefix_cache *pc, pc_block *b, uint64_t pol, size_
         skip_warn(pc, path, "the state is not the one its name says");
     } else {
         s = ks_calloc(1, sizeof *s);
-        s->pol = pol;
-        s->bytes = want;
-        s->data = ks_malloc(want);
-        memcpy(s->data, r.data, want);
+        if (s && !(s->data = ks_malloc(want))) {
+            ks_free(s);
+            s = NULL;
+        }
+        if (s) { /* refused: a miss */
+            s->pol = pol;
+            s->bytes = want;
+            memcpy(s->data, r.data, want);
+        }
     }
     ks_free(buf);
     if (!s) return NULL;
@@ -905,6 +934,7 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
     if (nb_max > n / P) nb_max = n / P;
     uint64_t pk = policy_key(c, seq);
     pc_block **got = ks_malloc(sizeof(pc_block *) * (size_t)(nb_max + 1));
+    if (!got) return KS_FAIL(KS_ERR_NOMEM, "cached blocks of %d", nb_max);
     int32_t nb = 0;
     ks_pc_key parent = ks_pc_root(&pc->model, &fmt);
     for (int32_t b = 0; b < nb_max; b++) {
@@ -994,14 +1024,19 @@ ks_status ks_prefix_capture_kv(ks_context *c, ks_prefix_cache *pc, int32_t seq, 
         pthread_mutex_unlock(&pc->mu);
         if (!have) {
             pc_block *blk = ks_calloc(1, sizeof *blk);
+            if (!blk) return KS_FAIL(KS_ERR_NOMEM, "prefix cache block");
             blk->key = key;
             blk->parent = parent;
             blk->fmt = fmt;
             blk->tok = ks_malloc(sizeof(int32_t) * P);
-            memcpy(blk->tok, tok, sizeof(int32_t) * P);
             blk->kv_bytes = ks_pc_payload_bytes(&fmt);
             KS_ASSERT(blk->kv_bytes == (size_t)hp->n_layer * hp->n_head_kv * page_bytes);
             blk->kv = ks_malloc(blk->kv_bytes);
+            if (!blk->tok || !blk->kv) {
+                block_free(blk);
+                return KS_FAIL(KS_ERR_NOMEM, "prefix cache block of %zu bytes", ks_pc_payload_bytes(&fmt));
+            }
+            memcpy(blk->tok, tok, sizeof(int32_t) * P);
             blk->bytes = blk->kv_bytes + sizeof(int32_t) * P + sizeof *blk;
             ks_status st = KS_OK;
             for (int32_t l = 0; l < hp->n_layer && st == KS_OK; l++)
@@ -1046,10 +1081,17 @@ ks_status ks_prefix_capture_state(ks_context *c, ks_prefix_cache *pc, int32_t se
         pthread_mutex_unlock(&pc->mu);
         if (!need) continue;
         pc_state *s = ks_calloc(1, sizeof *s);
-        s->pol = pk;
-        s->bytes = sbytes;
-        s->data = ks_malloc(sbytes);
-        ks_status st = ks_policy_prefix_state_save(pol, seq, b * P, P, s->data);
+        if (s) s->data = ks_malloc(sbytes);
+        ks_status st = KS_OK;
+        if (!s || !s->data) {
+            ks_free(s);
+            s = NULL;
+            st = KS_FAIL(KS_ERR_NOMEM, "policy state of %zu bytes", sbytes);
+        } else {
+            s->pol = pk;
+            s->bytes = sbytes;
+            st = ks_policy_prefix_state_save(pol, seq, b * P, P, s->data);
+        }
         pthread_mutex_lock(&pc->mu);
         if (st == KS_OK && !state_of(blk, pk)) {
             s->next = blk->st;
@@ -1088,6 +1130,7 @@ ks_status ks_prefix_cache_save_file(ks_prefix_cache *pc, const ks_context *c, co
     ks_pc_format fmt = format_of(c);
     int32_t P = (int32_t)fmt.page, nb = n / P;
     pc_block **got = ks_malloc(sizeof(pc_block *) * (size_t)(nb + 1));
+    if (!got) return KS_FAIL(KS_ERR_NOMEM, "blocks of %d", nb);
     int32_t k = 0;
     ks_pc_key parent = ks_pc_root(&pc->model, &fmt);
     pthread_mutex_lock(&pc->mu);
@@ -1103,7 +1146,7 @@ ks_status ks_prefix_cache_save_file(ks_prefix_cache *pc, const ks_context *c, co
     const void **parts = ks_malloc(sizeof(void *) * (size_t)(3 * k + 1));
     size_t *sizes = ks_malloc(sizeof(size_t) * (size_t)(3 * k + 1));
     uint8_t *hdrs = ks_malloc((size_t)KS_PC_HEADER_BYTES * (size_t)(k + 1));
-    for (int32_t i = 0; i < k; i++) {
+    for (int32_t i = 0; parts && sizes && hdrs && i < k; i++) {
         ks_pc_record_header(hdrs + (size_t)i * KS_PC_HEADER_BYTES, &got[i]->fmt, &pc->model, &got[i]->key,
                             &got[i]->parent, got[i]->tok, got[i]->kv);
         parts[3 * i] = hdrs + (size_t)i * KS_PC_HEADER_BYTES;
@@ -1113,7 +1156,8 @@ ks_status ks_prefix_cache_save_file(ks_prefix_cache *pc, const ks_context *c, co
         parts[3 * i + 2] = got[i]->kv;
         sizes[3 * i + 2] = got[i]->kv_bytes;
     }
-    ks_status st = publish(path, parts, sizes, 3 * k);
+    ks_status st = !parts || !sizes || !hdrs ? KS_FAIL(KS_ERR_NOMEM, "headers of %d blocks", k)
+                                             : publish(path, parts, sizes, 3 * k);
     pthread_mutex_lock(&pc->mu);
     for (int32_t i = 0; i < k; i++) unref_locked(got[i]);
     pthread_mutex_unlock(&pc->mu);
@@ -1140,6 +1184,10 @@ ks_status ks_prefix_cache_load_file(ks_prefix_cache *pc, const char *path, int32
             break;
         }
         pc_block *b = block_from_record(&r);
+        if (!b) {
+            ks_free(buf);
+            return KS_FAIL(KS_ERR_NOMEM, "block of %zu bytes from %s", r.bytes, path);
+        }
         pthread_mutex_lock(&pc->mu);
         if (find_locked(pc, &b->key) || !insert_locked(pc, b)) block_free(b);
         else k++;

@@ -78,6 +78,7 @@ ks_status ks_sampler_create(ks_sampler_params params, int32_t n_vocab, ks_sample
         return KS_FAIL(KS_ERR_INVALID_ARG, "sampler: repeat_last_n %d must be >= 0",
                        params.repeat_last_n);
     ks_sampler *s = ks_calloc(1, sizeof *s);
+    if (!s) return KS_FAIL(KS_ERR_NOMEM, "sampler");
     s->p = params;
     s->n_vocab = n_vocab;
     s->rng.s = params.seed;
@@ -86,6 +87,10 @@ ks_status ks_sampler_create(ks_sampler_params params, int32_t n_vocab, ks_sample
         s->win = ks_malloc((size_t)params.repeat_last_n * sizeof *s->win);
     }
     s->cand = ks_malloc((size_t)n_vocab * sizeof *s->cand);
+    if (!s->cand || (params.repeat_last_n > 0 && (!s->recent || !s->win))) {
+        ks_sampler_destroy(s);
+        return KS_FAIL(KS_ERR_NOMEM, "sampler over %d tokens", n_vocab);
+    }
     *out = s;
     return KS_OK;
 }

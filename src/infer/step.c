@@ -51,6 +51,7 @@ static ks_status prefill_pseudo(ks_context *c, int32_t seq, const int32_t *promp
     *n_obs = 0;
     if (cap <= 0) return KS_OK;
     int32_t *pt = ks_malloc(sizeof(int32_t) * (size_t)cap);
+    if (!pt) return KS_FAIL(KS_ERR_NOMEM, "%d pseudo tokens", cap);
     int32_t *sq = NULL, *ps = NULL, *obs = NULL;
     int32_t np = ks_policy_pseudo_tokens(ks_infer_policy_of(c, seq), prompt, n, pt, cap);
     ks_status st = KS_OK;
@@ -63,6 +64,10 @@ static ks_status prefill_pseudo(ks_context *c, int32_t seq, const int32_t *promp
     sq = ks_malloc(sizeof(int32_t) * (size_t)np);
     ps = ks_malloc(sizeof(int32_t) * (size_t)np);
     obs = ks_malloc(sizeof(int32_t) * (size_t)np);
+    if (!sq || !ps || !obs) {
+        st = KS_FAIL(KS_ERR_NOMEM, "rows of %d pseudo tokens", np);
+        goto done;
+    }
     for (int32_t i = 0; i < np; i++) {
         sq[i] = seq;
         ps[i] = c->seq_len[seq] + i;
@@ -71,6 +76,11 @@ static ks_status prefill_pseudo(ks_context *c, int32_t seq, const int32_t *promp
     ks_free(c->obs_q);
     c->obs_cap = np;
     c->obs_q = ks_malloc(sizeof(float) * (size_t)hp->n_layer * np * hp->n_head * hp->head_dim);
+    if (!c->obs_q) {
+        c->obs_cap = 0;
+        st = KS_FAIL(KS_ERR_NOMEM, "queries of %d pseudo tokens", np);
+        goto done;
+    }
     st = ks_infer_forward_rows(c, np, sq, ps, pt, NULL, NULL, obs);
     if (st == KS_OK) *n_obs = np;
 done:
@@ -125,6 +135,8 @@ static ks_status prefill_impl(ks_context *c, int32_t seq, const int32_t *tokens,
     KS_TRY(check_tokens(c, tokens, n));
     if (ks_kv_seq_parked(c->kv, seq))
         return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d is parked: ks_seq_unpark it before prefilling", seq);
+    if (c->mm_worker_bytes && !ks_scratch(KS_SCRATCH_KERNEL, c->mm_worker_bytes)) /* this thread runs kernels too */
+        return KS_FAIL(KS_ERR_NOMEM, "matmul tiles of %zu bytes", c->mm_worker_bytes);
     KS_TRY(ks_infer_plan_apply(c, n, c->seq_len[seq] == 0, (int64_t)c->seq_len[seq] + n));
     const ks_hparams *hp = &c->model->hp;
     ks_policy *pol = ks_infer_policy_of(c, seq); /* the sequence's own policy */
@@ -147,6 +159,8 @@ static ks_status prefill_impl(ks_context *c, int32_t seq, const int32_t *tokens,
     if (n_obs > 0) c->obs_q = ks_malloc(sizeof(float) * (size_t)hp->n_layer * n_obs * hp->n_head * hp->head_dim);
     float *last = logits ? logits : (ks_policy_wants_entropy(pol) ? ks_malloc(sizeof(float) * V) : NULL);
     ks_status st = KS_OK;
+    if (!sq || !ps || !obs || !want || (n_obs > 0 && !c->obs_q) || (!logits && ks_policy_wants_entropy(pol) && !last))
+        st = KS_FAIL(KS_ERR_NOMEM, "prefill rows of a %d-token chunk", chunk);
     for (int32_t off = 0; off < n && st == KS_OK; off += chunk) {
         int m = n - off < chunk ? n - off : chunk;
         bool last_chunk = off + m == n;
@@ -267,6 +281,8 @@ ks_status ks_decode(ks_context *c, const int32_t *seqs, const int32_t *tokens, i
             return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d is parked: ks_seq_unpark it before decoding", seqs[i]);
     }
     KS_TRY(check_tokens(c, tokens, n));
+    if (c->mm_worker_bytes && !ks_scratch(KS_SCRATCH_KERNEL, c->mm_worker_bytes)) /* this thread runs kernels too */
+        return KS_FAIL(KS_ERR_NOMEM, "matmul tiles of %zu bytes", c->mm_worker_bytes);
     if (c->plan_thr) { /* Algorithm 2: the step adds a token to each of the n sequences */
         int64_t S = 0;
         int32_t starting = 0;
@@ -343,6 +359,7 @@ ks_status ks_seq_fill_synthetic(ks_context *c, int32_t seq, int32_t n, uint64_t 
     /* values are Gaussian noise: only the bytes matter for bandwidth benchmarks */
     size_t n_noise = 1 << 16;
     float *noise = ks_malloc(sizeof(float) * n_noise);
+    if (!noise) return KS_FAIL(KS_ERR_NOMEM, "synthetic KV noise");
     ks_rng rng = {seed};
     for (size_t i = 0; i < n_noise; i++) noise[i] = ks_rng_normal(&rng);
     fill_job j = {.c = c, .seq = seq, .n = n, .noise = noise, .n_noise = n_noise};

@@ -33,15 +33,21 @@ ks_status ks_stop_create(const char *const *stops, size_t n_stops, ks_stop_match
         if (!stops[i] || !stops[i][0])
             return KS_FAIL(KS_ERR_INVALID_ARG, "stop: stop string %zu is NULL or empty", i);
     ks_stop_matcher *m = ks_calloc(1, sizeof *m);
-    m->n_stops = n_stops;
+    if (!m) return KS_FAIL(KS_ERR_NOMEM, "stop matcher");
     m->stops = ks_calloc(n_stops, sizeof *m->stops);
     m->lens = ks_calloc(n_stops, sizeof *m->lens);
-    for (size_t i = 0; i < n_stops; i++) {
-        m->stops[i] = ks_strdup(stops[i]);
+    if (m->stops) m->n_stops = n_stops; /* what destroy walks */
+    bool ok = m->stops && m->lens;
+    for (size_t i = 0; ok && i < n_stops; i++) {
+        ok = (m->stops[i] = ks_strdup(stops[i])) != NULL;
         m->lens[i] = strlen(stops[i]);
     }
     m->cap = 256;
-    m->buf = ks_malloc(m->cap);
+    m->buf = ok ? ks_malloc(m->cap) : NULL;
+    if (!m->buf) {
+        ks_stop_destroy(m);
+        return KS_FAIL(KS_ERR_NOMEM, "stop matcher of %zu strings", n_stops);
+    }
     m->which = -1;
     *out = m;
     return KS_OK;
@@ -95,15 +101,18 @@ size_t ks_stop_partial_len(const char *const *stops, size_t n_stops, const char 
     return best;
 }
 
-static void pending_append(ks_stop_matcher *m, const char *p, size_t len) {
+static bool pending_append(ks_stop_matcher *m, const char *p, size_t len) {
     if (m->n + len > m->cap) {
         size_t cap = m->cap;
         while (cap < m->n + len) cap *= 2;
-        m->buf = ks_realloc(m->buf, cap);
+        char *buf = ks_realloc(m->buf, cap);
+        if (!buf) return false;
+        m->buf = buf;
         m->cap = cap;
     }
     memcpy(m->buf + m->n, p, len);
     m->n += len;
+    return true;
 }
 
 /* Drop what the previous call handed out. */
@@ -134,7 +143,7 @@ ks_status ks_stop_feed(ks_stop_matcher *m, const char *piece, size_t len, ks_sto
     /* A match must end inside the new bytes (the old pending had none), so
      * search only start positions from which a stop could reach them. */
     size_t old_n = m->n;
-    pending_append(m, piece, len);
+    if (!pending_append(m, piece, len)) return KS_FAIL(KS_ERR_NOMEM, "stop: %zu pending bytes", m->n + len);
     size_t best_pos = SIZE_MAX;
     int32_t best = -1;
     for (size_t s = 0; s < m->n_stops; s++) {

@@ -72,6 +72,7 @@ ks_status ks_infer_plan_init(ks_context *c) {
                                   .alpha = per_tok_scratch / (2.0 * elem * c->n_seq * hp->n_head_kv * hp->head_dim),
                                   .mem_cap = p->mem_cap};
     c->plan_thr = ks_malloc(sizeof(int64_t) * (size_t)(hp->n_layer + 1));
+    if (!c->plan_thr) return KS_FAIL(KS_ERR_NOMEM, "plan thresholds of %d layers", hp->n_layer);
     KS_TRY(ks_memplan_thresholds(&c->plan, c->plan_thr));
     if (!ks_infer_plan_holds_one(&c->plan))
         return KS_FAIL(KS_ERR_NOMEM, "a fast tier of %.2f GB cannot hold the weights (%.2f GB x %.1f) and one sequence's "

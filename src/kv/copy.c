@@ -119,12 +119,17 @@ static void *worker(void *arg) {
 ks_status ks_copy_engine_create(int n_threads, ks_copy_engine **out) {
     if (n_threads < 1) n_threads = 1;
     ks_copy_engine *e = ks_calloc(1, sizeof *e);
+    if (!e) return KS_FAIL(KS_ERR_NOMEM, "copy engine");
     e->cap = 1024;
     e->ring = ks_malloc(sizeof(ks_copy_job) * e->cap);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->has_job, NULL);
     pthread_cond_init(&e->done, NULL);
     e->threads = ks_calloc((size_t)n_threads, sizeof(pthread_t));
+    if (!e->ring || !e->threads) {
+        ks_copy_engine_destroy(e); /* no thread started: n_threads is 0 */
+        return KS_FAIL(KS_ERR_NOMEM, "copy engine of %d threads", n_threads);
+    }
     for (int i = 0; i < n_threads; i++) {
         if (pthread_create(&e->threads[i], NULL, worker, e) != 0) {
             e->n_threads = i;
@@ -158,6 +163,16 @@ void ks_copy_submit(ks_copy_engine *e, const ks_copy_job *job) {
     pthread_mutex_lock(&e->mu);
     if (e->count == e->cap) { /* grow, unrolling the ring */
         ks_copy_job *r = ks_malloc(sizeof(ks_copy_job) * e->cap * 2);
+        if (!r) { /* the ring cannot grow: the caller does the copy itself */
+            pthread_mutex_unlock(&e->mu);
+            ks_copy_run(job);
+            if (atomic_fetch_sub(&job->ev->pending, 1) == 1) {
+                pthread_mutex_lock(&e->mu);
+                pthread_cond_broadcast(&e->done);
+                pthread_mutex_unlock(&e->mu);
+            }
+            return;
+        }
         for (size_t i = 0; i < e->count; i++) r[i] = e->ring[(e->head + i) % e->cap];
         ks_free(e->ring);
         e->ring = r;

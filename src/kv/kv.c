@@ -80,6 +80,7 @@ ks_status ks_kv_create(const ks_kv_params *p, ks_kv_store **out) {
     if (p->type == KS_KV_Q8 && p->head_dim % KS_QK8_0)
         return KS_FAIL(KS_ERR_UNSUPPORTED, "8-bit KV needs a head dim multiple of %d", KS_QK8_0);
     ks_kv_store *kv = ks_calloc(1, sizeof *kv);
+    if (!kv) return KS_FAIL(KS_ERR_NOMEM, "KV store");
     kv->p = *p;
     kv->P = p->page;
     kv->hd = p->head_dim;
@@ -97,7 +98,11 @@ ks_status ks_kv_create(const ks_kv_params *p, ks_kv_store **out) {
     kv->tmp = ks_malloc(sizeof(float) * 2 * (size_t)kv->hd);
     kv->page_tmp = ks_malloc(2 * kv->page_bytes);
     kv->parked = ks_calloc((size_t)p->n_seq, sizeof(kv_parked *));
-    for (int32_t l = 0; l < p->n_layer; l++) kv->layers[l].fd = -1; /* destroy may run before a layer is built */
+    for (int32_t l = 0; kv->layers && l < p->n_layer; l++) kv->layers[l].fd = -1; /* destroy may run before a layer is built */
+    if (!kv->layers || !kv->table || !kv->n_ent || !kv->tmp || !kv->page_tmp || !kv->parked) {
+        ks_kv_destroy(kv);
+        return KS_FAIL(KS_ERR_NOMEM, "KV tables of %d seqs x %d layers", p->n_seq, p->n_layer);
+    }
     for (int32_t l = 0; l < p->n_layer; l++) {
         kv_layer *L = &kv->layers[l];
         L->tier = KS_TIER_FAST;
@@ -110,8 +115,6 @@ ks_status ks_kv_create(const ks_kv_params *p, ks_kv_store **out) {
         }
         L->in_use = ks_calloc((size_t)kv->n_phys, 1);
         L->free_ids = ks_malloc(sizeof(int32_t) * (size_t)kv->n_phys);
-        for (int32_t i = 0; i < kv->n_phys; i++) L->free_ids[i] = kv->n_phys - 1 - i;
-        L->n_free = kv->n_phys;
         L->fill = ks_calloc((size_t)kv->n_phys, sizeof(int32_t));
         L->pos = ks_malloc(sizeof(int32_t) * (size_t)kv->n_phys * kv->P);
         L->kmin = ks_malloc(sizeof(float) * (size_t)kv->n_phys * kv->hd);
@@ -120,7 +123,14 @@ ks_status ks_kv_create(const ks_kv_params *p, ks_kv_store **out) {
         if (p->type == KS_KV_F16) L->kbound16 = ks_malloc(sizeof(uint16_t) * 2 * (size_t)kv->n_phys * kv->hd);
         L->kbound8 = ks_malloc(ks_kv_bounds8_bytes(kv->hd) * (size_t)kv->n_phys);
         L->slot_of = ks_malloc(sizeof(int32_t) * (size_t)kv->n_phys * kv->P);
+        if (!L->in_use || !L->free_ids || !L->fill || !L->pos || !L->kmin || !L->kmax || !L->ksum ||
+            (p->type == KS_KV_F16 && !L->kbound16) || !L->kbound8 || !L->slot_of) {
+            ks_kv_destroy(kv);
+            return KS_FAIL(KS_ERR_NOMEM, "page tables of KV layer %d", l);
+        }
         for (size_t i = 0; i < (size_t)kv->n_phys * kv->P; i++) L->slot_of[i] = -1;
+        for (int32_t i = 0; i < kv->n_phys; i++) L->free_ids[i] = kv->n_phys - 1 - i;
+        L->n_free = kv->n_phys;
     }
     ks_status st = ks_copy_engine_create(p->n_copy_threads, &kv->copy);
     if (st != KS_OK) {
@@ -388,6 +398,7 @@ ks_status ks_kv_compact(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t hea
      * when full or done.  Positions travel with their rows. */
     ks_status st = KS_OK;
     int32_t *pos_keep = ks_malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
+    if (!pos_keep) return KS_FAIL(KS_ERR_NOMEM, "compacting %d entries", n); /* nothing moved yet */
     for (int32_t r = 0; r < n; r++) {
         if (!keep[r]) continue;
         int32_t rlp = r / P, rs = r % P;

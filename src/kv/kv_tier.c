@@ -134,9 +134,18 @@ ks_status ks_kv_set_layer_tier(ks_kv_store *kv, int32_t layer, ks_kv_tier tier) 
         if (kv->p.offload_dir) KS_TRY(open_slow_file(kv, layer, &fd));
         else if (!(slow = ks_alloc_streamed(total))) return KS_FAIL(KS_ERR_NOMEM, "slow tier of %zu bytes refused", total);
         uint8_t *slots = ks_alloc_streamed((size_t)kv->n_sh * kv->n_slot * 2 * kv->row);
-        if (!slots) {
+        int32_t *slot_ent = ks_malloc(sizeof(int32_t) * (size_t)kv->n_sh * kv->n_slot);
+        uint32_t *slot_stamp = ks_calloc((size_t)kv->n_sh * kv->n_slot, sizeof(uint32_t));
+        int32_t *slot_victim = ks_malloc(sizeof(int32_t) * (size_t)kv->n_sh * kv->n_slot);
+        uint32_t *stamp = ks_calloc((size_t)kv->n_sh, sizeof(uint32_t));
+        if (!slots || !slot_ent || !slot_stamp || !slot_victim || !stamp) {
             if (fd >= 0) close(fd);
             free(slow);
+            free(slots);
+            ks_free(slot_ent);
+            ks_free(slot_stamp);
+            ks_free(slot_victim);
+            ks_free(stamp);
             return KS_FAIL(KS_ERR_NOMEM, "fast-tier slots for layer %d refused", layer);
         }
         /* copy the pages in use; the rest of the file stays reserved */
@@ -151,6 +160,10 @@ ks_status ks_kv_set_layer_tier(ks_kv_store *kv, int32_t layer, ks_kv_tier tier) 
                 if (st != KS_OK) {
                     close(fd);
                     free(slots);
+                    ks_free(slot_ent);
+                    ks_free(slot_stamp);
+                    ks_free(slot_victim);
+                    ks_free(stamp);
                     return st;
                 }
             }
@@ -161,10 +174,10 @@ ks_status ks_kv_set_layer_tier(ks_kv_store *kv, int32_t layer, ks_kv_tier tier) 
         L->slow = slow;
         L->fd = fd;
         L->slots = slots;
-        L->slot_ent = ks_malloc(sizeof(int32_t) * (size_t)kv->n_sh * kv->n_slot);
-        L->slot_stamp = ks_calloc((size_t)kv->n_sh * kv->n_slot, sizeof(uint32_t));
-        L->slot_victim = ks_malloc(sizeof(int32_t) * (size_t)kv->n_sh * kv->n_slot);
-        L->stamp = ks_calloc((size_t)kv->n_sh, sizeof(uint32_t));
+        L->slot_ent = slot_ent;
+        L->slot_stamp = slot_stamp;
+        L->slot_victim = slot_victim;
+        L->stamp = stamp;
         for (size_t i = 0; i < (size_t)kv->n_sh * kv->n_slot; i++) L->slot_ent[i] = -1;
         for (size_t i = 0; i < (size_t)kv->n_phys * kv->P; i++) L->slot_of[i] = -1;
         L->tier = KS_TIER_SLOW;
@@ -367,6 +380,7 @@ ks_status ks_kv_truncate(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t he
     KS_ASSERT(n_keep >= 0 && n_keep <= n);
     if (n_keep == n) return KS_OK;
     uint8_t *keep = ks_malloc((size_t)n);
+    if (!keep) return KS_FAIL(KS_ERR_NOMEM, "truncating %d entries", n);
     for (int32_t i = 0; i < n; i++) keep[i] = i < n_keep;
     ks_status st = ks_kv_compact(kv, seq, layer, head, keep);
     ks_free(keep);
@@ -468,6 +482,7 @@ ks_status ks_kv_seq_park(ks_kv_store *kv, int32_t seq) {
             np += ks_kv_n_pages(kv, seq, l, h);
         }
     kv_parked *pk = ks_calloc(1, sizeof *pk);
+    if (!pk) return KS_FAIL(KS_ERR_NOMEM, "parking sequence %d", seq);
     pk->fd = -1;
     pk->n_pages = np;
     pk->n_entries = ne;
@@ -479,7 +494,9 @@ ks_status ks_kv_seq_park(ks_kv_store *kv, int32_t seq) {
     pk->kmax = ks_malloc(sizeof(float) * m * hd);
     pk->ksum = ks_malloc(sizeof(float) * m * hd);
     ks_status st = KS_OK;
-    if (kv->p.offload_dir) st = park_file(kv, seq, (off_t)np * (off_t)kv->page_bytes, &pk->fd);
+    if (!pk->n_ent || !pk->fill || !pk->pos || !pk->kmin || !pk->kmax || !pk->ksum)
+        st = KS_FAIL(KS_ERR_NOMEM, "parking sequence %d: page metadata of %lld pages", seq, (long long)np);
+    else if (kv->p.offload_dir) st = park_file(kv, seq, (off_t)np * (off_t)kv->page_bytes, &pk->fd);
     else if (!(pk->data = malloc(m * kv->page_bytes)))
         st = KS_FAIL(KS_ERR_NOMEM, "parking sequence %d: %.1f MiB of slow tier refused", seq,
                      (double)np * kv->page_bytes / 1048576.0);

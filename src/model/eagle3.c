@@ -59,6 +59,10 @@ static ks_status read_text(const char *path, size_t cap, char **out, size_t *len
     }
     size_t n = (size_t)sb.st_size;
     char *buf = ks_malloc(n + 1);
+    if (!buf) {
+        fclose(f);
+        return KS_FAIL(KS_ERR_NOMEM, "reading '%s' (%zu bytes)", path, n);
+    }
     size_t got = fread(buf, 1, n, f);
     fclose(f);
     if (got != n) {
@@ -347,11 +351,12 @@ void ks_eagle3_destroy(ks_eagle3 *d) {
 }
 
 /* Copies the head matrices into one arena so the checkpoint can be closed. */
-static void copy_to_arena(ks_eagle3 *d) {
+static ks_status copy_to_arena(ks_eagle3 *d) {
     ks_eagle3_mat *m[] = {&d->embed, &d->fc, &d->wq, &d->wk};
     size_t total = 0;
     for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) total += (mat_bytes(m[i]) + 63) & ~(size_t)63;
     uint8_t *a = ks_malloc(total ? total : 1);
+    if (!a) return KS_FAIL(KS_ERR_NOMEM, "draft head of %zu bytes", total);
     size_t off = 0;
     for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
         size_t n = mat_bytes(m[i]);
@@ -361,6 +366,7 @@ static void copy_to_arena(ks_eagle3 *d) {
         off += (n + 63) & ~(size_t)63;
     }
     d->arena = a;
+    return KS_OK;
 }
 
 /* d2t / t2d (EAGLE-3's map between the draft's and the target's
@@ -385,8 +391,9 @@ static ks_status load_vocab_maps(ks_eagle3 *d, const ks_safetensors *st) {
     uint8_t *t2d = NULL, *hit = NULL;
     if (t) {
         d2t = ks_malloc(sizeof(int64_t) * (size_t)t->n_elem + 1);
-        memcpy(d2t, t->data, t->nbytes);
         hit = ks_calloc((size_t)c->vocab_size, 1);
+        if (!d2t || !hit) s = KS_FAIL(KS_ERR_NOMEM, "tensor %s", t->name);
+        else memcpy(d2t, t->data, t->nbytes);
         for (int64_t i = 0; i < t->n_elem && s == KS_OK; i++) {
             if (d2t[i] < -i || d2t[i] >= (int64_t)c->vocab_size - i)
                 s = KS_FAIL(KS_ERR_FORMAT, "tensor %s: entry %lld maps draft token %lld outside the %d-token vocabulary", t->name,
@@ -397,7 +404,8 @@ static ks_status load_vocab_maps(ks_eagle3 *d, const ks_safetensors *st) {
     }
     if (u && s == KS_OK) {
         t2d = ks_malloc((size_t)u->n_elem + 1);
-        memcpy(t2d, u->data, u->nbytes);
+        if (!t2d) s = KS_FAIL(KS_ERR_NOMEM, "tensor %s", u->name);
+        else memcpy(t2d, u->data, u->nbytes);
         int64_t n_true = 0;
         for (int64_t i = 0; i < u->n_elem && s == KS_OK; i++) {
             if (t2d[i] > 1) s = KS_FAIL(KS_ERR_FORMAT, "tensor %s: entry %lld is %u, not a bool", u->name, (long long)i, t2d[i]);
@@ -476,6 +484,7 @@ ks_status ks_eagle3_load(const char *dir, ks_eagle3_params params, ks_eagle3 **o
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     ks_eagle3 *d = ks_calloc(1, sizeof *d);
+    if (!d) return KS_FAIL(KS_ERR_NOMEM, "draft model");
     d->head_only = params.head_only;
     d->embed_only = params.embed_only;
     ks_status s = ks_eagle3_read_config(path, &d->cfg);
@@ -491,7 +500,7 @@ ks_status ks_eagle3_load(const char *dir, ks_eagle3_params params, ks_eagle3 **o
     }
     if (s == KS_OK) {
         d->inv_freq = ks_malloc(sizeof(float) * (size_t)(d->cfg.head_dim / 2));
-        s = ks_rope_inv_freq(d->cfg.head_dim, d->cfg.rope_theta, &d->cfg.rope, d->inv_freq, &d->mscale);
+        s = !d->inv_freq ? KS_FAIL(KS_ERR_NOMEM, "rope frequencies") : ks_rope_inv_freq(d->cfg.head_dim, d->cfg.rope_theta, &d->cfg.rope, d->inv_freq, &d->mscale);
     }
     if (s != KS_OK) {
         ks_safetensors_close(st);
@@ -499,8 +508,12 @@ ks_status ks_eagle3_load(const char *dir, ks_eagle3_params params, ks_eagle3 **o
         return s;
     }
     if (d->head_only) {
-        copy_to_arena(d);
+        s = copy_to_arena(d);
         ks_safetensors_close(st);
+        if (s != KS_OK) {
+            ks_eagle3_destroy(d);
+            return s;
+        }
     } else {
         d->st = st;
     }
@@ -512,6 +525,7 @@ ks_status ks_eagle3_set_rope_scaling(ks_eagle3 *d, const ks_rope_scaling *sc) {
     ks_rope_scaling none = {.type = KS_ROPE_SCALING_NONE};
     const ks_rope_scaling *use = sc ? sc : &none;
     float *f = ks_malloc(sizeof(float) * (size_t)(d->cfg.head_dim / 2));
+    if (!f) return KS_FAIL(KS_ERR_NOMEM, "rope frequencies");
     float ms;
     ks_status s = ks_rope_inv_freq(d->cfg.head_dim, d->cfg.rope_theta, use, f, &ms);
     if (s != KS_OK) {
@@ -527,7 +541,9 @@ ks_status ks_eagle3_set_rope_scaling(ks_eagle3 *d, const ks_rope_scaling *sc) {
 
 ks_status ks_eagle3_add_yarn(ks_eagle3 *d, float factor, int32_t orig_max_pos) {
     int half = d->cfg.head_dim / 2;
-    float *f = ks_malloc(sizeof(float) * (size_t)half * 3), *plain = f + half, *yarn = f + 2 * half;
+    float *f = ks_malloc(sizeof(float) * (size_t)half * 3);
+    if (!f) return KS_FAIL(KS_ERR_NOMEM, "rope frequencies");
+    float *plain = f + half, *yarn = f + 2 * half;
     float ms0, ms1, ms2;
     ks_rope_scaling y = ks_rope_scaling_yarn(factor, orig_max_pos);
     /* the checkpoint's own frequencies (its rope_scaling: linear, llama3, yarn
@@ -605,9 +621,10 @@ ks_status ks_eagle3_check_target(const ks_eagle3 *d, const ks_eagle3_target *t) 
 
 /* --------------------------------------------------------------- forward -- */
 
-void ks_eagle3_mat_vec(const ks_eagle3_mat *w, const float *x, float *y) {
+ks_status ks_eagle3_mat_vec(const ks_eagle3_mat *w, const float *x, float *y) {
     KS_ASSERT(w->data);
     float *row = ks_malloc(sizeof(float) * (size_t)w->cols);
+    if (!row) return KS_FAIL(KS_ERR_NOMEM, "row of %lld", (long long)w->cols);
     const size_t rb = (size_t)w->cols * ks_st_dtype_size(w->dtype);
     for (int64_t r = 0; r < w->rows; r++) {
         ks_st_convert_f32(w->dtype, (const uint8_t *)w->data + (size_t)r * rb, row, w->cols);
@@ -616,6 +633,7 @@ void ks_eagle3_mat_vec(const ks_eagle3_mat *w, const float *x, float *y) {
         y[r] = (float)acc;
     }
     ks_free(row);
+    return KS_OK;
 }
 
 ks_status ks_eagle3_head_qk(const ks_eagle3 *d, const float *h3, const float *emb, int32_t pos, float *q_out, float *k_out) {
@@ -625,29 +643,43 @@ ks_status ks_eagle3_head_qk(const ks_eagle3 *d, const float *h3, const float *em
     const ks_eagle3_config *c = &d->cfg;
     const int64_t H = c->hidden_size, hd = c->head_dim;
     float *x = ks_calloc((size_t)(2 * H), sizeof(float)); /* [2H] = [input_norm(e); hidden_norm(f)] */
+    float *f = d->embed_only ? NULL : ks_malloc(sizeof(float) * (size_t)H); /* [H] fused aux states */
+    float *hn = d->fc_norm[0] ? ks_malloc(sizeof(float) * 3 * (size_t)c->target_hidden_size) : NULL;
+    float *cs = ks_malloc(sizeof(float) * (size_t)hd); /* [hd/2] cos, [hd/2] sin */
+    ks_status s = !x || (!d->embed_only && !f) || (d->fc_norm[0] && !hn) || !cs
+                      ? KS_FAIL(KS_ERR_NOMEM, "draft head buffers of hidden size %lld", (long long)H)
+                      : KS_OK;
+    if (s != KS_OK) {
+        ks_free(x);
+        ks_free(f);
+        ks_free(hn);
+        ks_free(cs);
+        return s;
+    }
     /* HF LlamaRMSNorm (w * x / sqrt(mean(x^2) + eps)) and rotate_half RoPE with
      * cos/sin scaled by mscale, as in HF: tensor/ops.h */
     ks_rmsnorm(x, emb, d->input_norm, (int)H, c->rms_eps);
     if (!d->embed_only) {
-        float *f = ks_malloc(sizeof(float) * (size_t)H); /* [H] fused aux states */
-        float *hn = NULL;
         if (d->fc_norm[0]) { /* SpecForge: each state normed before fc */
-            hn = ks_malloc(sizeof(float) * 3 * (size_t)c->target_hidden_size);
             memcpy(hn, h3, sizeof(float) * 3 * (size_t)c->target_hidden_size);
             ks_eagle3_fc_norm(d, hn);
             h3 = hn;
         }
-        ks_eagle3_mat_vec(&d->fc, h3, f);
-        ks_free(hn);
+        s = ks_eagle3_mat_vec(&d->fc, h3, f);
         if (d->fc_bias)
             for (int64_t i = 0; i < H; i++) f[i] += d->fc_bias[i];
         ks_rmsnorm(x + H, f, d->hidden_norm, (int)H, c->rms_eps);
-        ks_free(f);
     }
-    ks_eagle3_mat_vec(&d->wq, x, q_out);
-    ks_eagle3_mat_vec(&d->wk, x, k_out);
+    if (s == KS_OK) s = ks_eagle3_mat_vec(&d->wq, x, q_out);
+    if (s == KS_OK) s = ks_eagle3_mat_vec(&d->wk, x, k_out);
+    ks_free(hn);
+    ks_free(f);
     ks_free(x);
-    float *cs = ks_malloc(sizeof(float) * (size_t)hd), *sn = cs + hd / 2; /* [hd/2] cos, [hd/2] sin */
+    if (s != KS_OK) {
+        ks_free(cs);
+        return s;
+    }
+    float *sn = cs + hd / 2;
     ks_rope_angles_freq(cs, sn, pos, (int)hd, d->inv_freq, d->mscale);
     for (int h = 0; h < c->n_head; h++) {
         float *q = q_out + (size_t)h * hd;

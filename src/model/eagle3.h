@@ -152,7 +152,7 @@ ks_status ks_eagle3_set_rope_scaling(ks_eagle3 *dlm, const ks_rope_scaling *sc);
 ks_status ks_eagle3_add_yarn(ks_eagle3 *dlm, float factor, int32_t orig_max_pos);
 
 /* y[rows] = W x[cols] in f32 whatever the stored dtype. */
-void ks_eagle3_mat_vec(const ks_eagle3_mat *w, const float *x, float *y);
+ks_status ks_eagle3_mat_vec(const ks_eagle3_mat *w, const float *x, float *y); /* KS_ERR_NOMEM: row buffer */
 
 /* Retrieval-head Q and K of one token at position pos.
  *   h3:  [3*target_H] = [h_lo; h_mid; h_hi] (ignored / may be NULL when embed_only)

@@ -84,6 +84,7 @@ static uint16_t bf16_of(float x) {
 
 static uint16_t *random_bf16(size_t n, ks_rng *r, float scale, float offset) {
     uint16_t *x = ks_malloc(sizeof(uint16_t) * n);
+    if (!x) return NULL;
     for (size_t i = 0; i < n; i++) x[i] = bf16_of(offset + scale * (float)(ks_rng_uniform(r) * 2 - 1));
     return x;
 }
@@ -120,7 +121,9 @@ ks_status ks_eagle3_generate_head(const ks_model_shape *s, int32_t n_layer, int3
         {"midlayer.self_attn.k_proj.weight", KS_ST_BF16, 2, {(int64_t)s->n_head_kv * hd, 2 * H}, k, nk * 2},
     };
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    ks_status st = ks_safetensors_write(p, t, 5, "{\"format\": \"pt\", \"kvsieve\": \"random retrieval head\"}");
+    ks_status st = !fc || !hn || !in || !q || !k
+                       ? KS_FAIL(KS_ERR_NOMEM, "random draft head of hidden size %d", H)
+                       : ks_safetensors_write(p, t, 5, "{\"format\": \"pt\", \"kvsieve\": \"random retrieval head\"}");
     ks_free(fc);
     ks_free(hn);
     ks_free(in);

@@ -132,6 +132,7 @@ static ks_status bind_vec(ks_model *m, const char *name, int64_t n, bool require
         return KS_FAIL(KS_ERR_FORMAT, "tensor '%s' has %lld elements in %u dims, expected a vector of %lld", name,
                        (long long)t->ne[0], t->n_dims, (long long)n);
     float *v = ks_malloc((size_t)n * sizeof(float));
+    if (!v) return KS_FAIL(KS_ERR_NOMEM, "tensor '%s' of %lld floats", name, (long long)n);
     ks_dequantize_row(t->type, t->data, v, n);
     *out = v;
     m->weight_bytes += t->nbytes;
@@ -162,6 +163,7 @@ static ks_status bind_weights(ks_model *m) {
                 return KS_FAIL(KS_ERR_FORMAT, "rope_freqs.weight[%d] = %g is not a positive factor", i,
                                m->rope_freq_factors[i]);
     m->layers = ks_calloc((size_t)hp->n_layer, sizeof(ks_layer));
+    if (!m->layers) return KS_FAIL(KS_ERR_NOMEM, "%d layers", hp->n_layer);
     for (int il = 0; il < hp->n_layer; il++) {
         ks_layer *L = &m->layers[il];
         char nm[96];
@@ -233,30 +235,31 @@ static ks_status repack_weights(ks_model *m, bool mapped) {
     }
     if (!n) return KS_OK;
     if (!mapped) {
-        for (size_t i = 0; i < n; i++) ks_matmul_pack(ws[i]);
+        for (size_t i = 0; i < n; i++) KS_TRY(ks_matmul_pack(ws[i]));
         return KS_OK;
     }
     uint8_t *buf = ks_alloc_streamed(total);
     if (!buf) return KS_OK; /* keep the file layout */
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     size_t off = 0;
+    m->packed = buf; /* owned from here, whatever happens below */
     for (size_t i = 0; i < n; i++) {
         const size_t bytes = ks_weight_bytes(ws[i]);
         const uint8_t *src = ws[i]->data;
         memcpy(buf + off, src, bytes);
         ws[i]->data = buf + off;
-        ks_matmul_pack(ws[i]);
+        KS_TRY(ks_matmul_pack(ws[i])); /* a refusal leaves this copy in the file layout */
         uintptr_t a = ((uintptr_t)src + page - 1) & ~(page - 1), e = ((uintptr_t)src + bytes) & ~(page - 1);
         if (e > a) madvise((void *)a, e - a, MADV_DONTNEED); /* pages wholly inside this tensor */
         off += (bytes + 63) & ~(size_t)63;
     }
-    m->packed = buf;
     return KS_OK;
 }
 
 ks_status ks_model_load(const char *path, ks_model_params params, ks_model **out) {
     if (!path || !out) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL path or out");
     ks_model *m = ks_calloc(1, sizeof *m);
+    if (!m) return KS_FAIL(KS_ERR_NOMEM, "model");
     m->vocab_only = params.vocab_only;
     ks_status st = ks_gguf_open_ex(path, params.use_mmap, &m->gguf);
     if (st != KS_OK) {

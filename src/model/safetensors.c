@@ -95,25 +95,45 @@ static bool json_u53(const cJSON *v, uint64_t *out) {
     return true;
 }
 
-static void push_tensor(ks_safetensors *st, const ks_st_tensor *t) {
+/* Takes t's name (freed here when refused). */
+static ks_status push_tensor(ks_safetensors *st, const ks_st_tensor *t) {
+    if (!t->name) return KS_FAIL(KS_ERR_NOMEM, "tensor name");
     if (st->n_tensors == st->cap_tensors) {
-        st->cap_tensors = st->cap_tensors ? st->cap_tensors * 2 : 16;
-        st->tensors = ks_realloc(st->tensors, (size_t)st->cap_tensors * sizeof *st->tensors);
+        int64_t cap = st->cap_tensors ? st->cap_tensors * 2 : 16;
+        ks_st_tensor *v = ks_realloc(st->tensors, (size_t)cap * sizeof *st->tensors);
+        if (!v) {
+            ks_free((void *)t->name);
+            return KS_FAIL(KS_ERR_NOMEM, "%lld tensors", (long long)cap);
+        }
+        st->tensors = v;
+        st->cap_tensors = cap;
     }
     st->tensors[st->n_tensors++] = *t;
+    return KS_OK;
 }
 
 /* Appended as found; finish() sorts them and drops repeated keys (the first
  * occurrence wins), so a header with millions of keys stays O(n log n). */
-static void push_meta(ks_safetensors *st, const char *k, const char *v) {
+static ks_status push_meta(ks_safetensors *st, const char *k, const char *v) {
     if (st->n_meta == st->cap_meta) {
-        st->cap_meta = st->cap_meta ? st->cap_meta * 2 : 8;
-        st->meta_keys = ks_realloc(st->meta_keys, (size_t)st->cap_meta * sizeof(char *));
-        st->meta_vals = ks_realloc(st->meta_vals, (size_t)st->cap_meta * sizeof(char *));
+        int64_t cap = st->cap_meta ? st->cap_meta * 2 : 8;
+        char **keys = ks_realloc(st->meta_keys, (size_t)cap * sizeof(char *));
+        if (keys) st->meta_keys = keys;
+        char **vals = keys ? ks_realloc(st->meta_vals, (size_t)cap * sizeof(char *)) : NULL;
+        if (vals) st->meta_vals = vals;
+        if (!keys || !vals) return KS_FAIL(KS_ERR_NOMEM, "%lld metadata entries", (long long)cap);
+        st->cap_meta = cap;
     }
-    st->meta_keys[st->n_meta] = ks_strdup(k);
-    st->meta_vals[st->n_meta] = ks_strdup(v);
+    char *kc = ks_strdup(k), *vc = ks_strdup(v);
+    if (!kc || !vc) {
+        ks_free(kc);
+        ks_free(vc);
+        return KS_FAIL(KS_ERR_NOMEM, "metadata entry");
+    }
+    st->meta_keys[st->n_meta] = kc;
+    st->meta_vals[st->n_meta] = vc;
     st->n_meta++;
+    return KS_OK;
 }
 
 typedef struct { uint64_t begin, end; int64_t index; } extent;
@@ -185,8 +205,7 @@ static ks_status parse_tensor_info(ks_safetensors *st, int shard, const cJSON *i
     ext->begin = begin;
     ext->end = end;
     ext->index = st->n_tensors;
-    push_tensor(st, &t);
-    return KS_OK;
+    return push_tensor(st, &t);
 }
 
 /* Parse one file's bytes; appends its tensors (data pointers set) to st. */
@@ -226,6 +245,10 @@ static ks_status parse_shard(ks_safetensors *st, int shard) {
     uint64_t data_off = 8 + n, data_size = sh->file.size - data_off;
     int count = cJSON_GetArraySize(root);
     extent *ext = ks_malloc(sizeof(extent) * ((size_t)count + 1));
+    if (!ext) {
+        cJSON_Delete(root);
+        return KS_FAIL(KS_ERR_NOMEM, "header of %d entries", count);
+    }
     int n_ext = 0;
     ks_status s = KS_OK;
     for (const cJSON *it = root->child; it && s == KS_OK; it = it->next) {
@@ -238,8 +261,9 @@ static ks_status parse_shard(ks_safetensors *st, int shard) {
                     s = KS_FAIL(KS_ERR_FORMAT, "__metadata__ value of '%s' is not a string", msg_name(m->string ? m->string : "", kb, sizeof kb));
                     break;
                 }
-                push_meta(st, m->string ? m->string : "", m->valuestring);
+                if ((s = push_meta(st, m->string ? m->string : "", m->valuestring)) != KS_OK) break;
             }
+            if (s != KS_OK) break;
             continue;
         }
         s = parse_tensor_info(st, shard, it, data_size, &ext[n_ext]);
@@ -280,9 +304,10 @@ static int meta_cmp(const void *a, const void *b) {
 }
 
 /* Sort metadata by key, keeping the first occurrence of each key. */
-static void finish_metadata(ks_safetensors *st) {
-    if (st->n_meta < 2) return;
+static ks_status finish_metadata(ks_safetensors *st) {
+    if (st->n_meta < 2) return KS_OK;
     meta_entry *e = ks_malloc(sizeof *e * (size_t)st->n_meta);
+    if (!e) return KS_FAIL(KS_ERR_NOMEM, "sorting %lld metadata entries", (long long)st->n_meta);
     for (int64_t i = 0; i < st->n_meta; i++) e[i] = (meta_entry){st->meta_keys[i], st->meta_vals[i], i};
     qsort(e, (size_t)st->n_meta, sizeof *e, meta_cmp);
     int64_t n = 0;
@@ -298,11 +323,12 @@ static void finish_metadata(ks_safetensors *st) {
     }
     st->n_meta = n;
     ks_free(e);
+    return KS_OK;
 }
 
 /* Sort by name and reject duplicates (cJSON keeps both members of a repeated key). */
 static ks_status finish(ks_safetensors *st) {
-    finish_metadata(st);
+    KS_TRY(finish_metadata(st));
     if (st->n_tensors > 1) qsort(st->tensors, (size_t)st->n_tensors, sizeof *st->tensors, tensor_name_cmp);
     for (int64_t i = 1; i < st->n_tensors; i++)
         if (!strcmp(st->tensors[i - 1].name, st->tensors[i].name)) {
@@ -338,7 +364,11 @@ void ks_safetensors_close(ks_safetensors *st) {
 ks_status ks_safetensors_open_buffer(const void *buf, size_t size, ks_safetensors **out) {
     if (!buf && size) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL buffer");
     ks_safetensors *st = ks_calloc(1, sizeof *st);
-    st->shards = ks_calloc(1, sizeof(st_shard));
+    if (st) st->shards = ks_calloc(1, sizeof(st_shard));
+    if (!st || !st->shards) {
+        ks_safetensors_close(st);
+        return KS_FAIL(KS_ERR_NOMEM, "safetensors handle");
+    }
     st->n_shards = 1;
     st->shards[0].file = (ks_file_map){.data = buf, .size = size};
     ks_status s = parse_shard(st, 0);
@@ -371,7 +401,7 @@ static bool is_file(const char *path) {
 static char *path_join(const char *dir, const char *name) {
     size_t n = strlen(dir) + strlen(name) + 2;
     char *p = ks_malloc(n);
-    snprintf(p, n, "%s/%s", dir, name);
+    if (p) snprintf(p, n, "%s/%s", dir, name);
     return p;
 }
 
@@ -394,7 +424,11 @@ static ks_status parse_torch_shard(ks_safetensors *st, int shard) {
                           .data = src->data, .nbytes = src->nbytes, .shard = shard};
         memcpy(t.shape, src->shape, sizeof t.shape);
         src->name = NULL; /* owned by the handle now */
-        push_tensor(st, &t);
+        ks_status s = push_tensor(st, &t);
+        if (s != KS_OK) {
+            ks_torch_bin_free(tb);
+            return s;
+        }
     }
     ks_torch_bin_free(tb);
     return KS_OK;
@@ -402,11 +436,17 @@ static ks_status parse_torch_shard(ks_safetensors *st, int shard) {
 
 /* Adds one file as a new shard and parses it; the message names the file. */
 static ks_status add_shard(ks_safetensors *st, const char *path, bool use_mmap) {
-    st->shards = ks_realloc(st->shards, sizeof(st_shard) * (size_t)(st->n_shards + 1));
+    st_shard *shards = ks_realloc(st->shards, sizeof(st_shard) * (size_t)(st->n_shards + 1));
+    if (!shards) return KS_FAIL(KS_ERR_NOMEM, "shard %d ('%s')", st->n_shards, path);
+    st->shards = shards;
     st_shard *sh = &st->shards[st->n_shards];
     memset(sh, 0, sizeof *sh);
-    KS_TRY(ks_file_map_open(path, use_mmap, &sh->file));
-    sh->path = ks_strdup(path);
+    if (!(sh->path = ks_strdup(path))) return KS_FAIL(KS_ERR_NOMEM, "shard path '%s'", path);
+    ks_status fs = ks_file_map_open(path, use_mmap, &sh->file);
+    if (fs != KS_OK) {
+        ks_free(sh->path);
+        return fs;
+    }
     st->n_shards++;
     ks_status s = is_torch_name(path) ? parse_torch_shard(st, st->n_shards - 1) : parse_shard(st, st->n_shards - 1);
     if (s != KS_OK) {
@@ -449,12 +489,17 @@ static ks_status open_index(ks_safetensors *st, const char *index_path, bool use
         return KS_FAIL(KS_ERR_FORMAT, "'%s': missing or empty \"weight_map\" object", index_path);
     }
     char *dir = ks_strdup(index_path);
+    const char **names = dir ? ks_malloc(sizeof(char *) * (size_t)(cJSON_GetArraySize(wm) + 1)) : NULL;
+    if (!names) {
+        ks_free(dir);
+        cJSON_Delete(root);
+        return KS_FAIL(KS_ERR_NOMEM, "'%s': shard list", index_path);
+    }
     char *slash = strrchr(dir, '/');
     if (slash) *slash = 0;
     else strcpy(dir, ".");
     /* distinct shard names, sorted (O(n log n) however long the map) */
-    int n_names = 0, cap = cJSON_GetArraySize(wm);
-    const char **names = ks_malloc(sizeof(char *) * (size_t)(cap + 1));
+    int n_names = 0;
     ks_status s = KS_OK;
     for (const cJSON *e = wm->child; e && s == KS_OK; e = e->next) {
         char nb[128];
@@ -474,7 +519,7 @@ static ks_status open_index(ks_safetensors *st, const char *index_path, bool use
     }
     for (int i = 0; i < n_names && s == KS_OK; i++) {
         char *p = path_join(dir, names[i]);
-        s = add_shard(st, p, use_mmap);
+        s = p ? add_shard(st, p, use_mmap) : KS_FAIL(KS_ERR_NOMEM, "shard path");
         ks_free(p);
     }
     if (s == KS_OK) s = finish(st);
@@ -487,7 +532,9 @@ static ks_status open_index(ks_safetensors *st, const char *index_path, bool use
                         msg_name(e->string, nb, sizeof nb));
         } else {
             char *want = path_join(dir, e->valuestring);
-            if (strcmp(st->shards[t->shard].path, want))
+            if (!want)
+                s = KS_FAIL(KS_ERR_NOMEM, "shard path");
+            else if (strcmp(st->shards[t->shard].path, want))
                 s = KS_FAIL(KS_ERR_FORMAT, "'%s': tensor '%s' is mapped to '%s' but found in '%s'", index_path,
                             msg_name(e->string, nb, sizeof nb), e->valuestring, st->shards[t->shard].path);
             ks_free(want);
@@ -502,6 +549,7 @@ static ks_status open_index(ks_safetensors *st, const char *index_path, bool use
 ks_status ks_safetensors_open(const char *path, bool use_mmap, ks_safetensors **out) {
     if (!path) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL path");
     ks_safetensors *st = ks_calloc(1, sizeof *st);
+    if (!st) return KS_FAIL(KS_ERR_NOMEM, "safetensors handle");
     ks_status s;
     if (is_dir(path)) {
         /* safetensors first; then PyTorch's pickled layout as the EAGLE authors publish it */
@@ -509,9 +557,11 @@ ks_status ks_safetensors_open(const char *path, bool use_mmap, ks_safetensors **
         char *one = path_join(path, "model.safetensors");
         char *tidx = path_join(path, "pytorch_model.bin.index.json");
         char *tone = path_join(path, "pytorch_model.bin");
-        const char *index = is_file(idx) ? idx : !is_file(one) && is_file(tidx) ? tidx : NULL;
-        const char *single = index ? NULL : is_file(one) ? one : is_file(tone) ? tone : NULL;
-        if (index) s = open_index(st, index, use_mmap);
+        const bool paths = idx && one && tidx && tone;
+        const char *index = !paths ? NULL : is_file(idx) ? idx : !is_file(one) && is_file(tidx) ? tidx : NULL;
+        const char *single = !paths || index ? NULL : is_file(one) ? one : is_file(tone) ? tone : NULL;
+        if (!paths) s = KS_FAIL(KS_ERR_NOMEM, "paths under '%s'", path);
+        else if (index) s = open_index(st, index, use_mmap);
         else if (single) {
             s = add_shard(st, single, use_mmap);
             if (s == KS_OK) s = finish(st);
@@ -621,6 +671,7 @@ ks_status ks_safetensors_to_f32(const ks_st_tensor *t, int expect_dims, const in
                        ks_st_dtype_name(t->dtype));
     /* n_elem is bounded by the file size (validated extent) */
     float *f = ks_malloc(sizeof(float) * (size_t)(t->n_elem ? t->n_elem : 1));
+    if (!f) return KS_FAIL(KS_ERR_NOMEM, "tensor %s as %lld floats", nb, (long long)t->n_elem);
     ks_st_convert_f32(t->dtype, t->data, f, t->n_elem);
     *out = f;
     return KS_OK;

@@ -133,6 +133,7 @@ typedef struct ks_gen {
     /* the job of the current ks_pool_run */
     const ks_gen_tensor *cur;
     uint8_t *dst;
+    _Atomic int refused; /* a worker's row buffer was refused */
 } ks_gen;
 
 static uint64_t ks_gen_mix(uint64_t a, uint64_t b) {
@@ -174,6 +175,10 @@ static void ks_gen_rows_worker(void *arg, int ith, int nth) {
     if (r0 >= r1) return;
     size_t row_bytes = ks_dtype_row_bytes(t->type, t->ne0);
     float *x = ks_malloc((size_t)t->ne0 * sizeof(float)); /* [ne0] */
+    if (!x) {
+        g->refused = 1;
+        return;
+    }
     for (int64_t r = r0; r < r1; r++) {
         ks_gen_row(t, r, x);
         ks_quantize_row(t->type, x, g->dst + (size_t)r * row_bytes, t->ne0);
@@ -190,6 +195,7 @@ static ks_status ks_gen_fill(void *user, void *dst, size_t nbytes) {
     g->cur = t;
     g->dst = dst;
     ks_pool_run(g->pool, ks_gen_rows_worker, g);
+    if (g->refused) return KS_FAIL(KS_ERR_NOMEM, "row buffer for tensor '%s'", t->name);
     g->bytes_done += nbytes;
     return KS_OK;
 }
@@ -305,6 +311,10 @@ ks_status ks_shape_generate(const ks_model_shape *s, const ks_shape_gen_params *
     KS_TRY(ks_pool_create(n_threads, &g.pool));
     /* upper bound: 2 + 14 per layer + 3 */
     g.ts = ks_calloc((size_t)(16 * (int64_t)n_layer + 8), sizeof *g.ts);
+    if (!g.ts) {
+        ks_pool_destroy(g.pool);
+        return KS_FAIL(KS_ERR_NOMEM, "gen-model: tensor plan of %d layers", n_layer);
+    }
     g.n_t = ks_gen_plan(&g, n_layer, n_vocab);
 
     ks_gguf_writer *w = NULL;

@@ -37,6 +37,7 @@
 #define _GNU_SOURCE
 #include "model/torch_bin.h"
 
+#include <setjmp.h>
 #include <string.h>
 
 /* ------------------------------------------------------------- helpers -- */
@@ -145,6 +146,7 @@ static ks_status zip_read(const uint8_t *buf, size_t size, zip_dir *z) {
         return KS_FAIL(KS_ERR_FORMAT, "zip: %llu entries cannot fit a %llu-byte central directory", (unsigned long long)n_entries,
                        (unsigned long long)cd_size);
     z->e = ks_calloc((size_t)n_entries + 1, sizeof *z->e);
+    if (!z->e) return KS_FAIL(KS_ERR_NOMEM, "zip: %llu entries", (unsigned long long)n_entries);
     const uint8_t *p = buf + cd_off, *end = buf + cd_off + cd_size;
     for (uint64_t i = 0; i < n_entries; i++) {
         if ((size_t)(end - p) < CDH_SIZE || rd32(p) != 0x02014b50)
@@ -216,15 +218,24 @@ struct pv {
     } u;
 };
 
-/* Bump allocator: values and their arrays, freed at once. */
+/* Bump allocator: values and their arrays, freed at once.  A refused
+ * allocation jumps back to run_pickle (oom), which reports KS_ERR_NOMEM:
+ * every opcode allocates, and everything allocated is reachable from the vm
+ * and freed by its owner, so one exit beats a check after each of them. */
 typedef struct arena_block { struct arena_block *next; size_t used, cap; unsigned char mem[]; } arena_block;
-typedef struct { arena_block *head; } arena;
+typedef struct { arena_block *head; jmp_buf *oom; } arena;
+
+static _Noreturn void arena_refused(arena *a) {
+    KS_ASSERT(a->oom); /* allocations happen only inside run_pickle */
+    longjmp(*a->oom, 1);
+}
 
 static void *arena_alloc(arena *a, size_t n) {
     n = (n + 15) & ~(size_t)15;
     if (!a->head || a->head->cap - a->head->used < n) {
         size_t cap = n > ((size_t)1 << 16) ? n : ((size_t)1 << 16);
         arena_block *b = ks_malloc(sizeof *b + cap);
+        if (!b) arena_refused(a);
         b->next = a->head;
         b->used = 0;
         b->cap = cap;
@@ -267,8 +278,11 @@ static pv *pv_new(vm *m, pv_kind k) {
 
 static void push(vm *m, pv *v) {
     if (m->n_stack == m->cap_stack) {
-        m->cap_stack = m->cap_stack ? m->cap_stack * 2 : 64;
-        m->stack = ks_realloc(m->stack, m->cap_stack * sizeof *m->stack);
+        size_t cap = m->cap_stack ? m->cap_stack * 2 : 64;
+        pv **stack = ks_realloc(m->stack, cap * sizeof *m->stack);
+        if (!stack) arena_refused(&m->ar);
+        m->stack = stack;
+        m->cap_stack = cap;
     }
     m->stack[m->n_stack++] = v;
 }
@@ -407,8 +421,11 @@ static ks_status rebuild_tensor(vm *m, pv *args, size_t off, pv **out) {
     t.data = sto->u.sto.data + (size_t)so * es;
     ks_torch_bin *o = m->out;
     if (o->n_tensors == m->cap_out) {
-        m->cap_out = m->cap_out ? m->cap_out * 2 : 16;
-        o->tensors = ks_realloc(o->tensors, (size_t)m->cap_out * sizeof *o->tensors);
+        int64_t cap = m->cap_out ? m->cap_out * 2 : 16;
+        ks_torch_tensor *ts = ks_realloc(o->tensors, (size_t)cap * sizeof *o->tensors);
+        if (!ts) arena_refused(&m->ar);
+        o->tensors = ts;
+        m->cap_out = cap;
     }
     o->tensors[o->n_tensors] = t;
     pv *v = pv_new(m, PV_TENSOR);
@@ -430,7 +447,9 @@ static ks_status memo_put(vm *m, uint64_t idx, size_t size, size_t off) {
     if (idx >= m->cap_memo) {
         size_t cap = m->cap_memo ? m->cap_memo : 64;
         while (cap <= idx) cap *= 2;
-        m->memo = ks_realloc(m->memo, cap * sizeof *m->memo);
+        pv **memo = ks_realloc(m->memo, cap * sizeof *m->memo);
+        if (!memo) arena_refused(&m->ar);
+        m->memo = memo;
         memset(m->memo + m->cap_memo, 0, (cap - m->cap_memo) * sizeof *m->memo);
         m->cap_memo = cap;
     }
@@ -471,7 +490,7 @@ static ks_status global_op(vm *m, const uint8_t *p, size_t at, size_t size, size
                    printable((const char *)mod, ml, mb, sizeof mb), printable((const char *)name, nml, nb, sizeof nb), off);
 }
 
-static ks_status run_pickle(vm *m, const uint8_t *p, size_t size, pv **result) {
+static ks_status run_pickle_ops(vm *m, const uint8_t *p, size_t size, pv **result) {
     size_t at = 0;
     if (size < 2 || p[0] != 0x80 || p[1] != 2)
         return KS_FAIL(KS_ERR_UNSUPPORTED, "data.pkl does not start with PROTO 2 (torch.save writes pickle protocol 2)");
@@ -488,8 +507,11 @@ static ks_status run_pickle(vm *m, const uint8_t *p, size_t size, pv **result) {
             return KS_OK;
         case '(': /* MARK */
             if (m->n_marks == m->cap_marks) {
-                m->cap_marks = m->cap_marks ? m->cap_marks * 2 : 16;
-                m->marks = ks_realloc(m->marks, m->cap_marks * sizeof *m->marks);
+                size_t cap = m->cap_marks ? m->cap_marks * 2 : 16;
+                size_t *marks = ks_realloc(m->marks, cap * sizeof *m->marks);
+                if (!marks) arena_refused(&m->ar);
+                m->marks = marks;
+                m->cap_marks = cap;
             }
             m->marks[m->n_marks++] = m->n_stack;
             break;
@@ -629,6 +651,18 @@ void ks_torch_bin_free(ks_torch_bin *b) {
     ks_free(b);
 }
 
+static ks_status run_pickle(vm *m, const uint8_t *p, size_t size, pv **result) {
+    jmp_buf oom;
+    if (setjmp(oom)) {
+        m->ar.oom = NULL;
+        return KS_FAIL(KS_ERR_NOMEM, "pickle: values of a %zu-byte data.pkl", size);
+    }
+    m->ar.oom = &oom;
+    ks_status s = run_pickle_ops(m, p, size, result);
+    m->ar.oom = NULL;
+    return s;
+}
+
 static ks_status parse(const uint8_t *buf, size_t size, zip_dir *z, vm *m, ks_torch_bin *out) {
     KS_TRY(zip_read(buf, size, z));
     /* ARCHIVE/data.pkl: the one top-level directory holding a pickle */
@@ -662,7 +696,7 @@ static ks_status parse(const uint8_t *buf, size_t size, zip_dir *z, vm *m, ks_to
     ks_torch_tensor *built = out->tensors;
     out->tensors = ks_calloc((size_t)root->u.dict.n + 1, sizeof *out->tensors);
     out->n_tensors = 0;
-    ks_status s = KS_OK;
+    ks_status s = out->tensors ? KS_OK : KS_FAIL(KS_ERR_NOMEM, "state dict of %u entries", root->u.dict.n);
     for (uint32_t i = 0; i < root->u.dict.n && s == KS_OK; i++) {
         const pv *k = root->u.dict.kv[2 * i], *v = root->u.dict.kv[2 * i + 1];
         char nb[96];
@@ -674,6 +708,10 @@ static ks_status parse(const uint8_t *buf, size_t size, zip_dir *z, vm *m, ks_to
         } else {
             ks_torch_tensor t = built[v->u.tensor];
             t.name = ks_malloc((size_t)k->u.str.n + 1);
+            if (!t.name) {
+                s = KS_FAIL(KS_ERR_NOMEM, "tensor name");
+                break;
+            }
             memcpy(t.name, k->u.str.s, k->u.str.n);
             t.name[k->u.str.n] = 0;
             out->tensors[out->n_tensors++] = t;
@@ -689,6 +727,7 @@ ks_status ks_torch_bin_parse(const void *buf, size_t size, ks_torch_bin **out) {
     zip_dir z = {0};
     vm m = {0};
     ks_torch_bin *b = ks_calloc(1, sizeof *b);
+    if (!b) return KS_FAIL(KS_ERR_NOMEM, "torch.save handle");
     ks_status s = buf ? parse(buf, size, &z, &m, b) : KS_FAIL(KS_ERR_FORMAT, "empty file: not a torch.save archive");
     arena_free(&m.ar);
     ks_free(m.stack);

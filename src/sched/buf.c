@@ -9,11 +9,24 @@
 #include <stdio.h>
 #include <string.h>
 
-void ks_sbuf_put(ks_sbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        b->cap = (b->n + n + 1) * 2 + 64;
-        b->p = ks_realloc(b->p, b->cap);
+/* Room for n more bytes and the NUL; false (and the buffer refused) when
+ * the allocator says no. */
+static bool sbuf_room(ks_sbuf *b, size_t n) {
+    if (b->refused) return false;
+    if (b->n + n + 1 <= b->cap) return true;
+    size_t cap = (b->n + n + 1) * 2 + 64;
+    char *p = ks_realloc(b->p, cap);
+    if (!p) {
+        b->refused = true;
+        return false;
     }
+    b->p = p;
+    b->cap = cap;
+    return true;
+}
+
+void ks_sbuf_put(ks_sbuf *b, const char *s, size_t n) {
+    if (!sbuf_room(b, n)) return;
     if (n) memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = 0;
@@ -26,12 +39,7 @@ void ks_sbuf_printf(ks_sbuf *b, const char *fmt, ...) {
     va_start(ap, fmt);
     int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
-    if (n <= 0) return;
-    ks_sbuf_put(b, "", 0);               /* room for the NUL at least */
-    if (b->n + (size_t)n + 1 > b->cap) {
-        b->cap = (b->n + (size_t)n + 1) * 2 + 64;
-        b->p = ks_realloc(b->p, b->cap);
-    }
+    if (n <= 0 || !sbuf_room(b, (size_t)n)) return;
     va_start(ap, fmt);
     vsnprintf(b->p + b->n, (size_t)n + 1, fmt, ap);
     va_end(ap);

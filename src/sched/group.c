@@ -65,9 +65,17 @@ ks_status ks_sched_group_create(ks_sched *s, int32_t page, group **out, char *er
         return st;
     }
     group *g = ks_calloc(1, sizeof *g);
+    slot *slots = ks_calloc((size_t)s->p.n_parallel, sizeof(slot));
+    if (!g || !slots) {
+        free(g);
+        free(slots);
+        ks_context_destroy(ctx);
+        snprintf(err, err_cap, "out of memory for a group of %d slots", s->p.n_parallel);
+        return KS_ERR_NOMEM;
+    }
     g->page = page;
     g->ctx = ctx;
-    g->slots = ks_calloc((size_t)s->p.n_parallel, sizeof(slot));
+    g->slots = slots;
     g->idle_since = ks_sched_now();
     s->ctx_created++;
     *out = g;
@@ -177,7 +185,7 @@ int32_t ks_sched_slot_prepare(ks_sched *s, group *g, const ks_sched_req *r, ks_s
     const ks_sched_policy *pol = &r->policy;
     ks_status st = ks_seq_set_policy_spec(g->ctx, i, &pol->spec); /* the group's page is the request's */
     if (st != KS_OK) {
-        *why = st == KS_ERR_NOMEM ? KS_SCHED_ERR_TOO_LONG : KS_SCHED_ERR_INVALID;
+        *why = st == KS_ERR_CONTEXT_FULL ? KS_SCHED_ERR_TOO_LONG : st == KS_ERR_NOMEM ? KS_SCHED_ERR_NOMEM : KS_SCHED_ERR_INVALID;
         snprintf(msg, msg_cap, "policy '%s' budget %d: %s (%s)", pol->spec.name, pol->spec.budget, ks_status_str(st),
                  ks_last_error());
         return -1;
@@ -350,9 +358,14 @@ void ks_sched_slot_admit(ks_sched *s, group *g, int32_t i, ks_sched_req *r) {
     sl->n_cached = -1;
     sl->order = s->next_order++;
     ks_status st = ks_stop_create((const char *const *)r->stops, (size_t)r->n_stops, &sl->stop);
-    KS_ASSERT(st == KS_OK); /* the strings were checked at submit */
     sl->emit.n = 0;
+    sl->emit.refused = false;
     sl->finish = KS_SCHED_FINISH_NONE;
+    if (st != KS_OK) { /* only a refused allocation (the strings were checked at submit): the publish ends it */
+        sl->finish = KS_SCHED_FINISH_ERROR;
+        sl->error = st == KS_ERR_NOMEM ? KS_SCHED_ERR_NOMEM : KS_SCHED_ERR_INTERNAL;
+        snprintf(sl->message, sizeof sl->message, "stop strings: %s (%s)", ks_status_str(st), ks_last_error());
+    }
     g->n_used++;
     r->state = KS_SCHED_RUNNING;
     r->t_admit = ks_sched_now();

@@ -129,7 +129,12 @@ static void take_token(ks_sched *s, slot *sl, float *logits) {
     size_t np = 0;
     if (ks_token_to_piece(s->model, tok, piece, sizeof piece, &np) != KS_OK) np = 0;
     ks_status st = ks_stop_feed(sl->stop, piece, np, &o);
-    KS_ASSERT(st == KS_OK);
+    if (st != KS_OK) { /* only a refused allocation: the strings were checked at submit */
+        sl->finish = KS_SCHED_FINISH_ERROR;
+        sl->error = st == KS_ERR_NOMEM ? KS_SCHED_ERR_NOMEM : KS_SCHED_ERR_INTERNAL;
+        snprintf(sl->message, sizeof sl->message, "stop strings: %s (%s)", ks_status_str(st), ks_last_error());
+        return;
+    }
     ks_sbuf_put(&sl->emit, o.text, o.len);
     if (o.matched) {
         sl->finish = KS_SCHED_FINISH_STOP;
@@ -177,7 +182,7 @@ static void group_step(ks_sched *s, group *g, bool *did_decode, bool *did_prefil
         for (int32_t k = 0; k < n; k++) {
             slot *sl = &g->slots[s->seqs[k]];
             if (st == KS_OK) take_token(s, sl, s->logits + (size_t)k * V);
-            else stage_error(sl, KS_SCHED_ERR_INTERNAL, "decode", st);
+            else stage_error(sl, st == KS_ERR_NOMEM ? KS_SCHED_ERR_NOMEM : KS_SCHED_ERR_INTERNAL, "decode", st);
         }
         if (st == KS_ERR_BACKEND) g->broken = true;
     }
@@ -211,7 +216,7 @@ static void group_step(ks_sched *s, group *g, bool *did_decode, bool *did_prefil
         if (st == KS_OK)
             st = ks_prefill_rest(g->ctx, pc, pi, r->prompt, r->n_prompt, pf->n_fed + m, last ? s->pf_logits : NULL);
         if (st != KS_OK) {
-            stage_error(pf, st == KS_ERR_NOMEM ? KS_SCHED_ERR_TOO_LONG : KS_SCHED_ERR_INTERNAL, "prefill", st);
+            stage_error(pf, st == KS_ERR_NOMEM ? KS_SCHED_ERR_NOMEM : KS_SCHED_ERR_INTERNAL, "prefill", st);
             if (st == KS_ERR_BACKEND) g->broken = true;
         } else {
             pf->n_fed += m;
@@ -252,6 +257,12 @@ static void group_publish(ks_sched *s, group *g) {
             ks_sbuf_put(&r->out, sl->emit.p, sl->emit.n);
             sl->emit.n = 0;
             r->news = true;
+        }
+        if (sl->emit.refused || r->out.refused) { /* text was lost: the request fails rather than come back short */
+            sl->emit.refused = false;
+            sl->finish = KS_SCHED_FINISH_ERROR;
+            sl->error = KS_SCHED_ERR_NOMEM;
+            snprintf(sl->message, sizeof sl->message, "out of memory holding the generated text");
         }
         if (sl->finish != KS_SCHED_FINISH_NONE) {
             ks_sched_finish fin = sl->finish;

@@ -140,6 +140,10 @@ ks_status ks_sched_create(const ks_model *model, const ks_sched_params *params, 
     if (p.max_groups <= 0) p.max_groups = p.mem_cap > 0 ? 1 : 4;
     if (p.max_groups > MAX_GROUPS) p.max_groups = MAX_GROUPS;
     ks_sched *s = ks_calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, err_cap, "out of memory for the scheduler");
+        return KS_ERR_NOMEM;
+    }
     s->model = model;
     s->p = p;
     s->offload_dir = p.kv_offload_dir ? ks_strdup(p.kv_offload_dir) : NULL;
@@ -157,7 +161,12 @@ ks_status ks_sched_create(const ks_model *model, const ks_sched_params *params, 
     pthread_cond_init(&s->work_cv, &ca);
     pthread_condattr_destroy(&ca);
     group *g = NULL;
-    ks_status st = ks_sched_group_create(s, p.defaults.page, &g, err, err_cap);
+    ks_status st = KS_OK;
+    if ((p.kv_offload_dir && !s->offload_dir) || !s->logits || !s->pf_logits || !s->seqs || !s->toks) {
+        snprintf(err, err_cap, "out of memory for the scheduler's buffers (%d slots)", p.n_parallel);
+        st = KS_ERR_NOMEM;
+    }
+    if (st == KS_OK) st = ks_sched_group_create(s, p.defaults.page, &g, err, err_cap);
     if (st != KS_OK) {
         s->n_groups = 0;
         ks_sched_destroy(s);
@@ -234,14 +243,18 @@ ks_sched_req *ks_sched_submit(ks_sched *s, const ks_sched_req_params *p, ks_sche
                "(%d in the prompt, %d for the completion). Please reduce the prompt or the completion length.",
                s->p.n_ctx, (long long)p->n_prompt + p->max_tokens, p->n_prompt, p->max_tokens);
     r = ks_calloc(1, sizeof *r);
-    if (ks_sampler_create(p->sampling, s->n_vocab, &r->smp) != KS_OK)
-        REFUSE(KS_SCHED_ERR_INVALID, "sampling parameters: %s", ks_last_error());
+    if (!r) REFUSE(KS_SCHED_ERR_NOMEM, "out of memory for the request");
+    ks_status sst = ks_sampler_create(p->sampling, s->n_vocab, &r->smp);
+    if (sst != KS_OK)
+        REFUSE(sst == KS_ERR_NOMEM ? KS_SCHED_ERR_NOMEM : KS_SCHED_ERR_INVALID, "sampling parameters: %s", ks_last_error());
     r->prompt = ks_malloc(sizeof(int32_t) * (size_t)p->n_prompt);
+    if (!r->prompt) REFUSE(KS_SCHED_ERR_NOMEM, "out of memory for a prompt of %d tokens", p->n_prompt);
     memcpy(r->prompt, p->prompt, sizeof(int32_t) * (size_t)p->n_prompt);
     r->n_prompt = p->n_prompt;
     r->max_tokens = p->max_tokens;
-    for (int32_t i = 0; i < p->n_stops; i++) r->stops[i] = ks_strdup(p->stops[i]);
     r->n_stops = p->n_stops;
+    for (int32_t i = 0; i < p->n_stops; i++)
+        if (!(r->stops[i] = ks_strdup(p->stops[i]))) REFUSE(KS_SCHED_ERR_NOMEM, "out of memory for the stop strings");
     r->ignore_eos = p->ignore_eos;
     r->policy = p->policy;
     r->no_cache = p->no_prompt_cache;
@@ -307,12 +320,19 @@ bool ks_sched_req_take(ks_sched *s, ks_sched_req *r, double timeout_s, ks_sched_
     out->state = r->state;
     out->text = NULL;
     out->len = 0;
+    /* text that cannot be copied out stays for the next take */
     if (r->out.n > r->out_taken) {
-        out->len = r->out.n - r->out_taken;
-        out->text = ks_malloc(out->len + 1);
-        memcpy(out->text, r->out.p + r->out_taken, out->len);
-        out->text[out->len] = 0;
-        r->out_taken = r->out.n = 0; /* everything was taken: reuse the buffer */
+        size_t len = r->out.n - r->out_taken;
+        if ((out->text = ks_malloc(len + 1))) {
+            out->len = len;
+            memcpy(out->text, r->out.p + r->out_taken, out->len);
+            out->text[out->len] = 0;
+            r->out_taken = r->out.n = 0; /* everything was taken: reuse the buffer */
+        } else {
+            r->news = true;
+            news = true;
+            if (out->state == KS_SCHED_FINISHED) out->state = KS_SCHED_RUNNING; /* not over before its text is out */
+        }
     }
     out->finish = r->finish;
     out->error = r->error;

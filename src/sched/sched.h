@@ -149,6 +149,7 @@ typedef enum ks_sched_error {
     KS_SCHED_ERR_QUEUE_FULL, /* waiting queue full: 429 */
     KS_SCHED_ERR_SHUTDOWN,   /* the scheduler is shutting down: 503 */
     KS_SCHED_ERR_INTERNAL,   /* engine failure: 500 */
+    KS_SCHED_ERR_NOMEM,      /* an allocation for this request was refused; the server goes on: 503 */
 } ks_sched_error;
 
 typedef enum ks_sched_finish {

@@ -96,14 +96,16 @@ static inline void axpy(float *o, float a, const float *x, int32_t m) {
 }
 
 /* out [r][r] = A^T A for A [n][r] (fp32 rows, double result). */
-static void gram(const float *A, int32_t n, int32_t r, double *out) {
+static ks_status gram(const float *A, int32_t n, int32_t r, double *out) {
     float *acc = ks_calloc((size_t)r * r, sizeof(float));
+    if (!acc) return KS_FAIL(KS_ERR_NOMEM, "lrqk: gram matrix of rank %d", r);
     for (int32_t e = 0; e < n; e++) {
         const float *a = A + (size_t)e * r;
         for (int32_t i = 0; i < r; i++) axpy(acc + (size_t)i * r, a[i], a, r);
     }
     for (size_t i = 0; i < (size_t)r * r; i++) out[i] = acc[i];
     ks_free(acc);
+    return KS_OK;
 }
 
 /* out [r][d] = A^T X for A [n][r], X [n][d]; fp32 rows, double result. */
@@ -168,7 +170,7 @@ void ks_lrqk_randn(float *x, size_t n, uint64_t seed) {
 /* B = (A^T A)^-1 A^T X: the least-squares right factor.  scratch: acc [r][d], rr [r][r]. */
 static ks_status solve_b(const float *A, const float *X, int32_t n, int32_t r, int32_t d, float *acc, double *rr,
                          double *rd, float *B) {
-    gram(A, n, r, rr);
+    KS_TRY(gram(A, n, r, rr));
     at_x(A, X, n, r, d, acc, rd);
     KS_TRY(ks_lrqk_solve(r, rr, rd, d));
     for (size_t i = 0; i < (size_t)r * d; i++) B[i] = (float)rd[i];
@@ -180,7 +182,7 @@ static ks_status solve_b(const float *A, const float *X, int32_t n, int32_t r, i
 static ks_status update_a(const float *X, int32_t nx, const float *Y, int32_t ny, const float *Ao, const float *B,
                           int32_t r, int32_t d, float lambda, float *acc, double *rr, double *rd, double *bb, float *W,
                           float *Anew) {
-    gram(Ao, ny, r, rr);
+    KS_TRY(gram(Ao, ny, r, rr));
     bbt(B, r, d, bb);
     for (size_t i = 0; i < (size_t)r * r; i++) rr[i] += lambda * bb[i];
     at_x(Ao, Y, ny, r, d, acc, rd); /* A_o^T Y = (Y^T A_o)^T [r][d] */
@@ -210,9 +212,11 @@ ks_status ks_lrqk_factor(const float *Q, int32_t nq, const float *K, int32_t nk,
     float *acc = ks_malloc(sizeof(float) * (size_t)r * d), *W = ks_malloc(sizeof(float) * (size_t)r * d);
     double *rr = ks_malloc(sizeof(double) * (size_t)r * r), *bb = ks_malloc(sizeof(double) * (size_t)r * r);
     double *rd = ks_malloc(sizeof(double) * (size_t)r * d);
-    ks_lrqk_randn(AQ, (size_t)nq * r, fp->seed);
-    ks_lrqk_randn(ak, (size_t)nk * r, fp->seed ^ 0x5DEECE66Dull);
-    ks_status st = KS_OK;
+    ks_status st = !AQ || !AQn || !AKn || !acc || !W || !rr || !bb || !rd
+                       ? KS_FAIL(KS_ERR_NOMEM, "lrqk factor of %d x %d keys, rank %d", nq, nk, r)
+                       : KS_OK;
+    if (st == KS_OK) ks_lrqk_randn(AQ, (size_t)nq * r, fp->seed);
+    if (st == KS_OK) ks_lrqk_randn(ak, (size_t)nk * r, fp->seed ^ 0x5DEECE66Dull);
     for (int32_t it = 0; it < fp->iters && st == KS_OK; it++) {
         st = solve_b(AQ, Q, nq, r, d, acc, rr, rd, bq);
         if (st == KS_OK) st = solve_b(ak, K, nk, r, d, acc, rr, rd, bk);
@@ -240,7 +244,9 @@ ks_status ks_lrqk_factor(const float *Q, int32_t nq, const float *K, int32_t nk,
 
 ks_status ks_lrqk_project(const float *bk, int32_t r, int32_t d, const float *k, float *a) {
     if (r <= 0 || d <= 0) return KS_FAIL(KS_ERR_INVALID_ARG, "lrqk project: rank %d", r);
-    double *rr = ks_malloc(sizeof(double) * ((size_t)r * r + r)), *rhs = rr + (size_t)r * r;
+    double *rr = ks_malloc(sizeof(double) * ((size_t)r * r + r));
+    if (!rr) return KS_FAIL(KS_ERR_NOMEM, "lrqk project: rank %d", r);
+    double *rhs = rr + (size_t)r * r;
     bbt(bk, r, d, rr);
     for (int32_t i = 0; i < r; i++) {
         double s = 0;
@@ -290,6 +296,8 @@ ks_status ks_lrqk_decode(float *bq, float *bk, int32_t r, int32_t d, const doubl
     size_t rr = (size_t)r * r, rg = (size_t)r * G;
     /* BQ2, BK2, M [r][r]; R, c, qh [r][G]; kb, kh, nk, qbq, qbk [r]; s [G] */
     double *BQ2 = ks_scratch(KS_SCRATCH_MATH0, sizeof(double) * (3 * rr + 3 * rg + 5 * (size_t)r + (size_t)G));
+    float *dB = ks_scratch(KS_SCRATCH_MATH1, sizeof(float) * ((size_t)r * d + (size_t)d));
+    if (!BQ2 || !dB) return KS_FAIL(KS_ERR_NOMEM, "lrqk decode: rank %d", r);
     double *BK2 = BQ2 + rr, *M = BK2 + rr, *R = M + rr, *c = R + rg, *qh = c + rg, *kb = qh + rg, *kh = kb + r,
            *nk = kh + r, *qbq = nk + r, *qbk = qbq + r, *s = qbk + r;
     ks_status st = KS_OK;
@@ -359,7 +367,7 @@ ks_status ks_lrqk_decode(float *bq, float *bk, int32_t r, int32_t d, const doubl
     }
     for (int32_t i = 0; i < r; i++) khat[i] = (float)kh[i];
     for (size_t i = 0; i < (size_t)G * r; i++) qhat[i] = (float)qh[i];
-    float *dB = ks_scratch(KS_SCRATCH_MATH1, sizeof(float) * ((size_t)r * d + (size_t)d)), *e = dB + (size_t)r * d;
+    float *e = dB + (size_t)r * d;
     grad_step(bq, r, d, qhat, q, G, dB, e);
     grad_step(bk, r, d, khat, k, 1, dB, e);
 out:

@@ -157,6 +157,7 @@ int32_t ks_chess_mask(const float *page_s, const float *chunk_s, const float *gr
      * grid, the chunks (active, kept) and the pages (active, kept) */
     scored *sv = ks_scratch(KS_SCRATCH_MATH0, sizeof(scored) * (size_t)np + sizeof(float) * (size_t)np +
                                                   sizeof(int32_t) * 2 * (size_t)np + (size_t)ng + 2 * (size_t)nc + 2 * (size_t)np);
+    if (!sv) return -1;
     float *tmp = (float *)(sv + np);
     int32_t *map = (int32_t *)(tmp + np), *idx = map + np;
     uint8_t *gk = (uint8_t *)(idx + np), *ca = gk + ng, *ck = ca + nc, *pa = ck + nc, *pk = pa + np;
@@ -231,6 +232,7 @@ static ks_status chess_create(const ks_policy_env *env, const ks_policy_spec *p,
     KS_TRY(ks_args_float(p->args, "h_max", INFINITY, 0, INFINITY, &h_max));
     KS_TRY(ks_args_float(p->args, "v_max", INFINITY, 0, INFINITY, &v_max));
     chess_state *s = ks_calloc(1, sizeof *s);
+    if (!s) return KS_FAIL(KS_ERR_NOMEM, "chess policy");
     s->env = *env;
     s->p = *p;
     s->cfg = (ks_chess_cfg){(int32_t)chunk, (int32_t)grid, rg, rc, rp};
@@ -243,16 +245,19 @@ static ks_status chess_create(const ks_policy_env *env, const ks_policy_spec *p,
     /* layers=N: N evenly spaced layers (0: all) */
     s->n_proj = layers > 0 ? (int32_t)layers : env->n_layer;
     s->proj = ks_malloc(sizeof(int32_t) * (size_t)s->n_proj);
-    for (int32_t i = 0; i < s->n_proj; i++) s->proj[i] = (int32_t)((int64_t)i * env->n_layer / s->n_proj);
     s->seqs = ks_calloc((size_t)env->n_seq, sizeof *s->seqs);
-    for (int32_t i = 0; i < env->n_seq; i++) {
-        s->seqs[i].sel = ks_malloc(sizeof(int32_t) * (size_t)s->max_pages);
-        s->seqs[i].acc_page = -1;
-    }
     s->page_s = ks_malloc(sizeof(float) * (size_t)s->max_pages * 3);
+    s->anchor = ks_malloc(sizeof(float) * (size_t)env->head_dim);
+    bool ok = s->proj && s->seqs && s->page_s && s->anchor;
+    for (int32_t i = 0; ok && i < env->n_seq; i++) ok = (s->seqs[i].sel = ks_malloc(sizeof(int32_t) * (size_t)s->max_pages));
+    if (!ok) {
+        chess_destroy(s);
+        return KS_FAIL(KS_ERR_NOMEM, "chess: page tables of %d sequences", env->n_seq);
+    }
+    for (int32_t i = 0; i < s->n_proj; i++) s->proj[i] = (int32_t)((int64_t)i * env->n_layer / s->n_proj);
+    for (int32_t i = 0; i < env->n_seq; i++) s->seqs[i].acc_page = -1;
     s->chunk_s = s->page_s + s->max_pages;
     s->grid_s = s->chunk_s + s->max_pages;
-    s->anchor = ks_malloc(sizeof(float) * (size_t)env->head_dim);
     *state = s;
     return KS_OK;
 }
@@ -316,6 +321,7 @@ static ks_status chess_build(chess_state *s, int32_t seq, int32_t n) {
         }
     ks_chess_level_scores(ps, np, s->cfg.chunk, s->cfg.grid, s->chunk_s, s->grid_s);
     int32_t k = ks_chess_mask(ps, s->chunk_s, s->grid_s, np, &s->cfg, q->sel);
+    if (k < 0) return KS_FAIL(KS_ERR_NOMEM, "chess: ranking %d pages", np);
     int32_t m = 0;
     for (int32_t i = 0; i < k; i++) /* drop pages the sinks cover entirely */
         if ((q->sel[i] + 1) * P > s->p.sink) q->sel[m++] = q->sel[i];

@@ -42,7 +42,8 @@ void ks_chess_level_scores(const float *page_s, int32_t np, int32_t chunk, int32
  * keep ceil(rho_g * G) of the G grids by score, then ceil(rho_c * C') of the
  * C' chunks inside kept grids, then ceil(rho_p * P') of the P' pages inside
  * kept chunks (ties to the lower index).  Writes the kept pages to out [np]
- * in descending page score (ties: lower page first) and returns their count. */
+ * in descending page score (ties: lower page first) and returns their count
+ * (-1: its scratch was refused). */
 int32_t ks_chess_mask(const float *page_s, const float *chunk_s, const float *grid_s, int32_t np,
                       const ks_chess_cfg *cfg, int32_t *out);
 

@@ -80,6 +80,7 @@ static ks_status dapq_create(const ks_policy_env *env, const ks_policy_spec *p, 
         return KS_FAIL(KS_ERR_INVALID_ARG, "dapq n_head_tokens=%lld exceeds n_pseudo=%lld", (long long)n_head,
                        (long long)n_pseudo);
     dapq_state *s = ks_calloc(1, sizeof *s);
+    if (!s) return KS_FAIL(KS_ERR_NOMEM, "dapq policy");
     s->env = *env;
     s->p = *p;
     s->n_pseudo = (int32_t)n_pseudo;

@@ -10,7 +10,7 @@ static ks_status dense_create(const ks_policy_env *env, const ks_policy_spec *p,
     (void)env;
     (void)p;
     *state = ks_calloc(1, 1);
-    return KS_OK;
+    return *state ? KS_OK : KS_FAIL(KS_ERR_NOMEM, "dense policy");
 }
 
 static void dense_destroy(void *state) { ks_free(state); }

@@ -146,6 +146,8 @@ static size_t slot_of(const freekv_state *s, int32_t seq, int32_t layer, int32_t
     return ((size_t)seq * s->env.n_layer + (size_t)layer) * s->env.n_head_kv + (size_t)head;
 }
 
+static void freekv_destroy(void *state);
+
 static ks_status freekv_create(const ks_policy_env *env, const ks_policy_spec *p, void **state) {
     double tau, sink_frac, recent_frac;
     char sum[16], sc[16], preset[16];
@@ -171,6 +173,7 @@ static ks_status freekv_create(const ks_policy_env *env, const ks_policy_spec *p
     if (summary == SUM_CENTRE && !env->read_keys)
         return KS_FAIL(KS_ERR_INVALID_ARG, "freekv summary=centre needs the read_keys service");
     freekv_state *s = ks_calloc(1, sizeof *s);
+    if (!s) return KS_FAIL(KS_ERR_NOMEM, "freekv policy");
     s->env = *env;
     s->p = *p;
     s->tau = tau;
@@ -194,14 +197,19 @@ static ks_status freekv_create(const ks_policy_env *env, const ks_policy_spec *p
     s->n_att = ks_malloc(sizeof(int32_t) * s->n_slot);
     s->att_pos = ks_malloc(sizeof(int32_t) * s->n_slot);
     s->cnt = ks_calloc(s->n_slot * N_CNT, sizeof(uint64_t));
+    if (summary == SUM_CENTRE) {
+        s->cs = ks_malloc(sizeof(float) * np_all * 2 * (size_t)env->head_dim);
+        s->cs_fp = ks_malloc(sizeof(float) * np_all);
+    }
+    if (!s->q || !s->q_pos || !s->spec || !s->n_spec || !s->edge_page || !s->edge_box || !s->att || !s->n_att ||
+        !s->att_pos || !s->cnt || (summary == SUM_CENTRE && (!s->cs || !s->cs_fp))) {
+        freekv_destroy(s);
+        return KS_FAIL(KS_ERR_NOMEM, "freekv: state of %zu head pages", np_all);
+    }
     for (size_t i = 0; i < s->n_slot; i++)
         s->q_pos[i] = s->n_spec[i] = s->n_att[i] = s->att_pos[i] = s->edge_page[i] = -1;
-    if (summary == SUM_CENTRE) {
-        size_t np = s->n_slot * (size_t)s->max_pages;
-        s->cs = ks_malloc(sizeof(float) * np * 2 * (size_t)env->head_dim);
-        s->cs_fp = ks_malloc(sizeof(float) * np);
-        for (size_t i = 0; i < np; i++) s->cs_fp[i] = NAN;
-    }
+    if (summary == SUM_CENTRE)
+        for (size_t i = 0; i < np_all; i++) s->cs_fp[i] = NAN;
     *state = s;
     return KS_OK;
 }
@@ -341,10 +349,11 @@ static ks_status fresh_select(freekv_state *s, const ks_select_req *req, const f
     size_t n_sc = (size_t)nc * (G + 1), n_b16 = (size_t)nc * G;
     const uint16_t **kb16 = ks_scratch(KS_SCRATCH_POLICY1, sizeof(uint16_t *) * (size_t)nc +
                                                               sizeof(float) * (n_sc + n_b16) + sizeof(int32_t) * 3 * (size_t)nc);
+    float *keys = s->summary == SUM_CENTRE ? ks_scratch(KS_SCRATCH_POLICY2, sizeof(float) * (size_t)P * hd) : NULL;
+    if (!kb16 || (s->summary == SUM_CENTRE && !keys)) return KS_FAIL(KS_ERR_NOMEM, "freekv: scores of %d pages", nc);
     float *sc = (float *)(kb16 + nc), *b16 = sc + n_sc;
     int32_t *map = (int32_t *)(b16 + n_b16), *top = map + nc, *at16 = top + nc, n16 = 0;
     float *red = sc + (size_t)nc * G;
-    float *keys = s->summary == SUM_CENTRE ? ks_scratch(KS_SCRATCH_POLICY2, sizeof(float) * (size_t)P * hd) : NULL;
     size_t slot = slot_of(s, seq, layer, head);
     int32_t edge_page = edge ? s->edge_page[slot] : -1;
     ks_status st = KS_OK;
@@ -380,7 +389,7 @@ static ks_status fresh_select(freekv_state *s, const ks_select_req *req, const f
             for (int32_t j = 0; j < n16; j++) sc[(size_t)g * nm + at16[j]] = s->scale * b16[(size_t)g * n16 + j];
     }
     if (st == KS_OK && nm > 0) {
-        ks_group_reduce_scores(sc, G, nm, KS_GROUP_SOFTMAX_MEAN, red);
+        KS_TRY(ks_group_reduce_scores(sc, G, nm, KS_GROUP_SOFTMAX_MEAN, red));
         int32_t got = ks_topk_scratch(red, nm, k - m, top, sc); /* the per-head scores are spent */
         for (int32_t i = 0; i < got; i++) sel[m + i] = map[top[i]];
         m += got;
@@ -492,6 +501,7 @@ static ks_status freekv_select(void *state, const ks_select_req *req, ks_selecti
         return KS_OK;
     }
     int32_t *cur = ks_scratch(KS_SCRATCH_POLICY0, sizeof(int32_t) * (size_t)s->max_pages * 2);
+    if (!cur) return KS_FAIL(KS_ERR_NOMEM, "freekv: page marks of %d pages", s->max_pages);
     uint8_t *mark = (uint8_t *)(cur + s->max_pages); /* [max_pages] pages attended at step t-1 */
     int32_t *spec = s->spec + slot * s->max_pages, nu = 0;
     bool have_prev = s->q_pos[slot] == req->pos - 1;

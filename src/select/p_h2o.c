@@ -32,9 +32,14 @@ static ks_status h2o_create(const ks_policy_env *env, const ks_policy_spec *p, v
     int64_t obs;
     KS_TRY(ks_args_int(p->args, "obs", 64, 0, 64, &obs));
     h2o_state *s = ks_calloc(1, sizeof *s);
+    if (!s) return KS_FAIL(KS_ERR_NOMEM, "h2o policy");
     s->env = *env;
     s->obs = (int32_t)obs;
     s->acc = ks_calloc((size_t)env->n_seq * env->n_layer * env->n_head_kv * env->n_ctx, sizeof(float));
+    if (!s->acc) {
+        ks_free(s);
+        return KS_FAIL(KS_ERR_NOMEM, "h2o accumulators for %d x %d tokens", env->n_seq, env->n_ctx);
+    }
     *state = s;
     return KS_OK;
 }
@@ -56,6 +61,7 @@ static ks_status h2o_prefill(void *state, const ks_prefill_info *info) {
     int32_t nobs = info->n_obs < s->obs ? info->n_obs : s->obs;
     if (nobs <= 0) return KS_OK;
     float *q = ks_malloc(sizeof(float) * (size_t)nobs * (e->n_head / e->n_head_kv) * e->head_dim);
+    if (!q) return KS_FAIL(KS_ERR_NOMEM, "h2o: %d observation queries", nobs);
     for (int32_t l = 0; l < e->n_layer; l++) {
         for (int32_t h = 0; h < e->n_head_kv; h++) {
             float *acc = acc_of(s, info->seq, l, h);

@@ -103,11 +103,15 @@ static size_t slot_index(const lrqk_state *s, int32_t seq, int32_t layer, int32_
 
 static int32_t words_of(const lrqk_state *s) { return s->env.n_ctx / 64 + 1; }
 
+static void slot_free(lrqk_state *s, lrqk_slot *t);
+
+/* NULL when refused (nothing kept: a later call tries again). */
 static lrqk_slot *slot_get(lrqk_state *s, int32_t seq, int32_t layer, int32_t head) {
     lrqk_slot **p = &s->slots[slot_index(s, seq, layer, head)];
     if (!*p) {
         int32_t r = s->rank, hd = s->env.head_dim;
         lrqk_slot *t = ks_calloc(1, sizeof *t);
+        if (!t) return NULL;
         t->n = -1;
         t->updated = -1;
         t->ak = ks_malloc(sizeof(float) * (size_t)s->env.n_ctx * r);
@@ -119,6 +123,10 @@ static lrqk_slot *slot_get(lrqk_state *s, int32_t seq, int32_t layer, int32_t he
         t->sc = ks_malloc(sizeof(float) * 2 * (size_t)s->env.n_ctx);
         t->gram = ks_calloc((size_t)r * r, sizeof(float));
         t->kao = ks_calloc((size_t)hd * r, sizeof(float));
+        if (!t->ak || !t->bq || !t->bk || !t->kpend || !t->res || !t->nres || !t->sc || !t->gram || !t->kao) {
+            slot_free(s, t);
+            return NULL;
+        }
         *p = t;
     }
     return *p;
@@ -160,6 +168,7 @@ static ks_status lrqk_create(const ks_policy_env *env, const ks_policy_spec *p, 
         return KS_FAIL(KS_ERR_INVALID_ARG, "lrqk: unsupported shape (%d heads, %d KV heads, head dim %d)", env->n_head,
                        env->n_head_kv, env->head_dim);
     lrqk_state *s = ks_calloc(1, sizeof *s);
+    if (!s) return KS_FAIL(KS_ERR_NOMEM, "lrqk policy");
     s->env = *env;
     /* a rank above the head dim adds nothing (Q K^T has rank <= hd) and
      * leaves B_Q B_Q^T singular: clamp */
@@ -169,6 +178,10 @@ static ks_status lrqk_create(const ks_policy_env *env, const ks_policy_spec *p, 
     s->lambda = (float)lambda;
     s->dense = p->dense_layers >= 0 ? p->dense_layers : 0;
     s->slots = ks_calloc((size_t)env->n_seq * env->n_layer * env->n_head_kv, sizeof(lrqk_slot *));
+    if (!s->slots) {
+        ks_free(s);
+        return KS_FAIL(KS_ERR_NOMEM, "lrqk: %d x %d x %d head slots", env->n_seq, env->n_layer, env->n_head_kv);
+    }
     *state = s;
     return KS_OK;
 }
@@ -243,6 +256,13 @@ static void prefill_worker(void *arg, int ith, int nth) {
         int32_t l = s->dense + task / nkv, h = task % nkv;
         int32_t n = ks_policy_kv_n_entries(e, j->info->seq, l, h);
         lrqk_slot *t = slot_get(s, j->info->seq, l, h);
+        if (!t) {
+            if (!atomic_exchange(&j->failed, 1)) {
+                j->st = KS_ERR_NOMEM;
+                snprintf(j->msg, sizeof j->msg, "factors of layer %d head %d refused", l, h);
+            }
+            break;
+        }
         if (n <= 0) { /* nothing stored: no factors, rebuilt at the first select */
             t->n = -1;
             continue;
@@ -270,6 +290,11 @@ static ks_status lrqk_prefill(void *state, const ks_prefill_info *info) {
     if (j.total <= 0) return KS_OK;
     j.keys = ks_malloc(sizeof(float) * (size_t)workers * e->n_ctx * hd);
     j.Q = nobs ? ks_malloc(sizeof(float) * (size_t)workers * nobs * G * hd) : NULL;
+    if (!j.keys || (nobs && !j.Q)) {
+        ks_free(j.keys);
+        ks_free(j.Q);
+        return KS_FAIL(KS_ERR_NOMEM, "lrqk prefill: keys of %d workers", workers);
+    }
     atomic_init(&j.next, 0);
     atomic_init(&j.failed, 0);
     ks_pool_run(e->pool, prefill_worker, &j);
@@ -365,16 +390,17 @@ KS_AVX2_TGT static void proxy_scores_avx2(const float *ak, int32_t m, int32_t r,
  * (Gp = G rounded up to 4, padded with copies of head 0, which leaves the
  * max unchanged), so a row costs r * Gp / 4 vector FMAs and no horizontal
  * sums; with G <= 2 they run over r. */
-static void proxy_scores(const float *ak, int32_t m, int32_t r, const float *qhat, int32_t G, float *sc) {
+static ks_status proxy_scores(const float *ak, int32_t m, int32_t r, const float *qhat, int32_t G, float *sc) {
 #if defined(__x86_64__)
     if (r % 8 == 0 && ks_simd_current() >= KS_SIMD_AVX2) {
         proxy_scores_avx2(ak, m, r, qhat, G, sc);
-        return;
+        return KS_OK;
     }
 #endif
     if (G >= 3) {
         int32_t Gp = (G + 3) & ~3;
         float *qt = ks_malloc(sizeof(float) * (size_t)r * Gp);
+        if (!qt) return KS_FAIL(KS_ERR_NOMEM, "lrqk: transposed queries of rank %d", r);
         for (int32_t j = 0; j < r; j++)
             for (int32_t g = 0; g < Gp; g++) qt[(size_t)j * Gp + g] = qhat[(size_t)(g < G ? g : 0) * r + j];
         for (int32_t i = 0; i < m; i++) {
@@ -390,7 +416,7 @@ static void proxy_scores(const float *ak, int32_t m, int32_t r, const float *qha
             sc[i] = best;
         }
         ks_free(qt);
-        return;
+        return KS_OK;
     }
     for (int32_t i = 0; i < m; i++) {
         const float *a = ak + (size_t)i * r;
@@ -409,6 +435,7 @@ static void proxy_scores(const float *ak, int32_t m, int32_t r, const float *qha
         }
         sc[i] = best;
     }
+    return KS_OK;
 }
 
 /* kao [hd][r] += sign * k^T a */
@@ -460,6 +487,10 @@ static ks_status update_resident(lrqk_state *s, lrqk_slot *t, const ks_select_re
         t->gram_age++;
     }
     float *keys = ks_scratch(KS_SCRATCH_POLICY0, sizeof(float) * 64 * (size_t)hd);
+    if (!keys) { /* O unknown: start over at the next select */
+        slot_clear_resident(s, t);
+        return KS_FAIL(KS_ERR_NOMEM, "lrqk: keys of a resident run");
+    }
     ks_status st = KS_OK;
     int32_t run0 = -1, run_len = 0;
     for (int32_t w = 0; w < W && st == KS_OK; w++) {
@@ -500,8 +531,10 @@ static ks_status lrqk_select(void *state, const ks_select_req *req, ks_selection
     }
     if (hi <= lo || req->n_select <= 0) return KS_OK;
     lrqk_slot *t = slot_get(s, req->seq, req->layer, req->head);
+    if (!t) return KS_FAIL(KS_ERR_NOMEM, "lrqk: factors of layer %d head %d", req->layer, req->head);
     if (t->n != n || t->final_rows < n - 1) { /* no prefill factors, or out of sync: rebuild from the keys */
         float *keys = ks_scratch(KS_SCRATCH_POLICY0, sizeof(float) * (size_t)n * hd);
+        if (!keys) return KS_FAIL(KS_ERR_NOMEM, "lrqk: keys of %d entries", n);
         ks_status st = factor_slot(s, t, req->seq, req->layer, req->head, NULL, 0, n, keys);
         KS_TRY(st);
         if (t->n != n) {
@@ -509,8 +542,10 @@ static ks_status lrqk_select(void *state, const ks_select_req *req, ks_selection
             return KS_OK;
         }
     }
-    float *qhat = ks_scratch(KS_SCRATCH_POLICY1, sizeof(float) * ((size_t)G * r + r)), *khat = qhat + (size_t)G * r;
+    float *qhat = ks_scratch(KS_SCRATCH_POLICY1, sizeof(float) * ((size_t)G * r + r));
     double *gram = ks_scratch(KS_SCRATCH_POLICY2, sizeof(double) * (size_t)r * r);
+    if (!qhat || !gram) return KS_FAIL(KS_ERR_NOMEM, "lrqk: estimates of rank %d", r);
+    float *khat = qhat + (size_t)G * r;
     gram_read(t->gram, r, gram);
     ks_status st;
     if (t->updated != n) {
@@ -522,18 +557,21 @@ static ks_status lrqk_select(void *state, const ks_select_req *req, ks_selection
             t->updated = n;
         }
     } else { /* asked again for the same token: estimate on copies, no second update */
-        float *bq = ks_scratch(KS_SCRATCH_POLICY3, sizeof(float) * (size_t)r * hd * 2), *bk = bq + (size_t)r * hd;
+        float *bq = ks_scratch(KS_SCRATCH_POLICY3, sizeof(float) * (size_t)r * hd * 2);
+        if (!bq) return KS_FAIL(KS_ERR_NOMEM, "lrqk: factor copies of rank %d", r);
+        float *bk = bq + (size_t)r * hd;
         memcpy(bq, t->bq, sizeof(float) * (size_t)r * hd);
         memcpy(bk, t->bk, sizeof(float) * (size_t)r * hd);
         st = ks_lrqk_decode(bq, bk, r, hd, gram, t->kao, req->q, G, t->kpend, s->iters, s->tol, s->lambda, qhat,
                             khat);
     }
+    if (st == KS_ERR_NOMEM) return st;
     if (st != KS_OK) {
         out->all = true;
         return KS_OK;
     }
     int32_t m = hi - lo, k = req->n_select < out->cap ? req->n_select : out->cap;
-    proxy_scores(t->ak + (size_t)lo * r, m, r, qhat, G, t->sc);
+    KS_TRY(proxy_scores(t->ak + (size_t)lo * r, m, r, qhat, G, t->sc));
     out->n = ks_lrqk_topk(t->sc, m, k, out->idx, t->sc + m);
     for (int32_t i = 0; i < out->n; i++) out->idx[i] += lo;
     t->selections++;

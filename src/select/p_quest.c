@@ -44,6 +44,7 @@ static ks_status quest_create(const ks_policy_env *env, const ks_policy_spec *p,
     if (strcmp(b, "f16") && strcmp(b, "q8"))
         return KS_FAIL(KS_ERR_INVALID_ARG, "quest: bounds=%s: expected f16 or q8", b);
     quest_state *s = ks_calloc(1, sizeof *s);
+    if (!s) return KS_FAIL(KS_ERR_NOMEM, "quest policy");
     s->env = *env;
     s->group = how;
     s->bounds8 = !strcmp(b, "q8");
@@ -73,12 +74,13 @@ static ks_status quest_select(void *state, const ks_select_req *req, ks_selectio
         return KS_OK;
     }
     float *sc = ks_scratch(KS_SCRATCH_POLICY0, sizeof(float) * (size_t)np * (G + 1));
+    void *kb = ks_scratch(KS_SCRATCH_POLICY1, sizeof(void *) * (size_t)np);
+    if (!sc || !kb) return KS_FAIL(KS_ERR_NOMEM, "quest: scores of %d pages", np);
     float *red = sc + (size_t)np * G;
     /* the store's compact bounds: every page scored in one call (the group
      * max fused in), from the 8-bit bounds with bounds=q8, else from an f16
      * cache's f16 bounds; otherwise (a caller's metadata, or f16 bounds
      * asked of another cache) page by page from the f32 summaries */
-    void *kb = ks_scratch(KS_SCRATCH_POLICY1, sizeof(void *) * (size_t)np);
     bool b8 = s->bounds8 && ks_policy_kv_pages_bounds8(env, req->seq, req->layer, req->head, np, (const uint8_t **)kb);
     bool f16 = !b8 && ks_policy_kv_pages_bounds16(env, req->seq, req->layer, req->head, np, (const uint16_t **)kb);
     bool fused = (b8 || f16) && s->group == KS_GROUP_MAX;
@@ -99,7 +101,7 @@ static ks_status quest_select(void *state, const ks_select_req *req, ks_selectio
     if (s->group == KS_GROUP_SOFTMAX_MEAN) /* bounds are logits: scale like attention */
         for (size_t i = 0; i < (size_t)np * G; i++) sc[i] /= sqrtf((float)hd);
     atomic_fetch_add_explicit(&s->bytes_read, bytes, memory_order_relaxed);
-    if (!fused) ks_group_reduce_scores(sc, G, np, s->group, red);
+    if (!fused) KS_TRY(ks_group_reduce_scores(sc, G, np, s->group, red));
     int32_t kk = k < out->cap ? k : out->cap;
     out->n = ks_topk_scratch(red, np, kk, out->idx, sc); /* partial selection; the group scores are spent */
     return KS_OK;

@@ -27,6 +27,7 @@ static ks_status snapkv_create(const ks_policy_env *env, const ks_policy_spec *p
     KS_TRY(ks_args_int(p->args, "pool", 5, 1, 63, &pool));
     if (pool % 2 == 0) return KS_FAIL(KS_ERR_INVALID_ARG, "snapkv pool=%lld must be odd", (long long)pool);
     snapkv_state *s = ks_calloc(1, sizeof *s);
+    if (!s) return KS_FAIL(KS_ERR_NOMEM, "snapkv policy");
     s->env = *env;
     s->p = *p;
     s->obs = (int32_t)obs;

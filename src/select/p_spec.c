@@ -95,6 +95,7 @@ typedef struct {
     int32_t bnd_P;
     /* pending prompt rows (keys to compute) */
     int32_t n_pend, pend_seq[SPEC_FLUSH], pend_pos[SPEC_FLUSH], pend_tok[SPEC_FLUSH];
+    bool refused; /* a flush from a void hook lost its buffers: the next prefill or step reports KS_ERR_NOMEM */
     float *pend_h;                        /* [SPEC_FLUSH][n_aux * tH] hidden of pos-1 */
     /* batched scratch */
     float *x, *f, *q, *k, *emb;           /* [rows][2H], [rows][H], [rows][Hq*hd], [rows][Hkv*hd], [H] */
@@ -146,8 +147,8 @@ static uint8_t *kc_at(spec_state *s, int32_t seq, int32_t kvh, int32_t pos) {
     return s->kc + (((size_t)seq * s->Hkv + kvh) * s->env.n_ctx + pos) * s->kc_rb;
 }
 
-static void grow_rows(spec_state *s, int32_t rows) {
-    if (rows <= s->rows_cap) return;
+static bool grow_rows(spec_state *s, int32_t rows) {
+    if (rows <= s->rows_cap) return true;
     ks_free_aligned(s->x);
     ks_free_aligned(s->f);
     ks_free_aligned(s->q);
@@ -165,6 +166,9 @@ static void grow_rows(spec_state *s, int32_t rows) {
         if (m3 > mm) mm = m3;
     }
     s->mm = ks_malloc_aligned((mm > m2 ? mm : m2) + 64);
+    if (s->x && s->f && s->q && s->k && s->mm) return true;
+    s->rows_cap = 0; /* refused: a later call tries again from nothing */
+    return false;
 }
 
 static void embed(spec_state *s, int32_t tok, float *out) {
@@ -176,14 +180,16 @@ static void embed(spec_state *s, int32_t tok, float *out) {
 /* Rows: token, position, hidden of the previous position ([n_aux*tH] or
  * NULL = zeros).  Computes x for each row, then q (optional) and k in one
  * batched matmul each; q/k get norms and RoPE.  Results in s->q / s->k. */
-static void head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_t *pos, const float *const *h,
+static bool head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_t *pos, const float *const *h,
                       bool want_q) {
-    grow_rows(s, n);
+    float *cs = ks_scratch(KS_SCRATCH_POLICY2, sizeof(float) * (size_t)s->hd); /* [hd/2] cos, [hd/2] sin */
+    if (!cs || !grow_rows(s, n)) return false;
     const ks_eagle3_config *c = &s->dlm->cfg;
     float *fin = NULL;
     if (!s->embed_only) {
         size_t w = (size_t)s->n_aux * s->tH;
         fin = ks_scratch(KS_SCRATCH_POLICY1, sizeof(float) * (size_t)n * w);
+        if (!fin) return false;
         for (int32_t r = 0; r < n; r++) {
             if (h[r]) {
                 memcpy(fin + r * w, h[r], sizeof(float) * w);
@@ -210,7 +216,7 @@ static void head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_
     if (want_q) ks_matmul(s->env.pool, s->t_q, s->w_q, (int64_t)s->Hq * s->hd, 2 * s->H, s->x, n, s->q, s->mm);
     ks_matmul(s->env.pool, s->t_k, s->w_k, (int64_t)s->Hkv * s->hd, 2 * s->H, s->x, n, s->k, s->mm);
     /* rotate_half RoPE (pairs (j, j + hd/2)), cos/sin scaled by mscale as in HF */
-    float *cs = ks_scratch(KS_SCRATCH_POLICY2, sizeof(float) * (size_t)s->hd), *sn = cs + s->hd / 2; /* [hd/2] cos, [hd/2] sin */
+    float *sn = cs + s->hd / 2;
     for (int32_t r = 0; r < n; r++) {
         ks_rope_angles_freq(cs, sn, pos[r], s->hd, s->dlm->inv_freq, s->dlm->mscale);
         for (int g = 0; want_q && g < s->Hq; g++) {
@@ -224,6 +230,7 @@ static void head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_
             ks_rope_apply(k, s->hd, true, cs, sn);
         }
     }
+    return true;
 }
 
 static void store_keys(spec_state *s, int32_t n, const int32_t *seq, const int32_t *pos) {
@@ -239,7 +246,11 @@ static void flush_pending(spec_state *s) {
     const float *h[SPEC_FLUSH];
     size_t w = (size_t)s->n_aux * s->tH;
     for (int32_t i = 0; i < s->n_pend; i++) h[i] = s->pend_pos[i] > 0 && w ? s->pend_h + i * w : NULL;
-    head_rows(s, s->n_pend, s->pend_tok, s->pend_pos, h, false);
+    if (!head_rows(s, s->n_pend, s->pend_tok, s->pend_pos, h, false)) {
+        s->refused = true;
+        s->n_pend = 0;
+        return;
+    }
     store_keys(s, s->n_pend, s->pend_seq, s->pend_pos);
     s->n_pend = 0;
 }
@@ -258,7 +269,7 @@ static float *bnd_at(spec_state *s, int32_t seq, int32_t pos) {
     int32_t P = s->bnd_P;
     if ((pos + 1) % P || pos >= s->env.n_ctx) return NULL;
     size_t w = (size_t)s->n_aux * s->tH, per = (size_t)s->env.n_ctx / P;
-    if (!s->bnd) s->bnd = ks_calloc((size_t)s->env.n_seq * per, sizeof(float) * w);
+    if (!s->bnd) return NULL; /* allocated at create */
     return s->bnd + ((size_t)seq * per + (size_t)(pos / P)) * w;
 }
 
@@ -306,10 +317,16 @@ static ks_status requantize_q8_0(spec_state *s, bool embed_only) {
         total += ks_dtype_row_bytes(KS_DTYPE_Q8_0, m[i]->cols) * (size_t)m[i]->rows;
     }
     s->own_w = ks_malloc(total);
+    if (!s->own_w) return KS_FAIL(KS_ERR_NOMEM, "spec weights=q8_0: %zu bytes", total);
     float *row = NULL;
     for (int i = 0; i < 3; i++) {
         if (!m[i]) continue;
-        row = ks_realloc(row, sizeof(float) * (size_t)m[i]->cols);
+        float *grown = ks_realloc(row, sizeof(float) * (size_t)m[i]->cols);
+        if (!grown) {
+            ks_free(row);
+            return KS_FAIL(KS_ERR_NOMEM, "spec weights=q8_0: a row of %lld", (long long)m[i]->cols);
+        }
+        row = grown;
         size_t src_rb = ks_dtype_row_bytes(*t[i], m[i]->cols), dst_rb = ks_dtype_row_bytes(KS_DTYPE_Q8_0, m[i]->cols);
         uint8_t *dst = (uint8_t *)s->own_w + off[i];
         for (int64_t r = 0; r < m[i]->rows; r++) {
@@ -358,6 +375,10 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_spec *p, 
     KS_TRY(ks_eagle3_load(dir, ep, &dlm));
     if (auxs[0]) ks_eagle3_set_aux_layers(dlm, aux_override, aux_out, "spec aux_ids=");
     spec_state *s = ks_calloc(1, sizeof *s);
+    if (!s) {
+        ks_eagle3_destroy(dlm);
+        return KS_FAIL(KS_ERR_NOMEM, "spec policy");
+    }
     s->dlm = dlm;
     s->env = *env;
     s->p = *p;
@@ -434,17 +455,24 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_spec *p, 
         s->pend_h = ks_malloc(sizeof(float) * SPEC_FLUSH * s->n_aux * s->tH);
     }
     s->ring_pos = ks_malloc(sizeof(int32_t) * n_seq * SPEC_RING);
-    for (size_t i = 0; i < n_seq * SPEC_RING; i++) s->ring_pos[i] = -1;
     s->emb = ks_malloc(sizeof(float) * (size_t)(s->H > s->tH ? s->H : s->tH));
     s->sel = ks_malloc(sizeof(int32_t) * n_seq * s->Hkv * n_ctx);
     s->sel_n = ks_calloc(n_seq * s->Hkv, sizeof(int32_t));
     s->sel_pos = ks_malloc(sizeof(int32_t) * n_seq);
-    for (size_t i = 0; i < n_seq; i++) s->sel_pos[i] = -1;
     s->step_weight_bytes = ks_dtype_row_bytes(s->t_q, dlm->wq.cols) * (size_t)dlm->wq.rows +
                            ks_dtype_row_bytes(s->t_k, dlm->wk.cols) * (size_t)dlm->wk.rows;
     if (!embed_only) s->step_weight_bytes += ks_dtype_row_bytes(s->t_fc, dlm->fc.cols) * (size_t)dlm->fc.rows;
     s->n_scr_threads = ks_pool_size(env->pool);
     s->scr = ks_malloc(sizeof(float) * (size_t)s->n_scr_threads * (s->G + 1) * n_ctx);
+    if (s->n_aux && env->kv) /* the hidden states at page boundaries (prefix caching) */
+        s->bnd = ks_calloc(n_seq * (n_ctx / (size_t)ks_kv_page_size(env->kv)), sizeof(float) * s->n_aux * s->tH);
+    if (!s->kc || !s->klen || (s->n_aux && (!s->ring || !s->pend_h)) || !s->ring_pos || !s->emb || !s->sel ||
+        !s->sel_n || !s->sel_pos || !s->scr || (s->n_aux && env->kv && !s->bnd)) {
+        spec_destroy(s);
+        return KS_FAIL(KS_ERR_NOMEM, "spec: key cache of %zu x %zu", n_seq, n_ctx);
+    }
+    for (size_t i = 0; i < n_seq * SPEC_RING; i++) s->ring_pos[i] = -1;
+    for (size_t i = 0; i < n_seq; i++) s->sel_pos[i] = -1;
     char desc[512];
     if (ks_eagle3_describe(dlm, desc, sizeof desc) == KS_OK) KS_LOG(DEBUG, "spec: %s", desc);
     KS_LOG(INFO, "spec: retrieval head %.2fM params of %.2fM (%.1f%% fewer)%s", dlm->n_params_head / 1e6,
@@ -554,6 +582,10 @@ static ks_status spec_prefill(void *state, const ks_prefill_info *info) {
         }
     }
     flush_pending(s);
+    if (s->refused) {
+        s->refused = false;
+        return KS_FAIL(KS_ERR_NOMEM, "spec: key rows of the prompt refused");
+    }
     /* a longer earlier history (pseudo tokens) must not count as keys */
     int32_t end = info->first_pos + info->n_prompt;
     if (s->klen[info->seq] > end) s->klen[info->seq] = end;
@@ -602,8 +634,12 @@ static ks_status spec_before_step(void *state, const ks_step_info *step) {
     flush_pending(s);
     int32_t n = step->n;
     const float **h = ks_scratch(KS_SCRATCH_POLICY0, sizeof(float *) * (size_t)n);
-    for (int32_t r = 0; r < n; r++) h[r] = ring_get(s, step->seq[r], step->pos[r] - 1);
-    head_rows(s, n, step->token, step->pos, h, true);
+    if (h)
+        for (int32_t r = 0; r < n; r++) h[r] = ring_get(s, step->seq[r], step->pos[r] - 1);
+    if (s->refused || !h || !head_rows(s, n, step->token, step->pos, h, true)) {
+        s->refused = false;
+        return KS_FAIL(KS_ERR_NOMEM, "spec: key rows of a step of %d refused", n);
+    }
     store_keys(s, n, step->seq, step->pos);
     for (int32_t r = 0; r < n; r++) s->sel_pos[step->seq[r]] = step->pos[r];
     int32_t n_select = s->p.budget - s->p.sink - s->p.window;

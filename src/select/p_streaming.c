@@ -16,6 +16,7 @@ typedef struct {
 static ks_status streaming_create(const ks_policy_env *env, const ks_policy_spec *p, void **state) {
     (void)env;
     streaming_state *s = ks_calloc(1, sizeof *s);
+    if (!s) return KS_FAIL(KS_ERR_NOMEM, "streaming policy");
     s->budget = p->budget;
     *state = s;
     return KS_OK;

@@ -68,6 +68,7 @@ ks_status ks_policy_create(const ks_policy_spec *spec, const ks_policy_env *env,
     if (!spec || spec->n_parts < 1 || spec->n_parts > KS_POLICY_MAX_PARTS)
         return KS_FAIL(KS_ERR_INVALID_ARG, "no parsed policy spec");
     ks_policy *pol = ks_calloc(1, sizeof *pol);
+    if (!pol) return KS_FAIL(KS_ERR_NOMEM, "policy '%s'", spec->name);
     pol->spec = *spec;
     pol->n = spec->n_parts;
     for (int i = 0; i < pol->n; i++) pol->vt[i] = ks_policy_spec_part(spec, i);
@@ -247,10 +248,11 @@ static float softmax_exp(float *x, int32_t n) {
     return (float)sum;
 }
 
-void ks_group_reduce_scores(const float *scores, int32_t G, int32_t n, ks_group_reduce how, float *out) {
+ks_status ks_group_reduce_scores(const float *scores, int32_t G, int32_t n, ks_group_reduce how, float *out) {
     if (how == KS_GROUP_SOFTMAX_MEAN) { /* softmax per head, averaged: out = sum_g e_g / (G sum e_g) */
-        if (n <= 0) return;
+        if (n <= 0) return KS_OK;
         float *p = ks_scratch(KS_SCRATCH_MATH1, sizeof(float) * (size_t)n);
+        if (!p) return KS_FAIL(KS_ERR_NOMEM, "softmax of %d scores", n);
         for (int32_t g = 0; g < G; g++) {
             memcpy(p, scores + (size_t)g * n, sizeof(float) * (size_t)n);
             float w = 1.0f / (softmax_exp(p, n) * (float)G);
@@ -259,7 +261,7 @@ void ks_group_reduce_scores(const float *scores, int32_t G, int32_t n, ks_group_
             else
                 for (int32_t i = 0; i < n; i++) out[i] += p[i] * w;
         }
-        return;
+        return KS_OK;
     }
     for (int32_t i = 0; i < n; i++) {
         float acc = how == KS_GROUP_MAX ? -INFINITY : 0;
@@ -270,6 +272,7 @@ void ks_group_reduce_scores(const float *scores, int32_t G, int32_t n, ks_group_
         }
         out[i] = acc;
     }
+    return KS_OK;
 }
 
 ks_status ks_group_reduce_parse(const char *s, ks_group_reduce *out) {

@@ -88,7 +88,7 @@ void ks_page_upper_bounds8_pages(const float *q, int32_t G, const uint8_t *const
 typedef enum ks_group_reduce { KS_GROUP_MAX = 0, KS_GROUP_MEAN = 1, KS_GROUP_SOFTMAX_MEAN = 2 } ks_group_reduce;
 /* scores [G][n] -> out [n] by the reduction (softmax_mean: softmax over n per
  * head, then mean over heads: FreeKV's group-consistent choice). */
-void ks_group_reduce_scores(const float *scores, int32_t G, int32_t n, ks_group_reduce how, float *out);
+ks_status ks_group_reduce_scores(const float *scores, int32_t G, int32_t n, ks_group_reduce how, float *out);
 ks_status ks_group_reduce_parse(const char *s, ks_group_reduce *out);
 
 #endif

@@ -19,6 +19,7 @@ ks_status ks_policy_prefill_probs(const ks_policy_env *e, const ks_prefill_info 
     /* pseudo row i (of the n_pseudo) sees the prompt entries and the pseudo keys up to its own */
     int32_t base = ks_policy_kv_n_entries(e, info->seq, l, h) - info->n_pseudo;
     int32_t *n_keys = ks_malloc(sizeof(int32_t) * (size_t)(nq > 0 ? nq : 1));
+    if (!n_keys) return KS_FAIL(KS_ERR_NOMEM, "key counts of %d rows", nq);
     for (int32_t r = 0; r < nq; r++) n_keys[r] = base + row0 + r + 1;
     ks_status st = e->attn_probs(e->svc, info->seq, l, h, q, nq, n_keys, acc);
     ks_free(n_keys);
@@ -33,7 +34,8 @@ ks_status ks_policy_evict_scored(const ks_policy_env *e, const ks_prefill_info *
     float *pooled = ks_malloc(sizeof(float) * (size_t)e->n_ctx); /* [n], read in [lo, hi) */
     int32_t *idx = ks_malloc(sizeof(int32_t) * (size_t)e->n_ctx);
     uint8_t *keep = ks_malloc((size_t)e->n_ctx); /* [n] */
-    ks_status st = KS_OK;
+    ks_status st = !q || !acc || !pooled || !idx || !keep ? KS_FAIL(KS_ERR_NOMEM, "eviction scores of %d entries", e->n_ctx)
+                                                          : KS_OK;
     for (int32_t l = 0; l < e->n_layer && st == KS_OK; l++) {
         for (int32_t h = 0; h < e->n_head_kv && st == KS_OK; h++) {
             /* the prompt's entries; the pseudo tokens' (the last n_pseudo) are only scored over */

@@ -34,9 +34,12 @@ void ks_api_error_set(ks_api_error *e, int status, const char *type, const char 
 }
 
 #define BAD(code, param, ...) ks_api_error_set(err, 400, "invalid_request_error", (code), (param), __VA_ARGS__)
+/* A refused allocation: 503 for this request, the server goes on. */
+#define NOMEM(what) ks_api_error_set(err, 503, "server_error", "out_of_memory", NULL, "the server ran out of memory reading %s; retry later", (what))
 
 char *ks_api_utf8_clean(const char *s, size_t len) {
     char *o = ks_malloc(len * 3 + 1), *w = o;
+    if (!o) return NULL;
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0;
     while (i < len) {
@@ -68,7 +71,7 @@ char *ks_api_utf8_clean(const char *s, size_t len) {
 char *ks_api_error_json(const ks_api_error *e) {
     cJSON *root = cJSON_CreateObject(), *o = cJSON_AddObjectToObject(root, "error");
     char *msg = ks_api_utf8_clean(e->message, strlen(e->message));
-    cJSON_AddStringToObject(o, "message", msg);
+    cJSON_AddStringToObject(o, "message", msg ? msg : e->message); /* unclean beats absent */
     free(msg);
     cJSON_AddStringToObject(o, "type", e->type ? e->type : "invalid_request_error");
     if (e->param[0]) cJSON_AddStringToObject(o, "param", e->param);
@@ -176,7 +179,11 @@ static char *content_text(const cJSON *c, int idx, ks_api_error *err) {
         BAD("missing_required_parameter", param, "'%s' is required (a string or an array of text parts)", param);
         return NULL;
     }
-    if (cJSON_IsString(c)) return ks_strdup(c->valuestring);
+    if (cJSON_IsString(c)) {
+        char *s = ks_strdup(c->valuestring);
+        if (!s) NOMEM(param);
+        return s;
+    }
     if (!cJSON_IsArray(c)) {
         BAD("invalid_type", param, "'%s' must be a string or an array of text parts, got %s", param, type_name(c));
         return NULL;
@@ -187,6 +194,10 @@ static char *content_text(const cJSON *c, int idx, ks_api_error *err) {
     }
     size_t n = 0, cap = 64;
     char *s = ks_malloc(cap);
+    if (!s) {
+        NOMEM(param);
+        return NULL;
+    }
     s[0] = 0;
     const cJSON *part;
     int j = 0;
@@ -213,8 +224,12 @@ static char *content_text(const cJSON *c, int idx, ks_api_error *err) {
         size_t m = strlen(tx->valuestring);
         if (n + m + 1 > cap) {
             cap = (n + m + 1) * 2;
-            char *ns = realloc(s, cap);
-            if (!ns) abort();
+            char *ns = ks_realloc(s, cap);
+            if (!ns) {
+                free(s);
+                NOMEM(param);
+                return NULL;
+            }
             s = ns;
         }
         memcpy(s + n, tx->valuestring, m + 1);
@@ -240,6 +255,10 @@ static bool parse_messages(const cJSON *root, ks_api_request *r, ks_api_error *e
         return false;
     }
     r->messages = ks_calloc((size_t)n, sizeof *r->messages);
+    if (!r->messages) {
+        NOMEM("messages");
+        return false;
+    }
     bool any_user = false;
     const cJSON *m;
     cJSON_ArrayForEach(m, msgs) {
@@ -306,7 +325,8 @@ static bool parse_prompt(const cJSON *root, ks_api_request *r, ks_api_error *err
             return false;
         }
         r->prompt = ks_strdup(p->valuestring);
-        return true;
+        if (!r->prompt) NOMEM("prompt");
+        return r->prompt != NULL;
     }
     if (cJSON_IsArray(p)) {
         int n = cJSON_GetArraySize(p);
@@ -324,6 +344,10 @@ static bool parse_prompt(const cJSON *root, ks_api_request *r, ks_api_error *err
             return false;
         }
         r->prompt_ids = ks_malloc(sizeof(int32_t) * (size_t)n);
+        if (!r->prompt_ids) {
+            NOMEM("prompt");
+            return false;
+        }
         cJSON_ArrayForEach(t, p) {
             double d = t->valuedouble;
             if (!isfinite(d) || d != floor(d) || d < 0 || d > 2147483647.0) {
@@ -346,7 +370,11 @@ static bool parse_stop(const cJSON *root, ks_api_request *r, ks_api_error *err) 
             BAD("invalid_value", "stop", "stop strings must not be empty");
             return false;
         }
-        r->stops[r->n_stops++] = ks_strdup(s->valuestring);
+        if (!(r->stops[r->n_stops] = ks_strdup(s->valuestring))) {
+            NOMEM("stop");
+            return false;
+        }
+        r->n_stops++;
         return true;
     }
     if (!cJSON_IsArray(s)) {
@@ -367,7 +395,11 @@ static bool parse_stop(const cJSON *root, ks_api_request *r, ks_api_error *err) 
             BAD("invalid_value", "stop", "stop strings must not be empty");
             return false;
         }
-        r->stops[r->n_stops++] = ks_strdup(t->valuestring);
+        if (!(r->stops[r->n_stops] = ks_strdup(t->valuestring))) {
+            NOMEM("stop");
+            return false;
+        }
+        r->n_stops++;
     }
     return true;
 }
@@ -506,7 +538,10 @@ bool ks_api_parse(const char *body, size_t len, ks_api_kind kind, ks_api_request
     const char *s = NULL;
     int k = get_str(root, "model", "model", &s, err);
     if (k < 0) goto done;
-    if (k > 0) out->model = ks_strdup(s);
+    if (k > 0 && !(out->model = ks_strdup(s))) {
+        NOMEM("model");
+        goto done;
+    }
     if (kind == KS_API_CHAT ? !parse_messages(root, out, err) : !parse_prompt(root, out, err)) goto done;
     if (get_bool(root, "stream", "stream", &out->stream, err) < 0) goto done;
     out->cache_prompt = true; /* llama-server's name; kvsieve.cache_prompt below too */

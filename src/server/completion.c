@@ -25,8 +25,17 @@ static uint64_t random_u64(void) {
     return v;
 }
 
+/* A refused allocation fails this one request with 503; the server goes on. */
+static bool out_of_memory(ks_api_error *e, const char *what) {
+    ks_api_error_set(e, 503, "server_error", "out_of_memory", NULL, "the server ran out of memory %s; retry later", what);
+    return false;
+}
+
 static void set_error_from_sched(ks_api_error *e, ks_sched_error why, const char *msg, ks_api_kind kind) {
     switch (why) {
+    case KS_SCHED_ERR_NOMEM:
+        ks_api_error_set(e, 503, "server_error", "out_of_memory", NULL, "%s", msg && *msg ? msg : "out of memory");
+        break;
     case KS_SCHED_ERR_TOO_LONG:
         ks_api_error_set(e, 400, "invalid_request_error", "context_length_exceeded",
                          kind == KS_API_CHAT ? "messages" : "prompt", "%s", msg);
@@ -63,10 +72,13 @@ static cJSON *usage_json(int32_t n_prompt, int32_t n_gen, int32_t n_cached) {
     return u;
 }
 
-static void add_clean_string(cJSON *o, const char *key, const char *s, size_t len) {
+/* false when the copy was refused (the field is then missing: the caller fails the request). */
+static bool add_clean_string(cJSON *o, const char *key, const char *s, size_t len) {
     char *c = ks_api_utf8_clean(s ? s : "", s ? len : 0);
+    if (!c) return false;
     cJSON_AddStringToObject(o, key, c);
     free(c);
+    return true;
 }
 
 /* The envelope of a completion object or chunk. */
@@ -95,14 +107,19 @@ typedef struct stream {
 } stream;
 
 static void sse_put(stream *st, cJSON *root) {
-    char *s = cJSON_PrintUnformatted(root);
+    char *s = root ? cJSON_PrintUnformatted(root) : NULL;
     cJSON_Delete(root);
+    if (!s) { /* a chunk that could not be made: the stream cannot go on whole */
+        st->out.refused = true;
+        return;
+    }
     ks_sbuf_puts(&st->out, "data: ");
     ks_sbuf_puts(&st->out, s);
     ks_sbuf_puts(&st->out, "\n\n");
     free(s);
 }
 
+/* A chunk; NULL when its text could not be copied (the stream then ends with an error event). */
 static cJSON *chunk(stream *st, const char *text, size_t len, const char *finish) {
     bool chat = st->kind == KS_API_CHAT;
     cJSON *o = envelope(st->srv, st->id, chat ? "chat.completion.chunk" : "text_completion", st->created);
@@ -114,9 +131,15 @@ static cJSON *chunk(stream *st, const char *text, size_t len, const char *finish
             cJSON_AddStringToObject(d, "role", "assistant");
             st->role_sent = true;
         }
-        if (text) add_clean_string(d, "content", text, len);
-    } else {
-        add_clean_string(c, "text", text, len);
+        if (text && !add_clean_string(d, "content", text, len)) {
+            cJSON_Delete(o);
+            cJSON_Delete(c);
+            return NULL;
+        }
+    } else if (!add_clean_string(c, "text", text, len)) {
+        cJSON_Delete(o);
+        cJSON_Delete(c);
+        return NULL;
     }
     cJSON_AddNullToObject(c, "logprobs");
     if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
@@ -130,13 +153,23 @@ static void stream_absorb(stream *st, ks_sched_update *u) {
     if (u->text && u->len) sse_put(st, chunk(st, u->text, u->len, NULL));
     free(u->text);
     u->text = NULL;
+    if (st->out.refused) { /* text was lost: end the stream with the error rather than a short answer */
+        free(st->out.p);
+        st->out = (ks_sbuf){0};
+        st->off = 0;
+        ks_sched_req_cancel(st->srv->sched, st->req);
+        u->state = KS_SCHED_FINISHED;
+        u->finish = KS_SCHED_FINISH_ERROR;
+        u->error = KS_SCHED_ERR_NOMEM;
+        snprintf(u->message, sizeof u->message, "the server ran out of memory streaming the answer");
+    }
     if (u->state != KS_SCHED_FINISHED) return;
     if (u->finish == KS_SCHED_FINISH_ERROR || u->finish == KS_SCHED_FINISH_CANCELLED) {
         ks_api_error e;
         set_error_from_sched(&e, u->error, u->message, st->kind);
         char *s = ks_api_error_json(&e);
         ks_sbuf_puts(&st->out, "data: ");
-        ks_sbuf_puts(&st->out, s);
+        ks_sbuf_puts(&st->out, s ? s : "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}");
         ks_sbuf_puts(&st->out, "\n\n");
         free(s);
     } else {
@@ -162,6 +195,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         ks_sched_update u;
         bool news = ks_sched_req_take(st->srv->sched, st->req, 0.1, &u);
         stream_absorb(st, &u);
+        if (st->out.refused) return MHD_CONTENT_READER_END_WITH_ERROR; /* not even the error event fits */
         double now = ks_sched_now();
         if (!st->done && (!news || now - st->last_check > 0.25)) {
             st->last_check = now;
@@ -220,6 +254,7 @@ static bool merge_policy(ks_server *srv, const ks_api_request *rq, ks_sched_poli
  * messages in a row by a newline), as a base model would read a transcript. */
 static bool chat_prompt(ks_server *srv, const ks_api_request *rq, char **text, bool *special, ks_api_error *e) {
     ks_chat_message *msgs = ks_malloc(sizeof *msgs * (size_t)rq->n_messages);
+    if (!msgs) return out_of_memory(e, "reading the messages");
     for (int32_t i = 0; i < rq->n_messages; i++)
         msgs[i] = (ks_chat_message){rq->messages[i].role == KS_API_ROLE_SYSTEM ? KS_ROLE_SYSTEM
                                     : rq->messages[i].role == KS_API_ROLE_USER ? KS_ROLE_USER
@@ -231,6 +266,10 @@ static bool chat_prompt(ks_server *srv, const ks_api_request *rq, char **text, b
         size_t len = 0;
         for (size_t i = 0; i < n; i++) len += strlen(msgs[i].content) + 2;
         char *t = ks_malloc(len + 1), *w = t;
+        if (!t) {
+            free(msgs);
+            return out_of_memory(e, "joining the messages");
+        }
         const ks_chat_message *prev = NULL; /* empty messages add nothing */
         for (size_t i = 0; i < n; i++) {
             if (!msgs[i].content[0]) continue;
@@ -245,11 +284,12 @@ static bool chat_prompt(ks_server *srv, const ks_api_request *rq, char **text, b
         return true;
     }
     *text = ks_malloc(need + 1);
-    st = ks_chat_render(srv->model, msgs, n, *text, need + 1, &need);
+    st = *text ? ks_chat_render(srv->model, msgs, n, *text, need + 1, &need) : KS_ERR_NOMEM;
     free(msgs);
     if (st != KS_OK) {
         free(*text);
         *text = NULL;
+        if (st == KS_ERR_NOMEM) return out_of_memory(e, "rendering the chat template");
         ks_api_error_set(e, 500, "server_error", "internal_error", NULL, "chat template: %s", ks_last_error());
         return false;
     }
@@ -268,6 +308,7 @@ static bool prepare_prompt(ks_server *srv, const ks_api_request *rq, int32_t **i
                 return false;
             }
         *ids = ks_malloc(sizeof(int32_t) * (size_t)rq->n_prompt_ids);
+        if (!*ids) return out_of_memory(e, "copying the prompt");
         memcpy(*ids, rq->prompt_ids, sizeof(int32_t) * (size_t)rq->n_prompt_ids);
         *n_ids = rq->n_prompt_ids;
         return true;
@@ -277,12 +318,13 @@ static bool prepare_prompt(ks_server *srv, const ks_api_request *rq, int32_t **i
     if (rq->kind == KS_API_CHAT) {
         if (!chat_prompt(srv, rq, &text, &special, e)) return false;
     } else {
-        text = ks_strdup(rq->prompt);
+        if (!(text = ks_strdup(rq->prompt))) return out_of_memory(e, "copying the prompt");
     }
     size_t len = strlen(text), n = 0;
     ks_status st = ks_tokenize(srv->model, text, len, true, special, NULL, 0, &n);
     if (st != KS_OK && n == 0) {
         free(text);
+        if (st == KS_ERR_NOMEM) return out_of_memory(e, "tokenizing the prompt");
         ks_api_error_set(e, 400, "invalid_request_error", "invalid_value", param, "tokenizing the prompt: %s",
                          ks_last_error());
         return false;
@@ -294,11 +336,12 @@ static bool prepare_prompt(ks_server *srv, const ks_api_request *rq, int32_t **i
         return false;
     }
     *ids = ks_malloc(sizeof(int32_t) * (n ? n : 1));
-    st = ks_tokenize(srv->model, text, len, true, special, *ids, n, &n);
+    st = *ids ? ks_tokenize(srv->model, text, len, true, special, *ids, n, &n) : KS_ERR_NOMEM;
     free(text);
     if (st != KS_OK) {
         free(*ids);
         *ids = NULL;
+        if (st == KS_ERR_NOMEM) return out_of_memory(e, "tokenizing the prompt");
         ks_api_error_set(e, 400, "invalid_request_error", "invalid_value", param, "tokenizing the prompt: %s",
                          ks_last_error());
         return false;
@@ -405,12 +448,22 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
         cJSON *o = envelope(srv, id, chat ? "chat.completion" : "text_completion", created);
         cJSON *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
         cJSON_AddNumberToObject(c, "index", 0);
+        bool whole = !text.refused; /* every generated byte made it into the answer */
         if (chat) {
             cJSON *m = cJSON_AddObjectToObject(c, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
-            add_clean_string(m, "content", text.p, text.n);
+            whole = whole && add_clean_string(m, "content", text.p, text.n);
         } else {
-            add_clean_string(c, "text", text.p, text.n);
+            whole = whole && add_clean_string(c, "text", text.p, text.n);
+        }
+        if (!whole) {
+            cJSON_Delete(o);
+            cJSON_Delete(c);
+            out_of_memory(&e, "writing the answer");
+            free(text.p);
+            ks_sched_req_release(srv->sched, req);
+            atomic_fetch_sub(&srv->active, 1);
+            return ks_server_respond_error(srv, conn, &e);
         }
         cJSON_AddNullToObject(c, "logprobs");
         cJSON_AddStringToObject(c, "finish_reason", finish_name(u.finish));
@@ -422,6 +475,13 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
         return ks_server_respond_json(srv, conn, 200, o);
     }
     stream *st = ks_calloc(1, sizeof *st);
+    if (!st) {
+        free(u.text);
+        ks_sched_req_release(srv->sched, req);
+        atomic_fetch_sub(&srv->active, 1);
+        out_of_memory(&e, "starting the stream");
+        return ks_server_respond_error(srv, conn, &e);
+    }
     st->srv = srv;
     st->req = req;
     st->conn = conn;

@@ -129,5 +129,11 @@ enum MHD_Result ks_server_handle_metrics(ks_server *srv, struct MHD_Connection *
     METRIC("process_resident_bytes", "gauge", "Resident memory of the server process.", "%lld",
            (long long)rss * sysconf(_SC_PAGESIZE));
 #undef METRIC
+    if (b.refused) {
+        free(b.p);
+        ks_api_error e;
+        ks_api_error_set(&e, 503, "server_error", "out_of_memory", NULL, "the server ran out of memory writing the metrics");
+        return ks_server_respond_error(srv, conn, &e);
+    }
     return ks_server_respond(srv, conn, 200, "text/plain; version=0.0.4; charset=utf-8", b.p, 0, NULL);
 }

@@ -128,10 +128,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     (void)version;
     ks_server *srv = cls;
     conn_state *cs = *con_cls;
+    ks_api_error e;
     if (!cs) {
         cs = ks_calloc(1, sizeof *cs);
         *con_cls = cs;
-        return MHD_YES;
+        if (cs) return MHD_YES;
+        ks_api_error_set(&e, 503, "server_error", "out_of_memory", NULL, "the server ran out of memory; retry later");
+        return ks_server_respond_error(srv, conn, &e);
     }
     if (*upload_size) {
         if (cs->body.n + *upload_size > srv->p.max_body) cs->too_big = true;
@@ -139,7 +142,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *upload_size = 0;
         return MHD_YES;
     }
-    ks_api_error e;
     if (!key_ok(srv, conn)) {
         ks_api_error_set(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
                          "Incorrect or missing API key: send 'Authorization: Bearer KEY'");
@@ -151,6 +153,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (!post) {
             ks_api_error_set(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "use POST for %s", path);
             return ks_server_respond(srv, conn, 405, "application/json", ks_api_error_json(&e), 0, "POST");
+        }
+        if (cs->body.refused) {
+            ks_api_error_set(&e, 503, "server_error", "out_of_memory", NULL,
+                             "the server ran out of memory reading the request body; retry later");
+            return ks_server_respond_error(srv, conn, &e);
         }
         if (cs->too_big) {
             ks_api_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
@@ -238,6 +245,10 @@ ks_status ks_server_start(const ks_model *model, ks_sched *sched, const ks_serve
         return KS_ERR_INVALID_ARG;
     }
     ks_server *srv = ks_calloc(1, sizeof *srv);
+    if (!srv) {
+        snprintf(err, err_cap, "out of memory for the server");
+        return KS_ERR_NOMEM;
+    }
     srv->model = model;
     srv->sched = sched;
     srv->p = p;
@@ -245,6 +256,15 @@ ks_status ks_server_start(const ks_model *model, ks_sched *sched, const ks_serve
     srv->api_key = p.api_key && *p.api_key ? ks_strdup(p.api_key) : NULL;
     srv->model_id = ks_strdup(p.model_id && *p.model_id ? p.model_id : "kvsieve");
     srv->model_path = p.model_path ? ks_strdup(p.model_path) : NULL;
+    if (!srv->host || (p.api_key && *p.api_key && !srv->api_key) || !srv->model_id || (p.model_path && !srv->model_path)) {
+        free(srv->host);
+        free(srv->api_key);
+        free(srv->model_id);
+        free(srv->model_path);
+        free(srv);
+        snprintf(err, err_cap, "out of memory for the server's settings");
+        return KS_ERR_NOMEM;
+    }
     srv->p.host = srv->host;
     srv->p.api_key = srv->api_key;
     srv->p.model_id = srv->model_id;

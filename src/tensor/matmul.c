@@ -499,10 +499,11 @@ static size_t ks_mm_p4_gbytes(ks_dtype t) { return t == KS_DTYPE_Q8_0 ? 512 : 25
  * panel p (rows 16p..16p+15, 16 * nb * 34 = nb * 544 bytes) holds per block
  * b eight 64-byte groups (group k, lane r: bytes 4k..4k+3 of row r's block
  * b, xor 0x80), then the f16 scales [nb][16]. */
-static void ks_mm_pack_p16(ks_weight *w) {
+static ks_status ks_mm_pack_p16(ks_weight *w) {
     const int64_t nb = w->cols / KS_QK8_0;
     const size_t panel_bytes = (size_t)nb * 544;
     ks_block_q8_0 *rows = ks_malloc(panel_bytes);
+    if (!rows) return KS_FAIL(KS_ERR_NOMEM, "repacking a %lld-column matrix", (long long)w->cols);
     uint8_t *base = (uint8_t *)(uintptr_t)w->data;
     for (int64_t p = 0; p < w->rows / 16; p++) {
         uint8_t *panel = base + (size_t)p * panel_bytes;
@@ -519,6 +520,7 @@ static void ks_mm_pack_p16(ks_weight *w) {
     }
     ks_free(rows);
     w->layout = KS_WEIGHT_Q8_0_P16;
+    return KS_OK;
 }
 
 static void ks_mm_unpack_p16(const uint8_t *panel, int64_t nb, ks_block_q8_0 *rows) {
@@ -560,6 +562,7 @@ static void ks_mm_p16_worker(void *arg, int ith, int nth) {
     }
 #endif
     ks_block_q8_0 *rows = ks_scratch(KS_SCRATCH_KERNEL, panel_bytes);
+    KS_ASSERT(rows); /* reserved before the run (ks_matmul_worker_scratch_bytes) */
     for (int64_t p = p0; p < p1; p++) {
         ks_mm_unpack_p16(job->W + (size_t)p * panel_bytes, nb, rows);
         for (int r = 0; r < 16; r++)
@@ -571,18 +574,16 @@ static void ks_mm_p16_worker(void *arg, int ith, int nth) {
     }
 }
 
-void ks_matmul_pack(ks_weight *w) {
-    if (!ks_matmul_can_pack(w)) return;
-    if (w->type == KS_DTYPE_Q8_0 && w->rows % 16 == 0) {
-        ks_mm_pack_p16(w);
-        return;
-    }
+ks_status ks_matmul_pack(ks_weight *w) {
+    if (!ks_matmul_can_pack(w)) return KS_OK;
+    if (w->type == KS_DTYPE_Q8_0 && w->rows % 16 == 0) return ks_mm_pack_p16(w);
     const bool q8 = w->type == KS_DTYPE_Q8_0;
     const int64_t nb = w->cols / 32, ng = nb / 4;
     const size_t bb = q8 ? sizeof(ks_block_q8_0) : sizeof(ks_block_q4_0), gq = ks_mm_p4_gbytes(w->type);
     const size_t panel_bytes = (size_t)ng * (gq + 32);
     KS_ASSERT(panel_bytes == 4 * (size_t)nb * bb); /* in place: same size */
     uint8_t *rows = ks_malloc(panel_bytes);
+    if (!rows) return KS_FAIL(KS_ERR_NOMEM, "repacking a %lld-column matrix", (long long)w->cols);
     uint8_t *base = (uint8_t *)(uintptr_t)w->data; /* the caller made it writable */
     for (int64_t p = 0; p < w->rows / 4; p++) {
         uint8_t *panel = base + (size_t)p * panel_bytes;
@@ -611,6 +612,7 @@ void ks_matmul_pack(ks_weight *w) {
     }
     ks_free(rows);
     w->layout = q8 ? KS_WEIGHT_Q8_0_P4 : KS_WEIGHT_Q4_0_P4;
+    return KS_OK;
 }
 
 /* Panel p back to four ordinary rows (the fallback below a level that has
@@ -656,6 +658,7 @@ static void ks_mm_packed_worker(void *arg, int ith, int nth) {
         if (job->n <= KS_MM_NC) block = p1 - p0;
         const int64_t kg = job->n <= KS_MM_NC || ng <= KS_MM_P4_KGROUPS ? ng : KS_MM_P4_KGROUPS;
         float *acc = ks_scratch(KS_SCRATCH_KERNEL, sizeof(float) * 256 * (size_t)(kg < ng ? block : 1));
+        KS_ASSERT(acc); /* reserved before the run (ks_matmul_worker_scratch_bytes) */
         for (int64_t b0 = p0; b0 < p1; b0 += block) {
             const int64_t b1 = b0 + block < p1 ? b0 + block : p1;
             for (int64_t c = 0; c < job->n; c += KS_MM_NC) {
@@ -673,6 +676,7 @@ static void ks_mm_packed_worker(void *arg, int ith, int nth) {
     }
 #endif
     uint8_t *rows = ks_scratch(KS_SCRATCH_KERNEL, panel_bytes);
+    KS_ASSERT(rows); /* reserved before the run (ks_matmul_worker_scratch_bytes) */
     for (int64_t p = p0; p < p1; p++) {
         ks_mm_unpack_panel(job->wtype, job->W + (size_t)p * panel_bytes, nb, rows);
         for (int r = 0; r < 4; r++)
@@ -682,6 +686,19 @@ static void ks_mm_packed_worker(void *arg, int ith, int nth) {
                           job->Y + c * job->rows + 4 * p + r, job->rows);
             }
     }
+}
+
+size_t ks_matmul_worker_scratch_bytes(const ks_weight *w) {
+    const int64_t nb = w->cols / KS_QK8_0;
+    size_t panel_bytes;
+    if (w->layout == KS_WEIGHT_Q8_0_P16) panel_bytes = (size_t)nb * 544;
+    else if (w->layout == KS_WEIGHT_Q8_0_P4 || w->layout == KS_WEIGHT_Q4_0_P4)
+        panel_bytes = (size_t)(nb / 4) * (ks_mm_p4_gbytes(w->type) + 32);
+    else return 0;
+    /* the unpacked fallback's rows, or the AVX-512 tile's accumulators of a row block */
+    size_t block = panel_bytes ? KS_MM_P4_BLOCK_BYTES / panel_bytes : 1;
+    size_t acc = sizeof(float) * 256 * (block > 1 ? block : 1);
+    return panel_bytes > acc ? panel_bytes : acc;
 }
 
 void ks_matmul_weight_ex(ks_pool *pool, const ks_weight *w, const float *X, int64_t n, float *Y, void *scratch,

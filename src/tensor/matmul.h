@@ -50,8 +50,15 @@ bool ks_matmul_can_pack(const ks_weight *w);
  * (the same bits for every n and chunking; float rounding away from the
  * unpacked kernel); the 4-row panels (Q4_0, other Q8_0) give the unpacked
  * kernel's very bits.  Correct at every level.  No-op when
- * !ks_matmul_can_pack(w). */
-void ks_matmul_pack(ks_weight *w);
+ * !ks_matmul_can_pack(w).  KS_ERR_NOMEM (w unchanged) when the one panel
+ * of working memory is refused. */
+ks_status ks_matmul_pack(ks_weight *w);
+
+/* Bytes of the KS_SCRATCH_KERNEL slot a worker needs for products with w (0
+ * for the file layout).  The kernels cannot report a refused allocation from
+ * inside a parallel-for, so whoever runs them (a context, at creation) makes
+ * every thread's slot this large first, and the kernels assert that it is. */
+size_t ks_matmul_worker_scratch_bytes(const ks_weight *w);
 
 /* The int8 multiply-add peak of the pool's threads (MAC/s, all threads at
  * once) from a register-only vpdpbusd loop run for `seconds` (peak.c); 0

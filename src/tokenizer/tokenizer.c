@@ -97,9 +97,10 @@ static int ks_tok_cmp_special(const void *a, const void *b) {
 }
 
 /* Longest text first; ties by id so the order is deterministic. */
-static void ks_tok_sort_special(ks_tokenizer *t) {
-    if (t->n_special < 2) return;
+static ks_status ks_tok_sort_special(ks_tokenizer *t) {
+    if (t->n_special < 2) return KS_OK;
     ks_tok_special_key *k = ks_malloc((size_t)t->n_special * sizeof *k);
+    if (!k) return KS_FAIL(KS_ERR_NOMEM, "tokenizer: %d special tokens", t->n_special);
     for (int32_t i = 0; i < t->n_special; i++) {
         int32_t id = t->special_ids[i];
         k[i] = (ks_tok_special_key){t->vocab.off[id + 1] - t->vocab.off[id], id};
@@ -107,6 +108,7 @@ static void ks_tok_sort_special(ks_tokenizer *t) {
     qsort(k, (size_t)t->n_special, sizeof *k, ks_tok_cmp_special);
     for (int32_t i = 0; i < t->n_special; i++) t->special_ids[i] = k[i].id;
     ks_free(k);
+    return KS_OK;
 }
 
 static bool ks_tok_text_is(const ks_tokenizer *t, int32_t id, const char *s) {
@@ -122,6 +124,7 @@ static ks_status ks_tok_build_pieces(ks_tokenizer *t) {
     const ks_tok_strset *v = &t->vocab;
     t->piece_blob = ks_malloc(v->off[v->n] ? v->off[v->n] : 1);
     t->piece_off = ks_malloc(((size_t)v->n + 1) * sizeof(uint32_t));
+    if (!t->piece_blob || !t->piece_off) return KS_FAIL(KS_ERR_NOMEM, "tokenizer: pieces of %d tokens", v->n);
     size_t o = 0;
     for (int32_t id = 0; id < v->n; id++) {
         t->piece_off[id] = (uint32_t)o;
@@ -227,6 +230,7 @@ static ks_status ks_tok_load(ks_tokenizer *t, const ks_gguf *g) {
     KS_TRY(ks_tok_read_num_arr(g, "tokenizer.ggml.token_type", n, &types));
     t->scores = ks_calloc((size_t)n, sizeof(float));
     t->types = ks_malloc((size_t)n);
+    if (!t->scores || !t->types) return KS_FAIL(KS_ERR_NOMEM, "tokenizer: %d token scores", n);
     for (int32_t i = 0; i < n; i++) {
         if (scores) {
             double s = ks_gguf_arr_f64(scores, (uint64_t)i);
@@ -238,7 +242,7 @@ static ks_status ks_tok_load(ks_tokenizer *t, const ks_gguf *g) {
             return KS_FAIL(KS_ERR_FORMAT, "tokenizer: token %d has invalid type %lld", i, (long long)ty);
         t->types[i] = (uint8_t)(ty == KS_TT_UNDEFINED ? KS_TT_NORMAL : ty);
     }
-    ks_tok_strset_build(&t->vocab, kv->arr_strs, n, true);
+    KS_TRY(ks_tok_strset_build(&t->vocab, kv->arr_strs, n, true));
     /* Duplicate strings: the last id wins, as in the reference, except that a
      * normal/byte token beats a special one with the same text (deepseek's
      * user-defined "ÿ" duplicates the byte-level character for 0xFF; raw
@@ -263,6 +267,7 @@ static ks_status ks_tok_load(ks_tokenizer *t, const ks_gguf *g) {
         const int32_t nm = (int32_t)kv->arr_n;
         uint64_t mtotal = 0;
         t->merge_split = ks_malloc((nm ? (size_t)nm : 1) * sizeof(uint32_t));
+        if (!t->merge_split) return KS_FAIL(KS_ERR_NOMEM, "tokenizer: %d merges", nm);
         for (int32_t i = 0; i < nm; i++) {
             const ks_gguf_str s = kv->arr_strs[i];
             const char *sp = s.len > 1 ? memchr(s.data + 1, ' ', s.len - 1) : NULL;
@@ -273,7 +278,7 @@ static ks_status ks_tok_load(ks_tokenizer *t, const ks_gguf *g) {
             mtotal += s.len;
         }
         if (mtotal >= UINT32_MAX / 2) return KS_FAIL(KS_ERR_FORMAT, "tokenizer: merge strings too large");
-        ks_tok_strset_build(&t->merges, kv->arr_strs, nm, false);
+        KS_TRY(ks_tok_strset_build(&t->merges, kv->arr_strs, nm, false));
         ks_tok_bpe_init_bytes(t);
         ks_gguf_str pre = {0, NULL};
         const ks_gguf_kv *pkv = ks_gguf_find_kv(g, "tokenizer.ggml.pre");
@@ -309,13 +314,14 @@ static ks_status ks_tok_load(ks_tokenizer *t, const ks_gguf *g) {
 
     /* special tokens, longest first */
     t->special_ids = ks_malloc((size_t)n * sizeof(int32_t));
+    if (!t->special_ids) return KS_FAIL(KS_ERR_NOMEM, "tokenizer: special tokens of %d", n);
     for (int32_t i = 0; i < n; i++) {
         uint8_t ty = t->types[i];
         if ((ty == KS_TT_CONTROL || ty == KS_TT_USER_DEFINED || ty == KS_TT_UNKNOWN) &&
             t->vocab.off[i + 1] > t->vocab.off[i])
             t->special_ids[t->n_special++] = i;
     }
-    ks_tok_sort_special(t);
+    KS_TRY(ks_tok_sort_special(t));
 
     /* end of generation */
     ks_tok_add_eog(t, t->eos);
@@ -338,6 +344,7 @@ static ks_status ks_tok_load(ks_tokenizer *t, const ks_gguf *g) {
 ks_status ks_tokenizer_create(const ks_gguf *g, ks_tokenizer **out) {
     if (!g || !out) return KS_FAIL(KS_ERR_INVALID_ARG, "tokenizer: NULL argument");
     ks_tokenizer *t = ks_calloc(1, sizeof *t);
+    if (!t) return KS_FAIL(KS_ERR_NOMEM, "tokenizer");
     ks_status st = ks_tok_load(t, g);
     if (st != KS_OK) {
         ks_tokenizer_destroy(t);
@@ -410,12 +417,20 @@ typedef struct ks_tok_frag {
 typedef struct ks_tok_frags {
     ks_tok_frag *v; /* [cap] */
     size_t n, cap;
+    bool refused; /* a fragment was dropped: the encode fails with KS_ERR_NOMEM */
 } ks_tok_frags;
 
 static void ks_tok_frags_push(ks_tok_frags *f, ks_tok_frag x) {
+    if (f->refused) return;
     if (f->n == f->cap) {
-        f->cap = f->cap ? f->cap * 2 : 16;
-        f->v = ks_realloc(f->v, f->cap * sizeof(ks_tok_frag));
+        size_t cap = f->cap ? f->cap * 2 : 16;
+        ks_tok_frag *v = ks_realloc(f->v, cap * sizeof(ks_tok_frag));
+        if (!v) {
+            f->refused = true;
+            return;
+        }
+        f->v = v;
+        f->cap = cap;
     }
     f->v[f->n++] = x;
 }
@@ -430,6 +445,10 @@ static void ks_tok_partition(const ks_tokenizer *t, const char *text, size_t len
     if (t->n_special == 0) return;
     /* which adjacent byte pairs occur at all: [65536 bits] */
     uint64_t *pairs = ks_calloc(65536 / 64, sizeof(uint64_t));
+    if (!pairs) {
+        a->refused = true;
+        return;
+    }
     bool bytes[256] = {false};
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)text[i];
@@ -495,6 +514,8 @@ ks_status ks_tokenizer_encode(const ks_tokenizer *t, const char *text, size_t le
     ks_tok_partition(t, text, len, parse_special, &fa, &fb);
     if (add_bos && t->add_bos && t->bos >= 0) ks_tok_ids_push(&out, t->bos);
     ks_tok_bpe_scratch *scratch = t->kind == KS_TOK_BPE ? ks_tok_bpe_scratch_create(t) : NULL;
+    if (fa.refused || fb.refused || (t->kind == KS_TOK_BPE && !scratch))
+        st = KS_FAIL(KS_ERR_NOMEM, "tokenizer: encoding %zu bytes", len);
     bool prev_special = true; /* SPM: the first fragment gets the space prefix */
     for (size_t i = 0; i < fa.n && st == KS_OK; i++) {
         const ks_tok_frag fr = fa.v[i];
@@ -509,6 +530,7 @@ ks_status ks_tokenizer_encode(const ks_tokenizer *t, const char *text, size_t le
         }
     }
     ks_tok_bpe_scratch_destroy(scratch);
+    if (st == KS_OK && out.refused) st = KS_FAIL(KS_ERR_NOMEM, "tokenizer: %zu tokens", out.n);
     if (st == KS_OK) {
         *n_out = out.n;
         if (out.n > cap)

@@ -171,6 +171,7 @@ struct ks_tok_bpe_scratch {
     pcre2_jit_stack *jit;
     ks_tok_span *spans[2]; /* [span_cap[k]] pieces before/after one regex */
     size_t n_spans[2], span_cap[2];
+    bool refused;          /* a span was dropped: the encode fails with KS_ERR_NOMEM */
     char *word;            /* [word_cap] byte-mapped word */
     size_t word_cap;
     ks_tok_sym *sym;       /* [sym_cap] */
@@ -180,6 +181,7 @@ struct ks_tok_bpe_scratch {
 
 ks_tok_bpe_scratch *ks_tok_bpe_scratch_create(const ks_tokenizer *t) {
     ks_tok_bpe_scratch *s = ks_calloc(1, sizeof *s);
+    if (!s) return NULL;
     uint32_t max_pairs = 1;
     for (int i = 0; i < t->n_re; i++) {
         uint32_t c = 0;
@@ -189,7 +191,10 @@ ks_tok_bpe_scratch *ks_tok_bpe_scratch_create(const ks_tokenizer *t) {
     s->md = pcre2_match_data_create(max_pairs, NULL);
     s->mctx = pcre2_match_context_create(NULL);
     s->jit = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, NULL);
-    KS_ASSERT(s->md && s->mctx);
+    if (!s->md || !s->mctx) {
+        ks_tok_bpe_scratch_destroy(s);
+        return NULL;
+    }
     if (s->jit) pcre2_jit_stack_assign(s->mctx, NULL, s->jit);
     return s;
 }
@@ -209,8 +214,14 @@ void ks_tok_bpe_scratch_destroy(ks_tok_bpe_scratch *s) {
 
 static void ks_tok_span_push(ks_tok_bpe_scratch *s, int k, size_t off, size_t len) {
     if (s->n_spans[k] == s->span_cap[k]) {
-        s->span_cap[k] = s->span_cap[k] ? s->span_cap[k] * 2 : 64;
-        s->spans[k] = ks_realloc(s->spans[k], s->span_cap[k] * sizeof(ks_tok_span));
+        size_t cap = s->span_cap[k] ? s->span_cap[k] * 2 : 64;
+        ks_tok_span *v = ks_realloc(s->spans[k], cap * sizeof(ks_tok_span));
+        if (!v) {
+            s->refused = true;
+            return;
+        }
+        s->spans[k] = v;
+        s->span_cap[k] = cap;
     }
     s->spans[k][s->n_spans[k]++] = (ks_tok_span){off, len};
 }
@@ -277,8 +288,13 @@ static void ks_tok_bpe_word(const ks_tokenizer *t, ks_tok_bpe_scratch *s, const 
                             size_t len, ks_tok_ids *out) {
     /* byte-map the word */
     if (len * 2 > s->word_cap) {
+        char *w = ks_realloc(s->word, len * 2);
+        if (!w) {
+            out->refused = true;
+            return;
+        }
+        s->word = w;
         s->word_cap = len * 2;
-        s->word = ks_realloc(s->word, s->word_cap);
     }
     size_t wn = 0;
     for (size_t i = 0; i < len; i++) {
@@ -295,8 +311,13 @@ static void ks_tok_bpe_word(const ks_tokenizer *t, ks_tok_bpe_scratch *s, const 
     }
     /* one symbol per byte of the input = one character of the mapped word */
     if (len > s->sym_cap) {
+        ks_tok_sym *sym = ks_realloc(s->sym, len * sizeof(ks_tok_sym));
+        if (!sym) {
+            out->refused = true;
+            return;
+        }
+        s->sym = sym;
         s->sym_cap = len;
-        s->sym = ks_realloc(s->sym, s->sym_cap * sizeof(ks_tok_sym));
     }
     int32_t ns = 0;
     for (size_t off = 0; off < wn; ns++) {
@@ -320,6 +341,7 @@ static void ks_tok_bpe_word(const ks_tokenizer *t, ks_tok_bpe_scratch *s, const 
     }
     for (int32_t i = 0; i != -1; i = s->sym[i].next)
         ks_tok_bpe_emit(t, s->word + s->sym[i].off, s->sym[i].n, out);
+    if (s->heap.refused) out->refused = true;
 }
 
 ks_status ks_tok_bpe_encode(const ks_tokenizer *t, ks_tok_bpe_scratch *s, const char *text,
@@ -332,6 +354,7 @@ ks_status ks_tok_bpe_encode(const ks_tokenizer *t, ks_tok_bpe_scratch *s, const 
         KS_TRY(ks_tok_bpe_split(s, t->re[i], text, cur, 1 - cur));
         cur = 1 - cur;
     }
+    if (s->refused) return KS_FAIL(KS_ERR_NOMEM, "tokenizer: pre-tokenizing %zu bytes", len);
     for (size_t i = 0; i < s->n_spans[cur]; i++) {
         const ks_tok_span sp = s->spans[cur][i];
         ks_tok_bpe_word(t, s, text + sp.off, sp.len, out);

@@ -49,15 +49,24 @@ const char *ks_chat_family_name(ks_chat_family f) {
     }
 }
 
+/* A refused allocation sets `refused` and makes later puts no-ops; the
+ * renderer checks once at the end. */
 typedef struct ks_tok_sb {
     char *p; /* [cap] */
     size_t n, cap;
+    bool refused;
 } ks_tok_sb;
 
 static void ks_tok_sb_put(ks_tok_sb *b, const char *s, size_t n) {
+    if (b->refused) return;
     if (b->n + n + 1 > b->cap) {
+        char *p = ks_realloc(b->p, (b->n + n + 1) * 2);
+        if (!p) {
+            b->refused = true;
+            return;
+        }
+        b->p = p;
         b->cap = (b->n + n + 1) * 2;
-        b->p = ks_realloc(b->p, b->cap);
     }
     if (n) memcpy(b->p + b->n, s, n);
     b->n += n;
@@ -147,6 +156,7 @@ static void ks_chat_render_llama2(ks_tok_sb *b, const char *bos, const char *eos
         ks_tok_sb_put_trimmed(b, turn.p, turn.n);
         ks_tok_sb_puts(b, " [/INST]");
     }
+    if (sys.refused || turn.refused) b->refused = true;
     ks_free(sys.p);
     ks_free(turn.p);
 }
@@ -173,7 +183,9 @@ ks_status ks_chat_render_family(ks_chat_family fam, const char *bos_text, const 
                                                    : "<|assistant|>\n");
     }
     ks_status st = KS_OK;
-    if (b.n + 1 > cap) {
+    if (b.refused) {
+        st = KS_FAIL(KS_ERR_NOMEM, "chat: rendering %zu messages", n_msgs);
+    } else if (b.n + 1 > cap) {
         *n_out = b.n + 1;
         st = KS_FAIL(KS_ERR_INVALID_ARG, "chat: prompt needs %zu bytes, buffer has %zu", b.n + 1, cap);
     } else {

@@ -79,9 +79,12 @@ struct ks_tokenizer {
 };
 
 /* Growable id list the encoders append to. */
+/* Growable arrays of one encode call: a refused allocation sets `refused`
+ * and drops the element, and the encoder reports KS_ERR_NOMEM at the end. */
 typedef struct ks_tok_ids {
     int32_t *v; /* [cap] */
     size_t n, cap;
+    bool refused;
 } ks_tok_ids;
 void ks_tok_ids_push(ks_tok_ids *ids, int32_t id);
 
@@ -91,7 +94,7 @@ uint32_t ks_tok_hash_bytes(uint32_t h, const void *p, size_t n);
 int32_t ks_tok_strset_find(const ks_tok_strset *s, const char *p, size_t n);
 /* Copy n strings into s and index them; on a duplicate the last index wins
  * when last_wins, else the first.  Empty strings are stored, not indexed. */
-void ks_tok_strset_build(ks_tok_strset *s, const ks_gguf_str *strs, int32_t n, bool last_wins);
+ks_status ks_tok_strset_build(ks_tok_strset *s, const ks_gguf_str *strs, int32_t n, bool last_wins);
 void ks_tok_strset_free(ks_tok_strset *s);
 /* Make the table resolve string i's text to i (settles duplicates). */
 void ks_tok_strset_point(ks_tok_strset *s, int32_t i);
@@ -110,6 +113,7 @@ typedef struct ks_tok_pair {
 typedef struct ks_tok_heap {
     ks_tok_pair *v; /* [cap] */
     size_t n, cap;
+    bool refused;
 } ks_tok_heap;
 void ks_tok_heap_push(ks_tok_heap *h, ks_tok_pair p);
 ks_tok_pair ks_tok_heap_pop(ks_tok_heap *h);
@@ -142,7 +146,7 @@ void ks_tok_spm_encode(const ks_tokenizer *t, const char *text, size_t len, bool
                        ks_tok_ids *out);
 /* Scratch for one BPE encode call (match data, JIT stack, buffers). */
 typedef struct ks_tok_bpe_scratch ks_tok_bpe_scratch;
-ks_tok_bpe_scratch *ks_tok_bpe_scratch_create(const ks_tokenizer *t);
+ks_tok_bpe_scratch *ks_tok_bpe_scratch_create(const ks_tokenizer *t); /* NULL: refused */
 void ks_tok_bpe_scratch_destroy(ks_tok_bpe_scratch *s);
 ks_status ks_tok_bpe_encode(const ks_tokenizer *t, ks_tok_bpe_scratch *s, const char *text,
                             size_t len, ks_tok_ids *out);

@@ -63,6 +63,10 @@ void ks_tok_spm_encode(const ks_tokenizer *t, const char *text, size_t len, bool
     for (size_t i = 0; i < len; i++) n_sp += text[i] == ' ';
     size_t n = len + (space_prefix ? 1 : 0) + 2 * n_sp;
     char *buf = ks_malloc(n);
+    if (!buf) {
+        out->refused = true;
+        return;
+    }
     size_t o = 0;
     static const char k_ws[3] = {(char)0xE2, (char)0x96, (char)0x81};
     if (space_prefix) {
@@ -81,6 +85,11 @@ void ks_tok_spm_encode(const ks_tokenizer *t, const char *text, size_t len, bool
 
     ks_tok_spm_state st = {.t = t, .text = buf};
     st.sym = ks_malloc(n * sizeof(ks_tok_sym));
+    if (!st.sym) {
+        ks_free(buf);
+        out->refused = true;
+        return;
+    }
     int32_t ns = 0;
     for (size_t off = 0; off < n; ns++) {
         size_t k = ks_tok_utf8_char_len(buf + off, n - off);
@@ -102,6 +111,7 @@ void ks_tok_spm_encode(const ks_tokenizer *t, const char *text, size_t len, bool
     }
     for (int32_t i = 0; i != -1; i = st.sym[i].next)
         ks_tok_spm_emit(t, buf + st.sym[i].off, st.sym[i].n, out);
+    if (st.heap.refused) out->refused = true;
     ks_free(st.heap.v);
     ks_free(st.sym);
     ks_free(buf);

@@ -16,9 +16,16 @@
 /* ------------------------------------------------------------- helpers -- */
 
 void ks_tok_ids_push(ks_tok_ids *ids, int32_t id) {
+    if (ids->refused) return;
     if (ids->n == ids->cap) {
-        ids->cap = ids->cap ? ids->cap * 2 : 256;
-        ids->v = ks_realloc(ids->v, ids->cap * sizeof(int32_t));
+        size_t cap = ids->cap ? ids->cap * 2 : 256;
+        int32_t *v = ks_realloc(ids->v, cap * sizeof(int32_t));
+        if (!v) {
+            ids->refused = true;
+            return;
+        }
+        ids->v = v;
+        ids->cap = cap;
     }
     ids->v[ids->n++] = id;
 }
@@ -63,7 +70,7 @@ bool ks_tok_utf8_valid(const unsigned char *s, size_t n) {
 /* Copy n strings (from a GGUF string array) into s and index them.  On a
  * duplicate string the last index wins when last_wins, else the first.
  * Empty strings are stored but not indexed (they can never match). */
-void ks_tok_strset_build(ks_tok_strset *s, const ks_gguf_str *strs, int32_t n,
+ks_status ks_tok_strset_build(ks_tok_strset *s, const ks_gguf_str *strs, int32_t n,
                                 bool last_wins) {
     size_t total = 0;
     for (int32_t i = 0; i < n; i++) total += strs[i].len;
@@ -76,6 +83,8 @@ void ks_tok_strset_build(ks_tok_strset *s, const ks_gguf_str *strs, int32_t n,
     while (cap < 2u * (uint32_t)n) cap <<= 1;
     s->mask = cap - 1;
     s->slots = ks_malloc((size_t)cap * sizeof(int32_t));
+    if (!s->blob || !s->off || !s->hashes || !s->slots) /* the owner frees with ks_tok_strset_free */
+        return KS_FAIL(KS_ERR_NOMEM, "tokenizer: table of %d strings", n);
     for (uint32_t i = 0; i < cap; i++) s->slots[i] = -1;
     size_t o = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -103,6 +112,7 @@ void ks_tok_strset_build(ks_tok_strset *s, const ks_gguf_str *strs, int32_t n,
             }
         }
     }
+    return KS_OK;
 }
 
 void ks_tok_strset_free(ks_tok_strset *s) {
@@ -172,9 +182,16 @@ static bool ks_tok_pair_before(const ks_tok_pair *a, const ks_tok_pair *b) {
 }
 
 void ks_tok_heap_push(ks_tok_heap *h, ks_tok_pair p) {
+    if (h->refused) return;
     if (h->n == h->cap) {
-        h->cap = h->cap ? h->cap * 2 : 64;
-        h->v = ks_realloc(h->v, h->cap * sizeof(ks_tok_pair));
+        size_t cap = h->cap ? h->cap * 2 : 64;
+        ks_tok_pair *v = ks_realloc(h->v, cap * sizeof(ks_tok_pair));
+        if (!v) {
+            h->refused = true;
+            return;
+        }
+        h->v = v;
+        h->cap = cap;
     }
     size_t i = h->n++;
     while (i > 0) {

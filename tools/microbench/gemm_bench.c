@@ -52,6 +52,10 @@ int main(int argc, char **argv) {
     uint8_t *W = ks_malloc_aligned(bytes), *Wp = ks_malloc_aligned(bytes);
     float *tmp = ks_malloc(sizeof(float) * (size_t)cols), *X = ks_malloc(sizeof(float) * (size_t)(n * cols));
     float *Y = ks_malloc(sizeof(float) * (size_t)(n * rows));
+    if (!W || !Wp || !tmp || !X || !Y) {
+        fprintf(stderr, "gemm_bench: out of memory for a %lld x %lld matrix\n", (long long)rows, (long long)cols);
+        return 1;
+    }
     ks_rng rng = {1};
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t i = 0; i < cols; i++) tmp[i] = ks_rng_normal(&rng) * 0.05f;
@@ -62,6 +66,10 @@ int main(int argc, char **argv) {
     ks_weight w = {.type = t, .rows = rows, .cols = cols, .data = Wp};
     ks_matmul_pack(&w);
     void *scratch = ks_malloc_aligned(ks_matmul_scratch_bytes(t, cols, n) + 64);
+    if (!scratch) {
+        fprintf(stderr, "gemm_bench: out of memory for the activations' scratch\n");
+        return 1;
+    }
     double best[2] = {1e30, 1e30}, cbest[2] = {1e30, 1e30};
     for (int rep = 0; rep < reps; rep++)
         for (int k = 0; k < 2; k++) {
