@@ -149,6 +149,41 @@ static void test_tokenize(void **state) {
     assert_memory_equal(got, want, sizeof(int32_t) * nw);
 }
 
+/* A BPE vocabulary (GPT-2's pre-tokenizer regexes, merges) and an SPM one
+ * with a chat template: load and encode refused anywhere give NOMEM or the
+ * same ids. */
+static void test_vocabularies(void **state) {
+    (void)state;
+    static const char *const vocabs[] = {"tokenizer/ggml-vocab-gpt-2.gguf", "tokenizer/ggml-vocab-phi-3.gguf"};
+    static const char text[] = "Hello world!  It's 2024: the   quick brown fox, don't you think? \xc3\xa9t\xc3\xa9 <|end|>";
+    for (size_t k = 0; k < sizeof vocabs / sizeof vocabs[0]; k++) {
+        ks_model_params mp = ks_model_default_params();
+        mp.vocab_only = true;
+        ks_model *want_m = NULL;
+        assert_int_equal(ks_model_load(ks_test_fixture(vocabs[k]), mp, &want_m), KS_OK);
+        int32_t want[256], got[256];
+        size_t nw = 0, ng = 0;
+        assert_int_equal(ks_tokenize(want_m, text, strlen(text), true, true, want, 256, &nw), KS_OK);
+        bool done = false;
+        long n = 0;
+        for (; !done && n < 100000; n++) {
+            ks_model *m = NULL;
+            ks_alloc_fail_after(n);
+            ks_status st = ks_model_load(ks_test_fixture(vocabs[k]), mp, &m);
+            if (st == KS_OK) st = ks_tokenize(m, text, strlen(text), true, true, got, 256, &ng);
+            expect_nomem_or_ok(st, n, vocabs[k], &done);
+            if (st == KS_OK) {
+                assert_int_equal(ng, nw);
+                assert_memory_equal(got, want, sizeof(int32_t) * nw);
+            }
+            ks_model_destroy(m);
+        }
+        assert_true(done);
+        print_message("%s: load and encode, %ld allocations refused one at a time\n", vocabs[k], n - 1);
+        ks_model_destroy(want_m);
+    }
+}
+
 /* Prefill and decode refused part-way: NOMEM, the sequence reset or left as
  * it was, and the same logits as an unrefused run afterwards. */
 static void test_prefill_decode(void **state) {
@@ -341,6 +376,7 @@ int main(void) {
         cmocka_unit_test(test_model_load),
         cmocka_unit_test(test_context_create),
         cmocka_unit_test(test_tokenize),
+        cmocka_unit_test(test_vocabularies),
         cmocka_unit_test(test_prefill_decode),
         cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_sampler_and_stops),

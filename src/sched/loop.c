@@ -49,7 +49,13 @@ static void admit(ks_sched *s) {
             }
             char err[768];
             group *ng = NULL;
-            if (ks_sched_group_create(s, r->policy.page, &ng, err, sizeof err) != KS_OK) {
+            ks_status gst = ks_sched_group_create(s, r->policy.page, &ng, err, sizeof err);
+            if (gst == KS_ERR_NOMEM) { /* memory, not the configuration: this request alone */
+                ks_sched_queue_remove(s, r);
+                ks_sched_req_finish(s, r, KS_SCHED_FINISH_ERROR, KS_SCHED_ERR_NOMEM, err);
+                continue;
+            }
+            if (gst != KS_OK) {
                 /* nx may be failed too: restart the walk after failing them all */
                 fail_waiting_like(s, r->policy.page, KS_SCHED_ERR_INVALID, err);
                 nx = s->wait_head;
