@@ -549,6 +549,25 @@ static void ks_mm_p16_worker(void *arg, int ith, int nth) {
         int64_t block = (int64_t)(KS_MM_P4_BLOCK_BYTES / panel_bytes);
         if (block < 1) block = 1;
         if (job->n <= KS_MM_P16_NC) block = p1 - p0;
+        else {
+            /* prefill: pairs of panels through the two-panel tile (same bits) */
+            block &= ~(int64_t)1;
+            if (block < 2) block = 2;
+            for (int64_t b0 = p0; b0 < p1; b0 += block) {
+                const int64_t b1 = b0 + block < p1 ? b0 + block : p1;
+                for (int64_t c = 0; c < job->n; c += KS_MM_T2_NC) {
+                    const int nc = (int)(job->n - c < KS_MM_T2_NC ? job->n - c : KS_MM_T2_NC);
+                    const uint8_t *xq = job->xq + (size_t)c * job->xs;
+                    float *y = job->Y + c * job->rows;
+                    int64_t p = b0;
+                    for (; p + 1 < b1; p += 2)
+                        ks_mm_q8_0t2_avx512(job->W + (size_t)p * panel_bytes, panel_bytes, nb, xq, job->xs, nc,
+                                            y + 16 * p, job->rows);
+                    if (p < b1) ks_mm_q8_0t_avx512(job->W + (size_t)p * panel_bytes, nb, xq, job->xs, nc, y + 16 * p, job->rows);
+                }
+            }
+            return;
+        }
         for (int64_t b0 = p0; b0 < p1; b0 += block) {
             const int64_t b1 = b0 + block < p1 ? b0 + block : p1;
             for (int64_t c = 0; c < job->n; c += KS_MM_P16_NC) {

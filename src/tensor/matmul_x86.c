@@ -553,6 +553,72 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q8_0t)(const uint8_t *panel, int64_t nb, const uin
     default: KS_MM_SFX(ks_mm_q8_0t_body)(panel, nb, xq, xs, y, ys, 1); break;
     }
 }
+
+/* Two adjacent transposed panels (32 rows) times nc (1..KS_MM_T2_NC) vectors,
+ * the prefill tile.  Why: with one panel in registers every vpdpbusd needs
+ * its own broadcast load of four activation bytes, and with the weight loads
+ * and the epilogue's operands that is about 1.2 loads per vpdpbusd: the load
+ * pipes, not the VNNI pipes, set the pace (the kernel ran at 57-64% of the
+ * register-only peak where its arithmetic mix alone reaches ~79%).  Here
+ * the loop over the block's eight dword columns k is outermost: one weight
+ * load per panel and column, and each broadcast serves both panels, so a
+ * vpdpbusd costs about 0.6 loads.  Registers: 4 x nc accumulators (int32 p
+ * and f32 acc for each panel) + 2 weights + 1 broadcast + scales <= 32 for
+ * nc = 6.  The arithmetic per output is exactly ks_mm_q8_0t's (the int32 sum
+ * is exact in any order; the float steps per block are the same ops in the
+ * same order), so the two kernels give the same bits. */
+#define KS_MM_T2_NC 6
+
+KS_MM_INL void KS_MM_SFX(ks_mm_q8_0t2_body)(const uint8_t *panel, size_t panel_bytes, int64_t nb, const uint8_t *xq,
+                                            size_t xs, float *y, int64_t ys, const int NC) {
+    const uint8_t *panel1 = panel + panel_bytes;
+    const uint16_t *sd0 = (const uint16_t *)(panel + (size_t)nb * 512), *sd1 = (const uint16_t *)(panel1 + (size_t)nb * 512);
+    const size_t doff = ks_mm_align64((size_t)nb * 32), coff = doff + ks_mm_align64((size_t)nb * 4);
+    __m512 acc0[KS_MM_T2_NC], acc1[KS_MM_T2_NC];
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc0[c] = acc1[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb0 = panel + (size_t)b * 512, *wb1 = panel1 + (size_t)b * 512;
+        __m512i p0[KS_MM_T2_NC], p1[KS_MM_T2_NC];
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
+            p0[c] = _mm512_set1_epi32(((const int32_t *)(xq + c * xs + coff))[b]);
+            p1[c] = p0[c];
+        }
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
+            const __m512i w0 = _mm512_loadu_si512((const void *)(wb0 + 64 * k));
+            const __m512i w1 = _mm512_loadu_si512((const void *)(wb1 + 64 * k));
+            _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
+                const __m512i xk = _mm512_set1_epi32(((const int32_t *)(xq + c * xs + 32 * (size_t)b))[k]);
+                p0[c] = _mm512_dpbusd_epi32(p0[c], w0, xk);
+                p1[c] = _mm512_dpbusd_epi32(p1[c], w1, xk);
+            }
+        }
+        const __m512 dw0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sd0 + 16 * b)));
+        const __m512 dw1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sd1 + 16 * b)));
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
+            const __m512 dx = _mm512_set1_ps(((const float *)(xq + c * xs + doff))[b]);
+            acc0[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0[c]), _mm512_mul_ps(dw0, dx), acc0[c]);
+            acc1[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1[c]), _mm512_mul_ps(dw1, dx), acc1[c]);
+        }
+    }
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
+        _mm512_storeu_ps(y + c * ys, acc0[c]);
+        _mm512_storeu_ps(y + c * ys + 16, acc1[c]);
+    }
+}
+
+/* Panels p and p + 1 (panel_bytes apart) times nc (1..KS_MM_T2_NC) vectors:
+ * y[c*ys + r], r < 32. */
+KS_MM_FN void KS_MM_SFX(ks_mm_q8_0t2)(const uint8_t *panel, size_t panel_bytes, int64_t nb, const uint8_t *xq, size_t xs,
+                                      int nc, float *y, int64_t ys) {
+    switch (nc) {
+    case 6: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, y, ys, 6); break;
+    case 5: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, y, ys, 5); break;
+    case 4: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, y, ys, 4); break;
+    case 3: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, y, ys, 3); break;
+    case 2: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, y, ys, 2); break;
+    default: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, y, ys, 1); break;
+    }
+}
 #endif /* KS_MM_LEVEL >= 2 */
 
 /* ------------------------------------------- Q4_K / Q6_K, AVX-512 zmm form --
