@@ -384,8 +384,11 @@ static void test_matmul_packed_q8_0(void **state) {
     (void)state;
     ks_pool *pool2 = NULL;
     assert_int_equal(ks_pool_create(2, &pool2), KS_OK);
-    static const int64_t shapes[][2] = {{4, 128}, {12, 384}, {64, 256}, {36, 2048}, {16, 96}, {48, 2048}};
-    static const int64_t ns[] = {1, 3, 4, 5, 9, 33};
+    /* 240 x 2048: 15 panels, more than one L2 row block per thread, each
+     * block ending in a panel the two-panel prefill tile leaves over; n = 12
+     * and 33: whole 6-vector tiles and a tail */
+    static const int64_t shapes[][2] = {{4, 128}, {12, 384}, {64, 256}, {36, 2048}, {16, 96}, {48, 2048}, {240, 2048}};
+    static const int64_t ns[] = {1, 3, 4, 5, 9, 12, 33};
     const size_t n_shapes = sizeof shapes / sizeof shapes[0];
     for (size_t si = 0; si < 2 * n_shapes; si++) {
         const ks_dtype t = si % 2 ? KS_DTYPE_Q4_0 : KS_DTYPE_Q8_0;

@@ -535,6 +535,9 @@ static void ks_mm_unpack_p16(const uint8_t *panel, int64_t nb, ks_block_q8_0 *ro
 }
 
 #define KS_MM_P16_NC 8 /* vectors per transposed-panel tile */
+#ifndef KS_MM_T2_BLOCK_BYTES
+#define KS_MM_T2_BLOCK_BYTES (256 * 1024)
+#endif
 
 static void ks_mm_p16_worker(void *arg, int ith, int nth) {
     const ks_mm_job *job = arg;
@@ -550,9 +553,9 @@ static void ks_mm_p16_worker(void *arg, int ith, int nth) {
         if (block < 1) block = 1;
         if (job->n <= KS_MM_P16_NC) block = p1 - p0;
         else {
-            /* prefill: pairs of panels through the two-panel tile (same bits) */
-            block &= ~(int64_t)1;
-            if (block < 2) block = 2;
+            /* prefill: KS_MM_T2_NP panels at a time through the multi-panel tile (same bits) */
+            block = (int64_t)(KS_MM_T2_BLOCK_BYTES / panel_bytes) / KS_MM_T2_NP * KS_MM_T2_NP;
+            if (block < KS_MM_T2_NP) block = KS_MM_T2_NP;
             for (int64_t b0 = p0; b0 < p1; b0 += block) {
                 const int64_t b1 = b0 + block < p1 ? b0 + block : p1;
                 for (int64_t c = 0; c < job->n; c += KS_MM_T2_NC) {
@@ -560,10 +563,16 @@ static void ks_mm_p16_worker(void *arg, int ith, int nth) {
                     const uint8_t *xq = job->xq + (size_t)c * job->xs;
                     float *y = job->Y + c * job->rows;
                     int64_t p = b0;
-                    for (; p + 1 < b1; p += 2)
-                        ks_mm_q8_0t2_avx512(job->W + (size_t)p * panel_bytes, panel_bytes, nb, xq, job->xs, nc,
+                    for (; p + KS_MM_T2_NP <= b1; p += KS_MM_T2_NP) {
+                        /* the block's last tile pulls the next vectors' activations into L1 */
+                        const uint8_t *xnext = p + 2 * KS_MM_T2_NP > b1 && c + 2 * KS_MM_T2_NC <= job->n
+                                                   ? xq + (size_t)KS_MM_T2_NC * job->xs
+                                                   : NULL;
+                        ks_mm_q8_0t2_avx512(job->W + (size_t)p * panel_bytes, panel_bytes, nb, xq, job->xs, xnext, nc,
                                             y + 16 * p, job->rows);
-                    if (p < b1) ks_mm_q8_0t_avx512(job->W + (size_t)p * panel_bytes, nb, xq, job->xs, nc, y + 16 * p, job->rows);
+                    }
+                    for (; p < b1; p++) /* left over: one panel at a time */
+                        ks_mm_q8_0t_avx512(job->W + (size_t)p * panel_bytes, nb, xq, job->xs, nc, y + 16 * p, job->rows);
                 }
             }
             return;

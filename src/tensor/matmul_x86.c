@@ -567,56 +567,71 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q8_0t)(const uint8_t *panel, int64_t nb, const uin
  * nc = 6.  The arithmetic per output is exactly ks_mm_q8_0t's (the int32 sum
  * is exact in any order; the float steps per block are the same ops in the
  * same order), so the two kernels give the same bits. */
-#define KS_MM_T2_NC 6
+#ifndef KS_MM_T2_NP
+#define KS_MM_T2_NP 2 /* panels per tile */
+#endif
+#ifndef KS_MM_T2_NC
+#define KS_MM_T2_NC 6 /* vectors per tile */
+#endif
 
 KS_MM_INL void KS_MM_SFX(ks_mm_q8_0t2_body)(const uint8_t *panel, size_t panel_bytes, int64_t nb, const uint8_t *xq,
-                                            size_t xs, float *y, int64_t ys, const int NC) {
-    const uint8_t *panel1 = panel + panel_bytes;
-    const uint16_t *sd0 = (const uint16_t *)(panel + (size_t)nb * 512), *sd1 = (const uint16_t *)(panel1 + (size_t)nb * 512);
+                                            size_t xs, const uint8_t *xnext, float *y, int64_t ys, const int NC) {
+    enum { NP = KS_MM_T2_NP };
     const size_t doff = ks_mm_align64((size_t)nb * 32), coff = doff + ks_mm_align64((size_t)nb * 4);
-    __m512 acc0[KS_MM_T2_NC], acc1[KS_MM_T2_NC];
-    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc0[c] = acc1[c] = _mm512_setzero_ps();
+    __m512 acc[NP][KS_MM_T2_NC];
+    _Pragma("GCC unroll 8") for (int j = 0; j < NP; j++) _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc[j][c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *wb0 = panel + (size_t)b * 512, *wb1 = panel1 + (size_t)b * 512;
-        __m512i p0[KS_MM_T2_NC], p1[KS_MM_T2_NC];
+        __m512i p[NP][KS_MM_T2_NC];
+        if (xnext && !(b & 1)) /* the next tile's activations, one line per two blocks */
+            _Pragma("GCC unroll 8") for (int c = 0; c < KS_MM_T2_NC; c++) _mm_prefetch((const char *)(xnext + c * xs + 32 * (size_t)b), _MM_HINT_T0);
         _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
-            p0[c] = _mm512_set1_epi32(((const int32_t *)(xq + c * xs + coff))[b]);
-            p1[c] = p0[c];
+            p[0][c] = _mm512_set1_epi32(((const int32_t *)(xq + c * xs + coff))[b]);
+            _Pragma("GCC unroll 8") for (int j = 1; j < NP; j++) p[j][c] = p[0][c];
         }
         _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
-            const __m512i w0 = _mm512_loadu_si512((const void *)(wb0 + 64 * k));
-            const __m512i w1 = _mm512_loadu_si512((const void *)(wb1 + 64 * k));
+            __m512i w[NP];
+            _Pragma("GCC unroll 8") for (int j = 0; j < NP; j++) w[j] = _mm512_loadu_si512((const void *)(panel + j * panel_bytes + (size_t)b * 512 + 64 * k));
             _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
                 const __m512i xk = _mm512_set1_epi32(((const int32_t *)(xq + c * xs + 32 * (size_t)b))[k]);
-                p0[c] = _mm512_dpbusd_epi32(p0[c], w0, xk);
-                p1[c] = _mm512_dpbusd_epi32(p1[c], w1, xk);
+                _Pragma("GCC unroll 8") for (int j = 0; j < NP; j++) p[j][c] = _mm512_dpbusd_epi32(p[j][c], w[j], xk);
             }
         }
-        const __m512 dw0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sd0 + 16 * b)));
-        const __m512 dw1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sd1 + 16 * b)));
+        __m512 dw[NP];
+        _Pragma("GCC unroll 8") for (int j = 0; j < NP; j++)
+            dw[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(panel + j * panel_bytes + (size_t)nb * 512 + 32 * (size_t)b)));
         _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
             const __m512 dx = _mm512_set1_ps(((const float *)(xq + c * xs + doff))[b]);
-            acc0[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0[c]), _mm512_mul_ps(dw0, dx), acc0[c]);
-            acc1[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1[c]), _mm512_mul_ps(dw1, dx), acc1[c]);
+            _Pragma("GCC unroll 8") for (int j = 0; j < NP; j++)
+                acc[j][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[j][c]), _mm512_mul_ps(dw[j], dx), acc[j][c]);
         }
     }
-    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
-        _mm512_storeu_ps(y + c * ys, acc0[c]);
-        _mm512_storeu_ps(y + c * ys + 16, acc1[c]);
-    }
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) _Pragma("GCC unroll 8") for (int j = 0; j < NP; j++) _mm512_storeu_ps(y + c * ys + 16 * j, acc[j][c]);
 }
 
-/* Panels p and p + 1 (panel_bytes apart) times nc (1..KS_MM_T2_NC) vectors:
- * y[c*ys + r], r < 32. */
+/* Panels p .. p + KS_MM_T2_NP - 1 (panel_bytes apart) times nc (1..KS_MM_T2_NC)
+ * vectors: y[c*ys + r], r < 16 * KS_MM_T2_NP; xnext (or NULL): the next
+ * tile's activations, prefetched. */
 KS_MM_FN void KS_MM_SFX(ks_mm_q8_0t2)(const uint8_t *panel, size_t panel_bytes, int64_t nb, const uint8_t *xq, size_t xs,
-                                      int nc, float *y, int64_t ys) {
+                                      const uint8_t *xnext, int nc, float *y, int64_t ys) {
     switch (nc) {
-    case 6: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, y, ys, 6); break;
-    case 5: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, y, ys, 5); break;
-    case 4: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, y, ys, 4); break;
-    case 3: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, y, ys, 3); break;
-    case 2: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, y, ys, 2); break;
-    default: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, y, ys, 1); break;
+#if KS_MM_T2_NC >= 8
+    case 8: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, xnext, y, ys, 8); break;
+#endif
+#if KS_MM_T2_NC >= 7
+    case 7: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, xnext, y, ys, 7); break;
+#endif
+#if KS_MM_T2_NC >= 6
+    case 6: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, xnext, y, ys, 6); break;
+#endif
+#if KS_MM_T2_NC >= 5
+    case 5: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, xnext, y, ys, 5); break;
+#endif
+#if KS_MM_T2_NC >= 4
+    case 4: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, xnext, y, ys, 4); break;
+#endif
+    case 3: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, xnext, y, ys, 3); break;
+    case 2: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, xnext, y, ys, 2); break;
+    default: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, xnext, y, ys, 1); break;
     }
 }
 #endif /* KS_MM_LEVEL >= 2 */
