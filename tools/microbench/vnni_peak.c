@@ -13,6 +13,8 @@
  * It also times the mix the Q8_0 prefill kernel runs per (row, vector,
  * 4-block group) — 2 vpdpbusd + int->float + multiply + FMA — to show how
  * much of the peak a kernel with that float epilogue can reach at best, and
+ * the transposed-panel prefill tile's mix per 16 rows, vector and block
+ * (8 vpdpbusd + int->float + multiply + FMA: its ceiling), and
  * the f32 FMA peak (16 multiply-adds per instruction), the denominator of
  * the float weights (F16, BF16 converted to f32) and of f32 attention.
  *
@@ -77,6 +79,47 @@ TGT static float mix_loop(int64_t iters, int seed) {
     return _mm512_reduce_add_ps(t);
 }
 
+/* The transposed-panel prefill tile's mix (matmul_x86.c, ks_mm_q8_0t2), per
+ * 16 rows, vector and 32-value block: 8 vpdpbusd (512 MACs) + cvt + one
+ * multiply of the two scales + FMA; 12 chains (2 panels x 6 vectors), the
+ * weights and activations in registers.  The multiply and the FMA share the
+ * pipes that run vpdpbusd, so this is the ceiling of that kernel: the loads
+ * it adds are what separates it from this. */
+TGT static float tile_loop(int64_t iters, int seed) {
+    __m512i w0 = _mm512_set1_epi8(1), w1 = _mm512_set1_epi8(2), w2 = _mm512_set1_epi8(3), w3 = _mm512_set1_epi8(4);
+    __m512i x0 = _mm512_set1_epi32(seed), x1 = _mm512_set1_epi32(seed + 1);
+    __m512 dw0 = _mm512_set1_ps(1e-3f), dw1 = _mm512_set1_ps(2e-3f), dx = _mm512_set1_ps(3e-3f);
+    __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0, f4 = f0, f5 = f0, f6 = f0, f7 = f0, f8 = f0, f9 = f0,
+           f10 = f0, f11 = f0;
+    for (int64_t it = 0; it < iters; it++) {
+#define TILE(f, W0, W1, W2, W3, X, DW)                                                  \
+    do {                                                                              \
+        __m512i p = _mm512_dpbusd_epi32(X, W0, X);                                    \
+        p = _mm512_dpbusd_epi32(p, W1, X); p = _mm512_dpbusd_epi32(p, W2, X);         \
+        p = _mm512_dpbusd_epi32(p, W3, X); p = _mm512_dpbusd_epi32(p, W0, X);         \
+        p = _mm512_dpbusd_epi32(p, W1, X); p = _mm512_dpbusd_epi32(p, W2, X);         \
+        p = _mm512_dpbusd_epi32(p, W3, X);                                            \
+        f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(DW, dx), f);         \
+    } while (0)
+        TILE(f0, w0, w1, w2, w3, x0, dw0); TILE(f1, w2, w3, w0, w1, x0, dw1);
+        TILE(f2, w0, w1, w2, w3, x1, dw0); TILE(f3, w2, w3, w0, w1, x1, dw1);
+        TILE(f4, w1, w0, w3, w2, x0, dw0); TILE(f5, w3, w2, w1, w0, x0, dw1);
+        TILE(f6, w1, w0, w3, w2, x1, dw0); TILE(f7, w3, w2, w1, w0, x1, dw1);
+        TILE(f8, w0, w2, w1, w3, x0, dw0); TILE(f9, w1, w3, w0, w2, x0, dw1);
+        TILE(f10, w0, w2, w1, w3, x1, dw0); TILE(f11, w1, w3, w0, w2, x1, dw1);
+#undef TILE
+        /* opaque: the scales and operands change every iteration as far as
+         * the compiler knows, so the multiply cannot be hoisted */
+        __asm__ volatile("" : "+v"(dw0), "+v"(dw1), "+v"(dx), "+v"(x0), "+v"(x1));
+        __asm__ volatile("" : "+v"(f0), "+v"(f1), "+v"(f2), "+v"(f3), "+v"(f4), "+v"(f5), "+v"(f6), "+v"(f7));
+        __asm__ volatile("" : "+v"(f8), "+v"(f9), "+v"(f10), "+v"(f11));
+    }
+    __m512 t = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(f0, f1), _mm512_add_ps(f2, f3)),
+                             _mm512_add_ps(_mm512_add_ps(f4, f5), _mm512_add_ps(f6, f7)));
+    t = _mm512_add_ps(t, _mm512_add_ps(_mm512_add_ps(f8, f9), _mm512_add_ps(f10, f11)));
+    return _mm512_reduce_add_ps(t);
+}
+
 /* f32 FMA peak (the float weights' denominator): 24 chains x 16 MACs. */
 TGT static float fma_loop(int64_t iters, int seed) {
     KS_PEAK_VARS(__m512);
@@ -115,12 +158,13 @@ static void *worker(void *arg) {
     while (!*j->go) {
     }
     const int64_t iters = 1 << 20;
-    const double per = j->mode == 2 ? 24.0 * 16 : j->mode ? 8.0 * 128 : 24.0 * 64;
+    const double per = j->mode == 3 ? 12.0 * 512 : j->mode == 2 ? 24.0 * 16 : j->mode ? 8.0 * 128 : 24.0 * 64;
     double t0 = now(), c0 = thread_cpu(), t;
     int64_t done = 0;
     volatile float sink = 0;
     do {
-        sink += j->mode == 2 ? fma_loop(iters, (int)done)
+        sink += j->mode == 3 ? tile_loop(iters, (int)done)
+                : j->mode == 2 ? fma_loop(iters, (int)done)
                 : j->mode  ? mix_loop(iters, (int)done)
                            : (float)dpbusd_loop(iters, (int)done);
         done += iters;
@@ -163,13 +207,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "vnni_peak: this CPU has no AVX-512 VNNI\n");
         return 1;
     }
-    for (int mode = 0; mode < 3; mode++) {
-        const char *name = mode == 2 ? "f32 vfmadd231ps register-only"
+    for (int mode = 0; mode < 4; mode++) {
+        const char *name = mode == 3 ? "q8_0 panel tile (8 dpbusd+cvt+mul+fma)"
+                           : mode == 2 ? "f32 vfmadd231ps register-only"
                            : mode    ? "q8_0 mix (2 dpbusd+cvt+mul+fma)"
                                      : "vpdpbusd register-only";
         double c1, cn;
         double one = run(1, mode, seconds, &c1), all = run(nth, mode, seconds, &cn);
-        printf("%-34s 1 thread %7.1f G MAC/s   %d threads %7.1f G MAC/s   (per CPU-second: %.1f / %.1f)\n", name,
+        printf("%-40s 1 thread %7.1f G MAC/s   %d threads %7.1f G MAC/s   (per CPU-second: %.1f / %.1f)\n", name,
                one * 1e-9, nth, all * 1e-9, c1 * 1e-9, cn * 1e-9);
     }
     return 0;
