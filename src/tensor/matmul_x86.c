@@ -554,19 +554,31 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q8_0t)(const uint8_t *panel, int64_t nb, const uin
     }
 }
 
-/* Two adjacent transposed panels (32 rows) times nc (1..KS_MM_T2_NC) vectors,
- * the prefill tile.  Why: with one panel in registers every vpdpbusd needs
- * its own broadcast load of four activation bytes, and with the weight loads
- * and the epilogue's operands that is about 1.2 loads per vpdpbusd: the load
- * pipes, not the VNNI pipes, set the pace (the kernel ran at 57-64% of the
- * register-only peak where its arithmetic mix alone reaches ~79%).  Here
- * the loop over the block's eight dword columns k is outermost: one weight
- * load per panel and column, and each broadcast serves both panels, so a
- * vpdpbusd costs about 0.6 loads.  Registers: 4 x nc accumulators (int32 p
- * and f32 acc for each panel) + 2 weights + 1 broadcast + scales <= 32 for
- * nc = 6.  The arithmetic per output is exactly ks_mm_q8_0t's (the int32 sum
- * is exact in any order; the float steps per block are the same ops in the
- * same order), so the two kernels give the same bits. */
+/* KS_MM_T2_NP adjacent transposed panels (2: 32 rows) times nc
+ * (1..KS_MM_T2_NC) vectors, the prefill tile.  Why: with one panel in
+ * registers every vpdpbusd needs its own broadcast of four activation bytes,
+ * about 1.2 loads per vpdpbusd with the weights and the scales, and the
+ * kernel ran at 57-64% of the register-only peak.  Here the loop over the
+ * block's eight dword columns k is outermost: one weight load per panel and
+ * column, and each broadcast serves both panels (about 0.6 loads per
+ * vpdpbusd).  Registers: 2 x NP x nc accumulators (int32 p and f32 acc)
+ * + NP weights + 1 broadcast + scales: NP = 2, nc = 6 fits the 32 zmm
+ * without spills (3 x 4 and 3 x 5 measured no faster).
+ *
+ * What bounds it now: per 16 rows, vector and block the exact arithmetic
+ * needs 8 vpdpbusd + 1 multiply (dw x dx) + 1 FMA, and on this core the
+ * multiply and the FMA run on the two pipes that run vpdpbusd (the int->float
+ * conversion does not), so at most 8 / 10 of those pipes' slots are VNNI:
+ * 80% of the register-only peak.  A register-and-L1 model of this tile
+ * (2026-11-27, Zen 5 host) measured 72% with its loads, 77% with the
+ * multiply hoisted; tools/microbench/vnni_peak.c prints the tile's mix.
+ * The multiply cannot be shared (each dw[r][b] x dx[c][b] is used once)
+ * nor dropped without changing the bits.
+ *
+ * The arithmetic per output is exactly ks_mm_q8_0t's (the int32 sum is
+ * exact in any order; the float steps per block are the same ops in the
+ * same order), so the two kernels give the same bits (tests/test_matmul.c
+ * compares both with the scalar emulation). */
 #ifndef KS_MM_T2_NP
 #define KS_MM_T2_NP 2 /* panels per tile */
 #endif
