@@ -24,7 +24,12 @@ typedef struct {
     int32_t *slot_victim; /* [n_sh][n_slot] a fetch's scratch: the slots it may overwrite, oldest first */
     uint32_t *stamp;      /* [n_sh] current fetch stamp of each (seq, head) */
     int32_t *slot_of;     /* [n_phys * P] slot (sh * n_slot + s) holding a physical entry, -1 none */
-    uint8_t *in_use;      /* [n_phys] */
+    uint8_t *in_use;      /* [n_phys] refs > 0 */
+    int32_t *refs;        /* [n_phys] holders of a page: page-table entries plus pins */
+    int32_t *pins;        /* [n_phys] pins (holders outside any sequence, ks_kv_pin) */
+    int32_t n_pinned;     /* pages with pins > 0 (at most the store's pin_cap) */
+    int64_t dup_pages;    /* sum over pages of (table references - 1) where positive */
+    int64_t pin_tabled;   /* pages pinned and in some page table too */
     int32_t *free_ids;    /* [n_phys] free stack (may hold stale ids) */
     int32_t n_free;
     int32_t *fill;        /* [n_phys] valid entries */
@@ -54,7 +59,8 @@ struct ks_kv_store {
     ks_kv_params p;
     int32_t P, hd, nh, max_pages, n_sh;
     int32_t n_slot;       /* entries of the elastic buffer per (seq, KV head) of a SLOW layer */
-    int32_t n_phys;       /* head-pages per layer */
+    int32_t n_phys;       /* head-pages per layer: every sequence's full context, plus pin_cap */
+    int32_t pin_cap;      /* pages per layer that may be pinned (the pool's headroom for them) */
     size_t row, page_bytes;
     kv_layer *layers;     /* [n_layer] */
     int32_t *table;       /* [n_seq][n_layer][n_head_kv][max_pages] logical -> physical */
@@ -115,6 +121,10 @@ void ks_kv_release_slow(kv_layer *L);
 void ks_kv_parked_free(kv_parked *pk);
 /* kv.c: page ids and summaries, for kv_tier.c's park / unpark */
 int32_t ks_kv_page_alloc(ks_kv_store *kv, kv_layer *L, int32_t seq, int32_t head, int32_t lp);
+/* Give (seq, head)'s logical page lp a page of its own if others hold it
+ * too (copy on write: bytes and metadata copied, the shared page left as
+ * it was).  KS_ERR_NOMEM / KS_ERR_IO leave the table unchanged. */
+ks_status ks_kv_page_private(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp);
 void ks_kv_head_clear(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head);
 
 /* Rewrite page id's compact bounds (f16 where the cache keeps them, 8-bit
