@@ -44,6 +44,7 @@ int32_t ks_kv_n_pages(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t
 /* ------------------------------------------------------------ create -- */
 void ks_kv_destroy(ks_kv_store *kv) {
     if (!kv) return;
+    if (kv->pin_release) kv->pin_release(kv->pin_release_arg, kv); /* the holder copies out what it keeps */
     ks_copy_engine_destroy(kv->copy); /* drains queued loads first */
     for (int32_t i = 0; kv->parked && i < kv->p.n_seq; i++) ks_kv_parked_free(kv->parked[i]);
     ks_free(kv->parked);
@@ -286,6 +287,11 @@ void ks_kv_share_info_get(const ks_kv_store *kv, ks_kv_share_info *out) {
         out->pinned_pages += kv->layers[l].n_pinned;
         out->pinned_tabled_pages += kv->layers[l].pin_tabled;
     }
+}
+
+void ks_kv_set_pin_holder(ks_kv_store *kv, ks_kv_pin_release_fn fn, void *arg) {
+    kv->pin_release = fn;
+    kv->pin_release_arg = arg;
 }
 
 int32_t ks_kv_page_refs(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp) {

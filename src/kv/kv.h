@@ -147,6 +147,12 @@ typedef struct ks_kv_share_info {
     int64_t dup_pages, pinned_pages, pinned_tabled_pages;
 } ks_kv_share_info;
 void ks_kv_share_info_get(const ks_kv_store *kv, ks_kv_share_info *out);
+/* The holder of the store's pins (one at most): fn(arg, kv) runs once at
+ * the start of ks_kv_destroy, while the pinned pages are still readable,
+ * so the holder copies what it keeps and forgets its handles.  NULL fn:
+ * none. */
+typedef void (*ks_kv_pin_release_fn)(void *arg, ks_kv_store *kv);
+void ks_kv_set_pin_holder(ks_kv_store *kv, ks_kv_pin_release_fn fn, void *arg);
 /* Page-table references to the physical page behind (seq, layer, head, lp) (tests). */
 int32_t ks_kv_page_refs(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp);
 

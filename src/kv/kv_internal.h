@@ -66,6 +66,8 @@ struct ks_kv_store {
     int32_t *table;       /* [n_seq][n_layer][n_head_kv][max_pages] logical -> physical */
     int32_t *n_ent;       /* [n_seq][n_layer][n_head_kv] entries */
     ks_copy_engine *copy;
+    ks_kv_pin_release_fn pin_release; /* the pins' holder (ks_kv_set_pin_holder) */
+    void *pin_release_arg;
     kv_parked **parked;   /* [n_seq] NULL: the sequence is not parked */
     float *tmp;           /* [2][head_dim] row conversion scratch (appends are serial) */
     uint8_t *page_tmp;    /* [2][page_bytes] compaction scratch */
