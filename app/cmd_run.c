@@ -262,8 +262,8 @@ int cmd_run(int argc, char **argv) {
 done:
     ks_stop_destroy(stop);
     ks_sampler_destroy(smp);
+    ks_prefix_cache_destroy(pcache); /* first: its blocks are pages of ctx's store, let go rather than copied out */
     ks_context_destroy(ctx);
-    ks_prefix_cache_destroy(pcache);
     ks_model_destroy(model);
     free(ids);
     free(logits);

@@ -1266,56 +1266,105 @@ ks_status ks_prefix_cache_save_file(ks_prefix_cache *pc, const ks_context *c, co
         parent = key;
     }
     pthread_mutex_unlock(&pc->mu);
-    /* a pinned block's bytes are read from the store (this thread drives it) */
-    uint8_t **own = ks_calloc((size_t)(k + 1), sizeof(uint8_t *));
+    /* Written a record at a time into a temporary file, then fsync and
+     * rename (as publish): a pinned block's bytes are read from the store
+     * (this thread drives it) into one reused buffer. */
+    static _Atomic uint64_t serial;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d.%llu", path, (int)getpid(), (unsigned long long)atomic_fetch_add(&serial, 1));
+    ks_status st = KS_OK;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) st = KS_FAIL(KS_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
     size_t page_bytes = ks_kv_page_bytes(c->kv);
-    ks_status rst = KS_OK;
-    for (int32_t i = 0; i < k && rst == KS_OK; i++) {
-        if (!got[i]->pins) continue;
-        own[i] = ks_malloc(got[i]->kv_bytes);
-        for (uint32_t j = 0; j < got[i]->fmt.n_layer * got[i]->fmt.n_head_kv && rst == KS_OK; j++)
-            rst = ks_kv_read_pinned(c->kv, (int32_t)(j / got[i]->fmt.n_head_kv), got[i]->pins[j], own[i] + j * page_bytes);
+    uint8_t *own = NULL;
+    for (int32_t i = 0; i < k && st == KS_OK; i++) {
+        const uint8_t *payload = got[i]->kv;
+        if (got[i]->pins) {
+            if (!own) own = ks_malloc(got[i]->kv_bytes);
+            for (uint32_t j = 0; j < got[i]->fmt.n_layer * got[i]->fmt.n_head_kv && st == KS_OK; j++)
+                st = ks_kv_read_pinned(c->kv, (int32_t)(j / got[i]->fmt.n_head_kv), got[i]->pins[j], own + j * page_bytes);
+            payload = own;
+        }
+        uint8_t hdr[KS_PC_HEADER_BYTES];
+        if (st == KS_OK) {
+            ks_pc_record_header(hdr, &got[i]->fmt, &pc->model, &got[i]->key, &got[i]->parent, got[i]->tok, payload);
+            st = write_all(fd, hdr, sizeof hdr);
+        }
+        if (st == KS_OK) st = write_all(fd, got[i]->tok, sizeof(int32_t) * P);
+        if (st == KS_OK) st = write_all(fd, payload, got[i]->kv_bytes);
     }
-    const void **parts = ks_malloc(sizeof(void *) * (size_t)(3 * k + 1));
-    size_t *sizes = ks_malloc(sizeof(size_t) * (size_t)(3 * k + 1));
-    uint8_t *hdrs = ks_malloc((size_t)KS_PC_HEADER_BYTES * (size_t)(k + 1));
-    for (int32_t i = 0; i < k; i++) {
-        const uint8_t *payload = own[i] ? own[i] : got[i]->kv;
-        ks_pc_record_header(hdrs + (size_t)i * KS_PC_HEADER_BYTES, &got[i]->fmt, &pc->model, &got[i]->key,
-                            &got[i]->parent, got[i]->tok, payload);
-        parts[3 * i] = hdrs + (size_t)i * KS_PC_HEADER_BYTES;
-        sizes[3 * i] = KS_PC_HEADER_BYTES;
-        parts[3 * i + 1] = got[i]->tok;
-        sizes[3 * i + 1] = sizeof(int32_t) * P;
-        parts[3 * i + 2] = payload;
-        sizes[3 * i + 2] = got[i]->kv_bytes;
+    if (fd >= 0) {
+        if (st == KS_OK && fsync(fd) != 0) st = KS_FAIL(KS_ERR_IO, "fsync %s: %s", tmp, strerror(errno));
+        if (close(fd) != 0 && st == KS_OK) st = KS_FAIL(KS_ERR_IO, "close %s: %s", tmp, strerror(errno));
+        if (st == KS_OK && rename(tmp, path) != 0) st = KS_FAIL(KS_ERR_IO, "rename %s: %s", tmp, strerror(errno));
+        if (st != KS_OK) unlink(tmp);
     }
-    ks_status st = rst == KS_OK ? publish(path, parts, sizes, 3 * k) : rst;
     pthread_mutex_lock(&pc->mu);
     for (int32_t i = 0; i < k; i++) unref_locked(got[i]);
     pthread_mutex_unlock(&pc->mu);
-    for (int32_t i = 0; i < k; i++) ks_free(own[i]);
     ks_free(own);
-    ks_free(parts);
-    ks_free(sizes);
-    ks_free(hdrs);
     ks_free(got);
     if (st == KS_OK && n_blocks) *n_blocks = k;
     return st;
 }
 
+/* pread all n bytes at off; false at end of file or on an error */
+static bool pread_all(int fd, void *dst, size_t n, off_t off) {
+    uint8_t *d = dst;
+    while (n) {
+        ssize_t r = pread(fd, d, n, off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        d += r;
+        n -= (size_t)r;
+        off += r;
+    }
+    return true;
+}
+
+/* Streamed, a record at a time (a 16K-token prompt's file is half a GB of
+ * a 1B model's KV: never the whole file in memory beside its blocks). */
 ks_status ks_prefix_cache_load_file(ks_prefix_cache *pc, const char *path, int32_t *n_blocks) {
     if (!pc || !path) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL argument");
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) return KS_FAIL(KS_ERR_NOT_FOUND, "no prompt cache at %s yet", path);
+        return KS_FAIL(KS_ERR_IO, "open %s: %s", path, strerror(errno));
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return KS_FAIL(KS_ERR_IO, "%s is not a regular file", path);
+    }
+    uint64_t len = (uint64_t)sb.st_size;
     uint8_t *buf = NULL;
-    size_t len = 0;
-    ks_status st = read_file(path, (size_t)1 << 40, &buf, &len);
-    if (st == KS_ERR_NOT_FOUND) return KS_FAIL(KS_ERR_NOT_FOUND, "no prompt cache at %s yet", path);
-    KS_TRY(st);
+    size_t cap = 0;
     int32_t k = 0;
-    for (size_t off = 0; off < len;) {
+    for (uint64_t off = 0; off < len;) {
+        uint8_t hdr[KS_PC_HEADER_BYTES];
+        const char *why = NULL;
+        size_t rec = 0;
+        if (len - off < KS_PC_HEADER_BYTES || !pread_all(fd, hdr, sizeof hdr, (off_t)off)) {
+            why = "truncated record header";
+        } else {
+            ks_pc_format f = {get32(hdr + 12), get32(hdr + 16), get32(hdr + 20), get32(hdr + 24), get32(hdr + 28)};
+            size_t pb = ks_pc_payload_bytes(&f);
+            rec = KS_PC_HEADER_BYTES + sizeof(int32_t) * f.page + pb;
+            if (!pb) rec = KS_PC_HEADER_BYTES; /* the parser names what is wrong */
+            if (rec > len - off) rec = (size_t)(len - off);
+        }
+        if (!why) {
+            if (rec > cap) {
+                ks_free(buf);
+                buf = ks_malloc(rec);
+                cap = rec;
+            }
+            if (!pread_all(fd, buf, rec, (off_t)off)) why = "read failed";
+        }
         ks_pc_record r;
-        if (ks_pc_record_parse(buf + off, len - off, &pc->model, &r) != KS_OK) {
-            skip_warn(pc, path, ks_last_error());
+        if (!why && ks_pc_record_parse(buf, rec, &pc->model, &r) != KS_OK) why = ks_last_error();
+        if (why) {
+            skip_warn(pc, path, why);
             break;
         }
         pc_block *b = block_from_record(&r);
@@ -1326,6 +1375,7 @@ ks_status ks_prefix_cache_load_file(ks_prefix_cache *pc, const char *path, int32
         off += r.bytes;
     }
     ks_free(buf);
+    close(fd);
     if (n_blocks) *n_blocks = k;
     return KS_OK;
 }
