@@ -27,9 +27,11 @@ typedef struct {
     uint8_t *in_use;      /* [n_phys] refs > 0 */
     int32_t *refs;        /* [n_phys] holders of a page: page-table entries plus pins */
     int32_t *pins;        /* [n_phys] pins (holders outside any sequence, ks_kv_pin) */
-    int32_t n_pinned;     /* pages with pins > 0 (at most the store's pin_cap) */
-    int64_t dup_pages;    /* sum over pages of (table references - 1) where positive */
-    int64_t pin_tabled;   /* pages pinned and in some page table too */
+    /* sharing counters: changed by the thread driving the layer, read by
+     * anyone (ks_kv_share_info_get: a metrics snapshot), hence atomic */
+    _Atomic int32_t n_pinned;   /* pages with pins > 0 (at most the store's pin_cap) */
+    _Atomic int64_t dup_pages;  /* sum over pages of (table references - 1) where positive */
+    _Atomic int64_t pin_tabled; /* pages pinned and in some page table too */
     int32_t *free_ids;    /* [n_phys] free stack (may hold stale ids) */
     int32_t n_free;
     int32_t *fill;        /* [n_phys] valid entries */
