@@ -1178,6 +1178,7 @@ ks_status ks_prefix_capture_kv(ks_context *c, ks_prefix_cache *pc, int32_t seq, 
                     pc->pinned = blk;
                 }
                 enqueue_locked(pc, blk, NULL, pinned ? bytes : NULL);
+                if (pc->pin_kv == c->kv) reap_locked(pc); /* what the insert evicted frees its pages now */
             } else {
                 if (pinned) {
                     for (int32_t i = 0; i < hp->n_layer * hp->n_head_kv; i++)
