@@ -14,6 +14,15 @@
  * Appends and compaction write rows through to whichever tier holds the
  * layer (and to a slot that maps the page), after the layer's in-flight
  * loads have landed, so a load can never overwrite a newer row.
+ *
+ * Shared pages (kv.h): refs[id] counts the page tables and pins holding a
+ * page, pins[id] the pins alone; a page returns to the free stack when both
+ * reach zero.  Only a full page is ever shared, and nothing writes a full
+ * page except compaction, which first gives the head its own copy of every
+ * page it will rewrite (ks_kv_page_private: the copy-on-write step, which
+ * copies the metadata with the rows, so summaries never need recomputing).
+ * Pages before compaction's first dropped entry are left alone, which also
+ * keeps an evictor's cut from rewriting an untouched shared prefix.
  */
 #include "kv/kv_internal.h"
 
