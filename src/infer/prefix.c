@@ -279,6 +279,7 @@ typedef struct pc_block {
     ks_pc_format fmt;
     int32_t *tok;          /* [page] */
     uint8_t *kv;           /* [n_layer][n_head_kv][page_bytes] */
+    uint8_t *raw;          /* the record kv points into (a prompt-cache file's, read in place), or NULL: kv is its own */
     size_t kv_bytes, bytes; /* payload; everything counted against the RAM cap */
     pc_state *st;
     int32_t *pins;         /* [n_layer][n_head_kv] page ids pinned in the cache's pin store, or NULL (then kv) */
@@ -350,7 +351,8 @@ static void block_free(pc_block *b) {
         ks_free(s);
     }
     ks_free(b->tok);
-    ks_free(b->kv);
+    if (b->raw) ks_free(b->raw);
+    else ks_free(b->kv);
     ks_free(b->pins);
     ks_free(b);
 }
@@ -1136,8 +1138,9 @@ ks_status ks_prefix_capture_kv(ks_context *c, ks_prefix_cache *pc, int32_t seq, 
              * went) becomes this sequence's pinned pages, which hold the same
              * rows, when nobody reads its bytes now */
             if (pin && have->kv && !have->pins && have->refs == 1 && have->listed && pin_block(c, seq, b, have)) {
-                ks_free(have->kv);
-                have->kv = NULL;
+                if (have->raw) ks_free(have->raw);
+                else ks_free(have->kv);
+                have->kv = have->raw = NULL;
                 have->pnext = pc->pinned;
                 pc->pinned = have;
             }
@@ -1354,8 +1357,8 @@ ks_status ks_prefix_cache_load_file(ks_prefix_cache *pc, const char *path, int32
             if (!pb) rec = KS_PC_HEADER_BYTES; /* the parser names what is wrong */
             if (rec > len - off) rec = (size_t)(len - off);
         }
-        if (!why) {
-            if (rec > cap) {
+        if (!why) { /* a buffer per record: the block keeps it (no second copy of the payload) */
+            if (!buf || rec > cap) {
                 ks_free(buf);
                 buf = ks_malloc(rec);
                 cap = rec;
@@ -1368,7 +1371,18 @@ ks_status ks_prefix_cache_load_file(ks_prefix_cache *pc, const char *path, int32
             skip_warn(pc, path, why);
             break;
         }
-        pc_block *b = block_from_record(&r);
+        pc_block *b = ks_calloc(1, sizeof *b);
+        b->key = r.key;
+        b->parent = r.parent;
+        b->fmt = r.fmt;
+        b->tok = ks_malloc(sizeof(int32_t) * r.fmt.page);
+        memcpy(b->tok, r.tokens, sizeof(int32_t) * r.fmt.page);
+        b->kv_bytes = r.payload_bytes;
+        b->raw = buf; /* the payload stays where it was read */
+        b->kv = (uint8_t *)r.payload;
+        b->bytes = b->kv_bytes + sizeof(int32_t) * r.fmt.page + sizeof *b;
+        buf = NULL;
+        cap = 0;
         pthread_mutex_lock(&pc->mu);
         if (find_locked(pc, &b->key) || !insert_locked(pc, b)) block_free(b);
         else k++;
