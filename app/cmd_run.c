@@ -233,8 +233,8 @@ int cmd_run(int argc, char **argv) {
     }
     ks_stop_destroy(s.stop);
     ks_sampler_destroy(s.smp);
+    ks_prefix_cache_destroy(s.pcache); /* first: its blocks are pages of ctx's store, let go rather than copied out */
     ks_context_destroy(s.ctx);
-    ks_prefix_cache_destroy(s.pcache);
     ks_model_destroy(s.model);
     free(s.ids);
     free(s.logits);

@@ -367,11 +367,13 @@ typedef struct ks_prefix_cache_params {
     const char *dir;      /* block files (NULL: RAM only); created if missing; copied */
     uint64_t disk_bytes;  /* cap of the directory's block files this process manages (default 8 GiB; 0: none) */
     bool write_behind;    /* write files on a thread of their own (default true; false: before the call returns) */
+    bool share_pages;     /* keep blocks as pinned pages of the context's KV store, mapped by a hit (default true; false: copies) */
 } ks_prefix_cache_params;
 
 typedef struct ks_prefix_cache_stats {
     uint64_t hit_tokens, miss_tokens;  /* prompt tokens restored / computed by restores */
     uint64_t ram_bytes, disk_bytes;    /* bytes cached now per tier */
+    uint64_t ram_shared_bytes;         /* of ram_bytes: pages some sequence maps now (their memory counted once, there) */
     uint64_t ram_blocks, disk_blocks;
     uint64_t evictions;                /* blocks dropped from RAM */
     uint64_t spills;                   /* blocks written to the directory */

@@ -15,6 +15,14 @@
  *    files are skipped and counted, and the answer stays the uncached one;
  *    the record parser refuses each corruption on its own.
  * 3. The one-file prompt cache of `kvsieve run --prompt-cache`.
+ * 4. Shared pages: a RAM hit maps the cached pages (no copy) for every
+ *    policy that does not evict; three sequences of one context on one
+ *    document (two mapping the first's pages while it decodes, one with a
+ *    different question after the shared prefix, evictors cutting their
+ *    own copies) each give the logits of its uncached run bit for bit; the
+ *    memory plan counts the shared pages once (a cap at which counting
+ *    them per sequence would offload layers keeps every layer fast), and
+ *    a cache that outlives its context keeps its blocks.
  */
 #define _GNU_SOURCE
 #include "infer/infer.h"
@@ -127,11 +135,15 @@ static void make_prompt(int32_t *out, int n_doc, int n_q, int which) {
 }
 
 static int32_t g_offload;  /* layers in the slow tier of the contexts make_ctx makes */
+static int32_t g_nseq = 1; /* their sequences */
+static double g_memcap;    /* their memory cap (0: none) */
 static ks_kv_type g_kvtype; /* their KV element type */
 
 static ks_context *make_ctx(ks_model *m, const char *policy) {
     ks_context_params p = ks_context_default_params();
     p.kv_offload_layers = g_offload;
+    p.n_seq = g_nseq;
+    p.mem_cap = g_memcap;
     p.kv_type = g_kvtype;
     p.n_ctx = NCTX;
     p.n_threads = 2;
@@ -195,6 +207,14 @@ static bool spec_shareable(const char *spec) {
     return true;
 }
 
+static bool spec_evicts(const char *policy) {
+    ks_policy_spec spec;
+    if (ks_policy_spec_parse(policy, NULL, 0, 0, 0, -1, &spec) != KS_OK) return false;
+    for (int i = 0; i < spec.n_parts; i++)
+        if (ks_policy_i_evicts(ks_policy_spec_part(&spec, i))) return true;
+    return false;
+}
+
 static void check_policy(const char *policy, int n_doc, int n_q) {
     int n = n_doc + n_q;
     size_t bytes = sizeof(float) * (size_t)(1 + STEPS) * g_model->hp.n_vocab;
@@ -221,6 +241,10 @@ static void check_policy(const char *policy, int n_doc, int n_q) {
     free(got);
     ks_prefix_cache_stats st;
     ks_prefix_cache_get_stats(pc, &st);
+    /* the hit mapped the cached pages (a policy that evicts cut copies of its own; a
+     * block with a layer in the slow tier is kept as bytes) */
+    if (share && hit >= PAGE && !spec_evicts(policy) && !g_offload && !st.ram_shared_bytes)
+        fail_msg("policy %s: a RAM hit of %d tokens shares no page with the cache", policy, hit);
     assert_true(st.hit_tokens == (uint64_t)hit);
     ks_prefix_cache_destroy(pc); /* flushes the writes */
     /* a new cache object on the same directory: a restart, or another replica */
@@ -249,6 +273,141 @@ static void test_registry_exact(void **state) {
         check_policy(names[i], 120, 75);  /* the hit ends on a page */
         check_policy(names[i], 123, 70);  /* and inside one */
     }
+}
+
+/* Greedy-decode STEPS tokens of seq from the prompt logits in out[0] into out[1..]. */
+static void decode_step(ks_context *c, int32_t seq, float *out, int t) {
+    int32_t Vv = g_model->hp.n_vocab, best = 0;
+    const float *row = out + (size_t)t * Vv;
+    for (int32_t j = 1; j < Vv; j++) best = row[j] > row[best] ? j : best;
+    if (ks_decode(c, &seq, &best, 1, out + (size_t)(t + 1) * Vv) != KS_OK) fail_msg("decode: %s", ks_last_error());
+}
+
+/* Three sequences of one context on one document: seq 0 prefills it (the
+ * cache pins its pages), seq 1 (another question) and seq 2 (the same
+ * prompt) map them while seq 0 is alive; all three decode in turns.  Each
+ * equals its uncached run; non-evicting policies share the prefix's pages,
+ * and the plan counts them once. */
+static void check_shared(const char *policy, int n_doc, int n_q) {
+    int n = n_doc + n_q;
+    int32_t Vv = g_model->hp.n_vocab;
+    size_t bytes = sizeof(float) * (size_t)(1 + STEPS) * Vv;
+    int32_t *first = malloc(sizeof(int32_t) * n), *follow = malloc(sizeof(int32_t) * n);
+    make_prompt(first, n_doc, n_q, 1);
+    make_prompt(follow, n_doc, n_q, 2);
+    ks_context *c1 = make_ctx(g_model, policy);
+    float *ref[3] = {run(c1, NULL, first, n, NULL), run(c1, NULL, follow, n, NULL), NULL};
+    ref[2] = ref[0];
+    ks_context_destroy(c1);
+    g_nseq = 3;
+    ks_context *c = make_ctx(g_model, policy);
+    g_nseq = 1;
+    ks_prefix_cache_params pp = ks_prefix_cache_default_params();
+    ks_prefix_cache *pc = NULL;
+    assert_int_equal(ks_prefix_cache_create(g_model, &pp, &pc), KS_OK);
+    const int32_t *prompts[3] = {first, follow, first};
+    float *got[3];
+    int32_t hit[3];
+    for (int s = 0; s < 3; s++) {
+        got[s] = malloc(bytes);
+        if (ks_prefill_cached(c, pc, s, prompts[s], n, got[s], &hit[s]) != KS_OK)
+            fail_msg("%s: prefill of seq %d: %s", policy, s, ks_last_error());
+    }
+    assert_int_equal(hit[0], 0);
+    bool share = spec_shareable(policy);
+    if (share && !spec_evicts(policy) && n_doc >= PAGE) {
+        ks_prefix_cache_stats st;
+        ks_prefix_cache_get_stats(pc, &st);
+        if (!st.ram_shared_bytes) fail_msg("%s: three sequences on one document share no page", policy);
+        ks_mem_fit f;
+        ks_mem_query q = {0};
+        assert_int_equal(ks_context_mem_fits(c, &q, &f), KS_OK);
+        int64_t sum = 3 * (int64_t)n, mapped = (int64_t)(hit[1] / PAGE + hit[2] / PAGE) * PAGE;
+        if (f.tokens != sum - mapped)
+            fail_msg("%s: the plan counts %lld tokens, not %lld (shared pages once)", policy, (long long)f.tokens,
+                     (long long)(sum - mapped));
+    }
+    for (int t = 0; t < STEPS; t++)
+        for (int s = 0; s < 3; s++) decode_step(c, s, got[s], t);
+    for (int s = 0; s < 3; s++) {
+        if (memcmp(got[s], ref[s], bytes))
+            fail_msg("%s: seq %d (hit %d, sharing a prefix with others) changed its logits", policy, s, hit[s]);
+        free(got[s]);
+    }
+    ks_context_destroy(c); /* before the cache: its pinned blocks become blocks of bytes */
+    ks_prefix_cache_stats st;
+    ks_prefix_cache_get_stats(pc, &st);
+    assert_true(st.ram_blocks > 0);
+    assert_int_equal(st.ram_shared_bytes, 0);
+    /* the cache outlives the context: a new one hits the same blocks, exactly */
+    c = make_ctx(g_model, policy);
+    int32_t h = -1;
+    float *again = run(c, pc, follow, n, &h);
+    assert_true(share == (h > 0));
+    if (memcmp(again, ref[1], bytes)) fail_msg("%s: a hit after the context that pinned the blocks went", policy);
+    free(again);
+    ks_context_destroy(c);
+    ks_prefix_cache_destroy(pc);
+    free(ref[0]);
+    free(ref[1]);
+    free(first);
+    free(follow);
+}
+
+static void test_shared_sequences(void **state) {
+    (void)state;
+    char names[64][64];
+    int n = policy_specs(names, 64);
+    for (int i = 0; i < n; i++) {
+        if (strstr(names[i], "spec")) continue; /* its draft model per context: covered by check_policy */
+        check_shared(names[i], 120, 75);
+        check_shared(names[i], 123, 70);
+    }
+}
+
+/* Under a memory cap, three sequences mapping one document's pages are
+ * planned as the document once: at a cap where counting every sequence's
+ * pages would move layers to the slow tier, every layer stays fast. */
+static void test_shared_plan(void **state) {
+    (void)state;
+    int n = 195;
+    int32_t p[195];
+    make_prompt(p, 184, 11, 1);
+    g_nseq = 3;
+    g_memcap = 1e12;
+    ks_context *c = make_ctx(g_model, "quest");
+    ks_prefix_cache_params pp = ks_prefix_cache_default_params();
+    ks_prefix_cache *pc = NULL;
+    assert_int_equal(ks_prefix_cache_create(g_model, &pp, &pc), KS_OK);
+    int32_t Vv = g_model->hp.n_vocab, hit;
+    float *logits = malloc(sizeof(float) * Vv);
+    for (int s = 0; s < 3; s++) assert_int_equal(ks_prefill_cached(c, pc, s, p, n, logits, &hit), KS_OK);
+    ks_mem_fit shared, apart;
+    ks_mem_query q = {0};
+    assert_int_equal(ks_context_mem_fits(c, &q, &shared), KS_OK);
+    q.extra_tokens = 3 * (int64_t)n - shared.tokens; /* the same state, pages counted per sequence */
+    assert_true(q.extra_tokens >= 2 * (n / PAGE - 2) * PAGE);
+    assert_int_equal(ks_context_mem_fits(c, &q, &apart), KS_OK);
+    ks_context_destroy(c);
+    /* a cap between the two: fits with every layer fast only when shared pages count once */
+    g_memcap = (shared.bytes + apart.bytes) / 2;
+    c = make_ctx(g_model, "quest");
+    for (int s = 0; s < 3; s++) assert_int_equal(ks_prefill_cached(c, pc, s, p, n, logits, &hit), KS_OK);
+    q = (ks_mem_query){0};
+    assert_int_equal(ks_context_mem_fits(c, &q, &shared), KS_OK);
+    assert_true(shared.fits);
+    assert_int_equal(shared.offloaded, 0);
+    q.extra_tokens = 3 * (int64_t)n - shared.tokens;
+    assert_int_equal(ks_context_mem_fits(c, &q, &apart), KS_OK);
+    assert_true(apart.offloaded > 0);
+    ks_memplan_info mi;
+    ks_context_memplan(c, &mi);
+    assert_int_equal(mi.offloaded, 0); /* and the restores kept every layer fast */
+    g_memcap = 0;
+    g_nseq = 1;
+    free(logits);
+    ks_context_destroy(c);
+    ks_prefix_cache_destroy(pc);
 }
 
 /* A hit into layers in the slow tier (rows written through to it) */
@@ -602,6 +761,8 @@ int main(void) {
         cmocka_unit_test(test_chunk_invariance),
         cmocka_unit_test(test_docs_table),
         cmocka_unit_test(test_registry_exact),
+        cmocka_unit_test(test_shared_sequences),
+        cmocka_unit_test(test_shared_plan),
         cmocka_unit_test(test_spec_state),
         cmocka_unit_test(test_short_prompt),
         cmocka_unit_test(test_partial_prompt),

@@ -36,14 +36,26 @@
  * SGLang's RadixAttention and llama-server's cache_prompt; no code of
  * theirs is used.
  *
- * Design choice: a hit copies blocks into the sequence's own pages rather
- * than sharing pages by reference count.  Copying is memory bandwidth
- * (about a millisecond per 32 tokens of a 1B model's KV at worst), orders of
- * magnitude below the prefill it replaces, and it leaves the store's page
- * ownership, eviction, tiers and park / unpark untouched.  Shared pages
- * would save the copy and the duplicate memory of concurrent sequences; the
- * block layout here (one page per layer and head, K then V) is what such
- * sharing would share.
+ * Shared pages.  A block taken from a context's store keeps no copy of its
+ * KV: it pins the sequence's pages in the store (kv.h, "shared pages": a
+ * full page is immutable and reference-counted), and a hit in that context
+ * maps the pinned pages into the new sequence's page tables, so N requests
+ * on one document and the cache hold its KV once, and a hit costs no copy.
+ * The store copies on write wherever a sharer would change a page (an
+ * evictor's compaction, a layer moving to the slow tier), and the rows
+ * after a hit go into pages of the sequence's own (the partial block past
+ * the last whole one is copied, never mapped).  Because the pages are the
+ * ones prefill wrote, with the metadata prefill computed, a mapped hit is
+ * exact by construction.  Blocks are pinned in one store at a time (the
+ * context serve or run drives); a pin refused (the store's pin headroom
+ * is full, a layer is in the slow tier, another store holds the pins)
+ * falls back to a block of bytes, as is every block read from a file.
+ * Pins are taken and released only by calls made with that context
+ * (restore, capture, trim from the thread driving it): a block evicted
+ * elsewhere (the writer thread drops the last reference) is only marked,
+ * and its pages are let go by the next such call.  When the store goes
+ * (ks_context_destroy) its release hook turns every pinned block into a
+ * block of bytes, so the cache outlives the context.
  *
  * Tiers.  RAM: an LRU of blocks under ram_bytes.  Directory: every block
  * taken is queued for a writer thread (write-behind: the request never
@@ -268,8 +280,12 @@ typedef struct pc_block {
     ks_pc_format fmt;
     int32_t *tok;          /* [page] */
     uint8_t *kv;           /* [n_layer][n_head_kv][page_bytes] */
+    uint8_t *raw;          /* the record kv points into (a prompt-cache file's, read in place), or NULL: kv is its own */
     size_t kv_bytes, bytes; /* payload; everything counted against the RAM cap */
     pc_state *st;
+    int32_t *pins;         /* [n_layer][n_head_kv] page ids pinned in the cache's pin store, or NULL (then kv) */
+    bool dead;             /* pinned and unreferenced: its pages wait for reap_locked */
+    struct pc_block *pnext; /* the cache's list of pinned blocks */
     uint64_t stamp;        /* LRU */
     int refs;              /* the table's (while listed), restores in progress, the writer's */
     bool listed;
@@ -288,6 +304,7 @@ typedef struct disk_ent {
 typedef struct pc_job {
     struct pc_block *b;
     struct pc_state *st;
+    uint8_t *payload;      /* a pinned block's bytes, owned by the job (else b->kv is written) */
 } pc_job;
 
 enum { N_BUCKETS = 4096 };
@@ -308,11 +325,14 @@ struct ks_prefix_cache {
     pthread_t writer;
     disk_ent *disk;
     int32_t n_disk, disk_cap;
+    ks_kv_store *pin_kv;    /* the store the pinned blocks' pages live in, or NULL */
+    pc_block *pinned;       /* blocks with pins (live and dead) */
     ks_prefix_cache_stats st;
 };
 
 ks_prefix_cache_params ks_prefix_cache_default_params(void) {
-    return (ks_prefix_cache_params){.ram_bytes = 1ull << 30, .dir = NULL, .disk_bytes = 8ull << 30, .write_behind = true};
+    return (ks_prefix_cache_params){
+        .ram_bytes = 1ull << 30, .dir = NULL, .disk_bytes = 8ull << 30, .write_behind = true, .share_pages = true};
 }
 
 ks_pc_key ks_pc_model_key(const ks_prefix_cache *pc) { return pc->model; }
@@ -332,12 +352,65 @@ static void block_free(pc_block *b) {
         ks_free(s);
     }
     ks_free(b->tok);
-    ks_free(b->kv);
+    if (b->raw) ks_free(b->raw);
+    else ks_free(b->kv);
+    ks_free(b->pins);
     ks_free(b);
 }
 
 static void unref_locked(pc_block *b) {
-    if (--b->refs == 0) block_free(b);
+    if (--b->refs > 0) return;
+    if (b->pins) b->dead = true; /* its pages go at the next reap, on the thread driving their store */
+    else block_free(b);
+}
+
+static void unlist_locked(ks_prefix_cache *pc, pc_block *b);
+
+/* Let go of the pages of dead pinned blocks (caller holds mu and drives pc->pin_kv's context). */
+static void reap_locked(ks_prefix_cache *pc) {
+    for (pc_block **pp = &pc->pinned; *pp;) {
+        pc_block *b = *pp;
+        if (!b->dead) {
+            pp = &b->pnext;
+            continue;
+        }
+        for (uint32_t l = 0; l < b->fmt.n_layer; l++)
+            for (uint32_t h = 0; h < b->fmt.n_head_kv; h++) ks_kv_unpin(pc->pin_kv, (int32_t)l, b->pins[l * b->fmt.n_head_kv + h]);
+        *pp = b->pnext;
+        block_free(b);
+    }
+}
+
+/* The pin store goes (ks_kv_destroy's hook): live pinned blocks become
+ * blocks of bytes, dead ones go. */
+static void pins_released(void *arg, ks_kv_store *kv) {
+    ks_prefix_cache *pc = arg;
+    pthread_mutex_lock(&pc->mu);
+    size_t page_bytes = ks_kv_page_bytes(kv);
+    while (pc->pinned) {
+        pc_block *b = pc->pinned;
+        pc->pinned = b->pnext;
+        b->pnext = NULL;
+        if (b->dead) {
+            block_free(b);
+            continue;
+        }
+        uint8_t *bytes = ks_malloc(b->kv_bytes);
+        ks_status st = bytes ? KS_OK : KS_FAIL(KS_ERR_NOMEM, "a block's bytes (%zu)", b->kv_bytes);
+        for (uint32_t i = 0; bytes && i < b->fmt.n_layer * b->fmt.n_head_kv && st == KS_OK; i++)
+            st = ks_kv_read_pinned(kv, (int32_t)(i / b->fmt.n_head_kv), b->pins[i], bytes + (size_t)i * page_bytes);
+        ks_free(b->pins);
+        b->pins = NULL;
+        if (st != KS_OK) { /* unreadable (slow tier I/O): the block goes */
+            KS_LOG(WARN, "prefix cache: a block's pages could not be read back: %s", ks_last_error());
+            ks_free(bytes);
+            if (b->listed) unlist_locked(pc, b);
+            continue;
+        }
+        b->kv = bytes;
+    }
+    pc->pin_kv = NULL;
+    pthread_mutex_unlock(&pc->mu);
 }
 
 static void unlist_locked(ks_prefix_cache *pc, pc_block *b) {
@@ -381,11 +454,19 @@ void ks_prefix_cache_trim(ks_prefix_cache *pc, uint64_t ram_bytes) {
     pthread_mutex_lock(&pc->mu);
     pc->limit = ram_bytes < pc->p.ram_bytes ? ram_bytes : pc->p.ram_bytes;
     make_room_locked(pc, pc->limit, 0);
+    reap_locked(pc); /* called by the thread driving the pin store's context (the scheduler) */
     pthread_mutex_unlock(&pc->mu);
 }
 
 void ks_prefix_cache_get_stats(ks_prefix_cache *pc, ks_prefix_cache_stats *out) {
     pthread_mutex_lock(&pc->mu);
+    pc->st.ram_shared_bytes = 0;
+    if (pc->pin_kv) { /* pinned pages some sequence maps: their memory is the sequences' too */
+        ks_kv_share_info si;
+        ks_kv_share_info_get(pc->pin_kv, &si);
+        uint64_t b = (uint64_t)si.pinned_tabled_pages * ks_kv_page_bytes(pc->pin_kv);
+        pc->st.ram_shared_bytes = b < pc->st.ram_bytes ? b : pc->st.ram_bytes;
+    }
     *out = pc->st;
     pthread_mutex_unlock(&pc->mu);
 }
@@ -480,12 +561,12 @@ static ks_status publish(const char *path, const void *const *parts, const size_
     return st;
 }
 
-static ks_status write_block(ks_prefix_cache *pc, const pc_block *b) {
+static ks_status write_block(ks_prefix_cache *pc, const pc_block *b, const uint8_t *payload) {
     uint8_t hdr[KS_PC_HEADER_BYTES];
-    ks_pc_record_header(hdr, &b->fmt, &pc->model, &b->key, &b->parent, b->tok, b->kv);
+    ks_pc_record_header(hdr, &b->fmt, &pc->model, &b->key, &b->parent, b->tok, payload);
     char path[4096];
     file_name(pc, &b->key, 0, path, sizeof path);
-    const void *parts[3] = {hdr, b->tok, b->kv};
+    const void *parts[3] = {hdr, b->tok, payload};
     size_t sizes[3] = {sizeof hdr, sizeof(int32_t) * b->fmt.page, b->kv_bytes};
     return publish(path, parts, sizes, 3);
 }
@@ -521,8 +602,9 @@ static void *writer_main(void *arg) {
         pc->writing = true;
         pthread_mutex_unlock(&pc->mu);
         /* a block and its attached states are immutable: no lock needed */
-        ks_status st = job.st ? write_state(pc, b, job.st) : write_block(pc, b);
+        ks_status st = job.st ? write_state(pc, b, job.st) : write_block(pc, b, job.payload ? job.payload : b->kv);
         if (st != KS_OK) KS_LOG(WARN, "prefix cache: could not write a block: %s", ks_last_error());
+        ks_free(job.payload);
         pthread_mutex_lock(&pc->mu);
         if (job.st) b->st_queued = false;
         else b->queued = false;
@@ -536,11 +618,18 @@ static void *writer_main(void *arg) {
 }
 
 /* Queue a listed block (s NULL) or one of its states for the directory
- * (caller holds mu). */
-static void enqueue_locked(ks_prefix_cache *pc, pc_block *b, pc_state *s) {
-    if (!pc->dir || (s ? b->st_queued : b->queued) || disk_find_locked(pc, &b->key, s ? s->pol : 0) >= 0) return;
+ * (caller holds mu).  A pinned block's bytes come as payload (the job owns
+ * it: the writer thread never reads the store); a block of bytes passes
+ * NULL. */
+static void enqueue_locked(ks_prefix_cache *pc, pc_block *b, pc_state *s, uint8_t *payload) {
+    if (!pc->dir || (s ? b->st_queued : b->queued) || disk_find_locked(pc, &b->key, s ? s->pol : 0) >= 0 ||
+        (!s && !payload && !b->kv)) {
+        ks_free(payload);
+        return;
+    }
     if (!pc->has_writer) { /* synchronous mode */
-        ks_status st = s ? write_state(pc, b, s) : write_block(pc, b);
+        ks_status st = s ? write_state(pc, b, s) : write_block(pc, b, payload ? payload : b->kv);
+        ks_free(payload);
         if (st == KS_OK) written_locked(pc, b, s);
         else KS_LOG(WARN, "prefix cache: could not write a block: %s", ks_last_error());
         return;
@@ -558,7 +647,7 @@ static void enqueue_locked(ks_prefix_cache *pc, pc_block *b, pc_state *s) {
     if (s) b->st_queued = true;
     else b->queued = true;
     b->refs++;
-    pc->q[pc->qn++] = (pc_job){b, s};
+    pc->q[pc->qn++] = (pc_job){b, s, payload};
     pthread_cond_signal(&pc->cv);
 }
 
@@ -760,6 +849,11 @@ void ks_prefix_cache_destroy(ks_prefix_cache *pc) {
     }
     for (int i = 0; i < N_BUCKETS; i++)
         while (pc->buckets[i]) unlist_locked(pc, pc->buckets[i]);
+    for (pc_block *b = pc->pinned; b; b = b->pnext) b->dead = true; /* no reference is left */
+    if (pc->pin_kv) {
+        reap_locked(pc);
+        ks_kv_set_pin_holder(pc->pin_kv, NULL, NULL);
+    }
     pthread_mutex_destroy(&pc->mu);
     pthread_cond_destroy(&pc->cv);
     pthread_cond_destroy(&pc->done_cv);
@@ -847,10 +941,11 @@ static pc_state *state_get(ks_prefix_cache *pc, pc_block *b, uint64_t pol, size_
 
 /* The block of key (RAM, else the directory), referenced for the caller;
  * NULL when absent. */
-static pc_block *acquire(ks_prefix_cache *pc, const ks_pc_key *key, const ks_pc_key *parent, const int32_t *tokens,
-                         const ks_pc_format *fmt) {
+static pc_block *acquire(ks_prefix_cache *pc, const ks_kv_store *kv, const ks_pc_key *key, const ks_pc_key *parent,
+                         const int32_t *tokens, const ks_pc_format *fmt) {
     pthread_mutex_lock(&pc->mu);
     pc_block *b = find_locked(pc, key);
+    if (b && b->pins && pc->pin_kv != kv) b = NULL; /* pinned in another context's store: not readable from here */
     if (b) {
         b->stamp = ++pc->clock;
         b->refs++;
@@ -861,11 +956,12 @@ static pc_block *acquire(ks_prefix_cache *pc, const ks_pc_key *key, const ks_pc_
     if (!b) return NULL;
     pthread_mutex_lock(&pc->mu);
     pc_block *there = find_locked(pc, key); /* another thread loaded it meanwhile */
+    if (there && there->pins && pc->pin_kv != kv) there = NULL;
     if (there) {
         block_free(b);
         b = there;
         b->refs++;
-    } else if (insert_locked(pc, b)) {
+    } else if (!find_locked(pc, key) && insert_locked(pc, b)) {
         b->refs++;
     } else {
         b->refs = 1; /* too big for RAM: the caller's alone */
@@ -895,18 +991,33 @@ static void restore_worker(void *arg, int ith, int nth) {
     const ks_hparams *hp = &c->model->hp;
     int32_t P = ks_kv_page_size(c->kv);
     size_t page_bytes = ks_kv_page_bytes(c->kv);
-    for (int32_t l = ith; l < hp->n_layer; l += nth)
+    uint8_t *scratch = NULL; /* a pinned page copied rather than mapped */
+    for (int32_t l = ith; l < hp->n_layer; l += nth) {
+        bool fast = ks_kv_layer_tier(c->kv, l) == KS_TIER_FAST;
         for (int32_t b = 0; b * P < j->hit; b++) {
             int32_t m = j->hit - b * P < P ? j->hit - b * P : P;
+            const pc_block *blk = j->blocks[b];
             for (int32_t h = 0; h < hp->n_head_kv; h++) {
-                const uint8_t *pg = j->blocks[b]->kv + ((size_t)l * hp->n_head_kv + h) * page_bytes;
-                ks_status st = ks_kv_append_page_stored(c->kv, j->seq, l, h, b * P, pg, m);
+                size_t i = (size_t)l * hp->n_head_kv + h;
+                ks_status st = KS_OK;
+                if (blk->pins && m == P && fast) { /* a whole block: its pages, by reference */
+                    st = ks_kv_map_pinned(c->kv, j->seq, l, h, blk->pins[i]);
+                } else if (blk->pins) { /* the part of a block past the hit, or a slow layer: a copy of its own */
+                    if (!scratch && !(scratch = ks_malloc(page_bytes))) st = KS_FAIL(KS_ERR_NOMEM, "a page's bytes");
+                    if (st == KS_OK) st = ks_kv_read_pinned(c->kv, l, blk->pins[i], scratch);
+                    if (st == KS_OK) st = ks_kv_append_page_stored(c->kv, j->seq, l, h, b * P, scratch, m);
+                } else {
+                    st = ks_kv_append_page_stored(c->kv, j->seq, l, h, b * P, blk->kv + i * page_bytes, m);
+                }
                 if (st != KS_OK) {
                     atomic_store(&j->failed, (int)st); /* the message stays on the worker's thread */
+                    ks_free(scratch);
                     return;
                 }
             }
         }
+    }
+    ks_free(scratch);
 }
 
 ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, const int32_t *prompt, int32_t n,
@@ -933,13 +1044,16 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
     int32_t nb_max = limit > 0 ? (limit + P - 1) / P : 0;
     if (nb_max > n / P) nb_max = n / P;
     uint64_t pk = policy_key(c, seq);
+    pthread_mutex_lock(&pc->mu);
+    if (pc->pin_kv == c->kv) reap_locked(pc);
+    pthread_mutex_unlock(&pc->mu);
     pc_block **got = ks_malloc(sizeof(pc_block *) * (size_t)(nb_max + 1));
     if (!got) return KS_FAIL(KS_ERR_NOMEM, "cached blocks of %d", nb_max);
     int32_t nb = 0;
     ks_pc_key parent = ks_pc_root(&pc->model, &fmt);
     for (int32_t b = 0; b < nb_max; b++) {
         ks_pc_key key = ks_pc_chain(&parent, prompt + (size_t)b * P, P);
-        pc_block *blk = acquire(pc, &key, &parent, prompt + (size_t)b * P, &fmt);
+        pc_block *blk = acquire(pc, c->kv, &key, &parent, prompt + (size_t)b * P, &fmt);
         if (!blk) break;
         if (memcmp(blk->tok, prompt + (size_t)b * P, sizeof(int32_t) * P) || (sbytes && !state_get(pc, blk, pk, sbytes))) {
             release(pc, blk);
@@ -963,6 +1077,7 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
         for (int i = 0; i < N_BUCKETS; i++)
             for (pc_block *b = pc->buckets[i]; b; b = b->hnext) {
                 if (!key_eq(&b->parent, &parent) || memcmp(&b->fmt, &fmt, sizeof fmt)) continue;
+                if (b->pins && pc->pin_kv != c->kv) continue;
                 int32_t k = 0;
                 while (k < want && b->tok[k] == prompt[(size_t)nb * P + k]) k++;
                 if (k > tail) {
@@ -979,7 +1094,11 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
     }
     int32_t hit = nb * P + tail < limit ? nb * P + tail : limit;
     ks_status st = KS_OK;
-    if (hit > 0) st = ks_infer_plan_apply(c, hit, 1, hit);
+    /* whole blocks mapped from pinned pages add no memory (the cache or
+     * another sequence holds them, and the plan counts them once) */
+    int32_t mapped = 0;
+    for (int32_t b = 0; b < nb && (b + 1) * P <= hit; b++) mapped += got[b]->pins ? P : 0;
+    if (hit > 0) st = ks_infer_plan_apply(c, hit - mapped, 1, hit);
     if (st == KS_OK && hit > 0) {
         restore_job j = {.c = c, .blocks = got, .seq = seq, .hit = hit};
         atomic_init(&j.failed, 0);
@@ -1005,6 +1124,24 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
     return KS_OK;
 }
 
+/* Pin the pages of block b of seq (every layer and KV head) for blk; false
+ * (nothing pinned) when the store refuses one (headroom, slow tier). */
+static bool pin_block(ks_context *c, int32_t seq, int32_t b, pc_block *blk) {
+    const ks_hparams *hp = &c->model->hp;
+    int32_t n = hp->n_layer * hp->n_head_kv;
+    int32_t *ids = ks_malloc(sizeof(int32_t) * (size_t)n);
+    if (!ids) return false; /* kept as bytes instead */
+    for (int32_t i = 0; i < n; i++) {
+        if (ks_kv_pin(c->kv, seq, i / hp->n_head_kv, i % hp->n_head_kv, b, &ids[i]) != KS_OK) {
+            while (i-- > 0) ks_kv_unpin(c->kv, i / hp->n_head_kv, ids[i]);
+            ks_free(ids);
+            return false;
+        }
+    }
+    blk->pins = ids;
+    return true;
+}
+
 ks_status ks_prefix_capture_kv(ks_context *c, ks_prefix_cache *pc, int32_t seq, const int32_t *prompt, int32_t n) {
     ks_pc_format fmt = format_of(c);
     int32_t P = (int32_t)fmt.page, nb = n / P;
@@ -1012,6 +1149,14 @@ ks_status ks_prefix_capture_kv(ks_context *c, ks_prefix_cache *pc, int32_t seq, 
     const ks_hparams *hp = &c->model->hp;
     size_t page_bytes = ks_kv_page_bytes(c->kv);
     ks_pc_key parent = ks_pc_root(&pc->model, &fmt);
+    pthread_mutex_lock(&pc->mu);
+    bool pin = pc->p.share_pages && (!pc->pin_kv || pc->pin_kv == c->kv);
+    if (pin && !pc->pin_kv) { /* this context's store holds the cache's pages from now on */
+        pc->pin_kv = c->kv;
+        ks_kv_set_pin_holder(c->kv, pins_released, pc);
+    }
+    if (pc->pin_kv == c->kv) reap_locked(pc);
+    pthread_mutex_unlock(&pc->mu);
     for (int32_t b = 0; b < nb; b++) {
         const int32_t *tok = prompt + (size_t)b * P;
         ks_pc_key key = ks_pc_chain(&parent, tok, P);
@@ -1019,7 +1164,17 @@ ks_status ks_prefix_capture_kv(ks_context *c, ks_prefix_cache *pc, int32_t seq, 
         pc_block *have = find_locked(pc, &key);
         if (have) {
             have->stamp = ++pc->clock;
-            enqueue_locked(pc, have, NULL); /* no-op when on disk or queued */
+            enqueue_locked(pc, have, NULL, NULL); /* no-op when on disk or queued, or pinned */
+            /* a block of bytes (read from a file, or kept when its context
+             * went) becomes this sequence's pinned pages, which hold the same
+             * rows, when nobody reads its bytes now */
+            if (pin && have->kv && !have->pins && have->refs == 1 && have->listed && pin_block(c, seq, b, have)) {
+                if (have->raw) ks_free(have->raw);
+                else ks_free(have->kv);
+                have->kv = have->raw = NULL;
+                have->pnext = pc->pinned;
+                pc->pinned = have;
+            }
         }
         pthread_mutex_unlock(&pc->mu);
         if (!have) {
@@ -1029,34 +1184,50 @@ ks_status ks_prefix_capture_kv(ks_context *c, ks_prefix_cache *pc, int32_t seq, 
             blk->parent = parent;
             blk->fmt = fmt;
             blk->tok = ks_malloc(sizeof(int32_t) * P);
-            blk->kv_bytes = ks_pc_payload_bytes(&fmt);
-            KS_ASSERT(blk->kv_bytes == (size_t)hp->n_layer * hp->n_head_kv * page_bytes);
-            blk->kv = ks_malloc(blk->kv_bytes);
-            if (!blk->tok || !blk->kv) {
+            if (!blk->tok) {
                 block_free(blk);
-                return KS_FAIL(KS_ERR_NOMEM, "prefix cache block of %zu bytes", ks_pc_payload_bytes(&fmt));
+                return KS_FAIL(KS_ERR_NOMEM, "prefix cache block tokens");
             }
             memcpy(blk->tok, tok, sizeof(int32_t) * P);
+            blk->kv_bytes = ks_pc_payload_bytes(&fmt);
+            KS_ASSERT(blk->kv_bytes == (size_t)hp->n_layer * hp->n_head_kv * page_bytes);
             blk->bytes = blk->kv_bytes + sizeof(int32_t) * P + sizeof *blk;
-            ks_status st = KS_OK;
-            for (int32_t l = 0; l < hp->n_layer && st == KS_OK; l++)
-                for (int32_t h = 0; h < hp->n_head_kv && st == KS_OK; h++) {
+            for (int32_t l = 0; l < hp->n_layer; l++)
+                for (int32_t h = 0; h < hp->n_head_kv; h++) {
                     ks_kv_page_meta meta;
                     ks_kv_page_meta_get(c->kv, seq, l, h, b, &meta);
                     if (meta.fill != P || meta.pos[0] != b * P) { /* not the plain prompt: take nothing */
                         block_free(blk);
                         return KS_OK;
                     }
-                    st = ks_kv_read_page(c->kv, seq, l, h, b, blk->kv + ((size_t)l * hp->n_head_kv + h) * page_bytes);
                 }
-            if (st != KS_OK) {
-                block_free(blk);
-                return st;
-            }
+            /* a pinned block keeps no bytes; the directory's writer gets a copy of its own */
+            bool pinned = pin && pin_block(c, seq, b, blk);
+            uint8_t *bytes = NULL;
+            if (!pinned || pc->dir) bytes = ks_malloc(blk->kv_bytes);
+            ks_status st = !pinned && !bytes ? KS_FAIL(KS_ERR_NOMEM, "prefix cache block of %zu bytes", blk->kv_bytes) : KS_OK;
+            for (int32_t l = 0; bytes && l < hp->n_layer && st == KS_OK; l++)
+                for (int32_t h = 0; h < hp->n_head_kv && st == KS_OK; h++)
+                    st = ks_kv_read_page(c->kv, seq, l, h, b, bytes + ((size_t)l * hp->n_head_kv + h) * page_bytes);
+            if (!pinned) blk->kv = bytes;
             pthread_mutex_lock(&pc->mu);
-            if (!find_locked(pc, &key) && insert_locked(pc, blk)) enqueue_locked(pc, blk, NULL);
-            else block_free(blk);
+            if (st == KS_OK && !find_locked(pc, &key) && insert_locked(pc, blk)) {
+                if (pinned) {
+                    blk->pnext = pc->pinned;
+                    pc->pinned = blk;
+                }
+                enqueue_locked(pc, blk, NULL, pinned ? bytes : NULL);
+                if (pc->pin_kv == c->kv) reap_locked(pc); /* what the insert evicted frees its pages now */
+            } else {
+                if (pinned) {
+                    for (int32_t i = 0; i < hp->n_layer * hp->n_head_kv; i++)
+                        ks_kv_unpin(c->kv, i / hp->n_head_kv, blk->pins[i]);
+                    ks_free(bytes);
+                }
+                block_free(blk);
+            }
             pthread_mutex_unlock(&pc->mu);
+            KS_TRY(st);
         }
         parent = key;
     }
@@ -1099,7 +1270,7 @@ ks_status ks_prefix_capture_state(ks_context *c, ks_prefix_cache *pc, int32_t se
             blk->bytes += sbytes;
             if (blk->listed) {
                 pc->st.ram_bytes += sbytes;
-                enqueue_locked(pc, blk, s);
+                enqueue_locked(pc, blk, s, NULL);
             }
             s = NULL;
         }
@@ -1137,57 +1308,140 @@ ks_status ks_prefix_cache_save_file(ks_prefix_cache *pc, const ks_context *c, co
     for (int32_t b = 0; b < nb; b++) {
         ks_pc_key key = ks_pc_chain(&parent, prompt + (size_t)b * P, P);
         pc_block *blk = find_locked(pc, &key);
-        if (!blk) break;
+        if (!blk || (blk->pins && pc->pin_kv != c->kv)) break;
         blk->refs++;
         got[k++] = blk;
         parent = key;
     }
     pthread_mutex_unlock(&pc->mu);
-    const void **parts = ks_malloc(sizeof(void *) * (size_t)(3 * k + 1));
-    size_t *sizes = ks_malloc(sizeof(size_t) * (size_t)(3 * k + 1));
-    uint8_t *hdrs = ks_malloc((size_t)KS_PC_HEADER_BYTES * (size_t)(k + 1));
-    for (int32_t i = 0; parts && sizes && hdrs && i < k; i++) {
-        ks_pc_record_header(hdrs + (size_t)i * KS_PC_HEADER_BYTES, &got[i]->fmt, &pc->model, &got[i]->key,
-                            &got[i]->parent, got[i]->tok, got[i]->kv);
-        parts[3 * i] = hdrs + (size_t)i * KS_PC_HEADER_BYTES;
-        sizes[3 * i] = KS_PC_HEADER_BYTES;
-        parts[3 * i + 1] = got[i]->tok;
-        sizes[3 * i + 1] = sizeof(int32_t) * P;
-        parts[3 * i + 2] = got[i]->kv;
-        sizes[3 * i + 2] = got[i]->kv_bytes;
+    /* Written a record at a time into a temporary file, then fsync and
+     * rename (as publish): a pinned block's bytes are read from the store
+     * (this thread drives it) into one reused buffer. */
+    static _Atomic uint64_t serial;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d.%llu", path, (int)getpid(), (unsigned long long)atomic_fetch_add(&serial, 1));
+    ks_status st = KS_OK;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) st = KS_FAIL(KS_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    size_t page_bytes = ks_kv_page_bytes(c->kv);
+    uint8_t *own = NULL;
+    for (int32_t i = 0; i < k && st == KS_OK; i++) {
+        const uint8_t *payload = got[i]->kv;
+        if (got[i]->pins) {
+            if (!own && !(own = ks_malloc(got[i]->kv_bytes))) {
+                st = KS_FAIL(KS_ERR_NOMEM, "a block's bytes (%zu)", got[i]->kv_bytes);
+                break;
+            }
+            for (uint32_t j = 0; j < got[i]->fmt.n_layer * got[i]->fmt.n_head_kv && st == KS_OK; j++)
+                st = ks_kv_read_pinned(c->kv, (int32_t)(j / got[i]->fmt.n_head_kv), got[i]->pins[j], own + j * page_bytes);
+            payload = own;
+        }
+        uint8_t hdr[KS_PC_HEADER_BYTES];
+        if (st == KS_OK) {
+            ks_pc_record_header(hdr, &got[i]->fmt, &pc->model, &got[i]->key, &got[i]->parent, got[i]->tok, payload);
+            st = write_all(fd, hdr, sizeof hdr);
+        }
+        if (st == KS_OK) st = write_all(fd, got[i]->tok, sizeof(int32_t) * P);
+        if (st == KS_OK) st = write_all(fd, payload, got[i]->kv_bytes);
     }
-    ks_status st = !parts || !sizes || !hdrs ? KS_FAIL(KS_ERR_NOMEM, "headers of %d blocks", k)
-                                             : publish(path, parts, sizes, 3 * k);
+    if (fd >= 0) {
+        if (st == KS_OK && fsync(fd) != 0) st = KS_FAIL(KS_ERR_IO, "fsync %s: %s", tmp, strerror(errno));
+        if (close(fd) != 0 && st == KS_OK) st = KS_FAIL(KS_ERR_IO, "close %s: %s", tmp, strerror(errno));
+        if (st == KS_OK && rename(tmp, path) != 0) st = KS_FAIL(KS_ERR_IO, "rename %s: %s", tmp, strerror(errno));
+        if (st != KS_OK) unlink(tmp);
+    }
     pthread_mutex_lock(&pc->mu);
     for (int32_t i = 0; i < k; i++) unref_locked(got[i]);
     pthread_mutex_unlock(&pc->mu);
-    ks_free(parts);
-    ks_free(sizes);
-    ks_free(hdrs);
+    ks_free(own);
     ks_free(got);
     if (st == KS_OK && n_blocks) *n_blocks = k;
     return st;
 }
 
+/* pread all n bytes at off; false at end of file or on an error */
+static bool pread_all(int fd, void *dst, size_t n, off_t off) {
+    uint8_t *d = dst;
+    while (n) {
+        ssize_t r = pread(fd, d, n, off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        d += r;
+        n -= (size_t)r;
+        off += r;
+    }
+    return true;
+}
+
+/* Streamed, a record at a time (a 16K-token prompt's file is half a GB of
+ * a 1B model's KV: never the whole file in memory beside its blocks). */
 ks_status ks_prefix_cache_load_file(ks_prefix_cache *pc, const char *path, int32_t *n_blocks) {
     if (!pc || !path) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL argument");
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) return KS_FAIL(KS_ERR_NOT_FOUND, "no prompt cache at %s yet", path);
+        return KS_FAIL(KS_ERR_IO, "open %s: %s", path, strerror(errno));
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return KS_FAIL(KS_ERR_IO, "%s is not a regular file", path);
+    }
+    uint64_t len = (uint64_t)sb.st_size;
     uint8_t *buf = NULL;
-    size_t len = 0;
-    ks_status st = read_file(path, (size_t)1 << 40, &buf, &len);
-    if (st == KS_ERR_NOT_FOUND) return KS_FAIL(KS_ERR_NOT_FOUND, "no prompt cache at %s yet", path);
-    KS_TRY(st);
+    size_t cap = 0;
     int32_t k = 0;
-    for (size_t off = 0; off < len;) {
+    for (uint64_t off = 0; off < len;) {
+        uint8_t hdr[KS_PC_HEADER_BYTES];
+        const char *why = NULL;
+        size_t rec = 0;
+        if (len - off < KS_PC_HEADER_BYTES || !pread_all(fd, hdr, sizeof hdr, (off_t)off)) {
+            why = "truncated record header";
+        } else {
+            ks_pc_format f = {get32(hdr + 12), get32(hdr + 16), get32(hdr + 20), get32(hdr + 24), get32(hdr + 28)};
+            size_t pb = ks_pc_payload_bytes(&f);
+            rec = KS_PC_HEADER_BYTES + sizeof(int32_t) * f.page + pb;
+            if (!pb) rec = KS_PC_HEADER_BYTES; /* the parser names what is wrong */
+            if (rec > len - off) rec = (size_t)(len - off);
+        }
+        if (!why) { /* a buffer per record: the block keeps it (no second copy of the payload) */
+            if (!buf || rec > cap) {
+                ks_free(buf);
+                buf = ks_malloc(rec);
+                cap = buf ? rec : 0;
+            }
+            if (!buf) {
+                close(fd);
+                return KS_FAIL(KS_ERR_NOMEM, "a record of %zu bytes from %s", rec, path);
+            }
+            if (!pread_all(fd, buf, rec, (off_t)off)) why = "read failed";
+        }
         ks_pc_record r;
-        if (ks_pc_record_parse(buf + off, len - off, &pc->model, &r) != KS_OK) {
-            skip_warn(pc, path, ks_last_error());
+        if (!why && ks_pc_record_parse(buf, rec, &pc->model, &r) != KS_OK) why = ks_last_error();
+        if (why) {
+            skip_warn(pc, path, why);
             break;
         }
-        pc_block *b = block_from_record(&r);
+        pc_block *b = ks_calloc(1, sizeof *b);
+        if (b && !(b->tok = ks_malloc(sizeof(int32_t) * r.fmt.page))) {
+            ks_free(b);
+            b = NULL;
+        }
         if (!b) {
             ks_free(buf);
-            return KS_FAIL(KS_ERR_NOMEM, "block of %zu bytes from %s", r.bytes, path);
+            close(fd);
+            return KS_FAIL(KS_ERR_NOMEM, "a block from %s", path);
         }
+        b->key = r.key;
+        b->parent = r.parent;
+        b->fmt = r.fmt;
+        memcpy(b->tok, r.tokens, sizeof(int32_t) * r.fmt.page);
+        b->kv_bytes = r.payload_bytes;
+        b->raw = buf; /* the payload stays where it was read */
+        b->kv = (uint8_t *)r.payload;
+        b->bytes = b->kv_bytes + sizeof(int32_t) * r.fmt.page + sizeof *b;
+        buf = NULL;
+        cap = 0;
         pthread_mutex_lock(&pc->mu);
         if (find_locked(pc, &b->key) || !insert_locked(pc, b)) block_free(b);
         else k++;
@@ -1195,6 +1449,7 @@ ks_status ks_prefix_cache_load_file(ks_prefix_cache *pc, const char *path, int32
         off += r.bytes;
     }
     ks_free(buf);
+    close(fd);
     if (n_blocks) *n_blocks = k;
     return KS_OK;
 }

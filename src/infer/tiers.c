@@ -111,6 +111,13 @@ static ks_memplan_state plan_state(const ks_context *c, const ks_mem_query *q) {
             st.active += c->seq_len[i] > 0;
             if (c->seq_len[i] > st.longest) st.longest = c->seq_len[i];
         }
+    if (!q->alone) { /* a page several sequences map (a shared prefix) is memory once: count its tokens once */
+        ks_kv_share_info si;
+        ks_kv_share_info_get(c->kv, &si);
+        const ks_hparams *hp = &c->model->hp;
+        st.tokens_fast -= si.dup_pages * ks_kv_page_size(c->kv) / ((int64_t)hp->n_layer * hp->n_head_kv);
+        if (st.tokens_fast < 0) st.tokens_fast = 0;
+    }
     st.tokens_fast += q->extra_tokens;
     st.tokens_all += q->extra_tokens;
     st.active += q->extra_seqs;

@@ -14,6 +14,15 @@
  * Appends and compaction write rows through to whichever tier holds the
  * layer (and to a slot that maps the page), after the layer's in-flight
  * loads have landed, so a load can never overwrite a newer row.
+ *
+ * Shared pages (kv.h): refs[id] counts the page tables and pins holding a
+ * page, pins[id] the pins alone; a page returns to the free stack when both
+ * reach zero.  Only a full page is ever shared, and nothing writes a full
+ * page except compaction, which first gives the head its own copy of every
+ * page it will rewrite (ks_kv_page_private: the copy-on-write step, which
+ * copies the metadata with the rows, so summaries never need recomputing).
+ * Pages before compaction's first dropped entry are left alone, which also
+ * keeps an evictor's cut from rewriting an untouched shared prefix.
  */
 #include "kv/kv_internal.h"
 
@@ -44,6 +53,7 @@ int32_t ks_kv_n_pages(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t
 /* ------------------------------------------------------------ create -- */
 void ks_kv_destroy(ks_kv_store *kv) {
     if (!kv) return;
+    if (kv->pin_release) kv->pin_release(kv->pin_release_arg, kv); /* the holder copies out what it keeps */
     ks_copy_engine_destroy(kv->copy); /* drains queued loads first */
     for (int32_t i = 0; kv->parked && i < kv->p.n_seq; i++) ks_kv_parked_free(kv->parked[i]);
     ks_free(kv->parked);
@@ -53,6 +63,8 @@ void ks_kv_destroy(ks_kv_store *kv) {
         ks_kv_release_slow(L);
         ks_free(L->slot_of);
         ks_free(L->in_use);
+        ks_free(L->refs);
+        ks_free(L->pins);
         ks_free(L->free_ids);
         ks_free(L->fill);
         ks_free(L->pos);
@@ -87,7 +99,10 @@ ks_status ks_kv_create(const ks_kv_params *p, ks_kv_store **out) {
     kv->nh = p->n_head_kv;
     kv->max_pages = (p->n_ctx + p->page - 1) / p->page;
     kv->n_sh = p->n_seq * p->n_head_kv;
-    kv->n_phys = kv->n_sh * kv->max_pages;
+    kv->pin_cap = p->pin_pages > 0 ? p->pin_pages : 0;
+    if ((int64_t)kv->n_sh * kv->max_pages + kv->pin_cap > INT32_MAX / (kv->P > 0 ? kv->P : 1))
+        kv->pin_cap = 0; /* ids (and entry ids id * P + row) stay in int32 */
+    kv->n_phys = kv->n_sh * kv->max_pages + kv->pin_cap;
     kv->n_slot = p->slot_entries > 0 && p->slot_entries < kv->max_pages * kv->P ? p->slot_entries : kv->max_pages * kv->P;
     kv->row = ks_kv_row_bytes(p->type, p->head_dim);
     kv->page_bytes = 2 * (size_t)kv->P * kv->row;
@@ -114,6 +129,8 @@ ks_status ks_kv_create(const ks_kv_params *p, ks_kv_store **out) {
                            p->n_seq, p->n_ctx);
         }
         L->in_use = ks_calloc((size_t)kv->n_phys, 1);
+        L->refs = ks_calloc((size_t)kv->n_phys, sizeof(int32_t));
+        L->pins = ks_calloc((size_t)kv->n_phys, sizeof(int32_t));
         L->free_ids = ks_malloc(sizeof(int32_t) * (size_t)kv->n_phys);
         L->fill = ks_calloc((size_t)kv->n_phys, sizeof(int32_t));
         L->pos = ks_malloc(sizeof(int32_t) * (size_t)kv->n_phys * kv->P);
@@ -123,7 +140,7 @@ ks_status ks_kv_create(const ks_kv_params *p, ks_kv_store **out) {
         if (p->type == KS_KV_F16) L->kbound16 = ks_malloc(sizeof(uint16_t) * 2 * (size_t)kv->n_phys * kv->hd);
         L->kbound8 = ks_malloc(ks_kv_bounds8_bytes(kv->hd) * (size_t)kv->n_phys);
         L->slot_of = ks_malloc(sizeof(int32_t) * (size_t)kv->n_phys * kv->P);
-        if (!L->in_use || !L->free_ids || !L->fill || !L->pos || !L->kmin || !L->kmax || !L->ksum ||
+        if (!L->in_use || !L->refs || !L->pins || !L->free_ids || !L->fill || !L->pos || !L->kmin || !L->kmax || !L->ksum ||
             (p->type == KS_KV_F16 && !L->kbound16) || !L->kbound8 || !L->slot_of) {
             ks_kv_destroy(kv);
             return KS_FAIL(KS_ERR_NOMEM, "page tables of KV layer %d", l);
@@ -146,20 +163,23 @@ int32_t ks_kv_page_alloc(ks_kv_store *kv, kv_layer *L, int32_t seq, int32_t head
     int32_t home = ((seq * kv->nh) + head) * kv->max_pages + lp;
     if (home < kv->n_phys && !L->in_use[home]) {
         L->in_use[home] = 1;
+        L->refs[home] = 1;
         return home;
     }
     while (L->n_free > 0) {
         int32_t id = L->free_ids[--L->n_free];
         if (!L->in_use[id]) {
             L->in_use[id] = 1;
+            L->refs[id] = 1;
             return id;
         }
     }
     return -1;
 }
 
-static void page_free(ks_kv_store *kv, kv_layer *L, int32_t id) {
-    KS_ASSERT(L->in_use[id]);
+/* The last holder let go: the page returns to the pool. */
+static void page_release(ks_kv_store *kv, kv_layer *L, int32_t id) {
+    KS_ASSERT(L->in_use[id] && L->refs[id] == 0 && L->pins[id] == 0);
     L->in_use[id] = 0;
     L->fill[id] = 0;
     for (int32_t r = 0; r < kv->P; r++) { /* a slot must never alias a recycled id */
@@ -176,6 +196,127 @@ static void page_free(ks_kv_store *kv, kv_layer *L, int32_t id) {
         return;
     }
     L->free_ids[L->n_free++] = id;
+}
+
+/* A page table lets go of page id (the sharing counters follow). */
+static void page_unref(ks_kv_store *kv, kv_layer *L, int32_t id) {
+    int32_t tabled = L->refs[id] - L->pins[id];
+    KS_ASSERT(tabled >= 1);
+    if (tabled >= 2) L->dup_pages--;
+    else if (L->pins[id] > 0) L->pin_tabled--;
+    if (--L->refs[id] == 0) page_release(kv, L, id);
+}
+
+ks_status ks_kv_page_private(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp) {
+    kv_layer *L = &kv->layers[layer];
+    int32_t *tab = kv_table_of(kv, seq, layer, head), id = tab[lp];
+    if (L->refs[id] == 1) return KS_OK; /* this table's alone */
+    int32_t nid = ks_kv_page_alloc(kv, L, seq, head, lp);
+    if (nid < 0) return KS_FAIL(KS_ERR_NOMEM, "layer %d KV page pool exhausted (%d pages) copying a shared page", layer, kv->n_phys);
+    if (L->tier == KS_TIER_FAST) {
+        memcpy(kv_fast_k(kv, L, nid), kv_fast_k(kv, L, id), kv_half_bytes(kv));
+        memcpy(kv_fast_v(kv, L, nid), kv_fast_v(kv, L, id), kv_half_bytes(kv));
+    } else { /* rare (layers are unshared when they move): a heap buffer, since appends to other layers run meanwhile */
+        uint8_t *buf = ks_malloc(kv->page_bytes);
+        ks_status st = buf ? ks_kv_page_read(kv, L, id, buf) : KS_FAIL(KS_ERR_NOMEM, "a page copy of %zu bytes", kv->page_bytes);
+        if (st == KS_OK) st = ks_kv_page_write(kv, L, nid, buf);
+        ks_free(buf);
+        if (st != KS_OK) {
+            L->refs[nid] = 0;
+            page_release(kv, L, nid);
+            return st;
+        }
+    }
+    size_t hd = (size_t)kv->hd, b8 = ks_kv_bounds8_bytes(kv->hd);
+    L->fill[nid] = L->fill[id];
+    memcpy(L->pos + (size_t)nid * kv->P, L->pos + (size_t)id * kv->P, sizeof(int32_t) * kv->P);
+    memcpy(L->kmin + nid * hd, L->kmin + id * hd, sizeof(float) * hd);
+    memcpy(L->kmax + nid * hd, L->kmax + id * hd, sizeof(float) * hd);
+    memcpy(L->ksum + nid * hd, L->ksum + id * hd, sizeof(float) * hd);
+    if (L->kbound16) memcpy(L->kbound16 + nid * 2 * hd, L->kbound16 + id * 2 * hd, sizeof(uint16_t) * 2 * hd);
+    memcpy(L->kbound8 + nid * b8, L->kbound8 + id * b8, b8);
+    page_unref(kv, L, id);
+    tab[lp] = nid;
+    return KS_OK;
+}
+
+/* ----------------------------------------------------- shared pages -- */
+ks_status ks_kv_pin(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp, int32_t *id) {
+    KS_ASSERT(seq >= 0 && seq < kv->p.n_seq && layer >= 0 && layer < kv->p.n_layer && head >= 0 && head < kv->nh);
+    KS_ASSERT(lp >= 0 && lp < ks_kv_n_pages(kv, seq, layer, head));
+    kv_layer *L = &kv->layers[layer];
+    int32_t pid = kv_table_of(kv, seq, layer, head)[lp];
+    if (L->tier != KS_TIER_FAST) return KS_FAIL(KS_ERR_UNSUPPORTED, "layer %d is in the slow tier: its pages are not pinned", layer);
+    if (L->fill[pid] != kv->P) return KS_FAIL(KS_ERR_UNSUPPORTED, "only a full page is immutable, and pinned");
+    if (L->pins[pid] == 0) {
+        if (L->n_pinned >= kv->pin_cap)
+            return KS_FAIL(KS_ERR_NOMEM, "layer %d: all %d pages of the pin headroom are pinned", layer, kv->pin_cap);
+        L->n_pinned++;
+        L->pin_tabled++; /* this table holds it */
+    }
+    L->pins[pid]++;
+    L->refs[pid]++;
+    *id = pid;
+    return KS_OK;
+}
+
+void ks_kv_unpin(ks_kv_store *kv, int32_t layer, int32_t id) {
+    kv_layer *L = &kv->layers[layer];
+    KS_ASSERT(id >= 0 && id < kv->n_phys && L->pins[id] > 0);
+    if (--L->pins[id] == 0) {
+        L->n_pinned--;
+        if (L->refs[id] - 1 > 0) L->pin_tabled--;
+    }
+    if (--L->refs[id] == 0) page_release(kv, L, id);
+}
+
+ks_status ks_kv_map_pinned(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t id) {
+    KS_ASSERT(seq >= 0 && seq < kv->p.n_seq && layer >= 0 && layer < kv->p.n_layer && head >= 0 && head < kv->nh);
+    KS_ASSERT(!kv->parked[seq]);
+    kv_layer *L = &kv->layers[layer];
+    KS_ASSERT(id >= 0 && id < kv->n_phys && L->pins[id] > 0);
+    if (L->tier != KS_TIER_FAST) return KS_FAIL(KS_ERR_UNSUPPORTED, "layer %d is in the slow tier: pages are copied", layer);
+    size_t hi = kv_hidx(kv, seq, layer, head);
+    int32_t n = kv->n_ent[hi];
+    KS_ASSERT(n % kv->P == 0);
+    if (n + kv->P > kv->p.n_ctx) return KS_FAIL(KS_ERR_CONTEXT_FULL, "KV head holds %d entries already", n);
+    int32_t tabled = L->refs[id] - L->pins[id];
+    if (tabled >= 1) L->dup_pages++;
+    else L->pin_tabled++;
+    L->refs[id]++;
+    kv_table_of(kv, seq, layer, head)[n / kv->P] = id;
+    kv->n_ent[hi] = n + kv->P;
+    return KS_OK;
+}
+
+ks_status ks_kv_read_pinned(ks_kv_store *kv, int32_t layer, int32_t id, uint8_t *buf) {
+    kv_layer *L = &kv->layers[layer];
+    KS_ASSERT(id >= 0 && id < kv->n_phys && L->pins[id] > 0);
+    return ks_kv_page_read(kv, L, id, buf);
+}
+
+int32_t ks_kv_pinned_pos0(const ks_kv_store *kv, int32_t layer, int32_t id) {
+    return kv->layers[layer].pos[(size_t)id * kv->P];
+}
+
+void ks_kv_share_info_get(const ks_kv_store *kv, ks_kv_share_info *out) {
+    *out = (ks_kv_share_info){0};
+    for (int32_t l = 0; l < kv->p.n_layer; l++) {
+        out->dup_pages += kv->layers[l].dup_pages;
+        out->pinned_pages += kv->layers[l].n_pinned;
+        out->pinned_tabled_pages += kv->layers[l].pin_tabled;
+    }
+}
+
+void ks_kv_set_pin_holder(ks_kv_store *kv, ks_kv_pin_release_fn fn, void *arg) {
+    kv->pin_release = fn;
+    kv->pin_release_arg = arg;
+}
+
+int32_t ks_kv_page_refs(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp) {
+    const kv_layer *L = &kv->layers[layer];
+    int32_t id = kv_table_of(kv, seq, layer, head)[lp];
+    return L->refs[id] - L->pins[id];
 }
 
 size_t ks_kv_bounds8_bytes(int32_t hd) { return (sizeof(float) + 2 * (size_t)hd + 3) / 4 * 4; }
@@ -287,6 +428,8 @@ ks_status ks_kv_append_stored(ks_kv_store *kv, int32_t seq, int32_t layer, int32
         if (id < 0) return KS_FAIL(KS_ERR_NOMEM, "layer %d KV page pool exhausted (%d pages)", layer, kv->n_phys);
         tab[lp] = id;
     }
+    else if (L->refs[tab[lp]] > 1) /* a shared page is full and never appended to; a truncated one is copied first */
+        KS_TRY(ks_kv_page_private(kv, seq, layer, head, lp));
     int32_t id = tab[lp];
     float key[KS_KV_MAX_HEAD_DIM];
     if (L->tier == KS_TIER_SLOW) {
@@ -370,7 +513,7 @@ void ks_kv_head_clear(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head)
     size_t hi = kv_hidx(kv, seq, layer, head);
     int32_t np = (kv->n_ent[hi] + kv->P - 1) / kv->P;
     int32_t *tab = kv_table_of(kv, seq, layer, head);
-    for (int32_t i = 0; i < np; i++) page_free(kv, L, tab[i]);
+    for (int32_t i = 0; i < np; i++) page_unref(kv, L, tab[i]);
     kv->n_ent[hi] = 0;
 }
 
@@ -390,8 +533,17 @@ ks_status ks_kv_compact(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t hea
     size_t hi = kv_hidx(kv, seq, layer, head);
     int32_t n = kv->n_ent[hi], P = kv->P;
     int32_t *tab = kv_table_of(kv, seq, layer, head);
+    /* Entries before the first dropped one stay where they are: their pages
+     * are neither read nor written (they may be shared).  The pages the
+     * compaction rewrites become this head's own first (copy on write). */
+    int32_t d = 0, kept = 0;
+    while (d < n && keep[d]) d++;
+    if (d == n) return KS_OK;
+    for (int32_t r = 0; r < n; r++) kept += keep[r] != 0;
+    int32_t first_lp = d / P, np_old = (n + P - 1) / P, np_new = (kept + P - 1) / P;
+    for (int32_t lp = first_lp; lp < np_new; lp++) KS_TRY(ks_kv_page_private(kv, seq, layer, head, lp));
     uint8_t *src = kv->page_tmp, *dst = kv->page_tmp + kv->page_bytes;
-    int32_t w = 0, src_lp = -1, dst_lp = -1;
+    int32_t w = first_lp * P, src_lp = -1, dst_lp = -1;
     float *key = kv->tmp;
     /* Survivors move forward in order (w <= r), so pages are rewritten in
      * place: read a source page once, fill a destination page, write it back
@@ -399,7 +551,7 @@ ks_status ks_kv_compact(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t hea
     ks_status st = KS_OK;
     int32_t *pos_keep = ks_malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
     if (!pos_keep) return KS_FAIL(KS_ERR_NOMEM, "compacting %d entries", n); /* nothing moved yet */
-    for (int32_t r = 0; r < n; r++) {
+    for (int32_t r = first_lp * P; r < n; r++) {
         if (!keep[r]) continue;
         int32_t rlp = r / P, rs = r % P;
         if (rlp != src_lp) {
@@ -418,10 +570,10 @@ ks_status ks_kv_compact(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t hea
         memcpy(dst + kv_row_off(kv, ws, true), src + kv_row_off(kv, rs, true), kv->row);
         w++;
     }
+    KS_ASSERT(w == kept);
     if (dst_lp >= 0 && (st = ks_kv_page_write(kv, L, tab[dst_lp], dst)) != KS_OK) goto done;
-    /* rebuild summaries of the surviving pages, free the rest */
-    int32_t np_old = (n + P - 1) / P, np_new = (w + P - 1) / P;
-    for (int32_t lp = 0; lp < np_new; lp++) {
+    /* rebuild summaries of the rewritten pages, free the rest */
+    for (int32_t lp = first_lp; lp < np_new; lp++) {
         int32_t id = tab[lp];
         if ((st = ks_kv_page_read(kv, L, id, src)) != KS_OK) goto done;
         int32_t fill = w - lp * P < P ? w - lp * P : P;
@@ -430,7 +582,7 @@ ks_status ks_kv_compact(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t hea
             meta_add(kv, L, id, s, pos_keep[lp * P + s], key);
         }
     }
-    for (int32_t lp = np_new; lp < np_old; lp++) page_free(kv, L, tab[lp]);
+    for (int32_t lp = np_new; lp < np_old; lp++) page_unref(kv, L, tab[lp]);
     kv->n_ent[hi] = w;
 done:
     ks_free(pos_keep);

@@ -70,6 +70,7 @@ typedef struct ks_kv_params {
     const char *offload_dir;  /* slow tier directory; NULL = host memory */
     int32_t slot_entries;     /* elastic buffer: entry slots per (seq, layer, head) of a SLOW layer; 0 = all */
     int32_t n_copy_threads;   /* copy engine workers (default 1) */
+    int32_t pin_pages;        /* pages per layer that may be pinned (ks_kv_pin) beyond every sequence's own: the pool's headroom */
 } ks_kv_params;
 
 ks_kv_params ks_kv_default_params(void);
@@ -109,6 +110,51 @@ ks_status ks_kv_compact(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t hea
 
 /* Drop every entry after the first n_keep of (seq, layer, head). */
 ks_status ks_kv_truncate(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t n_keep);
+
+/* ---------------------------------------------------- shared pages -- */
+/* A full page is immutable, so several holders may share it: page tables
+ * of any sequences, and pins (a holder outside every sequence, e.g. a
+ * prefix cache's RAM tier).  Each page carries a reference count; a page
+ * returns to its pool when the last holder lets go.  Whoever would write a
+ * shared page gets a copy of its own first (copy on write): compaction
+ * (evictors, truncation) copies the pages it rewrites, an append never
+ * writes a full page, and a layer moving to the slow tier gives every
+ * sequence but one a copy (an elastic buffer's slot maps one physical entry
+ * for one sequence).  Metadata (fill, positions, key bounds and sums) is
+ * indexed by page, so it is shared with the page.  The pool holds every
+ * sequence's full context plus pin_pages per layer, and pins never exceed
+ * pin_pages: a sequence never runs out of pages because of pins.
+ *
+ * Pin logical page lp of (seq, layer, head): a full page of a FAST layer;
+ * *id is its physical id, a handle for ks_kv_map_pinned / ks_kv_unpin.
+ * KS_ERR_NOMEM when pin_pages are all pinned, KS_ERR_UNSUPPORTED for a SLOW
+ * layer or a page not full (the caller copies the bytes instead). */
+ks_status ks_kv_pin(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp, int32_t *id);
+void ks_kv_unpin(ks_kv_store *kv, int32_t layer, int32_t id);
+/* Append pinned page id, whole and by reference, to (seq, layer, head),
+ * whose entry count must be a multiple of P: its rows, positions and
+ * summaries become the head's next P entries, without a copy.
+ * KS_ERR_UNSUPPORTED for a SLOW layer (the caller copies: ks_kv_read_pinned
+ * and ks_kv_append_page_stored); KS_ERR_CONTEXT_FULL past n_ctx. */
+ks_status ks_kv_map_pinned(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t id);
+/* A pinned page's bytes (K rows then V rows, as ks_kv_read_page) and its first position. */
+ks_status ks_kv_read_pinned(ks_kv_store *kv, int32_t layer, int32_t id, uint8_t *buf);
+int32_t ks_kv_pinned_pos0(const ks_kv_store *kv, int32_t layer, int32_t id);
+/* Sharing now, over every layer: page-table references beyond a page's
+ * first (each such reference holds P entries no memory is spent on), pages
+ * pinned, and pinned pages some sequence also holds. */
+typedef struct ks_kv_share_info {
+    int64_t dup_pages, pinned_pages, pinned_tabled_pages;
+} ks_kv_share_info;
+void ks_kv_share_info_get(const ks_kv_store *kv, ks_kv_share_info *out);
+/* The holder of the store's pins (one at most): fn(arg, kv) runs once at
+ * the start of ks_kv_destroy, while the pinned pages are still readable,
+ * so the holder copies what it keeps and forgets its handles.  NULL fn:
+ * none. */
+typedef void (*ks_kv_pin_release_fn)(void *arg, ks_kv_store *kv);
+void ks_kv_set_pin_holder(ks_kv_store *kv, ks_kv_pin_release_fn fn, void *arg);
+/* Page-table references to the physical page behind (seq, layer, head, lp) (tests). */
+int32_t ks_kv_page_refs(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp);
 
 /* ----------------------------------------------------------- tiers -- */
 ks_kv_tier ks_kv_layer_tier(const ks_kv_store *kv, int32_t layer);

@@ -24,7 +24,14 @@ typedef struct {
     int32_t *slot_victim; /* [n_sh][n_slot] a fetch's scratch: the slots it may overwrite, oldest first */
     uint32_t *stamp;      /* [n_sh] current fetch stamp of each (seq, head) */
     int32_t *slot_of;     /* [n_phys * P] slot (sh * n_slot + s) holding a physical entry, -1 none */
-    uint8_t *in_use;      /* [n_phys] */
+    uint8_t *in_use;      /* [n_phys] refs > 0 */
+    int32_t *refs;        /* [n_phys] holders of a page: page-table entries plus pins */
+    int32_t *pins;        /* [n_phys] pins (holders outside any sequence, ks_kv_pin) */
+    /* sharing counters: changed by the thread driving the layer, read by
+     * anyone (ks_kv_share_info_get: a metrics snapshot), hence atomic */
+    _Atomic int32_t n_pinned;   /* pages with pins > 0 (at most the store's pin_cap) */
+    _Atomic int64_t dup_pages;  /* sum over pages of (table references - 1) where positive */
+    _Atomic int64_t pin_tabled; /* pages pinned and in some page table too */
     int32_t *free_ids;    /* [n_phys] free stack (may hold stale ids) */
     int32_t n_free;
     int32_t *fill;        /* [n_phys] valid entries */
@@ -54,12 +61,15 @@ struct ks_kv_store {
     ks_kv_params p;
     int32_t P, hd, nh, max_pages, n_sh;
     int32_t n_slot;       /* entries of the elastic buffer per (seq, KV head) of a SLOW layer */
-    int32_t n_phys;       /* head-pages per layer */
+    int32_t n_phys;       /* head-pages per layer: every sequence's full context, plus pin_cap */
+    int32_t pin_cap;      /* pages per layer that may be pinned (the pool's headroom for them) */
     size_t row, page_bytes;
     kv_layer *layers;     /* [n_layer] */
     int32_t *table;       /* [n_seq][n_layer][n_head_kv][max_pages] logical -> physical */
     int32_t *n_ent;       /* [n_seq][n_layer][n_head_kv] entries */
     ks_copy_engine *copy;
+    ks_kv_pin_release_fn pin_release; /* the pins' holder (ks_kv_set_pin_holder) */
+    void *pin_release_arg;
     kv_parked **parked;   /* [n_seq] NULL: the sequence is not parked */
     float *tmp;           /* [2][head_dim] row conversion scratch (appends are serial) */
     uint8_t *page_tmp;    /* [2][page_bytes] compaction scratch */
@@ -115,6 +125,10 @@ void ks_kv_release_slow(kv_layer *L);
 void ks_kv_parked_free(kv_parked *pk);
 /* kv.c: page ids and summaries, for kv_tier.c's park / unpark */
 int32_t ks_kv_page_alloc(ks_kv_store *kv, kv_layer *L, int32_t seq, int32_t head, int32_t lp);
+/* Give (seq, head)'s logical page lp a page of its own if others hold it
+ * too (copy on write: bytes and metadata copied, the shared page left as
+ * it was).  KS_ERR_NOMEM / KS_ERR_IO leave the table unchanged. */
+ks_status ks_kv_page_private(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp);
 void ks_kv_head_clear(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head);
 
 /* Rewrite page id's compact bounds (f16 where the cache keeps them, 8-bit

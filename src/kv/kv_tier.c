@@ -129,6 +129,14 @@ ks_status ks_kv_set_layer_tier(ks_kv_store *kv, int32_t layer, ks_kv_tier tier) 
     KS_TRY(ks_copy_wait(&L->ev, &kv->wait_seconds));
     size_t total = (size_t)kv->n_phys * kv->page_bytes;
     if (tier == KS_TIER_SLOW) {
+        /* an elastic-buffer slot maps a physical entry for one sequence:
+         * pages several sequences share get a copy each but one's first */
+        for (int32_t seq = 0; seq < kv->p.n_seq; seq++)
+            for (int32_t h = 0; h < kv->nh; h++)
+                for (int32_t lp = 0; lp < ks_kv_n_pages(kv, seq, layer, h); lp++) {
+                    int32_t id = kv_table_of(kv, seq, layer, h)[lp];
+                    if (L->refs[id] - L->pins[id] > 1) KS_TRY(ks_kv_page_private(kv, seq, layer, h, lp));
+                }
         int fd = -1;
         uint8_t *slow = NULL;
         if (kv->p.offload_dir) KS_TRY(open_slow_file(kv, layer, &fd));

@@ -277,8 +277,9 @@ bool ks_sched_cache_fit(ks_sched *s, group *g) {
     uint64_t allow = room > 0 ? (uint64_t)room : 0;
     ks_prefix_cache_stats cs;
     ks_prefix_cache_get_stats(s->p.cache, &cs);
-    ks_prefix_cache_trim(s->p.cache, allow); /* also raises the limit again when room returned */
-    return cs.ram_bytes > allow;
+    /* blocks whose pages running sequences map are counted there already (once) */
+    ks_prefix_cache_trim(s->p.cache, allow + cs.ram_shared_bytes); /* also raises the limit again when room returned */
+    return cs.ram_bytes - cs.ram_shared_bytes > allow;
 }
 
 void ks_sched_group_balance(ks_sched *s, group *g, int32_t *paused, int32_t *resumed) {

@@ -102,6 +102,9 @@ enum MHD_Result ks_server_handle_metrics(ks_server *srv, struct MHD_Connection *
                            "# TYPE kvsieve_prefix_cache_bytes gauge\n");
         ks_sbuf_printf(&b, "kvsieve_prefix_cache_bytes{tier=\"ram\"} %llu\n", (unsigned long long)c->ram_bytes);
         ks_sbuf_printf(&b, "kvsieve_prefix_cache_bytes{tier=\"disk\"} %llu\n", (unsigned long long)c->disk_bytes);
+        METRIC("prefix_cache_shared_bytes", "gauge",
+               "Of the RAM tier: bytes of pinned pages running sequences map now (counted once, as theirs).", "%llu",
+               (unsigned long long)c->ram_shared_bytes);
         ks_sbuf_printf(&b, "# HELP kvsieve_prefix_cache_blocks Cached prefix blocks now, per tier.\n"
                            "# TYPE kvsieve_prefix_cache_blocks gauge\n");
         ks_sbuf_printf(&b, "kvsieve_prefix_cache_blocks{tier=\"ram\"} %llu\n", (unsigned long long)c->ram_blocks);

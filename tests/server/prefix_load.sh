@@ -8,6 +8,21 @@
 # back, a --cache-disk cap that removes files; layers are offloaded too).  Every good answer must equal
 # `kvsieve run` without any cache, no request may fail, and afterwards the
 # cache's RAM is within --cache-ram and nothing else is held.
+# Memory, measured: the server's peak resident set (VmHWM, and VmRSS sampled
+# while the load runs) must stay within --mem-cap plus a fixed allowance for
+# what the cap's memory model does not govern.  The allowance is derived,
+# not guessed: the resident set after one small warm-up request (weights,
+# code, libraries, a context with its scratch: everything that exists with
+# no KV and no cache to speak of), plus 12 MiB for the serving machinery
+# (the threads of up to 16 connections with their malloc arenas, about 4 MiB
+# here; request and response buffers of 64 queued requests; contexts the
+# scheduler recycles after offloading; what the allocator keeps after
+# frees).  On the development host (2026-11-27) the peak was the warm-up's
+# resident set plus about 9 MiB, of which ~4 MiB go away with
+# MALLOC_ARENA_MAX=1; a KV pool or prefix cache that ignored the cap at
+# this scale would not show (1.6 MB), so the check guards against leaks and
+# unbounded growth under load, not against the cap's own accounting, which
+# the metrics below check.
 # Usage: bash prefix_load.sh <kvsieve> <fixtures-dir> <scratch-dir>
 set -u
 KS=$1; FIX=$2; TMP=$3
@@ -55,6 +70,18 @@ echo "]" >> "$TMP/cases.json"
 # cache only what the running requests do not need (it is trimmed, and layers are offloaded too); 120 KB of files
 start_server pl -m "$MODEL" "${FLAGS[@]}" "${POL[@]}" --parallel 4 --max-queue 64 --mem-cap 1.6M \
   --cache-ram 2M --cache-dir "$TMP/cache" --cache-disk 120K
+# the allowance: the resident set once one request has run, plus 12 MiB (above)
+curl -s "$BASE/v1/completions" -d '{"prompt":"Once upon a time","max_tokens":4,"temperature":0}' > /dev/null \
+  || bad "warm-up request failed"
+rss_kb() { sed -n "s/^$1:[[:space:]]*\([0-9]*\) kB$/\1/p" "/proc/$PID/status"; }
+warm_kb=$(rss_kb VmRSS)
+cap_kb=$(( 1600000 / 1024 ))
+limit_kb=$(( cap_kb + warm_kb + 12 * 1024 ))
+( peak=0; while kill -0 "$PID" 2>/dev/null; do
+    r=$(rss_kb VmRSS); [ -n "$r" ] && [ "$r" -gt "$peak" ] && peak=$r && echo "$peak" > "$TMP/rss_peak"
+    sleep 0.2
+  done ) &
+SAMPLER=$!
 timeout 150 python3 "$DIR/load.py" "$BASE" "$TMP/cases.json" "$SEED" 64 16 120 | tee "$TMP/load.txt" | grep '^FAIL' | head -20
 [ "${PIPESTATUS[0]}" = 0 ] || bad "load client reported problems (above) or timed out"
 echo "prefix_load: $(tail -1 "$TMP/load.txt")"
@@ -63,6 +90,15 @@ for _ in $(seq 1 150); do
   [ "$(metric requests_running)" = 0 ] && [ "$(metric requests_waiting)" = 0 ] && break
   sleep 0.1
 done
+hwm_kb=$(rss_kb VmHWM)
+kill "$SAMPLER" 2>/dev/null; wait "$SAMPLER" 2>/dev/null
+echo "prefix_load: resident set: warm-up ${warm_kb} kB, sampled peak $(cat "$TMP/rss_peak" 2>/dev/null) kB, VmHWM ${hwm_kb} kB; limit ${limit_kb} kB (cap ${cap_kb} + warm-up + 12 MiB)"
+# a sanitizer's shadow memory and quarantine are not the server's: no bound under one
+if grep -qE 'libasan|libtsan|libmsan' "/proc/$PID/maps" 2>/dev/null || nm "$KS" 2>/dev/null | grep -q '__asan_init'; then
+  echo "prefix_load: resident-set bound skipped (sanitizer build)"
+else
+  [ -n "$hwm_kb" ] && [ "$hwm_kb" -le "$limit_kb" ] || bad "peak resident set ${hwm_kb} kB exceeds the cap plus the allowance (${limit_kb} kB)"
+fi
 curl -s "$BASE/metrics" > "$TMP/metrics.txt"
 m() { sed -n "s/^kvsieve_$1 \([0-9]*\)$/\1/p" "$TMP/metrics.txt"; }
 failed=$(sed -n 's/^kvsieve_requests_total{outcome="failed"} \([0-9]*\)$/\1/p' "$TMP/metrics.txt")
