@@ -57,6 +57,7 @@
  * aux_ids=[in:|out:]A:B:C (the fused states' layers, overriding the checkpoint's).
  */
 #include "select/policy.h"
+#include "select/spec_proj.h"
 #include "select/spec_score.h"
 
 #include "core/simd.h"
@@ -198,7 +199,12 @@ static bool head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_
                 memset(fin + r * w, 0, sizeof(float) * w);
             }
         }
-        ks_matmul(s->env.pool, s->t_fc, s->w_fc, s->H, (int64_t)w, fin, n, s->f, s->mm);
+        if (n == 1 && ks_spec_proj_supported(s->t_fc, (int64_t)w)) { /* a step: bit for bit ks_matmul's */
+            ks_spec_proj_mat fc = {s->t_fc, s->w_fc, s->H, (int64_t)w, s->f};
+            ks_spec_proj(s->env.pool, &fc, 1, fin);
+        } else {
+            ks_matmul(s->env.pool, s->t_fc, s->w_fc, s->H, (int64_t)w, fin, n, s->f, s->mm);
+        }
     }
     for (int32_t r = 0; r < n; r++) {
         float *x = s->x + (size_t)r * 2 * s->H;
@@ -213,8 +219,15 @@ static bool head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_
             ks_rmsnorm(x + s->H, f, s->dlm->hidden_norm, s->H, c->rms_eps);
         }
     }
-    if (want_q) ks_matmul(s->env.pool, s->t_q, s->w_q, (int64_t)s->Hq * s->hd, 2 * s->H, s->x, n, s->q, s->mm);
-    ks_matmul(s->env.pool, s->t_k, s->w_k, (int64_t)s->Hkv * s->hd, 2 * s->H, s->x, n, s->k, s->mm);
+    if (n == 1 && ks_spec_proj_supported(s->t_q, 2 * s->H) && ks_spec_proj_supported(s->t_k, 2 * s->H)) {
+        /* a step: q and k in one dispatch, bit for bit ks_matmul's (spec_proj.h) */
+        ks_spec_proj_mat qk[2] = {{s->t_k, s->w_k, (int64_t)s->Hkv * s->hd, 2 * s->H, s->k},
+                                  {s->t_q, s->w_q, (int64_t)s->Hq * s->hd, 2 * s->H, s->q}};
+        ks_spec_proj(s->env.pool, qk, want_q ? 2 : 1, s->x);
+    } else {
+        if (want_q) ks_matmul(s->env.pool, s->t_q, s->w_q, (int64_t)s->Hq * s->hd, 2 * s->H, s->x, n, s->q, s->mm);
+        ks_matmul(s->env.pool, s->t_k, s->w_k, (int64_t)s->Hkv * s->hd, 2 * s->H, s->x, n, s->k, s->mm);
+    }
     /* rotate_half RoPE (pairs (j, j + hd/2)), cos/sin scaled by mscale as in HF */
     float *sn = cs + s->hd / 2;
     for (int32_t r = 0; r < n; r++) {
