@@ -6,10 +6,17 @@
  *    bit for bit what ks_matmul gives at n = 1, for bf16, f16 and f32
  *    weights, row counts that leave 1-3 rows over, on one thread and on a
  *    pool of three.
+ *  - ks_spec_group_topk (the group reduction fused with the top-k's sampled
+ *    filter) returns the indices, in order, of ks_spec_group_logweights
+ *    followed by ks_topk_range, for groups of 1, 3 and 4 heads and lengths
+ *    with and without a 16-lane tail, at every SIMD level this CPU has, on
+ *    random scores, on scores with many ties, with NaNs, and with too few
+ *    entries or too large a k for the sampled filter.
  * Tiny sizes: no model is loaded.
  */
 #include "core/simd.h"
 #include "select/policy.h"
+#include "select/policy_util.h"
 #include "select/spec_proj.h"
 #include "select/spec_score.h"
 #include "tensor/dtype.h"
@@ -76,9 +83,55 @@ static void test_proj_matches_matmul(void **state) {
     ks_pool_destroy(pool);
 }
 
+/* kind 0: random; 1: few distinct values (ties; the filter gives up);
+ * 2: random with a NaN every 97th entry */
+static void check_group_topk(int G, int32_t n, int32_t lo, int32_t hi, int32_t k, int kind, ks_simd_level lv) {
+    size_t sz = sizeof(float) * (size_t)G * n;
+    float *x = ks_malloc(sz), *x2 = ks_malloc(sz), *w = ks_malloc(sizeof(float) * n),
+          *w2 = ks_malloc(sizeof(float) * n);
+    int32_t *a = ks_malloc(sizeof(int32_t) * n), *b = ks_malloc(sizeof(int32_t) * n);
+    uint64_t s = 1000 + (uint64_t)(G * 7 + kind) * 31 + (uint64_t)n;
+    for (size_t i = 0; i < (size_t)G * n; i++) {
+        float v = frand(&s) * 8.0f;
+        if (kind == 1) v = floorf(v);
+        if (kind == 2 && i % 97 == 5) v = NAN;
+        x[i] = v;
+    }
+    memcpy(x2, x, sz);
+    ks_spec_group_logweights(x, G, n, w, lv);
+    int32_t na = ks_topk_range(w, lo, hi, k, a, x);
+    int32_t nb = ks_spec_group_topk(x2, G, n, lo, hi, k, b, w2, lv);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, sizeof(int32_t) * (size_t)na);
+    ks_free(x);
+    ks_free(x2);
+    ks_free(w);
+    ks_free(w2);
+    ks_free(a);
+    ks_free(b);
+}
+
+static void test_group_topk_matches(void **state) {
+    (void)state;
+    const int groups[] = {1, 3, 4};
+    const int32_t lens[] = {0, 100, 300, 4096, 5003};
+    for (int lv = KS_SIMD_SCALAR; lv <= (int)ks_simd_detect(); lv++) {
+        ks_simd_level prev = ks_simd_force((ks_simd_level)lv);
+        for (int gi = 0; gi < 3; gi++)
+            for (int li = 0; li < 5; li++)
+                for (int kind = 0; kind < 3; kind++) {
+                    int32_t n = lens[li], lo = n > 8 ? 4 : 0, hi = n > 80 && kind != 0 ? n - 64 : n; /* kind 0: the weights past n16 too */
+                    const int32_t ks[] = {0, 1, (hi - lo) / 16, (hi - lo) / 8, (hi - lo) / 2, hi - lo + 3};
+                    for (int ki = 0; ki < 6; ki++) check_group_topk(groups[gi], n, lo, hi, ks[ki], kind, (ks_simd_level)lv);
+                }
+        ks_simd_force(prev);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_proj_matches_matmul),
+        cmocka_unit_test(test_group_topk_matches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

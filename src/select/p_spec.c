@@ -628,16 +628,13 @@ static void select_worker(void *arg, int ith, int nth) {
         float scale = 1.0f / sqrtf((float)s->hd);
         ks_spec_scores(q, kc_at(s, seq, kvh, 0), s->kc_type, n, s->hd, s->G, scale, sc, j->simd);
         /* per-head softmax, then the element-wise max over the group (as log
-         * probabilities: the same ranking, a pass less) */
-        ks_spec_group_logweights(sc, s->G, n, w, j->simd);
-        /* top-B outside the framework's sinks and window (positions): a
-         * partial selection (a radix select of the B-th value at long
-         * contexts, O(n)), the spent scores as its scratch */
+         * probabilities: the same ranking, a pass less), then the top-B
+         * outside the framework's sinks and window (positions): a partial
+         * selection (a radix select of the B-th value at long contexts,
+         * O(n)); fused, so the weights are not written out first */
         int32_t lo = s->p.sink < n ? s->p.sink : n, hi = n - s->p.window > lo ? n - s->p.window : lo;
         int32_t *out = s->sel + ((size_t)seq * s->Hkv + kvh) * n_ctx;
-        int32_t k = ks_topk_scratch(w + lo, hi - lo, j->n_select, out, sc);
-        for (int32_t i = 0; i < k; i++) out[i] += lo;
-        s->sel_n[(size_t)seq * s->Hkv + kvh] = k;
+        s->sel_n[(size_t)seq * s->Hkv + kvh] = ks_spec_group_topk(sc, s->G, n, lo, hi, j->n_select, out, w, j->simd);
     }
     (void)nth;
 }
