@@ -27,7 +27,10 @@
  * (row, KV head) run in parallel on the context's pool, through the kernels
  * of spec_score.c (AVX-512 or AVX2 where the CPU has them: scoring and
  * softmax are nearly all of a step at long contexts, scalar code is ~30x
- * slower).  Positions map to
+ * slower); at batch 1 the projections are spec_proj.c's (four rows'
+ * FMA chains side by side, q and k in one dispatch, bit for bit
+ * ks_matmul's), and the group reduction feeds the top-k's sampled filter
+ * directly (ks_spec_group_topk: the same indices).  Positions map to
  * the target's entries directly unless a prefill evictor ran (dapq+spec),
  * in which case each layer/head translates positions through its page
  * metadata.

@@ -4,6 +4,8 @@
  * radix select from a few hundred entries up (digits as wide as the input
  * fills), which for k far below n first keeps the few candidates above a
  * threshold read off every 8th entry.  Every path returns the same set.
+ * The sampled path's pieces are exported (topk_parts.h) for a caller that
+ * makes its values on the fly (spec's group weights).
  */
 #include "select/policy.h"
 #include "select/topk_parts.h"
