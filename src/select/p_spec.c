@@ -27,7 +27,10 @@
  * (row, KV head) run in parallel on the context's pool, through the kernels
  * of spec_score.c (AVX-512 or AVX2 where the CPU has them: scoring and
  * softmax are nearly all of a step at long contexts, scalar code is ~30x
- * slower).  Positions map to
+ * slower); at batch 1 the projections are spec_proj.c's (four rows'
+ * FMA chains side by side, q and k in one dispatch, bit for bit
+ * ks_matmul's), and the group reduction feeds the top-k's sampled filter
+ * directly (ks_spec_group_topk: the same indices).  Positions map to
  * the target's entries directly unless a prefill evictor ran (dapq+spec),
  * in which case each layer/head translates positions through its page
  * metadata.
@@ -57,6 +60,7 @@
  * aux_ids=[in:|out:]A:B:C (the fused states' layers, overriding the checkpoint's).
  */
 #include "select/policy.h"
+#include "select/spec_proj.h"
 #include "select/spec_score.h"
 
 #include "core/simd.h"
@@ -198,7 +202,12 @@ static bool head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_
                 memset(fin + r * w, 0, sizeof(float) * w);
             }
         }
-        ks_matmul(s->env.pool, s->t_fc, s->w_fc, s->H, (int64_t)w, fin, n, s->f, s->mm);
+        if (n == 1 && ks_spec_proj_supported(s->t_fc, (int64_t)w)) { /* a step: bit for bit ks_matmul's */
+            ks_spec_proj_mat fc = {s->t_fc, s->w_fc, s->H, (int64_t)w, s->f};
+            ks_spec_proj(s->env.pool, &fc, 1, fin);
+        } else {
+            ks_matmul(s->env.pool, s->t_fc, s->w_fc, s->H, (int64_t)w, fin, n, s->f, s->mm);
+        }
     }
     for (int32_t r = 0; r < n; r++) {
         float *x = s->x + (size_t)r * 2 * s->H;
@@ -213,8 +222,15 @@ static bool head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_
             ks_rmsnorm(x + s->H, f, s->dlm->hidden_norm, s->H, c->rms_eps);
         }
     }
-    if (want_q) ks_matmul(s->env.pool, s->t_q, s->w_q, (int64_t)s->Hq * s->hd, 2 * s->H, s->x, n, s->q, s->mm);
-    ks_matmul(s->env.pool, s->t_k, s->w_k, (int64_t)s->Hkv * s->hd, 2 * s->H, s->x, n, s->k, s->mm);
+    if (n == 1 && ks_spec_proj_supported(s->t_q, 2 * s->H) && ks_spec_proj_supported(s->t_k, 2 * s->H)) {
+        /* a step: q and k in one dispatch, bit for bit ks_matmul's (spec_proj.h) */
+        ks_spec_proj_mat qk[2] = {{s->t_k, s->w_k, (int64_t)s->Hkv * s->hd, 2 * s->H, s->k},
+                                  {s->t_q, s->w_q, (int64_t)s->Hq * s->hd, 2 * s->H, s->q}};
+        ks_spec_proj(s->env.pool, qk, want_q ? 2 : 1, s->x);
+    } else {
+        if (want_q) ks_matmul(s->env.pool, s->t_q, s->w_q, (int64_t)s->Hq * s->hd, 2 * s->H, s->x, n, s->q, s->mm);
+        ks_matmul(s->env.pool, s->t_k, s->w_k, (int64_t)s->Hkv * s->hd, 2 * s->H, s->x, n, s->k, s->mm);
+    }
     /* rotate_half RoPE (pairs (j, j + hd/2)), cos/sin scaled by mscale as in HF */
     float *sn = cs + s->hd / 2;
     for (int32_t r = 0; r < n; r++) {
@@ -615,16 +631,13 @@ static void select_worker(void *arg, int ith, int nth) {
         float scale = 1.0f / sqrtf((float)s->hd);
         ks_spec_scores(q, kc_at(s, seq, kvh, 0), s->kc_type, n, s->hd, s->G, scale, sc, j->simd);
         /* per-head softmax, then the element-wise max over the group (as log
-         * probabilities: the same ranking, a pass less) */
-        ks_spec_group_logweights(sc, s->G, n, w, j->simd);
-        /* top-B outside the framework's sinks and window (positions): a
-         * partial selection (a radix select of the B-th value at long
-         * contexts, O(n)), the spent scores as its scratch */
+         * probabilities: the same ranking, a pass less), then the top-B
+         * outside the framework's sinks and window (positions): a partial
+         * selection (a radix select of the B-th value at long contexts,
+         * O(n)); fused, so the weights are not written out first */
         int32_t lo = s->p.sink < n ? s->p.sink : n, hi = n - s->p.window > lo ? n - s->p.window : lo;
         int32_t *out = s->sel + ((size_t)seq * s->Hkv + kvh) * n_ctx;
-        int32_t k = ks_topk_scratch(w + lo, hi - lo, j->n_select, out, sc);
-        for (int32_t i = 0; i < k; i++) out[i] += lo;
-        s->sel_n[(size_t)seq * s->Hkv + kvh] = k;
+        s->sel_n[(size_t)seq * s->Hkv + kvh] = ks_spec_group_topk(sc, s->G, n, lo, hi, j->n_select, out, w, j->simd);
     }
     (void)nth;
 }

@@ -8,6 +8,9 @@
  */
 #include "select/spec_score.h"
 
+#include "select/policy_util.h"
+#include "select/topk_parts.h"
+
 #include "core/core.h"
 #include "tensor/ops.h"
 #include "tensor/q8dot_avx512.h"
@@ -205,10 +208,8 @@ __attribute__((target("avx512f,avx512dq,fma"))) static float log_normaliser_avx5
     return m + logf(tot);
 }
 
-__attribute__((target("avx512f,avx512dq,fma"))) static void group_logweights_avx512(const float *x, int G, int32_t n,
-                                                                                    float *w) {
-    float c[KS_SPEC_GROUP_MAX];
-    for (int g = 0; g < G; g++) c[g] = log_normaliser_avx512(x + (size_t)g * n, n);
+__attribute__((target("avx512f,avx512dq,fma"))) static void combine_avx512(const float *x, int G, int32_t n,
+                                                                           const float *c, float *w) {
     int32_t t = 0;
     for (; t + 16 <= n; t += 16) {
         __m512 v = _mm512_sub_ps(_mm512_loadu_ps(x + t), _mm512_set1_ps(c[0]));
@@ -217,6 +218,77 @@ __attribute__((target("avx512f,avx512dq,fma"))) static void group_logweights_avx
         _mm512_storeu_ps(w + t, v);
     }
     combine_from(x, G, n, c, t, w);
+}
+
+__attribute__((target("avx512f,avx512dq,fma"))) static void group_logweights_avx512(const float *x, int G, int32_t n,
+                                                                                    float *w) {
+    float c[KS_SPEC_GROUP_MAX];
+    for (int g = 0; g < G; g++) c[g] = log_normaliser_avx512(x + (size_t)g * n, n);
+    combine_avx512(x, G, n, c, w);
+}
+
+/* The group weight at t as the combine pass computes it: the vector loop's
+ * max (a > b ? a : b, MAXPS) below n16, fmaxf in the scalar tail. */
+static inline float weight_at(const float *x, int G, int32_t n, const float *c, int32_t t, int32_t n16) {
+    float v = x[t] - c[0];
+    for (int g = 1; g < G; g++) {
+        float u = x[(size_t)g * n + t] - c[g];
+        v = t < n16 ? (v > u ? v : u) : fmaxf(v, u);
+    }
+    return v;
+}
+
+/* The group reduction fused with the top-k's sampled filter
+ * (ks_spec_group_topk): the sample and the filter compute each weight where
+ * they need it instead of reading a written-out w, so the 32K weights of a
+ * long context are neither stored nor read back.  Returns -1, having
+ * written nothing to idx, where the sampled filter gives up (the caller
+ * then takes the unfused path, as ks_topk_scratch would). */
+__attribute__((target("avx512f,avx512dq,fma"))) static int32_t group_topk_avx512(const float *x, int G, int32_t n,
+                                                                                  const float *c, int32_t lo, int32_t hi,
+                                                                                  int32_t k, int32_t *idx, float *w) {
+    int32_t nn = hi - lo, m, want;
+    if (!ks_topk_sample_plan(nn, k, &m, &want)) return -1;
+    const int32_t n16 = n & ~15, cap = nn / 4;
+    float *sample = w;                                          /* [m] */
+    uint32_t *sample_tmp = (uint32_t *)(void *)(w + m);         /* [m] */
+    float *cand = w + 2 * m;                                    /* [nn / 4] */
+    int32_t *cand_pos = (int32_t *)(void *)(cand + cap);        /* [nn / 4] */
+    uint32_t *cand_tmp = (uint32_t *)(void *)(cand_pos + cap);  /* [nn / 4] */
+    for (int32_t i = 0; i < m; i++) sample[i] = weight_at(x, G, n, c, lo + 8 * i, n16);
+    int32_t ties, cnt = 0, i = 0;
+    uint32_t t = ks_topk_kth_key(sample, m, want, sample_tmp, &ties);
+    /* the filter of topk.c's topk_filter_avx512 over the weights as they are made */
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
+    const __m512i top = _mm512_set1_epi32((int32_t)0x80000000), tv = _mm512_set1_epi32((int32_t)t);
+    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (; lo + i + 16 <= n16 && i + 16 <= nn; i += 16) {
+        const float *xt = x + lo + i;
+        __m512 v = _mm512_sub_ps(_mm512_loadu_ps(xt), _mm512_set1_ps(c[0]));
+        for (int g = 1; g < G; g++)
+            v = _mm512_max_ps(v, _mm512_sub_ps(_mm512_loadu_ps(xt + (size_t)g * n), _mm512_set1_ps(c[g])));
+        __m512 f = _mm512_add_ps(_mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v, ninf), zero);
+        __m512i b = _mm512_castps_si512(f);
+        __m512i key = _mm512_xor_si512(b, _mm512_or_si512(_mm512_srai_epi32(b, 31), top));
+        __mmask16 keep = _mm512_cmp_epu32_mask(key, tv, _MM_CMPINT_NLT);
+        if (!keep) continue;
+        int32_t nk = __builtin_popcount(keep);
+        if (cnt + nk > cap) return -1;
+        _mm512_mask_compressstoreu_ps(cand + cnt, keep, v);
+        _mm512_mask_compressstoreu_epi32(cand_pos + cnt, keep, _mm512_add_epi32(lanes, _mm512_set1_epi32(i)));
+        cnt += nk;
+    }
+    for (; i < nn; i++) {
+        float v = weight_at(x, G, n, c, lo + i, n16);
+        if (ks_topk_key(v) < t) continue;
+        if (cnt == cap) return -1;
+        cand[cnt] = v, cand_pos[cnt++] = i;
+    }
+    if (cnt < k) return -1;
+    uint32_t th = ks_topk_kth_key(cand, cnt, k, cand_tmp, &ties);
+    int32_t got = ks_topk_emit(cand, cand_pos, cnt, th, ties, idx);
+    for (int32_t j = 0; j < got; j++) idx[j] += lo;
+    return got;
 }
 
 /* AVX2 + FMA + F16C (AMD parts and most laptops lack AVX-512).  Scores:
@@ -423,4 +495,21 @@ void ks_spec_group_logweights(const float *x, int G, int32_t n, float *w, ks_sim
         c[g] = m + (float)log(tot);
     }
     combine_from(x, G, n, c, 0, w);
+}
+
+int32_t ks_spec_group_topk(float *x, int G, int32_t n, int32_t lo, int32_t hi, int32_t k, int32_t *idx, float *w,
+                           ks_simd_level simd) {
+    KS_ASSERT(G >= 1 && G <= KS_SPEC_GROUP_MAX && 0 <= lo && lo <= hi && hi <= n);
+#if defined(__x86_64__)
+    if (simd >= KS_SIMD_AVX512 && n > 0) {
+        float c[KS_SPEC_GROUP_MAX];
+        for (int g = 0; g < G; g++) c[g] = log_normaliser_avx512(x + (size_t)g * n, n);
+        int32_t got = group_topk_avx512(x, G, n, c, lo, hi, k, idx, w);
+        if (got >= 0) return got;
+        combine_avx512(x, G, n, c, w); /* the filter gave up: every weight, then the whole select */
+        return ks_topk_range(w, lo, hi, k, idx, x);
+    }
+#endif
+    ks_spec_group_logweights(x, G, n, w, simd);
+    return ks_topk_range(w, lo, hi, k, idx, x);
 }

@@ -48,4 +48,12 @@ void ks_spec_scores(const float *q, const void *K, ks_dtype kt, int32_t n, int h
  * as it is).  G <= KS_SPEC_GROUP_MAX; nothing for n <= 0. */
 void ks_spec_group_logweights(const float *x, int G, int32_t n, float *w, ks_simd_level simd);
 
+/* The top-k positions in [lo, hi) of those group weights (ks_topk's set
+ * and order, indices into [0, n)): exactly ks_spec_group_logweights(x, G,
+ * n, w) then ks_topk_range(w, lo, hi, k, idx, x), fused on AVX-512 so the
+ * weights need not be written out (spec_score.c).  x [G][n] and w [n] are
+ * both clobbered; returns how many it wrote. */
+int32_t ks_spec_group_topk(float *x, int G, int32_t n, int32_t lo, int32_t hi, int32_t k, int32_t *idx, float *w,
+                           ks_simd_level simd);
+
 #endif

@@ -4,8 +4,11 @@
  * radix select from a few hundred entries up (digits as wide as the input
  * fills), which for k far below n first keeps the few candidates above a
  * threshold read off every 8th entry.  Every path returns the same set.
+ * The sampled path's pieces are exported (topk_parts.h) for a caller that
+ * makes its values on the fly (spec's group weights).
  */
 #include "select/policy.h"
+#include "select/topk_parts.h"
 #include "core/simd.h"
 
 #include <math.h>
@@ -75,9 +78,16 @@ static uint32_t kth_largest_key(const float *x, int32_t n, int32_t k, uint32_t *
 /* The radix select's final pass: every index of x[0..n) whose key is above
  * the k-th largest and, among the keys equal to it, the first `ties`, in
  * index order (pos[i] is x[i]'s index in the caller's array). */
+#if defined(__x86_64__)
+static int32_t topk_emit_avx512(const float *x, const int32_t *pos, int32_t n, uint32_t th, int32_t *ties, int32_t *idx,
+                                int32_t *done);
+#endif
 static int32_t topk_emit(const float *x, const int32_t *pos, int32_t n, uint32_t th, int32_t ties, int32_t *idx) {
-    int32_t m = 0;
-    for (int32_t i = 0; i < n; i++) {
+    int32_t m = 0, i = 0;
+#if defined(__x86_64__)
+    if (ks_simd_current() >= KS_SIMD_AVX512) m = topk_emit_avx512(x, pos, n, th, &ties, idx, &i);
+#endif
+    for (; i < n; i++) {
         uint32_t u = topk_key(x[i]);
         if (u >= th && (u > th || ties-- > 0)) idx[m++] = pos ? pos[i] : i;
     }
@@ -117,6 +127,39 @@ __attribute__((target("avx512f"))) static int32_t topk_filter_avx512(const float
 }
 #endif
 
+#if defined(__x86_64__)
+/* topk_emit 16 entries a step (its candidates are a few thousand at 32K
+ * tokens, and the scalar loop's branch on each mispredicts): the keys above
+ * th, and of those equal to it the first *ties, compress-stored in index
+ * order.  Returns how many it wrote from x[0..*done). */
+__attribute__((target("avx512f"))) static int32_t topk_emit_avx512(const float *x, const int32_t *pos, int32_t n,
+                                                                     uint32_t th, int32_t *ties, int32_t *idx,
+                                                                     int32_t *done) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
+    const __m512i top = _mm512_set1_epi32((int32_t)0x80000000), tv = _mm512_set1_epi32((int32_t)th);
+    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int32_t m = 0, i = 0, left = *ties;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        __m512 f = _mm512_add_ps(_mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v, ninf), zero);
+        __m512i b = _mm512_castps_si512(f);
+        __m512i key = _mm512_xor_si512(b, _mm512_or_si512(_mm512_srai_epi32(b, 31), top));
+        __mmask16 gt = _mm512_cmp_epu32_mask(key, tv, _MM_CMPINT_NLE);
+        unsigned eq = _mm512_cmp_epu32_mask(key, tv, _MM_CMPINT_EQ);
+        while (eq && __builtin_popcount(eq) > left) eq &= ~(1u << (31 - __builtin_clz(eq))); /* the first `left` */
+        left -= __builtin_popcount(eq);
+        __mmask16 keep = (__mmask16)(gt | eq);
+        if (!keep) continue;
+        __m512i p = pos ? _mm512_loadu_si512(pos + i) : _mm512_add_epi32(lanes, _mm512_set1_epi32(i));
+        _mm512_mask_compressstoreu_epi32(idx + m, keep, p);
+        m += __builtin_popcount(keep);
+    }
+    *ties = left;
+    *done = i;
+    return m;
+}
+#endif
+
 /* k far below n (k <= n / 8: Quest's pages, SpeContext's tokens): a
  * threshold read off every 8th entry, meant to lie a little below the k-th
  * largest key, keeps the entries at or above it, in index order, with their
@@ -125,9 +168,16 @@ __attribute__((target("avx512f"))) static int32_t topk_filter_avx512(const float
  * the set (and order) it gives over all of x.  Returns -1, having written
  * nothing to idx, when the threshold kept fewer than k or more than n / 4
  * (few distinct values): the caller then selects over all of x. */
+int ks_topk_sample_plan(int32_t n, int32_t k, int32_t *m, int32_t *want) {
+    if (n < 256 || k <= 0 || k >= n || k > n / 8) return 0; /* ks_topk_scratch's conditions for topk_sampled */
+    *m = n / 8;
+    *want = k / 8 + 4 + k / 16; /* the sample's want-th largest: about 8 x want keys above it */
+    return *want <= *m;
+}
+
 static int32_t topk_sampled(const float *x, int32_t n, int32_t k, int32_t *idx, float *scratch) {
-    int32_t m = n / 8, want = k / 8 + 4 + k / 16; /* the sample's want-th largest: about 8 x want keys above it */
-    if (want > m) return -1;
+    int32_t m, want;
+    if (!ks_topk_sample_plan(n, k, &m, &want)) return -1;
     float *sample = scratch;                            /* [m] */
     uint32_t *sample_tmp = (uint32_t *)(void *)(scratch + m); /* [m] */
     float *cand = scratch + 2 * m;                      /* [n / 4] */
@@ -151,6 +201,14 @@ static int32_t topk_sampled(const float *x, int32_t n, int32_t k, int32_t *idx, 
 }
 
 int32_t ks_topk(const float *x, int32_t n, int32_t k, int32_t *idx) { return ks_topk_scratch(x, n, k, idx, NULL); }
+
+uint32_t ks_topk_key(float x) { return topk_key(x); }
+uint32_t ks_topk_kth_key(const float *x, int32_t n, int32_t k, uint32_t *tmp, int32_t *ties) {
+    return kth_largest_key(x, n, k, tmp, ties);
+}
+int32_t ks_topk_emit(const float *x, const int32_t *pos, int32_t n, uint32_t th, int32_t ties, int32_t *idx) {
+    return topk_emit(x, pos, n, th, ties, idx);
+}
 
 static int32_t topk_heap(const float *x, int32_t n, int32_t k, int32_t *idx);
 static int cmp_index(const void *a, const void *b) {
