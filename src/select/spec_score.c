@@ -259,17 +259,14 @@ __attribute__((target("avx512f,avx512dq,fma"))) static int32_t group_topk_avx512
     int32_t ties, cnt = 0, i = 0;
     uint32_t t = ks_topk_kth_key(sample, m, want, sample_tmp, &ties);
     /* the filter of topk.c's topk_filter_avx512 over the weights as they are made */
-    const __m512 ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
-    const __m512i top = _mm512_set1_epi32((int32_t)0x80000000), tv = _mm512_set1_epi32((int32_t)t);
+    const __m512i tv = _mm512_set1_epi32((int32_t)t);
     const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (; lo + i + 16 <= n16 && i + 16 <= nn; i += 16) {
         const float *xt = x + lo + i;
         __m512 v = _mm512_sub_ps(_mm512_loadu_ps(xt), _mm512_set1_ps(c[0]));
         for (int g = 1; g < G; g++)
             v = _mm512_max_ps(v, _mm512_sub_ps(_mm512_loadu_ps(xt + (size_t)g * n), _mm512_set1_ps(c[g])));
-        __m512 f = _mm512_add_ps(_mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v, ninf), zero);
-        __m512i b = _mm512_castps_si512(f);
-        __m512i key = _mm512_xor_si512(b, _mm512_or_si512(_mm512_srai_epi32(b, 31), top));
+        __m512i key = ks_topk_key16(v);
         __mmask16 keep = _mm512_cmp_epu32_mask(key, tv, _MM_CMPINT_NLT);
         if (!keep) continue;
         int32_t nk = __builtin_popcount(keep);

@@ -102,15 +102,12 @@ static int32_t topk_emit(const float *x, const int32_t *pos, int32_t n, uint32_t
 __attribute__((target("avx512f"))) static int32_t topk_filter_avx512(const float *x, int32_t n, uint32_t t,
                                                                        float *cand, int32_t *pos, int32_t cap,
                                                                        int32_t *done) {
-    const __m512 ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
-    const __m512i top = _mm512_set1_epi32((int32_t)0x80000000), tv = _mm512_set1_epi32((int32_t)t);
+    const __m512i tv = _mm512_set1_epi32((int32_t)t);
     const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     int32_t c = 0, i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512 v = _mm512_loadu_ps(x + i);
-        __m512 f = _mm512_add_ps(_mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v, ninf), zero);
-        __m512i b = _mm512_castps_si512(f);
-        __m512i key = _mm512_xor_si512(b, _mm512_or_si512(_mm512_srai_epi32(b, 31), top));
+        __m512i key = ks_topk_key16(v);
         __mmask16 keep = _mm512_cmp_epu32_mask(key, tv, _MM_CMPINT_NLT);
         if (!keep) continue;
         int32_t nk = __builtin_popcount(keep);
@@ -135,15 +132,12 @@ __attribute__((target("avx512f"))) static int32_t topk_filter_avx512(const float
 __attribute__((target("avx512f"))) static int32_t topk_emit_avx512(const float *x, const int32_t *pos, int32_t n,
                                                                      uint32_t th, int32_t *ties, int32_t *idx,
                                                                      int32_t *done) {
-    const __m512 ninf = _mm512_set1_ps(-INFINITY), zero = _mm512_setzero_ps();
-    const __m512i top = _mm512_set1_epi32((int32_t)0x80000000), tv = _mm512_set1_epi32((int32_t)th);
+    const __m512i tv = _mm512_set1_epi32((int32_t)th);
     const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     int32_t m = 0, i = 0, left = *ties;
     for (; i + 16 <= n; i += 16) {
         __m512 v = _mm512_loadu_ps(x + i);
-        __m512 f = _mm512_add_ps(_mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v, ninf), zero);
-        __m512i b = _mm512_castps_si512(f);
-        __m512i key = _mm512_xor_si512(b, _mm512_or_si512(_mm512_srai_epi32(b, 31), top));
+        __m512i key = ks_topk_key16(v);
         __mmask16 gt = _mm512_cmp_epu32_mask(key, tv, _MM_CMPINT_NLE);
         unsigned eq = _mm512_cmp_epu32_mask(key, tv, _MM_CMPINT_EQ);
         while (eq && __builtin_popcount(eq) > left) eq &= ~(1u << (31 - __builtin_clz(eq))); /* the first `left` */

@@ -23,4 +23,16 @@ int32_t ks_topk_emit(const float *x, const int32_t *pos, int32_t n, uint32_t th,
  * sampled path does not apply (ks_topk_scratch then ranks all of x). */
 int ks_topk_sample_plan(int32_t n, int32_t k, int32_t *m, int32_t *want);
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <math.h>
+/* ks_topk_key of 16 floats at once, for AVX-512 callers. */
+static inline __attribute__((target("avx512f"), always_inline)) __m512i ks_topk_key16(__m512 v) {
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    __m512 f = _mm512_add_ps(_mm512_mask_blend_ps(nan, v, _mm512_set1_ps(-INFINITY)), _mm512_setzero_ps());
+    __m512i b = _mm512_castps_si512(f);
+    return _mm512_xor_si512(b, _mm512_or_si512(_mm512_srai_epi32(b, 31), _mm512_set1_epi32((int32_t)0x80000000)));
+}
+#endif
+
 #endif
