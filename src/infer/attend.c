@@ -206,8 +206,14 @@ static bool attend_block(ks_context *c, attn_job *j, ks_attn_scratch *s, int r0,
     int32_t P = c->params.page, seq = j->seq[r0];
     int32_t n_att[KS_PREFILL_BLOCK];
     for (int r = 0; r < R; r++) n_att[r] = c->n_att[(size_t)(r0 + r) * nkv + h];
-    if (!s->blk_S) s->blk_S = ks_malloc(sizeof(float) * (size_t)KS_PREFILL_BLOCK * G * c->n_ctx);
-    if (!s->blk_tile) s->blk_tile = ks_malloc(sizeof(float) * (size_t)(P + 16) * hd); /* + 16: a K page transposed, keys padded to 16 */
+    /* AVX-512 BF16 hosts: the bf16 kernel with its online softmax (no score
+     * matrix); a property of the run (CPU, KV type, head dim, KS_ATTN), never
+     * of the block, so every row of every chunk takes the same arithmetic */
+    bool bf16 = c->kv_type == KS_KV_F16 && ks_simd_current() >= KS_SIMD_AVX512 && hd % 32 == 0 && hd <= 512 &&
+                ks_attention_block_bf16_usable();
+    if (bf16 && !s->blk_bf16) s->blk_bf16 = ks_malloc(sizeof(float) * ks_attention_block_bf16_scratch(KS_PREFILL_BLOCK, G, hd));
+    if (!bf16 && !s->blk_S) s->blk_S = ks_malloc(sizeof(float) * (size_t)KS_PREFILL_BLOCK * G * c->n_ctx);
+    if (!bf16 && !s->blk_tile) s->blk_tile = ks_malloc(sizeof(float) * (size_t)(P + 16) * hd); /* + 16: a K page transposed, keys padded to 16 */
     /* a slow-tier layer: its pages are in the slots (forward_rows loaded them) or gathered here */
     uint8_t *gather = NULL;
     bool slow = ks_kv_layer_tier(c->kv, j->il) == KS_TIER_SLOW;
@@ -225,7 +231,9 @@ static bool attend_block(ks_context *c, attn_job *j, ks_attn_scratch *s, int r0,
     float *o = c->att + ((size_t)r0 * hp->n_head + (size_t)h * G) * hd;
     size_t qo_stride = (size_t)hp->n_head * hd;
     float scale = 1.0f / sqrtf((float)hd);
-    bool done = c->kv_type == KS_KV_F16 && ks_simd_current() >= KS_SIMD_AVX512
+    bool done = bf16 ? ks_attention_block_bf16((const ks_kv_seg16 *)s->segs, nseg, n_att, R, hd, G, q, qo_stride, o,
+                                               qo_stride, s->blk_bf16, scale)
+                : c->kv_type == KS_KV_F16 && ks_simd_current() >= KS_SIMD_AVX512
                     ? ks_attention_block_avx512((const ks_kv_seg16 *)s->segs, nseg, n_att, R, hd, G, q, qo_stride, o,
                                                 qo_stride, s->blk_S, s->blk_tile, scale)
                     : ks_attention_block_avx2(c->kv_type, s->segs, nseg, n_att, R, hd, G, q, qo_stride, o, qo_stride,
