@@ -54,10 +54,11 @@
 
 #include "tensor/simd_avx512.h"
 
-#define BTGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")))
+#define BTGT_ATTR __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")))
+#define BTGT BTGT_ATTR
 #define BINL static inline __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c"), always_inline))
 
-enum { TILE = KS_ATTN_BF16_TILE, NQ = 4 };
+enum { TILE = KS_ATTN_BF16_TILE, NQ = 6 };
 
 size_t ks_attention_block_bf16_scratch(int R, int G, int hd) {
     size_t RG = (size_t)R * G, Tp = TILE + 32;
@@ -137,42 +138,50 @@ BINL void tile_v(const uint16_t *rows, int L, int hd, uint32_t *vt) {
     }
 }
 
-/* Scores of NQ queries (Q pairs qb[x], scaled) against sixteen-key vectors
- * [0, nv) of the tile into sc[x][Tp]; each lane its own chain over the pairs
- * in order. */
-BINL void scores_quad(const uint32_t *const qb[NQ], const uint32_t *kt, int Tp, int hp, int nv, float *sc,
-                      float scale) {
-    const __m512 sv = _mm512_set1_ps(scale);
-    int v = 0;
-    for (; v + 2 <= nv; v += 2) {
-        __m512 acc[NQ][2];
-        _Pragma("GCC unroll 4") for (int x = 0; x < NQ; x++) acc[x][0] = acc[x][1] = _mm512_setzero_ps();
-        const uint32_t *k = kt + 16 * v;
-        for (int p = 0; p < hp; p++) {
-            __m512bh k0 = (__m512bh)_mm512_loadu_si512(k + (size_t)p * Tp);
-            __m512bh k1 = (__m512bh)_mm512_loadu_si512(k + (size_t)p * Tp + 16);
-            _Pragma("GCC unroll 4") for (int x = 0; x < NQ; x++) {
-                __m512bh qv = (__m512bh)_mm512_set1_epi32((int)qb[x][p]);
-                acc[x][0] = _mm512_dpbf16_ps(acc[x][0], qv, k0);
-                acc[x][1] = _mm512_dpbf16_ps(acc[x][1], qv, k1);
-            }
-        }
-        _Pragma("GCC unroll 4") for (int x = 0; x < NQ; x++) {
-            _mm512_storeu_ps(sc + (size_t)x * Tp + 16 * v, _mm512_mul_ps(acc[x][0], sv));
-            _mm512_storeu_ps(sc + (size_t)x * Tp + 16 * v + 16, _mm512_mul_ps(acc[x][1], sv));
+/* Scores of N queries (Q pairs qb[x], scaled) against NK sixteen-key
+ * vectors of the tile from key k0 into sc[x][Tp]; each lane its own chain
+ * over the pairs in order.  vdpbf16ps has a long latency and two pipes, so
+ * N x NK (up to 24) independent chains are what keeps them busy. */
+BINL void scores_tile(const uint32_t *const qb[NQ], const uint32_t *kt, int Tp, int hp, int k0, float *sc, float scale,
+                      const int N, const int NK) {
+    __m512 acc[NQ][4];
+    _Pragma("GCC unroll 6") for (int x = 0; x < N; x++)
+        _Pragma("GCC unroll 4") for (int v = 0; v < NK; v++) acc[x][v] = _mm512_setzero_ps();
+    const uint32_t *k = kt + k0;
+    for (int p = 0; p < hp; p++) {
+        __m512bh kv[4];
+        _Pragma("GCC unroll 4") for (int v = 0; v < NK; v++) kv[v] = (__m512bh)_mm512_loadu_si512(k + (size_t)p * Tp + 16 * v);
+        _Pragma("GCC unroll 6") for (int x = 0; x < N; x++) {
+            __m512bh qv = (__m512bh)_mm512_set1_epi32((int)qb[x][p]);
+            _Pragma("GCC unroll 4") for (int v = 0; v < NK; v++) acc[x][v] = _mm512_dpbf16_ps(acc[x][v], qv, kv[v]);
         }
     }
-    if (v < nv) {
-        __m512 acc[NQ];
-        _Pragma("GCC unroll 4") for (int x = 0; x < NQ; x++) acc[x] = _mm512_setzero_ps();
-        const uint32_t *k = kt + 16 * v;
-        for (int p = 0; p < hp; p++) {
-            __m512bh k0 = (__m512bh)_mm512_loadu_si512(k + (size_t)p * Tp);
-            _Pragma("GCC unroll 4") for (int x = 0; x < NQ; x++)
-                acc[x] = _mm512_dpbf16_ps(acc[x], (__m512bh)_mm512_set1_epi32((int)qb[x][p]), k0);
-        }
-        _Pragma("GCC unroll 4") for (int x = 0; x < NQ; x++)
-            _mm512_storeu_ps(sc + (size_t)x * Tp + 16 * v, _mm512_mul_ps(acc[x], sv));
+    const __m512 sv = _mm512_set1_ps(scale);
+    _Pragma("GCC unroll 6") for (int x = 0; x < N; x++)
+        _Pragma("GCC unroll 4") for (int v = 0; v < NK; v++)
+            _mm512_storeu_ps(sc + (size_t)x * Tp + k0 + 16 * v, _mm512_mul_ps(acc[x][v], sv));
+}
+
+/* scores_tile over key vectors [0, nv), N a compile-time constant */
+BINL void scores_n(const uint32_t *const qb[NQ], const uint32_t *kt, int Tp, int hp, int nv, float *sc, float scale,
+                   const int N) {
+    int v = 0;
+    for (; v + 4 <= nv; v += 4) scores_tile(qb, kt, Tp, hp, 16 * v, sc, scale, N, 4);
+    if (nv - v >= 2) scores_tile(qb, kt, Tp, hp, 16 * v, sc, scale, N, 2), v += 2;
+    if (v < nv) scores_tile(qb, kt, Tp, hp, 16 * v, sc, scale, N, 1);
+}
+
+static void scores_any(const uint32_t *const qb[NQ], const uint32_t *kt, int Tp, int hp, int nv, float *sc,
+                       float scale, int N) BTGT_ATTR;
+static void scores_any(const uint32_t *const qb[NQ], const uint32_t *kt, int Tp, int hp, int nv, float *sc,
+                       float scale, int N) {
+    switch (N) {
+    case 6: scores_n(qb, kt, Tp, hp, nv, sc, scale, 6); break;
+    case 5: scores_n(qb, kt, Tp, hp, nv, sc, scale, 5); break;
+    case 4: scores_n(qb, kt, Tp, hp, nv, sc, scale, 4); break;
+    case 3: scores_n(qb, kt, Tp, hp, nv, sc, scale, 3); break;
+    case 2: scores_n(qb, kt, Tp, hp, nv, sc, scale, 2); break;
+    default: scores_n(qb, kt, Tp, hp, nv, sc, scale, 1); break;
     }
 }
 
@@ -210,21 +219,22 @@ BINL void softmax_tile(float *s, int lim, float *m, float *l, float *o, int hd, 
 }
 
 /* o[x] += sum over key pairs u in [u0, u1) of Vt[u] * (p_2u, p_2u+1), for N
- * queries sharing the Vt rows (pb[x]: dwords); chunks of four outputs at a
- * time. */
-BINL void values_acc(const uint32_t *const pb[NQ], float *const o[NQ], const uint32_t *vt, int u0, int u1, int hd,
-                     const int N) {
+ * queries sharing the Vt rows (pb[x]: dwords), four 16-dim chunks of each
+ * output at a time (N x 4 chains); each output lane one chain over u in
+ * order. */
+BINL void values_n(const uint32_t *const pb[NQ], float *const o[NQ], const uint32_t *vt, int u0, int u1, int hd,
+                   const int N) {
     for (int i0 = 0; i0 < hd; i0 += 64) {
         int nc = hd - i0 >= 64 ? 4 : (hd - i0) / 16;
         if (nc == 4) {
             __m512 acc[NQ][4];
-            _Pragma("GCC unroll 4") for (int x = 0; x < N; x++)
+            _Pragma("GCC unroll 6") for (int x = 0; x < N; x++)
                 _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) acc[x][i] = _mm512_loadu_ps(o[x] + i0 + 16 * i);
             for (int u = u0; u < u1; u++) {
                 const uint32_t *v = vt + (size_t)u * hd + i0;
                 __m512bh v0 = (__m512bh)_mm512_loadu_si512(v), v1 = (__m512bh)_mm512_loadu_si512(v + 16);
                 __m512bh v2 = (__m512bh)_mm512_loadu_si512(v + 32), v3 = (__m512bh)_mm512_loadu_si512(v + 48);
-                _Pragma("GCC unroll 4") for (int x = 0; x < N; x++) {
+                _Pragma("GCC unroll 6") for (int x = 0; x < N; x++) {
                     __m512bh pv = (__m512bh)_mm512_set1_epi32((int)pb[x][u]);
                     acc[x][0] = _mm512_dpbf16_ps(acc[x][0], v0, pv);
                     acc[x][1] = _mm512_dpbf16_ps(acc[x][1], v1, pv);
@@ -232,7 +242,7 @@ BINL void values_acc(const uint32_t *const pb[NQ], float *const o[NQ], const uin
                     acc[x][3] = _mm512_dpbf16_ps(acc[x][3], v3, pv);
                 }
             }
-            _Pragma("GCC unroll 4") for (int x = 0; x < N; x++)
+            _Pragma("GCC unroll 6") for (int x = 0; x < N; x++)
                 _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) _mm512_storeu_ps(o[x] + i0 + 16 * i, acc[x][i]);
         } else {
             for (int x = 0; x < N; x++)
@@ -244,6 +254,20 @@ BINL void values_acc(const uint32_t *const pb[NQ], float *const o[NQ], const uin
                     _mm512_storeu_ps(o[x] + i0 + 16 * i, acc);
                 }
         }
+    }
+}
+
+static void values_any(const uint32_t *const pb[NQ], float *const o[NQ], const uint32_t *vt, int u0, int u1, int hd,
+                       int N) BTGT_ATTR;
+static void values_any(const uint32_t *const pb[NQ], float *const o[NQ], const uint32_t *vt, int u0, int u1, int hd,
+                       int N) {
+    switch (N) {
+    case 6: values_n(pb, o, vt, u0, u1, hd, 6); break;
+    case 5: values_n(pb, o, vt, u0, u1, hd, 5); break;
+    case 4: values_n(pb, o, vt, u0, u1, hd, 4); break;
+    case 3: values_n(pb, o, vt, u0, u1, hd, 3); break;
+    case 2: values_n(pb, o, vt, u0, u1, hd, 2); break;
+    default: values_n(pb, o, vt, u0, u1, hd, 1); break;
     }
 }
 
@@ -328,14 +352,15 @@ BTGT bool ks_attention_block_bf16(const ks_kv_seg16 *segs, int nseg, const int32
             if (!limax) continue;
             const uint32_t *qp[NQ];
             for (int k = 0; k < NQ; k++) qp[k] = qb + (size_t)(x0 + (k < N ? k : 0)) * hp;
-            scores_quad(qp, kt, Tp, hp, (limax + 15) / 16, sc, scale);
+            scores_any(qp, kt, Tp, hp, (limax + 15) / 16, sc, scale, N);
             const uint32_t *pp[NQ];
             float *op[NQ];
             for (int k = 0; k < NQ; k++) {
                 int x = x0 + (k < N ? k : 0);
                 op[k] = out + (size_t)(x / G) * out_stride + (size_t)(x % G) * hd;
                 pp[k] = (const uint32_t *)(pbuf + (size_t)k * (Tp + 32));
-                if (k >= N || !lim[k]) {
+                if (k >= N) continue;
+                if (!lim[k]) { /* sees none of this tile: the others' shared loop must not add to it */
                     nu_min = 0;
                     continue;
                 }
@@ -344,14 +369,13 @@ BTGT bool ks_attention_block_bf16(const ks_kv_seg16 *segs, int nseg, const int32
                 int nu = (lim[k] + 1) / 2;
                 if (nu < nu_min) nu_min = nu;
             }
-            if (nu_min > 0 && N == NQ) values_acc(pp, op, vt, 0, nu_min, hd, NQ);
-            else nu_min = 0;
+            if (nu_min > 0) values_any(pp, op, vt, 0, nu_min, hd, N);
             for (int k = 0; k < N; k++) { /* each query's own tail */
                 int nu = (lim[k] + 1) / 2;
                 if (nu > nu_min) {
                     const uint32_t *p1[NQ] = {pp[k]};
                     float *o1[NQ] = {op[k]};
-                    values_acc(p1, o1, vt, nu_min, nu, hd, 1);
+                    values_any(p1, o1, vt, nu_min, nu, hd, 1);
                 }
             }
         }
