@@ -14,7 +14,10 @@
  *
  * A prefill chunk of one sequence takes the blocked kernel instead: tasks are
  * (block of KS_PREFILL_BLOCK rows, KV head), and each page is read once per
- * block rather than once per row.  When a block cannot run (a shape the
+ * block rather than once per row.  On AVX-512 BF16 hosts (f16 KV, head dims
+ * that are multiples of 32) that kernel is the bf16 one with an online
+ * softmax (attn_block_bf16.c); KS_ATTN=f32 keeps the f32 kernels, which
+ * reproduce the decode kernel's bits.  When a block cannot run (a shape the
  * kernel does not take, a failed read) its rows fall back to the per-row
  * path, which reports any error.
  *

@@ -60,6 +60,12 @@
 
 enum { TILE = KS_ATTN_BF16_TILE, NQ = 6 };
 
+/* The scratch holds f32, bf16 pairs and bf16 halves side by side, written by
+ * vector stores and read back as scalars: those scalar accesses go through
+ * a may_alias type so that no aliasing assumption reorders them. */
+typedef uint32_t __attribute__((may_alias)) u32a;
+typedef uint16_t __attribute__((may_alias)) u16a;
+
 size_t ks_attention_block_bf16_scratch(int R, int G, int hd) {
     size_t RG = (size_t)R * G, Tp = TILE + 32;
     /* Kt, Vt (bf16: Tp * hd each, in floats / 2), Q (RG * hd / 2), scores
@@ -83,7 +89,7 @@ BINL __m256i to_bf16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
 /* a tile's keys: f16 rows [L][hd] (L <= 16 per call) at key offset t0 of Kt
  * [hd/2][Tp]; the rows' bf16 pairs are a 16 x (hd/2) dword matrix,
  * transposed 16 x 16 at a time; keys past L are zero */
-BINL void tile_k(const uint16_t *rows, int L, int hd, uint32_t *kt, int Tp, int t0) {
+BINL void tile_k(const uint16_t *rows, int L, int hd, u32a *kt, int Tp, int t0) {
     for (int p0 = 0; p0 < hd / 2; p0 += 16) {
         __m512i r[16];
         _Pragma("GCC unroll 16") for (int t = 0; t < 16; t++) {
@@ -126,7 +132,7 @@ BINL void tile_k(const uint16_t *rows, int L, int hd, uint32_t *kt, int Tp, int 
 }
 
 /* a tile's values: f16 rows [L][hd] (L <= 2 per call, key pair u) into Vt[u] */
-BINL void tile_v(const uint16_t *rows, int L, int hd, uint32_t *vt) {
+BINL void tile_v(const uint16_t *rows, int L, int hd, u32a *vt) {
     static const uint16_t interleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
                                             8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
     const __m512i idx = _mm512_loadu_si512(interleave);
@@ -142,12 +148,12 @@ BINL void tile_v(const uint16_t *rows, int L, int hd, uint32_t *vt) {
  * vectors of the tile from key k0 into sc[x][Tp]; each lane its own chain
  * over the pairs in order.  vdpbf16ps has a long latency and two pipes, so
  * N x NK (up to 24) independent chains are what keeps them busy. */
-BINL void scores_tile(const uint32_t *const qb[NQ], const uint32_t *kt, int Tp, int hp, int k0, float *sc, float scale,
+BINL void scores_tile(const u32a *const qb[NQ], const u32a *kt, int Tp, int hp, int k0, float *sc, float scale,
                       const int N, const int NK) {
     __m512 acc[NQ][4];
     _Pragma("GCC unroll 6") for (int x = 0; x < N; x++)
         _Pragma("GCC unroll 4") for (int v = 0; v < NK; v++) acc[x][v] = _mm512_setzero_ps();
-    const uint32_t *k = kt + k0;
+    const u32a *k = kt + k0;
     for (int p = 0; p < hp; p++) {
         __m512bh kv[4];
         _Pragma("GCC unroll 4") for (int v = 0; v < NK; v++) kv[v] = (__m512bh)_mm512_loadu_si512(k + (size_t)p * Tp + 16 * v);
@@ -163,7 +169,7 @@ BINL void scores_tile(const uint32_t *const qb[NQ], const uint32_t *kt, int Tp, 
 }
 
 /* scores_tile over key vectors [0, nv), N a compile-time constant */
-BINL void scores_n(const uint32_t *const qb[NQ], const uint32_t *kt, int Tp, int hp, int nv, float *sc, float scale,
+BINL void scores_n(const u32a *const qb[NQ], const u32a *kt, int Tp, int hp, int nv, float *sc, float scale,
                    const int N) {
     int v = 0;
     for (; v + 4 <= nv; v += 4) scores_tile(qb, kt, Tp, hp, 16 * v, sc, scale, N, 4);
@@ -171,9 +177,9 @@ BINL void scores_n(const uint32_t *const qb[NQ], const uint32_t *kt, int Tp, int
     if (v < nv) scores_tile(qb, kt, Tp, hp, 16 * v, sc, scale, N, 1);
 }
 
-static void scores_any(const uint32_t *const qb[NQ], const uint32_t *kt, int Tp, int hp, int nv, float *sc,
+static void scores_any(const u32a *const qb[NQ], const u32a *kt, int Tp, int hp, int nv, float *sc,
                        float scale, int N) BTGT_ATTR;
-static void scores_any(const uint32_t *const qb[NQ], const uint32_t *kt, int Tp, int hp, int nv, float *sc,
+static void scores_any(const u32a *const qb[NQ], const u32a *kt, int Tp, int hp, int nv, float *sc,
                        float scale, int N) {
     switch (N) {
     case 6: scores_n(qb, kt, Tp, hp, nv, sc, scale, 6); break;
@@ -189,7 +195,7 @@ static void scores_any(const uint32_t *const qb[NQ], const uint32_t *kt, int Tp,
  * tile: updates the running max *m and sum *l, rescales its output o, and
  * writes the probabilities as bf16 (natural order: dword u = pair u) into
  * pb, zero past lim up to the pair boundary. */
-BINL void softmax_tile(float *s, int lim, float *m, float *l, float *o, int hd, uint16_t *pb) {
+BINL void softmax_tile(float *s, int lim, float *m, float *l, float *o, int hd, u16a *pb) {
     int nv = (lim + 15) / 16;
     __m512 mx = _mm512_set1_ps(-FLT_MAX);
     for (int v = 0; v < nv; v++) {
@@ -222,7 +228,7 @@ BINL void softmax_tile(float *s, int lim, float *m, float *l, float *o, int hd, 
  * queries sharing the Vt rows (pb[x]: dwords), four 16-dim chunks of each
  * output at a time (N x 4 chains); each output lane one chain over u in
  * order. */
-BINL void values_n(const uint32_t *const pb[NQ], float *const o[NQ], const uint32_t *vt, int u0, int u1, int hd,
+BINL void values_n(const u32a *const pb[NQ], float *const o[NQ], const u32a *vt, int u0, int u1, int hd,
                    const int N) {
     for (int i0 = 0; i0 < hd; i0 += 64) {
         int nc = hd - i0 >= 64 ? 4 : (hd - i0) / 16;
@@ -231,7 +237,7 @@ BINL void values_n(const uint32_t *const pb[NQ], float *const o[NQ], const uint3
             _Pragma("GCC unroll 6") for (int x = 0; x < N; x++)
                 _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) acc[x][i] = _mm512_loadu_ps(o[x] + i0 + 16 * i);
             for (int u = u0; u < u1; u++) {
-                const uint32_t *v = vt + (size_t)u * hd + i0;
+                const u32a *v = vt + (size_t)u * hd + i0;
                 __m512bh v0 = (__m512bh)_mm512_loadu_si512(v), v1 = (__m512bh)_mm512_loadu_si512(v + 16);
                 __m512bh v2 = (__m512bh)_mm512_loadu_si512(v + 32), v3 = (__m512bh)_mm512_loadu_si512(v + 48);
                 _Pragma("GCC unroll 6") for (int x = 0; x < N; x++) {
@@ -257,9 +263,9 @@ BINL void values_n(const uint32_t *const pb[NQ], float *const o[NQ], const uint3
     }
 }
 
-static void values_any(const uint32_t *const pb[NQ], float *const o[NQ], const uint32_t *vt, int u0, int u1, int hd,
+static void values_any(const u32a *const pb[NQ], float *const o[NQ], const u32a *vt, int u0, int u1, int hd,
                        int N) BTGT_ATTR;
-static void values_any(const uint32_t *const pb[NQ], float *const o[NQ], const uint32_t *vt, int u0, int u1, int hd,
+static void values_any(const u32a *const pb[NQ], float *const o[NQ], const u32a *vt, int u0, int u1, int hd,
                        int N) {
     switch (N) {
     case 6: values_n(pb, o, vt, u0, u1, hd, 6); break;
@@ -277,11 +283,11 @@ BTGT bool ks_attention_block_bf16(const ks_kv_seg16 *segs, int nseg, const int32
     if (hd % 32 || hd > 512 || R < 1 || G < 1) return false;
     const int RG = R * G, hp = hd / 2, Tp = TILE + 32;
     /* scratch, as ks_attention_block_bf16_scratch counts it (64-byte pieces) */
-    uint32_t *kt = (uint32_t *)scratch;                         /* [hp][Tp] */
-    uint32_t *vt = kt + (size_t)hp * Tp;                        /* [Tp/2][hd] */
-    uint32_t *qb = vt + (size_t)(Tp / 2) * hd;                  /* [RG][hp] */
+    u32a *kt = (u32a *)scratch;                                 /* [hp][Tp] */
+    u32a *vt = kt + (size_t)hp * Tp;                            /* [Tp/2][hd] */
+    u32a *qb = vt + (size_t)(Tp / 2) * hd;                      /* [RG][hp] */
     float *sc = (float *)(qb + (size_t)RG * hp);                /* [NQ][Tp] */
-    uint16_t *pbuf = (uint16_t *)(sc + (size_t)NQ * Tp);        /* [NQ][Tp + 32] bf16 */
+    u16a *pbuf = (u16a *)(sc + (size_t)NQ * Tp);                /* [NQ][Tp + 32] bf16 */
     float *mrun = (float *)(pbuf + (size_t)NQ * (Tp + 32));     /* [RG] */
     float *lrun = mrun + RG;                                    /* [RG] */
     for (int x = 0; x < RG; x++) {
@@ -322,7 +328,7 @@ BTGT bool ks_attention_block_bf16(const ks_kv_seg16 *segs, int nseg, const int32
             }
             for (int a = 0; a < take;) { /* V: key pairs (u = t / 2) */
                 int tt = t + a;
-                uint32_t *row = vt + (size_t)(tt / 2) * hd;
+                u32a *row = vt + (size_t)(tt / 2) * hd;
                 const uint16_t *src = V + (size_t)a * hd;
                 if (!(tt & 1)) { /* a pair's first key, with its second if this segment has it (else zero, for now) */
                     int two = take - a >= 2 ? 2 : 1;
@@ -350,22 +356,21 @@ BTGT bool ks_attention_block_bf16(const ks_kv_seg16 *segs, int nseg, const int32
                 if (lim[k] > limax) limax = lim[k];
             }
             if (!limax) continue;
-            const uint32_t *qp[NQ];
+            const u32a *qp[NQ];
             for (int k = 0; k < NQ; k++) qp[k] = qb + (size_t)(x0 + (k < N ? k : 0)) * hp;
             scores_any(qp, kt, Tp, hp, (limax + 15) / 16, sc, scale, N);
-            const uint32_t *pp[NQ];
+            const u32a *pp[NQ];
             float *op[NQ];
             for (int k = 0; k < NQ; k++) {
                 int x = x0 + (k < N ? k : 0);
                 op[k] = out + (size_t)(x / G) * out_stride + (size_t)(x % G) * hd;
-                pp[k] = (const uint32_t *)(pbuf + (size_t)k * (Tp + 32));
+                pp[k] = (const u32a *)(pbuf + (size_t)k * (Tp + 32));
                 if (k >= N) continue;
                 if (!lim[k]) { /* sees none of this tile: the others' shared loop must not add to it */
                     nu_min = 0;
                     continue;
                 }
                 softmax_tile(sc + (size_t)k * Tp, lim[k], &mrun[x], &lrun[x], op[k], hd, pbuf + (size_t)k * (Tp + 32));
-                if (lim[k] & 1) pbuf[(size_t)k * (Tp + 32) + lim[k]] = 0; /* the pair's other half */
                 int nu = (lim[k] + 1) / 2;
                 if (nu < nu_min) nu_min = nu;
             }
@@ -373,7 +378,7 @@ BTGT bool ks_attention_block_bf16(const ks_kv_seg16 *segs, int nseg, const int32
             for (int k = 0; k < N; k++) { /* each query's own tail */
                 int nu = (lim[k] + 1) / 2;
                 if (nu > nu_min) {
-                    const uint32_t *p1[NQ] = {pp[k]};
+                    const u32a *p1[NQ] = {pp[k]};
                     float *o1[NQ] = {op[k]};
                     values_any(p1, o1, vt, nu_min, nu, hd, 1);
                 }
