@@ -153,6 +153,37 @@ static void test_prefill_chunking(void **state) {
     free(step);
 }
 
+/* The same on the bundled model (head_dim 64, GQA): on AVX-512 BF16 hosts
+ * its prefill attention is the bf16 kernel (infer/attn_block_bf16.c), whose
+ * online softmax must not depend on where chunks, blocks or threads split
+ * the rows: one prefill, chunks of 7, 16 and 1 rows, and one thread give
+ * the same logits bit for bit (f32 hosts check their own kernels). */
+static void test_prefill_chunking_bundled(void **state) {
+    (void)state;
+    ks_model *m = NULL;
+    assert_int_equal(ks_model_load(KS_SOURCE_DIR "/models/kvsieve-default.gguf", ks_model_default_params(), &m), KS_OK);
+    enum { N = 300 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++) ids[i] = 3 + (int32_t)((i * 2654435761u) % 4000u); /* any tokens: it is arithmetic */
+    int V = ks_model_n_vocab(m);
+    float *ref = malloc(sizeof(float) * V * N), *got = malloc(sizeof(float) * V * N);
+    const int batches[][2] = {{512, 2}, {7, 2}, {16, 2}, {1, 2}, {512, 1}};
+    for (size_t k = 0; k < sizeof batches / sizeof batches[0]; k++) {
+        ks_context_params p = ks_context_default_params();
+        p.n_ctx = N + 8;
+        p.n_batch = batches[k][0];
+        p.n_threads = batches[k][1];
+        ks_context *c = NULL;
+        assert_int_equal(ks_context_create(m, p, &c), KS_OK);
+        assert_int_equal(ks_prefill(c, 0, ids, N, NULL, k ? got : ref), KS_OK);
+        if (k) assert_memory_equal(got, ref, sizeof(float) * V * N);
+        ks_context_destroy(c);
+    }
+    free(ref);
+    free(got);
+    ks_model_destroy(m);
+}
+
 static void test_q8_kv_close_to_f16(void **state) {
     (void)state;
     int32_t ids[64];
@@ -396,6 +427,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_text),
         cmocka_unit_test(test_batch_equals_single),
         cmocka_unit_test(test_prefill_chunking),
+        cmocka_unit_test(test_prefill_chunking_bundled),
         cmocka_unit_test(test_q8_kv_close_to_f16),
         cmocka_unit_test(test_errors_leave_state),
         cmocka_unit_test(test_create_errors),

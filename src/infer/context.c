@@ -76,6 +76,7 @@ void ks_context_destroy(ks_context *c) {
         ks_free(s->probe_out);
         ks_free(s->blk_S);
         ks_free(s->blk_tile);
+        ks_free(s->blk_bf16);
         ks_free(s->recall_sum);
         ks_free(s->recall_n);
     }

@@ -38,6 +38,7 @@ typedef struct ks_attn_scratch {
     float *probe_out;     /* [G][head_dim] throwaway output of the recall probe */
     float *blk_S;         /* [KS_PREFILL_BLOCK * G][n_ctx] prefill block scores (lazy) */
     float *blk_tile;      /* [page][head_dim] f32 tile of one page (lazy) */
+    float *blk_bf16;      /* the bf16 block kernel's tiles and online-softmax state (lazy) */
     double *recall_sum;   /* [n_layer][n_head_kv] recall probe sums of this worker */
     uint32_t *recall_n;   /* [n_layer][n_head_kv] */
     double select_seconds;
