@@ -126,7 +126,7 @@ static int run_prepare(app_options *o, run_state *s) {
     return -1;
 }
 
-/* llama-cli's --prompt-cache: start from a file of the prompt's KV blocks, save them after. */
+/* llama-cli's --prompt-cache: start from a file of the prompt's KV blocks (run_save_cache writes them after). */
 static int run_prefill(app_options *o, run_state *s) {
     const char *cmd = o->cmd, *cache_file = o->cache_file;
     ks_status st;
@@ -146,14 +146,19 @@ static int run_prefill(app_options *o, run_state *s) {
     }
     if (st != KS_OK) { app_report(cmd, "prefill", st); return 1; }
     s->t_pf = ks_time_sec() - s->t_submit;
-    if (cache_file) {
-        double t0 = ks_time_sec();
-        st = ks_prefix_cache_save_file(s->pcache, s->ctx, s->ids, (int32_t)s->n_prompt, cache_file, &s->n_saved);
-        if (st != KS_OK) { app_report(cmd, "writing the prompt cache", st); return 1; }
-        s->t_save = ks_time_sec() - t0;
-    }
     ks_context_stats(s->ctx, &s->s_prefill);
     ks_stats_reset(s->ctx);
+    return -1;
+}
+
+/* After the answer, not before its first token: the prompt's blocks are
+ * full pages, which generation never writes. */
+static int run_save_cache(app_options *o, run_state *s) {
+    if (!o->cache_file) return -1;
+    double t0 = ks_time_sec();
+    ks_status st = ks_prefix_cache_save_file(s->pcache, s->ctx, s->ids, (int32_t)s->n_prompt, o->cache_file, &s->n_saved);
+    if (st != KS_OK) { app_report(o->cmd, "writing the prompt cache", st); return 1; }
+    s->t_save = ks_time_sec() - t0;
     return -1;
 }
 
@@ -227,7 +232,8 @@ int cmd_run(int argc, char **argv) {
     int rc = app_parse("run", argc, argv, &o);
     if (rc >= 0) return rc;
     run_state s = {0};
-    if ((rc = run_prepare(&o, &s)) < 0 && (rc = run_prefill(&o, &s)) < 0 && (rc = run_generate(&o, &s)) < 0) {
+    if ((rc = run_prepare(&o, &s)) < 0 && (rc = run_prefill(&o, &s)) < 0 && (rc = run_generate(&o, &s)) < 0 &&
+        (rc = run_save_cache(&o, &s)) < 0) {
         run_report(&o, &s);
         rc = 0;
     }
