@@ -1,5 +1,5 @@
 /*
- * test_prefix.c — the prefix cache (src/infer/prefix.c).
+ * test_prefix.c — the prefix cache (src/infer/prefix_*.c).
  *
  * 1. Exactness over the registry: for every policy (and each per-layer
  *    selector behind an evictor, as test_policy.c composes them), with a

@@ -119,7 +119,7 @@ ks_status ks_infer_prefetch_global(ks_context *c, int32_t first_layer, int32_t n
  * (rows of one sequence run in parallel and share them), then wait. */
 ks_status ks_infer_load_prefill_slots(ks_context *c, int il, int n, const int32_t *seq);
 
-/* ------------------------------------------------------------- prefix.c -- */
+/* ----------------------------------------------------- prefix_context.c -- */
 /* After the forward of a whole prompt (seq holds exactly prompt[0, n) from
  * position 0), before the prefill hooks: cache the prompt's full blocks of
  * KV not cached yet. */

@@ -1,5 +1,5 @@
 /*
- * prefix.h — the prefix cache's block record (infer/prefix.c), exposed for
+ * prefix.h — the prefix cache's block record (infer/prefix_record.c), exposed for
  * the tests and the fuzz target: the parser is what reads untrusted bytes
  * (files another process or replica wrote), so it is a function of a buffer
  * alone, testable and fuzzable without a model.
@@ -35,6 +35,12 @@ typedef struct ks_pc_record {
     size_t bytes;          /* the whole record */
 } ks_pc_record;
 
+/* The hash every key is built from (two 64-bit lanes, not cryptographic):
+ * a seed per kind of key, then the bytes it covers. */
+ks_pc_key ks_pc_hash_seed(uint64_t tag);
+void ks_pc_hash_feed(ks_pc_key *h, const void *p, size_t n);
+bool ks_pc_key_eq(const ks_pc_key *x, const ks_pc_key *y);
+
 /* Bytes of a block's KV in a format (0 when the format is invalid). */
 size_t ks_pc_payload_bytes(const ks_pc_format *f);
 /* The key a block's chain starts from: the model and the KV layout.  A
@@ -44,6 +50,9 @@ ks_pc_key ks_pc_root(const ks_pc_key *model, const ks_pc_format *f);
 /* The key of a block of `page` tokens under parent. */
 ks_pc_key ks_pc_chain(const ks_pc_key *parent, const int32_t *tokens, int32_t page);
 
+/* The KV layout a record's header (KS_PC_HEADER_BYTES) declares, unchecked:
+ * ks_pc_payload_bytes says whether it is valid. */
+ks_pc_format ks_pc_header_format(const uint8_t *hdr);
 /* Parse one record at the start of buf[len]: magic, version, a valid
  * format, sizes inside the buffer, checksum, and key == chain(parent,
  * tokens).  model (optional) must match the record's fingerprint.  Any

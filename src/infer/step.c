@@ -117,7 +117,7 @@ static void reserve_scratch(ks_context *c) {
 /* Prefill rows tokens[0, n) after what sequence seq holds.  The prefill
  * hooks see the prompt full[0, n_full), of which these rows are the last n
  * (full == tokens for a plain prefill; the whole prompt after a restored
- * prefix, infer/prefix.c), so a prompt split into a restored prefix and
+ * prefix, infer/prefix_context.c), so a prompt split into a restored prefix and
  * computed rows leaves a policy exactly where one prefill of it does: the
  * observation rows must lie among the computed ones.  hooks: this call ends
  * the prompt (pseudo tokens and on_prefill run).  pc, when set, takes the

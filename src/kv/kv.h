@@ -89,7 +89,7 @@ size_t ks_kv_row_size(const ks_kv_store *kv);
 ks_status ks_kv_append(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t pos, const float *k,
                        const float *v);
 /* The same with the rows already in the stored format (ks_kv_row_size bytes
- * each, as ks_kv_read_page returns them): a restored prefix (infer/prefix.c)
+ * each, as ks_kv_read_page returns them): a restored prefix (infer/prefix_context.c)
  * is stored byte for byte as its prefill stored it, and its page summaries,
  * computed from the stored rows in append order, come out identical. */
 ks_status ks_kv_append_stored(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t pos,

@@ -179,7 +179,7 @@ typedef struct ks_policy_hidden_i {
     bool own_kcache;
 } ks_policy_hidden_i;
 
-/* Prefix caching (infer/prefix.c): present when a prompt whose leading
+/* Prefix caching (infer/prefix_context.c): present when a prompt whose leading
  * tokens' KV is restored from the cache (byte for byte what a prefill of
  * them stores; the page summaries are recomputed from it) and whose rest is
  * prefilled, with the prefill hooks seeing the whole prompt and the last

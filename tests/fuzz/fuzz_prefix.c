@@ -1,6 +1,6 @@
 /*
  * fuzz_prefix.c — libFuzzer entry point for the prefix cache's block reader
- * (src/infer/prefix.c, ks_pc_record_parse).
+ * (src/infer/prefix_record.c, ks_pc_record_parse).
  *
  * Why: block files live in a directory that other processes and replicas
  * write (--cache-dir) and `kvsieve run --prompt-cache` reads a file the user
