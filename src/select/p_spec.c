@@ -15,25 +15,8 @@
  *   top-B tokens per KV head, the same set for every layer (plus the
  *   framework's sinks and recent window).
  *
- * The head keeps its own full K cache (one layer) indexed by position, Q8_0
- * rows by default (`kcache=f16` for f16 rows): at long contexts that cache
- * is most of the bytes a selection reads (32K positions x 8 KV heads x 64
- * dims are 33.5 MB of f16 against the projections' 24.5 MB of Q8_0), and
- * 8-bit keys halve it at the cost of the keys' rounding in the scores, which
- * kvsieve eval measures as noise (docs/results/POLICIES.md, "Deviations").
- * Prompt keys are computed from the hidden states the framework captures
- * during prefill (on_hidden), batched through ks_matmul; a decode step's key
- * is computed in before_step together with its query.  Scores for each
- * (row, KV head) run in parallel on the context's pool, through the kernels
- * of spec_score.c (AVX-512 or AVX2 where the CPU has them: scoring and
- * softmax are nearly all of a step at long contexts, scalar code is ~30x
- * slower); at batch 1 the projections are spec_proj.c's (four rows'
- * FMA chains side by side, q and k in one dispatch, bit for bit
- * ks_matmul's), and the group reduction feeds the top-k's sampled filter
- * directly (ks_spec_group_topk: the same indices).  Positions map to
- * the target's entries directly unless a prefill evictor ran (dapq+spec),
- * in which case each layer/head translates positions through its page
- * metadata.
+ * The head itself (its keys and queries, K cache and each step's
+ * selection) is spec_head.c's, with the design notes on its cost.
  *
  * Long contexts: when the context exceeds the DLM's trained length the head's
  * RoPE gets YaRN scaling (training-free; `yarn=auto` default, `off`, or an
@@ -59,62 +42,12 @@
  * kcache=q8_0|f16 (the head's K cache rows; q8_0 by default),
  * aux_ids=[in:|out:]A:B:C (the fused states' layers, overriding the checkpoint's).
  */
-#include "select/policy.h"
-#include "select/spec_proj.h"
+#include "select/spec_head.h"
 #include "select/spec_score.h"
 
-#include "core/simd.h"
-#include "model/eagle3.h"
-#include "tensor/dtype.h"
-#include "tensor/matmul.h"
-#include "tensor/ops.h"
-
-#include <math.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-enum { SPEC_RING = 64, SPEC_FLUSH = 256 };
-
-typedef struct {
-    ks_policy_env env;
-    ks_policy_spec p;
-    ks_eagle3 *dlm;
-    bool embed_only;
-    int32_t n_aux, aux[3];
-    int32_t H, Hq, Hkv, hd, G, tH;        /* DLM hidden, heads, kv heads, head dim, group, target hidden */
-    ks_dtype t_fc, t_q, t_k;              /* weight types for ks_matmul */
-    const void *w_fc, *w_q, *w_k;         /* the weights as the matmuls read them: the checkpoint's, or own_w */
-    void *own_w;                          /* weights=q8_0: fc, q_proj, k_proj requantised (owned), else NULL */
-    uint8_t *kc;                          /* [n_seq][Hkv][n_ctx] rows of kc_rb bytes: head K cache by position */
-    ks_dtype kc_type;                     /* KS_DTYPE_F16 or KS_DTYPE_Q8_0 (kcache=) */
-    size_t kc_rb;                         /* bytes of one K cache row */
-    int32_t *klen;                        /* [n_seq] positions with a key */
-    float *ring;                          /* [n_seq][SPEC_RING][n_aux * tH] hidden states by position */
-    int32_t *ring_pos;                    /* [n_seq][SPEC_RING] position held, -1 */
-    /* prefix caching: the hidden states of each page's last position (the
-     * next position's key needs them after a restore), allocated on first use */
-    float *bnd;                           /* [n_seq][n_ctx / P][n_aux * tH] */
-    int32_t bnd_P;
-    /* pending prompt rows (keys to compute) */
-    int32_t n_pend, pend_seq[SPEC_FLUSH], pend_pos[SPEC_FLUSH], pend_tok[SPEC_FLUSH];
-    bool refused; /* a flush from a void hook lost its buffers: the next prefill or step reports KS_ERR_NOMEM */
-    float *pend_h;                        /* [SPEC_FLUSH][n_aux * tH] hidden of pos-1 */
-    /* batched scratch */
-    float *x, *f, *q, *k, *emb;           /* [rows][2H], [rows][H], [rows][Hq*hd], [rows][Hkv*hd], [H] */
-    void *mm;
-    int32_t rows_cap;
-    /* selections of the current step */
-    int32_t *sel;                         /* [n_seq][Hkv][n_ctx] positions */
-    int32_t *sel_n;                       /* [n_seq][Hkv] */
-    int32_t *sel_pos;                     /* [n_seq] position the selection was made for */
-    float *scr;                           /* [n_threads][Hq_group(G) * n_ctx + n_ctx] score scratch */
-    int32_t n_scr_threads;
-    uint64_t selections;
-    uint64_t step_weight_bytes;           /* fc, q_proj, k_proj as the matmuls read them, once per step */
-    uint64_t bytes_read;                  /* those per step plus the K cache each selection scored */
-} spec_state;
 
 static const char *const spec_args[] = {"dlm", "variant", "yarn", "weights", "kcache", "aux_ids", NULL};
 
@@ -136,157 +69,6 @@ static ks_status parse_aux_ids(const char *arg, int32_t ids[3], bool *outputs) {
         v = end + 1;
     }
     return KS_OK;
-}
-
-static ks_status dtype_of(const ks_eagle3_mat *m, ks_dtype *out) {
-    switch (m->dtype) {
-    case KS_ST_F32: *out = KS_DTYPE_F32; return KS_OK;
-    case KS_ST_F16: *out = KS_DTYPE_F16; return KS_OK;
-    case KS_ST_BF16: *out = KS_DTYPE_BF16; return KS_OK;
-    default: return KS_FAIL(KS_ERR_UNSUPPORTED, "DLM weights of type %s are not supported", ks_st_dtype_name(m->dtype));
-    }
-}
-
-static uint8_t *kc_at(spec_state *s, int32_t seq, int32_t kvh, int32_t pos) {
-    return s->kc + (((size_t)seq * s->Hkv + kvh) * s->env.n_ctx + pos) * s->kc_rb;
-}
-
-static bool grow_rows(spec_state *s, int32_t rows) {
-    if (rows <= s->rows_cap) return true;
-    ks_free_aligned(s->x);
-    ks_free_aligned(s->f);
-    ks_free_aligned(s->q);
-    ks_free_aligned(s->k);
-    ks_free_aligned(s->mm);
-    s->rows_cap = rows;
-    s->x = ks_malloc_aligned(sizeof(float) * (size_t)rows * 2 * s->H);
-    s->f = ks_malloc_aligned(sizeof(float) * (size_t)rows * s->H);
-    s->q = ks_malloc_aligned(sizeof(float) * (size_t)rows * s->Hq * s->hd);
-    s->k = ks_malloc_aligned(sizeof(float) * (size_t)rows * s->Hkv * s->hd);
-    size_t mm = ks_matmul_scratch_bytes(s->t_q, 2 * s->H, rows);
-    size_t m2 = ks_matmul_scratch_bytes(s->t_k, 2 * s->H, rows);
-    if (!s->embed_only) {
-        size_t m3 = ks_matmul_scratch_bytes(s->t_fc, (int64_t)s->n_aux * s->tH, rows);
-        if (m3 > mm) mm = m3;
-    }
-    s->mm = ks_malloc_aligned((mm > m2 ? mm : m2) + 64);
-    if (s->x && s->f && s->q && s->k && s->mm) return true;
-    s->rows_cap = 0; /* refused: a later call tries again from nothing */
-    return false;
-}
-
-static void embed(spec_state *s, int32_t tok, float *out) {
-    if (s->dlm->has_embed && ks_eagle3_embed(s->dlm, tok, out) == KS_OK) return;
-    const ks_weight *w = &s->env.tok_embd;
-    ks_dequantize_row(w->type, (const uint8_t *)w->data + ks_dtype_row_bytes(w->type, s->H) * (size_t)tok, out, s->H);
-}
-
-/* Rows: token, position, hidden of the previous position ([n_aux*tH] or
- * NULL = zeros).  Computes x for each row, then q (optional) and k in one
- * batched matmul each; q/k get norms and RoPE.  Results in s->q / s->k. */
-static bool head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_t *pos, const float *const *h,
-                      bool want_q) {
-    float *cs = ks_scratch(KS_SCRATCH_POLICY2, sizeof(float) * (size_t)s->hd); /* [hd/2] cos, [hd/2] sin */
-    if (!cs || !grow_rows(s, n)) return false;
-    const ks_eagle3_config *c = &s->dlm->cfg;
-    float *fin = NULL;
-    if (!s->embed_only) {
-        size_t w = (size_t)s->n_aux * s->tH;
-        fin = ks_scratch(KS_SCRATCH_POLICY1, sizeof(float) * (size_t)n * w);
-        if (!fin) return false;
-        for (int32_t r = 0; r < n; r++) {
-            if (h[r]) {
-                memcpy(fin + r * w, h[r], sizeof(float) * w);
-                ks_eagle3_fc_norm(s->dlm, fin + r * w); /* SpecForge's fc_norm (a no-op without) */
-            } else {
-                memset(fin + r * w, 0, sizeof(float) * w);
-            }
-        }
-        if (n == 1 && ks_spec_proj_supported(s->t_fc, (int64_t)w)) { /* a step: bit for bit ks_matmul's */
-            ks_spec_proj_mat fc = {s->t_fc, s->w_fc, s->H, (int64_t)w, s->f};
-            ks_spec_proj(s->env.pool, &fc, 1, fin);
-        } else {
-            ks_matmul(s->env.pool, s->t_fc, s->w_fc, s->H, (int64_t)w, fin, n, s->f, s->mm);
-        }
-    }
-    for (int32_t r = 0; r < n; r++) {
-        float *x = s->x + (size_t)r * 2 * s->H;
-        embed(s, tok[r], s->emb);
-        ks_rmsnorm(x, s->emb, s->dlm->input_norm, s->H, c->rms_eps);
-        if (s->embed_only) {
-            memset(x + s->H, 0, sizeof(float) * s->H);
-        } else {
-            float *f = s->f + (size_t)r * s->H;
-            if (s->dlm->fc_bias)
-                for (int i = 0; i < s->H; i++) f[i] += s->dlm->fc_bias[i];
-            ks_rmsnorm(x + s->H, f, s->dlm->hidden_norm, s->H, c->rms_eps);
-        }
-    }
-    if (n == 1 && ks_spec_proj_supported(s->t_q, 2 * s->H) && ks_spec_proj_supported(s->t_k, 2 * s->H)) {
-        /* a step: q and k in one dispatch, bit for bit ks_matmul's (spec_proj.h) */
-        ks_spec_proj_mat qk[2] = {{s->t_k, s->w_k, (int64_t)s->Hkv * s->hd, 2 * s->H, s->k},
-                                  {s->t_q, s->w_q, (int64_t)s->Hq * s->hd, 2 * s->H, s->q}};
-        ks_spec_proj(s->env.pool, qk, want_q ? 2 : 1, s->x);
-    } else {
-        if (want_q) ks_matmul(s->env.pool, s->t_q, s->w_q, (int64_t)s->Hq * s->hd, 2 * s->H, s->x, n, s->q, s->mm);
-        ks_matmul(s->env.pool, s->t_k, s->w_k, (int64_t)s->Hkv * s->hd, 2 * s->H, s->x, n, s->k, s->mm);
-    }
-    /* rotate_half RoPE (pairs (j, j + hd/2)), cos/sin scaled by mscale as in HF */
-    float *sn = cs + s->hd / 2;
-    for (int32_t r = 0; r < n; r++) {
-        ks_rope_angles_freq(cs, sn, pos[r], s->hd, s->dlm->inv_freq, s->dlm->mscale);
-        for (int g = 0; want_q && g < s->Hq; g++) {
-            float *q = s->q + ((size_t)r * s->Hq + g) * s->hd;
-            if (s->dlm->q_norm) ks_rmsnorm(q, q, s->dlm->q_norm, s->hd, c->rms_eps);
-            ks_rope_apply(q, s->hd, true, cs, sn);
-        }
-        for (int g = 0; g < s->Hkv; g++) {
-            float *k = s->k + ((size_t)r * s->Hkv + g) * s->hd;
-            if (s->dlm->k_norm) ks_rmsnorm(k, k, s->dlm->k_norm, s->hd, c->rms_eps);
-            ks_rope_apply(k, s->hd, true, cs, sn);
-        }
-    }
-    return true;
-}
-
-static void store_keys(spec_state *s, int32_t n, const int32_t *seq, const int32_t *pos) {
-    for (int32_t r = 0; r < n; r++) {
-        for (int g = 0; g < s->Hkv; g++)
-            ks_spec_kcache_store(s->kc_type, s->k + ((size_t)r * s->Hkv + g) * s->hd, s->hd, kc_at(s, seq[r], g, pos[r]));
-        if (pos[r] + 1 > s->klen[seq[r]]) s->klen[seq[r]] = pos[r] + 1;
-    }
-}
-
-static void flush_pending(spec_state *s) {
-    if (!s->n_pend) return;
-    const float *h[SPEC_FLUSH];
-    size_t w = (size_t)s->n_aux * s->tH;
-    for (int32_t i = 0; i < s->n_pend; i++) h[i] = s->pend_pos[i] > 0 && w ? s->pend_h + i * w : NULL;
-    if (!head_rows(s, s->n_pend, s->pend_tok, s->pend_pos, h, false)) {
-        s->refused = true;
-        s->n_pend = 0;
-        return;
-    }
-    store_keys(s, s->n_pend, s->pend_seq, s->pend_pos);
-    s->n_pend = 0;
-}
-
-static const float *ring_get(spec_state *s, int32_t seq, int32_t pos) {
-    if (pos < 0 || !s->n_aux) return NULL;
-    int32_t slot = pos % SPEC_RING;
-    if (s->ring_pos[(size_t)seq * SPEC_RING + slot] != pos) return NULL;
-    return s->ring + ((size_t)seq * SPEC_RING + slot) * s->n_aux * s->tH;
-}
-
-/* The boundary slot of pos when pos ends a page (allocated on first use), else NULL. */
-static float *bnd_at(spec_state *s, int32_t seq, int32_t pos) {
-    if (!s->n_aux || !s->env.kv) return NULL;
-    if (!s->bnd_P) s->bnd_P = ks_kv_page_size(s->env.kv);
-    int32_t P = s->bnd_P;
-    if ((pos + 1) % P || pos >= s->env.n_ctx) return NULL;
-    size_t w = (size_t)s->n_aux * s->tH, per = (size_t)s->env.n_ctx / P;
-    if (!s->bnd) return NULL; /* allocated at create */
-    return s->bnd + ((size_t)seq * per + (size_t)(pos / P)) * w;
 }
 
 /* ------------------------------------------------------------- hooks -- */
@@ -314,47 +96,6 @@ static void spec_destroy(void *state) {
     ks_free(s);
 }
 
-/* weights=q8_0: fc, q_proj and k_proj as Q8_0 rows (the target's own
- * 8-bit format), so the once-a-step projections read about half the bytes
- * of bf16 / f16 weights (a quarter of f32).  The projections change by the
- * rounding of Q8_0, so the selection may differ slightly from the
- * checkpoint's precision; docs/results/POLICIES.md has the measured effect. */
-static ks_status requantize_q8_0(spec_state *s, bool embed_only) {
-    const ks_eagle3_mat *m[3] = {&s->dlm->wq, &s->dlm->wk, embed_only ? NULL : &s->dlm->fc};
-    ks_dtype *t[3] = {&s->t_q, &s->t_k, &s->t_fc};
-    const void **w[3] = {&s->w_q, &s->w_k, &s->w_fc};
-    size_t total = 0, off[3] = {0};
-    for (int i = 0; i < 3; i++) {
-        if (!m[i]) continue;
-        if (m[i]->cols % 32)
-            return KS_FAIL(KS_ERR_UNSUPPORTED, "spec weights=q8_0: a DLM matrix has %lld columns, not a multiple of 32",
-                           (long long)m[i]->cols);
-        off[i] = total;
-        total += ks_dtype_row_bytes(KS_DTYPE_Q8_0, m[i]->cols) * (size_t)m[i]->rows;
-    }
-    s->own_w = ks_malloc(total);
-    if (!s->own_w) return KS_FAIL(KS_ERR_NOMEM, "spec weights=q8_0: %zu bytes", total);
-    float *row = NULL;
-    for (int i = 0; i < 3; i++) {
-        if (!m[i]) continue;
-        float *grown = ks_realloc(row, sizeof(float) * (size_t)m[i]->cols);
-        if (!grown) {
-            ks_free(row);
-            return KS_FAIL(KS_ERR_NOMEM, "spec weights=q8_0: a row of %lld", (long long)m[i]->cols);
-        }
-        row = grown;
-        size_t src_rb = ks_dtype_row_bytes(*t[i], m[i]->cols), dst_rb = ks_dtype_row_bytes(KS_DTYPE_Q8_0, m[i]->cols);
-        uint8_t *dst = (uint8_t *)s->own_w + off[i];
-        for (int64_t r = 0; r < m[i]->rows; r++) {
-            ks_dequantize_row(*t[i], (const uint8_t *)m[i]->data + (size_t)r * src_rb, row, m[i]->cols);
-            ks_quantize_row(KS_DTYPE_Q8_0, row, dst + (size_t)r * dst_rb, m[i]->cols);
-        }
-        *t[i] = KS_DTYPE_Q8_0;
-        *w[i] = dst;
-    }
-    ks_free(row);
-    return KS_OK;
-}
 
 static ks_status spec_create(const ks_policy_env *env, const ks_policy_spec *p, void **state) {
     char dir[1024], variant[16], yarn[32], wtype[16], kctype[16], auxs[64];
@@ -418,13 +159,13 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_spec *p, 
     if (st == KS_OK && !dlm->has_embed && c->hidden_size != env->n_embd)
         st = KS_FAIL(KS_ERR_INVALID_ARG, "DLM without embed_tokens needs the target's hidden size %d (has %d)",
                      env->n_embd, c->hidden_size);
-    if (st == KS_OK) st = dtype_of(&dlm->wq, &s->t_q);
-    if (st == KS_OK) st = dtype_of(&dlm->wk, &s->t_k);
-    if (st == KS_OK && !embed_only) st = dtype_of(&dlm->fc, &s->t_fc);
+    if (st == KS_OK) st = ks_spec_dtype_of(&dlm->wq, &s->t_q);
+    if (st == KS_OK) st = ks_spec_dtype_of(&dlm->wk, &s->t_k);
+    if (st == KS_OK && !embed_only) st = ks_spec_dtype_of(&dlm->fc, &s->t_fc);
     s->w_fc = dlm->fc.data;
     s->w_q = dlm->wq.data;
     s->w_k = dlm->wk.data;
-    if (st == KS_OK && requant) st = requantize_q8_0(s, embed_only);
+    if (st == KS_OK && requant) st = ks_spec_requantize_q8_0(s, embed_only);
     /* YaRN when the context outgrows the DLM's training length */
     if (st == KS_OK && strcmp(yarn, "off")) {
         double factor = 0;
@@ -530,12 +271,12 @@ static void spec_on_hidden(void *state, int32_t seq, int32_t pos, int32_t token,
     if (pos >= s->env.n_ctx) return; /* pseudo tokens past the context: nothing to keep */
     if (pos >= s->klen[seq] || s->sel_pos[seq] != pos) {
         /* a prompt row: its key needs the previous position's states */
-        if (s->n_pend == SPEC_FLUSH) flush_pending(s);
+        if (s->n_pend == SPEC_FLUSH) ks_spec_flush_pending(s);
         int32_t i = s->n_pend++;
         s->pend_seq[i] = seq;
         s->pend_pos[i] = pos;
         s->pend_tok[i] = token;
-        const float *prev = ring_get(s, seq, pos - 1);
+        const float *prev = ks_spec_ring_get(s, seq, pos - 1);
         if (w) {
             if (prev) memcpy(s->pend_h + i * w, prev, sizeof(float) * w);
             else memset(s->pend_h + i * w, 0, sizeof(float) * w);
@@ -545,7 +286,7 @@ static void spec_on_hidden(void *state, int32_t seq, int32_t pos, int32_t token,
         int32_t slot = pos % SPEC_RING;
         memcpy(s->ring + ((size_t)seq * SPEC_RING + slot) * w, h, sizeof(float) * w);
         s->ring_pos[(size_t)seq * SPEC_RING + slot] = pos;
-        float *b = bnd_at(s, seq, pos);
+        float *b = ks_spec_bnd_at(s, seq, pos);
         if (b) memcpy(b, h, sizeof(float) * w);
     }
 }
@@ -561,10 +302,10 @@ static ks_status spec_prefix_save(void *state, int32_t seq, int32_t first, int32
     spec_state *s = state;
     if (first + n > s->klen[seq]) return KS_FAIL(KS_ERR_INVALID_ARG, "spec: no keys for positions [%d, %d)", first, first + n);
     size_t w = (size_t)s->n_aux * s->tH;
-    const float *h = w ? bnd_at(s, seq, first + n - 1) : NULL;
+    const float *h = w ? ks_spec_bnd_at(s, seq, first + n - 1) : NULL;
     if (w && !h) return KS_FAIL(KS_ERR_INVALID_ARG, "spec: blocks must end at a page boundary");
     for (int32_t p = first; p < first + n; p++)
-        for (int32_t g = 0; g < s->Hkv; g++, out += s->kc_rb) memcpy(out, kc_at(s, seq, g, p), s->kc_rb);
+        for (int32_t g = 0; g < s->Hkv; g++, out += s->kc_rb) memcpy(out, ks_spec_kc_at(s, seq, g, p), s->kc_rb);
     if (w) memcpy(out, h, sizeof(float) * w);
     return KS_OK;
 }
@@ -573,14 +314,14 @@ static ks_status spec_prefix_load(void *state, int32_t seq, int32_t first, int32
     spec_state *s = state;
     if (first + n > s->env.n_ctx) return KS_FAIL(KS_ERR_CONTEXT_FULL, "spec: restore past the context");
     for (int32_t p = first; p < first + n; p++)
-        for (int32_t g = 0; g < s->Hkv; g++, in += s->kc_rb) memcpy(kc_at(s, seq, g, p), in, s->kc_rb);
+        for (int32_t g = 0; g < s->Hkv; g++, in += s->kc_rb) memcpy(ks_spec_kc_at(s, seq, g, p), in, s->kc_rb);
     if (first + n > s->klen[seq]) s->klen[seq] = first + n;
     size_t w = (size_t)s->n_aux * s->tH;
     if (w) {
         int32_t pos = first + n - 1, slot = pos % SPEC_RING;
         memcpy(s->ring + ((size_t)seq * SPEC_RING + slot) * w, in, sizeof(float) * w);
         s->ring_pos[(size_t)seq * SPEC_RING + slot] = pos;
-        float *b = bnd_at(s, seq, pos);
+        float *b = ks_spec_bnd_at(s, seq, pos);
         if (b) memcpy(b, in, sizeof(float) * w);
     }
     return KS_OK;
@@ -590,14 +331,14 @@ static ks_status spec_prefill(void *state, const ks_prefill_info *info) {
     spec_state *s = state;
     if (s->embed_only) { /* no hidden states: keys from the prompt tokens alone */
         for (int32_t i = 0; i < info->n_prompt; i++) {
-            if (s->n_pend == SPEC_FLUSH) flush_pending(s);
+            if (s->n_pend == SPEC_FLUSH) ks_spec_flush_pending(s);
             int32_t j = s->n_pend++;
             s->pend_seq[j] = info->seq;
             s->pend_pos[j] = info->first_pos + i;
             s->pend_tok[j] = info->prompt[i];
         }
     }
-    flush_pending(s);
+    ks_spec_flush_pending(s);
     if (s->refused) {
         s->refused = false;
         return KS_FAIL(KS_ERR_NOMEM, "spec: key rows of the prompt refused");
@@ -605,67 +346,6 @@ static ks_status spec_prefill(void *state, const ks_prefill_info *info) {
     /* a longer earlier history (pseudo tokens) must not count as keys */
     int32_t end = info->first_pos + info->n_prompt;
     if (s->klen[info->seq] > end) s->klen[info->seq] = end;
-    return KS_OK;
-}
-
-typedef struct {
-    spec_state *s;
-    const ks_step_info *step;
-    int32_t n_select;
-    ks_simd_level simd;
-    _Atomic int next;
-} spec_job;
-
-static void select_worker(void *arg, int ith, int nth) {
-    spec_job *j = arg;
-    spec_state *s = j->s;
-    int32_t n_ctx = s->env.n_ctx;
-    float *sc = s->scr + (size_t)ith * (s->G + 1) * n_ctx, *w = sc + (size_t)s->G * n_ctx;
-    int total = j->step->n * s->Hkv;
-    for (;;) {
-        int task = atomic_fetch_add(&j->next, 1);
-        if (task >= total) break;
-        int32_t r = task / s->Hkv, kvh = task % s->Hkv, seq = j->step->seq[r];
-        int32_t n = s->klen[seq];
-        const float *q = s->q + ((size_t)r * s->Hq + (size_t)kvh * s->G) * s->hd;
-        float scale = 1.0f / sqrtf((float)s->hd);
-        ks_spec_scores(q, kc_at(s, seq, kvh, 0), s->kc_type, n, s->hd, s->G, scale, sc, j->simd);
-        /* per-head softmax, then the element-wise max over the group (as log
-         * probabilities: the same ranking, a pass less), then the top-B
-         * outside the framework's sinks and window (positions): a partial
-         * selection (a radix select of the B-th value at long contexts,
-         * O(n)); fused, so the weights are not written out first */
-        int32_t lo = s->p.sink < n ? s->p.sink : n, hi = n - s->p.window > lo ? n - s->p.window : lo;
-        int32_t *out = s->sel + ((size_t)seq * s->Hkv + kvh) * n_ctx;
-        s->sel_n[(size_t)seq * s->Hkv + kvh] = ks_spec_group_topk(sc, s->G, n, lo, hi, j->n_select, out, w, j->simd);
-    }
-    (void)nth;
-}
-
-static ks_status spec_before_step(void *state, const ks_step_info *step) {
-    spec_state *s = state;
-    flush_pending(s);
-    int32_t n = step->n;
-    const float **h = ks_scratch(KS_SCRATCH_POLICY0, sizeof(float *) * (size_t)n);
-    if (h)
-        for (int32_t r = 0; r < n; r++) h[r] = ring_get(s, step->seq[r], step->pos[r] - 1);
-    if (s->refused || !h || !head_rows(s, n, step->token, step->pos, h, true)) {
-        s->refused = false;
-        return KS_FAIL(KS_ERR_NOMEM, "spec: key rows of a step of %d refused", n);
-    }
-    store_keys(s, n, step->seq, step->pos);
-    for (int32_t r = 0; r < n; r++) s->sel_pos[step->seq[r]] = step->pos[r];
-    int32_t n_select = s->p.budget - s->p.sink - s->p.window;
-    if (s->p.budget <= 0) n_select = s->env.n_ctx;
-    if (n_select < 0) n_select = 0;
-    ks_simd_level simd = ks_simd_current(); /* tests lower it with ks_simd_force */
-    spec_job job = {.s = s, .step = step, .n_select = n_select, .simd = simd};
-    atomic_init(&job.next, 0);
-    ks_pool_run(s->env.pool, select_worker, &job);
-    s->selections += (uint64_t)n * s->Hkv;
-    s->bytes_read += s->step_weight_bytes;
-    for (int32_t r = 0; r < n; r++)
-        s->bytes_read += (uint64_t)s->klen[step->seq[r]] * s->Hkv * s->kc_rb;
     return KS_OK;
 }
 
@@ -715,7 +395,7 @@ static void spec_fill_synthetic(void *state, int32_t seq, int32_t n, uint64_t se
         for (int32_t p = 0; p < n && p < s->env.n_ctx; p++) {
             float k[KS_SPEC_HD_MAX];
             for (int i = 0; i < s->hd; i++) k[i] = ks_rng_normal(&r);
-            ks_spec_kcache_store(s->kc_type, k, s->hd, kc_at(s, seq, kvh, p));
+            ks_spec_kcache_store(s->kc_type, k, s->hd, ks_spec_kc_at(s, seq, kvh, p));
         }
     s->klen[seq] = n;
 }
@@ -729,7 +409,7 @@ static const ks_policy_select_i spec_select_i = {
     .global = true,
     .same_every_layer = true,
     .seq_reset = spec_seq_reset,
-    .before_step = spec_before_step,
+    .before_step = ks_spec_before_step,
     .select_layer = spec_select,
     .counters = spec_counters,
     .seq_fill_synthetic = spec_fill_synthetic,
@@ -765,3 +445,4 @@ const ks_policy_i ks_policy_specontext = { /* `spec`: the type ks_policy_spec is
     .hidden = &spec_hidden_i,
     .prefix = &spec_prefix_i,
 };
+

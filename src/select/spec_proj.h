@@ -1,6 +1,6 @@
 /*
  * spec_proj.h — the retrieval head's once-a-step projections at batch 1
- * (p_spec.c): fc, then q_proj and k_proj together, for weights kept in the
+ * (spec_head.c): fc, then q_proj and k_proj together, for weights kept in the
  * checkpoint's float precision (bf16, f16, f32).
  *
  * ks_matmul computes each output as one chain of FMAs over the row, so at

@@ -3,8 +3,8 @@
  * per (row, KV head) the G DLM query heads against the head's K cache (f16
  * or Q8_0 rows),
  * then a per-head softmax folded into the group max.  Portable, AVX2 + FMA +
- * F16C, and AVX-512 paths; split from p_spec.c, which keeps the head's model
- * (fused features, q/k projections, K cache) and the policy hooks.
+ * F16C, and AVX-512 paths; apart from spec_head.c, which keeps the head's model
+ * (fused features, q/k projections, K cache), and p_spec.c, the policy hooks.
  */
 #include "select/spec_score.h"
 

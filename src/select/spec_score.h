@@ -1,6 +1,6 @@
 /*
  * spec_score.h — the scoring kernels of SpeContext's retrieval head
- * (p_spec.c): attention weights of a step's DLM queries over the head's own
+ * (spec_head.c): attention weights of a step's DLM queries over the head's own
  * K cache, reduced over each KV head's group by an element-wise max.
  *
  * The K cache holds f16 rows, or Q8_0 rows (`kcache=q8_0`: one f16 scale
