@@ -22,11 +22,6 @@
 
 static volatile uint64_t g_sink;
 
-static uint32_t get32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
 static uint64_t get64(const uint8_t *p) {
     uint64_t v;
     memcpy(&v, p, 8);
@@ -36,7 +31,7 @@ static uint64_t get64(const uint8_t *p) {
 /* Rewrite the first record's key and checksum so that they match. */
 static void repair(uint8_t *buf, size_t size) {
     if (size < KS_PC_HEADER_BYTES) return;
-    ks_pc_format f = {get32(buf + 12), get32(buf + 16), get32(buf + 20), get32(buf + 24), get32(buf + 28)};
+    ks_pc_format f = ks_pc_header_format(buf);
     size_t pb = ks_pc_payload_bytes(&f), tb = sizeof(int32_t) * (size_t)f.page;
     if (!pb || size - KS_PC_HEADER_BYTES < tb || size - KS_PC_HEADER_BYTES - tb < pb) return;
     ks_pc_key model = {get64(buf + 32), get64(buf + 40)}, parent = {get64(buf + 64), get64(buf + 72)};
