@@ -34,7 +34,6 @@
  *    linear_ramp_factor, get_mscale = 0.1 ln(s) + 1, beta_fast 32,
  *    beta_slow 1); llama3: _compute_llama3_parameters.  The RoPE, scaling
  *    and RMSNorm code itself is shared with the forward pass: tensor/ops.c.
- *
  */
 #define _GNU_SOURCE
 #include "model/eagle3.h"
