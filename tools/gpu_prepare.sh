@@ -2,26 +2,26 @@
 # gpu_prepare.sh — before a device call: put the corpus pack where the call carries it, check
 # that what travels fits, and print the call.
 #
-#   bash tools/gpu_prepare.sh [CORPUS_DIR]        (default /work/corpus; run in the checkout the
-#                                                 session was started in: the one a call sends)
+#   bash tools/gpu_prepare.sh [PACK_DIR]      (default /work/corpus/pack; run in the checkout the
+#                                             session was started in: the one a call sends)
 #
 # A device call sends the working tree (tracked files, untracked files git does
 # not ignore, shared/) and the carried paths, 64 MiB in all (the device
-# README).  The pack (tools/build_corpus.py: pack/train-pack.txt.xz and
+# README).  The pack (tools/build_corpus.py: pack/train-pack.u16.xz and
 # pack/pack.json) is copied into .corpus/, which .git/info/exclude ignores, so
 # it travels only when the call names it in carry.  When the total is over
 # the limit this says so and by how much; the way out is a smaller pack
 # (build_corpus.py --pack-only --pack-mib N), or fewer large files in the tree
 # (the committed pairs that are not the default: docs/MODEL.md).
 set -euo pipefail
-src=${1:-/work/corpus}
+src=${1:-/work/corpus/pack}
 cd "$(git rev-parse --show-toplevel)"
 exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
 grep -qx '/.corpus/' "$exclude" 2>/dev/null || echo '/.corpus/' >> "$exclude"
 rm -rf .corpus
 mkdir .corpus
-cp "$src/pack/train-pack.txt.xz" "$src/pack/pack.json" .corpus/
+cp "$src"/pack.json "$src"/train-pack.* .corpus/
 sum() { awk '{s += $1} END {print s + 0}'; }
 tracked=$(git ls-files -z | xargs -0 -r stat -L -c %s 2>/dev/null | sum)
 untracked=$(git ls-files -z --others --exclude-standard | xargs -0 -r stat -L -c %s 2>/dev/null | sum)

@@ -643,7 +643,8 @@ def main(argv=None):
             a.target, TM.N_LAYER, TM.N_EMBD, TM.N_HEAD, TM.N_KV_HEAD, TM.HEAD_DIM, TM.N_VOCAB, TM.ROPE_BASE, AUX))
     else:
         import sentencepiece as spm
-        corpus = TM.read_pack(a.corpus, log) if a.corpus else TM.build_corpus(a.cache, log)
+        corpus = (TM.read_pack(a.corpus, log, os.path.join(a.workdir, "tok.model")) if a.corpus
+                  else TM.build_corpus(a.cache, log))
         sp = spm.SentencePieceProcessor(model_file=os.path.join(a.workdir, "tok.model"))
         configure(a.target)
         TM.DEVICE = "cpu" if a.report else a.device

@@ -345,12 +345,14 @@ def build_corpus(cache_dir, log):
     return corpus
 
 
-def read_pack(corpus_dir, log):
-    """The gpu-large recipe's corpus: tools/build_corpus.py's pack (train
-    documents, xz) as the training split, and OUT/heldout.txt where it is
-    there (the CPU, for --report; a GPU machine gets the pack alone).
-    corpus_dir holds pack/pack.json or pack.json beside the .xz."""
+def read_pack(corpus_dir, log, tok_path):
+    """The gpu-large recipe's corpus: tools/build_corpus.py's pack (the token
+    ids of training documents, xz) decoded to text as the training split, and
+    heldout.txt where it is there (the CPU, for --report; a GPU machine gets
+    the pack alone).  corpus_dir holds pack/pack.json or pack.json beside
+    the .xz; tok_path must be the tokenizer the pack was made with."""
     import lzma
+    import sentencepiece as spm
     for jp in (os.path.join(corpus_dir, "pack", "pack.json"), os.path.join(corpus_dir, "pack.json")):
         if os.path.exists(jp):
             break
@@ -365,8 +367,17 @@ def read_pack(corpus_dir, log):
             h.update(b)
     if h.hexdigest() != info["sha256"]:
         raise SystemExit("%s: sha256 differs from %s" % (path, jp))
-    with lzma.open(path, "rt", encoding="utf-8") as f:
-        train = f.read().split("\0")
+    h = hashlib.sha256()
+    with open(tok_path, "rb") as f:
+        h.update(f.read())
+    if h.hexdigest() != info["tokenizer_sha256"]:
+        raise SystemExit("%s was made with another tokenizer than %s" % (path, tok_path))
+    sp = spm.SentencePieceProcessor(model_file=tok_path)
+    with lzma.open(path, "rb") as f:
+        ids = np.frombuffer(f.read(), dtype="<u2")
+    ends = np.flatnonzero(ids == sp.eos_id())
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    train = sp.decode([ids[a:b].tolist() for a, b in zip(starts, ends)])
     if len(train) != info["docs"]:
         raise SystemExit("%s: %d documents, %s says %d" % (path, len(train), jp, info["docs"]))
     held = []
@@ -408,10 +419,10 @@ def chunk_docs(docs, size=2400):
     return [c for c in out if c.strip()]
 
 
-def load_corpus(recipe, cache_dir, corpus_dir, log):
+def load_corpus(recipe, cache_dir, corpus_dir, log, tok_path):
     """The first corpus (build_corpus) for the cpu and gpu recipes, the pack for gpu-large."""
     if recipe in LARGE_RECIPES:
-        return read_pack(corpus_dir, log)
+        return read_pack(corpus_dir, log, tok_path)
     return build_corpus(cache_dir, log)
 
 
@@ -1438,7 +1449,7 @@ def main(argv=None):
     if a.export:
         corpus = None  # the export needs the tokenizer only
     else:
-        corpus = load_corpus(recipe, a.cache, a.corpus, log)
+        corpus = load_corpus(recipe, a.cache, a.corpus, log, os.path.join(a.workdir, "tok.model"))
     if corpus is None and not os.path.exists(os.path.join(a.workdir, "tok.model")):
         corpus = build_corpus(a.cache, log)
     sp = train_tokenizer(a.workdir, corpus, a.seed, log)

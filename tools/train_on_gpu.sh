@@ -6,7 +6,7 @@
 #
 # RECIPE=gpu-large (the default; docs/MODEL.md, "The gpu-large recipe"): the
 # 25.7M-parameter model on the Debian corpus of tools/build_corpus.py, whose
-# pack (train-pack.txt.xz and pack.json, about 12-30 MiB) travels in CORPUS
+# pack (train-pack.u16.xz and pack.json, 11 MiB by default) travels in CORPUS
 # (default .corpus, a folder of the checkout that .git/info/exclude ignores,
 # named in the call's carry: tools/gpu_prepare.sh puts it there and prints
 # the call).  A lent machine has no network and no apt, so nothing is
