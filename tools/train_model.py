@@ -913,6 +913,8 @@ class Stream:
         else:
             self.src = TextSource(corpus, "train", self.r)
         self.chars_per_token = 3.6
+        if "pack" in corpus:  # the Debian documentation is denser in tokens than the first corpus
+            self.chars_per_token = corpus["pack"]["chars"] / max(1, corpus["pack"]["tokens"])
         self.mix = PHASE1  # the Phase whose task mixture this step draws; set by the training loop
 
 
@@ -1315,8 +1317,9 @@ def load_gguf_into(torch, model, path):
 
 
 # ---------------------------------------------------------------- report --
-def heldout_report(torch, model, sp, corpus, log, n_tokens=60000, T=512):
-    """Held-out perplexity on natural text next to unigram and bigram baselines fitted on train."""
+def heldout_report(torch, model, sp, corpus, log, n_tokens=60000, T=512, split="heldout"):
+    """Held-out perplexity on natural text next to unigram and bigram baselines fitted on train
+    (split "train": the same measure on training documents, for the memorisation check)."""
     counts1 = np.ones(N_VOCAB)
     counts2 = {}
     r = random.Random(7)
@@ -1327,7 +1330,7 @@ def heldout_report(torch, model, sp, corpus, log, n_tokens=60000, T=512):
         for a, b in zip(ids, ids[1:]):
             counts2[(a, b)] = counts2.get((a, b), 0) + 1
     p1 = counts1 / counts1.sum()
-    held = [d for n in sorted(corpus["heldout"]) for d in corpus["heldout"][n]]
+    held = [d for n in sorted(corpus[split]) for d in corpus[split][n]]
     r.shuffle(held)
     stream = []
     for d in held:
@@ -1358,8 +1361,8 @@ def heldout_report(torch, model, sp, corpus, log, n_tokens=60000, T=512):
     model.train()
     res = {"tokens": cnt, "ppl_model": math.exp(nll / cnt), "ppl_unigram": math.exp(nll1 / n),
            "ppl_bigram": math.exp(nll2 / n)}
-    log("held-out natural text (%d tokens, %d-token windows): model ppl %.2f, bigram %.2f, unigram %.2f" % (
-        cnt, T, res["ppl_model"], res["ppl_bigram"], res["ppl_unigram"]))
+    log("%s natural text (%d tokens, %d-token windows): model ppl %.2f, bigram %.2f, unigram %.2f" % (
+        "held-out" if split == "heldout" else "training", cnt, T, res["ppl_model"], res["ppl_bigram"], res["ppl_unigram"]))
     return res
 
 
@@ -1410,6 +1413,8 @@ def main(argv=None):
     ap.add_argument("--until", type=int, default=0, metavar="STEP", help="stop (with a checkpoint) at step STEP")
     ap.add_argument("--export", metavar="GGUF", help="write the checkpoint as GGUF and exit")
     ap.add_argument("--report", action="store_true", help="held-out perplexity vs n-gram baselines, then exit")
+    ap.add_argument("--report-split", choices=["heldout", "train"], default="heldout",
+                    help="with --report: measure held-out (default) or training documents")
     ap.add_argument("--gguf", metavar="GGUF", help="with --report: measure this exported model (the Q8_0 "
                     "weights kvsieve runs) instead of the checkpoint")
     a = ap.parse_args(argv)
@@ -1460,7 +1465,7 @@ def main(argv=None):
         set_shape_from_gguf(a.gguf)
         model = load_gguf_into(torch, build_model(torch), a.gguf).to(DEVICE)
         log("measuring %s" % a.gguf)
-        heldout_report(torch, model, sp, corpus, log)
+        heldout_report(torch, model, sp, corpus, log, split=a.report_split)
         return 0
     if a.resume or a.export or a.report:
         if not os.path.exists(ckpt):
@@ -1495,7 +1500,7 @@ def main(argv=None):
         export_gguf(torch, model, sp, a.export, step, log)
         return 0
     if a.report:
-        heldout_report(torch, model, sp, corpus, log)
+        heldout_report(torch, model, sp, corpus, log, split=a.report_split)
         return 0
     notes = None
     if plan is None:

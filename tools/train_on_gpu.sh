@@ -35,7 +35,8 @@
 # Environment: DEVICE (default cuda), RECIPE (gpu-large), CORPUS (.corpus),
 # SEED (train_model.py's default), SCHEDULE (a schedule.json to replay
 # instead of planning), STAGES and INIT_WEIGHTS (the gpu recipe's focus pass),
-# DLM_STEPS, DLM_BATCH, DLM_MINUTES, PYTHON (python3), SMOKE (1: a 2-layer
+# DLM_STEPS, DLM_BATCH, DLM_MINUTES, PYTHON (python3), WEIGHTS (1: also bring
+# back the weights in bf16; the default for RECIPE=gpu only), SMOKE (1: a 2-layer
 # 64-wide model, a few tiny steps; for checking the pipeline on a CPU).
 set -euo pipefail
 out=${1:?usage: train_on_gpu.sh OUT_DIR [BUDGET_MINUTES]}
@@ -84,6 +85,16 @@ $py tools/make_dlm.py --target "$stage/target.gguf" --out "$stage/dlm" --workdir
     --device "$device" --steps "$dlm_steps" --batch "$dlm_batch" --max-minutes "$dlm_minutes" \
     --skip-report "${dlm_args[@]}" 2>&1 | tee "$stage/dlm.log"
 cp "$work/train.log" "$stage/"
+if [ "${WEIGHTS:-$([ "$recipe" = gpu ] && echo 1 || echo 0)}" = 1 ]; then
+  # the fp32 weights in bf16, for a later pass (INIT_WEIGHTS); the gpu recipe's 14M parameters fit the
+  # trip back beside the GGUF, gpu-large's 25.7M do not (51 MB + 27 MB + the draft > 64 MiB)
+  $py - "$work/ckpt.pt" "$stage/weights-bf16.pt" <<'PY'
+import sys, torch
+st = torch.load(sys.argv[1], map_location="cpu", weights_only=False)
+torch.save({"model": {k: v.bfloat16() for k, v in st["model"].items()}, "shape": st["shape"],
+            "step": st["step"], "seconds": st["seconds"], "plan": st["plan"]}, sys.argv[2])
+PY
+fi
 # the trip back: one tar in 15 MiB parts, flat in OUT_DIR, plus the two small files to read at once
 tar -cf - -C "$stage" . | split -b 15M - "$out/artifacts.tar.part-"
 cp "$stage/train.log" "$stage/schedule.json" "$out/"
