@@ -39,6 +39,6 @@ if [ "$total" -gt "$limit" ]; then
 fi
 cat <<CALL
 the device call (one; about 8 minutes; a rerun fits if it fails early):
-  run(command='bash tools/train_on_gpu.sh "\$OUT" 5', carry=[".corpus"], timeout_s=560)
+  run(command='bash tools/train_on_gpu.sh "\$OUT" 4.5', carry=[".corpus"], timeout_s=560)
 then: bash tools/gpu_unpack.sh FILES_AT DEST   (FILES_AT from the call's reply)
 CALL

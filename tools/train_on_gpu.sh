@@ -16,7 +16,7 @@
 #
 # What runs, in order, each step bounded so the whole fits one call:
 #   1. tools/train_model.py plans its stages to fill BUDGET_MINUTES (default
-#      5) on this machine's GPU, capped at four passes over the pack's
+#      4.5) on this machine's GPU, capped at four passes over the pack's
 #      natural text, trains (stopping with a checkpoint at 1.15 x the budget
 #      whatever the plan said), and exports the GGUF (Q8_0);
 #   2. tools/make_dlm.py distils the EAGLE-3 draft from that GGUF on the same
@@ -27,7 +27,7 @@
 #      in all.  train.log and schedule.json are also copied beside the parts
 #      so they can be read without unpacking.  tools/gpu_unpack.sh joins the
 #      parts here.
-# About 8 minutes on an H100 or H200 with the default budget; the device
+# At most about 8 minutes on an H100 or H200 with the default budget; the device
 # call's timeout (tools/gpu_prepare.sh prints 560 s) ends it before the
 # 10-minute limit.  Every step is seeded: schedule.json replays the run
 # (train_model.py --schedule, on a GPU or a CPU).
@@ -40,7 +40,7 @@
 # 64-wide model, a few tiny steps; for checking the pipeline on a CPU).
 set -euo pipefail
 out=${1:?usage: train_on_gpu.sh OUT_DIR [BUDGET_MINUTES]}
-budget=${2:-5}
+budget=${2:-4.5}
 device=${DEVICE:-cuda}
 recipe=${RECIPE:-gpu-large}
 corpus=${CORPUS:-.corpus}
