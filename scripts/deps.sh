@@ -20,6 +20,10 @@ command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 # glibc malloc), and the Debian packages whose English text is the corpus.
 [ "${1:-}" = "--train" ] && pkgs+=(python3-torch libopenblas0-pthread python3-numpy python3-sentencepiece
                                  libtcmalloc-minimal4 bible-kjv fortunes dict-gcide)
+# --train also installs the documentation whose English prose is the gpu-large recipe's corpus
+# (tools/build_corpus.py reads exactly these, with the three above; docs/MODEL.md lists their sizes).
+# Not nodejs-doc: it conflicts with NodeSource's nodejs, and Debian's nodejs replaces that.
+[ "${1:-}" = "--train" ] && pkgs+=($(/usr/bin/python3 "$(dirname "$0")/../tools/build_corpus.py" --list-packages))
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

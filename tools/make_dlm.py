@@ -91,9 +91,12 @@ ATTN_BLOCK = 512        # query block of the draft's training attention
 def configure(target_path):
     """Take the target's shape from its GGUF: the draft's width and MLP follow
     the target's, its aux layers are low, middle and high (1, L/2, L-1)."""
-    global H, N_FF, AUX
+    global H, N_FF, AUX, HQ, HKV
     TM.set_shape_from_gguf(target_path)
-    assert TM.N_KV_HEAD == HKV, "one draft KV head per target KV head"
+    # one draft KV head per target KV head (spec reads the draft's attention per KV head),
+    # two query heads each: 4 / 2 for the 2-KV-head targets, 8 / 4 for gpu-large's
+    HKV = TM.N_KV_HEAD
+    HQ = 2 * HKV
     H, N_FF = TM.N_EMBD, TM.N_FF
     AUX = [1, TM.N_LAYER // 2, TM.N_LAYER - 1]
 
@@ -575,6 +578,8 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="checkpoint directory (default: TARGET without .gguf + -dlm)")
     ap.add_argument("--workdir", default=os.path.join(ROOT, "models", "train"), help="the target's tokenizer")
     ap.add_argument("--cache", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--corpus", default=None, metavar="DIR", help="train on tools/build_corpus.py's pack in DIR "
+                    "(the gpu-large recipe's corpus) instead of the first corpus")
     ap.add_argument("--seed", type=int, default=20261126)
     ap.add_argument("--steps", type=int, default=800)
     ap.add_argument("--batch", type=int, default=2)
@@ -638,7 +643,8 @@ def main(argv=None):
             a.target, TM.N_LAYER, TM.N_EMBD, TM.N_HEAD, TM.N_KV_HEAD, TM.HEAD_DIM, TM.N_VOCAB, TM.ROPE_BASE, AUX))
     else:
         import sentencepiece as spm
-        corpus = TM.build_corpus(a.cache, log)
+        corpus = (TM.read_pack(a.corpus, log, os.path.join(a.workdir, "tok.model")) if a.corpus
+                  else TM.build_corpus(a.cache, log))
         sp = spm.SentencePieceProcessor(model_file=os.path.join(a.workdir, "tok.model"))
         configure(a.target)
         TM.DEVICE = "cpu" if a.report else a.device

@@ -6,6 +6,7 @@
     /usr/bin/python3 tools/train_model.py --export models/kvsieve-default.gguf [--workdir ...]
     /usr/bin/python3 tools/train_model.py --report [--workdir ...] [--gguf MODEL.gguf]
     /usr/bin/python3 tools/train_model.py --recipe gpu --device cuda [--budget-minutes M] (tools/train_on_gpu.sh)
+    /usr/bin/python3 tools/train_model.py --recipe gpu-large --corpus /work/corpus --device cuda (the same script)
 
 Why a trained model: the sparse-attention methods kvsieve implements are
 claims about the attention that *training* produces (low-rank queries and
@@ -43,6 +44,15 @@ to fill --budget-minutes; the plan goes to WORKDIR/schedule.json and
 --schedule replays it.  Its batches come from forked data workers (Feeder),
 worker w making the batches of steps w, w+N, ..., so the data depends on the
 seed, N and the plan, never on timing.
+
+The gpu-large recipe (--recipe gpu-large): a larger model again, trained
+on the Debian documentation corpus of tools/build_corpus.py (its travelling
+pack, --corpus DIR) instead of the 4.9M-token first corpus, which the gpu
+recipe repeated dozens of times and memorised.  Its natural text is drawn
+without replacement (EpochSource: the pack cut into chunks, each epoch a
+seeded permutation of them, data worker w taking every N-th), and the plan
+is capped so that the run draws at most MAX_NATURAL_EPOCHS passes over it
+(plan_gpu_schedule, "natural epochs"); the length curriculum goes to 16K.
 
 Resumable: the state (weights, AdamW moments, step, data generator state)
 is written to WORKDIR/ckpt.pt every --ckpt-minutes and at the end; --resume
@@ -95,7 +105,14 @@ EPS = 1e-5
 # it chose is written to WORKDIR/schedule.json and replays exactly with
 # --schedule, on a GPU or a CPU.
 MODEL_SHAPES = {"cpu": dict(n_embd=256, n_layer=6, n_head=4, n_kv_head=2, n_ff=704),
-          "gpu": dict(n_embd=384, n_layer=8, n_head=6, n_kv_head=2, n_ff=1024)}
+          "gpu": dict(n_embd=384, n_layer=8, n_head=6, n_kv_head=2, n_ff=1024),
+          # gpu-large: 25.7M parameters, about 27 MB as Q8_0 GGUF (the tree's limit is 30 MB); four
+          # KV heads a layer, since a content-addressed lookup (multikey's keys, vartrack's chains)
+          # is what the 2-KV-head models kept missing (docs/MODEL.md)
+          "gpu-large": dict(n_embd=512, n_layer=8, n_head=8, n_kv_head=4, n_ff=1408)}
+# --smoke: the shape of a check that the whole pipeline runs (tools/train_on_gpu.sh on a CPU)
+SMOKE_SHAPE = dict(n_embd=64, n_layer=2, n_head=2, n_kv_head=1, n_ff=128)
+LARGE_RECIPES = ("gpu-large",)
 DEVICE = "cpu"  # where tensors live; set by main (--device) or by a tool that imports this module
 
 
@@ -220,6 +237,28 @@ GPU_PLANS = {"full": (GPU_STAGES, GPU_LR, 65536),
              "focus": ([(1024, 16, 0.40, "focus"), (2048, 8, 0.30, "focus"), (4096, 4, 0.20, "focus"),
                         (8192, 2, 0.10, "focus")], (5e-4, 5e-5, 100), 16384)}
 
+# The gpu-large recipe: the gpu recipe's two mixtures and one cosine, over
+# the large corpus, with smaller steps (32K tokens: twice the optimizer
+# steps per token of the gpu run, whose 64K-token steps under one cosine
+# never found multikey's lookup; the cpu model that did took 16K-token
+# steps) and the length curriculum carried to 16K (a 16K stage in each
+# half, a small share: attention at 16K costs about twice a token at 8K).
+# Shares of the run's tokens: curriculum 0.46, drills 0.54.
+GPU_LARGE_STAGES = [(512, 64, 0.10, "curriculum"), (1024, 32, 0.08, "curriculum"),
+                    (2048, 16, 0.08, "curriculum"), (4096, 8, 0.08, "curriculum"),
+                    (8192, 4, 0.08, "curriculum"), (16384, 2, 0.04, "curriculum"),
+                    (1024, 32, 0.10, "drills"), (2048, 16, 0.12, "drills"), (4096, 8, 0.12, "drills"),
+                    (8192, 4, 0.14, "drills"), (16384, 2, 0.06, "drills")]
+GPU_LARGE_LR = (1e-3, 1e-4, 300)
+GPU_PLANS["large"] = (GPU_LARGE_STAGES, GPU_LARGE_LR, 32768)
+# No natural chunk is drawn more than this many times in a run of the gpu-large recipe: the
+# plan's tokens are capped at MAX_NATURAL_EPOCHS x (the pack's characters) / (natural
+# characters drawn per token, measured per stage).  Four passes is where repeated data
+# starts to cost a language model more than it gives (Muennighoff et al., "Scaling
+# Data-Constrained Language Models", section 4: up to about 4 epochs are almost as good
+# as fresh data).
+MAX_NATURAL_EPOCHS = 4.0
+
 ANSWER_WEIGHT = 4.0  # loss weight of answer tokens (they are few)
 
 # ---------------------------------------------------------------- corpus --
@@ -306,6 +345,87 @@ def build_corpus(cache_dir, log):
     return corpus
 
 
+def read_pack(corpus_dir, log, tok_path):
+    """The gpu-large recipe's corpus: tools/build_corpus.py's pack (the token
+    ids of training documents, xz) decoded to text as the training split, and
+    heldout.txt where it is there (the CPU, for --report; a GPU machine gets
+    the pack alone).  corpus_dir holds pack/pack.json or pack.json beside
+    the .xz; tok_path must be the tokenizer the pack was made with."""
+    import lzma
+    import sentencepiece as spm
+    for jp in (os.path.join(corpus_dir, "pack", "pack.json"), os.path.join(corpus_dir, "pack.json")):
+        if os.path.exists(jp):
+            break
+    else:
+        raise SystemExit("no corpus pack in %s: run tools/build_corpus.py (docs/MODEL.md)" % corpus_dir)
+    with open(jp) as f:
+        info = json.load(f)
+    path = os.path.join(os.path.dirname(jp), info["file"])
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    if h.hexdigest() != info["sha256"]:
+        raise SystemExit("%s: sha256 differs from %s" % (path, jp))
+    h = hashlib.sha256()
+    with open(tok_path, "rb") as f:
+        h.update(f.read())
+    if h.hexdigest() != info["tokenizer_sha256"]:
+        raise SystemExit("%s was made with another tokenizer than %s" % (path, tok_path))
+    sp = spm.SentencePieceProcessor(model_file=tok_path)
+    with lzma.open(path, "rb") as f:
+        ids = np.frombuffer(f.read(), dtype="<u2")
+    ends = np.flatnonzero(ids == sp.eos_id())
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    train = sp.decode([ids[a:b].tolist() for a, b in zip(starts, ends)])
+    if len(train) != info["docs"]:
+        raise SystemExit("%s: %d documents, %s says %d" % (path, len(train), jp, info["docs"]))
+    held = []
+    hp = os.path.join(corpus_dir, "heldout.txt")
+    if os.path.exists(hp):
+        with open(hp, encoding="utf-8") as f:
+            held = f.read().split("\0")
+    log("corpus pack %s: %d train documents, %.1fM characters, %.2fM tokens; %d held-out documents" % (
+        path, len(train), info["chars"] / 1e6, info["tokens"] / 1e6, len(held)))
+    corpus = {"train": {"debian": train}, "heldout": {"debian": held}, "pack": info}
+    corpus["chunks"] = chunk_docs(train)
+    return corpus
+
+
+def chunk_docs(docs, size=2400):
+    """Documents cut into chunks of at most `size` characters, at paragraph
+    breaks, else sentence ends, else anywhere: the units EpochSource draws."""
+    out = []
+    for d in docs:
+        if len(d) <= size:
+            out.append(d)
+            continue
+        cur = ""
+        for par in d.split("\n"):
+            while len(par) > size:
+                dot = par.rfind(". ", 0, size)
+                cut = dot + 1 if dot > size // 3 else size
+                if cur:
+                    out.append(cur)
+                    cur = ""
+                out.append(par[:cut])
+                par = par[cut:].lstrip()
+            if cur and len(cur) + 1 + len(par) > size:
+                out.append(cur)
+                cur = ""
+            cur = cur + "\n" + par if cur else par
+        if cur:
+            out.append(cur)
+    return [c for c in out if c.strip()]
+
+
+def load_corpus(recipe, cache_dir, corpus_dir, log, tok_path):
+    """The first corpus (build_corpus) for the cpu and gpu recipes, the pack for gpu-large."""
+    if recipe in LARGE_RECIPES:
+        return read_pack(corpus_dir, log, tok_path)
+    return build_corpus(cache_dir, log)
+
+
 # ------------------------------------------------------------- task text --
 # Word lists for the word-list haystack and the needles' keys (ordinary English words).
 W_DET = ["the", "a", "one", "every", "that", "this", "some", "each", "my", "our"]
@@ -363,6 +483,61 @@ class TextSource:
             return text
         dot = text.rfind(". ", 0, n)
         return text[:dot + 1] if dot > n // 2 else text[:n]
+
+
+class EpochSource(TextSource):
+    """Natural text drawn without replacement (the gpu-large recipe): the
+    corpus's chunks (chunk_docs) in a permutation seeded by (order_seed,
+    epoch), shared by all data workers, worker `part` of `parts` taking the
+    chunks at positions part, part + parts, ...; so within an epoch no chunk
+    is drawn twice, whichever worker draws it, and the number of passes a
+    run makes is the characters it draws over the corpus's (consumed)."""
+
+    def __init__(self, corpus, split, rng, order_seed, part=0, parts=1):
+        super().__init__(corpus, split, rng)
+        self.chunks = corpus["chunks"]
+        self.order_seed, self.part, self.parts = order_seed, part, parts
+        self.set_position((0, part, 0))
+
+    def _order(self, epoch):
+        idx = list(range(len(self.chunks)))
+        random.Random(self.order_seed * 1000003 + epoch).shuffle(idx)
+        return idx
+
+    def position(self):
+        return (self.epoch, self.pos, self.consumed, self.rest)
+
+    def set_position(self, p):
+        self.epoch, self.pos, self.consumed = p[:3]
+        self.rest = p[3] if len(p) > 3 else ""
+        self.order = self._order(self.epoch)
+
+    def epochs(self):
+        """Passes over the corpus so far (this worker's share of each epoch counted as a whole one)."""
+        return self.epoch + min(1.0, self.pos / max(1, len(self.order)))
+
+    def natural(self, n_chars):
+        """The next n_chars characters or so of this worker's chunk sequence, cut
+        at a sentence end; what is not used stays for the next call, so a
+        chunk's text is spent once an epoch, not drawn whole for a short haystack."""
+        out, total = [], 0
+        while total < n_chars:
+            if not self.rest:
+                if self.pos >= len(self.order):
+                    self.set_position((self.epoch + 1, self.part, self.consumed))
+                self.rest = self.chunks[self.order[self.pos]]
+                self.pos += self.parts
+            take = self.rest[:n_chars - total]
+            out.append(take)
+            total += len(take) + 1
+            self.rest = self.rest[len(take):].lstrip()
+        text = " ".join(out)
+        cut = self._cut(text, n_chars)
+        tail = text[len(cut):].strip()
+        if tail:  # the sentence cut off goes back, to start the next call
+            self.rest = tail + (" " + self.rest if self.rest else "")
+        self.consumed += len(cut)
+        return cut
 
 
 def split_sentences(text):
@@ -729,19 +904,34 @@ def build_model(torch):
 class Stream:
     """Packs documents (tasks and natural text) into sequences of T+1 tokens with loss weights."""
 
-    def __init__(self, sp, corpus, seed):
+    def __init__(self, sp, corpus, seed, part=0, parts=1, order_seed=None):
         self.sp = sp
         self.r = random.Random(seed)
-        self.src = TextSource(corpus, "train", self.r)
+        if "chunks" in corpus:  # the gpu-large recipe: natural text without replacement
+            self.src = EpochSource(corpus, "train", self.r, seed if order_seed is None else order_seed,
+                                   part, parts)
+        else:
+            self.src = TextSource(corpus, "train", self.r)
         self.chars_per_token = 3.6
+        if "pack" in corpus:  # the Debian documentation is denser in tokens than the first corpus
+            self.chars_per_token = corpus["pack"]["chars"] / max(1, corpus["pack"]["tokens"])
         self.mix = PHASE1  # the Phase whose task mixture this step draws; set by the training loop
 
 
     def state(self):
+        if isinstance(self.src, EpochSource):
+            return {"rng": self.r.getstate(), "src": self.src.position()}
         return self.r.getstate()
 
     def set_state(self, s):
-        self.r.setstate(s)
+        if isinstance(s, dict):
+            self.r.setstate(s["rng"])
+            self.src.set_position(tuple(s["src"]))
+        else:
+            self.r.setstate(s)
+
+    def epochs(self):
+        return self.src.epochs() if isinstance(self.src, EpochSource) else None
 
     def doc(self, room):
         r, sp = self.r, self.sp
@@ -867,16 +1057,39 @@ class Plan:
         return Plan(d["recipe"], d["stages"], d["lr"])
 
 
-def plan_gpu_schedule(torch, budget_s, data_rate, step_tokens, log, which="full"):
+def natural_draw(sp, corpus, seed, stages, sample_tokens=65536):
+    """Characters of natural text (EpochSource chunks, haystacks included)
+    drawn per token made, for each (T, mixture) of the stages: a seeded
+    sample of sample_tokens tokens each, from a throwaway Stream."""
+    import torch
+    out = {}
+    for T, _, _, m in stages:
+        if (T, m) in out:
+            continue
+        st = Stream(sp, corpus, seed)
+        st.mix = GPU_MIXES[m]
+        B = max(1, sample_tokens // T)
+        st.batch(torch, B, T)
+        out[(T, m)] = st.src.consumed / (B * T)
+    return out
+
+
+def plan_gpu_schedule(torch, budget_s, data_rate, step_tokens, log, which="full", recipe="gpu", natural=None,
+                      smoke=False):
     """Stage lengths that fill budget_s seconds on this machine: each stage's
     seconds per token is timed over a few steps of a throwaway model (random
     tokens), or the data workers' rate where that is slower, and the run's
-    tokens are split by GPU_STAGES' shares."""
+    tokens are split by GPU_STAGES' shares.  natural (the gpu-large recipe:
+    (sp, corpus, seed, sample_tokens)): the tokens are capped so that the
+    natural text drawn stays within MAX_NATURAL_EPOCHS passes over the
+    corpus; returns (plan, notes), notes saying how the cap was computed."""
     probe = build_model(torch).to(DEVICE)
     popt = torch.optim.AdamW(probe.parameters(), lr=1e-4)
     spt = {}
     plan_stages, plan_lr, default_tokens = GPU_PLANS[which]
     step_tokens = step_tokens or default_tokens
+    if smoke:  # the pipeline's check on a CPU: the same stages, none longer than 1K
+        plan_stages = [(min(T, 1024), B, f, m) for T, B, f, m in plan_stages]
     stages = [(T, max(1, step_tokens // T), f, m) for T, _, f, m in plan_stages]
     for T, B, _, _ in stages:
         if (T, B) in spt:
@@ -895,10 +1108,30 @@ def plan_gpu_schedule(torch, budget_s, data_rate, step_tokens, log, which="full"
     del probe, popt
     per_token = sum(f * spt[(T, B)] for T, B, f, _ in stages)
     n_tokens = budget_s / per_token
+    notes = {"budget_tokens": round(n_tokens)}
+    if natural is not None:
+        sp, corpus, seed, sample = natural
+        draw = natural_draw(sp, corpus, seed, stages, sample)
+        chars_per_token = sum(f * draw[(T, m)] for T, _, f, m in stages)
+        corpus_chars = sum(map(len, corpus["chunks"]))
+        cap = MAX_NATURAL_EPOCHS * corpus_chars / chars_per_token
+        for T, m in sorted(draw, key=lambda k: (k[1], k[0])):
+            log("plan: %s at %d draws %.2f natural characters a token" % (m, T, draw[(T, m)]))
+        log("plan: %.2f natural characters a token over the run; %.1fM characters in the corpus; "
+            "%.1f passes allow %.0fM tokens, the budget %.0fM" % (
+                chars_per_token, corpus_chars / 1e6, MAX_NATURAL_EPOCHS, cap / 1e6, n_tokens / 1e6))
+        n_tokens = min(n_tokens, cap)
+        notes.update({"natural_chars_per_token": round(chars_per_token, 4), "corpus_chars": corpus_chars,
+                      "corpus_tokens": corpus.get("pack", {}).get("tokens"),
+                      "max_epochs": MAX_NATURAL_EPOCHS, "cap_tokens": round(cap),
+                      "planned_epochs": round(n_tokens * chars_per_token / corpus_chars, 3)})
     stages = [(T, B, max(1, int(round(f * n_tokens / (B * T)))), m) for T, B, f, m in stages]
-    plan = Plan("gpu", stages, plan_lr)
-    log("plan: %d steps, %.0fM tokens in about %.0f s" % (plan.total, n_tokens / 1e6, budget_s))
-    return plan
+    plan = Plan(recipe, stages, plan_lr)
+    notes["tokens"] = sum(T * B * n for T, B, n, _ in plan.stages)
+    log("plan: %d steps, %.0fM tokens in about %.0f s%s" % (
+        plan.total, n_tokens / 1e6, n_tokens * per_token,
+        "" if natural is None else "; %.2f passes over the natural corpus" % notes["planned_epochs"]))
+    return plan, notes
 
 
 def train_step(torch, model, opt, X, W, lr, T):
@@ -927,6 +1160,7 @@ class Feeder:
     def __init__(self, sp_path, corpus, seed, plan, workers, start_step=0, stream_state=None):
         import sentencepiece as spm
         self.plan, self.workers, self.step = plan, workers, start_step
+        self.epochs = None  # passes over the natural corpus so far (EpochSource), for the log
         if workers == 0:
             self.stream = Stream(spm.SentencePieceProcessor(model_file=sp_path), corpus, seed)
             if stream_state is not None:
@@ -936,7 +1170,7 @@ class Feeder:
         ctx = mp.get_context("fork")
         self.queues = [ctx.Queue(maxsize=6) for _ in range(workers)]
         self.procs = [ctx.Process(target=Feeder._work, daemon=True,
-                                  args=(sp_path, corpus, seed + w, plan, w, workers, start_step, self.queues[w]))
+                                  args=(sp_path, corpus, seed, plan, w, workers, start_step, self.queues[w]))
                       for w in range(workers)]
         for p in self.procs:
             p.start()
@@ -946,14 +1180,14 @@ class Feeder:
         import torch
         import sentencepiece as spm
         torch.set_num_threads(1)
-        st = Stream(spm.SentencePieceProcessor(model_file=sp_path), corpus, seed)
+        st = Stream(spm.SentencePieceProcessor(model_file=sp_path), corpus, seed + w, w, n, seed)
         step = w
         while step < plan.total:
             T, B, _, _ = plan.stage(step)
             st.mix = plan.mix(step)
             X, W = st.batch(torch, B, T)  # drawn even when skipped, so a resumed run sees the same data
             if step >= start_step:
-                q.put((step, X.numpy(), W.numpy()))
+                q.put((step, X.numpy(), W.numpy(), st.epochs()))
             step += n
 
     def next(self, torch):
@@ -962,8 +1196,9 @@ class Feeder:
         if self.workers == 0:
             self.stream.mix = self.plan.mix(self.step)
             X, W = self.stream.batch(torch, B, T)
+            self.epochs = self.stream.epochs()
         else:
-            step, X, W = self.queues[self.step % self.workers].get()
+            step, X, W, self.epochs = self.queues[self.step % self.workers].get()
             assert step == self.step
             X, W = torch.from_numpy(X), torch.from_numpy(W)
         self.step += 1
@@ -1082,8 +1317,9 @@ def load_gguf_into(torch, model, path):
 
 
 # ---------------------------------------------------------------- report --
-def heldout_report(torch, model, sp, corpus, log, n_tokens=60000, T=512):
-    """Held-out perplexity on natural text next to unigram and bigram baselines fitted on train."""
+def heldout_report(torch, model, sp, corpus, log, n_tokens=60000, T=512, split="heldout"):
+    """Held-out perplexity on natural text next to unigram and bigram baselines fitted on train
+    (split "train": the same measure on training documents, for the memorisation check)."""
     counts1 = np.ones(N_VOCAB)
     counts2 = {}
     r = random.Random(7)
@@ -1094,7 +1330,7 @@ def heldout_report(torch, model, sp, corpus, log, n_tokens=60000, T=512):
         for a, b in zip(ids, ids[1:]):
             counts2[(a, b)] = counts2.get((a, b), 0) + 1
     p1 = counts1 / counts1.sum()
-    held = [d for n in sorted(corpus["heldout"]) for d in corpus["heldout"][n]]
+    held = [d for n in sorted(corpus[split]) for d in corpus[split][n]]
     r.shuffle(held)
     stream = []
     for d in held:
@@ -1125,8 +1361,8 @@ def heldout_report(torch, model, sp, corpus, log, n_tokens=60000, T=512):
     model.train()
     res = {"tokens": cnt, "ppl_model": math.exp(nll / cnt), "ppl_unigram": math.exp(nll1 / n),
            "ppl_bigram": math.exp(nll2 / n)}
-    log("held-out natural text (%d tokens, %d-token windows): model ppl %.2f, bigram %.2f, unigram %.2f" % (
-        cnt, T, res["ppl_model"], res["ppl_bigram"], res["ppl_unigram"]))
+    log("%s natural text (%d tokens, %d-token windows): model ppl %.2f, bigram %.2f, unigram %.2f" % (
+        "held-out" if split == "heldout" else "training", cnt, T, res["ppl_model"], res["ppl_bigram"], res["ppl_unigram"]))
     return res
 
 
@@ -1161,8 +1397,13 @@ def main(argv=None):
     ap.add_argument("--budget-minutes", type=float, default=6.0,
                     help="gpu recipe: plan the stages to take about this long on this machine")
     ap.add_argument("--step-tokens", type=int, default=0, help="gpu recipe: tokens per step (default: the plan's)")
-    ap.add_argument("--stages", choices=sorted(GPU_PLANS), default="full",
-                    help="gpu recipe: full (from scratch) or focus (a second pass, with --init-weights)")
+    ap.add_argument("--stages", choices=sorted(GPU_PLANS), default=None,
+                    help="gpu recipe: full (from scratch) or focus (a second pass, with --init-weights); "
+                    "gpu-large: large")
+    ap.add_argument("--corpus", default=os.environ.get("KVSIEVE_CORPUS", "/work/corpus"),
+                    help="gpu-large: the directory of tools/build_corpus.py's pack (pack/pack.json)")
+    ap.add_argument("--smoke", action="store_true", help="a check that the pipeline runs: a 2-layer, 64-wide "
+                    "model, 2K-token steps, small planning samples (nothing it writes is meant to be used)")
     ap.add_argument("--init-weights", metavar="PT", help="start from these weights (a checkpoint or a "
                     "train_on_gpu.sh weights file), with a fresh optimizer")
     ap.add_argument("--schedule", metavar="JSON", help="gpu recipe: replay the plan of an earlier run's schedule.json")
@@ -1172,6 +1413,8 @@ def main(argv=None):
     ap.add_argument("--until", type=int, default=0, metavar="STEP", help="stop (with a checkpoint) at step STEP")
     ap.add_argument("--export", metavar="GGUF", help="write the checkpoint as GGUF and exit")
     ap.add_argument("--report", action="store_true", help="held-out perplexity vs n-gram baselines, then exit")
+    ap.add_argument("--report-split", choices=["heldout", "train"], default="heldout",
+                    help="with --report: measure held-out (default) or training documents")
     ap.add_argument("--gguf", metavar="GGUF", help="with --report: measure this exported model (the Q8_0 "
                     "weights kvsieve runs) instead of the checkpoint")
     a = ap.parse_args(argv)
@@ -1201,7 +1444,19 @@ def main(argv=None):
     random.seed(a.seed)
     np.random.seed(a.seed)
     torch.manual_seed(a.seed)
-    corpus = build_corpus(a.cache, log)
+    # which corpus: the recipe's, also when it comes from a schedule or a checkpoint
+    recipe = a.recipe
+    if a.schedule:
+        with open(a.schedule) as f:
+            recipe = json.load(f)["plan"]["recipe"]
+    elif (a.resume or a.export or a.report) and not a.gguf and os.path.exists(os.path.join(a.workdir, "ckpt.pt")):
+        recipe = torch_load(torch, os.path.join(a.workdir, "ckpt.pt")).get("plan", {}).get("recipe", "cpu")
+    if a.export:
+        corpus = None  # the export needs the tokenizer only
+    else:
+        corpus = load_corpus(recipe, a.cache, a.corpus, log, os.path.join(a.workdir, "tok.model"))
+    if corpus is None and not os.path.exists(os.path.join(a.workdir, "tok.model")):
+        corpus = build_corpus(a.cache, log)
     sp = train_tokenizer(a.workdir, corpus, a.seed, log)
     sp_path = os.path.join(a.workdir, "tok.model")
     ckpt = os.path.join(a.workdir, "ckpt.pt")
@@ -1210,7 +1465,7 @@ def main(argv=None):
         set_shape_from_gguf(a.gguf)
         model = load_gguf_into(torch, build_model(torch), a.gguf).to(DEVICE)
         log("measuring %s" % a.gguf)
-        heldout_report(torch, model, sp, corpus, log)
+        heldout_report(torch, model, sp, corpus, log, split=a.report_split)
         return 0
     if a.resume or a.export or a.report:
         if not os.path.exists(ckpt):
@@ -1221,10 +1476,10 @@ def main(argv=None):
         plan = Plan.from_json(st["plan"]) if "plan" in st else Plan("cpu")
         workers = st.get("workers", 0)
     else:
-        set_shape(**MODEL_SHAPES[a.recipe])
-        workers = a.workers if a.workers is not None else (0 if a.recipe == "cpu" else max(1, os.cpu_count() - 2))
+        set_shape(**(SMOKE_SHAPE if a.smoke else MODEL_SHAPES[recipe]))
+        workers = a.workers if a.workers is not None else (0 if recipe == "cpu" else max(1, os.cpu_count() - 2))
         plan = None
-        if a.recipe == "cpu":
+        if recipe == "cpu":
             plan = Plan("cpu")
         elif a.schedule:
             with open(a.schedule) as f:
@@ -1237,23 +1492,38 @@ def main(argv=None):
         log("resumed at step %d (%.2f h of training so far)" % (step, seconds / 3600))
     elif a.init_weights:
         w = torch_load(torch, a.init_weights)
-        assert shape_of(w["shape"]) == MODEL_SHAPES[a.recipe], "--init-weights: another shape"
+        assert shape_of(w["shape"]) == (SMOKE_SHAPE if a.smoke else MODEL_SHAPES[recipe]), \
+            "--init-weights: another shape"
         model.load_state_dict({k: v.float() for k, v in w["model"].items()})
         log("weights from %s (step %d of its run)" % (a.init_weights, w["step"]))
     if a.export:
         export_gguf(torch, model, sp, a.export, step, log)
         return 0
     if a.report:
-        heldout_report(torch, model, sp, corpus, log)
+        heldout_report(torch, model, sp, corpus, log, split=a.report_split)
         return 0
+    notes = None
     if plan is None:
-        rate = measure_data_rate(sp, corpus, a.seed)
-        plan = plan_gpu_schedule(torch, a.budget_minutes * 60, 0.8 * rate * max(1, workers), a.step_tokens, log,
-                                 a.stages)
-    with open(os.path.join(a.workdir, "schedule.json"), "w") as f:
-        json.dump({"plan": plan.to_json(), "workers": workers, "seed": a.seed,
-                   "init_weights": a.init_weights and os.path.basename(a.init_weights)}, f, indent=1)
-        f.write("\n")
+        rate = measure_data_rate(sp, corpus, a.seed, 1.0 if a.smoke else 3.0)
+        which = a.stages or ("large" if recipe in LARGE_RECIPES else "full")
+        natural = None
+        if recipe in LARGE_RECIPES:
+            natural = (sp, corpus, a.seed + 1, 4096 if a.smoke else 65536)
+        plan, notes = plan_gpu_schedule(torch, a.budget_minutes * 60, 0.8 * rate * max(1, workers),
+                                        a.step_tokens or (2048 if a.smoke else 0), log, which, recipe, natural,
+                                        a.smoke)
+    elif recipe in LARGE_RECIPES and st is None:
+        with open(a.schedule) as f:
+            notes = json.load(f).get("natural")
+    if st is None:
+        with open(os.path.join(a.workdir, "schedule.json"), "w") as f:
+            d = {"plan": plan.to_json(), "workers": workers, "seed": a.seed,
+                 "init_weights": a.init_weights and os.path.basename(a.init_weights)}
+            if recipe in LARGE_RECIPES:
+                d["corpus_pack"] = corpus["pack"]
+                d["natural"] = notes
+            json.dump(d, f, indent=1)
+            f.write("\n")
 
     n_param = sum(p.numel() for p in model.parameters())
     log("model: %d layers, width %d, %d/%d heads, ff %d, vocab %d: %.2fM parameters; %s recipe on %s, "
@@ -1282,8 +1552,9 @@ def main(argv=None):
         n_win += 1
         if step % 25 == 0 or step == plan.total:
             dt = time.time() - t_win
-            log("step %d/%d T=%d lr %.2e loss %.3f  %.0f tok/s" % (step, plan.total, T, plan.lr(step),
-                                                                 float(loss_win) / n_win, tok_seen / dt))
+            log("step %d/%d T=%d lr %.2e loss %.3f  %.0f tok/s%s" % (
+                step, plan.total, T, plan.lr(step), float(loss_win) / n_win, tok_seen / dt,
+                "" if feeder.epochs is None else "  natural epoch %.2f" % feeder.epochs))
             tok_seen, t_win, loss_win, n_win = 0, time.time(), 0.0, 0
         now = time.time()
         done = bool(stop_asked) or (a.max_minutes and now - t_start >= a.max_minutes * 60)
