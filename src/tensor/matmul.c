@@ -34,6 +34,8 @@
 #include "core/simd.h"
 
 #include <math.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <string.h>
 
 /* A kernel dots one weight row with nc (1..KS_MM_NC) quantized activation
@@ -331,8 +333,22 @@ typedef struct {
     uint8_t *scratch;
     size_t xs;         /* bytes per activation vector in xq */
     bool xt;           /* xq in the transposed panels' partner layout (ks_mm_quantize_q8t) */
+    bool x_todo;       /* the worker quantizes X itself (share != NULL and X not ready) */
     float *Y;          /* [n][rows] */
+    struct ks_mm_share *share; /* work cursors of the balanced prefill workers, or NULL */
 } ks_mm_job;
+
+/* Work cursors of a balanced product (ks_mm_p16_prefill_worker): the
+ * activation vectors claimed and quantized, and per share of the panels the
+ * next unit to run.  Each cursor has its own cache line (two cores bump them). */
+#define KS_MM_SHARES 64
+typedef struct ks_mm_share {
+    _Alignas(64) atomic_llong qnext;
+    _Alignas(64) atomic_llong qdone;
+    struct {
+        _Alignas(64) atomic_llong next;
+    } unit[KS_MM_SHARES];
+} ks_mm_share;
 
 static void ks_mm_quantize_one(const ks_mm_job *job, int64_t c) {
     const float *x = job->X + c * job->cols;
@@ -406,7 +422,8 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
 }
 
 static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64_t cols, const float *X,
-                      int64_t n, float *Y, void *scratch, ks_pool_fn worker, bool x_ready, bool xt) {
+                      int64_t n, float *Y, void *scratch, ks_pool_fn worker, bool x_ready, bool xt,
+                      ks_mm_share *share) {
     KS_ASSERT(ks_dtype_is_weight_type((uint32_t)wtype));
     KS_ASSERT(rows >= 0 && cols >= 0 && n >= 0);
     KS_ASSERT(cols % ks_dtype_block_size(wtype) == 0);
@@ -427,7 +444,13 @@ static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows
         .scratch = scratch,
         .Y = Y,
         .xt = xt && level == KS_SIMD_AVX512,
+        .share = share,
     };
+    if (share) {
+        atomic_init(&share->qnext, 0);
+        atomic_init(&share->qdone, 0);
+        for (int t = 0; t < KS_MM_SHARES; t++) atomic_init(&share->unit[t].next, 0);
+    }
     if (cols == 0) {
         memset(Y, 0, (size_t)(n * rows) * sizeof(float));
         return;
@@ -446,6 +469,8 @@ static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows
          * batches (one dispatch saved) and in parallel by vector for prefill. */
         if (x_ready) {
             /* the previous call left this very X quantized in scratch */
+        } else if (job.share) {
+            job.x_todo = true; /* the balanced worker quantizes (no hand-off between the two) */
         } else if (pool && ks_pool_size(pool) > 1 && n >= 4 && n * cols >= 32768) {
             ks_pool_run(pool, ks_mm_quantize_worker, &job);
         } else {
@@ -457,7 +482,7 @@ static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows
 
 void ks_matmul(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64_t cols,
                const float *X, int64_t n, float *Y, void *scratch) {
-    ks_mm_run(pool, wtype, W, rows, cols, X, n, Y, scratch, ks_mm_worker, false, false);
+    ks_mm_run(pool, wtype, W, rows, cols, X, n, Y, scratch, ks_mm_worker, false, false, NULL);
 }
 
 /* ------------------------------------ packed Q8_0 / Q4_0 (prefill GEMM) --
@@ -539,6 +564,94 @@ static void ks_mm_unpack_p16(const uint8_t *panel, int64_t nb, ks_block_q8_0 *ro
 #define KS_MM_T2_BLOCK_BYTES (256 * 1024)
 #endif
 
+#if KS_MM_HAVE_X86
+/* Rows b0..b1-1 of panels (a row block, its weights kept in L2) times
+ * vectors c0..c1-1, KS_MM_T2_NP panels at a time through the multi-panel
+ * tile (an odd panel left over through the one-panel kernel: same bits). */
+static void ks_mm_p16_unit(const ks_mm_job *job, int64_t b0, int64_t b1, int64_t c0, int64_t c1) {
+    const int64_t nb = job->cols / KS_QK8_0;
+    const size_t panel_bytes = (size_t)nb * 544;
+    for (int64_t c = c0; c < c1; c += KS_MM_T2_NC) {
+        const int nc = (int)(c1 - c < KS_MM_T2_NC ? c1 - c : KS_MM_T2_NC);
+        const uint8_t *xq = job->xq + (size_t)c * job->xs;
+        float *y = job->Y + c * job->rows;
+        int64_t p = b0;
+        for (; p + KS_MM_T2_NP <= b1; p += KS_MM_T2_NP) {
+            /* the block's last tile pulls the next vectors' activations into L1 */
+            const uint8_t *xnext =
+                p + 2 * KS_MM_T2_NP > b1 && c + 2 * KS_MM_T2_NC <= c1 ? xq + (size_t)KS_MM_T2_NC * job->xs : NULL;
+            ks_mm_q8_0t2_avx512(job->W + (size_t)p * panel_bytes, panel_bytes, nb, xq, job->xs, xnext, nc, y + 16 * p,
+                                job->rows);
+        }
+        for (; p < b1; p++)
+            ks_mm_q8_0t_avx512(job->W + (size_t)p * panel_bytes, nb, xq, job->xs, nc, y + 16 * p, job->rows);
+    }
+}
+
+/* Spin (politely) until *v reaches want. */
+static void ks_mm_wait_at_least(atomic_llong *v, long long want) {
+    for (int spins = 1; atomic_load_explicit(v, memory_order_acquire) < want; spins++) {
+        __builtin_ia32_pause();
+        if ((spins & 63) == 0) sched_yield(); /* a descheduled peer holds the rest */
+    }
+}
+
+#define KS_MM_QGRAB 4 /* activation vectors claimed at a time */
+#define KS_MM_SEG (8 * KS_MM_T2_NC) /* vectors per unit of work */
+
+/* The prefill product over transposed panels (n > KS_MM_P16_NC, AVX-512),
+ * balanced so that neither core waits for the other.
+ *
+ * Why: a static half each (what decode does) made every matmul as slow as
+ * its later thread, and a thread is often late: the worker wakes from the
+ * pool's futex while the caller already runs, and on a shared host either
+ * may be descheduled for a while.  Measured on the 1B model's 512-token
+ * prefill (host loaded), the worker started its half ~1/4 of the GEMM time
+ * late in total.  So the work is cut into units (a row block of panels that
+ * stays in L2 x KS_MM_SEG vectors) and claimed through atomic cursors:
+ * the panels are split into one contiguous share per thread as before, each
+ * thread runs its own share's units in order (the row block stays in its
+ * L2 across the vector segments) and then helps with the others' remaining
+ * units.  The activations are quantized the same way, by whoever comes
+ * first, and the product starts once every vector is done, so there is one
+ * hand-off per matmul instead of two.  Which thread computes an output
+ * changes nothing in its arithmetic (one tile call over all of K, the same
+ * bits for every nc), so the result is the static split's, bit for bit. */
+static void ks_mm_p16_prefill_worker(void *arg, int ith, int nth) {
+    const ks_mm_job *job = arg;
+    ks_mm_share *sh = job->share;
+    const int64_t n = job->n;
+    if (job->x_todo) {
+        for (;;) {
+            const long long c0 = atomic_fetch_add_explicit(&sh->qnext, KS_MM_QGRAB, memory_order_relaxed);
+            if (c0 >= n) break;
+            const long long c1 = c0 + KS_MM_QGRAB < n ? c0 + KS_MM_QGRAB : n;
+            for (long long c = c0; c < c1; c++) ks_mm_quantize_one(job, c);
+            atomic_fetch_add_explicit(&sh->qdone, c1 - c0, memory_order_release);
+        }
+        ks_mm_wait_at_least(&sh->qdone, n);
+    }
+    const int64_t nb = job->cols / KS_QK8_0, n_panels = job->rows / 16;
+    const size_t panel_bytes = (size_t)nb * 544;
+    int64_t block = (int64_t)(KS_MM_T2_BLOCK_BYTES / panel_bytes) / KS_MM_T2_NP * KS_MM_T2_NP;
+    if (block < KS_MM_T2_NP) block = KS_MM_T2_NP;
+    const int64_t nseg = (n + KS_MM_SEG - 1) / KS_MM_SEG;
+    const int shares = nth < KS_MM_SHARES ? nth : KS_MM_SHARES;
+    for (int k = 0; k < shares; k++) {
+        const int t = (ith + k) % shares; /* own share first, then the others' */
+        int64_t p0, p1;
+        ks_pool_share(n_panels, t, shares, &p0, &p1);
+        const long long units = (p1 - p0 + block - 1) / block * nseg;
+        for (;;) {
+            const long long u = atomic_fetch_add_explicit(&sh->unit[t].next, 1, memory_order_relaxed);
+            if (u >= units) break;
+            const int64_t b0 = p0 + (u / nseg) * block, c0 = (u % nseg) * KS_MM_SEG;
+            ks_mm_p16_unit(job, b0, b0 + block < p1 ? b0 + block : p1, c0, c0 + KS_MM_SEG < n ? c0 + KS_MM_SEG : n);
+        }
+    }
+}
+#endif
+
 static void ks_mm_p16_worker(void *arg, int ith, int nth) {
     const ks_mm_job *job = arg;
     const int64_t nb = job->cols / KS_QK8_0, n_panels = job->rows / 16;
@@ -552,31 +665,6 @@ static void ks_mm_p16_worker(void *arg, int ith, int nth) {
         int64_t block = (int64_t)(KS_MM_P4_BLOCK_BYTES / panel_bytes);
         if (block < 1) block = 1;
         if (job->n <= KS_MM_P16_NC) block = p1 - p0;
-        else {
-            /* prefill: KS_MM_T2_NP panels at a time through the multi-panel tile (same bits) */
-            block = (int64_t)(KS_MM_T2_BLOCK_BYTES / panel_bytes) / KS_MM_T2_NP * KS_MM_T2_NP;
-            if (block < KS_MM_T2_NP) block = KS_MM_T2_NP;
-            for (int64_t b0 = p0; b0 < p1; b0 += block) {
-                const int64_t b1 = b0 + block < p1 ? b0 + block : p1;
-                for (int64_t c = 0; c < job->n; c += KS_MM_T2_NC) {
-                    const int nc = (int)(job->n - c < KS_MM_T2_NC ? job->n - c : KS_MM_T2_NC);
-                    const uint8_t *xq = job->xq + (size_t)c * job->xs;
-                    float *y = job->Y + c * job->rows;
-                    int64_t p = b0;
-                    for (; p + KS_MM_T2_NP <= b1; p += KS_MM_T2_NP) {
-                        /* the block's last tile pulls the next vectors' activations into L1 */
-                        const uint8_t *xnext = p + 2 * KS_MM_T2_NP > b1 && c + 2 * KS_MM_T2_NC <= job->n
-                                                   ? xq + (size_t)KS_MM_T2_NC * job->xs
-                                                   : NULL;
-                        ks_mm_q8_0t2_avx512(job->W + (size_t)p * panel_bytes, panel_bytes, nb, xq, job->xs, xnext, nc,
-                                            y + 16 * p, job->rows);
-                    }
-                    for (; p < b1; p++) /* left over: one panel at a time */
-                        ks_mm_q8_0t_avx512(job->W + (size_t)p * panel_bytes, nb, xq, job->xs, nc, y + 16 * p, job->rows);
-                }
-            }
-            return;
-        }
         for (int64_t b0 = p0; b0 < p1; b0 += block) {
             const int64_t b1 = b0 + block < p1 ? b0 + block : p1;
             for (int64_t c = 0; c < job->n; c += KS_MM_P16_NC) {
@@ -732,19 +820,27 @@ size_t ks_matmul_worker_scratch_bytes(const ks_weight *w) {
 void ks_matmul_weight_ex(ks_pool *pool, const ks_weight *w, const float *X, int64_t n, float *Y, void *scratch,
                          bool x_ready) {
     if (w->layout == KS_WEIGHT_ROWS) {
-        ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_worker, x_ready, false);
+        ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_worker, x_ready, false, NULL);
         return;
     }
     if (w->layout == KS_WEIGHT_Q8_0_P16) {
         KS_ASSERT(w->type == KS_DTYPE_Q8_0);
         if (w->rows == 0 || n == 0) return;
-        ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_p16_worker, x_ready, true);
+#if KS_MM_HAVE_X86
+        if (n > KS_MM_P16_NC && ks_simd_current() == KS_SIMD_AVX512) { /* prefill: balanced tiles */
+            ks_mm_share share;
+            ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_p16_prefill_worker, x_ready,
+                      true, &share);
+            return;
+        }
+#endif
+        ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_p16_worker, x_ready, true, NULL);
         return;
     }
     KS_ASSERT((w->layout == KS_WEIGHT_Q8_0_P4 && w->type == KS_DTYPE_Q8_0) ||
               (w->layout == KS_WEIGHT_Q4_0_P4 && w->type == KS_DTYPE_Q4_0));
     if (w->rows == 0 || n == 0) return;
-    ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_packed_worker, x_ready, false);
+    ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_packed_worker, x_ready, false, NULL);
 }
 
 void ks_matmul_weight(ks_pool *pool, const ks_weight *w, const float *X, int64_t n, float *Y, void *scratch) {
