@@ -387,8 +387,10 @@ static void test_matmul_packed_q8_0(void **state) {
     /* 240 x 2048: 15 panels, more than one L2 row block per thread, each
      * block ending in a panel the two-panel prefill tile leaves over; n = 12
      * and 33: whole 6-vector tiles and a tail; n = 100: more than one
-     * 48-vector unit of the balanced prefill split, the last one short */
-    static const int64_t shapes[][2] = {{4, 128}, {12, 384}, {64, 256}, {36, 2048}, {16, 96}, {48, 2048}, {240, 2048}};
+     * 48-vector unit of the balanced prefill split, the last one short;
+     * 1056 columns: 33 blocks, two 16-block batches of the quantizer and one over */
+    static const int64_t shapes[][2] = {{4, 128}, {12, 384}, {64, 256}, {36, 2048}, {16, 96}, {48, 2048}, {240, 2048},
+                                                {32, 1056}};
     enum { NMAX = 100 };
     static const int64_t ns[] = {1, 3, 4, 5, 9, 12, 33, NMAX};
     const size_t n_shapes = sizeof shapes / sizeof shapes[0];
