@@ -339,7 +339,7 @@ static void test_matmul_kquant_raw(void **state) {
     ks_simd_force(saved);
 }
 
-/* The transposed Q8_0 panels' arithmetic in scalar C (matmul_x86.c, "Q8_0
+/* The transposed Q8_0 panels' arithmetic in scalar C (matmul_x86_panel.c, "Q8_0
  * transposed panels"): X quantized as ks_matmul does (d = amax / 127 in f32,
  * q = round(x / d)), then per output, block after block,
  * acc = fma((float)sum(w q), dw * dx, acc).  -std=c11 keeps the compiler

@@ -141,7 +141,7 @@ KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8x)(const float *x, uint8_t *dst, int64_
 #define KS_MM_SHPI(a, b, i) \
     _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), i))
 
-/* Partner of the transposed Q8_0 panels (matmul_x86.c): int8 q[cols] in
+/* Partner of the transposed Q8_0 panels (matmul_x86_panel.c): int8 q[cols] in
  * element order, f32 d[nb], int32 corr[nb] = -128 * sum of the block's q;
  * the integers and scales are ks_mm_quantize_q8's.
  *
