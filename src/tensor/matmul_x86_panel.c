@@ -147,7 +147,9 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q4_0p)(const uint8_t *panel, int64_t ng, int64_t g
  * Partner per vector (ks_mm_quantize_q8t): int8 q[cols] in element order
  * (64-byte aligned), f32 d[nb], int32 corr[nb] = -128 * sum of the block's q
  * (the +128 of the u8 weights taken off exactly). */
+#ifndef KS_MM_P16_PF
 #define KS_MM_P16_PF 32768 /* software prefetch distance in a panel's quants, bytes: decode reads them from DRAM, and 6 KiB ahead left it up to ~25% behind the file layout in alternated runs */
+#endif
 
 KS_MM_INL void KS_MM_SFX(ks_mm_q8_0t_body)(const uint8_t *panel, int64_t nb, const uint8_t *xq, size_t xs,
                                            float *y, int64_t ys, const int NC) {
