@@ -16,6 +16,9 @@
  * models sits there).  Measured 2026-11-27 (EPYC-26, 1 thread, loaded
  * host): the Q8_0 panels' prefill tile within noise of the aligned case
  * (split zmm loads from L2 cost this core little), so they stay as packed.
+ * GEMM_COLD=K rotates the packed product over K copies of the weights, so
+ * that (K x the matrix > L3) each call reads them from DRAM, as a model's
+ * prefill does (every matrix is used once per chunk).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "core/core.h"
@@ -74,6 +77,21 @@ int main(int argc, char **argv) {
     memcpy(Wp, W, bytes);
     ks_weight w = {.type = t, .rows = rows, .cols = cols, .data = Wp};
     ks_matmul_pack(&w);
+    const char *colds = getenv("GEMM_COLD");
+    const int ncold = colds && atoi(colds) > 1 ? atoi(colds) : 1;
+    ks_weight *wc = ks_calloc((size_t)ncold, sizeof *wc); /* wc[0] = w; the others: copies elsewhere */
+    if (!wc) return 1;
+    wc[0] = w;
+    for (int i = 1; i < ncold; i++) {
+        uint8_t *c = ks_malloc_aligned(bytes + 64);
+        if (!c) {
+            fprintf(stderr, "gemm_bench: out of memory for %d copies\n", ncold);
+            return 1;
+        }
+        memcpy(c + woff, w.data, bytes);
+        wc[i] = w;
+        wc[i].data = c + woff;
+    }
     void *scratch = ks_malloc_aligned(ks_matmul_scratch_bytes(t, cols, n) + 64);
     if (!scratch) {
         fprintf(stderr, "gemm_bench: out of memory for the activations' scratch\n");
@@ -86,7 +104,7 @@ int main(int argc, char **argv) {
             if (only && strcmp(only, k ? "packed" : "rows")) continue;
             double t0 = ks_time_sec(), c0 = cpu_sec();
             if (k == 0) ks_matmul(pool, t, W, rows, cols, X, n, Y, scratch);
-            else ks_matmul_weight(pool, &w, X, n, Y, scratch);
+            else ks_matmul_weight(pool, &wc[rep % ncold], X, n, Y, scratch);
             double dt = ks_time_sec() - t0, dc = cpu_sec() - c0;
             if (dt < best[k]) best[k] = dt;
             if (dc < cbest[k]) cbest[k] = dc;
@@ -99,6 +117,8 @@ int main(int argc, char **argv) {
            tname, (long long)rows, (long long)cols, (long long)n, nth, macs / best[0] * 1e-9, best[0] * 1e3,
            macs / cbest[0] * 1e-9, w.layout == KS_WEIGHT_ROWS ? "unpacked" : "packed", macs / best[1] * 1e-9,
            best[1] * 1e3, macs / cbest[1] * 1e-9);
+    for (int i = 1; i < ncold; i++) ks_free_aligned((uint8_t *)(uintptr_t)wc[i].data - woff);
+    ks_free(wc);
     ks_free_aligned(scratch);
     ks_free_aligned(W - woff);
     ks_free_aligned(Wbuf);
