@@ -147,6 +147,9 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q4_0p)(const uint8_t *panel, int64_t ng, int64_t g
  * Partner per vector (ks_mm_quantize_q8t): int8 q[cols] in element order
  * (64-byte aligned), f32 d[nb], int32 corr[nb] = -128 * sum of the block's q
  * (the +128 of the u8 weights taken off exactly). */
+#ifndef KS_MM_P16_PF_HINT
+#define KS_MM_P16_PF_HINT _MM_HINT_T0
+#endif
 #ifndef KS_MM_P16_PF
 #define KS_MM_P16_PF 32768 /* software prefetch distance in a panel's quants, bytes: decode reads them from DRAM, and 6 KiB ahead left it up to ~25% behind the file layout in alternated runs */
 #endif
@@ -159,8 +162,11 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q8_0t_body)(const uint8_t *panel, int64_t nb, con
     _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *wb = panel + (size_t)b * 512;
-        _Pragma("GCC unroll 8") for (int l = 0; l < 8; l++) _mm_prefetch((const char *)(wb + KS_MM_P16_PF + 64 * l), _MM_HINT_T0);
-        if (!(b & 1)) _mm_prefetch((const char *)(sd + 16 * b + KS_MM_P16_PF / 16), _MM_HINT_T0);
+        _Pragma("GCC unroll 8") for (int l = 0; l < 8; l++) _mm_prefetch((const char *)(wb + KS_MM_P16_PF + 64 * l), KS_MM_P16_PF_HINT);
+        /* the scales: the next panel's, one line per two blocks, so that a panel never starts on
+         * a DRAM miss (4 KiB ahead in the own scale stream ran past a 2048-column panel's 2 KiB
+         * of scales, and the next panel's came from DRAM at its first block) */
+        if (!(b & 1)) _mm_prefetch((const char *)((uintptr_t)sd + (size_t)nb * 544 + 32 * (size_t)b), _MM_HINT_T0);
         __m512i W[8];
         _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) W[k] = _mm512_loadu_si512((const void *)(wb + 64 * k));
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sd + 16 * b)));

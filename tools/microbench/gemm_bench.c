@@ -16,7 +16,7 @@
  * models sits there).  Measured 2026-11-27 (EPYC-26, 1 thread, loaded
  * host): the Q8_0 panels' prefill tile within noise of the aligned case
  * (split zmm loads from L2 cost this core little), so they stay as packed.
- * GEMM_COLD=K rotates the packed product over K copies of the weights, so
+ * GEMM_COLD=K rotates both products over K copies of the weights, so
  * that (K x the matrix > L3) each call reads them from DRAM, as a model's
  * prefill does (every matrix is used once per chunk).
  */
@@ -80,17 +80,21 @@ int main(int argc, char **argv) {
     const char *colds = getenv("GEMM_COLD");
     const int ncold = colds && atoi(colds) > 1 ? atoi(colds) : 1;
     ks_weight *wc = ks_calloc((size_t)ncold, sizeof *wc); /* wc[0] = w; the others: copies elsewhere */
-    if (!wc) return 1;
+    uint8_t **rc = ks_calloc((size_t)ncold, sizeof *rc);  /* the same for the file layout */
+    if (!wc || !rc) return 1;
     wc[0] = w;
+    rc[0] = W;
     for (int i = 1; i < ncold; i++) {
-        uint8_t *c = ks_malloc_aligned(bytes + 64);
-        if (!c) {
+        uint8_t *c = ks_malloc_aligned(bytes + 64), *r = ks_malloc_aligned(bytes + 64);
+        if (!c || !r) {
             fprintf(stderr, "gemm_bench: out of memory for %d copies\n", ncold);
             return 1;
         }
         memcpy(c + woff, w.data, bytes);
+        memcpy(r + woff, W, bytes);
         wc[i] = w;
         wc[i].data = c + woff;
+        rc[i] = r + woff;
     }
     void *scratch = ks_malloc_aligned(ks_matmul_scratch_bytes(t, cols, n) + 64);
     if (!scratch) {
@@ -103,7 +107,7 @@ int main(int argc, char **argv) {
             const char *only = getenv("GEMM_ONLY");
             if (only && strcmp(only, k ? "packed" : "rows")) continue;
             double t0 = ks_time_sec(), c0 = cpu_sec();
-            if (k == 0) ks_matmul(pool, t, W, rows, cols, X, n, Y, scratch);
+            if (k == 0) ks_matmul(pool, t, rc[rep % ncold], rows, cols, X, n, Y, scratch);
             else ks_matmul_weight(pool, &wc[rep % ncold], X, n, Y, scratch);
             double dt = ks_time_sec() - t0, dc = cpu_sec() - c0;
             if (dt < best[k]) best[k] = dt;
@@ -117,8 +121,12 @@ int main(int argc, char **argv) {
            tname, (long long)rows, (long long)cols, (long long)n, nth, macs / best[0] * 1e-9, best[0] * 1e3,
            macs / cbest[0] * 1e-9, w.layout == KS_WEIGHT_ROWS ? "unpacked" : "packed", macs / best[1] * 1e-9,
            best[1] * 1e3, macs / cbest[1] * 1e-9);
-    for (int i = 1; i < ncold; i++) ks_free_aligned((uint8_t *)(uintptr_t)wc[i].data - woff);
+    for (int i = 1; i < ncold; i++) {
+        ks_free_aligned((uint8_t *)(uintptr_t)wc[i].data - woff);
+        ks_free_aligned(rc[i] - woff);
+    }
     ks_free(wc);
+    ks_free(rc);
     ks_free_aligned(scratch);
     ks_free_aligned(W - woff);
     ks_free_aligned(Wbuf);
