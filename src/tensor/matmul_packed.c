@@ -99,6 +99,15 @@ static void ks_mm_unpack_p16(const uint8_t *panel, int64_t nb, ks_block_q8_0 *ro
 /* Rows b0..b1-1 of panels (a row block, its weights kept in L2) times
  * vectors c0..c1-1, KS_MM_T2_NP panels at a time through the multi-panel
  * tile (an odd panel left over through the one-panel kernel: same bits). */
+/* Whether a tile may prefetch the next tile's activations into L1: only
+ * when they fit beside the weights streaming through it (half of a 48 KiB
+ * L1).  At 8192 columns (the down projection) a 6-vector tile is 60 KiB:
+ * prefetched during a tile that streams 278 KiB of weights, the lines were
+ * evicted before use, and leaving them out measured +3% on that shape
+ * (2048 x 8192 x 256, 1 thread, 4 of 4 alternated runs, 2026-11-27). */
+#ifndef KS_MM_XNEXT_OK
+#define KS_MM_XNEXT_OK(xs) ((size_t)KS_MM_T2_NC * (xs) <= 24 * 1024)
+#endif
 static void ks_mm_p16_unit(const ks_mm_job *job, int64_t b0, int64_t b1, int64_t c0, int64_t c1) {
     const int64_t nb = job->cols / KS_QK8_0;
     const size_t panel_bytes = (size_t)nb * 544;
@@ -109,8 +118,9 @@ static void ks_mm_p16_unit(const ks_mm_job *job, int64_t b0, int64_t b1, int64_t
         int64_t p = b0;
         for (; p + KS_MM_T2_NP <= b1; p += KS_MM_T2_NP) {
             /* the block's last tile pulls the next vectors' activations into L1 */
-            const uint8_t *xnext =
-                p + 2 * KS_MM_T2_NP > b1 && c + 2 * KS_MM_T2_NC <= c1 ? xq + (size_t)KS_MM_T2_NC * job->xs : NULL;
+            const uint8_t *xnext = KS_MM_XNEXT_OK(job->xs) && p + 2 * KS_MM_T2_NP > b1 && c + 2 * KS_MM_T2_NC <= c1
+                                       ? xq + (size_t)KS_MM_T2_NC * job->xs
+                                       : NULL;
             ks_mm_q8_0t2_avx512(job->W + (size_t)p * panel_bytes, panel_bytes, nb, xq, job->xs, xnext, nc, y + 16 * p,
                                 job->rows);
         }
