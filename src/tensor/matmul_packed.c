@@ -193,6 +193,10 @@ static void ks_mm_p16_prefill_worker(void *arg, int ith, int nth) {
 }
 #endif
 
+/* Transposed panels for decode at AVX-512 (n <= KS_MM_P16_NC: each thread
+ * streams its half of the panels once) and for every n below AVX-512 (the
+ * panels unpacked into rows for the level's kernel); prefill at AVX-512 is
+ * ks_mm_p16_prefill_worker above. */
 static void ks_mm_p16_worker(void *arg, int ith, int nth) {
     const ks_mm_job *job = arg;
     const int64_t nb = job->cols / KS_QK8_0, n_panels = job->rows / 16;
