@@ -147,11 +147,21 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q4_0p)(const uint8_t *panel, int64_t ng, int64_t g
  * Partner per vector (ks_mm_quantize_q8t): int8 q[cols] in element order
  * (64-byte aligned), f32 d[nb], int32 corr[nb] = -128 * sum of the block's q
  * (the +128 of the u8 weights taken off exactly). */
+/* The distance: the GEMV alone (8192 x 2048 Q8_0, one vector, weights
+ * rotated over 8 copies so that every call reads DRAM, 2 threads, packed
+ * against the file layout per core-second, alternated in one process,
+ * 2026-11-27, host shared): 4 KiB 0.90-1.04 of the file layout (median
+ * ~1.0), 2 KiB 0.91-1.08, 8 KiB 0.85-0.91, 32 KiB 0.87-0.93; at 2048 x 8192
+ * 4 KiB 1.03-1.10 against 32 KiB's 0.93-1.06.  Far ahead, prefetches seem to wait
+ * for miss buffers the demand loads need (perf's samples gather right after
+ * the prefetches); 4 KiB is also about the file-layout kernel's distance.
+ * (An earlier 6 KiB trial that trailed the file layout by up to 25% in
+ * decode ran while each panel still began on a DRAM miss for its scales.) */
 #ifndef KS_MM_P16_PF_HINT
 #define KS_MM_P16_PF_HINT _MM_HINT_T0
 #endif
 #ifndef KS_MM_P16_PF
-#define KS_MM_P16_PF 32768 /* software prefetch distance in a panel's quants, bytes: decode reads them from DRAM, and 6 KiB ahead left it up to ~25% behind the file layout in alternated runs */
+#define KS_MM_P16_PF 4096 /* software prefetch distance in a panel's quants, bytes (decode reads them from DRAM): see above */
 #endif
 
 KS_MM_INL void KS_MM_SFX(ks_mm_q8_0t_body)(const uint8_t *panel, int64_t nb, const uint8_t *xq, size_t xs,
