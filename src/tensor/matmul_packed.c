@@ -117,8 +117,9 @@ static void ks_mm_p16_unit(const ks_mm_job *job, int64_t b0, int64_t b1, int64_t
         float *y = job->Y + c * job->rows;
         int64_t p = b0;
         for (; p + KS_MM_T2_NP <= b1; p += KS_MM_T2_NP) {
-            /* the block's last tile pulls the next vectors' activations into L1 */
-            const uint8_t *xnext = KS_MM_XNEXT_OK(job->xs) && p + 2 * KS_MM_T2_NP > b1 && c + 2 * KS_MM_T2_NC <= c1
+            /* the block's last tile pulls the next vectors' activations into L1 (past the unit's
+             * last vector too: the owner's next unit is mostly the next vectors of this block) */
+            const uint8_t *xnext = KS_MM_XNEXT_OK(job->xs) && p + 2 * KS_MM_T2_NP > b1 && c + 2 * KS_MM_T2_NC <= job->n
                                        ? xq + (size_t)KS_MM_T2_NC * job->xs
                                        : NULL;
             ks_mm_q8_0t2_avx512(job->W + (size_t)p * panel_bytes, panel_bytes, nb, xq, job->xs, xnext, nc, y + 16 * p,
