@@ -339,7 +339,7 @@ static void test_matmul_kquant_raw(void **state) {
     ks_simd_force(saved);
 }
 
-/* The transposed Q8_0 panels' arithmetic in scalar C (matmul_x86.c, "Q8_0
+/* The transposed Q8_0 panels' arithmetic in scalar C (matmul_x86_panel.c, "Q8_0
  * transposed panels"): X quantized as ks_matmul does (d = amax / 127 in f32,
  * q = round(x / d)), then per output, block after block,
  * acc = fma((float)sum(w q), dw * dx, acc).  -std=c11 keeps the compiler
@@ -386,9 +386,13 @@ static void test_matmul_packed_q8_0(void **state) {
     assert_int_equal(ks_pool_create(2, &pool2), KS_OK);
     /* 240 x 2048: 15 panels, more than one L2 row block per thread, each
      * block ending in a panel the two-panel prefill tile leaves over; n = 12
-     * and 33: whole 6-vector tiles and a tail */
-    static const int64_t shapes[][2] = {{4, 128}, {12, 384}, {64, 256}, {36, 2048}, {16, 96}, {48, 2048}, {240, 2048}};
-    static const int64_t ns[] = {1, 3, 4, 5, 9, 12, 33};
+     * and 33: whole 6-vector tiles and a tail; n = 100: more than one
+     * 48-vector unit of the balanced prefill split, the last one short;
+     * 1056 columns: 33 blocks, two 16-block batches of the quantizer and one over */
+    static const int64_t shapes[][2] = {{4, 128}, {12, 384}, {64, 256}, {36, 2048}, {16, 96}, {48, 2048}, {240, 2048},
+                                                {32, 1056}};
+    enum { NMAX = 100 };
+    static const int64_t ns[] = {1, 3, 4, 5, 9, 12, 33, NMAX};
     const size_t n_shapes = sizeof shapes / sizeof shapes[0];
     for (size_t si = 0; si < 2 * n_shapes; si++) {
         const ks_dtype t = si % 2 ? KS_DTYPE_Q4_0 : KS_DTYPE_Q8_0;
@@ -407,11 +411,11 @@ static void test_matmul_packed_q8_0(void **state) {
                                    : p16  ? KS_WEIGHT_Q8_0_P16
                                    : t == KS_DTYPE_Q8_0 ? KS_WEIGHT_Q8_0_P4
                                                         : KS_WEIGHT_Q4_0_P4);
-        float *X = make_x(33, cols, 92);
-        float *Y = ks_malloc(sizeof(float) * (size_t)(33 * rows)), *Yp = ks_malloc(sizeof(float) * (size_t)(33 * rows));
-        float *Yr = ks_malloc(sizeof(float) * (size_t)(33 * rows));
-        void *scratch = ks_malloc_aligned(ks_matmul_scratch_bytes(t, cols, 33));
-        if (p16) p16_emulate(m.W, rows, cols, X, 33, Yr);
+        float *X = make_x(NMAX, cols, 92);
+        float *Y = ks_malloc(sizeof(float) * (size_t)(NMAX * rows)), *Yp = ks_malloc(sizeof(float) * (size_t)(NMAX * rows));
+        float *Yr = ks_malloc(sizeof(float) * (size_t)(NMAX * rows));
+        void *scratch = ks_malloc_aligned(ks_matmul_scratch_bytes(t, cols, NMAX));
+        if (p16) p16_emulate(m.W, rows, cols, X, NMAX, Yr);
         for (int lv = KS_SIMD_SCALAR; lv <= (int)ks_simd_detect(); lv++) {
             ks_simd_level prev = ks_simd_force((ks_simd_level)lv);
             for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)

@@ -28,12 +28,20 @@
  * AVX-512 VNNI, compiled from matmul_x86.c with target attributes so the
  * library needs no -march flag) must agree with them to float rounding, which
  * tests/test_matmul.c checks for every level the CPU has.
+ *
+ * Prefill is the other regime (weights reused from cache, the cost is
+ * instructions per MAC and the cores' balance): weights repacked at load
+ * for it, their drivers and ks_matmul_weight are matmul_packed.c, a part of
+ * this translation unit (it shares the driver below), and its AVX-512 tiles
+ * are matmul_x86_panel.c, a template like matmul_x86.c.
  */
 #include "tensor/matmul.h"
 
 #include "core/simd.h"
 
 #include <math.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <string.h>
 
 /* A kernel dots one weight row with nc (1..KS_MM_NC) quantized activation
@@ -84,7 +92,7 @@ static size_t ks_mm_q8x_stride(int64_t cols) {
 }
 
 /* Partner of the transposed Q8_0 panels: int8 q[cols], f32 d[nb], int32
- * corr[nb] (matmul_x86.c, "Q8_0 transposed panels"). */
+ * corr[nb] (matmul_x86_panel.c, "Q8_0 transposed panels"). */
 static size_t ks_mm_q8t_stride(int64_t cols) {
     return ks_mm_align64((size_t)cols) + 2 * ks_mm_align64((size_t)(cols / KS_QK8_0) * 4);
 }
@@ -249,6 +257,7 @@ static void ks_mm_q6_k_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, in
 #define KS_MM_TGT "avx2,fma,f16c"
 #define KS_MM_LEVEL 1
 #include "matmul_x86.c"
+#include "matmul_x86_panel.c"
 #include "matmul_x86_quant.c"
 #undef KS_MM_SFX
 #undef KS_MM_TGT
@@ -257,6 +266,7 @@ static void ks_mm_q6_k_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, in
 #define KS_MM_TGT "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"
 #define KS_MM_LEVEL 2
 #include "matmul_x86.c"
+#include "matmul_x86_panel.c"
 #include "matmul_x86_quant.c"
 #undef KS_MM_SFX
 #undef KS_MM_TGT
@@ -331,8 +341,22 @@ typedef struct {
     uint8_t *scratch;
     size_t xs;         /* bytes per activation vector in xq */
     bool xt;           /* xq in the transposed panels' partner layout (ks_mm_quantize_q8t) */
+    bool x_todo;       /* the worker quantizes X itself (share != NULL and X not ready) */
     float *Y;          /* [n][rows] */
+    struct ks_mm_share *share; /* work cursors of the balanced prefill workers, or NULL */
 } ks_mm_job;
+
+/* Work cursors of a balanced product (ks_mm_p16_prefill_worker): the
+ * activation vectors claimed and quantized, and per share of the panels the
+ * next unit to run.  Each cursor has its own cache line (two cores bump them). */
+#define KS_MM_SHARES 64
+typedef struct ks_mm_share {
+    _Alignas(64) atomic_llong qnext;
+    _Alignas(64) atomic_llong qdone;
+    struct {
+        _Alignas(64) atomic_llong next;
+    } unit[KS_MM_SHARES];
+} ks_mm_share;
 
 static void ks_mm_quantize_one(const ks_mm_job *job, int64_t c) {
     const float *x = job->X + c * job->cols;
@@ -406,7 +430,8 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
 }
 
 static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64_t cols, const float *X,
-                      int64_t n, float *Y, void *scratch, ks_pool_fn worker, bool x_ready, bool xt) {
+                      int64_t n, float *Y, void *scratch, ks_pool_fn worker, bool x_ready, bool xt,
+                      ks_mm_share *share) {
     KS_ASSERT(ks_dtype_is_weight_type((uint32_t)wtype));
     KS_ASSERT(rows >= 0 && cols >= 0 && n >= 0);
     KS_ASSERT(cols % ks_dtype_block_size(wtype) == 0);
@@ -427,7 +452,13 @@ static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows
         .scratch = scratch,
         .Y = Y,
         .xt = xt && level == KS_SIMD_AVX512,
+        .share = share,
     };
+    if (share) {
+        atomic_init(&share->qnext, 0);
+        atomic_init(&share->qdone, 0);
+        for (int t = 0; t < KS_MM_SHARES; t++) atomic_init(&share->unit[t].next, 0);
+    }
     if (cols == 0) {
         memset(Y, 0, (size_t)(n * rows) * sizeof(float));
         return;
@@ -446,6 +477,8 @@ static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows
          * batches (one dispatch saved) and in parallel by vector for prefill. */
         if (x_ready) {
             /* the previous call left this very X quantized in scratch */
+        } else if (job.share) {
+            job.x_todo = true; /* the balanced worker quantizes (no hand-off between the two) */
         } else if (pool && ks_pool_size(pool) > 1 && n >= 4 && n * cols >= 32768) {
             ks_pool_run(pool, ks_mm_quantize_worker, &job);
         } else {
@@ -457,299 +490,14 @@ static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows
 
 void ks_matmul(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows, int64_t cols,
                const float *X, int64_t n, float *Y, void *scratch) {
-    ks_mm_run(pool, wtype, W, rows, cols, X, n, Y, scratch, ks_mm_worker, false, false);
+    ks_mm_run(pool, wtype, W, rows, cols, X, n, Y, scratch, ks_mm_worker, false, false, NULL);
 }
 
-/* ------------------------------------ packed Q8_0 / Q4_0 (prefill GEMM) --
- * (Q8_0 matrices whose rows are a multiple of 16 take the transposed
- * 16-row panels instead: ks_mm_pack_p16 below, matmul_x86.c.)
- * Layout (KS_WEIGHT_Q8_0_P4): four rows form a panel of ng = nb / 4 groups;
- * panel p sits where rows 4p..4p+3 sat (4 * nb * 34 = ng * 544 bytes):
- *   u8  q[ng][512]   per group: LO of rows 0..3 (64 B each), then HI of rows 0..3
- *   f16 d[ng][4][4]  per group and row: the scales of its four blocks
- * LO/HI are the grouped kernel's lane order (128-bit lane k: elements 0-15 /
- * 16-31 of block 4g+k) as u8 w + 128 (matmul_x86.c, "Q8_0 packed panels").
- * KS_WEIGHT_Q4_0_P4 is the same with q[ng][256]: per group and row 64 bytes,
- * 128-bit lane k holding block 4g+k's 16 packed nibble bytes as in the file
- * (ng * 288 = 4 * nb * 18 bytes).
- *
- * Why these products are shaped as they are: prefill multiplies hundreds of
- * vectors by each matrix, so weights are reused from cache and the cost is
- * instructions per MAC.  The packed tile takes 4 rows x 4 vectors per call
- * (each load serves 4 products), row panels in blocks that stay in L2 while
- * every 4-vector tile of activations (in L1 at 2048 columns) passes over
- * them, and the threads split the panels evenly, so both cores work on every
- * matmul of a chunk and finish together. */
-#define KS_MM_P4_BLOCK_BYTES (256 * 1024) /* weight bytes of a row block kept in L2 */
-#define KS_MM_P4_KGROUPS 16 /* groups (128 columns each) per K block */
-
-bool ks_matmul_can_pack(const ks_weight *w) {
-    if (w->layout != KS_WEIGHT_ROWS || (w->type != KS_DTYPE_Q8_0 && w->type != KS_DTYPE_Q4_0) || !w->data) return false;
-    if (w->type == KS_DTYPE_Q8_0 && w->rows > 0 && w->rows % 16 == 0 && w->cols > 0 && w->cols % KS_QK8_0 == 0)
-        return ks_simd_detect() == KS_SIMD_AVX512; /* transposed 16-row panels */
-    if (w->rows <= 0 || w->rows % 4 || w->cols <= 0 || w->cols % (4 * KS_QK8_0)) return false;
-    return ks_simd_detect() == KS_SIMD_AVX512;
-}
-
-/* Bytes of a packed panel's quants per group (4 rows x 4 blocks) and of a
- * block in the file, by type. */
-static size_t ks_mm_p4_gbytes(ks_dtype t) { return t == KS_DTYPE_Q8_0 ? 512 : 256; }
-
-/* Q8_0 into transposed 16-row panels (KS_WEIGHT_Q8_0_P16), in place:
- * panel p (rows 16p..16p+15, 16 * nb * 34 = nb * 544 bytes) holds per block
- * b eight 64-byte groups (group k, lane r: bytes 4k..4k+3 of row r's block
- * b, xor 0x80), then the f16 scales [nb][16]. */
-static ks_status ks_mm_pack_p16(ks_weight *w) {
-    const int64_t nb = w->cols / KS_QK8_0;
-    const size_t panel_bytes = (size_t)nb * 544;
-    ks_block_q8_0 *rows = ks_malloc(panel_bytes);
-    if (!rows) return KS_FAIL(KS_ERR_NOMEM, "repacking a %lld-column matrix", (long long)w->cols);
-    uint8_t *base = (uint8_t *)(uintptr_t)w->data;
-    for (int64_t p = 0; p < w->rows / 16; p++) {
-        uint8_t *panel = base + (size_t)p * panel_bytes;
-        memcpy(rows, panel, panel_bytes);
-        ks_f16 *d = (ks_f16 *)(panel + (size_t)nb * 512);
-        for (int64_t b = 0; b < nb; b++)
-            for (int r = 0; r < 16; r++) {
-                const ks_block_q8_0 *blk = &rows[(size_t)r * nb + b];
-                for (int k = 0; k < 8; k++)
-                    for (int i = 0; i < 4; i++)
-                        panel[(size_t)b * 512 + 64 * k + 4 * r + i] = (uint8_t)(blk->qs[4 * k + i] ^ 0x80);
-                memcpy(&d[b * 16 + r], &blk->d, sizeof(ks_f16));
-            }
-    }
-    ks_free(rows);
-    w->layout = KS_WEIGHT_Q8_0_P16;
-    return KS_OK;
-}
-
-static void ks_mm_unpack_p16(const uint8_t *panel, int64_t nb, ks_block_q8_0 *rows) {
-    const ks_f16 *d = (const ks_f16 *)(panel + (size_t)nb * 512);
-    for (int64_t b = 0; b < nb; b++)
-        for (int r = 0; r < 16; r++) {
-            ks_block_q8_0 *blk = &rows[(size_t)r * nb + b];
-            for (int k = 0; k < 8; k++)
-                for (int i = 0; i < 4; i++) blk->qs[4 * k + i] = (int8_t)(panel[(size_t)b * 512 + 64 * k + 4 * r + i] ^ 0x80);
-            memcpy(&blk->d, &d[b * 16 + r], sizeof(ks_f16));
-        }
-}
-
-#define KS_MM_P16_NC 8 /* vectors per transposed-panel tile */
-#ifndef KS_MM_T2_BLOCK_BYTES
-#define KS_MM_T2_BLOCK_BYTES (256 * 1024)
-#endif
-
-static void ks_mm_p16_worker(void *arg, int ith, int nth) {
-    const ks_mm_job *job = arg;
-    const int64_t nb = job->cols / KS_QK8_0, n_panels = job->rows / 16;
-    const size_t panel_bytes = (size_t)nb * 544;
-    int64_t p0, p1;
-    ks_pool_share(n_panels, ith, nth, &p0, &p1);
-    if (p0 >= p1) return;
-#if KS_MM_HAVE_X86
-    if (job->level == KS_SIMD_AVX512) {
-        /* row block: weights kept in L2 while every 8-vector tile passes */
-        int64_t block = (int64_t)(KS_MM_P4_BLOCK_BYTES / panel_bytes);
-        if (block < 1) block = 1;
-        if (job->n <= KS_MM_P16_NC) block = p1 - p0;
-        else {
-            /* prefill: KS_MM_T2_NP panels at a time through the multi-panel tile (same bits) */
-            block = (int64_t)(KS_MM_T2_BLOCK_BYTES / panel_bytes) / KS_MM_T2_NP * KS_MM_T2_NP;
-            if (block < KS_MM_T2_NP) block = KS_MM_T2_NP;
-            for (int64_t b0 = p0; b0 < p1; b0 += block) {
-                const int64_t b1 = b0 + block < p1 ? b0 + block : p1;
-                for (int64_t c = 0; c < job->n; c += KS_MM_T2_NC) {
-                    const int nc = (int)(job->n - c < KS_MM_T2_NC ? job->n - c : KS_MM_T2_NC);
-                    const uint8_t *xq = job->xq + (size_t)c * job->xs;
-                    float *y = job->Y + c * job->rows;
-                    int64_t p = b0;
-                    for (; p + KS_MM_T2_NP <= b1; p += KS_MM_T2_NP) {
-                        /* the block's last tile pulls the next vectors' activations into L1 */
-                        const uint8_t *xnext = p + 2 * KS_MM_T2_NP > b1 && c + 2 * KS_MM_T2_NC <= job->n
-                                                   ? xq + (size_t)KS_MM_T2_NC * job->xs
-                                                   : NULL;
-                        ks_mm_q8_0t2_avx512(job->W + (size_t)p * panel_bytes, panel_bytes, nb, xq, job->xs, xnext, nc,
-                                            y + 16 * p, job->rows);
-                    }
-                    for (; p < b1; p++) /* left over: one panel at a time */
-                        ks_mm_q8_0t_avx512(job->W + (size_t)p * panel_bytes, nb, xq, job->xs, nc, y + 16 * p, job->rows);
-                }
-            }
-            return;
-        }
-        for (int64_t b0 = p0; b0 < p1; b0 += block) {
-            const int64_t b1 = b0 + block < p1 ? b0 + block : p1;
-            for (int64_t c = 0; c < job->n; c += KS_MM_P16_NC) {
-                const int nc = (int)(job->n - c < KS_MM_P16_NC ? job->n - c : KS_MM_P16_NC);
-                for (int64_t p = b0; p < b1; p++)
-                    ks_mm_q8_0t_avx512(job->W + (size_t)p * panel_bytes, nb, job->xq + (size_t)c * job->xs, job->xs,
-                                       nc, job->Y + c * job->rows + 16 * p, job->rows);
-            }
-        }
-        return;
-    }
-#endif
-    ks_block_q8_0 *rows = ks_scratch(KS_SCRATCH_KERNEL, panel_bytes);
-    KS_ASSERT(rows); /* reserved before the run (ks_matmul_worker_scratch_bytes) */
-    for (int64_t p = p0; p < p1; p++) {
-        ks_mm_unpack_p16(job->W + (size_t)p * panel_bytes, nb, rows);
-        for (int r = 0; r < 16; r++)
-            for (int64_t c = 0; c < job->n; c += KS_MM_NC) {
-                const int nc = (int)(job->n - c < KS_MM_NC ? job->n - c : KS_MM_NC);
-                job->kern((const uint8_t *)(rows + (size_t)r * nb), job->xq + (size_t)c * job->xs, job->xs, nc,
-                          job->cols, job->Y + c * job->rows + 16 * p + r, job->rows);
-            }
-    }
-}
-
-ks_status ks_matmul_pack(ks_weight *w) {
-    if (!ks_matmul_can_pack(w)) return KS_OK;
-    if (w->type == KS_DTYPE_Q8_0 && w->rows % 16 == 0) return ks_mm_pack_p16(w);
-    const bool q8 = w->type == KS_DTYPE_Q8_0;
-    const int64_t nb = w->cols / 32, ng = nb / 4;
-    const size_t bb = q8 ? sizeof(ks_block_q8_0) : sizeof(ks_block_q4_0), gq = ks_mm_p4_gbytes(w->type);
-    const size_t panel_bytes = (size_t)ng * (gq + 32);
-    KS_ASSERT(panel_bytes == 4 * (size_t)nb * bb); /* in place: same size */
-    uint8_t *rows = ks_malloc(panel_bytes);
-    if (!rows) return KS_FAIL(KS_ERR_NOMEM, "repacking a %lld-column matrix", (long long)w->cols);
-    uint8_t *base = (uint8_t *)(uintptr_t)w->data; /* the caller made it writable */
-    for (int64_t p = 0; p < w->rows / 4; p++) {
-        uint8_t *panel = base + (size_t)p * panel_bytes;
-        memcpy(rows, panel, panel_bytes);
-        ks_f16 *d = (ks_f16 *)(panel + (size_t)ng * gq);
-        for (int64_t g = 0; g < ng; g++)
-            for (int r = 0; r < 4; r++)
-                for (int k = 0; k < 4; k++) {
-                    const uint8_t *b = rows + ((size_t)r * nb + 4 * g + k) * bb;
-                    ks_f16 dk;
-                    if (q8) {
-                        const ks_block_q8_0 *b8 = (const ks_block_q8_0 *)b;
-                        uint8_t *lo = panel + (size_t)g * gq + 64 * r + 16 * k, *hi = lo + 256;
-                        for (int i = 0; i < 16; i++) {
-                            lo[i] = (uint8_t)(b8->qs[i] ^ 0x80);
-                            hi[i] = (uint8_t)(b8->qs[16 + i] ^ 0x80);
-                        }
-                        dk = b8->d;
-                    } else {
-                        const ks_block_q4_0 *b4 = (const ks_block_q4_0 *)b;
-                        memcpy(panel + (size_t)g * gq + 64 * r + 16 * k, b4->qs, 16);
-                        dk = b4->d;
-                    }
-                    memcpy(&d[(g * 4 + r) * 4 + k], &dk, sizeof(ks_f16));
-                }
-    }
-    ks_free(rows);
-    w->layout = q8 ? KS_WEIGHT_Q8_0_P4 : KS_WEIGHT_Q4_0_P4;
-    return KS_OK;
-}
-
-/* Panel p back to four ordinary rows (the fallback below a level that has
- * the packed tile: tests forcing AVX2 or scalar). */
-static void ks_mm_unpack_panel(ks_dtype t, const uint8_t *panel, int64_t nb, uint8_t *rows) {
-    const bool q8 = t == KS_DTYPE_Q8_0;
-    const int64_t ng = nb / 4;
-    const size_t bb = q8 ? sizeof(ks_block_q8_0) : sizeof(ks_block_q4_0), gq = ks_mm_p4_gbytes(t);
-    const ks_f16 *d = (const ks_f16 *)(panel + (size_t)ng * gq);
-    for (int64_t g = 0; g < ng; g++)
-        for (int r = 0; r < 4; r++)
-            for (int k = 0; k < 4; k++) {
-                uint8_t *b = rows + ((size_t)r * nb + 4 * g + k) * bb;
-                const uint8_t *src = panel + (size_t)g * gq + 64 * r + 16 * k;
-                if (q8) {
-                    ks_block_q8_0 *b8 = (ks_block_q8_0 *)b;
-                    for (int i = 0; i < 16; i++) {
-                        b8->qs[i] = (int8_t)(src[i] ^ 0x80);
-                        b8->qs[16 + i] = (int8_t)(src[256 + i] ^ 0x80);
-                    }
-                    memcpy(&b8->d, &d[(g * 4 + r) * 4 + k], sizeof(ks_f16));
-                } else {
-                    ks_block_q4_0 *b4 = (ks_block_q4_0 *)b;
-                    memcpy(b4->qs, src, 16);
-                    memcpy(&b4->d, &d[(g * 4 + r) * 4 + k], sizeof(ks_f16));
-                }
-            }
-}
-
-static void ks_mm_packed_worker(void *arg, int ith, int nth) {
-    const ks_mm_job *job = arg;
-    const int64_t nb = job->cols / KS_QK8_0, ng = nb / 4, n_panels = job->rows / 4;
-    const size_t bb = job->wrow / (size_t)nb, panel_bytes = (size_t)ng * (ks_mm_p4_gbytes(job->wtype) + 32);
-    int64_t p0, p1;
-    ks_pool_share(n_panels, ith, nth, &p0, &p1);
-    if (p0 >= p1) return;
-#if KS_MM_HAVE_X86
-    if (job->level == KS_SIMD_AVX512) {
-        /* row block: weights kept in L2 while every vector tile passes;
-         * K block: a tile's activations (4 x KG x 256 B) kept in L1 */
-        int64_t block = (int64_t)(KS_MM_P4_BLOCK_BYTES / panel_bytes);
-        if (block < 1) block = 1;
-        if (job->n <= KS_MM_NC) block = p1 - p0;
-        const int64_t kg = job->n <= KS_MM_NC || ng <= KS_MM_P4_KGROUPS ? ng : KS_MM_P4_KGROUPS;
-        float *acc = ks_scratch(KS_SCRATCH_KERNEL, sizeof(float) * 256 * (size_t)(kg < ng ? block : 1));
-        KS_ASSERT(acc); /* reserved before the run (ks_matmul_worker_scratch_bytes) */
-        for (int64_t b0 = p0; b0 < p1; b0 += block) {
-            const int64_t b1 = b0 + block < p1 ? b0 + block : p1;
-            for (int64_t c = 0; c < job->n; c += KS_MM_NC) {
-                const int nc = (int)(job->n - c < KS_MM_NC ? job->n - c : KS_MM_NC);
-                for (int64_t g0 = 0; g0 < ng; g0 += kg) {
-                    const int64_t g1 = g0 + kg < ng ? g0 + kg : ng;
-                    for (int64_t p = b0; p < b1; p++)
-                        (job->wtype == KS_DTYPE_Q8_0 ? ks_mm_q8_0p_avx512 : ks_mm_q4_0p_avx512)(
-                            job->W + (size_t)p * panel_bytes, ng, g0, g1, job->xq + (size_t)c * job->xs, job->xs, nc,
-                            acc + (kg < ng ? 256 * (size_t)(p - b0) : 0), job->Y + c * job->rows + 4 * p, job->rows, 4);
-                }
-            }
-        }
-        return;
-    }
-#endif
-    uint8_t *rows = ks_scratch(KS_SCRATCH_KERNEL, panel_bytes);
-    KS_ASSERT(rows); /* reserved before the run (ks_matmul_worker_scratch_bytes) */
-    for (int64_t p = p0; p < p1; p++) {
-        ks_mm_unpack_panel(job->wtype, job->W + (size_t)p * panel_bytes, nb, rows);
-        for (int r = 0; r < 4; r++)
-            for (int64_t c = 0; c < job->n; c += KS_MM_NC) {
-                const int nc = (int)(job->n - c < KS_MM_NC ? job->n - c : KS_MM_NC);
-                job->kern(rows + (size_t)r * nb * bb, job->xq + (size_t)c * job->xs, job->xs, nc, job->cols,
-                          job->Y + c * job->rows + 4 * p + r, job->rows);
-            }
-    }
-}
-
-size_t ks_matmul_worker_scratch_bytes(const ks_weight *w) {
-    const int64_t nb = w->cols / KS_QK8_0;
-    size_t panel_bytes;
-    if (w->layout == KS_WEIGHT_Q8_0_P16) panel_bytes = (size_t)nb * 544;
-    else if (w->layout == KS_WEIGHT_Q8_0_P4 || w->layout == KS_WEIGHT_Q4_0_P4)
-        panel_bytes = (size_t)(nb / 4) * (ks_mm_p4_gbytes(w->type) + 32);
-    else return 0;
-    /* the unpacked fallback's rows, or the AVX-512 tile's accumulators of a row block */
-    size_t block = panel_bytes ? KS_MM_P4_BLOCK_BYTES / panel_bytes : 1;
-    size_t acc = sizeof(float) * 256 * (block > 1 ? block : 1);
-    return panel_bytes > acc ? panel_bytes : acc;
-}
-
-void ks_matmul_weight_ex(ks_pool *pool, const ks_weight *w, const float *X, int64_t n, float *Y, void *scratch,
-                         bool x_ready) {
-    if (w->layout == KS_WEIGHT_ROWS) {
-        ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_worker, x_ready, false);
-        return;
-    }
-    if (w->layout == KS_WEIGHT_Q8_0_P16) {
-        KS_ASSERT(w->type == KS_DTYPE_Q8_0);
-        if (w->rows == 0 || n == 0) return;
-        ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_p16_worker, x_ready, true);
-        return;
-    }
-    KS_ASSERT((w->layout == KS_WEIGHT_Q8_0_P4 && w->type == KS_DTYPE_Q8_0) ||
-              (w->layout == KS_WEIGHT_Q4_0_P4 && w->type == KS_DTYPE_Q4_0));
-    if (w->rows == 0 || n == 0) return;
-    ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_packed_worker, x_ready, false);
-}
-
-void ks_matmul_weight(ks_pool *pool, const ks_weight *w, const float *X, int64_t n, float *Y, void *scratch) {
-    ks_matmul_weight_ex(pool, w, X, n, Y, scratch, false);
-}
+/* ------------------------------------------- packed layouts (prefill GEMM) --
+ * ks_matmul_pack, ks_matmul_weight and their drivers: matmul_packed.c. */
+#define KS_MM_PACKED_PART 1
+#include "matmul_packed.c"
+#undef KS_MM_PACKED_PART
 
 /* ------------------------------------------------------ reference dot ----- */
 

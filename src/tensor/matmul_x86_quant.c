@@ -120,14 +120,73 @@ KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8x)(const float *x, uint8_t *dst, int64_
 #endif
 
 #if KS_MM_LEVEL >= 2
-/* Partner of the transposed Q8_0 panels (matmul_x86.c): int8 q[cols] in
+/* Sixteen 16-lane vectors v[0..15] -> one vector whose lane i is the
+ * reduction (OP: max or add, exact in any order for these operands) of
+ * v[i]'s lanes: a transposing tree of 15 combines instead of sixteen
+ * separate horizontal reductions of four steps each. */
+#define KS_MM_REDUCE16(T, OP, SH4, SHP, v, out)                                                          \
+    do {                                                                                                 \
+        T r8[8], r4[4], r2[2];                                                                           \
+        for (int i = 0; i < 8; i++) /* quarters 0,1 vs 2,3: lanes 0-7 of v[2i], 8-15 of v[2i+1] */       \
+            r8[i] = OP(SH4(v[2 * i], v[2 * i + 1], 0x44), SH4(v[2 * i], v[2 * i + 1], 0xEE));           \
+        for (int i = 0; i < 4; i++) /* quarter q: 4 partials of block 4i + q */                          \
+            r4[i] = OP(SH4(r8[2 * i], r8[2 * i + 1], 0x88), SH4(r8[2 * i], r8[2 * i + 1], 0xDD));       \
+        for (int i = 0; i < 2; i++) /* quarter q: 2 partials of blocks 8i + q, 8i + 4 + q */             \
+            r2[i] = OP(SHP(r4[2 * i], r4[2 * i + 1], 0x44), SHP(r4[2 * i], r4[2 * i + 1], 0xEE));       \
+        out = OP(SHP(r2[0], r2[1], 0x88), SHP(r2[0], r2[1], 0xDD)); /* lane 4q + l: block q + 4l */      \
+    } while (0)
+#define KS_MM_SH4F(a, b, i) _mm512_shuffle_f32x4(a, b, i)
+#define KS_MM_SHPF(a, b, i) _mm512_shuffle_ps(a, b, i)
+#define KS_MM_SH4I(a, b, i) _mm512_shuffle_i32x4(a, b, i)
+#define KS_MM_SHPI(a, b, i) \
+    _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), i))
+
+/* Partner of the transposed Q8_0 panels (matmul_x86_panel.c): int8 q[cols] in
  * element order, f32 d[nb], int32 corr[nb] = -128 * sum of the block's q;
- * the integers and scales are ks_mm_quantize_q8's. */
+ * the integers and scales are ks_mm_quantize_q8's.
+ *
+ * Sixteen blocks at a time: the block maxima and the block sums come out of
+ * one transposing tree each (KS_MM_REDUCE16) and the scales of all sixteen
+ * from one division, where a block at a time spent most of its work on
+ * horizontal steps; prefill quantizes every chunk's activations before each
+ * product, so this is part of the GEMM's time.  The arithmetic per block is
+ * unchanged (max of |x|, d = amax / 127, id = 1 / d, x * id rounded to
+ * nearest even), so the bytes are too. */
 KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8t)(const float *x, uint8_t *dst, int64_t cols) {
     const int64_t nb = cols / 32;
     float *ds = (float *)(dst + ks_mm_align64((size_t)cols));
     int32_t *corr = (int32_t *)((uint8_t *)ds + ks_mm_align64((size_t)nb * 4));
-    for (int64_t b = 0; b < nb; b++) {
+    /* lane i of a tree's result holds block (i % 4) * 4 + i / 4 */
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    int64_t b = 0;
+    for (; b + 16 <= nb; b += 16) {
+        const float *xb = x + 32 * b;
+        __m512 m[16];
+        for (int i = 0; i < 16; i++)
+            m[i] = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xb + 32 * i)), _mm512_abs_ps(_mm512_loadu_ps(xb + 32 * i + 16)));
+        __m512 amax;
+        KS_MM_REDUCE16(__m512, _mm512_max_ps, KS_MM_SH4F, KS_MM_SHPF, m, amax);
+        amax = _mm512_permutexvar_ps(order, amax);
+        const __m512 d = _mm512_div_ps(amax, _mm512_set1_ps(127.0f));
+        const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_OQ),
+                                              _mm512_set1_ps(1.0f), d);
+        _mm512_storeu_ps(ds + b, d);
+        float ida[16];
+        _mm512_storeu_ps(ida, id);
+        __m512i s[16];
+        for (int i = 0; i < 16; i++) {
+            const __m512 idv = _mm512_set1_ps(ida[i]);
+            const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 32 * i), idv));
+            const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 32 * i + 16), idv));
+            _mm_storeu_si128((__m128i *)(dst + 32 * (b + i)), _mm512_cvtsepi32_epi8(q0));
+            _mm_storeu_si128((__m128i *)(dst + 32 * (b + i) + 16), _mm512_cvtsepi32_epi8(q1));
+            s[i] = _mm512_add_epi32(q0, q1);
+        }
+        __m512i sum;
+        KS_MM_REDUCE16(__m512i, _mm512_add_epi32, KS_MM_SH4I, KS_MM_SHPI, s, sum);
+        _mm512_storeu_si512((void *)(corr + b), _mm512_mullo_epi32(_mm512_permutexvar_epi32(order, sum), _mm512_set1_epi32(-128)));
+    }
+    for (; b < nb; b++) { /* the last nb % 16 blocks, one at a time */
         __m256 v[4];
         __m256i iv[4];
         float amax = KS_MM_SFX(ks_mm_hmax8)(KS_MM_SFX(ks_mm_absmax32)(x + 32 * b, v));
@@ -143,6 +202,13 @@ KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8t)(const float *x, uint8_t *dst, int64_
 }
 #endif
 
+#if KS_MM_LEVEL >= 2
+#undef KS_MM_REDUCE16
+#undef KS_MM_SH4F
+#undef KS_MM_SHPF
+#undef KS_MM_SH4I
+#undef KS_MM_SHPI
+#endif
 #undef KS_MM_FN
 #undef KS_MM_INL
 #endif /* KS_MM_TEMPLATE_PASS */

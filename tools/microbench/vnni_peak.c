@@ -79,7 +79,7 @@ TGT static float mix_loop(int64_t iters, int seed) {
     return _mm512_reduce_add_ps(t);
 }
 
-/* The transposed-panel prefill tile's mix (matmul_x86.c, ks_mm_q8_0t2), per
+/* The transposed-panel prefill tile's mix (matmul_x86_panel.c, ks_mm_q8_0t2), per
  * 16 rows, vector and 32-value block: 8 vpdpbusd (512 MACs) + cvt + one
  * multiply of the two scales + FMA; 12 chains (2 panels x 6 vectors), the
  * weights and activations in registers.  The multiply and the FMA share the

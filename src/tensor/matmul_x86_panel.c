@@ -1,0 +1,311 @@
+/*
+ * matmul_x86_panel.c — the AVX-512 prefill tiles over packed weights: the
+ * 4-row panels of Q8_0 / Q4_0 (ks_mm_q8_0p, ks_mm_q4_0p) and the transposed
+ * 16-row Q8_0 panels (ks_mm_q8_0t for decode and odd panels, ks_mm_q8_0t2
+ * the two-panel prefill tile).  Their layouts are made once at load by
+ * ks_matmul_pack (matmul_packed.c), which also runs them.
+ *
+ * Why a file of their own: the kernels of matmul_x86.c read weights as the
+ * file stores them and serve every level and both decode and prefill; these
+ * exist only at the AVX-512 VNNI level and only for the packed layouts, and
+ * each carries its own argument about what bounds it (instructions per MAC,
+ * which pipes the epilogue shares with vpdpbusd, registers), which is where
+ * a reader tuning prefill looks.  It is the same kind of template as
+ * matmul_x86.c: matmul.c includes it right after that file in each level's
+ * pass (the helpers it uses, e.g. ks_mm_dw4, come from there); below
+ * AVX-512, and compiled on its own, it is empty.
+ */
+#ifndef KS_MM_TEMPLATE_PASS
+typedef int ks_matmul_x86_panel_is_included_by_matmul_c; /* standalone: nothing to compile */
+#else
+#if KS_MM_LEVEL >= 2
+
+#define KS_MM_FN static __attribute__((target(KS_MM_TGT)))
+#define KS_MM_INL static inline __attribute__((target(KS_MM_TGT), always_inline))
+/* ------------------------------- Q8_0 packed panels (prefill GEMM tile) --
+ * The weights of a packed Q8_0 matrix (ks_matmul_pack, matmul_packed.c) are
+ * already what the grouped kernel above builds per group: four rows form a
+ * panel, and per group of four blocks the panel holds LO and HI of each row
+ * as u8 (w + 128, shuffled into lane order once, at load), then, after all
+ * groups, the rows' four f16 block scales per group.  So a group costs no
+ * shuffle and no xor, and the tile below runs 4 rows x NC vectors: each
+ * activation load (corr, LO, HI, scale) serves four rows and each weight
+ * register NC vectors.  Per (row, vector, group) the arithmetic is the
+ * grouped kernel's, op for op — corr + LO.lo + HI.hi in int32 (exact in any
+ * order), one cvt, dw * dx, one FMA into the same 16 lanes, and the same
+ * reduce_add_ps at the end — so a packed matmul gives the very bits of the
+ * unpacked one, for every n and whatever the tiling: chunked prefill equals
+ * one prefill, and decode equals prefill, as before.  Zero-padded tail
+ * blocks (qs 0 -> u8 128 against zero activations, d 0) reproduce the
+ * grouped kernel's stand-in blocks. */
+#define KS_MM_P4_ROWS 4
+#define KS_MM_P4_PF 6144 /* software prefetch distance in the panel's quants, bytes */
+
+KS_MM_INL void KS_MM_SFX(ks_mm_q8_0p_body)(const uint8_t *panel, int64_t ng, int64_t g0, int64_t g1,
+                                           const uint8_t *xq, size_t xs, float *accio, float *y, int64_t ys,
+                                           int nr, const int NC, const bool Q4) {
+    const size_t gbytes = Q4 ? 256 : 512; /* quant bytes of a panel group */
+    const uint8_t *qb = panel + (size_t)g0 * gbytes;
+    const uint64_t *sb = (const uint64_t *)(panel + (size_t)ng * gbytes); /* [ng][4 rows] 4 x f16 */
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[KS_MM_P4_ROWS][4];
+    _Pragma("GCC unroll 4") for (int r = 0; r < KS_MM_P4_ROWS; r++)
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[r][c] =
+            g0 ? _mm512_load_ps(accio + 16 * (4 * r + c)) : _mm512_setzero_ps();
+    for (int64_t g = g0; g < g1; g++, qb += gbytes) {
+        __m512i lo[KS_MM_P4_ROWS], hi[KS_MM_P4_ROWS];
+        __m512 dw[KS_MM_P4_ROWS];
+        /* decode streams the panel from DRAM: ~6 KiB ahead covers its latency at one core's
+         * share of the bandwidth (the file-layout kernel prefetches 4.3 KiB ahead per row) */
+        _Pragma("GCC unroll 4") for (int l = 0; l < 4; l++) _mm_prefetch((const char *)(qb + KS_MM_P4_PF + 64 * l), _MM_HINT_T0);
+        if (!Q4) _Pragma("GCC unroll 4") for (int l = 4; l < 8; l++) _mm_prefetch((const char *)(qb + KS_MM_P4_PF + 64 * l), _MM_HINT_T0);
+        if (!(g & 1)) _mm_prefetch((const char *)(sb + 4 * g + 4 * KS_MM_P4_PF / gbytes), _MM_HINT_T0); /* the scales' stream */
+        _Pragma("GCC unroll 4") for (int r = 0; r < KS_MM_P4_ROWS; r++) {
+            if (Q4) { /* 128-bit lane k: block 4g+k's 16 packed bytes; nibbles are u8 w + 8 */
+                const __m512i z = _mm512_loadu_si512((const void *)(qb + 64 * r));
+                lo[r] = _mm512_and_si512(z, m4);
+                hi[r] = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+            } else {
+                lo[r] = _mm512_loadu_si512((const void *)(qb + 64 * r)); /* GGUF data is 32-byte aligned */
+                hi[r] = _mm512_loadu_si512((const void *)(qb + 256 + 64 * r));
+            }
+            dw[r] = KS_MM_SFX(ks_mm_dw4)(sb[4 * g + r]);
+        }
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+            const uint8_t *xg = xq + c * xs + (size_t)g * KS_MM_Q8X_GROUP;
+            const __m512i corr = _mm512_load_si512((const void *)(xg + 192));
+            const __m512 dx = _mm512_load_ps((const void *)(xg + 128));
+            _Pragma("GCC unroll 4") for (int r = 0; r < KS_MM_P4_ROWS; r++) {
+                __m512i p = _mm512_dpbusd_epi32(corr, lo[r], _mm512_load_si512((const void *)xg));
+                p = _mm512_dpbusd_epi32(p, hi[r], _mm512_load_si512((const void *)(xg + 64)));
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), acc[r][c]);
+            }
+        }
+    }
+    if (g1 < ng) { /* more K-blocks follow: park the lanes exactly */
+        _Pragma("GCC unroll 4") for (int r = 0; r < KS_MM_P4_ROWS; r++)
+            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) _mm512_store_ps(accio + 16 * (4 * r + c), acc[r][c]);
+        return;
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < KS_MM_P4_ROWS; r++)
+        if (r < nr) _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+/* One panel (nr <= 4 valid rows) times nc (1..4) vectors over groups
+ * [g0, g1) of its ng: lanes start from zero (g0 == 0) or accio, and end in
+ * accio (g1 < ng: a K-block of a long row, so that a tile's activations stay
+ * in L1) or, reduced, in y[c*ys + r].  accio: 64-byte aligned, 4 x 4 x 16
+ * floats.  Splitting K changes nothing in the arithmetic: each lane's FMA
+ * chain runs in the same order, parked in memory between blocks. */
+KS_MM_FN void KS_MM_SFX(ks_mm_q8_0p)(const uint8_t *panel, int64_t ng, int64_t g0, int64_t g1, const uint8_t *xq,
+                                     size_t xs, int nc, float *accio, float *y, int64_t ys, int nr) {
+    KS_ASSERT(((uintptr_t)xq & 63) == 0 && (xs & 63) == 0 && ((uintptr_t)accio & 63) == 0);
+    switch (nc) {
+    case 4: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 4, false); break;
+    case 3: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 3, false); break;
+    case 2: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 2, false); break;
+    default: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 1, false); break;
+    }
+}
+
+/* The same tile over a packed Q4_0 panel (per group: each row's 64 bytes,
+ * 128-bit lane k = block 4g+k's packed nibbles, then the scales): the
+ * grouped Q4_0 kernel's arithmetic, so the same bits as unpacked Q4_0. */
+KS_MM_FN void KS_MM_SFX(ks_mm_q4_0p)(const uint8_t *panel, int64_t ng, int64_t g0, int64_t g1, const uint8_t *xq,
+                                     size_t xs, int nc, float *accio, float *y, int64_t ys, int nr) {
+    KS_ASSERT(((uintptr_t)xq & 63) == 0 && (xs & 63) == 0 && ((uintptr_t)accio & 63) == 0);
+    switch (nc) {
+    case 4: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 4, true); break;
+    case 3: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 3, true); break;
+    case 2: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 2, true); break;
+    default: KS_MM_SFX(ks_mm_q8_0p_body)(panel, ng, g0, g1, xq, xs, accio, y, ys, nr, 1, true); break;
+    }
+}
+
+
+/* ------------------------- Q8_0 transposed panels (the prefill GEMM tile) --
+ * Why a second packed form.  The grouped kernels above finish every (row,
+ * vector, 4 blocks) with an int->float conversion, a scale multiply and an
+ * FMA, and on this core the multiply and the FMA share the two vector pipes
+ * that run vpdpbusd: two of every four pipe slots go to the epilogue, which
+ * caps them near half the int8 peak (tools/microbench/vnni_peak.c).  Here
+ * sixteen rows form a panel stored transposed by 4-byte groups (zmm k of
+ * block b: lane r = bytes 4k..4k+3 of row r's block b, as u8 w + 128), so
+ * that a vector's activations enter as broadcast dwords and each lane of the
+ * accumulator is one row: a block costs eight vpdpbusd for sixteen rows,
+ * then ONE conversion, multiply and FMA for all sixteen, and no horizontal
+ * reduction is ever needed (the lanes are the outputs).
+ *
+ * The arithmetic per output (row r, vector c) is fixed and sequential:
+ *   acc = 0; for b in blocks: p = corr_c[b] + sum_i (w + 128) x  (int32, exact)
+ *                             acc = fma((float)p, dw_r[b] * dx_c[b], acc)
+ * whatever the tile, the chunk or the number of vectors, so decode and
+ * prefill, chunked or not, give the same bits (tests/test_matmul.c checks it
+ * against a scalar emulation); it differs from the file-layout kernels only
+ * by float rounding (they sum 16 lane partials, then reduce).
+ *
+ * Partner per vector (ks_mm_quantize_q8t): int8 q[cols] in element order
+ * (64-byte aligned), f32 d[nb], int32 corr[nb] = -128 * sum of the block's q
+ * (the +128 of the u8 weights taken off exactly). */
+/* The distance: the GEMV alone (8192 x 2048 Q8_0, one vector, weights
+ * rotated over 8 copies so that every call reads DRAM, 2 threads, packed
+ * against the file layout per core-second, alternated in one process,
+ * 2026-11-27, host shared): 4 KiB 0.90-1.04 of the file layout (median
+ * ~1.0), 2 KiB 0.91-1.08, 8 KiB 0.85-0.91, 32 KiB 0.87-0.93; at 2048 x 8192
+ * 4 KiB 1.03-1.10 against 32 KiB's 0.93-1.06.  Far ahead, prefetches seem to wait
+ * for miss buffers the demand loads need (perf's samples gather right after
+ * the prefetches); 4 KiB is also about the file-layout kernel's distance.
+ * (An earlier 6 KiB trial that trailed the file layout by up to 25% in
+ * decode ran while each panel still began on a DRAM miss for its scales.) */
+#ifndef KS_MM_P16_PF_HINT
+#define KS_MM_P16_PF_HINT _MM_HINT_T0
+#endif
+#ifndef KS_MM_P16_PF
+#define KS_MM_P16_PF 4096 /* software prefetch distance in a panel's quants, bytes (decode reads them from DRAM): see above */
+#endif
+
+KS_MM_INL void KS_MM_SFX(ks_mm_q8_0t_body)(const uint8_t *panel, int64_t nb, const uint8_t *xq, size_t xs,
+                                           float *y, int64_t ys, const int NC) {
+    const uint16_t *sd = (const uint16_t *)(panel + (size_t)nb * 512); /* [nb][16] f16 */
+    const size_t qoff = 0, doff = ks_mm_align64((size_t)nb * 32), coff = doff + ks_mm_align64((size_t)nb * 4);
+    __m512 acc[8];
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = panel + (size_t)b * 512;
+        _Pragma("GCC unroll 8") for (int l = 0; l < 8; l++) _mm_prefetch((const char *)(wb + KS_MM_P16_PF + 64 * l), KS_MM_P16_PF_HINT);
+        /* the scales: the next panel's, one line per two blocks, so that a panel never starts on
+         * a DRAM miss (4 KiB ahead in the own scale stream ran past a 2048-column panel's 2 KiB
+         * of scales, and the next panel's came from DRAM at its first block) */
+        if (!(b & 1)) _mm_prefetch((const char *)((uintptr_t)sd + (size_t)nb * 544 + 32 * (size_t)b), _MM_HINT_T0);
+        __m512i W[8];
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) W[k] = _mm512_loadu_si512((const void *)(wb + 64 * k));
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sd + 16 * b)));
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
+            const uint8_t *xc = xq + c * xs;
+            const int32_t *qd = (const int32_t *)(xc + qoff + 32 * (size_t)b);
+            /* two dpbusd chains of four (latency), joined exactly in int32 */
+            __m512i p = _mm512_set1_epi32(((const int32_t *)(xc + coff))[b]), p1 = _mm512_setzero_si512();
+            _Pragma("GCC unroll 4") for (int k = 0; k < 8; k += 2) {
+                p = _mm512_dpbusd_epi32(p, W[k], _mm512_set1_epi32(qd[k]));
+                p1 = _mm512_dpbusd_epi32(p1, W[k + 1], _mm512_set1_epi32(qd[k + 1]));
+            }
+            p = _mm512_add_epi32(p, p1);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
+                                     _mm512_mul_ps(dw, _mm512_set1_ps(((const float *)(xc + doff))[b])), acc[c]);
+        }
+    }
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) _mm512_storeu_ps(y + c * ys, acc[c]);
+}
+
+/* One 16-row panel times nc (1..8) vectors: y[c*ys + r], r < 16. */
+KS_MM_FN void KS_MM_SFX(ks_mm_q8_0t)(const uint8_t *panel, int64_t nb, const uint8_t *xq, size_t xs, int nc, float *y,
+                                     int64_t ys) {
+    switch (nc) {
+    case 8: KS_MM_SFX(ks_mm_q8_0t_body)(panel, nb, xq, xs, y, ys, 8); break;
+    case 7: KS_MM_SFX(ks_mm_q8_0t_body)(panel, nb, xq, xs, y, ys, 7); break;
+    case 6: KS_MM_SFX(ks_mm_q8_0t_body)(panel, nb, xq, xs, y, ys, 6); break;
+    case 5: KS_MM_SFX(ks_mm_q8_0t_body)(panel, nb, xq, xs, y, ys, 5); break;
+    case 4: KS_MM_SFX(ks_mm_q8_0t_body)(panel, nb, xq, xs, y, ys, 4); break;
+    case 3: KS_MM_SFX(ks_mm_q8_0t_body)(panel, nb, xq, xs, y, ys, 3); break;
+    case 2: KS_MM_SFX(ks_mm_q8_0t_body)(panel, nb, xq, xs, y, ys, 2); break;
+    default: KS_MM_SFX(ks_mm_q8_0t_body)(panel, nb, xq, xs, y, ys, 1); break;
+    }
+}
+
+/* KS_MM_T2_NP adjacent transposed panels (2: 32 rows) times nc
+ * (1..KS_MM_T2_NC) vectors, the prefill tile.  Why: with one panel in
+ * registers every vpdpbusd needs its own broadcast of four activation bytes,
+ * about 1.2 loads per vpdpbusd with the weights and the scales, and the
+ * kernel ran at 57-64% of the register-only peak.  Here the loop over the
+ * block's eight dword columns k is outermost: one weight load per panel and
+ * column, and each broadcast serves both panels (about 0.6 loads per
+ * vpdpbusd).  Registers: 2 x NP x nc accumulators (int32 p and f32 acc)
+ * + NP weights + 1 broadcast + scales: NP = 2, nc = 6 fits the 32 zmm
+ * without spills (3 x 4 and 3 x 5 measured no faster).
+ *
+ * What bounds it now: per 16 rows, vector and block the exact arithmetic
+ * needs 8 vpdpbusd + 1 multiply (dw x dx) + 1 FMA, and on this core the
+ * multiply and the FMA run on the two pipes that run vpdpbusd (the int->float
+ * conversion does not), so at most 8 / 10 of those pipes' slots are VNNI:
+ * 80% of the register-only peak.  A register-and-L1 model of this tile
+ * (2026-11-27, Zen 5 host) measured 72% with its loads, 77% with the
+ * multiply hoisted; tools/microbench/vnni_peak.c prints the tile's mix.
+ * The multiply cannot be shared (each dw[r][b] x dx[c][b] is used once)
+ * nor dropped without changing the bits.
+ *
+ * The arithmetic per output is exactly ks_mm_q8_0t's (the int32 sum is
+ * exact in any order; the float steps per block are the same ops in the
+ * same order), so the two kernels give the same bits (tests/test_matmul.c
+ * compares both with the scalar emulation). */
+#ifndef KS_MM_T2_NP
+#define KS_MM_T2_NP 2 /* panels per tile */
+#endif
+#ifndef KS_MM_T2_NC
+#define KS_MM_T2_NC 6 /* vectors per tile */
+#endif
+
+KS_MM_INL void KS_MM_SFX(ks_mm_q8_0t2_body)(const uint8_t *panel, size_t panel_bytes, int64_t nb, const uint8_t *xq,
+                                            size_t xs, const uint8_t *xnext, float *y, int64_t ys, const int NC) {
+    enum { NP = KS_MM_T2_NP };
+    const size_t doff = ks_mm_align64((size_t)nb * 32), coff = doff + ks_mm_align64((size_t)nb * 4);
+    __m512 acc[NP][KS_MM_T2_NC];
+    _Pragma("GCC unroll 8") for (int j = 0; j < NP; j++) _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc[j][c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i p[NP][KS_MM_T2_NC];
+        if (xnext && !(b & 1)) /* the next tile's activations, one line per two blocks */
+            _Pragma("GCC unroll 8") for (int c = 0; c < KS_MM_T2_NC; c++) _mm_prefetch((const char *)(xnext + c * xs + 32 * (size_t)b), _MM_HINT_T0);
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
+            p[0][c] = _mm512_set1_epi32(((const int32_t *)(xq + c * xs + coff))[b]);
+            _Pragma("GCC unroll 8") for (int j = 1; j < NP; j++) p[j][c] = p[0][c];
+        }
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
+            __m512i w[NP];
+            _Pragma("GCC unroll 8") for (int j = 0; j < NP; j++) w[j] = _mm512_loadu_si512((const void *)(panel + j * panel_bytes + (size_t)b * 512 + 64 * k));
+            _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
+                const __m512i xk = _mm512_set1_epi32(((const int32_t *)(xq + c * xs + 32 * (size_t)b))[k]);
+                _Pragma("GCC unroll 8") for (int j = 0; j < NP; j++) p[j][c] = _mm512_dpbusd_epi32(p[j][c], w[j], xk);
+            }
+        }
+        __m512 dw[NP];
+        _Pragma("GCC unroll 8") for (int j = 0; j < NP; j++)
+            dw[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(panel + j * panel_bytes + (size_t)nb * 512 + 32 * (size_t)b)));
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
+            const __m512 dx = _mm512_set1_ps(((const float *)(xq + c * xs + doff))[b]);
+            _Pragma("GCC unroll 8") for (int j = 0; j < NP; j++)
+                acc[j][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[j][c]), _mm512_mul_ps(dw[j], dx), acc[j][c]);
+        }
+    }
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) _Pragma("GCC unroll 8") for (int j = 0; j < NP; j++) _mm512_storeu_ps(y + c * ys + 16 * j, acc[j][c]);
+}
+
+/* Panels p .. p + KS_MM_T2_NP - 1 (panel_bytes apart) times nc (1..KS_MM_T2_NC)
+ * vectors: y[c*ys + r], r < 16 * KS_MM_T2_NP; xnext (or NULL): the next
+ * tile's activations, prefetched. */
+KS_MM_FN void KS_MM_SFX(ks_mm_q8_0t2)(const uint8_t *panel, size_t panel_bytes, int64_t nb, const uint8_t *xq, size_t xs,
+                                      const uint8_t *xnext, int nc, float *y, int64_t ys) {
+    switch (nc) {
+#if KS_MM_T2_NC >= 8
+    case 8: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, xnext, y, ys, 8); break;
+#endif
+#if KS_MM_T2_NC >= 7
+    case 7: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, xnext, y, ys, 7); break;
+#endif
+#if KS_MM_T2_NC >= 6
+    case 6: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, xnext, y, ys, 6); break;
+#endif
+#if KS_MM_T2_NC >= 5
+    case 5: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, xnext, y, ys, 5); break;
+#endif
+#if KS_MM_T2_NC >= 4
+    case 4: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, xnext, y, ys, 4); break;
+#endif
+    case 3: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, xnext, y, ys, 3); break;
+    case 2: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, xnext, y, ys, 2); break;
+    default: KS_MM_SFX(ks_mm_q8_0t2_body)(panel, panel_bytes, nb, xq, xs, xnext, y, ys, 1); break;
+    }
+}
+
+#undef KS_MM_FN
+#undef KS_MM_INL
+#endif /* KS_MM_LEVEL >= 2 */
+#endif /* KS_MM_TEMPLATE_PASS */
