@@ -252,6 +252,7 @@ static int eval_open_contexts(app_options *o, eval_state *e, int l) {
             cp.policy_args = NULL;
             cp.kv_offload_layers = 0;
             cp.mem_cap = 0;
+            cp.prefill_policy = NULL; /* the reference prefills densely */
         }
         if (!app_create_context(o, e->m, cp, "creating a context", &e->ctxs[k])) return 1;
         ks_context_set_recall_probe(e->ctxs[k], k > 0);
