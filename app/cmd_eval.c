@@ -195,10 +195,12 @@ static void eval_configs(const app_options *o, eval_state *e) {
     const char *kv_suffix = o->kv_type == KS_KV_Q8 ? "/q8" : "";
     for (int pi = 0; pi < o->po.n_names; pi++) {
         if (!strcmp(o->po.names[pi], "dense")) {
-            /* dense on the other KV type, or on other kernels than the reference's, is a configuration of its own */
-            if (o->kv_type != KS_KV_F16 || ref_simd >= 0) {
+            /* dense on the other KV type, on other kernels than the reference's, or after a sparse
+             * prefill (--prefill-policy) is a configuration of its own */
+            bool sparse_prefill = o->prefill_policy && strcmp(o->prefill_policy, "dense");
+            if (o->kv_type != KS_KV_F16 || ref_simd >= 0 || sparse_prefill) {
                 cfgs[n] = (eval_cfg){pi, -1, ""};
-                snprintf(cfgs[n++].label, sizeof cfgs[0].label, "dense%s", kv_suffix);
+                snprintf(cfgs[n++].label, sizeof cfgs[0].label, "dense%s%s", kv_suffix, sparse_prefill ? "/sparse-prefill" : "");
             }
             continue;
         }
