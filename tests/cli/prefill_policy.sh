@@ -29,5 +29,9 @@ cmp -s "$TMP/dense" "$TMP/quest" || fail "a short prompt's text differs under --
 grep -q "^prefill  " "$TMP/bench" || fail "bench: no dense prefill row"
 grep -q "^prefill/sparse" "$TMP/bench" || fail "bench: no sparse prefill row"
 
+"$KS" eval -m "$MODEL" --lengths 128 --samples 1 --depths 0.5 -t 1 --task passkey --policy dense --page 8 \
+  --prefill-policy quest:budget=40,sink=8,window=16,dense=0 >"$TMP/eval" 2>/dev/null || fail "eval --prefill-policy"
+grep -q "^dense/sparse-prefill" "$TMP/eval" || fail "eval: no dense/sparse-prefill configuration beside the reference"
+
 [ "$fails" -eq 0 ] && echo "prefill_policy: all checks passed"
 exit $((fails > 0))
