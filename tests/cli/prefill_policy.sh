@@ -4,7 +4,8 @@
 # naming the fault (never a crash, never a silently dense run); a prompt
 # shorter than sink + window + one page leaves nothing to drop, so run's
 # greedy text under the default quest setting is dense's; bench prints the
-# dense and the sparse prefill rows side by side.
+# dense and the sparse prefill rows side by side; eval compares dense after
+# a sparse prefill with the dense reference.
 # Usage: bash prefill_policy.sh <kvsieve> <fixtures-dir> <scratch-dir>
 set -u
 KS=$1; FIX=$2; TMP=$3
