@@ -121,6 +121,35 @@ static void test_q8(void **state) {
     g_kv = KS_KV_F16;
 }
 
+/* A prefix cache holds exact KV only: a sparse prefill captures nothing,
+ * a dense one does (and a sparse context may restore what it cached). */
+static void test_prefix_cache_exact_only(void **state) {
+    (void)state;
+    ks_prefix_cache_params pcp = ks_prefix_cache_default_params();
+    ks_prefix_cache *pc = NULL;
+    assert_int_equal(ks_prefix_cache_create(g_model, &pcp, &pc), KS_OK);
+    const char *specs[] = {"quest:budget=96,sink=16,window=32,dense=1", NULL};
+    uint64_t blocks[2];
+    for (int k = 0; k < 2; k++) {
+        ks_context_params p = ks_context_default_params();
+        p.n_ctx = N_PROMPT;
+        p.n_threads = 2;
+        p.page = 16;
+        p.prefill_policy = specs[k];
+        ks_context *c = NULL;
+        assert_int_equal(ks_context_create(g_model, p, &c), KS_OK);
+        int32_t n_cached = -1;
+        assert_int_equal(ks_prefill_cached(c, pc, 0, g_ids, N_PROMPT, NULL, &n_cached), KS_OK);
+        assert_int_equal(n_cached, 0); /* nothing exact was there to restore */
+        ks_prefix_cache_stats st;
+        ks_prefix_cache_get_stats(pc, &st);
+        blocks[k] = st.ram_blocks;
+        ks_context_destroy(c);
+    }
+    assert_true(blocks[0] == 0 && blocks[1] > 0);
+    ks_prefix_cache_destroy(pc);
+}
+
 static void test_bad_settings(void **state) {
     (void)state;
     const char *bad[] = {"sparse", "quest:", "quest:budget", "quest:budget=abc", "quest:budget=12x",
@@ -153,6 +182,7 @@ int main(void) {
         cmocka_unit_test(test_full_budget_is_dense),
         cmocka_unit_test(test_binding_budget),
         cmocka_unit_test(test_q8),
+        cmocka_unit_test(test_prefix_cache_exact_only),
         cmocka_unit_test(test_bad_settings),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -21,6 +21,10 @@ for spec in sparse quest: quest:budget=abc quest:nokey=1 quest:budget=64, quest:
   grep -q "prefill policy" "$TMP/err" || fail "--prefill-policy $spec: message does not name it: $(cat "$TMP/err")"
 done
 
+"$KS" run -m "$MODEL" -p hi -n 1 --prefill-policy quest --prompt-cache "$TMP/pc.bin" >/dev/null 2>"$TMP/err"
+[ $? -eq 2 ] || fail "--prompt-cache with a sparse prefill: not a usage error"
+[ -e "$TMP/pc.bin" ] && fail "--prompt-cache with a sparse prefill wrote a cache file"
+
 "$KS" run -m "$MODEL" -p "Once upon a time" -n 12 --temp 0 >"$TMP/dense" 2>/dev/null || fail "dense run"
 "$KS" run -m "$MODEL" -p "Once upon a time" -n 12 --temp 0 --prefill-policy quest >"$TMP/quest" 2>/dev/null || fail "quest run"
 cmp -s "$TMP/dense" "$TMP/quest" || fail "a short prompt's text differs under --prefill-policy quest"
