@@ -142,7 +142,7 @@ static int bench_setup(app_options *o, bench_state *b) {
 
 /* Prefill of one prompt length on a fresh context; the GEMM's multiply-adds
  * per second are set against the int8 peak of the same threads. */
-static int bench_prefill(app_options *o, bench_state *b, long n_prompt) {
+static int bench_prefill(app_options *o, bench_state *b, long n_prompt, const char *prefill_policy) {
     const char *cmd = o->cmd;
     int32_t V = b->hp.n_vocab;
     o->n_threads = b->n_threads;
@@ -150,6 +150,7 @@ static int bench_prefill(app_options *o, bench_state *b, long n_prompt) {
     cp.n_ctx = (int32_t)n_prompt + 1;
     cp.n_threads = (int32_t)b->n_threads;
     cp.kv_type = o->kv_type;
+    cp.prefill_policy = prefill_policy;
     ks_context *ctx = NULL;
     if (!app_create_context(o, b->m, cp, "context", &ctx)) return 1;
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)n_prompt);
@@ -175,16 +176,16 @@ static int bench_prefill(app_options *o, bench_state *b, long n_prompt) {
     double mm_rate = s.matmul_seconds > 0 ? s.matmul_macs / s.matmul_seconds : 0;
     progress("prefill", ++b->done, b->total);
     if (o->json) {
-        printf("%s\n  {\"test\": \"prefill\", \"tokens\": %ld, \"tok_s\": %.3f, \"seconds\": %.4f, \"gb_read\": %.4f, "
+        printf("%s\n  {\"test\": \"prefill\", \"prefill_policy\": \"%s\", \"tokens\": %ld, \"tok_s\": %.3f, \"seconds\": %.4f, \"gb_read\": %.4f, "
                "\"gemm_share\": %.4f, \"attention_share\": %.4f, \"gemm_macs_s\": %.4g, \"int8_peak_macs_s\": %.4g, "
                "\"gemm_peak_share\": %.4f}",
-               b->first ? "" : ",", n_prompt, tps, s.prefill_seconds, gb, mm_share, att_share, mm_rate, peak,
+               b->first ? "" : ",", prefill_policy ? prefill_policy : "dense", n_prompt, tps, s.prefill_seconds, gb, mm_share, att_share, mm_rate, peak,
                peak > 0 ? mm_rate / peak : 0);
         b->first = false;
     } else
         printf("%-14s %6s %6ld %6d %11.2f %9s %9.2f %8.3f %8.2f %7s   gemm %4.1f%% of time at %.1f G MAC/s = %.1f%% of peak, "
                "attention %4.1f%%\n",
-               "prefill", "-", n_prompt, 1, tps, "-", 1e3 * s.prefill_seconds, gb, gb / s.prefill_seconds, "-",
+               prefill_policy ? "prefill/sparse" : "prefill", "-", n_prompt, 1, tps, "-", 1e3 * s.prefill_seconds, gb, gb / s.prefill_seconds, "-",
                100 * mm_share, mm_rate * 1e-9, peak > 0 ? 100 * mm_rate / peak : 0, 100 * att_share);
     fflush(stdout);
     return -1;
@@ -198,8 +199,11 @@ static int bench_prefills(app_options *o, bench_state *b) {
     }
     if (!o->json) printf("int8 peak (vpdpbusd, %ld threads, best of 3): %.1f G MAC/s\n", b->n_threads, b->peak * 1e-9);
     for (int pi = 0; pi < o->n_prompts; pi++) {
-        int rc = bench_prefill(o, b, o->prompts[pi]);
+        int rc = bench_prefill(o, b, o->prompts[pi], NULL);
         if (rc >= 0) return rc;
+        /* --prefill-policy: the same prompt again under it, beside the dense row */
+        if (o->prefill_policy && strcmp(o->prefill_policy, "dense") && (rc = bench_prefill(o, b, o->prompts[pi], o->prefill_policy)) >= 0)
+            return rc;
     }
     return -1;
 }
@@ -407,7 +411,8 @@ int cmd_bench(int argc, char **argv) {
             memcpy(po->names[0], tmp, sizeof tmp);
         }
     bench_state b = {0};
-    b.total = (o.no_prefill ? 0 : o.n_prompts) + o.n_depths * o.n_batches * po->n_names * po->n_budgets * o.n_offload;
+    int prefill_runs = o.prefill_policy && strcmp(o.prefill_policy, "dense") ? 2 : 1;
+    b.total = (o.no_prefill ? 0 : prefill_runs * o.n_prompts) + o.n_depths * o.n_batches * po->n_names * po->n_budgets * o.n_offload;
     if ((rc = bench_setup(&o, &b)) < 0) {
         for (int k = 0; k < o.n_offload && rc < 0; k++)
             if (o.offload[k] == APP_OFFLOAD_ADAPTIVE && po->mem_cap <= 0) {

@@ -193,12 +193,14 @@ static void eval_configs(const app_options *o, eval_state *e) {
     cfgs[n++] = (eval_cfg){-1, -1, "dense"};
     if (ref_simd >= 0) snprintf(cfgs[0].label, sizeof cfgs[0].label, "dense/ref-%s", ks_simd_name((ks_simd_level)ref_simd));
     const char *kv_suffix = o->kv_type == KS_KV_Q8 ? "/q8" : "";
+    bool sparse_prefill = o->prefill_policy && strcmp(o->prefill_policy, "dense"); /* every compared config's */
     for (int pi = 0; pi < o->po.n_names; pi++) {
         if (!strcmp(o->po.names[pi], "dense")) {
-            /* dense on the other KV type, or on other kernels than the reference's, is a configuration of its own */
-            if (o->kv_type != KS_KV_F16 || ref_simd >= 0) {
+            /* dense on the other KV type, on other kernels than the reference's, or after a sparse
+             * prefill (--prefill-policy) is a configuration of its own */
+            if (o->kv_type != KS_KV_F16 || ref_simd >= 0 || sparse_prefill) {
                 cfgs[n] = (eval_cfg){pi, -1, ""};
-                snprintf(cfgs[n++].label, sizeof cfgs[0].label, "dense%s", kv_suffix);
+                snprintf(cfgs[n++].label, sizeof cfgs[0].label, "dense%s%s", kv_suffix, sparse_prefill ? "/sparse-prefill" : "");
             }
             continue;
         }
@@ -207,7 +209,8 @@ static void eval_configs(const app_options *o, eval_state *e) {
             char bl[32];
             app_budget_label(&o->po.budgets[bi], bl, sizeof bl);
             *c = (eval_cfg){pi, bi, ""};
-            snprintf(c->label, sizeof c->label, "%s@%s%s", o->po.names[pi], bl, kv_suffix);
+            snprintf(c->label, sizeof c->label, "%s@%s%s%s", o->po.names[pi], bl, kv_suffix,
+                     sparse_prefill ? "/sparse-prefill" : "");
         }
     }
     e->n_cfg = n;
@@ -252,6 +255,7 @@ static int eval_open_contexts(app_options *o, eval_state *e, int l) {
             cp.policy_args = NULL;
             cp.kv_offload_layers = 0;
             cp.mem_cap = 0;
+            cp.prefill_policy = NULL; /* the reference prefills densely */
         }
         if (!app_create_context(o, e->m, cp, "creating a context", &e->ctxs[k])) return 1;
         ks_context_set_recall_probe(e->ctxs[k], k > 0);

@@ -90,6 +90,12 @@ static const app_opt g_opts[] = {
     {"--prompt-cache", 0, OPT_STR, APP_RUN, F(cache_file), 0, 0, 0, 0, 0, "FILE",
      "start from the longest prefix of the prompt cached in FILE, and save the\n"
      "prompt's KV there after prefill (exact: the same output as without it)", 0},
+    {"--prefill-policy", 0, OPT_STR, APP_RUN | APP_BENCH | APP_EVAL, F(prefill_policy), 0, 0, 0, 0, 0, "SPEC",
+     "prompt attention: dense (default, exact) or quest[:budget=N,sink=N,window=N,dense=N]\n"
+     "(opt-in sparse prefill: each block of 16 rows attends its sinks, a local window\n"
+     "and the cached pages with the highest Quest bounds; defaults 2048, 32, 512, 2;\n"
+     "bench prefills dense and SPEC side by side, eval gives SPEC to the compared\n"
+     "configurations and keeps the reference dense)", 0},
     {"--no-bos", 0, OPT_FLAG, APP_RUN, F(no_bos), 0, 0, 0, 0, 0, 0, "do not prepend BOS", 0},
     {"--verbose", 0, OPT_FLAG, APP_RUN, 0, 0, 0, 0, 0, 0, 0, "log level debug", app_parse_verbose},
     /* tokenize */
@@ -400,6 +406,7 @@ ks_context_params app_context_params(app_options *o, int pi, int32_t budget, int
     if (o->n_threads) cp.n_threads = (int32_t)o->n_threads;
     if (o->n_batch) cp.n_batch = (int32_t)o->n_batch;
     cp.kv_type = o->kv_type;
+    cp.prefill_policy = o->prefill_policy;
     app_policy_apply(&o->po, pi, budget, &cp);
     if (room) cp.n_ctx += ks_policy_prefill_room(cp.policy, cp.policy_args); /* e.g. DapQ's pseudo tokens */
     return cp;

@@ -45,6 +45,7 @@ typedef struct app_options {
     bool json;
     ks_kv_type kv_type;
     app_policy_opts po;
+    const char *prefill_policy;      /* --prefill-policy (NULL: dense) */
     /* run */
     long n_gen;
     bool chat, ignore_eos, no_bos;

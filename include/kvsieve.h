@@ -132,6 +132,14 @@ typedef struct ks_context_params {
      * first) as the sequences grow past precomputed thresholds.  0: off. */
     double mem_cap;
     double mem_overhead;       /* factor on weight bytes in the memory model (default 1.3) */
+    /* Prefill attention (docs/POLICIES.md, "Sparse prefill"): NULL or
+     * "dense" (default) attends every cached entry exactly; "quest" or
+     * "quest:budget=N,sink=N,window=N,dense=N" lets each block of prompt
+     * rows attend its sinks, a local window and the cached pages whose
+     * Quest bounds score highest, budget entries per block and KV head.
+     * Opt-in and approximate; decode is not affected.  The string is
+     * parsed by ks_context_create (KS_ERR_INVALID_ARG when malformed). */
+    const char *prefill_policy;
 } ks_context_params;
 
 ks_context_params ks_context_default_params(void);

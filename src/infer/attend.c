@@ -236,17 +236,20 @@ static bool attend_block(ks_context *c, attn_job *j, ks_attn_scratch *s, int r0,
     bool slow = ks_kv_layer_tier(c->kv, j->il) == KS_TIER_SLOW;
     bool buffered = slow && ks_kv_n_entries(c->kv, seq, j->il, h) <= ks_kv_buffer_entries(c->kv);
     if (slow && !(gather = ks_infer_gather_buffer(c, s))) return false;
-    int32_t np, total;
-    int32_t nseg = ks_infer_segs_plan(NULL, n_att[R - 1], P, s->segs, s->first, s->pages, &np, &total);
+    const float *q = c->q + ((size_t)r0 * hp->n_head + (size_t)h * G) * hd;
+    float *o = c->att + ((size_t)r0 * hp->n_head + (size_t)h * G) * hd;
+    size_t qo_stride = (size_t)hp->n_head * hd;
+    /* the opt-in sparse prefill (prefill_sparse.c): sinks, window and the top pages, counts within those runs */
+    int32_t np, total, n_sparse[KS_PREFILL_BLOCK];
+    int32_t nseg = ks_prefill_sparse_plan(c, s, seq, j->il, h, q, qo_stride, R, n_att, n_sparse, &np, &total);
+    if (nseg >= 0) memcpy(n_att, n_sparse, sizeof(int32_t) * (size_t)R);
+    else nseg = ks_infer_segs_plan(NULL, n_att[R - 1], P, s->segs, s->first, s->pages, &np, &total);
     if (buffered) {
         if (ks_infer_segs_resolve_buffered(c->kv, seq, j->il, h, s->segs, s->first, nseg, gather,
                                            ks_infer_gather_entries(c), &s->gather_bytes) != KS_OK)
             return false;
     } else if (ks_infer_segs_resolve(c->kv, seq, j->il, h, s->segs, s->first, nseg, s->pages, gather) != KS_OK)
         return false; /* attend_one reports it */
-    const float *q = c->q + ((size_t)r0 * hp->n_head + (size_t)h * G) * hd;
-    float *o = c->att + ((size_t)r0 * hp->n_head + (size_t)h * G) * hd;
-    size_t qo_stride = (size_t)hp->n_head * hd;
     float scale = 1.0f / sqrtf((float)hd);
     bool done = bf16 ? ks_attention_block_bf16((const ks_kv_seg16 *)s->segs, nseg, n_att, R, hd, G, q, qo_stride, o,
                                                qo_stride, s->blk_bf16, scale)

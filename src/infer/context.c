@@ -50,7 +50,8 @@ ks_context_params ks_context_default_params(void) {
                                .kv_offload_dir = NULL,
                                .kv_offload_layers = 0,
                                .mem_cap = 0,
-                               .mem_overhead = 1.3};
+                               .mem_overhead = 1.3,
+                               .prefill_policy = NULL};
 }
 
 void ks_context_destroy(ks_context *c) {
@@ -77,6 +78,7 @@ void ks_context_destroy(ks_context *c) {
         ks_free(s->blk_S);
         ks_free(s->blk_tile);
         ks_free(s->blk_bf16);
+        ks_free((void *)s->sp_kb);
         ks_free(s->recall_sum);
         ks_free(s->recall_n);
     }
@@ -389,9 +391,13 @@ ks_status ks_context_create(const ks_model *model, ks_context_params p, ks_conte
     p.policy = NULL;
     p.policy_args = NULL;
     p.policy_spec = NULL;
+    ks_prefill_sparse psp;
+    KS_TRY(ks_prefill_sparse_parse(p.prefill_policy, p.page, &psp));
+    p.prefill_policy = NULL; /* parsed: the context keeps psp, not the caller's string */
     ks_context *c = ks_calloc(1, sizeof *c);
     if (!c) return KS_FAIL(KS_ERR_NOMEM, "context");
     c->model = model;
+    c->prefill_sparse = psp;
     const char *offload_dir = p.kv_offload_dir;
     p.kv_offload_dir = p.kv_offload_dir ? ks_strdup(p.kv_offload_dir) : NULL;
     c->params = p;

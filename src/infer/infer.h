@@ -10,6 +10,7 @@
 #define KS_INFER_H
 
 #include "infer/attn.h"
+#include "infer/prefill_sparse.h"
 #include "kv/kv.h"
 #include "kv/memplan.h"
 #include "model/model.h"
@@ -39,6 +40,7 @@ typedef struct ks_attn_scratch {
     float *blk_S;         /* [KS_PREFILL_BLOCK * G][n_ctx] prefill block scores (lazy) */
     float *blk_tile;      /* [page][head_dim] f32 tile of one page (lazy) */
     float *blk_bf16;      /* the bf16 block kernel's tiles and online-softmax state (lazy) */
+    const void **sp_kb;   /* [n_ctx / P + 1] page bounds of the sparse prefill's scoring (lazy) */
     double *recall_sum;   /* [n_layer][n_head_kv] recall probe sums of this worker */
     uint32_t *recall_n;   /* [n_layer][n_head_kv] */
     double select_seconds;
@@ -118,6 +120,7 @@ struct ks_context {
     int64_t *plan_thr;       /* [n_layer + 1] Algorithm 1 thresholds */
     int32_t n_offloaded;     /* layers the manager moved to the slow tier */
     bool recall_probe;       /* eval: measure the dense attention mass each selection covers */
+    ks_prefill_sparse prefill_sparse; /* params.prefill_policy, parsed (prefill_sparse.c) */
     ks_status step_status;   /* first failure inside a parallel section */
     atomic_flag step_failed;
     ks_stats stats;

@@ -46,6 +46,17 @@ ks_status ks_infer_forward_rows(ks_context *c, int n, const int32_t *seq, const 
  * this layer when ks_infer_seq_sparse says so. */
 ks_status ks_infer_attend_layer(ks_context *c, int il, int n, const int32_t *seq, const int32_t *pos, bool sparse);
 
+/* ------------------------------------------------------ prefill_sparse.c -- */
+/* The sparse prefill's runs for the block of R rows of sequence seq (causal
+ * counts n_att, queries q, row stride q_stride, G heads each) at layer il, KV
+ * head h: planned into s->segs, s->first, s->pages as ks_infer_segs_plan
+ * does (s->mask, s->sel, s->weights and s->scores used as scratch), with
+ * n_out[r] row r's count within the runs.  Returns the number of runs, or
+ * -1 when the block attends densely (off, a dense layer, no middle page). */
+int32_t ks_prefill_sparse_plan(ks_context *c, ks_attn_scratch *s, int32_t seq, int il, int h, const float *q,
+                               size_t q_stride, int R, const int32_t *n_att, int32_t *n_out, int32_t *npages,
+                               int32_t *total);
+
 /* ----------------------------------------------------------- segments.c -- */
 /* Whether a budget leaves something to choose among n entries.  A budget that
  * covers the head attends everything, which is also what makes a full budget

@@ -178,7 +178,8 @@ static ks_status prefill_impl(ks_context *c, int32_t seq, const int32_t *tokens,
     /* every piece's whole blocks are final once computed (pieces are only
      * split for policies without prefill hooks): a long prompt cancelled
      * halfway leaves what it computed */
-    if (st == KS_OK && pc) st = ks_prefix_capture_kv(c, pc, seq, full, n_full);
+    /* a sparse prefill's KV is an approximation: a prefix cache offers only exact blocks */
+    if (st == KS_OK && pc && !c->prefill_sparse.on) st = ks_prefix_capture_kv(c, pc, seq, full, n_full);
     int32_t n_pseudo = 0;
     if (st == KS_OK && hooks) st = prefill_pseudo(c, seq, full, n_full, &n_pseudo);
     if (st == KS_OK && hooks && n_pseudo > 0) {
@@ -195,7 +196,7 @@ static ks_status prefill_impl(ks_context *c, int32_t seq, const int32_t *tokens,
                                 .first_pos = first_pos};
         st = ks_policy_on_prefill(pol, &info);
     }
-    if (st == KS_OK && hooks && pc) st = ks_prefix_capture_state(c, pc, seq, full, n_full);
+    if (st == KS_OK && hooks && pc && !c->prefill_sparse.on) st = ks_prefix_capture_state(c, pc, seq, full, n_full);
     if (st == KS_OK && last && ks_policy_wants_entropy(pol))
         entropy_of(last, (int32_t)V, &c->entropy[seq], &c->varentropy[seq]);
     ks_free(c->obs_q);
