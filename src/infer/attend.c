@@ -17,9 +17,9 @@
  * block rather than once per row.  On AVX-512 BF16 hosts (f16 or Q8_0 KV,
  * head dims that are multiples of 32) that kernel is the bf16 one with an
  * online softmax (attn_block_bf16.c); KS_ATTN=f32 keeps the f32 kernels, which
- * reproduce the decode kernel's bits (f16) or dequantise pages to f32 (Q8_0).  When a block cannot run (a shape the
- * kernel does not take, a failed read) its rows fall back to the per-row
- * path, which reports any error.
+ * reproduce the decode kernel's bits (f16) or dequantise pages to f32 (Q8_0).
+ * When a block cannot run (a shape the kernel does not take, a failed read)
+ * its rows fall back to the per-row path, which reports any error.
  *
  * Failures inside the parallel section are recorded once (the first wins)
  * and returned after the join.

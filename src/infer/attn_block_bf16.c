@@ -1,7 +1,8 @@
 /*
  * attn_block_bf16.c — the prefill block kernel on AVX-512 BF16: causal
  * attention of R consecutive query rows (G heads each) over one KV head's
- * f16 pages, with bf16 dot products (vdpbf16ps) and an online softmax.
+ * f16 or Q8_0 pages, with bf16 dot products (vdpbf16ps) and an online
+ * softmax.
  *
  * Why another block kernel.  ks_attention_block_avx512 (attn_block_avx512.c)
  * reproduces the decode kernel's f32 arithmetic bit for bit, and at a 16K
@@ -20,7 +21,14 @@
  * reference, and docs/BENCHMARKS.md records its effect on the 1B model's
  * logits and perplexity.  K and V are converted once per tile of TILE keys
  * and used by every query of the block (R rows x G heads of a GQA group);
- * Q once per call.
+ * Q once per call.  8-bit KV (Q8_0 rows) goes through the same loops: its
+ * tiles are dequantised (d x q, exact in f32) and rounded to bf16 once, so
+ * it adds one rounding as f16 rows do, and the conversion, amortised over
+ * the block's queries, costs about what f16's does (docs/BENCHMARKS.md).
+ * An int8 (vpdpbusd) kernel would halve only the dot products' instructions
+ * and would need the probabilities quantised to 8 bits with V's per-key
+ * scales folded in, as the decode kernel does (relative error up to ~1e-2
+ * in tests/test_ops.c, against 3.7e-3 for this kernel in attn_block_bench).
  *
  * Layouts, chosen so the inner loops are loads, broadcasts and vdpbf16ps:
  *   Q  [R*G][hd/2] dwords, dword p = (q[2p], q[2p+1]): its natural bf16 order;
