@@ -59,7 +59,7 @@ bool app_parse_dlm(app_options *o, const char *flag, const char *v);
 #define F(field) offsetof(app_options, field)
 #define MODELS (APP_RUN | APP_BENCH | APP_EVAL | APP_PPL | APP_PLAN | APP_SERVE | APP_TOKENIZE | APP_INFO)
 #define THREADED (APP_RUN | APP_BENCH | APP_EVAL | APP_PPL | APP_PLAN | APP_SERVE)
-#define KV_TYPED (APP_RUN | APP_BENCH | APP_EVAL | APP_PLAN | APP_SERVE)
+#define KV_TYPED (APP_RUN | APP_BENCH | APP_EVAL | APP_PLAN | APP_SERVE | APP_PPL)
 #define POLICIED (APP_RUN | APP_BENCH | APP_EVAL | APP_PPL | APP_PLAN | APP_SERVE)
 
 static const app_opt g_opts[] = {
@@ -215,7 +215,7 @@ static const app_command g_cmds[] = {
      "(Q8_0 rows) while the dense reference stays f16; list dense in --policy to compare dense on q8 with it.\n"},
     {"perplexity", APP_PPL, false, false,
      "kvsieve perplexity [-m MODEL.gguf] -f TEXT [-c WINDOW (512)] [-t THREADS] [--windows N]\n"
-     "                          [--score-second-half] [--decode-from N] [policy flags]", 0},
+     "                          [--score-second-half] [--decode-from N] [--kv-type f16|q8] [policy flags]", 0},
     {"plan", APP_PLAN, false, false,
      "kvsieve plan [-m MODEL.gguf] [--dlm DIR] --mem-cap SIZE --requests R --budget B [--ctx S]\n"
      "                    [--kv-type f16|q8] [-t THREADS] [policy flags]", 0},

@@ -157,7 +157,8 @@ static void test_prefill_chunking(void **state) {
  * its prefill attention is the bf16 kernel (infer/attn_block_bf16.c), whose
  * online softmax must not depend on where chunks, blocks or threads split
  * the rows: one prefill, chunks of 7, 16 and 1 rows, and one thread give
- * the same logits bit for bit (f32 hosts check their own kernels). */
+ * the same logits bit for bit (f32 hosts check their own kernels), with f16
+ * KV and with Q8_0 KV (whose tiles the kernel converts to bf16). */
 static void test_prefill_chunking_bundled(void **state) {
     (void)state;
     ks_model *m = NULL;
@@ -168,17 +169,19 @@ static void test_prefill_chunking_bundled(void **state) {
     int V = ks_model_n_vocab(m);
     float *ref = malloc(sizeof(float) * V * N), *got = malloc(sizeof(float) * V * N);
     const int batches[][2] = {{512, 2}, {7, 2}, {16, 2}, {1, 2}, {512, 1}};
-    for (size_t k = 0; k < sizeof batches / sizeof batches[0]; k++) {
-        ks_context_params p = ks_context_default_params();
-        p.n_ctx = N + 8;
-        p.n_batch = batches[k][0];
-        p.n_threads = batches[k][1];
-        ks_context *c = NULL;
-        assert_int_equal(ks_context_create(m, p, &c), KS_OK);
-        assert_int_equal(ks_prefill(c, 0, ids, N, NULL, k ? got : ref), KS_OK);
-        if (k) assert_memory_equal(got, ref, sizeof(float) * V * N);
-        ks_context_destroy(c);
-    }
+    for (int kt = KS_KV_F16; kt <= KS_KV_Q8; kt++)
+        for (size_t k = 0; k < sizeof batches / sizeof batches[0]; k++) {
+            ks_context_params p = ks_context_default_params();
+            p.n_ctx = N + 8;
+            p.n_batch = batches[k][0];
+            p.n_threads = batches[k][1];
+            p.kv_type = (ks_kv_type)kt;
+            ks_context *c = NULL;
+            assert_int_equal(ks_context_create(m, p, &c), KS_OK);
+            assert_int_equal(ks_prefill(c, 0, ids, N, NULL, k ? got : ref), KS_OK);
+            if (k) assert_memory_equal(got, ref, sizeof(float) * V * N);
+            ks_context_destroy(c);
+        }
     free(ref);
     free(got);
     ks_model_destroy(m);

@@ -302,15 +302,17 @@ static float round_bf16(float f) {
  * <= 6.7e-3 on sharp scores, q ~ 2 N(0,1): the inputs' 2^-9 rounding
  * amplified through the softmax); and every row's bits independent of how
  * the rows are split into blocks and the keys into segments (what chunked
- * prefill == one prefill rests on). */
-static void check_block_bf16(int n, int hd, int G, int P) {
+ * prefill rests on).  Q8_0 KV (kt): the same bounds against the same
+ * references on the dequantised keys and values, which the kernel rounds to
+ * bf16 once each as it does f16 ones. */
+static void check_block_bf16(ks_kv_type kt, int n, int hd, int G, int P) {
     if (!ks_attention_block_bf16_usable()) return;
     enum { R = 16 };
-    ks_rng rng = {(uint64_t)n * 5 + (uint64_t)hd + (uint64_t)G * 3};
-    size_t rb = ks_kv_row_bytes(KS_KV_F16, hd);
+    ks_rng rng = {(uint64_t)n * 5 + (uint64_t)hd + (uint64_t)G * 3 + (uint64_t)kt * 101};
+    size_t rb = ks_kv_row_bytes(kt, hd);
     uint8_t *K = malloc(rb * n), *V = malloc(rb * n);
     float *Kf = malloc(sizeof(float) * n * hd), *Vf = malloc(sizeof(float) * n * hd);
-    fill_kv(KS_KV_F16, &rng, n, hd, K, V, Kf, Vf);
+    fill_kv(kt, &rng, n, hd, K, V, Kf, Vf);
     float *Kb = malloc(sizeof(float) * n * hd), *Vb = malloc(sizeof(float) * n * hd);
     for (int i = 0; i < n * hd; i++) Kb[i] = round_bf16(Kf[i]), Vb[i] = round_bf16(Vf[i]);
     float *q = malloc(sizeof(float) * R * G * hd), *out = malloc(sizeof(float) * R * G * hd);
@@ -320,34 +322,37 @@ static void check_block_bf16(int n, int hd, int G, int P) {
     int32_t n_att[R];
     for (int r = 0; r < R; r++) n_att[r] = n - R + 1 + r;
     float scale = 1.0f / sqrtf((float)hd);
-    ks_kv_seg16 segs[600];
+    ks_kv_seg segs[600];
     int nseg = 0;
-    for (int t = 0; t < n; t += P)
-        segs[nseg++] = (ks_kv_seg16){(const uint16_t *)(K + rb * t), (const uint16_t *)(V + rb * t), n - t < P ? n - t : P};
-    assert_true(ks_attention_block_bf16(segs, nseg, n_att, R, hd, G, q, (size_t)G * hd, out, (size_t)G * hd, scr, scale));
+    for (int t = 0; t < n; t += P) segs[nseg++] = (ks_kv_seg){K + rb * t, V + rb * t, n - t < P ? n - t : P};
+    if (kt == KS_KV_F16) /* the f16 entry point */
+        assert_true(ks_attention_block_bf16((const ks_kv_seg16 *)segs, nseg, n_att, R, hd, G, q, (size_t)G * hd, out,
+                                            (size_t)G * hd, scr, scale));
+    else assert_true(ks_attention_block_bf16_kv(kt, segs, nseg, n_att, R, hd, G, q, (size_t)G * hd, out, (size_t)G * hd,
+                                                scr, scale));
     double *ref = malloc(sizeof(double) * G * hd);
     float *reff = malloc(sizeof(float) * G * hd);
     for (int r = 0; r < R; r++) {
         ref_attention(Kf, Vf, n_att[r], hd, G, q + (size_t)r * G * hd, ref);
         for (int i = 0; i < G * hd; i++) reff[i] = (float)ref[i];
         double mx, e = ks_test_nmse(out + (size_t)r * G * hd, reff, (size_t)G * hd, &mx);
-        if (e > 2e-2) fail_msg("bf16 block n=%d hd=%d G=%d P=%d row %d: nmse %g", n, hd, G, P, r, e);
+        if (e > 2e-2) fail_msg("bf16 block kt=%d n=%d hd=%d G=%d P=%d row %d: nmse %g", kt, n, hd, G, P, r, e);
         float qr[4 * 512];
         for (int i = 0; i < G * hd; i++) qr[i] = round_bf16(q[(size_t)r * G * hd + i]);
         ref_attention(Kb, Vb, n_att[r], hd, G, qr, ref);
         for (int i = 0; i < G * hd; i++) reff[i] = (float)ref[i];
         e = ks_test_nmse(out + (size_t)r * G * hd, reff, (size_t)G * hd, &mx);
-        if (e > 3e-3) fail_msg("bf16 block (bf16 inputs) n=%d hd=%d G=%d P=%d row %d: nmse %g", n, hd, G, P, r, e);
+        if (e > 3e-3)
+            fail_msg("bf16 block (bf16 inputs) kt=%d n=%d hd=%d G=%d P=%d row %d: nmse %g", kt, n, hd, G, P, r, e);
     }
     /* the same rows one at a time, over segments of 7 keys (odd, unaligned) */
     nseg = 0;
-    for (int t = 0; t < n; t += 7)
-        segs[nseg++] = (ks_kv_seg16){(const uint16_t *)(K + rb * t), (const uint16_t *)(V + rb * t), n - t < 7 ? n - t : 7};
+    for (int t = 0; t < n; t += 7) segs[nseg++] = (ks_kv_seg){K + rb * t, V + rb * t, n - t < 7 ? n - t : 7};
     for (int r = 0; r < R; r++) {
         int ns = 0;
         for (int t = 0; ns < nseg && t < n_att[r]; t += segs[ns++].len) {}
-        assert_true(ks_attention_block_bf16(segs, ns, n_att + r, 1, hd, G, q + (size_t)r * G * hd, (size_t)G * hd,
-                                            out2 + (size_t)r * G * hd, (size_t)G * hd, scr, scale));
+        assert_true(ks_attention_block_bf16_kv(kt, segs, ns, n_att + r, 1, hd, G, q + (size_t)r * G * hd,
+                                               (size_t)G * hd, out2 + (size_t)r * G * hd, (size_t)G * hd, scr, scale));
     }
     assert_memory_equal(out, out2, sizeof(float) * R * G * hd);
     free(K); free(V); free(Kf); free(Vf); free(Kb); free(Vb); free(q); free(out); free(out2); free(scr); free(ref); free(reff);
@@ -355,10 +360,12 @@ static void check_block_bf16(int n, int hd, int G, int P) {
 
 static void test_attention_block_bf16(void **state) {
     (void)state;
-    check_block_bf16(300, 64, 4, 32);
-    check_block_bf16(513, 128, 2, 32);
-    check_block_bf16(40, 32, 1, 16);
-    check_block_bf16(1000, 64, 3, 64);
+    for (int kt = KS_KV_F16; kt <= KS_KV_Q8; kt++) {
+        check_block_bf16((ks_kv_type)kt, 300, 64, 4, 32);
+        check_block_bf16((ks_kv_type)kt, 513, 128, 2, 32);
+        check_block_bf16((ks_kv_type)kt, 40, 32, 1, 16);
+        check_block_bf16((ks_kv_type)kt, 1000, 64, 3, 64);
+    }
 }
 
 static void test_attention(void **state) {

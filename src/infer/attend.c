@@ -14,12 +14,12 @@
  *
  * A prefill chunk of one sequence takes the blocked kernel instead: tasks are
  * (block of KS_PREFILL_BLOCK rows, KV head), and each page is read once per
- * block rather than once per row.  On AVX-512 BF16 hosts (f16 KV, head dims
- * that are multiples of 32) that kernel is the bf16 one with an online
- * softmax (attn_block_bf16.c); KS_ATTN=f32 keeps the f32 kernels, which
- * reproduce the decode kernel's bits.  When a block cannot run (a shape the
- * kernel does not take, a failed read) its rows fall back to the per-row
- * path, which reports any error.
+ * block rather than once per row.  On AVX-512 BF16 hosts (f16 or Q8_0 KV,
+ * head dims that are multiples of 32) that kernel is the bf16 one with an
+ * online softmax (attn_block_bf16.c); KS_ATTN=f32 keeps the f32 kernels, which
+ * reproduce the decode kernel's bits (f16) or dequantise pages to f32 (Q8_0).
+ * When a block cannot run (a shape the kernel does not take, a failed read)
+ * its rows fall back to the per-row path, which reports any error.
  *
  * Failures inside the parallel section are recorded once (the first wins)
  * and returned after the join.
@@ -222,8 +222,7 @@ static bool attend_block(ks_context *c, attn_job *j, ks_attn_scratch *s, int r0,
     /* AVX-512 BF16 hosts: the bf16 kernel with its online softmax (no score
      * matrix); a property of the run (CPU, KV type, head dim, KS_ATTN), never
      * of the block, so every row of every chunk takes the same arithmetic */
-    bool bf16 = c->kv_type == KS_KV_F16 && ks_simd_current() >= KS_SIMD_AVX512 && hd % 32 == 0 && hd <= 512 &&
-                ks_attention_block_bf16_usable();
+    bool bf16 = ks_simd_current() >= KS_SIMD_AVX512 && hd % 32 == 0 && hd <= 512 && ks_attention_block_bf16_usable();
     if (bf16 && !s->blk_bf16) s->blk_bf16 = ks_malloc(sizeof(float) * ks_attention_block_bf16_scratch(KS_PREFILL_BLOCK, G, hd));
     if (!bf16 && !s->blk_S) s->blk_S = ks_malloc(sizeof(float) * (size_t)KS_PREFILL_BLOCK * G * c->n_ctx);
     if (!bf16 && !s->blk_tile) s->blk_tile = ks_malloc(sizeof(float) * (size_t)(P + 16) * hd); /* + 16: a K page transposed, keys padded to 16 */
@@ -251,8 +250,8 @@ static bool attend_block(ks_context *c, attn_job *j, ks_attn_scratch *s, int r0,
     } else if (ks_infer_segs_resolve(c->kv, seq, j->il, h, s->segs, s->first, nseg, s->pages, gather) != KS_OK)
         return false; /* attend_one reports it */
     float scale = 1.0f / sqrtf((float)hd);
-    bool done = bf16 ? ks_attention_block_bf16((const ks_kv_seg16 *)s->segs, nseg, n_att, R, hd, G, q, qo_stride, o,
-                                               qo_stride, s->blk_bf16, scale)
+    bool done = bf16 ? ks_attention_block_bf16_kv(c->kv_type, s->segs, nseg, n_att, R, hd, G, q, qo_stride, o,
+                                                  qo_stride, s->blk_bf16, scale)
                 : c->kv_type == KS_KV_F16 && ks_simd_current() >= KS_SIMD_AVX512
                     ? ks_attention_block_avx512((const ks_kv_seg16 *)s->segs, nseg, n_att, R, hd, G, q, qo_stride, o,
                                                 qo_stride, s->blk_S, s->blk_tile, scale)

@@ -48,7 +48,7 @@ bool ks_attention_block_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, con
 /* The same on AVX-512 BF16 (attn_block_bf16.c): Q, K, probabilities and V
  * rounded to bf16, products summed in f32 by vdpbf16ps, an online softmax
  * over tiles of KS_ATTN_BF16_TILE keys aligned to absolute entry positions
- * (no score matrix).  f16 KV, hd % 32 == 0 (up to 512); scratch: floats as
+ * (no score matrix).  f16 KV (Q8_0: _kv below), hd % 32 == 0 (up to 512); scratch: floats as
  * ks_attention_block_bf16_scratch counts them.  A query's output depends on
  * its own q, the keys it sees and its count only, never on the block, chunk
  * or segment boundaries.  _usable: the CPU has AVX-512 BF16 and KS_ATTN is
@@ -59,6 +59,12 @@ bool ks_attention_block_bf16_usable(void);
 bool ks_attention_block_bf16(const ks_kv_seg16 *segs, int nseg, const int32_t *n_att, int R, int hd, int G,
                              const float *q, size_t q_stride, float *out, size_t out_stride, float *scratch,
                              float scale);
+/* The same over f16 or Q8_0 rows (kt): a tile's Q8_0 keys and values are
+ * dequantised and rounded to bf16 once per tile, for every query of the
+ * block, then go through the same loops (hd % 32 == 0: whole Q8_0 blocks). */
+bool ks_attention_block_bf16_kv(ks_kv_type kt, const ks_kv_seg *segs, int nseg, const int32_t *n_att, int R, int hd,
+                                int G, const float *q, size_t q_stride, float *out, size_t out_stride, float *scratch,
+                                float scale);
 
 /* The prefill block kernels' causal clamp: of the page [e0, e0 + L), the
  * entries query x (row x / G of the block) sees; 0: none. */

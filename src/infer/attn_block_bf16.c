@@ -1,7 +1,8 @@
 /*
  * attn_block_bf16.c — the prefill block kernel on AVX-512 BF16: causal
  * attention of R consecutive query rows (G heads each) over one KV head's
- * f16 pages, with bf16 dot products (vdpbf16ps) and an online softmax.
+ * f16 or Q8_0 pages, with bf16 dot products (vdpbf16ps) and an online
+ * softmax.
  *
  * Why another block kernel.  ks_attention_block_avx512 (attn_block_avx512.c)
  * reproduces the decode kernel's f32 arithmetic bit for bit, and at a 16K
@@ -20,7 +21,14 @@
  * reference, and docs/BENCHMARKS.md records its effect on the 1B model's
  * logits and perplexity.  K and V are converted once per tile of TILE keys
  * and used by every query of the block (R rows x G heads of a GQA group);
- * Q once per call.
+ * Q once per call.  8-bit KV (Q8_0 rows) goes through the same loops: its
+ * tiles are dequantised (d x q, exact in f32) and rounded to bf16 once, so
+ * it adds one rounding as f16 rows do, and the conversion, amortised over
+ * the block's queries, costs about what f16's does (docs/BENCHMARKS.md).
+ * An int8 (vpdpbusd) kernel would halve only the dot products' instructions
+ * and would need the probabilities quantised to 8 bits with V's per-key
+ * scales folded in, as the decode kernel does (relative error up to ~1e-2
+ * in tests/test_ops.c, against 3.7e-3 for this kernel in attn_block_bench).
  *
  * Layouts, chosen so the inner loops are loads, broadcasts and vdpbf16ps:
  *   Q  [R*G][hd/2] dwords, dword p = (q[2p], q[2p+1]): its natural bf16 order;
@@ -86,19 +94,35 @@ bool ks_attention_block_bf16_usable(void) {
 /* sixteen f32 -> sixteen bf16 (round to nearest even) as raw 16-bit words */
 BINL __m256i to_bf16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
 
+/* The row loaders, one per KV format (q8: a compile-time constant, so each
+ * instantiation of the kernel has one).  A Q8_0 element is d * q with an f16
+ * d and an int8 q: the product has at most 19 significant bits, exact in
+ * f32, so a Q8_0 key or value reaches bf16 with one rounding, as an f16 one
+ * does. */
+/* elements [e, e + 16) of a row (e % 16 == 0) as f32 */
+BINL __m512 load16(const uint8_t *row, int e, const int q8) {
+    if (!q8) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 2 * (size_t)e)));
+    const uint8_t *blk = row + (size_t)(e / 32) * sizeof(ks_block_q8_0);
+    uint16_t d;
+    memcpy(&d, blk, sizeof d);
+    __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2 + e % 32))));
+    return _mm512_mul_ps(x, _mm512_set1_ps(_cvtsh_ss(d)));
+}
+
+/* elements [e, e + 32) of a row (e % 32 == 0) as bf16 pairs in natural order */
+BINL __m512i load32_bf16(const uint8_t *row, int e, const int q8) {
+    return (__m512i)_mm512_cvtne2ps_pbh(load16(row, e + 16, q8), load16(row, e, q8));
+}
+
 /* a tile's keys: f16 rows [L][hd] (L <= 16 per call) at key offset t0 of Kt
  * [hd/2][Tp]; the rows' bf16 pairs are a 16 x (hd/2) dword matrix,
  * transposed 16 x 16 at a time; keys past L are zero */
-BINL void tile_k(const uint16_t *rows, int L, int hd, u32a *kt, int Tp, int t0) {
+BINL void tile_k(const uint8_t *rows, size_t rb, int L, int hd, u32a *kt, int Tp, int t0, const int q8) {
     for (int p0 = 0; p0 < hd / 2; p0 += 16) {
         __m512i r[16];
         _Pragma("GCC unroll 16") for (int t = 0; t < 16; t++) {
-            if (t < L) {
-                const uint16_t *src = rows + (size_t)t * hd + 2 * p0; /* 32 halves = 16 pairs */
-                __m512 lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)src));
-                __m512 hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + 16)));
-                r[t] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo); /* natural order: dword p = pair p */
-            } else r[t] = _mm512_setzero_si512();
+            if (t < L) r[t] = load32_bf16(rows + (size_t)t * rb, 2 * p0, q8); /* 16 pairs, natural order */
+            else r[t] = _mm512_setzero_si512();
         }
         /* 16 x 16 dword transpose */
         __m512i a[16], b[16];
@@ -131,14 +155,14 @@ BINL void tile_k(const uint16_t *rows, int L, int hd, u32a *kt, int Tp, int t0) 
     }
 }
 
-/* a tile's values: f16 rows [L][hd] (L <= 2 per call, key pair u) into Vt[u] */
-BINL void tile_v(const uint16_t *rows, int L, int hd, u32a *vt) {
+/* a tile's values: rows [L] (L <= 2 per call, key pair u) into Vt[u] */
+BINL void tile_v(const uint8_t *rows, size_t rb, int L, int hd, u32a *vt, const int q8) {
     static const uint16_t interleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
                                             8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
     const __m512i idx = _mm512_loadu_si512(interleave);
     for (int d = 0; d < hd; d += 16) {
-        __m512 e = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rows + d)));
-        __m512 o = L > 1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rows + hd + d))) : _mm512_setzero_ps();
+        __m512 e = load16(rows, d, q8);
+        __m512 o = L > 1 ? load16(rows + rb, d, q8) : _mm512_setzero_ps();
         __m512i both = (__m512i)_mm512_cvtne2ps_pbh(o, e); /* e0..e15, o0..o15 */
         _mm512_storeu_si512(vt + d, _mm512_permutexvar_epi16(idx, both));
     }
@@ -277,11 +301,10 @@ static void values_any(const u32a *const pb[NQ], float *const o[NQ], const u32a 
     }
 }
 
-BTGT bool ks_attention_block_bf16(const ks_kv_seg16 *segs, int nseg, const int32_t *n_att, int R, int hd, int G,
-                                  const float *q, size_t q_stride, float *out, size_t out_stride, float *scratch,
-                                  float scale) {
-    if (hd % 32 || hd > 512 || R < 1 || G < 1) return false;
+BINL void block_bf16(const ks_kv_seg *segs, const int32_t *n_att, int R, int hd, int G, const float *q,
+                     size_t q_stride, float *out, size_t out_stride, float *scratch, float scale, const int q8) {
     const int RG = R * G, hp = hd / 2, Tp = TILE + 32;
+    const size_t rb = ks_kv_row_bytes(q8 ? KS_KV_Q8 : KS_KV_F16, hd);
     /* scratch, as ks_attention_block_bf16_scratch counts it (64-byte pieces) */
     u32a *kt = (u32a *)scratch;                                 /* [hp][Tp] */
     u32a *vt = kt + (size_t)hp * Tp;                            /* [Tp/2][hd] */
@@ -308,20 +331,19 @@ BTGT bool ks_attention_block_bf16(const ks_kv_seg16 *segs, int nseg, const int32
             while (off >= segs[si].len) si++, off = 0;
             int take = segs[si].len - off;
             if (take > L - t) take = L - t;
-            const uint16_t *K = segs[si].K + (size_t)off * hd, *V = segs[si].V + (size_t)off * hd;
+            const uint8_t *K = (const uint8_t *)segs[si].K + (size_t)off * rb;
+            const uint8_t *V = (const uint8_t *)segs[si].V + (size_t)off * rb;
             for (int a = 0; a < take;) { /* K: whole aligned blocks of 16 keys transposed, other keys one by one */
                 int tt = t + a;
                 if ((tt & 15) == 0 && take - a >= 16) {
-                    tile_k(K + (size_t)a * hd, 16, hd, kt, Tp, tt);
+                    tile_k(K + (size_t)a * rb, rb, 16, hd, kt, Tp, tt, q8);
                     a += 16;
                     continue;
                 }
-                const uint16_t *src = K + (size_t)a * hd;
+                const uint8_t *src = K + (size_t)a * rb;
                 for (int p0 = 0; p0 < hp; p0 += 16) {
                     uint32_t w[16];
-                    __m512 lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + 2 * p0)));
-                    __m512 hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + 2 * p0 + 16)));
-                    _mm512_storeu_si512(w, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+                    _mm512_storeu_si512(w, load32_bf16(src, 2 * p0, q8));
                     for (int p = 0; p < 16; p++) kt[(size_t)(p0 + p) * Tp + tt] = w[p];
                 }
                 a++;
@@ -329,15 +351,15 @@ BTGT bool ks_attention_block_bf16(const ks_kv_seg16 *segs, int nseg, const int32
             for (int a = 0; a < take;) { /* V: key pairs (u = t / 2) */
                 int tt = t + a;
                 u32a *row = vt + (size_t)(tt / 2) * hd;
-                const uint16_t *src = V + (size_t)a * hd;
+                const uint8_t *src = V + (size_t)a * rb;
                 if (!(tt & 1)) { /* a pair's first key, with its second if this segment has it (else zero, for now) */
                     int two = take - a >= 2 ? 2 : 1;
-                    tile_v(src, two, hd, row);
+                    tile_v(src, rb, two, hd, row, q8);
                     a += two;
                     continue;
                 }
                 for (int d = 0; d < hd; d += 16) { /* a pair's second key, its first from the previous segment */
-                    __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + d))));
+                    __m256i h = (__m256i)_mm512_cvtneps_pbh(load16(src, d, q8));
                     __m512i cur = _mm512_and_si512(_mm512_loadu_si512(row + d), _mm512_set1_epi32(0xFFFF));
                     _mm512_storeu_si512(row + d, _mm512_or_si512(cur, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
                 }
@@ -390,7 +412,37 @@ BTGT bool ks_attention_block_bf16(const ks_kv_seg16 *segs, int nseg, const int32
         const __m512 inv = _mm512_set1_ps(1.0f / lrun[x]);
         for (int i = 0; i < hd; i += 16) _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_loadu_ps(o + i), inv));
     }
+}
+
+/* one instantiation per KV format: the format's test stays out of the loops */
+static void block_bf16_f16(const ks_kv_seg *segs, const int32_t *n_att, int R, int hd, int G, const float *q,
+                           size_t q_stride, float *out, size_t out_stride, float *scratch, float scale) BTGT_ATTR;
+static void block_bf16_f16(const ks_kv_seg *segs, const int32_t *n_att, int R, int hd, int G, const float *q,
+                           size_t q_stride, float *out, size_t out_stride, float *scratch, float scale) {
+    block_bf16(segs, n_att, R, hd, G, q, q_stride, out, out_stride, scratch, scale, 0);
+}
+static void block_bf16_q8(const ks_kv_seg *segs, const int32_t *n_att, int R, int hd, int G, const float *q,
+                          size_t q_stride, float *out, size_t out_stride, float *scratch, float scale) BTGT_ATTR;
+static void block_bf16_q8(const ks_kv_seg *segs, const int32_t *n_att, int R, int hd, int G, const float *q,
+                          size_t q_stride, float *out, size_t out_stride, float *scratch, float scale) {
+    block_bf16(segs, n_att, R, hd, G, q, q_stride, out, out_stride, scratch, scale, 1);
+}
+
+bool ks_attention_block_bf16_kv(ks_kv_type kt, const ks_kv_seg *segs, int nseg, const int32_t *n_att, int R, int hd,
+                                int G, const float *q, size_t q_stride, float *out, size_t out_stride, float *scratch,
+                                float scale) {
+    if (hd % 32 || hd > 512 || R < 1 || G < 1 || (kt != KS_KV_F16 && kt != KS_KV_Q8)) return false;
+    (void)nseg; /* the segments are walked up to n_att[R - 1] entries */
+    (kt == KS_KV_Q8 ? block_bf16_q8 : block_bf16_f16)(segs, n_att, R, hd, G, q, q_stride, out, out_stride, scratch,
+                                                      scale);
     return true;
+}
+
+bool ks_attention_block_bf16(const ks_kv_seg16 *segs, int nseg, const int32_t *n_att, int R, int hd, int G,
+                             const float *q, size_t q_stride, float *out, size_t out_stride, float *scratch,
+                             float scale) {
+    return ks_attention_block_bf16_kv(KS_KV_F16, (const ks_kv_seg *)segs, nseg, n_att, R, hd, G, q, q_stride, out,
+                                      out_stride, scratch, scale);
 }
 #else
 size_t ks_attention_block_bf16_scratch(int R, int G, int hd) {
@@ -402,6 +454,13 @@ bool ks_attention_block_bf16(const ks_kv_seg16 *segs, int nseg, const int32_t *n
                              const float *q, size_t q_stride, float *out, size_t out_stride, float *scratch,
                              float scale) {
     (void)segs, (void)nseg, (void)n_att, (void)R, (void)hd, (void)G, (void)q, (void)q_stride, (void)out;
+    (void)out_stride, (void)scratch, (void)scale;
+    return false;
+}
+bool ks_attention_block_bf16_kv(ks_kv_type kt, const ks_kv_seg *segs, int nseg, const int32_t *n_att, int R, int hd,
+                                int G, const float *q, size_t q_stride, float *out, size_t out_stride, float *scratch,
+                                float scale) {
+    (void)kt, (void)segs, (void)nseg, (void)n_att, (void)R, (void)hd, (void)G, (void)q, (void)q_stride, (void)out;
     (void)out_stride, (void)scratch, (void)scale;
     return false;
 }

@@ -11,7 +11,8 @@
  * difference, the normalised RMS difference ||a - b|| / ||b|| and whether
  * the top-1 token agrees.
  *
- * Usage: logits_diff MODEL.gguf TEXT_FILE N_TOKENS THREADS LOGITS_FILE write|compare
+ * Usage: logits_diff MODEL.gguf TEXT_FILE N_TOKENS THREADS LOGITS_FILE write|compare [f16|q8]
+ * (the last: the KV cache's type, f16 unless told)
  */
 #include <math.h>
 #include <stdio.h>
@@ -21,8 +22,9 @@
 #include "kvsieve.h"
 
 int main(int argc, char **argv) {
-    if (argc != 7 || (strcmp(argv[6], "write") && strcmp(argv[6], "compare"))) {
-        fprintf(stderr, "usage: logits_diff MODEL.gguf TEXT_FILE N_TOKENS THREADS LOGITS_FILE write|compare\n");
+    if (argc < 7 || argc > 8 || (strcmp(argv[6], "write") && strcmp(argv[6], "compare")) ||
+        (argc == 8 && strcmp(argv[7], "f16") && strcmp(argv[7], "q8"))) {
+        fprintf(stderr, "usage: logits_diff MODEL.gguf TEXT_FILE N_TOKENS THREADS LOGITS_FILE write|compare [f16|q8]\n");
         return 2;
     }
     int n = atoi(argv[3]), threads = atoi(argv[4]);
@@ -52,6 +54,7 @@ int main(int argc, char **argv) {
     ks_context_params cp = ks_context_default_params();
     cp.n_ctx = n + 16;
     cp.n_threads = threads;
+    cp.kv_type = argc == 8 && !strcmp(argv[7], "q8") ? KS_KV_Q8 : KS_KV_F16;
     ks_context *ctx;
     if (ks_context_create(model, cp, &ctx) != KS_OK) {
         fprintf(stderr, "logits_diff: %s\n", ks_last_error());
