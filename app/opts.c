@@ -117,6 +117,9 @@ static const app_opt g_opts[] = {
     {"--n-prompt", 0, OPT_LIST, APP_BENCH, F(prompts), F(n_prompts), 1, 1 << 20, 16, "256", "256,4096",
      "prompt lengths to prefill (each: tok/s, GEMM and attention shares of the time,\n"
      "GEMM multiply-adds/s as a share of the measured int8 peak)", 0},
+    {"--prefill-reps", 0, OPT_I32, APP_BENCH, F(prefill_reps), 0, 1, APP_PREFILL_REPS_MAX, 0, "1", "N",
+     "prefill each length N times on fresh contexts, then print the median\n"
+     "and range of tok/s and of the GEMM's share of the peak (default 1)", 0},
     {"--no-prefill", 0, OPT_FLAG, APP_BENCH, F(no_prefill), 0, 0, 0, 0, 0, 0, "skip the prefill rows", 0},
     {"--no-mmap", 0, OPT_FLAG, APP_BENCH, F(no_mmap), 0, 0, 0, 0, 0, 0,
      "read the weights into huge-page memory instead of mapping the file", 0},
@@ -205,7 +208,7 @@ static const app_command g_cmds[] = {
     {"run", APP_RUN, false, false, "kvsieve run [-m MODEL.gguf] (-p PROMPT | -f FILE) [options]", 0},
     {"bench", APP_BENCH, true, false,
      "kvsieve bench [-m MODEL.gguf] [--depth 0,4096,...] [--batch 1,4,16] [-t THREADS]\n"
-     "                     [--n-gen 16] [--n-prompt 256,4096] [--no-prefill] [--kv-type f16|q8] [--no-mmap] [--no-repack] [--json]", 0},
+     "                     [--n-gen 16] [--n-prompt 256,4096] [--prefill-reps 1] [--no-prefill] [--kv-type f16|q8] [--no-mmap] [--no-repack] [--json]", 0},
     {"eval", APP_EVAL, true, false,
      "kvsieve eval [-m MODEL.gguf] [--task LIST|all] [--lengths 1024,4096,8192] [--depths 0,0.25,...]\n"
      "                    [--samples N] [--seed S] [-t THREADS] [--json] [--plot FILE.svg] [--calibrate] [--show]\n"

@@ -32,7 +32,7 @@ enum {
     APP_SERVE = 1u << 5, APP_TOKENIZE = 1u << 6, APP_INFO = 1u << 7, APP_GEN = 1u << 8,
 };
 
-enum { APP_LIST_CAP = 32, APP_MAX_STOPS = 16 };
+enum { APP_LIST_CAP = 32, APP_MAX_STOPS = 16, APP_PREFILL_REPS_MAX = 32 };
 enum { APP_OFFLOAD_NONE, APP_OFFLOAD_ALL, APP_OFFLOAD_ADAPTIVE };
 
 /* Every command's options: each table row stores into one field here. */
@@ -62,6 +62,7 @@ typedef struct app_options {
     long depths[APP_LIST_CAP], batches[APP_LIST_CAP], prompts[APP_LIST_CAP];
     int n_depths, n_batches, n_prompts;
     long bench_gen;
+    int32_t prefill_reps;            /* --prefill-reps: prefills of each length (1..APP_PREFILL_REPS_MAX) */
     bool no_prefill, no_mmap, no_repack;
     int offload[3], n_offload;
     /* eval */

@@ -83,6 +83,21 @@ for k in ("select_share", "gather_share", "kv_gb_per_step", "select_gb_per_step"
     assert all(k in r and r[k] >= 0 for r in rows), k
 assert d["bandwidth"]["best_gbs"] > 0
 PY
+# --prefill-reps: every repetition's row, then their median and range
+"$KS" bench -m "$MODEL" --no-prefill --depth 0 --n-gen 1 -t 1 --json >/dev/null 2>&1 || bad "bench --no-prefill"
+"$KS" bench -m "$MODEL" --depth 0 --n-gen 1 --n-prompt 16,24 --prefill-reps 3 -t 1 --json 2>/dev/null > "$TMP/reps.json" || bad "bench --prefill-reps"
+python3 - "$TMP/reps.json" <<'PY' || bad "bench --prefill-reps JSON"
+import json, sys
+d = json.load(open(sys.argv[1]))
+rows = [r for r in d["results"] if r["test"] == "prefill"]
+sums = [r for r in d["results"] if r["test"] == "prefill_summary"]
+assert [(r["tokens"], r["rep"]) for r in rows] == [(16, 0), (16, 1), (16, 2), (24, 0), (24, 1), (24, 2)], rows
+assert [s["tokens"] for s in sums] == [16, 24] and all(s["reps"] == 3 for s in sums), sums
+for s in sums:
+    toks = sorted(r["tok_s"] for r in rows if r["tokens"] == s["tokens"])
+    assert s["tok_s_min"] <= s["tok_s_median"] <= s["tok_s_max"] and abs(s["tok_s_median"] - toks[1]) < 1e-2 * toks[1], s
+PY
+"$KS" bench -m "$MODEL" --n-prompt 16 --prefill-reps 0 >/dev/null 2>&1 && bad "--prefill-reps 0 accepted"
 
 # --chat: a model whose vocabulary carries a template (phi-3) formats the turn
 # with its special tokens parsed; one without a template is a clear error
