@@ -214,8 +214,7 @@ static double median_of(double *v, int n) {
 /* --prefill-reps N > 1: the median and range of the rows just printed.  A
  * shared host only ever slows a run, so the best row says what the code
  * can do and the median what a user meets; both are printed. */
-static void prefill_summary(app_options *o, bench_state *b, long n_prompt, const char *policy, const prefill_result *res,
-                            int n) {
+static void prefill_summary(const app_options *o, long n_prompt, const char *policy, const prefill_result *res, int n) {
     double tps[APP_PREFILL_REPS_MAX], share[APP_PREFILL_REPS_MAX];
     for (int k = 0; k < n; k++) tps[k] = res[k].tok_s, share[k] = res[k].gemm_peak_share;
     double tmed = median_of(tps, n), smed = median_of(share, n);
@@ -229,7 +228,6 @@ static void prefill_summary(app_options *o, bench_state *b, long n_prompt, const
                policy ? "sparse/median" : "prefill/median", "-", n_prompt, "-", tmed, n, tps[0], tps[n - 1], 100 * smed,
                100 * share[0], 100 * share[n - 1]);
     fflush(stdout);
-    (void)b;
 }
 
 static int bench_prefills(app_options *o, bench_state *b) {
@@ -249,7 +247,7 @@ static int bench_prefills(app_options *o, bench_state *b) {
                 int rc = bench_prefill(o, b, o->prompts[pi], policy, rep, &res[rep]);
                 if (rc >= 0) return rc;
             }
-            if (o->prefill_reps > 1) prefill_summary(o, b, o->prompts[pi], policy, res, o->prefill_reps);
+            if (o->prefill_reps > 1) prefill_summary(o, o->prompts[pi], policy, res, o->prefill_reps);
         }
     return -1;
 }
