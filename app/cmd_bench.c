@@ -230,6 +230,9 @@ static void prefill_summary(const app_options *o, long n_prompt, const char *pol
     fflush(stdout);
 }
 
+/* Whether --prefill-policy asks for a sparse prefill row beside the dense one. */
+static bool sparse_prefill(const app_options *o) { return o->prefill_policy && strcmp(o->prefill_policy, "dense"); }
+
 static int bench_prefills(app_options *o, bench_state *b) {
     if (o->no_prefill) return -1;
     for (int k = 0; k < 3; k++) { /* best of three: a shared host only ever lowers it */
@@ -237,9 +240,8 @@ static int bench_prefills(app_options *o, bench_state *b) {
         if (p > b->peak) b->peak = p;
     }
     if (!o->json) printf("int8 peak (vpdpbusd, %ld threads, best of 3): %.1f G MAC/s\n", b->n_threads, b->peak * 1e-9);
-    bool sparse = o->prefill_policy && strcmp(o->prefill_policy, "dense");
     for (int pi = 0; pi < o->n_prompts; pi++)
-        for (int run = 0; run < (sparse ? 2 : 1); run++) {
+        for (int run = 0; run < (sparse_prefill(o) ? 2 : 1); run++) {
             /* --prefill-policy: the same prompt again under it, beside the dense rows */
             const char *policy = run ? o->prefill_policy : NULL;
             prefill_result res[APP_PREFILL_REPS_MAX];
@@ -455,7 +457,7 @@ int cmd_bench(int argc, char **argv) {
             memcpy(po->names[0], tmp, sizeof tmp);
         }
     bench_state b = {0};
-    int prefill_runs = o.prefill_policy && strcmp(o.prefill_policy, "dense") ? 2 : 1;
+    int prefill_runs = sparse_prefill(&o) ? 2 : 1;
     b.total = (o.no_prefill ? 0 : prefill_runs * o.n_prompts * o.prefill_reps) + o.n_depths * o.n_batches * po->n_names * po->n_budgets * o.n_offload;
     if ((rc = bench_setup(&o, &b)) < 0) {
         for (int k = 0; k < o.n_offload && rc < 0; k++)
