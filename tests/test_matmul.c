@@ -340,10 +340,17 @@ static void test_matmul_kquant_raw(void **state) {
 }
 
 /* The transposed Q8_0 panels' arithmetic in scalar C (matmul_x86_panel.c, "Q8_0
- * transposed panels"): X quantized as ks_matmul does (d = amax / 127 in f32,
- * q = round(x / d)), then per output, block after block,
+ * transposed panels"): X quantized with a power-of-two scale per block
+ * (dx = 2^k, k the least integer with amax <= 127 * 2^k, within [-100, 100];
+ * q = round(x / dx), ties to even), then per output, block after block,
  * acc = fma((float)sum(w q), dw * dx, acc).  -std=c11 keeps the compiler
  * from fusing the multiply, so this is the kernel's result bit for bit. */
+static float pow2_scale(float amax) {
+    int k = -100;
+    while (k < 100 && 127.0f * ldexpf(1.0f, k) < amax) k++;
+    return ldexpf(1.0f, k);
+}
+
 static void p16_emulate(const void *W, int64_t rows, int64_t cols, const float *X, int64_t n, float *Y) {
     const int64_t nb = cols / 32;
     int8_t *q = ks_malloc((size_t)cols);
@@ -353,9 +360,8 @@ static void p16_emulate(const void *W, int64_t rows, int64_t cols, const float *
         for (int64_t b = 0; b < nb; b++) {
             float amax = 0.0f;
             for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(X[c * cols + 32 * b + i]));
-            float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-            dx[b] = d;
-            for (int i = 0; i < 32; i++) q[32 * b + i] = (int8_t)lrintf(X[c * cols + 32 * b + i] * id);
+            dx[b] = pow2_scale(amax);
+            for (int i = 0; i < 32; i++) q[32 * b + i] = (int8_t)lrintf(X[c * cols + 32 * b + i] / dx[b]);
         }
         for (int64_t r = 0; r < rows; r++) {
             float acc = 0.0f;
@@ -392,6 +398,7 @@ static void test_matmul_packed_q8_0(void **state) {
     static const int64_t shapes[][2] = {{4, 128}, {12, 384}, {64, 256}, {36, 2048}, {16, 96}, {48, 2048}, {240, 2048},
                                                 {32, 1056}};
     enum { NMAX = 100 };
+    double worst_ratio = 0;
     static const int64_t ns[] = {1, 3, 4, 5, 9, 12, 33, NMAX};
     const size_t n_shapes = sizeof shapes / sizeof shapes[0];
     for (size_t si = 0; si < 2 * n_shapes; si++) {
@@ -415,6 +422,13 @@ static void test_matmul_packed_q8_0(void **state) {
         float *Y = ks_malloc(sizeof(float) * (size_t)(NMAX * rows)), *Yp = ks_malloc(sizeof(float) * (size_t)(NMAX * rows));
         float *Yr = ks_malloc(sizeof(float) * (size_t)(NMAX * rows));
         void *scratch = ks_malloc_aligned(ks_matmul_scratch_bytes(t, cols, NMAX));
+        double *Yd = ks_malloc(sizeof(double) * (size_t)(NMAX * rows)); /* exact weights times exact X */
+        for (int64_t c = 0; c < NMAX; c++)
+            for (int64_t r = 0; r < rows; r++) {
+                double a = 0;
+                for (int64_t i = 0; i < cols; i++) a += (double)m.Wd[r * cols + i] * X[c * cols + i];
+                Yd[c * rows + r] = a;
+            }
         if (p16) p16_emulate(m.W, rows, cols, X, NMAX, Yr);
         for (int lv = KS_SIMD_SCALAR; lv <= (int)ks_simd_detect(); lv++) {
             ks_simd_level prev = ks_simd_force((ks_simd_level)lv);
@@ -426,12 +440,17 @@ static void test_matmul_packed_q8_0(void **state) {
                     ks_matmul_weight(pool, &w, X, ns[ni], Yp, scratch);
                     if (p16 && lv == KS_SIMD_AVX512) {
                         assert_memory_equal(Yr, Yp, sizeof(float) * (size_t)(ns[ni] * rows));
-                        double scale2 = 0, e = 0;
+                        /* the panels' power-of-two activation scales against the file layout's
+                         * amax / 127: a step up to twice as coarse, so an error against the
+                         * exact product up to about twice as large (1.4x on average) */
+                        double ep = 0, er = 0, scale2 = 0;
                         for (int64_t i = 0; i < ns[ni] * rows; i++) {
-                            e += ((double)Yp[i] - Y[i]) * ((double)Yp[i] - Y[i]);
-                            scale2 += (double)Y[i] * Y[i];
+                            ep += (Yp[i] - Yd[i]) * (Yp[i] - Yd[i]);
+                            er += (Y[i] - Yd[i]) * (Y[i] - Yd[i]);
+                            scale2 += Yd[i] * Yd[i];
                         }
-                        assert_true(e <= 1e-10 * (scale2 > 0 ? scale2 : 1)); /* float rounding apart */
+                        if (er > 0 && ep / er > worst_ratio) worst_ratio = ep / er;
+                        assert_true(ep <= 6.25 * er + 1e-12 * scale2); /* RMS at most 2.5x */
                     } else {
                         assert_memory_equal(Y, Yp, sizeof(float) * (size_t)(ns[ni] * rows));
                     }
@@ -443,9 +462,11 @@ static void test_matmul_packed_q8_0(void **state) {
         ks_free(Y);
         ks_free(Yp);
         ks_free(Yr);
+        ks_free(Yd);
         ks_free_aligned(P);
         free_w(&m);
     }
+    printf("packed q8_0 panels: squared error against the exact product at most %.2fx the file layout's\n", worst_ratio);
     ks_pool_destroy(pool2);
 }
 

@@ -58,6 +58,13 @@ static size_t ks_mm_p4_gbytes(ks_dtype t) { return t == KS_DTYPE_Q8_0 ? 512 : 25
 static ks_status ks_mm_pack_p16(ks_weight *w) {
     const int64_t nb = w->cols / KS_QK8_0;
     const size_t panel_bytes = (size_t)nb * 544;
+    /* The panels scale by adding the activations' power-of-two exponent to
+     * the bits of each block scale (matmul_x86_panel.c, ks_mm_scale_pow2),
+     * which is the product only for finite scales: a matrix with an infinite
+     * or NaN scale keeps the file layout, whose products carry it through. */
+    const ks_block_q8_0 *blocks = w->data;
+    for (int64_t i = 0; i < w->rows * nb; i++)
+        if ((blocks[i].d & 0x7C00) == 0x7C00) return KS_OK;
     ks_block_q8_0 *rows = ks_malloc(panel_bytes);
     if (!rows) return KS_FAIL(KS_ERR_NOMEM, "repacking a %lld-column matrix", (long long)w->cols);
     uint8_t *base = (uint8_t *)(uintptr_t)w->data;
@@ -68,9 +75,12 @@ static ks_status ks_mm_pack_p16(ks_weight *w) {
         for (int64_t b = 0; b < nb; b++)
             for (int r = 0; r < 16; r++) {
                 const ks_block_q8_0 *blk = &rows[(size_t)r * nb + b];
+                /* a zero scale: its quants count for nothing, and zeroed they give the sum 0 that the
+                 * tiny stand-in for dw * dx multiplies (ks_mm_scale_pow2) */
+                const bool zero = (blk->d & 0x7FFF) == 0;
                 for (int k = 0; k < 8; k++)
                     for (int i = 0; i < 4; i++)
-                        panel[(size_t)b * 512 + 64 * k + 4 * r + i] = (uint8_t)(blk->qs[4 * k + i] ^ 0x80);
+                        panel[(size_t)b * 512 + 64 * k + 4 * r + i] = zero ? 0x80 : (uint8_t)(blk->qs[4 * k + i] ^ 0x80);
                 memcpy(&d[b * 16 + r], &blk->d, sizeof(ks_f16));
             }
     }

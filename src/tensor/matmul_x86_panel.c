@@ -164,6 +164,15 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q4_0p)(const uint8_t *panel, int64_t ng, int64_t g
 #define KS_MM_P16_PF 4096 /* software prefetch distance in a panel's quants, bytes (decode reads them from DRAM): see above */
 #endif
 
+/* dw * 2^k, with ex = k << 23 from the activations' quantizer
+ * (ks_mm_quantize_q8t): an integer add on the exponent field, exact for
+ * every finite nonzero dw (the quantizer's clamp keeps the result normal);
+ * a zero dw gives a tiny nonzero scale, but its block's quants were zeroed
+ * at packing (ks_mm_pack_p16), so the block's sum it multiplies is 0. */
+KS_MM_INL __m512 KS_MM_SFX(ks_mm_scale_pow2)(__m512 dw, int32_t ex) {
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(dw), _mm512_set1_epi32(ex)));
+}
+
 KS_MM_INL void KS_MM_SFX(ks_mm_q8_0t_body)(const uint8_t *panel, int64_t nb, const uint8_t *xq, size_t xs,
                                            float *y, int64_t ys, const int NC) {
     const uint16_t *sd = (const uint16_t *)(panel + (size_t)nb * 512); /* [nb][16] f16 */
@@ -190,8 +199,8 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q8_0t_body)(const uint8_t *panel, int64_t nb, con
                 p1 = _mm512_dpbusd_epi32(p1, W[k + 1], _mm512_set1_epi32(qd[k + 1]));
             }
             p = _mm512_add_epi32(p, p1);
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
-                                     _mm512_mul_ps(dw, _mm512_set1_ps(((const float *)(xc + doff))[b])), acc[c]);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), KS_MM_SFX(ks_mm_scale_pow2)(dw, ((const int32_t *)(xc + doff))[b]),
+                                     acc[c]);
         }
     }
     _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) _mm512_storeu_ps(y + c * ys, acc[c]);
@@ -270,9 +279,9 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q8_0t2_body)(const uint8_t *panel, size_t panel_b
         _Pragma("GCC unroll 8") for (int j = 0; j < NP; j++)
             dw[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(panel + j * panel_bytes + (size_t)nb * 512 + 32 * (size_t)b)));
         _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
-            const __m512 dx = _mm512_set1_ps(((const float *)(xq + c * xs + doff))[b]);
+            const int32_t ex = ((const int32_t *)(xq + c * xs + doff))[b];
             _Pragma("GCC unroll 8") for (int j = 0; j < NP; j++)
-                acc[j][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[j][c]), _mm512_mul_ps(dw[j], dx), acc[j][c]);
+                acc[j][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[j][c]), KS_MM_SFX(ks_mm_scale_pow2)(dw[j], ex), acc[j][c]);
         }
     }
     _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) _Pragma("GCC unroll 8") for (int j = 0; j < NP; j++) _mm512_storeu_ps(y + c * ys + 16 * j, acc[j][c]);

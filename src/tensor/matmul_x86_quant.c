@@ -142,19 +142,39 @@ KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8x)(const float *x, uint8_t *dst, int64_
     _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), i))
 
 /* Partner of the transposed Q8_0 panels (matmul_x86_panel.c): int8 q[cols] in
- * element order, f32 d[nb], int32 corr[nb] = -128 * sum of the block's q;
- * the integers and scales are ks_mm_quantize_q8's.
+ * element order, int32 ex[nb], int32 corr[nb] = -128 * sum of the block's q.
  *
- * Sixteen blocks at a time: the block maxima and the block sums come out of
- * one transposing tree each (KS_MM_REDUCE16) and the scales of all sixteen
- * from one division, where a block at a time spent most of its work on
- * horizontal steps; prefill quantizes every chunk's activations before each
- * product, so this is part of the GEMM's time.  The arithmetic per block is
- * unchanged (max of |x|, d = amax / 127, id = 1 / d, x * id rounded to
- * nearest even), so the bytes are too. */
+ * The block scale is a power of two, dx = 2^k with k the least integer such
+ * that amax <= 127 * 2^k (clamped to [-100, 100]), and ex = k << 23 is what
+ * the panels add to the bits of a weight scale to multiply it by dx: exactly,
+ * and on an integer pipe, where a float multiply would take a slot of the two
+ * that run vpdpbusd (matmul_x86_panel.c, "What bounds it").  q = x * 2^-k is
+ * exact before it is rounded to nearest even, and |q| <= 127.  The cost is
+ * the scale's resolution: the step is up to twice amax / 127 (1.41x on a log
+ * average), the error the activations' rounding adds to a product grows in
+ * proportion (docs/BENCHMARKS.md, "Power-of-two activation scales").
+ *
+ * ks_mm_q8t_kbias gives the biased exponent 127 + k of a block's amax from
+ * its bits: amax = (1 + f) 2^e needs k = e - 6 while 1 + f <= 127 / 64
+ * (f <= 63 / 64, the fraction bits <= 0x7E0000), else e - 5.  The clamp
+ * keeps dw * dx a normal float for every finite f16 dw (|dw| in
+ * [2^-24, 65504]), so that the bit addition is the product. */
+#define KS_MM_Q8T_KB_MIN (127 - 100)
+#define KS_MM_Q8T_KB_MAX (127 + 100)
+static inline int32_t ks_mm_q8t_kbias(float amax) {
+    uint32_t u;
+    memcpy(&u, &amax, sizeof u);
+    int32_t kb = (int32_t)(u >> 23) - 6 + ((u & 0x7FFFFFu) > 0x7E0000u);
+    return kb < KS_MM_Q8T_KB_MIN ? KS_MM_Q8T_KB_MIN : kb > KS_MM_Q8T_KB_MAX ? KS_MM_Q8T_KB_MAX : kb;
+}
+
+/* Sixteen blocks at a time: the block maxima and the block sums come out of
+ * one transposing tree each (KS_MM_REDUCE16), where a block at a time spent
+ * most of its work on horizontal steps; prefill quantizes every chunk's
+ * activations before each product, so this is part of the GEMM's time. */
 KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8t)(const float *x, uint8_t *dst, int64_t cols) {
     const int64_t nb = cols / 32;
-    float *ds = (float *)(dst + ks_mm_align64((size_t)cols));
+    int32_t *ds = (int32_t *)(dst + ks_mm_align64((size_t)cols));
     int32_t *corr = (int32_t *)((uint8_t *)ds + ks_mm_align64((size_t)nb * 4));
     /* lane i of a tree's result holds block (i % 4) * 4 + i / 4 */
     const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
@@ -167,10 +187,13 @@ KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8t)(const float *x, uint8_t *dst, int64_
         __m512 amax;
         KS_MM_REDUCE16(__m512, _mm512_max_ps, KS_MM_SH4F, KS_MM_SHPF, m, amax);
         amax = _mm512_permutexvar_ps(order, amax);
-        const __m512 d = _mm512_div_ps(amax, _mm512_set1_ps(127.0f));
-        const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_OQ),
-                                              _mm512_set1_ps(1.0f), d);
-        _mm512_storeu_ps(ds + b, d);
+        const __m512i bits = _mm512_castps_si512(amax);
+        __m512i kb = _mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(6));
+        kb = _mm512_mask_add_epi32(kb, _mm512_cmpgt_epi32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFF)), _mm512_set1_epi32(0x7E0000)),
+                                   kb, _mm512_set1_epi32(1));
+        kb = _mm512_max_epi32(_mm512_min_epi32(kb, _mm512_set1_epi32(KS_MM_Q8T_KB_MAX)), _mm512_set1_epi32(KS_MM_Q8T_KB_MIN));
+        _mm512_storeu_si512((void *)(ds + b), _mm512_slli_epi32(_mm512_sub_epi32(kb, _mm512_set1_epi32(127)), 23));
+        const __m512 id = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(254), kb), 23));
         float ida[16];
         _mm512_storeu_ps(ida, id);
         __m512i s[16];
@@ -190,8 +213,11 @@ KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8t)(const float *x, uint8_t *dst, int64_
         __m256 v[4];
         __m256i iv[4];
         float amax = KS_MM_SFX(ks_mm_hmax8)(KS_MM_SFX(ks_mm_absmax32)(x + 32 * b, v));
-        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        ds[b] = d;
+        const int32_t kb = ks_mm_q8t_kbias(amax);
+        const uint32_t idbits = (uint32_t)(254 - kb) << 23;
+        float id;
+        memcpy(&id, &idbits, sizeof id);
+        ds[b] = (int32_t)((uint32_t)(kb - 127) << 23);
         _mm256_storeu_si256((__m256i *)(dst + 32 * b), KS_MM_SFX(ks_mm_round32)(v, id, iv));
         __m256i s = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
         __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
