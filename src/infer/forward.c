@@ -37,6 +37,8 @@ typedef struct rows_job {
     const float *in; /* NORM: x, SWIGLU: up, ADD: the addend */
     const float *w;  /* NORM: the norm's weight */
     float eps;
+    const ks_weight *next; /* or NULL: the product that reads out next, whose input each row is */
+    void *next_scratch;    /* quantized into, while still in cache (ks_matmul_quantize_x) */
 } rows_job;
 
 static void rows_range(const rows_job *j, int r0, int r1) {
@@ -56,6 +58,7 @@ static void rows_range(const rows_job *j, int r0, int r1) {
             for (size_t i = 0; i < W; i++) o[i] += x[i];
             break;
         }
+        if (j->next) ks_matmul_quantize_x(j->next, o, r, j->next_scratch);
     }
 }
 
@@ -69,17 +72,35 @@ static void rows_worker(void *arg, int ith, int nth) {
 #define ROWS_PARALLEL_MIN (1 << 15) /* elements: below, one thread (a dispatch is a few microseconds) */
 
 static void rows_run(ks_context *c, rows_op op, int n, int width, float *out, const float *in, const float *w, float eps) {
-    rows_job j = {op, n, width, out, in, w, eps};
+    rows_job j = {op, n, width, out, in, w, eps, NULL, NULL};
     if (n > 1 && c->params.n_threads > 1 && (size_t)n * (size_t)width >= ROWS_PARALLEL_MIN)
         ks_pool_run(c->pool, rows_worker, &j);
     else rows_range(&j, 0, n);
 }
 
-/* prev: the weight of the previous product on the same X (NULL: none), so
- * that X is quantized once when both weights want the same partner. */
-static void matmul_w(ks_context *c, const ks_weight *w, const float *X, int n, float *Y, const ks_weight *prev) {
+/* rows_run whose rows are next multiplied by weight next: each row is also
+ * quantized for it as soon as it is made (ks_matmul_quantize_x), so the
+ * product does not read the n x width floats back from memory (at 512 rows
+ * the SwiGLU's 16 MB, the norms' 4 MB); the product then runs with
+ * x_ready.  The bytes are those the product would have made itself. */
+static void rows_run_into(ks_context *c, rows_op op, int n, int width, float *out, const float *in, const float *w,
+                          float eps, const ks_weight *next) {
+    rows_job j = {op, n, width, out, in, w, eps, next, c->mm_scratch};
+    if (n > 1 && c->params.n_threads > 1 && (size_t)n * (size_t)width >= ROWS_PARALLEL_MIN)
+        ks_pool_run(c->pool, rows_worker, &j);
+    else rows_range(&j, 0, n);
+}
+
+/* Whether a product with b can reuse the quantized X that a product with a
+ * (or a quantizing rows_run_into for a) left in the scratch: the same
+ * partner layout. */
+static bool same_partner(const ks_weight *a, const ks_weight *b) {
+    return a->type == b->type && a->cols == b->cols && a->layout == b->layout;
+}
+
+/* x_ready: the scratch already holds X quantized for w (same_partner). */
+static void matmul_w(ks_context *c, const ks_weight *w, const float *X, int n, float *Y, bool x_ready) {
     double t0 = ks_time_sec();
-    bool x_ready = prev && prev->type == w->type && prev->cols == w->cols && prev->layout == w->layout;
     ks_matmul_weight_ex(c->pool, w, X, n, Y, c->mm_scratch, x_ready);
     c->stats.matmul_seconds += ks_time_sec() - t0;
     c->stats.matmul_macs += (uint64_t)w->rows * (uint64_t)w->cols * (uint64_t)n;
@@ -103,10 +124,10 @@ static ks_status qkv_rows(ks_context *c, const ks_layer *L, int il, int n, const
     const ks_hparams *hp = &c->model->hp;
     int D = hp->n_embd, hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv, half = hp->n_rot / 2;
     size_t q_dim = (size_t)nh * hd, kv_dim = (size_t)nkv * hd;
-    rows_run(c, ROWS_NORM, n, D, c->xn, c->x, L->attn_norm, hp->rms_eps);
-    matmul_w(c, &L->wq, c->xn, n, c->q, NULL);
-    matmul_w(c, &L->wk, c->xn, n, c->kk, &L->wq);
-    matmul_w(c, &L->wv, c->xn, n, c->vv, &L->wk);
+    rows_run_into(c, ROWS_NORM, n, D, c->xn, c->x, L->attn_norm, hp->rms_eps, &L->wq);
+    matmul_w(c, &L->wq, c->xn, n, c->q, true);
+    matmul_w(c, &L->wk, c->xn, n, c->kk, same_partner(&L->wq, &L->wk));
+    matmul_w(c, &L->wv, c->xn, n, c->vv, same_partner(&L->wk, &L->wv));
     for (int r = 0; r < n; r++) {
         float *q = c->q + r * q_dim, *k = c->kk + r * kv_dim, *v = c->vv + r * kv_dim;
         if (L->bq) for (size_t i = 0; i < q_dim; i++) q[i] += L->bq[i];
@@ -134,11 +155,11 @@ static ks_status qkv_rows(ks_context *c, const ks_layer *L, int il, int n, const
 static void mlp_rows(ks_context *c, const ks_layer *L, int n) {
     const ks_hparams *hp = &c->model->hp;
     int D = hp->n_embd;
-    rows_run(c, ROWS_NORM, n, D, c->xn, c->x, L->ffn_norm, hp->rms_eps);
-    matmul_w(c, &L->w_gate, c->xn, n, c->gate, NULL);
-    matmul_w(c, &L->w_up, c->xn, n, c->up, &L->w_gate);
-    rows_run(c, ROWS_SWIGLU, n, hp->n_ff, c->gate, c->up, NULL, 0);
-    matmul_w(c, &L->w_down, c->gate, n, c->xn, NULL);
+    rows_run_into(c, ROWS_NORM, n, D, c->xn, c->x, L->ffn_norm, hp->rms_eps, &L->w_gate);
+    matmul_w(c, &L->w_gate, c->xn, n, c->gate, true);
+    matmul_w(c, &L->w_up, c->xn, n, c->up, same_partner(&L->w_gate, &L->w_up));
+    rows_run_into(c, ROWS_SWIGLU, n, hp->n_ff, c->gate, c->up, NULL, 0, &L->w_down);
+    matmul_w(c, &L->w_down, c->gate, n, c->xn, true);
     rows_run(c, ROWS_ADD, n, D, c->x, c->xn, NULL, 0);
 }
 
@@ -201,7 +222,7 @@ ks_status ks_infer_forward_rows(ks_context *c, int n, const int32_t *seq, const 
         double t_att = ks_time_sec();
         KS_TRY(ks_infer_attend_layer(c, il, n, seq, pos, c->decoding));
         c->stats.attention_seconds += ks_time_sec() - t_att;
-        matmul_w(c, &L->wo, c->att, n, c->xn, NULL);
+        matmul_w(c, &L->wo, c->att, n, c->xn, false);
         rows_run(c, ROWS_ADD, n, D, c->x, c->xn, NULL, 0);
         mlp_rows(c, L, n);
     }
@@ -213,6 +234,6 @@ ks_status ks_infer_forward_rows(ks_context *c, int n, const int32_t *seq, const 
     int n_want = 0;
     for (int r = 0; r < n; r++)
         if (want[r]) ks_rmsnorm(c->xn + (size_t)(n_want++) * D, c->x + (size_t)r * D, m->output_norm, D, hp->rms_eps);
-    if (n_want) matmul_w(c, &m->output, c->xn, n_want, logits_out, NULL);
+    if (n_want) matmul_w(c, &m->output, c->xn, n_want, logits_out, false);
     return KS_OK;
 }

@@ -379,6 +379,26 @@ static void ks_mm_quantize_one(const ks_mm_job *job, int64_t c) {
     else ks_quantize_row(KS_DTYPE_Q8_K, x, dst, job->cols);
 }
 
+/* Bytes per quantized activation vector in scratch (xkind not XF32). */
+static size_t ks_mm_x_stride(ks_mm_xkind xkind, bool xt, ks_simd_level level, int64_t cols) {
+    return xkind == KS_MM_XQ8K      ? ks_mm_q8k_stride(cols)
+           : xt                     ? ks_mm_q8t_stride(cols)
+           : level == KS_SIMD_AVX512 ? ks_mm_q8x_stride(cols)
+                                     : ks_mm_q8_stride(cols);
+}
+
+void ks_matmul_quantize_x(const ks_weight *w, const float *x, int64_t c, void *scratch) {
+    const ks_simd_level level = ks_simd_current();
+    const ks_mm_xkind xkind = ks_mm_xkind_of(w->type);
+    if (xkind == KS_MM_XF32) return; /* float weights read X itself */
+    KS_ASSERT(scratch != NULL && ((uintptr_t)scratch & 63) == 0 && c >= 0);
+    const bool xt = w->layout == KS_WEIGHT_Q8_0_P16 && level == KS_SIMD_AVX512; /* as ks_matmul_weight_ex */
+    const size_t xs = ks_mm_x_stride(xkind, xt, level, w->cols);
+    const ks_mm_job job = {.level = level, .wtype = w->type, .xkind = xkind, .cols = w->cols, .X = x,
+                           .scratch = (uint8_t *)scratch + (size_t)c * xs, .xs = xs, .xt = xt};
+    ks_mm_quantize_one(&job, 0);
+}
+
 static void ks_mm_quantize_worker(void *arg, int ith, int nth) {
     const ks_mm_job *job = arg;
     for (int64_t c = ith; c < job->n; c += nth) ks_mm_quantize_one(job, c);
@@ -468,10 +488,7 @@ static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows
         job.xs = (size_t)cols * sizeof(float);
     } else {
         KS_ASSERT(scratch != NULL && ((uintptr_t)scratch & 63) == 0);
-        job.xs = job.xkind == KS_MM_XQ8K      ? ks_mm_q8k_stride(cols)
-                 : job.xt                  ? ks_mm_q8t_stride(cols)
-                 : level == KS_SIMD_AVX512 ? ks_mm_q8x_stride(cols)
-                                           : ks_mm_q8_stride(cols);
+        job.xs = ks_mm_x_stride(job.xkind, job.xt, level, cols);
         job.xq = scratch;
         /* Quantizing X costs ~1/rows of the product: do it inline for small
          * batches (one dispatch saved) and in parallel by vector for prefill. */

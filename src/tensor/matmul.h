@@ -39,6 +39,14 @@ void ks_matmul_weight(ks_pool *pool, const ks_weight *w, const float *X, int64_t
 void ks_matmul_weight_ex(ks_pool *pool, const ks_weight *w, const float *X, int64_t n, float *Y, void *scratch,
                          bool x_ready);
 
+/* Quantize activation vector x (row c of the X of a coming product with w)
+ * into scratch, in the layout ks_matmul_weight_ex(..., x_ready = true)
+ * reads for w: the very bytes the product would have made.  For a producer
+ * that quantizes each row as it writes it, while the row is still in cache
+ * (the RMSNorm, the SwiGLU gate), instead of the product reading all of X
+ * back from memory.  Distinct c may run on different threads. */
+void ks_matmul_quantize_x(const ks_weight *w, const float *x, int64_t c, void *scratch);
+
 /* Whether ks_matmul_pack would repack w (a Q8_0 or Q4_0 matrix with rows
  * and blocks per row multiples of 4, on a CPU with AVX-512 VNNI). */
 bool ks_matmul_can_pack(const ks_weight *w);
