@@ -145,9 +145,25 @@ typedef struct prefill_result {
     double tok_s, gemm_peak_share;
 } prefill_result;
 
+/* The int8 peak of the bench's threads now: best of two short loops.  What
+ * a register-only loop gets from these vCPUs swings by 20% within seconds
+ * on a shared host (726-893 G MAC/s in six runs over 20 s, EPYC-26,
+ * 2026-11-29), and the GEMM meets the host of its own moment, so each
+ * prefill row is set against the peak measured right before and right after
+ * it, the larger of the two (the conservative one). */
+static double adjacent_peak(bench_state *b) {
+    double best = 0;
+    for (int k = 0; k < 2; k++) {
+        double p = ks_int8_peak_macs(b->pool, 0.1);
+        if (p > best) best = p;
+    }
+    return best;
+}
+
 /* Prefill of one prompt length on a fresh context; the GEMM's multiply-adds
- * per second are set against the int8 peak of the same threads.  rep: the
- * repetition's index (0 when there is one), written beside the row. */
+ * per second are set against the int8 peak of the same threads, measured
+ * around the prefill (adjacent_peak).  rep: the repetition's index (0 when
+ * there is one), written beside the row. */
 static int bench_prefill(app_options *o, bench_state *b, long n_prompt, const char *prefill_policy, int rep,
                          prefill_result *out) {
     const char *cmd = o->cmd;
@@ -170,14 +186,16 @@ static int bench_prefill(app_options *o, bench_state *b, long n_prompt, const ch
     }
     progress("prefill", b->done, b->total);
     float *logits = malloc(sizeof(float) * (size_t)V);
+    const double peak_before = adjacent_peak(b);
     ks_status st = ks_prefill(ctx, 0, toks, (int32_t)n_prompt, logits, NULL);
+    const double peak_after = adjacent_peak(b);
     free(toks);
     free(logits);
     if (st != KS_OK) { app_report(cmd, "prefill", st); ks_context_destroy(ctx); return 1; }
     ks_stats s;
     ks_context_stats(ctx, &s);
     ks_context_destroy(ctx);
-    double tps = n_prompt / s.prefill_seconds, peak = b->peak;
+    double tps = n_prompt / s.prefill_seconds, peak = peak_before > peak_after ? peak_before : peak_after;
     double gb = (s.weight_bytes_read + s.kv_bytes_read) / 1e9;
     double mm_share = s.matmul_seconds / s.prefill_seconds, att_share = s.attention_seconds / s.prefill_seconds;
     double mm_rate = s.matmul_seconds > 0 ? s.matmul_macs / s.matmul_seconds : 0;
@@ -192,10 +210,10 @@ static int bench_prefill(app_options *o, bench_state *b, long n_prompt, const ch
                out->gemm_peak_share);
         b->first = false;
     } else
-        printf("%-14s %6s %6ld %6d %11.2f %9s %9.2f %8.3f %8.2f %7s   gemm %4.1f%% of time at %.1f G MAC/s = %.1f%% of peak, "
+        printf("%-14s %6s %6ld %6d %11.2f %9s %9.2f %8.3f %8.2f %7s   gemm %4.1f%% of time at %.1f G MAC/s = %.1f%% of peak %.1f, "
                "attention %4.1f%%\n",
                prefill_policy ? "prefill/sparse" : "prefill", "-", n_prompt, 1, tps, "-", 1e3 * s.prefill_seconds, gb, gb / s.prefill_seconds, "-",
-               100 * mm_share, mm_rate * 1e-9, peak > 0 ? 100 * mm_rate / peak : 0, 100 * att_share);
+               100 * mm_share, mm_rate * 1e-9, peak > 0 ? 100 * mm_rate / peak : 0, peak * 1e-9, 100 * att_share);
     fflush(stdout);
     return -1;
 }
@@ -239,7 +257,9 @@ static int bench_prefills(app_options *o, bench_state *b) {
         double p = ks_int8_peak_macs(b->pool, 0.2);
         if (p > b->peak) b->peak = p;
     }
-    if (!o->json) printf("int8 peak (vpdpbusd, %ld threads, best of 3): %.1f G MAC/s\n", b->n_threads, b->peak * 1e-9);
+    if (!o->json)
+        printf("int8 peak (vpdpbusd, %ld threads, best of 3): %.1f G MAC/s; each prefill row against the peak measured "
+               "around it\n", b->n_threads, b->peak * 1e-9);
     for (int pi = 0; pi < o->n_prompts; pi++)
         for (int run = 0; run < (sparse_prefill(o) ? 2 : 1); run++) {
             /* --prefill-policy: the same prompt again under it, beside the dense rows */
