@@ -470,6 +470,87 @@ static void test_matmul_packed_q8_0(void **state) {
     ks_pool_destroy(pool2);
 }
 
+/* ks_matmul_quantize_x row by row, then the product with x_ready: the very
+ * bits of the product that quantizes X itself, for every type and layout
+ * (file rows, the 4-row panels, the transposed Q8_0 panels), at decode and
+ * prefill sizes, with and without a pool. */
+static void test_matmul_quantize_x(void **state) {
+    (void)state;
+    ks_pool *pool2 = NULL;
+    assert_int_equal(ks_pool_create(2, &pool2), KS_OK);
+    static const ks_dtype types[] = {KS_DTYPE_Q8_0, KS_DTYPE_Q4_0, KS_DTYPE_Q4_K, KS_DTYPE_Q6_K, KS_DTYPE_F16};
+    enum { ROWS = 48, COLS = 512, NMAX = 40 };
+    static const int64_t ns[] = {1, 5, NMAX};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (int packed = 0; packed < 2; packed++) {
+            wmat m = make_w(types[ti], ROWS, COLS, 300 + ti);
+            ks_weight w = {.type = types[ti], .rows = ROWS, .cols = COLS, .data = m.W};
+            if (packed) {
+                if (!ks_matmul_can_pack(&w)) { free_w(&m); continue; }
+                assert_int_equal(ks_matmul_pack(&w), KS_OK);
+            }
+            float *X = make_x(NMAX, COLS, 301);
+            float *Y = ks_malloc(sizeof(float) * NMAX * ROWS), *Yq = ks_malloc(sizeof(float) * NMAX * ROWS);
+            void *scratch = ks_malloc_aligned(ks_matmul_scratch_bytes(types[ti], COLS, NMAX));
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+                for (int pi = 0; pi < 2; pi++) {
+                    ks_pool *pool = pi ? pool2 : NULL;
+                    ks_matmul_weight(pool, &w, X, ns[ni], Y, scratch);
+                    memset(scratch, 0xA5, ks_matmul_scratch_bytes(types[ti], COLS, ns[ni])); /* nothing left over */
+                    for (int64_t c = 0; c < ns[ni]; c++) ks_matmul_quantize_x(&w, X + c * COLS, c, scratch);
+                    ks_matmul_weight_ex(pool, &w, X, ns[ni], Yq, scratch, true);
+                    assert_memory_equal(Y, Yq, sizeof(float) * (size_t)(ns[ni] * ROWS));
+                }
+            ks_free_aligned(scratch);
+            ks_free(X);
+            ks_free(Y);
+            ks_free(Yq);
+            free_w(&m);
+        }
+    ks_pool_destroy(pool2);
+}
+
+/* The transposed panels scale by adding an exponent to the bits of each
+ * block scale, which is the product only for finite scales: a block whose
+ * scale is 0 (quants anything) still counts for nothing, bit for bit as in
+ * the scalar emulation, and a matrix with an infinite or NaN scale is left
+ * in the file layout, whose products carry it through. */
+static void test_matmul_packed_scales(void **state) {
+    (void)state;
+    if (ks_simd_detect() != KS_SIMD_AVX512) skip(); /* the transposed panels exist only there */
+    enum { ROWS = 32, COLS = 256, N = 20 };
+    wmat m = make_w(KS_DTYPE_Q8_0, ROWS, COLS, 401);
+    ks_block_q8_0 *blk = m.W;
+    blk[3].d = 0; /* row 0, block 3: quants kept, scale +0 */
+    blk[(size_t)5 * (COLS / 32) + 1].d = 0x8000; /* row 5, block 1: -0 */
+    float *X = make_x(N, COLS, 402), *Yr = ks_malloc(sizeof(float) * N * ROWS), *Y = ks_malloc(sizeof(float) * N * ROWS);
+    p16_emulate(m.W, ROWS, COLS, X, N, Yr);
+    size_t bytes = ks_dtype_row_bytes(KS_DTYPE_Q8_0, COLS) * ROWS;
+    void *P = ks_malloc_aligned(bytes);
+    memcpy(P, m.W, bytes);
+    ks_weight w = {.type = KS_DTYPE_Q8_0, .rows = ROWS, .cols = COLS, .data = P};
+    assert_int_equal(ks_matmul_pack(&w), KS_OK);
+    assert_int_equal(w.layout, KS_WEIGHT_Q8_0_P16);
+    void *scratch = ks_malloc_aligned(ks_matmul_scratch_bytes(KS_DTYPE_Q8_0, COLS, N));
+    ks_matmul_weight(NULL, &w, X, N, Y, scratch);
+    assert_memory_equal(Yr, Y, sizeof(float) * N * ROWS);
+    /* an infinite scale: not packed, and the products it enters are not finite */
+    memcpy(P, m.W, bytes);
+    ((ks_block_q8_0 *)P)[(size_t)7 * (COLS / 32)].d = 0x7C00;
+    ks_weight wi = {.type = KS_DTYPE_Q8_0, .rows = ROWS, .cols = COLS, .data = P};
+    assert_int_equal(ks_matmul_pack(&wi), KS_OK);
+    assert_int_equal(wi.layout, KS_WEIGHT_ROWS);
+    ks_matmul_weight(NULL, &wi, X, N, Y, scratch);
+    assert_false(isfinite(Y[7]));
+    assert_true(isfinite(Y[6]));
+    ks_free_aligned(scratch);
+    ks_free_aligned(P);
+    ks_free(X);
+    ks_free(Y);
+    ks_free(Yr);
+    free_w(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_simd_levels),
@@ -480,6 +561,8 @@ int main(void) {
         cmocka_unit_test(test_matmul_extremes),
         cmocka_unit_test(test_matmul_kquant_raw),
         cmocka_unit_test(test_matmul_packed_q8_0),
+        cmocka_unit_test(test_matmul_quantize_x),
+        cmocka_unit_test(test_matmul_packed_scales),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
