@@ -220,7 +220,9 @@ void ks_model_destroy(ks_model *m) {
  * copy-on-write pages of the mapping, repacked in place, are scattered 4 KiB
  * pages and decoded measurably slower than the file's page cache did.  If
  * the buffer cannot be had, the file layout stays (products are the same
- * bits either way). */
+ * bits either way for the 4-row panels; the transposed Q8_0 panels round
+ * activations to power-of-two scales, matmul_x86_panel.c, so their products
+ * differ from the file layout's by that rounding). */
 static ks_status repack_weights(ks_model *m, bool mapped) {
     ks_weight *ws[7 * 1024];
     size_t n = 0, total = 0;

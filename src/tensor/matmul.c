@@ -91,7 +91,7 @@ static size_t ks_mm_q8x_stride(int64_t cols) {
     return (size_t)((cols / KS_QK8_0 + 3) / 4) * KS_MM_Q8X_GROUP;
 }
 
-/* Partner of the transposed Q8_0 panels: int8 q[cols], f32 d[nb], int32
+/* Partner of the transposed Q8_0 panels: int8 q[cols], int32 ex[nb], int32
  * corr[nb] (matmul_x86_panel.c, "Q8_0 transposed panels"). */
 static size_t ks_mm_q8t_stride(int64_t cols) {
     return ks_mm_align64((size_t)cols) + 2 * ks_mm_align64((size_t)(cols / KS_QK8_0) * 4);

@@ -141,12 +141,16 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q4_0p)(const uint8_t *panel, int64_t ng, int64_t g
  *                             acc = fma((float)p, dw_r[b] * dx_c[b], acc)
  * whatever the tile, the chunk or the number of vectors, so decode and
  * prefill, chunked or not, give the same bits (tests/test_matmul.c checks it
- * against a scalar emulation); it differs from the file-layout kernels only
- * by float rounding (they sum 16 lane partials, then reduce).
+ * against a scalar emulation).  dx_c[b] is a power of two, so the product
+ * dw * dx is an integer add on dw's exponent (ks_mm_scale_pow2), off the
+ * pipes that run vpdpbusd.  That is where it differs from the file-layout
+ * kernels, beyond float rounding: they quantize activations with the scale
+ * amax / 127, these with the next power of two up, a step up to twice as
+ * coarse (ks_mm_quantize_q8t; docs/BENCHMARKS.md has what it costs).
  *
  * Partner per vector (ks_mm_quantize_q8t): int8 q[cols] in element order
- * (64-byte aligned), f32 d[nb], int32 corr[nb] = -128 * sum of the block's q
- * (the +128 of the u8 weights taken off exactly). */
+ * (64-byte aligned), int32 ex[nb] (log2 dx << 23), int32 corr[nb] = -128 *
+ * sum of the block's q (the +128 of the u8 weights taken off exactly). */
 /* The distance: the GEMV alone (8192 x 2048 Q8_0, one vector, weights
  * rotated over 8 copies so that every call reads DRAM, 2 threads, packed
  * against the file layout per core-second, alternated in one process,
@@ -232,15 +236,16 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q8_0t)(const uint8_t *panel, int64_t nb, const uin
  * + NP weights + 1 broadcast + scales: NP = 2, nc = 6 fits the 32 zmm
  * without spills (3 x 4 and 3 x 5 measured no faster).
  *
- * What bounds it now: per 16 rows, vector and block the exact arithmetic
- * needs 8 vpdpbusd + 1 multiply (dw x dx) + 1 FMA, and on this core the
- * multiply and the FMA run on the two pipes that run vpdpbusd (the int->float
- * conversion does not), so at most 8 / 10 of those pipes' slots are VNNI:
- * 80% of the register-only peak.  A register-and-L1 model of this tile
- * (2026-11-27, Zen 5 host) measured 72% with its loads, 77% with the
- * multiply hoisted; tools/microbench/vnni_peak.c prints the tile's mix.
- * The multiply cannot be shared (each dw[r][b] x dx[c][b] is used once)
- * nor dropped without changing the bits.
+ * What bounds it: per 16 rows, vector and block the arithmetic needs 8
+ * vpdpbusd, the scale dw x dx and 1 FMA, and on this core the FMA (and a
+ * float multiply) runs on the two pipes that run vpdpbusd, the int->float
+ * conversion and integer adds do not.  With exact scales dw x dx is a
+ * multiply, each one used once (no sharing), which capped the tile at 8 / 10
+ * of those pipes' slots: 80% of the register-only peak (measured 80.0-80.6%,
+ * tools/microbench/vnni_peak.c), and the tile ran at 85-88% of that.  With
+ * the activations' power-of-two scales it is an exponent add, and the
+ * ceiling is 8 / 9 (vnni_peak.c's "pow2" line); the tile gained 1.08-1.12x
+ * (docs/BENCHMARKS.md).
  *
  * The arithmetic per output is exactly ks_mm_q8_0t's (the int32 sum is
  * exact in any order; the float steps per block are the same ops in the

@@ -14,7 +14,9 @@
  * 4-block group) — 2 vpdpbusd + int->float + multiply + FMA — to show how
  * much of the peak a kernel with that float epilogue can reach at best, and
  * the transposed-panel prefill tile's mix per 16 rows, vector and block
- * (8 vpdpbusd + int->float + multiply + FMA: its ceiling), and
+ * (8 vpdpbusd + int->float + multiply + FMA: its ceiling with exact block
+ * scales; with the activations' power-of-two scales, which the engine uses,
+ * the multiply is an integer add on the exponent: the "pow2" line), and
  * the f32 FMA peak (16 multiply-adds per instruction), the denominator of
  * the float weights (F16, BF16 converted to f32) and of f32 attention.
  *
@@ -28,6 +30,7 @@
 #include <immintrin.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,10 +91,11 @@ TGT static float mix_loop(int64_t iters, int seed) {
  * adds are what separates it from this.  dx is made opaque after each tile,
  * as the kernel's twelve products of a block are distinct: without it the
  * compiler computes two and the mix reads 85-87%. */
-TGT static float tile_loop(int64_t iters, int seed) {
+TGT static inline __attribute__((always_inline)) float tile_body(int64_t iters, int seed, const bool pow2) {
     __m512i w0 = _mm512_set1_epi8(1), w1 = _mm512_set1_epi8(2), w2 = _mm512_set1_epi8(3), w3 = _mm512_set1_epi8(4);
     __m512i x0 = _mm512_set1_epi32(seed), x1 = _mm512_set1_epi32(seed + 1);
     __m512 dw0 = _mm512_set1_ps(1e-3f), dw1 = _mm512_set1_ps(2e-3f), dx = _mm512_set1_ps(3e-3f);
+    __m512i ex = _mm512_set1_epi32(-(3 << 23)); /* the power-of-two form's exponent add */
     __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0, f4 = f0, f5 = f0, f6 = f0, f7 = f0, f8 = f0, f9 = f0,
            f10 = f0, f11 = f0;
     for (int64_t it = 0; it < iters; it++) {
@@ -102,8 +106,11 @@ TGT static float tile_loop(int64_t iters, int seed) {
         p = _mm512_dpbusd_epi32(p, W3, X); p = _mm512_dpbusd_epi32(p, W0, X);         \
         p = _mm512_dpbusd_epi32(p, W1, X); p = _mm512_dpbusd_epi32(p, W2, X);         \
         p = _mm512_dpbusd_epi32(p, W3, X);                                            \
-        f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(DW, dx), f);         \
-        __asm__ volatile("" : "+v"(dx)); /* each tile's product its own (no CSE) */ \
+        f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),                                    \
+                            pow2 ? _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(DW), ex)) \
+                                 : _mm512_mul_ps(DW, dx),                                \
+                            f);                                                       \
+        __asm__ volatile("" : "+v"(dx), "+v"(ex)); /* each tile's scale its own (no CSE) */ \
     } while (0)
         TILE(f0, w0, w1, w2, w3, x0, dw0); TILE(f1, w2, w3, w0, w1, x0, dw1);
         TILE(f2, w0, w1, w2, w3, x1, dw0); TILE(f3, w2, w3, w0, w1, x1, dw1);
@@ -123,6 +130,11 @@ TGT static float tile_loop(int64_t iters, int seed) {
     t = _mm512_add_ps(t, _mm512_add_ps(_mm512_add_ps(f8, f9), _mm512_add_ps(f10, f11)));
     return _mm512_reduce_add_ps(t);
 }
+
+TGT static float tile_loop(int64_t iters, int seed) { return tile_body(iters, seed, false); }
+/* The same tile with the activations' power-of-two scales (ks_mm_quantize_q8t):
+ * dw x dx is an integer add on dw's exponent, off the vpdpbusd pipes. */
+TGT static float tile_pow2_loop(int64_t iters, int seed) { return tile_body(iters, seed, true); }
 
 /* f32 FMA peak (the float weights' denominator): 24 chains x 16 MACs. */
 TGT static float fma_loop(int64_t iters, int seed) {
@@ -162,12 +174,13 @@ static void *worker(void *arg) {
     while (!*j->go) {
     }
     const int64_t iters = 1 << 20;
-    const double per = j->mode == 3 ? 12.0 * 512 : j->mode == 2 ? 24.0 * 16 : j->mode ? 8.0 * 128 : 24.0 * 64;
+    const double per = j->mode >= 3 ? 12.0 * 512 : j->mode == 2 ? 24.0 * 16 : j->mode ? 8.0 * 128 : 24.0 * 64;
     double t0 = now(), c0 = thread_cpu(), t;
     int64_t done = 0;
     volatile float sink = 0;
     do {
-        sink += j->mode == 3 ? tile_loop(iters, (int)done)
+        sink += j->mode == 4   ? tile_pow2_loop(iters, (int)done)
+                : j->mode == 3 ? tile_loop(iters, (int)done)
                 : j->mode == 2 ? fma_loop(iters, (int)done)
                 : j->mode  ? mix_loop(iters, (int)done)
                            : (float)dpbusd_loop(iters, (int)done);
@@ -211,8 +224,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "vnni_peak: this CPU has no AVX-512 VNNI\n");
         return 1;
     }
-    for (int mode = 0; mode < 4; mode++) {
-        const char *name = mode == 3 ? "q8_0 panel tile (8 dpbusd+cvt+mul+fma)"
+    for (int mode = 0; mode < 5; mode++) {
+        const char *name = mode == 4   ? "q8_0 tile, pow2 (8 dpbusd+cvt+add+fma)"
+                           : mode == 3 ? "q8_0 panel tile (8 dpbusd+cvt+mul+fma)"
                            : mode == 2 ? "f32 vfmadd231ps register-only"
                            : mode    ? "q8_0 mix (2 dpbusd+cvt+mul+fma)"
                                      : "vpdpbusd register-only";
