@@ -244,8 +244,8 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q8_0t)(const uint8_t *panel, int64_t nb, const uin
  * of those pipes' slots: 80% of the register-only peak (measured 80.0-80.6%,
  * tools/microbench/vnni_peak.c), and the tile ran at 85-88% of that.  With
  * the activations' power-of-two scales it is an exponent add, and the
- * ceiling is 8 / 9 (vnni_peak.c's "pow2" line); the tile gained 1.08-1.12x
- * (docs/BENCHMARKS.md).
+ * ceiling rises toward 8 / 9 (vnni_peak.c's "pow2" line measures the mix;
+ * the tile's gain is in docs/BENCHMARKS.md).
  *
  * The arithmetic per output is exactly ks_mm_q8_0t's (the int32 sum is
  * exact in any order; the float steps per block are the same ops in the
