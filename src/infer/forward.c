@@ -71,24 +71,21 @@ static void rows_worker(void *arg, int ith, int nth) {
 
 #define ROWS_PARALLEL_MIN (1 << 15) /* elements: below, one thread (a dispatch is a few microseconds) */
 
-static void rows_run(ks_context *c, rows_op op, int n, int width, float *out, const float *in, const float *w, float eps) {
-    rows_job j = {op, n, width, out, in, w, eps, NULL, NULL};
-    if (n > 1 && c->params.n_threads > 1 && (size_t)n * (size_t)width >= ROWS_PARALLEL_MIN)
-        ks_pool_run(c->pool, rows_worker, &j);
-    else rows_range(&j, 0, n);
-}
-
-/* rows_run whose rows are next multiplied by weight next: each row is also
- * quantized for it as soon as it is made (ks_matmul_quantize_x), so the
- * product does not read the n x width floats back from memory (at 512 rows
- * the SwiGLU's 16 MB, the norms' 4 MB); the product then runs with
- * x_ready.  The bytes are those the product would have made itself. */
+/* next (or NULL): the weight that multiplies the rows next; each row is
+ * then also quantized for it as soon as it is made (ks_matmul_quantize_x),
+ * so the product does not read the n x width floats back from memory (at
+ * 512 rows the SwiGLU's 16 MB, the norms' 4 MB) and runs with x_ready.  The
+ * bytes are those the product would have made itself. */
 static void rows_run_into(ks_context *c, rows_op op, int n, int width, float *out, const float *in, const float *w,
                           float eps, const ks_weight *next) {
     rows_job j = {op, n, width, out, in, w, eps, next, c->mm_scratch};
     if (n > 1 && c->params.n_threads > 1 && (size_t)n * (size_t)width >= ROWS_PARALLEL_MIN)
         ks_pool_run(c->pool, rows_worker, &j);
     else rows_range(&j, 0, n);
+}
+
+static void rows_run(ks_context *c, rows_op op, int n, int width, float *out, const float *in, const float *w, float eps) {
+    rows_run_into(c, op, n, width, out, in, w, eps, NULL);
 }
 
 /* Whether a product with b can reuse the quantized X that a product with a

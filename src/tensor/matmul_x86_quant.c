@@ -152,7 +152,8 @@ KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8x)(const float *x, uint8_t *dst, int64_
  * exact before it is rounded to nearest even, and |q| <= 127.  The cost is
  * the scale's resolution: the step is up to twice amax / 127 (1.41x on a log
  * average), the error the activations' rounding adds to a product grows in
- * proportion (docs/BENCHMARKS.md, "Power-of-two activation scales").
+ * proportion (docs/BENCHMARKS.md, the row "Prefill GEMM with power-of-two activation
+ * scales").
  *
  * ks_mm_q8t_kbias gives the biased exponent 127 + k of a block's amax from
  * its bits: amax = (1 + f) 2^e needs k = e - 6 while 1 + f <= 127 / 64
