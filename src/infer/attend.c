@@ -39,6 +39,7 @@ typedef struct {
     bool sparse;          /* a decode step: each row's policy may select (ks_infer_seq_sparse) */
     bool blocked;         /* prefill of one sequence: blocks of rows per task */
     atomic_int next;
+    const ks_weight *wnext; /* or NULL: quantize each finished row for this weight's product */
 } attn_job;
 
 static void record_failure(ks_context *c, ks_status st) {
@@ -275,18 +276,25 @@ static void attn_worker(void *arg, int ith, int nth) {
         if (task >= total) break;
         int r0 = task / nkv * rows_per_task, h = task % nkv;
         int R = j->n - r0 < rows_per_task ? j->n - r0 : rows_per_task;
-        if (j->blocked && attend_block(c, j, s, r0, R, h)) continue;
-        for (int r = r0; r < r0 + R; r++) {
-            ks_status st = attend_one(c, j, s, r, h);
-            if (st != KS_OK) record_failure(c, st);
+        if (!(j->blocked && attend_block(c, j, s, r0, R, h)))
+            for (int r = r0; r < r0 + R; r++) {
+                ks_status st = attend_one(c, j, s, r, h);
+                if (st != KS_OK) record_failure(c, st);
+            }
+        /* the rows' last head: whoever wrote it quantizes them for the next product while they
+         * are in cache (the counter's acq_rel RMWs order the other heads' writes before it) */
+        if (j->wnext && atomic_fetch_add_explicit(&c->att_heads_done[task / nkv], 1, memory_order_acq_rel) == nkv - 1) {
+            size_t q_dim = (size_t)c->model->hp.n_head * c->model->hp.head_dim;
+            for (int r = r0; r < r0 + R; r++) ks_matmul_quantize_x(j->wnext, c->att + (size_t)r * q_dim, r, c->mm_scratch);
         }
     }
     (void)nth;
 }
 
-ks_status ks_infer_attend_layer(ks_context *c, int il, int n, const int32_t *seq, const int32_t *pos, bool sparse) {
+ks_status ks_infer_attend_layer(ks_context *c, int il, int n, const int32_t *seq, const int32_t *pos, bool sparse,
+                                const ks_weight *next) {
     int hd = c->model->hp.head_dim;
-    attn_job job = {.c = c, .il = il, .n = n, .seq = seq, .pos = pos, .sparse = sparse};
+    attn_job job = {.c = c, .il = il, .n = n, .seq = seq, .pos = pos, .sparse = sparse, .wnext = next};
     /* prefill chunks of one sequence take the blocked kernel (f16, or 8-bit KV in whole Q8_0 blocks),
      * a chunk of one row too: a row's result then never depends on the chunk it falls in (a
      * one-row chunk through the decode kernel rounded differently), which a prefix-cache hit
@@ -294,6 +302,8 @@ ks_status ks_infer_attend_layer(ks_context *c, int il, int n, const int32_t *seq
     job.blocked = !c->decoding && seq[0] == seq[n - 1] && (c->kv_type == KS_KV_F16 || hd % 32 == 0) &&
                   hd % 16 == 0 && ks_simd_current() >= KS_SIMD_AVX2;
     atomic_init(&job.next, 0);
+    if (next) /* one counter per task row group (a block of rows, or a row) */
+        for (int g = 0; g < n; g++) atomic_init(&c->att_heads_done[g], 0);
     atomic_flag_clear(&c->step_failed);
     ks_pool_run(c->pool, attn_worker, &job);
     if (atomic_flag_test_and_set(&c->step_failed)) return c->step_status;

@@ -96,6 +96,7 @@ void ks_context_destroy(ks_context *c) {
     ks_free(c->entropy);
     ks_free(c->varentropy);
     ks_free(c->n_att);
+    ks_free(c->att_heads_done);
     ks_free(c->seq_len);
     ks_free((char *)c->params.kv_offload_dir);
     ks_free_aligned(c->x);
@@ -293,6 +294,7 @@ static ks_status alloc_rows(ks_context *c) {
     if (!c->seq_len || !c->entropy || !c->varentropy) return KS_FAIL(KS_ERR_NOMEM, "state of %d sequences", c->n_seq);
     for (int i = 0; i < c->n_seq; i++) c->entropy[i] = c->varentropy[i] = NAN;
     c->n_att = ks_calloc(rows * hp->n_head_kv, sizeof(int32_t));
+    c->att_heads_done = ks_calloc(rows, sizeof(atomic_int));
     if (c->n_aux && !c->aux_h) c->aux_h = ks_malloc(sizeof(float) * rows * c->n_aux * hp->n_embd);
     c->x = ks_malloc_aligned(sizeof(float) * rows * hp->n_embd);
     c->xn = ks_malloc_aligned(sizeof(float) * rows * wide);
@@ -320,8 +322,8 @@ static ks_status alloc_rows(ks_context *c) {
         }
     }
     c->mm_scratch = ks_malloc_aligned(mm ? mm : 64);
-    if (!c->n_att || (c->n_aux && !c->aux_h) || !c->x || !c->xn || !c->q || !c->kk || !c->vv || !c->att || !c->gate ||
-        !c->up || !c->rope_cos || !c->rope_sin || !c->step_i32 || !c->step_f32 || !c->step_want || !c->mm_scratch)
+    if (!c->n_att || !c->att_heads_done || (c->n_aux && !c->aux_h) || !c->x || !c->xn || !c->q || !c->kk || !c->vv ||
+        !c->att || !c->gate || !c->up || !c->rope_cos || !c->rope_sin || !c->step_i32 || !c->step_f32 || !c->step_want || !c->mm_scratch)
         return KS_FAIL(KS_ERR_NOMEM, "activations of %zu rows", rows);
     /* Fault the chunk's buffers in now rather than inside the first chunk's
      * products: at 256 rows of the 1B shape that is ~27 MB, ~6,900 first

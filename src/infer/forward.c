@@ -217,9 +217,9 @@ ks_status ks_infer_forward_rows(ks_context *c, int n, const int32_t *seq, const 
         if (!c->decoding && ks_kv_layer_tier(c->kv, il) == KS_TIER_SLOW) KS_TRY(ks_infer_load_prefill_slots(c, il, n, seq));
         /* at decode each row's own policy decides whether this layer selects */
         double t_att = ks_time_sec();
-        KS_TRY(ks_infer_attend_layer(c, il, n, seq, pos, c->decoding));
+        KS_TRY(ks_infer_attend_layer(c, il, n, seq, pos, c->decoding, &L->wo));
         c->stats.attention_seconds += ks_time_sec() - t_att;
-        matmul_w(c, &L->wo, c->att, n, c->xn, false);
+        matmul_w(c, &L->wo, c->att, n, c->xn, true);
         rows_run(c, ROWS_ADD, n, D, c->x, c->xn, NULL, 0);
         mlp_rows(c, L, n);
     }

@@ -90,6 +90,7 @@ struct ks_context {
     float *obs_q;            /* [n_layer][obs_cap][n_head*head_dim] (per prefill) */
     float *entropy, *varentropy; /* [n_seq] of each sequence's last output distribution (NaN: none) */
     int32_t *n_att;          /* [max_rows][n_head_kv] entries row r attends (causal bound) */
+    atomic_int *att_heads_done; /* [max_rows] KV heads finished per row group of an attention pass (attend.c) */
     int32_t *seq_len;        /* [n_seq] next position of each sequence */
     bool decoding;           /* the rows being computed are a decode step */
     uint64_t step_serial;    /* decode steps so far (keys step_plans) */

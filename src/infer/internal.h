@@ -43,8 +43,12 @@ ks_status ks_infer_forward_rows(ks_context *c, int n, const int32_t *seq, const 
 /* ------------------------------------------------------------- attend.c -- */
 /* Attention of layer il for the n rows (seq, pos) whose q is in c->q: writes
  * c->att.  sparse: a decode step, where each row's own policy selects at
- * this layer when ks_infer_seq_sparse says so. */
-ks_status ks_infer_attend_layer(ks_context *c, int il, int n, const int32_t *seq, const int32_t *pos, bool sparse);
+ * this layer when ks_infer_seq_sparse says so.  next (or NULL): the weight
+ * that multiplies c->att next; each row is then also quantized for it into
+ * c->mm_scratch as soon as its last head is written (ks_matmul_quantize_x),
+ * so that product runs with x_ready. */
+ks_status ks_infer_attend_layer(ks_context *c, int il, int n, const int32_t *seq, const int32_t *pos, bool sparse,
+                                const ks_weight *next);
 
 /* ------------------------------------------------------ prefill_sparse.c -- */
 /* The sparse prefill's runs for the block of R rows of sequence seq (causal
