@@ -354,7 +354,9 @@ typedef struct {
 static void kernel_reserve_worker(void *arg, int ith, int nth) {
     (void)ith, (void)nth;
     kernel_reserve_job *j = arg;
-    if (!ks_scratch(KS_SCRATCH_KERNEL, j->bytes)) j->refused = 1;
+    void *p = ks_scratch(KS_SCRATCH_KERNEL, j->bytes);
+    if (!p) j->refused = 1;
+    else memset(p, 0, j->bytes); /* faulted in here, by its own thread, as the activations are (alloc_rows) */
 }
 
 static ks_status reserve_kernel_scratch(ks_context *c) {
