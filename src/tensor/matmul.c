@@ -91,10 +91,19 @@ static size_t ks_mm_q8x_stride(int64_t cols) {
     return (size_t)((cols / KS_QK8_0 + 3) / 4) * KS_MM_Q8X_GROUP;
 }
 
-/* Partner of the transposed Q8_0 panels: int8 q[cols], int32 ex[nb], int32
- * corr[nb] (matmul_x86_panel.c, "Q8_0 transposed panels"). */
+/* Partner of the transposed Q8_0 panels (matmul_x86_panel.c, "Q8_0
+ * transposed panels"): one 40-byte record per block, int8 q[32] then int32
+ * ex and int32 corr.  Interleaved rather than three arrays because a tile
+ * reads six vectors at once: one sequential stream per vector instead of
+ * three is what the hardware prefetchers follow (18 streams lost them at
+ * 8192 columns, where the tile's activations come from L2 or L3 every
+ * pass: a copy of the tile, 1 thread, read 381-385 G MAC/s against 333-336
+ * with the arrays, docs/history/benchmarks-notebook.md). */
+#define KS_MM_Q8T_REC 40  /* bytes per block */
+#define KS_MM_Q8T_EX 32   /* offset of ex in a record */
+#define KS_MM_Q8T_CORR 36 /* offset of corr in a record */
 static size_t ks_mm_q8t_stride(int64_t cols) {
-    return ks_mm_align64((size_t)cols) + 2 * ks_mm_align64((size_t)(cols / KS_QK8_0) * 4);
+    return ks_mm_align64((size_t)(cols / KS_QK8_0) * KS_MM_Q8T_REC);
 }
 
 static size_t ks_mm_q8k_stride(int64_t cols) {

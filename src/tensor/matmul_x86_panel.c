@@ -148,9 +148,11 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q4_0p)(const uint8_t *panel, int64_t ng, int64_t g
  * amax / 127, these with the next power of two up, a step up to twice as
  * coarse (ks_mm_quantize_q8t; docs/BENCHMARKS.md has what it costs).
  *
- * Partner per vector (ks_mm_quantize_q8t): int8 q[cols] in element order
- * (64-byte aligned), int32 ex[nb] (log2 dx << 23), int32 corr[nb] = -128 *
- * sum of the block's q (the +128 of the u8 weights taken off exactly). */
+ * Partner per vector (ks_mm_quantize_q8t): per block a 40-byte record of
+ * int8 q[32] in element order, int32 ex (log2 dx << 23) and int32 corr =
+ * -128 * sum of the block's q (the +128 of the u8 weights taken off
+ * exactly); the vector starts 64-byte aligned (matmul.c, ks_mm_q8t_stride,
+ * says why the three are interleaved). */
 /* The distance: the GEMV alone (8192 x 2048 Q8_0, one vector, weights
  * rotated over 8 copies so that every call reads DRAM, 2 threads, packed
  * against the file layout per core-second, alternated in one process,
@@ -180,7 +182,6 @@ KS_MM_INL __m512 KS_MM_SFX(ks_mm_scale_pow2)(__m512 dw, int32_t ex) {
 KS_MM_INL void KS_MM_SFX(ks_mm_q8_0t_body)(const uint8_t *panel, int64_t nb, const uint8_t *xq, size_t xs,
                                            float *y, int64_t ys, const int NC) {
     const uint16_t *sd = (const uint16_t *)(panel + (size_t)nb * 512); /* [nb][16] f16 */
-    const size_t qoff = 0, doff = ks_mm_align64((size_t)nb * 32), coff = doff + ks_mm_align64((size_t)nb * 4);
     __m512 acc[8];
     _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -194,16 +195,16 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q8_0t_body)(const uint8_t *panel, int64_t nb, con
         _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) W[k] = _mm512_loadu_si512((const void *)(wb + 64 * k));
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sd + 16 * b)));
         _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
-            const uint8_t *xc = xq + c * xs;
-            const int32_t *qd = (const int32_t *)(xc + qoff + 32 * (size_t)b);
+            const uint8_t *xr = xq + c * xs + (size_t)b * KS_MM_Q8T_REC; /* block b's record */
+            const int32_t *qd = (const int32_t *)xr;
             /* two dpbusd chains of four (latency), joined exactly in int32 */
-            __m512i p = _mm512_set1_epi32(((const int32_t *)(xc + coff))[b]), p1 = _mm512_setzero_si512();
+            __m512i p = _mm512_set1_epi32(*(const int32_t *)(xr + KS_MM_Q8T_CORR)), p1 = _mm512_setzero_si512();
             _Pragma("GCC unroll 4") for (int k = 0; k < 8; k += 2) {
                 p = _mm512_dpbusd_epi32(p, W[k], _mm512_set1_epi32(qd[k]));
                 p1 = _mm512_dpbusd_epi32(p1, W[k + 1], _mm512_set1_epi32(qd[k + 1]));
             }
             p = _mm512_add_epi32(p, p1);
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), KS_MM_SFX(ks_mm_scale_pow2)(dw, ((const int32_t *)(xc + doff))[b]),
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), KS_MM_SFX(ks_mm_scale_pow2)(dw, *(const int32_t *)(xr + KS_MM_Q8T_EX)),
                                      acc[c]);
         }
     }
@@ -261,22 +262,22 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q8_0t)(const uint8_t *panel, int64_t nb, const uin
 KS_MM_INL void KS_MM_SFX(ks_mm_q8_0t2_body)(const uint8_t *panel, size_t panel_bytes, int64_t nb, const uint8_t *xq,
                                             size_t xs, const uint8_t *xnext, float *y, int64_t ys, const int NC) {
     enum { NP = KS_MM_T2_NP };
-    const size_t doff = ks_mm_align64((size_t)nb * 32), coff = doff + ks_mm_align64((size_t)nb * 4);
     __m512 acc[NP][KS_MM_T2_NC];
     _Pragma("GCC unroll 8") for (int j = 0; j < NP; j++) _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc[j][c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         __m512i p[NP][KS_MM_T2_NC];
-        if (xnext && !(b & 1)) /* the next tile's activations, one line per two blocks */
-            _Pragma("GCC unroll 8") for (int c = 0; c < KS_MM_T2_NC; c++) _mm_prefetch((const char *)(xnext + c * xs + 32 * (size_t)b), _MM_HINT_T0);
+        const uint8_t *xr = xq + (size_t)b * KS_MM_Q8T_REC; /* vector c's record of block b: xr + c * xs */
+        if (xnext && (((size_t)b * KS_MM_Q8T_REC) & 63) < KS_MM_Q8T_REC) /* the next tile's activations: each line once, at the first record that starts in it */
+            _Pragma("GCC unroll 8") for (int c = 0; c < KS_MM_T2_NC; c++) _mm_prefetch((const char *)(xnext + c * xs + (size_t)b * KS_MM_Q8T_REC), _MM_HINT_T0);
         _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
-            p[0][c] = _mm512_set1_epi32(((const int32_t *)(xq + c * xs + coff))[b]);
+            p[0][c] = _mm512_set1_epi32(*(const int32_t *)(xr + c * xs + KS_MM_Q8T_CORR));
             _Pragma("GCC unroll 8") for (int j = 1; j < NP; j++) p[j][c] = p[0][c];
         }
         _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
             __m512i w[NP];
             _Pragma("GCC unroll 8") for (int j = 0; j < NP; j++) w[j] = _mm512_loadu_si512((const void *)(panel + j * panel_bytes + (size_t)b * 512 + 64 * k));
             _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
-                const __m512i xk = _mm512_set1_epi32(((const int32_t *)(xq + c * xs + 32 * (size_t)b))[k]);
+                const __m512i xk = _mm512_set1_epi32(((const int32_t *)(xr + c * xs))[k]);
                 _Pragma("GCC unroll 8") for (int j = 0; j < NP; j++) p[j][c] = _mm512_dpbusd_epi32(p[j][c], w[j], xk);
             }
         }
@@ -284,7 +285,7 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q8_0t2_body)(const uint8_t *panel, size_t panel_b
         _Pragma("GCC unroll 8") for (int j = 0; j < NP; j++)
             dw[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(panel + j * panel_bytes + (size_t)nb * 512 + 32 * (size_t)b)));
         _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
-            const int32_t ex = ((const int32_t *)(xq + c * xs + doff))[b];
+            const int32_t ex = *(const int32_t *)(xr + c * xs + KS_MM_Q8T_EX);
             _Pragma("GCC unroll 8") for (int j = 0; j < NP; j++)
                 acc[j][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[j][c]), KS_MM_SFX(ks_mm_scale_pow2)(dw[j], ex), acc[j][c]);
         }

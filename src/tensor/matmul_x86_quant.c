@@ -175,8 +175,8 @@ static inline int32_t ks_mm_q8t_kbias(float amax) {
  * activations before each product, so this is part of the GEMM's time. */
 KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8t)(const float *x, uint8_t *dst, int64_t cols) {
     const int64_t nb = cols / 32;
-    int32_t *ds = (int32_t *)(dst + ks_mm_align64((size_t)cols));
-    int32_t *corr = (int32_t *)((uint8_t *)ds + ks_mm_align64((size_t)nb * 4));
+    /* block b's record: q at dst + 40 b, then ex and corr (matmul.c, ks_mm_q8t_stride) */
+#define KS_MM_Q8T_AT(b, off) ((int32_t *)(dst + (size_t)(b) * KS_MM_Q8T_REC + (off)))
     /* lane i of a tree's result holds block (i % 4) * 4 + i / 4 */
     const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     int64_t b = 0;
@@ -193,7 +193,8 @@ KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8t)(const float *x, uint8_t *dst, int64_
         kb = _mm512_mask_add_epi32(kb, _mm512_cmpgt_epi32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFF)), _mm512_set1_epi32(0x7E0000)),
                                    kb, _mm512_set1_epi32(1));
         kb = _mm512_max_epi32(_mm512_min_epi32(kb, _mm512_set1_epi32(KS_MM_Q8T_KB_MAX)), _mm512_set1_epi32(KS_MM_Q8T_KB_MIN));
-        _mm512_storeu_si512((void *)(ds + b), _mm512_slli_epi32(_mm512_sub_epi32(kb, _mm512_set1_epi32(127)), 23));
+        int32_t exa[16], corra[16];
+        _mm512_storeu_si512((void *)exa, _mm512_slli_epi32(_mm512_sub_epi32(kb, _mm512_set1_epi32(127)), 23));
         const __m512 id = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(254), kb), 23));
         float ida[16];
         _mm512_storeu_ps(ida, id);
@@ -202,13 +203,17 @@ KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8t)(const float *x, uint8_t *dst, int64_
             const __m512 idv = _mm512_set1_ps(ida[i]);
             const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 32 * i), idv));
             const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 32 * i + 16), idv));
-            _mm_storeu_si128((__m128i *)(dst + 32 * (b + i)), _mm512_cvtsepi32_epi8(q0));
-            _mm_storeu_si128((__m128i *)(dst + 32 * (b + i) + 16), _mm512_cvtsepi32_epi8(q1));
+            _mm_storeu_si128((__m128i *)(dst + KS_MM_Q8T_REC * (b + i)), _mm512_cvtsepi32_epi8(q0));
+            _mm_storeu_si128((__m128i *)(dst + KS_MM_Q8T_REC * (b + i) + 16), _mm512_cvtsepi32_epi8(q1));
             s[i] = _mm512_add_epi32(q0, q1);
         }
         __m512i sum;
         KS_MM_REDUCE16(__m512i, _mm512_add_epi32, KS_MM_SH4I, KS_MM_SHPI, s, sum);
-        _mm512_storeu_si512((void *)(corr + b), _mm512_mullo_epi32(_mm512_permutexvar_epi32(order, sum), _mm512_set1_epi32(-128)));
+        _mm512_storeu_si512((void *)corra, _mm512_mullo_epi32(_mm512_permutexvar_epi32(order, sum), _mm512_set1_epi32(-128)));
+        for (int i = 0; i < 16; i++) {
+            *KS_MM_Q8T_AT(b + i, KS_MM_Q8T_EX) = exa[i];
+            *KS_MM_Q8T_AT(b + i, KS_MM_Q8T_CORR) = corra[i];
+        }
     }
     for (; b < nb; b++) { /* the last nb % 16 blocks, one at a time */
         __m256 v[4];
@@ -218,14 +223,15 @@ KS_MM_FN void KS_MM_SFX(ks_mm_quantize_q8t)(const float *x, uint8_t *dst, int64_
         const uint32_t idbits = (uint32_t)(254 - kb) << 23;
         float id;
         memcpy(&id, &idbits, sizeof id);
-        ds[b] = (int32_t)((uint32_t)(kb - 127) << 23);
-        _mm256_storeu_si256((__m256i *)(dst + 32 * b), KS_MM_SFX(ks_mm_round32)(v, id, iv));
+        *KS_MM_Q8T_AT(b, KS_MM_Q8T_EX) = (int32_t)((uint32_t)(kb - 127) << 23);
+        _mm256_storeu_si256((__m256i *)(dst + KS_MM_Q8T_REC * b), KS_MM_SFX(ks_mm_round32)(v, id, iv));
         __m256i s = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
         __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
         t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
         t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
-        corr[b] = -128 * _mm_cvtsi128_si32(t);
+        *KS_MM_Q8T_AT(b, KS_MM_Q8T_CORR) = -128 * _mm_cvtsi128_si32(t);
     }
+#undef KS_MM_Q8T_AT
 }
 #endif
 
