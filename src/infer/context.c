@@ -281,6 +281,19 @@ static ks_status create_policy(ks_context *c, const ks_policy_spec *spec) {
     return KS_OK;
 }
 
+/* An activation buffer, faulted in now rather than inside the first chunk's
+ * products: at 256 rows of the 1B shape the buffers are ~27 MB, ~6,900 first
+ * touches (the SwiGLU's 16 MB alone), which cost a fresh context's first
+ * prefill about 34 ms inside its layer-0 matmuls (about 4% of a 512-token
+ * prefill's GEMM time, EPYC-26).  It also commits the memory the context
+ * will use at creation, where a shortage is reported, and not in the middle
+ * of a request.  Peers do the same with a warm-up pass. */
+static void *alloc_faulted(size_t bytes) {
+    void *p = ks_malloc_aligned(bytes);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
 /* Activations of max_rows rows, and the matmul scratch for the widest weight. */
 static ks_status alloc_rows(ks_context *c) {
     const ks_model *m = c->model;
@@ -296,14 +309,14 @@ static ks_status alloc_rows(ks_context *c) {
     c->n_att = ks_calloc(rows * hp->n_head_kv, sizeof(int32_t));
     c->att_heads_done = ks_calloc(rows, sizeof(atomic_int));
     if (c->n_aux && !c->aux_h) c->aux_h = ks_malloc(sizeof(float) * rows * c->n_aux * hp->n_embd);
-    c->x = ks_malloc_aligned(sizeof(float) * rows * hp->n_embd);
-    c->xn = ks_malloc_aligned(sizeof(float) * rows * wide);
-    c->q = ks_malloc_aligned(sizeof(float) * rows * q_dim);
-    c->kk = ks_malloc_aligned(sizeof(float) * rows * kv_dim);
-    c->vv = ks_malloc_aligned(sizeof(float) * rows * kv_dim);
-    c->att = ks_malloc_aligned(sizeof(float) * rows * q_dim);
-    c->gate = ks_malloc_aligned(sizeof(float) * rows * hp->n_ff);
-    c->up = ks_malloc_aligned(sizeof(float) * rows * hp->n_ff);
+    c->x = alloc_faulted(sizeof(float) * rows * hp->n_embd);
+    c->xn = alloc_faulted(sizeof(float) * rows * wide);
+    c->q = alloc_faulted(sizeof(float) * rows * q_dim);
+    c->kk = alloc_faulted(sizeof(float) * rows * kv_dim);
+    c->vv = alloc_faulted(sizeof(float) * rows * kv_dim);
+    c->att = alloc_faulted(sizeof(float) * rows * q_dim);
+    c->gate = alloc_faulted(sizeof(float) * rows * hp->n_ff);
+    c->up = alloc_faulted(sizeof(float) * rows * hp->n_ff);
     c->rope_cos = ks_malloc(sizeof(float) * rows * (hp->n_rot / 2));
     c->rope_sin = ks_malloc(sizeof(float) * rows * (hp->n_rot / 2));
     c->step_i32 = ks_malloc(sizeof(int32_t) * 5 * rows);
@@ -321,25 +334,11 @@ static ks_status alloc_rows(ks_context *c) {
             if (need > c->mm_worker_bytes) c->mm_worker_bytes = need;
         }
     }
-    c->mm_scratch = ks_malloc_aligned(mm ? mm : 64);
+    c->mm_scratch = alloc_faulted(mm ? mm : 64);
     if (!c->n_att || !c->att_heads_done || (c->n_aux && !c->aux_h) || !c->x || !c->xn || !c->q || !c->kk || !c->vv ||
-        !c->att || !c->gate || !c->up || !c->rope_cos || !c->rope_sin || !c->step_i32 || !c->step_f32 || !c->step_want || !c->mm_scratch)
+        !c->att || !c->gate || !c->up || !c->rope_cos || !c->rope_sin || !c->step_i32 || !c->step_f32 ||
+        !c->step_want || !c->mm_scratch)
         return KS_FAIL(KS_ERR_NOMEM, "activations of %zu rows", rows);
-    /* Fault the chunk's buffers in now rather than inside the first chunk's
-     * products: at 256 rows of the 1B shape that is ~27 MB, ~6,900 first
-     * touches (the SwiGLU's 16 MB alone), which cost a fresh context's first
-     * prefill about 34 ms inside its layer-0 matmuls (about 4% of a 512-token
-     * prefill's GEMM time, EPYC-26).  It also makes the memory the context
-     * will use committed at creation, where a shortage is reported, and not
-     * in the middle of a request.  Peers do the same with a warm-up pass. */
-    const struct { void *p; size_t bytes; } touch[] = {
-        {c->x, sizeof(float) * rows * hp->n_embd},  {c->xn, sizeof(float) * rows * wide},
-        {c->q, sizeof(float) * rows * q_dim},       {c->kk, sizeof(float) * rows * kv_dim},
-        {c->vv, sizeof(float) * rows * kv_dim},     {c->att, sizeof(float) * rows * q_dim},
-        {c->gate, sizeof(float) * rows * hp->n_ff}, {c->up, sizeof(float) * rows * hp->n_ff},
-        {c->mm_scratch, mm ? mm : 64},
-    };
-    for (size_t i = 0; i < sizeof touch / sizeof touch[0]; i++) memset(touch[i].p, 0, touch[i].bytes);
     return KS_OK;
 }
 

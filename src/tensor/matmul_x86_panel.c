@@ -267,7 +267,8 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q8_0t2_body)(const uint8_t *panel, size_t panel_b
     for (int64_t b = 0; b < nb; b++) {
         __m512i p[NP][KS_MM_T2_NC];
         const uint8_t *xr = xq + (size_t)b * KS_MM_Q8T_REC; /* vector c's record of block b: xr + c * xs */
-        if (xnext && (((size_t)b * KS_MM_Q8T_REC) & 63) < KS_MM_Q8T_REC) /* the next tile's activations: each line once, at the first record that starts in it */
+        /* the next tile's activations: each line once, at the first record that starts in it */
+        if (xnext && (((size_t)b * KS_MM_Q8T_REC) & 63) < KS_MM_Q8T_REC)
             _Pragma("GCC unroll 8") for (int c = 0; c < KS_MM_T2_NC; c++) _mm_prefetch((const char *)(xnext + c * xs + (size_t)b * KS_MM_Q8T_REC), _MM_HINT_T0);
         _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
             p[0][c] = _mm512_set1_epi32(*(const int32_t *)(xr + c * xs + KS_MM_Q8T_CORR));

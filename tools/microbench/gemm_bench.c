@@ -110,13 +110,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "gemm_bench: out of memory for the activations' scratch\n");
         return 1;
     }
-    /* GEMM_XREADY=1: the activations quantized once, before the timing, as the
-     * model's norms and SwiGLU do (ks_matmul_quantize_x): the product alone */
     const bool xready = getenv("GEMM_XREADY") && atoi(getenv("GEMM_XREADY"));
     if (xready)
         for (int64_t c = 0; c < n; c++) ks_matmul_quantize_x(&w, X + c * cols, c, scratch);
     memset(Y, 0, sizeof(float) * (size_t)(n * rows)); /* first touches outside the timing */
-    double best[2] = {1e30, 1e30}, cbest[2] = {1e30, 1e30};
+    double cbest[2] = {1e30, 1e30};
     double *times[2] = {ks_calloc((size_t)reps, sizeof(double)), ks_calloc((size_t)reps, sizeof(double))};
     int runs[2] = {0, 0};
     if (!times[0] || !times[1]) return 1;
@@ -130,27 +128,25 @@ int main(int argc, char **argv) {
             else ks_matmul_weight_ex(pool, &wc[rep % ncold], X, n, Y, scratch, xready);
             double dt = ks_time_sec() - t0, dc = cpu_sec() - c0;
             times[k][runs[k]++] = dt;
-            if (dt < best[k]) best[k] = dt;
             if (dc < cbest[k]) cbest[k] = dc;
         }
     double macs = (double)rows * (double)cols * (double)n;
     /* per CPU-second: what one core does while it runs (less sensitive to a
      * shared host than wall time) */
+    for (int k = 0; k < 2; k++) qsort(times[k], (size_t)runs[k], sizeof(double), cmp_double); /* [0]: the best */
     printf("%s %lldx%lld n=%lld threads=%d:", tname, (long long)rows, (long long)cols, (long long)n, nth);
     const char *names[2] = {"rows", w.layout == KS_WEIGHT_ROWS ? "unpacked" : "packed"};
     for (int k = 0; k < 2; k++)
         if (runs[k])
             printf("%s %s %.1f G MAC/s (%.2f ms; %.1f G MAC per CPU-s)", k && runs[0] ? "," : "", names[k],
-                   macs / best[k] * 1e-9, best[k] * 1e3, macs / cbest[k] * 1e-9);
+                   macs / times[k][0] * 1e-9, times[k][0] * 1e3, macs / cbest[k] * 1e-9);
     printf("\n");
     /* the median beside the best: a model's prefill pays every call, and on a
      * shared host the best of many says little about the typical one */
     for (int k = 0; k < 2; k++)
-        if (runs[k]) {
-            qsort(times[k], (size_t)runs[k], sizeof(double), cmp_double);
-            printf("  %s: median %.1f G MAC/s over %d products\n", names[k],
-                   macs / times[k][runs[k] / 2] * 1e-9, runs[k]);
-        }
+        if (runs[k])
+            printf("  %s: median %.1f G MAC/s over %d products\n", names[k], macs / times[k][runs[k] / 2] * 1e-9,
+                   runs[k]);
     ks_free(times[0]);
     ks_free(times[1]);
     for (int i = 1; i < ncold; i++) {
