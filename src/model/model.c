@@ -4,13 +4,15 @@
  * Every tensor the forward pass will touch is looked up and its shape checked
  * against the hyper-parameters here, once, with a message naming the tensor:
  * a file that loads is a file the forward pass can run without further checks.
- * Mistral checkpoints converted by llama.cpp are stored as "llama"; the
- * "mistral" name is accepted as an alias.  llama.cpp's converter permutes the
- * Q/K rows of "llama" models so RoPE rotates adjacent pairs, while qwen2/qwen3
- * keep Hugging Face's half-split (NEOX) pairing.
+ * What differs between architectures lives in one file each
+ * (src/model/arch_<name>.c, registered in arch.c; arch.h says how); this file
+ * reads the keys they all share, binds the model-level tensors, runs the
+ * architecture's slots and repacks the weights.
  */
 #define _GNU_SOURCE /* mprotect */
 #include "model/model.h"
+
+#include "model/arch.h"
 
 #include "core/file.h"
 #include "tensor/matmul.h"
@@ -24,8 +26,7 @@ ks_model_params ks_model_default_params(void) {
     return (ks_model_params){.use_mmap = true, .vocab_only = false};
 }
 
-static ks_status key_u32(const ks_gguf *g, const char *arch, const char *suffix, uint32_t *out,
-                         bool required) {
+ks_status ks_arch_key_u32(const ks_gguf *g, const char *arch, const char *suffix, uint32_t *out, bool required) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     ks_status st = ks_gguf_get_u32(g, key, out);
@@ -34,49 +35,47 @@ static ks_status key_u32(const ks_gguf *g, const char *arch, const char *suffix,
     return st;
 }
 
-static ks_status key_f32(const ks_gguf *g, const char *arch, const char *suffix, float *out) {
+ks_status ks_arch_key_f32(const ks_gguf *g, const char *arch, const char *suffix, float *out) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     ks_status st = ks_gguf_get_f32(g, key, out);
     return st == KS_ERR_NOT_FOUND ? KS_OK : st;
 }
 
-static ks_status read_hparams(const ks_gguf *g, ks_hparams *hp) {
+static ks_status read_hparams(const ks_gguf *g, ks_hparams *hp, const ks_arch_desc **desc_out) {
     ks_gguf_str arch;
     ks_status st = ks_gguf_get_str(g, "general.architecture", &arch);
     if (st != KS_OK) return KS_FAIL(KS_ERR_FORMAT, "general.architecture is missing or not a string");
     size_t n = arch.len < sizeof hp->arch_name - 1 ? (size_t)arch.len : sizeof hp->arch_name - 1;
     memcpy(hp->arch_name, arch.data, n);
     hp->arch_name[n] = 0;
-    if (!strcmp(hp->arch_name, "llama") || !strcmp(hp->arch_name, "mistral")) hp->arch = KS_ARCH_LLAMA;
-    else if (!strcmp(hp->arch_name, "qwen2")) hp->arch = KS_ARCH_QWEN2;
-    else if (!strcmp(hp->arch_name, "qwen3")) hp->arch = KS_ARCH_QWEN3;
-    else
-        return KS_FAIL(KS_ERR_UNSUPPORTED, "architecture '%s' is not supported (llama, mistral, qwen2, qwen3)",
-                       hp->arch_name);
+    const ks_arch_desc *desc = ks_arch_find(hp->arch_name);
+    if (!desc)
+        return KS_FAIL(KS_ERR_UNSUPPORTED, "architecture '%s' is not supported (%s)", hp->arch_name, ks_arch_names());
+    hp->arch = desc->id;
     const char *a = hp->arch_name;
     uint32_t n_embd = 0, n_layer = 0, n_ff = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_rot = 0, n_ctx = 0;
-    KS_TRY(key_u32(g, a, "embedding_length", &n_embd, true));
-    KS_TRY(key_u32(g, a, "block_count", &n_layer, true));
-    KS_TRY(key_u32(g, a, "feed_forward_length", &n_ff, true));
-    KS_TRY(key_u32(g, a, "attention.head_count", &n_head, true));
+    KS_TRY(ks_arch_key_u32(g, a, "embedding_length", &n_embd, true));
+    KS_TRY(ks_arch_key_u32(g, a, "block_count", &n_layer, true));
+    KS_TRY(ks_arch_key_u32(g, a, "feed_forward_length", &n_ff, true));
+    KS_TRY(ks_arch_key_u32(g, a, "attention.head_count", &n_head, true));
     n_head_kv = n_head;
-    KS_TRY(key_u32(g, a, "attention.head_count_kv", &n_head_kv, false));
-    KS_TRY(key_u32(g, a, "context_length", &n_ctx, true));
+    KS_TRY(ks_arch_key_u32(g, a, "attention.head_count_kv", &n_head_kv, false));
+    KS_TRY(ks_arch_key_u32(g, a, "context_length", &n_ctx, true));
     if (n_embd == 0 || n_embd > 65536 || n_layer == 0 || n_layer > 1024 || n_ff == 0 || n_ff > 1 << 20 ||
         n_head == 0 || n_head > 1024 || n_head_kv == 0 || n_head % n_head_kv != 0 || n_ctx == 0)
         return KS_FAIL(KS_ERR_FORMAT,
                        "implausible hyper-parameters: n_embd %u, n_layer %u, n_ff %u, n_head %u, n_head_kv %u, ctx %u",
                        n_embd, n_layer, n_ff, n_head, n_head_kv, n_ctx);
     head_dim = n_embd / n_head;
-    KS_TRY(key_u32(g, a, "attention.key_length", &head_dim, false));
+    KS_TRY(ks_arch_key_u32(g, a, "attention.key_length", &head_dim, false));
     uint32_t v_dim = head_dim;
-    KS_TRY(key_u32(g, a, "attention.value_length", &v_dim, false));
+    KS_TRY(ks_arch_key_u32(g, a, "attention.value_length", &v_dim, false));
     if (v_dim != head_dim) return KS_FAIL(KS_ERR_UNSUPPORTED, "key length %u != value length %u", head_dim, v_dim);
     if (head_dim == 0 || head_dim > 1024 || head_dim % 2)
         return KS_FAIL(KS_ERR_FORMAT, "head dimension %u is not an even number in [2, 1024]", head_dim);
     n_rot = head_dim;
-    KS_TRY(key_u32(g, a, "rope.dimension_count", &n_rot, false));
+    KS_TRY(ks_arch_key_u32(g, a, "rope.dimension_count", &n_rot, false));
     if (n_rot == 0 || n_rot > head_dim || n_rot % 2)
         return KS_FAIL(KS_ERR_FORMAT, "rope dimension %u must be even and <= head dim %u", n_rot, head_dim);
     hp->n_embd = (int32_t)n_embd;
@@ -89,8 +88,8 @@ static ks_status read_hparams(const ks_gguf *g, ks_hparams *hp) {
     hp->n_ctx_train = n_ctx > INT32_MAX ? INT32_MAX : (int32_t)n_ctx;
     hp->rope_base = 10000.0f;
     hp->rms_eps = 1e-5f;
-    KS_TRY(key_f32(g, a, "rope.freq_base", &hp->rope_base));
-    KS_TRY(key_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->rms_eps));
+    KS_TRY(ks_arch_key_f32(g, a, "rope.freq_base", &hp->rope_base));
+    KS_TRY(ks_arch_key_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->rms_eps));
     if (!(hp->rope_base > 0) || !(hp->rms_eps > 0) || !isfinite(hp->rope_base))
         return KS_FAIL(KS_ERR_FORMAT, "rope base %g / rms epsilon %g must be positive", hp->rope_base, hp->rms_eps);
     /* linear rope scaling (rope.scaling.type = linear) is not implemented: refuse it */
@@ -100,12 +99,14 @@ static ks_status read_hparams(const ks_gguf *g, ks_hparams *hp) {
     if (ks_gguf_get_str(g, key, &scaling) == KS_OK && !ks_gguf_str_eq(scaling, "none") &&
         !ks_gguf_str_eq(scaling, "llama3"))
         return KS_FAIL(KS_ERR_UNSUPPORTED, "rope scaling type '%.*s' is not supported", (int)scaling.len, scaling.data);
-    hp->rope_neox = hp->arch != KS_ARCH_LLAMA;
+    hp->rope_neox = desc->rope_neox;
+    if (desc->read_hparams) KS_TRY(desc->read_hparams(g, hp));
+    *desc_out = desc;
     return KS_OK;
 }
 
 /* Binds a 2-D weight and checks its shape ([rows][cols] = ne[1], ne[0]). */
-static ks_status bind_weight(ks_model *m, const char *name, int64_t rows, int64_t cols, ks_weight *w) {
+ks_status ks_model_bind_weight(ks_model *m, const char *name, int64_t rows, int64_t cols, ks_weight *w) {
     const ks_gguf_tensor *t = ks_gguf_find_tensor(m->gguf, name);
     if (!t) return KS_FAIL(KS_ERR_FORMAT, "tensor '%s' is missing", name);
     if (t->n_dims > 2 || t->ne[0] != cols || t->ne[1] != rows)
@@ -121,7 +122,7 @@ static ks_status bind_weight(ks_model *m, const char *name, int64_t rows, int64_
 }
 
 /* Loads a 1-D tensor of n elements as an owned f32 array; NULL if optional and absent. */
-static ks_status bind_vec(ks_model *m, const char *name, int64_t n, bool required, float **out) {
+ks_status ks_model_bind_vec(ks_model *m, const char *name, int64_t n, bool required, float **out) {
     const ks_gguf_tensor *t = ks_gguf_find_tensor(m->gguf, name);
     if (!t) {
         if (required) return KS_FAIL(KS_ERR_FORMAT, "tensor '%s' is missing", name);
@@ -140,51 +141,31 @@ static ks_status bind_vec(ks_model *m, const char *name, int64_t n, bool require
     return KS_OK;
 }
 
-static ks_status bind_weights(ks_model *m) {
+static ks_status bind_weights(ks_model *m, const ks_arch_desc *desc) {
     const ks_hparams *hp = &m->hp;
-    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     const ks_gguf_tensor *emb = ks_gguf_find_tensor(m->gguf, "token_embd.weight");
     if (!emb) return KS_FAIL(KS_ERR_FORMAT, "tensor 'token_embd.weight' is missing");
     if (emb->ne[1] != m->hp.n_vocab)
         return KS_FAIL(KS_ERR_FORMAT, "token_embd.weight has %lld rows but the vocabulary has %d tokens",
                        (long long)emb->ne[1], m->hp.n_vocab);
-    KS_TRY(bind_weight(m, "token_embd.weight", hp->n_vocab, hp->n_embd, &m->tok_embd));
-    KS_TRY(bind_vec(m, "output_norm.weight", hp->n_embd, true, &m->output_norm));
+    KS_TRY(ks_model_bind_weight(m, "token_embd.weight", hp->n_vocab, hp->n_embd, &m->tok_embd));
+    KS_TRY(ks_model_bind_vec(m, "output_norm.weight", hp->n_embd, true, &m->output_norm));
     if (ks_gguf_find_tensor(m->gguf, "output.weight")) {
-        KS_TRY(bind_weight(m, "output.weight", hp->n_vocab, hp->n_embd, &m->output));
+        KS_TRY(ks_model_bind_weight(m, "output.weight", hp->n_vocab, hp->n_embd, &m->output));
     } else {
         m->output = m->tok_embd;
         m->output_tied = true;
     }
-    KS_TRY(bind_vec(m, "rope_freqs.weight", hp->n_rot / 2, false, &m->rope_freq_factors));
+    KS_TRY(ks_model_bind_vec(m, "rope_freqs.weight", hp->n_rot / 2, false, &m->rope_freq_factors));
     if (m->rope_freq_factors)
         for (int i = 0; i < hp->n_rot / 2; i++)
             if (!(m->rope_freq_factors[i] > 0) || !isfinite(m->rope_freq_factors[i]))
                 return KS_FAIL(KS_ERR_FORMAT, "rope_freqs.weight[%d] = %g is not a positive factor", i,
                                m->rope_freq_factors[i]);
+    if (desc->bind_model) KS_TRY(desc->bind_model(m));
     m->layers = ks_calloc((size_t)hp->n_layer, sizeof(ks_layer));
     if (!m->layers) return KS_FAIL(KS_ERR_NOMEM, "%d layers", hp->n_layer);
-    for (int il = 0; il < hp->n_layer; il++) {
-        ks_layer *L = &m->layers[il];
-        char nm[96];
-#define NAME(suffix) (snprintf(nm, sizeof nm, "blk.%d." suffix, il), nm)
-        KS_TRY(bind_vec(m, NAME("attn_norm.weight"), hp->n_embd, true, &L->attn_norm));
-        KS_TRY(bind_weight(m, NAME("attn_q.weight"), q_dim, hp->n_embd, &L->wq));
-        KS_TRY(bind_weight(m, NAME("attn_k.weight"), kv_dim, hp->n_embd, &L->wk));
-        KS_TRY(bind_weight(m, NAME("attn_v.weight"), kv_dim, hp->n_embd, &L->wv));
-        KS_TRY(bind_weight(m, NAME("attn_output.weight"), hp->n_embd, q_dim, &L->wo));
-        KS_TRY(bind_vec(m, NAME("attn_q.bias"), q_dim, false, &L->bq));
-        KS_TRY(bind_vec(m, NAME("attn_k.bias"), kv_dim, false, &L->bk));
-        KS_TRY(bind_vec(m, NAME("attn_v.bias"), kv_dim, false, &L->bv));
-        bool need_qk_norm = hp->arch == KS_ARCH_QWEN3;
-        KS_TRY(bind_vec(m, NAME("attn_q_norm.weight"), hp->head_dim, need_qk_norm, &L->q_norm));
-        KS_TRY(bind_vec(m, NAME("attn_k_norm.weight"), hp->head_dim, need_qk_norm, &L->k_norm));
-        KS_TRY(bind_vec(m, NAME("ffn_norm.weight"), hp->n_embd, true, &L->ffn_norm));
-        KS_TRY(bind_weight(m, NAME("ffn_gate.weight"), hp->n_ff, hp->n_embd, &L->w_gate));
-        KS_TRY(bind_weight(m, NAME("ffn_up.weight"), hp->n_ff, hp->n_embd, &L->w_up));
-        KS_TRY(bind_weight(m, NAME("ffn_down.weight"), hp->n_embd, hp->n_ff, &L->w_down));
-#undef NAME
-    }
+    for (int il = 0; il < hp->n_layer; il++) KS_TRY(desc->bind_layer(m, il, &m->layers[il]));
     return KS_OK;
 }
 
@@ -270,8 +251,9 @@ ks_status ks_model_load(const char *path, ks_model_params params, ks_model **out
     }
     st = ks_tokenizer_create(m->gguf, &m->tok);
     if (st == KS_OK) m->hp.n_vocab = ks_tokenizer_n_vocab(m->tok);
-    if (st == KS_OK && !params.vocab_only) st = read_hparams(m->gguf, &m->hp);
-    if (st == KS_OK && !params.vocab_only) st = bind_weights(m);
+    const ks_arch_desc *desc = NULL;
+    if (st == KS_OK && !params.vocab_only) st = read_hparams(m->gguf, &m->hp, &desc);
+    if (st == KS_OK && !params.vocab_only) st = bind_weights(m, desc);
     if (st == KS_OK && !params.vocab_only && !params.no_repack) st = repack_weights(m, params.use_mmap);
     if (st != KS_OK) {
         ks_model_destroy(m);

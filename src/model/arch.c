@@ -1,0 +1,59 @@
+/*
+ * arch.c — the table of architectures (arch.h) and the layer binding most
+ * of them share.
+ *
+ * The table is the one place a new architecture is registered; an unknown
+ * general.architecture is refused with the list of known names, so a user
+ * sees at once that the file is understood but not supported.
+ */
+#include "model/arch.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const ks_arch_desc *const arch_table[] = {
+    &ks_arch_llama,
+    &ks_arch_mistral,
+    &ks_arch_qwen2,
+    &ks_arch_qwen3,
+};
+#define N_ARCH (sizeof arch_table / sizeof arch_table[0])
+
+const ks_arch_desc *ks_arch_find(const char *name) {
+    for (size_t i = 0; i < N_ARCH; i++)
+        if (!strcmp(arch_table[i]->name, name)) return arch_table[i];
+    return NULL;
+}
+
+const char *ks_arch_names(void) {
+    static char names[512];
+    if (!names[0]) {
+        size_t n = 0;
+        for (size_t i = 0; i < N_ARCH && n < sizeof names; i++)
+            n += (size_t)snprintf(names + n, sizeof names - n, "%s%s", i ? ", " : "", arch_table[i]->name);
+    }
+    return names;
+}
+
+ks_status ks_arch_bind_llama_layer(ks_model *m, int il, ks_layer *L, bool need_qk_norm) {
+    const ks_hparams *hp = &m->hp;
+    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    char nm[96];
+#define NAME(suffix) (snprintf(nm, sizeof nm, "blk.%d." suffix, il), nm)
+    KS_TRY(ks_model_bind_vec(m, NAME("attn_norm.weight"), hp->n_embd, true, &L->attn_norm));
+    KS_TRY(ks_model_bind_weight(m, NAME("attn_q.weight"), q_dim, hp->n_embd, &L->wq));
+    KS_TRY(ks_model_bind_weight(m, NAME("attn_k.weight"), kv_dim, hp->n_embd, &L->wk));
+    KS_TRY(ks_model_bind_weight(m, NAME("attn_v.weight"), kv_dim, hp->n_embd, &L->wv));
+    KS_TRY(ks_model_bind_weight(m, NAME("attn_output.weight"), hp->n_embd, q_dim, &L->wo));
+    KS_TRY(ks_model_bind_vec(m, NAME("attn_q.bias"), q_dim, false, &L->bq));
+    KS_TRY(ks_model_bind_vec(m, NAME("attn_k.bias"), kv_dim, false, &L->bk));
+    KS_TRY(ks_model_bind_vec(m, NAME("attn_v.bias"), kv_dim, false, &L->bv));
+    KS_TRY(ks_model_bind_vec(m, NAME("attn_q_norm.weight"), hp->head_dim, need_qk_norm, &L->q_norm));
+    KS_TRY(ks_model_bind_vec(m, NAME("attn_k_norm.weight"), hp->head_dim, need_qk_norm, &L->k_norm));
+    KS_TRY(ks_model_bind_vec(m, NAME("ffn_norm.weight"), hp->n_embd, true, &L->ffn_norm));
+    KS_TRY(ks_model_bind_weight(m, NAME("ffn_gate.weight"), hp->n_ff, hp->n_embd, &L->w_gate));
+    KS_TRY(ks_model_bind_weight(m, NAME("ffn_up.weight"), hp->n_ff, hp->n_embd, &L->w_up));
+    KS_TRY(ks_model_bind_weight(m, NAME("ffn_down.weight"), hp->n_embd, hp->n_ff, &L->w_down));
+#undef NAME
+    return KS_OK;
+}

@@ -1,0 +1,58 @@
+/*
+ * arch.h — one file per architecture (src/model/arch_<name>.c), inside the
+ * model module.
+ *
+ * Every architecture kvsieve runs is a llama-shaped decoder with a few
+ * differences: where RoPE pairs its dimensions, whether Q/K carry biases or
+ * per-head norms, how tensors are named or fused, how RoPE is scaled.  An
+ * architecture file resolves those differences at load time into the flags
+ * and optional pointers of ks_hparams and ks_layer, so the forward pass
+ * (infer/forward.c) keeps a single code path that branches on features,
+ * never on architecture names.  This is llama.cpp's src/models/ idea
+ * (a file per architecture) applied to loading rather than to graph building.
+ *
+ * A descriptor is a small vtable with required and optional slots.  The
+ * loader (model.c) reads the keys every architecture shares
+ * (ks_arch_read_common_hparams), then calls the descriptor's slots in order:
+ *   read_hparams (optional)  architecture-specific keys and flags;
+ *   bind_model   (optional)  model-level tensors beyond embedding, output
+ *                            norm, output matrix and rope_freqs;
+ *   bind_layer   (required)  every tensor of layer il.
+ * Adding an architecture: write arch_<name>.c defining one ks_arch_desc,
+ * declare it below, and list it in arch.c's table.
+ */
+#ifndef KS_MODEL_ARCH_H
+#define KS_MODEL_ARCH_H
+
+#include "model/model.h"
+
+typedef struct ks_arch_desc {
+    const char *name;      /* general.architecture as llama.cpp's converter writes it */
+    ks_arch id;
+    bool rope_neox;        /* default RoPE pairing (read_hparams may change it) */
+    ks_status (*read_hparams)(const ks_gguf *g, ks_hparams *hp);  /* optional */
+    ks_status (*bind_model)(ks_model *m);                          /* optional */
+    ks_status (*bind_layer)(ks_model *m, int il, ks_layer *L);     /* required */
+} ks_arch_desc;
+
+extern const ks_arch_desc ks_arch_llama, ks_arch_mistral, ks_arch_qwen2, ks_arch_qwen3;
+
+/* The descriptor for general.architecture `name`, or NULL. */
+const ks_arch_desc *ks_arch_find(const char *name);
+/* "llama, mistral, ..." for messages. */
+const char *ks_arch_names(void);
+
+/* ---- shared binding helpers (model.c) ---------------------------------- */
+
+/* "<arch>.<suffix>" as u32 / f32; an absent optional key leaves *out as is. */
+ks_status ks_arch_key_u32(const ks_gguf *g, const char *arch, const char *suffix, uint32_t *out, bool required);
+ks_status ks_arch_key_f32(const ks_gguf *g, const char *arch, const char *suffix, float *out);
+/* A 2-D weight [rows][cols] (GGUF ne = {cols, rows}), shape checked. */
+ks_status ks_model_bind_weight(ks_model *m, const char *name, int64_t rows, int64_t cols, ks_weight *w);
+/* A 1-D tensor of n elements as an owned f32 array; NULL if optional and absent. */
+ks_status ks_model_bind_vec(ks_model *m, const char *name, int64_t n, bool required, float **out);
+/* The llama tensor set of layer il (attn_norm, attn_q/k/v/output with
+ * optional biases and q/k norms, ffn_norm, ffn_gate/up/down). */
+ks_status ks_arch_bind_llama_layer(ks_model *m, int il, ks_layer *L, bool need_qk_norm);
+
+#endif
