@@ -110,6 +110,7 @@ void ks_context_destroy(ks_context *c) {
     ks_free_aligned(c->mm_scratch);
     ks_free(c->rope_cos);
     ks_free(c->rope_sin);
+    ks_free(c->rope_inv_freq);
     ks_free(c->step_i32);
     ks_free(c->step_f32);
     ks_free(c->step_want);
@@ -318,6 +319,9 @@ static ks_status alloc_rows(ks_context *c) {
     c->gate = alloc_faulted(sizeof(float) * rows * hp->n_ff);
     c->up = alloc_faulted(sizeof(float) * rows * hp->n_ff);
     c->rope_cos = ks_malloc(sizeof(float) * rows * (hp->n_rot / 2));
+    c->rope_inv_freq = ks_malloc(sizeof(double) * (size_t)(hp->n_rot / 2));
+    if (!c->rope_inv_freq) return KS_FAIL(KS_ERR_NOMEM, "RoPE frequencies");
+    KS_TRY(ks_model_rope_freqs(m, c->n_ctx, c->rope_inv_freq, &c->rope_mscale));
     c->rope_sin = ks_malloc(sizeof(float) * rows * (hp->n_rot / 2));
     c->step_i32 = ks_malloc(sizeof(int32_t) * 5 * rows);
     c->step_f32 = ks_malloc(sizeof(float) * 4 * rows);

@@ -121,6 +121,7 @@ static ks_status qkv_rows(ks_context *c, const ks_layer *L, int il, int n, const
     const ks_hparams *hp = &c->model->hp;
     int D = hp->n_embd, hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv, half = hp->n_rot / 2;
     size_t q_dim = (size_t)nh * hd, kv_dim = (size_t)nkv * hd;
+    const bool rope = !(hp->rope_skip_every > 0 && (il + 1) % hp->rope_skip_every == 0); /* smollm3's NoPE layers */
     rows_run_into(c, ROWS_NORM, n, D, c->xn, c->x, L->attn_norm, hp->rms_eps, &L->wq);
     matmul_w(c, &L->wq, c->xn, n, c->q, true);
     matmul_w(c, &L->wk, c->xn, n, c->kk, same_partner(&L->wq, &L->wk));
@@ -133,13 +134,17 @@ static ks_status qkv_rows(ks_context *c, const ks_layer *L, int il, int n, const
         const float *cs = c->rope_cos + (size_t)r * half, *sn = c->rope_sin + (size_t)r * half;
         for (int h = 0; h < nh; h++) {
             if (L->q_norm) ks_rmsnorm(q + (size_t)h * hd, q + (size_t)h * hd, L->q_norm, hd, hp->rms_eps);
-            ks_rope_apply(q + (size_t)h * hd, hp->n_rot, hp->rope_neox, cs, sn);
+            if (rope) ks_rope_apply(q + (size_t)h * hd, hp->n_rot, hp->rope_neox, cs, sn);
+        }
+        if (hp->attn_temp_scale > 0) { /* mistral3 (llama 4's temperature tuning): after RoPE, on q only */
+            float t = (float)(log(floor((double)pos[r] / hp->attn_temp_floor) + 1.0) * hp->attn_temp_scale + 1.0);
+            for (size_t i = 0; i < q_dim; i++) q[i] *= t;
         }
         if (obs_slot && obs_slot[r] >= 0)
             memcpy(c->obs_q + ((size_t)il * c->obs_cap + obs_slot[r]) * q_dim, q, sizeof(float) * q_dim);
         for (int h = 0; h < nkv; h++) {
             if (L->k_norm) ks_rmsnorm(k + (size_t)h * hd, k + (size_t)h * hd, L->k_norm, hd, hp->rms_eps);
-            ks_rope_apply(k + (size_t)h * hd, hp->n_rot, hp->rope_neox, cs, sn);
+            if (rope) ks_rope_apply(k + (size_t)h * hd, hp->n_rot, hp->rope_neox, cs, sn);
             KS_TRY(ks_kv_append(c->kv, seq[r], il, h, pos[r], k + (size_t)h * hd, v + (size_t)h * hd));
             c->n_att[(size_t)r * nkv + h] = ks_kv_n_entries(c->kv, seq[r], il, h);
             if (c->decoding) ks_policy_on_append(ks_infer_policy_of(c, seq[r]), seq[r], il, h, pos[r], k + (size_t)h * hd);
@@ -207,8 +212,8 @@ ks_status ks_infer_forward_rows(ks_context *c, int n, const int32_t *seq, const 
         ks_dequantize_row(m->tok_embd.type,
                           (const uint8_t *)m->tok_embd.data + ks_dtype_row_bytes(m->tok_embd.type, D) * (size_t)tok[r],
                           c->x + (size_t)r * D, D);
-        ks_rope_angles(c->rope_cos + (size_t)r * half, c->rope_sin + (size_t)r * half, pos[r], hp->n_rot,
-                       hp->rope_base, m->rope_freq_factors);
+        ks_rope_angles_inv(c->rope_cos + (size_t)r * half, c->rope_sin + (size_t)r * half, pos[r], hp->n_rot,
+                           c->rope_inv_freq, c->rope_mscale);
     }
     for (int il = 0; il < hp->n_layer; il++) {
         const ks_layer *L = &m->layers[il];

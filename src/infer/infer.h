@@ -132,6 +132,10 @@ struct ks_context {
     int32_t *seq_pol;        /* [n_seq] */
     ks_policy_counters retired_pc; /* counters of destroyed instances */
     uint64_t select_bytes_base;    /* the policies' bytes_read at the last ks_stats_reset */
+    /* RoPE of this context, resolved once (ks_model_rope_freqs: the file's
+     * scaling, and LongRoPE's short or long factors by n_ctx) */
+    double *rope_inv_freq;   /* [n_rot/2] */
+    float rope_mscale;       /* cos/sin magnitude */
 };
 
 /* Attention of G query heads (q [G][hd]) over one KV head's rows K, V

@@ -77,6 +77,10 @@ void ks_pc_state_header(uint8_t *hdr, const ks_pc_key *model, const ks_pc_key *k
 /* The fingerprint a cache keys its model by (tests find block files with it). */
 typedef struct ks_prefix_cache ks_prefix_cache;
 ks_pc_key ks_pc_model_key(const ks_prefix_cache *pc);
+/* The root of context c's chains in cache pc: ks_pc_root of the model key
+ * with c's resolved RoPE (inverse frequencies, magnitude) hashed in. */
+struct ks_context;
+ks_pc_key ks_pc_context_root(const ks_prefix_cache *pc, const struct ks_context *c, const ks_pc_format *fmt);
 /* Write a record's header (KS_PC_HEADER_BYTES) for tokens and payload. */
 void ks_pc_record_header(uint8_t *hdr, const ks_pc_format *f, const ks_pc_key *model, const ks_pc_key *key,
                          const ks_pc_key *parent, const int32_t *tokens, const uint8_t *payload);

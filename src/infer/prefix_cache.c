@@ -201,6 +201,12 @@ static ks_pc_key fingerprint(const ks_model *m) {
     ks_pc_hash_feed(&h, &m->hp.n_vocab, sizeof(int32_t) * 8);
     ks_pc_hash_feed(&h, &m->hp.rope_base, sizeof(float));
     ks_pc_hash_feed(&h, &m->hp.rms_eps, sizeof(float));
+    /* the scaling the file states and the per-layer RoPE / temperature
+     * features (values, which the metadata walk below does not hash) */
+    ks_pc_hash_feed(&h, &m->hp.rope_scaling, sizeof m->hp.rope_scaling);
+    ks_pc_hash_feed(&h, &m->hp.rope_skip_every, sizeof m->hp.rope_skip_every);
+    ks_pc_hash_feed(&h, &m->hp.attn_temp_scale, sizeof m->hp.attn_temp_scale);
+    ks_pc_hash_feed(&h, &m->hp.attn_temp_floor, sizeof m->hp.attn_temp_floor);
     const ks_gguf *g = m->gguf;
     if (!g) return h;
     int64_t nk = ks_gguf_n_kv(g);

@@ -44,6 +44,17 @@ static ks_pc_format format_of(const ks_context *c) {
                           (uint32_t)hp->n_head_kv, (uint32_t)hp->head_dim};
 }
 
+/* The chain's root: the model and the KV layout, and the RoPE this context
+ * resolved (a LongRoPE model rotates by its short or long factors
+ * depending on n_ctx, so two contexts of one model can store different K
+ * for the same tokens; an unscaled model adds the same bytes to every root). */
+ks_pc_key ks_pc_context_root(const ks_prefix_cache *pc, const ks_context *c, const ks_pc_format *fmt) {
+    ks_pc_key model = ks_pc_model_key(pc);
+    ks_pc_hash_feed(&model, c->rope_inv_freq, sizeof(double) * (size_t)(c->model->hp.n_rot / 2));
+    ks_pc_hash_feed(&model, &c->rope_mscale, sizeof c->rope_mscale);
+    return ks_pc_root(&model, fmt);
+}
+
 static uint64_t policy_key(const ks_context *c, int32_t seq) {
     const ks_infer_pol *e = ks_infer_pol_of(c, seq);
     ks_pc_key h = ks_pc_hash_seed(0x706F6CULL);
@@ -127,7 +138,7 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
     pc_block **got = ks_malloc(sizeof(pc_block *) * (size_t)(nb_max + 1));
     if (!got) return KS_FAIL(KS_ERR_NOMEM, "cached blocks of %d", nb_max);
     int32_t nb = 0;
-    ks_pc_key parent = ks_pc_root(&pc->model, &fmt);
+    ks_pc_key parent = ks_pc_context_root(pc, c, &fmt);
     for (int32_t b = 0; b < nb_max; b++) {
         ks_pc_key key = ks_pc_chain(&parent, prompt + (size_t)b * P, P);
         pc_block *blk = ks_pc_acquire(pc, c->kv, &key, &parent, prompt + (size_t)b * P, &fmt);
@@ -225,7 +236,7 @@ ks_status ks_prefix_capture_kv(ks_context *c, ks_prefix_cache *pc, int32_t seq, 
     if (c->seq_len[seq] != n || nb == 0) return KS_OK;
     const ks_hparams *hp = &c->model->hp;
     size_t page_bytes = ks_kv_page_bytes(c->kv);
-    ks_pc_key parent = ks_pc_root(&pc->model, &fmt);
+    ks_pc_key parent = ks_pc_context_root(pc, c, &fmt);
     pthread_mutex_lock(&pc->mu);
     bool pin = pc->p.share_pages && (!pc->pin_kv || pc->pin_kv == c->kv);
     if (pin && !pc->pin_kv) { /* this context's store holds the cache's pages from now on */
@@ -318,7 +329,7 @@ ks_status ks_prefix_capture_state(ks_context *c, ks_prefix_cache *pc, int32_t se
     size_t sbytes = ks_policy_prefix_state_bytes(pol, P);
     if (!sbytes || !ks_policy_prefix_shareable(pol)) return KS_OK;
     uint64_t pk = policy_key(c, seq);
-    ks_pc_key parent = ks_pc_root(&pc->model, &fmt);
+    ks_pc_key parent = ks_pc_context_root(pc, c, &fmt);
     for (int32_t b = 0; b < nb; b++) {
         ks_pc_key key = ks_pc_chain(&parent, prompt + (size_t)b * P, P);
         parent = key;
@@ -380,7 +391,7 @@ ks_status ks_prefix_cache_save_file(ks_prefix_cache *pc, const ks_context *c, co
     pc_block **got = ks_malloc(sizeof(pc_block *) * (size_t)(nb + 1));
     if (!got) return KS_FAIL(KS_ERR_NOMEM, "blocks of %d", nb);
     int32_t k = 0;
-    ks_pc_key parent = ks_pc_root(&pc->model, &fmt);
+    ks_pc_key parent = ks_pc_context_root(pc, c, &fmt);
     pthread_mutex_lock(&pc->mu);
     for (int32_t b = 0; b < nb; b++) {
         ks_pc_key key = ks_pc_chain(&parent, prompt + (size_t)b * P, P);

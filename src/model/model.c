@@ -42,6 +42,54 @@ ks_status ks_arch_key_f32(const ks_gguf *g, const char *arch, const char *suffix
     return st == KS_ERR_NOT_FOUND ? KS_OK : st;
 }
 
+/* <arch>.rope.scaling.* as llama.cpp's converter writes them and
+ * llama_model_loader reads them: the type string (absent: no scaling
+ * unless an old-style factor is present, which llama.cpp then reads as
+ * linear), factor, original context (default: the trained one),
+ * attn_factor (a multiplier of the cos/sin magnitude, default 1) and
+ * YaRN's ext_factor / beta_fast / beta_slow / log multiplier (defaults -1,
+ * 32, 1, 0).  yarn_attn_factor (HF's attention_factor) is written by the
+ * converter but read by llama.cpp for grok only, so it is ignored here too;
+ * llama3 scaling comes as the rope_freqs.weight tensor.  Any other type is
+ * refused by name. */
+static ks_status read_rope_scaling(const ks_gguf *g, const char *a, ks_hparams *hp) {
+    ks_rope_scaling *sc = &hp->rope_scaling;
+    *sc = (ks_rope_scaling){.type = KS_ROPE_SCALING_NONE, .factor = 0, .orig_max_pos = hp->n_ctx_train,
+                            .beta_fast = 32.0f, .beta_slow = 1.0f, .attention_factor = 1.0f, .ext_factor = -1.0f};
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    ks_gguf_str type;
+    bool has_type = ks_gguf_get_str(g, key, &type) == KS_OK;
+    KS_TRY(ks_arch_key_f32(g, a, "rope.scaling.factor", &sc->factor));
+    if (sc->factor == 0) KS_TRY(ks_arch_key_f32(g, a, "rope.scale_linear", &sc->factor));
+    if (!has_type) sc->type = sc->factor > 0 && sc->factor != 1 ? KS_ROPE_SCALING_LINEAR : KS_ROPE_SCALING_NONE;
+    else if (ks_gguf_str_eq(type, "none") || ks_gguf_str_eq(type, "llama3")) sc->type = KS_ROPE_SCALING_NONE;
+    else if (ks_gguf_str_eq(type, "linear")) sc->type = KS_ROPE_SCALING_LINEAR;
+    else if (ks_gguf_str_eq(type, "yarn")) sc->type = KS_ROPE_SCALING_YARN;
+    else if (ks_gguf_str_eq(type, "longrope")) sc->type = KS_ROPE_SCALING_LONGROPE;
+    else
+        return KS_FAIL(KS_ERR_UNSUPPORTED, "%s = '%.*s' is not a supported rope scaling (none, linear, yarn, longrope)",
+                       key, (int)type.len, type.data);
+    uint32_t orig = (uint32_t)hp->n_ctx_train;
+    KS_TRY(ks_arch_key_u32(g, a, "rope.scaling.original_context_length", &orig, false));
+    sc->orig_max_pos = orig == 0 || orig > INT32_MAX ? hp->n_ctx_train : (int32_t)orig;
+    KS_TRY(ks_arch_key_f32(g, a, "rope.scaling.attn_factor", &sc->attention_factor));
+    KS_TRY(ks_arch_key_f32(g, a, "rope.scaling.yarn_ext_factor", &sc->ext_factor));
+    KS_TRY(ks_arch_key_f32(g, a, "rope.scaling.yarn_beta_fast", &sc->beta_fast));
+    KS_TRY(ks_arch_key_f32(g, a, "rope.scaling.yarn_beta_slow", &sc->beta_slow));
+    KS_TRY(ks_arch_key_f32(g, a, "rope.scaling.yarn_log_multiplier", &sc->log_mul));
+    if (!(sc->factor >= 0 && sc->factor < 1e6f) || !(sc->attention_factor > 0 && sc->attention_factor < 100) ||
+        !isfinite(sc->ext_factor) || !isfinite(sc->log_mul) || !(sc->beta_fast > 0) || !(sc->beta_slow > 0) ||
+        !isfinite(sc->beta_fast) || !isfinite(sc->beta_slow))
+        return KS_FAIL(KS_ERR_FORMAT,
+                       "implausible rope scaling: factor %g, attn_factor %g, yarn ext %g, beta %g/%g, log_mul %g",
+                       sc->factor, sc->attention_factor, sc->ext_factor, sc->beta_fast, sc->beta_slow, sc->log_mul);
+    /* check once here, so a context never fails on what the file stated */
+    double inv[512];
+    float ms;
+    return ks_rope_gguf_inv_freq(hp->n_rot, hp->rope_base, sc, NULL, inv, &ms);
+}
+
 static ks_status read_hparams(const ks_gguf *g, ks_hparams *hp, const ks_arch_desc **desc_out) {
     ks_gguf_str arch;
     ks_status st = ks_gguf_get_str(g, "general.architecture", &arch);
@@ -92,13 +140,7 @@ static ks_status read_hparams(const ks_gguf *g, ks_hparams *hp, const ks_arch_de
     KS_TRY(ks_arch_key_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->rms_eps));
     if (!(hp->rope_base > 0) || !(hp->rms_eps > 0) || !isfinite(hp->rope_base))
         return KS_FAIL(KS_ERR_FORMAT, "rope base %g / rms epsilon %g must be positive", hp->rope_base, hp->rms_eps);
-    /* linear rope scaling (rope.scaling.type = linear) is not implemented: refuse it */
-    char key[128];
-    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
-    ks_gguf_str scaling;
-    if (ks_gguf_get_str(g, key, &scaling) == KS_OK && !ks_gguf_str_eq(scaling, "none") &&
-        !ks_gguf_str_eq(scaling, "llama3"))
-        return KS_FAIL(KS_ERR_UNSUPPORTED, "rope scaling type '%.*s' is not supported", (int)scaling.len, scaling.data);
+    KS_TRY(read_rope_scaling(g, a, hp));
     hp->rope_neox = desc->rope_neox;
     if (desc->read_hparams) KS_TRY(desc->read_hparams(g, hp));
     *desc_out = desc;
@@ -162,6 +204,17 @@ static ks_status bind_weights(ks_model *m, const ks_arch_desc *desc) {
             if (!(m->rope_freq_factors[i] > 0) || !isfinite(m->rope_freq_factors[i]))
                 return KS_FAIL(KS_ERR_FORMAT, "rope_freqs.weight[%d] = %g is not a positive factor", i,
                                m->rope_freq_factors[i]);
+    /* LongRoPE (phi3 and others): present or not, whatever the type key
+     * says, as llama.cpp binds them as optional tensors */
+    KS_TRY(ks_model_bind_vec(m, "rope_factors_short.weight", hp->n_rot / 2, false, &m->rope_factors_short));
+    KS_TRY(ks_model_bind_vec(m, "rope_factors_long.weight", hp->n_rot / 2, false, &m->rope_factors_long));
+    for (int k = 0; k < 2; k++) {
+        const float *f = k ? m->rope_factors_long : m->rope_factors_short;
+        for (int i = 0; f && i < hp->n_rot / 2; i++)
+            if (!(f[i] > 0) || !isfinite(f[i]))
+                return KS_FAIL(KS_ERR_FORMAT, "rope_factors_%s.weight[%d] = %g is not a positive factor",
+                               k ? "long" : "short", i, f[i]);
+    }
     if (desc->bind_model) KS_TRY(desc->bind_model(m));
     m->layers = ks_calloc((size_t)hp->n_layer, sizeof(ks_layer));
     if (!m->layers) return KS_FAIL(KS_ERR_NOMEM, "%d layers", hp->n_layer);
@@ -185,6 +238,8 @@ void ks_model_destroy(ks_model *m) {
     ks_free(m->layers);
     ks_free(m->output_norm);
     ks_free(m->rope_freq_factors);
+    ks_free(m->rope_factors_short);
+    ks_free(m->rope_factors_long);
     ks_tokenizer_destroy(m->tok);
     ks_gguf_close(m->gguf);
     ks_free(m);
@@ -264,6 +319,14 @@ ks_status ks_model_load(const char *path, ks_model_params params, ks_model **out
     return KS_OK;
 }
 
+ks_status ks_model_rope_freqs(const ks_model *m, int32_t n_ctx, double *inv_freq, float *mscale) {
+    const ks_hparams *hp = &m->hp;
+    /* llama_model::get_rope_factors: rope_freqs first, then long or short */
+    const float *ff = m->rope_freq_factors;
+    if (!ff) ff = n_ctx > hp->rope_scaling.orig_max_pos ? m->rope_factors_long : m->rope_factors_short;
+    return ks_rope_gguf_inv_freq(hp->n_rot, hp->rope_base, &hp->rope_scaling, ff, inv_freq, mscale);
+}
+
 int32_t ks_model_n_vocab(const ks_model *m) { return m->hp.n_vocab; }
 int32_t ks_model_n_ctx_train(const ks_model *m) { return m->hp.n_ctx_train; }
 
@@ -290,6 +353,23 @@ ks_status ks_model_describe(const ks_model *m, char *buf, size_t cap) {
         hp->n_embd, hp->n_layer, hp->n_ff, hp->n_head, hp->n_head_kv, attn, hp->n_head / hp->n_head_kv,
         hp->head_dim, hp->n_rot);
     OUT("context:       %d trained, rope base %g, rms eps %g\n", hp->n_ctx_train, hp->rope_base, hp->rms_eps);
+    const ks_rope_scaling *sc = &hp->rope_scaling;
+    OUT("rope scaling:  %s", ks_rope_scaling_name(sc->type));
+    if (sc->type == KS_ROPE_SCALING_LINEAR || sc->type == KS_ROPE_SCALING_YARN ||
+        (sc->type == KS_ROPE_SCALING_LONGROPE && sc->factor > 0))
+        OUT(", factor %g", sc->factor);
+    if (sc->type == KS_ROPE_SCALING_YARN || m->rope_factors_long || m->rope_factors_short || hp->attn_temp_scale > 0)
+        OUT(", original context %d", sc->orig_max_pos);
+    if (sc->type == KS_ROPE_SCALING_YARN)
+        OUT(", beta fast/slow %g/%g%s", sc->beta_fast, sc->beta_slow, sc->log_mul != 0 ? ", log multiplier" : "");
+    if (sc->attention_factor != 1.0f) OUT(", attn factor %g", sc->attention_factor);
+    if (m->rope_factors_short || m->rope_factors_long)
+        OUT(", LongRoPE factors%s%s (long above the original context)", m->rope_factors_short ? " short" : "",
+            m->rope_factors_long ? " long" : "");
+    if (m->rope_freq_factors) OUT(", rope_freqs.weight divisors");
+    if (hp->rope_skip_every > 0) OUT(", no RoPE on every %d-th layer", hp->rope_skip_every);
+    if (hp->attn_temp_scale > 0) OUT(", attention temperature %g per %d positions", hp->attn_temp_scale, hp->attn_temp_floor);
+    OUT("\n");
     /* type histogram over the tensors */
     int64_t count[KS_DTYPE_MAX_] = {0};
     size_t bytes[KS_DTYPE_MAX_] = {0};

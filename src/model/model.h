@@ -12,6 +12,7 @@
 #define KS_MODEL_H
 
 #include "gguf/gguf.h"
+#include "tensor/ops.h"
 #include "tokenizer/tokenizer.h"
 
 typedef enum ks_arch { KS_ARCH_LLAMA, KS_ARCH_QWEN2, KS_ARCH_QWEN3, KS_ARCH_NONE } ks_arch;
@@ -37,6 +38,12 @@ typedef struct ks_hparams {
     int32_t n_ctx_train;
     float rope_base, rms_eps;
     bool rope_neox;           /* rotate (x[i], x[i+n_rot/2]) instead of (x[2i], x[2i+1]) */
+    /* RoPE scaling as the file states it (<arch>.rope.scaling.*; type NONE
+     * when absent), resolved per context by ks_model_rope_freqs */
+    ks_rope_scaling rope_scaling;
+    int32_t rope_skip_every;  /* > 0: layers il with (il + 1) % rope_skip_every == 0 apply no RoPE (smollm3: 4) */
+    float attn_temp_scale;    /* > 0: q *= 1 + attn_temp_scale * ln(floor(pos / attn_temp_floor) + 1) (mistral3) */
+    int32_t attn_temp_floor;  /* positions per temperature step (the original context) */
 } ks_hparams;
 
 struct ks_model {
@@ -53,6 +60,14 @@ struct ks_model {
     size_t weight_bytes;      /* bytes of all weight tensors */
     int64_t n_params;
     void *packed;             /* huge-page copy of the repacked layer weights of a mapped file, or NULL */
+    float *rope_factors_short, *rope_factors_long; /* [n_rot/2] LongRoPE divisors, or NULL */
 };
+
+/* The inverse RoPE frequencies ([n_rot/2], double) and cos/sin magnitude a
+ * context of n_ctx positions per sequence uses: the file's scaling, its
+ * rope_freqs.weight divisors, or LongRoPE's long factors when n_ctx exceeds
+ * the original context (else the short ones), as llama.cpp chooses them
+ * (by the context size, not per position). */
+ks_status ks_model_rope_freqs(const ks_model *m, int32_t n_ctx, double *inv_freq, float *mscale);
 
 #endif

@@ -108,6 +108,8 @@ ks_status ks_rope_inv_freq(int n_rot, float base, const ks_rope_scaling *sc, flo
         return KS_FAIL(KS_ERR_INVALID_ARG, "RoPE scaling factor %g must be in [1, 1e6)", (double)sc->factor);
     if ((type == KS_ROPE_SCALING_YARN || type == KS_ROPE_SCALING_LLAMA3) && sc->orig_max_pos < 1)
         return KS_FAIL(KS_ERR_INVALID_ARG, "RoPE scaling needs original_max_position_embeddings >= 1 (got %d)", sc->orig_max_pos);
+    if (type == KS_ROPE_SCALING_LONGROPE)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "LongRoPE needs per-dimension factors (ks_rope_gguf_inv_freq)");
     const int half = n_rot / 2;
     double ms = 1.0;
     double low = 0, high = 0;
@@ -127,7 +129,8 @@ ks_status ks_rope_inv_freq(int n_rot, float base, const ks_rope_scaling *sc, flo
     for (int j = 0; j < half; j++) {
         double f = pow((double)base, -2.0 * j / n_rot);
         switch (type) {
-        case KS_ROPE_SCALING_NONE: break;
+        case KS_ROPE_SCALING_NONE:
+        case KS_ROPE_SCALING_LONGROPE: break;
         case KS_ROPE_SCALING_LINEAR: f /= sc->factor; break;
         case KS_ROPE_SCALING_YARN: {
             double ramp = ((double)j - low) / (high - low);
@@ -151,4 +154,76 @@ ks_status ks_rope_inv_freq(int n_rot, float base, const ks_rope_scaling *sc, flo
     }
     *mscale = (float)ms;
     return KS_OK;
+}
+
+/* ------------------------------------------------- RoPE of a GGUF model --
+ * llama.cpp's reading (see ops.h).  Two of its quirks matter for identical
+ * output: llama_context divides its yarn_attn_factor by 1 + 0.1 ln(s)
+ * because ggml's rope kernel multiplies that factor back in whenever
+ * ext_factor != 0, so the net magnitude is g(s, 1) [/ g(s, log_mul)] times
+ * rope.scaling.attn_factor; and the correction dims use the n_rot rotated
+ * dims with floor/ceil and the clamp to [0, n_rot - 1], as HF does. */
+const char *ks_rope_scaling_name(ks_rope_scaling_type t) {
+    switch (t) {
+    case KS_ROPE_SCALING_NONE: return "none";
+    case KS_ROPE_SCALING_LINEAR: return "linear";
+    case KS_ROPE_SCALING_LLAMA3: return "llama3";
+    case KS_ROPE_SCALING_YARN: return "yarn";
+    case KS_ROPE_SCALING_LONGROPE: return "longrope";
+    }
+    return "?";
+}
+
+static double yarn_get_mscale(double s, double m) { return s <= 1.0 ? 1.0 : 0.1 * m * log(s) + 1.0; }
+
+ks_status ks_rope_gguf_inv_freq(int n_rot, float base, const ks_rope_scaling *sc, const float *freq_factors,
+                                double *inv_freq, float *mscale) {
+    if (n_rot < 2 || n_rot % 2) return KS_FAIL(KS_ERR_INVALID_ARG, "RoPE dimension %d is not a positive even number", n_rot);
+    if (!(base > 0.0f) || !isfinite(base)) return KS_FAIL(KS_ERR_INVALID_ARG, "RoPE base %g must be positive", (double)base);
+    ks_rope_scaling none = {.type = KS_ROPE_SCALING_NONE};
+    if (!sc) sc = &none;
+    if (sc->type == KS_ROPE_SCALING_LLAMA3)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "llama3 scaling of a GGUF model comes as rope_freqs.weight, not as a type");
+    double fs = 1.0;
+    if (sc->type != KS_ROPE_SCALING_NONE && sc->factor > 0) {
+        if (!(sc->factor < 1e6f)) return KS_FAIL(KS_ERR_INVALID_ARG, "RoPE scaling factor %g is implausible", (double)sc->factor);
+        fs = 1.0 / (double)sc->factor;
+    }
+    double ext = sc->ext_factor >= 0 ? sc->ext_factor : sc->type == KS_ROPE_SCALING_YARN ? 1.0 : 0.0;
+    double low = 0, high = 0, ms = sc->attention_factor > 0 ? sc->attention_factor : 1.0;
+    if (ext != 0) {
+        if (sc->orig_max_pos < 1)
+            return KS_FAIL(KS_ERR_INVALID_ARG, "YaRN needs an original context length >= 1 (got %d)", sc->orig_max_pos);
+        if (!(sc->beta_fast > 0 && sc->beta_slow > 0))
+            return KS_FAIL(KS_ERR_INVALID_ARG, "YaRN beta_fast %g / beta_slow %g must be positive", (double)sc->beta_fast,
+                           (double)sc->beta_slow);
+        low = floor(yarn_correction_dim(n_rot, sc->beta_fast, base, sc->orig_max_pos));
+        high = ceil(yarn_correction_dim(n_rot, sc->beta_slow, base, sc->orig_max_pos));
+        if (low < 0) low = 0;
+        if (high > n_rot - 1) high = n_rot - 1;
+        double s = 1.0 / fs;
+        ms *= sc->log_mul != 0 ? yarn_get_mscale(s, 1.0) / yarn_get_mscale(s, sc->log_mul) : yarn_get_mscale(s, 1.0);
+    }
+    for (int j = 0; j < n_rot / 2; j++) {
+        double f = pow((double)base, -2.0 * j / n_rot);
+        if (freq_factors) f /= freq_factors[j];
+        if (ext != 0) {
+            double y = ((double)j - low) / (high - low > 0.001 ? high - low : 0.001);
+            double mix = (1.0 - (y < 0 ? 0 : y > 1 ? 1 : y)) * ext;
+            f *= fs * (1.0 - mix) + mix;
+        } else if (fs != 1.0) {
+            f *= fs;
+        }
+        inv_freq[j] = f;
+    }
+    *mscale = (float)ms;
+    return KS_OK;
+}
+
+void ks_rope_angles_inv(float *cos_out, float *sin_out, int32_t pos, int n_rot, const double *inv_freq, float mscale) {
+    for (int j = 0; j < n_rot / 2; j++) {
+        double a = (double)pos * inv_freq[j];
+        cos_out[j] = (float)cos(a) * mscale;
+        sin_out[j] = (float)sin(a) * mscale;
+    }
 }

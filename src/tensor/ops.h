@@ -62,6 +62,7 @@ typedef enum ks_rope_scaling_type {
     KS_ROPE_SCALING_LINEAR, /* positions / factor */
     KS_ROPE_SCALING_LLAMA3, /* Llama 3.1 wavelength-banded interpolation */
     KS_ROPE_SCALING_YARN,   /* YaRN: ramped interpolation + attention temperature */
+    KS_ROPE_SCALING_LONGROPE, /* per-dimension divisors, short or long by context (GGUF only) */
 } ks_rope_scaling_type;
 
 typedef struct ks_rope_scaling {
@@ -71,6 +72,9 @@ typedef struct ks_rope_scaling {
     float beta_fast, beta_slow;   /* YaRN ramp bounds in rotations (32, 1) */
     float attention_factor;       /* YaRN: 0 = default 0.1 ln(s) + 1 */
     float low_freq_factor, high_freq_factor; /* llama3 (1, 4) */
+    /* GGUF only (ks_rope_gguf_inv_freq), as llama.cpp reads them: */
+    float ext_factor;             /* YaRN ramp weight: < 0 = default (1 for YaRN, else 0) */
+    float log_mul;                /* rope.scaling.yarn_log_multiplier (mscale_all_dim), 0 = none */
 } ks_rope_scaling;
 
 /* YaRN with the paper's defaults for factor s over orig_max_pos positions. */
@@ -87,6 +91,28 @@ ks_rope_scaling ks_rope_scaling_yarn(float factor, int32_t orig_max_pos);
  *   inv_j = base^(-2j/n_rot) * (ramp_j / s + (1 - ramp_j)).
  * KS_ERR_INVALID_ARG on bad parameters. */
 ks_status ks_rope_inv_freq(int n_rot, float base, const ks_rope_scaling *sc, float *inv_freq, float *mscale);
+
+/* The same for a GGUF model, with llama.cpp's semantics (ggml's rope_yarn and
+ * llama_context's yarn_attn_factor), which differ from HF's in two places:
+ * attention_factor multiplies the magnitude rather than replacing it, and
+ * per-dimension divisors (rope_freqs.weight, LongRoPE's short/long factors;
+ * freq_factors, NULL = 1) divide the base frequency before YaRN mixes:
+ *   fs   = 1 / factor (1 for NONE and a factor <= 0),
+ *   b_j  = base^(-2j/n_rot) / freq_factors[j],
+ *   mix_j = ext_factor * (1 - clamp((j - low) / max(0.001, high - low), 0, 1)),
+ *   inv_j = b_j * (fs (1 - mix_j) + mix_j)       (mix 0 unless ext_factor != 0),
+ *   mscale = attention_factor (0 = 1) times, when ext_factor != 0,
+ *            g(1/fs, 1) / g(1/fs, log_mul) (log_mul 0: g(1/fs, 1)),
+ *            g(s, m) = s <= 1 ? 1 : 0.1 m ln(s) + 1.
+ * Inverse frequencies in double, so angles pos * inv_j keep double precision
+ * (ks_rope_angles_inv); an unscaled model gets exactly ks_rope_angles' values. */
+ks_status ks_rope_gguf_inv_freq(int n_rot, float base, const ks_rope_scaling *sc, const float *freq_factors,
+                                double *inv_freq, float *mscale);
+/* cos/sin of position pos from double inverse frequencies: angle j is
+ * pos * inv_freq[j] (in double); cos and sin are multiplied by mscale. */
+void ks_rope_angles_inv(float *cos_out, float *sin_out, int32_t pos, int n_rot, const double *inv_freq, float mscale);
+/* "none", "linear", "llama3", "yarn", "longrope". */
+const char *ks_rope_scaling_name(ks_rope_scaling_type t);
 
 #ifdef __cplusplus
 }
