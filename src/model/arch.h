@@ -36,6 +36,7 @@ typedef struct ks_arch_desc {
 } ks_arch_desc;
 
 extern const ks_arch_desc ks_arch_llama, ks_arch_mistral, ks_arch_qwen2, ks_arch_qwen3;
+extern const ks_arch_desc ks_arch_phi3, ks_arch_smollm3, ks_arch_mistral3;
 
 /* The descriptor for general.architecture `name`, or NULL. */
 const ks_arch_desc *ks_arch_find(const char *name);
@@ -49,10 +50,18 @@ ks_status ks_arch_key_u32(const ks_gguf *g, const char *arch, const char *suffix
 ks_status ks_arch_key_f32(const ks_gguf *g, const char *arch, const char *suffix, float *out);
 /* A 2-D weight [rows][cols] (GGUF ne = {cols, rows}), shape checked. */
 ks_status ks_model_bind_weight(ks_model *m, const char *name, int64_t rows, int64_t cols, ks_weight *w);
+/* Rows [row0, row0 + rows) of a fused 2-D tensor [total_rows][cols]: a view, no copy. */
+ks_status ks_model_bind_rows(ks_model *m, const char *name, int64_t total_rows, int64_t row0, int64_t rows,
+                             int64_t cols, ks_weight *w);
 /* A 1-D tensor of n elements as an owned f32 array; NULL if optional and absent. */
 ks_status ks_model_bind_vec(ks_model *m, const char *name, int64_t n, bool required, float **out);
 /* The llama tensor set of layer il (attn_norm, attn_q/k/v/output with
  * optional biases and q/k norms, ffn_norm, ffn_gate/up/down). */
 ks_status ks_arch_bind_llama_layer(ks_model *m, int il, ks_layer *L, bool need_qk_norm);
+/* Q, K, V of layer il (wq/wk/wv and optional biases): separate attn_q/k/v
+ * tensors, or one fused attn_qkv.weight (+ attn_qkv.bias) [q_dim + 2 kv_dim]
+ * bound as three row views, as llama.cpp accepts either for any
+ * architecture (create_tensor_qkv). */
+ks_status ks_arch_bind_qkv(ks_model *m, int il, ks_layer *L);
 
 #endif

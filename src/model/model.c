@@ -163,6 +163,30 @@ ks_status ks_model_bind_weight(ks_model *m, const char *name, int64_t rows, int6
     return KS_OK;
 }
 
+/* Rows [row0, row0 + rows) of the 2-D tensor `name` ([total_rows][cols]) as
+ * a weight of their own: a view into the file, no copy.  Fused tensors
+ * (attn_qkv, phi3's gate+up ffn_up) are stored row-major with whole rows
+ * contiguous for every weight type (a quantized row is a run of blocks), so
+ * a row range is itself a valid matrix of that type; the repacker copies
+ * or packs each view within its own bytes. */
+ks_status ks_model_bind_rows(ks_model *m, const char *name, int64_t total_rows, int64_t row0, int64_t rows,
+                             int64_t cols, ks_weight *w) {
+    const ks_gguf_tensor *t = ks_gguf_find_tensor(m->gguf, name);
+    if (!t) return KS_FAIL(KS_ERR_FORMAT, "tensor '%s' is missing", name);
+    if (t->n_dims > 2 || t->ne[0] != cols || t->ne[1] != total_rows)
+        return KS_FAIL(KS_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", name,
+                       (long long)t->ne[0], (long long)t->ne[1], (long long)cols, (long long)total_rows);
+    KS_ASSERT(row0 >= 0 && rows > 0 && row0 + rows <= total_rows);
+    size_t row_bytes = ks_dtype_row_bytes(t->type, cols);
+    w->type = t->type;
+    w->rows = rows;
+    w->cols = cols;
+    w->data = (const uint8_t *)t->data + (size_t)row0 * row_bytes;
+    m->weight_bytes += row_bytes * (size_t)rows;
+    m->n_params += rows * cols;
+    return KS_OK;
+}
+
 /* Loads a 1-D tensor of n elements as an owned f32 array; NULL if optional and absent. */
 ks_status ks_model_bind_vec(ks_model *m, const char *name, int64_t n, bool required, float **out) {
     const ks_gguf_tensor *t = ks_gguf_find_tensor(m->gguf, name);

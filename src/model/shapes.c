@@ -36,6 +36,11 @@
 #include <math.h>
 #include <string.h>
 
+/* The older rows give the first fields positionally and leave the newer
+ * ones (rope_scaling onwards) zero, which -Wmissing-field-initializers would
+ * flag on every row. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 /*  name            arch    embd layer head kv  hdim  n_ff   theta    eps   ctx    tied  bias  qkn   l3   fac lo  hi  orig */
 static const ks_model_shape g_shapes[] = {
     {"llama-3.2-1b",  "llama", 2048, 16, 32,  8,  64,     8192, 500000.f, 1e-5f, 131072, true,  false, false, true, 32.f, 1.f, 4.f, 8192},
@@ -56,7 +61,31 @@ static const ks_model_shape g_shapes[] = {
     {"tiny-mistral",  "llama",  256,  2,  4,  2,  64,      512, 1000000.f, 1e-5f,  8192, false, false, false, false, 0, 0, 0, 0},
     {"tiny-mha",      "llama",  256,  2,  4,  4,  64,      512, 10000.f,   1e-5f,  8192, false, false, false, false, 0, 0, 0, 0},
     {"tiny-mqa",      "llama",  256,  2,  4,  1,  64,      512, 10000.f,   1e-5f,  8192, false, false, false, false, 0, 0, 0, 0},
+    /* RoPE scaling stated by keys, and the architectures of their own files
+     * (src/model/arch_<name>.c).  Phi-4-mini: LongRoPE over 96 of 128 dims
+     * (partial_rotary_factor 0.75), attn_factor sqrt(1 + ln 32 / ln 4096);
+     * Qwen3-4B with the YaRN rope_scaling its model card gives for 128K;
+     * SmolLM3-3B: NoPE every 4th layer; Ministral 3 3B: YaRN (factor 16
+     * over 16384, mscale_all_dim 1) and llama_4_scaling_beta 0.1. */
+    {"phi-4-mini",    "phi3",  3072, 32, 24,  8, 128,     8192, 10000.f,   1e-5f, 131072, true,  false, false, false, 32.f, 0, 0, 4096,
+     .rope_scaling = "longrope", .rope_attn_factor = 1.1902380714238083f, .n_rot = 96, .fused = true, .sliding_window = 262144},
+    {"qwen3-4b-yarn", "qwen3", 2560, 36, 32,  8, 128,     9728, 1000000.f, 1e-6f, 131072, true,  false, true,  false, 4.f, 0, 0, 32768,
+     .rope_scaling = "yarn"},
+    {"smollm3-3b",    "smollm3", 2048, 36, 16, 4, 128,   11008, 5000000.f, 1e-6f, 65536, true,  false, false, false, 0, 0, 0, 0},
+    {"ministral-3-3b", "mistral3", 3072, 26, 32, 8, 128,  9216, 1000000.f, 1e-5f, 262144, true, false, false, false, 16.f, 0, 0, 16384,
+     .rope_scaling = "yarn", .yarn_log_mul = 1.0f, .attn_temp_scale = 0.1f},
+    /* tiny versions: tiny-phi3 rotates 48 of 64 dims and uses its short
+     * factors up to a 4096-token context, its long ones above; tiny-mistral3's
+     * original context of 32 makes the temperature step inside a test prompt */
+    {"tiny-phi3",     "phi3",   256,  2,  4,  2,  64,      512, 10000.f,   1e-5f, 131072, true,  false, false, false, 32.f, 0, 0, 4096,
+     .rope_scaling = "longrope", .rope_attn_factor = 1.1902380714238083f, .n_rot = 48, .fused = true, .sliding_window = 262144},
+    {"tiny-qwen3-yarn", "qwen3", 256, 2,  8,  2,  64,      512, 1000000.f, 1e-6f, 131072, true,  false, true,  false, 4.f, 0, 0, 32768,
+     .rope_scaling = "yarn"},
+    {"tiny-smollm3",  "smollm3", 256, 4,  4,  2,  64,      512, 5000000.f, 1e-6f, 65536, true,  false, false, false, 0, 0, 0, 0},
+    {"tiny-mistral3", "mistral3", 256, 2, 4,  2,  64,      512, 1000000.f, 1e-5f,  8192, true,  false, false, false, 16.f, 0, 0, 32,
+     .rope_scaling = "yarn", .yarn_log_mul = 1.0f, .attn_temp_scale = 0.1f},
 };
+#pragma GCC diagnostic pop
 
 int ks_shape_count(void) { return (int)(sizeof g_shapes / sizeof g_shapes[0]); }
 
@@ -95,6 +124,14 @@ void ks_shape_rope_factors(const ks_model_shape *s, float *out) {
     }
 }
 
+void ks_shape_longrope_factors(const ks_model_shape *s, bool long_factors, float *out) {
+    const int half = (s->n_rot > 0 ? s->n_rot : s->head_dim) / 2;
+    for (int i = 0; i < half; i++) {
+        float t = half > 1 ? (float)i / (float)(half - 1) : 0.0f; /* 0 = highest frequency */
+        out[i] = long_factors ? 1.0f + (s->rope_factor - 1.0f) * t * t : 1.0f + 0.5f * t * t * t;
+    }
+}
+
 uint32_t ks_shape_file_type(ks_dtype type) {
     switch (type) {
     case KS_DTYPE_F32: return 0;   /* ALL_F32 */
@@ -109,7 +146,7 @@ uint32_t ks_shape_file_type(ks_dtype type) {
 }
 
 /* ----------------------------------------------------------- generator -- */
-typedef enum { KS_GEN_MATRIX, KS_GEN_ONES, KS_GEN_NOISE, KS_GEN_ROPE } ks_gen_kind;
+typedef enum { KS_GEN_MATRIX, KS_GEN_ONES, KS_GEN_NOISE, KS_GEN_ROPE, KS_GEN_ROPE_SHORT, KS_GEN_ROPE_LONG } ks_gen_kind;
 
 struct ks_gen;
 typedef struct ks_gen_tensor {
@@ -160,6 +197,10 @@ static inline float ks_gen_normal(ks_rng *r) {
 static void ks_gen_row(const ks_gen_tensor *t, int64_t row, float *x /* [ne0] */) {
     if (t->kind == KS_GEN_ROPE) {
         ks_shape_rope_factors(t->gen->shape, x);
+        return;
+    }
+    if (t->kind == KS_GEN_ROPE_SHORT || t->kind == KS_GEN_ROPE_LONG) {
+        ks_shape_longrope_factors(t->gen->shape, t->kind == KS_GEN_ROPE_LONG, x);
         return;
     }
     ks_rng r = {ks_gen_mix(ks_gen_mix(t->gen->p->seed, t->stream), (uint64_t)row)};
@@ -228,6 +269,8 @@ static int64_t ks_gen_plan(ks_gen *g, int32_t n_layer, int64_t n_vocab) {
     const float se = 2.0f / sqrtf((float)E), sE = 1.0f / sqrtf((float)E);
     int64_t n = 0;
     char nm[64];
+    const int64_t R = s->n_rot > 0 ? s->n_rot : D;
+    const bool longrope = s->rope_scaling && !strcmp(s->rope_scaling, "longrope");
     if (s->rope_llama3) ks_gen_add(g, &n, "rope_freqs.weight", KS_GEN_ROPE, KS_DTYPE_F32, D / 2, 1, 0);
     ks_gen_add(g, &n, "token_embd.weight", KS_GEN_MATRIX, wt, E, n_vocab, se);
     for (int32_t l = 0; l < n_layer; l++) {
@@ -237,9 +280,13 @@ static int64_t ks_gen_plan(ks_gen *g, int32_t n_layer, int64_t n_vocab) {
         ks_gen_add(g, &n, nm, kind, type, ne0, ne1, sigma);            \
     } while (0)
         KS_GEN_T("attn_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, E, 1, 0.02f);
-        KS_GEN_T("attn_q.weight", KS_GEN_MATRIX, wt, E, QD, sE);
-        KS_GEN_T("attn_k.weight", KS_GEN_MATRIX, wt, E, KVD, sE);
-        KS_GEN_T("attn_v.weight", KS_GEN_MATRIX, wt, E, KVD, sE);
+        if (s->fused) {
+            KS_GEN_T("attn_qkv.weight", KS_GEN_MATRIX, wt, E, QD + 2 * KVD, sE);
+        } else {
+            KS_GEN_T("attn_q.weight", KS_GEN_MATRIX, wt, E, QD, sE);
+            KS_GEN_T("attn_k.weight", KS_GEN_MATRIX, wt, E, KVD, sE);
+            KS_GEN_T("attn_v.weight", KS_GEN_MATRIX, wt, E, KVD, sE);
+        }
         if (s->qkv_bias) {
             KS_GEN_T("attn_q.bias", KS_GEN_NOISE, KS_DTYPE_F32, QD, 1, 0.1f);
             KS_GEN_T("attn_k.bias", KS_GEN_NOISE, KS_DTYPE_F32, KVD, 1, 0.1f);
@@ -251,10 +298,19 @@ static int64_t ks_gen_plan(ks_gen *g, int32_t n_layer, int64_t n_vocab) {
         }
         KS_GEN_T("attn_output.weight", KS_GEN_MATRIX, wt, QD, E, 1.0f / sqrtf((float)QD));
         KS_GEN_T("ffn_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, E, 1, 0.02f);
-        KS_GEN_T("ffn_gate.weight", KS_GEN_MATRIX, wt, E, F, sE);
-        KS_GEN_T("ffn_up.weight", KS_GEN_MATRIX, wt, E, F, sE);
-        KS_GEN_T("ffn_down.weight", KS_GEN_MATRIX, wt, F, E, 1.0f / sqrtf((float)F));
+        if (s->fused) { /* phi3: ffn_down, then gate and up in one ffn_up (the converter's order) */
+            KS_GEN_T("ffn_down.weight", KS_GEN_MATRIX, wt, F, E, 1.0f / sqrtf((float)F));
+            KS_GEN_T("ffn_up.weight", KS_GEN_MATRIX, wt, E, 2 * F, sE);
+        } else {
+            KS_GEN_T("ffn_gate.weight", KS_GEN_MATRIX, wt, E, F, sE);
+            KS_GEN_T("ffn_up.weight", KS_GEN_MATRIX, wt, E, F, sE);
+            KS_GEN_T("ffn_down.weight", KS_GEN_MATRIX, wt, F, E, 1.0f / sqrtf((float)F));
+        }
 #undef KS_GEN_T
+    }
+    if (longrope) { /* phi3's generate_extra_tensors: model-level, after the layers */
+        ks_gen_add(g, &n, "rope_factors_long.weight", KS_GEN_ROPE_LONG, KS_DTYPE_F32, R / 2, 1, 0);
+        ks_gen_add(g, &n, "rope_factors_short.weight", KS_GEN_ROPE_SHORT, KS_DTYPE_F32, R / 2, 1, 0);
     }
     ks_gen_add(g, &n, "output_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, E, 1, 0.02f);
     if (!s->tied_output) ks_gen_add(g, &n, "output.weight", KS_GEN_MATRIX, wt, E, n_vocab, se);
@@ -279,8 +335,20 @@ static void ks_gen_set_metadata(ks_gguf_writer *w, const ks_model_shape *s, cons
     ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.key_length"), (uint32_t)s->head_dim);
     ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.value_length"), (uint32_t)s->head_dim);
     ks_gguf_writer_set_f32(w, KS_GEN_KEY("rope.freq_base"), s->rope_theta);
-    ks_gguf_writer_set_u32(w, KS_GEN_KEY("rope.dimension_count"), (uint32_t)s->head_dim);
+    ks_gguf_writer_set_u32(w, KS_GEN_KEY("rope.dimension_count"), (uint32_t)(s->n_rot > 0 ? s->n_rot : s->head_dim));
     ks_gguf_writer_set_f32(w, KS_GEN_KEY("attention.layer_norm_rms_epsilon"), s->rms_eps);
+    /* scaling keys as the converter writes them (TextModel.set_gguf_parameters;
+     * Phi3MiniModel writes the original context and attn_factor but no type) */
+    if (s->rope_scaling && strcmp(s->rope_scaling, "longrope") != 0) {
+        ks_gguf_writer_set_str(w, KS_GEN_KEY("rope.scaling.type"), s->rope_scaling);
+        ks_gguf_writer_set_f32(w, KS_GEN_KEY("rope.scaling.factor"), s->rope_factor);
+    }
+    if (s->rope_scaling && s->rope_orig_ctx > 0)
+        ks_gguf_writer_set_u32(w, KS_GEN_KEY("rope.scaling.original_context_length"), (uint32_t)s->rope_orig_ctx);
+    if (s->rope_attn_factor > 0) ks_gguf_writer_set_f32(w, KS_GEN_KEY("rope.scaling.attn_factor"), s->rope_attn_factor);
+    if (s->yarn_log_mul > 0) ks_gguf_writer_set_f32(w, KS_GEN_KEY("rope.scaling.yarn_log_multiplier"), s->yarn_log_mul);
+    if (s->attn_temp_scale > 0) ks_gguf_writer_set_f32(w, KS_GEN_KEY("attention.temperature_scale"), s->attn_temp_scale);
+    if (s->sliding_window > 0) ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.sliding_window"), (uint32_t)s->sliding_window);
     ks_gguf_writer_set_u32(w, KS_GEN_KEY("vocab_size"), (uint32_t)n_vocab);
 #undef KS_GEN_KEY
     for (int64_t i = 0; i < ks_gguf_n_kv(p->vocab); i++) {

@@ -37,6 +37,17 @@ typedef struct ks_model_shape {
     float rope_low_freq_factor;
     float rope_high_freq_factor;
     int32_t rope_orig_ctx;
+    /* RoPE scaling stated by keys (rope_factor and rope_orig_ctx above give
+     * its factor and original context) and the newer architectures' features;
+     * zero / NULL = absent */
+    const char *rope_scaling;  /* "yarn" / "linear": rope.scaling.type; "longrope": phi3's
+                                  rope_factors_short/long.weight, no type key (as the converter) */
+    float rope_attn_factor;    /* rope.scaling.attn_factor */
+    float yarn_log_mul;        /* rope.scaling.yarn_log_multiplier (mistral3) */
+    float attn_temp_scale;     /* attention.temperature_scale (mistral3) */
+    int32_t n_rot;             /* rope.dimension_count (0: head_dim; phi3 rotates part of a head) */
+    bool fused;                /* attn_qkv.weight and gate+up in ffn_up.weight (phi3) */
+    int32_t sliding_window;    /* attention.sliding_window written (phi3; llama.cpp ignores it) */
 } ks_model_shape;
 
 int ks_shape_count(void);
@@ -47,6 +58,10 @@ const ks_model_shape *ks_shape_find(const char *name);
 /* Per-frequency divisors of the Llama 3.1 rope scaling rule, as llama.cpp's
  * converter stores them in rope_freqs.weight: out[head_dim / 2]. */
 void ks_shape_rope_factors(const ks_model_shape *s, float *out);
+/* LongRoPE divisors of a generated phi3 file, out[n_rot / 2]: smooth ramps,
+ * short from 1 to 1.5 and long from 1 to rope_factor (larger for the low
+ * frequencies, as in real checkpoints).  Not a trained model's values. */
+void ks_shape_longrope_factors(const ks_model_shape *s, bool long_factors, float *out);
 
 /* llama.cpp's general.file_type (LLAMA_FTYPE_*) for a uniform weight type. */
 uint32_t ks_shape_file_type(ks_dtype type);
