@@ -24,6 +24,17 @@ Architecture notes (verified against public llama.cpp sources):
     (LLM_ARCH_QWEN2 / LLM_ARCH_QWEN3 -> LLAMA_ROPE_TYPE_NEOX).
   * optional rope_freqs.weight [n_rot/2] (Llama 3.1 long-context scaling):
     the rotation angle of frequency i is divided by rope_freqs[i].
+  * phi3: NEOX over rope.dimension_count dims (may be < head_dim), Q/K/V fused
+    in attn_qkv.weight and gate/up fused in ffn_up.weight (gate first);
+    LongRoPE: rope_factors_long.weight when the context exceeds
+    rope.scaling.original_context_length, else rope_factors_short.weight
+    (no rope.scaling.type key), cos/sin scaled by rope.scaling.attn_factor.
+  * smollm3: normal RoPE, none on layers l with (l + 1) % 4 == 0 (NoPE).
+  * mistral3: normal RoPE, YaRN with rope.scaling.yarn_log_multiplier, and
+    q *= 1 + attention.temperature_scale * ln(floor(pos / orig_ctx) + 1)
+    after RoPE (Llama 4's attention temperature tuning).
+  * rope.scaling.type yarn (any arch): YaRN (Peng et al. 2023), the ramp and
+    magnitude described in load_config's rope_tables.
 """
 import argparse
 import math
@@ -39,8 +50,8 @@ import gguf_reader as G  # noqa: E402
 
 DT = torch.float64
 
-NORM_ROPE_ARCHS = {"llama"}
-NEOX_ROPE_ARCHS = {"qwen2", "qwen3"}
+NORM_ROPE_ARCHS = {"llama", "smollm3", "mistral3"}
+NEOX_ROPE_ARCHS = {"qwen2", "qwen3", "phi3"}
 
 
 class Config:
@@ -65,18 +76,35 @@ def load_config(r):
     c.freq_base = float(k("rope.freq_base", 10000.0))
     c.eps = float(k("attention.layer_norm_rms_epsilon", 1e-5))
     c.n_ctx_train = int(k("context_length", 2048))
-    stype = k("rope.scaling.type", "none")
-    c.freq_scale = 1.0
-    if stype == "linear":
-        c.freq_scale = 1.0 / float(k("rope.scaling.factor", 1.0))
-    elif stype not in ("none", None):
+    # RoPE scaling as llama.cpp reads a GGUF: a missing type with a factor
+    # means linear; attn_factor multiplies the cos/sin magnitude; YaRN's
+    # ramp weight (ext_factor) defaults to 1 for yarn and 0 otherwise
+    stype = k("rope.scaling.type")
+    c.scale_factor = float(k("rope.scaling.factor", 0.0))
+    if stype is None:
+        stype = "linear" if c.scale_factor not in (0.0, 1.0) else "none"
+    if stype == "llama3":
+        stype = "none"  # its scaling is the rope_freqs.weight tensor
+    if stype not in ("none", "linear", "yarn", "longrope"):
         raise SystemExit("reference.py: unsupported rope scaling %r" % stype)
+    c.scaling = stype
+    c.orig_ctx = int(k("rope.scaling.original_context_length", c.n_ctx_train))
+    c.attn_factor = float(k("rope.scaling.attn_factor", 1.0))
+    c.ext_factor = float(k("rope.scaling.yarn_ext_factor", -1.0))
+    if c.ext_factor < 0:
+        c.ext_factor = 1.0 if stype == "yarn" else 0.0
+    c.beta_fast = float(k("rope.scaling.yarn_beta_fast", 32.0))
+    c.beta_slow = float(k("rope.scaling.yarn_beta_slow", 1.0))
+    c.log_mul = float(k("rope.scaling.yarn_log_multiplier", 0.0))
+    c.freq_scale = 1.0 if stype == "none" or c.scale_factor <= 0 else 1.0 / c.scale_factor
+    c.nope_every = 4 if arch == "smollm3" else 0
+    c.temp_scale = float(k("attention.temperature_scale", 0.0)) if arch == "mistral3" else 0.0
     c.neox = arch in NEOX_ROPE_ARCHS
     return c
 
 
 class Model:
-    def __init__(self, path, emulate=None):
+    def __init__(self, path, emulate=None, n_ctx=None):
         self.r = G.GGUFReader(path)
         self.c = load_config(self.r)
         self.emulate = emulate  # None, or "engine" (see emulate_matmul)
@@ -92,12 +120,56 @@ class Model:
         c = self.c
         assert self.w["token_embd.weight"].shape[1] == c.n_embd
         assert c.n_head % c.n_head_kv == 0
+        for l in range(c.n_layer):  # fused tensors (phi3) into the separate ones
+            p = "blk.%d." % l
+            qkv = self.w.pop(p + "attn_qkv.weight", None)
+            if qkv is not None:
+                qd, kd = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+                assert qkv.shape[0] == qd + 2 * kd, "attn_qkv rows"
+                for nm, part in zip(("attn_q", "attn_k", "attn_v"), (qkv[:qd], qkv[qd:qd + kd], qkv[qd + kd:])):
+                    self.w[p + nm + ".weight"] = part
+                    self.wtypes[p + nm + ".weight"] = self.wtypes[p + "attn_qkv.weight"]
+            if p + "ffn_gate.weight" not in self.w:  # phi3: ffn_up = [gate; up]
+                gu = self.w[p + "ffn_up.weight"]
+                assert gu.shape[0] == 2 * c.n_ff, "fused ffn_up must have 2 n_ff rows"
+                self.w[p + "ffn_gate.weight"], self.w[p + "ffn_up.weight"] = gu[:c.n_ff], gu[c.n_ff:]
+                self.wtypes[p + "ffn_gate.weight"] = self.wtypes[p + "ffn_up.weight"]
+        self.set_context(n_ctx if n_ctx else min(c.n_ctx_train, 4096))
+
+    def set_context(self, n_ctx):
+        """RoPE tables of a context of n_ctx positions: LongRoPE picks its long
+        factors when n_ctx exceeds the original context (by context size, not
+        per position), like the engine and llama.cpp."""
+        c = self.c
+        self.n_ctx = n_ctx
         ff = self.w.get("rope_freqs.weight")
+        if ff is None:
+            ff = self.w.get("rope_factors_long.weight" if n_ctx > c.orig_ctx else "rope_factors_short.weight")
         i = torch.arange(c.n_rot // 2, dtype=DT)
-        inv = c.freq_base ** (-2.0 * i / c.n_rot) * c.freq_scale
+        theta = c.freq_base ** (-2.0 * i / c.n_rot)
         if ff is not None:
-            assert ff.numel() == c.n_rot // 2, "rope_freqs must have n_rot/2 entries"
-            inv = inv / ff.reshape(-1)
+            assert ff.numel() == c.n_rot // 2, "frequency factors must have n_rot/2 entries"
+            theta = theta / ff.reshape(-1)
+        self.mscale = c.attn_factor
+        if c.ext_factor != 0:
+            # YaRN: dims j below `low` keep their frequency (extrapolate), above
+            # `high` are divided by the factor (interpolate), linear in between;
+            # the boundaries are where a dim turns beta_fast / beta_slow times
+            # over the original context:  d(r) = n_rot ln(orig / (2 pi r)) / (2 ln base)
+            def d(r):
+                return c.n_rot * math.log(c.orig_ctx / (r * 2 * math.pi)) / (2 * math.log(c.freq_base))
+            low = max(0.0, math.floor(d(c.beta_fast)))
+            high = min(c.n_rot - 1.0, math.ceil(d(c.beta_slow)))
+            y = ((i - low) / max(0.001, high - low)).clamp(0, 1)
+            mix = (1 - y) * c.ext_factor
+            inv = theta * c.freq_scale * (1 - mix) + theta * mix
+            s = 1.0 / c.freq_scale
+
+            def g(m):  # the YaRN paper's sqrt(1/t) = 0.1 m ln(s) + 1
+                return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+            self.mscale *= g(1.0) / g(c.log_mul) if c.log_mul else g(1.0)
+        else:
+            inv = theta * c.freq_scale
         self.inv_freq = inv
 
     # -------------------------------------------------------------- ops --
@@ -119,8 +191,8 @@ class Model:
         """x: [T, H, D]; rotate the first n_rot dims of each head."""
         c = self.c
         ang = pos.to(DT)[:, None] * self.inv_freq[None, :]  # [T, n_rot/2]
-        cos = torch.cos(ang)[:, None, :]
-        sin = torch.sin(ang)[:, None, :]
+        cos = torch.cos(ang)[:, None, :] * self.mscale
+        sin = torch.sin(ang)[:, None, :] * self.mscale
         xr, xp = x[..., :c.n_rot], x[..., c.n_rot:]
         if c.neox:
             a, b = xr[..., :c.n_rot // 2], xr[..., c.n_rot // 2:]
@@ -153,8 +225,12 @@ class Model:
                 q = self.rmsnorm(q, p + "attn_q_norm.weight")
             if p + "attn_k_norm.weight" in self.w:
                 k = self.rmsnorm(k, p + "attn_k_norm.weight")
-            q = self.rope(q, pos)
-            k = self.rope(k, pos)
+            if not (c.nope_every and (l + 1) % c.nope_every == 0):  # smollm3's NoPE layers
+                q = self.rope(q, pos)
+                k = self.rope(k, pos)
+            if c.temp_scale:  # mistral3: attention temperature, after RoPE, on q
+                t = torch.log(torch.floor(pos.to(DT) / c.orig_ctx) + 1.0) * c.temp_scale + 1.0
+                q = q * t[:, None, None]
             if self.emulate:  # the engine stores K and V in an f16 cache
                 k = k.to(torch.float16).to(DT)
                 v = v.to(torch.float16).to(DT)
@@ -268,10 +344,12 @@ def main(argv=None):
     ap.add_argument("--prompt", help="text prompt (SentencePiece vocab only; BOS added)")
     ap.add_argument("--greedy", type=int, default=16, help="continuation length (default 16)")
     ap.add_argument("--dump-logits", help="write f32 [n_tokens][n_vocab] teacher-forced logits")
+    ap.add_argument("--n-ctx", type=int, default=0,
+                    help="context size (LongRoPE's short/long choice; default min(trained, 4096))")
     ap.add_argument("--emulate", action="store_true",
                     help="round activations/KV like the C engine (error-budget estimation)")
     a = ap.parse_args(argv)
-    m = Model(a.model, emulate="engine" if a.emulate else None)
+    m = Model(a.model, emulate="engine" if a.emulate else None, n_ctx=a.n_ctx or None)
     if a.tokens:
         prompt = [int(t) for t in a.tokens.split(",") if t.strip()]
     elif a.prompt is not None:
