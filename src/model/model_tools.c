@@ -161,9 +161,14 @@ ks_gen_model_params ks_gen_model_default_params(void) {
 void ks_gen_model_shapes(FILE *f) {
     for (int i = 0; i < ks_shape_count(); i++) {
         const ks_model_shape *s = ks_shape_at(i);
-        fprintf(f, "  %-14s %-6s embd %-5d layers %-3d heads %d/%d head_dim %d ff %d%s%s%s%s\n", s->name, s->arch,
+        fprintf(f, "  %-14s %-6s embd %-5d layers %-3d heads %d/%d head_dim %d ff %d%s%s%s%s", s->name, s->arch,
                 s->n_embd, s->n_layer, s->n_head, s->n_head_kv, s->head_dim, s->n_ff, s->tied_output ? " tied" : "",
                 s->qkv_bias ? " qkv-bias" : "", s->qk_norm ? " qk-norm" : "", s->rope_llama3 ? " llama3-rope" : "");
+        if (s->rope_scaling) fprintf(f, " %s-rope x%g/%d", s->rope_scaling, s->rope_factor, s->rope_orig_ctx);
+        if (s->n_rot > 0) fprintf(f, " n_rot %d", s->n_rot);
+        if (s->fused) fprintf(f, " fused-qkv/gate-up");
+        if (s->attn_temp_scale > 0) fprintf(f, " attn-temp %g", s->attn_temp_scale);
+        fputc('\n', f);
     }
 }
 
