@@ -343,6 +343,32 @@ ks_status ks_model_load(const char *path, ks_model_params params, ks_model **out
     return KS_OK;
 }
 
+/* The <arch>.* keys some loader slot reads (model.c and the arch files):
+ * kvsieve info marks the others as ignored, so a user sees at once which
+ * stated features (a sliding window, an unread YaRN key) have no effect. */
+static const char *const g_keys_read[] = {
+    "embedding_length", "block_count", "feed_forward_length", "attention.head_count", "attention.head_count_kv",
+    "context_length", "attention.key_length", "attention.value_length", "rope.dimension_count", "rope.freq_base",
+    "attention.layer_norm_rms_epsilon", "rope.scaling.type", "rope.scaling.factor", "rope.scale_linear",
+    "rope.scaling.original_context_length", "rope.scaling.attn_factor", "rope.scaling.yarn_ext_factor",
+    "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow", "rope.scaling.yarn_log_multiplier",
+    "attention.temperature_scale",
+};
+
+bool ks_model_key_read(const char *arch, const char *key, size_t len) {
+    size_t al = strlen(arch);
+    if (len <= al + 1 || memcmp(key, arch, al) != 0 || key[al] != '.') return true; /* not an <arch>.* key */
+    if (!ks_arch_find(arch)) return false;
+    const char *suf = key + al + 1;
+    size_t sl = len - al - 1;
+    if (strcmp(arch, "mistral3") != 0 && sl == strlen("attention.temperature_scale") &&
+        !memcmp(suf, "attention.temperature_scale", sl))
+        return false; /* only mistral3 reads it */
+    for (size_t i = 0; i < sizeof g_keys_read / sizeof g_keys_read[0]; i++)
+        if (strlen(g_keys_read[i]) == sl && !memcmp(suf, g_keys_read[i], sl)) return true;
+    return false;
+}
+
 ks_status ks_model_rope_freqs(const ks_model *m, int32_t n_ctx, double *inv_freq, float *mscale) {
     const ks_hparams *hp = &m->hp;
     /* llama_model::get_rope_factors: rope_freqs first, then long or short */

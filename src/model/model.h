@@ -70,4 +70,9 @@ struct ks_model {
  * (by the context size, not per position). */
 ks_status ks_model_rope_freqs(const ks_model *m, int32_t n_ctx, double *inv_freq, float *mscale);
 
+/* Whether the loader reads key[len] of a file of architecture arch: false
+ * for an <arch>.* key no slot reads (or any key of an unknown arch), true
+ * for keys outside the <arch>. namespace (general.*, tokenizer.*). */
+bool ks_model_key_read(const char *arch, const char *key, size_t len);
+
 #endif

@@ -17,6 +17,7 @@
 #include "model/eagle3.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "model/arch.h"
 #include "model/shapes.h"
 
 #include <stdio.h>
@@ -87,8 +88,10 @@ static ks_status info_eagle3(const char *dir, bool show_kv, bool show_tensors, F
     return st;
 }
 
-static void print_kv(const ks_gguf_kv *kv, FILE *f) {
-    fprintf(f, "  %-48.*s %-8s ", (int)kv->key.len, kv->key.data, ks_gguf_type_name(kv->type));
+static void print_kv(const ks_gguf_kv *kv, const char *arch, FILE *f) {
+    /* "-" marks a key of the architecture's namespace the loader does not read */
+    fprintf(f, "%c %-48.*s %-8s ", ks_model_key_read(arch, kv->key.data, kv->key.len) ? ' ' : '-', (int)kv->key.len,
+            kv->key.data, ks_gguf_type_name(kv->type));
     if (kv->type == KS_GGUF_STRING) {
         int n = kv->str.len > 80 ? 80 : (int)kv->str.len;
         fprintf(f, "\"");
@@ -110,8 +113,14 @@ static void print_kv(const ks_gguf_kv *kv, FILE *f) {
 
 static void gguf_listing(ks_gguf *g, bool show_kv, bool show_tensors, FILE *f) {
     if (show_kv) {
-        fprintf(f, "metadata (%lld keys):\n", (long long)ks_gguf_n_kv(g));
-        for (int64_t i = 0; i < ks_gguf_n_kv(g); i++) print_kv(ks_gguf_kv_at(g, i), f);
+        char arch[64] = "";
+        ks_gguf_str a;
+        if (ks_gguf_get_str(g, "general.architecture", &a) == KS_OK)
+            snprintf(arch, sizeof arch, "%.*s", (int)a.len, a.data);
+        fprintf(f, "metadata (%lld keys; '-': not read by kvsieve%s%s%s):\n", (long long)ks_gguf_n_kv(g),
+                arch[0] && !ks_arch_find(arch) ? ", architecture '" : "", arch[0] && !ks_arch_find(arch) ? arch : "",
+                arch[0] && !ks_arch_find(arch) ? "' unknown" : "");
+        for (int64_t i = 0; i < ks_gguf_n_kv(g); i++) print_kv(ks_gguf_kv_at(g, i), arch, f);
     }
     if (show_tensors) {
         fprintf(f, "tensors (%lld):\n", (long long)ks_gguf_n_tensors(g));
