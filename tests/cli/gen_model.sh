@@ -96,6 +96,24 @@ for spec in "tiny-llama3 q4_k llama" "tiny-qwen2 q6_k qwen2" "tiny-qwen3 q4_0 qw
   gen --shape "$1" --type "$2" --out "$TMP/$1.gguf" >/dev/null || { fail "gen-model $1 $2: $(cat "$TMP/stderr")"; continue; }
   check_py "$TMP/$1.gguf" "$1" "$3" 2 >/dev/null || fail "independent reader rejected $1 $2"
 done
+# the architectures of their own files and the stated RoPE scalings: the
+# unfused ones through the independent reader, all through `info`, whose
+# --kv listing marks the keys kvsieve does not read ('-': phi3's sliding window)
+for spec in "tiny-qwen3-yarn q8_0 qwen3" "tiny-smollm3 q4_k smollm3" "tiny-mistral3 f16 mistral3"; do
+  set -- $spec
+  n=2; [ "$1" = tiny-smollm3 ] && n=4
+  gen --shape "$1" --type "$2" --out "$TMP/$1.gguf" >/dev/null || { fail "gen-model $1 $2: $(cat "$TMP/stderr")"; continue; }
+  check_py "$TMP/$1.gguf" "$1" "$3" "$n" >/dev/null || fail "independent reader rejected $1 $2"
+done
+gen --shape tiny-phi3 --type q8_0 --out "$TMP/tiny-phi3.gguf" >/dev/null || fail "gen-model tiny-phi3: $(cat "$TMP/stderr")"
+"$KS" info "$TMP/tiny-phi3.gguf" --kv >"$TMP/phi3.txt" 2>&1 || fail "info tiny-phi3: $(cat "$TMP/phi3.txt")"
+grep -q '^- phi3.attention.sliding_window' "$TMP/phi3.txt" || fail "info --kv should mark phi3's sliding_window as not read"
+grep -q '^  phi3.rope.scaling.attn_factor' "$TMP/phi3.txt" || fail "info --kv should list attn_factor as read"
+grep -q 'LongRoPE factors short long' "$TMP/phi3.txt" || fail "info should show phi3's LongRoPE factors"
+"$KS" info "$TMP/tiny-qwen3-yarn.gguf" 2>&1 | grep -q 'rope scaling:  yarn, factor 4, original context 32768' \
+  || fail "info should show qwen3's YaRN scaling"
+"$KS" info "$TMP/tiny-mistral3.gguf" 2>&1 | grep -q 'attention temperature 0.1 per 32 positions' \
+  || fail "info should show mistral3's attention temperature"
 # a real shape with the layer override (ctx override too)
 gen --shape qwen3-0.6b --type q4_0 --layers 1 --ctx 4096 --out "$TMP/q06.gguf" >/dev/null || fail "gen-model qwen3-0.6b --layers 1"
 check_py "$TMP/q06.gguf" qwen3-0.6b qwen3 1 >/dev/null || fail "independent reader rejected qwen3-0.6b"
