@@ -66,7 +66,9 @@ static const ks_model_shape g_shapes[] = {
      * (partial_rotary_factor 0.75), attn_factor sqrt(1 + ln 32 / ln 4096);
      * Qwen3-4B with the YaRN rope_scaling its model card gives for 128K;
      * SmolLM3-3B: NoPE every 4th layer; Ministral 3 3B: YaRN (factor 16
-     * over 16384, mscale_all_dim 1) and llama_4_scaling_beta 0.1. */
+     * over 16384, mscale_all_dim 1) and llama_4_scaling_beta 0.1 (its
+     * config as recalled, not checked against the published file: the
+     * layer count 26 is the one llama.cpp's mistral3 loader calls 3B). */
     {"phi-4-mini",    "phi3",  3072, 32, 24,  8, 128,     8192, 10000.f,   1e-5f, 131072, true,  false, false, false, 32.f, 0, 0, 4096,
      .rope_scaling = "longrope", .rope_attn_factor = 1.1902380714238083f, .n_rot = 96, .fused = true, .sliding_window = 262144},
     {"qwen3-4b-yarn", "qwen3", 2560, 36, 32,  8, 128,     9728, 1000000.f, 1e-6f, 131072, true,  false, true,  false, 4.f, 0, 0, 32768,
