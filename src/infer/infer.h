@@ -132,6 +132,10 @@ struct ks_context {
     int32_t *seq_pol;        /* [n_seq] */
     ks_policy_counters retired_pc; /* counters of destroyed instances */
     uint64_t select_bytes_base;    /* the policies' bytes_read at the last ks_stats_reset */
+    /* sliding-window (local) layers, when the model has them (ks_layer.window) */
+    float *rope_cos_swa, *rope_sin_swa; /* [max_rows][n_rot/2] angles of the local layers' RoPE base, or NULL */
+    uint8_t *swa_hold;       /* [n_seq] 1: keep every entry of the sequence's local layers (a prefix cache
+                              * reads or wrote its blocks, which hold every layer's whole pages) */
 };
 
 /* Attention of G query heads (q [G][hd]) over one KV head's rows K, V

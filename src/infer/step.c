@@ -173,6 +173,10 @@ static ks_status prefill_impl(ks_context *c, int32_t seq, const int32_t *tokens,
         float *dst = all_logits ? all_logits + (size_t)off * V : last;
         st = ks_infer_forward_rows(c, m, sq, ps, tokens + off, want, dst, n_obs > 0 ? obs : NULL);
         if (st == KS_OK) c->seq_len[seq] += m;
+        /* the pages of local layers the next chunk no longer sees; kept whole
+         * while a prefix cache takes or gave this prompt's blocks */
+        if (st == KS_OK && pc) c->swa_hold[seq] = 1;
+        if (st == KS_OK) st = ks_infer_swa_trim(c, seq);
     }
     if (st == KS_OK && all_logits && last) memcpy(last, all_logits + (size_t)(n - 1) * V, V * sizeof(float));
     /* every piece's whole blocks are final once computed (pieces are only

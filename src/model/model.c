@@ -92,13 +92,22 @@ static ks_status read_hparams(const ks_gguf *g, ks_hparams *hp, const ks_arch_de
     KS_TRY(ks_arch_key_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->rms_eps));
     if (!(hp->rope_base > 0) || !(hp->rms_eps > 0) || !isfinite(hp->rope_base))
         return KS_FAIL(KS_ERR_FORMAT, "rope base %g / rms epsilon %g must be positive", hp->rope_base, hp->rms_eps);
-    /* linear rope scaling (rope.scaling.type = linear) is not implemented: refuse it */
+    /* linear rope scaling (rope.scaling.type = linear, gemma3 4B+) divides
+     * every frequency by rope.scaling.factor: bind_weights turns it into
+     * frequency factors; other types are refused */
     char key[128];
     snprintf(key, sizeof key, "%s.rope.scaling.type", a);
     ks_gguf_str scaling;
+    bool linear = false;
     if (ks_gguf_get_str(g, key, &scaling) == KS_OK && !ks_gguf_str_eq(scaling, "none") &&
-        !ks_gguf_str_eq(scaling, "llama3"))
+        !ks_gguf_str_eq(scaling, "llama3") && !(linear = ks_gguf_str_eq(scaling, "linear")))
         return KS_FAIL(KS_ERR_UNSUPPORTED, "rope scaling type '%.*s' is not supported", (int)scaling.len, scaling.data);
+    if (linear) {
+        KS_TRY(ks_arch_key_f32(g, a, "rope.scaling.factor", &hp->rope_linear_factor));
+        if (!(hp->rope_linear_factor >= 0) || !isfinite(hp->rope_linear_factor) || hp->rope_linear_factor > 1e6f)
+            return KS_FAIL(KS_ERR_FORMAT, "linear rope scaling factor %g out of range", hp->rope_linear_factor);
+        if (hp->rope_linear_factor == 1.0f) hp->rope_linear_factor = 0;
+    }
     hp->rope_neox = desc->rope_neox;
     if (desc->read_hparams) KS_TRY(desc->read_hparams(g, hp));
     *desc_out = desc;
@@ -162,6 +171,12 @@ static ks_status bind_weights(ks_model *m, const ks_arch_desc *desc) {
             if (!(m->rope_freq_factors[i] > 0) || !isfinite(m->rope_freq_factors[i]))
                 return KS_FAIL(KS_ERR_FORMAT, "rope_freqs.weight[%d] = %g is not a positive factor", i,
                                m->rope_freq_factors[i]);
+    if (hp->rope_linear_factor > 0) { /* linear scaling: the same divisor for every frequency */
+        if (!m->rope_freq_factors && !(m->rope_freq_factors = ks_calloc((size_t)(hp->n_rot / 2), sizeof(float))))
+            return KS_FAIL(KS_ERR_NOMEM, "rope frequency factors");
+        for (int i = 0; i < hp->n_rot / 2; i++)
+            m->rope_freq_factors[i] = (m->rope_freq_factors[i] > 0 ? m->rope_freq_factors[i] : 1.0f) * hp->rope_linear_factor;
+    }
     if (desc->bind_model) KS_TRY(desc->bind_model(m));
     m->layers = ks_calloc((size_t)hp->n_layer, sizeof(ks_layer));
     if (!m->layers) return KS_FAIL(KS_ERR_NOMEM, "%d layers", hp->n_layer);
@@ -181,6 +196,8 @@ void ks_model_destroy(ks_model *m) {
         ks_free(L->q_norm);
         ks_free(L->k_norm);
         ks_free(L->ffn_norm);
+        ks_free(L->attn_post_norm);
+        ks_free(L->ffn_post_norm);
     }
     ks_free(m->layers);
     ks_free(m->output_norm);
@@ -283,13 +300,20 @@ ks_status ks_model_describe(const ks_model *m, char *buf, size_t cap) {
         return n < cap ? KS_OK : KS_FAIL(KS_ERR_INVALID_ARG, "buffer too small");
     }
     OUT("architecture:  %s (RoPE %s%s%s%s)\n", hp->arch_name, hp->rope_neox ? "neox" : "normal",
-        m->rope_freq_factors ? ", llama3 frequency factors" : "", m->output_tied ? ", tied output" : "",
-        hp->arch == KS_ARCH_QWEN3 ? ", q/k norm" : m->layers[0].bq ? ", qkv bias" : "");
+        hp->rope_linear_factor > 0 ? ", linear scaling" : m->rope_freq_factors ? ", llama3 frequency factors" : "",
+        m->output_tied ? ", tied output" : "",
+        m->layers[0].q_norm ? ", q/k norm" : m->layers[0].bq ? ", qkv bias" : "");
     const char *attn = hp->n_head_kv == hp->n_head ? "MHA" : hp->n_head_kv == 1 ? "MQA" : "GQA";
     OUT("shape:         n_embd %d, n_layer %d, n_ff %d, heads %d/%d kv (%s, group %d), head_dim %d, n_rot %d\n",
         hp->n_embd, hp->n_layer, hp->n_ff, hp->n_head, hp->n_head_kv, attn, hp->n_head / hp->n_head_kv,
         hp->head_dim, hp->n_rot);
     OUT("context:       %d trained, rope base %g, rms eps %g\n", hp->n_ctx_train, hp->rope_base, hp->rms_eps);
+    int32_t n_local = 0;
+    for (int il = 0; il < hp->n_layer; il++) n_local += m->layers[il].window > 0;
+    if (n_local)
+        OUT("layers:        %d local (sliding window %d, rope base %g), %d global (rope base %g%s)\n", n_local,
+            hp->n_swa, hp->rope_base_swa, hp->n_layer - n_local, hp->rope_base,
+            hp->rope_linear_factor > 0 ? ", linear scaling" : "");
     /* type histogram over the tensors */
     int64_t count[KS_DTYPE_MAX_] = {0};
     size_t bytes[KS_DTYPE_MAX_] = {0};
@@ -303,9 +327,15 @@ ks_status ks_model_describe(const ks_model *m, char *buf, size_t cap) {
         if (count[t]) OUT(" %s x%lld (%.1f MiB)", ks_dtype_name((ks_dtype)t), (long long)count[t], bytes[t] / 1048576.0);
     OUT("\n");
     OUT("parameters:    %.3f M (%.1f MiB of weights)\n", m->n_params / 1e6, m->weight_bytes / 1048576.0);
-    double kv_tok = 2.0 * hp->n_layer * hp->n_head_kv * hp->head_dim * 2; /* K+V, f16 */
+    double kv_layer_tok = 2.0 * hp->n_head_kv * hp->head_dim * 2; /* K+V, f16, one layer */
+    double kv_tok = kv_layer_tok * (hp->n_layer - n_local);           /* global layers grow with the context */
+    double kv_local = kv_layer_tok * n_local * (hp->n_ctx_train < hp->n_swa ? hp->n_ctx_train : hp->n_swa);
     OUT("memory:        KV f16 %.1f KiB/token; at %d tokens %.1f MiB KV + %.1f MiB weights\n", kv_tok / 1024,
-        hp->n_ctx_train, kv_tok * hp->n_ctx_train / 1048576.0, m->weight_bytes / 1048576.0);
+        hp->n_ctx_train, (kv_tok * hp->n_ctx_train + kv_local) / 1048576.0, m->weight_bytes / 1048576.0);
+    if (n_local)
+        OUT("KV by layer:   global %d x %.1f MiB at %d tokens; local %d x %.1f MiB (window %d, any length)\n",
+            hp->n_layer - n_local, kv_layer_tok * hp->n_ctx_train / 1048576.0, hp->n_ctx_train, n_local,
+            kv_layer_tok * (hp->n_ctx_train < hp->n_swa ? hp->n_ctx_train : hp->n_swa) / 1048576.0, hp->n_swa);
     /* a step streams every matrix once; of the embedding table only one row,
      * unless it doubles as the (tied) output matrix */
     size_t step_bytes = m->weight_bytes - (m->output_tied ? 0 : ks_weight_bytes(&m->tok_embd));

@@ -37,6 +37,10 @@ typedef struct ks_model_shape {
     float rope_low_freq_factor;
     float rope_high_freq_factor;
     int32_t rope_orig_ctx;
+    /* gemma3 (arch "gemma3": post-norms, GELU, scaled embedding implied) */
+    int32_t swa_window;    /* <arch>.attention.sliding_window; 0: none written */
+    int32_t swa_pattern;   /* <arch>.attention.sliding_window_pattern; 0: not written (llama.cpp's 6) */
+    float rope_linear;     /* rope.scaling.type linear with this factor (global layers); 0: none */
 } ks_model_shape;
 
 int ks_shape_count(void);
