@@ -48,7 +48,7 @@ EXACT_TYPES = ("f32", "f16", "bf16")
 EXACT_MARGIN = 0.06
 
 SHAPES = ["tiny-llama", "tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-mha",
-          "tiny-mqa"]
+          "tiny-mqa", "tiny-gemma3"]
 TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k"]
 
 
