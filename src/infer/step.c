@@ -345,7 +345,8 @@ static void fill_worker(void *arg, int ith, int nth) {
     int hd = hp->head_dim;
     /* whole layers per worker: appends to one layer must stay serial */
     for (int il = ith; il < hp->n_layer; il += nth)
-        for (int32_t p = 0; p < j->n; p++)
+        /* a local layer holds only its window: the last `window` positions */
+        for (int32_t p = c->swa_hold[j->seq] ? 0 : ks_infer_window_lo(c, il, j->n); p < j->n; p++)
             for (int h = 0; h < hp->n_head_kv; h++) {
                 size_t u = ((size_t)il * hp->n_head_kv + h) * 2;
                 size_t ko = ((size_t)p * 7919 + u * 104729) % (j->n_noise - (size_t)hd);
