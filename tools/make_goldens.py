@@ -174,6 +174,27 @@ def sensitivity(m, tokens, rows):
                 del m.w[k]
             res.append(("no-" + key, run()))
             m.w.update(saved)
+    if m.c.gemma:  # gemma3: each feature off in turn
+        c = m.c
+        for name, attr, off in (("no-sliding-window", "n_swa", 0), ("silu-for-gelu", "gelu", False),
+                                ("no-embedding-scale", "embd_scale", False)):
+            saved = getattr(c, attr)
+            setattr(c, attr, off)
+            res.append((name, run()))
+            setattr(c, attr, saved)
+        inv, inv_swa = m.inv_freq, m.inv_freq_swa
+        m.inv_freq_swa = inv
+        res.append(("local-rope-base-global", run()))
+        m.inv_freq_swa = inv_swa
+        m.inv_freq = inv * c.freq_scale ** -1
+        res.append(("no-linear-scaling", run()))
+        m.inv_freq = inv
+        for key in ("post_attention_norm.weight", "post_ffw_norm.weight"):
+            saved = {k: v for k, v in m.w.items() if k.endswith(key)}
+            for k in saved:
+                del m.w[k]
+            res.append(("no-" + key, run()))
+            m.w.update(saved)
     if m.c.n_head_kv != m.c.n_head:  # GQA: wrong head grouping (kv head j % n_kv)
         orig = torch.Tensor.repeat_interleave
 

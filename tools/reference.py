@@ -87,6 +87,8 @@ def load_config(r):
         raise SystemExit("reference.py: unsupported rope scaling %r" % stype)
     c.neox = arch in NEOX_ROPE_ARCHS
     c.gemma = arch == "gemma3"
+    c.embd_scale = c.gemma  # x * sqrt(n_embd)
+    c.gelu = c.gemma        # GELU (tanh) gate instead of SiLU
     c.n_swa = int(k("attention.sliding_window", 0)) if c.gemma else 0
     c.swa_pattern = int(k("attention.sliding_window_pattern", 6))
     c.freq_base_swa = float(k("rope.freq_base_swa", 10000.0))
@@ -173,7 +175,7 @@ class Model:
                   (T, c.n_ctx_train), file=sys.stderr)
         pos = torch.arange(T)
         x = self.w["token_embd.weight"][toks]
-        if c.gemma:
+        if c.embd_scale:
             x = x * math.sqrt(c.n_embd)
         mask = torch.full((T, T), float("-inf"), dtype=DT).triu(1)
         # local layers: key s is visible to query t iff t - W < s <= t
@@ -210,7 +212,7 @@ class Model:
             h = self.rmsnorm(x, p + "ffn_norm.weight")
             g = self.linear(h, p + "ffn_gate.weight")
             u = self.linear(h, p + "ffn_up.weight")
-            act = torch.nn.functional.gelu(g, approximate="tanh") if c.gemma else torch.nn.functional.silu(g)
+            act = torch.nn.functional.gelu(g, approximate="tanh") if c.gelu else torch.nn.functional.silu(g)
             f = self.linear(act * u, p + "ffn_down.weight")
             if p + "post_ffw_norm.weight" in self.w:  # gemma3
                 f = self.rmsnorm(f, p + "post_ffw_norm.weight")
