@@ -108,6 +108,16 @@ typedef struct bench_row {
     double kv_need;
 } bench_row;
 
+/* KV memory by layer type: global layers grow with the depth, sliding-window
+ * (local) layers stop at their window. */
+static void bench_kv_layers(const app_options *o, const ks_model_info *hp) {
+    if (!hp->n_local) return;
+    double row = (double)ks_kv_type_row_bytes(o->kv_type, hp->head_dim), tok = 2.0 * hp->n_head_kv * row;
+    fprintf(stderr, "kvsieve bench: KV by layer type: %d global layers x %.1f KiB per token (grows with depth); "
+            "%d local layers x %.1f KiB (window %d, whatever the depth)\n", hp->n_layer - hp->n_local, tok / 1024,
+            hp->n_local, tok * hp->n_swa / 1024, hp->n_swa);
+}
+
 static int bench_setup(app_options *o, bench_state *b) {
     const char *cmd = o->cmd;
     ks_model_params mp = ks_model_default_params();
@@ -115,6 +125,7 @@ static int bench_setup(app_options *o, bench_state *b) {
     mp.no_repack = o->no_repack;
     if (!app_load_model(o, mp, &b->m)) return 1;
     ks_model_get_info(b->m, &b->hp);
+    bench_kv_layers(o, &b->hp);
     b->n_threads = o->n_threads ? o->n_threads : ks_cpu_count();
     ks_status st;
     if ((st = ks_pool_create((int)b->n_threads, &b->pool)) != KS_OK) { app_report(cmd, "threads", st); return 1; }
@@ -293,7 +304,10 @@ static bool bench_row_config(app_options *o, bench_state *b, bench_row *r) {
     r->cp = cp;
     if (!strcmp(po->names[r->pi], "dense") && r->ui > 0) return false;
     size_t row = ks_kv_type_row_bytes(o->kv_type, b->hp.head_dim);
-    r->kv_need = 2.0 * b->hp.n_layer * b->hp.n_head_kv * row * cp.n_ctx * r->batch;
+    /* local (sliding-window) layers hold only their window */
+    double local = cp.n_ctx < b->hp.n_swa ? cp.n_ctx : b->hp.n_swa;
+    r->kv_need = 2.0 * ((b->hp.n_layer - b->hp.n_local) * (double)cp.n_ctx + b->hp.n_local * local) * b->hp.n_head_kv *
+                 row * r->batch;
     /* KV plus its page metadata (positions, per-channel min/max/sum: ~11% at hd 64, P 32) */
     double meta = r->kv_need / (2.0 * cp.page * row) * (4.0 * cp.page + 12.0 * b->hp.head_dim);
     if (r->kv_need + meta <= 0.80 * (double)mem_available()) return true;

@@ -36,16 +36,23 @@ static void plan_print(const app_options *o, const ks_context_params *cp, const 
            pl->budget, pl->mem_cap / 1e9);
     printf("weights %.3f GB, policy weights %.4f GB, overhead x%.2f, alpha %.4f (measured runtime memory per token)\n",
            pl->model_bytes / 1e9, pl->dlm_bytes / 1e9, pl->overhead, pl->alpha);
+    int n_global = pl->n_layer - pl->n_local;
+    if (pl->n_local)
+        printf("%d local layers (sliding window %d) hold min(S, %d) entries and stay fast; %d global layers below\n",
+               pl->n_local, pl->window, pl->window, n_global);
     printf("%10s %10s %14s\n", "offloaded", "fast", "max S");
-    for (int k = 0; k <= pl->n_layer; k++) {
+    for (int k = 0; k <= n_global; k++) {
         if (pl->thresholds[k] < 0) printf("%10d %10d %14s\n", k, pl->n_layer - k, "does not fit");
         else printf("%10d %10d %14lld\n", k, pl->n_layer - k, (long long)pl->thresholds[k]);
     }
     long ctx_at = o->ctx_at;
     if (ctx_at > 0) {
         int k = 0;
-        while (k <= pl->n_layer && !(pl->thresholds[k] >= 0 && ctx_at <= pl->thresholds[k])) k++;
-        if (k > pl->n_layer) printf("at S=%ld: does not fit even with every layer offloaded\n", ctx_at);
+        while (k <= n_global && !(pl->thresholds[k] >= 0 && ctx_at <= pl->thresholds[k])) k++;
+        if (k > n_global) printf("at S=%ld: does not fit even with every layer offloaded\n", ctx_at);
+        else if (pl->n_local)
+            printf("at S=%ld: %d global layers fast, %d offloaded (last first), %d local layers fast\n", ctx_at,
+                   n_global - k, k, pl->n_local);
         else printf("at S=%ld: %d layers fast (0..%d), %d offloaded (last first)\n", ctx_at, pl->n_layer - k,
                     pl->n_layer - k - 1, k);
     }

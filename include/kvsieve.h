@@ -308,6 +308,7 @@ typedef struct ks_memplan_info {
     int32_t n_layer, requests, budget;
     int64_t thresholds[257];
     int32_t offloaded;            /* layers in the slow tier now */
+    int32_t n_local, window;      /* sliding-window layers (never offloaded; k counts global layers) and their window */
 } ks_memplan_info;
 void ks_context_memplan(const ks_context *ctx, ks_memplan_info *out);
 /* Apply Algorithm 2 now for the current state (also done before every

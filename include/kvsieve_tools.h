@@ -106,6 +106,7 @@ typedef struct ks_model_info {
     const char *arch_name;   /* "llama", "qwen3", ... (owned by the model) */
     int32_t n_layer, n_head, n_head_kv, head_dim, n_embd, n_vocab, n_ctx_train;
     double weight_bytes;     /* bytes of the weight tensors */
+    int32_t n_local, n_swa;  /* sliding-window layers (they keep only their last n_swa entries) and the window; 0: none */
 } ks_model_info;
 void ks_model_get_info(const ks_model *model, ks_model_info *out);
 /* Bytes of one KV row of head_dim elements (one K or V vector of one head). */

@@ -120,6 +120,32 @@ static void check_policy(const char *policy) {
     free(got);
 }
 
+/* Sliding-window layers: a constant past their window, never offloaded; the
+ * thresholds count global layers only. */
+static void test_thresholds_local_layers(void **state) {
+    (void)state;
+    ks_memplan_params p = {.model_bytes = 1e9, .dlm_bytes = 0, .overhead = 1.0, .n_layer = 6, .n_head_kv = 2,
+                           .head_dim = 64, .kv_elem_bytes = 2, .requests = 1, .budget = 100, .dlm_cache = false,
+                           .alpha = 0, .mem_cap = 1.1e9, .n_local = 5, .window = 1000};
+    /* e = 2 * 2 B * 1 * 2 * 64 = 512 B per token per layer; one global layer */
+    assert_true(fabs(ks_memplan_bytes(&p, 1, 500) - (1e9 + 512.0 * (500 + 5 * 500))) < 1e-3);
+    assert_true(fabs(ks_memplan_bytes(&p, 1, 50000) - (1e9 + 512.0 * (50000 + 5 * 1000))) < 1e-3);
+    assert_true(fabs(ks_memplan_bytes(&p, 0, 50000) - (1e9 + 512.0 * (100 + 5 * 1000))) < 1e-3);
+    int64_t thr[7];
+    assert_int_equal(ks_memplan_thresholds(&p, thr), KS_OK);
+    /* k = 0: S = floor((1e8 - 512 * 5 * 1000) / 512) = 190312 */
+    assert_int_equal(thr[0], 190312);
+    assert_true(ks_memplan_bytes(&p, 1, thr[0]) <= p.mem_cap && ks_memplan_bytes(&p, 1, thr[0] + 1) > p.mem_cap);
+    assert_true(thr[1] > thr[0]); /* offloading the global layer: no growth left but the budget */
+    for (int k = 2; k <= 6; k++) assert_int_equal(thr[k], -1); /* local layers stay */
+    ks_memplan_state st = {.tokens_fast = 200000, .tokens_all = 200000, .longest = 200000, .active = 1};
+    assert_int_equal(ks_memplan_offloaded_for(&p, &st), 1);
+    /* before the window the local layers grow per token */
+    p.mem_cap = 1e9 + 512.0 * 600;
+    assert_int_equal(ks_memplan_thresholds(&p, thr), KS_OK);
+    assert_int_equal(thr[0], 100); /* 600 / 6 */
+}
+
 static void test_offload_while_decoding(void **state) {
     (void)state;
     assert_int_equal(ks_model_load(ks_test_fixture("models/aidreams260K.gguf"), ks_model_default_params(), &g_m), KS_OK);
@@ -233,6 +259,7 @@ static void test_park_unpark_decode(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_thresholds_by_hand),
+        cmocka_unit_test(test_thresholds_local_layers),
         cmocka_unit_test(test_offload_while_decoding),
         cmocka_unit_test(test_park_unpark_decode),
     };

@@ -5,8 +5,9 @@
  *    but spec (tests/test_spec.c), and each per-layer selector behind an
  *    evictor, produces logits bit-identical to dense, for batch 1 and
  *    batch 2, with and without layers in the slow tier (memory and file),
- *    on a generated GQA model whose head dim takes the AVX-512 kernel and on
- *    the real MHA aidreams260K model (portable kernels).
+ *    on a generated GQA model whose head dim takes the AVX-512 kernel, on
+ *    the real MHA aidreams260K model (portable kernels) and on a generated
+ *    gemma3 (sliding-window layers, which attend their window densely).
  * 2. Selections on hand-made KV where the right answer is known: Quest's
  *    page bound finds the page aligned with the query; H2O keeps the entries
  *    that received the most weight; streaming keeps the entries just before
@@ -31,14 +32,22 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
-static ks_model *g_gqa, *g_mha;
-static char g_path[256], g_dir[256];
+static ks_model *g_gqa, *g_mha, *g_gemma;
+static char g_path[256], g_dir[256], g_gemma_path[256];
 
 static int setup(void **state) {
     (void)state;
     snprintf(g_path, sizeof g_path, "/tmp/kvsieve-test-policy-%d.gguf", (int)getpid());
     if (ks_test_tiny_llama(3, 5, g_path, &g_gqa) != 0) return -1;
     if (ks_model_load(ks_test_fixture("models/aidreams260K.gguf"), ks_model_default_params(), &g_mha) != KS_OK) return -1;
+    /* gemma3: five sliding-window layers (window 16) and one global one */
+    snprintf(g_gemma_path, sizeof g_gemma_path, "/tmp/kvsieve-test-policy-gemma-%d.gguf", (int)getpid());
+    ks_gguf *vocab = NULL;
+    if (ks_gguf_open(ks_test_fixture("models/aidreams260K.gguf"), &vocab) != KS_OK) return -1;
+    ks_shape_gen_params gp = {.type = KS_DTYPE_F16, .vocab = vocab, .seed = 11, .n_ctx = 512};
+    ks_status st = ks_shape_generate(ks_shape_find("tiny-gemma3"), &gp, g_gemma_path, NULL);
+    ks_gguf_close(vocab);
+    if (st != KS_OK || ks_model_load(g_gemma_path, ks_model_default_params(), &g_gemma) != KS_OK) return -1;
     snprintf(g_dir, sizeof g_dir, "/tmp/kvsieve-test-policy-XXXXXX");
     return mkdtemp(g_dir) ? 0 : -1;
 }
@@ -47,7 +56,9 @@ static int teardown(void **state) {
     (void)state;
     ks_model_destroy(g_gqa);
     ks_model_destroy(g_mha);
+    ks_model_destroy(g_gemma);
     unlink(g_path);
+    unlink(g_gemma_path);
     rmdir(g_dir);
     return 0;
 }
@@ -159,6 +170,13 @@ static void test_full_budget_equals_dense_gqa(void **state) {
 static void test_full_budget_equals_dense_mha(void **state) {
     (void)state;
     check_equal_dense(g_mha, 90, 8);
+}
+
+/* local layers attend their window densely whatever the policy, and the
+ * global one selects: at a full budget still dense, bit for bit */
+static void test_full_budget_equals_dense_gemma3(void **state) {
+    (void)state;
+    check_equal_dense(g_gemma, 90, 8);
 }
 
 static void test_sparse_differs_and_counts(void **state) {
@@ -784,6 +802,7 @@ static void test_helpers(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full_budget_equals_dense_gqa), cmocka_unit_test(test_full_budget_equals_dense_mha),
+        cmocka_unit_test(test_full_budget_equals_dense_gemma3),
         cmocka_unit_test(test_sparse_differs_and_counts),    cmocka_unit_test(test_bad_policy_args),
         cmocka_unit_test(test_quest_finds_the_page),         cmocka_unit_test(test_h2o_keeps_heavy_hitters),
         cmocka_unit_test(test_streaming_window),             cmocka_unit_test(test_snapkv_keeps_attended),

@@ -145,9 +145,40 @@ static void test_no_allocation_with_quantized_weights(void **state) {
     }
 }
 
+/* gemma3: local layers drop their oldest pages at every decode step (page
+ * recycling, no allocation); every policy, selecting on the global layer. */
+static void test_no_allocation_with_local_layers(void **state) {
+    (void)state;
+    char path[600], args[600];
+    snprintf(path, sizeof path, "%s/tiny-gemma3.gguf", g_tmp);
+    snprintf(args, sizeof args, "dlm=%s", g_dlm);
+    ks_gguf *vocab = NULL;
+    assert_int_equal(ks_gguf_open(ks_test_fixture("models/aidreams260K.gguf"), &vocab), KS_OK);
+    ks_shape_gen_params gp = {.type = KS_DTYPE_F16, .vocab = vocab, .seed = 9, .n_ctx = 512};
+    assert_int_equal(ks_shape_generate(ks_shape_find("tiny-gemma3"), &gp, path, NULL), KS_OK);
+    ks_gguf_close(vocab);
+    ks_model *saved = g_model;
+    assert_int_equal(ks_model_load(path, ks_model_default_params(), &g_model), KS_OK);
+    const ks_policy_i *const *reg = ks_policy_list();
+    int failures = 0;
+    for (int i = 0; reg[i]; i++)
+        for (int n_seq = 1; n_seq <= 2; n_seq++) {
+            uint64_t n = step_allocs(reg[i]->name, ks_policy_i_needs_dlm(reg[i]) ? args : NULL, n_seq, 1);
+            if (n) {
+                print_message("gemma3 %s, batch %d: %llu allocations in 4 steps\n", reg[i]->name, n_seq,
+                              (unsigned long long)n);
+                failures++;
+            }
+        }
+    ks_model_destroy(g_model);
+    g_model = saved;
+    assert_int_equal(failures, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_allocation_in_a_decode_step),
+        cmocka_unit_test(test_no_allocation_with_local_layers),
         cmocka_unit_test(test_no_allocation_with_quantized_weights),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

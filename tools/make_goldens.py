@@ -48,7 +48,7 @@ EXACT_TYPES = ("f32", "f16", "bf16")
 EXACT_MARGIN = 0.06
 
 SHAPES = ["tiny-llama", "tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-mha",
-          "tiny-mqa", "tiny-phi3", "tiny-qwen3-yarn", "tiny-smollm3", "tiny-mistral3"]
+          "tiny-mqa", "tiny-phi3", "tiny-qwen3-yarn", "tiny-smollm3", "tiny-mistral3", "tiny-gemma3"]
 TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k"]
 
 
@@ -170,6 +170,27 @@ def sensitivity(m, tokens, rows):
                 "attn_k_norm.weight"):
         saved = {k: v for k, v in m.w.items() if k.endswith(key)}
         if saved:
+            for k in saved:
+                del m.w[k]
+            res.append(("no-" + key, run()))
+            m.w.update(saved)
+    if m.c.gemma:  # gemma3: each feature off in turn
+        c = m.c
+        for name, attr, off in (("no-sliding-window", "n_swa", 0), ("silu-for-gelu", "gelu", False),
+                                ("no-embedding-scale", "embd_scale", False)):
+            saved = getattr(c, attr)
+            setattr(c, attr, off)
+            res.append((name, run()))
+            setattr(c, attr, saved)
+        inv, inv_swa = m.inv_freq, m.inv_freq_swa
+        m.inv_freq_swa = inv
+        res.append(("local-rope-base-global", run()))
+        m.inv_freq_swa = inv_swa
+        m.inv_freq = inv * c.freq_scale ** -1
+        res.append(("no-linear-scaling", run()))
+        m.inv_freq = inv
+        for key in ("post_attention_norm.weight", "post_ffw_norm.weight"):
+            saved = {k: v for k, v in m.w.items() if k.endswith(key)}
             for k in saved:
                 del m.w[k]
             res.append(("no-" + key, run()))

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""reference.py — independent float64 torch forward pass for GGUF llama/qwen2/qwen3.
+"""reference.py — independent float64 torch forward pass for GGUF llama/qwen2/qwen3/gemma3.
 
 Written from the public model definitions (Llama / Qwen papers and the GGUF
 metadata conventions llama.cpp uses), not from kvsieve's C code; see
@@ -35,6 +35,20 @@ Architecture notes (verified against public llama.cpp sources):
     after RoPE (Llama 4's attention temperature tuning).
   * rope.scaling.type yarn (any arch): YaRN (Peng et al. 2023), the ramp and
     magnitude described in load_config's rope_tables.
+  * gemma3 (Gemma 3 technical report; HF Gemma3ForCausalLM): NEOX RoPE; the
+    embedding is multiplied by sqrt(n_embd); RMSNorm weights are stored with
+    Gemma's "+1" already added by the converter (so a plain RMSNorm); per-head
+    q/k RMSNorm before RoPE; post_attention_norm / post_ffw_norm on each
+    sub-block's output before the residual add; FFN gate through GELU (tanh
+    approximation).  Local (sliding-window) layers: with
+    gemma3.attention.sliding_window = W, layer l is local unless
+    l % pattern == pattern - 1 (attention.sliding_window_pattern, default 6);
+    a local query at position t sees keys at positions (t - W, t] and rotates
+    with rope.freq_base_swa (default 10000) without scaling, while global
+    layers use rope.freq_base with the file's linear scaling.  The attention
+    scale is 1/sqrt(head_dim) except for the 62-layer 27B
+    (1/sqrt(n_embd / n_head)); an optional final_logit_softcapping c gives
+    logits = c * tanh(logits / c).
 """
 import argparse
 import math
@@ -51,7 +65,7 @@ import gguf_reader as G  # noqa: E402
 DT = torch.float64
 
 NORM_ROPE_ARCHS = {"llama", "smollm3", "mistral3"}
-NEOX_ROPE_ARCHS = {"qwen2", "qwen3", "phi3"}
+NEOX_ROPE_ARCHS = {"qwen2", "qwen3", "phi3", "gemma3"}
 
 
 class Config:
@@ -100,7 +114,24 @@ def load_config(r):
     c.nope_every = 4 if arch == "smollm3" else 0
     c.temp_scale = float(k("attention.temperature_scale", 0.0)) if arch == "mistral3" else 0.0
     c.neox = arch in NEOX_ROPE_ARCHS
+    c.gemma = arch == "gemma3"
+    c.embd_scale = c.gemma  # x * sqrt(n_embd)
+    c.gelu = c.gemma        # GELU (tanh) gate instead of SiLU
+    c.n_swa = int(k("attention.sliding_window", 0)) if c.gemma else 0
+    c.swa_pattern = int(k("attention.sliding_window_pattern", 6))
+    c.freq_base_swa = float(k("rope.freq_base_swa", 10000.0))
+    c.softcap = float(k("final_logit_softcapping", 0.0)) if c.gemma else 0.0
+    c.attn_scale = 1.0 / math.sqrt(c.head_dim)
+    if c.gemma and c.n_layer == 62:
+        c.attn_scale = 1.0 / math.sqrt(c.n_embd // c.n_head)
     return c
+
+
+def is_local(c, l):
+    """Whether layer l is a sliding-window layer."""
+    if c.n_swa <= 0:
+        return False
+    return c.swa_pattern == 0 or l % c.swa_pattern < c.swa_pattern - 1
 
 
 class Model:
@@ -171,6 +202,8 @@ class Model:
         else:
             inv = theta * c.freq_scale
         self.inv_freq = inv
+        # local layers: their own base, neither scaled nor divided by rope_freqs
+        self.inv_freq_swa = c.freq_base_swa ** (-2.0 * i / c.n_rot)
 
     # -------------------------------------------------------------- ops --
     def linear(self, x, name, bias=None):
@@ -187,12 +220,15 @@ class Model:
         w = self.w[name]
         return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.c.eps) * w
 
-    def rope(self, x, pos):
+    def rope(self, x, pos, inv_freq=None):
         """x: [T, H, D]; rotate the first n_rot dims of each head."""
         c = self.c
-        ang = pos.to(DT)[:, None] * self.inv_freq[None, :]  # [T, n_rot/2]
-        cos = torch.cos(ang)[:, None, :] * self.mscale
-        sin = torch.sin(ang)[:, None, :] * self.mscale
+        local = inv_freq is not None  # local layers: their own base, no scaling, no attn_factor
+        inv = self.inv_freq if not local else inv_freq
+        ms = 1.0 if local else self.mscale
+        ang = pos.to(DT)[:, None] * inv[None, :]  # [T, n_rot/2]
+        cos = torch.cos(ang)[:, None, :] * ms
+        sin = torch.sin(ang)[:, None, :] * ms
         xr, xp = x[..., :c.n_rot], x[..., c.n_rot:]
         if c.neox:
             a, b = xr[..., :c.n_rot // 2], xr[..., c.n_rot // 2:]
@@ -213,7 +249,13 @@ class Model:
                   (T, c.n_ctx_train), file=sys.stderr)
         pos = torch.arange(T)
         x = self.w["token_embd.weight"][toks]
+        if c.embd_scale:
+            x = x * math.sqrt(c.n_embd)
         mask = torch.full((T, T), float("-inf"), dtype=DT).triu(1)
+        # local layers: key s is visible to query t iff t - W < s <= t
+        mask_swa = mask.clone()
+        if c.n_swa > 0:
+            mask_swa = mask_swa + torch.full((T, T), float("-inf"), dtype=DT).tril(-c.n_swa)
         group = c.n_head // c.n_head_kv
         for l in range(c.n_layer):
             p = "blk.%d." % l
@@ -225,9 +267,11 @@ class Model:
                 q = self.rmsnorm(q, p + "attn_q_norm.weight")
             if p + "attn_k_norm.weight" in self.w:
                 k = self.rmsnorm(k, p + "attn_k_norm.weight")
+            local = is_local(c, l)
+            inv = self.inv_freq_swa if local else None
             if not (c.nope_every and (l + 1) % c.nope_every == 0):  # smollm3's NoPE layers
-                q = self.rope(q, pos)
-                k = self.rope(k, pos)
+                q = self.rope(q, pos, inv)
+                k = self.rope(k, pos, inv)
             if c.temp_scale:  # mistral3: attention temperature, after RoPE, on q
                 t = torch.log(torch.floor(pos.to(DT) / c.orig_ctx) + 1.0) * c.temp_scale + 1.0
                 q = q * t[:, None, None]
@@ -236,16 +280,26 @@ class Model:
                 v = v.to(torch.float16).to(DT)
             kh = k.repeat_interleave(group, dim=1)  # query head j uses kv head j // group
             vh = v.repeat_interleave(group, dim=1)
-            s = torch.einsum("thd,shd->hts", q, kh) / math.sqrt(c.head_dim) + mask
+            s = torch.einsum("thd,shd->hts", q, kh) * c.attn_scale + (mask_swa if local else mask)
             a = torch.softmax(s, dim=-1)
             o = torch.einsum("hts,shd->thd", a, vh).reshape(T, c.n_head * c.head_dim_v)
-            x = x + self.linear(o, p + "attn_output.weight")
+            o = self.linear(o, p + "attn_output.weight")
+            if p + "post_attention_norm.weight" in self.w:  # gemma3
+                o = self.rmsnorm(o, p + "post_attention_norm.weight")
+            x = x + o
             h = self.rmsnorm(x, p + "ffn_norm.weight")
             g = self.linear(h, p + "ffn_gate.weight")
             u = self.linear(h, p + "ffn_up.weight")
-            x = x + self.linear(torch.nn.functional.silu(g) * u, p + "ffn_down.weight")
+            act = torch.nn.functional.gelu(g, approximate="tanh") if c.gelu else torch.nn.functional.silu(g)
+            f = self.linear(act * u, p + "ffn_down.weight")
+            if p + "post_ffw_norm.weight" in self.w:  # gemma3
+                f = self.rmsnorm(f, p + "post_ffw_norm.weight")
+            x = x + f
         x = self.rmsnorm(x, "output_norm.weight")
-        return self.linear(x, "output.weight")
+        logits = self.linear(x, "output.weight")
+        if c.softcap > 0:
+            logits = c.softcap * torch.tanh(logits / c.softcap)
+        return logits
 
     def greedy(self, prompt, n):
         """Greedy continuation: returns (ids, margins) where margins[i] is the

@@ -155,7 +155,9 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
         pages = plan->pages;
         for (int32_t i = 0; i < nseg; i++) s->segs[i].len = plan->len[i];
     } else {
-        nseg = ks_infer_segs_plan(all ? NULL : s->mask, n, c->params.page, s->segs, s->first, s->pages, &npages, &total);
+        /* a local layer never selects: its window, densely */
+        nseg = ks_infer_segs_plan_from(all ? NULL : s->mask, ks_infer_window_lo(c, j->il, n), n, c->params.page, s->segs,
+                                       s->first, s->pages, &npages, &total);
         if (plan) {
             plan->step = c->step_serial;
             plan->n = n;
@@ -301,6 +303,10 @@ ks_status ks_infer_attend_layer(ks_context *c, int il, int n, const int32_t *seq
      * that ends anywhere relies on (infer/prefix.c) */
     job.blocked = !c->decoding && seq[0] == seq[n - 1] && (c->kv_type == KS_KV_F16 || hd % 32 == 0) &&
                   hd % 16 == 0 && ks_simd_current() >= KS_SIMD_AVX2;
+    /* a local layer's rows each start their own window, which the blocked kernels (a causal
+     * bound per row only) do not take: every row goes through attend_one, at prefill and
+     * decode alike, so a row's bits never depend on the chunk it falls in */
+    if (c->model->layers[il].window > 0) job.blocked = false;
     atomic_init(&job.next, 0);
     if (next) /* one counter per task row group (a block of rows, or a row) */
         for (int g = 0; g < n; g++) atomic_init(&c->att_heads_done[g], 0);

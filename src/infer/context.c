@@ -98,6 +98,9 @@ void ks_context_destroy(ks_context *c) {
     ks_free(c->n_att);
     ks_free(c->att_heads_done);
     ks_free(c->seq_len);
+    ks_free(c->swa_hold);
+    ks_free(c->rope_cos_swa);
+    ks_free(c->rope_sin_swa);
     ks_free((char *)c->params.kv_offload_dir);
     ks_free_aligned(c->x);
     ks_free_aligned(c->xn);
@@ -200,6 +203,7 @@ static ks_status svc_read_keys(void *svc, int32_t seq, int32_t layer, int32_t he
 
 static ks_status svc_evict(void *svc, int32_t seq, int32_t layer, int32_t head, const uint8_t *keep) {
     ks_context *c = svc;
+    if (c->model->layers[layer].window > 0) return KS_OK; /* local layers keep their window, densely */
     return ks_kv_compact(c->kv, seq, layer, head, keep);
 }
 
@@ -303,6 +307,8 @@ static ks_status alloc_rows(ks_context *c) {
     size_t q_dim = (size_t)hp->n_head * hp->head_dim, kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
     size_t wide = (size_t)hp->n_embd > q_dim ? (size_t)hp->n_embd : q_dim;
     c->seq_len = ks_calloc((size_t)c->n_seq, sizeof(int32_t));
+    c->swa_hold = ks_calloc((size_t)c->n_seq, 1);
+    if (!c->swa_hold) return KS_FAIL(KS_ERR_NOMEM, "sliding-window flags of %d sequences", c->n_seq);
     c->entropy = ks_malloc(sizeof(float) * (size_t)c->n_seq);
     c->varentropy = ks_malloc(sizeof(float) * (size_t)c->n_seq);
     if (!c->seq_len || !c->entropy || !c->varentropy) return KS_FAIL(KS_ERR_NOMEM, "state of %d sequences", c->n_seq);
@@ -323,6 +329,11 @@ static ks_status alloc_rows(ks_context *c) {
     if (!c->rope_inv_freq) return KS_FAIL(KS_ERR_NOMEM, "RoPE frequencies");
     KS_TRY(ks_model_rope_freqs(m, c->n_ctx, c->rope_inv_freq, &c->rope_mscale));
     c->rope_sin = ks_malloc(sizeof(float) * rows * (hp->n_rot / 2));
+    if (hp->rope_base_swa > 0) {
+        c->rope_cos_swa = ks_malloc(sizeof(float) * rows * (hp->n_rot / 2));
+        c->rope_sin_swa = ks_malloc(sizeof(float) * rows * (hp->n_rot / 2));
+        if (!c->rope_cos_swa || !c->rope_sin_swa) return KS_FAIL(KS_ERR_NOMEM, "local RoPE angles of %zu rows", rows);
+    }
     c->step_i32 = ks_malloc(sizeof(int32_t) * 5 * rows);
     c->step_f32 = ks_malloc(sizeof(float) * 4 * rows);
     c->step_want = ks_malloc(sizeof(bool) * rows);
@@ -464,7 +475,27 @@ ks_policy *ks_infer_policy_of(const ks_context *c, int32_t seq) { return c->pols
 const ks_infer_pol *ks_infer_pol_of(const ks_context *c, int32_t seq) { return &c->pols[c->seq_pol[seq]]; }
 bool ks_infer_seq_sparse(const ks_context *c, int32_t seq, int32_t il) {
     const ks_infer_pol *e = &c->pols[c->seq_pol[seq]];
-    return e->selects && il >= e->dense_from;
+    return e->selects && il >= e->dense_from && c->model->layers[il].window == 0;
+}
+
+int32_t ks_infer_window_lo(const ks_context *c, int32_t il, int32_t n) {
+    int32_t w = c->model->layers[il].window;
+    return w > 0 && n > w ? n - w : 0;
+}
+
+ks_status ks_infer_swa_trim(ks_context *c, int32_t seq) {
+    const ks_hparams *hp = &c->model->hp;
+    if (hp->n_swa <= 0 || c->swa_hold[seq]) return KS_OK;
+    int32_t P = c->params.page;
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        int32_t w = c->model->layers[il].window;
+        if (w <= 0) continue;
+        for (int32_t h = 0; h < hp->n_head_kv; h++) {
+            int32_t n = ks_kv_n_entries(c->kv, seq, il, h);
+            if (n - w >= P) KS_TRY(ks_kv_drop_front(c->kv, seq, il, h, (n - w) / P));
+        }
+    }
+    return KS_OK;
 }
 
 ks_policy_config ks_policy_config_default(void) {
@@ -637,6 +668,7 @@ void ks_seq_reset(ks_context *c, int32_t seq) {
     ks_kv_seq_clear(c->kv, seq);
     ks_policy_seq_reset(ks_infer_policy_of(c, seq), seq);
     c->seq_len[seq] = 0;
+    c->swa_hold[seq] = 0;
     c->entropy[seq] = c->varentropy[seq] = NAN;
 }
 int32_t ks_seq_len(const ks_context *c, int32_t seq) {

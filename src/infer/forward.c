@@ -28,7 +28,7 @@
  * arithmetic is the serial loop's, element for element, so the bits do not
  * depend on the thread count and decode still equals prefill.  Small calls
  * (a decode step) stay on the caller: a dispatch costs more than the work. */
-typedef enum { ROWS_NORM, ROWS_SWIGLU, ROWS_ADD } rows_op;
+typedef enum { ROWS_NORM, ROWS_SWIGLU, ROWS_GEGLU, ROWS_ADD } rows_op;
 
 typedef struct rows_job {
     rows_op op;
@@ -52,6 +52,12 @@ static void rows_range(const rows_job *j, int r0, int r1) {
             for (size_t i = 0; i < W; i++) {
                 float g = o[i];
                 o[i] = g / (1.0f + expf(-g)) * x[i];
+            }
+            break;
+        case ROWS_GEGLU: /* gemma: GELU, tanh approximation */
+            for (size_t i = 0; i < W; i++) {
+                float g = o[i];
+                o[i] = 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g))) * x[i];
             }
             break;
         case ROWS_ADD:
@@ -131,7 +137,10 @@ static ks_status qkv_rows(ks_context *c, const ks_layer *L, int il, int n, const
         if (L->bq) for (size_t i = 0; i < q_dim; i++) q[i] += L->bq[i];
         if (L->bk) for (size_t i = 0; i < kv_dim; i++) k[i] += L->bk[i];
         if (L->bv) for (size_t i = 0; i < kv_dim; i++) v[i] += L->bv[i];
-        const float *cs = c->rope_cos + (size_t)r * half, *sn = c->rope_sin + (size_t)r * half;
+        /* a local layer rotates with its own base when the model has one (gemma3) */
+        bool local_rope = L->window > 0 && c->rope_cos_swa;
+        const float *cs = (local_rope ? c->rope_cos_swa : c->rope_cos) + (size_t)r * half;
+        const float *sn = (local_rope ? c->rope_sin_swa : c->rope_sin) + (size_t)r * half;
         for (int h = 0; h < nh; h++) {
             if (L->q_norm) ks_rmsnorm(q + (size_t)h * hd, q + (size_t)h * hd, L->q_norm, hd, hp->rms_eps);
             if (rope) ks_rope_apply(q + (size_t)h * hd, hp->n_rot, hp->rope_neox, cs, sn);
@@ -140,6 +149,8 @@ static ks_status qkv_rows(ks_context *c, const ks_layer *L, int il, int n, const
             float t = (float)(log(floor((double)pos[r] / hp->attn_temp_floor) + 1.0) * hp->attn_temp_scale + 1.0);
             for (size_t i = 0; i < q_dim; i++) q[i] *= t;
         }
+        if (hp->attn_q_scale != 0)
+            for (size_t i = 0; i < q_dim; i++) q[i] *= hp->attn_q_scale;
         if (obs_slot && obs_slot[r] >= 0)
             memcpy(c->obs_q + ((size_t)il * c->obs_cap + obs_slot[r]) * q_dim, q, sizeof(float) * q_dim);
         for (int h = 0; h < nkv; h++) {
@@ -147,21 +158,25 @@ static ks_status qkv_rows(ks_context *c, const ks_layer *L, int il, int n, const
             if (rope) ks_rope_apply(k + (size_t)h * hd, hp->n_rot, hp->rope_neox, cs, sn);
             KS_TRY(ks_kv_append(c->kv, seq[r], il, h, pos[r], k + (size_t)h * hd, v + (size_t)h * hd));
             c->n_att[(size_t)r * nkv + h] = ks_kv_n_entries(c->kv, seq[r], il, h);
-            if (c->decoding) ks_policy_on_append(ks_infer_policy_of(c, seq[r]), seq[r], il, h, pos[r], k + (size_t)h * hd);
+            /* policies select on global layers only: local ones are not theirs to track */
+            if (c->decoding && L->window == 0)
+                ks_policy_on_append(ks_infer_policy_of(c, seq[r]), seq[r], il, h, pos[r], k + (size_t)h * hd);
         }
     }
     return KS_OK;
 }
 
-/* x += W_down (silu(W_gate xn) * W_up xn), xn = RMSNorm(x). */
+/* x += W_down (silu(W_gate xn) * W_up xn), xn = RMSNorm(x); gemma: GELU for
+ * SiLU, and the product normed (ffn_post_norm) before the add. */
 static void mlp_rows(ks_context *c, const ks_layer *L, int n) {
     const ks_hparams *hp = &c->model->hp;
     int D = hp->n_embd;
     rows_run_into(c, ROWS_NORM, n, D, c->xn, c->x, L->ffn_norm, hp->rms_eps, &L->w_gate);
     matmul_w(c, &L->w_gate, c->xn, n, c->gate, true);
     matmul_w(c, &L->w_up, c->xn, n, c->up, same_partner(&L->w_gate, &L->w_up));
-    rows_run_into(c, ROWS_SWIGLU, n, hp->n_ff, c->gate, c->up, NULL, 0, &L->w_down);
+    rows_run_into(c, hp->ffn_gelu ? ROWS_GEGLU : ROWS_SWIGLU, n, hp->n_ff, c->gate, c->up, NULL, 0, &L->w_down);
     matmul_w(c, &L->w_down, c->gate, n, c->xn, true);
+    if (L->ffn_post_norm) rows_run(c, ROWS_NORM, n, D, c->xn, c->xn, L->ffn_post_norm, hp->rms_eps);
     rows_run(c, ROWS_ADD, n, D, c->x, c->xn, NULL, 0);
 }
 
@@ -214,6 +229,13 @@ ks_status ks_infer_forward_rows(ks_context *c, int n, const int32_t *seq, const 
                           c->x + (size_t)r * D, D);
         ks_rope_angles_inv(c->rope_cos + (size_t)r * half, c->rope_sin + (size_t)r * half, pos[r], hp->n_rot,
                            c->rope_inv_freq, c->rope_mscale);
+        if (hp->embd_scale) { /* gemma: the embedding times sqrt(n_embd) */
+            float *x = c->x + (size_t)r * D, sc = sqrtf((float)D);
+            for (int i = 0; i < D; i++) x[i] *= sc;
+        }
+        if (c->rope_cos_swa) /* local layers: their own base, unscaled */
+            ks_rope_angles(c->rope_cos_swa + (size_t)r * half, c->rope_sin_swa + (size_t)r * half, pos[r], hp->n_rot,
+                           hp->rope_base_swa, NULL);
     }
     for (int il = 0; il < hp->n_layer; il++) {
         const ks_layer *L = &m->layers[il];
@@ -225,6 +247,7 @@ ks_status ks_infer_forward_rows(ks_context *c, int n, const int32_t *seq, const 
         KS_TRY(ks_infer_attend_layer(c, il, n, seq, pos, c->decoding, &L->wo));
         c->stats.attention_seconds += ks_time_sec() - t_att;
         matmul_w(c, &L->wo, c->att, n, c->xn, true);
+        if (L->attn_post_norm) rows_run(c, ROWS_NORM, n, D, c->xn, c->xn, L->attn_post_norm, hp->rms_eps);
         rows_run(c, ROWS_ADD, n, D, c->x, c->xn, NULL, 0);
         mlp_rows(c, L, n);
     }
@@ -232,10 +255,17 @@ ks_status ks_infer_forward_rows(ks_context *c, int n, const int32_t *seq, const 
     for (int r = 0; c->n_aux && r < n; r++)
         ks_policy_on_hidden(ks_infer_policy_of(c, seq[r]), seq[r], pos[r], tok[r], c->aux_h + (size_t)r * c->n_aux * D);
     take_counters(c, n, seq);
+    /* a decode step is where a local layer's oldest pages leave (a prefill
+     * trims between its chunks, step.c) */
+    for (int r = 0; c->decoding && hp->n_swa > 0 && r < n; r++)
+        if (r == 0 || seq[r] != seq[r - 1]) KS_TRY(ks_infer_swa_trim(c, seq[r]));
     if (!want || !logits_out) return KS_OK;
     int n_want = 0;
     for (int r = 0; r < n; r++)
         if (want[r]) ks_rmsnorm(c->xn + (size_t)(n_want++) * D, c->x + (size_t)r * D, m->output_norm, D, hp->rms_eps);
     if (n_want) matmul_w(c, &m->output, c->xn, n_want, logits_out, false);
+    if (hp->logit_softcap > 0)
+        for (size_t i = 0; i < (size_t)n_want * hp->n_vocab; i++)
+            logits_out[i] = hp->logit_softcap * tanhf(logits_out[i] / hp->logit_softcap);
     return KS_OK;
 }

@@ -136,6 +136,10 @@ struct ks_context {
      * scaling, and LongRoPE's short or long factors by n_ctx) */
     double *rope_inv_freq;   /* [n_rot/2] */
     float rope_mscale;       /* cos/sin magnitude */
+    /* sliding-window (local) layers, when the model has them (ks_layer.window) */
+    float *rope_cos_swa, *rope_sin_swa; /* [max_rows][n_rot/2] angles of the local layers' RoPE base, or NULL */
+    uint8_t *swa_hold;       /* [n_seq] 1: keep every entry of the sequence's local layers (a prefix cache
+                              * reads or wrote its blocks, which hold every layer's whole pages) */
 };
 
 /* Attention of G query heads (q [G][hd]) over one KV head's rows K, V

@@ -85,6 +85,18 @@ ks_status ks_infer_select(ks_context *c, ks_attn_scratch *s, ks_select_req *req,
  * number of runs; *total receives the entries. */
 int32_t ks_infer_segs_plan(const uint64_t *mask, int32_t n, int32_t P, ks_kv_seg *segs, int32_t *first,
                            int32_t *pages, int32_t *npages, int32_t *total);
+/* The same over the entries [lo, n) only (a local layer's window). */
+int32_t ks_infer_segs_plan_from(const uint64_t *mask, int32_t lo, int32_t n, int32_t P, ks_kv_seg *segs,
+                                int32_t *first, int32_t *pages, int32_t *npages, int32_t *total);
+
+/* A local layer's window (sliding-window attention, ks_layer.window): the
+ * first entry a row holding n entries attends.  Local layers keep their
+ * entries in position order with nothing evicted, so the window
+ * (pos - window, pos] is the last `window` entries.  0 for a global layer. */
+int32_t ks_infer_window_lo(const ks_context *c, int32_t il, int32_t n);
+/* Drop the whole pages of seq's local layers that no later query can see
+ * (every head keeps at least the window), unless swa_hold[seq]. */
+ks_status ks_infer_swa_trim(ks_context *c, int32_t seq);
 
 /* Point each run at its K and V rows: in place (a fast layer, or a slow one
  * whose pages sit in slots), or, with gather, reading page pages[i] into

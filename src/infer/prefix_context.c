@@ -204,6 +204,9 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
         return st;
     }
     c->seq_len[seq] = hit;
+    /* local layers hold every restored row: the rest of the prompt reads their
+     * window, and later captures read whole blocks of every layer (ks_infer_swa_trim) */
+    c->swa_hold[seq] = 1;
     pthread_mutex_lock(&pc->mu);
     pc->st.hit_tokens += (uint64_t)hit;
     pc->st.miss_tokens += (uint64_t)(n - hit);

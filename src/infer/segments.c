@@ -60,8 +60,13 @@ ks_status ks_infer_select(ks_context *c, ks_attn_scratch *s, ks_select_req *req,
 
 int32_t ks_infer_segs_plan(const uint64_t *mask, int32_t n, int32_t P, ks_kv_seg *segs, int32_t *first,
                            int32_t *pages, int32_t *npages, int32_t *total) {
+    return ks_infer_segs_plan_from(mask, 0, n, P, segs, first, pages, npages, total);
+}
+
+int32_t ks_infer_segs_plan_from(const uint64_t *mask, int32_t lo, int32_t n, int32_t P, ks_kv_seg *segs,
+                                int32_t *first, int32_t *pages, int32_t *npages, int32_t *total) {
     int32_t nseg = 0, np = 0, tot = 0, shift = (P & (P - 1)) == 0 ? __builtin_ctz((unsigned)P) : -1;
-    for (int32_t a = mask ? mask_next(mask, 0, n, true) : 0; a < n;) {
+    for (int32_t a = mask ? mask_next(mask, lo, n, true) : lo; a < n;) {
         int32_t b = mask ? mask_next(mask, a, n, false) : n;
         for (int32_t t = a; t < b;) {
             int32_t lp = shift >= 0 ? t >> shift : t / P, e = (lp + 1) * P < b ? (lp + 1) * P : b;

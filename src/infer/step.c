@@ -173,6 +173,10 @@ static ks_status prefill_impl(ks_context *c, int32_t seq, const int32_t *tokens,
         float *dst = all_logits ? all_logits + (size_t)off * V : last;
         st = ks_infer_forward_rows(c, m, sq, ps, tokens + off, want, dst, n_obs > 0 ? obs : NULL);
         if (st == KS_OK) c->seq_len[seq] += m;
+        /* the pages of local layers the next chunk no longer sees; kept whole
+         * while a prefix cache takes or gave this prompt's blocks */
+        if (st == KS_OK && pc) c->swa_hold[seq] = 1;
+        if (st == KS_OK) st = ks_infer_swa_trim(c, seq);
     }
     if (st == KS_OK && all_logits && last) memcpy(last, all_logits + (size_t)(n - 1) * V, V * sizeof(float));
     /* every piece's whole blocks are final once computed (pieces are only
@@ -341,7 +345,8 @@ static void fill_worker(void *arg, int ith, int nth) {
     int hd = hp->head_dim;
     /* whole layers per worker: appends to one layer must stay serial */
     for (int il = ith; il < hp->n_layer; il += nth)
-        for (int32_t p = 0; p < j->n; p++)
+        /* a local layer holds only its window: the last `window` positions */
+        for (int32_t p = c->swa_hold[j->seq] ? 0 : ks_infer_window_lo(c, il, j->n); p < j->n; p++)
             for (int h = 0; h < hp->n_head_kv; h++) {
                 size_t u = ((size_t)il * hp->n_head_kv + h) * 2;
                 size_t ko = ((size_t)p * 7919 + u * 104729) % (j->n_noise - (size_t)hd);

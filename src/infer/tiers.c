@@ -71,6 +71,8 @@ ks_status ks_infer_plan_init(ks_context *c) {
                                   .dlm_cache = ks_policy_own_kcache(c->policy),
                                   .alpha = per_tok_scratch / (2.0 * elem * c->n_seq * hp->n_head_kv * hp->head_dim),
                                   .mem_cap = p->mem_cap};
+    for (int32_t il = 0; il < hp->n_layer; il++) c->plan.n_local += c->model->layers[il].window > 0;
+    c->plan.window = hp->n_swa;
     c->plan_thr = ks_malloc(sizeof(int64_t) * (size_t)(hp->n_layer + 1));
     if (!c->plan_thr) return KS_FAIL(KS_ERR_NOMEM, "plan thresholds of %d layers", hp->n_layer);
     KS_TRY(ks_memplan_thresholds(&c->plan, c->plan_thr));
@@ -80,7 +82,7 @@ ks_status ks_infer_plan_init(ks_context *c) {
                        budget);
     KS_LOG(INFO, "memory plan: cap %.2f GB, weights %.2f GB (+%.3f GB policy), alpha %.3f; all layers fast up to S=%lld, "
            "all offloaded up to S=%lld", p->mem_cap / 1e9, c->plan.model_bytes / 1e9, c->plan.dlm_bytes / 1e9,
-           c->plan.alpha, (long long)c->plan_thr[0], (long long)c->plan_thr[hp->n_layer]);
+           c->plan.alpha, (long long)c->plan_thr[0], (long long)c->plan_thr[hp->n_layer - c->plan.n_local]);
     return KS_OK;
 }
 
@@ -94,6 +96,8 @@ void ks_context_memplan(const ks_context *c, ks_memplan_info *out) {
     out->overhead = c->plan.overhead;
     out->mem_cap = c->plan.mem_cap;
     out->n_layer = c->plan.n_layer;
+    out->n_local = c->plan.n_local;
+    out->window = c->plan.window;
     out->requests = c->plan.requests;
     out->budget = c->plan.budget;
     for (int32_t k = 0; k <= c->plan.n_layer && k < 257; k++) out->thresholds[k] = c->plan_thr[k];
@@ -134,7 +138,7 @@ ks_status ks_context_mem_fits(const ks_context *c, const ks_mem_query *q, ks_mem
     f.tokens = st.tokens_fast;
     f.active_seqs = st.active;
     if (c->plan_thr) {
-        int32_t L = c->plan.n_layer, k = ks_memplan_offloaded_for(&c->plan, &st);
+        int32_t L = c->plan.n_layer - c->plan.n_local, k = ks_memplan_offloaded_for(&c->plan, &st); /* global layers */
         f.active = true;
         f.fits = k <= L;
         f.offloaded = k;
@@ -149,14 +153,17 @@ ks_status ks_infer_plan_apply(ks_context *c, int64_t extra_tokens, int32_t extra
     if (!c->plan_thr) return KS_OK;
     ks_mem_query q = {.extra_tokens = extra_tokens, .extra_seqs = extra_seqs, .longest = longest};
     ks_memplan_state st = plan_state(c, &q);
-    int32_t L = c->model->hp.n_layer, want = ks_memplan_offloaded_for(&c->plan, &st);
+    /* offloadable: the global layers (local ones hold only their window and stay fast) */
+    int32_t L = c->model->hp.n_layer - c->plan.n_local, want = ks_memplan_offloaded_for(&c->plan, &st);
     if (want > L) {
         KS_LOG(WARN, "memory plan: %lld tokens in %d sequences (longest %lld) exceed the fast tier even with every "
                "layer offloaded", (long long)st.tokens_fast, st.active, (long long)st.longest);
         want = L;
     }
     while (c->n_offloaded < want) {
-        int32_t layer = L - 1 - c->n_offloaded;
+        int32_t layer = c->model->hp.n_layer - 1;
+        for (int32_t g = -1; layer >= 0; layer--) /* the (n_offloaded + 1)-th global layer from the end */
+            if (c->model->layers[layer].window == 0 && ++g == c->n_offloaded) break;
         if (ks_kv_layer_tier(c->kv, layer) == KS_TIER_FAST) KS_TRY(ks_kv_set_layer_tier(c->kv, layer, KS_TIER_SLOW));
         c->n_offloaded++;
         c->stats.kv_offload_events++;

@@ -589,6 +589,31 @@ done:
     return st;
 }
 
+ks_status ks_kv_drop_front(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t n_pages) {
+    KS_ASSERT(seq >= 0 && seq < kv->p.n_seq && layer >= 0 && layer < kv->p.n_layer && head >= 0 && head < kv->nh);
+    size_t hi = kv_hidx(kv, seq, layer, head);
+    int32_t n = kv->n_ent[hi], P = kv->P, np = (n + P - 1) / P;
+    KS_ASSERT(n_pages >= 0 && (int64_t)n_pages * P <= n);
+    if (n_pages == 0) return KS_OK;
+    kv_layer *L = &kv->layers[layer];
+    KS_TRY(ks_copy_wait(&L->ev, &kv->wait_seconds)); /* no load may land in a page that leaves */
+    int32_t *tab = kv_table_of(kv, seq, layer, head);
+    /* whole pages leave the table; the rest shift down with their rows,
+     * positions and summaries untouched (metadata follows the physical id) */
+    for (int32_t lp = 0; lp < n_pages; lp++) page_unref(kv, L, tab[lp]);
+    memmove(tab, tab + n_pages, sizeof(int32_t) * (size_t)(np - n_pages));
+    kv->n_ent[hi] = n - n_pages * P;
+    return KS_OK;
+}
+
+int32_t ks_kv_layer_pages_in_use(const ks_kv_store *kv, int32_t layer) {
+    KS_ASSERT(layer >= 0 && layer < kv->p.n_layer);
+    const kv_layer *L = &kv->layers[layer];
+    int32_t used = 0;
+    for (int32_t i = 0; i < kv->n_phys; i++) used += L->in_use[i] != 0;
+    return used;
+}
+
 /* ---------------------------------------------------------- metadata -- */
 void ks_kv_page_meta_get(const ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t lp,
                          ks_kv_page_meta *out) {

@@ -110,6 +110,15 @@ ks_status ks_kv_compact(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t hea
 
 /* Drop every entry after the first n_keep of (seq, layer, head). */
 ks_status ks_kv_truncate(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t n_keep);
+/* Drop the first n_pages whole pages of (seq, layer, head) (n_pages * P <=
+ * entries): they return to the pool (or stay with their other holders) and
+ * the remaining entries become entries 0.., nothing copied.  This is how a
+ * sliding-window layer keeps only its window: the caller (infer) knows the
+ * window, the store only recycles pages, so a local layer's pages in use
+ * stay bounded by about window / P per head whatever the length. */
+ks_status ks_kv_drop_front(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head, int32_t n_pages);
+/* Physical pages of a layer's pool in use (held by a table or a pin): tests. */
+int32_t ks_kv_layer_pages_in_use(const ks_kv_store *kv, int32_t layer);
 
 /* ---------------------------------------------------- shared pages -- */
 /* A full page is immutable, so several holders may share it: page tables

@@ -32,9 +32,15 @@ typedef struct ks_memplan_params {
     bool dlm_cache;         /* count the retrieval head's K cache (the "+1") */
     double alpha;           /* runtime memory growing with S, in layers of KV */
     double mem_cap;         /* fast-tier capacity in bytes */
+    /* Sliding-window layers (gemma3's local layers): n_local of the n_layer
+     * keep min(S, window) entries per head whatever the length, stay fast
+     * and are never offloaded.  With n_local > 0, every l_fast below and
+     * every k of the thresholds counts global layers only (k <= n_layer -
+     * n_local; thr[k] = -1 beyond).  0: every layer is global. */
+    int32_t n_local, window;
 } ks_memplan_params;
 
-/* Predicted fast-tier bytes with l_fast layers resident at sequence length S. */
+/* Predicted fast-tier bytes with l_fast (global) layers resident at sequence length S. */
 double ks_memplan_bytes(const ks_memplan_params *p, int32_t l_fast, int64_t S);
 
 /* Algorithm 1.  thr[k] (k = 0..n_layer) is the largest S at which n_layer - k

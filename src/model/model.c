@@ -258,6 +258,8 @@ void ks_model_destroy(ks_model *m) {
         ks_free(L->q_norm);
         ks_free(L->k_norm);
         ks_free(L->ffn_norm);
+        ks_free(L->attn_post_norm);
+        ks_free(L->ffn_post_norm);
     }
     ks_free(m->layers);
     ks_free(m->output_norm);
@@ -396,8 +398,9 @@ ks_status ks_model_describe(const ks_model *m, char *buf, size_t cap) {
         return n < cap ? KS_OK : KS_FAIL(KS_ERR_INVALID_ARG, "buffer too small");
     }
     OUT("architecture:  %s (RoPE %s%s%s%s)\n", hp->arch_name, hp->rope_neox ? "neox" : "normal",
-        m->rope_freq_factors ? ", llama3 frequency factors" : "", m->output_tied ? ", tied output" : "",
-        hp->arch == KS_ARCH_QWEN3 ? ", q/k norm" : m->layers[0].bq ? ", qkv bias" : "");
+        m->rope_freq_factors ? ", llama3 frequency factors" : "",
+        m->output_tied ? ", tied output" : "",
+        m->layers[0].q_norm ? ", q/k norm" : m->layers[0].bq ? ", qkv bias" : "");
     const char *attn = hp->n_head_kv == hp->n_head ? "MHA" : hp->n_head_kv == 1 ? "MQA" : "GQA";
     OUT("shape:         n_embd %d, n_layer %d, n_ff %d, heads %d/%d kv (%s, group %d), head_dim %d, n_rot %d\n",
         hp->n_embd, hp->n_layer, hp->n_ff, hp->n_head, hp->n_head_kv, attn, hp->n_head / hp->n_head_kv,
@@ -420,6 +423,12 @@ ks_status ks_model_describe(const ks_model *m, char *buf, size_t cap) {
     if (hp->rope_skip_every > 0) OUT(", no RoPE on every %d-th layer", hp->rope_skip_every);
     if (hp->attn_temp_scale > 0) OUT(", attention temperature %g per %d positions", hp->attn_temp_scale, hp->attn_temp_floor);
     OUT("\n");
+    int32_t n_local = 0;
+    for (int il = 0; il < hp->n_layer; il++) n_local += m->layers[il].window > 0;
+    if (n_local)
+        OUT("layers:        %d local (sliding window %d, rope base %g), %d global (rope base %g%s)\n", n_local,
+            hp->n_swa, hp->rope_base_swa, hp->n_layer - n_local, hp->rope_base,
+            hp->rope_scaling.type == KS_ROPE_SCALING_LINEAR ? ", linear scaling" : "");
     /* type histogram over the tensors */
     int64_t count[KS_DTYPE_MAX_] = {0};
     size_t bytes[KS_DTYPE_MAX_] = {0};
@@ -433,9 +442,15 @@ ks_status ks_model_describe(const ks_model *m, char *buf, size_t cap) {
         if (count[t]) OUT(" %s x%lld (%.1f MiB)", ks_dtype_name((ks_dtype)t), (long long)count[t], bytes[t] / 1048576.0);
     OUT("\n");
     OUT("parameters:    %.3f M (%.1f MiB of weights)\n", m->n_params / 1e6, m->weight_bytes / 1048576.0);
-    double kv_tok = 2.0 * hp->n_layer * hp->n_head_kv * hp->head_dim * 2; /* K+V, f16 */
+    double kv_layer_tok = 2.0 * hp->n_head_kv * hp->head_dim * 2; /* K+V, f16, one layer */
+    double kv_tok = kv_layer_tok * (hp->n_layer - n_local);           /* global layers grow with the context */
+    double kv_local = kv_layer_tok * n_local * (hp->n_ctx_train < hp->n_swa ? hp->n_ctx_train : hp->n_swa);
     OUT("memory:        KV f16 %.1f KiB/token; at %d tokens %.1f MiB KV + %.1f MiB weights\n", kv_tok / 1024,
-        hp->n_ctx_train, kv_tok * hp->n_ctx_train / 1048576.0, m->weight_bytes / 1048576.0);
+        hp->n_ctx_train, (kv_tok * hp->n_ctx_train + kv_local) / 1048576.0, m->weight_bytes / 1048576.0);
+    if (n_local)
+        OUT("KV by layer:   global %d x %.1f MiB at %d tokens; local %d x %.1f MiB (window %d, any length)\n",
+            hp->n_layer - n_local, kv_layer_tok * hp->n_ctx_train / 1048576.0, hp->n_ctx_train, n_local,
+            kv_layer_tok * (hp->n_ctx_train < hp->n_swa ? hp->n_ctx_train : hp->n_swa) / 1048576.0, hp->n_swa);
     /* a step streams every matrix once; of the embedding table only one row,
      * unless it doubles as the (tied) output matrix */
     size_t step_bytes = m->weight_bytes - (m->output_tied ? 0 : ks_weight_bytes(&m->tok_embd));

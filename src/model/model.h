@@ -15,7 +15,7 @@
 #include "tensor/ops.h"
 #include "tokenizer/tokenizer.h"
 
-typedef enum ks_arch { KS_ARCH_LLAMA, KS_ARCH_QWEN2, KS_ARCH_QWEN3, KS_ARCH_NONE } ks_arch;
+typedef enum ks_arch { KS_ARCH_LLAMA, KS_ARCH_QWEN2, KS_ARCH_QWEN3, KS_ARCH_GEMMA3, KS_ARCH_NONE } ks_arch;
 
 typedef struct ks_layer {
     float *attn_norm;         /* [n_embd] */
@@ -28,6 +28,12 @@ typedef struct ks_layer {
     float *ffn_norm;          /* [n_embd] */
     ks_weight w_gate, w_up;   /* [n_ff][n_embd] */
     ks_weight w_down;         /* [n_embd][n_ff] */
+    /* gemma3: RMSNorms of the attention output and of the FFN output, before
+     * each joins the residual stream; NULL elsewhere */
+    float *attn_post_norm, *ffn_post_norm; /* [n_embd] or NULL */
+    /* sliding window of a local layer: a query at position p sees the keys
+     * at positions (p - window, p]; 0: a global layer (sees every key) */
+    int32_t window;
 } ks_layer;
 
 typedef struct ks_hparams {
@@ -44,6 +50,14 @@ typedef struct ks_hparams {
     int32_t rope_skip_every;  /* > 0: layers il with (il + 1) % rope_skip_every == 0 apply no RoPE (smollm3: 4) */
     float attn_temp_scale;    /* > 0: q *= 1 + attn_temp_scale * ln(floor(pos / attn_temp_floor) + 1) (mistral3) */
     int32_t attn_temp_floor;  /* positions per temperature step (the original context) */
+    /* ---- features beyond the llama block (gemma3); zero: absent ---- */
+    int32_t n_swa;            /* sliding window of the local layers (ks_layer.window), 0: no local layers */
+    float rope_base_swa;      /* RoPE base of the local layers (unscaled); 0: they use rope_base */
+    float attn_q_scale;       /* multiplies Q after RoPE so that the logits scale by attn_scale instead of
+                               * 1/sqrt(head_dim) (gemma3 27B); 0: the usual 1/sqrt(head_dim) */
+    float logit_softcap;      /* logits = cap * tanh(logits / cap); 0: none */
+    bool embd_scale;          /* input embeddings times sqrt(n_embd) */
+    bool ffn_gelu;            /* FFN gate through GELU (tanh approximation) instead of SiLU */
 } ks_hparams;
 
 struct ks_model {

@@ -29,7 +29,8 @@ void ks_model_get_info(const ks_model *m, ks_model_info *out) {
     *out = (ks_model_info){.arch_name = hp->arch_name, .n_layer = hp->n_layer, .n_head = hp->n_head,
                            .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .n_embd = hp->n_embd,
                            .n_vocab = hp->n_vocab, .n_ctx_train = hp->n_ctx_train,
-                           .weight_bytes = (double)m->weight_bytes};
+                           .weight_bytes = (double)m->weight_bytes, .n_swa = hp->n_swa};
+    for (int il = 0; il < hp->n_layer; il++) out->n_local += m->layers[il].window > 0;
 }
 
 /* ------------------------------------------------------------------ info -- */

@@ -43,19 +43,19 @@
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 /*  name            arch    embd layer head kv  hdim  n_ff   theta    eps   ctx    tied  bias  qkn   l3   fac lo  hi  orig */
 static const ks_model_shape g_shapes[] = {
-    {"llama-3.2-1b",  "llama", 2048, 16, 32,  8,  64,     8192, 500000.f, 1e-5f, 131072, true,  false, false, true, 32.f, 1.f, 4.f, 8192},
-    {"llama-3.2-3b",  "llama", 3072, 28, 24,  8, 128,     8192, 500000.f, 1e-5f, 131072, true,  false, false, true, 32.f, 1.f, 4.f, 8192},
-    {"llama-3.1-8b",  "llama", 4096, 32, 32,  8, 128,    14336, 500000.f, 1e-5f, 131072, false, false, false, true,  8.f, 1.f, 4.f, 8192},
-    {"qwen3-8b",      "qwen3", 4096, 36, 32,  8, 128,    12288, 1000000.f, 1e-6f, 40960, false, false, true,  false, 0, 0, 0, 0},
-    {"qwen3-0.6b",    "qwen3", 1024, 28, 16,  8, 128,     3072, 1000000.f, 1e-6f, 40960, true,  false, true,  false, 0, 0, 0, 0},
-    {"qwen2.5-7b",    "qwen2", 3584, 28, 28,  4, 128,    18944, 1000000.f, 1e-6f, 32768, false, true,  false, false, 0, 0, 0, 0},
+    {"llama-3.2-1b",  "llama", 2048, 16, 32,  8,  64,     8192, 500000.f, 1e-5f, 131072, true,  false, false, true, 32.f, 1.f, 4.f, 8192, 0, 0, 0},
+    {"llama-3.2-3b",  "llama", 3072, 28, 24,  8, 128,     8192, 500000.f, 1e-5f, 131072, true,  false, false, true, 32.f, 1.f, 4.f, 8192, 0, 0, 0},
+    {"llama-3.1-8b",  "llama", 4096, 32, 32,  8, 128,    14336, 500000.f, 1e-5f, 131072, false, false, false, true,  8.f, 1.f, 4.f, 8192, 0, 0, 0},
+    {"qwen3-8b",      "qwen3", 4096, 36, 32,  8, 128,    12288, 1000000.f, 1e-6f, 40960, false, false, true,  false, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-0.6b",    "qwen3", 1024, 28, 16,  8, 128,     3072, 1000000.f, 1e-6f, 40960, true,  false, true,  false, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen2.5-7b",    "qwen2", 3584, 28, 28,  4, 128,    18944, 1000000.f, 1e-6f, 32768, false, true,  false, false, 0, 0, 0, 0, 0, 0, 0},
     /* Mistral 7B v0.3 (v0.1 differs only in theta 10000 and a 32000 vocab) */
-    {"mistral-7b",    "llama", 4096, 32, 32,  8, 128,    14336, 1000000.f, 1e-5f, 32768, false, false, false, false, 0, 0, 0, 0},
-    {"llama-2-7b",    "llama", 4096, 32, 32, 32, 128,    11008, 10000.f,   1e-5f,  4096, false, false, false, false, 0, 0, 0, 0},
+    {"mistral-7b",    "llama", 4096, 32, 32,  8, 128,    14336, 1000000.f, 1e-5f, 32768, false, false, false, false, 0, 0, 0, 0, 0, 0, 0},
+    {"llama-2-7b",    "llama", 4096, 32, 32, 32, 128,    11008, 10000.f,   1e-5f,  4096, false, false, false, false, 0, 0, 0, 0, 0, 0, 0},
     /* tiny test shapes: every dim a multiple of 256 so the K-quants apply */
-    {"tiny-llama",    "llama",  256,  2,  4,  2,  64,      512, 10000.f,   1e-5f,  8192, false, false, false, false, 0, 0, 0, 0},
-    {"tiny-llama3",   "llama",  256,  2,  4,  2,  64,      512, 500000.f,  1e-5f, 32768, true,  false, false, true,  8.f, 1.f, 4.f, 8192},
-    {"tiny-qwen2",    "qwen2",  256,  2,  4,  2,  64,      512, 1000000.f, 1e-6f,  8192, false, true,  false, false, 0, 0, 0, 0},
+    {"tiny-llama",    "llama",  256,  2,  4,  2,  64,      512, 10000.f,   1e-5f,  8192, false, false, false, false, 0, 0, 0, 0, 0, 0, 0},
+    {"tiny-llama3",   "llama",  256,  2,  4,  2,  64,      512, 500000.f,  1e-5f, 32768, true,  false, false, true,  8.f, 1.f, 4.f, 8192, 0, 0, 0},
+    {"tiny-qwen2",    "qwen2",  256,  2,  4,  2,  64,      512, 1000000.f, 1e-6f,  8192, false, true,  false, false, 0, 0, 0, 0, 0, 0, 0},
     /* head_dim * n_head = 512 != n_embd, as in real qwen3 (key_length matters) */
     {"tiny-qwen3",    "qwen3",  256,  2,  8,  2,  64,      512, 1000000.f, 1e-6f,  8192, true,  false, true,  false, 0, 0, 0, 0},
     {"tiny-mistral",  "llama",  256,  2,  4,  2,  64,      512, 1000000.f, 1e-5f,  8192, false, false, false, false, 0, 0, 0, 0},
@@ -70,7 +70,7 @@ static const ks_model_shape g_shapes[] = {
      * config as recalled, not checked against the published file: the
      * layer count 26 is the one llama.cpp's mistral3 loader calls 3B). */
     {"phi-4-mini",    "phi3",  3072, 32, 24,  8, 128,     8192, 10000.f,   1e-5f, 131072, true,  false, false, false, 32.f, 0, 0, 4096,
-     .rope_scaling = "longrope", .rope_attn_factor = 1.1902380714238083f, .n_rot = 96, .fused = true, .sliding_window = 262144},
+     .rope_scaling = "longrope", .rope_attn_factor = 1.1902380714238083f, .n_rot = 96, .fused = true, .swa_window = 262144},
     {"qwen3-4b-yarn", "qwen3", 2560, 36, 32,  8, 128,     9728, 1000000.f, 1e-6f, 131072, true,  false, true,  false, 4.f, 0, 0, 32768,
      .rope_scaling = "yarn"},
     {"smollm3-3b",    "smollm3", 2048, 36, 16, 4, 128,   11008, 5000000.f, 1e-6f, 65536, true,  false, false, false, 0, 0, 0, 0},
@@ -80,12 +80,21 @@ static const ks_model_shape g_shapes[] = {
      * factors up to a 4096-token context, its long ones above; tiny-mistral3's
      * original context of 32 makes the temperature step inside a test prompt */
     {"tiny-phi3",     "phi3",   256,  2,  4,  2,  64,      512, 10000.f,   1e-5f, 131072, true,  false, false, false, 32.f, 0, 0, 4096,
-     .rope_scaling = "longrope", .rope_attn_factor = 1.1902380714238083f, .n_rot = 48, .fused = true, .sliding_window = 262144},
+     .rope_scaling = "longrope", .rope_attn_factor = 1.1902380714238083f, .n_rot = 48, .fused = true, .swa_window = 262144},
     {"tiny-qwen3-yarn", "qwen3", 256, 2,  8,  2,  64,      512, 1000000.f, 1e-6f, 131072, true,  false, true,  false, 4.f, 0, 0, 32768,
      .rope_scaling = "yarn"},
     {"tiny-smollm3",  "smollm3", 256, 4,  4,  2,  64,      512, 5000000.f, 1e-6f, 65536, true,  false, false, false, 0, 0, 0, 0},
     {"tiny-mistral3", "mistral3", 256, 2, 4,  2,  64,      512, 1000000.f, 1e-5f,  8192, true,  false, false, false, 16.f, 0, 0, 32,
      .rope_scaling = "yarn", .yarn_log_mul = 1.0f, .attn_temp_scale = 0.1f},
+    /* Gemma 3 (HF config.json): five local layers (sliding window) per global one; the 4B's
+     * global layers scale RoPE linearly by 8.  Head dim 256 > n_embd / n_head, tied output. */
+    {"gemma-3-1b",    "gemma3", 1152, 26, 4, 1, 256,     6912, 1000000.f, 1e-6f, 32768, true,  false, true,  false, 0, 0, 0, 0,
+     .swa_window = 512},
+    {"gemma-3-4b",    "gemma3", 2560, 34, 8, 4, 256,    10240, 1000000.f, 1e-6f, 131072, true, false, true,  false, 8.f, 0, 0, 0,
+     .swa_window = 1024, .rope_scaling = "linear"},
+    /* six layers: 0-4 local with a 16-entry window, 5 global (scaled by 8), so a 64-token prompt sees both */
+    {"tiny-gemma3",   "gemma3",  256,  6,  4,  2,  64,      512, 1000000.f, 1e-6f,  8192, true,  false, true,  false, 8.f, 0, 0, 0,
+     .swa_window = 16, .rope_scaling = "linear"},
 };
 #pragma GCC diagnostic pop
 
@@ -299,6 +308,8 @@ static int64_t ks_gen_plan(ks_gen *g, int32_t n_layer, int64_t n_vocab) {
             KS_GEN_T("attn_k_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, D, 1, 0.02f);
         }
         KS_GEN_T("attn_output.weight", KS_GEN_MATRIX, wt, QD, E, 1.0f / sqrtf((float)QD));
+        bool gemma = !strcmp(s->arch, "gemma3");
+        if (gemma) KS_GEN_T("post_attention_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, E, 1, 0.02f);
         KS_GEN_T("ffn_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, E, 1, 0.02f);
         if (s->fused) { /* phi3: ffn_down, then gate and up in one ffn_up (the converter's order) */
             KS_GEN_T("ffn_down.weight", KS_GEN_MATRIX, wt, F, E, 1.0f / sqrtf((float)F));
@@ -308,6 +319,7 @@ static int64_t ks_gen_plan(ks_gen *g, int32_t n_layer, int64_t n_vocab) {
             KS_GEN_T("ffn_up.weight", KS_GEN_MATRIX, wt, E, F, sE);
             KS_GEN_T("ffn_down.weight", KS_GEN_MATRIX, wt, F, E, 1.0f / sqrtf((float)F));
         }
+        if (gemma) KS_GEN_T("post_ffw_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, E, 1, 0.02f);
 #undef KS_GEN_T
     }
     if (longrope) { /* phi3's generate_extra_tensors: model-level, after the layers */
@@ -350,7 +362,9 @@ static void ks_gen_set_metadata(ks_gguf_writer *w, const ks_model_shape *s, cons
     if (s->rope_attn_factor > 0) ks_gguf_writer_set_f32(w, KS_GEN_KEY("rope.scaling.attn_factor"), s->rope_attn_factor);
     if (s->yarn_log_mul > 0) ks_gguf_writer_set_f32(w, KS_GEN_KEY("rope.scaling.yarn_log_multiplier"), s->yarn_log_mul);
     if (s->attn_temp_scale > 0) ks_gguf_writer_set_f32(w, KS_GEN_KEY("attention.temperature_scale"), s->attn_temp_scale);
-    if (s->sliding_window > 0) ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.sliding_window"), (uint32_t)s->sliding_window);
+    if (s->swa_window > 0) ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.sliding_window"), (uint32_t)s->swa_window);
+    if (s->swa_pattern > 0)
+        ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.sliding_window_pattern"), (uint32_t)s->swa_pattern);
     ks_gguf_writer_set_u32(w, KS_GEN_KEY("vocab_size"), (uint32_t)n_vocab);
 #undef KS_GEN_KEY
     for (int64_t i = 0; i < ks_gguf_n_kv(p->vocab); i++) {

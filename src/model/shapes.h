@@ -47,7 +47,10 @@ typedef struct ks_model_shape {
     float attn_temp_scale;     /* attention.temperature_scale (mistral3) */
     int32_t n_rot;             /* rope.dimension_count (0: head_dim; phi3 rotates part of a head) */
     bool fused;                /* attn_qkv.weight and gate+up in ffn_up.weight (phi3) */
-    int32_t sliding_window;    /* attention.sliding_window written (phi3; llama.cpp ignores it) */
+    /* gemma3 (arch "gemma3": post-norms, GELU, scaled embedding implied) */
+    int32_t swa_window;    /* <arch>.attention.sliding_window (gemma3: its local layers; phi3 writes one
+                              that llama.cpp ignores); 0: none written */
+    int32_t swa_pattern;   /* <arch>.attention.sliding_window_pattern; 0: not written (llama.cpp's 6) */
 } ks_model_shape;
 
 int ks_shape_count(void);
