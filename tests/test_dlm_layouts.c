@@ -56,7 +56,7 @@ static int setup(void **state) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/kvsieve-test-dlm-layouts-XXXXXX");
     if (!mkdtemp(g_tmp)) return -1;
     static const ks_model_shape shape = {"tiny-eagle-target", "llama", 64, 4, 4, 2, 16, 64, 10000.f, 1e-5f, 1024,
-                                         false, false, false, false, 0, 0, 0, 0};
+                                         false, false, false, false, 0, 0, 0, 0, .n_expert = 0};
     ks_gguf *vocab = NULL;
     if (ks_gguf_open(ks_test_fixture("models/aidreams260K.gguf"), &vocab) != KS_OK) return -1;
     char path[400];

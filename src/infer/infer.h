@@ -132,6 +132,7 @@ struct ks_context {
     int32_t *seq_pol;        /* [n_seq] */
     ks_policy_counters retired_pc; /* counters of destroyed instances */
     uint64_t select_bytes_base;    /* the policies' bytes_read at the last ks_stats_reset */
+    struct ks_moe_buf *moe;  /* the MoE FFN's buffers (infer/moe.h), or NULL for a dense model */
 };
 
 /* Attention of G query heads (q [G][hd]) over one KV head's rows K, V

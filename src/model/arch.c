@@ -16,6 +16,7 @@ static const ks_arch_desc *const arch_table[] = {
     &ks_arch_mistral,
     &ks_arch_qwen2,
     &ks_arch_qwen3,
+    &ks_arch_qwen3moe,
 };
 #define N_ARCH (sizeof arch_table / sizeof arch_table[0])
 

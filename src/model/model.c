@@ -181,6 +181,7 @@ void ks_model_destroy(ks_model *m) {
         ks_free(L->q_norm);
         ks_free(L->k_norm);
         ks_free(L->ffn_norm);
+        ks_free(L->moe);
     }
     ks_free(m->layers);
     ks_free(m->output_norm);
@@ -284,7 +285,7 @@ ks_status ks_model_describe(const ks_model *m, char *buf, size_t cap) {
     }
     OUT("architecture:  %s (RoPE %s%s%s%s)\n", hp->arch_name, hp->rope_neox ? "neox" : "normal",
         m->rope_freq_factors ? ", llama3 frequency factors" : "", m->output_tied ? ", tied output" : "",
-        hp->arch == KS_ARCH_QWEN3 ? ", q/k norm" : m->layers[0].bq ? ", qkv bias" : "");
+        m->layers[0].q_norm ? ", q/k norm" : m->layers[0].bq ? ", qkv bias" : "");
     const char *attn = hp->n_head_kv == hp->n_head ? "MHA" : hp->n_head_kv == 1 ? "MQA" : "GQA";
     OUT("shape:         n_embd %d, n_layer %d, n_ff %d, heads %d/%d kv (%s, group %d), head_dim %d, n_rot %d\n",
         hp->n_embd, hp->n_layer, hp->n_ff, hp->n_head, hp->n_head_kv, attn, hp->n_head / hp->n_head_kv,
@@ -309,7 +310,19 @@ ks_status ks_model_describe(const ks_model *m, char *buf, size_t cap) {
     /* a step streams every matrix once; of the embedding table only one row,
      * unless it doubles as the (tied) output matrix */
     size_t step_bytes = m->weight_bytes - (m->output_tied ? 0 : ks_weight_bytes(&m->tok_embd));
-    OUT("decode bytes:  %.1f MiB of weights read per step (output matrix included)\n", step_bytes / 1048576.0);
+    if (hp->n_expert) { /* of the experts a token reads only the n_expert_used its router picks */
+        size_t all = 0, active = 0;
+        for (int il = 0; il < hp->n_layer; il++)
+            if (m->layers[il].moe) {
+                all += m->layers[il].moe->expert_bytes * (size_t)hp->n_expert;
+                active += m->layers[il].moe->expert_bytes * (size_t)hp->n_expert_used;
+            }
+        OUT("experts:       %d per layer, %d active per token, expert n_ff %d; %.1f of %.1f MiB of expert weights "
+            "read per token\n", hp->n_expert, hp->n_expert_used, hp->n_ff_exp, active / 1048576.0, all / 1048576.0);
+        step_bytes -= all - active;
+    }
+    OUT("decode bytes:  %.1f MiB of weights read per step (output matrix included%s)\n", step_bytes / 1048576.0,
+        hp->n_expert ? "; active experts of one token" : "");
 #undef OUT
     return n < cap ? KS_OK : KS_FAIL(KS_ERR_INVALID_ARG, "buffer too small (%zu needed)", n + 1);
 }

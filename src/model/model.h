@@ -14,7 +14,22 @@
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 
-typedef enum ks_arch { KS_ARCH_LLAMA, KS_ARCH_QWEN2, KS_ARCH_QWEN3, KS_ARCH_NONE } ks_arch;
+typedef enum ks_arch { KS_ARCH_LLAMA, KS_ARCH_QWEN2, KS_ARCH_QWEN3, KS_ARCH_NONE, KS_ARCH_QWEN3MOE } ks_arch;
+
+/* A mixture-of-experts FFN (qwen3moe): a router picks n_expert_used of
+ * n_expert SwiGLU experts per row (infer/moe.c).  The experts are views into
+ * llama.cpp's stacked 3-D tensors (ffn_{gate,up,down}_exps, ne = {cols, rows,
+ * n_expert}): expert e's [rows][cols] matrix is the e-th contiguous slice, so
+ * a view is a pointer and no bytes are copied.  One allocation: the three
+ * view arrays follow the struct. */
+typedef struct ks_moe_layer {
+    ks_weight router;         /* ffn_gate_inp [n_expert][n_embd] (f32 in llama.cpp's files) */
+    ks_weight *gate, *up;     /* [n_expert] views, each [n_ff_exp][n_embd] */
+    ks_weight *down;          /* [n_expert] views, each [n_embd][n_ff_exp] */
+    size_t expert_bytes;      /* bytes of one expert's gate + up + down */
+    /* Shared experts (qwen2moe, deepseek2: an always-on FFN beside the routed
+     * ones) would be a slot here; qwen3moe has none, so none is bound. */
+} ks_moe_layer;
 
 typedef struct ks_layer {
     float *attn_norm;         /* [n_embd] */
@@ -27,6 +42,7 @@ typedef struct ks_layer {
     float *ffn_norm;          /* [n_embd] */
     ks_weight w_gate, w_up;   /* [n_ff][n_embd] */
     ks_weight w_down;         /* [n_embd][n_ff] */
+    ks_moe_layer *moe;        /* owned; non-NULL: this layer's FFN is the MoE (w_gate/up/down unbound) */
 } ks_layer;
 
 typedef struct ks_hparams {
@@ -37,6 +53,9 @@ typedef struct ks_hparams {
     int32_t n_ctx_train;
     float rope_base, rms_eps;
     bool rope_neox;           /* rotate (x[i], x[i+n_rot/2]) instead of (x[2i], x[2i+1]) */
+    /* mixture of experts (0 experts: a dense FFN) */
+    int32_t n_expert, n_expert_used, n_ff_exp;
+    bool expert_norm;         /* renormalise the selected experts' softmax weights to sum 1 */
 } ks_hparams;
 
 struct ks_model {

@@ -19,7 +19,7 @@
 
 typedef struct ks_model_shape {
     const char *name;      /* "llama-3.1-8b" */
-    const char *arch;      /* GGUF general.architecture: "llama" | "qwen2" | "qwen3" */
+    const char *arch;      /* GGUF general.architecture: "llama" | "qwen2" | "qwen3" | "qwen3moe" */
     int32_t n_embd;
     int32_t n_layer;
     int32_t n_head;
@@ -37,6 +37,10 @@ typedef struct ks_model_shape {
     float rope_low_freq_factor;
     float rope_high_freq_factor;
     int32_t rope_orig_ctx;
+    /* mixture of experts (qwen3moe): n_expert > 0 replaces every layer's
+     * dense FFN by a router (ffn_gate_inp) and n_expert stacked SwiGLU
+     * experts of n_ff_exp (ffn_{gate,up,down}_exps, 3-D) */
+    int32_t n_expert, n_expert_used, n_ff_exp;
 } ks_model_shape;
 
 int ks_shape_count(void);
