@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""reference.py — independent float64 torch forward pass for GGUF llama/qwen2/qwen3.
+"""reference.py — independent float64 torch forward pass for GGUF llama/qwen2/qwen3/qwen3moe.
 
 Written from the public model definitions (Llama / Qwen papers and the GGUF
 metadata conventions llama.cpp uses), not from kvsieve's C code; see
@@ -40,7 +40,7 @@ import gguf_reader as G  # noqa: E402
 DT = torch.float64
 
 NORM_ROPE_ARCHS = {"llama"}
-NEOX_ROPE_ARCHS = {"qwen2", "qwen3"}
+NEOX_ROPE_ARCHS = {"qwen2", "qwen3", "qwen3moe"}
 
 
 class Config:
@@ -72,6 +72,10 @@ def load_config(r):
     elif stype not in ("none", None):
         raise SystemExit("reference.py: unsupported rope scaling %r" % stype)
     c.neox = arch in NEOX_ROPE_ARCHS
+    # mixture of experts (qwen3moe): softmax router, top expert_used_count,
+    # the kept weights renormalised to sum 1 (Qwen3-MoE's norm_topk_prob)
+    c.n_expert = int(k("expert_count", 0))
+    c.n_expert_used = int(k("expert_used_count", 0))
     return c
 
 
@@ -165,11 +169,38 @@ class Model:
             o = torch.einsum("hts,shd->thd", a, vh).reshape(T, c.n_head * c.head_dim_v)
             x = x + self.linear(o, p + "attn_output.weight")
             h = self.rmsnorm(x, p + "ffn_norm.weight")
+            if p + "ffn_gate_inp.weight" in self.w:
+                x = x + self.moe(h, p)
+                continue
             g = self.linear(h, p + "ffn_gate.weight")
             u = self.linear(h, p + "ffn_up.weight")
             x = x + self.linear(torch.nn.functional.silu(g) * u, p + "ffn_down.weight")
         x = self.rmsnorm(x, "output_norm.weight")
         return self.linear(x, "output.weight")
+
+    def moe(self, h, p):
+        """Mixture-of-experts FFN of rows h [T, n_embd]: the router's softmax,
+        each row's top n_expert_used experts with their probabilities
+        renormalised to sum 1, the weighted sum of those experts' SwiGLU
+        outputs.  Experts are slices of the stacked [n_expert, rows, cols]
+        tensors ffn_{gate,up,down}_exps."""
+        c = self.c
+        probs = torch.softmax(self.linear(h, p + "ffn_gate_inp.weight"), dim=-1)  # [T, n_expert]
+        w, sel = torch.topk(probs, c.n_expert_used, dim=-1)
+        w = w / w.sum(-1, keepdim=True)
+        gate, up, down = (self.w[p + "ffn_%s_exps.weight" % n] for n in ("gate", "up", "down"))
+        out = torch.zeros_like(h)
+        for t in range(h.shape[0]):
+            for j in range(c.n_expert_used):
+                e = int(sel[t, j])
+                x = h[t:t + 1]
+                if self.emulate:
+                    x = emulate_activation(x, self.wtypes[p + "ffn_gate_exps.weight"])
+                y = torch.nn.functional.silu(x @ gate[e].T) * (x @ up[e].T)
+                if self.emulate:
+                    y = emulate_activation(y, self.wtypes[p + "ffn_down_exps.weight"])
+                out[t] += w[t, j] * (y @ down[e].T)[0]
+        return out
 
     def greedy(self, prompt, n):
         """Greedy continuation: returns (ids, margins) where margins[i] is the
