@@ -47,7 +47,7 @@ GEN_GREEDY = 16
 EXACT_TYPES = ("f32", "f16", "bf16")
 EXACT_MARGIN = 0.06
 
-SHAPES = ["tiny-llama", "tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-mha",
+SHAPES = ["tiny-llama", "tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-mistral", "tiny-mha",
           "tiny-mqa"]
 TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k"]
 

@@ -164,6 +164,7 @@ void ks_gen_model_shapes(FILE *f) {
         fprintf(f, "  %-14s %-6s embd %-5d layers %-3d heads %d/%d head_dim %d ff %d%s%s%s%s\n", s->name, s->arch,
                 s->n_embd, s->n_layer, s->n_head, s->n_head_kv, s->head_dim, s->n_ff, s->tied_output ? " tied" : "",
                 s->qkv_bias ? " qkv-bias" : "", s->qk_norm ? " qk-norm" : "", s->rope_llama3 ? " llama3-rope" : "");
+        if (s->n_expert) fprintf(f, "  %-14s        experts %d, %d active, expert ff %d\n", "", s->n_expert, s->n_expert_used, s->n_ff_exp);
     }
 }
 
