@@ -84,6 +84,7 @@ class Model:
         self.r = G.GGUFReader(path)
         self.c = load_config(self.r)
         self.emulate = emulate  # None, or "engine" (see emulate_matmul)
+        self.route_margin = float("inf")  # smallest router-logit gap at a top-k boundary seen (MoE)
         self.wtypes = {}
         self.w = {}
         for name, ti in self.r.tensors.items():
@@ -185,8 +186,12 @@ class Model:
         outputs.  Experts are slices of the stacked [n_expert, rows, cols]
         tensors ffn_{gate,up,down}_exps."""
         c = self.c
-        probs = torch.softmax(self.linear(h, p + "ffn_gate_inp.weight"), dim=-1)  # [T, n_expert]
+        logits = self.linear(h, p + "ffn_gate_inp.weight")
+        probs = torch.softmax(logits, dim=-1)  # [T, n_expert]
         w, sel = torch.topk(probs, c.n_expert_used, dim=-1)
+        if c.n_expert_used < c.n_expert:  # how close the last kept expert came to the first dropped one
+            top = torch.topk(logits, c.n_expert_used + 1, dim=-1).values
+            self.route_margin = min(self.route_margin, float((top[:, -2] - top[:, -1]).min()))
         w = w / w.sum(-1, keepdim=True)
         gate, up, down = (self.w[p + "ffn_%s_exps.weight" % n] for n in ("gate", "up", "down"))
         out = torch.zeros_like(h)
