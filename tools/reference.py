@@ -85,6 +85,7 @@ class Model:
         self.c = load_config(self.r)
         self.emulate = emulate  # None, or "engine" (see emulate_matmul)
         self.route_margin = float("inf")  # smallest router-logit gap at a top-k boundary seen (MoE)
+        self.moe_norm = True  # renormalise the kept experts' weights (off only in make_goldens --sensitivity)
         self.wtypes = {}
         self.w = {}
         for name, ti in self.r.tensors.items():
@@ -192,7 +193,8 @@ class Model:
         if c.n_expert_used < c.n_expert:  # how close the last kept expert came to the first dropped one
             top = torch.topk(logits, c.n_expert_used + 1, dim=-1).values
             self.route_margin = min(self.route_margin, float((top[:, -2] - top[:, -1]).min()))
-        w = w / w.sum(-1, keepdim=True)
+        if self.moe_norm:
+            w = w / w.sum(-1, keepdim=True)
         gate, up, down = (self.w[p + "ffn_%s_exps.weight" % n] for n in ("gate", "up", "down"))
         out = torch.zeros_like(h)
         for t in range(h.shape[0]):
