@@ -244,8 +244,7 @@ static void test_model_binds_experts(void **state) {
     assert_non_null(strstr(info, "experts:       8 per layer, 2 active per token"));
 }
 
-static void test_prefill_chunks_decode_agree(void **state) {
-    (void)state;
+static void prefill_chunks_decode_agree(void) {
     const int V = ks_model_n_vocab(g_model), n = 40;
     int32_t ids[40];
     for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 37 + 11) % (V - 10) + 5);
@@ -280,6 +279,34 @@ static void test_prefill_chunks_decode_agree(void **state) {
     ks_context_destroy(b);
     ks_context_destroy(d);
     free(all), free(chunked), free(step);
+}
+
+static void test_prefill_chunks_decode_agree(void **state) {
+    (void)state;
+    prefill_chunks_decode_agree();
+}
+
+/* The same with Q8_0 experts, which the loader repacks into the prefill
+ * GEMM's panels on AVX-512 VNNI hosts (model.c), both mapped and read. */
+static void test_prefill_decode_agree_q8_0(void **state) {
+    (void)state;
+    char path[160];
+    snprintf(path, sizeof path, "%s/tiny-qwen3moe-q8_0.gguf", g_dir);
+    ks_gguf *vocab = NULL;
+    assert_int_equal(ks_gguf_open(ks_test_fixture("models/aidreams260K.gguf"), &vocab), KS_OK);
+    ks_shape_gen_params gp = {.type = KS_DTYPE_Q8_0, .vocab = vocab, .seed = 7, .n_ctx = 512, .n_threads = 2};
+    assert_int_equal(ks_shape_generate(ks_shape_find("tiny-qwen3moe"), &gp, path, NULL), KS_OK);
+    ks_gguf_close(vocab);
+    ks_model *saved = g_model;
+    for (int mm = 0; mm < 2; mm++) {
+        ks_model_params mp = ks_model_default_params();
+        mp.use_mmap = mm == 0;
+        assert_int_equal(ks_model_load(path, mp, &g_model), KS_OK);
+        prefill_chunks_decode_agree();
+        ks_model_destroy(g_model);
+    }
+    g_model = saved;
+    unlink(path);
 }
 
 /* two sequences decoded in one batch give each the logits it gets alone */
@@ -375,6 +402,7 @@ int main(void) {
     const struct CMUnitTest model[] = {
         cmocka_unit_test(test_model_binds_experts),
         cmocka_unit_test(test_prefill_chunks_decode_agree),
+        cmocka_unit_test(test_prefill_decode_agree_q8_0),
         cmocka_unit_test(test_batch_equals_single),
         cmocka_unit_test(test_bad_files),
     };

@@ -205,18 +205,38 @@ void ks_model_destroy(ks_model *m) {
  * bits either way for the 4-row panels; the transposed Q8_0 panels round
  * activations to power-of-two scales, matmul_x86_panel.c, so their products
  * differ from the file layout's by that rounding). */
+static ks_status repack_list(ks_model *m, ks_weight **ws, size_t n, size_t total, bool mapped);
+
 static ks_status repack_weights(ks_model *m, bool mapped) {
-    ks_weight *ws[7 * 1024];
+    /* the layer matrices, and in MoE layers every expert's three (each view
+     * packs on its own: a product never spans two experts) */
+    const size_t cap = (size_t)m->hp.n_layer * (7 + 3 * (size_t)m->hp.n_expert);
+    ks_weight **ws = ks_malloc(cap * sizeof *ws);
+    if (!ws) return KS_OK; /* keep the file layout */
     size_t n = 0, total = 0;
     for (int il = 0; il < m->hp.n_layer; il++) {
         ks_layer *L = &m->layers[il];
         ks_weight *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof lw / sizeof lw[0] && n < sizeof ws / sizeof ws[0]; i++)
+        for (size_t i = 0; i < sizeof lw / sizeof lw[0]; i++)
             if (ks_matmul_can_pack(lw[i])) {
                 ws[n++] = lw[i];
                 total += (ks_weight_bytes(lw[i]) + 63) & ~(size_t)63;
             }
+        for (int e = 0; L->moe && e < m->hp.n_expert; e++) {
+            ks_weight *ew[] = {&L->moe->gate[e], &L->moe->up[e], &L->moe->down[e]};
+            for (size_t i = 0; i < 3; i++)
+                if (ks_matmul_can_pack(ew[i])) {
+                    ws[n++] = ew[i];
+                    total += (ks_weight_bytes(ew[i]) + 63) & ~(size_t)63;
+                }
+        }
     }
+    ks_status st = repack_list(m, ws, n, total, mapped);
+    ks_free(ws);
+    return st;
+}
+
+static ks_status repack_list(ks_model *m, ks_weight **ws, size_t n, size_t total, bool mapped) {
     if (!n) return KS_OK;
     if (!mapped) {
         for (size_t i = 0; i < n; i++) KS_TRY(ks_matmul_pack(ws[i]));
