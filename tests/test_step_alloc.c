@@ -175,11 +175,40 @@ static void test_no_allocation_with_local_layers(void **state) {
     assert_int_equal(failures, 0);
 }
 
+/* The MoE FFN (infer/moe.c): routing, grouping and the experts' products
+ * use the buffers the context made at creation, for batch 1 and 2, f16
+ * and Q8_0 experts, dense and a selecting policy. */
+static void test_no_allocation_with_experts(void **state) {
+    (void)state;
+    const ks_dtype types[] = {KS_DTYPE_F16, KS_DTYPE_Q8_0};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/tiny-moe-%zu.gguf", g_tmp, t);
+        ks_gguf *vocab = NULL;
+        assert_int_equal(ks_gguf_open(ks_test_fixture("models/aidreams260K.gguf"), &vocab), KS_OK);
+        ks_shape_gen_params gp = {.type = types[t], .vocab = vocab, .seed = 9, .n_ctx = 512};
+        assert_int_equal(ks_shape_generate(ks_shape_find("tiny-qwen3moe"), &gp, path, NULL), KS_OK);
+        ks_gguf_close(vocab);
+        ks_model *saved = g_model;
+        assert_int_equal(ks_model_load(path, ks_model_default_params(), &g_model), KS_OK);
+        const char *policies[] = {"dense", "quest"};
+        for (int k = 0; k < 2; k++)
+            for (int n_seq = 1; n_seq <= 2; n_seq++) {
+                uint64_t n = step_allocs(policies[k], NULL, n_seq, 0);
+                if (n) fail_msg("%s experts, %s, batch %d: %llu allocations in 4 steps", ks_dtype_name(types[t]),
+                                policies[k], n_seq, (unsigned long long)n);
+            }
+        ks_model_destroy(g_model);
+        g_model = saved;
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_allocation_in_a_decode_step),
         cmocka_unit_test(test_no_allocation_with_local_layers),
         cmocka_unit_test(test_no_allocation_with_quantized_weights),
+        cmocka_unit_test(test_no_allocation_with_experts),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

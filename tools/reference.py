@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""reference.py — independent float64 torch forward pass for GGUF llama/qwen2/qwen3/gemma3.
+"""reference.py — independent float64 torch forward pass for GGUF llama/qwen2/qwen3/qwen3moe/phi3/smollm3/mistral3/gemma3.
 
 Written from the public model definitions (Llama / Qwen papers and the GGUF
 metadata conventions llama.cpp uses), not from kvsieve's C code; see
@@ -65,7 +65,7 @@ import gguf_reader as G  # noqa: E402
 DT = torch.float64
 
 NORM_ROPE_ARCHS = {"llama", "smollm3", "mistral3"}
-NEOX_ROPE_ARCHS = {"qwen2", "qwen3", "phi3", "gemma3"}
+NEOX_ROPE_ARCHS = {"qwen2", "qwen3", "qwen3moe", "phi3", "gemma3"}
 
 
 class Config:
@@ -124,6 +124,10 @@ def load_config(r):
     c.attn_scale = 1.0 / math.sqrt(c.head_dim)
     if c.gemma and c.n_layer == 62:
         c.attn_scale = 1.0 / math.sqrt(c.n_embd // c.n_head)
+    # mixture of experts (qwen3moe): softmax router, top expert_used_count,
+    # the kept weights renormalised to sum 1 (Qwen3-MoE's norm_topk_prob)
+    c.n_expert = int(k("expert_count", 0))
+    c.n_expert_used = int(k("expert_used_count", 0))
     return c
 
 
@@ -139,6 +143,8 @@ class Model:
         self.r = G.GGUFReader(path)
         self.c = load_config(self.r)
         self.emulate = emulate  # None, or "engine" (see emulate_matmul)
+        self.route_margin = float("inf")  # smallest router-logit gap at a top-k boundary seen (MoE)
+        self.moe_norm = True  # renormalise the kept experts' weights (off only in make_goldens --sensitivity)
         self.wtypes = {}
         self.w = {}
         for name, ti in self.r.tensors.items():
@@ -288,6 +294,9 @@ class Model:
                 o = self.rmsnorm(o, p + "post_attention_norm.weight")
             x = x + o
             h = self.rmsnorm(x, p + "ffn_norm.weight")
+            if p + "ffn_gate_inp.weight" in self.w:
+                x = x + self.moe(h, p)
+                continue
             g = self.linear(h, p + "ffn_gate.weight")
             u = self.linear(h, p + "ffn_up.weight")
             act = torch.nn.functional.gelu(g, approximate="tanh") if c.gelu else torch.nn.functional.silu(g)
@@ -300,6 +309,35 @@ class Model:
         if c.softcap > 0:
             logits = c.softcap * torch.tanh(logits / c.softcap)
         return logits
+
+    def moe(self, h, p):
+        """Mixture-of-experts FFN of rows h [T, n_embd]: the router's softmax,
+        each row's top n_expert_used experts with their probabilities
+        renormalised to sum 1, the weighted sum of those experts' SwiGLU
+        outputs.  Experts are slices of the stacked [n_expert, rows, cols]
+        tensors ffn_{gate,up,down}_exps."""
+        c = self.c
+        logits = self.linear(h, p + "ffn_gate_inp.weight")
+        probs = torch.softmax(logits, dim=-1)  # [T, n_expert]
+        w, sel = torch.topk(probs, c.n_expert_used, dim=-1)
+        if c.n_expert_used < c.n_expert:  # how close the last kept expert came to the first dropped one
+            top = torch.topk(logits, c.n_expert_used + 1, dim=-1).values
+            self.route_margin = min(self.route_margin, float((top[:, -2] - top[:, -1]).min()))
+        if self.moe_norm:
+            w = w / w.sum(-1, keepdim=True)
+        gate, up, down = (self.w[p + "ffn_%s_exps.weight" % n] for n in ("gate", "up", "down"))
+        out = torch.zeros_like(h)
+        for t in range(h.shape[0]):
+            for j in range(c.n_expert_used):
+                e = int(sel[t, j])
+                x = h[t:t + 1]
+                if self.emulate:
+                    x = emulate_activation(x, self.wtypes[p + "ffn_gate_exps.weight"])
+                y = torch.nn.functional.silu(x @ gate[e].T) * (x @ up[e].T)
+                if self.emulate:
+                    y = emulate_activation(y, self.wtypes[p + "ffn_down_exps.weight"])
+                out[t] += w[t, j] * (y @ down[e].T)[0]
+        return out
 
     def greedy(self, prompt, n):
         """Greedy continuation: returns (ids, margins) where margins[i] is the

@@ -29,6 +29,7 @@ a depth the next allocates nothing (tests/test_step_alloc.c).  Creation
  * How the rest of the work divides among the files is in infer/internal.h.
  */
 #include "infer/internal.h"
+#include "infer/moe.h"
 
 #include <math.h>
 #include <string.h>
@@ -111,6 +112,7 @@ void ks_context_destroy(ks_context *c) {
     ks_free_aligned(c->gate);
     ks_free_aligned(c->up);
     ks_free_aligned(c->mm_scratch);
+    ks_moe_buf_destroy(c->moe);
     ks_free(c->rope_cos);
     ks_free(c->rope_sin);
     ks_free(c->rope_inv_freq);
@@ -348,6 +350,13 @@ static ks_status alloc_rows(ks_context *c) {
             need = ks_matmul_worker_scratch_bytes(lw[i]);
             if (need > c->mm_worker_bytes) c->mm_worker_bytes = need;
         }
+    }
+    if (hp->n_expert) { /* experts are weights the loop above does not list (infer/moe.h) */
+        KS_TRY(ks_moe_buf_create(hp, c->max_rows, &c->moe));
+        size_t need = ks_moe_matmul_scratch_bytes(m, (int64_t)rows);
+        if (need > mm) mm = need;
+        need = ks_moe_worker_scratch_bytes(m);
+        if (need > c->mm_worker_bytes) c->mm_worker_bytes = need;
     }
     c->mm_scratch = alloc_faulted(mm ? mm : 64);
     if (!c->n_att || !c->att_heads_done || (c->n_aux && !c->aux_h) || !c->x || !c->xn || !c->q || !c->kk || !c->vv ||

@@ -16,6 +16,7 @@
  * call, so every benchmark prints GB/s beside tok/s.
  */
 #include "infer/internal.h"
+#include "infer/moe.h"
 
 #include <math.h>
 #include <string.h>
@@ -167,10 +168,21 @@ static ks_status qkv_rows(ks_context *c, const ks_layer *L, int il, int n, const
 }
 
 /* x += W_down (silu(W_gate xn) * W_up xn), xn = RMSNorm(x); gemma: GELU for
- * SiLU, and the product normed (ffn_post_norm) before the add. */
+ * SiLU, and the product normed (ffn_post_norm) before the add; or the MoE FFN
+ * of xn (infer/moe.c). */
 static void mlp_rows(ks_context *c, const ks_layer *L, int n) {
     const ks_hparams *hp = &c->model->hp;
     int D = hp->n_embd;
+    if (L->moe) { /* routed experts instead of the dense SwiGLU (infer/moe.c) */
+        rows_run(c, ROWS_NORM, n, D, c->xn, c->x, L->ffn_norm, hp->rms_eps);
+        ks_moe_counters mc = {0};
+        ks_moe_ffn(c->pool, hp, L->moe, n, c->xn, c->moe, c->mm_scratch, &mc);
+        c->stats.matmul_seconds += mc.matmul_seconds;
+        c->stats.matmul_macs += mc.macs;
+        c->stats.weight_bytes_read += mc.weight_bytes;
+        rows_run(c, ROWS_ADD, n, D, c->x, c->moe->out, NULL, 0);
+        return;
+    }
     rows_run_into(c, ROWS_NORM, n, D, c->xn, c->x, L->ffn_norm, hp->rms_eps, &L->w_gate);
     matmul_w(c, &L->w_gate, c->xn, n, c->gate, true);
     matmul_w(c, &L->w_up, c->xn, n, c->up, same_partner(&L->w_gate, &L->w_up));

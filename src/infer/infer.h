@@ -140,6 +140,7 @@ struct ks_context {
     float *rope_cos_swa, *rope_sin_swa; /* [max_rows][n_rot/2] angles of the local layers' RoPE base, or NULL */
     uint8_t *swa_hold;       /* [n_seq] 1: keep every entry of the sequence's local layers (a prefix cache
                               * reads or wrote its blocks, which hold every layer's whole pages) */
+    struct ks_moe_buf *moe;  /* the MoE FFN's buffers (infer/moe.h), or NULL for a dense model */
 };
 
 /* Attention of G query heads (q [G][hd]) over one KV head's rows K, V

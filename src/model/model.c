@@ -260,6 +260,7 @@ void ks_model_destroy(ks_model *m) {
         ks_free(L->ffn_norm);
         ks_free(L->attn_post_norm);
         ks_free(L->ffn_post_norm);
+        ks_free(L->moe);
     }
     ks_free(m->layers);
     ks_free(m->output_norm);
@@ -285,18 +286,38 @@ void ks_model_destroy(ks_model *m) {
  * bits either way for the 4-row panels; the transposed Q8_0 panels round
  * activations to power-of-two scales, matmul_x86_panel.c, so their products
  * differ from the file layout's by that rounding). */
+static ks_status repack_list(ks_model *m, ks_weight **ws, size_t n, size_t total, bool mapped);
+
 static ks_status repack_weights(ks_model *m, bool mapped) {
-    ks_weight *ws[7 * 1024];
+    /* the layer matrices, and in MoE layers every expert's three (each view
+     * packs on its own: a product never spans two experts) */
+    const size_t cap = (size_t)m->hp.n_layer * (7 + 3 * (size_t)m->hp.n_expert);
+    ks_weight **ws = ks_malloc(cap * sizeof *ws);
+    if (!ws) return KS_OK; /* keep the file layout */
     size_t n = 0, total = 0;
     for (int il = 0; il < m->hp.n_layer; il++) {
         ks_layer *L = &m->layers[il];
         ks_weight *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof lw / sizeof lw[0] && n < sizeof ws / sizeof ws[0]; i++)
+        for (size_t i = 0; i < sizeof lw / sizeof lw[0]; i++)
             if (ks_matmul_can_pack(lw[i])) {
                 ws[n++] = lw[i];
                 total += (ks_weight_bytes(lw[i]) + 63) & ~(size_t)63;
             }
+        for (int e = 0; L->moe && e < m->hp.n_expert; e++) {
+            ks_weight *ew[] = {&L->moe->gate[e], &L->moe->up[e], &L->moe->down[e]};
+            for (size_t i = 0; i < 3; i++)
+                if (ks_matmul_can_pack(ew[i])) {
+                    ws[n++] = ew[i];
+                    total += (ks_weight_bytes(ew[i]) + 63) & ~(size_t)63;
+                }
+        }
     }
+    ks_status st = repack_list(m, ws, n, total, mapped);
+    ks_free(ws);
+    return st;
+}
+
+static ks_status repack_list(ks_model *m, ks_weight **ws, size_t n, size_t total, bool mapped) {
     if (!n) return KS_OK;
     if (!mapped) {
         for (size_t i = 0; i < n; i++) KS_TRY(ks_matmul_pack(ws[i]));
@@ -454,7 +475,19 @@ ks_status ks_model_describe(const ks_model *m, char *buf, size_t cap) {
     /* a step streams every matrix once; of the embedding table only one row,
      * unless it doubles as the (tied) output matrix */
     size_t step_bytes = m->weight_bytes - (m->output_tied ? 0 : ks_weight_bytes(&m->tok_embd));
-    OUT("decode bytes:  %.1f MiB of weights read per step (output matrix included)\n", step_bytes / 1048576.0);
+    if (hp->n_expert) { /* of the experts a token reads only the n_expert_used its router picks */
+        size_t all = 0, active = 0;
+        for (int il = 0; il < hp->n_layer; il++)
+            if (m->layers[il].moe) {
+                all += m->layers[il].moe->expert_bytes * (size_t)hp->n_expert;
+                active += m->layers[il].moe->expert_bytes * (size_t)hp->n_expert_used;
+            }
+        OUT("experts:       %d per layer, %d active per token, expert n_ff %d; %.1f of %.1f MiB of expert weights "
+            "read per token\n", hp->n_expert, hp->n_expert_used, hp->n_ff_exp, active / 1048576.0, all / 1048576.0);
+        step_bytes -= all - active;
+    }
+    OUT("decode bytes:  %.1f MiB of weights read per step (output matrix included%s)\n", step_bytes / 1048576.0,
+        hp->n_expert ? "; active experts of one token" : "");
 #undef OUT
     return n < cap ? KS_OK : KS_FAIL(KS_ERR_INVALID_ARG, "buffer too small (%zu needed)", n + 1);
 }

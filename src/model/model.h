@@ -15,7 +15,22 @@
 #include "tensor/ops.h"
 #include "tokenizer/tokenizer.h"
 
-typedef enum ks_arch { KS_ARCH_LLAMA, KS_ARCH_QWEN2, KS_ARCH_QWEN3, KS_ARCH_GEMMA3, KS_ARCH_NONE } ks_arch;
+typedef enum ks_arch { KS_ARCH_LLAMA, KS_ARCH_QWEN2, KS_ARCH_QWEN3, KS_ARCH_GEMMA3, KS_ARCH_QWEN3MOE, KS_ARCH_NONE } ks_arch;
+
+/* A mixture-of-experts FFN (qwen3moe): a router picks n_expert_used of
+ * n_expert SwiGLU experts per row (infer/moe.c).  The experts are views into
+ * llama.cpp's stacked 3-D tensors (ffn_{gate,up,down}_exps, ne = {cols, rows,
+ * n_expert}): expert e's [rows][cols] matrix is the e-th contiguous slice, so
+ * a view is a pointer and no bytes are copied.  One allocation: the three
+ * view arrays follow the struct. */
+typedef struct ks_moe_layer {
+    ks_weight router;         /* ffn_gate_inp [n_expert][n_embd] (f32 in llama.cpp's files) */
+    ks_weight *gate, *up;     /* [n_expert] views, each [n_ff_exp][n_embd] */
+    ks_weight *down;          /* [n_expert] views, each [n_embd][n_ff_exp] */
+    size_t expert_bytes;      /* bytes of one expert's gate + up + down */
+    /* Shared experts (qwen2moe, deepseek2: an always-on FFN beside the routed
+     * ones) would be a slot here; qwen3moe has none, so none is bound. */
+} ks_moe_layer;
 
 typedef struct ks_layer {
     float *attn_norm;         /* [n_embd] */
@@ -34,6 +49,7 @@ typedef struct ks_layer {
     /* sliding window of a local layer: a query at position p sees the keys
      * at positions (p - window, p]; 0: a global layer (sees every key) */
     int32_t window;
+    ks_moe_layer *moe;        /* owned; non-NULL: this layer's FFN is the MoE (w_gate/up/down unbound) */
 } ks_layer;
 
 typedef struct ks_hparams {
@@ -58,6 +74,9 @@ typedef struct ks_hparams {
     float logit_softcap;      /* logits = cap * tanh(logits / cap); 0: none */
     bool embd_scale;          /* input embeddings times sqrt(n_embd) */
     bool ffn_gelu;            /* FFN gate through GELU (tanh approximation) instead of SiLU */
+    /* mixture of experts (0 experts: a dense FFN) */
+    int32_t n_expert, n_expert_used, n_ff_exp;
+    bool expert_norm;         /* renormalise the selected experts' softmax weights to sum 1 */
 } ks_hparams;
 
 struct ks_model {

@@ -179,6 +179,7 @@ void ks_gen_model_shapes(FILE *f) {
         if (s->fused) fprintf(f, " fused-qkv/gate-up");
         if (s->attn_temp_scale > 0) fprintf(f, " attn-temp %g", s->attn_temp_scale);
         fputc('\n', f);
+        if (s->n_expert) fprintf(f, "  %-14s        experts %d, %d active, expert ff %d\n", "", s->n_expert, s->n_expert_used, s->n_ff_exp);
     }
 }
 

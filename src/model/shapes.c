@@ -43,23 +43,30 @@
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 /*  name            arch    embd layer head kv  hdim  n_ff   theta    eps   ctx    tied  bias  qkn   l3   fac lo  hi  orig */
 static const ks_model_shape g_shapes[] = {
-    {"llama-3.2-1b",  "llama", 2048, 16, 32,  8,  64,     8192, 500000.f, 1e-5f, 131072, true,  false, false, true, 32.f, 1.f, 4.f, 8192, 0, 0, 0},
-    {"llama-3.2-3b",  "llama", 3072, 28, 24,  8, 128,     8192, 500000.f, 1e-5f, 131072, true,  false, false, true, 32.f, 1.f, 4.f, 8192, 0, 0, 0},
-    {"llama-3.1-8b",  "llama", 4096, 32, 32,  8, 128,    14336, 500000.f, 1e-5f, 131072, false, false, false, true,  8.f, 1.f, 4.f, 8192, 0, 0, 0},
-    {"qwen3-8b",      "qwen3", 4096, 36, 32,  8, 128,    12288, 1000000.f, 1e-6f, 40960, false, false, true,  false, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen3-0.6b",    "qwen3", 1024, 28, 16,  8, 128,     3072, 1000000.f, 1e-6f, 40960, true,  false, true,  false, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen2.5-7b",    "qwen2", 3584, 28, 28,  4, 128,    18944, 1000000.f, 1e-6f, 32768, false, true,  false, false, 0, 0, 0, 0, 0, 0, 0},
+    {"llama-3.2-1b",  "llama", 2048, 16, 32,  8,  64,     8192, 500000.f, 1e-5f, 131072, true,  false, false, true, 32.f, 1.f, 4.f, 8192},
+    {"llama-3.2-3b",  "llama", 3072, 28, 24,  8, 128,     8192, 500000.f, 1e-5f, 131072, true,  false, false, true, 32.f, 1.f, 4.f, 8192},
+    {"llama-3.1-8b",  "llama", 4096, 32, 32,  8, 128,    14336, 500000.f, 1e-5f, 131072, false, false, false, true,  8.f, 1.f, 4.f, 8192},
+    {"qwen3-8b",      "qwen3", 4096, 36, 32,  8, 128,    12288, 1000000.f, 1e-6f, 40960, false, false, true,  false, 0, 0, 0, 0},
+    {"qwen3-0.6b",    "qwen3", 1024, 28, 16,  8, 128,     3072, 1000000.f, 1e-6f, 40960, true,  false, true,  false, 0, 0, 0, 0},
+    /* Qwen3-30B-A3B: 128 experts of 768, 8 active; feed_forward_length is HF's
+     * intermediate_size (6144), which no tensor uses */
+    {"qwen3-30b-a3b", "qwen3moe", 2048, 48, 32, 4, 128,  6144, 1000000.f, 1e-6f, 40960, false, false, true,  false, 0, 0, 0, 0,
+     .n_expert = 128, .n_expert_used = 8, .n_ff_exp = 768},
+    {"qwen2.5-7b",    "qwen2", 3584, 28, 28,  4, 128,    18944, 1000000.f, 1e-6f, 32768, false, true,  false, false, 0, 0, 0, 0},
     /* Mistral 7B v0.3 (v0.1 differs only in theta 10000 and a 32000 vocab) */
-    {"mistral-7b",    "llama", 4096, 32, 32,  8, 128,    14336, 1000000.f, 1e-5f, 32768, false, false, false, false, 0, 0, 0, 0, 0, 0, 0},
-    {"llama-2-7b",    "llama", 4096, 32, 32, 32, 128,    11008, 10000.f,   1e-5f,  4096, false, false, false, false, 0, 0, 0, 0, 0, 0, 0},
+    {"mistral-7b",    "llama", 4096, 32, 32,  8, 128,    14336, 1000000.f, 1e-5f, 32768, false, false, false, false, 0, 0, 0, 0},
+    {"llama-2-7b",    "llama", 4096, 32, 32, 32, 128,    11008, 10000.f,   1e-5f,  4096, false, false, false, false, 0, 0, 0, 0},
     /* tiny test shapes: every dim a multiple of 256 so the K-quants apply */
-    {"tiny-llama",    "llama",  256,  2,  4,  2,  64,      512, 10000.f,   1e-5f,  8192, false, false, false, false, 0, 0, 0, 0, 0, 0, 0},
-    {"tiny-llama3",   "llama",  256,  2,  4,  2,  64,      512, 500000.f,  1e-5f, 32768, true,  false, false, true,  8.f, 1.f, 4.f, 8192, 0, 0, 0},
-    {"tiny-qwen2",    "qwen2",  256,  2,  4,  2,  64,      512, 1000000.f, 1e-6f,  8192, false, true,  false, false, 0, 0, 0, 0, 0, 0, 0},
+    {"tiny-llama",    "llama",  256,  2,  4,  2,  64,      512, 10000.f,   1e-5f,  8192, false, false, false, false, 0, 0, 0, 0},
+    {"tiny-llama3",   "llama",  256,  2,  4,  2,  64,      512, 500000.f,  1e-5f, 32768, true,  false, false, true,  8.f, 1.f, 4.f, 8192},
+    {"tiny-qwen2",    "qwen2",  256,  2,  4,  2,  64,      512, 1000000.f, 1e-6f,  8192, false, true,  false, false, 0, 0, 0, 0},
     /* head_dim * n_head = 512 != n_embd, as in real qwen3 (key_length matters) */
     {"tiny-qwen3",    "qwen3",  256,  2,  8,  2,  64,      512, 1000000.f, 1e-6f,  8192, true,  false, true,  false, 0, 0, 0, 0},
     {"tiny-mistral",  "llama",  256,  2,  4,  2,  64,      512, 1000000.f, 1e-5f,  8192, false, false, false, false, 0, 0, 0, 0},
     {"tiny-mha",      "llama",  256,  2,  4,  4,  64,      512, 10000.f,   1e-5f,  8192, false, false, false, false, 0, 0, 0, 0},
+    /* 8 experts of 256, top 2: every routing path (ties aside) in a few MB of experts */
+    {"tiny-qwen3moe", "qwen3moe", 256, 2, 8,  2,  64,      512, 1000000.f, 1e-6f,  8192, false, false, true,  false, 0, 0, 0, 0,
+     .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 256},
     {"tiny-mqa",      "llama",  256,  2,  4,  1,  64,      512, 10000.f,   1e-5f,  8192, false, false, false, false, 0, 0, 0, 0},
     /* RoPE scaling stated by keys, and the architectures of their own files
      * (src/model/arch_<name>.c).  Phi-4-mini: LongRoPE over 96 of 128 dims
@@ -165,7 +172,8 @@ typedef struct ks_gen_tensor {
     char name[64];
     ks_gen_kind kind;
     ks_dtype type;
-    int64_t ne0, ne1;    /* row length, rows */
+    int64_t ne0, ne1;    /* row length, rows (of one expert when stacked) */
+    int64_t ne2;         /* experts stacked in a 3-D tensor (ne = {ne0, ne1, ne2}), else 1 */
     float sigma;
     uint64_t stream;     /* hash of the name: the tensor's RNG stream */
     uint64_t nbytes;
@@ -223,7 +231,7 @@ static void ks_gen_rows_worker(void *arg, int ith, int nth) {
     ks_gen *g = arg;
     const ks_gen_tensor *t = g->cur;
     int64_t r0, r1; /* each row depends only on its index: any split gives the same bytes */
-    ks_pool_share(t->ne1, ith, nth, &r0, &r1);
+    ks_pool_share(t->ne1 * t->ne2, ith, nth, &r0, &r1); /* a stacked tensor's rows: expert-major */
     if (r0 >= r1) return;
     size_t row_bytes = ks_dtype_row_bytes(t->type, t->ne0);
     float *x = ks_malloc((size_t)t->ne0 * sizeof(float)); /* [ne0] */
@@ -268,7 +276,18 @@ static void ks_gen_add(ks_gen *g, int64_t *n, const char *name, ks_gen_kind kind
     t->ne1 = ne1;
     t->sigma = sigma;
     t->stream = ks_gen_hash_name(name);
+    t->ne2 = 1;
     t->nbytes = (uint64_t)ks_dtype_row_bytes(type, ne0) * (uint64_t)ne1;
+}
+
+/* A stacked expert tensor: n_expert matrices of [ne1][ne0], one 3-D tensor
+ * as llama.cpp's converter writes ffn_{gate,up,down}_exps. */
+static void ks_gen_add_experts(ks_gen *g, int64_t *n, const char *name, ks_dtype type, int64_t ne0, int64_t ne1,
+                               int64_t n_expert, float sigma) {
+    ks_gen_add(g, n, name, KS_GEN_MATRIX, type, ne0, ne1, sigma);
+    ks_gen_tensor *t = &g->ts[*n - 1];
+    t->ne2 = n_expert;
+    t->nbytes *= (uint64_t)n_expert;
 }
 
 /* Lists every tensor of the model, in llama.cpp's converter order. */
@@ -311,6 +330,18 @@ static int64_t ks_gen_plan(ks_gen *g, int32_t n_layer, int64_t n_vocab) {
         bool gemma = !strcmp(s->arch, "gemma3");
         if (gemma) KS_GEN_T("post_attention_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, E, 1, 0.02f);
         KS_GEN_T("ffn_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, E, 1, 0.02f);
+        if (s->n_expert > 0) {
+            /* the router stays f32 whatever the weight type, as the converter and llama-quantize keep it */
+            const int64_t X = s->n_expert, FX = s->n_ff_exp;
+            KS_GEN_T("ffn_gate_inp.weight", KS_GEN_MATRIX, KS_DTYPE_F32, E, X, sE);
+            snprintf(nm, sizeof nm, "blk.%d.ffn_gate_exps.weight", (int)l);
+            ks_gen_add_experts(g, &n, nm, wt, E, FX, X, sE);
+            snprintf(nm, sizeof nm, "blk.%d.ffn_down_exps.weight", (int)l);
+            ks_gen_add_experts(g, &n, nm, wt, FX, E, X, 1.0f / sqrtf((float)FX));
+            snprintf(nm, sizeof nm, "blk.%d.ffn_up_exps.weight", (int)l);
+            ks_gen_add_experts(g, &n, nm, wt, E, FX, X, sE);
+            continue;
+        }
         if (s->fused) { /* phi3: ffn_down, then gate and up in one ffn_up (the converter's order) */
             KS_GEN_T("ffn_down.weight", KS_GEN_MATRIX, wt, F, E, 1.0f / sqrtf((float)F));
             KS_GEN_T("ffn_up.weight", KS_GEN_MATRIX, wt, E, 2 * F, sE);
@@ -366,6 +397,11 @@ static void ks_gen_set_metadata(ks_gguf_writer *w, const ks_model_shape *s, cons
     if (s->swa_pattern > 0)
         ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.sliding_window_pattern"), (uint32_t)s->swa_pattern);
     ks_gguf_writer_set_u32(w, KS_GEN_KEY("vocab_size"), (uint32_t)n_vocab);
+    if (s->n_expert > 0) {
+        ks_gguf_writer_set_u32(w, KS_GEN_KEY("expert_count"), (uint32_t)s->n_expert);
+        ks_gguf_writer_set_u32(w, KS_GEN_KEY("expert_used_count"), (uint32_t)s->n_expert_used);
+        ks_gguf_writer_set_u32(w, KS_GEN_KEY("expert_feed_forward_length"), (uint32_t)s->n_ff_exp);
+    }
 #undef KS_GEN_KEY
     for (int64_t i = 0; i < ks_gguf_n_kv(p->vocab); i++) {
         const ks_gguf_kv *kv = ks_gguf_kv_at(p->vocab, i);
@@ -407,8 +443,9 @@ ks_status ks_shape_generate(const ks_model_shape *s, const ks_shape_gen_params *
         ks_gen_set_metadata(w, s, p, n_layer, n_ctx, n_vocab);
         for (int64_t i = 0; i < g.n_t && st == KS_OK; i++) {
             ks_gen_tensor *t = &g.ts[i];
-            int64_t ne[2] = {t->ne0, t->ne1};
-            st = ks_gguf_writer_add_tensor(w, t->name, t->type, t->kind == KS_GEN_MATRIX ? 2 : 1, ne, NULL, ks_gen_fill, t);
+            int64_t ne[3] = {t->ne0, t->ne1, t->ne2};
+            uint32_t n_dims = t->kind != KS_GEN_MATRIX ? 1 : t->ne2 > 1 ? 3 : 2;
+            st = ks_gguf_writer_add_tensor(w, t->name, t->type, n_dims, ne, NULL, ks_gen_fill, t);
             g.bytes_total += t->nbytes;
         }
     }

@@ -19,7 +19,7 @@
 
 typedef struct ks_model_shape {
     const char *name;      /* "llama-3.1-8b" */
-    const char *arch;      /* GGUF general.architecture: "llama" | "qwen2" | "qwen3" */
+    const char *arch;      /* GGUF general.architecture: "llama" | "qwen2" | "qwen3" | "qwen3moe" */
     int32_t n_embd;
     int32_t n_layer;
     int32_t n_head;
@@ -51,6 +51,10 @@ typedef struct ks_model_shape {
     int32_t swa_window;    /* <arch>.attention.sliding_window (gemma3: its local layers; phi3 writes one
                               that llama.cpp ignores); 0: none written */
     int32_t swa_pattern;   /* <arch>.attention.sliding_window_pattern; 0: not written (llama.cpp's 6) */
+    /* mixture of experts (qwen3moe): n_expert > 0 replaces every layer's
+     * dense FFN by a router (ffn_gate_inp) and n_expert stacked SwiGLU
+     * experts of n_ff_exp (ffn_{gate,up,down}_exps, 3-D) */
+    int32_t n_expert, n_expert_used, n_ff_exp;
 } ks_model_shape;
 
 int ks_shape_count(void);

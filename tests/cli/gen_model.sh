@@ -82,7 +82,16 @@ assert names['token_embd.weight'][1] == (E, 512)
 assert names['blk.0.attn_q.weight'][1] == (E, H * D)
 assert names['blk.0.attn_k.weight'][1] == (E, KV * D)
 assert names['blk.0.attn_output.weight'][1] == (H * D, E)
-assert names['blk.0.ffn_down.weight'][1] == (kv[arch + '.feed_forward_length'], E)
+if arch + '.expert_count' in kv:  # MoE: llama.cpp's f32 router and stacked 3-D experts
+    X = kv[arch + '.expert_count']; FX = kv[arch + '.expert_feed_forward_length']
+    assert 1 <= kv[arch + '.expert_used_count'] <= X
+    assert names['blk.0.ffn_gate_inp.weight'][1:3] == ((E, X), 0)
+    assert names['blk.0.ffn_gate_exps.weight'][1] == (E, FX, X)
+    assert names['blk.0.ffn_up_exps.weight'][1] == (E, FX, X)
+    assert names['blk.0.ffn_down_exps.weight'][1] == (FX, E, X)
+    assert 'blk.0.ffn_down.weight' not in names
+else:
+    assert names['blk.0.ffn_down.weight'][1] == (kv[arch + '.feed_forward_length'], E)
 for k in ('context_length', 'rope.freq_base', 'rope.dimension_count', 'attention.layer_norm_rms_epsilon', 'attention.value_length'):
     assert arch + '.' + k in kv, k
 assert 'general.file_type' in kv
@@ -91,7 +100,7 @@ PYEOF
 }
 check_py "$TMP/a.gguf" tiny-llama llama 2 >/dev/null || fail "independent reader rejected tiny-llama q8_0"
 for spec in "tiny-llama3 q4_k llama" "tiny-qwen2 q6_k qwen2" "tiny-qwen3 q4_0 qwen3" "tiny-mistral bf16 llama" \
-            "tiny-mha f16 llama" "tiny-mqa f32 llama"; do
+            "tiny-mha f16 llama" "tiny-mqa f32 llama" "tiny-qwen3moe q8_0 qwen3moe"; do
   set -- $spec
   gen --shape "$1" --type "$2" --out "$TMP/$1.gguf" >/dev/null || { fail "gen-model $1 $2: $(cat "$TMP/stderr")"; continue; }
   check_py "$TMP/$1.gguf" "$1" "$3" 2 >/dev/null || fail "independent reader rejected $1 $2"

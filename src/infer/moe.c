@@ -1,0 +1,233 @@
+/*
+ * moe.c — the mixture-of-experts FFN (moe.h): route, group by expert, one
+ * product per active expert.
+ *
+ * Why grouped.  A prefill chunk of n rows with k experts each touches up to
+ * n_expert experts, each chosen by about n k / n_expert rows.  Running each
+ * row through its own experts would be n k matrix-vector products, each
+ * streaming a whole expert; grouping the rows of an expert and running one
+ * product over them reads each active expert once per chunk and lets the
+ * GEMM kernels reuse every weight byte across those rows.  A decode step is
+ * the same code with one row (or one per sequence): only the k chosen
+ * experts are read, so the bytes a step streams, and the weight_bytes_read
+ * the benchmarks divide by, are the active parameters', not the model's.
+ *
+ * Products are ks_matmul_weight_ex on expert views (any weight type, the
+ * pool's threads split each expert's output rows).  Gate and up share one
+ * quantization of the gathered rows (x_ready).  The gather, the SwiGLU and
+ * the weighted scatter-add are per-row arithmetic; the SwiGLU runs on the
+ * pool when it is large (a prefill), the copies stay on the caller.
+ *
+ * Order of sums.  Each row's output is accumulated over its experts in
+ * ascending expert index, whatever the batch holds, and each row of a
+ * product is computed by the same kernel arithmetic for any row count: a
+ * row's output therefore does not depend on its batch-mates, so decode
+ * agrees with prefill, and the per-row reference in tests/test_moe.c is
+ * matched bit for bit.
+ */
+#include "infer/moe.h"
+
+#include "tensor/matmul.h"
+
+#include <math.h>
+#include <string.h>
+
+void ks_moe_buf_destroy(ks_moe_buf *b) {
+    if (!b) return;
+    ks_free_aligned(b->logits);
+    ks_free(b->sel);
+    ks_free(b->w);
+    ks_free(b->start);
+    ks_free(b->by_expert);
+    ks_free(b->by_w);
+    ks_free_aligned(b->xg);
+    ks_free_aligned(b->gate);
+    ks_free_aligned(b->up);
+    ks_free_aligned(b->yg);
+    ks_free_aligned(b->out);
+    ks_free(b);
+}
+
+ks_status ks_moe_buf_create(const ks_hparams *hp, int32_t max_rows, ks_moe_buf **out) {
+    if (hp->n_expert <= 0 || hp->n_expert_used <= 0 || hp->n_expert_used > hp->n_expert || max_rows <= 0)
+        return KS_FAIL(KS_ERR_INVALID_ARG, "moe: %d experts, %d used, %d rows", hp->n_expert, hp->n_expert_used,
+                       max_rows);
+    ks_moe_buf *b = ks_calloc(1, sizeof *b);
+    if (!b) return KS_FAIL(KS_ERR_NOMEM, "moe buffers");
+    const size_t R = (size_t)max_rows, E = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used;
+    const size_t D = (size_t)hp->n_embd, F = (size_t)hp->n_ff_exp;
+    b->max_rows = max_rows;
+    b->n_expert = hp->n_expert;
+    b->n_used = hp->n_expert_used;
+    b->n_embd = hp->n_embd;
+    b->n_ff = hp->n_ff_exp;
+    b->logits = ks_malloc_aligned(sizeof(float) * R * E);
+    b->sel = ks_malloc(sizeof(int32_t) * R * K);
+    b->w = ks_malloc(sizeof(float) * R * K);
+    b->start = ks_malloc(sizeof(int32_t) * (E + 1));
+    b->by_expert = ks_malloc(sizeof(int32_t) * R * K);
+    b->by_w = ks_malloc(sizeof(float) * R * K);
+    b->xg = ks_malloc_aligned(sizeof(float) * R * D);
+    b->gate = ks_malloc_aligned(sizeof(float) * R * F);
+    b->up = ks_malloc_aligned(sizeof(float) * R * F);
+    b->yg = ks_malloc_aligned(sizeof(float) * R * D);
+    b->out = ks_malloc_aligned(sizeof(float) * R * D);
+    if (!b->logits || !b->sel || !b->w || !b->start || !b->by_expert || !b->by_w || !b->xg || !b->gate || !b->up ||
+        !b->yg || !b->out) {
+        ks_moe_buf_destroy(b);
+        return KS_FAIL(KS_ERR_NOMEM, "moe buffers of %zu rows, %zu experts", R, E);
+    }
+    /* touched now, so first use inside a step faults nothing in (as the context's activations) */
+    memset(b->xg, 0, sizeof(float) * R * D);
+    memset(b->gate, 0, sizeof(float) * R * F);
+    memset(b->up, 0, sizeof(float) * R * F);
+    memset(b->yg, 0, sizeof(float) * R * D);
+    memset(b->out, 0, sizeof(float) * R * D);
+    *out = b;
+    return KS_OK;
+}
+
+size_t ks_moe_matmul_scratch_bytes(const ks_model *m, int64_t rows) {
+    size_t need = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const ks_moe_layer *L = m->layers[il].moe;
+        if (!L) continue;
+        const ks_weight *ws[] = {&L->router, &L->gate[0], &L->up[0], &L->down[0]};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+            size_t s = ks_matmul_scratch_bytes(ws[i]->type, ws[i]->cols, rows);
+            if (s > need) need = s;
+        }
+    }
+    return need;
+}
+
+size_t ks_moe_worker_scratch_bytes(const ks_model *m) {
+    size_t need = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const ks_moe_layer *L = m->layers[il].moe;
+        if (!L) continue;
+        size_t s = ks_matmul_worker_scratch_bytes(&L->router);
+        if (s > need) need = s;
+        for (int e = 0; e < m->hp.n_expert; e++) {
+            const ks_weight *ws[] = {&L->gate[e], &L->up[e], &L->down[e]};
+            for (size_t i = 0; i < 3; i++) {
+                s = ks_matmul_worker_scratch_bytes(ws[i]);
+                if (s > need) need = s;
+            }
+        }
+    }
+    return need;
+}
+
+void ks_moe_route(const float *logits, int n_expert, int k, bool norm, int32_t *sel, float *w) {
+    float mx = logits[0];
+    for (int e = 1; e < n_expert; e++)
+        if (logits[e] > mx) mx = logits[e];
+    /* the k largest logits are the k largest probabilities: select on the
+     * logits by insertion into a list kept best first (strict > keeps the
+     * lower index ahead on a tie) */
+    int n = 0;
+    for (int e = 0; e < n_expert; e++) {
+        if (n == k && !(logits[e] > logits[sel[k - 1]])) continue;
+        int i = n < k ? n++ : k - 1;
+        while (i > 0 && logits[e] > logits[sel[i - 1]]) {
+            sel[i] = sel[i - 1];
+            i--;
+        }
+        sel[i] = e;
+    }
+    float z = 0;
+    for (int e = 0; e < n_expert; e++) z += expf(logits[e] - mx);
+    float sum = 0;
+    for (int i = 0; i < k; i++) {
+        w[i] = expf(logits[sel[i]] - mx) / z;
+        sum += w[i];
+    }
+    if (norm) {
+        if (sum < 6.103515625e-5f) sum = 6.103515625e-5f; /* llama.cpp's clamp: f16's smallest normal */
+        for (int i = 0; i < k; i++) w[i] /= sum;
+    }
+}
+
+/* ------------------------------------------------------------- SwiGLU -- */
+typedef struct {
+    float *gate;
+    const float *up;
+    int64_t n; /* elements */
+} swiglu_job;
+
+static void swiglu_range(float *g, const float *u, int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; i++) {
+        float x = g[i];
+        g[i] = x / (1.0f + expf(-x)) * u[i];
+    }
+}
+
+static void swiglu_worker(void *arg, int ith, int nth) {
+    const swiglu_job *j = arg;
+    int64_t i0, i1;
+    ks_pool_share(j->n, ith, nth, &i0, &i1);
+    swiglu_range(j->gate, j->up, i0, i1);
+}
+
+#define SWIGLU_PARALLEL_MIN (1 << 15) /* elements: below, the caller alone (a dispatch costs microseconds) */
+
+static void matmul_count(ks_pool *pool, const ks_weight *w, const float *X, int n, float *Y, void *scratch, bool x_ready,
+                         ks_moe_counters *cnt) {
+    double t0 = ks_time_sec();
+    ks_matmul_weight_ex(pool, w, X, n, Y, scratch, x_ready);
+    if (!cnt) return;
+    cnt->matmul_seconds += ks_time_sec() - t0;
+    cnt->macs += (uint64_t)w->rows * (uint64_t)w->cols * (uint64_t)n;
+    cnt->weight_bytes += ks_weight_bytes(w);
+}
+
+void ks_moe_ffn(ks_pool *pool, const ks_hparams *hp, const ks_moe_layer *L, int n, const float *xn, ks_moe_buf *b,
+                void *mm_scratch, ks_moe_counters *cnt) {
+    const int E = hp->n_expert, K = hp->n_expert_used, F = hp->n_ff_exp;
+    const size_t D = (size_t)hp->n_embd;
+    KS_ASSERT(n > 0 && n <= b->max_rows && E == b->n_expert && K == b->n_used && F == b->n_ff);
+    /* route */
+    matmul_count(pool, &L->router, xn, n, b->logits, mm_scratch, false, cnt);
+    for (int r = 0; r < n; r++)
+        ks_moe_route(b->logits + (size_t)r * E, E, K, hp->expert_norm, b->sel + (size_t)r * K, b->w + (size_t)r * K);
+    /* group: a counting sort of the (row, expert) pairs by expert, rows
+     * ascending within an expert (each row picks an expert at most once) */
+    int32_t *start = b->start;
+    memset(start, 0, sizeof(int32_t) * (size_t)(E + 1));
+    for (int i = 0; i < n * K; i++) start[b->sel[i] + 1]++;
+    for (int e = 0; e < E; e++) start[e + 1] += start[e];
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < K; i++) {
+            int e = b->sel[(size_t)r * K + i];
+            int at = start[e]++;
+            b->by_expert[at] = r;
+            b->by_w[at] = b->w[(size_t)r * K + i];
+        }
+    for (int e = E; e > 0; e--) start[e] = start[e - 1]; /* the fill advanced each start to the next's */
+    start[0] = 0;
+    memset(b->out, 0, sizeof(float) * (size_t)n * D);
+    /* one product per active expert over its rows */
+    for (int e = 0; e < E; e++) {
+        const int m = start[e + 1] - start[e];
+        if (!m) continue;
+        const int32_t *rows = b->by_expert + start[e];
+        const float *rw = b->by_w + start[e];
+        for (int i = 0; i < m; i++) memcpy(b->xg + (size_t)i * D, xn + (size_t)rows[i] * D, sizeof(float) * D);
+        const ks_weight *wg = &L->gate[e], *wu = &L->up[e];
+        matmul_count(pool, wg, b->xg, m, b->gate, mm_scratch, false, cnt);
+        bool same = wg->type == wu->type && wg->cols == wu->cols && wg->layout == wu->layout;
+        matmul_count(pool, wu, b->xg, m, b->up, mm_scratch, same, cnt);
+        swiglu_job j = {b->gate, b->up, (int64_t)m * F};
+        if (pool && j.n >= SWIGLU_PARALLEL_MIN) ks_pool_run(pool, swiglu_worker, &j);
+        else swiglu_range(j.gate, j.up, 0, j.n);
+        matmul_count(pool, &L->down[e], b->gate, m, b->yg, mm_scratch, false, cnt);
+        for (int i = 0; i < m; i++) {
+            float *o = b->out + (size_t)rows[i] * D;
+            const float *y = b->yg + (size_t)i * D;
+            const float wi = rw[i];
+            for (size_t d = 0; d < D; d++) o[d] += wi * y[d];
+        }
+        if (cnt) cnt->expert_runs++;
+    }
+}

@@ -1,0 +1,108 @@
+/*
+ * arch_qwen3moe.c — Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B): Qwen3's
+ * attention (no biases, per-head RMSNorm of Q and K before NEOX RoPE) with a
+ * mixture-of-experts FFN in every layer.
+ *
+ * Every layer is MoE: llama.cpp's qwen3moe loader binds ffn_gate_inp and the
+ * stacked experts in each layer and no dense FFN (HF's mlp_only_layers is
+ * empty and decoder_sparse_step is 1 for the published checkpoints), and
+ * there are no shared experts (qwen2moe's ffn_*_shexp do not exist here).
+ * Routing follows llama.cpp's build_moe_ffn as qwen3moe calls it: softmax
+ * over the router logits, top expert_used_count, the selected weights
+ * renormalised to sum 1 (norm_w is always on for qwen3moe, whatever the HF
+ * config's norm_topk_prob said), no weight scale.
+ *
+ * Keys: <arch>.expert_count, <arch>.expert_used_count (required),
+ * <arch>.expert_feed_forward_length (optional: llama.cpp falls back to
+ * feed_forward_length / expert_used_count, and so do we).  Tensors of layer
+ * N: ffn_gate_inp.weight ne {n_embd, n_expert}, ffn_gate_exps.weight and
+ * ffn_up_exps.weight ne {n_embd, n_ff_exp, n_expert}, ffn_down_exps.weight
+ * ne {n_ff_exp, n_embd, n_expert}, as the converter stacks them.
+ */
+#include "model/arch.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define MAX_EXPERTS 4096 /* a bound on file input before it sizes allocations (real models: <= 512) */
+
+static ks_status qwen3moe_read_hparams(const ks_gguf *g, ks_hparams *hp) {
+    uint32_t n_expert = 0, n_used = 0, n_ff_exp = 0;
+    KS_TRY(ks_arch_key_u32(g, hp->arch_name, "expert_count", &n_expert, true));
+    KS_TRY(ks_arch_key_u32(g, hp->arch_name, "expert_used_count", &n_used, true));
+    KS_TRY(ks_arch_key_u32(g, hp->arch_name, "expert_feed_forward_length", &n_ff_exp, false));
+    if (n_expert == 0 || n_expert > MAX_EXPERTS)
+        return KS_FAIL(KS_ERR_FORMAT, "%s.expert_count %u is outside [1, %d]", hp->arch_name, n_expert, MAX_EXPERTS);
+    if (n_used == 0 || n_used > n_expert)
+        return KS_FAIL(KS_ERR_FORMAT, "%s.expert_used_count %u must be in [1, expert_count %u]", hp->arch_name, n_used,
+                       n_expert);
+    if (n_ff_exp == 0) n_ff_exp = (uint32_t)hp->n_ff / n_used;
+    if (n_ff_exp == 0 || n_ff_exp > 1 << 20)
+        return KS_FAIL(KS_ERR_FORMAT, "%s: expert feed-forward length %u is implausible", hp->arch_name, n_ff_exp);
+    hp->n_expert = (int32_t)n_expert;
+    hp->n_expert_used = (int32_t)n_used;
+    hp->n_ff_exp = (int32_t)n_ff_exp;
+    hp->expert_norm = true;
+    return KS_OK;
+}
+
+/* Binds the stacked expert tensor `name` (ne {cols, rows, n_expert}) as
+ * n_expert views, each expert's [rows][cols] the e-th contiguous slice. */
+static ks_status bind_experts(ks_model *m, const char *name, int64_t rows, int64_t cols, ks_weight *views) {
+    const int64_t n_expert = m->hp.n_expert;
+    const ks_gguf_tensor *t = ks_gguf_find_tensor(m->gguf, name);
+    if (!t) return KS_FAIL(KS_ERR_FORMAT, "expert tensor '%s' is missing", name);
+    if (t->n_dims != 3 || t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != n_expert)
+        return KS_FAIL(KS_ERR_FORMAT, "expert tensor '%s' has shape [%lld, %lld, %lld] in %u dims, expected [%lld, %lld, %lld]",
+                       name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], t->n_dims,
+                       (long long)cols, (long long)rows, (long long)n_expert);
+    if (!ks_dtype_is_weight_type((uint32_t)t->type) || ks_dtype_block_size(t->type) <= 0 ||
+        cols % ks_dtype_block_size(t->type) != 0)
+        return KS_FAIL(KS_ERR_UNSUPPORTED, "expert tensor '%s' has type %s, which experts cannot use", name,
+                       ks_dtype_name(t->type));
+    const size_t slice = ks_dtype_row_bytes(t->type, cols) * (size_t)rows;
+    for (int64_t e = 0; e < n_expert; e++)
+        views[e] = (ks_weight){.type = t->type, .rows = rows, .cols = cols,
+                               .data = (const uint8_t *)t->data + (size_t)e * slice};
+    m->weight_bytes += t->nbytes;
+    m->n_params += rows * cols * n_expert;
+    return KS_OK;
+}
+
+static ks_status qwen3moe_bind_layer(ks_model *m, int il, ks_layer *L) {
+    const ks_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, F = hp->n_ff_exp;
+    const int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    char nm[96];
+#define NAME(suffix) (snprintf(nm, sizeof nm, "blk.%d." suffix, il), nm)
+    /* qwen3's attention tensors; ks_arch_bind_llama_layer would also demand a dense FFN */
+    KS_TRY(ks_model_bind_vec(m, NAME("attn_norm.weight"), E, true, &L->attn_norm));
+    KS_TRY(ks_model_bind_weight(m, NAME("attn_q.weight"), q_dim, E, &L->wq));
+    KS_TRY(ks_model_bind_weight(m, NAME("attn_k.weight"), kv_dim, E, &L->wk));
+    KS_TRY(ks_model_bind_weight(m, NAME("attn_v.weight"), kv_dim, E, &L->wv));
+    KS_TRY(ks_model_bind_weight(m, NAME("attn_output.weight"), E, q_dim, &L->wo));
+    KS_TRY(ks_model_bind_vec(m, NAME("attn_q_norm.weight"), hp->head_dim, true, &L->q_norm));
+    KS_TRY(ks_model_bind_vec(m, NAME("attn_k_norm.weight"), hp->head_dim, true, &L->k_norm));
+    KS_TRY(ks_model_bind_vec(m, NAME("ffn_norm.weight"), E, true, &L->ffn_norm));
+    /* the struct and its three view arrays in one block: model destroy frees L->moe alone */
+    const size_t n_expert = (size_t)hp->n_expert;
+    ks_moe_layer *moe = ks_calloc(1, sizeof *moe + 3 * n_expert * sizeof(ks_weight));
+    if (!moe) return KS_FAIL(KS_ERR_NOMEM, "layer %d: views of %zu experts", il, n_expert);
+    L->moe = moe;
+    moe->gate = (ks_weight *)(moe + 1);
+    moe->up = moe->gate + n_expert;
+    moe->down = moe->up + n_expert;
+    KS_TRY(ks_model_bind_weight(m, NAME("ffn_gate_inp.weight"), hp->n_expert, E, &moe->router));
+    KS_TRY(bind_experts(m, NAME("ffn_gate_exps.weight"), F, E, moe->gate));
+    KS_TRY(bind_experts(m, NAME("ffn_up_exps.weight"), F, E, moe->up));
+    KS_TRY(bind_experts(m, NAME("ffn_down_exps.weight"), E, F, moe->down));
+#undef NAME
+    moe->expert_bytes = ks_weight_bytes(&moe->gate[0]) + ks_weight_bytes(&moe->up[0]) + ks_weight_bytes(&moe->down[0]);
+    return KS_OK;
+}
+
+const ks_arch_desc ks_arch_qwen3moe = {.name = "qwen3moe",
+                                       .id = KS_ARCH_QWEN3MOE,
+                                       .rope_neox = true,
+                                       .read_hparams = qwen3moe_read_hparams,
+                                       .bind_layer = qwen3moe_bind_layer};
