@@ -63,8 +63,9 @@ foreach(drv curl invariance openai_node load memcap bench prefix prefix_load)
 endforeach()
 # Multi-turn chat: multiturn.sh (a python client, bundled model and a
 # phi-3-template model) and openai_node_chat.sh (the OpenAI Node SDK, streaming);
-# chat_page.sh: the chat page (GET /) in headless chromium through puppeteer-core.
-foreach(drv multiturn openai_node_chat chat_page)
+# chat_page.sh: the chat page (GET /) in headless chromium through puppeteer-core;
+# tokens.sh: /tokenize, /detokenize, /apply-template.
+foreach(drv multiturn openai_node_chat chat_page tokens)
   add_test(NAME server_${drv}
            COMMAND bash ${CMAKE_SOURCE_DIR}/tests/server/${drv}.sh $<TARGET_FILE:kvsieve_cli> ${KS_FIXTURES_DIR}
                    ${CMAKE_BINARY_DIR}/server_${drv})

@@ -252,7 +252,7 @@ static bool merge_policy(ks_server *srv, const ks_api_request *rq, ks_sched_poli
  * the GGUF's chat template (parse special tokens), or, for a model with no
  * known template, the non-empty contents joined by a blank line (system
  * messages in a row by a newline), as a base model would read a transcript. */
-static bool chat_prompt(ks_server *srv, const ks_api_request *rq, char **text, bool *special, ks_api_error *e) {
+bool ks_server_chat_prompt(ks_server *srv, const ks_api_request *rq, char **text, bool *special, ks_api_error *e) {
     ks_chat_message *msgs = ks_malloc(sizeof *msgs * (size_t)rq->n_messages);
     if (!msgs) return out_of_memory(e, "reading the messages");
     for (int32_t i = 0; i < rq->n_messages; i++)
@@ -316,7 +316,7 @@ static bool prepare_prompt(ks_server *srv, const ks_api_request *rq, int32_t **i
     char *text = NULL;
     bool special = false;
     if (rq->kind == KS_API_CHAT) {
-        if (!chat_prompt(srv, rq, &text, &special, e)) return false;
+        if (!ks_server_chat_prompt(srv, rq, &text, &special, e)) return false;
     } else {
         if (!(text = ks_strdup(rq->prompt))) return out_of_memory(e, "copying the prompt");
     }

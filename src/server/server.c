@@ -17,6 +17,11 @@
  *
  * Nothing here touches the engine except tokenization and the chat template
  * (read-only uses of the model); the scheduler owns the contexts.
+ *
+ * The chat page (GET /, /chat.js, /chat.css: web.h) is answered before the
+ * API key is checked: it is the same static bytes for everyone and holds no
+ * data, and a browser cannot send a Bearer header when it loads a page.
+ * The page sends the key the user gives it with every API call.
  */
 #define _GNU_SOURCE
 #include "server/internal.h"
@@ -173,7 +178,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     const char *path = url;
-    if (!strcmp(path, "/v1/completions") || !strcmp(path, "/v1/chat/completions")) {
+    bool completion = !strcmp(path, "/v1/completions") || !strcmp(path, "/v1/chat/completions");
+    if (completion || ks_server_is_tokens_route(path)) {
         if (!post) {
             ks_api_error_set(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "use POST for %s", path);
             return ks_server_respond(srv, conn, 405, "application/json", ks_api_error_json(&e), 0, "POST");
@@ -188,6 +194,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                              "the request body exceeds %zu bytes", srv->p.max_body);
             return ks_server_respond_error(srv, conn, &e);
         }
+        if (!completion) return ks_server_handle_tokens(srv, conn, path, cs->body.p ? cs->body.p : "", cs->body.n);
         return ks_server_handle_completion(srv, conn, strstr(path, "/chat/") ? KS_API_CHAT : KS_API_COMPLETIONS,
                                  cs->body.p ? cs->body.p : "", cs->body.n);
     }
