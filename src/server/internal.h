@@ -61,6 +61,11 @@ bool ks_server_is_tokens_route(const char *path);
 enum MHD_Result ks_server_handle_tokens(ks_server *srv, struct MHD_Connection *conn, const char *path,
                                         const char *body, size_t len);
 
+/* logprobs.c: OpenAI's logprobs objects (NULL on a refused allocation);
+ * text_offset: bytes of the completion's text before lp[0], advanced. */
+cJSON *ks_server_logprobs_chat(ks_server *srv, const ks_sched_logprob *lp, int32_t n);
+cJSON *ks_server_logprobs_text(ks_server *srv, const ks_sched_logprob *lp, int32_t n, size_t *text_offset);
+
 /* metrics.c */
 enum MHD_Result ks_server_handle_metrics(ks_server *srv, struct MHD_Connection *conn);
 cJSON *ks_server_model_object(ks_server *srv);
