@@ -5,7 +5,9 @@
  * scheduler and wait, answering with one JSON object or Server-Sent Events.
  * While waiting, the client's socket is watched: a peer that hung up cancels
  * its request.  If it vanishes while text is flowing, the failed write ends
- * the response and its free callback cancels the request.
+ * the response and its free callback cancels the request.  With logprobs,
+ * the scheduler's per-token records travel beside the text and are written
+ * by logprobs.c; a stream sends them with the chunk of their text.
  */
 #define _GNU_SOURCE
 #include "server/internal.h"

@@ -4,7 +4,8 @@
 # model, pieces (bytes for a piece that is part of a character), the chat
 # rendering of a phi-3-template model equal to the documented template and
 # to the prompt /v1/chat/completions counts, the API key, and every bad
-# field a 400 naming it.  The checks are tokens.py.
+# field a 400 naming it; and logprobs in chat and text completions, streamed
+# and not.  The checks are tokens.py and logprobs.py.
 # Usage: bash tokens.sh <kvsieve> <fixtures-dir> <scratch-dir>
 set -u
 KS=$1; FIX=$2; TMP=$3
@@ -19,6 +20,7 @@ MODEL="$SRC/models/kvsieve-default.gguf"
 
 start_server tok -m "$MODEL" -t 2 -c 512 --api-key tok-key
 python3 "$DIR/tokens.py" "$BASE" tok-key plain || bad "tokens.py plain (above)"
+python3 "$DIR/logprobs.py" "$BASE" tok-key || bad "logprobs.py (above)"
 stop_server "$PID" tok
 
 # A chat template: the rendering is the documented phi-3 one, and it is
