@@ -34,7 +34,7 @@ MODEL="$SRC/models/kvsieve-default.gguf"
 printf 'An uploaded document.\nIt has two lines.\n' > "$TMP/doc.txt"
 rm -f "$TMP/chat-page.png"
 # the browser keeps its profile (localStorage) in a fresh temporary directory
-start_server page -m "$MODEL" --parallel 2 -t 2 -c 2048 --api-key page-key
+start_server page -m "$MODEL" --parallel 2 -t 2 -c 4096 --api-key page-key
 timeout 150 node "$SCRIPT" "$BASE" page-key "$TMP/chat-page.png" "$TMP/doc.txt" || bad "chat page checks (above)"
 [ -s "$TMP/chat-page.png" ] || bad "no screenshot"
 stop_server "$PID" page

@@ -269,7 +269,7 @@ async function send(question) {
   render();
   setStatus("waiting for the first token...");
   const t0 = performance.now();
-  let tFirst = null, tLast = null;
+  let tFirst = null, tLast = null, arrivals = 0;
   const update = () => {
     if (running && running.node && conv === active) {
       running.node.querySelector(".text").textContent = shown(msg.content);
@@ -303,6 +303,7 @@ async function send(question) {
             if (tFirst === null) { tFirst = performance.now(); stats.ttft_ms = tFirst - t0; setStatus("streaming..."); }
             msg.content += ch.delta.content;
             tLast = performance.now();
+            arrivals++;
             update();
           }
           if (ch && ch.finish_reason) stats.finish = ch.finish_reason;
@@ -319,9 +320,15 @@ async function send(question) {
     if (e.name === "AbortError") { stats.finish = "stopped"; setStatus("stopped"); }
     else { msg.error = e.message; setStatus(e.message, true); }
   }
-  // Decoding speed: the tokens after the first over the time they took.
-  if (stats.completion_tokens > 1 && tFirst !== null && tLast > tFirst)
-    stats.tok_s = (stats.completion_tokens - 1) / ((tLast - tFirst) / 1000);
+  // Decoding speed: the tokens after the first over the time they took.  A
+  // busy server or network can deliver them in a burst, which would make
+  // that span meaningless: then the whole request's time is used (a lower
+  // bound, prefill included).
+  const n = stats.completion_tokens;
+  if (n > 1 && tFirst !== null && arrivals >= 3 && tLast - tFirst >= 50 && arrivals >= n / 4)
+    stats.tok_s = (n - 1) / ((tLast - tFirst) / 1000);
+  else if (n > 0 && tLast !== null && tLast > t0)
+    stats.tok_s = n / ((tLast - t0) / 1000);
   msg.stats = stats;
   running = null;
   save();

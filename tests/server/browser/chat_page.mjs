@@ -114,7 +114,7 @@ try {
 
   // Stop: a long answer, stopped after its first token; the server cancels it.
   await page.$eval("#max-tokens", (el) => { el.value = ""; });
-  await page.type("#max-tokens", "1500");   // prompt + max_tokens within -c 2048
+  await page.type("#max-tokens", "3500");   // prompt + max_tokens within -c 4096
   // This small model may end any answer early; the test (not the page) asks
   // the server to ignore end-of-generation so that there is something to stop.
   await page.setRequestInterception(true);
@@ -127,14 +127,24 @@ try {
     } else rq.continue();
   };
   page.on("request", addIgnoreEos);
+  // The page clicks stop itself on the answer's first text: a round trip
+  // from the driver to the browser under load could outlast the answer.
+  await page.evaluate(() => {
+    window.__stopEnabled = null;
+    const obs = new MutationObserver(() => {
+      const s = document.querySelector(".msg.assistant.streaming .text");
+      if (!s || !s.textContent.length) return;
+      obs.disconnect();
+      const stop = document.getElementById("stop");
+      window.__stopEnabled = !stop.disabled;
+      stop.click();
+    });
+    obs.observe(document.getElementById("messages"), { subtree: true, childList: true, characterData: true });
+  });
   await page.type("#prompt", "Tell the whole story of the storm in detail.");
   await page.keyboard.press("Enter");
-  await page.waitForFunction(() => {
-    const s = document.querySelector(".msg.assistant.streaming .text");
-    return s && s.textContent.length > 0;
-  }, { timeout: 60000 });
-  ok(!(await page.$eval("#stop", (b) => b.disabled)), "stop is enabled while an answer streams");
-  await page.click("#stop");
+  await page.waitForFunction(() => window.__stopEnabled !== null, { timeout: 60000 });
+  ok(await page.evaluate(() => window.__stopEnabled), "stop is enabled while an answer streams");
   await page.waitForFunction(() => !document.querySelector(".msg.assistant.streaming"), { timeout: 10000 });
   const st = await lastStats(page);
   ok(/finish stopped/.test(st.text), "the stopped answer says so: " + st.text);
