@@ -13,7 +13,7 @@ RUN_MODEL ?= $(firstword $(wildcard models/kvsieve-default.gguf) $(wildcard $(FI
 PROMPT    ?= A pass key is hidden in the text below. Remember it. The pass key is 31415. 31415 is the pass key. The quiet farmer walks near the old bridge. A small bird sings by the river today. What is the pass key? The pass key is
 N         ?= 8
 
-.PHONY: bench-policies bench-memcap bench-serve all deps reference-deps build test run asan fuzz cuda-check bench clean
+.PHONY: bench-policies bench-memcap bench-serve all deps reference-deps build test run asan fuzz cuda-check bench clean install
 
 all: build
 
@@ -30,6 +30,12 @@ build: deps
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The binary, include/*.h, the modules' static libraries (LIBDIR/kvsieve/) and
+# kvsieve.pc under PREFIX; DESTDIR stages the tree for packaging.
+PREFIX ?= /usr/local
+install: build
+	DESTDIR="$(DESTDIR)" cmake --install $(BUILD) --prefix $(PREFIX)
 
 $(BUILD)/models/tiny-llama-q8_0.gguf: | build
 	@mkdir -p $(BUILD)/models

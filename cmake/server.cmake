@@ -62,8 +62,10 @@ foreach(drv curl invariance openai_node load memcap bench prefix prefix_load)
   set_tests_properties(server_${drv} PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77)
 endforeach()
 # Multi-turn chat: multiturn.sh (a python client, bundled model and a
-# phi-3-template model) and openai_node_chat.sh (the OpenAI Node SDK, streaming).
-foreach(drv multiturn openai_node_chat)
+# phi-3-template model) and openai_node_chat.sh (the OpenAI Node SDK, streaming);
+# chat_page.sh: the chat page (GET /) in headless chromium through puppeteer-core;
+# tokens.sh: /tokenize, /detokenize, /apply-template.
+foreach(drv multiturn openai_node_chat chat_page tokens)
   add_test(NAME server_${drv}
            COMMAND bash ${CMAKE_SOURCE_DIR}/tests/server/${drv}.sh $<TARGET_FILE:kvsieve_cli> ${KS_FIXTURES_DIR}
                    ${CMAKE_BINARY_DIR}/server_${drv})
@@ -77,3 +79,13 @@ if(CMAKE_C_COMPILER_ID STREQUAL "Clang" AND KVSIEVE_FUZZ)
   target_link_options(fuzz_request PRIVATE -fsanitize=fuzzer,address,undefined)
   target_link_libraries(fuzz_request PRIVATE ks_server)
 endif()
+
+# The chat page (GET /): src/server/web/* as byte arrays (cmake/embed_web.cmake),
+# compiled into ks_server, rebuilt when a file of the page changes.
+file(GLOB KS_WEB_FILES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/server/web/*)
+add_custom_command(OUTPUT ${CMAKE_BINARY_DIR}/web_assets.c
+                   COMMAND ${CMAKE_COMMAND} -DWEB_DIR=${CMAKE_SOURCE_DIR}/src/server/web
+                           -DOUT=${CMAKE_BINARY_DIR}/web_assets.c -P ${CMAKE_SOURCE_DIR}/cmake/embed_web.cmake
+                   DEPENDS ${KS_WEB_FILES} ${CMAKE_SOURCE_DIR}/cmake/embed_web.cmake
+                   COMMENT "Embedding the chat page (src/server/web)")
+target_sources(ks_server PRIVATE ${CMAKE_BINARY_DIR}/web_assets.c)

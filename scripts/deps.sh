@@ -9,11 +9,17 @@
 # (e.g. non-Debian hosts).
 set -euo pipefail
 [ "${KVSIEVE_SKIP_DEPS:-0}" = 1 ] && exit 0
+# --build: only what building needs (the Dockerfile's build stage), no test tools.
+if [ "${1:-}" = "--build" ]; then
+  pkgs=(build-essential cmake pkg-config libpcre2-dev libcjson-dev libcmocka-dev libmicrohttpd-dev)
+else
 pkgs=(build-essential cmake pkg-config libpcre2-dev libcjson-dev libcmocka-dev
       clang libclang-rt-14-dev python3 python3-numpy
-      libmicrohttpd-dev curl nodejs)   # kvsieve serve (HTTP) and its tests (curl, the OpenAI Node client)
+      libmicrohttpd-dev curl nodejs    # kvsieve serve (HTTP) and its tests (curl, the OpenAI Node client)
+      chromium)                        # the chat page's browser test (tests/server/chat_page.sh), headless
 # Debian's npm, unless an npm is already there (NodeSource's nodejs bundles one and conflicts with it)
 command -v npm >/dev/null 2>&1 || pkgs+=(npm)
+fi
 [ "${1:-}" = "--reference" ] && pkgs+=(python3-torch libopenblas0-pthread python3-scipy)
 # --train: tools/train_model.py (the bundled model) and tools/make_dlm.py: PyTorch,
 # SentencePiece, tcmalloc (Debian's torch page-faults every large activation under
@@ -35,6 +41,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
+[ "${1:-}" = "--build" ] && exit 0
 # The official OpenAI Node client for tests/server/openai_node.sh, pinned by
 # tests/server/node/package-lock.json, into that test-only folder.  Tests never
 # download: without node_modules the test is skipped.
@@ -42,5 +49,12 @@ node_dir="$(cd "$(dirname "$0")/.." && pwd)/tests/server/node"
 if [ ! -f "$node_dir/node_modules/openai/package.json" ] && command -v npm >/dev/null 2>&1; then
   echo "deps: npm ci in tests/server/node (the openai package, test-only)" >&2
   (cd "$node_dir" && npm ci --no-audit --no-fund --loglevel=error >&2) || echo "deps: npm ci failed; the OpenAI Node client test will be skipped" >&2
+fi
+# puppeteer-core (no browser of its own: it drives Debian's chromium) for
+# tests/server/chat_page.sh, pinned by tests/server/browser/package-lock.json.
+browser_dir="$(cd "$(dirname "$0")/.." && pwd)/tests/server/browser"
+if [ ! -f "$browser_dir/node_modules/puppeteer-core/package.json" ] && command -v npm >/dev/null 2>&1; then
+  echo "deps: npm ci in tests/server/browser (puppeteer-core, test-only)" >&2
+  (cd "$browser_dir" && npm ci --no-audit --no-fund --loglevel=error >&2) || echo "deps: npm ci failed; the chat page test will be skipped" >&2
 fi
 exit 0

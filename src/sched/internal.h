@@ -32,6 +32,11 @@ struct ks_sched_req {
     ks_sched_policy policy;
     bool no_cache;              /* cache_prompt: false */
     ks_sampler *smp;            /* created at submit; used by the scheduler thread only */
+    bool logprobs;
+    int32_t top_logprobs;
+    float *lp_logits;           /* [n_vocab] with logprobs: the logits before the sampler changes them (scheduler thread) */
+    ks_sbuf lp_stage;           /* ks_sched_logprob records of the running step (scheduler thread) */
+    ks_sbuf lp_out;             /* published records not yet taken (under mu) */
     /* under mu */
     ks_sched_state state;
     bool cancel, news;

@@ -13,6 +13,7 @@
  */
 #include "sched/internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -117,11 +118,43 @@ static void housekeeping(ks_sched *s) {
     }
 }
 
+/* The log-softmax of logits[V] at tok, and the n_top largest entries
+ * (most likely first; ties: the lower id), into *out.  Two passes over V
+ * and an insertion into a list of at most KS_SCHED_MAX_TOP_LOGPROBS. */
+static void logprob_of(const float *logits, int32_t V, int32_t tok, int32_t n_top, ks_sched_logprob *out) {
+    memset(out, 0, sizeof *out);
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < V; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double sum = 0;
+    for (int32_t i = 0; i < V; i++) sum += isfinite(logits[i]) ? exp((double)logits[i] - mx) : 0.0;
+    const float lse = mx + (float)log(sum > 0 ? sum : 1.0);
+    out->id = tok;
+    out->logprob = isfinite(logits[tok]) ? logits[tok] - lse : -INFINITY;
+    int32_t n = 0;
+    for (int32_t i = 0; i < V && n_top > 0; i++) {
+        float v = logits[i];
+        if (!isfinite(v)) continue;
+        if (n == n_top && v <= out->top_logprob[n - 1]) continue;
+        int32_t j = n < n_top ? n++ : n - 1;
+        while (j > 0 && out->top_logprob[j - 1] < v) {
+            out->top_logprob[j] = out->top_logprob[j - 1];
+            out->top_id[j] = out->top_id[j - 1];
+            j--;
+        }
+        out->top_logprob[j] = v;
+        out->top_id[j] = i;
+    }
+    for (int32_t j = 0; j < n; j++) out->top_logprob[j] -= lse;
+    out->n_top = n;
+}
+
 /* Sample from logits and stage the outcome in the slot (no lock: the slot
  * and the sampler belong to this thread). */
 static void take_token(ks_sched *s, slot *sl, float *logits) {
     ks_sched_req *r = sl->req;
     ks_stop_out o = {0};
+    if (r->logprobs) memcpy(r->lp_logits, logits, sizeof(float) * (size_t)s->n_vocab); /* the sampler edits logits */
     int32_t tok = ks_sampler_sample(r->smp, logits);
     ks_sampler_accept(r->smp, tok);
     if (!r->ignore_eos && ks_token_is_eog(s->model, tok)) {
@@ -129,6 +162,11 @@ static void take_token(ks_sched *s, slot *sl, float *logits) {
         ks_sbuf_put(&sl->emit, o.text, o.len);
         sl->finish = KS_SCHED_FINISH_STOP;
         return;
+    }
+    if (r->logprobs) {
+        ks_sched_logprob lp;
+        logprob_of(r->lp_logits, s->n_vocab, tok, r->top_logprobs, &lp);
+        ks_sbuf_put(&r->lp_stage, (const char *)&lp, sizeof lp);
     }
     sl->n_gen++;
     char piece[256];
@@ -263,6 +301,15 @@ static void group_publish(ks_sched *s, group *g) {
             ks_sbuf_put(&r->out, sl->emit.p, sl->emit.n);
             sl->emit.n = 0;
             r->news = true;
+        }
+        if (r->lp_stage.n) {
+            ks_sbuf_put(&r->lp_out, r->lp_stage.p, r->lp_stage.n);
+            r->lp_stage.n = 0;
+            r->news = true;
+        }
+        if (r->lp_stage.refused || r->lp_out.refused) { /* a record was lost: fail the request below */
+            r->lp_stage.refused = false;
+            sl->emit.refused = true;
         }
         if (sl->emit.refused || r->out.refused) { /* text was lost: the request fails rather than come back short */
             sl->emit.refused = false;

@@ -84,6 +84,9 @@ static void req_free(ks_sched_req *r) {
     for (int32_t i = 0; i < r->n_stops; i++) free(r->stops[i]);
     ks_sampler_destroy(r->smp);
     free(r->out.p);
+    free(r->lp_logits);
+    free(r->lp_stage.p);
+    free(r->lp_out.p);
     pthread_cond_destroy(&r->cv);
     free(r);
 }
@@ -258,6 +261,14 @@ ks_sched_req *ks_sched_submit(ks_sched *s, const ks_sched_req_params *p, ks_sche
     r->ignore_eos = p->ignore_eos;
     r->policy = p->policy;
     r->no_cache = p->no_prompt_cache;
+    if (p->logprobs) {
+        if (p->top_logprobs < 0 || p->top_logprobs > KS_SCHED_MAX_TOP_LOGPROBS)
+            REFUSE(KS_SCHED_ERR_INVALID, "top_logprobs must be in [0, %d]", KS_SCHED_MAX_TOP_LOGPROBS);
+        r->logprobs = true;
+        r->top_logprobs = p->top_logprobs;
+        r->lp_logits = ks_malloc(sizeof(float) * (size_t)s->n_vocab);
+        if (!r->lp_logits) REFUSE(KS_SCHED_ERR_NOMEM, "out of memory for the logprobs");
+    }
     /* the repetition penalty sees the prompt, as in `kvsieve run` */
     for (int32_t i = 0; i < p->n_prompt; i++) ks_sampler_accept(r->smp, p->prompt[i]);
     pthread_condattr_t ca;
@@ -297,6 +308,7 @@ refused:
             r->smp = NULL;
         }
         free(r->prompt);
+        free(r->lp_logits);
         for (int32_t i = 0; i < r->n_stops; i++) free(r->stops[i]);
         if (r->refs) pthread_cond_destroy(&r->cv);
         free(r);
@@ -343,6 +355,19 @@ bool ks_sched_req_take(ks_sched *s, ks_sched_req *r, double timeout_s, ks_sched_
     out->t_submit = r->t_submit;
     out->t_admit = r->t_admit;
     out->t_first = r->t_first;
+    out->logprobs = NULL;
+    out->n_logprobs = 0;
+    if (r->lp_out.n) { /* records that cannot be copied out stay for the next take, with their text */
+        if ((out->logprobs = ks_malloc(r->lp_out.n))) {
+            memcpy(out->logprobs, r->lp_out.p, r->lp_out.n);
+            out->n_logprobs = (int32_t)(r->lp_out.n / sizeof(ks_sched_logprob));
+            r->lp_out.n = 0;
+        } else {
+            r->news = true;
+            news = true;
+            if (out->state == KS_SCHED_FINISHED) out->state = KS_SCHED_RUNNING;
+        }
+    }
     pthread_mutex_unlock(&s->mu);
     return news;
 }

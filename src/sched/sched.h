@@ -176,7 +176,23 @@ typedef struct ks_sched_req_params {
     bool ignore_eos;            /* keep generating past end-of-generation tokens */
     ks_sched_policy policy;
     bool no_prompt_cache;       /* neither restore from nor add to the prefix cache (cache_prompt: false) */
+    bool logprobs;              /* report each generated token's log-probability (ks_sched_logprob) */
+    int32_t top_logprobs;       /* and that many most likely alternatives, <= KS_SCHED_MAX_TOP_LOGPROBS */
 } ks_sched_req_params;
+
+enum { KS_SCHED_MAX_TOP_LOGPROBS = 20 };
+
+/* A generated token's log-probability under the model: the log-softmax of
+ * its logits as the model gave them, before the sampler's penalty,
+ * temperature and cuts (what OpenAI's logprobs report), with the
+ * top_logprobs most likely tokens, most likely first. */
+typedef struct ks_sched_logprob {
+    int32_t id;
+    float logprob;
+    int32_t n_top;
+    int32_t top_id[KS_SCHED_MAX_TOP_LOGPROBS];
+    float top_logprob[KS_SCHED_MAX_TOP_LOGPROBS];
+} ks_sched_logprob;
 
 enum { KS_SCHED_MAX_STOPS = 16 };
 
@@ -193,6 +209,12 @@ typedef struct ks_sched_update {
     int32_t n_prompt, n_generated;
     int32_t n_cached;           /* prompt tokens restored from the prefix cache */
     double t_submit, t_admit, t_first; /* ks_sched_now() times; 0 when not yet */
+    /* with logprobs: the tokens generated since the previous take, in order
+     * (malloc'd, the caller frees; NULL when none).  An end-of-generation
+     * token that ended the answer is not listed (it has no text); tokens
+     * whose text a stop string withheld are. */
+    ks_sched_logprob *logprobs;
+    int32_t n_logprobs;
 } ks_sched_update;
 
 /* Loads nothing: the model is borrowed and must outlive the scheduler.  The

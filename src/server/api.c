@@ -404,6 +404,34 @@ static bool parse_stop(const cJSON *root, ks_api_request *r, ks_api_error *err) 
     return true;
 }
 
+/* OpenAI's two shapes: chat takes logprobs (a boolean) and top_logprobs
+ * (0..20, only with logprobs true); completions take logprobs as the
+ * number of alternatives (0..20; OpenAI allows 5, llama-server more). */
+static bool parse_logprobs(const cJSON *root, ks_api_request *r, ks_api_error *err) {
+    double d;
+    int k;
+    if (r->kind == KS_API_CHAT) {
+        if (get_bool(root, "logprobs", "logprobs", &r->logprobs, err) < 0) return false;
+        if ((k = get_int(root, "top_logprobs", "top_logprobs", 0, 20, &d, err)) < 0) return false;
+        if (k > 0) {
+            if (!r->logprobs) {
+                BAD("invalid_value", "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+                return false;
+            }
+            r->top_logprobs = (int32_t)d;
+        }
+        return true;
+    }
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
+    if (cJSON_IsFalse(v)) return true; /* some clients send false for none */
+    if ((k = get_int(root, "logprobs", "logprobs", 0, 20, &d, err)) < 0) return false;
+    if (k > 0) {
+        r->logprobs = true;
+        r->top_logprobs = (int32_t)d;
+    }
+    return true;
+}
+
 static bool parse_ext(const cJSON *root, ks_api_request *r, ks_api_error *err) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(root, "kvsieve");
     if (!x || cJSON_IsNull(x)) return true;
@@ -606,10 +634,7 @@ bool ks_api_parse(const char *body, size_t len, ks_api_kind kind, ks_api_request
     if (!parse_stop(root, out, err)) goto done;
     /* asked-for features that are not there: an error, not a silently different answer */
     const cJSON *v;
-    if ((v = cJSON_GetObjectItemCaseSensitive(root, "logprobs")) && !cJSON_IsNull(v) && !cJSON_IsFalse(v)) {
-        BAD("unsupported", "logprobs", "logprobs are not supported");
-        goto done;
-    }
+    if (!parse_logprobs(root, out, err)) goto done;
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "echo")) && cJSON_IsTrue(v)) {
         BAD("unsupported", "echo", "echo is not supported");
         goto done;

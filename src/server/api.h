@@ -14,7 +14,7 @@
  *
  * Unknown fields are ignored, as OpenAI's own server does; known fields of
  * the wrong type are errors.  Fields that ask for something not implemented
- * (n > 1, logprobs, echo, suffix, best_of > 1, tools) are errors rather than
+ * (n > 1, echo, suffix, best_of > 1, tools) are errors rather than
  * silently different answers.
  */
 #ifndef KS_SERVER_API_H
@@ -80,6 +80,8 @@ typedef struct ks_api_request {
     int32_t n_stops;
     bool ignore_eos;            /* kvsieve.ignore_eos */
     bool cache_prompt;          /* cache_prompt (or kvsieve.cache_prompt): use the prefix cache (default true) */
+    bool logprobs;              /* chat: logprobs true; completions: logprobs an integer */
+    int32_t top_logprobs;       /* chat: top_logprobs; completions: the logprobs integer (0..20) */
     unsigned ext_set;           /* KS_API_EXT_* */
     char policy[128];
     int32_t budget, sink, window, page, dense_layers;

@@ -5,7 +5,9 @@
  * scheduler and wait, answering with one JSON object or Server-Sent Events.
  * While waiting, the client's socket is watched: a peer that hung up cancels
  * its request.  If it vanishes while text is flowing, the failed write ends
- * the response and its free callback cancels the request.
+ * the response and its free callback cancels the request.  With logprobs,
+ * the scheduler's per-token records travel beside the text and are written
+ * by logprobs.c; a stream sends them with the chunk of their text.
  */
 #define _GNU_SOURCE
 #include "server/internal.h"
@@ -99,6 +101,9 @@ typedef struct stream {
     struct MHD_Connection *conn;
     ks_api_kind kind;
     bool include_usage, role_sent, done;
+    bool logprobs;        /* the request asked for them: every chunk with text carries its tokens' */
+    size_t text_offset;   /* completions' logprobs.text_offset: bytes streamed so far */
+    ks_sbuf lp_pending;   /* ks_sched_logprob records not yet sent (their text held back) */
     char id[64];
     long created;
     ks_sbuf out;          /* SSE bytes not yet handed to libmicrohttpd */
@@ -119,8 +124,10 @@ static void sse_put(stream *st, cJSON *root) {
     free(s);
 }
 
-/* A chunk; NULL when its text could not be copied (the stream then ends with an error event). */
-static cJSON *chunk(stream *st, const char *text, size_t len, const char *finish) {
+/* A chunk, with the logprobs of lp[n] when the request asked for them;
+ * NULL when it could not be made (the stream then ends with an error event). */
+static cJSON *chunk(stream *st, const char *text, size_t len, const char *finish, const ks_sched_logprob *lp,
+                    int32_t n) {
     bool chat = st->kind == KS_API_CHAT;
     cJSON *o = envelope(st->srv, st->id, chat ? "chat.completion.chunk" : "text_completion", st->created);
     cJSON *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
@@ -141,7 +148,16 @@ static cJSON *chunk(stream *st, const char *text, size_t len, const char *finish
         cJSON_Delete(c);
         return NULL;
     }
-    cJSON_AddNullToObject(c, "logprobs");
+    cJSON *lpo = NULL;
+    if (st->logprobs && n > 0) {
+        lpo = chat ? ks_server_logprobs_chat(st->srv, lp, n) : ks_server_logprobs_text(st->srv, lp, n, &st->text_offset);
+        if (!lpo) {
+            cJSON_Delete(o);
+            cJSON_Delete(c);
+            return NULL;
+        }
+        cJSON_AddItemToObject(c, "logprobs", lpo);
+    } else cJSON_AddNullToObject(c, "logprobs");
     if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
     else cJSON_AddNullToObject(c, "finish_reason");
     cJSON_AddItemToArray(choices, c);
@@ -150,10 +166,20 @@ static cJSON *chunk(stream *st, const char *text, size_t len, const char *finish
 }
 
 static void stream_absorb(stream *st, ks_sched_update *u) {
-    if (u->text && u->len) sse_put(st, chunk(st, u->text, u->len, NULL));
+    /* tokens whose text is still held back (a possible stop string) wait
+     * for the next chunk with text, or go with the final one */
+    if (u->n_logprobs) ks_sbuf_put(&st->lp_pending, (const char *)u->logprobs, sizeof *u->logprobs * (size_t)u->n_logprobs);
+    free(u->logprobs);
+    u->logprobs = NULL;
+    u->n_logprobs = 0;
+    if (u->text && u->len) {
+        sse_put(st, chunk(st, u->text, u->len, NULL, (const ks_sched_logprob *)st->lp_pending.p,
+                          (int32_t)(st->lp_pending.n / sizeof(ks_sched_logprob))));
+        st->lp_pending.n = 0;
+    }
     free(u->text);
     u->text = NULL;
-    if (st->out.refused) { /* text was lost: end the stream with the error rather than a short answer */
+    if (st->out.refused || st->lp_pending.refused) { /* text was lost: end the stream with the error rather than a short answer */
         free(st->out.p);
         st->out = (ks_sbuf){0};
         st->off = 0;
@@ -173,7 +199,9 @@ static void stream_absorb(stream *st, ks_sched_update *u) {
         ks_sbuf_puts(&st->out, "\n\n");
         free(s);
     } else {
-        sse_put(st, chunk(st, NULL, 0, finish_name(u->finish)));
+        sse_put(st, chunk(st, NULL, 0, finish_name(u->finish), (const ks_sched_logprob *)st->lp_pending.p,
+                          (int32_t)(st->lp_pending.n / sizeof(ks_sched_logprob))));
+        st->lp_pending.n = 0;
         if (st->include_usage) {
             bool chat = st->kind == KS_API_CHAT;
             cJSON *o = envelope(st->srv, st->id, chat ? "chat.completion.chunk" : "text_completion", st->created);
@@ -217,6 +245,7 @@ static void stream_free(void *cls) {
     ks_sched_req_release(st->srv->sched, st->req); /* cancels it if unfinished */
     atomic_fetch_sub(&st->srv->active, 1);
     free(st->out.p);
+    free(st->lp_pending.p);
     free(st);
 }
 
@@ -252,7 +281,7 @@ static bool merge_policy(ks_server *srv, const ks_api_request *rq, ks_sched_poli
  * the GGUF's chat template (parse special tokens), or, for a model with no
  * known template, the non-empty contents joined by a blank line (system
  * messages in a row by a newline), as a base model would read a transcript. */
-static bool chat_prompt(ks_server *srv, const ks_api_request *rq, char **text, bool *special, ks_api_error *e) {
+bool ks_server_chat_prompt(ks_server *srv, const ks_api_request *rq, char **text, bool *special, ks_api_error *e) {
     ks_chat_message *msgs = ks_malloc(sizeof *msgs * (size_t)rq->n_messages);
     if (!msgs) return out_of_memory(e, "reading the messages");
     for (int32_t i = 0; i < rq->n_messages; i++)
@@ -316,7 +345,7 @@ static bool prepare_prompt(ks_server *srv, const ks_api_request *rq, int32_t **i
     char *text = NULL;
     bool special = false;
     if (rq->kind == KS_API_CHAT) {
-        if (!chat_prompt(srv, rq, &text, &special, e)) return false;
+        if (!ks_server_chat_prompt(srv, rq, &text, &special, e)) return false;
     } else {
         if (!(text = ks_strdup(rq->prompt))) return out_of_memory(e, "copying the prompt");
     }
@@ -393,6 +422,8 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
         .ignore_eos = rq.ignore_eos,
         .policy = pol,
         .no_prompt_cache = !rq.cache_prompt,
+        .logprobs = rq.logprobs,
+        .top_logprobs = rq.top_logprobs,
     };
     ks_sched_error why;
     char msg[512];
@@ -408,14 +439,20 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
     snprintf(id, sizeof id, "%s-%016llx%08llx", kind == KS_API_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)random_u64(), (unsigned long long)atomic_fetch_add(&srv->n_ids, 1));
     long created = (long)time(NULL);
-    bool stream_it = rq.stream, include_usage = rq.include_usage;
+    bool stream_it = rq.stream, include_usage = rq.include_usage, want_lp = rq.logprobs;
     ks_api_request_free(&rq);
 
-    ks_sbuf text = {0};
+    ks_sbuf text = {0}, lps = {0}; /* lps: the ks_sched_logprob records of a non-streamed answer */
     ks_sched_update u;
     double last_check = ks_sched_now();
     for (;;) {
         bool news = ks_sched_req_take(srv->sched, req, 0.1, &u);
+        if (u.logprobs && !stream_it) {
+            ks_sbuf_put(&lps, (const char *)u.logprobs, sizeof *u.logprobs * (size_t)u.n_logprobs);
+            free(u.logprobs);
+            u.logprobs = NULL;
+            u.n_logprobs = 0;
+        }
         if (u.text) {
             if (!stream_it) ks_sbuf_put(&text, u.text, u.len);
             else if (u.len) break; /* keep u for the stream */
@@ -430,6 +467,8 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
                 ks_sched_req_release(srv->sched, req);
                 atomic_fetch_sub(&srv->active, 1);
                 free(text.p);
+                free(lps.p);
+                free(u.logprobs);
                 return MHD_NO;
             }
         }
@@ -441,6 +480,8 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
         ks_sched_req_release(srv->sched, req);
         atomic_fetch_sub(&srv->active, 1);
         free(text.p);
+        free(lps.p);
+        free(u.logprobs);
         return ks_server_respond_error(srv, conn, &e);
     }
     if (!stream_it) {
@@ -448,7 +489,7 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
         cJSON *o = envelope(srv, id, chat ? "chat.completion" : "text_completion", created);
         cJSON *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
         cJSON_AddNumberToObject(c, "index", 0);
-        bool whole = !text.refused; /* every generated byte made it into the answer */
+        bool whole = !text.refused && !lps.refused; /* every generated byte made it into the answer */
         if (chat) {
             cJSON *m = cJSON_AddObjectToObject(c, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
@@ -456,6 +497,15 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
         } else {
             whole = whole && add_clean_string(c, "text", text.p, text.n);
         }
+        cJSON *lpo = NULL;
+        if (whole && want_lp) {
+            const ks_sched_logprob *lp = (const ks_sched_logprob *)lps.p;
+            int32_t n_lp = (int32_t)(lps.n / sizeof *lp);
+            size_t offset = 0;
+            lpo = chat ? ks_server_logprobs_chat(srv, lp, n_lp) : ks_server_logprobs_text(srv, lp, n_lp, &offset);
+            whole = lpo != NULL;
+        }
+        free(lps.p);
         if (!whole) {
             cJSON_Delete(o);
             cJSON_Delete(c);
@@ -465,7 +515,8 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
             atomic_fetch_sub(&srv->active, 1);
             return ks_server_respond_error(srv, conn, &e);
         }
-        cJSON_AddNullToObject(c, "logprobs");
+        if (lpo) cJSON_AddItemToObject(c, "logprobs", lpo);
+        else cJSON_AddNullToObject(c, "logprobs");
         cJSON_AddStringToObject(c, "finish_reason", finish_name(u.finish));
         cJSON_AddItemToArray(choices, c);
         cJSON_AddItemToObject(o, "usage", usage_json(u.n_prompt, u.n_generated, u.n_cached));
@@ -477,6 +528,7 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
     stream *st = ks_calloc(1, sizeof *st);
     if (!st) {
         free(u.text);
+        free(u.logprobs);
         ks_sched_req_release(srv->sched, req);
         atomic_fetch_sub(&srv->active, 1);
         out_of_memory(&e, "starting the stream");
@@ -487,10 +539,11 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
     st->conn = conn;
     st->kind = kind;
     st->include_usage = include_usage;
+    st->logprobs = want_lp;
     st->created = created;
     st->last_check = ks_sched_now();
     snprintf(st->id, sizeof st->id, "%s", id);
-    if (kind == KS_API_CHAT) sse_put(st, chunk(st, "", 0, NULL)); /* the role first, as OpenAI does */
+    if (kind == KS_API_CHAT) sse_put(st, chunk(st, "", 0, NULL, NULL, 0)); /* the role first, as OpenAI does */
     stream_absorb(st, &u);
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, st, stream_free);
     if (!r) {

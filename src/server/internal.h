@@ -1,7 +1,8 @@
 /*
  * internal.h — the server's shared state, for its own files only: server.c
  * (routing, the API key, answers, lifecycle), completion.c (the completion
- * routes: prompt, policy, waiting, SSE) and metrics.c (/metrics, the model
+ * routes: prompt, policy, waiting, SSE), tokens.c (/tokenize, /detokenize,
+ * /apply-template), web.c (the chat page) and metrics.c (/metrics, the model
  * object).
  */
 #ifndef KS_SERVER_INTERNAL_H
@@ -49,6 +50,21 @@ bool ks_server_client_gone(struct MHD_Connection *c);
 /* completion.c: POST /v1/completions and /v1/chat/completions */
 enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connection *conn, ks_api_kind kind,
                                             const char *body, size_t len);
+
+/* The text of a chat request's prompt (malloc'd into *text): the GGUF's
+ * chat template, or the contents joined for a model without one; *special:
+ * encode it with special tokens parsed.  Shared with /apply-template. */
+bool ks_server_chat_prompt(ks_server *srv, const ks_api_request *rq, char **text, bool *special, ks_api_error *e);
+
+/* tokens.c: POST /tokenize, /detokenize, /apply-template */
+bool ks_server_is_tokens_route(const char *path);
+enum MHD_Result ks_server_handle_tokens(ks_server *srv, struct MHD_Connection *conn, const char *path,
+                                        const char *body, size_t len);
+
+/* logprobs.c: OpenAI's logprobs objects (NULL on a refused allocation);
+ * text_offset: bytes of the completion's text before lp[0], advanced. */
+cJSON *ks_server_logprobs_chat(ks_server *srv, const ks_sched_logprob *lp, int32_t n);
+cJSON *ks_server_logprobs_text(ks_server *srv, const ks_sched_logprob *lp, int32_t n, size_t *text_offset);
 
 /* metrics.c */
 enum MHD_Result ks_server_handle_metrics(ks_server *srv, struct MHD_Connection *conn);

@@ -17,9 +17,15 @@
  *
  * Nothing here touches the engine except tokenization and the chat template
  * (read-only uses of the model); the scheduler owns the contexts.
+ *
+ * The chat page (GET /, /chat.js, /chat.css: web.h) is answered before the
+ * API key is checked: it is the same static bytes for everyone and holds no
+ * data, and a browser cannot send a Bearer header when it loads a page.
+ * The page sends the key the user gives it with every API call.
  */
 #define _GNU_SOURCE
 #include "server/internal.h"
+#include "server/web.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -123,6 +129,27 @@ static bool key_ok(ks_server *srv, struct MHD_Connection *conn) {
     return diff == 0;
 }
 
+/* A file of the chat page (web.h), from the binary's own bytes.  The page
+ * holds no data, so it is served without the API key: the page asks for
+ * the key and sends it with its API calls.  The policy headers keep the
+ * page to this server (no other origin's scripts, styles or connections,
+ * no framing). */
+static enum MHD_Result serve_web(ks_server *srv, struct MHD_Connection *c, const ks_web_asset *a) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(a->size, (void *)a->data, MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, a->content_type);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
+    MHD_add_response_header(r, "Content-Security-Policy",
+                            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+                            "img-src 'self' data:; form-action 'none'; frame-ancestors 'none'; base-uri 'none'");
+    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    ks_server_count_status(srv, 200);
+    return ret;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     (void)version;
@@ -142,6 +169,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *upload_size = 0;
         return MHD_YES;
     }
+    const ks_web_asset *page = ks_web_find(url);
+    if (page && (!strcmp(method, "GET") || !strcmp(method, "HEAD"))) return serve_web(srv, conn, page);
     if (!key_ok(srv, conn)) {
         ks_api_error_set(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
                          "Incorrect or missing API key: send 'Authorization: Bearer KEY'");
@@ -149,7 +178,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     const char *path = url;
-    if (!strcmp(path, "/v1/completions") || !strcmp(path, "/v1/chat/completions")) {
+    bool completion = !strcmp(path, "/v1/completions") || !strcmp(path, "/v1/chat/completions");
+    if (completion || ks_server_is_tokens_route(path)) {
         if (!post) {
             ks_api_error_set(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "use POST for %s", path);
             return ks_server_respond(srv, conn, 405, "application/json", ks_api_error_json(&e), 0, "POST");
@@ -164,6 +194,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                              "the request body exceeds %zu bytes", srv->p.max_body);
             return ks_server_respond_error(srv, conn, &e);
         }
+        if (!completion) return ks_server_handle_tokens(srv, conn, path, cs->body.p ? cs->body.p : "", cs->body.n);
         return ks_server_handle_completion(srv, conn, strstr(path, "/chat/") ? KS_API_CHAT : KS_API_COMPLETIONS,
                                  cs->body.p ? cs->body.p : "", cs->body.n);
     }

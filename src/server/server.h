@@ -5,7 +5,8 @@
  * its request while the scheduler thread runs the engine); JSON is cJSON's.
  * Routes: POST /v1/completions, POST /v1/chat/completions (non-streaming, or
  * Server-Sent Events ending in `data: [DONE]`), GET /v1/models, GET /health,
- * GET /metrics (Prometheus text).  docs/SERVER.md is the reference: fields,
+ * GET /metrics (Prometheus text), POST /tokenize, /detokenize and
+ * /apply-template (llama-server's shapes), and the chat page at GET /.  docs/SERVER.md is the reference: fields,
  * the `kvsieve` extension object, error objects and statuses, limits.
  *
  * A handler tokenizes its prompt, merges the request's `kvsieve` object over

@@ -7,10 +7,12 @@
  * kinds of request; a successful parse is then walked (every string read,
  * the policy arguments checked against the registry) and freed, and every
  * error is rendered as the JSON object a client would get, so ASan sees the
- * whole life of what the parser produced.  Built only with clang and
+ * whole life of what the parser produced.  The same input is also parsed as
+ * the bodies of /tokenize and /detokenize (server/tokens.h).  Built only with clang and
  * -DKVSIEVE_FUZZ=ON (cmake/server.cmake); seeds in tests/fuzz/corpus_request/.
  */
 #include "server/api.h"
+#include "server/tokens.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -49,5 +51,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         free(c);
         g_sink += h;
     }
+    ks_api_tokenize t;
+    ks_api_detokenize d;
+    ks_api_error e;
+    uint64_t h = 0;
+    if (ks_api_parse_tokenize((const char *)data, size, &t, &e)) {
+        h += strlen(t.content) + t.add_special + t.parse_special + t.with_pieces;
+        ks_api_tokenize_free(&t);
+    } else h += (uint64_t)e.status + strlen(e.message);
+    if (ks_api_parse_detokenize((const char *)data, size, &d, &e)) {
+        for (int32_t i = 0; i < d.n_tokens; i++) h += (uint64_t)d.tokens[i];
+        ks_api_detokenize_free(&d);
+    } else {
+        char *j = ks_api_error_json(&e);
+        h += strlen(j);
+        free(j);
+    }
+    g_sink += h;
     return 0;
 }

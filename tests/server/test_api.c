@@ -50,6 +50,18 @@ static void test_completion_fields(void **state) {
     assert_int_equal(r.n_stops, 2);
     assert_string_equal(r.stops[1], "bc");
     assert_int_equal(r.ext_set, 0);
+    assert_false(r.logprobs); /* null: none */
+    ks_api_request_free(&r);
+
+    assert_true(parse("{\"prompt\":\"x\",\"logprobs\":3}", KS_API_COMPLETIONS, &r, &e));
+    assert_true(r.logprobs && r.top_logprobs == 3);
+    ks_api_request_free(&r);
+    assert_true(parse("{\"prompt\":\"x\",\"logprobs\":false}", KS_API_COMPLETIONS, &r, &e));
+    assert_false(r.logprobs);
+    ks_api_request_free(&r);
+    assert_true(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"u\"}],\"logprobs\":true,\"top_logprobs\":4}",
+                      KS_API_CHAT, &r, &e));
+    assert_true(r.logprobs && r.top_logprobs == 4);
     ks_api_request_free(&r);
 
     /* a batch of one prompt, token ids, and null meaning absent */
@@ -228,7 +240,18 @@ static void test_errors(void **state) {
                  "kvsieve.policy");
     /* asked-for features that are not there */
     expect_error("{\"prompt\":\"x\",\"n\":2}", C, 400, "unsupported", "n");
-    expect_error("{\"prompt\":\"x\",\"logprobs\":2}", C, 400, "unsupported", "logprobs");
+    /* logprobs: OpenAI's shapes, chat a boolean with top_logprobs, completions an integer */
+    expect_error("{\"prompt\":\"x\",\"logprobs\":21}", C, 400, "invalid_value", "logprobs");
+    expect_error("{\"prompt\":\"x\",\"logprobs\":true}", C, 400, "invalid_type", "logprobs");
+    expect_error("{\"prompt\":\"x\",\"logprobs\":1.5}", C, 400, "invalid_type", "logprobs");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"u\"}],\"logprobs\":1}", H, 400, "invalid_type",
+                 "logprobs");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"u\"}],\"top_logprobs\":2}", H, 400,
+                 "invalid_value", "top_logprobs");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"u\"}],\"logprobs\":true,\"top_logprobs\":21}", H,
+                 400, "invalid_value", "top_logprobs");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"u\"}],\"logprobs\":true,\"top_logprobs\":\"3\"}",
+                 H, 400, "invalid_type", "top_logprobs");
     expect_error("{\"prompt\":[\"a\",\"b\"]}", C, 400, "unsupported", "prompt");
 }
 
