@@ -103,6 +103,14 @@ uint32_t ks_shape_file_type(ks_dtype type) {
     case KS_DTYPE_Q8_0: return 7;  /* MOSTLY_Q8_0 */
     case KS_DTYPE_Q4_K: return 14; /* MOSTLY_Q4_K_S: uniform Q4_K is the "small" mix */
     case KS_DTYPE_Q6_K: return 18; /* MOSTLY_Q6_K */
+    case KS_DTYPE_Q4_1: return 3;  /* MOSTLY_Q4_1 */
+    case KS_DTYPE_Q5_0: return 8;  /* MOSTLY_Q5_0 */
+    case KS_DTYPE_Q5_1: return 9;  /* MOSTLY_Q5_1 */
+    case KS_DTYPE_Q2_K: return 10; /* MOSTLY_Q2_K */
+    case KS_DTYPE_Q3_K: return 11; /* MOSTLY_Q3_K_S: uniform, as Q4_K above */
+    case KS_DTYPE_Q5_K: return 16; /* MOSTLY_Q5_K_S */
+    case KS_DTYPE_IQ4_NL: return 25; /* MOSTLY_IQ4_NL */
+    case KS_DTYPE_IQ4_XS: return 30; /* MOSTLY_IQ4_XS */
     case KS_DTYPE_BF16: return 32; /* MOSTLY_BF16 */
     default: return 1024;          /* GUESSED */
     }
