@@ -282,6 +282,7 @@ static void ks_mm_q6_k_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, in
 #define KS_MM_TGT "avx2,fma,f16c"
 #define KS_MM_LEVEL 1
 #include "matmul_x86.c"
+#include "matmul_x86_types.c"
 #include "matmul_x86_panel.c"
 #include "matmul_x86_quant.c"
 #undef KS_MM_SFX
@@ -291,6 +292,7 @@ static void ks_mm_q6_k_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, in
 #define KS_MM_TGT "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"
 #define KS_MM_LEVEL 2
 #include "matmul_x86.c"
+#include "matmul_x86_types.c"
 #include "matmul_x86_panel.c"
 #include "matmul_x86_quant.c"
 #undef KS_MM_SFX
@@ -322,6 +324,14 @@ static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
         case KS_DTYPE_Q4_0: return ks_mm_q4_0x_avx512;
         case KS_DTYPE_Q4_K: return ks_mm_q4_kz_avx512; /* zmm form */
         case KS_DTYPE_Q6_K: return ks_mm_q6_kz_avx512;
+        case KS_DTYPE_Q4_1: return ks_mm_q4_1t_avx512; /* ymm bodies, VNNI dots (matmul_x86_types.c) */
+        case KS_DTYPE_Q5_0: return ks_mm_q5_0t_avx512;
+        case KS_DTYPE_Q5_1: return ks_mm_q5_1t_avx512;
+        case KS_DTYPE_IQ4_NL: return ks_mm_iq4_nlt_avx512;
+        case KS_DTYPE_Q2_K: return ks_mm_q2_kt_avx512;
+        case KS_DTYPE_Q3_K: return ks_mm_q3_kt_avx512;
+        case KS_DTYPE_Q5_K: return ks_mm_q5_kt_avx512;
+        case KS_DTYPE_IQ4_XS: return ks_mm_iq4_xst_avx512;
         default: break;
         }
     }
@@ -334,6 +344,14 @@ static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
         case KS_DTYPE_Q4_0: return ks_mm_q4_0_avx2;
         case KS_DTYPE_Q4_K: return ks_mm_q4_k_avx2;
         case KS_DTYPE_Q6_K: return ks_mm_q6_k_avx2;
+        case KS_DTYPE_Q4_1: return ks_mm_q4_1t_avx2;
+        case KS_DTYPE_Q5_0: return ks_mm_q5_0t_avx2;
+        case KS_DTYPE_Q5_1: return ks_mm_q5_1t_avx2;
+        case KS_DTYPE_IQ4_NL: return ks_mm_iq4_nlt_avx2;
+        case KS_DTYPE_Q2_K: return ks_mm_q2_kt_avx2;
+        case KS_DTYPE_Q3_K: return ks_mm_q3_kt_avx2;
+        case KS_DTYPE_Q5_K: return ks_mm_q5_kt_avx2;
+        case KS_DTYPE_IQ4_XS: return ks_mm_iq4_xst_avx2;
         default: break;
         }
     }
