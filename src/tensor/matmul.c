@@ -331,7 +331,7 @@ static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
         case KS_DTYPE_Q2_K: return ks_mm_q2_kt_avx512;
         case KS_DTYPE_Q3_K: return ks_mm_q3_kt_avx512;
         case KS_DTYPE_Q5_K: return ks_mm_q5_kz_avx512; /* zmm form */
-        case KS_DTYPE_IQ4_XS: return ks_mm_iq4_xst_avx512;
+        case KS_DTYPE_IQ4_XS: return ks_mm_iq4_xsz_avx512; /* zmm form */
         default: break;
         }
     }

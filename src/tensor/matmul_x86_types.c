@@ -11,9 +11,10 @@
  * own dot primitive (maddubs + madd on AVX2, one vpdpbusd / vpdpwssd at the
  * AVX-512 level, through ks_mm_dot_u8s8 / ks_mm_dot_i16) does that: per
  * 32-byte run of weights it spends 3-6 vector ops per vector of the tile.
- * Q5_K, the main type of a Q5_K_M file, has at the AVX-512 level the zmm
- * form of Q4_K (matmul_x86.c) with its fifth bit plane added instead, which
- * reads its bytes at Q4_K's rate (docs/BENCHMARKS.md).
+ * Q5_K and IQ4_XS, the main types of Q5_K_M and IQ4_XS files, have zmm
+ * forms at the AVX-512 level instead (Q5_K: Q4_K's from matmul_x86.c plus
+ * the fifth bit plane; IQ4_XS: the levels biased to unsigned), which read
+ * their bytes at Q4_K's rate (docs/BENCHMARKS.md).
  *
  * How each type meets the integer dot product (u8 x s8 in maddubs/dpbusd):
  *   - unsigned weights with an offset taken out once per block or
@@ -362,6 +363,75 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q3_kt)(const uint8_t *w, const uint8_t *xq, size_t
     KS_MM_NC_SWITCH(KS_MM_SFX(ks_mm_q3_kt_body), w, xq, xs, cols, y, ys)
 }
 
+#if KS_MM_LEVEL >= 2
+/* IQ4_XS's zmm form at the AVX-512 level.  Zmm k holds the 64 weights of
+ * sub-blocks 2k and 2k + 1 in element order: a 64-byte load of qs is four
+ * sub-blocks' 16 bytes, whose low nibbles are elements 0-15 and high
+ * nibbles 16-31 of each, interleaved by 128-bit lanes with one
+ * vpermt2q.  The levels are looked up as unsigned (level + 128, vpshufb
+ * within each 128-bit lane) for vpdpbusd, which has no sign trick on zmm;
+ * the + 128 is taken out once per super-block as -128 * sum_s sc_s * (the
+ * two Q8_K bsums of sub-block s).  Four products of up to 241 * 127 do not
+ * fit the int16 that vpdpwssd scaling needs, so the sub-block scale is one
+ * vpmulld per zmm instead. */
+KS_MM_INL void KS_MM_SFX(ks_mm_iq4_xsz_body)(const uint8_t *w, const uint8_t *xq, size_t xs, int64_t cols,
+                                             float *y, int64_t ys, const int NC) {
+    const ks_block_iq4_xs *wb = (const ks_block_iq4_xs *)w;
+    const int64_t nb = cols / KS_QK_K;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i lut = _mm512_broadcast_i32x4(
+        _mm_add_epi8(_mm_loadu_si128((const __m128i *)ks_iq4_values), _mm_set1_epi8((char)128)));
+    const __m512i ilv = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), ilv2 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    const __m512i s0i = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m256i shl = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), shh = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    __m512 acc[4];
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        uint32_t sl;
+        memcpy(&sl, wb[b].scales_l, 4);
+        const __m256i ls = _mm256_sub_epi32(
+            _mm256_or_si256(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl), shl), _mm256_set1_epi32(15)),
+                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(wb[b].scales_h), shh),
+                                                               _mm256_set1_epi32(3)),
+                                              4)),
+            _mm256_set1_epi32(32)); /* ls_s - 32, s = 0..7 */
+        const __m512i sc32 = _mm512_zextsi256_si512(ls);
+        __m512i S[4];
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) S[k] = _mm512_permutexvar_epi32(
+            _mm512_add_epi32(s0i, _mm512_set1_epi32(2 * k)), sc32);
+        const __m128i l16 = _mm256_cvtepi32_epi16(ls);
+        const __m256i pairs = _mm256_set_m128i(_mm_unpackhi_epi16(l16, l16), _mm_unpacklo_epi16(l16, l16));
+        __m512i W[4];
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            const __m512i z = _mm512_loadu_si512((const void *)(wb[b].qs + 64 * h));
+            const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(z, m4));
+            const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(z, 4), m4));
+            W[2 * h] = _mm512_permutex2var_epi64(lo, ilv, hi);
+            W[2 * h + 1] = _mm512_permutex2var_epi64(lo, ilv2, hi);
+        }
+        const __m512 dv = _mm512_set1_ps(KS_MM_SFX(ks_mm_h2f)(wb[b].d));
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+            const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
+            const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), pairs);
+            __m512i isum = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 7)));
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[k],
+                                                      _mm512_loadu_si512((const void *)(a->qs + 64 * k)));
+                isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(p, S[k]));
+            }
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dv, _mm512_set1_ps(a->d)), acc[c]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] = _mm512_reduce_add_ps(acc[c]);
+}
+
+KS_MM_FN void KS_MM_SFX(ks_mm_iq4_xsz)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols, float *y,
+                                       int64_t ys) {
+    KS_MM_NC_SWITCH(KS_MM_SFX(ks_mm_iq4_xsz_body), w, xq, xs, cols, y, ys)
+}
+#endif /* KS_MM_LEVEL >= 2 */
+
+#if KS_MM_LEVEL < 2 /* the AVX-512 level has the zmm form above */
 /* -------------------------------------------------------------- IQ4_XS --
  * Per 32-element sub-block: the 16 qs bytes' nibbles looked up into the
  * IQ4 levels, the sign trick, and the int16 pair sums times the signed
@@ -403,6 +473,7 @@ KS_MM_FN void KS_MM_SFX(ks_mm_iq4_xst)(const uint8_t *w, const uint8_t *xq, size
                                        int64_t ys) {
     KS_MM_NC_SWITCH(KS_MM_SFX(ks_mm_iq4_xst_body), w, xq, xs, cols, y, ys)
 }
+#endif /* KS_MM_LEVEL < 2 */
 
 #undef KS_MM_FN
 #undef KS_MM_INL
