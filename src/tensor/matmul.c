@@ -324,10 +324,10 @@ static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
         case KS_DTYPE_Q4_0: return ks_mm_q4_0x_avx512;
         case KS_DTYPE_Q4_K: return ks_mm_q4_kz_avx512; /* zmm form */
         case KS_DTYPE_Q6_K: return ks_mm_q6_kz_avx512;
-        case KS_DTYPE_Q4_1: return ks_mm_q4_1t_avx512; /* ymm bodies, VNNI dots (matmul_x86_types.c) */
-        case KS_DTYPE_Q5_0: return ks_mm_q5_0t_avx512;
-        case KS_DTYPE_Q5_1: return ks_mm_q5_1t_avx512;
-        case KS_DTYPE_IQ4_NL: return ks_mm_iq4_nlt_avx512;
+        case KS_DTYPE_Q4_1: return ks_mm_q4_1z_avx512; /* matmul_x86_types.c */
+        case KS_DTYPE_Q5_0: return ks_mm_q5_0z_avx512;
+        case KS_DTYPE_Q5_1: return ks_mm_q5_1z_avx512;
+        case KS_DTYPE_IQ4_NL: return ks_mm_iq4_nlz_avx512;
         case KS_DTYPE_Q2_K: return ks_mm_q2_kt_avx512;
         case KS_DTYPE_Q3_K: return ks_mm_q3_kt_avx512;
         case KS_DTYPE_Q5_K: return ks_mm_q5_kz_avx512; /* zmm form */

@@ -76,6 +76,7 @@ KS_MM_INL __m128i KS_MM_SFX(ks_mm_q3k_scales)(const uint8_t *q) {
     return _mm_sub_epi8(_mm_or_si128(l, _mm_slli_epi16(h, 4)), _mm_set1_epi8(32));
 }
 
+#if KS_MM_LEVEL < 2 /* the AVX-512 level has the zmm form below */
 /* ------------------------------------------------ Q4_1 / Q5_0 / Q5_1 / IQ4_NL
  * One block for all NC vectors: w (32 int8 in element order), signed says
  * whether the sign trick is needed, dw and m the block's float factors. */
@@ -140,6 +141,106 @@ KS_MM_Q32S_KERNEL(ks_mm_iq4_nlt, ks_block_iq4_nl,
                   1, 0)
 #undef KS_MM_Q32S_KERNEL
 #undef KS_MM_Q32S_BLOCK
+#endif /* KS_MM_LEVEL < 2 */
+
+#if KS_MM_LEVEL >= 2
+/* The 32-element types' zmm form at the AVX-512 level: groups of eight
+ * blocks, two per zmm, every type as unsigned weights u with an offset m
+ * per block (Q4_1 / Q5_1 their own m; Q5_0 u = q5, m = -16 d; IQ4_NL u =
+ * level + 128, m = -128 d), since zmm has no sign trick.  Per vector and
+ * pair of blocks: one vpdpbusd (int32 lanes 0-7 block b, 8-15 block b + 1),
+ * int->float, and one FMA by dw dx expanded per half; the offsets meet the
+ * partner's block sums as one FMA per group of eight.  A partial last group
+ * has zero weights, scales and offsets and masked activation loads, so it
+ * reads nothing past the row or the vector. */
+KS_MM_INL __m256i KS_MM_SFX(ks_mm_u32_block)(ks_dtype t, const uint8_t *blk, __m256i lut, float *dw, float *m) {
+    switch (t) {
+    case KS_DTYPE_Q4_1: {
+        const ks_block_q4_1 *x = (const ks_block_q4_1 *)blk;
+        *dw = KS_MM_SFX(ks_mm_h2f)(x->d), *m = KS_MM_SFX(ks_mm_h2f)(x->m);
+        return KS_MM_SFX(ks_mm_nib32)(x->qs);
+    }
+    case KS_DTYPE_Q5_1: {
+        const ks_block_q5_1 *x = (const ks_block_q5_1 *)blk;
+        *dw = KS_MM_SFX(ks_mm_h2f)(x->d), *m = KS_MM_SFX(ks_mm_h2f)(x->m);
+        return _mm256_or_si256(KS_MM_SFX(ks_mm_nib32)(x->qs), KS_MM_SFX(ks_mm_q5_high)(x->qh));
+    }
+    case KS_DTYPE_Q5_0: {
+        const ks_block_q5_0 *x = (const ks_block_q5_0 *)blk;
+        *dw = KS_MM_SFX(ks_mm_h2f)(x->d), *m = -16.0f * *dw;
+        return _mm256_or_si256(KS_MM_SFX(ks_mm_nib32)(x->qs), KS_MM_SFX(ks_mm_q5_high)(x->qh));
+    }
+    default: { /* IQ4_NL */
+        const ks_block_iq4_nl *x = (const ks_block_iq4_nl *)blk;
+        *dw = KS_MM_SFX(ks_mm_h2f)(x->d), *m = -128.0f * *dw;
+        return _mm256_shuffle_epi8(lut, KS_MM_SFX(ks_mm_nib32)(x->qs));
+    }
+    }
+}
+
+KS_MM_INL void KS_MM_SFX(ks_mm_q32z_body)(ks_dtype t, const uint8_t *w, const uint8_t *xq, size_t xs, int64_t cols,
+                                          float *y, int64_t ys, const int NC) {
+    const size_t bb = ks_dtype_block_bytes(t);
+    const int64_t nb = cols / 32;
+    const size_t doff = ks_mm_align64((size_t)cols), soff = ks_mm_q8_stride(cols);
+    const __m256i lut = _mm256_add_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ks_iq4_values)),
+                                        _mm256_set1_epi8((char)128));
+    const __m512i half = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    __m512 acc[4];
+    __m256 macc[4];
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps(), macc[c] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < nb; g += 8) {
+        const int nv = nb - g < 8 ? (int)(nb - g) : 8;
+        __m512i W[4];
+        __m512 DW[4];
+        float dw[8] = {0}, m[8] = {0};
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+            __m256i u0 = _mm256_setzero_si256(), u1 = _mm256_setzero_si256();
+            if (2 * k < nv) u0 = KS_MM_SFX(ks_mm_u32_block)(t, w + (size_t)(g + 2 * k) * bb, lut, &dw[2 * k], &m[2 * k]);
+            if (2 * k + 1 < nv)
+                u1 = KS_MM_SFX(ks_mm_u32_block)(t, w + (size_t)(g + 2 * k + 1) * bb, lut, &dw[2 * k + 1], &m[2 * k + 1]);
+            W[k] = _mm512_inserti64x4(_mm512_castsi256_si512(u0), u1, 1);
+            DW[k] = _mm512_insertf32x8(_mm512_set1_ps(dw[2 * k]), _mm256_set1_ps(dw[2 * k + 1]), 1);
+        }
+        const __m256 mv = _mm256_loadu_ps(m);
+        const __mmask8 bm = (__mmask8)((1u << nv) - 1);
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+            const uint8_t *xc = xq + c * xs;
+            const int8_t *q = (const int8_t *)xc + 32 * g;
+            const float *dx = (const float *)(xc + doff) + g, *sx = (const float *)(xc + soff) + g;
+            const __m256 dxv8 = nv == 8 ? _mm256_loadu_ps(dx) : _mm256_maskz_loadu_ps(bm, dx);
+            const __m512 dx16 = _mm512_castps256_ps512(dxv8);
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                const __m512i a = nv == 8 ? _mm512_loadu_si512((const void *)(q + 64 * k))
+                                  : 2 * k < nv ? _mm512_maskz_loadu_epi8(
+                                                     2 * k + 1 < nv ? ~(__mmask64)0 : (__mmask64)0xFFFFFFFFu, q + 64 * k)
+                                               : _mm512_setzero_si512();
+                const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[k], a);
+                const __m512 dxk = _mm512_permutexvar_ps(_mm512_add_epi32(half, _mm512_set1_epi32(2 * k)), dx16);
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(DW[k], dxk), acc[c]);
+            }
+            macc[c] = _mm256_fmadd_ps(mv, nv == 8 ? _mm256_loadu_ps(sx) : _mm256_maskz_loadu_ps(bm, sx), macc[c]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] =
+        _mm512_reduce_add_ps(acc[c]) + KS_MM_SFX(ks_mm_hsum8)(macc[c]);
+}
+
+#define KS_MM_Q32Z(name, T)                                                                            \
+    KS_MM_INL void KS_MM_SFX(name##_body)(const uint8_t *w, const uint8_t *xq, size_t xs, int64_t cols, \
+                                          float *y, int64_t ys, const int NC) {                        \
+        KS_MM_SFX(ks_mm_q32z_body)(T, w, xq, xs, cols, y, ys, NC);                                     \
+    }                                                                                                  \
+    KS_MM_FN void KS_MM_SFX(name)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols, \
+                                  float *y, int64_t ys) {                                              \
+        KS_MM_NC_SWITCH(KS_MM_SFX(name##_body), w, xq, xs, cols, y, ys)                                \
+    }
+KS_MM_Q32Z(ks_mm_q4_1z, KS_DTYPE_Q4_1)
+KS_MM_Q32Z(ks_mm_q5_0z, KS_DTYPE_Q5_0)
+KS_MM_Q32Z(ks_mm_q5_1z, KS_DTYPE_Q5_1)
+KS_MM_Q32Z(ks_mm_iq4_nlz, KS_DTYPE_IQ4_NL)
+#undef KS_MM_Q32Z
+#endif /* KS_MM_LEVEL >= 2 */
 
 #if KS_MM_LEVEL < 2 /* the AVX-512 level has the zmm form below */
 /* ---------------------------------------------------------------- Q5_K --
