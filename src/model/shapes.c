@@ -116,6 +116,10 @@ uint32_t ks_shape_file_type(ks_dtype type) {
     }
 }
 
+/* llama.cpp's choice of the layers whose attn_v and ffn_down get more bits
+ * in its _M mixes: the first and last eighth, and every third in between. */
+static bool ks_gen_more_bits(int32_t i, int32_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
 /* ----------------------------------------------------------- generator -- */
 typedef enum { KS_GEN_MATRIX, KS_GEN_ONES, KS_GEN_NOISE, KS_GEN_ROPE } ks_gen_kind;
 
@@ -231,6 +235,7 @@ static void ks_gen_add(ks_gen *g, int64_t *n, const char *name, ks_gen_kind kind
 static int64_t ks_gen_plan(ks_gen *g, int32_t n_layer, int64_t n_vocab) {
     const ks_model_shape *s = g->shape;
     const ks_dtype wt = g->p->type;
+    const ks_dtype more = g->p->mix_k_m ? KS_DTYPE_Q6_K : wt; /* attn_v, ffn_down, output of an _M mix */
     const int64_t E = s->n_embd, F = s->n_ff, D = s->head_dim;
     const int64_t QD = (int64_t)s->n_head * D, KVD = (int64_t)s->n_head_kv * D;
     const float se = 2.0f / sqrtf((float)E), sE = 1.0f / sqrtf((float)E);
@@ -247,7 +252,7 @@ static int64_t ks_gen_plan(ks_gen *g, int32_t n_layer, int64_t n_vocab) {
         KS_GEN_T("attn_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, E, 1, 0.02f);
         KS_GEN_T("attn_q.weight", KS_GEN_MATRIX, wt, E, QD, sE);
         KS_GEN_T("attn_k.weight", KS_GEN_MATRIX, wt, E, KVD, sE);
-        KS_GEN_T("attn_v.weight", KS_GEN_MATRIX, wt, E, KVD, sE);
+        KS_GEN_T("attn_v.weight", KS_GEN_MATRIX, ks_gen_more_bits(l, n_layer) ? more : wt, E, KVD, sE);
         if (s->qkv_bias) {
             KS_GEN_T("attn_q.bias", KS_GEN_NOISE, KS_DTYPE_F32, QD, 1, 0.1f);
             KS_GEN_T("attn_k.bias", KS_GEN_NOISE, KS_DTYPE_F32, KVD, 1, 0.1f);
@@ -261,11 +266,12 @@ static int64_t ks_gen_plan(ks_gen *g, int32_t n_layer, int64_t n_vocab) {
         KS_GEN_T("ffn_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, E, 1, 0.02f);
         KS_GEN_T("ffn_gate.weight", KS_GEN_MATRIX, wt, E, F, sE);
         KS_GEN_T("ffn_up.weight", KS_GEN_MATRIX, wt, E, F, sE);
-        KS_GEN_T("ffn_down.weight", KS_GEN_MATRIX, wt, F, E, 1.0f / sqrtf((float)F));
+        KS_GEN_T("ffn_down.weight", KS_GEN_MATRIX, ks_gen_more_bits(l, n_layer) ? more : wt, F, E,
+                 1.0f / sqrtf((float)F));
 #undef KS_GEN_T
     }
     ks_gen_add(g, &n, "output_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, E, 1, 0.02f);
-    if (!s->tied_output) ks_gen_add(g, &n, "output.weight", KS_GEN_MATRIX, wt, E, n_vocab, se);
+    if (!s->tied_output) ks_gen_add(g, &n, "output.weight", KS_GEN_MATRIX, more, E, n_vocab, se);
     return n;
 }
 
@@ -276,7 +282,10 @@ static void ks_gen_set_metadata(ks_gguf_writer *w, const ks_model_shape *s, cons
     ks_gguf_writer_set_str(w, "general.architecture", s->arch);
     ks_gguf_writer_set_str(w, "general.name", s->name);
     ks_gguf_writer_set_u32(w, "general.alignment", KS_GGUF_DEFAULT_ALIGNMENT);
-    ks_gguf_writer_set_u32(w, "general.file_type", ks_shape_file_type(p->type));
+    ks_gguf_writer_set_u32(w, "general.file_type",
+                           p->mix_k_m && p->type == KS_DTYPE_Q4_K   ? 15u /* MOSTLY_Q4_K_M */
+                           : p->mix_k_m && p->type == KS_DTYPE_Q5_K ? 17u /* MOSTLY_Q5_K_M */
+                                                                    : ks_shape_file_type(p->type));
     ks_gguf_writer_set_u32(w, "general.quantization_version", 2);
     ks_gguf_writer_set_u32(w, KS_GEN_KEY("context_length"), (uint32_t)n_ctx);
     ks_gguf_writer_set_u32(w, KS_GEN_KEY("embedding_length"), (uint32_t)s->n_embd);
