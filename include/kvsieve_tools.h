@@ -130,7 +130,7 @@ ks_status ks_file_info(const char *path, bool show_kv, bool show_tensors, FILE *
  * real model shape.  Same parameters -> byte-identical file. */
 typedef struct ks_gen_model_params {
     const char *shape;       /* a shape name (ks_gen_model_shapes lists them) */
-    const char *type;        /* weight type: q8_0 | q4_0 | q4_k | q6_k | f16 | bf16 | f32 */
+    const char *type;        /* weight type: q8_0 | q6_k | q5_k_m | q5_k | q5_1 | q5_0 | q4_k_m | q4_k | q4_1 | q4_0 | iq4_xs | iq4_nl | q3_k | q2_k | f16 | bf16 | f32 */
     const char *vocab_path;  /* tokenizer.* keys are copied from this GGUF; its token count is n_vocab */
     uint64_t seed;           /* default 42 */
     int32_t n_layer, n_ctx;  /* 0: the shape's own */

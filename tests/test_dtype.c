@@ -38,14 +38,14 @@ static void test_type_table(void **state) {
     assert_int_equal(ks_dtype_block_bytes(KS_DTYPE_Q4_K), 144);
     assert_int_equal(ks_dtype_block_bytes(KS_DTYPE_Q6_K), 210);
     assert_int_equal(ks_dtype_block_bytes(KS_DTYPE_Q8_K), 292);
-    assert_int_equal(ks_dtype_block_size((ks_dtype)3), 0); /* q4_1: unsupported */
+    assert_int_equal(ks_dtype_block_size((ks_dtype)16), 0); /* iq2_xxs: unsupported */
     assert_int_equal(ks_dtype_row_bytes(KS_DTYPE_Q4_K, 4096), 16 * 144);
     assert_int_equal(ks_dtype_row_bytes(KS_DTYPE_F16, 7), 14);
 
     assert_true(ks_dtype_is_weight_type(KS_DTYPE_Q6_K));
     assert_true(ks_dtype_is_weight_type(KS_DTYPE_BF16));
     assert_false(ks_dtype_is_weight_type(KS_DTYPE_Q8_K));
-    assert_false(ks_dtype_is_weight_type(3));
+    assert_false(ks_dtype_is_weight_type(16));
     assert_false(ks_dtype_is_weight_type(1000));
 
     assert_string_equal(ks_dtype_name(KS_DTYPE_Q4_K), "q4_K");
@@ -57,7 +57,7 @@ static void test_type_table(void **state) {
     assert_int_equal(t, KS_DTYPE_Q6_K);
     assert_true(ks_dtype_from_name("bf16", &t));
     assert_int_equal(t, KS_DTYPE_BF16);
-    assert_false(ks_dtype_from_name("q5_1", &t));
+    assert_false(ks_dtype_from_name("iq2_xxs", &t));
     assert_false(ks_dtype_from_name("", &t));
 }
 

@@ -729,7 +729,7 @@ static void test_absurd(void **state) {
     c = craft_default(); c.ne[1] = 1ull << 63; expect_craft(&c, false, "ne negative");
     c = craft_default(); c.ne[0] = 1024; c.ne[1] = 1024; expect_craft(&c, false, "data past EOF");
     c = craft_default(); c.type = KS_DTYPE_Q8_0; c.ne[0] = 33; expect_craft(&c, false, "q8_0 row not whole blocks");
-    c = craft_default(); c.type = 3; expect_craft(&c, false, "q4_1 unsupported");
+    c = craft_default(); c.type = 16; expect_craft(&c, false, "iq2_xxs unsupported");
     c = craft_default(); c.type = KS_DTYPE_Q8_K; expect_craft(&c, false, "q8_K is not a weight type");
     c = craft_default(); c.type = 200; expect_craft(&c, false, "tensor type 200");
     c = craft_default(); c.type = 0xFFFFFFFF; expect_craft(&c, false, "tensor type max");

@@ -31,8 +31,9 @@
 #include <stdio.h>
 #include <string.h>
 
-static const ks_dtype k_types[] = {KS_DTYPE_F32,  KS_DTYPE_F16,  KS_DTYPE_BF16, KS_DTYPE_Q8_0,
-                                   KS_DTYPE_Q4_0, KS_DTYPE_Q4_K, KS_DTYPE_Q6_K};
+static const ks_dtype k_types[] = {KS_DTYPE_F32,  KS_DTYPE_F16,  KS_DTYPE_BF16,   KS_DTYPE_Q8_0,  KS_DTYPE_Q4_0,
+                                   KS_DTYPE_Q4_K, KS_DTYPE_Q6_K, KS_DTYPE_Q4_1,   KS_DTYPE_Q5_0,  KS_DTYPE_Q5_1,
+                                   KS_DTYPE_IQ4_NL, KS_DTYPE_Q2_K, KS_DTYPE_Q3_K, KS_DTYPE_Q5_K, KS_DTYPE_IQ4_XS};
 #define N_TYPES (sizeof k_types / sizeof k_types[0])
 
 static bool is_float_type(ks_dtype t) {
@@ -287,32 +288,47 @@ static void test_matmul_extremes(void **state) {
     ks_simd_force(saved);
 }
 
-/* K-quant blocks of random bytes: every 6-bit Q4_K scale/min pattern
- * (including the high bits packed into scales[0..7]) and negative Q6_K
- * scales, which quantized smooth data rarely produces.  Each level must
- * match the scalar kernel to f32 summation order, for nc = 1..4 and a tail. */
+/* Byte offsets of a block's f16 scale fields (-1: none). */
+static void scale_fields(ks_dtype t, int off[2]) {
+    off[0] = 0, off[1] = -1;
+    switch (t) {
+    case KS_DTYPE_Q4_K:
+    case KS_DTYPE_Q5_K:
+    case KS_DTYPE_Q4_1:
+    case KS_DTYPE_Q5_1: off[1] = 2; break;
+    case KS_DTYPE_Q6_K: off[0] = 208; break;
+    case KS_DTYPE_Q3_K: off[0] = 108; break;
+    case KS_DTYPE_Q2_K: off[0] = 80, off[1] = 82; break;
+    default: break;
+    }
+}
+
+/* Quantized blocks of random bytes: every scale/min bit pattern (the
+ * high bits packed into Q4_K / Q5_K / Q3_K scale bytes, negative Q6_K, Q3_K
+ * and IQ4_XS scales, every IQ4 level, every Q5 high bit), which quantized
+ * smooth data rarely produces.  Each level must match the scalar kernel to
+ * f32 summation order, for nc = 1..4 and a tail. */
 static void test_matmul_kquant_raw(void **state) {
     (void)state;
     ks_simd_level hw = ks_simd_detect();
     ks_simd_level saved = ks_simd_force(hw);
-    static const ks_dtype kt[] = {KS_DTYPE_Q4_K, KS_DTYPE_Q6_K};
+    static const ks_dtype kt[] = {KS_DTYPE_Q4_K, KS_DTYPE_Q6_K, KS_DTYPE_Q4_1, KS_DTYPE_Q5_0,  KS_DTYPE_Q5_1,
+                                  KS_DTYPE_IQ4_NL, KS_DTYPE_Q2_K, KS_DTYPE_Q3_K, KS_DTYPE_Q5_K, KS_DTYPE_IQ4_XS};
     const int64_t rows = 9, cols = 768, n = 5;
     ks_rng rng = {1234};
-    for (size_t ti = 0; ti < 2; ti++) {
+    for (size_t ti = 0; ti < sizeof kt / sizeof kt[0]; ti++) {
         const ks_dtype t = kt[ti];
         const size_t rb = ks_dtype_row_bytes(t, cols), bb = ks_dtype_block_bytes(t);
+        int off[2];
+        scale_fields(t, off);
         uint8_t *W = ks_malloc_aligned(rb * rows);
         for (size_t i = 0; i < rb * rows; i++) W[i] = (uint8_t)ks_rng_next(&rng);
-        for (size_t off = 0; off < rb * rows; off += bb) { /* finite, varied block scales */
-            ks_f16 d = ks_f32_to_f16((float)(0.001 + 0.01 * ks_rng_uniform(&rng)));
-            ks_f16 dm = ks_f32_to_f16((float)(0.001 + 0.01 * ks_rng_uniform(&rng)));
-            if (t == KS_DTYPE_Q4_K) {
-                memcpy(W + off, &d, 2);
-                memcpy(W + off + 2, &dm, 2);
-            } else {
-                memcpy(W + off + bb - 2, &d, 2);
-            }
-        }
+        for (size_t o = 0; o < rb * rows; o += bb) /* finite, varied block scales */
+            for (int k = 0; k < 2; k++)
+                if (off[k] >= 0) {
+                    ks_f16 d = ks_f32_to_f16((float)(0.001 + 0.01 * ks_rng_uniform(&rng)));
+                    memcpy(W + o + off[k], &d, 2);
+                }
         float *X = make_x(n, cols, 21 + ti);
         float *Wd = ks_malloc((size_t)cols * sizeof(float));
         double scale2 = 0;
@@ -478,7 +494,8 @@ static void test_matmul_quantize_x(void **state) {
     (void)state;
     ks_pool *pool2 = NULL;
     assert_int_equal(ks_pool_create(2, &pool2), KS_OK);
-    static const ks_dtype types[] = {KS_DTYPE_Q8_0, KS_DTYPE_Q4_0, KS_DTYPE_Q4_K, KS_DTYPE_Q6_K, KS_DTYPE_F16};
+    static const ks_dtype types[] = {KS_DTYPE_Q8_0, KS_DTYPE_Q4_0, KS_DTYPE_Q4_K, KS_DTYPE_Q6_K, KS_DTYPE_F16,
+                                     KS_DTYPE_Q5_0, KS_DTYPE_Q4_1, KS_DTYPE_Q5_K, KS_DTYPE_IQ4_XS};
     enum { ROWS = 48, COLS = 512, NMAX = 40 };
     static const int64_t ns[] = {1, 5, NMAX};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)

@@ -185,9 +185,29 @@ void ks_gen_model_shapes(FILE *f) {
 
 bool ks_gen_model_shape_known(const char *shape) { return shape && ks_shape_find(shape) != NULL; }
 
+/* A weight type name, or llama.cpp's mixes q4_k_m / q5_k_m: *t the main
+ * type, *mix whether attn_v / ffn_down / output follow the _M rule. */
+static bool gen_name_eq(const char *a, const char *lower) {
+    for (; *a && *lower; a++, lower++)
+        if ((*a >= 'A' && *a <= 'Z' ? *a - 'A' + 'a' : *a) != *lower) return false;
+    return !*a && !*lower;
+}
+
+static bool gen_type_parse(const char *type, ks_dtype *t, bool *mix) {
+    *mix = false;
+    if (!type) return false;
+    if (gen_name_eq(type, "q4_k_m") || gen_name_eq(type, "q5_k_m")) {
+        *t = type[1] == '4' ? KS_DTYPE_Q4_K : KS_DTYPE_Q5_K;
+        *mix = true;
+        return true;
+    }
+    return ks_dtype_from_name(type, t) && ks_dtype_is_weight_type((uint32_t)*t);
+}
+
 bool ks_gen_model_type_known(const char *type) {
     ks_dtype t;
-    return type && ks_dtype_from_name(type, &t) && ks_dtype_is_weight_type((uint32_t)t);
+    bool mix;
+    return gen_type_parse(type, &t, &mix);
 }
 
 typedef struct gen_progress {
@@ -217,7 +237,7 @@ ks_status ks_gen_model(const ks_gen_model_params *p, const char *path, ks_gen_mo
     ks_shape_gen_params gp = {0};
     if (!shape) return KS_FAIL(KS_ERR_NOT_FOUND, "unknown shape '%s'", p->shape ? p->shape : "(none)");
     if (!ks_gen_model_type_known(p->type)) return KS_FAIL(KS_ERR_NOT_FOUND, "unknown weight type '%s'", p->type ? p->type : "(none)");
-    ks_dtype_from_name(p->type, &gp.type);
+    gen_type_parse(p->type, &gp.type, &gp.mix_k_m);
     ks_gguf *vocab = NULL;
     ks_status st = ks_gguf_open(p->vocab_path, &vocab);
     if (st != KS_OK) {

@@ -158,10 +158,22 @@ uint32_t ks_shape_file_type(ks_dtype type) {
     case KS_DTYPE_Q8_0: return 7;  /* MOSTLY_Q8_0 */
     case KS_DTYPE_Q4_K: return 14; /* MOSTLY_Q4_K_S: uniform Q4_K is the "small" mix */
     case KS_DTYPE_Q6_K: return 18; /* MOSTLY_Q6_K */
+    case KS_DTYPE_Q4_1: return 3;  /* MOSTLY_Q4_1 */
+    case KS_DTYPE_Q5_0: return 8;  /* MOSTLY_Q5_0 */
+    case KS_DTYPE_Q5_1: return 9;  /* MOSTLY_Q5_1 */
+    case KS_DTYPE_Q2_K: return 10; /* MOSTLY_Q2_K */
+    case KS_DTYPE_Q3_K: return 11; /* MOSTLY_Q3_K_S: uniform, as Q4_K above */
+    case KS_DTYPE_Q5_K: return 16; /* MOSTLY_Q5_K_S */
+    case KS_DTYPE_IQ4_NL: return 25; /* MOSTLY_IQ4_NL */
+    case KS_DTYPE_IQ4_XS: return 30; /* MOSTLY_IQ4_XS */
     case KS_DTYPE_BF16: return 32; /* MOSTLY_BF16 */
     default: return 1024;          /* GUESSED */
     }
 }
+
+/* llama.cpp's choice of the layers whose attn_v and ffn_down get more bits
+ * in its _M mixes: the first and last eighth, and every third in between. */
+static bool ks_gen_more_bits(int32_t i, int32_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
 /* ----------------------------------------------------------- generator -- */
 typedef enum { KS_GEN_MATRIX, KS_GEN_ONES, KS_GEN_NOISE, KS_GEN_ROPE, KS_GEN_ROPE_SHORT, KS_GEN_ROPE_LONG } ks_gen_kind;
@@ -294,6 +306,7 @@ static void ks_gen_add_experts(ks_gen *g, int64_t *n, const char *name, ks_dtype
 static int64_t ks_gen_plan(ks_gen *g, int32_t n_layer, int64_t n_vocab) {
     const ks_model_shape *s = g->shape;
     const ks_dtype wt = g->p->type;
+    const ks_dtype more = g->p->mix_k_m ? KS_DTYPE_Q6_K : wt; /* attn_v, ffn_down, output of an _M mix */
     const int64_t E = s->n_embd, F = s->n_ff, D = s->head_dim;
     const int64_t QD = (int64_t)s->n_head * D, KVD = (int64_t)s->n_head_kv * D;
     const float se = 2.0f / sqrtf((float)E), sE = 1.0f / sqrtf((float)E);
@@ -315,7 +328,7 @@ static int64_t ks_gen_plan(ks_gen *g, int32_t n_layer, int64_t n_vocab) {
         } else {
             KS_GEN_T("attn_q.weight", KS_GEN_MATRIX, wt, E, QD, sE);
             KS_GEN_T("attn_k.weight", KS_GEN_MATRIX, wt, E, KVD, sE);
-            KS_GEN_T("attn_v.weight", KS_GEN_MATRIX, wt, E, KVD, sE);
+            KS_GEN_T("attn_v.weight", KS_GEN_MATRIX, ks_gen_more_bits(l, n_layer) ? more : wt, E, KVD, sE);
         }
         if (s->qkv_bias) {
             KS_GEN_T("attn_q.bias", KS_GEN_NOISE, KS_DTYPE_F32, QD, 1, 0.1f);
@@ -348,7 +361,8 @@ static int64_t ks_gen_plan(ks_gen *g, int32_t n_layer, int64_t n_vocab) {
         } else {
             KS_GEN_T("ffn_gate.weight", KS_GEN_MATRIX, wt, E, F, sE);
             KS_GEN_T("ffn_up.weight", KS_GEN_MATRIX, wt, E, F, sE);
-            KS_GEN_T("ffn_down.weight", KS_GEN_MATRIX, wt, F, E, 1.0f / sqrtf((float)F));
+            KS_GEN_T("ffn_down.weight", KS_GEN_MATRIX, ks_gen_more_bits(l, n_layer) ? more : wt, F, E,
+                     1.0f / sqrtf((float)F));
         }
         if (gemma) KS_GEN_T("post_ffw_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, E, 1, 0.02f);
 #undef KS_GEN_T
@@ -358,7 +372,7 @@ static int64_t ks_gen_plan(ks_gen *g, int32_t n_layer, int64_t n_vocab) {
         ks_gen_add(g, &n, "rope_factors_short.weight", KS_GEN_ROPE_SHORT, KS_DTYPE_F32, R / 2, 1, 0);
     }
     ks_gen_add(g, &n, "output_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, E, 1, 0.02f);
-    if (!s->tied_output) ks_gen_add(g, &n, "output.weight", KS_GEN_MATRIX, wt, E, n_vocab, se);
+    if (!s->tied_output) ks_gen_add(g, &n, "output.weight", KS_GEN_MATRIX, more, E, n_vocab, se);
     return n;
 }
 
@@ -369,7 +383,10 @@ static void ks_gen_set_metadata(ks_gguf_writer *w, const ks_model_shape *s, cons
     ks_gguf_writer_set_str(w, "general.architecture", s->arch);
     ks_gguf_writer_set_str(w, "general.name", s->name);
     ks_gguf_writer_set_u32(w, "general.alignment", KS_GGUF_DEFAULT_ALIGNMENT);
-    ks_gguf_writer_set_u32(w, "general.file_type", ks_shape_file_type(p->type));
+    ks_gguf_writer_set_u32(w, "general.file_type",
+                           p->mix_k_m && p->type == KS_DTYPE_Q4_K   ? 15u /* MOSTLY_Q4_K_M */
+                           : p->mix_k_m && p->type == KS_DTYPE_Q5_K ? 17u /* MOSTLY_Q5_K_M */
+                                                                    : ks_shape_file_type(p->type));
     ks_gguf_writer_set_u32(w, "general.quantization_version", 2);
     ks_gguf_writer_set_u32(w, KS_GEN_KEY("context_length"), (uint32_t)n_ctx);
     ks_gguf_writer_set_u32(w, KS_GEN_KEY("embedding_length"), (uint32_t)s->n_embd);

@@ -78,6 +78,8 @@ typedef void (*ks_shape_progress_fn)(void *user, int64_t tensor, int64_t n_tenso
 
 typedef struct ks_shape_gen_params {
     ks_dtype type;           /* weight type of the 2-D tensors */
+    bool mix_k_m;            /* llama.cpp's _K_M mix: attn_v / ffn_down of its "more bits" layers and the
+                              * output matrix in Q6_K, the rest in type (ks_shape_file_type_mix) */
     const ks_gguf *vocab;    /* tokenizer.* keys are copied from here; its token count is n_vocab */
     uint64_t seed;
     int32_t n_layer;         /* > 0: override the shape's layer count */

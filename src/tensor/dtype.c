@@ -15,11 +15,13 @@
  *
  * The K-quant quantizers are deliberately simple (min/max per sub-block, then
  * 6- or 8-bit quantization of those scales against a super-block scale) rather
- * than llama.cpp's error-minimizing search: they exist so tests and tools can
+ * than llama.cpp's error-minimizing search (the further types of llama.cpp's
+ * mixes, Q4_1 ... IQ4_XS, are quant_types.c): they exist so tests and tools can
  * produce valid blocks, and the engine normally reads pre-quantized GGUF
  * weights.  Their round-trip error is pinned in tests/test_dtype.c.
  */
 #include "tensor/dtype.h"
+#include "tensor/quant_types.h"
 
 #include "core/core.h"
 
@@ -46,10 +48,18 @@ static const ks_dtype_info ks_dtype_table[] = {
     {KS_DTYPE_F32, "f32", 1, 4, true},
     {KS_DTYPE_F16, "f16", 1, 2, true},
     {KS_DTYPE_Q4_0, "q4_0", KS_QK4_0, sizeof(ks_block_q4_0), true},
+    {KS_DTYPE_Q4_1, "q4_1", 32, sizeof(ks_block_q4_1), true},
+    {KS_DTYPE_Q5_0, "q5_0", 32, sizeof(ks_block_q5_0), true},
+    {KS_DTYPE_Q5_1, "q5_1", 32, sizeof(ks_block_q5_1), true},
     {KS_DTYPE_Q8_0, "q8_0", KS_QK8_0, sizeof(ks_block_q8_0), true},
+    {KS_DTYPE_Q2_K, "q2_K", KS_QK_K, sizeof(ks_block_q2_k), true},
+    {KS_DTYPE_Q3_K, "q3_K", KS_QK_K, sizeof(ks_block_q3_k), true},
     {KS_DTYPE_Q4_K, "q4_K", KS_QK_K, sizeof(ks_block_q4_k), true},
+    {KS_DTYPE_Q5_K, "q5_K", KS_QK_K, sizeof(ks_block_q5_k), true},
     {KS_DTYPE_Q6_K, "q6_K", KS_QK_K, sizeof(ks_block_q6_k), true},
     {KS_DTYPE_Q8_K, "q8_K", KS_QK_K, sizeof(ks_block_q8_k), false},
+    {KS_DTYPE_IQ4_NL, "iq4_nl", 32, sizeof(ks_block_iq4_nl), true},
+    {KS_DTYPE_IQ4_XS, "iq4_xs", KS_QK_K, sizeof(ks_block_iq4_xs), true},
     {KS_DTYPE_BF16, "bf16", 1, 2, true},
 };
 #define KS_DTYPE_N (sizeof ks_dtype_table / sizeof ks_dtype_table[0])
@@ -201,7 +211,7 @@ static void ks_quantize_row_q4_0(const float *x, ks_block_q4_0 *y, int64_t n) {
  *   j < 4:  scales[j] low 6 bits = sc[j], scales[j+4] low 6 bits = m[j]
  *   j >= 4: scales[j+4] = sc[j] low 4 | m[j] low 4 << 4, and the top 2 bits of
  *           sc[j] / m[j] go to bits 6..7 of scales[j-4] / scales[j]. */
-static void ks_q4k_get_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+void ks_q4k_get_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
     if (j < 4) {
         *sc = q[j] & 63;
         *m = q[j + 4] & 63;
@@ -211,7 +221,7 @@ static void ks_q4k_get_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *
     }
 }
 
-static void ks_q4k_set_scale_min(uint8_t *q /* [12] */, const uint8_t *sc /* [8] */,
+void ks_q4k_set_scale_min(uint8_t *q /* [12] */, const uint8_t *sc /* [8] */,
                                  const uint8_t *m /* [8] */) {
     memset(q, 0, 12);
     for (int j = 0; j < 8; j++) {
@@ -414,7 +424,8 @@ void ks_dequantize_row(ks_dtype t, const void *src, float *dst, int64_t n) {
         break;
     }
     default:
-        KS_ASSERT(!"ks_dequantize_row: unknown type");
+        KS_ASSERT(ks_quant_ext_has(t));
+        ks_quant_ext_dequantize(t, src, dst, n);
     }
 }
 
@@ -440,7 +451,8 @@ void ks_quantize_row(ks_dtype t, const float *src, void *dst, int64_t n) {
     case KS_DTYPE_Q6_K: ks_quantize_row_q6_k(src, dst, n); break;
     case KS_DTYPE_Q8_K: ks_quantize_row_q8_k(src, dst, n); break;
     default:
-        KS_ASSERT(!"ks_quantize_row: unknown type");
+        KS_ASSERT(ks_quant_ext_has(t));
+        ks_quant_ext_quantize(t, src, dst, n);
     }
 }
 

@@ -17,7 +17,26 @@
  *   Q6_K [256]: uint8 ql[128], qh[64]; int8 scales[16]; f16 d;
  *              x = d * scale * (q6 - 32) per 16-element sub-block
  *   Q8_K [256]: f32 d; int8 qs[256]; int16 bsums[16] — activation-side only,
- *              the partner of Q4_K / Q6_K in integer dot products.
+ *              the partner of the K-quants in integer dot products.
+ * The further types of llama.cpp's common mixes (Q4_K_M, Q5_K_M, IQ4_XS...;
+ * quant_types.c has their converters; "lo/hi nibbles" as in Q4_0):
+ *   Q4_1 [32]: f16 d, m; uint8 qs[16];                  x = d * nibble + m
+ *   Q5_0 [32]: f16 d; uint8 qh[4]; uint8 qs[16];        x = d * (q5 - 16),
+ *              q5 = nibble | bit i of qh (LE u32) << 4 for element i
+ *   Q5_1 [32]: f16 d, m; uint8 qh[4]; uint8 qs[16];     x = d * q5 + m
+ *   IQ4_NL [32]: f16 d; uint8 qs[16];                   x = d * kvalues[nibble]
+ *   Q2_K [256]: uint8 scales[16] (lo 4 bits scale, hi 4 bits min per 16);
+ *              uint8 qs[64] (2-bit planes); f16 d, dmin; x = d*sc*q - dmin*m
+ *   Q3_K [256]: uint8 hmask[32]; uint8 qs[64]; uint8 scales[12] (16 six-bit
+ *              scales); f16 d; x = d * (sc - 32) * (q2 - (hmask bit ? 0 : 4))
+ *   Q5_K [256]: f16 d, dmin; uint8 scales[12] (as Q4_K); uint8 qh[32];
+ *              uint8 qs[128] (as Q4_K); x = d*sc*q5 - dmin*m per 32
+ *   IQ4_XS [256]: f16 d; uint16 scales_h; uint8 scales_l[4] (8 six-bit
+ *              scales); uint8 qs[128]; x = d * (ls - 32) * kvalues[nibble]
+ *   Q2_K / Q3_K element e of a block sits in qs[32 * (e / 128) + e % 32] at
+ *   bits 2 * ((e / 32) % 4), with its sub-block scale at e / 16; Q3_K's high
+ *   bit is bit (e / 32) of hmask[e % 32].  Q5_K's fifth bit of element
+ *   64c + l (l < 32) is bit 2c of qh[l], of element 64c + 32 + l bit 2c + 1.
  */
 #ifndef KS_DTYPE_H
 #define KS_DTYPE_H
@@ -36,10 +55,18 @@ typedef enum ks_dtype {
     KS_DTYPE_F32 = 0,
     KS_DTYPE_F16 = 1,
     KS_DTYPE_Q4_0 = 2,
+    KS_DTYPE_Q4_1 = 3,
+    KS_DTYPE_Q5_0 = 6,
+    KS_DTYPE_Q5_1 = 7,
     KS_DTYPE_Q8_0 = 8,
+    KS_DTYPE_Q2_K = 10,
+    KS_DTYPE_Q3_K = 11,
     KS_DTYPE_Q4_K = 12,
+    KS_DTYPE_Q5_K = 13,
     KS_DTYPE_Q6_K = 14,
     KS_DTYPE_Q8_K = 15,
+    KS_DTYPE_IQ4_NL = 20,
+    KS_DTYPE_IQ4_XS = 23,
     KS_DTYPE_BF16 = 30,
     KS_DTYPE_MAX_ = 40 /* GGUF type ids at or above this are rejected */
 } ks_dtype;
@@ -56,6 +83,17 @@ typedef struct { ks_f16 d; uint8_t qs[KS_QK4_0 / 2]; } ks_block_q4_0;
 typedef struct { ks_f16 d; ks_f16 dmin; uint8_t scales[12]; uint8_t qs[KS_QK_K / 2]; } ks_block_q4_k;
 typedef struct { uint8_t ql[KS_QK_K / 2]; uint8_t qh[KS_QK_K / 4]; int8_t scales[KS_QK_K / 16]; ks_f16 d; } ks_block_q6_k;
 typedef struct { float d; int8_t qs[KS_QK_K]; int16_t bsums[KS_QK_K / 16]; } ks_block_q8_k;
+typedef struct { ks_f16 d, m; uint8_t qs[16]; } ks_block_q4_1;
+typedef struct { ks_f16 d; uint8_t qh[4]; uint8_t qs[16]; } ks_block_q5_0;
+typedef struct { ks_f16 d, m; uint8_t qh[4]; uint8_t qs[16]; } ks_block_q5_1;
+typedef struct { ks_f16 d; uint8_t qs[16]; } ks_block_iq4_nl;
+typedef struct { uint8_t scales[KS_QK_K / 16]; uint8_t qs[KS_QK_K / 4]; ks_f16 d, dmin; } ks_block_q2_k;
+typedef struct { uint8_t hmask[KS_QK_K / 8]; uint8_t qs[KS_QK_K / 4]; uint8_t scales[12]; ks_f16 d; } ks_block_q3_k;
+typedef struct { ks_f16 d, dmin; uint8_t scales[12]; uint8_t qh[KS_QK_K / 8]; uint8_t qs[KS_QK_K / 2]; } ks_block_q5_k;
+typedef struct { ks_f16 d; uint16_t scales_h; uint8_t scales_l[KS_QK_K / 64]; uint8_t qs[KS_QK_K / 2]; } ks_block_iq4_xs;
+
+/* The 16 non-uniform levels of IQ4_NL / IQ4_XS (GGML's kvalues_iq4nl). */
+extern const int8_t ks_iq4_values[16];
 
 /* True for the types weights may have (the set the engine can compute with). */
 bool ks_dtype_is_weight_type(uint32_t type);

@@ -38,6 +38,7 @@
 #include "tensor/matmul.h"
 
 #include "core/simd.h"
+#include "tensor/quant_types.h"
 
 #include <math.h>
 #include <sched.h>
@@ -110,15 +111,29 @@ static size_t ks_mm_q8k_stride(int64_t cols) {
     return ks_mm_align64((size_t)(cols / KS_QK_K) * sizeof(ks_block_q8_k));
 }
 
+/* The Q8S partner and the scalar kernels of the types added for llama.cpp's
+ * mixes: matmul_types.c. */
+#define KS_MM_TYPES_PART 1
+#include "matmul_types.c"
+#undef KS_MM_TYPES_PART
+
 /* Partner layout of a weight type; 0 = none (float weights dot f32 X). */
-typedef enum { KS_MM_XF32 = 0, KS_MM_XQ8, KS_MM_XQ8K } ks_mm_xkind;
+typedef enum { KS_MM_XF32 = 0, KS_MM_XQ8, KS_MM_XQ8K, KS_MM_XQ8S } ks_mm_xkind;
 
 static ks_mm_xkind ks_mm_xkind_of(ks_dtype t) {
     switch (t) {
     case KS_DTYPE_Q8_0:
     case KS_DTYPE_Q4_0: return KS_MM_XQ8;
+    case KS_DTYPE_Q4_1:
+    case KS_DTYPE_Q5_0:
+    case KS_DTYPE_Q5_1:
+    case KS_DTYPE_IQ4_NL: return KS_MM_XQ8S; /* matmul_types.c */
+    case KS_DTYPE_Q2_K:
+    case KS_DTYPE_Q3_K:
     case KS_DTYPE_Q4_K:
-    case KS_DTYPE_Q6_K: return KS_MM_XQ8K;
+    case KS_DTYPE_Q5_K:
+    case KS_DTYPE_Q6_K:
+    case KS_DTYPE_IQ4_XS: return KS_MM_XQ8K;
     default: return KS_MM_XF32;
     }
 }
@@ -132,6 +147,7 @@ size_t ks_matmul_scratch_bytes(ks_dtype wtype, int64_t cols, int64_t n) {
         return (size_t)n * (t > a ? t : a);
     }
     case KS_MM_XQ8K: return (size_t)n * ks_mm_q8k_stride(cols);
+    case KS_MM_XQ8S: return (size_t)n * ks_mm_q8s_stride(cols);
     default: return 0;
     }
 }
@@ -266,6 +282,7 @@ static void ks_mm_q6_k_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, in
 #define KS_MM_TGT "avx2,fma,f16c"
 #define KS_MM_LEVEL 1
 #include "matmul_x86.c"
+#include "matmul_x86_types.c"
 #include "matmul_x86_panel.c"
 #include "matmul_x86_quant.c"
 #undef KS_MM_SFX
@@ -275,6 +292,7 @@ static void ks_mm_q6_k_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, in
 #define KS_MM_TGT "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"
 #define KS_MM_LEVEL 2
 #include "matmul_x86.c"
+#include "matmul_x86_types.c"
 #include "matmul_x86_panel.c"
 #include "matmul_x86_quant.c"
 #undef KS_MM_SFX
@@ -306,6 +324,14 @@ static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
         case KS_DTYPE_Q4_0: return ks_mm_q4_0x_avx512;
         case KS_DTYPE_Q4_K: return ks_mm_q4_kz_avx512; /* zmm form */
         case KS_DTYPE_Q6_K: return ks_mm_q6_kz_avx512;
+        case KS_DTYPE_Q4_1: return ks_mm_q4_1z_avx512; /* matmul_x86_types.c */
+        case KS_DTYPE_Q5_0: return ks_mm_q5_0z_avx512;
+        case KS_DTYPE_Q5_1: return ks_mm_q5_1z_avx512;
+        case KS_DTYPE_IQ4_NL: return ks_mm_iq4_nlz_avx512;
+        case KS_DTYPE_Q2_K: return ks_mm_q2_kt_avx512;
+        case KS_DTYPE_Q3_K: return ks_mm_q3_kt_avx512;
+        case KS_DTYPE_Q5_K: return ks_mm_q5_kz_avx512; /* zmm form */
+        case KS_DTYPE_IQ4_XS: return ks_mm_iq4_xsz_avx512; /* zmm form */
         default: break;
         }
     }
@@ -318,6 +344,14 @@ static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
         case KS_DTYPE_Q4_0: return ks_mm_q4_0_avx2;
         case KS_DTYPE_Q4_K: return ks_mm_q4_k_avx2;
         case KS_DTYPE_Q6_K: return ks_mm_q6_k_avx2;
+        case KS_DTYPE_Q4_1: return ks_mm_q4_1t_avx2;
+        case KS_DTYPE_Q5_0: return ks_mm_q5_0t_avx2;
+        case KS_DTYPE_Q5_1: return ks_mm_q5_1t_avx2;
+        case KS_DTYPE_IQ4_NL: return ks_mm_iq4_nlt_avx2;
+        case KS_DTYPE_Q2_K: return ks_mm_q2_kt_avx2;
+        case KS_DTYPE_Q3_K: return ks_mm_q3_kt_avx2;
+        case KS_DTYPE_Q5_K: return ks_mm_q5_kt_avx2;
+        case KS_DTYPE_IQ4_XS: return ks_mm_iq4_xst_avx2;
         default: break;
         }
     }
@@ -330,6 +364,14 @@ static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
     case KS_DTYPE_Q4_0: return ks_mm_q4_0_scalar;
     case KS_DTYPE_Q4_K: return ks_mm_q4_k_scalar;
     case KS_DTYPE_Q6_K: return ks_mm_q6_k_scalar;
+    case KS_DTYPE_Q4_1: return ks_mm_q4_1_scalar;
+    case KS_DTYPE_Q5_0: return ks_mm_q5_0_scalar;
+    case KS_DTYPE_Q5_1: return ks_mm_q5_1_scalar;
+    case KS_DTYPE_IQ4_NL: return ks_mm_iq4_nl_scalar;
+    case KS_DTYPE_Q2_K: return ks_mm_q2_k_scalar;
+    case KS_DTYPE_Q3_K: return ks_mm_q3_k_scalar;
+    case KS_DTYPE_Q5_K: return ks_mm_q5_k_scalar;
+    case KS_DTYPE_IQ4_XS: return ks_mm_iq4_xs_scalar;
     default: KS_ASSERT(!"ks_matmul: not a weight type"); return NULL;
     }
 }
@@ -370,6 +412,15 @@ typedef struct ks_mm_share {
 static void ks_mm_quantize_one(const ks_mm_job *job, int64_t c) {
     const float *x = job->X + c * job->cols;
     uint8_t *dst = job->scratch + (size_t)c * job->xs;
+    if (job->xkind == KS_MM_XQ8S) { /* the plain split Q8 at every level, then the block sums */
+#if KS_MM_HAVE_X86
+        if (job->level >= KS_SIMD_AVX2) ks_mm_quantize_q8_avx2(x, dst, job->cols);
+        else
+#endif
+            ks_mm_quantize_q8(x, dst, job->cols);
+        ks_mm_q8s_sums(dst, job->cols);
+        return;
+    }
 #if KS_MM_HAVE_X86
     if (job->level == KS_SIMD_AVX512) {
         if (job->xt) ks_mm_quantize_q8t_avx512(x, dst, job->cols);
@@ -391,6 +442,7 @@ static void ks_mm_quantize_one(const ks_mm_job *job, int64_t c) {
 /* Bytes per quantized activation vector in scratch (xkind not XF32). */
 static size_t ks_mm_x_stride(ks_mm_xkind xkind, bool xt, ks_simd_level level, int64_t cols) {
     return xkind == KS_MM_XQ8K      ? ks_mm_q8k_stride(cols)
+           : xkind == KS_MM_XQ8S    ? ks_mm_q8s_stride(cols)
            : xt                     ? ks_mm_q8t_stride(cols)
            : level == KS_SIMD_AVX512 ? ks_mm_q8x_stride(cols)
                                      : ks_mm_q8_stride(cols);

@@ -5,8 +5,9 @@
  * Decode is memory-bound: every weight byte is read once per step for all n
  * sequences of the batch (rows are split across threads, and each weight row
  * is dotted against every activation while it sits in L1).  Quantized types
- * first quantize X to the integer partner type (Q8_0 for Q8_0/Q4_0, Q8_K for
- * Q4_K/Q6_K) and use integer dot products with dequantization fused in.
+ * first quantize X to the integer partner type (Q8_0 for Q8_0/Q4_0, Q8_0 with
+ * block sums for Q4_1/Q5_0/Q5_1/IQ4_NL, Q8_K for the K-quants and IQ4_XS)
+ * and use integer dot products with dequantization fused in.
  * SIMD paths (AVX2+FMA, AVX-512) are chosen at run time (core/simd.h); a portable scalar
  * path is the reference every SIMD path is tested against.
  */

@@ -120,7 +120,7 @@ expect_fail 2 "run missing value" -- "$KS" run -m "$MODEL" -p
 expect_fail 2 "gen-model unknown flag" -- "$KS" gen-model --bogus
 expect_fail 2 "gen-model missing args" -- "$KS" gen-model --shape tiny-llama
 expect_fail 2 "gen-model unknown shape" -- "$KS" gen-model --shape gpt-17 --type q8_0 --vocab-from "$MODEL" --out "$TMP/x.gguf"
-expect_fail 2 "gen-model unknown type" -- "$KS" gen-model --shape tiny-llama --type q3_k --vocab-from "$MODEL" --out "$TMP/x.gguf"
+expect_fail 2 "gen-model unknown type" -- "$KS" gen-model --shape tiny-llama --type iq2_xxs --vocab-from "$MODEL" --out "$TMP/x.gguf"
 expect_fail 2 "gen-model q8_K is not a weight type" -- "$KS" gen-model --shape tiny-llama --type q8_k --vocab-from "$MODEL" --out "$TMP/x.gguf"
 expect_fail 2 "gen-model bad seed" -- "$KS" gen-model --shape tiny-llama --type q8_0 --vocab-from "$MODEL" --out "$TMP/x.gguf" --seed -1
 expect_fail 2 "gen-model zero layers" -- "$KS" gen-model --shape tiny-llama --type q8_0 --vocab-from "$MODEL" --out "$TMP/x.gguf" --layers 0

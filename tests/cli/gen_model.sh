@@ -60,7 +60,8 @@ tens = []
 for _ in range(nt):
     name = rs(); (nd,) = rd('I'); ne = rd('Q' * nd); ty, off = rd('IQ'); tens.append((name, ne, ty, off))
 data = (pos + align - 1) // align * align
-BLK = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 8: (32, 34), 12: (256, 144), 14: (256, 210)}
+BLK = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 8: (32, 34), 12: (256, 144), 14: (256, 210),
+       3: (32, 20), 6: (32, 22), 7: (32, 24), 20: (32, 18), 10: (256, 84), 11: (256, 110), 13: (256, 176), 23: (256, 136)}
 expect = 0
 for name, ne, ty, off in tens:
     bs, bb = BLK[ty]
@@ -100,7 +101,8 @@ PYEOF
 }
 check_py "$TMP/a.gguf" tiny-llama llama 2 >/dev/null || fail "independent reader rejected tiny-llama q8_0"
 for spec in "tiny-llama3 q4_k llama" "tiny-qwen2 q6_k qwen2" "tiny-qwen3 q4_0 qwen3" "tiny-mistral bf16 llama" \
-            "tiny-mha f16 llama" "tiny-mqa f32 llama" "tiny-qwen3moe q8_0 qwen3moe"; do
+            "tiny-mha f16 llama" "tiny-mqa f32 llama" "tiny-qwen3moe q8_0 qwen3moe" "tiny-qwen2 q5_k_m qwen2" \
+            "tiny-qwen3 iq4_xs qwen3" "tiny-llama q5_0 llama" "tiny-llama q3_k llama"; do
   set -- $spec
   gen --shape "$1" --type "$2" --out "$TMP/$1.gguf" >/dev/null || { fail "gen-model $1 $2: $(cat "$TMP/stderr")"; continue; }
   check_py "$TMP/$1.gguf" "$1" "$3" 2 >/dev/null || fail "independent reader rejected $1 $2"

@@ -52,13 +52,10 @@ int main(int argc, char **argv) {
     const char *tname = argc > 5 ? argv[5] : "q8_0";
     int reps = argc > 6 ? atoi(argv[6]) : 5;
     ks_dtype t;
-    if (!strcmp(tname, "q8_0")) t = KS_DTYPE_Q8_0;
-    else if (!strcmp(tname, "q4_0")) t = KS_DTYPE_Q4_0;
-    else if (!strcmp(tname, "q4_k")) t = KS_DTYPE_Q4_K;
-    else if (!strcmp(tname, "q6_k")) t = KS_DTYPE_Q6_K;
-    else if (!strcmp(tname, "f16")) t = KS_DTYPE_F16;
-    else if (!strcmp(tname, "bf16")) t = KS_DTYPE_BF16;
-    else { fprintf(stderr, "gemm_bench: unknown type '%s'\n", tname); return 2; }
+    if (!ks_dtype_from_name(tname, &t) || !ks_dtype_is_weight_type((uint32_t)t)) {
+        fprintf(stderr, "gemm_bench: unknown type '%s'\n", tname);
+        return 2;
+    }
     if (nth < 1 || rows < 4 || cols < 256 || n < 1 || reps < 1 || cols % 256) {
         fprintf(stderr, "usage: gemm_bench [threads] [rows] [cols, multiple of 256] [n] [type] [reps]\n");
         return 2;
