@@ -290,6 +290,10 @@ static bool chat_prompt(ks_server *srv, const ks_api_request *rq, char **text, b
         free(*text);
         *text = NULL;
         if (st == KS_ERR_NOMEM) return out_of_memory(e, "rendering the chat template");
+        if (st == KS_ERR_INVALID_ARG) { /* the GGUF's template rejected the conversation (raise_exception) */
+            ks_api_error_set(e, 400, "invalid_request_error", "invalid_value", "messages", "%s", ks_last_error());
+            return false;
+        }
         ks_api_error_set(e, 500, "server_error", "internal_error", NULL, "chat template: %s", ks_last_error());
         return false;
     }
