@@ -701,6 +701,7 @@ struct ks_json_constraint {
     uint32_t *off; /* [n_vocab + 1] */
     bool *banned;  /* [n_vocab] tokens with no text: never written */
     bool *eog;     /* [n_vocab] end-of-generation tokens: only once the document could end */
+    ks_json_schema *own; /* the schema when the constraint compiled it */
 };
 
 ks_status ks_json_constraint_create(const ks_model *m, const ks_json_schema *s, ks_json_constraint **out) {
@@ -745,8 +746,23 @@ ks_status ks_json_constraint_create(const ks_model *m, const ks_json_schema *s, 
     return KS_OK;
 }
 
+ks_status ks_json_constraint_create_text(const ks_model *m, const char *schema_text, ks_json_constraint **out) {
+    ks_json_schema *s = NULL;
+    char where[256];
+    bool any = !schema_text || !schema_text[0];
+    KS_TRY(ks_json_schema_compile(any ? NULL : schema_text, any ? 0 : strlen(schema_text), &s, where, sizeof where));
+    ks_status st = ks_json_constraint_create(m, s, out);
+    if (st != KS_OK) {
+        ks_json_schema_destroy(s);
+        return st;
+    }
+    (*out)->own = s;
+    return KS_OK;
+}
+
 void ks_json_constraint_destroy(ks_json_constraint *c) {
     if (!c) return;
+    ks_json_schema_destroy(c->own);
     ks_free(c->blob);
     ks_free(c->off);
     ks_free(c->banned);

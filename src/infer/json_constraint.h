@@ -67,6 +67,9 @@ typedef struct ks_json_constraint ks_json_constraint;
 /* The schema is borrowed (it must outlive the constraint); the model gives
  * the vocabulary's token texts. */
 ks_status ks_json_constraint_create(const ks_model *m, const ks_json_schema *s, ks_json_constraint **out);
+/* The same over a schema it compiles and owns: schema_text is a JSON
+ * Schema, or NULL / "" for any JSON object (the server's response_format). */
+ks_status ks_json_constraint_create_text(const ks_model *m, const char *schema_text, ks_json_constraint **out);
 void ks_json_constraint_destroy(ks_json_constraint *c);
 /* Set logits[n_vocab] of every token that may not come next to -inf:
  * tokens_left counts this one.  Returns how many remain allowed (0: none,

@@ -12,6 +12,7 @@
 #define KS_SCHED_INTERNAL_H
 
 #include "core/core.h"
+#include "infer/json_constraint.h"
 #include "infer/stop.h"
 #include "sched/buf.h"
 #include "sched/sched.h"
@@ -32,6 +33,7 @@ struct ks_sched_req {
     ks_sched_policy policy;
     bool no_cache;              /* cache_prompt: false */
     ks_sampler *smp;            /* created at submit; used by the scheduler thread only */
+    ks_json_constraint *json;   /* response_format's constraint (NULL: none); scheduler thread only */
     /* under mu */
     ks_sched_state state;
     bool cancel, news;

@@ -397,6 +397,7 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
         .ignore_eos = rq.ignore_eos,
         .policy = pol,
         .no_prompt_cache = !rq.cache_prompt,
+        .json_schema = rq.json_schema,
     };
     ks_sched_error why;
     char msg[512];
