@@ -6,8 +6,8 @@
  * in that directory, a few conversations (system + multi-turn, unicode and
  * whitespace, thinking tags; add_generation_prompt on and off) and what
  * Python jinja2 renders for them as transformers configures it
- * (tools/jinja_goldens.py), or the error it raises.  One test per template,
- * so a regression names the model family.  Then the constructs one at a
+ * (tools/jinja_goldens.py), or the error it raises.  One test per template
+ * (built from the goldens' keys), so a regression names the model.  Then the constructs one at a
  * time, and bad templates: each is a clean status, never a crash.
  */
 #include "testutil.h"
@@ -79,20 +79,8 @@ static void check_template(const char *name) {
     free(src);
 }
 
-#define TEMPLATE_TEST(fn, name) \
-    static void fn(void **state) { (void)state; check_template(name); }
-TEMPLATE_TEST(test_llama31, "meta-llama-Llama-3.1-8B-Instruct")
-TEMPLATE_TEST(test_llama32, "meta-llama-Llama-3.2-3B-Instruct")
-TEMPLATE_TEST(test_qwen25, "Qwen-Qwen2.5-7B-Instruct")
-TEMPLATE_TEST(test_qwen3, "Qwen-Qwen3-0.6B")
-TEMPLATE_TEST(test_phi35, "microsoft-Phi-3.5-mini-instruct")
-TEMPLATE_TEST(test_phi4, "microsoft-phi-4")
-TEMPLATE_TEST(test_mistral_nemo, "mistralai-Mistral-Nemo-Instruct-2407")
-TEMPLATE_TEST(test_gpt_oss, "openai-gpt-oss-120b")
-TEMPLATE_TEST(test_deepseek_r1, "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B")
-TEMPLATE_TEST(test_deepseek_v31, "deepseek-ai-DeepSeek-V3.1")
-TEMPLATE_TEST(test_gemma2, "google-gemma-2-2b-it")
-TEMPLATE_TEST(test_gemma7b, "google-gemma-7b-it")
+/* One cmocka test per template of the goldens, named after it. */
+static void test_template(void **state) { check_template((const char *)*state); }
 
 /* Render src with vars; returns the ks_malloc'd text or NULL (status in *st). */
 static char *render(const char *src, const char *vars, ks_status *st) {
@@ -190,12 +178,23 @@ static void test_errors(void **state) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_llama31),      cmocka_unit_test(test_llama32),     cmocka_unit_test(test_qwen25),
-        cmocka_unit_test(test_qwen3),        cmocka_unit_test(test_phi35),       cmocka_unit_test(test_phi4),
-        cmocka_unit_test(test_mistral_nemo), cmocka_unit_test(test_gpt_oss),     cmocka_unit_test(test_deepseek_r1),
-        cmocka_unit_test(test_deepseek_v31), cmocka_unit_test(test_gemma2),      cmocka_unit_test(test_gemma7b),
-        cmocka_unit_test(test_constructs),   cmocka_unit_test(test_errors),
-    };
-    return cmocka_run_group_tests(tests, load_goldens, free_goldens);
+    if (load_goldens(NULL) != 0) {
+        fprintf(stderr, "cannot read %s\n", ks_test_fixture("templates/goldens.json"));
+        return 1;
+    }
+    int n = 0;
+    const cJSON *g;
+    cJSON_ArrayForEach(g, goldens) n += cJSON_IsArray(g);
+    struct CMUnitTest *tests = calloc((size_t)n + 2, sizeof *tests);
+    int k = 0;
+    cJSON_ArrayForEach(g, goldens) {
+        if (!cJSON_IsArray(g)) continue;
+        tests[k++] = (struct CMUnitTest){g->string, test_template, NULL, NULL, g->string};
+    }
+    tests[k++] = (struct CMUnitTest)cmocka_unit_test(test_constructs);
+    tests[k++] = (struct CMUnitTest)cmocka_unit_test(test_errors);
+    int rc = _cmocka_run_group_tests("test_jinja", tests, (size_t)k, NULL, NULL);
+    free(tests);
+    free_goldens(NULL);
+    return rc;
 }

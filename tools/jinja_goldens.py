@@ -11,7 +11,7 @@ never need Python; rerun this only when fixtures change.
 The environment is the one Hugging Face transformers' apply_chat_template
 builds (transformers/utils/chat_template_utils.py): an
 ImmutableSandboxedEnvironment with trim_blocks and lstrip_blocks, the
-loopcontrols extension, tojson = json.dumps(ensure_ascii=False) and the
+loopcontrols extension and the {% generation %} tag, tojson = json.dumps(ensure_ascii=False) and the
 globals raise_exception and strftime_now, the latter at the fixed time NOW
 (UTC) that the C test passes too.
 
@@ -24,12 +24,13 @@ import sys
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from jinja2.ext import loopcontrols
+from jinja2 import nodes
+from jinja2.ext import Extension, loopcontrols
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DIR = os.path.join(HERE, "..", "tests", "fixtures", "templates")
 
-# bos / eos token texts of each model's vocabulary
+# bos / eos token texts of each model's vocabulary (others: <s> and </s>)
 SPECIAL = {
     "meta-llama-Llama-3.1-8B-Instruct": ("<|begin_of_text|>", "<|eot_id|>"),
     "meta-llama-Llama-3.2-3B-Instruct": ("<|begin_of_text|>", "<|eot_id|>"),
@@ -82,8 +83,23 @@ def strftime_now(fmt):
     return datetime.datetime.fromtimestamp(NOW, tz=datetime.timezone.utc).strftime(fmt)
 
 
+class AssistantTracker(Extension):
+    """transformers' {% generation %} marker: renders its body (the mask it
+    records for training does not change the text)."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+        return nodes.CallBlock(self.call_method("_render", []), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller):
+        return caller()
+
+
 def env():
-    e = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    e = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[AssistantTracker, loopcontrols])
     e.filters["tojson"] = tojson
     e.globals["raise_exception"] = raise_exception
     e.globals["strftime_now"] = strftime_now
@@ -97,7 +113,7 @@ def main():
         if not fn.endswith(".jinja"):
             continue
         name = fn[: -len(".jinja")]
-        bos, eos = SPECIAL[name]
+        bos, eos = SPECIAL.get(name, ("<s>", "</s>"))
         with open(os.path.join(DIR, fn), encoding="utf-8") as f:
             tmpl = e.from_string(f.read())
         cases = []

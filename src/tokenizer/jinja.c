@@ -22,12 +22,14 @@
  *   filters     trim, tojson, length/count, upper, lower, default/d, items,
  *               first, last, join, list, string, int, float, abs,
  *               capitalize, title, replace, safe, indent, reverse,
- *               selectattr/rejectattr, select/reject, map(attribute=|filter)
+ *               selectattr/rejectattr, select/reject, map(attribute=|filter),
+ *               dictsort
  *   tests       defined, undefined, none, string, mapping, iterable,
  *               sequence, number, integer, float, boolean, true, false,
  *               even, odd, divisibleby, eq/equalto/ne/lt/le/gt/ge, in, sameas
  *   methods     str: strip/lstrip/rstrip/split/startswith/endswith/upper/
- *               lower/replace/title/capitalize/find/count/join;
+ *               lower/replace/title/capitalize/find/count/join/format
+ *               ({} {0} {name} only);
  *               dict: get/items/keys/values
  *   globals     range, namespace, dict, raise_exception, strftime_now
  * Semantics follow Python's where templates can tell: an undefined value
@@ -1315,9 +1317,15 @@ static jv *jd_find(const jj_dict *d, const char *k, size_t n) {
         if (jv_streq(d->k[i], k, n)) return &d->v[i];
     return NULL;
 }
+static jv *jd_find_v(const jj_dict *d, jv key) {
+    for (size_t i = 0; i < d->n; i++)
+        if (d->k[i].t == key.t && (key.t == JV_STR ? jv_streq(d->k[i], key.u.s, key.n) : d->k[i].u.i == key.u.i))
+            return &d->v[i];
+    return NULL;
+}
 static void jd_set(jr *r, jj_dict *d, jv key, jv v) {
     if (!d) return;
-    jv *e = jd_find(d, key.u.s, key.n);
+    jv *e = jd_find_v(d, key);
     if (e) {
         *e = v;
         return;
@@ -1391,7 +1399,7 @@ static bool jv_eq(jv a, jv b) {
     case JV_DICT:
         if (a.u.d->n != b.u.d->n) return false;
         for (size_t i = 0; i < a.u.d->n; i++) {
-            jv *o = jd_find(b.u.d, a.u.d->k[i].u.s, a.u.d->k[i].n);
+            jv *o = jd_find_v(b.u.d, a.u.d->k[i]);
             if (!o || !jv_eq(a.u.d->v[i], *o)) return false;
         }
         return true;
@@ -1568,8 +1576,14 @@ static bool jv_json(jr *r, jsb *b, jv v, int indent, int level, int line) {
                 jsb_puts(b, "\n");
                 for (int s = 0; s < indent * (level + 1); s++) jsb_puts(b, " ");
             }
-            if (!is_l) {
-                jv_json(r, b, v.u.d->k[i], indent, level + 1, line);
+            if (!is_l) { /* json.dumps writes an integer key as a string */
+                jv k = v.u.d->k[i];
+                if (k.t != JV_STR) {
+                    snprintf(num, sizeof num, "\"%lld\"", (long long)k.u.i);
+                    jsb_puts(b, num);
+                } else {
+                    jv_json(r, b, k, indent, level + 1, line);
+                }
                 jsb_puts(b, ": ");
             }
             if (!jv_json(r, b, is_l ? v.u.l->a[i] : v.u.d->v[i], indent, level + 1, line)) return false;
@@ -1829,8 +1843,8 @@ static jv jv_getitem(jr *r, jv o, jv k, int line) {
         return JV_U;
     }
     if (o.t == JV_DICT) {
-        if (k.t != JV_STR) return JV_U;
-        jv *v = jd_find(o.u.d, k.u.s, k.n);
+        if (k.t != JV_STR && k.t != JV_INT) return JV_U;
+        jv *v = jd_find_v(o.u.d, k);
         return v ? *v : JV_U;
     }
     if (o.t == JV_LIST || o.t == JV_STR) {
@@ -1938,11 +1952,8 @@ static bool jv_contains(jr *r, jv hay, jv x, int line) {
             if (jv_eq(hay.u.l->a[i], x)) return true;
         return false;
     }
-    if (hay.t == JV_DICT) return x.t == JV_STR && jd_find(hay.u.d, x.u.s, x.n) != NULL;
-    if (hay.t == JV_UNDEF) {
-        jr_fail(r, line, "'in' an undefined value");
-        return false;
-    }
+    if (hay.t == JV_DICT) return (x.t == JV_STR || x.t == JV_INT) && jd_find_v(hay.u.d, x) != NULL;
+    if (hay.t == JV_UNDEF) return false; /* jinja2's Undefined iterates as empty */
     jr_fail(r, line, "'in' a %s", jv_type_name(hay));
     return false;
 }
@@ -2058,6 +2069,7 @@ static jv jv_apply_filter(jr *r, jv v, const char *s, size_t n, const jargs *a, 
 
 /* select/reject/selectattr/rejectattr: keep items whose test result is want. */
 static jv jj_select(jr *r, jv v, const jargs *a, bool by_attr, bool want, int line) {
+    if (!jv_truthy(v)) return jv_list(jl_new(r, 1)); /* jinja2: `if value:` first, so none selects nothing */
     jj_list *in = jv_iter(r, v, line);
     jj_list *out = jl_new(r, 4);
     if (!in || !out) return JV_U;
@@ -2216,6 +2228,46 @@ static jv jv_apply_filter(jr *r, jv v, const char *s, size_t n, const jargs *a, 
         if (!l || !o) return JV_U;
         for (size_t i = l->n; i-- > 0;) jl_add(r, o, l->a[i]);
         return jv_list(o);
+    }
+    if (IS("dictsort")) { /* (key, value) pairs by key, strings case-insensitively, as jinja2 sorts by default */
+        if (v.t != JV_DICT) {
+            jr_fail(r, line, "dictsort of a %s", jv_type_name(v));
+            return JV_U;
+        }
+        jv it = jv_items(r, v, line);
+        if (it.t != JV_LIST) return JV_U;
+        jj_list *l = it.u.l;
+        bool cs = jv_truthy(arg(a, 0, "case_sensitive", jv_bool(false)));
+        for (size_t i = 1; i < l->n; i++) { /* insertion sort: stable, and dicts are small */
+            jv x = l->a[i];
+            size_t j = i;
+            while (j > 0) {
+                jv ka = l->a[j - 1].u.l->a[0], kb = x.u.l->a[0];
+                int c;
+                if (ka.t == JV_STR && kb.t == JV_STR) {
+                    size_t m = ka.n < kb.n ? ka.n : kb.n, q = 0;
+                    c = 0;
+                    for (; q < m && !c; q++) {
+                        int ca = (unsigned char)ka.u.s[q], cb = (unsigned char)kb.u.s[q];
+                        if (!cs) {
+                            if (ca >= 'A' && ca <= 'Z') ca += 32;
+                            if (cb >= 'A' && cb <= 'Z') cb += 32;
+                        }
+                        c = (ca > cb) - (ca < cb);
+                    }
+                    if (!c) c = (ka.n > kb.n) - (ka.n < kb.n);
+                } else {
+                    bool ok;
+                    c = jv_cmp(r, ka, kb, line, &ok);
+                    if (!ok) return JV_U;
+                }
+                if (c <= 0) break;
+                l->a[j] = l->a[j - 1];
+                j--;
+            }
+            l->a[j] = x;
+        }
+        return it;
     }
     if (IS("selectattr") || IS("rejectattr")) return jj_select(r, v, a, true, s[0] == 's', line);
     if (IS("select") || IS("reject")) return jj_select(r, v, a, false, s[0] == 's', line);
@@ -2401,6 +2453,53 @@ static jv ev_method(jr *r, jv o, const char *s, size_t n, const jargs *a, int li
             for (const char *p = o.u.s, *f; (f = jj_memmem(p, o.n - (size_t)(p - o.u.s), x.u.s, x.n)); p = f + x.n) c++;
             return jv_int(c);
         }
+        if (IS("format")) { /* {} {0} {name} and {{ }}; no format specs */
+            jsb b = {.r = r};
+            jsb_put(&b, "", 0);
+            int auto_i = 0;
+            for (size_t i = 0; i < o.n; i++) {
+                char c = o.u.s[i];
+                if ((c == '{' || c == '}') && i + 1 < o.n && o.u.s[i + 1] == c) {
+                    jsb_put(&b, &c, 1);
+                    i++;
+                    continue;
+                }
+                if (c == '}') {
+                    jr_fail(r, line, "format: single '}'");
+                    return JV_U;
+                }
+                if (c != '{') {
+                    jsb_put(&b, &c, 1);
+                    continue;
+                }
+                const char *e = memchr(o.u.s + i, '}', o.n - i);
+                if (!e) {
+                    jr_fail(r, line, "format: unclosed '{'");
+                    return JV_U;
+                }
+                const char *f = o.u.s + i + 1;
+                size_t fl = (size_t)(e - f);
+                jv v;
+                if (memchr(f, ':', fl) || memchr(f, '!', fl) || memchr(f, '.', fl) || memchr(f, '[', fl)) {
+                    jr_fail(r, line, "format: field '%.*s' (conversions and specs are not supported)", (int)fl, f);
+                    return JV_U;
+                }
+                if (fl == 0) v = arg(a, auto_i++, NULL, JV_U);
+                else if (f[0] >= '0' && f[0] <= '9') v = arg(a, atoi(f), NULL, JV_U);
+                else {
+                    char name[64];
+                    snprintf(name, sizeof name, "%.*s", (int)(fl < 63 ? fl : 63), f);
+                    v = arg(a, -1, name, JV_U);
+                }
+                if (v.t == JV_UNDEF) {
+                    jr_fail(r, line, "format: no value for '{%.*s}'", (int)fl, f);
+                    return JV_U;
+                }
+                jv_str_into(r, &b, v);
+                i = (size_t)(e - o.u.s);
+            }
+            return jsb_val(&b);
+        }
         if (IS("join")) {
             jj_list *l = jv_iter(r, arg(a, 0, NULL, JV_U), line);
             if (!l) return JV_U;
@@ -2416,7 +2515,7 @@ static jv ev_method(jr *r, jv o, const char *s, size_t n, const jargs *a, int li
     } else if (o.t == JV_DICT) {
         if (IS("get")) {
             jv k = arg(a, 0, NULL, JV_U);
-            jv *v = k.t == JV_STR ? jd_find(o.u.d, k.u.s, k.n) : NULL;
+            jv *v = k.t == JV_STR || k.t == JV_INT ? jd_find_v(o.u.d, k) : NULL;
             return v ? *v : arg(a, 1, NULL, jv_none());
         }
         if (IS("items")) return jv_items(r, o, line);
@@ -2562,8 +2661,8 @@ static jv ev(jr *r, const jn *n) {
         for (const jn *e = n->a; e && d; e = e->next) {
             jv k = ev(r, e->a), v = ev(r, e->b);
             if (r->failed) return JV_U;
-            if (k.t != JV_STR) {
-                jr_fail(r, e->line, "dict keys must be strings here, got %s", jv_type_name(k));
+            if (k.t != JV_STR && k.t != JV_INT) {
+                jr_fail(r, e->line, "dict keys must be strings or integers here, got %s", jv_type_name(k));
                 return JV_U;
             }
             jd_set(r, d, k, v);
