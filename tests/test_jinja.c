@@ -166,6 +166,11 @@ static void test_errors(void **state) {
     bad("{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}", "{}", KS_ERR_FORMAT);
     bad("{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}", "{}", KS_ERR_FORMAT);
     bad("{% set s = 'x' * 1000000 %}{% for i in range(100) %}{{ s }}{% endfor %}", "{}", KS_ERR_FORMAT);
+    /* values nested without bound: an error, not a stack overflow */
+    bad("{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}",
+        "{}", KS_ERR_FORMAT);
+    bad("{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x | tojson }}",
+        "{}", KS_ERR_FORMAT);
     /* deep nesting is a parse error, not a stack overflow */
     char deep[4096];
     size_t k = 0;

@@ -1229,6 +1229,7 @@ typedef struct {
     size_t out_n, out_cap;
     bool failed, raised, nomem;
     int64_t now; /* strftime_now's clock, Unix seconds (UTC) */
+    int depth;   /* jv_repr's nesting */
     int brk; /* 1: break, 2: continue pending */
     char err[300];
 } jr;
@@ -1379,8 +1380,16 @@ static bool jv_num(jv v, double *f) {
     return false;
 }
 
-static bool jv_eq(jv a, jv b) {
+/* Values a template builds can nest without bound ({% set x = [x] %} in a
+ * loop), so every recursion over a value carries its depth. */
+enum { JJ_MAX_VALUE_DEPTH = 256 };
+
+static bool jv_eq_d(jv a, jv b, int depth);
+static bool jv_eq(jv a, jv b) { return jv_eq_d(a, b, 0); }
+
+static bool jv_eq_d(jv a, jv b, int depth) {
     double x, y;
+    if (depth > JJ_MAX_VALUE_DEPTH) return false; /* too deep to compare: unequal, never a stack overflow */
     if (jv_num(a, &x) && jv_num(b, &y)) {
         if ((a.t == JV_INT || a.t == JV_BOOL) && (b.t == JV_INT || b.t == JV_BOOL))
             return (a.t == JV_INT ? a.u.i : a.u.b) == (b.t == JV_INT ? b.u.i : b.u.b);
@@ -1394,13 +1403,13 @@ static bool jv_eq(jv a, jv b) {
     case JV_LIST:
         if (a.u.l->n != b.u.l->n) return false;
         for (size_t i = 0; i < a.u.l->n; i++)
-            if (!jv_eq(a.u.l->a[i], b.u.l->a[i])) return false;
+            if (!jv_eq_d(a.u.l->a[i], b.u.l->a[i], depth + 1)) return false;
         return true;
     case JV_DICT:
         if (a.u.d->n != b.u.d->n) return false;
         for (size_t i = 0; i < a.u.d->n; i++) {
             jv *o = jd_find_v(b.u.d, a.u.d->k[i]);
-            if (!o || !jv_eq(a.u.d->v[i], *o)) return false;
+            if (!o || !jv_eq_d(a.u.d->v[i], *o, depth + 1)) return false;
         }
         return true;
     case JV_MACRO: return a.u.m == b.u.m;
@@ -1482,6 +1491,10 @@ static void jv_str_into(jr *r, jsb *b, jv v) {
 }
 
 static void jv_repr(jr *r, jsb *b, jv v) {
+    if ((v.t == JV_LIST || v.t == JV_DICT) && r->depth >= JJ_MAX_VALUE_DEPTH) {
+        jr_fail(r, 0, "a value nested deeper than %d cannot be printed", JJ_MAX_VALUE_DEPTH);
+        return;
+    }
     if (v.t == JV_STR) {
         bool sq = memchr(v.u.s, '\'', v.n) != NULL, dq = memchr(v.u.s, '"', v.n) != NULL;
         char q = sq && !dq ? '"' : '\'';
@@ -1503,20 +1516,24 @@ static void jv_repr(jr *r, jsb *b, jv v) {
         jsb_put(b, &q, 1);
     } else if (v.t == JV_LIST) {
         jsb_puts(b, "[");
-        for (size_t i = 0; i < v.u.l->n; i++) {
+        r->depth++;
+        for (size_t i = 0; i < v.u.l->n && !r->failed; i++) {
             if (i) jsb_puts(b, ", ");
             jv_repr(r, b, v.u.l->a[i]);
         }
+        r->depth--;
         jsb_puts(b, "]");
     } else if (v.t == JV_DICT) {
         if (v.u.d->ns) jsb_puts(b, "<Namespace ");
         jsb_puts(b, "{");
-        for (size_t i = 0; i < v.u.d->n; i++) {
+        r->depth++;
+        for (size_t i = 0; i < v.u.d->n && !r->failed; i++) {
             if (i) jsb_puts(b, ", ");
             jv_repr(r, b, v.u.d->k[i]);
             jsb_puts(b, ": ");
             jv_repr(r, b, v.u.d->v[i]);
         }
+        r->depth--;
         jsb_puts(b, "}");
         if (v.u.d->ns) jsb_puts(b, ">");
     } else if (v.t == JV_MACRO || v.t == JV_FUNC) {
@@ -1563,6 +1580,10 @@ static bool jv_json(jr *r, jsb *b, jv v, int indent, int level, int line) {
         return true;
     case JV_LIST:
     case JV_DICT: {
+        if (level > JJ_MAX_VALUE_DEPTH) {
+            jr_fail(r, line, "tojson: a value nested deeper than %d", JJ_MAX_VALUE_DEPTH);
+            return false;
+        }
         bool is_l = v.t == JV_LIST;
         size_t n = is_l ? v.u.l->n : v.u.d->n;
         jsb_puts(b, is_l ? "[" : "{");
