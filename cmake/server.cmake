@@ -61,6 +61,8 @@ foreach(drv curl invariance openai_node load memcap bench prefix prefix_load str
                    ${CMAKE_BINARY_DIR}/server_${drv})
   set_tests_properties(server_${drv} PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77)
 endforeach()
+# structured.sh's 28 constrained answers mask the vocabulary at every step
+set_tests_properties(server_structured PROPERTIES TIMEOUT 400)
 # Multi-turn chat: multiturn.sh (a python client, bundled model and a
 # phi-3-template model) and openai_node_chat.sh (the OpenAI Node SDK, streaming).
 foreach(drv multiturn openai_node_chat)
