@@ -51,12 +51,13 @@ asan: deps
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
 
 # libFuzzer on the GGUF, safetensors and torch.save parsers, the server's
-# request-body parser and the prefix cache's block reader (clang),
-# FUZZ_SECONDS in all: each of the five fuzzers runs for a fifth of it.
-FUZZ_EACH = $(shell echo $$(( ($(FUZZ_SECONDS) + 4) / 5 )))
+# request-body parser, the prefix cache's block reader and the chat-template
+# interpreter (clang), FUZZ_SECONDS in all: each of the six fuzzers runs for a
+# sixth of it.
+FUZZ_EACH = $(shell echo $$(( ($(FUZZ_SECONDS) + 5) / 6 )))
 fuzz: deps
 	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVSIEVE_FUZZ=ON > /dev/null
-	@cmake --build build-fuzz --target fuzz_gguf fuzz_safetensors fuzz_torch_bin fuzz_request fuzz_prefix -j $(JOBS)
+	@cmake --build build-fuzz --target fuzz_gguf fuzz_safetensors fuzz_torch_bin fuzz_request fuzz_prefix fuzz_jinja -j $(JOBS)
 	@mkdir -p build-fuzz/corpus && cp -n tests/fuzz/corpus/* build-fuzz/corpus/ 2>/dev/null || true
 	@mkdir -p build-fuzz/corpus_safetensors && cp -n tests/fuzz/corpus_safetensors/* build-fuzz/corpus_safetensors/ 2>/dev/null || true
 	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_EACH) -rss_limit_mb=2048 -max_len=65536 build-fuzz/corpus
@@ -67,6 +68,8 @@ fuzz: deps
 	build-fuzz/fuzz_request -max_total_time=$(FUZZ_EACH) -rss_limit_mb=2048 -max_len=16384 build-fuzz/corpus_request
 	@mkdir -p build-fuzz/corpus_prefix && cp -n tests/fuzz/corpus_prefix/* build-fuzz/corpus_prefix/ 2>/dev/null || true
 	build-fuzz/fuzz_prefix -max_total_time=$(FUZZ_EACH) -rss_limit_mb=2048 -max_len=65536 build-fuzz/corpus_prefix
+	@mkdir -p build-fuzz/corpus_jinja && cp -n tests/fuzz/corpus_jinja/* build-fuzz/corpus_jinja/ 2>/dev/null || true
+	build-fuzz/fuzz_jinja -max_total_time=$(FUZZ_EACH) -rss_limit_mb=2048 -max_len=32768 build-fuzz/corpus_jinja
 
 # Compile-check the optional CUDA code, target ks_cuda (no GPU needed; not used
 # by the engine yet: src/cuda/ks_cuda.h).

@@ -41,7 +41,7 @@ target_link_libraries(ks_cli_link INTERFACE $<LINK_ONLY:ks_server>)   # include/
 # refusal), bench (a smoke run of tools/bench_serve.py), prefix (the prefix
 # cache: follow-ups, replicas and restarts on one --cache-dir, bad files),
 # prefix_load (64 requests on 4 shared documents under a small cache and a
-# memory cap).  A driver lacking an
+# memory cap), structured (response_format: schema-constrained answers).  A driver lacking an
 # optional tool exits 77 (skipped).  Every test is bounded in time.
 file(GLOB KS_SERVER_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/server/test_*.c)
 foreach(src ${KS_SERVER_TESTS})
@@ -55,12 +55,14 @@ foreach(src ${KS_SERVER_TESTS})
   set_tests_properties(${tname} PROPERTIES TIMEOUT 120 ENVIRONMENT "CMOCKA_MESSAGE_OUTPUT=stdout")
 endforeach()
 
-foreach(drv curl invariance openai_node load memcap bench prefix prefix_load)
+foreach(drv curl invariance openai_node load memcap bench prefix prefix_load structured)
   add_test(NAME server_${drv}
            COMMAND bash ${CMAKE_SOURCE_DIR}/tests/server/${drv}.sh $<TARGET_FILE:kvsieve_cli> ${KS_FIXTURES_DIR}
                    ${CMAKE_BINARY_DIR}/server_${drv})
   set_tests_properties(server_${drv} PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77)
 endforeach()
+# structured.sh's 28 constrained answers mask the vocabulary at every step
+set_tests_properties(server_structured PROPERTIES TIMEOUT 400)
 # Multi-turn chat: multiturn.sh (a python client, bundled model and a
 # phi-3-template model) and openai_node_chat.sh (the OpenAI Node SDK, streaming);
 # chat_page.sh: the chat page (GET /) in headless chromium through puppeteer-core;

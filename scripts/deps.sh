@@ -5,7 +5,9 @@
 # make_constructed_dlm.py (regenerating goldens and the constructed test model
 # and its DLM; the tests only read the committed files), with OpenBLAS:
 # Debian's torch otherwise calls the reference BLAS, ~40x slower; and SciPy,
-# whose LP solver make_constructed_model.py uses for its recency kernels.  `--train` is listed below.  KVSIEVE_SKIP_DEPS=1 skips entirely
+# whose LP solver make_constructed_model.py uses for its recency kernels; and
+# python3-jinja2, the reference renderer tools/jinja_goldens.py makes the
+# chat-template goldens with.  `--train` is listed below.  KVSIEVE_SKIP_DEPS=1 skips entirely
 # (e.g. non-Debian hosts).
 set -euo pipefail
 [ "${KVSIEVE_SKIP_DEPS:-0}" = 1 ] && exit 0
@@ -20,7 +22,7 @@ pkgs=(build-essential cmake pkg-config libpcre2-dev libcjson-dev libcmocka-dev
 # Debian's npm, unless an npm is already there (NodeSource's nodejs bundles one and conflicts with it)
 command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 fi
-[ "${1:-}" = "--reference" ] && pkgs+=(python3-torch libopenblas0-pthread python3-scipy)
+[ "${1:-}" = "--reference" ] && pkgs+=(python3-torch libopenblas0-pthread python3-scipy python3-jinja2)
 # --train: tools/train_model.py (the bundled model) and tools/make_dlm.py: PyTorch,
 # SentencePiece, tcmalloc (Debian's torch page-faults every large activation under
 # glibc malloc), and the Debian packages whose English text is the corpus.

@@ -728,7 +728,9 @@ static void test_llama3_chat(void **state) {
     const char *merges[] = {"H e", "l l", "ll o"};
     ks_tokenizer *t = make_bpe_vocab("llama-bpe", extra, 7, 4, merges, 3,
                                      "{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
-                                     "{{ m['content'] | trim }}<|eot_id|>{% endfor %}");
+                                     "{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
+                                     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n"
+                                     "{% endif %}");
     assert_int_equal(ks_tokenizer_chat_family(t), KS_CHAT_LLAMA3);
     char buf[512];
     size_t k = 0;
@@ -764,6 +766,51 @@ static void test_llama3_chat(void **state) {
     assert_true(ks_tokenizer_is_eog(t, 262));
     free(ids);
     ks_tokenizer_destroy(t);
+}
+
+/* The GGUF's own template is executed (tokenizer_chat.c): what it says wins
+ * over the family; the BOS it writes is dropped (the encoder adds it); a
+ * template that rejects the conversation is an error; one this interpreter
+ * cannot parse or run falls back to the detected family. */
+static void test_gguf_template(void **state) {
+    (void)state;
+    const char *extra[] = {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
+    const char *merges[] = {"H e"};
+    ks_chat_message m[2] = {{KS_ROLE_USER, " Hi "}, {KS_ROLE_ASSISTANT, "Yo"}};
+    char buf[512];
+    size_t k = 0;
+    /* executed: an unusual header the llama3 family would never write */
+    ks_tokenizer *t = make_bpe_vocab("llama-bpe", extra, 4, 4, merges, 1,
+                                     "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role | upper }}"
+                                     "<|end_header_id|>[{{ m.content }}]<|eot_id|>{% endfor %}"
+                                     "{% if add_generation_prompt %}<|start_header_id|>ASSISTANT<|end_header_id|>{% endif %}");
+    assert_int_equal(ks_tokenizer_chat_render(t, m, 2, buf, sizeof buf, &k), KS_OK);
+    assert_string_equal(buf, "<|start_header_id|>USER<|end_header_id|>[ Hi ]<|eot_id|>"
+                             "<|start_header_id|>ASSISTANT<|end_header_id|>[Yo]<|eot_id|>"
+                             "<|start_header_id|>ASSISTANT<|end_header_id|>");
+    assert_int_equal(k, strlen(buf));
+    assert_int_equal(ks_tokenizer_chat_render(t, m, 2, buf, 8, &k), KS_ERR_INVALID_ARG);
+    assert_int_equal(k, strlen("<|start_header_id|>USER<|end_header_id|>[ Hi ]<|eot_id|>"
+                               "<|start_header_id|>ASSISTANT<|end_header_id|>[Yo]<|eot_id|>"
+                               "<|start_header_id|>ASSISTANT<|end_header_id|>") + 1);
+    ks_tokenizer_destroy(t);
+    /* rejected: the template's message is the error */
+    t = make_bpe_vocab("llama-bpe", extra, 4, 4, merges, 1,
+                       "<|start_header_id|>{% if messages[0].role != 'system' %}{{ raise_exception('System first!') }}{% endif %}");
+    assert_int_equal(ks_tokenizer_chat_render(t, m, 2, buf, sizeof buf, &k), KS_ERR_INVALID_ARG);
+    assert_non_null(strstr(ks_last_error(), "System first!"));
+    ks_tokenizer_destroy(t);
+    /* unparsable, and failing at run time: the llama3 family */
+    const char *broken[] = {"<|start_header_id|>{% if %}", "<|start_header_id|>{{ messages | nosuchfilter }}"};
+    for (int i = 0; i < 2; i++) {
+        t = make_bpe_vocab("llama-bpe", extra, 4, 4, merges, 1, broken[i]);
+        assert_int_equal(ks_tokenizer_chat_family(t), KS_CHAT_LLAMA3);
+        assert_int_equal(ks_tokenizer_chat_render(t, m, 2, buf, sizeof buf, &k), KS_OK);
+        assert_string_equal(buf, "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                                 "<|start_header_id|>assistant<|end_header_id|>\n\nYo<|eot_id|>"
+                                 "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        ks_tokenizer_destroy(t);
+    }
 }
 
 static void test_chatml_chat(void **state) {
@@ -916,6 +963,7 @@ int main(void) {
         cmocka_unit_test(test_bad_metadata),
         cmocka_unit_test(test_pre_tokenizers),
         cmocka_unit_test(test_llama3_chat),
+        cmocka_unit_test(test_gguf_template),
         cmocka_unit_test(test_chatml_chat),
         cmocka_unit_test(test_random_round_trip),
         cmocka_unit_test(test_long_input),

@@ -12,6 +12,7 @@
 #define KS_SCHED_INTERNAL_H
 
 #include "core/core.h"
+#include "infer/json_constraint.h"
 #include "infer/stop.h"
 #include "sched/buf.h"
 #include "sched/sched.h"
@@ -37,6 +38,7 @@ struct ks_sched_req {
     float *lp_logits;           /* [n_vocab] with logprobs: the logits before the sampler changes them (scheduler thread) */
     ks_sbuf lp_stage;           /* ks_sched_logprob records of the running step (scheduler thread) */
     ks_sbuf lp_out;             /* published records not yet taken (under mu) */
+    ks_json_constraint *json;   /* response_format's constraint (NULL: none); scheduler thread only */
     /* under mu */
     ks_sched_state state;
     bool cancel, news;

@@ -155,8 +155,19 @@ static void take_token(ks_sched *s, slot *sl, float *logits) {
     ks_sched_req *r = sl->req;
     ks_stop_out o = {0};
     if (r->logprobs) memcpy(r->lp_logits, logits, sizeof(float) * (size_t)s->n_vocab); /* the sampler edits logits */
+    /* structured output: only tokens that keep the text a prefix of a valid
+     * document that can still close within the budget */
+    if (r->json && ks_json_constraint_mask(r->json, logits, r->max_tokens - sl->n_gen) == 0) {
+        ks_stop_flush(sl->stop, &o);
+        ks_sbuf_put(&sl->emit, o.text, o.len);
+        sl->finish = KS_SCHED_FINISH_ERROR;
+        sl->error = KS_SCHED_ERR_INTERNAL;
+        snprintf(sl->message, sizeof sl->message, "response_format: no token of the vocabulary continues the JSON document");
+        return;
+    }
     int32_t tok = ks_sampler_sample(r->smp, logits);
     ks_sampler_accept(r->smp, tok);
+    if (r->json) ks_json_constraint_accept(r->json, tok); /* false only for end-of-generation, handled below */
     if (!r->ignore_eos && ks_token_is_eog(s->model, tok)) {
         ks_stop_flush(sl->stop, &o);
         ks_sbuf_put(&sl->emit, o.text, o.len);
@@ -180,7 +191,11 @@ static void take_token(ks_sched *s, slot *sl, float *logits) {
         return;
     }
     ks_sbuf_put(&sl->emit, o.text, o.len);
-    if (o.matched) {
+    if (o.matched || (r->json && ks_json_constraint_done(r->json))) {
+        if (!o.matched) { /* the document closed: release what stop matching held back */
+            ks_stop_flush(sl->stop, &o);
+            ks_sbuf_put(&sl->emit, o.text, o.len);
+        }
         sl->finish = KS_SCHED_FINISH_STOP;
         return;
     }

@@ -83,6 +83,7 @@ static void req_free(ks_sched_req *r) {
     free(r->prompt);
     for (int32_t i = 0; i < r->n_stops; i++) free(r->stops[i]);
     ks_sampler_destroy(r->smp);
+    ks_json_constraint_destroy(r->json);
     free(r->out.p);
     free(r->lp_logits);
     free(r->lp_stage.p);
@@ -250,6 +251,11 @@ ks_sched_req *ks_sched_submit(ks_sched *s, const ks_sched_req_params *p, ks_sche
     ks_status sst = ks_sampler_create(p->sampling, s->n_vocab, &r->smp);
     if (sst != KS_OK)
         REFUSE(sst == KS_ERR_NOMEM ? KS_SCHED_ERR_NOMEM : KS_SCHED_ERR_INVALID, "sampling parameters: %s", ks_last_error());
+    if (p->json_schema) {
+        sst = ks_json_constraint_create_text(s->model, p->json_schema, &r->json);
+        if (sst != KS_OK)
+            REFUSE(sst == KS_ERR_NOMEM ? KS_SCHED_ERR_NOMEM : KS_SCHED_ERR_INVALID, "response_format: %s", ks_last_error());
+    }
     r->prompt = ks_malloc(sizeof(int32_t) * (size_t)p->n_prompt);
     if (!r->prompt) REFUSE(KS_SCHED_ERR_NOMEM, "out of memory for a prompt of %d tokens", p->n_prompt);
     memcpy(r->prompt, p->prompt, sizeof(int32_t) * (size_t)p->n_prompt);
@@ -307,6 +313,7 @@ refused:
             ks_sampler_destroy(r->smp);
             r->smp = NULL;
         }
+        ks_json_constraint_destroy(r->json);
         free(r->prompt);
         free(r->lp_logits);
         for (int32_t i = 0; i < r->n_stops; i++) free(r->stops[i]);

@@ -178,6 +178,11 @@ typedef struct ks_sched_req_params {
     bool no_prompt_cache;       /* neither restore from nor add to the prefix cache (cache_prompt: false) */
     bool logprobs;              /* report each generated token's log-probability (ks_sched_logprob) */
     int32_t top_logprobs;       /* and that many most likely alternatives, <= KS_SCHED_MAX_TOP_LOGPROBS */
+    /* structured output (infer/json_constraint.h): NULL for free text, ""
+     * for any JSON object, else a JSON Schema; compiled at submit (a bad
+     * one is KS_SCHED_ERR_INVALID).  The output is then a complete document:
+     * generation stops when it closes, and the budget always holds its close. */
+    const char *json_schema;
 } ks_sched_req_params;
 
 enum { KS_SCHED_MAX_TOP_LOGPROBS = 20 };

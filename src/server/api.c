@@ -6,12 +6,15 @@
  * absent and reports a wrong type or value with the field's name as the
  * error's `param`, so that every rejection reads the same way to a client.
  * Only the public API is used (the policy registry, to name unknown
- * policies), so the fuzzer links nothing but this file and libkvsieve.
+ * policies) and the structured-output schema compiler (to refuse a schema
+ * it cannot enforce), so the fuzzer links nothing but this file and
+ * libkvsieve.
  */
 #define _GNU_SOURCE
 #include "server/api.h"
 
 #include "core/core.h"
+#include "infer/json_constraint.h"
 #include "kvsieve.h"
 
 #include <cjson/cJSON.h>
@@ -536,7 +539,75 @@ void ks_api_request_free(ks_api_request *r) {
     for (int32_t i = 0; i < r->n_messages; i++) free(r->messages[i].content);
     free(r->messages);
     for (int32_t i = 0; i < r->n_stops; i++) free(r->stops[i]);
+    free(r->json_schema);
     memset(r, 0, sizeof *r);
+}
+
+/* response_format: text, json_object, or json_schema whose schema the
+ * sampler enforces (infer/json_constraint.c).  A schema keyword it cannot
+ * enforce is refused by name, never ignored. */
+static bool parse_response_format(const cJSON *root, ks_api_request *out, ks_api_error *err) {
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+    if (!rf || cJSON_IsNull(rf)) return true;
+    if (!cJSON_IsObject(rf)) {
+        BAD("invalid_type", "response_format", "'response_format' must be an object, got %s", type_name(rf));
+        return false;
+    }
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rf, "type");
+    if (!cJSON_IsString(ty)) {
+        BAD("missing_required_parameter", "response_format.type",
+            "'response_format.type' must be one of text, json_object, json_schema");
+        return false;
+    }
+    if (!strcmp(ty->valuestring, "text")) return true;
+    const cJSON *schema = NULL;
+    if (!strcmp(ty->valuestring, "json_schema")) {
+        const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+        if (!cJSON_IsObject(js)) {
+            BAD("missing_required_parameter", "response_format.json_schema",
+                "'response_format.json_schema' must be an object with a 'schema'");
+            return false;
+        }
+        schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+        if (!cJSON_IsObject(schema)) {
+            BAD("missing_required_parameter", "response_format.json_schema.schema",
+                "'response_format.json_schema.schema' must be a JSON Schema object");
+            return false;
+        }
+    } else if (strcmp(ty->valuestring, "json_object")) {
+        BAD("invalid_value", "response_format.type", "'response_format.type' must be one of text, json_object, json_schema");
+        return false;
+    }
+    char *text = schema ? cJSON_PrintUnformatted(schema) : NULL;
+    if (schema && !text) {
+        NOMEM("response_format");
+        return false;
+    }
+    ks_json_schema *cs = NULL;
+    char where[256];
+    ks_status st = ks_json_schema_compile(text, text ? strlen(text) : 0, &cs, where, sizeof where);
+    size_t min_len = cs ? ks_json_schema_min_len(cs) : 0;
+    ks_json_schema_destroy(cs);
+    if (st != KS_OK) {
+        free(text);
+        if (st == KS_ERR_NOMEM) NOMEM("response_format");
+        else BAD(st == KS_ERR_UNSUPPORTED ? "unsupported" : "invalid_value", "response_format.json_schema.schema",
+                 "response_format.json_schema.schema: %s", where);
+        return false;
+    }
+    /* one byte per token at worst: a budget below the shortest document could end it unclosed */
+    if (out->max_tokens > 0 && (size_t)out->max_tokens < min_len) {
+        free(text);
+        BAD("invalid_value", "max_tokens", "max_tokens %d cannot hold the shortest document of the schema (%zu bytes)",
+            out->max_tokens, min_len);
+        return false;
+    }
+    out->json_schema = text ? text : ks_strdup("");
+    if (!out->json_schema) {
+        NOMEM("response_format");
+        return false;
+    }
+    return true;
 }
 
 bool ks_api_parse(const char *body, size_t len, ks_api_kind kind, ks_api_request *out, ks_api_error *err) {
@@ -632,6 +703,7 @@ bool ks_api_parse(const char *body, size_t len, ks_api_kind kind, ks_api_request
         out->set |= KS_API_SET_SEED;
     }
     if (!parse_stop(root, out, err)) goto done;
+    if (!parse_response_format(root, out, err)) goto done;
     /* asked-for features that are not there: an error, not a silently different answer */
     const cJSON *v;
     if (!parse_logprobs(root, out, err)) goto done;

@@ -319,6 +319,10 @@ bool ks_server_chat_prompt(ks_server *srv, const ks_api_request *rq, char **text
         free(*text);
         *text = NULL;
         if (st == KS_ERR_NOMEM) return out_of_memory(e, "rendering the chat template");
+        if (st == KS_ERR_INVALID_ARG) { /* the GGUF's template rejected the conversation (raise_exception) */
+            ks_api_error_set(e, 400, "invalid_request_error", "invalid_value", "messages", "%s", ks_last_error());
+            return false;
+        }
         ks_api_error_set(e, 500, "server_error", "internal_error", NULL, "chat template: %s", ks_last_error());
         return false;
     }
@@ -424,6 +428,7 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
         .no_prompt_cache = !rq.cache_prompt,
         .logprobs = rq.logprobs,
         .top_logprobs = rq.top_logprobs,
+        .json_schema = rq.json_schema,
     };
     ks_sched_error why;
     char msg[512];

@@ -338,6 +338,17 @@ static ks_status ks_tok_load(ks_tokenizer *t, const ks_gguf *g) {
     }
 
     t->chat = ks_tok_detect_chat(t, g);
+    /* The GGUF's own template, executed at render time (tokenizer_chat.c).
+     * One this interpreter cannot parse is not fatal: the built-in family
+     * detected above still formats chats, so the model stays usable. */
+    kv = ks_gguf_find_kv(g, "tokenizer.chat_template");
+    if (kv && kv->type == KS_GGUF_STRING && kv->str.len) {
+        ks_status st = ks_jinja_parse(kv->str.data, kv->str.len, &t->chat_tmpl);
+        if (st == KS_ERR_NOMEM) return st;
+        if (st != KS_OK)
+            KS_LOG(WARN, "tokenizer: the GGUF's chat template is not usable (%s); chats use the built-in %s format",
+                   ks_last_error(), ks_chat_family_name(t->chat));
+    }
     return KS_OK;
 }
 
@@ -365,6 +376,7 @@ void ks_tokenizer_destroy(ks_tokenizer *t) {
     ks_free(t->piece_off);
     ks_free(t->special_ids);
     ks_tok_bpe_free_pre(t);
+    ks_jinja_destroy(t->chat_tmpl);
     ks_free(t);
 }
 

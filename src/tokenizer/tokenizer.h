@@ -98,10 +98,13 @@ const char *ks_chat_family_name(ks_chat_family f);
 ks_status ks_tokenizer_chat_format(const ks_tokenizer *t, const char *system, const char *user,
                                    char *buf, size_t cap, size_t *n_out);
 
-/* A whole conversation (ks_chat_message, kvsieve.h) in the model's family,
- * ending with the generation prompt, so that the rendering of turn N plus
- * the answer is a prefix of the rendering of turn N+1 (tokenizer_chat.c).
- * Same contract as ks_tokenizer_chat_format otherwise. */
+/* A whole conversation (ks_chat_message, kvsieve.h) rendered by the GGUF's
+ * own chat template when it has one this interpreter runs, else in the
+ * model's family, ending with the generation prompt (tokenizer_chat.c has
+ * the order and the fallbacks).  Same contract as ks_tokenizer_chat_format
+ * otherwise, plus: KS_ERR_INVALID_ARG with *n_out untouched when the
+ * template rejects the conversation (raise_exception; the message is the
+ * template's), and KS_ERR_FORMAT when it fails and no family is known. */
 ks_status ks_tokenizer_chat_render(const ks_tokenizer *t, const ks_chat_message *msgs, size_t n_msgs, char *buf,
                                    size_t cap, size_t *n_out);
 /* The same for a given family; bos_text / eos_text: the vocabulary's BOS and

@@ -1,15 +1,24 @@
 /*
  * tokenizer_chat.c — a conversation rendered in the chat template a model
- * was trained with: llama3, ChatML, phi-3, llama2.  The family is detected
- * once from GGUF metadata at load time; rendering is plain string building,
- * so the prompt then goes through the ordinary encoder with special tokens
- * parsed.
+ * was trained with.
  *
- * Why not a Jinja interpreter: the four families are fixed strings around
- * each message, and a hand-written renderer of each family's published
- * template is small, total (no template can fail or loop at request time)
- * and testable against the reference outputs (tests/server/test_chat.c).
- * What each renderer follows:
+ * Two renderers, in this order:
+ *   1. The GGUF's own tokenizer.chat_template, executed by the Jinja subset
+ *      interpreter (jinja.c) with messages, add_generation_prompt = true,
+ *      bos_token and eos_token: byte for byte what Hugging Face's
+ *      apply_chat_template produces (tests/test_jinja.c checks 66
+ *      published templates).  It is parsed once when the tokenizer loads.
+ *   2. A built-in family (llama3, ChatML, phi-3, llama2), detected from the
+ *      template text or the vocabulary's special tokens: when the GGUF has
+ *      no template, when its template does not parse (a warning at load),
+ *      or when it fails at run time on something the interpreter lacks (a
+ *      warning per request).  A template that rejects the conversation
+ *      (raise_exception, e.g. "System role not supported") does not fall
+ *      back: its message is the error, KS_ERR_INVALID_ARG.
+ * The BOS a template writes first is dropped when the encoder adds one
+ * (tokenizer.ggml.add_bos_token), so it is never doubled.
+ *
+ * What each family follows:
  *   llama3  Meta-Llama-3-Instruct: every message as
  *           <|start_header_id|>ROLE<|end_header_id|>\n\n CONTENT|trim <|eot_id|>.
  *   ChatML  <|im_start|>ROLE\n CONTENT <|im_end|>\n, content verbatim.
@@ -23,17 +32,22 @@
  *
  * The property the prefix cache needs: the rendering of a conversation is
  * the concatenation of its messages' renderings, so turn N's prompt plus
- * the assistant's answer (and the end-of-turn marker the model stopped on)
- * is a prefix of turn N+1's prompt.  Every family keeps it, with two
- * caveats the templates themselves impose: llama3 and llama2 trim the
- * content, so an answer with leading or trailing whitespace comes back
- * trimmed, and llama2 puts a space before the answer ("[/INST] answer").
- * Roles are system, user and assistant; developer is the client's business
- * (it maps to system).  Tool roles are rejected before they get here.
+ * the answer (and the end-of-turn marker the model stopped on) is a prefix
+ * of turn N+1's prompt.  Every family keeps it, with two caveats the
+ * templates themselves impose: llama3 and llama2 trim the content, so an
+ * answer with leading or trailing whitespace comes back trimmed, and llama2
+ * puts a space before the answer ("[/INST] answer").  An executed template
+ * keeps it only as far as the template does (Qwen3's drops earlier turns'
+ * <think> blocks, for one): the prefix cache then hits up to where the
+ * renderings differ.  Roles are system, user and assistant; developer is
+ * the client's business (it maps to system).  Tool roles are rejected
+ * before they get here.
  */
 #include "tokenizer/tokenizer_internal.h"
 
+#include <cjson/cJSON.h>
 #include <string.h>
+#include <time.h>
 
 /* ---------------------------------------------------------------- chat -- */
 
@@ -208,12 +222,86 @@ static const char *ks_tok_special_text(const ks_tokenizer *t, int32_t id, char *
     return dst;
 }
 
+/* The conversation as the template's variables: messages, the generation
+ * prompt always on (the caller generates the assistant's turn), and the
+ * vocabulary's BOS / EOS texts. */
+static char *ks_tok_chat_vars(const ks_chat_message *msgs, size_t n, const char *bos, const char *eos) {
+    cJSON *v = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(v, "messages");
+    bool ok = v && arr && cJSON_AddBoolToObject(v, "add_generation_prompt", 1) &&
+              cJSON_AddStringToObject(v, "bos_token", bos) && cJSON_AddStringToObject(v, "eos_token", eos);
+    for (size_t i = 0; ok && i < n; i++) {
+        cJSON *m = cJSON_CreateObject();
+        if (!m || !cJSON_AddItemToArray(arr, m)) {
+            cJSON_Delete(m); /* not in the array: still ours */
+            ok = false;
+            break;
+        }
+        ok = cJSON_AddStringToObject(m, "role", ks_chat_role_name(msgs[i].role)) &&
+             cJSON_AddStringToObject(m, "content", msgs[i].content);
+    }
+    char *txt = ok ? cJSON_PrintUnformatted(v) : NULL;
+    cJSON_Delete(v);
+    return txt;
+}
+
+/* The GGUF's template over msgs into *out (ks_malloc'd).  The encoder adds
+ * BOS itself when the vocabulary asks for it, so a BOS the template writes
+ * first is dropped then (it would be doubled otherwise, which llama.cpp
+ * warns about for the same reason). */
+static ks_status ks_tok_render_template(const ks_tokenizer *t, const char *bos, const char *eos,
+                                        const ks_chat_message *msgs, size_t n, char **out, size_t *n_out) {
+    char *vars = ks_tok_chat_vars(msgs, n, bos, eos);
+    if (!vars) return KS_FAIL(KS_ERR_NOMEM, "chat: the template's variables for %zu messages", n);
+    char *txt = NULL;
+    size_t len = 0;
+    ks_status st = ks_jinja_render(t->chat_tmpl, vars, strlen(vars), (int64_t)time(NULL), &txt, &len);
+    cJSON_free(vars);
+    if (st != KS_OK) return st;
+    size_t nb = strlen(bos);
+    if (t->add_bos && nb && len >= nb && memcmp(txt, bos, nb) == 0) {
+        memmove(txt, txt + nb, len - nb + 1);
+        len -= nb;
+    }
+    *out = txt;
+    *n_out = len;
+    return KS_OK;
+}
+
 ks_status ks_tokenizer_chat_render(const ks_tokenizer *t, const ks_chat_message *msgs, size_t n_msgs, char *buf,
                                    size_t cap, size_t *n_out) {
-    if (!t) return KS_FAIL(KS_ERR_INVALID_ARG, "chat: NULL argument");
+    if (!t || !n_out || (!msgs && n_msgs) || (!buf && cap)) return KS_FAIL(KS_ERR_INVALID_ARG, "chat: NULL argument");
     char bos[64], eos[64];
-    return ks_chat_render_family(t->chat, ks_tok_special_text(t, t->bos, bos, sizeof bos),
-                                 ks_tok_special_text(t, t->eos, eos, sizeof eos), msgs, n_msgs, buf, cap, n_out);
+    ks_tok_special_text(t, t->bos, bos, sizeof bos);
+    ks_tok_special_text(t, t->eos, eos, sizeof eos);
+    if (t->chat_tmpl) {
+        for (size_t i = 0; i < n_msgs; i++) {
+            if (!msgs[i].content) return KS_FAIL(KS_ERR_INVALID_ARG, "chat: message %zu has no content", i);
+            if (msgs[i].role != KS_ROLE_SYSTEM && msgs[i].role != KS_ROLE_USER && msgs[i].role != KS_ROLE_ASSISTANT)
+                return KS_FAIL(KS_ERR_INVALID_ARG, "chat: message %zu has an unknown role %d", i, (int)msgs[i].role);
+        }
+        char *txt = NULL;
+        size_t len = 0;
+        ks_status st = ks_tok_render_template(t, bos, eos, msgs, n_msgs, &txt, &len);
+        if (st == KS_OK) {
+            if (len + 1 > cap) {
+                *n_out = len + 1;
+                st = KS_FAIL(KS_ERR_INVALID_ARG, "chat: prompt needs %zu bytes, buffer has %zu", len + 1, cap);
+            } else {
+                memcpy(buf, txt, len + 1);
+                *n_out = len;
+            }
+            ks_free(txt);
+            return st;
+        }
+        /* A template that parsed but fails at run time on something this
+         * interpreter lacks falls back to the built-in family, loudly; one
+         * that rejects the conversation (raise_exception: INVALID_ARG) or
+         * ran out of memory is the answer. */
+        if (st != KS_ERR_FORMAT || t->chat == KS_CHAT_NONE) return st;
+        KS_LOG(WARN, "chat: the GGUF's template failed (%s); using the built-in %s format", ks_last_error(),
+               ks_chat_family_name(t->chat));
+    }
+    return ks_chat_render_family(t->chat, bos, eos, msgs, n_msgs, buf, cap, n_out);
 }
 
 ks_status ks_tokenizer_chat_format(const ks_tokenizer *t, const char *system, const char *user, char *buf,

@@ -19,6 +19,7 @@
 #define KS_TOKENIZER_INTERNAL_H
 
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/jinja.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -76,6 +77,7 @@ struct ks_tokenizer {
     int32_t eog_ids[KS_TOK_MAX_EOG]; /* [n_eog] */
     int n_eog;
     ks_chat_family chat;
+    ks_jinja *chat_tmpl; /* tokenizer.chat_template parsed; NULL if absent or unparsable */
 };
 
 /* Growable id list the encoders append to. */

@@ -2,7 +2,7 @@
 # multiturn.sh — multi-turn chat through `kvsieve serve` on loopback: a four-turn
 # conversation (each answer sent back as the assistant's turn) to the bundled
 # model, which has no chat template, and a three-turn one to a tiny generated
-# model with the phi-3 vocabulary and its template.  Every turn must answer;
+# model with the phi-3 vocabulary and its template (executed: src/tokenizer/jinja.c).  Every turn must answer;
 # its prompt_tokens must be the token count of the conversation rendered as
 # the docs say (tokenized by `kvsieve tokenize`), so a client sees exactly
 # which prompt ran; and the last turn's greedy text must equal what `kvsieve
@@ -41,7 +41,11 @@ def render(msgs):
             prev = m["role"]
         return text
     assert fam == "phi3"
-    return "".join("<|%s|>\n%s<|end|>\n" % (m["role"], m["content"]) for m in msgs) + "<|assistant|>\n"
+    # the GGUF's own template, executed: it writes no system turn, and each
+    # user turn carries the generation prompt; the BOS it writes first is
+    # the encoder's
+    return "".join("<|user|>\n%s<|end|>\n<|assistant|>\n" % m["content"] if m["role"] == "user"
+                   else "%s<|end|>\n" % m["content"] if m["role"] == "assistant" else "" for m in msgs)
 
 last = 0
 for k in range(turns):
