@@ -93,10 +93,12 @@ if which == "plain":
     if st != 405:
         bad(f"GET /detokenize: {st}")
 else:
-    # the documented phi-3 rendering, and the prompt a chat completion counts
+    # the rendering of the phi-3 vocabulary's own chat template (the GGUF's
+    # template comes first; this one drops system messages, as the published
+    # Phi-3 template does), and the prompt a chat completion counts
     msgs = [{"role": "system", "content": "Doc"}, {"role": "user", "content": "Hi"},
             {"role": "assistant", "content": "Yes"}, {"role": "user", "content": "Why?"}]
-    want = "<|system|>\nDoc<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nYes<|end|>\n<|user|>\nWhy?<|end|>\n<|assistant|>\n"
+    want = "<|user|>\nHi<|end|>\n<|assistant|>\nYes<|end|>\n<|user|>\nWhy?<|end|>\n<|assistant|>\n"
     prompt = check("/apply-template", {"messages": msgs}, lambda d: d["prompt"] == want, "phi-3 rendering")["prompt"]
     n = len(check("/tokenize", {"content": prompt, "add_special": True}, lambda d: len(d["tokens"]) > 10,
                   "tokenize the rendering")["tokens"])
