@@ -388,6 +388,7 @@ typedef struct ks_prefix_cache_stats {
     uint64_t loads;                    /* blocks read back from the directory */
     uint64_t disk_evictions;           /* files removed by the disk cap */
     uint64_t skipped_corrupt;          /* files (or records) refused: corrupt, truncated, foreign */
+    uint64_t healed;                   /* of those, files replaced by this process with the recomputed block */
 } ks_prefix_cache_stats;
 
 ks_prefix_cache_params ks_prefix_cache_default_params(void);
