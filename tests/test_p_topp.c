@@ -16,6 +16,7 @@
  */
 #define _GNU_SOURCE
 #include "infer/infer.h"
+#include "kvsieve_select.h"
 #include "select/registry.h"
 #include "testutil.h"
 
@@ -45,6 +46,16 @@ static void test_parse(void **state) {
     assert_int_equal(ks_policy_args_scope("quest+topp", "topp.p=0.5,quest.group=mean", false, scoped, sizeof scoped),
                      KS_OK);
     assert_string_equal(scoped, "p=0.5,group=mean");
+    /* the selection API over a caller's cache serves a selector + topp, not an evictor's chain */
+    kvs_selector_params sp = kvs_selector_default_params();
+    sp.n_layer = 2, sp.n_head = 4, sp.n_head_kv = 2, sp.head_dim = 16, sp.n_ctx = 64, sp.page_size = 8;
+    sp.budget = 32, sp.sink = 4, sp.window = 8;
+    kvs_selector *sel = NULL;
+    assert_int_equal(kvs_selector_create("quest+topp", &sp, &sel), KVS_OK);
+    kvs_selector_destroy(sel);
+    sel = NULL;
+    assert_int_equal(kvs_selector_create("snapkv+quest+topp", &sp, &sel), KVS_ERR_UNSUPPORTED);
+    assert_null(sel);
 }
 
 /* ------------------------------------------------- hand-made keys -- */

@@ -34,6 +34,8 @@
  * head) bench and eval report.
  */
 #include "select/policy.h"
+#include "core/simd.h"
+#include "tensor/simd_avx2.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -123,6 +125,33 @@ static void sort_desc(cand *c, int32_t n) {
     }
 }
 
+/* sc[g][i] = q_g . k_i * scale for the group's G queries and m keys. */
+static void logits_c(const float *q, const float *keys, int32_t G, int32_t m, int32_t hd, float scale, float *sc) {
+    for (int32_t g = 0; g < G; g++)
+        for (int32_t i = 0; i < m; i++) {
+            const float *a = q + (size_t)g * hd, *k = keys + (size_t)i * hd;
+            float d = 0;
+            for (int32_t t = 0; t < hd; t++) d += a[t] * k[t];
+            sc[(size_t)g * m + i] = d * scale;
+        }
+}
+
+#if defined(__x86_64__)
+KS_AVX2_TGT static void logits_avx2(const float *q, const float *keys, int32_t G, int32_t m, int32_t hd, float scale,
+                                    float *sc) {
+    for (int32_t g = 0; g < G; g++)
+        for (int32_t i = 0; i < m; i++) {
+            const float *a = q + (size_t)g * hd, *k = keys + (size_t)i * hd;
+            __m256 acc = _mm256_setzero_ps();
+            int32_t t = 0;
+            for (; t + 8 <= hd; t += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + t), _mm256_loadu_ps(k + t), acc);
+            float d = ks_avx2_hsum(acc);
+            for (; t < hd; t++) d += a[t] * k[t];
+            sc[(size_t)g * m + i] = d * scale;
+        }
+}
+#endif
+
 static ks_status topp_refine(void *state, const ks_select_req *req, ks_selection *sel) {
     topp_state *s = state;
     if (s->p >= 1.0 || !req->q) return KS_OK;
@@ -168,15 +197,11 @@ static ks_status topp_refine(void *state, const ks_select_req *req, ks_selection
         i = j;
     }
     float scale = 1.0f / sqrtf((float)hd), *w = sc + (size_t)m * G;
-    for (int32_t g = 0; g < G; g++) {
-        const float *q = req->q + (size_t)g * hd;
-        for (int32_t i = 0; i < m; i++) {
-            const float *k = keys + (size_t)i * hd;
-            float d = 0;
-            for (int32_t t = 0; t < hd; t++) d += q[t] * k[t];
-            sc[(size_t)g * m + i] = d * scale;
-        }
-    }
+#if defined(__x86_64__)
+    if (ks_simd_current() >= KS_SIMD_AVX2) logits_avx2(req->q, keys, G, m, hd, scale, sc);
+    else
+#endif
+        logits_c(req->q, keys, G, m, hd, scale, sc);
     KS_TRY(ks_group_reduce_scores(sc, G, m, KS_GROUP_SOFTMAX_MEAN, w));
     double mass = 0;
     int32_t nc = 0;
