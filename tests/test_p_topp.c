@@ -143,7 +143,8 @@ static void check_prune(ks_policy *pol, double p, const int32_t *picks, int32_t 
     if (all)
         for (int e = 0; e < N; e++) cand[e] = true;
     for (int i = 0; i < n_picks; i++)
-        for (int e = pages ? picks[i] * PG : picks[i]; e < (pages ? (picks[i] + 1) * PG : picks[i] + 1); e++) cand[e] = true;
+        for (int e = pages ? picks[i] * PG : picks[i]; e < (pages ? (picks[i] + 1) * PG : picks[i] + 1) && e < N; e++)
+            cand[e] = true; /* out-of-range picks are ignored */
     for (int e = 0; e < N; e++) {
         bool fixed = e < 2 || e >= N - 3;
         in[e] = cand[e] || fixed;
