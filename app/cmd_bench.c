@@ -418,7 +418,9 @@ static void bench_row_json(const app_options *o, bench_state *b, const bench_row
            "\"bytes_loaded_per_step\": %.1f, \"entries_loaded_per_step\": %.1f, "
            "\"entries_full_reload_per_step\": %.1f, \"reload_share\": %.4f, \"sync_fallbacks\": %llu, "
            "\"policy_selections\": %llu, \"policy_hits\": %llu, \"policy_misses\": %llu, \"policy_corrections\": %llu, "
-           "\"policy_speculative\": %llu, \"spec_hit_rate\": %.4f, \"policy_rebuilds\": %llu}",
+           "\"policy_speculative\": %llu, \"spec_hit_rate\": %.4f, \"policy_rebuilds\": %llu, "
+           "\"topp_picked_per_head\": %.2f, \"topp_kept_per_head\": %.2f, \"topp_head_min\": %.2f, "
+           "\"topp_head_max\": %.2f}",
            b->first ? "" : ",", r->label, r->cp.budget, r->depth, r->batch, f->tps, dense_tps > 0 ? f->tps / dense_tps : 0,
            1e3 * f->step, f->gb_step, s->weight_bytes_read / 1e9 / n_gen, s->kv_bytes_read / 1e9 / n_gen, f->gbs,
            f->bw_now, f->gbs / f->bw_now, 1e3 * f->roof, f->sel, f->gat, s->select_bytes_read / 1e9 / n_gen,
@@ -429,7 +431,10 @@ static void bench_row_json(const app_options *o, bench_state *b, const bench_row
            f->needed ? (double)s->kv_entries_loaded / f->needed : 0.0, (unsigned long long)s->kv_sync_fallbacks,
            (unsigned long long)s->policy_selections, (unsigned long long)s->policy_hits,
            (unsigned long long)s->policy_misses, (unsigned long long)s->policy_corrections,
-           (unsigned long long)s->policy_speculative, f->spec_rate, (unsigned long long)s->policy_rebuilds);
+           (unsigned long long)s->policy_speculative, f->spec_rate, (unsigned long long)s->policy_rebuilds,
+           s->policy_topp_refined ? (double)s->policy_topp_picked / s->policy_topp_refined : 0.0,
+           s->policy_topp_refined ? (double)s->policy_topp_kept / s->policy_topp_refined : 0.0,
+           s->policy_topp_head_min, s->policy_topp_head_max);
     b->first = false;
 }
 

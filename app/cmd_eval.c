@@ -410,6 +410,15 @@ static void eval_close_contexts(eval_state *e, int l) {
         e->sums[k].misses += cs.policy_misses;
         e->sums[k].corrections += cs.policy_corrections;
         e->sums[k].rebuilds += cs.policy_rebuilds;
+        if (cs.policy_topp_refined) { /* the extremes over every length's heads */
+            eval_summary *w = &e->sums[k];
+            bool first = !w->topp_refined;
+            w->topp_head_min = first || cs.policy_topp_head_min < w->topp_head_min ? cs.policy_topp_head_min : w->topp_head_min;
+            w->topp_head_max = first || cs.policy_topp_head_max > w->topp_head_max ? cs.policy_topp_head_max : w->topp_head_max;
+        }
+        e->sums[k].topp_refined += cs.policy_topp_refined;
+        e->sums[k].topp_picked += cs.policy_topp_picked;
+        e->sums[k].topp_kept += cs.policy_topp_kept;
         e->pol_sel[k] += cs.policy_selections;
         e->pol_reb[k] += cs.policy_rebuilds;
         if (k && cs.policy_selections)
@@ -448,6 +457,11 @@ static int eval_finish(app_options *o, eval_state *e) {
         e->sums[k].misses = counters.misses;
         e->sums[k].corrections = counters.corrections;
         e->sums[k].rebuilds = counters.rebuilds;
+        e->sums[k].topp_refined = counters.topp_refined;
+        e->sums[k].topp_picked = counters.topp_picked;
+        e->sums[k].topp_kept = counters.topp_kept;
+        e->sums[k].topp_head_min = counters.topp_head_min;
+        e->sums[k].topp_head_max = counters.topp_head_max;
     }
     if (o->calibrate) {
         if (!e->n_cal) {

@@ -182,6 +182,13 @@ bool eval_print_json(const eval_sweep *w, const eval_meta *meta) {
             cJSON_AddNumberToObject(pc, "misses", (double)w->sums[k].misses);
             cJSON_AddNumberToObject(pc, "corrections", (double)w->sums[k].corrections);
             cJSON_AddNumberToObject(pc, "rebuilds", (double)w->sums[k].rebuilds);
+            if (w->sums[k].topp_refined) {
+                double n = (double)w->sums[k].topp_refined;
+                cJSON_AddNumberToObject(pc, "topp_picked_per_head", (double)w->sums[k].topp_picked / n);
+                cJSON_AddNumberToObject(pc, "topp_kept_per_head", (double)w->sums[k].topp_kept / n);
+                cJSON_AddNumberToObject(pc, "topp_head_min", w->sums[k].topp_head_min);
+                cJSON_AddNumberToObject(pc, "topp_head_max", w->sums[k].topp_head_max);
+            }
             if (w->pol_sel[k]) {
                 cJSON_AddNumberToObject(o, "selections", (double)w->pol_sel[k]);
                 cJSON_AddNumberToObject(o, "rebuilds", (double)w->pol_reb[k]);
@@ -242,5 +249,11 @@ void eval_print_table(const eval_sweep *w) {
                    w->sums[k].selections ? (double)w->sums[k].corrections / w->sums[k].selections : 0.0,
                    (unsigned long long)w->sums[k].rebuilds);
         }
+    for (int k = 1; k < w->n_cfg; k++)
+        if (w->sums[k].topp_refined)
+            printf("topp     %-18s kept %.1f of %.1f picks per head and step (per head: %.1f to %.1f)\n", w->cfgs[k].label,
+                   (double)w->sums[k].topp_kept / w->sums[k].topp_refined,
+                   (double)w->sums[k].topp_picked / w->sums[k].topp_refined, w->sums[k].topp_head_min,
+                   w->sums[k].topp_head_max);
     printf("mean all        %.3f  (policy dense)\n", w->sums[0].acc);
 }

@@ -37,6 +37,8 @@ typedef struct eval_cfg {
 
 typedef struct eval_summary {
     uint64_t selections, hits, misses, corrections, rebuilds; /* the policy's counters, all lengths */
+    uint64_t topp_refined, topp_picked, topp_kept;            /* +topp: selections pruned, picks seen, kept */
+    double topp_head_min, topp_head_max;                      /* +topp: the least / most keeping head's mean */
     double task_acc[KS_EVAL_TASK_COUNT];
     int task_cells[KS_EVAL_TASK_COUNT];
     double acc, agree_tf, agree_free, kl, recall, tok_s;

@@ -52,7 +52,7 @@ const char *app_policy_usage(void) {
     }
     snprintf(buf, sizeof buf,
            "  --policy NAME      selection policy (%s; default dense; 'help' lists them), or\n"
-           "                     EVICTOR+SELECTOR (e.g. snapkv+quest); bench/eval take a comma list\n"
+           "                     EVICTOR+SELECTOR (e.g. snapkv+quest), either + topp (quest+topp); bench/eval take a comma list\n"
            "  --budget N|P%%      KV entries per head per decode step, sinks and window included\n"
            "                     (default 0 = all; P%% of the context); bench/eval take a comma list\n"
            "  --sink N           leading entries always attended (default 4)\n"

@@ -170,11 +170,12 @@ const char *ks_policy_name_at(int32_t i, const char **summary);
  * and "k=v,k=v").  Every entrance (the CLI flags, the server's `kvsieve`
  * object, ks_context_params, ks_policy_config, the selection API) parses
  * into it; below them it is passed by const pointer or copied whole. */
-enum { KS_POLICY_NAME_MAX = 64, KS_POLICY_ARGS_MAX = 1024, KS_POLICY_MAX_PARTS = 2 };
+enum { KS_POLICY_NAME_MAX = 64, KS_POLICY_ARGS_MAX = 1024, KS_POLICY_MAX_PARTS = 3 };
 typedef struct ks_policy_spec {
     char name[KS_POLICY_NAME_MAX];     /* "quest", "snapkv+quest" */
-    int32_t n_parts;                   /* 1, or 2 for a composition */
-    int32_t part[KS_POLICY_MAX_PARTS]; /* registry indices (ks_policy_name_at), the decode selector last */
+    int32_t n_parts;                   /* 1, or 2-3 for a composition */
+    int32_t part[KS_POLICY_MAX_PARTS]; /* registry indices (ks_policy_name_at): evictor, decode selector, then a
+                                        * refining stage (topp), each optional but one */
     int32_t budget;       /* entries per KV head per decode step, sinks + window included; 0: all */
     int32_t sink, window; /* leading / most recent entries always attended */
     int32_t dense_layers; /* first N layers dense at decode; -1: the policy's default */
@@ -183,7 +184,9 @@ typedef struct ks_policy_spec {
 
 /* dense, budget 0, sink 4, window 64, dense_layers -1, no arguments. */
 ks_policy_spec ks_policy_spec_default(void);
-/* policy: "NAME" or "EVICTOR+SELECTOR" (NULL or "": dense); args: "k=v,k=v"
+/* policy: "NAME", "EVICTOR+SELECTOR", optionally followed by "+topp" (a
+ * stage pruning the selection: "quest+topp", "snapkv+quest+topp") (NULL or
+ * "": dense); args: "k=v,k=v"
  * (NULL: none), every key one some part takes.  KS_ERR_NOT_FOUND for an
  * unknown name, KS_ERR_INVALID_ARG for a bad composition, argument or a
  * negative budget, sink or window; *out is written only on success. */
@@ -289,6 +292,10 @@ typedef struct ks_stats {
     /* the policy's own counters (not reset by ks_stats_reset) */
     uint64_t policy_selections, policy_hits, policy_misses, policy_corrections, policy_rebuilds;
     uint64_t policy_speculative;  /* selections served by the previous step's speculation (freekv) */
+    uint64_t policy_topp_refined, policy_topp_picked, policy_topp_kept; /* +topp: selections pruned, the
+                                     selector's picks in them, the entries kept */
+    double policy_topp_head_min, policy_topp_head_max; /* +topp: entries kept per selection by the (layer,
+                                     KV head) keeping fewest / most, on average */
     uint64_t kv_offload_events;   /* layers moved to the slow tier by the memory manager */
     double gather_seconds;        /* decode: turning selections into the kernel's runs (segment walk, staging
                                      copies of slow-tier rows), summed over worker threads */
@@ -389,6 +396,7 @@ typedef struct ks_prefix_cache_stats {
     uint64_t loads;                    /* blocks read back from the directory */
     uint64_t disk_evictions;           /* files removed by the disk cap */
     uint64_t skipped_corrupt;          /* files (or records) refused: corrupt, truncated, foreign */
+    uint64_t healed;                   /* of those, files replaced by this process with the recomputed block */
 } ks_prefix_cache_stats;
 
 ks_prefix_cache_params ks_prefix_cache_default_params(void);

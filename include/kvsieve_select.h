@@ -45,7 +45,8 @@
  *
  * Policies.  kvs_policy_count / kvs_policy_get list every kvsieve policy
  * (the registry `kvsieve run --policy help` prints); `api` says whether this
- * API serves it.  Served: dense, streaming, h2o, quest, freekv, lrqk, chess.
+ * API serves it.  Served: dense, streaming, h2o, quest, freekv, lrqk, chess,
+ * topp, and any of them followed by the refining stage "+topp" ("quest+topp").
  * Not served (kvs_selector_create returns KVS_ERR_UNSUPPORTED): spec, which
  * needs a draft model's retrieval head and the target's hidden states, and
  * the prefill evictors snapkv and dapq (and compositions "a+b"), which remove

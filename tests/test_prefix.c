@@ -657,6 +657,87 @@ static void test_corrupt_files(void **state) {
     ks_context_destroy(c);
 }
 
+/* Two replicas on one directory, one damaged block file in the middle of
+ * a document's chain: the first replica to meet it recomputes from there
+ * and writes the block again (an atomic replace), after which both
+ * replicas, and a restart, hit the whole prefix. */
+static void block_path(ks_prefix_cache *pc, const ks_context *c, const int32_t *tok, int32_t blk, char *out,
+                       size_t cap, const char *dir) {
+    ks_pc_key model = ks_pc_model_key(pc);
+    ks_pc_format f = {(uint32_t)c->kv_type, PAGE, 3, (uint32_t)g_model->hp.n_head_kv, (uint32_t)g_model->hp.head_dim};
+    ks_pc_key k = ks_pc_root(&model, &f);
+    for (int32_t b = 0; b <= blk; b++) k = ks_pc_chain(&k, tok + (size_t)b * PAGE, PAGE);
+    snprintf(out, cap, "%s/%016llx%016llx.kvb", dir, (unsigned long long)k.a, (unsigned long long)k.b);
+}
+
+static void test_heal(void **state) {
+    (void)state;
+    char dir[400];
+    fresh_dir(dir, sizeof dir, "heal");
+    enum { ND = 64, NQQ = 6, N = ND + NQQ, BAD = 3 };
+    int32_t prompt[N];
+    make_prompt(prompt, ND, NQQ, 0);
+    ks_context *ca = make_ctx(g_model, "dense"), *cb = make_ctx(g_model, "dense");
+    float *ref = run(ca, NULL, prompt, N, NULL);
+    size_t bytes = sizeof(float) * (size_t)(1 + STEPS) * g_model->hp.n_vocab;
+    ks_prefix_cache_params pp = ks_prefix_cache_default_params();
+    pp.dir = dir;
+    ks_prefix_cache *pa = NULL, *pb = NULL;
+    assert_int_equal(ks_prefix_cache_create(g_model, &pp, &pa), KS_OK);
+    free(run(ca, pa, prompt, N, NULL));
+    ks_prefix_cache_flush(pa);
+    char path[600];
+    block_path(pa, ca, prompt, BAD, path, sizeof path, dir);
+    ks_prefix_cache_destroy(pa);
+    size_t len = 0;
+    uint8_t *buf = (uint8_t *)ks_test_read_file(path, &len);
+    assert_non_null(buf);
+    buf[len - 21] ^= 0x04; /* a payload bit: the checksum fails */
+    assert_int_equal(ks_test_write_file(path, buf, len), 0);
+    free(buf);
+    struct stat before;
+    assert_int_equal(stat(path, &before), 0);
+    /* both replicas start on the damaged directory */
+    assert_int_equal(ks_prefix_cache_create(g_model, &pp, &pa), KS_OK);
+    assert_int_equal(ks_prefix_cache_create(g_model, &pp, &pb), KS_OK);
+    int32_t whole = (N - 1) / PAGE * PAGE, hit = -1; /* the last token is always computed */
+    float *got = run(ca, pa, prompt, N, &hit);
+    assert_int_equal(hit, BAD * PAGE); /* the chain stops at the bad block */
+    assert_memory_equal(got, ref, bytes);
+    free(got);
+    ks_prefix_cache_flush(pa);
+    struct stat after;
+    assert_int_equal(stat(path, &after), 0);
+    assert_true(after.st_ino != before.st_ino); /* replaced by rename, not rewritten in place */
+    ks_prefix_cache_stats st;
+    ks_prefix_cache_get_stats(pa, &st);
+    assert_int_equal(st.skipped_corrupt, 1);
+    assert_int_equal(st.healed, 1);
+    /* the other replica, which never recomputed anything, hits it all */
+    got = run(cb, pb, prompt, N, &hit);
+    assert_int_equal(hit, whole);
+    assert_memory_equal(got, ref, bytes);
+    free(got);
+    ks_prefix_cache_get_stats(pb, &st);
+    assert_int_equal(st.skipped_corrupt, 0);
+    assert_int_equal(st.healed, 0);
+    ks_prefix_cache_destroy(pb);
+    ks_prefix_cache_destroy(pa);
+    /* and so does a restart of the first */
+    assert_int_equal(ks_prefix_cache_create(g_model, &pp, &pa), KS_OK);
+    got = run(ca, pa, prompt, N, &hit);
+    assert_int_equal(hit, whole);
+    assert_memory_equal(got, ref, bytes);
+    free(got);
+    ks_prefix_cache_get_stats(pa, &st);
+    assert_int_equal(st.skipped_corrupt, 0);
+    assert_int_equal(st.healed, 0);
+    ks_prefix_cache_destroy(pa);
+    free(ref);
+    ks_context_destroy(cb);
+    ks_context_destroy(ca);
+}
+
 static void test_record_parse(void **state) {
     (void)state;
     ks_pc_format f = {0, 4, 2, 1, 32};
@@ -769,6 +850,7 @@ int main(void) {
         cmocka_unit_test(test_kv_q8),
         cmocka_unit_test(test_page_append),
         cmocka_unit_test(test_corrupt_files),
+        cmocka_unit_test(test_heal),
         cmocka_unit_test(test_prompt_file),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

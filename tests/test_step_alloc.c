@@ -115,6 +115,19 @@ static void test_no_allocation_in_a_decode_step(void **state) {
                     }
                 }
     }
+    /* the refining stage behind a selector (alone, it is in the registry loop above) */
+    const char *refined[] = {"quest+topp", "h2o+topp", "snapkv+quest+topp"};
+    for (size_t k = 0; k < sizeof refined / sizeof refined[0]; k++)
+        for (int n_seq = 1; n_seq <= 2; n_seq++)
+            for (int off = 0; off <= 1; off++) {
+                uint64_t n = step_allocs(refined[k], NULL, n_seq, off);
+                runs++;
+                if (n) {
+                    print_message("%s, batch %d, %d layer(s) offloaded: %llu allocations in 4 steps\n", refined[k],
+                                  n_seq, off, (unsigned long long)n);
+                    failures++;
+                }
+            }
     print_message("%d configurations checked\n", runs);
     assert_int_equal(failures, 0);
 }

@@ -478,6 +478,14 @@ static void counters_add(ks_policy_counters *a, const ks_policy *pol) {
     a->speculative += b.speculative;
     a->rebuilds += b.rebuilds;
     a->bytes_read += b.bytes_read;
+    a->topp_refined += b.topp_refined;
+    a->topp_picked += b.topp_picked;
+    a->topp_kept += b.topp_kept;
+    if (b.topp_refined) { /* the extremes over every instance's heads */
+        bool first = a->topp_refined == b.topp_refined;
+        a->topp_head_min = first || b.topp_head_min < a->topp_head_min ? b.topp_head_min : a->topp_head_min;
+        a->topp_head_max = first || b.topp_head_max > a->topp_head_max ? b.topp_head_max : a->topp_head_max;
+    }
 }
 
 ks_policy *ks_infer_policy_of(const ks_context *c, int32_t seq) { return c->pols[c->seq_pol[seq]].pol; }
@@ -695,6 +703,11 @@ void ks_context_stats(const ks_context *c, ks_stats *out) {
     out->policy_corrections = pc.corrections;
     out->policy_speculative = pc.speculative;
     out->policy_rebuilds = pc.rebuilds;
+    out->policy_topp_refined = pc.topp_refined;
+    out->policy_topp_picked = pc.topp_picked;
+    out->policy_topp_kept = pc.topp_kept;
+    out->policy_topp_head_min = pc.topp_head_min;
+    out->policy_topp_head_max = pc.topp_head_max;
     out->select_bytes_read = pc.bytes_read - c->select_bytes_base;
 }
 

@@ -54,6 +54,7 @@ typedef struct disk_ent {
     ks_pc_key key;
     uint64_t pol;          /* 0: the block's file; else the state file of that policy configuration */
     uint64_t bytes, stamp;
+    bool bad;              /* failed validation here: the next write of it replaces the file (heals it) */
 } disk_ent;
 
 /* A write for the writer: a block's file (st NULL) or one of its states'. */

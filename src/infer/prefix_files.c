@@ -14,7 +14,21 @@
  * fingerprint, layout, key, parent), sizes, checksum and key chain are
  * checked before a byte is used (ks_pc_record_parse, prefix_record.c,
  * fuzzed), it must be the block its name says, and a bad file is skipped
- * with a counted warning: the rows are computed instead.  The directory has
+ * with a counted warning: the rows are computed instead.
+ *
+ * A bad file heals.  Skipping a bad file is not enough when the directory
+ * outlives the process: every restart and every replica would miss from
+ * that block on, forever.  So a file that fails validation is marked bad in
+ * this process's index, and the block the request then recomputes is
+ * written again under the same name, which replaces the bad file (counted
+ * in `healed`).  Replacement is only ever by rename, never by unlink: the
+ * recomputed block is byte for byte what a good file of that name holds (a
+ * prefill row's KV is a function of the tokens before it alone), so if
+ * another replica heals the same file at the same moment, whichever rename
+ * lands last leaves a good file, a reader that opened the old one keeps
+ * reading the old inode, and no good file another replica just wrote is
+ * ever removed.  A state file (.kvs) heals the same way when its policy's
+ * state is captured again.  The directory has
  * its own LRU under disk_bytes over the files this process knows (found at
  * start or written since); another replica may remove a file first, so
  * every unlink and open tolerates its absence.
@@ -65,10 +79,28 @@ static int32_t disk_find_locked(ks_prefix_cache *pc, const ks_pc_key *k, uint64_
     return -1;
 }
 
-static void disk_note_locked(ks_prefix_cache *pc, const ks_pc_key *k, uint64_t pol, uint64_t bytes, uint64_t stamp) {
+/* A file of the directory is known good here (read back, or written): a
+ * write of it would be redundant.  A bad one is to be written again. */
+static bool disk_good_locked(ks_prefix_cache *pc, const ks_pc_key *k, uint64_t pol) {
+    int32_t i = disk_find_locked(pc, k, pol);
+    return i >= 0 && !pc->disk[i].bad;
+}
+
+/* Note a file of the directory: found at start (scan), read back, or
+ * written by this process (wrote).  A file marked bad that is good now was
+ * healed: by this process's write (counted), or by another replica's. */
+static void disk_note_locked(ks_prefix_cache *pc, const ks_pc_key *k, uint64_t pol, uint64_t bytes, uint64_t stamp,
+                             bool wrote) {
     int32_t i = disk_find_locked(pc, k, pol);
     if (i >= 0) {
-        pc->disk[i].stamp = stamp;
+        disk_ent *e = &pc->disk[i];
+        e->stamp = stamp;
+        if (e->bad) {
+            pc->st.healed += wrote;
+            pc->st.disk_bytes = pc->st.disk_bytes - e->bytes + bytes;
+            e->bytes = bytes;
+            e->bad = false;
+        }
         return;
     }
     if (pc->n_disk == pc->disk_cap) {
@@ -78,9 +110,25 @@ static void disk_note_locked(ks_prefix_cache *pc, const ks_pc_key *k, uint64_t p
         pc->disk = disk;
         pc->disk_cap = cap;
     }
-    pc->disk[pc->n_disk++] = (disk_ent){*k, pol, bytes, stamp};
+    pc->disk[pc->n_disk++] = (disk_ent){*k, pol, bytes, stamp, false};
     pc->st.disk_bytes += bytes;
     pc->st.disk_blocks++;
+}
+
+/* A file failed validation: skipped (counted, warned) and marked bad, so
+ * the block's next write replaces it.  bytes: its size where known (else 0:
+ * the index under-counts until the file is replaced). */
+static void refuse(ks_prefix_cache *pc, const char *path, const char *why, const ks_pc_key *k, uint64_t pol,
+                   uint64_t bytes) {
+    skip_warn(pc, path, why);
+    pthread_mutex_lock(&pc->mu);
+    int32_t i = disk_find_locked(pc, k, pol);
+    if (i < 0) { /* another replica wrote it after this process scanned the directory */
+        disk_note_locked(pc, k, pol, bytes, wall_us(), false);
+        i = disk_find_locked(pc, k, pol);
+    }
+    if (i >= 0) pc->disk[i].bad = true; /* refused index room: unlisted, so written again anyway */
+    pthread_mutex_unlock(&pc->mu);
 }
 
 /* Remove the least recently used files while over the disk cap. */
@@ -152,7 +200,7 @@ static void written_locked(ks_prefix_cache *pc, const pc_block *b, const pc_stat
     disk_note_locked(pc, &b->key, s ? s->pol : 0,
                      s ? KS_PC_STATE_HEADER_BYTES + s->bytes
                        : KS_PC_HEADER_BYTES + sizeof(int32_t) * b->fmt.page + b->kv_bytes,
-                     wall_us());
+                     wall_us(), true);
     disk_trim_locked(pc);
 }
 
@@ -188,7 +236,7 @@ void *ks_pc_writer_main(void *arg) {
  * it: the writer thread never reads the store); a block of bytes passes
  * NULL. */
 void ks_pc_enqueue_locked(ks_prefix_cache *pc, pc_block *b, pc_state *s, uint8_t *payload) {
-    if (!pc->dir || (s ? b->st_queued : b->queued) || disk_find_locked(pc, &b->key, s ? s->pol : 0) >= 0 ||
+    if (!pc->dir || (s ? b->st_queued : b->queued) || disk_good_locked(pc, &b->key, s ? s->pol : 0) ||
         (!s && !payload && !b->kv)) {
         ks_free(payload);
         return;
@@ -290,17 +338,17 @@ pc_block *ks_pc_load_block(ks_prefix_cache *pc, const ks_pc_key *key, const ks_p
     ks_status st = read_file(path, want, &buf, &len);
     if (st == KS_ERR_NOT_FOUND || st == KS_ERR_NOMEM) return NULL; /* a miss: the rows are computed */
     if (st != KS_OK) {
-        skip_warn(pc, path, ks_last_error());
+        refuse(pc, path, ks_last_error(), key, 0, 0);
         return NULL;
     }
     ks_pc_record r;
     st = ks_pc_record_parse(buf, len, &pc->model, &r);
     pc_block *b = NULL;
     if (st != KS_OK) {
-        skip_warn(pc, path, ks_last_error());
+        refuse(pc, path, ks_last_error(), key, 0, len);
     } else if (!ks_pc_key_eq(&r.key, key) || !ks_pc_key_eq(&r.parent, parent) || memcmp(&r.fmt, fmt, sizeof *fmt) ||
                r.bytes != len || memcmp(r.tokens, tokens, sizeof(int32_t) * fmt->page)) {
-        skip_warn(pc, path, "the block is not the one its name says");
+        refuse(pc, path, "the block is not the one its name says", key, 0, len);
     } else {
         b = block_from_record(&r);
     }
@@ -308,7 +356,7 @@ pc_block *ks_pc_load_block(ks_prefix_cache *pc, const ks_pc_key *key, const ks_p
     if (b) {
         pthread_mutex_lock(&pc->mu);
         pc->st.loads++;
-        disk_note_locked(pc, key, 0, len, wall_us());
+        disk_note_locked(pc, key, 0, len, wall_us(), false);
         pthread_mutex_unlock(&pc->mu);
     }
     return b;
@@ -337,7 +385,7 @@ void ks_pc_scan_dir(ks_prefix_cache *pc) {
         struct stat sb;
         if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
         disk_note_locked(pc, &k, pol, (uint64_t)sb.st_size,
-                         (uint64_t)sb.st_mtim.tv_sec * 1000000u + (uint64_t)sb.st_mtim.tv_nsec / 1000u);
+                         (uint64_t)sb.st_mtim.tv_sec * 1000000u + (uint64_t)sb.st_mtim.tv_nsec / 1000u, false);
     }
     closedir(d);
     disk_trim_locked(pc);
@@ -357,14 +405,14 @@ pc_state *ks_pc_state_get(ks_prefix_cache *pc, pc_block *b, uint64_t pol, size_t
     ks_status st = read_file(path, KS_PC_STATE_HEADER_BYTES + want, &buf, &len);
     if (st == KS_ERR_NOT_FOUND || st == KS_ERR_NOMEM) return NULL; /* a miss: the rows are computed */
     if (st != KS_OK) {
-        skip_warn(pc, path, ks_last_error());
+        refuse(pc, path, ks_last_error(), &b->key, pol, 0);
         return NULL;
     }
     ks_pc_state_record r;
     if (ks_pc_state_parse(buf, len, &pc->model, &r) != KS_OK) {
-        skip_warn(pc, path, ks_last_error());
+        refuse(pc, path, ks_last_error(), &b->key, pol, len);
     } else if (!ks_pc_key_eq(&r.key, &b->key) || r.pol != pol || r.data_bytes != want || r.bytes != len) {
-        skip_warn(pc, path, "the state is not the one its name says");
+        refuse(pc, path, "the state is not the one its name says", &b->key, pol, len);
     } else {
         s = ks_calloc(1, sizeof *s);
         if (s && !(s->data = ks_malloc(want))) {
@@ -391,7 +439,7 @@ pc_state *ks_pc_state_get(ks_prefix_cache *pc, pc_block *b, uint64_t pol, size_t
         b->bytes += s->bytes;
         if (b->listed) pc->st.ram_bytes += s->bytes;
         pc->st.loads++;
-        disk_note_locked(pc, &b->key, pol, len, wall_us());
+        disk_note_locked(pc, &b->key, pol, len, wall_us(), false);
     }
     pthread_mutex_unlock(&pc->mu);
     return s;

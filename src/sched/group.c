@@ -36,6 +36,16 @@ void ks_sched_stats_add(ks_stats *a, const ks_stats *b) {
     a->policy_corrections += b->policy_corrections;
     a->policy_speculative += b->policy_speculative;
     a->policy_rebuilds += b->policy_rebuilds;
+    if (b->policy_topp_refined) { /* the extremes over the groups' heads */
+        bool first = !a->policy_topp_refined;
+        a->policy_topp_head_min = first || b->policy_topp_head_min < a->policy_topp_head_min ? b->policy_topp_head_min
+                                                                                          : a->policy_topp_head_min;
+        a->policy_topp_head_max = first || b->policy_topp_head_max > a->policy_topp_head_max ? b->policy_topp_head_max
+                                                                                          : a->policy_topp_head_max;
+    }
+    a->policy_topp_refined += b->policy_topp_refined;
+    a->policy_topp_picked += b->policy_topp_picked;
+    a->policy_topp_kept += b->policy_topp_kept;
     a->kv_offload_events += b->kv_offload_events;
     a->gather_seconds += b->gather_seconds;
     a->gather_bytes += b->gather_bytes;

@@ -7,8 +7,11 @@
  *
  * Composition: "a+b" runs a's prefill hooks (an evictor: SnapKV, DapQ) and
  * then b's, and b's decode hooks.  Both states live side by side; each sees
- * the same env and spec.  The chain comes parsed (ks_policy_spec.part): no
- * name is split again here.
+ * the same env and spec.  A refining stage written last ("quest+topp",
+ * p_topp.c) prunes the selector's answer after select_layer returns it (or
+ * every entry, with no selector); its selection then depends on each
+ * layer's queries, so the chain never claims same_every_layer.  The chain
+ * comes parsed (ks_policy_spec.part): no name is split again here.
  */
 #define _GNU_SOURCE
 #include "select/registry.h"
@@ -52,7 +55,8 @@ const ks_policy_prefix_i ks_policy_prefix_stateless = {0};
 
 struct ks_policy {
     ks_policy_spec spec;                       /* copied whole at create */
-    int n;                                     /* parts: 1, or 2 when composed */
+    int n;                                     /* parts: 1, or 2-3 when composed */
+    int nb;                                    /* of them, before the refining stage (n - 1 with one, else n) */
     const ks_policy_i *vt[KS_POLICY_MAX_PARTS]; /* [n] */
     void *st[KS_POLICY_MAX_PARTS];             /* [n] */
 };
@@ -72,6 +76,7 @@ ks_status ks_policy_create(const ks_policy_spec *spec, const ks_policy_env *env,
     pol->spec = *spec;
     pol->n = spec->n_parts;
     for (int i = 0; i < pol->n; i++) pol->vt[i] = ks_policy_spec_part(spec, i);
+    pol->nb = pol->n - (pol->vt[pol->n - 1]->refine != NULL);
     for (int i = 0; i < pol->n; i++) {
         ks_status st = pol->vt[i]->create(env, &pol->spec, &pol->st[i]);
         if (st != KS_OK) {
@@ -83,10 +88,12 @@ ks_status ks_policy_create(const ks_policy_spec *spec, const ks_policy_env *env,
     return KS_OK;
 }
 
-/* The decode selector: the last part's (NULL: attends densely). */
-static const ks_policy_select_i *sel(const ks_policy *pol) { return pol->vt[pol->n - 1]->select; }
-static void *sel_state(const ks_policy *pol) { return pol->st[pol->n - 1]; }
-static const ks_policy_hidden_i *hidden(const ks_policy *pol) { return pol->vt[pol->n - 1]->hidden; }
+/* The decode selector: the last part's before a refining stage (NULL:
+ * attends densely); the refining stage (NULL: none). */
+static const ks_policy_select_i *sel(const ks_policy *pol) { return pol->nb ? pol->vt[pol->nb - 1]->select : NULL; }
+static void *sel_state(const ks_policy *pol) { return pol->st[pol->nb - 1]; }
+static const ks_policy_hidden_i *hidden(const ks_policy *pol) { return pol->nb ? pol->vt[pol->nb - 1]->hidden : NULL; }
+static const ks_policy_refine_i *refiner(const ks_policy *pol) { return pol->vt[pol->n - 1]->refine; }
 
 const char *ks_policy_name(const ks_policy *pol) { return pol->spec.name; }
 const ks_policy_spec *ks_policy_spec_of(const ks_policy *pol) { return &pol->spec; }
@@ -138,10 +145,13 @@ void ks_policy_get_counters(const ks_policy *pol, ks_policy_counters *out) {
         const ks_policy_select_i *se = pol->vt[i]->select;
         if (se && se->counters) se->counters(pol->st[i], out);
     }
+    if (refiner(pol) && refiner(pol)->counters) refiner(pol)->counters(pol->st[pol->n - 1], out);
 }
-bool ks_policy_selects(const ks_policy *pol) { return sel(pol) != NULL; }
+bool ks_policy_selects(const ks_policy *pol) { return sel(pol) != NULL || refiner(pol) != NULL; }
 bool ks_policy_is_global(const ks_policy *pol) { return sel(pol) && sel(pol)->global; }
-bool ks_policy_same_every_layer(const ks_policy *pol) { return sel(pol) && sel(pol)->same_every_layer; }
+bool ks_policy_same_every_layer(const ks_policy *pol) {
+    return sel(pol) && sel(pol)->same_every_layer && !refiner(pol); /* a refined answer depends on each layer's q */
+}
 bool ks_policy_wants_weights(const ks_policy *pol) { return sel(pol) && sel(pol)->after_attention; }
 
 bool ks_policy_prefix_shareable(const ks_policy *pol) {
@@ -210,11 +220,9 @@ ks_status ks_policy_select(ks_policy *pol, const ks_select_req *req, ks_selectio
     out->pages = false;
     out->n = 0;
     out->n_next = 0;
-    if (!sel(pol)) {
-        out->all = true;
-        return KS_OK;
-    }
-    return sel(pol)->select_layer(sel_state(pol), req, out);
+    if (sel(pol)) KS_TRY(sel(pol)->select_layer(sel_state(pol), req, out));
+    else out->all = true;
+    return refiner(pol) ? refiner(pol)->refine(pol->st[pol->n - 1], req, out) : KS_OK;
 }
 void ks_policy_after_attention(ks_policy *pol, const ks_select_req *req, const int32_t *entries, const float *w,
                                int32_t n) {

@@ -20,6 +20,9 @@
  *            model (SpeContext's spec)
  *   prefix   prefix-cache shareability: present when a prompt restored from
  *            the cache leaves the policy as a whole prefill would
+ *   refine   a stage that prunes the decode selector's answer (topp): such
+ *            a policy is written last in a chain ("quest+topp") and has no
+ *            select of its own
  * Inside a sub-interface the slots are marked REQUIRED or OPTIONAL as well.
  * Adding a policy is one file p_NAME.c defining `const ks_policy_i
  * ks_policy_NAME` and one line in registry.c (docs/DESIGN.md walks through
@@ -67,6 +70,10 @@ typedef struct ks_policy_counters {
     uint64_t rebuilds;     /* selections rebuilt on a trigger (CHESS) */
     uint64_t bytes_read;   /* bytes the selection read itself: a retrieval head's weights and K cache,
                             * page summaries (spec, quest) */
+    uint64_t topp_refined, topp_picked, topp_kept; /* topp: selections pruned, the selector's picks in them,
+                                                    * the picks kept */
+    double topp_head_min, topp_head_max; /* topp: entries kept per selection by the (layer, KV head) keeping
+                                          * fewest / most, on average (0 before any) */
 } ks_policy_counters;
 
 /* One prompt, prefilled (obs_q as requested by the policy's obs_window, or
@@ -179,6 +186,14 @@ typedef struct ks_policy_hidden_i {
     bool own_kcache;
 } ks_policy_hidden_i;
 
+/* A refining stage: prunes the selection the chain's selector made (or
+ * every entry, when there is none) in place, for the same request; req->q
+ * may be NULL (a global prefetch): then it leaves the answer alone. */
+typedef struct ks_policy_refine_i {
+    ks_status (*refine)(void *state, const ks_select_req *req, ks_selection *sel);        /* REQUIRED */
+    void (*counters)(void *state, ks_policy_counters *out);                                /* OPTIONAL: += */
+} ks_policy_refine_i;
+
 /* Prefix caching (infer/prefix_context.c): present when a prompt whose leading
  * tokens' KV is restored from the cache (byte for byte what a prefill of
  * them stores; the page summaries are recomputed from it) and whose rest is
@@ -213,12 +228,14 @@ typedef struct ks_policy_i {
     const ks_policy_prefill_i *prefill; /* OPTIONAL */
     const ks_policy_hidden_i *hidden;   /* OPTIONAL */
     const ks_policy_prefix_i *prefix;   /* OPTIONAL */
+    const ks_policy_refine_i *refine;   /* OPTIONAL (then no select, prefill or hidden: a chain's last stage) */
 } ks_policy_i;
 
 /* What the interface says, for the registry's readers. */
 static inline bool ks_policy_i_evicts(const ks_policy_i *vt) { return vt->prefill && vt->prefill->evicts; }
 static inline bool ks_policy_i_needs_dlm(const ks_policy_i *vt) { return vt->hidden && vt->hidden->needs_dlm; }
 static inline bool ks_policy_i_global(const ks_policy_i *vt) { return vt->select && vt->select->global; }
+static inline bool ks_policy_i_refines(const ks_policy_i *vt) { return vt->refine != NULL; }
 static inline int32_t ks_policy_i_obs_window(const ks_policy_i *vt) { return vt->prefill ? vt->prefill->obs_window : 0; }
 
 #include "select/policy_util.h"

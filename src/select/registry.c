@@ -42,6 +42,7 @@ extern const ks_policy_i ks_policy_dapq;
 extern const ks_policy_i ks_policy_freekv;
 extern const ks_policy_i ks_policy_chess;
 extern const ks_policy_i ks_policy_lrqk;
+extern const ks_policy_i ks_policy_topp;
 
 /* The policies built in, then those registered at run time (ks_policy_register). */
 enum { REGISTRY_CAP = 32 };
@@ -56,6 +57,7 @@ static const ks_policy_i *registry[REGISTRY_CAP + 1] = {
     &ks_policy_freekv,
     &ks_policy_chess,
     &ks_policy_lrqk,
+    &ks_policy_topp,
     NULL,
 };
 
@@ -67,8 +69,10 @@ ks_status ks_policy_register(const ks_policy_i *vt) {
     if (strchr(vt->name, '+') || strchr(vt->name, ','))
         return KS_FAIL(KS_ERR_INVALID_ARG, "policy name '%s': '+' and ',' separate names", vt->name);
     if ((vt->select && !vt->select->select_layer) || (vt->prefill && !vt->prefill->on_prefill) ||
-        (vt->hidden && (!vt->hidden->hidden_layers || !vt->hidden->on_hidden)))
+        (vt->hidden && (!vt->hidden->hidden_layers || !vt->hidden->on_hidden)) || (vt->refine && !vt->refine->refine))
         return KS_FAIL(KS_ERR_INVALID_ARG, "policy '%s': a sub-interface lacks its required hook", vt->name);
+    if (vt->refine && (vt->select || vt->prefill || vt->hidden))
+        return KS_FAIL(KS_ERR_INVALID_ARG, "policy '%s': a refining stage has no select, prefill or hidden part", vt->name);
     int32_t n = ks_policy_count();
     if (ks_policy_find(vt->name)) return KS_FAIL(KS_ERR_INVALID_ARG, "policy '%s' is registered already", vt->name);
     if (n == REGISTRY_CAP) return KS_FAIL(KS_ERR_NOMEM, "the registry holds %d policies at most", REGISTRY_CAP);
@@ -227,8 +231,9 @@ ks_policy_spec ks_policy_spec_default(void) {
     return s;
 }
 
-/* The chain of "a" or "a+b" into s->name, n_parts, part (whether the
- * first part can lead a composition is ks_policy_spec_parse's check). */
+/* The chain of "a", "a+b" or either followed by a refining stage ("+topp")
+ * into s->name, n_parts, part (whether the first part can lead a
+ * composition is ks_policy_spec_parse's check). */
 static ks_status parse_chain(const char *policy, ks_policy_spec *s) {
     if (!policy || !*policy) policy = "dense";
     if (strlen(policy) >= sizeof s->name) return KS_FAIL(KS_ERR_INVALID_ARG, "policy '%s' is too long", policy);
@@ -247,8 +252,14 @@ static ks_status parse_chain(const char *policy, ks_policy_spec *s) {
             return KS_FAIL(n ? KS_ERR_NOT_FOUND : KS_ERR_INVALID_ARG, "unknown policy '%.*s' (known: %s)", (int)n, p,
                            names);
         }
-        if (s->n_parts == KS_POLICY_MAX_PARTS)
-            return KS_FAIL(KS_ERR_INVALID_ARG, "policy '%s': at most an evictor and a selector can be composed", policy);
+        bool refines = ks_policy_i_refines(registry[k]);
+        if (s->n_parts > 0 && ks_policy_i_refines(registry[s->part[s->n_parts - 1]]))
+            return KS_FAIL(KS_ERR_INVALID_ARG, "policy '%s': a refining stage (%s) comes last", policy,
+                           registry[s->part[s->n_parts - 1]]->name);
+        if (s->n_parts == KS_POLICY_MAX_PARTS || (!refines && s->n_parts == KS_POLICY_MAX_PARTS - 1))
+            return KS_FAIL(KS_ERR_INVALID_ARG,
+                           "policy '%s': at most an evictor and a selector can be composed (and a refining stage after)",
+                           policy);
         s->part[s->n_parts++] = k;
         if (!e) break;
         p = e + 1;
@@ -261,7 +272,8 @@ ks_status ks_policy_spec_parse(const char *policy, const char *args, int32_t bud
     ks_policy_spec s;
     memset(&s, 0, sizeof s);
     KS_TRY(parse_chain(policy, &s));
-    if (s.n_parts == 2 && !registry[s.part[0]]->prefill)
+    int32_t n_base = s.n_parts - ks_policy_i_refines(registry[s.part[s.n_parts - 1]]); /* before a refining stage */
+    if (n_base == 2 && !registry[s.part[0]]->prefill)
         return KS_FAIL(KS_ERR_INVALID_ARG, "policy '%s': the first of a composition must evict at prefill (e.g. snapkv)",
                        s.name);
     if (budget < 0 || sink < 0 || window < 0) return KS_FAIL(KS_ERR_INVALID_ARG, "budget, sink and window must be >= 0");

@@ -317,7 +317,8 @@ kvs_status kvs_selector_create(const char *name, const kvs_selector_params *para
     ks_policy_spec spec;
     KVS_TRY(ks_policy_spec_parse(name, params->args, params->budget > 0 ? params->budget : 0, params->sink,
                                  params->window, params->dense_layers, &spec));
-    if (spec.n_parts > 1)
+    /* a refining stage after the selector ("quest+topp") runs here too; an evictor does not */
+    if (spec.n_parts - ks_policy_i_refines(ks_policy_spec_part(&spec, spec.n_parts - 1)) > 1)
         return status_of(KS_FAIL(KS_ERR_UNSUPPORTED, "policy '%s': compositions start with a prefill evictor, which "
                                  "a caller-owned KV cache does not support", name));
     const ks_policy_i *vt = ks_policy_spec_part(&spec, 0);

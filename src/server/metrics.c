@@ -120,6 +120,9 @@ enum MHD_Result ks_server_handle_metrics(ks_server *srv, struct MHD_Connection *
         METRIC("prefix_cache_skipped_corrupt_total", "counter",
                "Block files skipped: corrupt, truncated or another model's.", "%llu",
                (unsigned long long)c->skipped_corrupt);
+        METRIC("prefix_cache_healed_total", "counter",
+               "Bad block files replaced by the recomputed block (so every replica hits them again).", "%llu",
+               (unsigned long long)c->healed);
         METRIC("prefix_cache_trims_total", "counter", "Steps at which the cache gave RAM back under --mem-cap.", "%llu",
                (unsigned long long)m.cache_trims);
     }
