@@ -57,7 +57,7 @@ endforeach()
 
 foreach(drv curl invariance openai_node load memcap bench prefix prefix_load)
   add_test(NAME server_${drv}
-           COMMAND bash ${CMAKE_SOURCE_DIR}/tests/server/${drv}.sh $<TARGET_FILE:kvsieve_cli> ${KS_FIXTURES_DIR}
+           COMMAND bash ${CMAKE_SOURCE_DIR}/tests/server/${drv}.sh ${KS_CLI_RUN} ${KS_FIXTURES_DIR}
                    ${CMAKE_BINARY_DIR}/server_${drv})
   set_tests_properties(server_${drv} PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77)
 endforeach()
@@ -65,7 +65,7 @@ endforeach()
 # phi-3-template model) and openai_node_chat.sh (the OpenAI Node SDK, streaming).
 foreach(drv multiturn openai_node_chat)
   add_test(NAME server_${drv}
-           COMMAND bash ${CMAKE_SOURCE_DIR}/tests/server/${drv}.sh $<TARGET_FILE:kvsieve_cli> ${KS_FIXTURES_DIR}
+           COMMAND bash ${CMAKE_SOURCE_DIR}/tests/server/${drv}.sh ${KS_CLI_RUN} ${KS_FIXTURES_DIR}
                    ${CMAKE_BINARY_DIR}/server_${drv})
   set_tests_properties(server_${drv} PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77)
 endforeach()

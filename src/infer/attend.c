@@ -300,7 +300,7 @@ ks_status ks_infer_attend_layer(ks_context *c, int il, int n, const int32_t *seq
      * one-row chunk through the decode kernel rounded differently), which a prefix-cache hit
      * that ends anywhere relies on (infer/prefix.c) */
     job.blocked = !c->decoding && seq[0] == seq[n - 1] && (c->kv_type == KS_KV_F16 || hd % 32 == 0) &&
-                  hd % 16 == 0 && ks_simd_current() >= KS_SIMD_AVX2;
+                  hd % 16 == 0 && ks_simd_x86(ks_simd_current()); /* block kernels: x86 only so far */
     atomic_init(&job.next, 0);
     if (next) /* one counter per task row group (a block of rows, or a row) */
         for (int g = 0; g < n; g++) atomic_init(&c->att_heads_done[g], 0);
