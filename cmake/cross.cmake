@@ -26,3 +26,33 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "aarch64|arm64" AND CMAKE_C_COMPILER_ID STREQU
    AND CMAKE_C_COMPILER_VERSION VERSION_LESS 13)
   set(KS_TEST_SPEC_OPTIONS -fno-tree-vectorize)
 endif()
+
+# Tests left out of the emulated run (`make test-arm` passes -LE emu_slow).
+# QEMU's user-mode emulation runs NEON code one to two orders of magnitude
+# slower than the host runs its own, so tests that take seconds natively
+# take many minutes emulated: the HTTP server drivers (each starts servers
+# and streams hundreds of requests; they test the scheduler and the protocol,
+# which have no architecture-specific code), the CLI end-to-end scripts that
+# generate and run whole models (cli_run, cli_eval, cli_chess,
+# cli_perplexity, cli_model, cli_prefill_policy, cli_bad_input), and the
+# long sweeps whose subject is not a kernel: test_alloc_fail (every
+# allocation of a forward pass refused in turn), test_prefix (prefix-cache
+# files), test_memplan, test_p_freekv.  The kernels' own tests, the goldens
+# and the full-budget equality of every policy with dense (test_policy) all
+# stay in.
+function(ks_label_emu_slow)
+  set(slow test_alloc_fail test_prefix test_memplan test_p_freekv
+      cli_run cli_eval cli_chess cli_perplexity cli_model cli_prefill_policy cli_bad_input)
+  foreach(drv curl invariance openai_node load memcap bench prefix prefix_load multiturn openai_node_chat
+              api chat oom sched)
+    list(APPEND slow server_${drv})
+  endforeach()
+  foreach(t ${slow})
+    if(TEST ${t})
+      set_tests_properties(${t} PROPERTIES LABELS emu_slow)
+    endif()
+  endforeach()
+endfunction()
+if(CMAKE_CROSSCOMPILING)
+  cmake_language(DEFER CALL ks_label_emu_slow)
+endif()

@@ -14,9 +14,37 @@
  * compile an ARM kernel.
  */
 #if defined(__linux__) && !defined(_GNU_SOURCE)
-#define _GNU_SOURCE /* getauxval: glibc declares it in C11 mode only with this */
+#define _GNU_SOURCE /* getauxval, madvise, posix_fallocate: glibc declares them in C11 mode only with this */
 #endif
 #include "core/platform.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+void ks_platform_advise_huge(void *p, size_t n) {
+#if defined(MADV_HUGEPAGE)
+    (void)madvise(p, n, MADV_HUGEPAGE); /* advice only: failure is fine */
+#else
+    (void)p, (void)n;
+#endif
+}
+
+int ks_platform_reserve_file(int fd, off_t bytes) {
+#if defined(__APPLE__)
+    /* F_PREALLOCATE reserves space (contiguous if it can, else any), then
+     * the length is set: posix_fallocate's effect */
+    fstore_t st = {F_ALLOCATECONTIG, F_PEOFPOSMODE, 0, bytes, 0};
+    if (fcntl(fd, F_PREALLOCATE, &st) == -1) {
+        st.fst_flags = F_ALLOCATEALL;
+        if (fcntl(fd, F_PREALLOCATE, &st) == -1) return errno;
+    }
+    return ftruncate(fd, bytes) == 0 ? 0 : errno;
+#else
+    return posix_fallocate(fd, 0, bytes);
+#endif
+}
 
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
