@@ -50,6 +50,10 @@ typedef int ks_matmul_neon_empty; /* ISO C forbids an empty translation unit */
 #define KS_NEON_TGT_I8MM __attribute__((target("arch=armv8.2-a+dotprod+i8mm"))) /* the arch arm_neon.h asks of vmmlaq */
 #endif
 #define KS_NEON_INLINE static inline __attribute__((always_inline))
+/* Unroll the fixed 2-, 4- and 8-trip loops over blocks and registers: left
+ * as loops, GCC keeps their arrays of vectors in memory (a store and a
+ * reload per element) instead of in registers. */
+#define KS_NEON_UNROLL _Pragma("GCC unroll 8")
 
 /* four f16 scales (the d fields of four blocks) as f32: fcvtl is exact */
 KS_NEON_INLINE float32x4_t ks_neon_f16x4(ks_f16 a, ks_f16 b, ks_f16 c, ks_f16 d) {
@@ -158,7 +162,7 @@ static void ks_mm_quantize_q8_neon(const float *x, uint8_t *dst, int64_t cols) {
     for (int64_t b = 0; b < cols / KS_QK8_0; b++) {
         const float *xb = x + b * KS_QK8_0;
         float32x4_t v[8], m = vdupq_n_f32(0.0f);
-        for (int k = 0; k < 8; k++) {
+        KS_NEON_UNROLL for (int k = 0; k < 8; k++) {
             v[k] = vld1q_f32(xb + 4 * k);
             m = vmaxq_f32(m, vabsq_f32(v[k]));
         }
@@ -166,8 +170,8 @@ static void ks_mm_quantize_q8_neon(const float *x, uint8_t *dst, int64_t cols) {
         float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         ds[b] = d;
         int32x4_t r[8];
-        for (int k = 0; k < 8; k++) r[k] = vcvtnq_s32_f32(vmulq_n_f32(v[k], id));
-        for (int k = 0; k < 8; k += 2) {
+        KS_NEON_UNROLL for (int k = 0; k < 8; k++) r[k] = vcvtnq_s32_f32(vmulq_n_f32(v[k], id));
+        KS_NEON_UNROLL for (int k = 0; k < 8; k += 2) {
             int16x8_t h = vcombine_s16(vmovn_s32(r[k]), vmovn_s32(r[k + 1]));
             vst1_s8(q + b * KS_QK8_0 + 4 * k, vmovn_s16(h));
         }
@@ -197,12 +201,12 @@ static void ks_mm_quantize_q8_neon(const float *x, uint8_t *dst, int64_t cols) {
         int64_t b = 0;                                                                                \
         for (; b + 4 <= nb; b += 4) {                                                                 \
             int8x16_t wq[8];                                                                          \
-            for (int k = 0; k < 4; k++) LOADW(&wb[b + k], &wq[2 * k], &wq[2 * k + 1]);                \
+            KS_NEON_UNROLL for (int k = 0; k < 4; k++) LOADW(&wb[b + k], &wq[2 * k], &wq[2 * k + 1]);                \
             const float32x4_t dw = ks_neon_f16x4(wb[b].d, wb[b + 1].d, wb[b + 2].d, wb[b + 3].d);     \
             for (int c = 0; c < nc; c++) {                                                            \
                 const int8_t *q = (const int8_t *)(xq + c * xs) + b * 32;                             \
                 int32x4_t s[4];                                                                       \
-                for (int k = 0; k < 4; k++)                                                           \
+                KS_NEON_UNROLL for (int k = 0; k < 4; k++)                                                           \
                     s[k] = KS_NDOT(KS_NDOT(vdupq_n_s32(0), wq[2 * k], vld1q_s8(q + 32 * k)),          \
                                    wq[2 * k + 1], vld1q_s8(q + 32 * k + 16));                         \
                 const float *d = (const float *)(xq + c * xs + qoff);                                 \
@@ -233,8 +237,8 @@ KS_MM_NTGT static void KS_MM_NSFX(ks_mm_q4_k)(const uint8_t *w, const uint8_t *x
         uint8_t sc[8], m[8];
         ks_mm_q4k_scales(wb[b].scales, sc, m);
         int8x16_t lo[8], hi[8]; /* sub-block 2p: lo[2p], lo[2p+1]; sub-block 2p+1: hi[...] */
-        for (int p = 0; p < 4; p++)
-            for (int h = 0; h < 2; h++) {
+        KS_NEON_UNROLL for (int p = 0; p < 4; p++)
+            KS_NEON_UNROLL for (int h = 0; h < 2; h++) {
                 uint8x16_t v = vld1q_u8(wb[b].qs + 32 * p + 16 * h);
                 lo[2 * p + h] = vreinterpretq_s8_u8(vandq_u8(v, m4));
                 hi[2 * p + h] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
@@ -246,7 +250,7 @@ KS_MM_NTGT static void KS_MM_NSFX(ks_mm_q4_k)(const uint8_t *w, const uint8_t *x
         for (int c = 0; c < nc; c++) {
             const ks_block_q8_k *a = (const ks_block_q8_k *)(xq + c * xs) + b;
             int32x4_t j[8];
-            for (int p = 0; p < 4; p++) {
+            KS_NEON_UNROLL for (int p = 0; p < 4; p++) {
                 const int8_t *aq = a->qs + 64 * p;
                 j[2 * p] = KS_NDOT(KS_NDOT(vdupq_n_s32(0), lo[2 * p], vld1q_s8(aq)), lo[2 * p + 1], vld1q_s8(aq + 16));
                 j[2 * p + 1] =
@@ -277,8 +281,8 @@ KS_MM_NTGT static void KS_MM_NSFX(ks_mm_q6_k)(const uint8_t *w, const uint8_t *x
     const int8x16_t off = vdupq_n_s8(32);
     for (int64_t b = 0; b < nb; b++) {
         int8x16_t v[16];
-        for (int h = 0; h < 2; h++)
-            for (int l = 0; l < 32; l += 16) {
+        KS_NEON_UNROLL for (int h = 0; h < 2; h++)
+            KS_NEON_UNROLL for (int l = 0; l < 32; l += 16) {
                 const uint8_t *ql = wb[b].ql + 64 * h, *qh = wb[b].qh + 32 * h;
                 uint8x16_t q0 = vld1q_u8(ql + l), q1 = vld1q_u8(ql + 32 + l), hb = vld1q_u8(qh + l);
                 int8x16_t *vh = v + 8 * h + l / 16; /* element 128h + l + 32k is v[8h + l/16 + 2k] */
@@ -297,9 +301,9 @@ KS_MM_NTGT static void KS_MM_NSFX(ks_mm_q6_k)(const uint8_t *w, const uint8_t *x
         for (int c = 0; c < nc; c++) {
             const ks_block_q8_k *a = (const ks_block_q8_k *)(xq + c * xs) + b;
             int32x4_t t = vdupq_n_s32(0);
-            for (int g = 0; g < 4; g++) {
+            KS_NEON_UNROLL for (int g = 0; g < 4; g++) {
                 int32x4_t p[4];
-                for (int k = 0; k < 4; k++) p[k] = KS_NDOT(vdupq_n_s32(0), v[4 * g + k], vld1q_s8(a->qs + 64 * g + 16 * k));
+                KS_NEON_UNROLL for (int k = 0; k < 4; k++) p[k] = KS_NDOT(vdupq_n_s32(0), v[4 * g + k], vld1q_s8(a->qs + 64 * g + 16 * k));
                 t = vmlaq_s32(t, ks_neon_hsum4(p[0], p[1], p[2], p[3]), sc4[g]);
             }
             const int32_t sumi = vaddvq_s32(t);
@@ -327,7 +331,7 @@ KS_MM_NTGT static void KS_MM_NSFX(ks_mm_q6_k)(const uint8_t *w, const uint8_t *x
         int64_t b = 0;                                                                                \
         for (; b + 4 <= nb; b += 4) {                                                                 \
             int8x16_t a[4][4]; /* [block][quarter]: rows 0 and 1 side by side */                     \
-            for (int k = 0; k < 4; k++) {                                                             \
+            KS_NEON_UNROLL for (int k = 0; k < 4; k++) {                                                             \
                 int8x16_t r0a, r0b, r1a, r1b;                                                         \
                 LOADW(&w0b[b + k], &r0a, &r0b);                                                       \
                 LOADW(&w1b[b + k], &r1a, &r1b);                                                       \
@@ -343,7 +347,7 @@ KS_MM_NTGT static void KS_MM_NSFX(ks_mm_q6_k)(const uint8_t *w, const uint8_t *x
                 const int8_t *qx = (const int8_t *)(xq + c * xs) + b * 32;                            \
                 const int8_t *qy = (const int8_t *)(xq + c1 * xs) + b * 32;                           \
                 int32x4_t r[4];                                                                       \
-                for (int k = 0; k < 4; k++) {                                                         \
+                KS_NEON_UNROLL for (int k = 0; k < 4; k++) {                                                         \
                     int64x2_t x0 = vreinterpretq_s64_s8(vld1q_s8(qx + 32 * k));                       \
                     int64x2_t x1 = vreinterpretq_s64_s8(vld1q_s8(qx + 32 * k + 16));                  \
                     int64x2_t y0 = vreinterpretq_s64_s8(vld1q_s8(qy + 32 * k));                       \
