@@ -107,7 +107,7 @@ KS_NEON_INLINE void ks_neon_transpose4(int32x4_t r0, int32x4_t r1, int32x4_t r2,
 
 /* f32 / f16 / bf16 weights: eight columns at a time, the row converted once
  * for all nc vectors; two accumulators per vector hide the FMA latency. */
-#define KS_NEON_FLOAT_KERNEL(NAME, WT, LOAD8)                                                         \
+#define KS_NEON_FLOAT_KERNEL(NAME, WT, LOAD8, CONV1)                                                         \
     static void NAME(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols, float *y,  \
                      int64_t ys) {                                                                     \
         const WT *wr = (const WT *)w;                                                                  \
@@ -126,13 +126,7 @@ KS_NEON_INLINE void ks_neon_transpose4(int32x4_t r0, int32x4_t r1, int32x4_t r2,
         for (int c = 0; c < nc; c++) {                                                                 \
             const float *x = (const float *)(xq + c * xs);                                             \
             float s = vaddvq_f32(vaddq_f32(acc[c][0], acc[c][1]));                                     \
-            for (int64_t k = i; k < cols; k++) {                                                       \
-                float32x4_t t0, t1;                                                                    \
-                WT one[8] = {wr[k]};                                                                   \
-                LOAD8(one, t0, t1);                                                                    \
-                s += vgetq_lane_f32(t0, 0) * x[k];                                                     \
-                (void)t1;                                                                              \
-            }                                                                                          \
+            for (int64_t k = i; k < cols; k++) s += CONV1(wr[k]) * x[k];                               \
             y[c * ys] = s;                                                                             \
         }                                                                                              \
     }
@@ -149,13 +143,14 @@ KS_NEON_INLINE void ks_neon_transpose4(int32x4_t r0, int32x4_t r1, int32x4_t r2,
         (a) = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h_), 16));                                \
         (b) = vreinterpretq_f32_u32(vshll_high_n_u16(h_, 16));                                         \
     } while (0)
-KS_NEON_FLOAT_KERNEL(ks_mm_f32_neon, float, KS_NEON_LOAD8_F32)
-KS_NEON_FLOAT_KERNEL(ks_mm_f16_neon, ks_f16, KS_NEON_LOAD8_F16)
-KS_NEON_FLOAT_KERNEL(ks_mm_bf16_neon, ks_bf16, KS_NEON_LOAD8_BF16)
+KS_NEON_FLOAT_KERNEL(ks_mm_f32_neon, float, KS_NEON_LOAD8_F32, )
+KS_NEON_FLOAT_KERNEL(ks_mm_f16_neon, ks_f16, KS_NEON_LOAD8_F16, ks_f16_to_f32)
+KS_NEON_FLOAT_KERNEL(ks_mm_bf16_neon, ks_bf16, KS_NEON_LOAD8_BF16, ks_bf16_to_f32)
 
-/* ks_mm_q8 partner quantization (matmul.c, ks_mm_quantize_q8) in NEON: the
- * same bytes (amax, d = amax / 127, round half away... as lrintf: to
- * nearest even, which vcvtnq is), so every level reads one layout. */
+/* The Q8 partner's quantization (matmul.c, ks_mm_quantize_q8) in NEON, to
+ * the same bytes: the same amax, d = amax / 127 and x * (1 / d), rounded to
+ * nearest even as lrintf does in the default mode (fcvtns), so every level
+ * reads one layout. */
 static void ks_mm_quantize_q8_neon(const float *x, uint8_t *dst, int64_t cols) {
     int8_t *q = (int8_t *)dst;
     float *ds = (float *)(dst + ks_mm_align64((size_t)cols));
