@@ -33,8 +33,16 @@ set(ENV{PKG_CONFIG_PATH} "")
 
 find_program(KS_QEMU_AARCH64 qemu-aarch64)
 if(KS_QEMU_AARCH64)
-  # -L: the dynamic loader and libc of the cross toolchain's sysroot are
-  # found through Debian's multiarch libc6:arm64 as well; the prefix covers
-  # hosts that have only libc6-dev-arm64-cross.
-  set(CMAKE_CROSSCOMPILING_EMULATOR ${KS_QEMU_AARCH64} -L /usr/aarch64-linux-gnu)
+  # The dynamic loader must come from the same glibc build as the libc.so.6
+  # it loads.  With multiarch libc6:arm64 installed (the -dev:arm64 packages
+  # pull it in) both are under / and QEMU needs no prefix; `-L
+  # /usr/aarch64-linux-gnu` would take the cross toolchain's loader (a
+  # different Debian revision) with multiarch's libc, whose private layouts
+  # differ: pthread_create then walks a garbage stack-cache list forever.
+  # The prefix serves hosts that have only the cross toolchain's libc.
+  if(EXISTS /lib/ld-linux-aarch64.so.1)
+    set(CMAKE_CROSSCOMPILING_EMULATOR ${KS_QEMU_AARCH64})
+  else()
+    set(CMAKE_CROSSCOMPILING_EMULATOR ${KS_QEMU_AARCH64} -L /usr/aarch64-linux-gnu)
+  endif()
 endif()
