@@ -13,7 +13,7 @@ RUN_MODEL ?= $(firstword $(wildcard models/kvsieve-default.gguf) $(wildcard $(FI
 PROMPT    ?= A pass key is hidden in the text below. Remember it. The pass key is 31415. 31415 is the pass key. The quiet farmer walks near the old bridge. A small bird sings by the river today. What is the pass key? The pass key is
 N         ?= 8
 
-.PHONY: bench-policies bench-memcap bench-serve all deps reference-deps build test run asan fuzz cuda-check bench clean install
+.PHONY: test-arm bench-policies bench-memcap bench-serve all deps reference-deps build test run asan fuzz cuda-check bench clean install
 
 all: build
 
@@ -43,6 +43,25 @@ $(BUILD)/models/tiny-llama-q8_0.gguf: | build
 
 run: build $(RUN_MODEL)
 	$(KVSIEVE) run -m $(RUN_MODEL) -p "$(PROMPT)" -n $(N) --temp 0
+
+# The aarch64 build and its suite under QEMU user-mode emulation (README.md,
+# "aarch64 Linux"): cross-compiled into build-arm64 with Debian's
+# gcc-aarch64-linux-gnu (cmake/aarch64-linux-gnu.cmake), then the CTest suite
+# once per emulated CPU in ARM_CPUS: `max` has dotprod and i8mm (the sdot and
+# smmla kernels run), `cortex-a53` has neither (plain NEON).  KS_EXPECT_SIMD
+# tells test_dispatch which level each must detect.  Tests labelled
+# emu_slow (cmake/cross.cmake says which and why) are left out.
+ARM_BUILD ?= build-arm64
+ARM_CPUS  ?= max cortex-a53
+test-arm:
+	@bash scripts/deps.sh --arm
+	@cmake -S . -B $(ARM_BUILD) -DCMAKE_TOOLCHAIN_FILE=$(CURDIR)/cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release $(CMAKE_OPTS) > /dev/null
+	@cmake --build $(ARM_BUILD) -j $(JOBS)
+	@for cpu in $(ARM_CPUS); do \
+	  case $$cpu in max) lv=i8mm;; cortex-a76|neoverse-n1) lv=dotprod;; *) lv=neon;; esac; \
+	  echo "== QEMU_CPU=$$cpu (expects $$lv)"; \
+	  (cd $(ARM_BUILD) && QEMU_CPU=$$cpu KS_EXPECT_SIMD=$$lv ctest --output-on-failure -j $(JOBS) -LE emu_slow) || exit 1; \
+	done
 
 # Address + undefined-behaviour sanitizers over the whole suite.
 asan: deps
@@ -112,4 +131,4 @@ bench-serve: build $(BENCH_MODEL)
 	  -R $(SERVE_R) --input-len $(SERVE_IN) --output-len $(SERVE_OUT) --policy dense,quest,spec --budget $(SERVE_BUDGET)
 
 clean:
-	rm -rf $(BUILD) build-asan build-fuzz build-cuda
+	rm -rf $(BUILD) build-asan build-fuzz build-cuda $(ARM_BUILD)

@@ -147,13 +147,14 @@ bool app_parse_tasks(app_options *o, const char *flag, const char *s) {
 }
 
 bool app_parse_ref_simd(app_options *o, const char *flag, const char *v) {
-    for (int lv = KS_SIMD_SCALAR; lv <= KS_SIMD_AVX512; lv++)
+    for (int lv = KS_SIMD_SCALAR; lv <= KS_SIMD_LEVEL_MAX; lv++)
         if (!strcmp(v, ks_simd_name((ks_simd_level)lv))) o->ref_simd = lv;
     if (o->ref_simd < 0) {
-        fprintf(stderr, "kvsieve eval: --reference-simd must be scalar, avx2 or avx512, got '%s'\n", v);
+        fprintf(stderr, "kvsieve eval: --reference-simd must be scalar, avx2, avx512, neon, dotprod or i8mm, got '%s'\n", v);
         return false;
     }
-    if (o->ref_simd > (int)ks_simd_current()) {
+    bool arm = ks_simd_current() >= KS_SIMD_NEON; /* a level of the other architecture would be scalar */
+    if (o->ref_simd > (int)ks_simd_current() || (o->ref_simd != KS_SIMD_SCALAR && (o->ref_simd >= KS_SIMD_NEON) != arm)) {
         fprintf(stderr, "kvsieve eval: --reference-simd %s: this CPU (or KS_SIMD) allows up to %s\n", v,
                 ks_simd_name(ks_simd_current()));
         return false;

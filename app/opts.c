@@ -148,7 +148,7 @@ static const app_opt g_opts[] = {
     {"--dump-prompts", 0, OPT_STR, APP_EVAL, F(dump_dir), 0, 0, 0, 0, 0, "DIR",
      "write each instance's prompt to DIR/TASK-LENGTH-DEPTH-SAMPLE.txt (DIR\n"
      "must exist), e.g. for tools/needle_study.py --prompt", 0},
-    {"--reference-simd", 0, OPT_CUSTOM, APP_EVAL, 0, 0, 0, 0, 0, 0, "scalar|avx2|avx512",
+    {"--reference-simd", 0, OPT_CUSTOM, APP_EVAL, 0, 0, 0, 0, 0, 0, "scalar|avx2|avx512|neon|dotprod|i8mm",
      "run the dense reference on other kernels (another summation order); with dense\n"
      "in --policy this measures the agreement two correct f16 computations reach, the\n"
      "noise floor of the agreement and KL columns", app_parse_ref_simd},
@@ -213,7 +213,7 @@ static const app_command g_cmds[] = {
      "kvsieve eval [-m MODEL.gguf] [--task LIST|all] [--lengths 1024,4096,8192] [--depths 0,0.25,...]\n"
      "                    [--samples N] [--seed S] [-t THREADS] [--json] [--plot FILE.svg] [--calibrate] [--show]\n"
      "                    [--dump-prompts DIR] [--policy dense,quest,...] [--budget 3%,6%,12%] [--kv-type f16|q8]\n"
-     "                    [--reference-simd scalar|avx2|avx512] [policy flags]",
+     "                    [--reference-simd scalar|avx2|avx512|neon|dotprod|i8mm] [policy flags]",
      "Dense always runs as the reference.  --kv-type q8: the compared configurations keep 8-bit KV\n"
      "(Q8_0 rows) while the dense reference stays f16; list dense in --policy to compare dense on q8 with it.\n"},
     {"perplexity", APP_PPL, false, false,

@@ -57,7 +57,7 @@ endforeach()
 
 foreach(drv curl invariance openai_node load memcap bench prefix prefix_load structured)
   add_test(NAME server_${drv}
-           COMMAND bash ${CMAKE_SOURCE_DIR}/tests/server/${drv}.sh $<TARGET_FILE:kvsieve_cli> ${KS_FIXTURES_DIR}
+           COMMAND bash ${CMAKE_SOURCE_DIR}/tests/server/${drv}.sh ${KS_CLI_RUN} ${KS_FIXTURES_DIR}
                    ${CMAKE_BINARY_DIR}/server_${drv})
   set_tests_properties(server_${drv} PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77)
 endforeach()
@@ -69,7 +69,7 @@ set_tests_properties(server_structured PROPERTIES TIMEOUT 400)
 # tokens.sh: /tokenize, /detokenize, /apply-template.
 foreach(drv multiturn openai_node_chat chat_page tokens)
   add_test(NAME server_${drv}
-           COMMAND bash ${CMAKE_SOURCE_DIR}/tests/server/${drv}.sh $<TARGET_FILE:kvsieve_cli> ${KS_FIXTURES_DIR}
+           COMMAND bash ${CMAKE_SOURCE_DIR}/tests/server/${drv}.sh ${KS_CLI_RUN} ${KS_FIXTURES_DIR}
                    ${CMAKE_BINARY_DIR}/server_${drv})
   set_tests_properties(server_${drv} PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77)
 endforeach()

@@ -63,16 +63,29 @@ ks_status ks_stop_feed(ks_stop_matcher *m, const char *piece, size_t len, ks_sto
 void ks_stop_flush(ks_stop_matcher *m, ks_stop_out *out);
 
 /* ----------------------------------------------------------------- SIMD -- */
-/* The instruction-set level the kernels dispatch on (one process-wide value). */
-typedef enum ks_simd_level { KS_SIMD_SCALAR = 0, KS_SIMD_AVX2 = 1, KS_SIMD_AVX512 = 2 } ks_simd_level;
+/* The instruction-set level the kernels dispatch on (one process-wide value).
+ * x86 levels and ARM levels are ordered within their architecture; a CPU
+ * only ever reports levels of its own (the ARM ones: NEON, NEON with the dot
+ * product extension, and with int8 matrix multiply as well). */
+typedef enum ks_simd_level {
+    KS_SIMD_SCALAR = 0,
+    KS_SIMD_AVX2 = 1,
+    KS_SIMD_AVX512 = 2,
+    KS_SIMD_NEON = 3,
+    KS_SIMD_NEON_DOT = 4,
+    KS_SIMD_NEON_I8MM = 5,
+} ks_simd_level;
+#define KS_SIMD_LEVEL_MAX KS_SIMD_NEON_I8MM
 
 /* Best level this CPU supports (cached); KS_SIMD env var ("scalar", "avx2",
- * "avx512") caps it for testing. */
+ * "avx512", "neon", "dotprod", "i8mm") caps it for testing. */
 ks_simd_level ks_simd_detect(void);
 const char *ks_simd_name(ks_simd_level level);
 /* The level kernels dispatch on: the detected one unless forced. */
 ks_simd_level ks_simd_current(void);
 /* Force a level (tests, eval's --reference-simd); returns the previous one.
+ * A level above the CPU's is capped at the CPU's; one of the other
+ * architecture means scalar (so a test's loop over every level is safe).
  * Not thread-safe: call between steps, with no other call running. */
 ks_simd_level ks_simd_force(ks_simd_level level);
 

@@ -7,7 +7,7 @@
 # Debian's torch otherwise calls the reference BLAS, ~40x slower; and SciPy,
 # whose LP solver make_constructed_model.py uses for its recency kernels; and
 # python3-jinja2, the reference renderer tools/jinja_goldens.py makes the
-# chat-template goldens with.  `--train` is listed below.  KVSIEVE_SKIP_DEPS=1 skips entirely
+# chat-template goldens with.  `--train` and `--arm` are listed below.  KVSIEVE_SKIP_DEPS=1 skips entirely
 # (e.g. non-Debian hosts).
 set -euo pipefail
 [ "${KVSIEVE_SKIP_DEPS:-0}" = 1 ] && exit 0
@@ -32,6 +32,19 @@ fi
 # (tools/build_corpus.py reads exactly these, with the three above; docs/MODEL.md lists their sizes).
 # Not nodejs-doc: it conflicts with NodeSource's nodejs, and Debian's nodejs replaces that.
 [ "${1:-}" = "--train" ] && pkgs+=($(/usr/bin/python3 "$(dirname "$0")/../tools/build_corpus.py" --list-packages))
+# --arm: the aarch64 cross build and its emulated test run (`make test-arm`,
+# cmake/aarch64-linux-gnu.cmake): Debian's cross compiler, QEMU's user-mode
+# emulator, and through multiarch the arm64 builds of the libraries above.
+if [ "${1:-}" = "--arm" ]; then
+  pkgs=(cmake pkg-config gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
+        libpcre2-dev:arm64 libcjson-dev:arm64 libcmocka-dev:arm64 libmicrohttpd-dev:arm64)
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    echo "deps: adding the arm64 architecture (multiarch)" >&2
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO=sudo
+    $SUDO dpkg --add-architecture arm64
+  fi
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -47,6 +60,7 @@ fi
 # The official OpenAI Node client for tests/server/openai_node.sh, pinned by
 # tests/server/node/package-lock.json, into that test-only folder.  Tests never
 # download: without node_modules the test is skipped.
+[ "${1:-}" = "--arm" ] && exit 0   # the Node client is the host's, already set up by a native build
 node_dir="$(cd "$(dirname "$0")/.." && pwd)/tests/server/node"
 if [ ! -f "$node_dir/node_modules/openai/package.json" ] && command -v npm >/dev/null 2>&1; then
   echo "deps: npm ci in tests/server/node (the openai package, test-only)" >&2

@@ -116,16 +116,22 @@ static void run_matmul(ks_pool *pool, const wmat *m, const float *X, int64_t n, 
 static void test_simd_levels(void **state) {
     (void)state;
     ks_simd_level hw = ks_simd_detect();
-    assert_true(hw >= KS_SIMD_SCALAR && hw <= KS_SIMD_AVX512);
+    assert_true(hw >= KS_SIMD_SCALAR && hw <= KS_SIMD_LEVEL_MAX);
     assert_string_equal(ks_simd_name(KS_SIMD_SCALAR), "scalar");
     assert_string_equal(ks_simd_name(KS_SIMD_AVX2), "avx2");
     assert_string_equal(ks_simd_name(KS_SIMD_AVX512), "avx512");
+    assert_string_equal(ks_simd_name(KS_SIMD_NEON), "neon");
+    assert_string_equal(ks_simd_name(KS_SIMD_NEON_DOT), "dotprod");
+    assert_string_equal(ks_simd_name(KS_SIMD_NEON_I8MM), "i8mm");
     fprintf(stderr, "simd: best level %s\n", ks_simd_name(hw));
     ks_simd_level prev = ks_simd_force(KS_SIMD_SCALAR);
     assert_int_equal(ks_simd_force(prev), KS_SIMD_SCALAR);
     /* forcing above the hardware is clamped, never executes missing ISA */
-    prev = ks_simd_force(KS_SIMD_AVX512);
+    prev = ks_simd_force(hw >= KS_SIMD_NEON ? KS_SIMD_NEON_I8MM : KS_SIMD_AVX512);
     assert_int_equal(ks_simd_force(prev), hw);
+    /* another architecture's level is scalar, whatever this CPU has */
+    prev = ks_simd_force(hw >= KS_SIMD_NEON ? KS_SIMD_AVX2 : KS_SIMD_NEON);
+    assert_int_equal(ks_simd_force(prev), KS_SIMD_SCALAR);
 }
 
 static void test_dot_row_ref(void **state) {

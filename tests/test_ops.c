@@ -123,7 +123,7 @@ static void check_attention(ks_kv_type kt, int len, int hd, int G, bool simd) {
      * probabilities rounded to 7 or 8 bits (per block of rows;
      * test_attention_q8_values): relative RMS error up to ~1e-2 against the
      * float reference, where every other path is at 1e-5 */
-    double tol = kt == KS_KV_Q8 && simd && ks_simd_current() >= KS_SIMD_AVX2 ? 2e-2 : 1e-5;
+    double tol = kt == KS_KV_Q8 && simd && ks_simd_x86(ks_simd_current()) ? 2e-2 : 1e-5; /* NEON: no query rounding */
     if (e > tol) fail_msg("attention kt=%d len=%d hd=%d G=%d simd=%d: nmse %g max %g", kt, len, hd, G, simd, e, mx);
     free(K); free(V); free(Kf); free(Vf); free(q); free(out); free(scores); free(tmp); free(ref); free(reff);
 }
@@ -163,7 +163,7 @@ static void check_segments(ks_kv_type kt, int len, int hd, int G) {
         memset(w, 0, sizeof(float) * total);
         ks_attention_segs(kt, segs, nseg, total, hd, G, q, scores, out, tmp, w, path == 0);
         double mx, e = ks_test_nmse(out, reff, (size_t)G * hd, &mx);
-        double tol = kt == KS_KV_Q8 && path == 0 && ks_simd_current() >= KS_SIMD_AVX2 ? 2e-2 : 1e-5; /* see check_attention */
+        double tol = kt == KS_KV_Q8 && path == 0 && ks_simd_x86(ks_simd_current()) ? 2e-2 : 1e-5; /* see check_attention */
         if (e > tol) fail_msg("segments kt=%d len=%d hd=%d G=%d path %d: nmse %g", kt, len, hd, G, path, e);
         double sum = 0;
         for (int t = 0; t < total; t++) sum += w[t];
@@ -241,7 +241,7 @@ static void test_attention_pages(void **state) {
 /* The prefill block kernel: R query rows with causal limits over pages, each
  * row against the float64 reference over its visible rows. */
 static void check_block(ks_kv_type kt, int n, int hd, int G, int P) {
-    if (ks_simd_current() < KS_SIMD_AVX2) return;
+    if (!ks_simd_x86(ks_simd_current())) return; /* the block kernels are x86-only so far */
     enum { R = 16 };
     ks_rng rng = {(uint64_t)n * 7 + (uint64_t)hd + (uint64_t)G * 11};
     size_t rb = ks_kv_row_bytes(kt, hd);
@@ -385,7 +385,7 @@ static void test_attention(void **state) {
  * with -128 (not produced by the quantizer, legal in the format) included. */
 static void test_attention_q8_levels(void **state) {
     (void)state;
-    if (ks_simd_detect() < KS_SIMD_AVX512) skip();
+    if (ks_simd_detect() != KS_SIMD_AVX512) skip();
     const int len = 77, hds[] = {96, 288}, Gs[] = {1, 2, 4, 8}; /* head dims the AVX-512 kernel leaves to these */
     for (int h = 0; h < 2; h++)
         for (int b = 0; b < 4; b++) {
@@ -475,7 +475,7 @@ static void check_q8_values(int len, int hd, float qmul) {
 
 static void test_attention_q8_values(void **state) {
     (void)state;
-    if (ks_simd_detect() < KS_SIMD_AVX2) skip();
+    if (!ks_simd_x86(ks_simd_detect())) skip(); /* the x86 kernels' quantized probabilities */
     const int lens[] = {700, 4096}, hds[] = {64, 128, 96, 288};
     const float qmuls[] = {0.5f, 1.0f, 3.0f}; /* flat, typical and peaked attention */
     FOR_EACH_SIMD_LEVEL(for (int a = 0; a < 2; a++) for (int h = 0; h < 4; h++) for (int m = 0; m < 3; m++)

@@ -7,8 +7,10 @@
  * refuses a zero length, so nothing is mapped); whether it is a valid model
  * file is the reader's call.
  */
-#define _GNU_SOURCE /* madvise */
+#define _GNU_SOURCE /* pread, posix_memalign in C11 mode */
 #include "core/file.h"
+
+#include "core/platform.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -24,7 +26,7 @@ void *ks_alloc_streamed(size_t bytes) {
     if (bytes >= huge) {
         size_t n = (bytes + huge - 1) / huge * huge;
         if (posix_memalign(&p, huge, n) != 0) return NULL;
-        madvise(p, n, MADV_HUGEPAGE);
+        ks_platform_advise_huge(p, n);
         return p;
     }
     return posix_memalign(&p, 64, bytes ? bytes : 1) == 0 ? p : NULL;

@@ -19,6 +19,10 @@
 extern "C" {
 #endif
 
+/* Whether a level is one of x86's (AVX2, AVX-512): for the paths that exist
+ * only there, where ">= KS_SIMD_AVX2" would also admit the ARM levels. */
+static inline bool ks_simd_x86(ks_simd_level lv) { return lv == KS_SIMD_AVX2 || lv == KS_SIMD_AVX512; }
+
 /* ks_simd_level, ks_simd_detect, ks_simd_name, ks_simd_current and
  * ks_simd_force are public (kvsieve_tools.h): eval and bench name the level. */
 

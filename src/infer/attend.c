@@ -302,7 +302,7 @@ ks_status ks_infer_attend_layer(ks_context *c, int il, int n, const int32_t *seq
      * one-row chunk through the decode kernel rounded differently), which a prefix-cache hit
      * that ends anywhere relies on (infer/prefix.c) */
     job.blocked = !c->decoding && seq[0] == seq[n - 1] && (c->kv_type == KS_KV_F16 || hd % 32 == 0) &&
-                  hd % 16 == 0 && ks_simd_current() >= KS_SIMD_AVX2;
+                  hd % 16 == 0 && ks_simd_x86(ks_simd_current()); /* block kernels: x86 only so far */
     /* a local layer's rows each start their own window, which the blocked kernels (a causal
      * bound per row only) do not take: every row goes through attend_one, at prefill and
      * decode alike, so a row's bits never depend on the chunk it falls in */

@@ -59,11 +59,27 @@ void ks_attention_segs(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total
     if (allow_simd && ks_simd_current() >= KS_SIMD_AVX2 &&
         ks_attention_segs_avx2(kt, segs, nseg, total, hd, G, q, scores, out, scale, weights))
         return;
+#elif defined(__aarch64__)
+    if (allow_simd && ks_simd_current() >= KS_SIMD_NEON &&
+        ks_attention_segs_neon(kt, segs, nseg, total, hd, G, q, scores, out, scale, weights))
+        return;
 #endif
     attn_segs_ref(kt, segs, nseg, total, hd, G, q, scores, out, scale, tmp);
     if (weights)
         for (int g = 0; g < G; g++)
             for (int t = 0; t < total; t++) weights[t] += scores[(size_t)g * total + t];
+}
+
+const char *ks_attention_kernel_name(ks_kv_type kt, int hd, int G) {
+    const ks_simd_level lv = ks_simd_current();
+    /* the conditions each kernel states in attn.h, in the dispatch's order */
+    if (lv == KS_SIMD_AVX512 && (hd == 64 || hd == 128)) return "avx512";
+    if ((lv == KS_SIMD_AVX2 || lv == KS_SIMD_AVX512) && hd % 16 == 0 && hd <= 512 &&
+        (kt == KS_KV_F16 || hd % 32 == 0))
+        return "avx2";
+    if (lv >= KS_SIMD_NEON && G >= 1 && G <= 8 && hd % 8 == 0 && hd <= 512 && (kt == KS_KV_F16 || hd % 32 == 0))
+        return "neon";
+    return "reference";
 }
 
 void ks_attention_group(ks_kv_type kt, const void *K, const void *V, int len, int hd, int G,

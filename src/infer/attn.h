@@ -92,4 +92,16 @@ bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int 
 bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                             float *scores, float *out, float scale, float *weights);
 
+/* AArch64 NEON (attn_neon.c) for f16 KV and 8-bit KV (hd % 32), hd % 8 ==
+ * 0 up to 512, G up to 8; false if it does not apply (always, off
+ * AArch64).  scores: [G][total] scratch. */
+bool ks_attention_segs_neon(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
+                            float *scores, float *out, float scale, float *weights);
+
+/* Which kernel ks_attention_segs runs for this KV type, head dim and group
+ * size at the current SIMD level: "avx512", "avx2", "neon" or "reference"
+ * (the dispatch test).  x86 kernels can still decline inside; the name is
+ * their documented conditions. */
+const char *ks_attention_kernel_name(ks_kv_type kt, int hd, int G);
+
 #endif

@@ -12,7 +12,7 @@
  * failed is dropped rather than read.
  *
  * Slow-tier files are created in the offload directory, unlinked at once (no
- * leftovers after a crash) and reserved with posix_fallocate up front, so a
+ * leftovers after a crash) and reserved up front (ks_platform_reserve_file), so a
  * full disk is reported when a layer is offloaded, not in the middle of a
  * step.  All file I/O is pread/pwrite at page-aligned offsets.
  */
@@ -20,6 +20,7 @@
 #include "kv/kv_internal.h"
 
 #include "core/file.h"
+#include "core/platform.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -112,7 +113,7 @@ static ks_status open_slow_file(const ks_kv_store *kv, int32_t layer, int *fd_ou
     if (fd < 0) return KS_FAIL(KS_ERR_IO, "cannot create %s: %s", path, strerror(errno));
     unlink(path); /* anonymous from now on: nothing is left behind */
     off_t bytes = (off_t)kv->n_phys * (off_t)kv->page_bytes;
-    int e = posix_fallocate(fd, 0, bytes);
+    int e = ks_platform_reserve_file(fd, bytes);
     if (e != 0) {
         close(fd);
         return KS_FAIL(KS_ERR_IO, "cannot reserve %.1f MiB for layer %d in %s: %s", bytes / 1048576.0, layer,
@@ -469,7 +470,7 @@ static ks_status park_file(const ks_kv_store *kv, int32_t seq, off_t bytes, int 
     int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) return KS_FAIL(KS_ERR_IO, "cannot create %s: %s", path, strerror(errno));
     unlink(path);
-    int e = bytes > 0 ? posix_fallocate(fd, 0, bytes) : 0;
+    int e = bytes > 0 ? ks_platform_reserve_file(fd, bytes) : 0;
     if (e != 0) {
         close(fd);
         return KS_FAIL(KS_ERR_IO, "cannot reserve %.1f MiB to park sequence %d in %s: %s", bytes / 1048576.0, seq,

@@ -52,6 +52,16 @@ static void scores_ref(const float *q, const uint8_t *K, ks_dtype kt, int32_t n,
     }
 }
 
+/* w[t..n) = max_g (x_gt - c_g): the combine pass, from entry t on (the SIMD
+ * paths' tails, and the whole of the portable one). */
+static void combine_from(const float *x, int G, int32_t n, const float *c, int32_t t, float *w) {
+    for (; t < n; t++) {
+        float v = x[t] - c[0];
+        for (int g = 1; g < G; g++) v = fmaxf(v, x[(size_t)g * n + t] - c[g]);
+        w[t] = v;
+    }
+}
+
 #if defined(__x86_64__)
 #define SPEC_AVX512_TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
 #define SPEC_AVX512_INL static inline __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma"), always_inline))
@@ -185,16 +195,6 @@ SPEC_AVX512_TGT static void scores_avx512(const float *q, const uint8_t *K, size
  * the top-B of max_g p_gj (up to rounding at near-ties), without writing
  * the G rows of probabilities back or normalising them: one read for the
  * max, one for the sum of exponentials, one for the combine. */
-/* w[t..n) = max_g (x_gt - c_g): the combine pass, from entry t on (the SIMD
- * paths' tails, and the whole of the portable one). */
-static void combine_from(const float *x, int G, int32_t n, const float *c, int32_t t, float *w) {
-    for (; t < n; t++) {
-        float v = x[t] - c[0];
-        for (int g = 1; g < G; g++) v = fmaxf(v, x[(size_t)g * n + t] - c[g]);
-        w[t] = v;
-    }
-}
-
 __attribute__((target("avx512f,avx512dq,fma"))) static float log_normaliser_avx512(const float *x, int32_t n) {
     __m512 mx = _mm512_set1_ps(-INFINITY);
     int32_t t = 0;

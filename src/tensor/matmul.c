@@ -303,10 +303,36 @@ static void ks_mm_q6_k_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, in
 #define KS_MM_HAVE_X86 0
 #endif
 
+#if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+#define KS_MM_HAVE_NEON 1
+#include <arm_neon.h>
+#define KS_MM_NEON_PASS 1
+#define KS_MM_NSFX(name) name##_neon /* plain NEON (Armv8.0) */
+#define KS_MM_NTGT
+#define KS_MM_NEON_DOT 0
+#include "matmul_neon.c"
+#undef KS_MM_NSFX
+#undef KS_MM_NTGT
+#undef KS_MM_NEON_DOT
+#define KS_MM_NSFX(name) name##_dot /* FEAT_DotProd: sdot */
+#define KS_MM_NTGT KS_NEON_TGT_DOT
+#define KS_MM_NEON_DOT 1
+#include "matmul_neon.c"
+#undef KS_MM_NSFX
+#undef KS_MM_NTGT
+#undef KS_MM_NEON_DOT
+#undef KS_MM_NEON_PASS
+#else
+#define KS_MM_HAVE_NEON 0
+#endif
+
 static ks_mm_kern2 ks_mm_kernel2(ks_dtype t, ks_simd_level level) {
 #if KS_MM_HAVE_X86
     if (level == KS_SIMD_AVX512 && t == KS_DTYPE_Q8_0) return ks_mm_q8_0x2_avx512;
     if (level == KS_SIMD_AVX512 && t == KS_DTYPE_Q4_0) return ks_mm_q4_0x2_avx512;
+#elif KS_MM_HAVE_NEON
+    if (level == KS_SIMD_NEON_I8MM && t == KS_DTYPE_Q8_0) return ks_mm_q8_0x2_i8mm;
+    if (level == KS_SIMD_NEON_I8MM && t == KS_DTYPE_Q4_0) return ks_mm_q4_0x2_i8mm;
 #else
     (void)t, (void)level;
 #endif
@@ -356,6 +382,21 @@ static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
         }
     }
 #endif
+#if KS_MM_HAVE_NEON
+    if (level >= KS_SIMD_NEON) {
+        const bool dot = level >= KS_SIMD_NEON_DOT; /* i8mm implies it (core/simd.c) */
+        switch (t) {
+        case KS_DTYPE_F32: return ks_mm_f32_neon;
+        case KS_DTYPE_F16: return ks_mm_f16_neon;
+        case KS_DTYPE_BF16: return ks_mm_bf16_neon;
+        case KS_DTYPE_Q8_0: return dot ? ks_mm_q8_0_dot : ks_mm_q8_0_neon;
+        case KS_DTYPE_Q4_0: return dot ? ks_mm_q4_0_dot : ks_mm_q4_0_neon;
+        case KS_DTYPE_Q4_K: return dot ? ks_mm_q4_k_dot : ks_mm_q4_k_neon;
+        case KS_DTYPE_Q6_K: return dot ? ks_mm_q6_k_dot : ks_mm_q6_k_neon;
+        default: break;
+        }
+    }
+#endif
     switch (t) {
     case KS_DTYPE_F32: return ks_mm_f32_scalar;
     case KS_DTYPE_F16: return ks_mm_f16_scalar;
@@ -374,6 +415,45 @@ static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
     case KS_DTYPE_IQ4_XS: return ks_mm_iq4_xs_scalar;
     default: KS_ASSERT(!"ks_matmul: not a weight type"); return NULL;
     }
+}
+
+/* The kernels' names, for the dispatch test (tests/test_dispatch.c): a
+ * pointer-to-name table, so the name reported is the function the dispatch
+ * above really returns, and a silent fall back to scalar shows. */
+#define KS_MM_NAMED(fn) {(const void *)(fn), #fn}
+typedef struct {
+    const void *fn;
+    const char *name;
+} ks_mm_named;
+static const ks_mm_named ks_mm_names[] = {
+    KS_MM_NAMED(ks_mm_f32_scalar), KS_MM_NAMED(ks_mm_f16_scalar), KS_MM_NAMED(ks_mm_bf16_scalar),
+    KS_MM_NAMED(ks_mm_q8_0_scalar), KS_MM_NAMED(ks_mm_q4_0_scalar), KS_MM_NAMED(ks_mm_q4_k_scalar),
+    KS_MM_NAMED(ks_mm_q6_k_scalar),
+#if KS_MM_HAVE_X86
+    KS_MM_NAMED(ks_mm_f32_avx512), KS_MM_NAMED(ks_mm_f16_avx512), KS_MM_NAMED(ks_mm_bf16_avx512),
+    KS_MM_NAMED(ks_mm_q8_0x_avx512), KS_MM_NAMED(ks_mm_q4_0x_avx512), KS_MM_NAMED(ks_mm_q4_kz_avx512),
+    KS_MM_NAMED(ks_mm_q6_kz_avx512), KS_MM_NAMED(ks_mm_q8_0x2_avx512), KS_MM_NAMED(ks_mm_q4_0x2_avx512),
+    KS_MM_NAMED(ks_mm_f32_avx2), KS_MM_NAMED(ks_mm_f16_avx2), KS_MM_NAMED(ks_mm_bf16_avx2),
+    KS_MM_NAMED(ks_mm_q8_0_avx2), KS_MM_NAMED(ks_mm_q4_0_avx2), KS_MM_NAMED(ks_mm_q4_k_avx2),
+    KS_MM_NAMED(ks_mm_q6_k_avx2),
+#endif
+#if KS_MM_HAVE_NEON
+    KS_MM_NAMED(ks_mm_f32_neon), KS_MM_NAMED(ks_mm_f16_neon), KS_MM_NAMED(ks_mm_bf16_neon),
+    KS_MM_NAMED(ks_mm_q8_0_neon), KS_MM_NAMED(ks_mm_q4_0_neon), KS_MM_NAMED(ks_mm_q4_k_neon),
+    KS_MM_NAMED(ks_mm_q6_k_neon), KS_MM_NAMED(ks_mm_q8_0_dot), KS_MM_NAMED(ks_mm_q4_0_dot),
+    KS_MM_NAMED(ks_mm_q4_k_dot), KS_MM_NAMED(ks_mm_q6_k_dot), KS_MM_NAMED(ks_mm_q8_0x2_i8mm),
+    KS_MM_NAMED(ks_mm_q4_0x2_i8mm),
+#endif
+};
+#undef KS_MM_NAMED
+
+const char *ks_matmul_kernel_name(ks_dtype t, bool rows2) {
+    const void *fn = rows2 ? (const void *)ks_mm_kernel2(t, ks_simd_current())
+                           : (const void *)ks_mm_kernel(t, ks_simd_current());
+    if (!fn) return NULL;
+    for (size_t i = 0; i < sizeof ks_mm_names / sizeof ks_mm_names[0]; i++)
+        if (ks_mm_names[i].fn == fn) return ks_mm_names[i].name;
+    return "?";
 }
 
 /* ----------------------------------------------------------------- driver -- */
@@ -435,6 +515,12 @@ static void ks_mm_quantize_one(const ks_mm_job *job, int64_t c) {
         return;
     }
 #endif
+#if KS_MM_HAVE_NEON
+    if (job->level >= KS_SIMD_NEON && job->xkind == KS_MM_XQ8) { /* the scalar layout and bytes */
+        ks_mm_quantize_q8_neon(x, dst, job->cols);
+        return;
+    }
+#endif
     if (job->xkind == KS_MM_XQ8) ks_mm_quantize_q8(x, dst, job->cols);
     else ks_quantize_row(KS_DTYPE_Q8_K, x, dst, job->cols);
 }
@@ -486,7 +572,10 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
      * traffic, which only matters once a tile's activations outgrow L1 (long
      * rows, n > 1); on short rows two interleaved row streams defeat the
      * prefetcher, so they are used only where they pay. */
-    const bool pair = job->kern2 && job->n > 1 && KS_MM_NC * job->xs > KS_MM_GROUP_L1;
+    /* smmla (i8mm) does two rows by two vectors per instruction: the
+     * two-row form pays there whenever there are two vectors. */
+    const bool pair = job->kern2 && job->n > 1 &&
+                      (job->level == KS_SIMD_NEON_I8MM || KS_MM_NC * job->xs > KS_MM_GROUP_L1);
 
     for (int64_t r0 = r_begin; r0 < r_end; r0 += chunk) {
         int64_t r1 = r0 + chunk < r_end ? r0 + chunk : r_end;

@@ -74,6 +74,12 @@ size_t ks_matmul_worker_scratch_bytes(const ks_weight *w);
  * without AVX-512 VNNI.  The denominator of "share of the integer peak". */
 double ks_int8_peak_macs(ks_pool *pool, double seconds);
 
+/* The function name of the kernel ks_matmul runs for weight type t at the
+ * current SIMD level (e.g. "ks_mm_q8_0_dot"): the one-row kernel, or with
+ * rows2 the two-row form the driver uses for batches (NULL where there is
+ * none).  For the dispatch test, which fails on a silent scalar fallback. */
+const char *ks_matmul_kernel_name(ks_dtype t, bool rows2);
+
 /* Dot product of one weight row of wtype with f32 x (no threads; scalar
  * reference used by tests and small ops). */
 float ks_dot_row_ref(ks_dtype wtype, const void *wrow, const float *x, int64_t cols);

@@ -50,7 +50,7 @@ static void ks_peak_worker(void *arg, int ith, int nth) {
 }
 
 double ks_int8_peak_macs(ks_pool *pool, double seconds) {
-    if (ks_simd_detect() < KS_SIMD_AVX512) return 0.0;
+    if (ks_simd_detect() != KS_SIMD_AVX512) return 0.0; /* a vpdpbusd loop: x86 only */
     ks_peak_job job = {.seconds = seconds > 0 ? seconds : 0.2};
     ks_pool_run(pool, ks_peak_worker, &job);
     int nth = pool ? ks_pool_size(pool) : 1;

@@ -1,0 +1,49 @@
+/*
+ * platform.h — the few facts about the machine that only the operating
+ * system can tell, behind one portable call each.
+ *
+ * x86 CPUs report their extensions through cpuid, which the compiler's
+ * __builtin_cpu_supports reads on any OS, so core/simd.c needs no help
+ * there.  ARM CPUs do not let user code read their ID registers portably:
+ * Linux hands the features to each process in the auxiliary vector
+ * (getauxval(AT_HWCAP/AT_HWCAP2)), macOS through sysctl
+ * (hw.optional.arm.FEAT_*).  platform.c is the one file that knows either
+ * interface, so nothing else in the engine is Linux- or macOS-specific.
+ * The same holds for the two memory and file calls POSIX leaves out:
+ * transparent huge pages (Linux's madvise(MADV_HUGEPAGE); advice only, so
+ * elsewhere nothing) and reserving a file's blocks up front
+ * (posix_fallocate, which macOS lacks: fcntl(F_PREALLOCATE) there).
+ */
+#ifndef KS_CORE_PLATFORM_H
+#define KS_CORE_PLATFORM_H
+
+#include <stddef.h>
+#include <sys/types.h> /* off_t */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ARM features the kernels dispatch on (bits of ks_platform_arm_features). */
+enum {
+    KS_ARM_ASIMD = 1u << 0,   /* Advanced SIMD (NEON): every AArch64 CPU */
+    KS_ARM_DOTPROD = 1u << 1, /* FEAT_DotProd: sdot/udot (Armv8.2, optional; Armv8.4 mandatory) */
+    KS_ARM_I8MM = 1u << 2,    /* FEAT_I8MM: smmla/ummla/usdot (Armv8.6) */
+};
+
+/* The KS_ARM_* features of this CPU as the OS reports them; 0 on other
+ * architectures, or where the OS does not say. */
+unsigned ks_platform_arm_features(void);
+
+/* Ask for transparent huge pages on [p, p + n) where the OS offers them
+ * (advice: ignored, and harmless, where it does not). */
+void ks_platform_advise_huge(void *p, size_t n);
+
+/* Reserve the first bytes of file fd on disk, so later writes cannot fail
+ * for space: 0, or an errno value. */
+int ks_platform_reserve_file(int fd, off_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

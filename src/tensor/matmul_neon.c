@@ -1,0 +1,380 @@
+/*
+ * matmul_neon.c — the AArch64 kernels of ks_matmul (NEON, dot product and
+ * int8 matrix multiply).  Not a translation unit of its own: matmul.c
+ * includes it twice (KS_MM_NEON_PASS), once per SIMD level family, like
+ * matmul_x86.c, so the kernels share matmul.c's partner layouts, its scalar
+ * helpers and its driver.  Compiled alone (the module's source glob picks it
+ * up) it is empty.
+ *
+ * Why it is shaped this way.
+ *   - One source, two instruction sets.  The integer dot of a 32-block is
+ *     written once with KS_NDOT(acc, a, b), "acc += the 16 products a*b,
+ *     summed into four int32 lanes": sdot (FEAT_DotProd) in the dot pass;
+ *     smull + sadalp (two widening multiplies and pairwise add-accumulates,
+ *     Armv8.0) in the plain pass.  Both give the block's exact integer sum
+ *     once the lanes are added, only the lanes' split differs.
+ *   - Every level gives the same bits.  The integer sums are exact, and
+ *     everything after them (the scale product, the f32 accumulation in
+ *     groups of four blocks, the horizontal sum, the scalar tail) is the same
+ *     code in every pass.  So plain NEON, sdot and smmla (the two-row i8mm
+ *     form below) agree bit for bit, a run on a Cortex-A53 reproduces one on
+ *     a Neoverse V1, and the choice between one-row and two-row kernels
+ *     (which depends on the batch) never changes a result.  Q4_K and Q6_K go
+ *     further: they keep the scalar kernel's very float expression per
+ *     block, so they equal the scalar reference exactly.
+ *   - The partner layouts are the scalar ones (matmul.c): int8 activations
+ *     then f32 scales for Q8_0 / Q4_0, ks_block_q8_k for the K-quants.  NEON
+ *     has no need of the AVX-512 lane orders, and one layout at every ARM
+ *     level keeps ks_matmul_quantize_x level-independent here.
+ *   - smmla (FEAT_I8MM) multiplies a 2x8 by an 8x2 int8 matrix: two weight
+ *     rows against two activation vectors, 32 MACs per instruction against
+ *     sdot's 16.  It is the two-row kernel form (ks_mm_kern2) that the
+ *     driver uses for batches (n > 1): prefill's GEMM.  Its four results per
+ *     block come out as [row0.x, row0.y, row1.x, row1.y]; four blocks of
+ *     them are transposed so each output again holds four consecutive blocks
+ *     in its lanes, the layout the shared f32 step expects.
+ */
+#ifndef KS_MM_NEON_PASS
+typedef int ks_matmul_neon_empty; /* ISO C forbids an empty translation unit */
+#else
+
+/* ------------------------------------------------ once: shared helpers -- */
+#ifndef KS_MM_NEON_COMMON
+#define KS_MM_NEON_COMMON 1
+
+#if defined(__clang__)
+#define KS_NEON_TGT_DOT __attribute__((target("dotprod")))
+#define KS_NEON_TGT_I8MM __attribute__((target("dotprod,i8mm")))
+#else
+#define KS_NEON_TGT_DOT __attribute__((target("arch=armv8.2-a+dotprod")))
+#define KS_NEON_TGT_I8MM __attribute__((target("arch=armv8.2-a+dotprod+i8mm"))) /* the arch arm_neon.h asks of vmmlaq */
+#endif
+#define KS_NEON_INLINE static inline __attribute__((always_inline))
+/* Unroll the fixed 2-, 4- and 8-trip loops over blocks and registers: left
+ * as loops, GCC keeps their arrays of vectors in memory (a store and a
+ * reload per element) instead of in registers. */
+#define KS_NEON_UNROLL _Pragma("GCC unroll 8")
+
+/* four f16 scales (the d fields of four blocks) as f32: fcvtl is exact */
+KS_NEON_INLINE float32x4_t ks_neon_f16x4(ks_f16 a, ks_f16 b, ks_f16 c, ks_f16 d) {
+    const uint16_t h[4] = {a, b, c, d};
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h)));
+}
+
+/* [sum a, sum b, sum c, sum d]: four blocks' lane partials to their sums */
+KS_NEON_INLINE int32x4_t ks_neon_hsum4(int32x4_t a, int32x4_t b, int32x4_t c, int32x4_t d) {
+    return vpaddq_s32(vpaddq_s32(a, b), vpaddq_s32(c, d));
+}
+
+/* One block's weights as two int8x16 (elements 0..15 and 16..31). */
+KS_NEON_INLINE void ks_neon_load_q8_0(const ks_block_q8_0 *b, int8x16_t *w0, int8x16_t *w1) {
+    *w0 = vld1q_s8(b->qs);
+    *w1 = vld1q_s8(b->qs + 16);
+}
+
+/* Q4_0: low nibbles are elements 0..15, high nibbles 16..31, offset 8 */
+KS_NEON_INLINE void ks_neon_load_q4_0(const ks_block_q4_0 *b, int8x16_t *w0, int8x16_t *w1) {
+    uint8x16_t v = vld1q_u8(b->qs);
+    *w0 = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F))), vdupq_n_s8(8));
+    *w1 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), vdupq_n_s8(8));
+}
+
+/* The f32 step every Q8_0/Q4_0 kernel shares: acc += isum4 * (dw4 * dx4),
+ * four consecutive blocks in the lanes (the same operations in the same
+ * order at every level, hence the same bits). */
+KS_NEON_INLINE float32x4_t ks_neon_q8_step(float32x4_t acc, int32x4_t isum, float32x4_t dw, float32x4_t dx) {
+    return vfmaq_f32(acc, vcvtq_f32_s32(isum), vmulq_f32(dw, dx));
+}
+
+/* The blocks past the last group of four, and the horizontal sum: one f32
+ * result, identical code at every level. */
+#define KS_NEON_Q8_FINISH(BT, DOTFN, wb, b0, nb, q, d, acc, out)                        \
+    do {                                                                                 \
+        float s_ = vaddvq_f32(acc);                                                      \
+        for (int64_t bb_ = (b0); bb_ < (nb); bb_++)                                      \
+            s_ += ks_f16_to_f32((wb)[bb_].d) * (d)[bb_] * (float)DOTFN(&(wb)[bb_], (q) + bb_ * 32); \
+        (out) = s_;                                                                      \
+    } while (0)
+
+/* 4x4 int32 transpose: r_i = [a_i, b_i, c_i, d_i] -> o = [a0..a3], [b0..b3], [c0..c3], [d0..d3] */
+KS_NEON_INLINE void ks_neon_transpose4(int32x4_t r0, int32x4_t r1, int32x4_t r2, int32x4_t r3, int32x4_t *o) {
+    int32x4_t t0 = vtrn1q_s32(r0, r1), t1 = vtrn2q_s32(r0, r1), t2 = vtrn1q_s32(r2, r3), t3 = vtrn2q_s32(r2, r3);
+    o[0] = vreinterpretq_s32_s64(vtrn1q_s64(vreinterpretq_s64_s32(t0), vreinterpretq_s64_s32(t2)));
+    o[1] = vreinterpretq_s32_s64(vtrn1q_s64(vreinterpretq_s64_s32(t1), vreinterpretq_s64_s32(t3)));
+    o[2] = vreinterpretq_s32_s64(vtrn2q_s64(vreinterpretq_s64_s32(t0), vreinterpretq_s64_s32(t2)));
+    o[3] = vreinterpretq_s32_s64(vtrn2q_s64(vreinterpretq_s64_s32(t1), vreinterpretq_s64_s32(t3)));
+}
+
+/* f32 / f16 / bf16 weights: eight columns at a time, the row converted once
+ * for all nc vectors; two accumulators per vector hide the FMA latency. */
+#define KS_NEON_FLOAT_KERNEL(NAME, WT, LOAD8, CONV1)                                                         \
+    static void NAME(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols, float *y,  \
+                     int64_t ys) {                                                                     \
+        const WT *wr = (const WT *)w;                                                                  \
+        float32x4_t acc[KS_MM_NC][2];                                                                  \
+        for (int c = 0; c < nc; c++) acc[c][0] = acc[c][1] = vdupq_n_f32(0.0f);                        \
+        int64_t i = 0;                                                                                 \
+        for (; i + 8 <= cols; i += 8) {                                                                \
+            float32x4_t w0, w1;                                                                        \
+            LOAD8(wr + i, w0, w1);                                                                     \
+            for (int c = 0; c < nc; c++) {                                                             \
+                const float *x = (const float *)(xq + c * xs) + i;                                     \
+                acc[c][0] = vfmaq_f32(acc[c][0], w0, vld1q_f32(x));                                   \
+                acc[c][1] = vfmaq_f32(acc[c][1], w1, vld1q_f32(x + 4));                                \
+            }                                                                                          \
+        }                                                                                              \
+        for (int c = 0; c < nc; c++) {                                                                 \
+            const float *x = (const float *)(xq + c * xs);                                             \
+            float s = vaddvq_f32(vaddq_f32(acc[c][0], acc[c][1]));                                     \
+            for (int64_t k = i; k < cols; k++) s += CONV1(wr[k]) * x[k];                               \
+            y[c * ys] = s;                                                                             \
+        }                                                                                              \
+    }
+#define KS_NEON_LOAD8_F32(p, a, b) ((a) = vld1q_f32(p), (b) = vld1q_f32((p) + 4))
+#define KS_NEON_LOAD8_F16(p, a, b)                                                                     \
+    do {                                                                                               \
+        uint16x8_t h_ = vld1q_u16(p);                                                                  \
+        (a) = vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h_)));                                    \
+        (b) = vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(h_)));                                   \
+    } while (0)
+#define KS_NEON_LOAD8_BF16(p, a, b)                                                                    \
+    do {                                                                                               \
+        uint16x8_t h_ = vld1q_u16(p);                                                                  \
+        (a) = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h_), 16));                                \
+        (b) = vreinterpretq_f32_u32(vshll_high_n_u16(h_, 16));                                         \
+    } while (0)
+KS_NEON_FLOAT_KERNEL(ks_mm_f32_neon, float, KS_NEON_LOAD8_F32, )
+KS_NEON_FLOAT_KERNEL(ks_mm_f16_neon, ks_f16, KS_NEON_LOAD8_F16, ks_f16_to_f32)
+KS_NEON_FLOAT_KERNEL(ks_mm_bf16_neon, ks_bf16, KS_NEON_LOAD8_BF16, ks_bf16_to_f32)
+
+/* The Q8 partner's quantization (matmul.c, ks_mm_quantize_q8) in NEON, to
+ * the same bytes: the same amax, d = amax / 127 and x * (1 / d), rounded to
+ * nearest even as lrintf does in the default mode (fcvtns), so every level
+ * reads one layout. */
+static void ks_mm_quantize_q8_neon(const float *x, uint8_t *dst, int64_t cols) {
+    int8_t *q = (int8_t *)dst;
+    float *ds = (float *)(dst + ks_mm_align64((size_t)cols));
+    for (int64_t b = 0; b < cols / KS_QK8_0; b++) {
+        const float *xb = x + b * KS_QK8_0;
+        float32x4_t v[8], m = vdupq_n_f32(0.0f);
+        KS_NEON_UNROLL for (int k = 0; k < 8; k++) {
+            v[k] = vld1q_f32(xb + 4 * k);
+            m = vmaxq_f32(m, vabsq_f32(v[k]));
+        }
+        float amax = vmaxvq_f32(m);
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        ds[b] = d;
+        int32x4_t r[8];
+        KS_NEON_UNROLL for (int k = 0; k < 8; k++) r[k] = vcvtnq_s32_f32(vmulq_n_f32(v[k], id));
+        KS_NEON_UNROLL for (int k = 0; k < 8; k += 2) {
+            int16x8_t h = vcombine_s16(vmovn_s32(r[k]), vmovn_s32(r[k + 1]));
+            vst1_s8(q + b * KS_QK8_0 + 4 * k, vmovn_s16(h));
+        }
+    }
+}
+#endif /* KS_MM_NEON_COMMON */
+
+/* ------------------------------------------- per pass: the dot kernels -- */
+
+/* KS_NDOT(acc, a, b): acc (int32x4) += the 16 int8 products of a and b */
+#if KS_MM_NEON_DOT
+#define KS_NDOT(acc, a, b) vdotq_s32((acc), (a), (b))
+#else
+#define KS_NDOT(acc, a, b) vpadalq_s16(vpadalq_s16((acc), vmull_s8(vget_low_s8(a), vget_low_s8(b))), vmull_high_s8((a), (b)))
+#endif
+
+/* Q8_0 / Q4_0 against the Q8 partner: groups of four blocks, the weight
+ * row's block loaded once for all nc vectors. */
+#define KS_NEON_Q8X_KERNEL(NAME, BT, LOADW, DOTFN)                                                    \
+    KS_MM_NTGT static void NAME(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols, \
+                                float *y, int64_t ys) {                                               \
+        const BT *wb = (const BT *)w;                                                                 \
+        const int64_t nb = cols / 32;                                                                 \
+        const size_t qoff = ks_mm_align64((size_t)cols);                                              \
+        float32x4_t acc[KS_MM_NC];                                                                    \
+        for (int c = 0; c < KS_MM_NC; c++) acc[c] = vdupq_n_f32(0.0f);                                \
+        int64_t b = 0;                                                                                \
+        for (; b + 4 <= nb; b += 4) {                                                                 \
+            int8x16_t wq[8];                                                                          \
+            KS_NEON_UNROLL for (int k = 0; k < 4; k++) LOADW(&wb[b + k], &wq[2 * k], &wq[2 * k + 1]);                \
+            const float32x4_t dw = ks_neon_f16x4(wb[b].d, wb[b + 1].d, wb[b + 2].d, wb[b + 3].d);     \
+            for (int c = 0; c < nc; c++) {                                                            \
+                const int8_t *q = (const int8_t *)(xq + c * xs) + b * 32;                             \
+                int32x4_t s[4];                                                                       \
+                KS_NEON_UNROLL for (int k = 0; k < 4; k++)                                                           \
+                    s[k] = KS_NDOT(KS_NDOT(vdupq_n_s32(0), wq[2 * k], vld1q_s8(q + 32 * k)),          \
+                                   wq[2 * k + 1], vld1q_s8(q + 32 * k + 16));                         \
+                const float *d = (const float *)(xq + c * xs + qoff);                                 \
+                acc[c] = ks_neon_q8_step(acc[c], ks_neon_hsum4(s[0], s[1], s[2], s[3]), dw,           \
+                                         vld1q_f32(d + b));                                           \
+            }                                                                                         \
+        }                                                                                             \
+        for (int c = 0; c < nc; c++) {                                                                \
+            const int8_t *q = (const int8_t *)(xq + c * xs);                                          \
+            const float *d = (const float *)(xq + c * xs + qoff);                                     \
+            KS_NEON_Q8_FINISH(BT, DOTFN, wb, b, nb, q, d, acc[c], y[c * ys]);                         \
+        }                                                                                             \
+    }
+KS_NEON_Q8X_KERNEL(KS_MM_NSFX(ks_mm_q8_0), ks_block_q8_0, ks_neon_load_q8_0, ks_mm_dot_q8_0)
+KS_NEON_Q8X_KERNEL(KS_MM_NSFX(ks_mm_q4_0), ks_block_q4_0, ks_neon_load_q4_0, ks_mm_dot_q4_0)
+#undef KS_NEON_Q8X_KERNEL
+
+/* Q4_K against Q8_K, b outer and the vectors inner, so each super-block is
+ * unpacked once per row.  Per 32-sub-block integer sums by KS_NDOT; the f32
+ * expression per super-block is the scalar kernel's, so the result is too. */
+KS_MM_NTGT static void KS_MM_NSFX(ks_mm_q4_k)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc,
+                                              int64_t cols, float *y, int64_t ys) {
+    const ks_block_q4_k *wb = (const ks_block_q4_k *)w;
+    const int64_t nb = cols / KS_QK_K;
+    float s[KS_MM_NC] = {0};
+    const uint8x16_t m4 = vdupq_n_u8(0x0F);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t sc[8], m[8];
+        ks_mm_q4k_scales(wb[b].scales, sc, m);
+        int8x16_t lo[8], hi[8]; /* sub-block 2p: lo[2p], lo[2p+1]; sub-block 2p+1: hi[...] */
+        KS_NEON_UNROLL for (int p = 0; p < 4; p++)
+            KS_NEON_UNROLL for (int h = 0; h < 2; h++) {
+                uint8x16_t v = vld1q_u8(wb[b].qs + 32 * p + 16 * h);
+                lo[2 * p + h] = vreinterpretq_s8_u8(vandq_u8(v, m4));
+                hi[2 * p + h] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+            }
+        const int32x4_t sc_lo = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vld1_u8(sc)))));
+        const int32x4_t sc_hi = vreinterpretq_s32_u32(vmovl_u16(vget_high_u16(vmovl_u8(vld1_u8(sc)))));
+        const int16x8_t mm = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(m)));
+        const float dw = ks_f16_to_f32(wb[b].d), dmin = ks_f16_to_f32(wb[b].dmin);
+        for (int c = 0; c < nc; c++) {
+            const ks_block_q8_k *a = (const ks_block_q8_k *)(xq + c * xs) + b;
+            int32x4_t j[8];
+            KS_NEON_UNROLL for (int p = 0; p < 4; p++) {
+                const int8_t *aq = a->qs + 64 * p;
+                j[2 * p] = KS_NDOT(KS_NDOT(vdupq_n_s32(0), lo[2 * p], vld1q_s8(aq)), lo[2 * p + 1], vld1q_s8(aq + 16));
+                j[2 * p + 1] =
+                    KS_NDOT(KS_NDOT(vdupq_n_s32(0), hi[2 * p], vld1q_s8(aq + 32)), hi[2 * p + 1], vld1q_s8(aq + 48));
+            }
+            int32x4_t t = vmulq_s32(ks_neon_hsum4(j[0], j[1], j[2], j[3]), sc_lo);
+            t = vmlaq_s32(t, ks_neon_hsum4(j[4], j[5], j[6], j[7]), sc_hi);
+            const int32_t sumi = vaddvq_s32(t);
+            /* bsums in pairs per 32-sub-block (each pair fits int16: 2 * 16 * 128) */
+            const int16x8_t bs = vpaddq_s16(vld1q_s16(a->bsums), vld1q_s16(a->bsums + 8));
+            const int32_t summ = vaddvq_s32(vmlal_high_s16(vmull_s16(vget_low_s16(bs), vget_low_s16(mm)), bs, mm));
+            s[c] += a->d * (dw * (float)sumi - dmin * (float)summ);
+        }
+    }
+    for (int c = 0; c < nc; c++) y[c * ys] = s[c];
+}
+
+/* Q6_K against Q8_K: the 6-bit values unpacked with NEON once per
+ * super-block into v (q6 - 32, element order), then per vector 16 integer
+ * dots of 16, weighted by the int8 sub-block scales in int32 (exact), and
+ * the scalar kernel's f32 expression per super-block. */
+KS_MM_NTGT static void KS_MM_NSFX(ks_mm_q6_k)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc,
+                                              int64_t cols, float *y, int64_t ys) {
+    const ks_block_q6_k *wb = (const ks_block_q6_k *)w;
+    const int64_t nb = cols / KS_QK_K;
+    float s[KS_MM_NC] = {0};
+    const uint8x16_t m4 = vdupq_n_u8(0x0F), m3 = vdupq_n_u8(3);
+    const int8x16_t off = vdupq_n_s8(32);
+    for (int64_t b = 0; b < nb; b++) {
+        int8x16_t v[16];
+        KS_NEON_UNROLL for (int h = 0; h < 2; h++)
+            KS_NEON_UNROLL for (int l = 0; l < 32; l += 16) {
+                const uint8_t *ql = wb[b].ql + 64 * h, *qh = wb[b].qh + 32 * h;
+                uint8x16_t q0 = vld1q_u8(ql + l), q1 = vld1q_u8(ql + 32 + l), hb = vld1q_u8(qh + l);
+                int8x16_t *vh = v + 8 * h + l / 16; /* element 128h + l + 32k is v[8h + l/16 + 2k] */
+                vh[0] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(q0, m4), vshlq_n_u8(vandq_u8(hb, m3), 4))), off);
+                vh[2] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(q1, m4),
+                                                              vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 2), m3), 4))), off);
+                vh[4] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(q0, 4),
+                                                              vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 4), m3), 4))), off);
+                vh[6] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(q1, 4), vshlq_n_u8(vshrq_n_u8(hb, 6), 4))), off);
+            }
+        const int8x16_t sc8 = vld1q_s8(wb[b].scales);
+        const int16x8_t sc_a = vmovl_s8(vget_low_s8(sc8)), sc_b = vmovl_high_s8(sc8);
+        const int32x4_t sc4[4] = {vmovl_s16(vget_low_s16(sc_a)), vmovl_high_s16(sc_a), vmovl_s16(vget_low_s16(sc_b)),
+                                  vmovl_high_s16(sc_b)};
+        const float d = ks_f16_to_f32(wb[b].d);
+        for (int c = 0; c < nc; c++) {
+            const ks_block_q8_k *a = (const ks_block_q8_k *)(xq + c * xs) + b;
+            int32x4_t t = vdupq_n_s32(0);
+            KS_NEON_UNROLL for (int g = 0; g < 4; g++) {
+                int32x4_t p[4];
+                KS_NEON_UNROLL for (int k = 0; k < 4; k++) p[k] = KS_NDOT(vdupq_n_s32(0), v[4 * g + k], vld1q_s8(a->qs + 64 * g + 16 * k));
+                t = vmlaq_s32(t, ks_neon_hsum4(p[0], p[1], p[2], p[3]), sc4[g]);
+            }
+            const int32_t sumi = vaddvq_s32(t);
+            s[c] += d * a->d * (float)sumi;
+        }
+    }
+    for (int c = 0; c < nc; c++) y[c * ys] = s[c];
+}
+
+/* -------------------------------- dot pass only: the i8mm two-row form -- */
+#if KS_MM_NEON_DOT
+/* Two weight rows (w, w + wrow) against nc vectors, taken in pairs (an odd
+ * last vector is paired with itself and its twin result dropped).  Per block
+ * and pair: four smmla over the 8-byte quarters give [r0.x, r0.y, r1.x,
+ * r1.y]; after four blocks, ks_neon_transpose4 puts each output's four
+ * blocks in its lanes for the shared f32 step. */
+#define KS_NEON_Q8X2_I8MM(NAME, BT, LOADW, DOTFN)                                                     \
+    KS_NEON_TGT_I8MM static void NAME(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs,    \
+                                      int nc, int64_t cols, float *y, int64_t ys) {                   \
+        const BT *w0b = (const BT *)w, *w1b = (const BT *)(w + wrow);                                 \
+        const int64_t nb = cols / 32;                                                                 \
+        const size_t qoff = ks_mm_align64((size_t)cols);                                              \
+        float32x4_t acc[2][KS_MM_NC];                                                                 \
+        for (int c = 0; c < KS_MM_NC; c++) acc[0][c] = acc[1][c] = vdupq_n_f32(0.0f);                 \
+        int64_t b = 0;                                                                                \
+        for (; b + 4 <= nb; b += 4) {                                                                 \
+            int8x16_t a[4][4]; /* [block][quarter]: rows 0 and 1 side by side */                     \
+            KS_NEON_UNROLL for (int k = 0; k < 4; k++) {                                                             \
+                int8x16_t r0a, r0b, r1a, r1b;                                                         \
+                LOADW(&w0b[b + k], &r0a, &r0b);                                                       \
+                LOADW(&w1b[b + k], &r1a, &r1b);                                                       \
+                a[k][0] = vreinterpretq_s8_s64(vzip1q_s64(vreinterpretq_s64_s8(r0a), vreinterpretq_s64_s8(r1a))); \
+                a[k][1] = vreinterpretq_s8_s64(vzip2q_s64(vreinterpretq_s64_s8(r0a), vreinterpretq_s64_s8(r1a))); \
+                a[k][2] = vreinterpretq_s8_s64(vzip1q_s64(vreinterpretq_s64_s8(r0b), vreinterpretq_s64_s8(r1b))); \
+                a[k][3] = vreinterpretq_s8_s64(vzip2q_s64(vreinterpretq_s64_s8(r0b), vreinterpretq_s64_s8(r1b))); \
+            }                                                                                         \
+            const float32x4_t dw0 = ks_neon_f16x4(w0b[b].d, w0b[b + 1].d, w0b[b + 2].d, w0b[b + 3].d); \
+            const float32x4_t dw1 = ks_neon_f16x4(w1b[b].d, w1b[b + 1].d, w1b[b + 2].d, w1b[b + 3].d); \
+            for (int c = 0; c < nc; c += 2) {                                                         \
+                const int c1 = c + 1 < nc ? c + 1 : c;                                                \
+                const int8_t *qx = (const int8_t *)(xq + c * xs) + b * 32;                            \
+                const int8_t *qy = (const int8_t *)(xq + c1 * xs) + b * 32;                           \
+                int32x4_t r[4];                                                                       \
+                KS_NEON_UNROLL for (int k = 0; k < 4; k++) {                                                         \
+                    int64x2_t x0 = vreinterpretq_s64_s8(vld1q_s8(qx + 32 * k));                       \
+                    int64x2_t x1 = vreinterpretq_s64_s8(vld1q_s8(qx + 32 * k + 16));                  \
+                    int64x2_t y0 = vreinterpretq_s64_s8(vld1q_s8(qy + 32 * k));                       \
+                    int64x2_t y1 = vreinterpretq_s64_s8(vld1q_s8(qy + 32 * k + 16));                  \
+                    int32x4_t t = vmmlaq_s32(vdupq_n_s32(0), a[k][0], vreinterpretq_s8_s64(vzip1q_s64(x0, y0))); \
+                    t = vmmlaq_s32(t, a[k][1], vreinterpretq_s8_s64(vzip2q_s64(x0, y0)));             \
+                    t = vmmlaq_s32(t, a[k][2], vreinterpretq_s8_s64(vzip1q_s64(x1, y1)));             \
+                    r[k] = vmmlaq_s32(t, a[k][3], vreinterpretq_s8_s64(vzip2q_s64(x1, y1)));          \
+                }                                                                                     \
+                int32x4_t o[4]; /* r0.x, r0.y, r1.x, r1.y over the four blocks */                     \
+                ks_neon_transpose4(r[0], r[1], r[2], r[3], o);                                        \
+                const float32x4_t dx = vld1q_f32((const float *)(xq + c * xs + qoff) + b);            \
+                const float32x4_t dy = vld1q_f32((const float *)(xq + c1 * xs + qoff) + b);           \
+                acc[0][c] = ks_neon_q8_step(acc[0][c], o[0], dw0, dx);                                \
+                acc[1][c] = ks_neon_q8_step(acc[1][c], o[2], dw1, dx);                                \
+                if (c1 != c) {                                                                        \
+                    acc[0][c1] = ks_neon_q8_step(acc[0][c1], o[1], dw0, dy);                          \
+                    acc[1][c1] = ks_neon_q8_step(acc[1][c1], o[3], dw1, dy);                          \
+                }                                                                                     \
+            }                                                                                         \
+        }                                                                                             \
+        for (int c = 0; c < nc; c++) {                                                                \
+            const int8_t *q = (const int8_t *)(xq + c * xs);                                          \
+            const float *d = (const float *)(xq + c * xs + qoff);                                     \
+            KS_NEON_Q8_FINISH(BT, DOTFN, w0b, b, nb, q, d, acc[0][c], y[c * ys]);                     \
+            KS_NEON_Q8_FINISH(BT, DOTFN, w1b, b, nb, q, d, acc[1][c], y[c * ys + 1]);                 \
+        }                                                                                             \
+    }
+KS_NEON_Q8X2_I8MM(ks_mm_q8_0x2_i8mm, ks_block_q8_0, ks_neon_load_q8_0, ks_mm_dot_q8_0)
+KS_NEON_Q8X2_I8MM(ks_mm_q4_0x2_i8mm, ks_block_q4_0, ks_neon_load_q4_0, ks_mm_dot_q4_0)
+#undef KS_NEON_Q8X2_I8MM
+#endif /* KS_MM_NEON_DOT */
+
+#undef KS_NDOT
+#endif /* KS_MM_NEON_PASS */

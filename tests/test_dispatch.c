@@ -1,0 +1,111 @@
+/*
+ * test_dispatch.c — which kernel each hot path runs, asserted by name, so
+ * that a kernel silently falling back to its scalar reference (a missed
+ * feature bit, a dispatch that forgot a level, a build that compiled the
+ * SIMD code out) fails a test instead of only running slower.
+ *
+ * The expected names follow from the CPU's level alone (ks_simd_detect()).
+ * The level itself is checked against KS_EXPECT_SIMD when the environment
+ * sets it: `make test-arm` runs the suite under QEMU with -cpu max
+ * (expects "i8mm") and with a Cortex-A53 (expects "neon"), so feature
+ * detection (core/platform.c) is under test too.  Every level up to the
+ * CPU's is forced in turn and its kernels checked, on x86 and on ARM alike.
+ */
+#include "testutil.h"
+
+#include "core/simd.h"
+#include "infer/attn.h"
+#include "tensor/matmul.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct {
+    ks_dtype t;
+    const char *stem; /* the kernels' name stem: ks_mm_<stem>_<level> */
+} k_types[] = {{KS_DTYPE_F32, "f32"},   {KS_DTYPE_F16, "f16"},   {KS_DTYPE_BF16, "bf16"}, {KS_DTYPE_Q8_0, "q8_0"},
+               {KS_DTYPE_Q4_0, "q4_0"}, {KS_DTYPE_Q4_K, "q4_k"}, {KS_DTYPE_Q6_K, "q6_k"}};
+
+/* The one-row kernel expected for type index ti at level lv. */
+static void expected_kernel(size_t ti, ks_simd_level lv, char *buf, size_t n) {
+    const char *stem = k_types[ti].stem;
+    bool quant = ti >= 3, kquant = ti >= 5;
+    switch (lv) {
+    case KS_SIMD_AVX512: /* grouped partner (Q8_0, Q4_0), zmm K-quants */
+        snprintf(buf, n, "ks_mm_%s%s_avx512", stem, !quant ? "" : kquant ? "z" : "x");
+        break;
+    case KS_SIMD_AVX2: snprintf(buf, n, "ks_mm_%s_avx2", stem); break;
+    case KS_SIMD_NEON: snprintf(buf, n, "ks_mm_%s_neon", stem); break;
+    case KS_SIMD_NEON_DOT:
+    case KS_SIMD_NEON_I8MM: snprintf(buf, n, "ks_mm_%s_%s", stem, quant ? "dot" : "neon"); break;
+    default: snprintf(buf, n, "ks_mm_%s_scalar", stem); break;
+    }
+}
+
+/* The level the test harness says this CPU has, if it says. */
+static void test_detected_level(void **state) {
+    (void)state;
+    ks_simd_level hw = ks_simd_detect();
+    const char *want = getenv("KS_EXPECT_SIMD");
+    fprintf(stderr, "dispatch: detected level %s%s%s\n", ks_simd_name(hw), want ? ", expected " : "",
+            want ? want : "");
+    if (want && !getenv("KS_SIMD")) assert_string_equal(ks_simd_name(hw), want);
+#if defined(__aarch64__)
+    assert_true(hw >= KS_SIMD_NEON || getenv("KS_SIMD")); /* every AArch64 CPU has NEON */
+#endif
+}
+
+static void test_matmul_kernels(void **state) {
+    (void)state;
+    ks_simd_level hw = ks_simd_detect(), saved = ks_simd_force(hw);
+    for (int lv = KS_SIMD_SCALAR; lv <= (int)KS_SIMD_LEVEL_MAX; lv++) {
+        if (lv != KS_SIMD_SCALAR && (lv > (int)hw || (lv >= KS_SIMD_NEON) != (hw >= KS_SIMD_NEON))) continue;
+        ks_simd_force((ks_simd_level)lv);
+        assert_int_equal(ks_simd_current(), lv);
+        for (size_t ti = 0; ti < sizeof k_types / sizeof k_types[0]; ti++) {
+            char want[64];
+            expected_kernel(ti, (ks_simd_level)lv, want, sizeof want);
+            const char *got = ks_matmul_kernel_name(k_types[ti].t, false);
+            if (!got || strcmp(got, want)) fail_msg("%s at %s: %s, expected %s", k_types[ti].stem,
+                                                    ks_simd_name((ks_simd_level)lv), got ? got : "none", want);
+            /* the two-row form: AVX-512 and i8mm have one for Q8_0 and Q4_0 */
+            const char *got2 = ks_matmul_kernel_name(k_types[ti].t, true);
+            bool has2 = (lv == KS_SIMD_AVX512 || lv == KS_SIMD_NEON_I8MM) &&
+                        (k_types[ti].t == KS_DTYPE_Q8_0 || k_types[ti].t == KS_DTYPE_Q4_0);
+            if (has2) {
+                snprintf(want, sizeof want, "ks_mm_%sx2_%s", k_types[ti].stem, lv == KS_SIMD_AVX512 ? "avx512" : "i8mm");
+                if (!got2 || strcmp(got2, want)) fail_msg("%s two-row at %s: %s, expected %s", k_types[ti].stem,
+                                                          ks_simd_name((ks_simd_level)lv), got2 ? got2 : "none", want);
+            } else if (got2) {
+                fail_msg("%s at %s: unexpected two-row kernel %s", k_types[ti].stem, ks_simd_name((ks_simd_level)lv), got2);
+            }
+        }
+    }
+    ks_simd_force(saved);
+}
+
+static void test_attention_kernels(void **state) {
+    (void)state;
+    ks_simd_level hw = ks_simd_detect(), saved = ks_simd_force(hw);
+    const char *simd = hw == KS_SIMD_AVX512 ? "avx512"
+                       : hw == KS_SIMD_AVX2 ? "avx2"
+                       : hw >= KS_SIMD_NEON ? "neon"
+                                            : "reference";
+    for (int kt = KS_KV_F16; kt <= KS_KV_Q8; kt++) {
+        assert_string_equal(ks_attention_kernel_name((ks_kv_type)kt, 64, 4), simd);
+        assert_string_equal(ks_attention_kernel_name((ks_kv_type)kt, 128, 8), simd);
+    }
+    ks_simd_force(KS_SIMD_SCALAR);
+    assert_string_equal(ks_attention_kernel_name(KS_KV_F16, 64, 4), "reference");
+    ks_simd_force(saved);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_detected_level),
+        cmocka_unit_test(test_matmul_kernels),
+        cmocka_unit_test(test_attention_kernels),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
