@@ -663,9 +663,8 @@ static void test_corrupt_files(void **state) {
  * replicas, and a restart, hit the whole prefix. */
 static void block_path(ks_prefix_cache *pc, const ks_context *c, const int32_t *tok, int32_t blk, char *out,
                        size_t cap, const char *dir) {
-    ks_pc_key model = ks_pc_model_key(pc);
     ks_pc_format f = {(uint32_t)c->kv_type, PAGE, 3, (uint32_t)g_model->hp.n_head_kv, (uint32_t)g_model->hp.head_dim};
-    ks_pc_key k = ks_pc_root(&model, &f);
+    ks_pc_key k = ks_pc_context_root(pc, c, &f);
     for (int32_t b = 0; b <= blk; b++) k = ks_pc_chain(&k, tok + (size_t)b * PAGE, PAGE);
     snprintf(out, cap, "%s/%016llx%016llx.kvb", dir, (unsigned long long)k.a, (unsigned long long)k.b);
 }
