@@ -42,3 +42,8 @@ add_test(NAME install_pkgconfig
          COMMAND bash ${CMAKE_SOURCE_DIR}/tests/install/install.sh ${CMAKE_BINARY_DIR} ${KS_FIXTURES_DIR}
                  ${CMAKE_BINARY_DIR}/install_pkgconfig ${CMAKE_C_COMPILER})
 set_tests_properties(install_pkgconfig PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77)
+# A sanitized build installs instrumented libraries: whoever links them needs
+# the sanitizer runtimes too, as any consumer of such a tree would.
+if(KVSIEVE_SANITIZE)
+  set_tests_properties(install_pkgconfig PROPERTIES ENVIRONMENT "KS_CONSUMER_LDFLAGS=-fsanitize=address,undefined")
+endif()

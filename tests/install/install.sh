@@ -22,7 +22,7 @@ PC=$(find "$P" -name kvsieve.pc | head -1)
 export PKG_CONFIG_PATH=$(dirname "$PC")
 FLAGS=$(pkg-config --cflags --libs kvsieve) || { echo "FAIL: pkg-config kvsieve"; exit 1; }
 echo "pkg-config: $FLAGS"
-"$CC" -std=c11 -o "$TMP/hello" "$DIR/hello.c" $FLAGS > "$TMP/cc.log" 2>&1 ||
+"$CC" -std=c11 -o "$TMP/hello" "$DIR/hello.c" $FLAGS ${KS_CONSUMER_LDFLAGS:-} > "$TMP/cc.log" 2>&1 ||
   { echo "FAIL: building against the installed tree: $(head -20 "$TMP/cc.log")"; exit 1; }
 "$TMP/hello" "$FIX/models/aidreams260K.gguf" || { echo "FAIL: hello"; fail=1; }
 "$P/bin/kvsieve" info -m "$FIX/models/aidreams260K.gguf" > /dev/null 2>&1 || { echo "FAIL: the installed kvsieve"; fail=1; }
