@@ -40,7 +40,7 @@ const char *ks_arch_names(void) {
     return names;
 }
 
-ks_status ks_arch_bind_llama_layer(ks_model *m, int il, ks_layer *L, bool need_qk_norm) {
+ks_status ks_arch_bind_attention(ks_model *m, int il, ks_layer *L, bool need_qk_norm) {
     const ks_hparams *hp = &m->hp;
     int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
     char nm[96];
@@ -51,6 +51,15 @@ ks_status ks_arch_bind_llama_layer(ks_model *m, int il, ks_layer *L, bool need_q
     KS_TRY(ks_model_bind_vec(m, NAME("attn_q_norm.weight"), hp->head_dim, need_qk_norm, &L->q_norm));
     KS_TRY(ks_model_bind_vec(m, NAME("attn_k_norm.weight"), hp->head_dim, need_qk_norm, &L->k_norm));
     KS_TRY(ks_model_bind_vec(m, NAME("ffn_norm.weight"), hp->n_embd, true, &L->ffn_norm));
+#undef NAME
+    return KS_OK;
+}
+
+ks_status ks_arch_bind_llama_layer(ks_model *m, int il, ks_layer *L, bool need_qk_norm) {
+    const ks_hparams *hp = &m->hp;
+    char nm[96];
+#define NAME(suffix) (snprintf(nm, sizeof nm, "blk.%d." suffix, il), nm)
+    KS_TRY(ks_arch_bind_attention(m, il, L, need_qk_norm));
     KS_TRY(ks_model_bind_weight(m, NAME("ffn_gate.weight"), hp->n_ff, hp->n_embd, &L->w_gate));
     KS_TRY(ks_model_bind_weight(m, NAME("ffn_up.weight"), hp->n_ff, hp->n_embd, &L->w_up));
     KS_TRY(ks_model_bind_weight(m, NAME("ffn_down.weight"), hp->n_embd, hp->n_ff, &L->w_down));

@@ -60,6 +60,9 @@ ks_status ks_model_bind_vec(ks_model *m, const char *name, int64_t n, bool requi
 /* The llama tensor set of layer il (attn_norm, attn_q/k/v/output with
  * optional biases and q/k norms, ffn_norm, ffn_gate/up/down). */
 ks_status ks_arch_bind_llama_layer(ks_model *m, int il, ks_layer *L, bool need_qk_norm);
+/* Its attention half and ffn_norm (attn_norm, Q/K/V fused or not, attn_output,
+ * optional q/k norms, ffn_norm), for architectures whose FFN differs. */
+ks_status ks_arch_bind_attention(ks_model *m, int il, ks_layer *L, bool need_qk_norm);
 /* Q, K, V of layer il (wq/wk/wv and optional biases): separate attn_q/k/v
  * tensors, or one fused attn_qkv.weight (+ attn_qkv.bias) [q_dim + 2 kv_dim]
  * bound as three row views, as llama.cpp accepts either for any

@@ -24,18 +24,13 @@
 
 static ks_status phi3_bind_layer(ks_model *m, int il, ks_layer *L) {
     const ks_hparams *hp = &m->hp;
-    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
     char nm[96];
-#define NAME(suffix) (snprintf(nm, sizeof nm, "blk.%d." suffix, il), nm)
-    KS_TRY(ks_model_bind_vec(m, NAME("attn_norm.weight"), hp->n_embd, true, &L->attn_norm));
-    KS_TRY(ks_arch_bind_qkv(m, il, L));
-    KS_TRY(ks_model_bind_weight(m, NAME("attn_output.weight"), hp->n_embd, q_dim, &L->wo));
-    KS_TRY(ks_model_bind_vec(m, NAME("ffn_norm.weight"), hp->n_embd, true, &L->ffn_norm));
-    KS_TRY(ks_model_bind_rows(m, NAME("ffn_up.weight"), 2 * (int64_t)hp->n_ff, 0, hp->n_ff, hp->n_embd, &L->w_gate));
+    KS_TRY(ks_arch_bind_attention(m, il, L, false));
+    snprintf(nm, sizeof nm, "blk.%d.ffn_up.weight", il); /* [gate; up] */
+    KS_TRY(ks_model_bind_rows(m, nm, 2 * (int64_t)hp->n_ff, 0, hp->n_ff, hp->n_embd, &L->w_gate));
     KS_TRY(ks_model_bind_rows(m, nm, 2 * (int64_t)hp->n_ff, hp->n_ff, hp->n_ff, hp->n_embd, &L->w_up));
-    KS_TRY(ks_model_bind_weight(m, NAME("ffn_down.weight"), hp->n_embd, hp->n_ff, &L->w_down));
-#undef NAME
-    return KS_OK;
+    snprintf(nm, sizeof nm, "blk.%d.ffn_down.weight", il);
+    return ks_model_bind_weight(m, nm, hp->n_embd, hp->n_ff, &L->w_down);
 }
 
 const ks_arch_desc ks_arch_phi3 = {

@@ -72,18 +72,10 @@ static ks_status bind_experts(ks_model *m, const char *name, int64_t rows, int64
 static ks_status qwen3moe_bind_layer(ks_model *m, int il, ks_layer *L) {
     const ks_hparams *hp = &m->hp;
     const int64_t E = hp->n_embd, F = hp->n_ff_exp;
-    const int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     char nm[96];
 #define NAME(suffix) (snprintf(nm, sizeof nm, "blk.%d." suffix, il), nm)
-    /* qwen3's attention tensors; ks_arch_bind_llama_layer would also demand a dense FFN */
-    KS_TRY(ks_model_bind_vec(m, NAME("attn_norm.weight"), E, true, &L->attn_norm));
-    KS_TRY(ks_model_bind_weight(m, NAME("attn_q.weight"), q_dim, E, &L->wq));
-    KS_TRY(ks_model_bind_weight(m, NAME("attn_k.weight"), kv_dim, E, &L->wk));
-    KS_TRY(ks_model_bind_weight(m, NAME("attn_v.weight"), kv_dim, E, &L->wv));
-    KS_TRY(ks_model_bind_weight(m, NAME("attn_output.weight"), E, q_dim, &L->wo));
-    KS_TRY(ks_model_bind_vec(m, NAME("attn_q_norm.weight"), hp->head_dim, true, &L->q_norm));
-    KS_TRY(ks_model_bind_vec(m, NAME("attn_k_norm.weight"), hp->head_dim, true, &L->k_norm));
-    KS_TRY(ks_model_bind_vec(m, NAME("ffn_norm.weight"), E, true, &L->ffn_norm));
+    /* qwen3's attention tensors (q/k norms required); the FFN is the experts below */
+    KS_TRY(ks_arch_bind_attention(m, il, L, true));
     /* the struct and its three view arrays in one block: model destroy frees L->moe alone */
     const size_t n_expert = (size_t)hp->n_expert;
     ks_moe_layer *moe = ks_calloc(1, sizeof *moe + 3 * n_expert * sizeof(ks_weight));
