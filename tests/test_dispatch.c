@@ -14,7 +14,7 @@
 #include "testutil.h"
 
 #include "core/simd.h"
-#include "infer/attn.h"
+#include "attn/attn.h"
 #include "tensor/matmul.h"
 
 #include <stdio.h>

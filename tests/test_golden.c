@@ -24,7 +24,7 @@
 
 #include "kvsieve.h"
 #include "core/simd.h"
-#include "infer/attn.h"
+#include "attn/attn.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -66,7 +66,7 @@ static const tolerance g_tol[] = {
 };
 
 /* Where the prefill's attention runs in bf16 (AVX-512 BF16 hosts, KS_ATTN
- * unset: infer/attn_block_bf16.c rounds Q, K, the probabilities and V to
+ * unset: attn/attn_block_bf16.c rounds Q, K, the probabilities and V to
  * bf16, 2^-9 relative each, and sums the products in f32), the float weight
  * types' logits move by far more than their f16 KV alone moved them: first
  * run nerr 3.5e-3..4.8e-3, max abs 0.030..0.047 over the float goldens, top-1

@@ -246,7 +246,7 @@ static ks_status create_kv(ks_context *c, int32_t budget) {
     kp.type = p->kv_type;
     kp.offload_dir = p->kv_offload_dir;
     kp.slot_entries = ks_infer_buffer_entries(p, budget);
-    /* headroom for a prefix cache's pinned pages (infer/prefix_cache.c): one
+    /* headroom for a prefix cache's pinned pages (prefix/prefix_cache.c): one
      * sequence's full context; reserved address space, touched only when used */
     kp.pin_pages = hp->n_head_kv * ((p->n_ctx + p->page - 1) / p->page);
     KS_TRY(ks_kv_create(&kp, &c->kv));

@@ -30,7 +30,8 @@
  * rather than copied (prefix_cache.c, "Shared pages").
  */
 #define _GNU_SOURCE
-#include "infer/prefix_cache.h"
+#include "infer/internal.h"
+#include "prefix/prefix_cache.h"
 
 #include <errno.h>
 #include <fcntl.h>

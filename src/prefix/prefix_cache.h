@@ -14,11 +14,11 @@
  *                     after a prefill, save a prompt's blocks to one file
  * Every function named *_locked is called with the cache's mutex held.
  */
-#ifndef KS_INFER_PREFIX_CACHE_H
-#define KS_INFER_PREFIX_CACHE_H
+#ifndef KS_PREFIX_PREFIX_CACHE_H
+#define KS_PREFIX_PREFIX_CACHE_H
 
-#include "infer/internal.h"
-#include "infer/prefix.h"
+#include "kv/kv.h"
+#include "prefix/prefix.h"
 
 #include <pthread.h>
 

@@ -43,8 +43,9 @@
  * table while listed, by restores in progress and by the writer; a RAM miss
  * falls through to the directory (prefix_files.c).
  */
-#include "infer/prefix_cache.h"
+#include "prefix/prefix_cache.h"
 #include "gguf/gguf.h"
+#include "model/model.h"
 
 #include <errno.h>
 #include <string.h>
