@@ -488,8 +488,6 @@ static void counters_add(ks_policy_counters *a, const ks_policy *pol) {
     }
 }
 
-ks_policy *ks_infer_policy_of(const ks_context *c, int32_t seq) { return c->pols[c->seq_pol[seq]].pol; }
-const ks_infer_pol *ks_infer_pol_of(const ks_context *c, int32_t seq) { return &c->pols[c->seq_pol[seq]]; }
 bool ks_infer_seq_sparse(const ks_context *c, int32_t seq, int32_t il) {
     const ks_infer_pol *e = &c->pols[c->seq_pol[seq]];
     return e->selects && il >= e->dense_from && c->model->layers[il].window == 0;

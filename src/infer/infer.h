@@ -143,6 +143,14 @@ struct ks_context {
     struct ks_moe_buf *moe;  /* the MoE FFN's buffers (infer/moe.h), or NULL for a dense model */
 };
 
+/* The policy instance serving sequence seq (the context's default unless
+ * ks_seq_set_policy gave it another), and its entry.  Inline beside the
+ * fields they read, so that a file which only asks which policy serves a
+ * sequence (segments.c asks at every selection) does not depend on
+ * context.c, which depends on it. */
+static inline ks_policy *ks_infer_policy_of(const ks_context *c, int32_t seq) { return c->pols[c->seq_pol[seq]].pol; }
+static inline const ks_infer_pol *ks_infer_pol_of(const ks_context *c, int32_t seq) { return &c->pols[c->seq_pol[seq]]; }
+
 const ks_model *ks_context_model(const ks_context *c);
 /* Attention recall probe (eval only; costs a dense attention pass per
  * sparse head): at every decode step, for each (layer, KV head) the share of

@@ -377,15 +377,6 @@ ks_status ks_prefix_capture_state(ks_context *c, ks_prefix_cache *pc, int32_t se
     return KS_OK;
 }
 
-ks_status ks_prefill_cached(ks_context *c, ks_prefix_cache *pc, int32_t seq, const int32_t *prompt, int32_t n,
-                            float *logits, int32_t *n_cached) {
-    int32_t hit = 0;
-    KS_TRY(ks_prefix_restore(c, pc, seq, prompt, n, &hit));
-    KS_TRY(ks_prefill_rest(c, pc, seq, prompt, n, n, logits));
-    if (n_cached) *n_cached = hit;
-    return KS_OK;
-}
-
 /* ------------------------------------------------ one-file caches -- */
 ks_status ks_prefix_cache_save_file(ks_prefix_cache *pc, const ks_context *c, const int32_t *prompt, int32_t n,
                                     const char *path, int32_t *n_blocks) {
