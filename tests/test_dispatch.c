@@ -15,7 +15,7 @@
 
 #include "core/simd.h"
 #include "attn/attn.h"
-#include "tensor/matmul.h"
+#include "matmul/matmul.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -25,7 +25,7 @@
 #include "core/core.h"
 #include "tensor/dtype.h"
 #include "core/simd.h"
-#include "tensor/matmul.h"
+#include "matmul/matmul.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -21,7 +21,7 @@
 #include "infer/infer.h"
 #include "infer/moe.h"
 #include "model/shapes.h"
-#include "tensor/matmul.h"
+#include "matmul/matmul.h"
 #include "testutil.h"
 
 #include <math.h>

@@ -20,7 +20,7 @@
 #include "select/spec_proj.h"
 #include "select/spec_score.h"
 #include "tensor/dtype.h"
-#include "tensor/matmul.h"
+#include "matmul/matmul.h"
 #include "testutil.h"
 
 #include <math.h>

@@ -15,7 +15,7 @@
 #include "kv/memplan.h"
 #include "model/model.h"
 #include "select/registry.h"
-#include "tensor/matmul.h"
+#include "matmul/matmul.h"
 #include "tensor/ops.h"
 
 #include <stdatomic.h>

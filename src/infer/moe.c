@@ -27,7 +27,7 @@
  */
 #include "infer/moe.h"
 
-#include "tensor/matmul.h"
+#include "matmul/matmul.h"
 
 #include <math.h>
 #include <string.h>

@@ -15,7 +15,7 @@
 #include "model/arch.h"
 
 #include "core/file.h"
-#include "tensor/matmul.h"
+#include "matmul/matmul.h"
 
 #include <math.h>
 #include <string.h>

@@ -32,7 +32,7 @@
 #include "select/spec_score.h"
 
 #include "core/simd.h"
-#include "tensor/matmul.h"
+#include "matmul/matmul.h"
 #include "tensor/ops.h"
 
 #include <math.h>

@@ -127,7 +127,7 @@ static inline ks_dtype ks_kv_dtype(ks_kv_type t) { return t == KS_KV_F16 ? KS_DT
 static inline size_t ks_kv_row_bytes(ks_kv_type t, int hd) { return ks_dtype_row_bytes(ks_kv_dtype(t), hd); }
 
 /* How a weight's bytes are laid out: rows as in the file, or repacked once
- * at load into the prefill GEMM's panels (ks_matmul_pack, tensor/matmul.h;
+ * at load into the prefill GEMM's panels (ks_matmul_pack, matmul/matmul.h;
  * same size, so it is done in place). */
 typedef enum ks_weight_layout {
     KS_WEIGHT_ROWS = 0,

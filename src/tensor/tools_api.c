@@ -5,6 +5,5 @@
  */
 #include "kvsieve_tools.h"
 #include "tensor/dtype.h"
-#include "tensor/matmul.h"
 
 size_t ks_kv_type_row_bytes(ks_kv_type type, int32_t head_dim) { return ks_kv_row_bytes(type, head_dim); }

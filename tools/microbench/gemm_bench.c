@@ -27,7 +27,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "core/core.h"
 #include "tensor/dtype.h"
-#include "tensor/matmul.h"
+#include "matmul/matmul.h"
 
 #include <stdio.h>
 #include <stdlib.h>

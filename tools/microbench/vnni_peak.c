@@ -53,7 +53,7 @@ static double thread_cpu(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-#include "tensor/peak_loop.h" /* KS_PEAK_* and ks_peak_dpbusd: the engine's own probe loop */
+#include "matmul/peak_loop.h" /* KS_PEAK_* and ks_peak_dpbusd: the engine's own probe loop */
 
 TGT static int32_t dpbusd_loop(int64_t iters, int seed) { return ks_peak_dpbusd(iters, seed); }
 

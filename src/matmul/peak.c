@@ -11,14 +11,14 @@
  * tools/microbench/vnni_peak.c is the same loop as a stand-alone tool.
  * Without AVX-512 VNNI the probe reports 0 (no integer peak to compare to).
  */
-#include "tensor/matmul.h"
+#include "matmul/matmul.h"
 
 #include "core/simd.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
-#include "tensor/peak_loop.h"
+#include "matmul/peak_loop.h"
 #define KS_PEAK_X86 1
 #else
 #define KS_PEAK_X86 0

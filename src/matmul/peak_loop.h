@@ -4,8 +4,8 @@
  * (tools/microbench/vnni_peak.c), so both measure exactly the same thing.
  * x86-64 with GCC or Clang only.
  */
-#ifndef KS_TENSOR_PEAK_LOOP_H
-#define KS_TENSOR_PEAK_LOOP_H
+#ifndef KS_MATMUL_PEAK_LOOP_H
+#define KS_MATMUL_PEAK_LOOP_H
 
 #include <immintrin.h>
 #include <stdint.h>

@@ -35,7 +35,7 @@
  * this translation unit (it shares the driver below), and its AVX-512 tiles
  * are matmul_x86_panel.c, a template like matmul_x86.c.
  */
-#include "tensor/matmul.h"
+#include "matmul/matmul.h"
 
 #include "core/simd.h"
 #include "tensor/quant_types.h"
