@@ -1,5 +1,5 @@
 /*
- * test_jinja.c — the chat-template interpreter (src/tokenizer/jinja.c)
+ * test_jinja.c — the chat-template interpreter (src/template/jinja.c)
  * against the reference renderer, byte for byte.
  *
  * tests/fixtures/templates/goldens.json holds, for every published template
@@ -11,7 +11,7 @@
  * time, and bad templates: each is a clean status, never a crash.
  */
 #include "testutil.h"
-#include "tokenizer/jinja.h"
+#include "template/jinja.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>

@@ -5,7 +5,7 @@ Writes tests/fixtures/templates/goldens.json: for every template in
 tests/fixtures/templates/*.jinja and every conversation below (with
 add_generation_prompt true and false), the variables and either the text
 Python jinja2 renders or the error it raises.  tests/test_jinja.c compares
-the C interpreter (src/tokenizer/jinja.c) with it byte for byte, so the tests
+the C interpreter (src/template/jinja.c) with it byte for byte, so the tests
 never need Python; rerun this only when fixtures change.
 
 The environment is the one Hugging Face transformers' apply_chat_template

@@ -19,7 +19,7 @@
 #define KS_TOKENIZER_INTERNAL_H
 
 #include "tokenizer/tokenizer.h"
-#include "tokenizer/jinja.h"
+#include "template/jinja.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>

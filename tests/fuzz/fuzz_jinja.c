@@ -1,6 +1,6 @@
 /*
  * fuzz_jinja.c — libFuzzer entry point for the chat-template interpreter
- * (src/tokenizer/jinja.c): ks_jinja_parse, then ks_jinja_render.
+ * (src/template/jinja.c): ks_jinja_parse, then ks_jinja_render.
  *
  * Why: the template comes from a GGUF file of any origin and runs on every
  * chat request, so the lexer, the parser and the evaluator must survive any
@@ -12,7 +12,7 @@
  * and the values it reads.  Built only with clang and -DKVSIEVE_FUZZ=ON;
  * seeds (published templates) in tests/fuzz/corpus_jinja/.
  */
-#include "tokenizer/jinja.h"
+#include "template/jinja.h"
 
 #include <stdint.h>
 #include <string.h>

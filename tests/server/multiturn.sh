@@ -2,7 +2,7 @@
 # multiturn.sh — multi-turn chat through `kvsieve serve` on loopback: a four-turn
 # conversation (each answer sent back as the assistant's turn) to the bundled
 # model, which has no chat template, and a three-turn one to a tiny generated
-# model with the phi-3 vocabulary and its template (executed: src/tokenizer/jinja.c).  Every turn must answer;
+# model with the phi-3 vocabulary and its template (executed: src/template/jinja.c).  Every turn must answer;
 # its prompt_tokens must be the token count of the conversation rendered as
 # the docs say (tokenized by `kvsieve tokenize`), so a client sees exactly
 # which prompt ran; and the last turn's greedy text must equal what `kvsieve

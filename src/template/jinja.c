@@ -48,7 +48,7 @@
  * and output size; every violation is a status naming the template line.
  */
 #define _POSIX_C_SOURCE 200809L /* gmtime_r: strftime_now must not share gmtime's static buffer across threads */
-#include "tokenizer/jinja.h"
+#include "template/jinja.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
