@@ -22,9 +22,10 @@
 #include "eval/eval.h"
 #include "gguf/gguf.h"
 #include "sample/stop.h"
-#include "model/safetensors.h"
-#include "model/torch_bin.h"
-#include "model/eagle3.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/torch_bin.h"
+#include "draft/eagle3.h"
+#include "model/eagle3_gen.h"
 #include "model/shapes.h"
 #include "testutil.h"
 

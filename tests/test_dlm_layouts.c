@@ -23,9 +23,9 @@
  *    outside its storage with messages that say so.
  * Each convention test failed on the loader before these layouts were read.
  */
-#include "model/eagle3.h"
+#include "draft/eagle3.h"
 #include "model/shapes.h"
-#include "model/torch_bin.h"
+#include "checkpoint/torch_bin.h"
 #include "gguf/gguf.h"
 #include "infer/infer.h"
 #include "testutil.h"

@@ -8,7 +8,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "testutil.h"
 
-#include "model/eagle3.h"
+#include "draft/eagle3.h"
 #include "tensor/dtype.h"
 
 #include <math.h>

@@ -6,7 +6,7 @@
  */
 #include "testutil.h"
 
-#include "model/safetensors.h"
+#include "checkpoint/safetensors.h"
 #include "tensor/dtype.h"
 
 #include <math.h>

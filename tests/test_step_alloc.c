@@ -18,7 +18,8 @@
 #define _GNU_SOURCE
 #include "infer/infer.h"
 #include "gguf/gguf.h"
-#include "model/eagle3.h"
+#include "draft/eagle3.h"
+#include "model/eagle3_gen.h"
 #include "model/shapes.h"
 #include "select/registry.h"
 #include "tensor/dtype.h"

@@ -9,7 +9,7 @@ draft model (an EAGLE-3 "DLM") pruned to its retrieval head.  This script makes
 that DLM for kvsieve's constructed test model, in the EAGLE-3 checkpoint layout that
 public drafts use (config.json + model.safetensors, layer tensors under
 "midlayer.", no embed_tokens: the target's embedding is shared), so one loader
-(src/model/eagle3.c) serves ours and the public ones.  See docs/DLM.md.
+(src/draft/eagle3.c) serves ours and the public ones.  See docs/DLM.md.
 
 Shape (EAGLE-3): x_t = [input_norm(e(tok_t)); hidden_norm(fc([h_lo; h_mid; h_hi]_{t-1}))],
 one decoder layer over x (4 query / 2 KV heads, head_dim 272: the KV heads map one

@@ -38,7 +38,7 @@ final norm and an LM head over the DRAFT_VOCAB most frequent target tokens
 (d2t / t2d).  Heads: 4 query / 2 KV heads, one draft KV head per target KV
 head, so the retrieval head's selection maps one to one.  RoPE: NeoX pairs
 (HF llama), base ROPE_THETA; trained at SEQ tokens, longer contexts through
-YaRN (training-free; kvsieve composes it at load time, see src/model/eagle3.c).
+YaRN (training-free; kvsieve composes it at load time, see src/draft/eagle3.c).
 
 --attn-weight W (not the paper's recipe: a documented deviation) adds W x
 KL(target attention || the retrieval head's attention) at sampled query

@@ -38,8 +38,9 @@ KNOWN = {
     # the store's two halves: compaction writes slow-tier pages, the slow tier compacts before it offloads
     ('kv', 'calls'): [{'kv.c', 'kv_tier.c'}],
     # a table of architectures whose entries share the llama layer's binding (arch.c) and the loader (model.c)
-    ('model', 'calls'): [{'arch.c', 'arch_*.c', 'model.c'},
-                         {'safetensors.c', 'torch_bin.c'}],   # either reader hands a torch file to the other
+    ('model', 'calls'): [{'arch.c', 'arch_*.c', 'model.c'}],
+    # either reader hands a torch file to the other
+    ('checkpoint', 'calls'): [{'safetensors.c', 'torch_bin.c'}],
     # the scheduler's loop, its groups and its entry points call one another through one state
     ('sched', 'calls'): [{'group.c', 'loop.c', 'sched.c'}],
     # a registry of policies whose entries share its argument parsers and the policy helpers

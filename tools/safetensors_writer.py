@@ -1,5 +1,5 @@
 """safetensors_writer.py — the safetensors writer of the DLM-making tools
-(make_dlm.py, make_constructed_dlm.py); kvsieve's src/model/safetensors.c
+(make_dlm.py, make_constructed_dlm.py); kvsieve's src/checkpoint/safetensors.c
 reads what it writes, and so does the Hugging Face library.  read_safetensors
 reads it back (make_dlm.py --report measures the file the engine runs).
 

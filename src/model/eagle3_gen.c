@@ -11,7 +11,7 @@
  * public checkpoints), and is BF16 like them.  The writer streams: header,
  * then each tensor's bytes; a failed write removes the partial file.
  */
-#include "model/eagle3.h"
+#include "model/eagle3_gen.h"
 #include "model/shapes.h"
 #include "tensor/dtype.h"
 

@@ -14,9 +14,10 @@
  */
 #include "gguf/gguf.h"
 #include "kvsieve_tools.h"
-#include "model/eagle3.h"
+#include "draft/eagle3.h"
+#include "model/eagle3_gen.h"
 #include "model/model.h"
-#include "model/safetensors.h"
+#include "checkpoint/safetensors.h"
 #include "model/arch.h"
 #include "model/shapes.h"
 

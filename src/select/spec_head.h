@@ -8,7 +8,7 @@
 
 #include "select/policy.h"
 
-#include "model/eagle3.h"
+#include "draft/eagle3.h"
 #include "tensor/dtype.h"
 
 enum { SPEC_RING = 64, SPEC_FLUSH = 256 };

@@ -3,7 +3,7 @@
  * rotary position embeddings (RoPE) and softmax.
  *
  * One home, because the target's forward pass (infer/forward.c), the EAGLE-3
- * draft loader (model/eagle3.c) and SpeContext's retrieval head
+ * draft loader (draft/eagle3.c) and SpeContext's retrieval head
  * (select/p_spec.c) all compute them, and a drifting copy would make the
  * retrieval head score keys the target never produced.  These are the plain-C
  * definitions: each loop accumulates in the order written (sums in double

@@ -9,7 +9,7 @@
  * and -DKVSIEVE_FUZZ=ON (see CMakeLists.txt); seeds live in
  * tests/fuzz/corpus_safetensors/.
  */
-#include "model/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 #include <stdint.h>
 #include <stdlib.h>

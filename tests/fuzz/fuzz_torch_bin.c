@@ -10,7 +10,7 @@
  * only with clang and -DKVSIEVE_FUZZ=ON (see CMakeLists.txt); seeds live in
  * tests/fuzz/corpus_torch_bin/ (tools/make_dlm_layouts.py writes them).
  */
-#include "model/torch_bin.h"
+#include "checkpoint/torch_bin.h"
 
 #include <stdint.h>
 #include <string.h>

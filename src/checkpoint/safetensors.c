@@ -17,10 +17,10 @@
  * are copied out, so the handle holds plain arrays.
  */
 #define _GNU_SOURCE
-#include "model/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 #include "core/file.h"
-#include "model/torch_bin.h"
+#include "checkpoint/torch_bin.h"
 #include "tensor/dtype.h"
 
 #include <cjson/cJSON.h>

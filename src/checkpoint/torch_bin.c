@@ -17,8 +17,8 @@
  *   SETITEMS, then BUILD with {'_metadata': OrderedDict of per-module dicts}.
  */
 #define _GNU_SOURCE
-#include "model/torch_bin.h"
-#include "model/torch_zip.h"
+#include "checkpoint/torch_bin.h"
+#include "checkpoint/torch_zip.h"
 
 #include <setjmp.h>
 #include <string.h>

@@ -22,7 +22,7 @@
 #ifndef KS_TORCH_BIN_H
 #define KS_TORCH_BIN_H
 
-#include "model/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 #ifdef __cplusplus
 extern "C" {

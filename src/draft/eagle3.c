@@ -9,7 +9,7 @@
  * tensors.
  */
 #define _GNU_SOURCE
-#include "model/eagle3.h"
+#include "draft/eagle3.h"
 
 #include <math.h>
 #include <string.h>

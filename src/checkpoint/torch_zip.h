@@ -1,10 +1,10 @@
 /*
- * torch_zip.h — the zip container of a torch.save file (model/torch_zip.c),
+ * torch_zip.h — the zip container of a torch.save file (checkpoint/torch_zip.c),
  * for the restricted unpickler in torch_bin.c: a sorted directory of stored
  * entries, each a view into the caller's buffer.
  */
-#ifndef KS_MODEL_TORCH_ZIP_H
-#define KS_MODEL_TORCH_ZIP_H
+#ifndef KS_CHECKPOINT_TORCH_ZIP_H
+#define KS_CHECKPOINT_TORCH_ZIP_H
 
 #include "core/core.h"
 

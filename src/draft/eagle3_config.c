@@ -36,7 +36,7 @@
  *    and RMSNorm code itself is shared with the forward pass: tensor/ops.c.
  */
 #define _GNU_SOURCE
-#include "model/eagle3.h"
+#include "draft/eagle3.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

@@ -30,7 +30,7 @@
 #ifndef KS_EAGLE3_H
 #define KS_EAGLE3_H
 
-#include "model/safetensors.h"
+#include "checkpoint/safetensors.h"
 #include "tensor/ops.h"
 
 #ifdef __cplusplus
@@ -167,26 +167,6 @@ ks_status ks_eagle3_embed(const ks_eagle3 *dlm, int32_t token, float *out);
 
 /* Human-readable summary (config, tensors kept, parameter counts). */
 ks_status ks_eagle3_describe(const ks_eagle3 *dlm, char *buf, size_t cap);
-
-/* ------------------------------------------------------------ writing -- */
-typedef struct ks_st_write_tensor {
-    const char *name;
-    ks_st_dtype dtype;
-    int n_dims;
-    int64_t shape[8];
-    const void *data;      /* nbytes, little-endian */
-    size_t nbytes;
-} ks_st_write_tensor;
-/* Write a safetensors file (header padded to 8 bytes); metadata_json: an
- * object of strings or NULL.  A failed write leaves no file behind. */
-ks_status ks_safetensors_write(const char *path, const ks_st_write_tensor *t, int n, const char *metadata_json);
-
-struct ks_model_shape;
-/* A deterministic random EAGLE-3 retrieval head (config.json +
- * model.safetensors, BF16, no embed_tokens) for a target of shape s with
- * n_layer layers (<= 0: the shape's) and n_vocab tokens, for speed benchmarks. */
-ks_status ks_eagle3_generate_head(const struct ks_model_shape *s, int32_t n_layer, int32_t n_vocab, int32_t max_pos,
-                                  uint64_t seed, const char *dir);
 
 #ifdef __cplusplus
 }

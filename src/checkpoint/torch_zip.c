@@ -21,7 +21,7 @@
  * are sorted once, which finds duplicates and makes each storage lookup a
  * binary search.
  */
-#include "model/torch_zip.h"
+#include "checkpoint/torch_zip.h"
 
 #include <stdlib.h>
 #include <string.h>
