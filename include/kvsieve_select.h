@@ -6,7 +6,7 @@
  * step it asks a selector which entries of each (layer, KV head) attention
  * should read, attends over those only, and (for policies that learn from it,
  * H2O) reports the attention weights back.  The selector runs kvsieve's own
- * policy code (src/select/p_*.c), the same code `kvsieve run --policy NAME`
+ * policy code (src/policies/p_*.c), the same code `kvsieve run --policy NAME`
  * runs; only the KV it reads is the caller's.
  *
  * What the caller passes (all borrowed for the duration of the call, never

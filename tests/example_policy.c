@@ -17,7 +17,7 @@
  * (ks_policy_register) and checks what every policy must do: a full budget
  * bit-identical to dense, a small one attending only what it chose.
  */
-#include "select/policy.h"
+#include "policy/policy.h"
 
 typedef struct { double phase; } uniform_state;
 static const char *const uniform_args[] = {"phase", NULL};

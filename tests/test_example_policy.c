@@ -2,7 +2,7 @@
  * test_example_policy.c — the worked example of docs/DESIGN.md ("Adding a
  * policy") compiled and run: tests/example_policy.c's `uniform` registered
  * at run time (ks_policy_register; in the tree it would be one line in
- * src/select/registry.c), then used the way every policy is: named in a
+ * src/policies/registry.c), then used the way every policy is: named in a
  * spec, alone or behind an evictor, its arguments checked by the one
  * parser, run in a context on a tiny model.  It must do what every policy
  * does: a full budget is bit-identical to dense attention, and a small one
@@ -11,7 +11,7 @@
 #include "testutil.h"
 #include "kvsieve.h"
 #include "model/model.h"
-#include "select/registry.h"
+#include "policies/registry.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -108,8 +108,8 @@ static void test_design_doc_shows_it(void **state) {
     char *src = ks_test_read_file(ks_test_source("tests/example_policy.c"), &n_src);
     assert_non_null(doc);
     assert_non_null(src);
-    const char *block = strstr(doc, "```c\n#include \"select/policy.h\"");
-    const char *code = strstr(src, "#include \"select/policy.h\"");
+    const char *block = strstr(doc, "```c\n#include \"policy/policy.h\"");
+    const char *code = strstr(src, "#include \"policy/policy.h\"");
     assert_non_null(block);
     assert_non_null(code);
     block += 5;

@@ -1,5 +1,5 @@
 /*
- * test_p_chess.c — CHESS (src/select/p_chess.c).
+ * test_p_chess.c — CHESS (src/policies/p_chess.c).
  *
  * 1. Hierarchy on hand-made page vectors: chunk and grid scores are the
  *    anchor's product with the mean vectors; every kept page lies in a kept
@@ -18,8 +18,8 @@
  */
 #define _GNU_SOURCE
 #include "kv/kv.h"
-#include "select/p_chess.h"
-#include "select/registry.h"
+#include "policies/p_chess.h"
+#include "policies/registry.h"
 #include "testutil.h"
 
 #include <math.h>

@@ -1,5 +1,5 @@
 /*
- * test_p_topp.c — the `+topp` refining stage (src/select/p_topp.c).
+ * test_p_topp.c — the `+topp` refining stage (src/policies/p_topp.c).
  *
  * 1. The parser: topp comes last, after an optional evictor and selector;
  *    p is a number in (0, 1].
@@ -17,7 +17,7 @@
 #define _GNU_SOURCE
 #include "infer/infer.h"
 #include "kvsieve_select.h"
-#include "select/registry.h"
+#include "policies/registry.h"
 #include "testutil.h"
 
 #include <math.h>

@@ -21,7 +21,7 @@
 #include "gguf/gguf.h"
 #include "model/shapes.h"
 #include "core/simd.h"
-#include "select/registry.h"
+#include "policies/registry.h"
 #include "tensor/dtype.h"
 #include "testutil.h"
 

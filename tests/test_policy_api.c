@@ -20,7 +20,7 @@
  */
 #define _GNU_SOURCE
 #include "kvsieve_select.h"
-#include "select/registry.h"
+#include "policies/registry.h"
 #include "tensor/dtype.h"
 #include "testutil.h"
 

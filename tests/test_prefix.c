@@ -29,7 +29,7 @@
 #include "prefix/prefix.h"
 #include "gguf/gguf.h"
 #include "model/shapes.h"
-#include "select/registry.h"
+#include "policies/registry.h"
 #include "testutil.h"
 
 #include <dirent.h>

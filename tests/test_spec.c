@@ -26,7 +26,7 @@
 #include "gguf/gguf.h"
 #include "model/shapes.h"
 #include "core/simd.h"
-#include "select/spec_score.h"
+#include "spec/spec_score.h"
 #include "testutil.h"
 
 #include <math.h>

@@ -15,10 +15,10 @@
  * Tiny sizes: no model is loaded.
  */
 #include "core/simd.h"
-#include "select/policy.h"
-#include "select/policy_util.h"
-#include "select/spec_proj.h"
-#include "select/spec_score.h"
+#include "policy/policy.h"
+#include "policy/policy_util.h"
+#include "spec/spec_proj.h"
+#include "spec/spec_score.h"
 #include "tensor/dtype.h"
 #include "matmul/matmul.h"
 #include "testutil.h"

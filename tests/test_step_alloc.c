@@ -21,7 +21,7 @@
 #include "draft/eagle3.h"
 #include "model/eagle3_gen.h"
 #include "model/shapes.h"
-#include "select/registry.h"
+#include "policies/registry.h"
 #include "tensor/dtype.h"
 #include "testutil.h"
 

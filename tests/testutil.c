@@ -1,5 +1,5 @@
 #include "testutil.h"
-#include "select/registry.h"
+#include "policies/registry.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "model/shapes.h"

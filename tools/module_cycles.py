@@ -44,8 +44,8 @@ KNOWN = {
     # the scheduler's loop, its groups and its entry points call one another through one state
     ('sched', 'calls'): [{'group.c', 'loop.c', 'sched.c'}],
     # a registry of policies whose entries share its argument parsers and the policy helpers
-    ('select', 'calls'): [{'p_*.c', 'policy.c', 'prefill.c', 'registry.c'}],
-    ('select', 'includes'): [{'policy.h', 'policy_util.h'}],   # the helpers' header closes policy.h
+    ('policies', 'calls'): [{'p_*.c', 'registry.c'}],
+    ('policy', 'includes'): [{'policy.h', 'policy_util.h'}],   # the helpers' header closes policy.h
     # routes and the server's connection state
     ('server', 'calls'): [{'completion.c', 'metrics.c', 'server.c', 'tokens.c'}],
     # dtype's row conversion hands the added quant types to quant_types.c, which uses dtype's f16

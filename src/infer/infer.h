@@ -14,7 +14,8 @@
 #include "kv/kv.h"
 #include "kv/memplan.h"
 #include "model/model.h"
-#include "select/registry.h"
+#include "policies/registry.h"
+#include "select/select_mask.h"
 #include "matmul/matmul.h"
 #include "tensor/ops.h"
 

@@ -45,7 +45,7 @@
  */
 #include "infer/internal.h"
 
-#include "select/policy_util.h"
+#include "policy/policy_util.h"
 
 #include <errno.h>
 #include <stdlib.h>

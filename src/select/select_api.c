@@ -31,7 +31,7 @@
 #define _GNU_SOURCE
 #include "kvsieve_select.h"
 
-#include "select/registry.h"
+#include "select/select_mask.h"
 #include "tensor/dtype.h"
 #include "tensor/ops.h"
 

@@ -9,7 +9,7 @@
  * in any order, are merged in a bitmap over the head's entries, one bit
  * each, so the result is sorted and duplicate-free for free.
  */
-#include "select/registry.h"
+#include "select/select_mask.h"
 
 #include <string.h>
 

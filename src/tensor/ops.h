@@ -4,7 +4,7 @@
  *
  * One home, because the target's forward pass (infer/forward.c), the EAGLE-3
  * draft loader (draft/eagle3.c) and SpeContext's retrieval head
- * (select/p_spec.c) all compute them, and a drifting copy would make the
+ * (policies/p_spec.c) all compute them, and a drifting copy would make the
  * retrieval head score keys the target never produced.  These are the plain-C
  * definitions: each loop accumulates in the order written (sums in double
  * where noted), so results are reproducible bit for bit, and tests compare

@@ -10,7 +10,7 @@
  * keys turn a memory-bound scan compute-bound otherwise (the f16 kernels'
  * conversions plus a scale per chunk).  Header-only and always inline, like
  * simd_avx512.h: decode attention (attn/attn_avx512.c) and spec's scoring
- * (select/spec_score.c) compile it inside their own target functions.
+ * (spec/spec_score.c) compile it inside their own target functions.
  */
 #ifndef KS_Q8DOT_AVX512_H
 #define KS_Q8DOT_AVX512_H

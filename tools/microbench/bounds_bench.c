@@ -20,7 +20,7 @@
 #include <time.h>
 
 #include "kv/kv_meta.h"
-#include "select/policy.h"
+#include "policy/policy.h"
 
 enum { NPG = 1024, HD = 64, G = 4 };
 

@@ -1,0 +1,249 @@
+/*
+ * page_bounds.c — Quest's page score, the upper bound of q . k over a page
+ * from its per-channel key min and max: sum_i max(q_i min_i, q_i max_i).
+ * One page for one head (AVX2, portable), one page for a group of heads
+ * (AVX-512, min and max read once), and every page of a head from the f16
+ * bounds an f16 cache's store keeps (four pages x four heads per AVX-512
+ * pass, the group max optionally fused in).  Quest and FreeKV score with
+ * these.
+ */
+#include "policy/policy.h"
+#include "core/simd.h"
+#include "tensor/dtype.h"
+#include "tensor/simd_avx2.h"
+#include "tensor/simd_avx512.h"
+
+#include <math.h>
+#include <string.h>
+
+/* A page's 8-bit bounds (kv_meta.h): the scale, then int8 lo[hd], hi[hd]. */
+static inline float bounds8_scale(const uint8_t *b) {
+    float s;
+    memcpy(&s, b, sizeof s);
+    return s;
+}
+
+#if defined(__x86_64__)
+/* Eight lanes of max(q*min, q*max), summed at the end: the scalar loop's add
+ * chain made Quest's page scoring ~12% of a 16K decode step on AVX2 hosts. */
+KS_AVX2_TGT static float page_upper_bound_avx2(const float *q, const float *kmin, const float *kmax, int32_t hd) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int32_t i = 0;
+    for (; i + 16 <= hd; i += 16) {
+        __m256 q0 = _mm256_loadu_ps(q + i), q1 = _mm256_loadu_ps(q + i + 8);
+        acc0 = _mm256_add_ps(acc0, _mm256_max_ps(_mm256_mul_ps(q0, _mm256_loadu_ps(kmin + i)),
+                                                 _mm256_mul_ps(q0, _mm256_loadu_ps(kmax + i))));
+        acc1 = _mm256_add_ps(acc1, _mm256_max_ps(_mm256_mul_ps(q1, _mm256_loadu_ps(kmin + i + 8)),
+                                                 _mm256_mul_ps(q1, _mm256_loadu_ps(kmax + i + 8))));
+    }
+    __m256 acc = _mm256_add_ps(acc0, acc1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    float s = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    for (; i < hd; i++) {
+        float a = q[i] * kmin[i], b = q[i] * kmax[i];
+        s += a > b ? a : b;
+    }
+    return s;
+}
+
+/* The AVX2 kernel's arithmetic in 16 lanes: lanes 0-7 of acc are its acc0
+ * and lanes 8-15 its acc1, summed in the same order, so each bound is bit
+ * for bit page_upper_bound_avx2's; the min and max chunks are loaded once
+ * for up to 8 heads.  F16: kmin, kmax are f16 (exact conversions of the f32
+ * summaries, so the same values and the same bounds). */
+#define PAGE_BOUNDS_AVX512(NAME, KT, LOAD, SCALAR)                                                                \
+    __attribute__((target("avx512f,avx512dq,avx512vl,f16c"))) static void NAME(                                  \
+        const float *q, int32_t G, const KT *kmin, const KT *kmax, int32_t hd, float *out, size_t stride) {     \
+        for (int32_t g0 = 0; g0 < G; g0 += 8) {                                                                   \
+            int32_t ng = G - g0 < 8 ? G - g0 : 8;                                                                 \
+            __m512 acc[8];                                                                                        \
+            for (int32_t g = 0; g < 8; g++) acc[g] = _mm512_setzero_ps();                                         \
+            int32_t i = 0;                                                                                        \
+            for (; i + 16 <= hd; i += 16) {                                                                       \
+                __m512 lo = LOAD(kmin + i), hi = LOAD(kmax + i);                                                  \
+                for (int32_t g = 0; g < ng; g++) {                                                                \
+                    __m512 qv = _mm512_loadu_ps(q + (size_t)(g0 + g) * hd + i);                                   \
+                    acc[g] = _mm512_add_ps(acc[g], _mm512_max_ps(_mm512_mul_ps(qv, lo), _mm512_mul_ps(qv, hi)));  \
+                }                                                                                                 \
+            }                                                                                                     \
+            for (int32_t g = 0; g < ng; g++) {                                                                    \
+                const float *qg = q + (size_t)(g0 + g) * hd;                                                      \
+                __m256 a = _mm256_add_ps(_mm512_castps512_ps256(acc[g]), _mm512_extractf32x8_ps(acc[g], 1));      \
+                __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));                    \
+                h = _mm_add_ps(h, _mm_movehl_ps(h, h));                                                           \
+                float s = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));                                       \
+                for (int32_t t = i; t < hd; t++) {                                                                \
+                    float x = qg[t] * SCALAR(kmin[t]), y = qg[t] * SCALAR(kmax[t]);                               \
+                    s += x > y ? x : y;                                                                           \
+                }                                                                                                 \
+                out[(size_t)(g0 + g) * stride] = s;                                                               \
+            }                                                                                                     \
+        }                                                                                                         \
+    }
+#define LOAD_F32(p) _mm512_loadu_ps(p)
+#define LOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p)))
+#define SCALAR_F32(x) (x)
+#define SCALAR_F16(x) ks_f16_to_f32(x)
+PAGE_BOUNDS_AVX512(page_upper_bounds_avx512, float, LOAD_F32, SCALAR_F32)
+PAGE_BOUNDS_AVX512(page_upper_bounds16_avx512, uint16_t, LOAD_F16, SCALAR_F16)
+
+/* ks_page_upper_bounds16_pages and ks_page_upper_bounds8_pages, AVX-512, hd
+ * a multiple of 16: for each group of up to four heads, q+ and q- once;
+ * then per four pages and 16 channels, the pages' lo and hi converted once
+ * and two FMAs per (page, head) into sixteen accumulators, reduced together
+ * at the end and times the page's scale (1 for f16 bounds). */
+#define PAGES_AVX512(NAME, KT, LOAD_LO, LOAD_HI, SCALE, BYTES)                                                     \
+    __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,f16c"))) static void NAME(                          \
+        const float *q, int32_t G, const KT *const *kb, int32_t np, int32_t hd, float *out, float *red_max) {      \
+        float qp[4][512] __attribute__((aligned(64))), qn[4][512] __attribute__((aligned(64)));                   \
+        for (int32_t g0 = 0; g0 < G; g0 += 4) {                                                                   \
+            int32_t ng = G - g0 < 4 ? G - g0 : 4;                                                                 \
+            const __m512i rep4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);               \
+            const __m512i first4 = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);            \
+            const __mmask16 present = (__mmask16)(0x1111 * ((1u << ng) - 1)); /* lanes of heads < ng */          \
+            for (int32_t g = 0; g < 4; g++)                                                                       \
+                for (int32_t i = 0; i < hd; i++) {                                                                \
+                    float x = g < ng ? q[(size_t)(g0 + g) * hd + i] : 0.0f;                                       \
+                    qp[g][i] = x > 0 ? x : 0.0f;                                                                  \
+                    qn[g][i] = x < 0 ? x : 0.0f;                                                                  \
+                }                                                                                                 \
+            for (int32_t p = 0; p < np; p += 4) {                                                                 \
+                int32_t nr = np - p < 4 ? np - p : 4;                                                             \
+                const KT *b[4];                                                                                   \
+                for (int32_t r = 0; r < 4; r++) b[r] = kb[p + (r < nr ? r : 0)]; /* a short group repeats a page */ \
+                if (g0 == 0 && p + 12 <= np) /* the pages two groups ahead: their ids need not be adjacent */    \
+                    for (int32_t r = 8; r < 12; r++) ks_prefetch_lines(kb[p + r], BYTES);                        \
+                __m512 acc[16];                                                                                   \
+                _Pragma("GCC unroll 16") for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();               \
+                for (int32_t i = 0; i < hd; i += 16) {                                                            \
+                    __m512 lo[4], hi[4];                                                                          \
+                    _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                                         \
+                        lo[r] = LOAD_LO(b[r], i);                                                                 \
+                        hi[r] = LOAD_HI(b[r], i);                                                                 \
+                    }                                                                                             \
+                    _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {                                         \
+                        __m512 pp = _mm512_load_ps(&qp[g][i]), pn = _mm512_load_ps(&qn[g][i]);                    \
+                        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                       \
+                            acc[4 * r + g] = _mm512_fmadd_ps(pp, hi[r], _mm512_fmadd_ps(pn, lo[r], acc[4 * r + g])); \
+                    }                                                                                             \
+                }                                                                                                 \
+                __m512 bv = ks_avx512_reduce16(acc); /* lane 4 * page + head */                                  \
+                if (!out && nr == 4) { /* the group max alone, in registers */                                  \
+                    bv = _mm512_mul_ps(bv, _mm512_permutexvar_ps(rep4, _mm512_castps128_ps512(_mm_setr_ps(         \
+                                             SCALE(b[0]), SCALE(b[1]), SCALE(b[2]), SCALE(b[3])))));             \
+                    bv = _mm512_mask_blend_ps(present, _mm512_set1_ps(-INFINITY), bv);                             \
+                    bv = _mm512_max_ps(bv, _mm512_permute_ps(bv, 0xB1));                                             \
+                    bv = _mm512_max_ps(bv, _mm512_permute_ps(bv, 0x4E)); /* lane 4 * page: the page's max */        \
+                    __m128 m = _mm512_castps512_ps128(_mm512_permutexvar_ps(first4, bv));                          \
+                    if (g0 > 0) m = _mm_max_ps(m, _mm_loadu_ps(red_max + p));                                     \
+                    _mm_storeu_ps(red_max + p, m);                                                                \
+                    continue;                                                                                     \
+                }                                                                                                 \
+                float s[16];                                                                                      \
+                _mm512_storeu_ps(s, bv);                                                                           \
+                for (int32_t r = 0; r < nr; r++) {                                                                \
+                    float sc = SCALE(b[r]);                                                                       \
+                    float mx = s[4 * r] * sc;                                                                     \
+                    for (int32_t g = 0; g < ng; g++) {                                                            \
+                        float v = s[4 * r + g] * sc;                                                              \
+                        if (out) out[(size_t)(g0 + g) * np + p + r] = v;                                          \
+                        mx = v > mx ? v : mx;                                                                     \
+                    }                                                                                             \
+                    if (red_max) red_max[p + r] = g0 == 0 || mx > red_max[p + r] ? mx : red_max[p + r];          \
+                }                                                                                                 \
+            }                                                                                                     \
+        }                                                                                                         \
+    }
+#define LO16(b, i) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)((b) + (i))))
+#define HI16(b, i) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)((b) + hd + (i))))
+#define ONE(b) 1.0f
+/* the f16 products times 1.0f are the products: bounds as before, bit for bit */
+PAGES_AVX512(page_bounds16_pages_avx512, uint16_t, LO16, HI16, ONE, 4 * (size_t)hd)
+#define LO8(b, i) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)((b) + 4 + (i)))))
+#define HI8(b, i) \
+    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)((b) + 4 + hd + (i)))))
+PAGES_AVX512(page_bounds8_pages_avx512, uint8_t, LO8, HI8, bounds8_scale, 4 + 2 * (size_t)hd)
+#endif
+
+void ks_page_upper_bounds(const float *q, int32_t G, const float *kmin, const float *kmax, int32_t hd, float *out,
+                          size_t stride) {
+#if defined(__x86_64__)
+    if (hd >= 16 && ks_simd_current() >= KS_SIMD_AVX512) {
+        page_upper_bounds_avx512(q, G, kmin, kmax, hd, out, stride);
+        return;
+    }
+#endif
+    for (int32_t g = 0; g < G; g++) out[(size_t)g * stride] = ks_page_upper_bound(q + (size_t)g * hd, kmin, kmax, hd);
+}
+
+void ks_page_upper_bounds16(const float *q, int32_t G, const uint16_t *kbound16, int32_t hd, float *out, size_t stride) {
+#if defined(__x86_64__)
+    if (hd >= 16 && ks_simd_current() >= KS_SIMD_AVX512) {
+        page_upper_bounds16_avx512(q, G, kbound16, kbound16 + hd, hd, out, stride);
+        return;
+    }
+#endif
+    float b[2 * 512]; /* the f32 values, then the f32 path (the store's head dims are at most 512) */
+    KS_ASSERT(hd <= 512);
+    for (int32_t i = 0; i < 2 * hd; i++) b[i] = ks_f16_to_f32(kbound16[i]);
+    ks_page_upper_bounds(q, G, b, b + hd, hd, out, stride);
+}
+
+void ks_page_upper_bounds16_pages(const float *q, int32_t G, const uint16_t *const *kb, int32_t np, int32_t hd,
+                                  float *out, float *red_max) {
+#if defined(__x86_64__)
+    if (hd % 16 == 0 && hd <= 512 && ks_simd_current() >= KS_SIMD_AVX512) {
+        page_bounds16_pages_avx512(q, G, kb, np, hd, out, red_max);
+        return;
+    }
+#endif
+    float one[64];
+    for (int32_t p = 0; p < np; p++)
+        for (int32_t g0 = 0; g0 < G; g0 += 64) { /* the heads in chunks of 64 */
+            int32_t ng = G - g0 < 64 ? G - g0 : 64;
+            ks_page_upper_bounds16(q + (size_t)g0 * hd, ng, kb[p], hd, one, 1);
+            for (int32_t g = 0; g < ng; g++) {
+                if (out) out[(size_t)(g0 + g) * np + p] = one[g];
+                if (red_max) red_max[p] = (g0 == 0 && g == 0) || one[g] > red_max[p] ? one[g] : red_max[p];
+            }
+        }
+}
+
+void ks_page_upper_bounds8_pages(const float *q, int32_t G, const uint8_t *const *kb, int32_t np, int32_t hd,
+                                 float *out, float *red_max) {
+#if defined(__x86_64__)
+    if (hd % 16 == 0 && hd <= 512 && ks_simd_current() >= KS_SIMD_AVX512) {
+        page_bounds8_pages_avx512(q, G, kb, np, hd, out, red_max);
+        return;
+    }
+#endif
+    float b[2 * 512], one[64]; /* a page's int8 steps as floats, then the f32 bound times its scale */
+    KS_ASSERT(hd <= 512);
+    for (int32_t p = 0; p < np; p++) {
+        const int8_t *lohi = (const int8_t *)(kb[p] + 4);
+        for (int32_t i = 0; i < 2 * hd; i++) b[i] = (float)lohi[i];
+        float sc = bounds8_scale(kb[p]);
+        for (int32_t g0 = 0; g0 < G; g0 += 64) { /* the heads in chunks of 64 */
+            int32_t ng = G - g0 < 64 ? G - g0 : 64;
+            ks_page_upper_bounds(q + (size_t)g0 * hd, ng, b, b + hd, hd, one, 1);
+            for (int32_t g = 0; g < ng; g++) {
+                float v = one[g] * sc;
+                if (out) out[(size_t)(g0 + g) * np + p] = v;
+                if (red_max) red_max[p] = (g0 == 0 && g == 0) || v > red_max[p] ? v : red_max[p];
+            }
+        }
+    }
+}
+
+float ks_page_upper_bound(const float *q, const float *kmin, const float *kmax, int32_t hd) {
+#if defined(__x86_64__)
+    if (hd >= 16 && ks_simd_current() >= KS_SIMD_AVX2) return page_upper_bound_avx2(q, kmin, kmax, hd);
+#endif
+    float s = 0;
+    for (int32_t i = 0; i < hd; i++) {
+        float a = q[i] * kmin[i], b = q[i] * kmax[i];
+        s += a > b ? a : b;
+    }
+    return s;
+}
