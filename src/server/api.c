@@ -840,6 +840,44 @@ static bool parse_response_format(const cJSON *root, ks_api_request *out, ks_api
     return true;
 }
 
+/* The fields a request may carry: every one is read by this parser, except
+ * the few OpenAI fields accepted and knowingly ignored because they change
+ * nothing about the answer (docs/SERVER.md lists them: user, metadata,
+ * store, service_tier; presence_penalty and frequency_penalty are range
+ * checked and not applied).  Anything else is a 400 naming it: a misspelt
+ * "temprature" would otherwise pass silently with the default. */
+static const char *const known_common[] = {
+    "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "min_p", "top_k", "repeat_penalty",
+    "repetition_penalty", "seed", "stop", "n", "best_of", "presence_penalty", "frequency_penalty", "logprobs",
+    "response_format", "kvsieve", "cache_prompt", "user", "metadata", "store", "service_tier", NULL};
+static const char *const known_chat[] = {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                                         "parallel_tool_calls", NULL};
+static const char *const known_completions[] = {"prompt", "echo", "suffix", NULL};
+static const char *const known_ext[] = {"policy", "budget", "sink", "window", "page", "dense_layers", "policy_args",
+                                        "ignore_eos", "cache_prompt", NULL};
+
+static bool in_list(const char *const *list, const char *k) {
+    for (; *list; list++)
+        if (!strcmp(*list, k)) return true;
+    return false;
+}
+
+/* The first field of o that no list names: a 400 unknown_parameter. */
+static bool check_known(const cJSON *o, const char *prefix, const char *const *a, const char *const *b,
+                        ks_api_error *err) {
+    const cJSON *f;
+    cJSON_ArrayForEach(f, o) {
+        const char *k = f->string ? f->string : "";
+        if (in_list(a, k) || (b && in_list(b, k))) continue;
+        char param[64];
+        snprintf(param, sizeof param, "%s%.48s", prefix, k);
+        BAD("unknown_parameter", param, "Unrecognized request argument supplied: %s (docs/SERVER.md lists the fields)",
+            param);
+        return false;
+    }
+    return true;
+}
+
 bool ks_api_parse(const char *body, size_t len, ks_api_kind kind, ks_api_request *out, ks_api_error *err) {
     memset(out, 0, sizeof *out);
     out->kind = kind;
@@ -911,6 +949,7 @@ bool ks_api_parse(const char *body, size_t len, ks_api_kind kind, ks_api_request
         {"top_p", 0, true, 1, false, &out->top_p, KS_API_SET_TOP_P},
         {"min_p", 0, false, 1, true, &out->min_p, KS_API_SET_MIN_P},
         {"repeat_penalty", 0, true, 100, false, &out->repeat_penalty, KS_API_SET_REPEAT_PENALTY},
+        {"repetition_penalty", 0, true, 100, false, &out->repeat_penalty, KS_API_SET_REPEAT_PENALTY},
     };
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
         if ((k = get_num(root, nums[i].key, nums[i].key, nums[i].lo, nums[i].lo_open, nums[i].hi, nums[i].hi_open,
@@ -948,6 +987,10 @@ bool ks_api_parse(const char *body, size_t len, ks_api_kind kind, ks_api_request
     if (!parse_tools(root, out, err)) goto done;
     if (get_bool(root, "parallel_tool_calls", "parallel_tool_calls", &(bool){0}, err) < 0) goto done;
     if (!parse_ext(root, out, err)) goto done;
+    /* last, so a request missing what it needs says that first */
+    if (!check_known(root, "", known_common, kind == KS_API_CHAT ? known_chat : known_completions, err)) goto done;
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(root, "kvsieve");
+    if (cJSON_IsObject(x) && !check_known(x, "kvsieve.", known_ext, NULL, err)) goto done;
     ok = true;
 done:
     cJSON_Delete(root);

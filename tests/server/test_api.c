@@ -37,7 +37,7 @@ static void test_completion_fields(void **state) {
     ks_api_error e;
     const char *b = "{\"model\":\"m\",\"prompt\":\"Once\",\"max_tokens\":8,\"temperature\":0,\"top_p\":0.5,"
                     "\"top_k\":3,\"min_p\":0.1,\"seed\":-5,\"stop\":[\"a\",\"bc\"],\"stream\":true,"
-                    "\"stream_options\":{\"include_usage\":true},\"user\":\"x\",\"unknown\":[1,{}],"
+                    "\"stream_options\":{\"include_usage\":true},\"user\":\"x\",\"metadata\":{\"a\":\"b\"},\"store\":false,"
                     "\"presence_penalty\":0.5,\"n\":1,\"logprobs\":null,\"echo\":false}";
     assert_true(parse(b, KS_API_COMPLETIONS, &r, &e));
     assert_string_equal(r.model, "m");
@@ -251,6 +251,27 @@ static void test_tools(void **state) {
     expect_error("{" UMSG ",\"parallel_tool_calls\":1}", H, 400, "invalid_type", "parallel_tool_calls");
 }
 
+/* A field no list names is a 400 that names it, at the top level and in
+ * the kvsieve object; the kind decides (prompt in a chat request is one). */
+static void test_unknown_fields(void **state) {
+    (void)state;
+    expect_error("{\"prompt\":\"x\",\"temprature\":0.5}", KS_API_COMPLETIONS, 400, "unknown_parameter", "temprature");
+    expect_error("{" UMSG ",\"prompt\":\"x\"}", KS_API_CHAT, 400, "unknown_parameter", "prompt");
+    expect_error("{\"prompt\":\"x\",\"top_logprobs\":2}", KS_API_COMPLETIONS, 400, "unknown_parameter", "top_logprobs");
+    expect_error("{\"prompt\":\"x\",\"kvsieve\":{\"budgett\":3}}", KS_API_COMPLETIONS, 400, "unknown_parameter",
+                 "kvsieve.budgett");
+    expect_error("{" UMSG ",\"logit_bias\":{\"5\":1}}", KS_API_CHAT, 400, "unknown_parameter", "logit_bias");
+    ks_api_request r;
+    ks_api_error e;
+    assert_true(parse("{\"prompt\":\"x\",\"repetition_penalty\":1.3,\"service_tier\":\"auto\"}", KS_API_COMPLETIONS,
+                      &r, &e));
+    assert_true(r.set & KS_API_SET_REPEAT_PENALTY);
+    assert_true(r.repeat_penalty > 1.29f && r.repeat_penalty < 1.31f);
+    ks_api_request_free(&r);
+    assert_false(parse("{\"prompt\":\"x\",\"foo\":1}", KS_API_COMPLETIONS, &r, &e));
+    assert_non_null(strstr(e.message, "foo"));
+}
+
 static void test_extension(void **state) {
     (void)state;
     ks_api_request r;
@@ -358,6 +379,7 @@ int main(void) {
         cmocka_unit_test(test_completion_fields), cmocka_unit_test(test_chat_fields),
         cmocka_unit_test(test_chat_errors),
         cmocka_unit_test(test_tools),
+        cmocka_unit_test(test_unknown_fields),
         cmocka_unit_test(test_extension),         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_error_json_and_utf8),
     };
