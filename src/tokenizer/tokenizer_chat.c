@@ -6,7 +6,7 @@
  *   1. The GGUF's own tokenizer.chat_template, executed by the Jinja subset
  *      interpreter (jinja.c) with messages, add_generation_prompt = true,
  *      bos_token and eos_token: byte for byte what Hugging Face's
- *      apply_chat_template produces (tests/test_jinja.c checks 66
+ *      apply_chat_template produces (tests/test_jinja.c checks 67
  *      published templates).  It is parsed once when the tokenizer loads.
  *   2. A built-in family (llama3, ChatML, phi-3, llama2), detected from the
  *      template text or the vocabulary's special tokens: when the GGUF has
