@@ -208,7 +208,8 @@ static void take_counters(ks_context *c, int n, const int32_t *seq) {
         c->scr[i].gather_seconds = 0;
         c->scr[i].gather_bytes = 0;
     }
-    c->stats.kv_bytes_read += 2 * attended * c->kv_row_bytes;
+    /* K and V rows; latent attention reads its values from the key rows (attend.c) */
+    c->stats.kv_bytes_read += (hp->kv_lora_rank > 0 ? 1 : 2) * attended * c->kv_row_bytes;
     if (c->decoding) {
         c->stats.kv_entries_attended += attended;
         for (int il = 0; il < hp->n_layer; il++)

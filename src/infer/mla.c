@@ -22,11 +22,12 @@
  * selected entries; absorbed, no entry is expanded at all).
  *
  * Store rows.  The K row is [c ; k_R] as llama.cpp's Kcur (latent first).
- * The store keeps a V row per entry as it does for every model, and here it
- * is the same 576 values: attention's output per head is then [sum p c ;
- * sum p k_R], of which the first kv_lora_rank values feed W_UV.  llama.cpp
- * keeps V as a view of K; kvsieve's store has no such view yet, so an MLA
- * entry costs 2 x 576 elements instead of 576 (docs/DESIGN.md).
+ * Attention reads the values from the same K row (attend.c points each run's
+ * V at its K), so a step reads each attended latent once and its output per
+ * head is [sum p c ; sum p k_R], of which the first kv_lora_rank values feed
+ * W_UV.  The store still writes a V row per entry as it does for every model
+ * (the same values, never read by attention): an MLA entry occupies 2 x 576
+ * elements of memory where llama.cpp's view of K needs 576 (docs/DESIGN.md).
  *
  * Scale.  The kernels scale logits by 1/sqrt(head_dim) of the latent head;
  * llama.cpp's kq_scale is mscale^2 / sqrt(qk_nope + qk_rope), so Q is
