@@ -442,6 +442,11 @@ ks_status ks_model_describe(const ks_model *m, char *buf, size_t cap) {
     OUT("shape:         n_embd %d, n_layer %d, n_ff %d, heads %d/%d kv (%s, group %d), head_dim %d, n_rot %d\n",
         hp->n_embd, hp->n_layer, hp->n_ff, hp->n_head, hp->n_head_kv, attn, hp->n_head / hp->n_head_kv,
         hp->head_dim, hp->n_rot);
+    if (hp->kv_lora_rank > 0)
+        OUT("latent attn:   one latent head of %d + %d rope dims stored per token; q%s, qk_nope %d, v_head %d a head; "
+            "scale x %.4g; %d leading dense layer(s), %d shared expert(s)\n",
+            hp->kv_lora_rank, hp->n_rot, hp->q_lora_rank > 0 ? " low rank" : " full", hp->qk_nope, hp->v_head_mla,
+            hp->mla_q_scale, hp->n_dense_lead, hp->n_expert_shared);
     OUT("context:       %d trained, rope base %g, rms eps %g\n", hp->n_ctx_train, hp->rope_base, hp->rms_eps);
     const ks_rope_scaling *sc = &hp->rope_scaling;
     OUT("rope scaling:  %s", ks_rope_scaling_name(sc->type));
