@@ -290,6 +290,36 @@ static void test_chunks_and_decode_agree(void **state) {
     ks_context_destroy(b);
 }
 
+/* a decode step allocates nothing (the house rule tests/test_step_alloc.c
+ * checks on other models): the latent path uses the context's buffers */
+static void test_step_allocates_nothing(void **state) {
+    (void)state;
+    const char *pols[] = {"dense", "quest", "h2o"};
+    for (int i = 0; i < 3; i++) {
+        ks_context_params p = ks_context_default_params();
+        p.n_ctx = 128;
+        p.n_threads = 2;
+        p.policy = pols[i];
+        p.budget = 32;
+        p.page = 16;
+        ks_context *c = NULL;
+        assert_int_equal(ks_context_create(g_model, p, &c), KS_OK);
+        int32_t prompt[60], z = 0, tok = 7;
+        for (int j = 0; j < 60; j++) prompt[j] = (j * 11 + 3) % g_model->hp.n_vocab;
+        float *logits = malloc(sizeof(float) * g_model->hp.n_vocab);
+        assert_int_equal(ks_prefill(c, 0, prompt, 60, logits, NULL), KS_OK);
+        uint64_t before = 0;
+        for (int t = 0; t < 5; t++) {
+            if (t == 2) before = ks_alloc_count();
+            assert_int_equal(ks_decode(c, &z, &tok, 1, logits), KS_OK);
+        }
+        uint64_t n = ks_alloc_count() - before;
+        if (n) fail_msg("%s: %llu allocations in 3 decode steps", pols[i], (unsigned long long)n);
+        free(logits);
+        ks_context_destroy(c);
+    }
+}
+
 /* ----------------------------------------------------------- bad files -- */
 /* Copy g_path to path without tensor `drop` (or NULL), with tensor `rename`
  * (or NULL) renamed to `to`, and the u32 key `key` (or NULL) set to val. */
@@ -364,6 +394,7 @@ int main(void) {
         cmocka_unit_test(test_full_budget_equals_dense),
         cmocka_unit_test(test_sparse_reads_selected_latents),
         cmocka_unit_test(test_chunks_and_decode_agree),
+        cmocka_unit_test(test_step_allocates_nothing),
         cmocka_unit_test(test_bad_files),
     };
     return cmocka_run_group_tests_name("mla", tests, setup, teardown);
