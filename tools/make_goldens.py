@@ -59,7 +59,7 @@ ROUTE_MARGIN = 0.008
 
 SHAPES = ["tiny-llama", "tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-mistral", "tiny-mha",
           "tiny-mqa", "tiny-phi3", "tiny-qwen3-yarn", "tiny-smollm3", "tiny-mistral3", "tiny-gemma3",
-          "tiny-deepseek2"]
+          "tiny-deepseek2", "tiny-deepseek2-qlora"]
 TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k"]
 
 

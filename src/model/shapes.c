@@ -115,6 +115,11 @@ static const ks_model_shape g_shapes[] = {
      40.f, 0, 0, 4096, .rope_scaling = "yarn", .yarn_log_mul = 0.0707f, .n_rot = 64,
      .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 256, .kv_lora_rank = 512, .qk_nope = 64, .v_head = 64,
      .n_expert_shared = 1, .n_dense_lead = 1, .expert_weights_scale = 2.0f},
+    /* the same with DeepSeek-V2's low-rank Q (attn_q_a, its norm, attn_q_b) */
+    {"tiny-deepseek2-qlora", "deepseek2", 256, 3, 4, 1, 128, 512, 10000.f, 1e-6f, 163840, false, false, false, false,
+     40.f, 0, 0, 4096, .rope_scaling = "yarn", .yarn_log_mul = 0.0707f, .n_rot = 64,
+     .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 256, .kv_lora_rank = 512, .q_lora_rank = 256, .qk_nope = 64,
+     .v_head = 64, .n_expert_shared = 1, .n_dense_lead = 1, .expert_weights_scale = 2.0f},
     /* six layers: 0-4 local with a 16-entry window, 5 global (scaled by 8), so a 64-token prompt sees both */
     {"tiny-gemma3",   "gemma3",  256,  6,  4,  2,  64,      512, 1000000.f, 1e-6f,  8192, true,  false, true,  false, 8.f, 0, 0, 0,
      .swa_window = 16, .rope_scaling = "linear"},
@@ -477,7 +482,9 @@ static void ks_gen_set_metadata(ks_gguf_writer *w, const ks_model_shape *s, cons
                            (uint32_t)(mla ? s->kv_lora_rank + s->n_rot : s->head_dim));
     ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.value_length"), (uint32_t)(mla ? s->kv_lora_rank : s->head_dim));
     if (mla) {
-        if (s->q_lora_rank > 0) ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.q_lora_rank"), (uint32_t)s->q_lora_rank);
+        /* written even when 0 (no Q compression; the converter omits it): llama.cpp's
+         * deepseek2 loader requires it unless the layer count is a known Lite model's */
+        ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.q_lora_rank"), (uint32_t)s->q_lora_rank);
         ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.kv_lora_rank"), (uint32_t)s->kv_lora_rank);
         ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.key_length_mla"), (uint32_t)s->head_dim);
         ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.value_length_mla"), (uint32_t)s->v_head);
