@@ -27,7 +27,7 @@
 #include <string.h>
 
 #define KS_ATTN_NEON_MAX_G 8
-#define KS_ATTN_NEON_MAX_HD 512
+#define KS_ATTN_NEON_MAX_HD 1024
 
 /* Eight elements of row r (f16, or Q8_0 blocks of 32: element i of block
  * i / 32, scale d) at element i, as two f32x4. */

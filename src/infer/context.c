@@ -343,8 +343,12 @@ static ks_status alloc_rows(ks_context *c) {
     c->mm_worker_bytes = ks_matmul_worker_scratch_bytes(&m->output);
     for (int il = 0; il < hp->n_layer; il++) {
         const ks_layer *L = &m->layers[il];
-        const ks_weight *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        const ks_mla_layer *a = L->mla;
+        const ks_weight *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down,
+                                 a ? &a->wq_a : &L->wq, a ? &a->wq_b : &L->wq, a ? &a->wkv_a : &L->wq,
+                                 a ? &a->k_b[0] : &L->wq, a ? &a->v_b[0] : &L->wq};
         for (size_t i = 0; i < sizeof lw / sizeof lw[0]; i++) {
+            if (!lw[i]->data) continue; /* unbound (a latent layer's wk / wv, a dense model's experts) */
             size_t need = ks_matmul_scratch_bytes(lw[i]->type, lw[i]->cols, rows);
             if (need > mm) mm = need;
             need = ks_matmul_worker_scratch_bytes(lw[i]);

@@ -40,6 +40,15 @@ bool ks_infer_seq_sparse(const ks_context *c, int32_t seq, int32_t il);
 ks_status ks_infer_forward_rows(ks_context *c, int n, const int32_t *seq, const int32_t *pos, const int32_t *tok,
                                 const bool *want, float *logits_out, const int32_t *obs_slot);
 
+/* ---------------------------------------------------------------- mla.c -- */
+/* Latent attention (layers with L->mla): the absorbed queries of the n rows
+ * into c->q ([n][n_head][head_dim]), each row's latent + rope key appended
+ * to KV head 0, as ks_infer_forward_rows's qkv step does for other layers. */
+ks_status ks_infer_mla_qkv(ks_context *c, const ks_layer *L, int il, int n, const int32_t *seq, const int32_t *pos,
+                           const int32_t *obs_slot);
+/* After attention: each head's weighted latent (c->att) through W_UV into
+ * c->q as [n][n_head * v_head_mla], the input of L->wo. */
+void ks_infer_mla_out(ks_context *c, const ks_layer *L, int n);
 /* ------------------------------------------------------------- attend.c -- */
 /* Attention of layer il for the n rows (seq, pos) whose q is in c->q: writes
  * c->att.  sparse: a decode step, where each row's own policy selects at
