@@ -776,7 +776,7 @@ static void test_gguf_template(void **state) {
     (void)state;
     const char *extra[] = {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
     const char *merges[] = {"H e"};
-    ks_chat_message m[2] = {{KS_ROLE_USER, " Hi "}, {KS_ROLE_ASSISTANT, "Yo"}};
+    ks_chat_message m[2] = {{.role = KS_ROLE_USER, .content = " Hi "}, {.role = KS_ROLE_ASSISTANT, .content = "Yo"}};
     char buf[512];
     size_t k = 0;
     /* executed: an unusual header the llama3 family would never write */
