@@ -14,7 +14,7 @@
 #include "server/api.h"
 
 #include "core/core.h"
-#include "infer/json_constraint.h"
+#include "sample/json_constraint.h"
 #include "kvsieve.h"
 
 #include <cjson/cJSON.h>
@@ -774,7 +774,7 @@ void ks_api_request_free(ks_api_request *r) {
 }
 
 /* response_format: text, json_object, or json_schema whose schema the
- * sampler enforces (infer/json_constraint.c).  A schema keyword it cannot
+ * sampler enforces (sample/json_constraint.c).  A schema keyword it cannot
  * enforce is refused by name, never ignored. */
 static bool parse_response_format(const cJSON *root, ks_api_request *out, ks_api_error *err) {
     const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");

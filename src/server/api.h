@@ -108,7 +108,7 @@ typedef struct ks_api_request {
     char policy_args[1024];
     /* response_format: NULL for text; "" for json_object (any JSON object);
      * else json_schema's schema as compact JSON, already compiled once to
-     * check it (infer/json_constraint.h) */
+     * check it (sample/json_constraint.h) */
     char *json_schema;
     /* tools: the OpenAI array as compact JSON (NULL: none), its function
      * names in order, and tool_choice */

@@ -14,7 +14,7 @@
  *
  * tool_choice "required" or a named function is enforced rather than
  * hoped for: the prompt ends with the syntax's opening marker and sampling
- * is constrained (infer/json_constraint.h) to the call's JSON, whose
+ * is constrained (sample/json_constraint.h) to the call's JSON, whose
  * arguments follow the function's `parameters` schema; the text is then
  * closed and parsed as any answer.
  */

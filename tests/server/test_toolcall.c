@@ -7,7 +7,7 @@
  */
 #include "testutil.h"
 
-#include "infer/json_constraint.h"
+#include "sample/json_constraint.h"
 #include "server/toolcall.h"
 
 #include <stdlib.h>
