@@ -776,7 +776,7 @@ static void test_gguf_template(void **state) {
     (void)state;
     const char *extra[] = {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
     const char *merges[] = {"H e"};
-    ks_chat_message m[2] = {{KS_ROLE_USER, " Hi "}, {KS_ROLE_ASSISTANT, "Yo"}};
+    ks_chat_message m[2] = {{.role = KS_ROLE_USER, .content = " Hi "}, {.role = KS_ROLE_ASSISTANT, .content = "Yo"}};
     char buf[512];
     size_t k = 0;
     /* executed: an unusual header the llama3 family would never write */
@@ -809,6 +809,54 @@ static void test_gguf_template(void **state) {
         assert_string_equal(buf, "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
                                  "<|start_header_id|>assistant<|end_header_id|>\n\nYo<|eot_id|>"
                                  "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        ks_tokenizer_destroy(t);
+    }
+}
+
+/* Tools reach the template as transformers passes them: `tools`, each
+ * message's tool_calls with the arguments' JSON string turned into the
+ * object, tool_call_id and name; the tool-call syntax is read from the
+ * template's markers. */
+static void test_gguf_template_tools(void **state) {
+    (void)state;
+    const char *extra[] = {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
+    const char *merges[] = {"H e"};
+    ks_tokenizer *t = make_bpe_vocab(
+        "llama-bpe", extra, 4, 4, merges, 1,
+        "{% if tools %}T={{ tools[0].function.name }};{% endif %}{% for m in messages %}{{ m.role }}:"
+        "{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{{ c.function.name }}({{ c.function.arguments.city }})"
+        "{{ c.function.arguments | tojson }}{% endfor %}{% endif %}{% if m.tool_call_id %}[{{ m.tool_call_id }},{{ m.name }}]"
+        "{% endif %}{{ m.content }}|{% endfor %}");
+    assert_int_equal(ks_tokenizer_tool_syntax(t), KS_TOOLS_HERMES);
+    const ks_chat_message m[] = {
+        {.role = KS_ROLE_USER, .content = "Weather?"},
+        {.role = KS_ROLE_ASSISTANT, .content = "",
+         .tool_calls = "[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                       "\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}}]"},
+        {.role = KS_ROLE_TOOL, .content = "sunny", .tool_call_id = "c1", .name = "get_weather"},
+    };
+    char buf[512];
+    size_t k = 0;
+    assert_int_equal(ks_tokenizer_chat_render_tools(t, m, 3, "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]",
+                                                    buf, sizeof buf, &k), KS_OK);
+    assert_string_equal(buf, "T=f;user:Weather?|assistant:<tool_call>get_weather(Paris){\"city\": \"Paris\"}|"
+                             "tool:[c1,get_weather]sunny|");
+    /* without tools the variable is undefined, as before */
+    assert_int_equal(ks_tokenizer_chat_render(t, m, 1, buf, sizeof buf, &k), KS_OK);
+    assert_string_equal(buf, "user:Weather?|");
+    ks_tokenizer_destroy(t);
+    /* the syntax each family's markers name */
+    static const struct { const char *tmpl; ks_tool_syntax want; } syn[] = {
+        {"<|start_header_id|>{{ '<|python_tag|>' }}", KS_TOOLS_LLAMA3},
+        {"<|start_header_id|>[TOOL_CALLS]", KS_TOOLS_MISTRAL},
+        {"<|start_header_id|><|call|> to=functions.", KS_TOOLS_HARMONY},
+        {"<|start_header_id|><\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>", KS_TOOLS_DEEPSEEK},
+        {"{{ messages[0].content }}", KS_TOOLS_GENERIC},
+        {"<|start_header_id|>{% if %}", KS_TOOLS_HERMES}, /* unparsable: the family, which writes Hermes' */
+    };
+    for (size_t i = 0; i < sizeof syn / sizeof syn[0]; i++) {
+        t = make_bpe_vocab("llama-bpe", extra, 4, 4, merges, 1, syn[i].tmpl);
+        assert_int_equal(ks_tokenizer_tool_syntax(t), syn[i].want);
         ks_tokenizer_destroy(t);
     }
 }
@@ -964,6 +1012,7 @@ int main(void) {
         cmocka_unit_test(test_pre_tokenizers),
         cmocka_unit_test(test_llama3_chat),
         cmocka_unit_test(test_gguf_template),
+        cmocka_unit_test(test_gguf_template_tools),
         cmocka_unit_test(test_chatml_chat),
         cmocka_unit_test(test_random_round_trip),
         cmocka_unit_test(test_long_input),

@@ -142,8 +142,23 @@ static bool tool_plan_parse(const tool_plan *tp, const char *text, size_t len, k
     return ok;
 }
 
+/* A fresh call id.  Mistral's templates accept only 9 letters and digits
+ * (they raise_exception on anything else when the call comes back in the
+ * next request), so its models get those; others OpenAI's call_ form. */
+static void call_id(ks_tool_syntax syn, char *id, size_t cap) {
+    if (syn == KS_TOOLS_MISTRAL) {
+        static const char abc[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+        uint64_t r = random_u64();
+        for (int i = 0; i < 9; i++, r /= 62) id[i] = abc[r % 62];
+        id[9] = 0;
+        return;
+    }
+    snprintf(id, cap, "call_%016llx%08llx", (unsigned long long)random_u64(),
+             (unsigned long long)(random_u64() & 0xffffffffull));
+}
+
 /* OpenAI's tool_calls array; with_index: a stream's delta form. */
-static cJSON *tool_calls_json(const ks_tool_parsed *tc, bool with_index) {
+static cJSON *tool_calls_json(const ks_tool_parsed *tc, ks_tool_syntax syn, bool with_index) {
     cJSON *a = cJSON_CreateArray();
     for (int32_t i = 0; a && i < tc->n_calls; i++) {
         cJSON *c = cJSON_CreateObject();
@@ -153,8 +168,7 @@ static cJSON *tool_calls_json(const ks_tool_parsed *tc, bool with_index) {
             return NULL;
         }
         char id[48];
-        snprintf(id, sizeof id, "call_%016llx%08llx", (unsigned long long)random_u64(),
-                 (unsigned long long)(random_u64() & 0xffffffffull));
+        call_id(syn, id, sizeof id);
         if (with_index) cJSON_AddNumberToObject(c, "index", i);
         cJSON_AddStringToObject(c, "id", id);
         cJSON_AddStringToObject(c, "type", "function");
@@ -264,7 +278,7 @@ static const char *stream_tools_end(stream *st, const char *finish) {
         ks_tool_parsed_free(&tc);
         return finish;
     }
-    cJSON *o = chunk(st, NULL, 0, NULL, NULL, 0), *calls = tool_calls_json(&tc, true);
+    cJSON *o = chunk(st, NULL, 0, NULL, NULL, 0), *calls = tool_calls_json(&tc, st->tools.syn, true);
     cJSON *c = o ? cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0) : NULL;
     cJSON *d = c ? cJSON_GetObjectItemCaseSensitive(c, "delta") : NULL;
     if (!d || !calls || !cJSON_AddItemToObject(d, "tool_calls", calls)) {
@@ -648,7 +662,7 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
             ks_tool_parsed tc = {0};
             if (whole && tools.active) whole = tool_plan_parse(&tools, text.p ? text.p : "", text.n, &tc);
             if (whole && tc.n_calls) {
-                cJSON *calls = tool_calls_json(&tc, false);
+                cJSON *calls = tool_calls_json(&tc, tools.syn, false);
                 if (tc.content) whole = add_clean_string(m, "content", tc.content, strlen(tc.content));
                 else cJSON_AddNullToObject(m, "content");
                 whole = whole && calls && cJSON_AddItemToObject(m, "tool_calls", calls);

@@ -64,6 +64,24 @@ static bool opt_bool(const cJSON *root, const char *key, bool *out, ks_api_error
     return true;
 }
 
+/* A field the route does not take: 400 unknown_parameter naming it (as
+ * the completion routes do), so a misspelt "add_specials" is not silently
+ * the default. */
+static bool only_fields(const cJSON *root, const char *const *known, ks_api_error *err) {
+    const cJSON *f;
+    cJSON_ArrayForEach(f, root) {
+        const char *k = f->string ? f->string : "";
+        const char *const *p = known;
+        while (*p && strcmp(*p, k)) p++;
+        if (*p) continue;
+        char param[64];
+        snprintf(param, sizeof param, "%.60s", k);
+        BAD("unknown_parameter", param, "Unrecognized request argument supplied: %s", param);
+        return false;
+    }
+    return true;
+}
+
 bool ks_api_parse_tokenize(const char *body, size_t len, ks_api_tokenize *out, ks_api_error *err) {
     memset(out, 0, sizeof *out);
     out->parse_special = true;
@@ -82,6 +100,8 @@ bool ks_api_parse_tokenize(const char *body, size_t len, ks_api_tokenize *out, k
     if (!opt_bool(root, "add_special", &out->add_special, err) || !opt_bool(root, "parse_special", &out->parse_special, err) ||
         !opt_bool(root, "with_pieces", &out->with_pieces, err))
         goto done;
+    static const char *const known[] = {"content", "add_special", "parse_special", "with_pieces", NULL};
+    if (!only_fields(root, known, err)) goto done;
     if (!(out->content = ks_strdup(c->valuestring))) {
         ks_api_error_set(err, 503, "server_error", "out_of_memory", NULL, "the server ran out of memory reading 'content'");
         goto done;
@@ -132,6 +152,8 @@ bool ks_api_parse_detokenize(const char *body, size_t len, ks_api_detokenize *ou
         }
         out->tokens[out->n_tokens++] = (int32_t)d;
     }
+    static const char *const known[] = {"tokens", NULL};
+    if (!only_fields(root, known, err)) goto done;
     ok = true;
 done:
     cJSON_Delete(root);

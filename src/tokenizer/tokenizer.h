@@ -122,5 +122,10 @@ ks_tool_syntax ks_tokenizer_tool_syntax(const ks_tokenizer *t);
 ks_status ks_chat_render_family(ks_chat_family fam, const char *bos_text, const char *eos_text,
                                 const ks_chat_message *msgs, size_t n_msgs, char *buf, size_t cap,
                                 size_t *n_out);
+/* The same with tools and tool messages, written the Hermes way
+ * (tokenizer_chat.c); without them, ks_chat_render_family. */
+ks_status ks_chat_render_family_tools(ks_chat_family fam, const char *bos_text, const char *eos_text,
+                                      const ks_chat_message *msgs, size_t n_msgs, const char *tools, char *buf,
+                                      size_t cap, size_t *n_out);
 
 #endif

@@ -445,17 +445,24 @@ ks_status ks_tokenizer_chat_render_tools(const ks_tokenizer *t, const ks_chat_me
         KS_LOG(WARN, "chat: the GGUF's template failed (%s); using the built-in %s format", ks_last_error(),
                ks_chat_family_name(t->chat));
     }
+    return ks_chat_render_family_tools(t->chat, bos, eos, msgs, n_msgs, tools, buf, cap, n_out);
+}
+
+ks_status ks_chat_render_family_tools(ks_chat_family fam, const char *bos_text, const char *eos_text,
+                                      const ks_chat_message *msgs, size_t n_msgs, const char *tools, char *buf,
+                                      size_t cap, size_t *n_out) {
+    if (!n_out || (!msgs && n_msgs) || (!buf && cap)) return KS_FAIL(KS_ERR_INVALID_ARG, "chat: NULL argument");
     bool any_tool = tools != NULL;
     for (size_t i = 0; i < n_msgs; i++) {
         if (!msgs[i].content) return KS_FAIL(KS_ERR_INVALID_ARG, "chat: message %zu has no content", i);
         any_tool = any_tool || msgs[i].role == KS_ROLE_TOOL || msgs[i].tool_calls;
     }
-    if (!any_tool || t->chat == KS_CHAT_NONE) return ks_chat_render_family(t->chat, bos, eos, msgs, n_msgs, buf, cap, n_out);
+    if (!any_tool || fam == KS_CHAT_NONE) return ks_chat_render_family(fam, bos_text, eos_text, msgs, n_msgs, buf, cap, n_out);
     ks_chat_message *m = NULL;
     char **arena = NULL;
     size_t n = 0;
     ks_status st = ks_tok_tools_to_hermes(msgs, n_msgs, tools, &m, &n, &arena);
-    if (st == KS_OK) st = ks_chat_render_family(t->chat, bos, eos, m, n, buf, cap, n_out);
+    if (st == KS_OK) st = ks_chat_render_family(fam, bos_text, eos_text, m, n, buf, cap, n_out);
     ks_tok_arena_free(m, arena, n_msgs);
     return st;
 }

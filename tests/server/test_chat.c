@@ -40,9 +40,9 @@ static char *render(ks_chat_family fam, const ks_chat_message *msgs, size_t n) {
 /* llama.cpp's test conversation: system, then three user turns with two
  * answers between them, the second answer padded with spaces. */
 static const ks_chat_message conversation[] = {
-    {KS_ROLE_SYSTEM, "You are a helpful assistant"}, {KS_ROLE_USER, "Hello"},
-    {KS_ROLE_ASSISTANT, "Hi there"},                 {KS_ROLE_USER, "Who are you"},
-    {KS_ROLE_ASSISTANT, "   I am an assistant   "},  {KS_ROLE_USER, "Another question"},
+    {.role = KS_ROLE_SYSTEM, .content = "You are a helpful assistant"}, {.role = KS_ROLE_USER, .content = "Hello"},
+    {.role = KS_ROLE_ASSISTANT, .content = "Hi there"},                 {.role = KS_ROLE_USER, .content = "Who are you"},
+    {.role = KS_ROLE_ASSISTANT, .content = "   I am an assistant   "},  {.role = KS_ROLE_USER, .content = "Another question"},
 };
 enum { N_CONV = sizeof conversation / sizeof conversation[0] };
 
@@ -109,7 +109,7 @@ static void test_reference_renderings(void **state) {
 static void test_other_orders(void **state) {
     (void)state;
     const ks_chat_message late_sys[] = {
-        {KS_ROLE_USER, "Hi"}, {KS_ROLE_ASSISTANT, "Hello"}, {KS_ROLE_SYSTEM, "Be brief."}, {KS_ROLE_USER, "Why?"}};
+        {.role = KS_ROLE_USER, .content = "Hi"}, {.role = KS_ROLE_ASSISTANT, .content = "Hello"}, {.role = KS_ROLE_SYSTEM, .content = "Be brief."}, {.role = KS_ROLE_USER, .content = "Why?"}};
     char *s = render(KS_CHAT_LLAMA3, late_sys, 4);
     assert_string_equal(s, "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
                            "<|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|>"
@@ -121,7 +121,7 @@ static void test_other_orders(void **state) {
     s = render(KS_CHAT_LLAMA2, late_sys, 4);
     assert_string_equal(s, "[INST] Hi [/INST] Hello </s><s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nWhy? [/INST]");
     free(s);
-    const ks_chat_message two_sys[] = {{KS_ROLE_SYSTEM, "A"}, {KS_ROLE_SYSTEM, "B"}, {KS_ROLE_USER, "Q"}};
+    const ks_chat_message two_sys[] = {{.role = KS_ROLE_SYSTEM, .content = "A"}, {.role = KS_ROLE_SYSTEM, .content = "B"}, {.role = KS_ROLE_USER, .content = "Q"}};
     s = render(KS_CHAT_LLAMA2, two_sys, 3);
     assert_string_equal(s, "[INST] <<SYS>>\nA\nB\n<</SYS>>\n\nQ [/INST]");
     free(s);
@@ -130,11 +130,11 @@ static void test_other_orders(void **state) {
                            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n");
     free(s);
     /* a trailing system message is not dropped (llama2: an empty user turn carries it) */
-    const ks_chat_message tail_sys[] = {{KS_ROLE_USER, "Q"}, {KS_ROLE_SYSTEM, "S"}};
+    const ks_chat_message tail_sys[] = {{.role = KS_ROLE_USER, .content = "Q"}, {.role = KS_ROLE_SYSTEM, .content = "S"}};
     s = render(KS_CHAT_LLAMA2, tail_sys, 2);
     assert_string_equal(s, "[INST] Q [/INST]<s>[INST] <<SYS>>\nS\n<</SYS>> [/INST]");
     free(s);
-    const ks_chat_message asst_first[] = {{KS_ROLE_ASSISTANT, "Welcome."}, {KS_ROLE_USER, "Hi"}, {KS_ROLE_USER, "?"}};
+    const ks_chat_message asst_first[] = {{.role = KS_ROLE_ASSISTANT, .content = "Welcome."}, {.role = KS_ROLE_USER, .content = "Hi"}, {.role = KS_ROLE_USER, .content = "?"}};
     s = render(KS_CHAT_LLAMA2, asst_first, 3);
     assert_string_equal(s, " Welcome. </s><s>[INST] Hi [/INST]<s>[INST] ? [/INST]");
     free(s);
@@ -142,11 +142,11 @@ static void test_other_orders(void **state) {
     assert_string_equal(s, "<|assistant|>\nWelcome.<|end|>\n<|user|>\nHi<|end|>\n<|user|>\n?<|end|>\n<|assistant|>\n");
     free(s);
     /* errors: no template, bad role, missing content, too small a buffer */
-    const ks_chat_message one[] = {{KS_ROLE_USER, "x"}};
+    const ks_chat_message one[] = {{.role = KS_ROLE_USER, .content = "x"}};
     size_t k = 0;
     char buf[8];
     assert_int_equal(ks_chat_render_family(KS_CHAT_NONE, NULL, NULL, one, 1, buf, sizeof buf, &k), KS_ERR_UNSUPPORTED);
-    const ks_chat_message bad_role[] = {{(ks_chat_role)7, "x"}}, no_content[] = {{KS_ROLE_USER, NULL}};
+    const ks_chat_message bad_role[] = {{.role = (ks_chat_role)7, .content = "x"}}, no_content[] = {{.role = KS_ROLE_USER, .content = NULL}};
     assert_int_equal(ks_chat_render_family(KS_CHAT_CHATML, NULL, NULL, bad_role, 1, buf, sizeof buf, &k),
                      KS_ERR_INVALID_ARG);
     assert_int_equal(ks_chat_render_family(KS_CHAT_CHATML, NULL, NULL, no_content, 1, buf, sizeof buf, &k),
@@ -157,14 +157,14 @@ static void test_other_orders(void **state) {
 
 /* A four-turn conversation grown one question and answer at a time. */
 static const ks_chat_message growing[] = {
-    {KS_ROLE_SYSTEM, "You answer questions about the document."},
-    {KS_ROLE_USER, "Here is a document: the pass key is 31415. What is the pass key?"},
-    {KS_ROLE_ASSISTANT, "The pass key is 31415."},
-    {KS_ROLE_USER, "Say it backwards."},
-    {KS_ROLE_ASSISTANT, "51413"},
-    {KS_ROLE_USER, "And twice?"},
-    {KS_ROLE_ASSISTANT, "31415 31415"},
-    {KS_ROLE_USER, "Thanks. Summarise the conversation."},
+    {.role = KS_ROLE_SYSTEM, .content = "You answer questions about the document."},
+    {.role = KS_ROLE_USER, .content = "Here is a document: the pass key is 31415. What is the pass key?"},
+    {.role = KS_ROLE_ASSISTANT, .content = "The pass key is 31415."},
+    {.role = KS_ROLE_USER, .content = "Say it backwards."},
+    {.role = KS_ROLE_ASSISTANT, .content = "51413"},
+    {.role = KS_ROLE_USER, .content = "And twice?"},
+    {.role = KS_ROLE_ASSISTANT, .content = "31415 31415"},
+    {.role = KS_ROLE_USER, .content = "Thanks. Summarise the conversation."},
 };
 /* Number of messages up to and including user turn `turn` (1-based). */
 static size_t turn_end(int turn) { return (size_t)(2 * turn); }
@@ -242,12 +242,67 @@ static void test_prefix_property_tokens(void **state) {
     check_token_prefix("llama-spm", KS_CHAT_LLAMA2);
 }
 
+/* Tools without a template: a family renders them the Hermes way (the
+ * tools in a system message, the assistant's calls as <tool_call> blocks
+ * with the arguments as JSON objects, results as <tool_response> user
+ * turns).  With a template (phi-3's vocabulary carries Phi-3's), the
+ * template gets them, and a template that does not mention tool calls
+ * makes the syntax the generic JSON one. */
+static void test_tools_family(void **state) {
+    (void)state;
+    const char *tools = "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}]";
+    const ks_chat_message msgs[] = {
+        {.role = KS_ROLE_SYSTEM, .content = "Be brief."},
+        {.role = KS_ROLE_USER, .content = "Weather?"},
+        {.role = KS_ROLE_ASSISTANT, .content = "",
+         .tool_calls = "[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                       "\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]"},
+        {.role = KS_ROLE_TOOL, .content = "sunny", .tool_call_id = "c1", .name = "get_weather"},
+    };
+    size_t need = 0, len = 0;
+    assert_int_equal(ks_chat_render_family_tools(KS_CHAT_PHI3, "<s>", "</s>", msgs, 4, tools, NULL, 0, &need),
+                     KS_ERR_INVALID_ARG);
+    char *buf = malloc(need);
+    assert_int_equal(ks_chat_render_family_tools(KS_CHAT_PHI3, "<s>", "</s>", msgs, 4, tools, buf, need, &len), KS_OK);
+    const char *want =
+        "<|system|>\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+        "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}\n</tools>\n\nFor each function call, return a "
+        "json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+        "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|end|>\n"
+        "<|user|>\nWeather?<|end|>\n"
+        "<|assistant|>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\"}}\n</tool_call><|end|>\n"
+        "<|user|>\n<tool_response>\nsunny\n</tool_response><|end|>\n<|assistant|>\n";
+    assert_string_equal(buf, want);
+    /* without tools and tool messages the rendering is the plain one */
+    char *plain = render(KS_CHAT_PHI3, msgs, 2);
+    assert_int_equal(ks_chat_render_family_tools(KS_CHAT_PHI3, "<s>", "</s>", msgs, 2, NULL, buf, need, &len), KS_OK);
+    assert_string_equal(buf, plain);
+    free(plain);
+    free(buf);
+
+    ks_gguf *g = NULL;
+    assert_int_equal(ks_gguf_open(ks_test_fixture("tokenizer/ggml-vocab-phi-3.gguf"), &g), KS_OK);
+    ks_tokenizer *t = NULL;
+    assert_int_equal(ks_tokenizer_create(g, &t), KS_OK);
+    ks_gguf_close(g);
+    assert_int_equal(ks_tokenizer_tool_syntax(t), KS_TOOLS_GENERIC);
+    need = 0;
+    assert_int_equal(ks_tokenizer_chat_render_tools(t, msgs, 4, tools, NULL, 0, &need), KS_ERR_INVALID_ARG);
+    buf = malloc(need);
+    assert_int_equal(ks_tokenizer_chat_render_tools(t, msgs, 4, tools, buf, need, &len), KS_OK);
+    assert_non_null(strstr(buf, "Weather?")); /* Phi-3's template writes only system, user and assistant turns */
+    free(buf);
+    ks_tokenizer_destroy(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_renderings),
         cmocka_unit_test(test_other_orders),
         cmocka_unit_test(test_prefix_property),
         cmocka_unit_test(test_prefix_property_tokens),
+        cmocka_unit_test(test_tools_family),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -87,6 +87,10 @@ if which == "plain":
         ("/apply-template", '{"messages":[]}', "invalid_value", "messages"),
         ("/apply-template", '{"messages":[{"role":"bot","content":"x"}]}', "invalid_value", "messages[0].role"),
         ("/apply-template", '{"messages":[{"role":"user"}]}', "missing_required_parameter", "messages[0].content"),
+        ("/tokenize", '{"content":"a","add_specials":true}', "unknown_parameter", "add_specials"),
+        ("/detokenize", '{"tokens":[1],"pieces":true}', "unknown_parameter", "pieces"),
+        ("/apply-template", '{"messages":[{"role":"user","content":"x"}],"add_generation":true}', "unknown_parameter",
+         "add_generation"),
     ]:
         expect_err(route, body, code, param)
     st, _ = post("/detokenize", "", method="GET")

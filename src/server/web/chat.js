@@ -9,6 +9,10 @@
  * decoding speed.  The policy and budget are per conversation and go in the
  * request's `kvsieve` object (docs/SERVER.md).
  *
+ * With "Token probabilities" on, the request asks for logprobs (top 5) and
+ * the answer is drawn token by token: each token shaded by its probability,
+ * its alternatives on hover, and all of them in a table under the answer.
+ *
  * Conversations live in this browser's localStorage only; the server keeps
  * nothing.  Text is always inserted as text (textContent), never as HTML:
  * answers and documents are untrusted.
@@ -48,7 +52,7 @@ function save() {
 function newConversation() {
   const c = { id: Date.now().toString(36) + Math.random().toString(36).slice(2, 7), title: "",
               created: Date.now(), doc: "", docName: "", policy: "", budget: "",
-              maxTokens: 256, temperature: 0.7, messages: [] };
+              maxTokens: 256, temperature: 0.7, logprobs: false, messages: [] };
   convs.unshift(c);
   return c;
 }
@@ -121,12 +125,69 @@ function statsNode(s) {
   return d;
 }
 
+const pct = (lp) => (100 * Math.exp(lp)).toFixed(lp > -4.6 ? 1 : 2) + "%";
+/* A token as shown: visible whitespace for a token that is only that. */
+const tokText = (t) => (/^\s*$/.test(t) ? JSON.stringify(t).slice(1, -1) || "\u2205" : t);
+const altsText = (t) => t.top.map((a) => `${tokText(a.token)}  ${pct(a.logprob)}`).join("\n");
+
+/* The answer's text as one span per token (the leading whitespace dropped,
+ * as shown() does), shaded by probability, alternatives on hover. */
+function tokenSpans(text, tokens) {
+  let lead = true;
+  for (const t of tokens) {
+    let s = t.token;
+    if (lead) { s = s.replace(/^\s+/, ""); if (!s) continue; lead = false; }
+    const span = document.createElement("span");
+    span.className = "tok";
+    span.textContent = s;
+    const p = Math.exp(t.logprob);
+    span.style.backgroundColor = `rgba(214, 120, 40, ${(0.45 * (1 - p)).toFixed(3)})`;
+    span.dataset.p = pct(t.logprob);
+    if (t.top.length) span.dataset.alts = altsText(t);
+    span.title = `${pct(t.logprob)}` + (t.top.length ? "\n" + altsText(t) : "");
+    text.append(span);
+  }
+}
+
+/* The table under an answer: every token, its probability, the alternatives. */
+function logprobTable(tokens) {
+  const d = document.createElement("details");
+  d.className = "lp";
+  const sum = document.createElement("summary");
+  const mean = tokens.reduce((a, t) => a + t.logprob, 0) / tokens.length;
+  sum.textContent = `Token probabilities (${tokens.length} tokens, geometric mean p ${pct(mean)})`;
+  d.append(sum);
+  const wrap = document.createElement("div");
+  wrap.className = "lp-wrap";
+  const table = document.createElement("table");
+  const head = table.insertRow();
+  for (const h of ["#", "token", "p", "alternatives"]) {
+    const th = document.createElement("th");
+    th.textContent = h;
+    head.append(th);
+  }
+  tokens.forEach((t, i) => {
+    const r = table.insertRow();
+    r.insertCell().textContent = String(i + 1);
+    const c = r.insertCell();
+    c.className = "mono";
+    c.textContent = tokText(t.token);
+    r.insertCell().textContent = pct(t.logprob);
+    r.insertCell().textContent = t.top.filter((a) => a.token !== t.token).slice(0, 4)
+      .map((a) => `${tokText(a.token)} ${pct(a.logprob)}`).join(", ");
+  });
+  wrap.append(table);
+  d.append(wrap);
+  return d;
+}
+
 function messageNode(m) {
   const div = document.createElement("div");
   div.className = "msg " + m.role;
   const text = document.createElement("div");
   text.className = "text";
-  text.textContent = shown(m.content);
+  if (m.tokens && m.tokens.length && !(running && running.msg === m)) tokenSpans(text, m.tokens);
+  else text.textContent = shown(m.content);
   div.append(text);
   if (m.error) {
     const e = document.createElement("div");
@@ -135,6 +196,7 @@ function messageNode(m) {
     div.append(e);
   }
   if (m.stats) div.append(statsNode(m.stats));
+  if (m.tokens && m.tokens.length && m.stats) div.append(logprobTable(m.tokens));
   return div;
 }
 
@@ -160,6 +222,7 @@ function renderSettings() {
   $("budget").value = active.budget || "";
   $("max-tokens").value = active.maxTokens || "";
   $("temperature").value = active.temperature ?? "";
+  $("logprobs").checked = !!active.logprobs;
   $("doc-text").value = active.doc || "";
   docInfo();
 }
@@ -235,7 +298,7 @@ function history(conv) {
   if (conv.doc) out.push({ role: "system", content: DOC_PREAMBLE + conv.doc });
   for (const m of conv.messages) {
     if (m.error && !m.content) continue;
-    out.push({ role: m.role, content: m.content });
+    out.push({ role: m.role, content: m.content });   // the text only: tokens stay in the page
   }
   return out;
 }
@@ -251,6 +314,7 @@ function requestBody(conv) {
   const b = parseInt(conv.budget, 10);
   if (b > 0) ext.budget = b;
   if (Object.keys(ext).length) body.kvsieve = ext;
+  if (conv.logprobs) { body.logprobs = true; body.top_logprobs = 5; }
   return body;
 }
 
@@ -259,6 +323,7 @@ async function send(question) {
   const conv = active;
   conv.messages.push({ role: "user", content: question });
   const msg = { role: "assistant", content: "", stats: null };
+  if (conv.logprobs) msg.tokens = [];
   conv.messages.push(msg);
   const controller = new AbortController();
   running = { controller, conv, msg, node: null };
@@ -306,6 +371,10 @@ async function send(question) {
             arrivals++;
             update();
           }
+          if (ch && ch.logprobs && ch.logprobs.content && msg.tokens)
+            for (const t of ch.logprobs.content)
+              msg.tokens.push({ token: t.token, logprob: t.logprob,
+                                top: (t.top_logprobs || []).map((a) => ({ token: a.token, logprob: a.logprob })) });
           if (ch && ch.finish_reason) stats.finish = ch.finish_reason;
           if (j.usage) {
             stats.prompt_tokens = j.usage.prompt_tokens;
@@ -353,6 +422,7 @@ function init() {
   bindSetting("budget", "budget");
   bindSetting("max-tokens", "maxTokens");
   bindSetting("temperature", "temperature");
+  $("logprobs").addEventListener("change", () => { active.logprobs = $("logprobs").checked; save(); });
   $("doc-text").addEventListener("input", () => {
     active.doc = $("doc-text").value;
     if (!active.doc) active.docName = "";

@@ -8,6 +8,9 @@
 // question give an answer that arrives in several pieces (streaming), with
 // TTFT, tokens and the conversation's policy and budget; a follow-up
 // reports cached tokens > 0 (the document came from the prefix cache);
+// with "Token probabilities" on, an answer is drawn token by token with each
+// token's probability and alternatives (on hover and in a table) that add
+// up to the answer's text;
 // the stop button ends a long answer and the server cancels it; the
 // conversations survive a reload; an uploaded file becomes the document;
 // conversations can be created, switched and deleted.
@@ -109,6 +112,26 @@ try {
   console.log("answer 2:", JSON.stringify(a2.text), "|", a2.stats && a2.stats.text);
   ok(a2.text.length > 0, "the follow-up has text");
   ok(a2.stats && Number(a2.stats.cached) > 0, `the follow-up reports cached tokens (${a2.stats && a2.stats.cached})`);
+  // Token probabilities, on demand: the toggle adds logprobs to the request.
+  ok((await page.$$eval(".msg.assistant .tok", (els) => els.length)) === 0, "no token view without the toggle");
+  await page.click("#logprobs");
+  const a3 = await ask(page, "When was the lamp electrified?");
+  const view = await page.$$eval(".msg.assistant", (els) => {
+    const m = els[els.length - 1];
+    const toks = [...m.querySelectorAll(".text .tok")];
+    return { n: toks.length, joined: toks.map((t) => t.textContent).join(""), text: m.querySelector(".text").textContent,
+             alts: toks.filter((t) => /%/.test(t.dataset.alts || "")).length,
+             p: toks.every((t) => /^[0-9.]+%$/.test(t.dataset.p)),
+             rows: m.querySelectorAll(".lp tr").length, summary: (m.querySelector(".lp summary") || {}).textContent };
+  });
+  console.log("answer 3:", JSON.stringify(a3.text), "|", view.summary);
+  ok(view.n > 0 && view.joined === view.text, `the answer is drawn as ${view.n} tokens that make up its text`);
+  ok(view.p && view.alts === view.n, "every token has its probability and alternatives");
+  ok(view.rows >= view.n + 1, `the table lists every token (${view.rows - 1} rows)`);
+  await page.click(".msg.assistant:last-of-type .lp summary");
+  ok(await page.$eval(".msg.assistant:last-of-type .lp", (d) => d.open), "the table opens");
+  await page.$eval("#messages", (b) => { b.scrollTop = b.scrollHeight; });
+  await page.hover(".msg.assistant:last-of-type .text .tok:nth-child(2)");
   await page.screenshot({ path: shot });
   console.log("screenshot:", shot);
 
@@ -163,7 +186,8 @@ try {
   await page.reload({ waitUntil: "load" });
   await page.waitForSelector(".msg.assistant .stats");
   const n = await page.$$eval(".msg", (els) => els.length);
-  ok(n === 6, `the reloaded page shows the 6 messages (${n})`);
+  ok(n === 8, `the reloaded page shows the 8 messages (${n})`);
+  ok((await page.$$eval(".msg.assistant .tok", (els) => els.length)) > 0, "the token view survives the reload");
   ok((await page.$eval("#policy", (e) => e.value)) === "quest", "the policy is kept per conversation");
 
   // A second conversation, its document uploaded; switch and delete.
@@ -175,7 +199,7 @@ try {
   ok((await page.$eval("#doc-info", (e) => e.textContent)).includes("doc.txt"), "an uploaded file becomes the document");
   ok((await page.$$eval(".msg", (els) => els.length)) === 0, "the new conversation is empty");
   await page.click("#conv-list li:nth-child(2) .title");
-  ok((await page.$$eval(".msg", (els) => els.length)) === 6, "switching back shows the first conversation");
+  ok((await page.$$eval(".msg", (els) => els.length)) === 8, "switching back shows the first conversation");
   await page.click("#conv-list li:nth-child(1) .delete");
   ok((await page.$$eval("#conv-list li", (l) => l.length)) === 1, "a deleted conversation leaves the list");
   const stored = await page.evaluate(() => JSON.parse(localStorage.getItem("kvsieve.chat.v1")).length);
