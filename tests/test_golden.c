@@ -87,9 +87,18 @@ static const tolerance g_tol_bf16_attn[] = {
  * run (tiny-deepseek2-q8_0, AMD EPYC with AVX-512 BF16): nerr 0.081, max abs 0.68, the f16
  * golden of the same shape at the f16 bounds above.  Bounds: about 2x. */
 static const tolerance g_tol_mla_q8 = {"q8_0", 0.16, 1.4, false};
+/* ... and in the float types: the f16 cache rounds each 576-value latent row
+ * that every head's absorbed query reads, more than a 64-dim head's rows;
+ * make_goldens.py --estimate, emulating the f16 cache alone, gives exactly
+ * what the engine shows (tiny-deepseek2-qlora-f16: nerr 2.77e-3, max abs
+ * 0.0285; tiny-deepseek2-f16: 1.39e-3, 0.0128).  Bounds: 2.5x.  (The bf16
+ * prefill kernel takes head dims up to 512, so these run f32 attention.) */
+static const tolerance g_tol_mla_float = {"f16", 7e-3, 7e-2, true};
 
 static const tolerance *tolerance_for(const char *type, const char *shape) {
     if (strstr(shape, "deepseek2") && !strcmp(type, "q8_0")) return &g_tol_mla_q8;
+    if (strstr(shape, "deepseek2") && (!strcmp(type, "f16") || !strcmp(type, "f32") || !strcmp(type, "bf16")))
+        return &g_tol_mla_float;
     if (ks_simd_current() >= KS_SIMD_AVX512 && ks_attention_block_bf16_usable())
         for (size_t i = 0; i < sizeof g_tol_bf16_attn / sizeof g_tol_bf16_attn[0]; i++)
             if (!strcmp(g_tol_bf16_attn[i].type, type)) return &g_tol_bf16_attn[i];
