@@ -246,7 +246,7 @@ static ks_status create_kv(ks_context *c, int32_t budget) {
     kp.type = p->kv_type;
     kp.offload_dir = p->kv_offload_dir;
     kp.slot_entries = ks_infer_buffer_entries(p, budget);
-    /* headroom for a prefix cache's pinned pages (infer/prefix_cache.c): one
+    /* headroom for a prefix cache's pinned pages (prefix/prefix_cache.c): one
      * sequence's full context; reserved address space, touched only when used */
     kp.pin_pages = hp->n_head_kv * ((p->n_ctx + p->page - 1) / p->page);
     KS_TRY(ks_kv_create(&kp, &c->kv));
@@ -492,8 +492,6 @@ static void counters_add(ks_policy_counters *a, const ks_policy *pol) {
     }
 }
 
-ks_policy *ks_infer_policy_of(const ks_context *c, int32_t seq) { return c->pols[c->seq_pol[seq]].pol; }
-const ks_infer_pol *ks_infer_pol_of(const ks_context *c, int32_t seq) { return &c->pols[c->seq_pol[seq]]; }
 bool ks_infer_seq_sparse(const ks_context *c, int32_t seq, int32_t il) {
     const ks_infer_pol *e = &c->pols[c->seq_pol[seq]];
     return e->selects && il >= e->dense_from && c->model->layers[il].window == 0;

@@ -14,8 +14,12 @@
  *               selection -> entry mask -> page-bounded segments -> pointers
  *   tiers.c     the slow tier seen from the context: the adaptive memory
  *               plan, prefetch of a global selection, prefill slot loading
- *   attention.c the kernel dispatch and its portable reference
- * The functions below are what one of them needs from another.
+ *   prefill_sparse.c  the opt-in sparse prefill's plan of a block
+ *   prefix_context.c  the prefix cache (src/prefix/) from the context's side
+ * The functions below are what one of them needs from another; no two of
+ * them need each other (the CTest module_cycles checks it), which is why the
+ * small accessors every file asks (ks_infer_policy_of) are inline in infer.h.
+ * The attention kernels are a module of their own, attn/.
  */
 #ifndef KS_INFER_INTERNAL_H
 #define KS_INFER_INTERNAL_H
@@ -23,10 +27,6 @@
 #include "infer/infer.h"
 
 /* ------------------------------------------------------------ context.c -- */
-/* The policy instance serving sequence seq (the context's default unless
- * ks_seq_set_policy gave it another), and its entry. */
-ks_policy *ks_infer_policy_of(const ks_context *c, int32_t seq);
-const ks_infer_pol *ks_infer_pol_of(const ks_context *c, int32_t seq);
 /* Whether seq's policy selects at layer il of a decode step (it has a
  * selector and il is past its dense layers). */
 bool ks_infer_seq_sparse(const ks_context *c, int32_t seq, int32_t il);

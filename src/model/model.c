@@ -534,3 +534,9 @@ ks_status ks_chat_render(const ks_model *m, const ks_chat_message *msgs, size_t 
     if (!m) return KS_FAIL(KS_ERR_INVALID_ARG, "chat: NULL model");
     return ks_tokenizer_chat_render(m->tok, msgs, n_msgs, buf, cap, n_out);
 }
+ks_status ks_chat_render_tools(const ks_model *m, const ks_chat_message *msgs, size_t n_msgs, const char *tools,
+                               char *buf, size_t cap, size_t *n_out) {
+    if (!m) return KS_FAIL(KS_ERR_INVALID_ARG, "chat: NULL model");
+    return ks_tokenizer_chat_render_tools(m->tok, msgs, n_msgs, tools, buf, cap, n_out);
+}
+ks_tool_syntax ks_chat_tool_syntax(const ks_model *m) { return m ? ks_tokenizer_tool_syntax(m->tok) : KS_TOOLS_GENERIC; }

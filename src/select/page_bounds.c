@@ -16,6 +16,9 @@
 
 #include <math.h>
 #include <string.h>
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 /* A page's 8-bit bounds (kv_meta.h): the scale, then int8 lo[hd], hi[hd]. */
 static inline float bounds8_scale(const uint8_t *b) {
@@ -237,9 +240,48 @@ void ks_page_upper_bounds8_pages(const float *q, int32_t G, const uint8_t *const
     }
 }
 
+#if defined(__aarch64__)
+/* page_upper_bound_avx2's arithmetic in NEON: its two eight-lane
+ * accumulators as four quads, reduced in its order (the halves, then pairs),
+ * so a bound is the same float on either architecture.  Plain Armv8.0 NEON:
+ * every AArch64 CPU has it, and every path above falls back to this one, so
+ * the f16 and int8 page bounds are vectorised here too. */
+static float page_upper_bound_neon(const float *q, const float *kmin, const float *kmax, int32_t hd) {
+    float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, b0 = a0, b1 = a0; /* acc0 = [a0 a1], acc1 = [b0 b1] */
+    int32_t i = 0;
+    for (; i + 16 <= hd; i += 16) {
+        float32x4_t q0 = vld1q_f32(q + i), q1 = vld1q_f32(q + i + 4), q2 = vld1q_f32(q + i + 8), q3 = vld1q_f32(q + i + 12);
+        a0 = vaddq_f32(a0, vmaxq_f32(vmulq_f32(q0, vld1q_f32(kmin + i)), vmulq_f32(q0, vld1q_f32(kmax + i))));
+        a1 = vaddq_f32(a1, vmaxq_f32(vmulq_f32(q1, vld1q_f32(kmin + i + 4)), vmulq_f32(q1, vld1q_f32(kmax + i + 4))));
+        b0 = vaddq_f32(b0, vmaxq_f32(vmulq_f32(q2, vld1q_f32(kmin + i + 8)), vmulq_f32(q2, vld1q_f32(kmax + i + 8))));
+        b1 = vaddq_f32(b1, vmaxq_f32(vmulq_f32(q3, vld1q_f32(kmin + i + 12)), vmulq_f32(q3, vld1q_f32(kmax + i + 12))));
+    }
+    float32x4_t h = vaddq_f32(vaddq_f32(a0, b0), vaddq_f32(a1, b1)); /* acc's low half + high half */
+    float32x2_t p = vadd_f32(vget_low_f32(h), vget_high_f32(h));      /* [h0 + h2, h1 + h3] */
+    float s = vget_lane_f32(p, 0) + vget_lane_f32(p, 1);
+    for (; i < hd; i++) {
+        float a = q[i] * kmin[i], b = q[i] * kmax[i];
+        s += a > b ? a : b;
+    }
+    return s;
+}
+#endif
+
+const char *ks_page_bound_kernel_name(int32_t hd) {
+#if defined(__x86_64__)
+    if (hd >= 16 && ks_simd_current() >= KS_SIMD_AVX2) return "avx2";
+#elif defined(__aarch64__)
+    if (hd >= 16 && ks_simd_current() >= KS_SIMD_NEON) return "neon";
+#endif
+    (void)hd;
+    return "scalar";
+}
+
 float ks_page_upper_bound(const float *q, const float *kmin, const float *kmax, int32_t hd) {
 #if defined(__x86_64__)
     if (hd >= 16 && ks_simd_current() >= KS_SIMD_AVX2) return page_upper_bound_avx2(q, kmin, kmax, hd);
+#elif defined(__aarch64__)
+    if (hd >= 16 && ks_simd_current() >= KS_SIMD_NEON) return page_upper_bound_neon(q, kmin, kmax, hd);
 #endif
     float s = 0;
     for (int32_t i = 0; i < hd; i++) {

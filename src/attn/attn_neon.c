@@ -19,7 +19,7 @@
  * every ARM level.  On other architectures this file defines a stub that
  * declines, and the dispatch (attention.c) never calls it there anyway.
  */
-#include "infer/attn.h"
+#include "attn/attn.h"
 
 #if defined(__aarch64__)
 #include "tensor/simd_neon.h"

@@ -11,9 +11,10 @@
  * reference is deliberately plain (convert a row, dot it, softmax, sum V) so
  * that it is obviously right.
  */
-#include "infer/infer.h"
+#include "attn/attn.h"
 
 #include "core/simd.h"
+#include "tensor/ops.h"
 
 #include <math.h>
 #include <string.h>

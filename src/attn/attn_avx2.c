@@ -46,7 +46,7 @@
  * (q8v_block: the probabilities, times the rows' block scales, quantised to
  * 7 bits per block of rows, four rows interleaved per 32-bit lane).
  */
-#include "infer/attn.h"
+#include "attn/attn.h"
 
 #include "core/core.h"
 #include "core/simd.h"
@@ -58,7 +58,7 @@
 #include <immintrin.h>
 
 #include "tensor/simd_avx2.h"
-#include "infer/attn_avx2_lanes.h"
+#include "attn/attn_avx2_lanes.h"
 
 /* A block: the unit of the online softmax and of the memory order, as in
  * attn_avx512.c: one page (K rows then V rows, adjacent), a piece of a

@@ -25,7 +25,7 @@
  * state record (80-byte header and the policy's bytes, at most 1 GiB) is
  * checked the same way.
  */
-#include "infer/prefix.h"
+#include "prefix/prefix.h"
 #include "tensor/dtype.h"
 
 #include <string.h>
