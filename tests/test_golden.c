@@ -87,23 +87,22 @@ static const tolerance g_tol_bf16_attn[] = {
  * run (tiny-deepseek2-q8_0, AMD EPYC with AVX-512 BF16): nerr 0.081, max abs 0.68, the f16
  * golden of the same shape at the f16 bounds above.  Bounds: about 2x. */
 static const tolerance g_tol_mla_q8 = {"q8_0", 0.16, 1.4, false};
-
-/* Latent attention with float weights and f32 attention kernels: the store
- * keeps each token's 576-wide latent in f16 (one row serves all 16 query
- * heads, so its rounding reaches every head), and the low-rank query
- * (tiny-deepseek2-qlora) adds a normed intermediate.  First run
- * (tiny-deepseek2-qlora-f16, KS_ATTN=f32, AMD EPYC; other hosts have no bf16
- * block attention and take these bounds too): nerr 0.0028, max abs
- * 0.028.  Bounds: about 2x. */
-static const tolerance g_tol_mla_float = {"f16", 6e-3, 6e-2, true}; /* any float type */
+/* ... and in the float types: the f16 cache rounds each 576-value latent row
+ * that every head's absorbed query reads, more than a 64-dim head's rows;
+ * make_goldens.py --estimate, emulating the f16 cache alone, gives exactly
+ * what the engine shows (tiny-deepseek2-qlora-f16: nerr 2.77e-3, max abs
+ * 0.0285; tiny-deepseek2-f16: 1.39e-3, 0.0128; the low-rank query adds a
+ * normed intermediate).  Bounds: 2.5x, on every host: the bf16 prefill
+ * kernel takes head dims up to 512, so these run f32 attention anyway. */
+static const tolerance g_tol_mla_float = {"f16", 7e-3, 7e-2, true};
 
 static const tolerance *tolerance_for(const char *type, const char *shape) {
     if (strstr(shape, "deepseek2") && !strcmp(type, "q8_0")) return &g_tol_mla_q8;
+    if (strstr(shape, "deepseek2") && (!strcmp(type, "f16") || !strcmp(type, "f32") || !strcmp(type, "bf16")))
+        return &g_tol_mla_float;
     if (ks_simd_current() >= KS_SIMD_AVX512 && ks_attention_block_bf16_usable())
         for (size_t i = 0; i < sizeof g_tol_bf16_attn / sizeof g_tol_bf16_attn[0]; i++)
             if (!strcmp(g_tol_bf16_attn[i].type, type)) return &g_tol_bf16_attn[i];
-    if (strstr(shape, "deepseek2") && (!strcmp(type, "f16") || !strcmp(type, "f32") || !strcmp(type, "bf16")))
-        return &g_tol_mla_float;
     for (size_t i = 0; i < sizeof g_tol / sizeof g_tol[0]; i++)
         if (!strcmp(g_tol[i].type, type)) return &g_tol[i];
     return NULL;

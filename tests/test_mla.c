@@ -15,14 +15,17 @@
  *    the figures are printed.
  *  - Prefill in chunks and decode agree with one whole prefill (the rows'
  *    arithmetic does not depend on their batch).
+ *  - The older converter's fused attn_kv_b loads (W_UK transposed at load)
+ *    and gives the same logits.
  *  - Bad files: a missing latent tensor, a latent head of the wrong size,
- *    the older fused attn_kv_b, sigmoid gating: a clear error, no crash.
+ *    sigmoid gating, expert groups: a clear error, no crash.
  */
 #define _GNU_SOURCE
 #include "infer/infer.h"
 #include "gguf/gguf.h"
 #include "model/shapes.h"
 #include "policies/registry.h"
+#include "tensor/dtype.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -290,6 +293,101 @@ static void test_chunks_and_decode_agree(void **state) {
     ks_context_destroy(b);
 }
 
+/* The older converter's form of the same model: per layer one fused
+ * attn_kv_b [n_head * (qk_nope + v_head)][kv_lora_rank] (f32, from the
+ * f16 k_b / v_b, so the values are the same), no key_length_mla, and the
+ * decompressed heads' key/value lengths and KV head count.  It loads and
+ * gives the same logits up to the products' rounding (f32 weights against
+ * f16 ones). */
+static void test_fused_kv_b_form(void **state) {
+    (void)state;
+    const ks_hparams *hp = &g_model->hp;
+    const int nh = hp->n_head, R = hp->kv_lora_rank, nope = hp->qk_nope, Vh = hp->v_head_mla;
+    char path[400];
+    snprintf(path, sizeof path, "%s/fused.gguf", g_dir);
+    ks_gguf *g = NULL;
+    assert_int_equal(ks_gguf_open(g_path, &g), KS_OK);
+    ks_gguf_writer *w = NULL;
+    assert_int_equal(ks_gguf_writer_create(&w), KS_OK);
+    const char *skip[] = {"deepseek2.attention.key_length_mla", "deepseek2.attention.value_length_mla",
+                          "deepseek2.attention.key_length", "deepseek2.attention.value_length",
+                          "deepseek2.attention.head_count_kv"};
+    for (int64_t i = 0; i < ks_gguf_n_kv(g); i++) {
+        const ks_gguf_kv *kv = ks_gguf_kv_at(g, i);
+        bool drop = false;
+        for (size_t k = 0; k < sizeof skip / sizeof skip[0]; k++) drop |= ks_gguf_str_eq(kv->key, skip[k]);
+        if (!drop) ks_gguf_writer_copy_kv(w, kv);
+    }
+    ks_gguf_writer_set_u32(w, "deepseek2.attention.key_length", (uint32_t)(nope + hp->n_rot));
+    ks_gguf_writer_set_u32(w, "deepseek2.attention.value_length", (uint32_t)Vh);
+    ks_gguf_writer_set_u32(w, "deepseek2.attention.head_count_kv", (uint32_t)nh);
+    float *kvb[8] = {0};
+    for (int64_t i = 0; i < ks_gguf_n_tensors(g); i++) {
+        const ks_gguf_tensor *t = ks_gguf_tensor_at(g, i);
+        char name[96];
+        int il = -1;
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.data);
+        if (strstr(name, ".attn_v_b.")) continue;
+        if (strstr(name, ".attn_k_b.") && sscanf(name, "blk.%d.", &il) == 1) {
+            const ks_gguf_tensor *tk = t;
+            char vn[96];
+            snprintf(vn, sizeof vn, "blk.%d.attn_v_b.weight", il);
+            const ks_gguf_tensor *tv = ks_gguf_find_tensor(g, vn);
+            assert_non_null(tv);
+            float *b = kvb[il] = malloc(sizeof(float) * (size_t)nh * (nope + Vh) * R);
+            float *row = malloc(sizeof(float) * R);
+            for (int h = 0; h < nh; h++) {
+                for (int r = 0; r < R; r++) { /* k_b[h] is [R][nope]: W_UK_h^T */
+                    ks_dequantize_row(tk->type, (const uint8_t *)tk->data + ((size_t)h * R + r) * ks_dtype_row_bytes(tk->type, nope), row, nope);
+                    for (int d = 0; d < nope; d++) b[((size_t)h * (nope + Vh) + d) * R + r] = row[d];
+                }
+                for (int v = 0; v < Vh; v++) /* v_b[h] is [Vh][R]: W_UV_h */
+                    ks_dequantize_row(tv->type, (const uint8_t *)tv->data + ((size_t)h * Vh + v) * ks_dtype_row_bytes(tv->type, R),
+                                      b + ((size_t)h * (nope + Vh) + nope + v) * R, R);
+            }
+            free(row);
+            snprintf(name, sizeof name, "blk.%d.attn_kv_b.weight", il);
+            int64_t ne[4] = {R, (int64_t)nh * (nope + Vh), 1, 1};
+            assert_int_equal(ks_gguf_writer_add_tensor(w, name, KS_DTYPE_F32, 2, ne, b, NULL, NULL), KS_OK);
+            continue;
+        }
+        int64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
+        assert_int_equal(ks_gguf_writer_add_tensor(w, name, t->type, t->n_dims, ne, t->data, NULL, NULL), KS_OK);
+    }
+    assert_int_equal(ks_gguf_writer_write(w, path), KS_OK);
+    ks_gguf_writer_destroy(w);
+    ks_gguf_close(g);
+    for (int i = 0; i < 8; i++) free(kvb[i]);
+    ks_model *m = NULL;
+    if (ks_model_load(path, ks_model_default_params(), &m) != KS_OK) fail_msg("fused form: %s", ks_last_error());
+    assert_true(m->hp.mla_fused_kv_b);
+    assert_int_equal(m->hp.head_dim, 576);
+    assert_int_equal(m->hp.n_head_kv, 1);
+    assert_int_equal(m->hp.qk_nope, nope);
+    assert_int_equal(m->hp.v_head_mla, Vh);
+    const int n = 30, Vv = hp->n_vocab;
+    int32_t toks[30];
+    for (int i = 0; i < n; i++) toks[i] = (i * 17 + 2) % Vv;
+    float *la = malloc(sizeof(float) * Vv), *lb = malloc(sizeof(float) * Vv);
+    ks_model *ms[2] = {g_model, m};
+    float *ls[2] = {la, lb};
+    for (int k = 0; k < 2; k++) {
+        ks_context_params p = ks_context_default_params();
+        p.n_ctx = 64;
+        p.n_threads = 2;
+        ks_context *c = NULL;
+        assert_int_equal(ks_context_create(ms[k], p, &c), KS_OK);
+        assert_int_equal(ks_prefill(c, 0, toks, n, ls[k], NULL), KS_OK);
+        ks_context_destroy(c);
+    }
+    double mx, e = ks_test_nmse(lb, la, (size_t)Vv, &mx);
+    print_message("fused attn_kv_b form vs attn_k_b / attn_v_b: nmse %g, max abs %g\n", e, mx);
+    if (e > 1e-4) fail_msg("fused form differs: nmse %g (max %g)", e, mx);
+    free(la), free(lb);
+    ks_model_destroy(m);
+    unlink(path);
+}
+
 /* a decode step allocates nothing (the house rule tests/test_step_alloc.c
  * checks on other models): the latent path uses the context's buffers */
 static void test_step_allocates_nothing(void **state) {
@@ -368,9 +466,6 @@ static void test_bad_files(void **state) {
     expect_refused(path, "tensor 'blk.2.attn_v_b.weight' is missing");
     assert_int_equal(rewrite(path, "blk.1.ffn_up_shexp.weight", NULL, NULL, NULL, 0), 0);
     expect_refused(path, "blk.1.ffn_up_shexp.weight");
-    /* the older converter's fused kv_b */
-    assert_int_equal(rewrite(path, NULL, "blk.0.attn_k_b.weight", "blk.0.attn_kv_b.weight", NULL, 0), 0);
-    expect_refused(path, "fused attn_kv_b");
     /* wrong latent dims: a latent head that is not kv_lora_rank + rope, a rank the tensors do not have */
     assert_int_equal(rewrite(path, NULL, NULL, NULL, "deepseek2.attention.key_length", 560), 0);
     expect_refused(path, "kv_lora_rank 512 + rope 64 = 576");
@@ -395,6 +490,7 @@ int main(void) {
         cmocka_unit_test(test_sparse_reads_selected_latents),
         cmocka_unit_test(test_chunks_and_decode_agree),
         cmocka_unit_test(test_step_allocates_nothing),
+        cmocka_unit_test(test_fused_kv_b_form),
         cmocka_unit_test(test_bad_files),
     };
     return cmocka_run_group_tests_name("mla", tests, setup, teardown);

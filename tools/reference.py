@@ -154,8 +154,12 @@ def load_config_deepseek2(c, k):
     configs do not normalise, so the two agree); shared experts added."""
     c.kv_lora = int(k("attention.kv_lora_rank"))
     c.q_lora = int(k("attention.q_lora_rank", 0))
-    c.qk_nope = int(k("attention.key_length_mla")) - c.n_rot
-    c.v_head = int(k("attention.value_length_mla"))
+    if k("attention.key_length_mla") is not None:
+        c.qk_nope = int(k("attention.key_length_mla")) - c.n_rot
+        c.v_head = int(k("attention.value_length_mla"))
+    else:  # the older converter: fused attn_kv_b, key/value_length of the decompressed heads
+        c.qk_nope = c.head_dim - c.n_rot
+        c.v_head = c.head_dim_v
     c.n_dense_lead = int(k("leading_dense_block_count", 0))
     c.n_shared = int(k("expert_shared_count", 0))
     c.w_scale = float(k("expert_weights_scale", 0.0))
@@ -408,8 +412,13 @@ class Model:
             if self.emulate:  # the engine stores the latent and the rope key in an f16 cache
                 lat = lat.to(torch.float16).to(DT)
                 k_pe = k_pe.to(torch.float16).to(DT)
-            wk = self.w[p + "attn_k_b.weight"].reshape(H, R, nope)   # W_UK_h^T
-            wv = self.w[p + "attn_v_b.weight"].reshape(H, c.v_head, R)  # W_UV_h
+            kvb = self.w.get(p + "attn_kv_b.weight")  # the older fused form: per head W_UK_h rows, then W_UV_h
+            if kvb is not None:
+                kvb = kvb.reshape(H, nope + c.v_head, R)
+                wk, wv = kvb[:, :nope, :].transpose(1, 2), kvb[:, nope:, :]
+            else:
+                wk = self.w[p + "attn_k_b.weight"].reshape(H, R, nope)   # W_UK_h^T
+                wv = self.w[p + "attn_v_b.weight"].reshape(H, c.v_head, R)  # W_UV_h
             k_nope = torch.einsum("tr,hrd->thd", lat, wk)          # kv_b: decompressed keys
             v = torch.einsum("tr,hvr->thv", lat, wv)               # and values
             k = torch.cat([k_nope, k_pe.expand(T, H, rope)], dim=-1)

@@ -13,9 +13,14 @@
  * rope.dimension_count is qk_rope.  kv_b is split per head into attn_k_b
  * (ne {qk_nope, kv_lora_rank, n_head}: W_UK_h transposed, ready to absorb
  * into the query) and attn_v_b (ne {kv_lora_rank, v_head, n_head}: W_UV_h).
- * Older files hold the fused attn_kv_b and no key_length_mla; absorbing it
- * would mean transposing quantized blocks, so such a file is refused with
- * the advice to reconvert.  Q is attn_q (V2-Lite, q_lora_rank 0) or the
+ * Older files hold the fused attn_kv_b (ne {kv_lora_rank, n_head *
+ * (qk_nope + v_head)}, head h's W_UK_h rows then its W_UV_h rows) and no
+ * key_length_mla; their key_length / value_length / head_count_kv are the
+ * decompressed heads'.  Those are read as the per-head sizes and the store
+ * still gets the latent head; W_UV_h is a row view of kv_b, and W_UK_h is
+ * transposed at load into an owned f32 copy (kv_lora_rank x qk_nope per
+ * head: 4 MiB a layer at V2-Lite's shape), the price of absorbing a matrix
+ * whose quantized blocks run along the other axis.  Q is attn_q (V2-Lite, q_lora_rank 0) or the
  * low-rank attn_q_a, attn_q_a_norm, attn_q_b (V2, q_lora_rank 1536).
  * RoPE pairs adjacent dimensions (llama.cpp's ROPE_TYPE_NORM: HF's
  * modeling de-interleaves q_pe / k_pe before rotate_half, the same map).
@@ -52,13 +57,21 @@ static ks_status deepseek2_read_hparams(const ks_gguf *g, ks_hparams *hp) {
     KS_TRY(ks_arch_key_u32(g, a, "attention.kv_lora_rank", &kv_lora, true));
     KS_TRY(ks_arch_key_u32(g, a, "attention.q_lora_rank", &q_lora, false));
     KS_TRY(ks_arch_key_u32(g, a, "attention.key_length_mla", &k_mla, false));
-    if (k_mla == 0)
-        return KS_FAIL(KS_ERR_UNSUPPORTED,
-                       "%s: no attention.key_length_mla: this is the older fused attn_kv_b form, which kvsieve does "
-                       "not absorb; reconvert with a current convert_hf_to_gguf.py (attn_k_b / attn_v_b)", a);
     v_mla = k_mla;
     KS_TRY(ks_arch_key_u32(g, a, "attention.value_length_mla", &v_mla, false));
     const uint32_t rope = (uint32_t)hp->n_rot;
+    char key[96];
+    if (k_mla == 0) { /* the older fused attn_kv_b form: key/value_length are the decompressed heads' */
+        k_mla = (uint32_t)hp->head_dim;
+        v_mla = k_mla;
+        snprintf(key, sizeof key, "%s.attention.value_length", a);
+        if (ks_gguf_get_u32(g, key, &v_mla) != KS_OK) v_mla = k_mla;
+        if (kv_lora == 0 || kv_lora > 4096 || kv_lora % 2 || kv_lora + rope > 1024)
+            return KS_FAIL(KS_ERR_FORMAT, "%s: kv_lora_rank %u is implausible", a, kv_lora);
+        hp->head_dim = (int32_t)(kv_lora + rope); /* the store's head: the latent one */
+        hp->n_head_kv = 1;
+        hp->mla_fused_kv_b = true;
+    }
     if (kv_lora == 0 || kv_lora > 4096 || kv_lora % 2 || q_lora > 65536)
         return KS_FAIL(KS_ERR_FORMAT, "%s: kv_lora_rank %u / q_lora_rank %u are implausible", a, kv_lora, q_lora);
     if ((uint32_t)hp->head_dim != kv_lora + rope)
@@ -68,9 +81,8 @@ static ks_status deepseek2_read_hparams(const ks_gguf *g, ks_hparams *hp) {
     if (hp->n_head_kv != 1)
         return KS_FAIL(KS_ERR_FORMAT, "%s: latent attention has one KV head, the file states %d", a, hp->n_head_kv);
     uint32_t v_len = 0;
-    char key[96];
     snprintf(key, sizeof key, "%s.attention.value_length", a);
-    if (ks_gguf_get_u32(g, key, &v_len) == KS_OK && v_len != kv_lora)
+    if (!hp->mla_fused_kv_b && ks_gguf_get_u32(g, key, &v_len) == KS_OK && v_len != kv_lora)
         return KS_FAIL(KS_ERR_FORMAT, "%s: value_length %u must equal kv_lora_rank %u (the latent)", a, v_len, kv_lora);
     if (k_mla <= rope || k_mla - rope > 1024 || v_mla == 0 || v_mla > 1024)
         return KS_FAIL(KS_ERR_FORMAT, "%s: key_length_mla %u (rope %u) / value_length_mla %u are implausible", a, k_mla,
@@ -156,6 +168,40 @@ static ks_status bind_stacked(ks_model *m, const char *name, int64_t rows, int64
     return KS_OK;
 }
 
+/* The older fused kv_b [n_head * (qk_nope + v_head)][kv_lora_rank]: W_UV_h as
+ * row views, W_UK_h transposed into a[n_head][kv_lora_rank][qk_nope] f32 of
+ * the mla struct's own (the file's rows run along kv_lora_rank, the absorbed
+ * product needs them along qk_nope). */
+static ks_status bind_fused_kv_b(ks_model *m, const char *name, ks_mla_layer *a) {
+    const ks_hparams *hp = &m->hp;
+    const int64_t nh = hp->n_head, R = hp->kv_lora_rank, nope = hp->qk_nope, V = hp->v_head_mla;
+    const int64_t total = nh * (nope + V);
+    for (int64_t h = 0; h < nh; h++)
+        KS_TRY(ks_model_bind_rows(m, name, total, h * (nope + V) + nope, V, R, &a->v_b[h]));
+    m->weight_bytes -= ks_weight_bytes(&a->v_b[0]) * (size_t)nh; /* counted once, below, with the key rows */
+    m->n_params -= V * R * nh;
+    const ks_gguf_tensor *t = ks_gguf_find_tensor(m->gguf, name);
+    a->k_b_owned = ks_malloc(sizeof(float) * (size_t)(nh * R * nope));
+    float *row = ks_malloc(sizeof(float) * (size_t)R);
+    if (!a->k_b_owned || !row) {
+        ks_free(row);
+        return KS_FAIL(KS_ERR_NOMEM, "'%s': W_UK of %lld heads transposed", name, (long long)nh);
+    }
+    const size_t rb = ks_dtype_row_bytes(t->type, R);
+    for (int64_t h = 0; h < nh; h++) {
+        float *kt = a->k_b_owned + (size_t)(h * R * nope); /* [R][nope] */
+        for (int64_t d = 0; d < nope; d++) {
+            ks_dequantize_row(t->type, (const uint8_t *)t->data + (size_t)(h * (nope + V) + d) * rb, row, R);
+            for (int64_t r = 0; r < R; r++) kt[r * nope + d] = row[r];
+        }
+        a->k_b[h] = (ks_weight){.type = KS_DTYPE_F32, .rows = R, .cols = nope, .data = kt};
+    }
+    ks_free(row);
+    m->weight_bytes += t->nbytes;
+    m->n_params += total * R;
+    return KS_OK;
+}
+
 static ks_status bind_mla(ks_model *m, int il, ks_layer *L) {
     const ks_hparams *hp = &m->hp;
     const int64_t E = hp->n_embd, nh = hp->n_head, R = hp->kv_lora_rank, rope = hp->n_rot;
@@ -177,13 +223,12 @@ static ks_status bind_mla(ks_model *m, int il, ks_layer *L) {
     }
     KS_TRY(ks_model_bind_weight(m, NAME("attn_kv_a_mqa.weight"), R + rope, E, &a->wkv_a));
     KS_TRY(ks_model_bind_vec(m, NAME("attn_kv_a_norm.weight"), R, true, &a->kv_a_norm));
-    if (!ks_gguf_find_tensor(m->gguf, NAME("attn_k_b.weight")) &&
-        ks_gguf_find_tensor(m->gguf, NAME("attn_kv_b.weight")))
-        return KS_FAIL(KS_ERR_UNSUPPORTED,
-                       "layer %d holds the fused attn_kv_b, not attn_k_b / attn_v_b: reconvert with a current "
-                       "convert_hf_to_gguf.py", il);
-    KS_TRY(bind_stacked(m, NAME("attn_k_b.weight"), R, hp->qk_nope, nh, a->k_b));
-    KS_TRY(bind_stacked(m, NAME("attn_v_b.weight"), hp->v_head_mla, R, nh, a->v_b));
+    if (hp->mla_fused_kv_b) {
+        KS_TRY(bind_fused_kv_b(m, NAME("attn_kv_b.weight"), a));
+    } else {
+        KS_TRY(bind_stacked(m, NAME("attn_k_b.weight"), R, hp->qk_nope, nh, a->k_b));
+        KS_TRY(bind_stacked(m, NAME("attn_v_b.weight"), hp->v_head_mla, R, nh, a->v_b));
+    }
     KS_TRY(ks_model_bind_weight(m, NAME("attn_output.weight"), E, nh * hp->v_head_mla, &L->wo));
     KS_TRY(ks_model_bind_vec(m, NAME("ffn_norm.weight"), E, true, &L->ffn_norm));
 #undef NAME

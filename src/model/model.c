@@ -270,6 +270,7 @@ void ks_model_destroy(ks_model *m) {
         if (L->mla) {
             ks_free(L->mla->q_a_norm);
             ks_free(L->mla->kv_a_norm);
+            ks_free(L->mla->k_b_owned);
             ks_free(L->mla);
         }
     }

@@ -62,6 +62,8 @@ typedef struct ks_mla_layer {
     float *kv_a_norm;         /* [kv_lora_rank]; owned */
     ks_weight *k_b;           /* [n_head] views, each [kv_lora_rank][qk_nope]: W_UK_h^T (q_nope -> latent) */
     ks_weight *v_b;           /* [n_head] views, each [v_head][kv_lora_rank]: W_UV_h (latent -> value) */
+    float *k_b_owned;         /* [n_head][kv_lora_rank][qk_nope] or NULL: k_b's data when the file has the
+                               * older fused attn_kv_b (W_UK_h transposed at load); owned */
 } ks_mla_layer;
 
 typedef struct ks_layer {
@@ -116,6 +118,7 @@ typedef struct ks_hparams {
     /* multi-head latent attention (ks_mla_layer); kv_lora_rank 0: none.  The
      * store's head is then kv_lora_rank + n_rot dims (head_dim), one KV head. */
     int32_t kv_lora_rank, q_lora_rank, qk_nope, v_head_mla;
+    bool mla_fused_kv_b;      /* the file has the older fused attn_kv_b (arch_deepseek2.c) */
     float mla_q_scale;        /* multiplies the absorbed Q so that the store's 1/sqrt(head_dim) becomes
                                * llama.cpp's kq_scale, mscale^2 / sqrt(qk_nope + n_rot) */
 } ks_hparams;
