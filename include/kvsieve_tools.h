@@ -141,7 +141,8 @@ void ks_context_take_recall(ks_context *c, double *per_layer_head, double *mean)
  * T the number of entries the policy selected that step.  policy_moved
  * counts |S_now \ S_prev| (what elastic loading copies), oracle_moved the
  * same for the oracle's sets, selected the T of the steps compared (the
- * first step of each head only sets the baseline).  On costs a dense pass
+ * first step of each head only sets the baseline, and a sequence's reset
+ * starts a new one).  On costs a dense pass
  * per selection, like the recall probe, and two bit masks of the context
  * per (sequence, layer, head), allocated here: KS_ERR_NOMEM when refused
  * (the probe stays off). */

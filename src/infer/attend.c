@@ -64,8 +64,8 @@ static void dense_weights(ks_context *c, ks_attn_scratch *s, int32_t seq, int il
 /* The share of the dense attention mass that the mask covers (eval's recall
  * probe). */
 static double recall_of_mask(ks_context *c, ks_attn_scratch *s, int32_t seq, int il, int h, int32_t n,
-                             const float *q, const uint64_t *mask) {
-    dense_weights(c, s, seq, il, h, n, q);
+                             const float *q, const uint64_t *mask, bool have_weights) {
+    if (!have_weights) dense_weights(c, s, seq, il, h, n, q);
     double in = 0, tot = 0;
     for (int32_t e = 0; e < n; e++) {
         tot += s->weights[e];
@@ -180,16 +180,17 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
             all = sel.all;
         }
     }
+    /* a real selection of a resident head that holds every position (no prefill eviction);
+     * it leaves the dense weights in s->weights for the recall probe */
+    bool turn = c->turnover_probe && c->decoding && sparse && !all && !slow && n == j->pos[r] + 1 &&
+                c->model->layers[j->il].window == 0;
+    if (turn) turnover_of(c, s, seq, j->il, h, n, q, mask);
     /* after a prefill eviction the evicted entries are gone: no dense mass to compare with */
     if (c->recall_probe && c->decoding && n == j->pos[r] + 1 && (all || !slow)) {
         size_t slot = (size_t)j->il * hp->n_head_kv + (size_t)h;
-        s->recall_sum[slot] += all ? 1.0 : recall_of_mask(c, s, seq, j->il, h, n, q, mask);
+        s->recall_sum[slot] += all ? 1.0 : recall_of_mask(c, s, seq, j->il, h, n, q, mask, turn);
         s->recall_n[slot]++;
     }
-    /* a real selection of a resident head that holds every position (no prefill eviction) */
-    if (c->turnover_probe && c->decoding && sparse && !all && !slow && n == j->pos[r] + 1 &&
-        c->model->layers[j->il].window == 0)
-        turnover_of(c, s, seq, j->il, h, n, q, mask);
     int32_t npages, total, nseg;
     double tg = ks_time_sec(); /* the segment walk and any staging copy: the gather share */
     if (planned) { /* the runs of the first sparse layer; only the pointers are this layer's */

@@ -692,6 +692,10 @@ void ks_seq_reset(ks_context *c, int32_t seq) {
     c->seq_len[seq] = 0;
     c->swa_hold[seq] = 0;
     c->entropy[seq] = c->varentropy[seq] = NAN;
+    if (c->turn_have) { /* the turnover probe's next step of seq sets a new baseline */
+        size_t per = (size_t)c->model->hp.n_layer * c->model->hp.n_head_kv;
+        memset(c->turn_have + (size_t)seq * per, 0, per);
+    }
 }
 int32_t ks_seq_len(const ks_context *c, int32_t seq) {
     KS_ASSERT(seq >= 0 && seq < c->n_seq);
