@@ -260,6 +260,11 @@ static int eval_open_contexts(app_options *o, eval_state *e, int l) {
         }
         if (!app_create_context(o, e->m, cp, "creating a context", &e->ctxs[k])) return 1;
         ks_context_set_recall_probe(e->ctxs[k], k > 0);
+        ks_status st = k > 0 ? ks_context_set_turnover_probe(e->ctxs[k], true) : KS_OK;
+        if (st != KS_OK) {
+            app_report("eval", "the turnover probe", st);
+            return 1;
+        }
     }
     return -1;
 }
@@ -289,6 +294,11 @@ static ks_status eval_compare(eval_state *e, int k, const ks_eval_instance *inst
      * run (same inputs, same steps): reuse it instead of running again */
     bool same = fr.n_gen == ref->n_gen && (ref->n_gen == 0 || !memcmp(fr.tokens, ref->tokens, sizeof(int32_t) * ref->n_gen));
     double recall = NAN;
+    ks_turnover tv; /* the free run's: the policy's own steps */
+    ks_context_take_turnover(e->ctxs[k], &tv);
+    c->turn_pol += tv.policy_moved;
+    c->turn_orc += tv.oracle_moved;
+    c->turn_sel += tv.selected;
     if (same) {
         ks_context_take_recall(e->ctxs[k], NULL, &recall);
         tf = fr;

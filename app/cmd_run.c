@@ -96,7 +96,13 @@ static int run_context(app_options *o, run_state *s) {
         if (with_room > train) with_room = train > n_ctx ? train : n_ctx;
         s->cp.n_ctx = (int32_t)with_room;
     }
-    return app_create_context(o, s->model, s->cp, "creating the context", &s->ctx) ? -1 : 1;
+    if (!app_create_context(o, s->model, s->cp, "creating the context", &s->ctx)) return 1;
+    ks_status st = o->turnover ? ks_context_set_turnover_probe(s->ctx, true) : KS_OK;
+    if (st != KS_OK) {
+        app_report("run", "--turnover", st);
+        return 1;
+    }
+    return -1;
 }
 
 static int run_prepare(app_options *o, run_state *s) {
@@ -225,6 +231,16 @@ static void run_report(const app_options *o, const run_state *s) {
                 1e3 * sd.select_seconds / sd.tokens_decoded, sd.kv_bytes_loaded / 1e6, sd.kv_bytes_stored / 1e6,
                 (unsigned long long)sd.kv_entries_loaded, (unsigned long long)sd.kv_entries_hit,
                 (unsigned long long)sd.kv_pages_loaded, (unsigned long long)sd.kv_sync_fallbacks);
+    if (o->turnover) {
+        ks_turnover t;
+        ks_context_take_turnover(s->ctx, &t);
+        fprintf(stderr, "  turnover: %llu entries selected over the steps compared; new to the selection %llu (%.1f%%), "
+                        "new to the oracle's true top-T %llu (%.1f%%): %.2fx the oracle's\n",
+                (unsigned long long)t.selected, (unsigned long long)t.policy_moved,
+                t.selected ? 100.0 * t.policy_moved / t.selected : 0.0, (unsigned long long)t.oracle_moved,
+                t.selected ? 100.0 * t.oracle_moved / t.selected : 0.0,
+                t.oracle_moved ? (double)t.policy_moved / t.oracle_moved : 0.0);
+    }
     if (cp->mem_cap > 0) {
         ks_memplan_info pl;
         ks_context_memplan(s->ctx, &pl);

@@ -107,6 +107,9 @@ void eval_summarize(const eval_cell *cells, size_t n_cells, eval_summary *out) {
         out->kl += c->kl_sum;
         out->recall += c->recall_sum;
         out->recall_runs += c->recall_runs;
+        out->turn_pol += c->turn_pol;
+        out->turn_orc += c->turn_orc;
+        out->turn_sel += c->turn_sel;
         out->runs += c->runs;
         secs += c->seconds;
         toks += c->tokens;
@@ -160,6 +163,10 @@ bool eval_print_json(const eval_sweep *w, const eval_meta *meta) {
                 cJSON_AddNumberToObject(r, "agreement_free", c->agree_free_sum / c->runs);
                 cJSON_AddNumberToObject(r, "kl", c->kl_sum / c->runs);
                 if (c->recall_runs) cJSON_AddNumberToObject(r, "attention_recall", c->recall_sum / c->recall_runs);
+                if (c->turn_sel) {
+                    cJSON_AddNumberToObject(r, "turnover", (double)c->turn_pol / (double)c->turn_sel);
+                    cJSON_AddNumberToObject(r, "oracle_turnover", (double)c->turn_orc / (double)c->turn_sel);
+                }
             }
             cJSON_AddItemToArray(res, r);
         }
@@ -176,6 +183,12 @@ bool eval_print_json(const eval_sweep *w, const eval_meta *meta) {
             cJSON_AddNumberToObject(o, "agreement_free", w->sums[k].agree_free);
             cJSON_AddNumberToObject(o, "kl", w->sums[k].kl);
             if (w->sums[k].recall == w->sums[k].recall) cJSON_AddNumberToObject(o, "attention_recall", w->sums[k].recall);
+            if (w->sums[k].turn_sel) { /* entries new to the selection a step, and to the oracle's top-T */
+                cJSON_AddNumberToObject(o, "turnover", (double)w->sums[k].turn_pol / (double)w->sums[k].turn_sel);
+                cJSON_AddNumberToObject(o, "oracle_turnover", (double)w->sums[k].turn_orc / (double)w->sums[k].turn_sel);
+                cJSON_AddNumberToObject(o, "turnover_vs_oracle",
+                                        w->sums[k].turn_orc ? (double)w->sums[k].turn_pol / (double)w->sums[k].turn_orc : 0.0);
+            }
             cJSON *pc = cJSON_AddObjectToObject(o, "policy_counters");
             cJSON_AddNumberToObject(pc, "selections", (double)w->sums[k].selections);
             cJSON_AddNumberToObject(pc, "hits", (double)w->sums[k].hits);

@@ -26,6 +26,7 @@ typedef struct eval_cell {
     /* policy configurations only (vs the dense run of the same instance) */
     double agree_tf_sum, agree_free_sum, kl_sum, recall_sum;
     int recall_runs;
+    uint64_t turn_pol, turn_orc, turn_sel; /* the free runs' turnover probe (ks_turnover) */
 } eval_cell;
 
 /* One compared configuration: config 0 is dense, the reference. */
@@ -43,6 +44,7 @@ typedef struct eval_summary {
     int task_cells[KS_EVAL_TASK_COUNT];
     double acc, agree_tf, agree_free, kl, recall, tok_s;
     int n_tasks, runs, recall_runs;
+    uint64_t turn_pol, turn_orc, turn_sel; /* the turnover probe's counts, all cells */
 } eval_summary;
 
 /* The sweep as the reports read it (all borrowed). */

@@ -97,6 +97,10 @@ static const app_opt g_opts[] = {
      "bench prefills dense and SPEC side by side, eval gives SPEC to the compared\n"
      "configurations and keeps the reference dense)", 0},
     {"--no-bos", 0, OPT_FLAG, APP_RUN, F(no_bos), 0, 0, 0, 0, 0, 0, "do not prepend BOS", 0},
+    {"--turnover", 0, OPT_FLAG, APP_RUN, F(turnover), 0, 0, 0, 0, 0, 0,
+     "report the selection's turnover per step (entries new to it, what elastic loading\n"
+     "copies) against an oracle's: the true top-T of dense attention at the same size\n"
+     "(a dense pass per selection: slow; resident layers only)", 0},
     {"--verbose", 0, OPT_FLAG, APP_RUN, 0, 0, 0, 0, 0, 0, 0, "log level debug", app_parse_verbose},
     /* tokenize */
     {"--json", 0, OPT_FLAG, APP_TOKENIZE | APP_BENCH | APP_EVAL, F(json), 0, 0, 0, 0, 0, 0, "JSON output", 0},

@@ -49,6 +49,7 @@ typedef struct app_options {
     /* run */
     long n_gen;
     bool chat, ignore_eos, no_bos;
+    bool turnover;                   /* --turnover: the selection turnover probe */
     const char *system, *cache_file;
     ks_sampler_params sampler;
     const char *stops[APP_MAX_STOPS];

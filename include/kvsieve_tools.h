@@ -132,6 +132,28 @@ size_t ks_kv_type_row_bytes(ks_kv_type type, int32_t head_dim);
 void ks_context_set_recall_probe(ks_context *c, bool on);
 void ks_context_take_recall(ks_context *c, double *per_layer_head, double *mean);
 
+/* Selection turnover probe (SpeContext's elastic loading judged against an
+ * oracle): with the probe on, every decode step of a sparse layer (one that
+ * selects, resident, no prefill eviction) compares, per sequence, layer and
+ * KV head, the policy's selected entries with the previous step's, and the
+ * oracle's set with its previous one: the oracle's set is the true top-T of
+ * the step's dense attention weights (summed over the group's query heads),
+ * T the number of entries the policy selected that step.  policy_moved
+ * counts |S_now \ S_prev| (what elastic loading copies), oracle_moved the
+ * same for the oracle's sets, selected the T of the steps compared (the
+ * first step of each head only sets the baseline, and a sequence's reset
+ * starts a new one).  On costs a dense pass
+ * per selection, like the recall probe, and two bit masks of the context
+ * per (sequence, layer, head), allocated here: KS_ERR_NOMEM when refused
+ * (the probe stays off). */
+typedef struct ks_turnover {
+    uint64_t policy_moved, oracle_moved, selected;
+} ks_turnover;
+ks_status ks_context_set_turnover_probe(ks_context *c, bool on);
+/* The counts since the last take (summed over sequences, layers and heads),
+ * then zeroed. */
+void ks_context_take_turnover(ks_context *c, ks_turnover *out);
+
 /* ------------------------------------------------------------ model files -- */
 /* `kvsieve info`: print a GGUF file's metadata keys (show_kv), tensors
  * (show_tensors) and the model's summary, or the same of an EAGLE-3

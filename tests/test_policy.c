@@ -24,6 +24,7 @@
 #include "policies/registry.h"
 #include "tensor/dtype.h"
 #include "testutil.h"
+#include "kvsieve_tools.h" /* the turnover probe */
 
 #include <math.h>
 #include <stdio.h>
@@ -205,6 +206,51 @@ static void test_sparse_differs_and_counts(void **state) {
     assert_true(st.kv_entries_attended >= (uint64_t)(2 * 2 * 151 + 2 * 48 - 2 * 8));
     free(logits);
     ks_context_destroy(c);
+}
+
+/* Decode 6 steps after a 150-token prompt with the turnover probe on or off;
+ * returns the last step's logits (malloc'd) and the probe's counts. */
+static float *turnover_run(const char *policy, int32_t budget, bool probe, ks_turnover *t) {
+    ks_context_params p = ks_context_default_params();
+    p.n_ctx = 200;
+    p.n_threads = 2;
+    p.policy = policy;
+    p.budget = budget;
+    p.page = 8;
+    p.sink = 4;
+    p.window = 8;
+    ks_context *c = NULL;
+    assert_int_equal(ks_context_create(g_gqa, p, &c), KS_OK);
+    if (probe) assert_int_equal(ks_context_set_turnover_probe(c, true), KS_OK);
+    int32_t prompt[150], seq = 0, tok = 5;
+    for (int i = 0; i < 150; i++) prompt[i] = (i * 37 + 11) % g_gqa->hp.n_vocab;
+    float *logits = malloc(sizeof(float) * g_gqa->hp.n_vocab);
+    assert_int_equal(ks_prefill(c, 0, prompt, 150, logits, NULL), KS_OK);
+    for (int k = 0; k < 6; k++, tok = (tok * 31 + 7) % g_gqa->hp.n_vocab)
+        assert_int_equal(ks_decode(c, &seq, &tok, 1, logits), KS_OK);
+    ks_context_take_turnover(c, t);
+    ks_context_destroy(c);
+    return logits;
+}
+
+/* The turnover probe leaves the output alone; streaming's selection (sinks
+ * and a sliding window) gains exactly the one appended entry a step, and no
+ * set can gain more entries than it has. */
+static void test_turnover_probe(void **state) {
+    (void)state;
+    ks_turnover t0, t1;
+    float *a = turnover_run("quest", 48, false, &t0), *b = turnover_run("quest", 48, true, &t1);
+    assert_memory_equal(a, b, sizeof(float) * g_gqa->hp.n_vocab);
+    assert_true(t0.selected == 0 && t1.selected > 0);
+    assert_true(t1.policy_moved <= t1.selected && t1.oracle_moved <= t1.selected);
+    free(a);
+    free(b);
+    a = turnover_run("streaming", 12, true, &t1);
+    int32_t heads = g_gqa->hp.n_layer * g_gqa->hp.n_head_kv; /* streaming keeps no layer dense */
+    assert_int_equal(t1.selected, 5 * heads * 12);           /* the first of the 6 steps is the baseline */
+    assert_int_equal(t1.policy_moved, 5 * heads);
+    assert_true(t1.oracle_moved <= t1.selected);
+    free(a);
 }
 
 static void test_bad_policy_args(void **state) {
@@ -807,7 +853,7 @@ int main(void) {
         cmocka_unit_test(test_quest_finds_the_page),         cmocka_unit_test(test_h2o_keeps_heavy_hitters),
         cmocka_unit_test(test_streaming_window),             cmocka_unit_test(test_snapkv_keeps_attended),
         cmocka_unit_test(test_helpers),                      cmocka_unit_test(test_spec_draft_beside),
-        cmocka_unit_test(test_bounds8),
+        cmocka_unit_test(test_bounds8),                      cmocka_unit_test(test_turnover_probe),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

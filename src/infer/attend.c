@@ -27,6 +27,7 @@
 #include "infer/internal.h"
 
 #include "core/simd.h"
+#include "select/policy_util.h" /* ks_topk_scratch: the turnover probe's oracle */
 
 #include <math.h>
 #include <stdatomic.h>
@@ -54,10 +55,10 @@ static void values_from_keys(const ks_context *c, ks_kv_seg *segs, int32_t nseg)
     for (int32_t i = 0; i < nseg; i++) segs[i].V = segs[i].K;
 }
 
-/* The share of the dense attention mass that the mask covers (eval's recall
- * probe): one dense pass over the head's resident pages. */
-static double recall_of_mask(ks_context *c, ks_attn_scratch *s, int32_t seq, int il, int h, int32_t n,
-                             const float *q, const uint64_t *mask) {
+/* The dense attention weights of entries [0, n) of (seq, il, h), summed
+ * over the group's query heads, into s->weights (the probes' one dense pass
+ * over the head's resident pages; s->segs, first, pages, scores are spent). */
+static void dense_weights(ks_context *c, ks_attn_scratch *s, int32_t seq, int il, int h, int32_t n, const float *q) {
     const ks_hparams *hp = &c->model->hp;
     int G = hp->n_head / hp->n_head_kv;
     int32_t np, total;
@@ -67,12 +68,52 @@ static double recall_of_mask(ks_context *c, ks_attn_scratch *s, int32_t seq, int
     memset(s->weights, 0, sizeof(float) * (size_t)n);
     ks_attention_segs(c->kv_type, s->segs, nseg, n, hp->head_dim, G, q, s->scores, s->probe_out, s->tmp, s->weights,
                       true);
+}
+
+/* The share of the dense attention mass that the mask covers (eval's recall
+ * probe). */
+static double recall_of_mask(ks_context *c, ks_attn_scratch *s, int32_t seq, int il, int h, int32_t n,
+                             const float *q, const uint64_t *mask, bool have_weights) {
+    if (!have_weights) dense_weights(c, s, seq, il, h, n, q);
     double in = 0, tot = 0;
     for (int32_t e = 0; e < n; e++) {
         tot += s->weights[e];
         if (mask[e >> 6] >> (e & 63) & 1) in += s->weights[e];
     }
     return tot > 0 ? in / tot : 1.0;
+}
+
+/* The turnover probe (ks_context_set_turnover_probe) for (seq, il, h): the
+ * entries of this step's selection (mask over [0, n)) that the previous
+ * step's lacked, which is what elastic loading copies, against the same
+ * count for an oracle that selects the true top-T of this step's dense
+ * attention weights, T = this step's selected count: a selector cannot
+ * move less than its target's own attention turns over at equal size. */
+static void turnover_of(ks_context *c, ks_attn_scratch *s, int32_t seq, int il, int h, int32_t n, const float *q,
+                        const uint64_t *mask) {
+    const ks_hparams *hp = &c->model->hp;
+    size_t slot = ((size_t)seq * hp->n_layer + (size_t)il) * hp->n_head_kv + (size_t)h, W = c->turn_words;
+    uint64_t *pol = c->turn_pol + slot * W, *orc = c->turn_orc + slot * W, *cnt = c->turn_cnt + 3 * slot;
+    size_t nw = ((size_t)n + 63) / 64;
+    uint64_t tail = n % 64 ? (1ull << (n % 64)) - 1 : ~0ull, pm = 0, om = 0;
+    int32_t T = 0;
+    for (size_t w = 0; w < W; w++) {
+        uint64_t m = w < nw ? mask[w] & (w + 1 == nw ? tail : ~0ull) : 0;
+        T += __builtin_popcountll(m);
+        pm += (uint64_t)__builtin_popcountll(m & ~pol[w]);
+        pol[w] = m;
+    }
+    dense_weights(c, s, seq, il, h, n, q);
+    int32_t k = ks_topk_scratch(s->weights, n, T, s->entries, s->scores); /* the group's scores are spent */
+    for (int32_t i = 0; i < k; i++) om += !(orc[s->entries[i] >> 6] >> (s->entries[i] & 63) & 1);
+    memset(orc, 0, sizeof(uint64_t) * W);
+    for (int32_t i = 0; i < k; i++) orc[s->entries[i] >> 6] |= 1ull << (s->entries[i] & 63);
+    if (c->turn_have[slot]) { /* the first step only sets the baseline */
+        cnt[0] += pm;
+        cnt[1] += om;
+        cnt[2] += (uint64_t)T;
+    }
+    c->turn_have[slot] = 1;
 }
 
 /* The step's shared plan of (seq, h) when its policy selects the same
@@ -148,10 +189,15 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
             all = sel.all;
         }
     }
+    /* a real selection of a resident head that holds every position (no prefill eviction);
+     * it leaves the dense weights in s->weights for the recall probe */
+    bool turn = c->turnover_probe && c->decoding && sparse && !all && !slow && n == j->pos[r] + 1 &&
+                c->model->layers[j->il].window == 0;
+    if (turn) turnover_of(c, s, seq, j->il, h, n, q, mask);
     /* after a prefill eviction the evicted entries are gone: no dense mass to compare with */
     if (c->recall_probe && c->decoding && n == j->pos[r] + 1 && (all || !slow)) {
         size_t slot = (size_t)j->il * hp->n_head_kv + (size_t)h;
-        s->recall_sum[slot] += all ? 1.0 : recall_of_mask(c, s, seq, j->il, h, n, q, mask);
+        s->recall_sum[slot] += all ? 1.0 : recall_of_mask(c, s, seq, j->il, h, n, q, mask, turn);
         s->recall_n[slot]++;
     }
     int32_t npages, total, nseg;

@@ -30,6 +30,7 @@ a depth the next allocates nothing (tests/test_step_alloc.c).  Creation
  */
 #include "infer/internal.h"
 #include "infer/moe.h"
+#include "kvsieve_tools.h" /* ks_turnover */
 
 #include <math.h>
 #include <string.h>
@@ -91,6 +92,10 @@ void ks_context_destroy(ks_context *c) {
         ks_free(c->step_plans[i].pages);
     }
     ks_free(c->step_plans);
+    ks_free(c->turn_pol);
+    ks_free(c->turn_orc);
+    ks_free(c->turn_have);
+    ks_free(c->turn_cnt);
     ks_free(c->obs_q);
     ks_free(c->plan_thr);
     ks_free(c->aux_h);
@@ -689,6 +694,10 @@ void ks_seq_reset(ks_context *c, int32_t seq) {
     c->seq_len[seq] = 0;
     c->swa_hold[seq] = 0;
     c->entropy[seq] = c->varentropy[seq] = NAN;
+    if (c->turn_have) { /* the turnover probe's next step of seq sets a new baseline */
+        size_t per = (size_t)c->model->hp.n_layer * c->model->hp.n_head_kv;
+        memset(c->turn_have + (size_t)seq * per, 0, per);
+    }
 }
 int32_t ks_seq_len(const ks_context *c, int32_t seq) {
     KS_ASSERT(seq >= 0 && seq < c->n_seq);
@@ -742,6 +751,42 @@ void ks_context_take_recall(ks_context *c, double *per, double *mean) {
         if (k) tot += sum / k, cnt++;
     }
     if (mean) *mean = cnt ? tot / (double)cnt : NAN;
+}
+ks_status ks_context_set_turnover_probe(ks_context *c, bool on) {
+    if (!c) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL context");
+    const ks_hparams *hp = &c->model->hp;
+    size_t slots = (size_t)c->n_seq * hp->n_layer * hp->n_head_kv, words = (size_t)c->n_ctx / 64 + 1;
+    if (on && !c->turn_pol) {
+        c->turn_pol = ks_calloc(slots * words, sizeof(uint64_t));
+        c->turn_orc = ks_calloc(slots * words, sizeof(uint64_t));
+        c->turn_have = ks_calloc(slots, 1);
+        c->turn_cnt = ks_calloc(slots * 3, sizeof(uint64_t));
+        if (!c->turn_pol || !c->turn_orc || !c->turn_have || !c->turn_cnt) {
+            ks_free(c->turn_pol);
+            ks_free(c->turn_orc);
+            ks_free(c->turn_have);
+            ks_free(c->turn_cnt);
+            c->turn_pol = c->turn_orc = c->turn_cnt = NULL;
+            c->turn_have = NULL;
+            return KS_FAIL(KS_ERR_NOMEM, "turnover probe: two masks of %zu entries for %zu heads", words * 64, slots);
+        }
+        c->turn_words = words;
+    }
+    c->turnover_probe = on;
+    return KS_OK;
+}
+
+void ks_context_take_turnover(ks_context *c, ks_turnover *out) {
+    *out = (ks_turnover){0};
+    if (!c->turn_cnt) return;
+    const ks_hparams *hp = &c->model->hp;
+    size_t slots = (size_t)c->n_seq * hp->n_layer * hp->n_head_kv;
+    for (size_t i = 0; i < slots; i++) {
+        out->policy_moved += c->turn_cnt[3 * i];
+        out->oracle_moved += c->turn_cnt[3 * i + 1];
+        out->selected += c->turn_cnt[3 * i + 2];
+    }
+    memset(c->turn_cnt, 0, sizeof(uint64_t) * 3 * slots);
 }
 ks_pool *ks_context_pool(ks_context *c) { return c->pool; }
 

@@ -122,6 +122,15 @@ struct ks_context {
     int64_t *plan_thr;       /* [n_layer + 1] Algorithm 1 thresholds */
     int32_t n_offloaded;     /* layers the manager moved to the slow tier */
     bool recall_probe;       /* eval: measure the dense attention mass each selection covers */
+    /* turnover probe (ks_context_set_turnover_probe): per (seq, layer, KV head) the
+     * last step's selection and the last step's oracle set, as bit masks of
+     * turn_words words each, whether they hold a step yet, and the counts */
+    bool turnover_probe;
+    size_t turn_words;
+    uint64_t *turn_pol;      /* [n_seq][n_layer][n_head_kv][turn_words] */
+    uint64_t *turn_orc;      /* [n_seq][n_layer][n_head_kv][turn_words] */
+    uint8_t *turn_have;      /* [n_seq][n_layer][n_head_kv] */
+    uint64_t *turn_cnt;      /* [n_seq][n_layer][n_head_kv][3]: policy moved, oracle moved, selected */
     ks_prefill_sparse prefill_sparse; /* params.prefill_policy, parsed (prefill_sparse.c) */
     ks_status step_status;   /* first failure inside a parallel section */
     atomic_flag step_failed;
