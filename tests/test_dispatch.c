@@ -14,7 +14,7 @@
 #include "testutil.h"
 
 #include "core/simd.h"
-#include "infer/attn.h"
+#include "attn/attn.h"
 #include "select/policy_util.h"
 #include "tensor/matmul.h"
 

@@ -8,6 +8,7 @@
  * these.
  */
 #include "select/policy.h"
+#include "kv/kv.h"
 #include "core/simd.h"
 #include "tensor/dtype.h"
 #include "tensor/simd_avx2.h"
@@ -99,7 +100,7 @@ PAGE_BOUNDS_AVX512(page_upper_bounds16_avx512, uint16_t, LOAD_F16, SCALAR_F16)
 #define PAGES_AVX512(NAME, KT, LOAD_LO, LOAD_HI, SCALE, BYTES)                                                     \
     __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,f16c"))) static void NAME(                          \
         const float *q, int32_t G, const KT *const *kb, int32_t np, int32_t hd, float *out, float *red_max) {      \
-        float qp[4][512] __attribute__((aligned(64))), qn[4][512] __attribute__((aligned(64)));                   \
+        float qp[4][1024] __attribute__((aligned(64))), qn[4][1024] __attribute__((aligned(64)));                 \
         for (int32_t g0 = 0; g0 < G; g0 += 4) {                                                                   \
             int32_t ng = G - g0 < 4 ? G - g0 : 4;                                                                 \
             const __m512i rep4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);               \
@@ -187,8 +188,8 @@ void ks_page_upper_bounds16(const float *q, int32_t G, const uint16_t *kbound16,
         return;
     }
 #endif
-    float b[2 * 512]; /* the f32 values, then the f32 path (the store's head dims are at most 512) */
-    KS_ASSERT(hd <= 512);
+    float b[2 * KS_KV_MAX_HEAD_DIM]; /* the f32 values, then the f32 path (the store caps head dims) */
+    KS_ASSERT(hd <= KS_KV_MAX_HEAD_DIM);
     for (int32_t i = 0; i < 2 * hd; i++) b[i] = ks_f16_to_f32(kbound16[i]);
     ks_page_upper_bounds(q, G, b, b + hd, hd, out, stride);
 }
@@ -196,7 +197,7 @@ void ks_page_upper_bounds16(const float *q, int32_t G, const uint16_t *kbound16,
 void ks_page_upper_bounds16_pages(const float *q, int32_t G, const uint16_t *const *kb, int32_t np, int32_t hd,
                                   float *out, float *red_max) {
 #if defined(__x86_64__)
-    if (hd % 16 == 0 && hd <= 512 && ks_simd_current() >= KS_SIMD_AVX512) {
+    if (hd % 16 == 0 && hd <= 1024 && ks_simd_current() >= KS_SIMD_AVX512) {
         page_bounds16_pages_avx512(q, G, kb, np, hd, out, red_max);
         return;
     }
@@ -216,13 +217,13 @@ void ks_page_upper_bounds16_pages(const float *q, int32_t G, const uint16_t *con
 void ks_page_upper_bounds8_pages(const float *q, int32_t G, const uint8_t *const *kb, int32_t np, int32_t hd,
                                  float *out, float *red_max) {
 #if defined(__x86_64__)
-    if (hd % 16 == 0 && hd <= 512 && ks_simd_current() >= KS_SIMD_AVX512) {
+    if (hd % 16 == 0 && hd <= 1024 && ks_simd_current() >= KS_SIMD_AVX512) {
         page_bounds8_pages_avx512(q, G, kb, np, hd, out, red_max);
         return;
     }
 #endif
-    float b[2 * 512], one[64]; /* a page's int8 steps as floats, then the f32 bound times its scale */
-    KS_ASSERT(hd <= 512);
+    float b[2 * KS_KV_MAX_HEAD_DIM], one[64]; /* a page's int8 steps as floats, then the f32 bound times its scale */
+    KS_ASSERT(hd <= KS_KV_MAX_HEAD_DIM);
     for (int32_t p = 0; p < np; p++) {
         const int8_t *lohi = (const int8_t *)(kb[p] + 4);
         for (int32_t i = 0; i < 2 * hd; i++) b[i] = (float)lohi[i];
