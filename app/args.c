@@ -3,6 +3,7 @@
  */
 #define _GNU_SOURCE
 #include "args.h"
+#include "kvsieve_tools.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -103,9 +104,7 @@ const char *app_default_model(void) {
     /* the bundled model, found relative to the executable (build/kvsieve -> ../models) */
     static char path[4096];
     char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = 0;
+    if (ks_host_exe_path(exe, sizeof exe)) {
         char *slash = strrchr(exe, '/');
         if (slash) *slash = 0;
         const char *cands[] = {"../models/kvsieve-default.gguf", "models/kvsieve-default.gguf",

@@ -31,29 +31,6 @@ static void progress(const char *what, int done, int total) {
     if (done == total) fprintf(stderr, "\n");
 }
 
-/* The CPU's model name (Linux /proc/cpuinfo), for the record: kernel paths
- * and floors differ by host.  buf keeps "unknown" when it cannot be read. */
-static void cpu_model_name(char *buf, size_t cap) {
-    snprintf(buf, cap, "unknown");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "model name", 10)) continue;
-        const char *v = strchr(line, ':');
-        if (!v) break;
-        v++;
-        while (*v == ' ' || *v == '\t') v++;
-        size_t n = strcspn(v, "\n");
-        size_t k = 0;
-        for (size_t i = 0; i < n && k + 1 < cap; i++)
-            if (v[i] != '"' && v[i] != '\\') buf[k++] = v[i]; /* stays a valid JSON string */
-        buf[k] = '\0';
-        break;
-    }
-    fclose(f);
-}
-
 static double membw_best(const ks_membw_result *r) {
     double b = r->triad_gbs;
     if (r->read_gbs > b) b = r->read_gbs;
@@ -62,14 +39,8 @@ static double membw_best(const ks_membw_result *r) {
 }
 
 static size_t mem_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return (size_t)1 << 40;
-    char line[256];
-    size_t kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1) break;
-    fclose(f);
-    return kb ? kb * 1024 : (size_t)1 << 40;
+    size_t b = ks_host_mem_available();
+    return b ? b : (size_t)1 << 40; /* unknown: no cap */
 }
 
 static const char *const g_mode_name[] = {"none", "all", "adaptive"};
@@ -135,7 +106,7 @@ static int bench_setup(app_options *o, bench_state *b) {
     if ((st = ks_membw_measure(b->pool, 0, 0, &bw)) != KS_OK) { app_report(cmd, "bandwidth probe", st); return 1; }
     b->bw_best = membw_best(&bw);
     char cpu[128];
-    cpu_model_name(cpu, sizeof cpu);
+    ks_host_cpu_name(cpu, sizeof cpu);
     const char *simd = ks_simd_name(ks_simd_current());
     fprintf(stderr, "kvsieve bench: %s, %d threads on %s, SIMD %s; memory bandwidth: triad %.2f GB/s, read %.2f GB/s, copy %.2f GB/s\n",
             b->hp.arch_name, (int)b->n_threads, cpu, simd, bw.triad_gbs, bw.read_gbs, bw.copy_gbs);

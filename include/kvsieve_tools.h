@@ -31,6 +31,12 @@ extern "C" {
 double ks_time_sec(void);
 /* Number of online CPU cores. */
 int ks_cpu_count(void);
+/* The host's facts the OS keeps (Linux /proc, macOS sysctl; src/core/platform.c):
+ * the CPU's name ("unknown" if none), the memory available now in bytes (0:
+ * unknown), the running executable's path (false: unknown). */
+void ks_host_cpu_name(char *buf, size_t cap);
+size_t ks_host_mem_available(void);
+bool ks_host_exe_path(char *buf, size_t cap);
 /* Debug logging on stderr (true) or the default level (false). */
 void ks_log_verbose(bool on);
 /* Record a failure as ks_last_error() reports it ("file:line: message") and return st. */

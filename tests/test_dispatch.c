@@ -112,8 +112,23 @@ static void test_attention_kernels(void **state) {
         assert_string_equal(ks_attention_kernel_name((ks_kv_type)kt, 64, 4), simd);
         assert_string_equal(ks_attention_kernel_name((ks_kv_type)kt, 128, 8), simd);
     }
+    /* the prefill block kernel (attend.c): NEON at every ARM level; on x86 the bf16 one where the CPU has it */
+    const char *blk = ks_attention_block_kernel_name(KS_KV_Q8, 128);
+    if (hw >= KS_SIMD_NEON) {
+        assert_string_equal(ks_attention_block_kernel_name(KS_KV_F16, 64), "neon");
+        assert_non_null(blk);
+        assert_string_equal(blk, "neon");
+    } else if (hw == KS_SIMD_AVX2) {
+        assert_non_null(blk);
+        assert_string_equal(blk, "avx2");
+    } else if (hw == KS_SIMD_AVX512) {
+        assert_non_null(blk);
+        assert_true(!strcmp(blk, "bf16") || !strcmp(blk, "avx2"));
+    }
+    assert_null(ks_attention_block_kernel_name(KS_KV_Q8, 48)); /* 8-bit KV needs whole blocks of 32 */
     ks_simd_force(KS_SIMD_SCALAR);
     assert_string_equal(ks_attention_kernel_name(KS_KV_F16, 64, 4), "reference");
+    assert_null(ks_attention_block_kernel_name(KS_KV_F16, 64));
     ks_simd_force(saved);
 }
 

@@ -241,7 +241,8 @@ static void test_attention_pages(void **state) {
 /* The prefill block kernel: R query rows with causal limits over pages, each
  * row against the float64 reference over its visible rows. */
 static void check_block(ks_kv_type kt, int n, int hd, int G, int P) {
-    if (!ks_simd_x86(ks_simd_current())) return; /* the block kernels are x86-only so far */
+    const bool neon = ks_simd_current() >= KS_SIMD_NEON;
+    if (!ks_simd_x86(ks_simd_current()) && !neon) return; /* no block kernel below the SIMD levels */
     enum { R = 16 };
     ks_rng rng = {(uint64_t)n * 7 + (uint64_t)hd + (uint64_t)G * 11};
     size_t rb = ks_kv_row_bytes(kt, hd);
@@ -257,7 +258,9 @@ static void check_block(ks_kv_type kt, int n, int hd, int G, int P) {
     float *S = malloc(sizeof(float) * R * G * n), *tile = malloc(sizeof(float) * (P + 16) * hd);
     for (int i = 0; i < R * G * hd; i++) q[i] = ks_rng_normal(&rng);
     float scale = 1.0f / sqrtf((float)hd);
-    bool ok = kt == KS_KV_F16 && ks_simd_current() >= KS_SIMD_AVX512
+    bool ok = neon ? ks_attention_block_neon(kt, segs, nseg, n_att, R, hd, G, q, (size_t)G * hd, out, (size_t)G * hd,
+                                             S, tile, scale)
+              : kt == KS_KV_F16 && ks_simd_current() >= KS_SIMD_AVX512
                   ? ks_attention_block_avx512((const ks_kv_seg16 *)segs, nseg, n_att, R, hd, G, q, (size_t)G * hd, out,
                                               (size_t)G * hd, S, tile, scale)
                   : ks_attention_block_avx2(kt, segs, nseg, n_att, R, hd, G, q, (size_t)G * hd, out, (size_t)G * hd, S,
@@ -270,6 +273,17 @@ static void check_block(ks_kv_type kt, int n, int hd, int G, int P) {
         for (int i = 0; i < G * hd; i++) reff[i] = (float)ref[i];
         double mx, e = ks_test_nmse(out + (size_t)r * G * hd, reff, (size_t)G * hd, &mx);
         if (e > 1e-5) fail_msg("block kt=%d n=%d hd=%d G=%d P=%d row %d: nmse %g", kt, n, hd, G, P, r, e);
+        if (neon) { /* NEON: bit for bit the decode kernel over the row's visible entries */
+            ks_kv_seg rs[256];
+            int nrs = 0;
+            for (int t = 0; t < n_att[r]; t += P)
+                rs[nrs++] = (ks_kv_seg){K + rb * t, V + rb * t, n_att[r] - t < P ? n_att[r] - t : P};
+            float *sc = malloc(sizeof(float) * G * n), *one = malloc(sizeof(float) * G * hd);
+            assert_true(ks_attention_segs_neon(kt, rs, nrs, n_att[r], hd, G, q + (size_t)r * G * hd, sc, one, scale, NULL));
+            if (memcmp(one, out + (size_t)r * G * hd, sizeof(float) * G * hd))
+                fail_msg("block kt=%d n=%d hd=%d G=%d P=%d row %d: not the decode kernel's bits", kt, n, hd, G, P, r);
+            free(sc), free(one);
+        }
     }
     free(K); free(V); free(Kf); free(Vf); free(q); free(out); free(S); free(tile); free(ref); free(reff);
 }

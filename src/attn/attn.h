@@ -97,6 +97,17 @@ bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int 
  * AArch64).  scores: [G][total] scratch. */
 bool ks_attention_segs_neon(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                             float *scores, float *out, float scale, float *weights);
+/* The prefill block form of it (attn_neon.c): ks_attention_block_avx2's
+ * contract (f16 KV with hd % 8 == 0, 8-bit KV with hd % 32 == 0; S and
+ * tile as there), each query's output bit for bit what
+ * ks_attention_segs_neon gives it.  false off AArch64. */
+bool ks_attention_block_neon(ks_kv_type kt, const ks_kv_seg *segs, int nseg, const int32_t *n_att, int R, int hd,
+                             int G, const float *q, size_t q_stride, float *out, size_t out_stride, float *S,
+                             float *tile, float scale);
+/* Which prefill block kernel attend_block (attend.c) runs for this KV type
+ * and head dim at the current level: "bf16", "avx512", "avx2", "neon", or
+ * NULL where prefill goes row by row through the decode kernels. */
+const char *ks_attention_block_kernel_name(ks_kv_type kt, int hd);
 
 /* Which kernel ks_attention_segs runs for this KV type, head dim and group
  * size at the current SIMD level: "avx512", "avx2", "neon" or "reference"

@@ -104,7 +104,114 @@ bool ks_attention_segs_neon(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int 
     return true;
 }
 
+/* Prefill: the block form of the kernel above (attn.h, ks_attention_block_neon).
+ * Each page of K and V is converted once into the f32 tile for all R * G
+ * queries of the block; then each query takes exactly the decode kernel's
+ * arithmetic: the score of a key is the same two-quad FMA chain over hd and
+ * the same reduction, the softmax the same e^x pass and reciprocal, and the
+ * values the same FMA per row in entry order (attn_neon_load8 converts the
+ * tile as the decode kernel converts a row).  So a query's output is bit for
+ * bit what ks_attention_segs_neon gives it, whatever block, chunk or page it
+ * falls in: a prefix-cache hit that ends anywhere, and a prefill that falls
+ * back to the per-row kernel, reproduce it. */
+static void attn_neon_tile(ks_kv_type kt, const void *rows, int L, int hd, float *tile) {
+    const size_t rb = ks_kv_row_bytes(kt, hd);
+    for (int t = 0; t < L; t++)
+        for (int i = 0; i < hd; i += 8) {
+            float32x4_t a, b;
+            attn_neon_load8(kt, (const uint8_t *)rows + (size_t)t * rb, i, &a, &b);
+            vst1q_f32(tile + (size_t)t * hd + i, a);
+            vst1q_f32(tile + (size_t)t * hd + i + 4, b);
+        }
+}
+
+/* The decode kernel's score of one key: two accumulators over hd, added, reduced. */
+static inline float attn_neon_score(const float *q, const float *k, int hd) {
+    float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0;
+    for (int i = 0; i < hd; i += 8) {
+        a0 = vfmaq_f32(a0, vld1q_f32(k + i), vld1q_f32(q + i));
+        a1 = vfmaq_f32(a1, vld1q_f32(k + i + 4), vld1q_f32(q + i + 4));
+    }
+    return vaddvq_f32(vaddq_f32(a0, a1));
+}
+
+bool ks_attention_block_neon(ks_kv_type kt, const ks_kv_seg *segs, int nseg, const int32_t *n_att, int R, int hd,
+                             int G, const float *q, size_t q_stride, float *out, size_t out_stride, float *S,
+                             float *tile, float scale) {
+    if (hd % 8 || (kt != KS_KV_F16 && (kt != KS_KV_Q8 || hd % 32))) return false;
+    const int n_max = n_att[R - 1], RG = R * G;
+    for (int si = 0, e0 = 0; si < nseg; e0 += segs[si].len, si++) {
+        const int L = segs[si].len;
+        attn_neon_tile(kt, segs[si].K, L, hd, tile);
+        for (int x = 0; x < RG; x++) {
+            const int lim = ks_attn_block_visible(n_att, G, x, e0, L);
+            const float *qq = q + (size_t)(x / G) * q_stride + (size_t)(x % G) * hd;
+            float *srow = S + (size_t)x * n_max + e0;
+            int t = 0;
+            for (; t + 4 <= lim; t += 4) { /* four keys' independent chains side by side (ILP only) */
+                float32x4_t a[4][2];
+                for (int k = 0; k < 4; k++) a[k][0] = a[k][1] = vdupq_n_f32(0.0f);
+                for (int i = 0; i < hd; i += 8) {
+                    const float32x4_t q0 = vld1q_f32(qq + i), q1 = vld1q_f32(qq + i + 4);
+                    for (int k = 0; k < 4; k++) {
+                        const float *kr = tile + (size_t)(t + k) * hd + i;
+                        a[k][0] = vfmaq_f32(a[k][0], vld1q_f32(kr), q0);
+                        a[k][1] = vfmaq_f32(a[k][1], vld1q_f32(kr + 4), q1);
+                    }
+                }
+                for (int k = 0; k < 4; k++) srow[t + k] = vaddvq_f32(vaddq_f32(a[k][0], a[k][1])) * scale;
+            }
+            for (; t < lim; t++) srow[t] = attn_neon_score(qq, tile + (size_t)t * hd, hd) * scale;
+        }
+    }
+    for (int x = 0; x < RG; x++) { /* softmax per query over its visible entries, as the decode kernel */
+        const int n = n_att[x / G];
+        float *sg = S + (size_t)x * n_max;
+        const float inv = 1.0f / ks_neon_softmax_exp(sg, n);
+        const float32x4_t iv = vdupq_n_f32(inv);
+        int k = 0;
+        for (; k + 4 <= n; k += 4) vst1q_f32(sg + k, vmulq_f32(vld1q_f32(sg + k), iv));
+        for (; k < n; k++) sg[k] *= inv;
+        memset(out + (size_t)(x / G) * out_stride + (size_t)(x % G) * hd, 0, sizeof(float) * (size_t)hd);
+    }
+    for (int si = 0, e0 = 0; si < nseg; e0 += segs[si].len, si++) {
+        const int L = segs[si].len;
+        attn_neon_tile(kt, segs[si].V, L, hd, tile);
+        for (int x = 0; x < RG; x++) {
+            const int lim = ks_attn_block_visible(n_att, G, x, e0, L);
+            const float *p = S + (size_t)x * n_max + e0;
+            float *o = out + (size_t)(x / G) * out_stride + (size_t)(x % G) * hd;
+            int i = 0;
+            for (; i + 16 <= hd; i += 16) { /* 16 outputs in registers across the page */
+                float32x4_t o0 = vld1q_f32(o + i), o1 = vld1q_f32(o + i + 4);
+                float32x4_t o2 = vld1q_f32(o + i + 8), o3 = vld1q_f32(o + i + 12);
+                for (int t = 0; t < lim; t++) {
+                    const float *v = tile + (size_t)t * hd + i;
+                    o0 = vfmaq_n_f32(o0, vld1q_f32(v), p[t]);
+                    o1 = vfmaq_n_f32(o1, vld1q_f32(v + 4), p[t]);
+                    o2 = vfmaq_n_f32(o2, vld1q_f32(v + 8), p[t]);
+                    o3 = vfmaq_n_f32(o3, vld1q_f32(v + 12), p[t]);
+                }
+                vst1q_f32(o + i, o0), vst1q_f32(o + i + 4, o1), vst1q_f32(o + i + 8, o2), vst1q_f32(o + i + 12, o3);
+            }
+            for (; i < hd; i += 4) {
+                float32x4_t a = vld1q_f32(o + i);
+                for (int t = 0; t < lim; t++) a = vfmaq_n_f32(a, vld1q_f32(tile + (size_t)t * hd + i), p[t]);
+                vst1q_f32(o + i, a);
+            }
+        }
+    }
+    return true;
+}
+
 #else
+bool ks_attention_block_neon(ks_kv_type kt, const ks_kv_seg *segs, int nseg, const int32_t *n_att, int R, int hd,
+                             int G, const float *q, size_t q_stride, float *out, size_t out_stride, float *S,
+                             float *tile, float scale) {
+    (void)kt, (void)segs, (void)nseg, (void)n_att, (void)R, (void)hd, (void)G, (void)q, (void)q_stride, (void)out;
+    (void)out_stride, (void)S, (void)tile, (void)scale;
+    return false;
+}
 bool ks_attention_segs_neon(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                             float *scores, float *out, float scale, float *weights) {
     (void)kt, (void)segs, (void)nseg, (void)total, (void)hd, (void)G, (void)q, (void)scores, (void)out, (void)scale;

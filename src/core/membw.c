@@ -14,15 +14,12 @@
  * 768 MiB on one thread), which is not what we came to measure.  Per-thread sums are written to their own cache line and
  * returned as a checksum so the compiler cannot drop the loop.
  */
-#define _GNU_SOURCE /* madvise */
 #include "core/membw.h"
+#include "core/platform.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 /* SSE-width vectors where GNU C is available: the plain loops are not
  * always vectorised at -O2, and a scalar read loop tops out near 20 GB/s per
@@ -129,15 +126,10 @@ static void membw_worker(void *arg, int ith, int nth) {
 
 /* Ask for transparent huge pages on the 2 MiB-aligned interior of p[bytes]. */
 static void membw_advise_huge(void *p, size_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
     const uintptr_t huge = (uintptr_t)2 << 20;
     uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1);
     uintptr_t hi = ((uintptr_t)p + bytes) & ~(huge - 1);
-    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE); /* advice only: failure is fine */
-#else
-    (void)p;
-    (void)bytes;
-#endif
+    if (hi > lo) ks_platform_advise_huge((void *)lo, hi - lo); /* advice only (core/platform.c) */
 }
 
 /* Best (minimum) time of reps runs of kernel k. */

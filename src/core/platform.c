@@ -1,6 +1,7 @@
 /*
  * platform.c — OS-specific queries (core/platform.h): which ARM extensions
- * this CPU has.
+ * this CPU has, and the few process and machine facts that Linux keeps in
+ * /proc and macOS behind sysctl and Mach calls.
  *
  * Linux: the kernel publishes HWCAP bits in the auxiliary vector; asimddp
  * (dot product) is in AT_HWCAP, i8mm in AT_HWCAP2.  The bit values are the
@@ -14,14 +15,23 @@
  * compile an ARM kernel.
  */
 #if defined(__linux__) && !defined(_GNU_SOURCE)
-#define _GNU_SOURCE /* getauxval, madvise, posix_fallocate: glibc declares them in C11 mode only with this */
+#define _GNU_SOURCE /* getauxval, madvise, posix_fallocate, getentropy: glibc declares them in C11 mode only with this */
 #endif
 #include "core/platform.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#if defined(__APPLE__)
+#include <mach-o/dyld.h> /* _NSGetExecutablePath */
+#include <mach/mach.h>   /* task_info */
+#include <sys/random.h>  /* getentropy */
+#include <sys/sysctl.h>
+#endif
 
 void ks_platform_advise_huge(void *p, size_t n) {
 #if defined(MADV_HUGEPAGE)
@@ -45,6 +55,99 @@ int ks_platform_reserve_file(int fd, off_t bytes) {
     return posix_fallocate(fd, 0, bytes);
 #endif
 }
+
+long long ks_platform_rss_bytes(void) {
+#if defined(__linux__)
+    long pages = 0, rss = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return -1;
+    int got = fscanf(f, "%ld %ld", &pages, &rss);
+    fclose(f);
+    return got == 2 ? (long long)rss * sysconf(_SC_PAGESIZE) : -1;
+#elif defined(__APPLE__)
+    struct mach_task_basic_info info;
+    mach_msg_type_number_t n = MACH_TASK_BASIC_INFO_COUNT;
+    if (task_info(mach_task_self(), MACH_TASK_BASIC_INFO, (task_info_t)&info, &n) != KERN_SUCCESS) return -1;
+    return (long long)info.resident_size;
+#else
+    return -1;
+#endif
+}
+
+bool ks_platform_exe_path(char *buf, size_t cap) {
+    if (!buf || cap < 2) return false;
+#if defined(__linux__)
+    ssize_t n = readlink("/proc/self/exe", buf, cap - 1);
+    if (n <= 0 || (size_t)n >= cap - 1) return false; /* a cut path is no path */
+    buf[n] = 0;
+    return true;
+#elif defined(__APPLE__)
+    uint32_t size = (uint32_t)(cap > UINT32_MAX ? UINT32_MAX : cap);
+    return _NSGetExecutablePath(buf, &size) == 0;
+#else
+    return false;
+#endif
+}
+
+/* the text after "key<spaces>:" of /proc/cpuinfo's first such line, or false */
+#if defined(__linux__)
+static bool ks_platform_cpuinfo(const char *key, char *out, size_t cap) {
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return false;
+    char line[512];
+    bool found = false;
+    const size_t kl = strlen(key);
+    while (!found && fgets(line, sizeof line, f)) {
+        if (strncmp(line, key, kl) || (line[kl] != ' ' && line[kl] != '\t' && line[kl] != ':')) continue;
+        const char *v = strchr(line, ':');
+        if (!v) break;
+        v++;
+        while (*v == ' ' || *v == '\t') v++;
+        size_t n = strcspn(v, "\n"), k = 0;
+        for (size_t i = 0; i < n && k + 1 < cap; i++)
+            if (v[i] != '"' && v[i] != '\\') out[k++] = v[i]; /* stays a valid JSON string */
+        out[k] = '\0';
+        found = k > 0;
+    }
+    fclose(f);
+    return found;
+}
+#endif
+
+void ks_platform_cpu_name(char *buf, size_t cap) {
+    if (!buf || !cap) return;
+    snprintf(buf, cap, "unknown");
+#if defined(__linux__)
+    if (ks_platform_cpuinfo("model name", buf, cap)) return;
+    char impl[32], part[32];
+    if (ks_platform_cpuinfo("CPU implementer", impl, sizeof impl) && ks_platform_cpuinfo("CPU part", part, sizeof part))
+        snprintf(buf, cap, "AArch64 implementer %s part %s", impl, part); /* e.g. 0x41 0xd0c: Arm Neoverse N1 */
+#elif defined(__APPLE__)
+    size_t len = cap;
+    if (sysctlbyname("machdep.cpu.brand_string", buf, &len, NULL, 0) != 0) snprintf(buf, cap, "unknown");
+#endif
+}
+
+size_t ks_platform_mem_available(void) {
+#if defined(__linux__)
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    size_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1) break;
+    fclose(f);
+    return kb * 1024;
+#elif defined(__APPLE__)
+    uint64_t bytes = 0;
+    size_t len = sizeof bytes;
+    return sysctlbyname("hw.memsize", &bytes, &len, NULL, 0) == 0 ? (size_t)bytes : 0;
+#else
+    return 0;
+#endif
+}
+
+bool ks_platform_random(void *p, size_t n) { return n <= 256 && getentropy(p, n) == 0; }
 
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>

@@ -12,11 +12,14 @@
  * The same holds for the two memory and file calls POSIX leaves out:
  * transparent huge pages (Linux's madvise(MADV_HUGEPAGE); advice only, so
  * elsewhere nothing) and reserving a file's blocks up front
- * (posix_fallocate, which macOS lacks: fcntl(F_PREALLOCATE) there).
+ * (posix_fallocate, which macOS lacks: fcntl(F_PREALLOCATE) there), and
+ * the few facts read from /proc on Linux (resident memory, the executable's
+ * path, the CPU's name, available memory) and sysctl or Mach calls on macOS.
  */
 #ifndef KS_CORE_PLATFORM_H
 #define KS_CORE_PLATFORM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h> /* off_t */
 
@@ -42,6 +45,28 @@ void ks_platform_advise_huge(void *p, size_t n);
 /* Reserve the first bytes of file fd on disk, so later writes cannot fail
  * for space: 0, or an errno value. */
 int ks_platform_reserve_file(int fd, off_t bytes);
+
+/* The process's resident memory in bytes (Linux /proc/self/statm, macOS
+ * task_info); -1 where the OS does not say. */
+long long ks_platform_rss_bytes(void);
+
+/* The running executable's path into buf (Linux /proc/self/exe, macOS
+ * _NSGetExecutablePath): true when it fit, false otherwise. */
+bool ks_platform_exe_path(char *buf, size_t cap);
+
+/* A human-readable CPU name into buf (x86 Linux: /proc/cpuinfo's model
+ * name; AArch64 Linux, which has none: its implementer and part numbers;
+ * macOS: machdep.cpu.brand_string); "unknown" where none is found. */
+void ks_platform_cpu_name(char *buf, size_t cap);
+
+/* Memory the OS could give this process now, in bytes (Linux
+ * MemAvailable; macOS hw.memsize, the total, as it keeps no such figure);
+ * 0 where unknown. */
+size_t ks_platform_mem_available(void);
+
+/* n <= 256 random bytes from the OS (getentropy, glibc and macOS): true on
+ * success. */
+bool ks_platform_random(void *p, size_t n);
 
 #ifdef __cplusplus
 }

@@ -270,6 +270,27 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
     return KS_OK;
 }
 
+/* The prefill block kernel for this KV type and head dim at the current
+ * level; a property of the run (CPU, KV type, head dim, KS_ATTN), never of
+ * the block, so every row of every chunk takes the same arithmetic.  The
+ * x86 and ARM levels are told apart explicitly: the ARM levels compare
+ * above the x86 ones (kvsieve_tools.h). */
+typedef enum { BLK_NONE, BLK_BF16, BLK_AVX512, BLK_AVX2, BLK_NEON } blk_kernel;
+static blk_kernel block_kernel(ks_kv_type kt, int hd) {
+    const ks_simd_level lv = ks_simd_current();
+    if (!(kt == KS_KV_F16 || hd % 32 == 0) || hd % 16) return BLK_NONE;
+    if (lv >= KS_SIMD_NEON) return BLK_NEON;
+    if (!ks_simd_x86(lv)) return BLK_NONE;
+    /* AVX-512 BF16 hosts: the bf16 kernel with its online softmax (no score matrix) */
+    if (lv == KS_SIMD_AVX512 && hd % 32 == 0 && hd <= 512 && ks_attention_block_bf16_usable()) return BLK_BF16;
+    return kt == KS_KV_F16 && lv == KS_SIMD_AVX512 ? BLK_AVX512 : BLK_AVX2;
+}
+
+const char *ks_attention_block_kernel_name(ks_kv_type kt, int hd) {
+    static const char *const names[] = {NULL, "bf16", "avx512", "avx2", "neon"};
+    return names[block_kernel(kt, hd)];
+}
+
 /* Prefill rows r0..r0+R-1 (one sequence, consecutive) of KV head h as one
  * block: every page is read once for the block.  false: use attend_one. */
 static bool attend_block(ks_context *c, attn_job *j, ks_attn_scratch *s, int r0, int R, int h) {
@@ -278,10 +299,8 @@ static bool attend_block(ks_context *c, attn_job *j, ks_attn_scratch *s, int r0,
     int32_t P = c->params.page, seq = j->seq[r0];
     int32_t n_att[KS_PREFILL_BLOCK];
     for (int r = 0; r < R; r++) n_att[r] = c->n_att[(size_t)(r0 + r) * nkv + h];
-    /* AVX-512 BF16 hosts: the bf16 kernel with its online softmax (no score
-     * matrix); a property of the run (CPU, KV type, head dim, KS_ATTN), never
-     * of the block, so every row of every chunk takes the same arithmetic */
-    bool bf16 = ks_simd_current() >= KS_SIMD_AVX512 && hd % 32 == 0 && hd <= 512 && ks_attention_block_bf16_usable();
+    const blk_kernel kern = block_kernel(c->kv_type, hd);
+    const bool bf16 = kern == BLK_BF16;
     if (bf16 && !s->blk_bf16) s->blk_bf16 = ks_malloc(sizeof(float) * ks_attention_block_bf16_scratch(KS_PREFILL_BLOCK, G, hd));
     if (!bf16 && !s->blk_S) s->blk_S = ks_malloc(sizeof(float) * (size_t)KS_PREFILL_BLOCK * G * c->n_ctx);
     if (!bf16 && !s->blk_tile) s->blk_tile = ks_malloc(sizeof(float) * (size_t)(P + 16) * hd); /* + 16: a K page transposed, keys padded to 16 */
@@ -312,9 +331,12 @@ static bool attend_block(ks_context *c, attn_job *j, ks_attn_scratch *s, int r0,
     float scale = 1.0f / sqrtf((float)hd);
     bool done = bf16 ? ks_attention_block_bf16_kv(c->kv_type, s->segs, nseg, n_att, R, hd, G, q, qo_stride, o,
                                                   qo_stride, s->blk_bf16, scale)
-                : c->kv_type == KS_KV_F16 && ks_simd_current() >= KS_SIMD_AVX512
+                : kern == BLK_AVX512
                     ? ks_attention_block_avx512((const ks_kv_seg16 *)s->segs, nseg, n_att, R, hd, G, q, qo_stride, o,
                                                 qo_stride, s->blk_S, s->blk_tile, scale)
+                : kern == BLK_NEON
+                    ? ks_attention_block_neon(c->kv_type, s->segs, nseg, n_att, R, hd, G, q, qo_stride, o, qo_stride,
+                                              s->blk_S, s->blk_tile, scale)
                     : ks_attention_block_avx2(c->kv_type, s->segs, nseg, n_att, R, hd, G, q, qo_stride, o, qo_stride,
                                               s->blk_S, s->blk_tile, scale);
     if (!done) return false;
@@ -358,8 +380,7 @@ ks_status ks_infer_attend_layer(ks_context *c, int il, int n, const int32_t *seq
      * a chunk of one row too: a row's result then never depends on the chunk it falls in (a
      * one-row chunk through the decode kernel rounded differently), which a prefix-cache hit
      * that ends anywhere relies on (infer/prefix.c) */
-    job.blocked = !c->decoding && seq[0] == seq[n - 1] && (c->kv_type == KS_KV_F16 || hd % 32 == 0) &&
-                  hd % 16 == 0 && ks_simd_x86(ks_simd_current()); /* block kernels: x86 only so far */
+    job.blocked = !c->decoding && seq[0] == seq[n - 1] && block_kernel(c->kv_type, hd) != BLK_NONE;
     /* a local layer's rows each start their own window, which the blocked kernels (a causal
      * bound per row only) do not take: every row goes through attend_one, at prefill and
      * decode alike, so a row's bits never depend on the chunk it falls in */

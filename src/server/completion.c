@@ -11,16 +11,16 @@
  */
 #define _GNU_SOURCE
 #include "server/internal.h"
+#include "core/platform.h"
 #include "server/toolcall.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
 static uint64_t random_u64(void) {
     uint64_t v = 0;
-    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) {
+    if (!ks_platform_random(&v, sizeof v)) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         v = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec;

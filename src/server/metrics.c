@@ -3,6 +3,7 @@
  * model object of /v1/models.
  */
 #include "server/internal.h"
+#include "core/platform.h"
 
 #include <stdio.h>
 #include <unistd.h>
@@ -126,14 +127,8 @@ enum MHD_Result ks_server_handle_metrics(ks_server *srv, struct MHD_Connection *
         METRIC("prefix_cache_trims_total", "counter", "Steps at which the cache gave RAM back under --mem-cap.", "%llu",
                (unsigned long long)m.cache_trims);
     }
-    long pages = 0, rss = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (f) {
-        if (fscanf(f, "%ld %ld", &pages, &rss) != 2) rss = 0;
-        fclose(f);
-    }
-    METRIC("process_resident_bytes", "gauge", "Resident memory of the server process.", "%lld",
-           (long long)rss * sysconf(_SC_PAGESIZE));
+    const long long rss = ks_platform_rss_bytes();
+    METRIC("process_resident_bytes", "gauge", "Resident memory of the server process.", "%lld", rss < 0 ? 0 : rss);
 #undef METRIC
     if (b.refused) {
         free(b.p);

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# insn_per_byte.sh — instructions per byte of weights of each decode kernel
+# (one weight matrix times one vector), NEON against AVX2, counted under
+# qemu-user (docs/BENCHMARKS.md, "Vectorisation of the ARM kernels").
+#
+# How: tools/microbench/insn_bench runs the product reps times; QEMU with one
+# instruction per translation block and its execution log (-singlestep -d
+# nochain,exec) writes one "Trace" line per instruction executed; the count at
+# reps minus the count at 0 reps (start-up, weight set-up and the rest cancel)
+# over reps x the matrix's bytes is the kernel's instructions per byte,
+# activation quantization included.  Debian's QEMU has no TCG plugins, so no
+# libinsn.so; the log is the portable equivalent.  The x86 column runs the
+# host build under qemu-x86_64 -cpu max capped at AVX2 (KS_SIMD=avx2), so both
+# sides are counted the same way.
+#
+# Usage: scripts/insn_per_byte.sh X86_BUILD ARM_BUILD [types...]
+#   (defaults: build build-arm64; the weight types of kernels with SIMD forms)
+set -euo pipefail
+X86=${1:-build}
+ARM=${2:-build-arm64}
+shift 2 || true
+TYPES=${*:-f16 bf16 q8_0 q4_0 q4_k q6_k q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q5_k iq4_xs}
+ROWS=${ROWS:-64}
+COLS=${COLS:-4096}
+REPS=${REPS:-2}
+
+# per_byte QEMU CPU SIMD BIN TYPE: instructions per byte, and the kernel's name
+per_byte() {
+    local qemu=$1 cpu=$2 simd=$3 bin=$4 t=$5
+    local base full line bytes kern
+    base=$(KS_SIMD=$simd $qemu -cpu "$cpu" -singlestep -d nochain,exec -D /dev/stderr "$bin" "$t" "$ROWS" "$COLS" 0 \
+           2>&1 >/dev/null | grep -c '^Trace' || true)
+    full=$(KS_SIMD=$simd $qemu -cpu "$cpu" -singlestep -d nochain,exec -D /dev/stderr "$bin" "$t" "$ROWS" "$COLS" "$REPS" \
+           2>&1 >/dev/null | grep -c '^Trace' || true)
+    line=$(KS_SIMD=$simd $qemu -cpu "$cpu" "$bin" "$t" "$ROWS" "$COLS" 0)
+    bytes=$(sed -E 's/.*: ([0-9]+) bytes.*/\1/' <<<"$line")
+    kern=$(sed -E 's/.*kernel ([a-z0-9_?]+),.*/\1/' <<<"$line")
+    awk -v f="$full" -v b="$base" -v r="$REPS" -v n="$bytes" -v k="$kern" 'BEGIN { printf "%.2f %s", (f - b) / (r * n), k }'
+}
+
+echo "| type | AVX2 insn/B (kernel) | NEON insn/B (kernel) | dotprod insn/B (kernel) |"
+echo "|---|---|---|---|"
+for t in $TYPES; do
+    x=$(per_byte qemu-x86_64 max avx2 "$X86/insn_bench" "$t")
+    n=$(per_byte qemu-aarch64 cortex-a53 neon "$ARM/insn_bench" "$t")
+    d=$(per_byte qemu-aarch64 max dotprod "$ARM/insn_bench" "$t")
+    echo "| $t | ${x% *} (${x#* }) | ${n% *} (${n#* }) | ${d% *} (${d#* }) |"
+done
