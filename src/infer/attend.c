@@ -27,7 +27,7 @@
 #include "infer/internal.h"
 
 #include "core/simd.h"
-#include "select/policy_util.h" /* ks_topk_scratch: the turnover probe's oracle */
+#include "policy/policy_util.h" /* ks_topk_scratch: the turnover probe's oracle */
 
 #include <math.h>
 #include <stdatomic.h>

@@ -18,7 +18,7 @@
 #include "core/core.h"
 #include "core/simd.h"
 #include "tensor/dtype.h"
-#include "tensor/matmul.h"
+#include "matmul/matmul.h"
 
 #include <stdio.h>
 #include <stdlib.h>
