@@ -132,7 +132,7 @@ static void test_attention_kernels(void **state) {
     ks_simd_force(saved);
 }
 
-/* Quest's page bound (select/page_bounds.c): the SIMD form for head dims of
+/* Quest's page bound (policy/page_bounds.c): the SIMD form for head dims of
  * 16 and more at any vector level, scalar below 16 or when forced. */
 static void test_page_bound_kernel(void **state) {
     (void)state;
