@@ -1,8 +1,12 @@
-import sys, json, math, subprocess, torch
-sys.path.insert(0, "/work/wt/mla/tools")
+"""The float64 reference's perplexity in llama-perplexity's chunking (128, 8
+chunks, first token BOS, second half scored), the text tokenized by kvsieve:
+    ref_ppl.py MODEL.gguf TEXT   (from the repository root, build/kvsieve built)"""
+import os, sys, json, math, subprocess, torch
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
 import reference as R
 model, text = sys.argv[1], open(sys.argv[2]).read()
-out = subprocess.run(["/work/wt/mla/build/kvsieve", "tokenize", "-m", model, "-p", text, "--json"], capture_output=True, text=True).stdout
+out = subprocess.run([os.path.join(ROOT, "build", "kvsieve"), "tokenize", "-m", model, "-p", text, "--json"], capture_output=True, text=True).stdout
 ids = json.loads(out)
 if isinstance(ids, dict): ids = ids.get("ids") or ids.get("tokens")
 ids = [1] + [int(x) for x in ids]
