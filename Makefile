@@ -50,9 +50,11 @@ run: build $(RUN_MODEL)
 # once per emulated CPU in ARM_CPUS: `max` has dotprod and i8mm (the sdot and
 # smmla kernels run), `cortex-a53` has neither (plain NEON).  KS_EXPECT_SIMD
 # tells test_dispatch which level each must detect.  Tests labelled
-# emu_slow (cmake/cross.cmake says which and why) are left out.
+# emu_slow (cmake/cross.cmake says which and why) are left out.  ARM_TESTS,
+# a CTest regex, runs only the tests it matches (CI's bounded subset, .ci/run).
 ARM_BUILD ?= build-arm64
 ARM_CPUS  ?= max cortex-a53
+ARM_TESTS ?=
 test-arm:
 	@bash scripts/deps.sh --arm
 	@cmake -S . -B $(ARM_BUILD) -DCMAKE_TOOLCHAIN_FILE=$(CURDIR)/cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release $(CMAKE_OPTS) > /dev/null
@@ -60,7 +62,7 @@ test-arm:
 	@for cpu in $(ARM_CPUS); do \
 	  case $$cpu in max) lv=i8mm;; cortex-a76|neoverse-n1) lv=dotprod;; *) lv=neon;; esac; \
 	  echo "== QEMU_CPU=$$cpu (expects $$lv)"; \
-	  (cd $(ARM_BUILD) && QEMU_CPU=$$cpu KS_EXPECT_SIMD=$$lv ctest --output-on-failure -j $(JOBS) -LE emu_slow) || exit 1; \
+	  (cd $(ARM_BUILD) && QEMU_CPU=$$cpu KS_EXPECT_SIMD=$$lv ctest --output-on-failure -j $(JOBS) -LE emu_slow $(if $(ARM_TESTS),-R '$(ARM_TESTS)')) || exit 1; \
 	done
 
 # Address + undefined-behaviour sanitizers over the whole suite.
