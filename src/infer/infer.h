@@ -155,6 +155,11 @@ void ks_attention_group(ks_kv_type kt, const void *K, const void *V, int len, in
  * scores: [max(G, 4)][total] scratch; tmp: [hd + 16]. */
 void ks_attention_segs(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                        float *scores, float *out, float *tmp, float *weights, bool allow_simd);
+/* The same with attention sinks (attn.h): sinks [G] per-head logits in the
+ * softmax's denominator, or NULL (then exactly ks_attention_segs). */
+void ks_attention_segs_sinks(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
+                             float *scores, float *out, float *tmp, float *weights, bool allow_simd,
+                             const float *sinks);
 
 const ks_model *ks_context_model(const ks_context *c);
 /* Attention recall probe (eval only; costs a dense attention pass per

@@ -260,6 +260,9 @@ void ks_model_destroy(ks_model *m) {
         ks_free(L->ffn_norm);
         ks_free(L->attn_post_norm);
         ks_free(L->ffn_post_norm);
+        ks_free(L->bo);
+        ks_free(L->attn_sinks);
+        if (L->moe) ks_free(L->moe->bias_mem);
         ks_free(L->moe);
     }
     ks_free(m->layers);
@@ -376,6 +379,9 @@ static const char *const g_keys_read[] = {
     "rope.scaling.original_context_length", "rope.scaling.attn_factor", "rope.scaling.yarn_ext_factor",
     "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow", "rope.scaling.yarn_log_multiplier",
     "attention.temperature_scale",
+    /* the mixture-of-experts and sliding-window keys (qwen3moe, gemma3, gpt-oss) */
+    "expert_count", "expert_used_count", "expert_feed_forward_length", "attention.sliding_window",
+    "attention.sliding_window_pattern", "rope.freq_base_swa",
 };
 
 bool ks_model_key_read(const char *arch, const char *key, size_t len) {

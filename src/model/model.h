@@ -15,7 +15,15 @@
 #include "tensor/ops.h"
 #include "tokenizer/tokenizer.h"
 
-typedef enum ks_arch { KS_ARCH_LLAMA, KS_ARCH_QWEN2, KS_ARCH_QWEN3, KS_ARCH_GEMMA3, KS_ARCH_QWEN3MOE, KS_ARCH_NONE } ks_arch;
+typedef enum ks_arch {
+    KS_ARCH_LLAMA,
+    KS_ARCH_QWEN2,
+    KS_ARCH_QWEN3,
+    KS_ARCH_GEMMA3,
+    KS_ARCH_QWEN3MOE,
+    KS_ARCH_GPTOSS,
+    KS_ARCH_NONE
+} ks_arch;
 
 /* A mixture-of-experts FFN (qwen3moe): a router picks n_expert_used of
  * n_expert SwiGLU experts per row (infer/moe.c).  The experts are views into
@@ -28,6 +36,13 @@ typedef struct ks_moe_layer {
     ks_weight *gate, *up;     /* [n_expert] views, each [n_ff_exp][n_embd] */
     ks_weight *down;          /* [n_expert] views, each [n_embd][n_ff_exp] */
     size_t expert_bytes;      /* bytes of one expert's gate + up + down */
+    /* gpt-oss: biases of the router and of every expert's three products
+     * (ffn_gate_inp.bias, ffn_{gate,up,down}_exps.bias), views into the one
+     * owned block bias_mem; NULL where the model has none (qwen3moe) */
+    float *router_b;          /* [n_expert] */
+    float *gate_b, *up_b;     /* [n_expert][n_ff_exp] */
+    float *down_b;            /* [n_expert][n_embd] */
+    float *bias_mem;          /* owned */
     /* Shared experts (qwen2moe, deepseek2: an always-on FFN beside the routed
      * ones) would be a slot here; qwen3moe has none, so none is bound. */
 } ks_moe_layer;
@@ -50,6 +65,10 @@ typedef struct ks_layer {
      * at positions (p - window, p]; 0: a global layer (sees every key) */
     int32_t window;
     ks_moe_layer *moe;        /* owned; non-NULL: this layer's FFN is the MoE (w_gate/up/down unbound) */
+    float *bo;                /* [n_embd] attention output bias, or NULL (gpt-oss has one) */
+    /* gpt-oss: one learned logit per query head that joins the attention
+     * softmax's denominator (infer/attn.h); NULL: none */
+    float *attn_sinks;        /* [n_head] or NULL */
 } ks_layer;
 
 typedef struct ks_hparams {
@@ -77,6 +96,8 @@ typedef struct ks_hparams {
     /* mixture of experts (0 experts: a dense FFN) */
     int32_t n_expert, n_expert_used, n_ff_exp;
     bool expert_norm;         /* renormalise the selected experts' softmax weights to sum 1 */
+    bool expert_softmax_topk; /* gpt-oss: the weights are the softmax of the k selected logits only */
+    bool ffn_swiglu_oai;      /* gpt-oss's clamped SwiGLU (infer/moe.c) instead of silu(gate) * up */
 } ks_hparams;
 
 struct ks_model {
