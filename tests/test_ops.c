@@ -60,7 +60,12 @@ static void test_softmax(void **state) {
     assert_float_equal(x[3], 0, 0);
 }
 
-static void ref_attention(const float *Kf, const float *Vf, int len, int hd, int G, const float *q, double *out) {
+/* sinks [G] (or NULL): one more logit per head in the softmax's
+ * denominator, with no value row (gpt-oss); mass_out (or NULL) gets the
+ * rows' total probability summed over the heads */
+static void ref_attention_sinks(const float *Kf, const float *Vf, int len, int hd, int G, const float *q,
+                                const float *sinks, double *out, double *mass_out) {
+    double mass = 0;
     for (int g = 0; g < G; g++) {
         double *sc = malloc(sizeof(double) * len), mx = -1e300, sum = 0;
         for (int t = 0; t < len; t++) {
@@ -69,7 +74,11 @@ static void ref_attention(const float *Kf, const float *Vf, int len, int hd, int
             sc[t] = d / sqrt(hd);
             if (sc[t] > mx) mx = sc[t];
         }
+        if (sinks && sinks[g] > mx) mx = sinks[g];
         for (int t = 0; t < len; t++) sum += (sc[t] = exp(sc[t] - mx));
+        double rows = sum;
+        if (sinks) sum += exp(sinks[g] - mx);
+        mass += rows / sum;
         for (int i = 0; i < hd; i++) {
             double acc = 0;
             for (int t = 0; t < len; t++) acc += sc[t] / sum * Vf[t * hd + i];
@@ -77,6 +86,11 @@ static void ref_attention(const float *Kf, const float *Vf, int len, int hd, int
         }
         free(sc);
     }
+    if (mass_out) *mass_out = mass;
+}
+
+static void ref_attention(const float *Kf, const float *Vf, int len, int hd, int G, const float *q, double *out) {
+    ref_attention_sinks(Kf, Vf, len, hd, G, q, NULL, out, NULL);
 }
 
 /* n random K and V rows stored as kt (K, V: [n][row bytes]) and, for the
@@ -131,7 +145,7 @@ static void check_attention(ks_kv_type kt, int len, int hd, int G, bool simd) {
 /* A fragmented selection (runs of 1-3 rows out of len) through every kernel
  * path — SIMD (blocks merged from short runs), portable — against the
  * float64 reference over exactly the selected rows. */
-static void check_segments(ks_kv_type kt, int len, int hd, int G) {
+static void check_segments_sinks(ks_kv_type kt, int len, int hd, int G, bool with_sinks) {
     if (kt != KS_KV_F16 && hd % 32) return;
     ks_rng rng = {(uint64_t)len * 17 + (uint64_t)hd + (uint64_t)G * 3};
     size_t rb = ks_kv_row_bytes(kt, hd);
@@ -155,22 +169,31 @@ static void check_segments(ks_kv_type kt, int len, int hd, int G) {
     float *q = malloc(sizeof(float) * G * hd), *out = malloc(sizeof(float) * G * hd), *reff = malloc(sizeof(float) * G * hd);
     float *scores = malloc(sizeof(float) * ((G > 4 ? G : 4) * total + 16)), *tmp = malloc(sizeof(float) * (hd + 16));
     float *w = calloc((size_t)total, sizeof(float));
-    double *ref = malloc(sizeof(double) * G * hd);
+    double *ref = malloc(sizeof(double) * G * hd), mass = G;
     for (int i = 0; i < G * hd; i++) q[i] = ks_rng_normal(&rng);
-    ref_attention(Kf, Vf, total, hd, G, q, ref);
+    /* sinks around the scores' scale (some heads give them most of the mass, some little) */
+    float sinks[8];
+    for (int g = 0; g < G && g < 8; g++) sinks[g] = 2.0f * ks_rng_normal(&rng) + 2.0f;
+    ref_attention_sinks(Kf, Vf, total, hd, G, q, with_sinks ? sinks : NULL, ref, &mass);
     for (int i = 0; i < G * hd; i++) reff[i] = (float)ref[i];
     for (int path = 0; path < 2; path++) {
         memset(w, 0, sizeof(float) * total);
-        ks_attention_segs(kt, segs, nseg, total, hd, G, q, scores, out, tmp, w, path == 0);
+        ks_attention_segs_sinks(kt, segs, nseg, total, hd, G, q, scores, out, tmp, w, path == 0,
+                                with_sinks ? sinks : NULL);
         double mx, e = ks_test_nmse(out, reff, (size_t)G * hd, &mx);
         double tol = kt == KS_KV_Q8 && path == 0 && ks_simd_x86(ks_simd_current()) ? 2e-2 : 1e-5; /* see check_attention */
-        if (e > tol) fail_msg("segments kt=%d len=%d hd=%d G=%d path %d: nmse %g", kt, len, hd, G, path, e);
+        if (e > tol)
+            fail_msg("segments kt=%d len=%d hd=%d G=%d path %d sinks %d: nmse %g", kt, len, hd, G, path, with_sinks, e);
         double sum = 0;
         for (int t = 0; t < total; t++) sum += w[t];
-        if (fabs(sum - G) > 1e-3) fail_msg("segments path %d: weights sum %g, want %d", path, sum, G);
+        if (fabs(sum - mass) > 1e-3) fail_msg("segments path %d: weights sum %g, want %g", path, sum, mass);
     }
     free(K); free(V); free(Kf); free(Vf); free(Ka); free(Va); free(segs); free(q); free(out); free(reff); free(scores);
     free(tmp); free(w); free(ref);
+}
+
+static void check_segments(ks_kv_type kt, int len, int hd, int G) {
+    check_segments_sinks(kt, len, hd, G, false);
 }
 
 /* Runs body once per SIMD kernel family this CPU has (AVX2, then AVX-512),
@@ -191,6 +214,17 @@ static void test_attention_segments(void **state) {
     int groups[] = {1, 2, 4, 7};
     FOR_EACH_SIMD_LEVEL(for (int kt = 0; kt < 2; kt++) for (int a = 0; a < 4; a++) for (int b = 0; b < 4; b++)
                             check_segments((ks_kv_type)kt, 700, hds[a], groups[b]));
+}
+
+/* Attention sinks (gpt-oss) through every decode kernel and the portable
+ * one, against float64: outputs, and the returned weights summing to the
+ * rows' share of the mass (the sinks take the rest). */
+static void test_attention_sinks(void **state) {
+    (void)state;
+    int hds[] = {64, 128, 48};
+    int groups[] = {1, 2, 4, 7};
+    FOR_EACH_SIMD_LEVEL(for (int kt = 0; kt < 2; kt++) for (int a = 0; a < 3; a++) for (int b = 0; b < 4; b++)
+                            check_segments_sinks((ks_kv_type)kt, 300, hds[a], groups[b], true));
 }
 
 /* A long context in whole pages (5000 rows, 32-row segments) with keys that
@@ -489,6 +523,7 @@ int main(void) {
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_segments),
+        cmocka_unit_test(test_attention_sinks),
         cmocka_unit_test(test_attention_pages),
         cmocka_unit_test(test_attention_block),
         cmocka_unit_test(test_attention_block_bf16),
