@@ -428,6 +428,9 @@ ks_status ks_model_describe(const ks_model *m, char *buf, size_t cap) {
         m->rope_freq_factors ? ", llama3 frequency factors" : "",
         m->output_tied ? ", tied output" : "",
         m->layers[0].q_norm ? ", q/k norm" : m->layers[0].bq ? ", qkv bias" : "");
+    if (m->layers[0].attn_sinks) /* gpt-oss */
+        OUT("attention:     a learned sink logit per head in every softmax, output bias%s\n",
+            hp->ffn_swiglu_oai ? "; experts: clamped SwiGLU (alpha 1.702, limit 7), weights softmax(top-k logits)" : "");
     const char *attn = hp->n_head_kv == hp->n_head ? "MHA" : hp->n_head_kv == 1 ? "MQA" : "GQA";
     OUT("shape:         n_embd %d, n_layer %d, n_ff %d, heads %d/%d kv (%s, group %d), head_dim %d, n_rot %d\n",
         hp->n_embd, hp->n_layer, hp->n_ff, hp->n_head, hp->n_head_kv, attn, hp->n_head / hp->n_head_kv,
@@ -454,7 +457,7 @@ ks_status ks_model_describe(const ks_model *m, char *buf, size_t cap) {
     for (int il = 0; il < hp->n_layer; il++) n_local += m->layers[il].window > 0;
     if (n_local)
         OUT("layers:        %d local (sliding window %d, rope base %g), %d global (rope base %g%s)\n", n_local,
-            hp->n_swa, hp->rope_base_swa, hp->n_layer - n_local, hp->rope_base,
+            hp->n_swa, hp->rope_base_swa > 0 ? hp->rope_base_swa : hp->rope_base, hp->n_layer - n_local, hp->rope_base,
             hp->rope_scaling.type == KS_ROPE_SCALING_LINEAR ? ", linear scaling" : "");
     /* type histogram over the tensors */
     int64_t count[KS_DTYPE_MAX_] = {0};
