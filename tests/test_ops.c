@@ -339,7 +339,7 @@ static float round_bf16(float f) {
  * prefill rests on).  Q8_0 KV (kt): the same bounds against the same
  * references on the dequantised keys and values, which the kernel rounds to
  * bf16 once each as it does f16 ones. */
-static void check_block_bf16(ks_kv_type kt, int n, int hd, int G, int P) {
+static void check_block_bf16_s(ks_kv_type kt, int n, int hd, int G, int P, bool with_sinks) {
     if (!ks_attention_block_bf16_usable()) return;
     enum { R = 16 };
     ks_rng rng = {(uint64_t)n * 5 + (uint64_t)hd + (uint64_t)G * 3 + (uint64_t)kt * 101};
@@ -359,7 +359,12 @@ static void check_block_bf16(ks_kv_type kt, int n, int hd, int G, int P) {
     ks_kv_seg segs[600];
     int nseg = 0;
     for (int t = 0; t < n; t += P) segs[nseg++] = (ks_kv_seg){K + rb * t, V + rb * t, n - t < P ? n - t : P};
-    if (kt == KS_KV_F16) /* the f16 entry point */
+    float sk[8], *sinks = with_sinks ? sk : NULL; /* gpt-oss's sinks (attn.h) */
+    for (int g = 0; g < G && g < 8; g++) sk[g] = 2.0f * ks_rng_normal(&rng) + 2.0f;
+    if (with_sinks)
+        assert_true(ks_attention_block_bf16_sinks(kt, segs, nseg, n_att, R, hd, G, q, (size_t)G * hd, out,
+                                                  (size_t)G * hd, scr, scale, sinks));
+    else if (kt == KS_KV_F16) /* the f16 entry point */
         assert_true(ks_attention_block_bf16((const ks_kv_seg16 *)segs, nseg, n_att, R, hd, G, q, (size_t)G * hd, out,
                                             (size_t)G * hd, scr, scale));
     else assert_true(ks_attention_block_bf16_kv(kt, segs, nseg, n_att, R, hd, G, q, (size_t)G * hd, out, (size_t)G * hd,
@@ -367,13 +372,13 @@ static void check_block_bf16(ks_kv_type kt, int n, int hd, int G, int P) {
     double *ref = malloc(sizeof(double) * G * hd);
     float *reff = malloc(sizeof(float) * G * hd);
     for (int r = 0; r < R; r++) {
-        ref_attention(Kf, Vf, n_att[r], hd, G, q + (size_t)r * G * hd, ref);
+        ref_attention_sinks(Kf, Vf, n_att[r], hd, G, q + (size_t)r * G * hd, sinks, ref, NULL);
         for (int i = 0; i < G * hd; i++) reff[i] = (float)ref[i];
         double mx, e = ks_test_nmse(out + (size_t)r * G * hd, reff, (size_t)G * hd, &mx);
         if (e > 2e-2) fail_msg("bf16 block kt=%d n=%d hd=%d G=%d P=%d row %d: nmse %g", kt, n, hd, G, P, r, e);
         float qr[4 * 512];
         for (int i = 0; i < G * hd; i++) qr[i] = round_bf16(q[(size_t)r * G * hd + i]);
-        ref_attention(Kb, Vb, n_att[r], hd, G, qr, ref);
+        ref_attention_sinks(Kb, Vb, n_att[r], hd, G, qr, sinks, ref, NULL);
         for (int i = 0; i < G * hd; i++) reff[i] = (float)ref[i];
         e = ks_test_nmse(out + (size_t)r * G * hd, reff, (size_t)G * hd, &mx);
         if (e > 3e-3)
@@ -385,11 +390,16 @@ static void check_block_bf16(ks_kv_type kt, int n, int hd, int G, int P) {
     for (int r = 0; r < R; r++) {
         int ns = 0;
         for (int t = 0; ns < nseg && t < n_att[r]; t += segs[ns++].len) {}
-        assert_true(ks_attention_block_bf16_kv(kt, segs, ns, n_att + r, 1, hd, G, q + (size_t)r * G * hd,
-                                               (size_t)G * hd, out2 + (size_t)r * G * hd, (size_t)G * hd, scr, scale));
+        assert_true(ks_attention_block_bf16_sinks(kt, segs, ns, n_att + r, 1, hd, G, q + (size_t)r * G * hd,
+                                                  (size_t)G * hd, out2 + (size_t)r * G * hd, (size_t)G * hd, scr, scale,
+                                                  sinks));
     }
     assert_memory_equal(out, out2, sizeof(float) * R * G * hd);
     free(K); free(V); free(Kf); free(Vf); free(Kb); free(Vb); free(q); free(out); free(out2); free(scr); free(ref); free(reff);
+}
+
+static void check_block_bf16(ks_kv_type kt, int n, int hd, int G, int P) {
+    check_block_bf16_s(kt, n, hd, G, P, false);
 }
 
 static void test_attention_block_bf16(void **state) {
@@ -399,6 +409,9 @@ static void test_attention_block_bf16(void **state) {
         check_block_bf16((ks_kv_type)kt, 513, 128, 2, 32);
         check_block_bf16((ks_kv_type)kt, 40, 32, 1, 16);
         check_block_bf16((ks_kv_type)kt, 1000, 64, 3, 64);
+        /* with gpt-oss's sinks: the same bounds against the references with sinks */
+        check_block_bf16_s((ks_kv_type)kt, 300, 64, 4, 32, true);
+        check_block_bf16_s((ks_kv_type)kt, 200, 64, 2, 16, true);
     }
 }
 

@@ -255,8 +255,9 @@ static bool attend_block(ks_context *c, attn_job *j, ks_attn_scratch *s, int r0,
     } else if (ks_infer_segs_resolve(c->kv, seq, j->il, h, s->segs, s->first, nseg, s->pages, gather) != KS_OK)
         return false; /* attend_one reports it */
     float scale = 1.0f / sqrtf((float)hd);
-    bool done = bf16 ? ks_attention_block_bf16_kv(c->kv_type, s->segs, nseg, n_att, R, hd, G, q, qo_stride, o,
-                                                  qo_stride, s->blk_bf16, scale)
+    const float *sinks = c->model->layers[j->il].attn_sinks; /* gpt-oss: bf16 only (ks_infer_attend_layer) */
+    bool done = bf16 ? ks_attention_block_bf16_sinks(c->kv_type, s->segs, nseg, n_att, R, hd, G, q, qo_stride, o,
+                                                     qo_stride, s->blk_bf16, scale, sinks ? sinks + (size_t)h * G : NULL)
                 : c->kv_type == KS_KV_F16 && ks_simd_current() >= KS_SIMD_AVX512
                     ? ks_attention_block_avx512((const ks_kv_seg16 *)s->segs, nseg, n_att, R, hd, G, q, qo_stride, o,
                                                 qo_stride, s->blk_S, s->blk_tile, scale)
@@ -309,8 +310,11 @@ ks_status ks_infer_attend_layer(ks_context *c, int il, int n, const int32_t *seq
      * bound per row only) do not take: every row goes through attend_one, at prefill and
      * decode alike, so a row's bits never depend on the chunk it falls in */
     if (c->model->layers[il].window > 0) job.blocked = false;
-    /* the blocked kernels have no attention sinks (gpt-oss): those layers' rows take attend_one too */
-    if (c->model->layers[il].attn_sinks) job.blocked = false;
+    /* of the blocked kernels only the bf16 one has attention sinks (gpt-oss): elsewhere those
+     * layers' rows take attend_one too (the choice is the run's, as attend_block's bf16 one) */
+    if (c->model->layers[il].attn_sinks &&
+        !(ks_simd_current() >= KS_SIMD_AVX512 && hd % 32 == 0 && hd <= 512 && ks_attention_block_bf16_usable()))
+        job.blocked = false;
     atomic_init(&job.next, 0);
     if (next) /* one counter per task row group (a block of rows, or a row) */
         for (int g = 0; g < n; g++) atomic_init(&c->att_heads_done[g], 0);

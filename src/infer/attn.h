@@ -66,6 +66,12 @@ bool ks_attention_block_bf16_kv(ks_kv_type kt, const ks_kv_seg *segs, int nseg, 
                                 int G, const float *q, size_t q_stride, float *out, size_t out_stride, float *scratch,
                                 float scale);
 
+/* The same with attention sinks (gpt-oss; sinks [G] per query head of the
+ * group, or NULL), the only blocked prefill kernel that has them. */
+bool ks_attention_block_bf16_sinks(ks_kv_type kt, const ks_kv_seg *segs, int nseg, const int32_t *n_att, int R,
+                                   int hd, int G, const float *q, size_t q_stride, float *out, size_t out_stride,
+                                   float *scratch, float scale, const float *sinks);
+
 /* The prefill block kernels' causal clamp: of the page [e0, e0 + L), the
  * entries query x (row x / G of the block) sees; 0: none. */
 static inline int ks_attn_block_visible(const int32_t *n_att, int G, int x, int e0, int L) {
