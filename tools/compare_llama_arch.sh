@@ -26,8 +26,10 @@ PPL_CTX=128
 PPL_WINDOWS=8
 mkdir -p "$OUT"
 
-# name shape type ctx
-CASES="tiny-phi3-f16:tiny-phi3:f16:4096
+# name shape type ctx (CASES in the environment replaces the list, e.g. the
+# gpt-oss rows of docs/results/moe.md:
+#   CASES="tiny-gptoss-f32:tiny-gptoss:f32:4096 tiny-gptoss-mxfp4:tiny-gptoss:mxfp4:4096")
+CASES=${CASES:-"tiny-phi3-f16:tiny-phi3:f16:4096
 tiny-phi3-long-f16:tiny-phi3:f16:8192
 tiny-qwen3-yarn-f16:tiny-qwen3-yarn:f16:4096
 tiny-smollm3-f16:tiny-smollm3:f16:4096
@@ -35,7 +37,7 @@ tiny-mistral3-f16:tiny-mistral3:f16:4096
 tiny-phi3-q8_0:tiny-phi3:q8_0:4096
 tiny-qwen3-yarn-q8_0:tiny-qwen3-yarn:q8_0:4096
 tiny-smollm3-q8_0:tiny-smollm3:q8_0:4096
-tiny-mistral3-q8_0:tiny-mistral3:q8_0:4096"
+tiny-mistral3-q8_0:tiny-mistral3:q8_0:4096"}
 
 echo "| model | -c | greedy 64 tokens | kvsieve PPL | llama.cpp PPL | difference |"
 echo "|---|---|---|---|---|---|"
