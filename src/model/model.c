@@ -379,10 +379,30 @@ static const char *const g_keys_read[] = {
     "rope.scaling.original_context_length", "rope.scaling.attn_factor", "rope.scaling.yarn_ext_factor",
     "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow", "rope.scaling.yarn_log_multiplier",
     "attention.temperature_scale",
-    /* the mixture-of-experts and sliding-window keys (qwen3moe, gemma3, gpt-oss) */
-    "expert_count", "expert_used_count", "expert_feed_forward_length", "attention.sliding_window",
-    "attention.sliding_window_pattern", "rope.freq_base_swa",
 };
+
+/* Keys only some architectures' slots read: "key", then the '|'-separated
+ * architectures (phi3 files carry a sliding_window nothing reads). */
+static const char *const g_keys_read_by[][2] = {
+    {"expert_count", "qwen3moe|gpt-oss"},
+    {"expert_used_count", "qwen3moe|gpt-oss"},
+    {"expert_feed_forward_length", "qwen3moe|gpt-oss"},
+    {"attention.sliding_window", "gemma3|gpt-oss"},
+    {"attention.sliding_window_pattern", "gemma3|gpt-oss"},
+    {"rope.freq_base_swa", "gemma3|gpt-oss"},
+};
+
+static bool arch_in_list(const char *arch, const char *list) {
+    size_t al = strlen(arch);
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, '|');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (n == al && !memcmp(p, arch, al)) return true;
+        if (!e) break;
+        p = e + 1;
+    }
+    return false;
+}
 
 bool ks_model_key_read(const char *arch, const char *key, size_t len) {
     size_t al = strlen(arch);
@@ -395,6 +415,9 @@ bool ks_model_key_read(const char *arch, const char *key, size_t len) {
         return false; /* only mistral3 reads it */
     for (size_t i = 0; i < sizeof g_keys_read / sizeof g_keys_read[0]; i++)
         if (strlen(g_keys_read[i]) == sl && !memcmp(suf, g_keys_read[i], sl)) return true;
+    for (size_t i = 0; i < sizeof g_keys_read_by / sizeof g_keys_read_by[0]; i++)
+        if (strlen(g_keys_read_by[i][0]) == sl && !memcmp(suf, g_keys_read_by[i][0], sl))
+            return arch_in_list(arch, g_keys_read_by[i][1]);
     return false;
 }
 
