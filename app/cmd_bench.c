@@ -11,6 +11,7 @@
  * values (ks_seq_fill_synthetic): attention cost depends on the bytes, not on
  * the values, so no long prefill is needed.
  */
+#define _GNU_SOURCE /* clock_gettime(CLOCK_PROCESS_CPUTIME_ID) in C11 mode */
 #include "args.h"
 #include "commands.h"
 #include "kvsieve.h"
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static void progress(const char *what, int done, int total) {
@@ -143,9 +145,9 @@ static int bench_setup(app_options *o, bench_state *b) {
     else {
         printf("model %s | threads %ld | bandwidth %.2f GB/s (triad %.2f, read %.2f, copy %.2f)\n", o->model_path,
                b->n_threads, b->bw_best, bw.triad_gbs, bw.read_gbs, bw.copy_gbs);
-        printf("%-14s %6s %6s %6s %11s %9s %9s %8s %8s %7s %9s %8s %6s %6s %6s %9s %7s %7s %5s %6s\n", "test", "budget",
+        printf("%-14s %6s %6s %6s %11s %9s %9s %8s %8s %7s %9s %8s %6s %6s %6s %9s %7s %7s %5s %6s %8s\n", "test", "budget",
                "depth", "batch", "tok/s", "x dense", "ms/step", "GB/step", "GB/s", "%bw", "roof ms", "ms/roof", "sel%", "gat%",
-               "att%", "MB moved", "reload", "hidden", "slow", "syncfb");
+               "att%", "MB moved", "reload", "hidden", "slow", "syncfb", "cpu ms");
     }
     b->first = true;
     return -1;
@@ -322,8 +324,18 @@ static bool bench_row_config(app_options *o, bench_state *b, bench_row *r) {
     return false;
 }
 
-/* One warm-up step (page faults, caches), then --n-gen timed steps. */
-static int bench_row_measure(app_options *o, bench_state *b, bench_row *r, ks_stats *s, ks_memplan_info *plan) {
+/* The process's CPU seconds (every thread's user and system time). */
+static double cpu_seconds(void) {
+    struct timespec ts;
+    return clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) == 0 ? (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec : 0.0;
+}
+
+/* One warm-up step (page faults, caches), then --n-gen timed steps; *cpu:
+ * the CPU seconds the timed steps took (all threads), which on a host
+ * shared with other jobs moves far less than their wall time: a thread
+ * waiting for a core costs wall time but no CPU time. */
+static int bench_row_measure(app_options *o, bench_state *b, bench_row *r, ks_stats *s, ks_memplan_info *plan,
+                             double *cpu) {
     const char *cmd = o->cmd;
     int32_t V = b->hp.n_vocab;
     long batch = r->batch;
@@ -344,10 +356,12 @@ static int bench_row_measure(app_options *o, bench_state *b, bench_row *r, ks_st
         ks_stats_reset(ctx);
         what = "decode";
     }
+    double c0 = cpu_seconds();
     for (long k = 0; k < o->bench_gen && st == KS_OK; k++) {
         st = ks_decode(ctx, seqs, toks, (int32_t)batch, logits);
         for (long i = 0; i < batch; i++) toks[i] = (int32_t)((toks[i] * 31 + 7) % V);
     }
+    *cpu = cpu_seconds() - c0;
     ks_context_stats(ctx, s);
     free(seqs);
     free(toks);
@@ -359,6 +373,7 @@ static int bench_row_measure(app_options *o, bench_state *b, bench_row *r, ks_st
 
 /* A decode row's figures, derived from its counters. */
 typedef struct bench_fig {
+    double cpu_step; /* CPU seconds per step, all threads */
     double step, gb_step, gbs, roof, bw_now, tps, sel, gat, att, moved_mb, spec_rate;
     int n_slow;
     bool over_cap;
@@ -420,7 +435,7 @@ static void bench_row_json(const app_options *o, bench_state *b, const bench_row
            "\"policy_selections\": %llu, \"policy_hits\": %llu, \"policy_misses\": %llu, \"policy_corrections\": %llu, "
            "\"policy_speculative\": %llu, \"spec_hit_rate\": %.4f, \"policy_rebuilds\": %llu, "
            "\"topp_picked_per_head\": %.2f, \"topp_kept_per_head\": %.2f, \"topp_head_min\": %.2f, "
-           "\"topp_head_max\": %.2f}",
+           "\"topp_head_max\": %.2f, \"cpu_ms_per_step\": %.3f}",
            b->first ? "" : ",", r->label, r->cp.budget, r->depth, r->batch, f->tps, dense_tps > 0 ? f->tps / dense_tps : 0,
            1e3 * f->step, f->gb_step, s->weight_bytes_read / 1e9 / n_gen, s->kv_bytes_read / 1e9 / n_gen, f->gbs,
            f->bw_now, f->gbs / f->bw_now, 1e3 * f->roof, f->sel, f->gat, s->select_bytes_read / 1e9 / n_gen,
@@ -434,7 +449,7 @@ static void bench_row_json(const app_options *o, bench_state *b, const bench_row
            (unsigned long long)s->policy_speculative, f->spec_rate, (unsigned long long)s->policy_rebuilds,
            s->policy_topp_refined ? (double)s->policy_topp_picked / s->policy_topp_refined : 0.0,
            s->policy_topp_refined ? (double)s->policy_topp_kept / s->policy_topp_refined : 0.0,
-           s->policy_topp_head_min, s->policy_topp_head_max);
+           s->policy_topp_head_min, s->policy_topp_head_max, 1e3 * f->cpu_step);
     b->first = false;
 }
 
@@ -449,10 +464,12 @@ static int bench_decode_row(app_options *o, bench_state *b, bench_row *r, double
     }
     ks_stats s;
     ks_memplan_info plan;
-    int rc = bench_row_measure(o, b, r, &s, &plan);
+    double cpu = 0;
+    int rc = bench_row_measure(o, b, r, &s, &plan, &cpu);
     if (rc >= 0) return rc;
     bench_fig f;
     bench_row_figures(o, b, r, &s, &plan, *dense_tps, &f);
+    f.cpu_step = cpu / (double)o->bench_gen;
     if (!strcmp(o->po.names[r->pi], "dense") && o->offload[r->mi] == APP_OFFLOAD_NONE) {
         *dense_tps = f.tps;
         if (*dense_tps > 0) snprintf(f.xd, sizeof f.xd, "%.2fx", f.tps / *dense_tps);
@@ -460,10 +477,11 @@ static int bench_decode_row(app_options *o, bench_state *b, bench_row *r, double
     progress(what, ++b->done, b->total);
     if (o->json) bench_row_json(o, b, r, &s, &f, *dense_tps);
     else
-        printf("%-14s %6s %6ld %6ld %11.2f %9s %9.2f %8.3f %8.2f %6.1f%% %9.2f %8.2f %5.1f%% %5.1f%% %5.1f%% %9.2f %7s %7s %5d %6llu%s\n",
+        printf("%-14s %6s %6ld %6ld %11.2f %9s %9.2f %8.3f %8.2f %6.1f%% %9.2f %8.2f %5.1f%% %5.1f%% %5.1f%% %9.2f %7s %7s %5d %6llu %8.2f%s\n",
                r->label, r->blabel, r->depth, r->batch, f.tps, f.xd, 1e3 * f.step, f.gb_step, f.gbs,
                100 * f.gbs / f.bw_now, 1e3 * f.roof, f.step / f.roof, 100 * f.sel, 100 * f.gat, 100 * f.att, f.moved_mb,
-               f.reload, f.hidden, f.n_slow, (unsigned long long)s.kv_sync_fallbacks, f.over_cap ? "  OVER CAP" : "");
+               f.reload, f.hidden, f.n_slow, (unsigned long long)s.kv_sync_fallbacks, 1e3 * f.cpu_step,
+               f.over_cap ? "  OVER CAP" : "");
     fflush(stdout);
     return -1;
 }

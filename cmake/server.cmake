@@ -65,9 +65,10 @@ endforeach()
 set_tests_properties(server_structured PROPERTIES TIMEOUT 400)
 # Multi-turn chat: multiturn.sh (a python client, bundled model and a
 # phi-3-template model) and openai_node_chat.sh (the OpenAI Node SDK, streaming);
+# openai_node_tools.sh: a tool-call round trip through the SDK;
 # chat_page.sh: the chat page (GET /) in headless chromium through puppeteer-core;
 # tokens.sh: /tokenize, /detokenize, /apply-template.
-foreach(drv multiturn openai_node_chat chat_page tokens)
+foreach(drv multiturn openai_node_chat openai_node_tools chat_page tokens)
   add_test(NAME server_${drv}
            COMMAND bash ${CMAKE_SOURCE_DIR}/tests/server/${drv}.sh ${KS_CLI_RUN} ${KS_FIXTURES_DIR}
                    ${CMAKE_BINARY_DIR}/server_${drv})

@@ -82,11 +82,15 @@ bool ks_token_is_eog(const ks_model *model, int32_t id);
 ks_status ks_chat_format(const ks_model *model, const char *system, const char *user,
                          char *buf, size_t cap, size_t *n_out);
 
-/* One message of a conversation; developer messages are system messages. */
-typedef enum ks_chat_role { KS_ROLE_SYSTEM = 0, KS_ROLE_USER = 1, KS_ROLE_ASSISTANT = 2 } ks_chat_role;
+/* One message of a conversation; developer messages are system messages.
+ * A tool message is the result of a call the assistant made. */
+typedef enum ks_chat_role { KS_ROLE_SYSTEM = 0, KS_ROLE_USER = 1, KS_ROLE_ASSISTANT = 2, KS_ROLE_TOOL = 3 } ks_chat_role;
 typedef struct ks_chat_message {
     ks_chat_role role;
-    const char *content; /* UTF-8, NUL-terminated */
+    const char *content;      /* UTF-8, NUL-terminated */
+    const char *tool_calls;   /* assistant: the calls it made, an OpenAI tool_calls JSON array; NULL: none */
+    const char *tool_call_id; /* tool: the id of the call this message answers; NULL: none */
+    const char *name;         /* tool: the function that answered; NULL: none */
 } ks_chat_message;
 /* A whole conversation, any order of roles, in the model's chat template,
  * ending with the prompt for the assistant's next turn: turn N's rendering
@@ -96,6 +100,23 @@ typedef struct ks_chat_message {
  * bytes needed including the NUL. */
 ks_status ks_chat_render(const ks_model *model, const ks_chat_message *msgs, size_t n_msgs, char *buf, size_t cap,
                          size_t *n_out);
+/* The same with the functions the model may call: tools, an OpenAI `tools`
+ * JSON array (NULL: none), given to the GGUF's template as `tools`; without
+ * a template, the family renders them as a system message in the Hermes
+ * convention (ks_chat_tool_syntax then says KS_TOOLS_HERMES). */
+ks_status ks_chat_render_tools(const ks_model *model, const ks_chat_message *msgs, size_t n_msgs, const char *tools,
+                               char *buf, size_t cap, size_t *n_out);
+/* How the model writes a tool call, read from its chat template (else its
+ * special tokens): the syntax a server parses answers with. */
+typedef enum ks_tool_syntax {
+    KS_TOOLS_GENERIC = 0,  /* a bare JSON object {"name", "arguments"} */
+    KS_TOOLS_HERMES = 1,   /* Qwen2.5/3, Hermes: <tool_call>{"name", "arguments"}</tool_call> */
+    KS_TOOLS_LLAMA3 = 2,   /* Llama 3.x: {"name", "parameters"}, or after <|python_tag|> */
+    KS_TOOLS_MISTRAL = 3,  /* [TOOL_CALLS][{"name", "arguments"}] or [TOOL_CALLS]NAME[ARGS]{...} */
+    KS_TOOLS_HARMONY = 4,  /* gpt-oss: <|channel|>commentary to=functions.NAME ... <|message|>{...}<|call|> */
+    KS_TOOLS_DEEPSEEK = 5, /* DeepSeek V3/R1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>... */
+} ks_tool_syntax;
+ks_tool_syntax ks_chat_tool_syntax(const ks_model *model);
 
 /* -------------------------------------------------------------- context -- */
 typedef struct ks_context ks_context;

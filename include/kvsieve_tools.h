@@ -38,7 +38,7 @@ ks_status ks_fail_at(ks_status st, const char *file, int line, const char *fmt, 
     __attribute__((format(printf, 4, 5)));
 
 /* --------------------------------------------------------- stop strings -- */
-/* A streaming matcher of stop strings (see src/infer/stop.h's essay): each
+/* A streaming matcher of stop strings (see src/sample/stop.h's essay): each
  * decoded piece goes in; what comes out can no longer become part of a stop
  * string and ends on a UTF-8 character boundary. */
 typedef struct ks_stop_matcher ks_stop_matcher;

@@ -21,7 +21,7 @@
 #include "core/core.h"
 #include "eval/eval.h"
 #include "gguf/gguf.h"
-#include "infer/stop.h"
+#include "sample/stop.h"
 #include "model/safetensors.h"
 #include "model/torch_bin.h"
 #include "model/eagle3.h"

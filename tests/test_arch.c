@@ -15,7 +15,7 @@
 #define _GNU_SOURCE /* mkdtemp */
 #include "gguf/gguf.h"
 #include "infer/infer.h"
-#include "infer/prefix.h"
+#include "prefix/prefix.h"
 #include "model/shapes.h"
 #include "tensor/ops.h"
 #include "testutil.h"

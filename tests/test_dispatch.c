@@ -14,7 +14,8 @@
 #include "testutil.h"
 
 #include "core/simd.h"
-#include "infer/attn.h"
+#include "attn/attn.h"
+#include "select/policy_util.h"
 #include "tensor/matmul.h"
 
 #include <stdio.h>
@@ -25,12 +26,27 @@ static const struct {
     ks_dtype t;
     const char *stem; /* the kernels' name stem: ks_mm_<stem>_<level> */
 } k_types[] = {{KS_DTYPE_F32, "f32"},   {KS_DTYPE_F16, "f16"},   {KS_DTYPE_BF16, "bf16"}, {KS_DTYPE_Q8_0, "q8_0"},
-               {KS_DTYPE_Q4_0, "q4_0"}, {KS_DTYPE_Q4_K, "q4_k"}, {KS_DTYPE_Q6_K, "q6_k"}};
+               {KS_DTYPE_Q4_0, "q4_0"}, {KS_DTYPE_Q4_K, "q4_k"}, {KS_DTYPE_Q6_K, "q6_k"},
+               /* the types of llama.cpp's mixes (index >= K_MIX) */
+               {KS_DTYPE_Q4_1, "q4_1"}, {KS_DTYPE_Q5_0, "q5_0"}, {KS_DTYPE_Q5_1, "q5_1"}, {KS_DTYPE_IQ4_NL, "iq4_nl"},
+               {KS_DTYPE_Q2_K, "q2_k"}, {KS_DTYPE_Q3_K, "q3_k"}, {KS_DTYPE_Q5_K, "q5_k"}, {KS_DTYPE_IQ4_XS, "iq4_xs"}};
+#define K_MIX 7
+
+/* The x86 kernels of the mix types (matmul_x86_types.c): "t" is the ymm
+ * template at both levels, "z" the zmm forms AVX-512 has for some. */
+static const char *mix_suffix(const char *stem, ks_simd_level lv) {
+    if (lv == KS_SIMD_AVX2) return "t";
+    return strcmp(stem, "q2_k") && strcmp(stem, "q3_k") ? "z" : "t";
+}
 
 /* The one-row kernel expected for type index ti at level lv. */
 static void expected_kernel(size_t ti, ks_simd_level lv, char *buf, size_t n) {
     const char *stem = k_types[ti].stem;
     bool quant = ti >= 3, kquant = ti >= 5;
+    if (ti >= K_MIX && (lv == KS_SIMD_AVX512 || lv == KS_SIMD_AVX2)) {
+        snprintf(buf, n, "ks_mm_%s%s_%s", stem, mix_suffix(stem, lv), lv == KS_SIMD_AVX512 ? "avx512" : "avx2");
+        return;
+    }
     switch (lv) {
     case KS_SIMD_AVX512: /* grouped partner (Q8_0, Q4_0), zmm K-quants */
         snprintf(buf, n, "ks_mm_%s%s_avx512", stem, !quant ? "" : kquant ? "z" : "x");
@@ -101,11 +117,25 @@ static void test_attention_kernels(void **state) {
     ks_simd_force(saved);
 }
 
+/* Quest's page bound (select/page_bounds.c): the SIMD form for head dims of
+ * 16 and more at any vector level, scalar below 16 or when forced. */
+static void test_page_bound_kernel(void **state) {
+    (void)state;
+    ks_simd_level hw = ks_simd_detect(), saved = ks_simd_force(hw);
+    const char *simd = hw >= KS_SIMD_NEON ? "neon" : hw >= KS_SIMD_AVX2 ? "avx2" : "scalar";
+    assert_string_equal(ks_page_bound_kernel_name(128), simd);
+    assert_string_equal(ks_page_bound_kernel_name(8), "scalar");
+    ks_simd_force(KS_SIMD_SCALAR);
+    assert_string_equal(ks_page_bound_kernel_name(128), "scalar");
+    ks_simd_force(saved);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_detected_level),
         cmocka_unit_test(test_matmul_kernels),
         cmocka_unit_test(test_attention_kernels),
+        cmocka_unit_test(test_page_bound_kernel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

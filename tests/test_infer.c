@@ -154,7 +154,7 @@ static void test_prefill_chunking(void **state) {
 }
 
 /* The same on the bundled model (head_dim 64, GQA): on AVX-512 BF16 hosts
- * its prefill attention is the bf16 kernel (infer/attn_block_bf16.c), whose
+ * its prefill attention is the bf16 kernel (attn/attn_block_bf16.c), whose
  * online softmax must not depend on where chunks, blocks or threads split
  * the rows: one prefill, chunks of 7, 16 and 1 rows, and one thread give
  * the same logits bit for bit (f32 hosts check their own kernels), with f16

@@ -1,13 +1,13 @@
 /*
  * test_json_constraint.c — the structured-output acceptor
- * (src/infer/json_constraint.c): schema compilation and its refusals, valid
+ * (src/sample/json_constraint.c): schema compilation and its refusals, valid
  * and invalid prefixes, completion, and random walks through the acceptor
  * whose every finished document must parse and validate (an independent
  * validator below, over cJSON), including walks cut short by a budget and
  * closed by the shortest completion.
  */
 #include "testutil.h"
-#include "infer/json_constraint.h"
+#include "sample/json_constraint.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

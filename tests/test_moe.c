@@ -391,7 +391,7 @@ static void test_bad_files(void **state) {
 
 int main(void) {
     /* Prefill attention on the f32 kernels: on AVX-512 BF16 hosts the default
-     * prefill kernel rounds to bf16 (infer/attn_block_bf16.c, tested against
+     * prefill kernel rounds to bf16 (attn/attn_block_bf16.c, tested against
      * decode in test_infer.c and the goldens), which would hide the MoE
      * FFN's agreement behind a 10x larger attention error. */
     setenv("KS_ATTN", "f32", 1);

@@ -1,5 +1,5 @@
 /*
- * test_prefix.c — the prefix cache (src/infer/prefix_*.c).
+ * test_prefix.c — the prefix cache (src/prefix/prefix_*.c).
  *
  * 1. Exactness over the registry: for every policy (and each per-layer
  *    selector behind an evictor, as test_policy.c composes them), with a
@@ -26,7 +26,7 @@
  */
 #define _GNU_SOURCE
 #include "infer/infer.h"
-#include "infer/prefix.h"
+#include "prefix/prefix.h"
 #include "gguf/gguf.h"
 #include "model/shapes.h"
 #include "select/registry.h"

@@ -11,7 +11,7 @@
 #include "testutil.h"
 
 #include "core/core.h"
-#include "infer/stop.h"
+#include "sample/stop.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -58,7 +58,8 @@ EXACT_MARGIN = 0.06
 ROUTE_MARGIN = 0.008
 
 SHAPES = ["tiny-llama", "tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-mistral", "tiny-mha",
-          "tiny-mqa", "tiny-phi3", "tiny-qwen3-yarn", "tiny-smollm3", "tiny-mistral3", "tiny-gemma3"]
+          "tiny-mqa", "tiny-phi3", "tiny-qwen3-yarn", "tiny-smollm3", "tiny-mistral3", "tiny-gemma3",
+          "tiny-deepseek2", "tiny-deepseek2-qlora"]
 TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k"]
 
 
@@ -92,6 +93,12 @@ def matrix():
             continue
         out.append(("tiny-llama-%s" % t, {"shape": "tiny-llama", "type": t, "vocab": SPM_VOCAB},
                     ("gen", GEN_TOKENS), GEN_GREEDY, 2 if t == "f32" else 1))
+    # latent attention in a quantized type too (its per-head k_b / v_b views
+    # and the 576-dim latent head through the 8-bit activation path)
+    out.append(("tiny-deepseek2-f32", {"shape": "tiny-deepseek2", "type": "f32", "vocab": SPM_VOCAB},
+                ("gen", GEN_TOKENS), GEN_GREEDY, 2))
+    out.append(("tiny-deepseek2-q8_0", {"shape": "tiny-deepseek2", "type": "q8_0", "vocab": SPM_VOCAB},
+                ("gen", GEN_TOKENS), GEN_GREEDY, 1))
     # gpt-oss: f32 (its sinks, biases, clamped SwiGLU and routing alone) and the
     # published files' weight layout (experts MXFP4, the other matrices Q8_0);
     # 32 prompt tokens (twice the window) and 8 greedy steps: 4 of 8 experts in

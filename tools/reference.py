@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""reference.py — independent float64 torch forward pass for GGUF llama/qwen2/qwen3/qwen3moe/phi3/smollm3/mistral3/gemma3/gpt-oss.
+"""reference.py — independent float64 torch forward pass for GGUF llama/qwen2/qwen3/qwen3moe/phi3/smollm3/mistral3/gemma3/deepseek2/gpt-oss.
 
 Written from the public model definitions (Llama / Qwen papers and the GGUF
 metadata conventions llama.cpp uses), not from kvsieve's C code; see
@@ -63,6 +63,12 @@ Architecture notes (verified against public llama.cpp sources):
     out = ((up + 1) * gate * sigmoid(1.702 gate)) W_d + b_d.  YaRN's
     correction range is rounded to whole dims (floor / ceil) as the GGUF
     convention does; the HF config's "truncate": false is not a GGUF key.
+  * deepseek2 (DeepSeek-V2 paper, Section 2; HF modeling_deepseek.py):
+    multi-head latent attention computed in the non-absorbed form (keys and
+    values decompressed per head from the latent), normal RoPE on the
+    decoupled rope parts, YaRN softmax scale, DeepSeekMoE with shared
+    experts after leading_dense_block_count dense layers
+    (load_config_deepseek2, forward_deepseek2).
 """
 import argparse
 import math
@@ -78,7 +84,7 @@ import gguf_reader as G  # noqa: E402
 
 DT = torch.float64
 
-NORM_ROPE_ARCHS = {"llama", "smollm3", "mistral3"}
+NORM_ROPE_ARCHS = {"llama", "smollm3", "mistral3", "deepseek2"}
 NEOX_ROPE_ARCHS = {"qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "gpt-oss"}
 
 
@@ -143,7 +149,38 @@ def load_config(r):
     # the kept weights renormalised to sum 1 (Qwen3-MoE's norm_topk_prob)
     c.n_expert = int(k("expert_count", 0))
     c.n_expert_used = int(k("expert_used_count", 0))
+    c.yarn_mscale = 1.0  # HF's rope_scaling.mscale (the cos/sin magnitude's numerator)
+    if arch == "deepseek2":
+        load_config_deepseek2(c, k)
     return c
+
+
+def load_config_deepseek2(c, k):
+    """DeepSeek-V2 (HF modeling_deepseek.py, DeepseekV2Attention / MoE) as a
+    GGUF states it.  The latent head sizes: kv_lora_rank (c), rope key
+    qk_rope = rope.dimension_count, key_length_mla = qk_nope + qk_rope and
+    value_length_mla = v_head_dim per decompressed head.  The converter stores
+    0.1 * mscale_all_dim as yarn_log_multiplier; HF's softmax scale is
+    qk_head_dim^-0.5 * g(mscale_all_dim)^2 and its cos/sin magnitude
+    g(mscale) / g(mscale_all_dim), with mscale not in the file: llama.cpp
+    takes mscale = mscale_all_dim (so 1), as every published V2 config has.
+    Routing: softmax, top-k, renormalised when expert_weights_norm, times
+    expert_weights_scale (HF scales only unnormalised weights; the published
+    configs do not normalise, so the two agree); shared experts added."""
+    c.kv_lora = int(k("attention.kv_lora_rank"))
+    c.q_lora = int(k("attention.q_lora_rank", 0))
+    c.qk_nope = int(k("attention.key_length_mla")) - c.n_rot
+    c.v_head = int(k("attention.value_length_mla"))
+    c.n_dense_lead = int(k("leading_dense_block_count", 0))
+    c.n_shared = int(k("expert_shared_count", 0))
+    c.w_scale = float(k("expert_weights_scale", 0.0))
+    c.w_norm = bool(k("expert_weights_norm", False))
+    if c.log_mul:
+        c.log_mul /= 0.1
+        c.yarn_mscale = c.log_mul
+    s = 1.0 / c.freq_scale
+    g = 1.0 if (s <= 1 or c.ext_factor == 0) else 0.1 * c.log_mul * math.log(s) + 1.0
+    c.attn_scale = g * g / math.sqrt(c.qk_nope + c.n_rot)
 
 
 def is_local(c, l):
@@ -219,7 +256,7 @@ class Model:
 
             def g(m):  # the YaRN paper's sqrt(1/t) = 0.1 m ln(s) + 1
                 return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
-            self.mscale *= g(1.0) / g(c.log_mul) if c.log_mul else g(1.0)
+            self.mscale *= g(c.yarn_mscale) / g(c.log_mul) if c.log_mul else g(c.yarn_mscale)
         else:
             inv = theta * c.freq_scale
         self.inv_freq = inv
@@ -263,6 +300,8 @@ class Model:
     def forward(self, tokens):
         """Teacher-forced logits [T, n_vocab] (float64) for a token list."""
         c = self.c
+        if c.arch == "deepseek2":
+            return self.forward_deepseek2(tokens)
         toks = torch.tensor(tokens, dtype=torch.long)
         T = len(tokens)
         if T > c.n_ctx_train:
@@ -360,6 +399,85 @@ class Model:
                 if self.emulate:
                     y = emulate_activation(y, self.wtypes[p + "ffn_down_exps.weight"])
                 out[t] += w[t, j] * (y @ down[e].T)[0]
+        return out
+
+    def forward_deepseek2(self, tokens):
+        """DeepSeek-V2 in the paper's (non-absorbed) form: every head's keys
+        and values decompressed from the latent with kv_b, as HF's
+        DeepseekV2Attention computes them.  attn_k_b holds W_UK per head
+        transposed ([n_head, kv_lora, qk_nope] here) and attn_v_b W_UV
+        ([n_head, v_head, kv_lora]): the converter's split of kv_b_proj."""
+        c = self.c
+        toks = torch.tensor(tokens, dtype=torch.long)
+        T = len(tokens)
+        pos = torch.arange(T)
+        x = self.w["token_embd.weight"][toks]
+        mask = torch.full((T, T), float("-inf"), dtype=DT).triu(1)
+        H, nope, rope, R = c.n_head, c.qk_nope, c.n_rot, c.kv_lora
+        for l in range(c.n_layer):
+            p = "blk.%d." % l
+            h = self.rmsnorm(x, p + "attn_norm.weight")
+            if c.q_lora:
+                q = self.linear(self.rmsnorm(self.linear(h, p + "attn_q_a.weight"), p + "attn_q_a_norm.weight"),
+                                p + "attn_q_b.weight")
+            else:
+                q = self.linear(h, p + "attn_q.weight")
+            q = q.view(T, H, nope + rope)
+            q_nope, q_pe = q[..., :nope], q[..., nope:]
+            ckv = self.linear(h, p + "attn_kv_a_mqa.weight")  # [T, R + rope]
+            lat = self.rmsnorm(ckv[:, :R], p + "attn_kv_a_norm.weight")
+            k_pe = self.rope(ckv[:, None, R:], pos)  # one rope key shared by the heads
+            q_pe = self.rope(q_pe, pos)
+            if self.emulate:  # the engine stores the latent and the rope key in an f16 cache
+                lat = lat.to(torch.float16).to(DT)
+                k_pe = k_pe.to(torch.float16).to(DT)
+            wk = self.w[p + "attn_k_b.weight"].reshape(H, R, nope)   # W_UK_h^T
+            wv = self.w[p + "attn_v_b.weight"].reshape(H, c.v_head, R)  # W_UV_h
+            k_nope = torch.einsum("tr,hrd->thd", lat, wk)          # kv_b: decompressed keys
+            v = torch.einsum("tr,hvr->thv", lat, wv)               # and values
+            k = torch.cat([k_nope, k_pe.expand(T, H, rope)], dim=-1)
+            qf = torch.cat([q_nope, q_pe], dim=-1)
+            s = torch.einsum("thd,shd->hts", qf, k) * c.attn_scale + mask
+            a = torch.softmax(s, dim=-1)
+            o = torch.einsum("hts,shv->thv", a, v).reshape(T, H * c.v_head)
+            x = x + self.linear(o, p + "attn_output.weight")
+            h = self.rmsnorm(x, p + "ffn_norm.weight")
+            if l < c.n_dense_lead:
+                g = self.linear(h, p + "ffn_gate.weight")
+                u = self.linear(h, p + "ffn_up.weight")
+                x = x + self.linear(torch.nn.functional.silu(g) * u, p + "ffn_down.weight")
+                continue
+            x = x + self.moe_deepseek2(h, p)
+        x = self.rmsnorm(x, "output_norm.weight")
+        return self.linear(x, "output.weight")
+
+    def moe_deepseek2(self, h, p):
+        """DeepseekV2MoE: softmax gate, greedy top-k, (renormalised when the
+        file says so,) times the weights scale; plus the shared experts
+        (one SwiGLU of n_shared x n_ff_exp) on every row."""
+        c = self.c
+        logits = self.linear(h, p + "ffn_gate_inp.weight")
+        probs = torch.softmax(logits, dim=-1)
+        w, sel = torch.topk(probs, c.n_expert_used, dim=-1)
+        if c.n_expert_used < c.n_expert:
+            top = torch.topk(logits, c.n_expert_used + 1, dim=-1).values
+            self.route_margin = min(self.route_margin, float((top[:, -2] - top[:, -1]).min()))
+        if c.w_norm and self.moe_norm:
+            w = w / w.sum(-1, keepdim=True)
+        if c.w_scale:
+            w = w * c.w_scale
+        gate, up, down = (self.w[p + "ffn_%s_exps.weight" % n] for n in ("gate", "up", "down"))
+        out = torch.zeros_like(h)
+        for t in range(h.shape[0]):
+            for j in range(c.n_expert_used):
+                e = int(sel[t, j])
+                xr = h[t:t + 1]
+                y = torch.nn.functional.silu(xr @ gate[e].T) * (xr @ up[e].T)
+                out[t] += w[t, j] * (y @ down[e].T)[0]
+        if p + "ffn_gate_shexp.weight" in self.w:
+            g = self.linear(h, p + "ffn_gate_shexp.weight")
+            u = self.linear(h, p + "ffn_up_shexp.weight")
+            out = out + self.linear(torch.nn.functional.silu(g) * u, p + "ffn_down_shexp.weight")
         return out
 
     def moe_gptoss(self, h, p):

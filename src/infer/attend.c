@@ -46,6 +46,14 @@ static void record_failure(ks_context *c, ks_status st) {
     if (!atomic_flag_test_and_set(&c->step_failed)) c->step_status = st;
 }
 
+/* Latent attention's value rows hold its key rows' values (infer/mla.c):
+ * the kernels read them from the K side, so a step reads each attended
+ * latent once, and its bytes are the selected latents' alone. */
+static void values_from_keys(const ks_context *c, ks_kv_seg *segs, int32_t nseg) {
+    if (c->model->hp.kv_lora_rank <= 0) return;
+    for (int32_t i = 0; i < nseg; i++) segs[i].V = segs[i].K;
+}
+
 /* The share of the dense attention mass that the mask covers (eval's recall
  * probe): one dense pass over the head's resident pages. */
 static double recall_of_mask(ks_context *c, ks_attn_scratch *s, int32_t seq, int il, int h, int32_t n,
@@ -55,6 +63,7 @@ static double recall_of_mask(ks_context *c, ks_attn_scratch *s, int32_t seq, int
     int32_t np, total;
     int32_t nseg = ks_infer_segs_plan(NULL, n, c->params.page, s->segs, s->first, s->pages, &np, &total);
     (void)ks_infer_segs_resolve(c->kv, seq, il, h, s->segs, s->first, nseg, s->pages, NULL); /* in place: cannot fail */
+    values_from_keys(c, s->segs, nseg);
     memset(s->weights, 0, sizeof(float) * (size_t)n);
     ks_attention_segs(c->kv_type, s->segs, nseg, n, hp->head_dim, G, q, s->scores, s->probe_out, s->tmp, s->weights,
                       true);
@@ -198,6 +207,7 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
         KS_TRY(ks_infer_segs_resolve_buffered(c->kv, seq, j->il, h, s->segs, first, nseg, gather,
                                               ks_infer_gather_entries(c), &s->gather_bytes));
     else KS_TRY(ks_infer_segs_resolve(c->kv, seq, j->il, h, s->segs, first, nseg, pages, gather));
+    values_from_keys(c, s->segs, nseg);
     s->gather_seconds += ks_time_sec() - tg;
     bool want_w = sparse && ks_policy_wants_weights(pol);
     float *w = NULL;
@@ -254,6 +264,7 @@ static bool attend_block(ks_context *c, attn_job *j, ks_attn_scratch *s, int r0,
             return false;
     } else if (ks_infer_segs_resolve(c->kv, seq, j->il, h, s->segs, s->first, nseg, s->pages, gather) != KS_OK)
         return false; /* attend_one reports it */
+    values_from_keys(c, s->segs, nseg);
     float scale = 1.0f / sqrtf((float)hd);
     const float *sinks = c->model->layers[j->il].attn_sinks; /* gpt-oss: bf16 only (ks_infer_attend_layer) */
     bool done = bf16 ? ks_attention_block_bf16_sinks(c->kv_type, s->segs, nseg, n_att, R, hd, G, q, qo_stride, o,

@@ -208,7 +208,8 @@ static void take_counters(ks_context *c, int n, const int32_t *seq) {
         c->scr[i].gather_seconds = 0;
         c->scr[i].gather_bytes = 0;
     }
-    c->stats.kv_bytes_read += 2 * attended * c->kv_row_bytes;
+    /* K and V rows; latent attention reads its values from the key rows (attend.c) */
+    c->stats.kv_bytes_read += (hp->kv_lora_rank > 0 ? 1 : 2) * attended * c->kv_row_bytes;
     if (c->decoding) {
         c->stats.kv_entries_attended += attended;
         for (int il = 0; il < hp->n_layer; il++)
@@ -252,13 +253,19 @@ ks_status ks_infer_forward_rows(ks_context *c, int n, const int32_t *seq, const 
     for (int il = 0; il < hp->n_layer; il++) {
         const ks_layer *L = &m->layers[il];
         capture_hidden(c, il, n);
-        KS_TRY(qkv_rows(c, L, il, n, seq, pos, obs_slot));
+        if (L->mla) KS_TRY(ks_infer_mla_qkv(c, L, il, n, seq, pos, obs_slot)); /* latent attention (infer/mla.c) */
+        else KS_TRY(qkv_rows(c, L, il, n, seq, pos, obs_slot));
         if (!c->decoding && ks_kv_layer_tier(c->kv, il) == KS_TIER_SLOW) KS_TRY(ks_infer_load_prefill_slots(c, il, n, seq));
         /* at decode each row's own policy decides whether this layer selects */
         double t_att = ks_time_sec();
-        KS_TRY(ks_infer_attend_layer(c, il, n, seq, pos, c->decoding, &L->wo));
+        KS_TRY(ks_infer_attend_layer(c, il, n, seq, pos, c->decoding, L->mla ? NULL : &L->wo));
         c->stats.attention_seconds += ks_time_sec() - t_att;
-        matmul_w(c, &L->wo, c->att, n, c->xn, true);
+        if (L->mla) { /* the weighted latents through W_UV, then the output projection */
+            ks_infer_mla_out(c, L, n);
+            matmul_w(c, &L->wo, c->q, n, c->xn, false);
+        } else {
+            matmul_w(c, &L->wo, c->att, n, c->xn, true);
+        }
         if (L->bo)
             for (int r = 0; r < n; r++)
                 for (int i = 0; i < D; i++) c->xn[(size_t)r * D + i] += L->bo[i];

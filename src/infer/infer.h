@@ -3,13 +3,13 @@
  * tests and the benchmark: the context struct and the attention entry points
  * with their plain-C reference (tests compare SIMD paths against it).  The
  * small ops (RMSNorm, RoPE, softmax) live in tensor/ops.h, the SIMD attention
- * kernels in infer/attn.h; how the context's files divide the work is in
+ * kernels in attn/attn.h; how the context's files divide the work is in
  * infer/internal.h.
  */
 #ifndef KS_INFER_H
 #define KS_INFER_H
 
-#include "infer/attn.h"
+#include "attn/attn.h"
 #include "infer/prefill_sparse.h"
 #include "kv/kv.h"
 #include "kv/memplan.h"
@@ -143,23 +143,13 @@ struct ks_context {
     struct ks_moe_buf *moe;  /* the MoE FFN's buffers (infer/moe.h), or NULL for a dense model */
 };
 
-/* Attention of G query heads (q [G][hd]) over one KV head's rows K, V
- * ([len][row]) : out [G][hd].  scores: [G][len] scratch, tmp: [hd] scratch.
- * allow_simd=false forces the portable reference. */
-void ks_attention_group(ks_kv_type kt, const void *K, const void *V, int len, int hd, int G,
-                        const float *q, float *scores, float *out, float *tmp, bool allow_simd);
-
-/* Attention of G query heads over the concatenation of nseg segments (total
- * rows): softmax renormalised over exactly these rows.  weights (optional,
- * [total], accumulated +=): each row's probability summed over the G heads.
- * scores: [max(G, 4)][total] scratch; tmp: [hd + 16]. */
-void ks_attention_segs(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
-                       float *scores, float *out, float *tmp, float *weights, bool allow_simd);
-/* The same with attention sinks (attn.h): sinks [G] per-head logits in the
- * softmax's denominator, or NULL (then exactly ks_attention_segs). */
-void ks_attention_segs_sinks(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
-                             float *scores, float *out, float *tmp, float *weights, bool allow_simd,
-                             const float *sinks);
+/* The policy instance serving sequence seq (the context's default unless
+ * ks_seq_set_policy gave it another), and its entry.  Inline beside the
+ * fields they read, so that a file which only asks which policy serves a
+ * sequence (segments.c asks at every selection) does not depend on
+ * context.c, which depends on it. */
+static inline ks_policy *ks_infer_policy_of(const ks_context *c, int32_t seq) { return c->pols[c->seq_pol[seq]].pol; }
+static inline const ks_infer_pol *ks_infer_pol_of(const ks_context *c, int32_t seq) { return &c->pols[c->seq_pol[seq]]; }
 
 const ks_model *ks_context_model(const ks_context *c);
 /* Attention recall probe (eval only; costs a dense attention pass per

@@ -14,8 +14,12 @@
  *               selection -> entry mask -> page-bounded segments -> pointers
  *   tiers.c     the slow tier seen from the context: the adaptive memory
  *               plan, prefetch of a global selection, prefill slot loading
- *   attention.c the kernel dispatch and its portable reference
- * The functions below are what one of them needs from another.
+ *   prefill_sparse.c  the opt-in sparse prefill's plan of a block
+ *   prefix_context.c  the prefix cache (src/prefix/) from the context's side
+ * The functions below are what one of them needs from another; no two of
+ * them need each other (the CTest module_cycles checks it), which is why the
+ * small accessors every file asks (ks_infer_policy_of) are inline in infer.h.
+ * The attention kernels are a module of their own, attn/.
  */
 #ifndef KS_INFER_INTERNAL_H
 #define KS_INFER_INTERNAL_H
@@ -23,10 +27,6 @@
 #include "infer/infer.h"
 
 /* ------------------------------------------------------------ context.c -- */
-/* The policy instance serving sequence seq (the context's default unless
- * ks_seq_set_policy gave it another), and its entry. */
-ks_policy *ks_infer_policy_of(const ks_context *c, int32_t seq);
-const ks_infer_pol *ks_infer_pol_of(const ks_context *c, int32_t seq);
 /* Whether seq's policy selects at layer il of a decode step (it has a
  * selector and il is past its dense layers). */
 bool ks_infer_seq_sparse(const ks_context *c, int32_t seq, int32_t il);
@@ -40,6 +40,15 @@ bool ks_infer_seq_sparse(const ks_context *c, int32_t seq, int32_t il);
 ks_status ks_infer_forward_rows(ks_context *c, int n, const int32_t *seq, const int32_t *pos, const int32_t *tok,
                                 const bool *want, float *logits_out, const int32_t *obs_slot);
 
+/* ---------------------------------------------------------------- mla.c -- */
+/* Latent attention (layers with L->mla): the absorbed queries of the n rows
+ * into c->q ([n][n_head][head_dim]), each row's latent + rope key appended
+ * to KV head 0, as ks_infer_forward_rows's qkv step does for other layers. */
+ks_status ks_infer_mla_qkv(ks_context *c, const ks_layer *L, int il, int n, const int32_t *seq, const int32_t *pos,
+                           const int32_t *obs_slot);
+/* After attention: each head's weighted latent (c->att) through W_UV into
+ * c->q as [n][n_head * v_head_mla], the input of L->wo. */
+void ks_infer_mla_out(ks_context *c, const ks_layer *L, int n);
 /* ------------------------------------------------------------- attend.c -- */
 /* Attention of layer il for the n rows (seq, pos) whose q is in c->q: writes
  * c->att.  sparse: a decode step, where each row's own policy selects at

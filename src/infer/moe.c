@@ -62,7 +62,9 @@ ks_status ks_moe_buf_create(const ks_hparams *hp, int32_t max_rows, ks_moe_buf *
     ks_moe_buf *b = ks_calloc(1, sizeof *b);
     if (!b) return KS_FAIL(KS_ERR_NOMEM, "moe buffers");
     const size_t R = (size_t)max_rows, E = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used;
-    const size_t D = (size_t)hp->n_embd, F = (size_t)hp->n_ff_exp;
+    const size_t D = (size_t)hp->n_embd;
+    /* gate / up hold one expert's rows, or the shared experts' wider ones */
+    const size_t F = (size_t)hp->n_ff_exp * (size_t)(hp->n_expert_shared > 1 ? hp->n_expert_shared : 1);
     b->max_rows = max_rows;
     b->n_expert = hp->n_expert;
     b->n_used = hp->n_expert_used;
@@ -99,8 +101,9 @@ size_t ks_moe_matmul_scratch_bytes(const ks_model *m, int64_t rows) {
     for (int il = 0; il < m->hp.n_layer; il++) {
         const ks_moe_layer *L = m->layers[il].moe;
         if (!L) continue;
-        const ks_weight *ws[] = {&L->router, &L->gate[0], &L->up[0], &L->down[0]};
+        const ks_weight *ws[] = {&L->router, &L->gate[0], &L->up[0], &L->down[0], &L->sh_gate, &L->sh_up, &L->sh_down};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+            if (!ws[i]->data) continue; /* no shared experts */
             size_t s = ks_matmul_scratch_bytes(ws[i]->type, ws[i]->cols, rows);
             if (s > need) need = s;
         }
@@ -115,6 +118,9 @@ size_t ks_moe_worker_scratch_bytes(const ks_model *m) {
         if (!L) continue;
         size_t s = ks_matmul_worker_scratch_bytes(&L->router);
         if (s > need) need = s;
+        const ks_weight *sh[] = {&L->sh_gate, &L->sh_up, &L->sh_down};
+        for (size_t i = 0; i < 3; i++)
+            if (sh[i]->data && (s = ks_matmul_worker_scratch_bytes(sh[i])) > need) need = s;
         for (int e = 0; e < m->hp.n_expert; e++) {
             const ks_weight *ws[] = {&L->gate[e], &L->up[e], &L->down[e]};
             for (size_t i = 0; i < 3; i++) {
@@ -234,6 +240,8 @@ void ks_moe_ffn(ks_pool *pool, const ks_hparams *hp, const ks_moe_layer *L, int 
         else
             ks_moe_route(b->logits + (size_t)r * E, E, K, hp->expert_norm, b->sel + (size_t)r * K,
                          b->w + (size_t)r * K);
+    if (hp->expert_weights_scale != 0 && hp->expert_weights_scale != 1) /* deepseek2's routed_scaling_factor */
+        for (int i = 0; i < n * K; i++) b->w[i] *= hp->expert_weights_scale;
     /* group: a counting sort of the (row, expert) pairs by expert, rows
      * ascending within an expert (each row picks an expert at most once) */
     int32_t *start = b->start;
@@ -275,5 +283,16 @@ void ks_moe_ffn(ks_pool *pool, const ks_hparams *hp, const ks_moe_layer *L, int 
             for (size_t d = 0; d < D; d++) o[d] += wi * y[d];
         }
         if (cnt) cnt->expert_runs++;
+    }
+    if (L->sh_gate.data) { /* shared experts: every row, added after the routed sum as llama.cpp's graph does */
+        const ks_weight *wg = &L->sh_gate, *wu = &L->sh_up;
+        matmul_count(pool, wg, xn, n, b->gate, mm_scratch, false, cnt);
+        bool same = wg->type == wu->type && wg->cols == wu->cols && wg->layout == wu->layout;
+        matmul_count(pool, wu, xn, n, b->up, mm_scratch, same, cnt);
+        swiglu_job j = {b->gate, b->up, (int64_t)n * wg->rows, false};
+        if (pool && j.n >= SWIGLU_PARALLEL_MIN) ks_pool_run(pool, swiglu_worker, &j);
+        else swiglu_range(j.gate, j.up, 0, j.n, false);
+        matmul_count(pool, &L->sh_down, b->gate, n, b->yg, mm_scratch, false, cnt);
+        for (size_t i = 0; i < (size_t)n * D; i++) b->out[i] += b->yg[i];
     }
 }

@@ -30,7 +30,8 @@
  * rather than copied (prefix_cache.c, "Shared pages").
  */
 #define _GNU_SOURCE
-#include "infer/prefix_cache.h"
+#include "infer/internal.h"
+#include "prefix/prefix_cache.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -373,15 +374,6 @@ ks_status ks_prefix_capture_state(ks_context *c, ks_prefix_cache *pc, int32_t se
         }
         KS_TRY(st);
     }
-    return KS_OK;
-}
-
-ks_status ks_prefill_cached(ks_context *c, ks_prefix_cache *pc, int32_t seq, const int32_t *prompt, int32_t n,
-                            float *logits, int32_t *n_cached) {
-    int32_t hit = 0;
-    KS_TRY(ks_prefix_restore(c, pc, seq, prompt, n, &hit));
-    KS_TRY(ks_prefill_rest(c, pc, seq, prompt, n, n, logits));
-    if (n_cached) *n_cached = hit;
     return KS_OK;
 }
 

@@ -237,6 +237,18 @@ ks_status ks_prefill_rest(ks_context *c, ks_prefix_cache *pc, int32_t seq, const
     return prefill_impl(c, seq, prompt + have, upto - have, end ? logits : NULL, NULL, prompt, upto, end, pc);
 }
 
+/* A restore (prefix_context.c) and the rest of the prompt: here, beside the
+ * step it ends with, so that prefix_context.c does not call back into this
+ * file, which calls it (capture). */
+ks_status ks_prefill_cached(ks_context *c, ks_prefix_cache *pc, int32_t seq, const int32_t *prompt, int32_t n,
+                            float *logits, int32_t *n_cached) {
+    int32_t hit = 0;
+    KS_TRY(ks_prefix_restore(c, pc, seq, prompt, n, &hit));
+    KS_TRY(ks_prefill_rest(c, pc, seq, prompt, n, n, logits));
+    if (n_cached) *n_cached = hit;
+    return KS_OK;
+}
+
 /* Each policy instance with rows in the step gets before_step for its own
  * rows (in batch order), then, for a global one, the prefetch of its
  * selection.  One instance serving every row sees exactly the whole step.

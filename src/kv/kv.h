@@ -57,7 +57,7 @@
 #include "core/core.h"
 #include "kv/kv_meta.h"
 
-#define KS_KV_MAX_HEAD_DIM 512
+#define KS_KV_MAX_HEAD_DIM 1024
 
 typedef enum ks_kv_tier { KS_TIER_FAST = 0, KS_TIER_SLOW = 1 } ks_kv_tier;
 

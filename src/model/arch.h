@@ -40,6 +40,7 @@ extern const ks_arch_desc ks_arch_phi3, ks_arch_smollm3, ks_arch_mistral3;
 extern const ks_arch_desc ks_arch_gemma3;
 extern const ks_arch_desc ks_arch_qwen3moe;
 extern const ks_arch_desc ks_arch_gptoss;
+extern const ks_arch_desc ks_arch_deepseek2;
 
 /* The descriptor for general.architecture `name`, or NULL. */
 const ks_arch_desc *ks_arch_find(const char *name);

@@ -119,7 +119,13 @@ static ks_status read_hparams(const ks_gguf *g, ks_hparams *hp, const ks_arch_de
     KS_TRY(ks_arch_key_u32(g, a, "attention.key_length", &head_dim, false));
     uint32_t v_dim = head_dim;
     KS_TRY(ks_arch_key_u32(g, a, "attention.value_length", &v_dim, false));
-    if (v_dim != head_dim) return KS_FAIL(KS_ERR_UNSUPPORTED, "key length %u != value length %u", head_dim, v_dim);
+    /* latent attention states the latent head's key (latent + rope key) and
+     * value (latent) lengths; its arch file checks them */
+    char mla_key[96];
+    snprintf(mla_key, sizeof mla_key, "%s.attention.kv_lora_rank", a);
+    bool mla = ks_gguf_find_kv(g, mla_key) != NULL;
+    if (v_dim != head_dim && !mla)
+        return KS_FAIL(KS_ERR_UNSUPPORTED, "key length %u != value length %u", head_dim, v_dim);
     if (head_dim == 0 || head_dim > 1024 || head_dim % 2)
         return KS_FAIL(KS_ERR_FORMAT, "head dimension %u is not an even number in [2, 1024]", head_dim);
     n_rot = head_dim;
@@ -264,6 +270,11 @@ void ks_model_destroy(ks_model *m) {
         ks_free(L->attn_sinks);
         if (L->moe) ks_free(L->moe->bias_mem);
         ks_free(L->moe);
+        if (L->mla) {
+            ks_free(L->mla->q_a_norm);
+            ks_free(L->mla->kv_a_norm);
+            ks_free(L->mla);
+        }
     }
     ks_free(m->layers);
     ks_free(m->output_norm);
@@ -379,6 +390,11 @@ static const char *const g_keys_read[] = {
     "rope.scaling.original_context_length", "rope.scaling.attn_factor", "rope.scaling.yarn_ext_factor",
     "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow", "rope.scaling.yarn_log_multiplier",
     "attention.temperature_scale",
+    /* deepseek2 (arch_deepseek2.c) */
+    "attention.kv_lora_rank", "attention.q_lora_rank", "attention.key_length_mla", "attention.value_length_mla",
+    "leading_dense_block_count", "expert_count", "expert_used_count", "expert_feed_forward_length",
+    "expert_shared_count", "expert_weights_scale", "expert_weights_norm", "expert_gating_func",
+    "expert_group_count", "expert_group_used_count",
 };
 
 /* Keys only some architectures' slots read: "key", then the '|'-separated
@@ -458,6 +474,11 @@ ks_status ks_model_describe(const ks_model *m, char *buf, size_t cap) {
     OUT("shape:         n_embd %d, n_layer %d, n_ff %d, heads %d/%d kv (%s, group %d), head_dim %d, n_rot %d\n",
         hp->n_embd, hp->n_layer, hp->n_ff, hp->n_head, hp->n_head_kv, attn, hp->n_head / hp->n_head_kv,
         hp->head_dim, hp->n_rot);
+    if (hp->kv_lora_rank > 0)
+        OUT("latent attn:   one latent head of %d + %d rope dims stored per token; q%s, qk_nope %d, v_head %d a head; "
+            "scale x %.4g; %d leading dense layer(s), %d shared expert(s)\n",
+            hp->kv_lora_rank, hp->n_rot, hp->q_lora_rank > 0 ? " low rank" : " full", hp->qk_nope, hp->v_head_mla,
+            hp->mla_q_scale, hp->n_dense_lead, hp->n_expert_shared);
     OUT("context:       %d trained, rope base %g, rms eps %g\n", hp->n_ctx_train, hp->rope_base, hp->rms_eps);
     const ks_rope_scaling *sc = &hp->rope_scaling;
     OUT("rope scaling:  %s", ks_rope_scaling_name(sc->type));
@@ -544,3 +565,9 @@ ks_status ks_chat_render(const ks_model *m, const ks_chat_message *msgs, size_t 
     if (!m) return KS_FAIL(KS_ERR_INVALID_ARG, "chat: NULL model");
     return ks_tokenizer_chat_render(m->tok, msgs, n_msgs, buf, cap, n_out);
 }
+ks_status ks_chat_render_tools(const ks_model *m, const ks_chat_message *msgs, size_t n_msgs, const char *tools,
+                               char *buf, size_t cap, size_t *n_out) {
+    if (!m) return KS_FAIL(KS_ERR_INVALID_ARG, "chat: NULL model");
+    return ks_tokenizer_chat_render_tools(m->tok, msgs, n_msgs, tools, buf, cap, n_out);
+}
+ks_tool_syntax ks_chat_tool_syntax(const ks_model *m) { return m ? ks_tokenizer_tool_syntax(m->tok) : KS_TOOLS_GENERIC; }

@@ -22,6 +22,7 @@ typedef enum ks_arch {
     KS_ARCH_GEMMA3,
     KS_ARCH_QWEN3MOE,
     KS_ARCH_GPTOSS,
+    KS_ARCH_DEEPSEEK2,
     KS_ARCH_NONE
 } ks_arch;
 
@@ -43,9 +44,33 @@ typedef struct ks_moe_layer {
     float *gate_b, *up_b;     /* [n_expert][n_ff_exp] */
     float *down_b;            /* [n_expert][n_embd] */
     float *bias_mem;          /* owned */
-    /* Shared experts (qwen2moe, deepseek2: an always-on FFN beside the routed
-     * ones) would be a slot here; qwen3moe has none, so none is bound. */
+    /* Shared experts (deepseek2): an always-on SwiGLU beside the routed ones,
+     * n_expert_shared of them fused into one FFN of n_ff_exp * n_expert_shared
+     * (llama.cpp's ffn_{gate,up,down}_shexp); data NULL when the model has none
+     * (qwen3moe). */
+    ks_weight sh_gate, sh_up; /* [n_ff_exp * n_expert_shared][n_embd] */
+    ks_weight sh_down;        /* [n_embd][n_ff_exp * n_expert_shared] */
 } ks_moe_layer;
+
+/* Multi-head latent attention (deepseek2; "DeepSeek-V2: A Strong, Economical,
+ * and Efficient Mixture-of-Experts Language Model", Section 2.1).  A token's
+ * keys and values are one compressed latent c_KV = RMSNorm(W_DKV x)
+ * [kv_lora_rank] plus one decoupled RoPE key k_R [qk_rope] shared by every
+ * head.  The store keeps exactly that, [c_KV ; k_R] as one KV head of
+ * kv_lora_rank + qk_rope dims (hp.head_dim); the up-projections are absorbed
+ * into the query (q_h^T W_UK_h c = (W_UK_h^T q_h)^T c) and into the output
+ * (W_UV_h applied to the attention-weighted latent), infer/mla.c.  The
+ * per-head matrices are views into llama.cpp's 3-D attn_k_b / attn_v_b.  One
+ * allocation: the two view arrays follow the struct. */
+typedef struct ks_mla_layer {
+    ks_weight wq_a;           /* [q_lora_rank][n_embd], unbound (data NULL) when Q is one matrix (ks_layer.wq) */
+    float *q_a_norm;          /* [q_lora_rank] or NULL; owned */
+    ks_weight wq_b;           /* [n_head * (qk_nope + qk_rope)][q_lora_rank] (with wq_a) */
+    ks_weight wkv_a;          /* [kv_lora_rank + qk_rope][n_embd]: latent, then the rope key */
+    float *kv_a_norm;         /* [kv_lora_rank]; owned */
+    ks_weight *k_b;           /* [n_head] views, each [kv_lora_rank][qk_nope]: W_UK_h^T (q_nope -> latent) */
+    ks_weight *v_b;           /* [n_head] views, each [v_head][kv_lora_rank]: W_UV_h (latent -> value) */
+} ks_mla_layer;
 
 typedef struct ks_layer {
     float *attn_norm;         /* [n_embd] */
@@ -69,6 +94,7 @@ typedef struct ks_layer {
     /* gpt-oss: one learned logit per query head that joins the attention
      * softmax's denominator (infer/attn.h); NULL: none */
     float *attn_sinks;        /* [n_head] or NULL */
+    ks_mla_layer *mla;        /* owned; non-NULL: latent attention (wq is Q when no q_a; wk, wv unbound) */
 } ks_layer;
 
 typedef struct ks_hparams {
@@ -98,6 +124,14 @@ typedef struct ks_hparams {
     bool expert_norm;         /* renormalise the selected experts' softmax weights to sum 1 */
     bool expert_softmax_topk; /* gpt-oss: the weights are the softmax of the k selected logits only */
     bool ffn_swiglu_oai;      /* gpt-oss's clamped SwiGLU (infer/moe.c) instead of silu(gate) * up */
+    float expert_weights_scale; /* the routed weights times this (deepseek2's routed_scaling_factor); 0: none */
+    int32_t n_expert_shared;  /* always-on experts beside the routed ones (ks_moe_layer.sh_*) */
+    int32_t n_dense_lead;     /* leading layers whose FFN is dense (deepseek2's first_k_dense_replace) */
+    /* multi-head latent attention (ks_mla_layer); kv_lora_rank 0: none.  The
+     * store's head is then kv_lora_rank + n_rot dims (head_dim), one KV head. */
+    int32_t kv_lora_rank, q_lora_rank, qk_nope, v_head_mla;
+    float mla_q_scale;        /* multiplies the absorbed Q so that the store's 1/sqrt(head_dim) becomes
+                               * llama.cpp's kq_scale, mscale^2 / sqrt(qk_nope + n_rot) */
 } ks_hparams;
 
 struct ks_model {

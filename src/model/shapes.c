@@ -99,6 +99,27 @@ static const ks_model_shape g_shapes[] = {
      .swa_window = 512},
     {"gemma-3-4b",    "gemma3", 2560, 34, 8, 4, 256,    10240, 1000000.f, 1e-6f, 131072, true, false, true,  false, 8.f, 0, 0, 0,
      .swa_window = 1024, .rope_scaling = "linear"},
+    /* DeepSeek-V2-Lite (HF config.json): MLA with kv_lora_rank 512, no q
+     * compression, qk_nope 128 + qk_rope 64, v_head 128; 64 routed experts of
+     * 1408, 6 active, 2 shared, layer 0 dense (10944); YaRN factor 40 over
+     * 4096 with mscale_all_dim 0.707, which the converter writes as
+     * yarn_log_multiplier 0.1 x 0.707 */
+    {"deepseek-v2-lite", "deepseek2", 2048, 27, 16, 1, 192, 10944, 10000.f, 1e-6f, 163840, false, false, false, false,
+     40.f, 0, 0, 4096, .rope_scaling = "yarn", .yarn_log_mul = 0.0707f, .n_rot = 64,
+     .n_expert = 64, .n_expert_used = 6, .n_ff_exp = 1408, .kv_lora_rank = 512, .qk_nope = 128, .v_head = 128,
+     .n_expert_shared = 2, .n_dense_lead = 1, .expert_weights_scale = 1.0f},
+    /* its tiny version: the real latent head (512 + 64 = 576 dims), 4 heads
+     * of 64 + 64, 8 experts of 256 (2 active, 1 shared) after one dense
+     * layer, the same YaRN; weights scale 2 so that the scaling is exercised */
+    {"tiny-deepseek2", "deepseek2", 256, 3, 4, 1, 128,    512, 10000.f,   1e-6f, 163840, false, false, false, false,
+     40.f, 0, 0, 4096, .rope_scaling = "yarn", .yarn_log_mul = 0.0707f, .n_rot = 64,
+     .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 256, .kv_lora_rank = 512, .qk_nope = 64, .v_head = 64,
+     .n_expert_shared = 1, .n_dense_lead = 1, .expert_weights_scale = 2.0f},
+    /* the same with DeepSeek-V2's low-rank Q (attn_q_a, its norm, attn_q_b) */
+    {"tiny-deepseek2-qlora", "deepseek2", 256, 3, 4, 1, 128, 512, 10000.f, 1e-6f, 163840, false, false, false, false,
+     40.f, 0, 0, 4096, .rope_scaling = "yarn", .yarn_log_mul = 0.0707f, .n_rot = 64,
+     .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 256, .kv_lora_rank = 512, .q_lora_rank = 256, .qk_nope = 64,
+     .v_head = 64, .n_expert_shared = 1, .n_dense_lead = 1, .expert_weights_scale = 2.0f},
     /* six layers: 0-4 local with a 16-entry window, 5 global (scaled by 8), so a 64-token prompt sees both */
     {"tiny-gemma3",   "gemma3",  256,  6,  4,  2,  64,      512, 1000000.f, 1e-6f,  8192, true,  false, true,  false, 8.f, 0, 0, 0,
      .swa_window = 16, .rope_scaling = "linear"},
@@ -357,6 +378,62 @@ static void ks_gen_plan_gptoss_layer(ks_gen *g, int64_t *n, int32_t l) {
 #undef KS_GEN_L
 }
 
+/* A deepseek2 layer after its attn_norm: latent attention (Q whole or low
+ * rank, the latent + rope key projection and its norm, W_UK^T and W_UV per
+ * head as the converter splits kv_b), then a dense FFN (the first
+ * n_dense_lead layers) or the routed experts and the shared ones. */
+static void ks_gen_plan_mla_layer(ks_gen *g, int64_t *n, int32_t l, int32_t n_layer) {
+    const ks_model_shape *s = g->shape;
+    const ks_dtype wt = g->p->type;
+    const ks_dtype more = g->p->mix_k_m ? KS_DTYPE_Q6_K : wt;
+    const int64_t E = s->n_embd, R = s->kv_lora_rank, rope = s->n_rot, nh = s->n_head;
+    const int64_t QK = (int64_t)s->qk_nope + rope, VD = (int64_t)nh * s->v_head;
+    const float sE = 1.0f / sqrtf((float)E);
+    char nm[64];
+#define KS_GEN_T(suffix, kind, type, ne0, ne1, sigma)                  \
+    do {                                                               \
+        snprintf(nm, sizeof nm, "blk.%d." suffix, (int)l);            \
+        ks_gen_add(g, n, nm, kind, type, ne0, ne1, sigma);             \
+    } while (0)
+#define KS_GEN_X(suffix, type, ne0, ne1, ne2, sigma)                   \
+    do {                                                               \
+        snprintf(nm, sizeof nm, "blk.%d." suffix, (int)l);            \
+        ks_gen_add_experts(g, n, nm, type, ne0, ne1, ne2, sigma);      \
+    } while (0)
+    if (s->q_lora_rank > 0) {
+        KS_GEN_T("attn_q_a.weight", KS_GEN_MATRIX, wt, E, s->q_lora_rank, sE);
+        KS_GEN_T("attn_q_a_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, s->q_lora_rank, 1, 0.02f);
+        KS_GEN_T("attn_q_b.weight", KS_GEN_MATRIX, wt, s->q_lora_rank, nh * QK, 1.0f / sqrtf((float)s->q_lora_rank));
+    } else {
+        KS_GEN_T("attn_q.weight", KS_GEN_MATRIX, wt, E, nh * QK, sE);
+    }
+    KS_GEN_T("attn_kv_a_mqa.weight", KS_GEN_MATRIX, wt, E, R + rope, sE);
+    KS_GEN_T("attn_kv_a_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, R, 1, 0.02f);
+    KS_GEN_X("attn_k_b.weight", wt, s->qk_nope, R, nh, 1.0f / sqrtf((float)s->qk_nope));
+    KS_GEN_X("attn_v_b.weight", ks_gen_more_bits(l, n_layer) ? more : wt, R, s->v_head, nh, 1.0f / sqrtf((float)R));
+    KS_GEN_T("attn_output.weight", KS_GEN_MATRIX, wt, VD, E, 1.0f / sqrtf((float)VD));
+    KS_GEN_T("ffn_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, E, 1, 0.02f);
+    if (l < s->n_dense_lead || s->n_expert == 0) {
+        KS_GEN_T("ffn_gate.weight", KS_GEN_MATRIX, wt, E, s->n_ff, sE);
+        KS_GEN_T("ffn_up.weight", KS_GEN_MATRIX, wt, E, s->n_ff, sE);
+        KS_GEN_T("ffn_down.weight", KS_GEN_MATRIX, ks_gen_more_bits(l, n_layer) ? more : wt, s->n_ff, E,
+                 1.0f / sqrtf((float)s->n_ff));
+    } else {
+        const int64_t X = s->n_expert, FX = s->n_ff_exp, FS = (int64_t)s->n_ff_exp * s->n_expert_shared;
+        KS_GEN_T("ffn_gate_inp.weight", KS_GEN_MATRIX, KS_DTYPE_F32, E, X, sE);
+        KS_GEN_X("ffn_gate_exps.weight", wt, E, FX, X, sE);
+        KS_GEN_X("ffn_down_exps.weight", wt, FX, E, X, 1.0f / sqrtf((float)FX));
+        KS_GEN_X("ffn_up_exps.weight", wt, E, FX, X, sE);
+        if (FS > 0) {
+            KS_GEN_T("ffn_gate_shexp.weight", KS_GEN_MATRIX, wt, E, FS, sE);
+            KS_GEN_T("ffn_up_shexp.weight", KS_GEN_MATRIX, wt, E, FS, sE);
+            KS_GEN_T("ffn_down_shexp.weight", KS_GEN_MATRIX, wt, FS, E, 1.0f / sqrtf((float)FS));
+        }
+    }
+#undef KS_GEN_T
+#undef KS_GEN_X
+}
+
 /* Lists every tensor of the model, in llama.cpp's converter order. */
 static int64_t ks_gen_plan(ks_gen *g, int32_t n_layer, int64_t n_vocab) {
     const ks_model_shape *s = g->shape;
@@ -383,6 +460,10 @@ static int64_t ks_gen_plan(ks_gen *g, int32_t n_layer, int64_t n_vocab) {
         ks_gen_add(g, &n, nm, kind, type, ne0, ne1, sigma);            \
     } while (0)
         KS_GEN_T("attn_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, E, 1, 0.02f);
+        if (s->kv_lora_rank > 0) { /* deepseek2's latent attention, then its FFN */
+            ks_gen_plan_mla_layer(g, &n, l, n_layer);
+            continue;
+        }
         if (s->fused) {
             KS_GEN_T("attn_qkv.weight", KS_GEN_MATRIX, wt, E, QD + 2 * KVD, sE);
         } else {
@@ -454,8 +535,24 @@ static void ks_gen_set_metadata(ks_gguf_writer *w, const ks_model_shape *s, cons
     ks_gguf_writer_set_u32(w, KS_GEN_KEY("feed_forward_length"), (uint32_t)s->n_ff);
     ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.head_count"), (uint32_t)s->n_head);
     ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.head_count_kv"), (uint32_t)s->n_head_kv);
-    ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.key_length"), (uint32_t)s->head_dim);
-    ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.value_length"), (uint32_t)s->head_dim);
+    /* latent attention: the store's head is the latent plus the rope key
+     * (key) and the latent (value); the _mla keys give the decompressed sizes */
+    const bool mla = s->kv_lora_rank > 0;
+    ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.key_length"),
+                           (uint32_t)(mla ? s->kv_lora_rank + s->n_rot : s->head_dim));
+    ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.value_length"), (uint32_t)(mla ? s->kv_lora_rank : s->head_dim));
+    if (mla) {
+        /* written even when 0 (no Q compression; the converter omits it): llama.cpp's
+         * deepseek2 loader requires it unless the layer count is a known Lite model's */
+        ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.q_lora_rank"), (uint32_t)s->q_lora_rank);
+        ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.kv_lora_rank"), (uint32_t)s->kv_lora_rank);
+        ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.key_length_mla"), (uint32_t)s->head_dim);
+        ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.value_length_mla"), (uint32_t)s->v_head);
+        ks_gguf_writer_set_u32(w, KS_GEN_KEY("leading_dense_block_count"), (uint32_t)s->n_dense_lead);
+        ks_gguf_writer_set_u32(w, KS_GEN_KEY("expert_shared_count"), (uint32_t)s->n_expert_shared);
+        if (s->expert_weights_scale > 0)
+            ks_gguf_writer_set_f32(w, KS_GEN_KEY("expert_weights_scale"), s->expert_weights_scale);
+    }
     ks_gguf_writer_set_f32(w, KS_GEN_KEY("rope.freq_base"), s->rope_theta);
     ks_gguf_writer_set_u32(w, KS_GEN_KEY("rope.dimension_count"), (uint32_t)(s->n_rot > 0 ? s->n_rot : s->head_dim));
     ks_gguf_writer_set_f32(w, KS_GEN_KEY("attention.layer_norm_rms_epsilon"), s->rms_eps);
@@ -506,7 +603,7 @@ ks_status ks_shape_generate(const ks_model_shape *s, const ks_shape_gen_params *
     int n_threads = p->n_threads > 0 ? p->n_threads : ks_cpu_count();
     if (n_threads > 64) n_threads = 64;
     KS_TRY(ks_pool_create(n_threads, &g.pool));
-    /* upper bound: 2 + 21 per layer (gpt-oss) + 3 */
+    /* upper bound: 2 + 21 per layer (gpt-oss; deepseek2 with q_lora: 17) + 3 */
     g.ts = ks_calloc((size_t)(24 * (int64_t)n_layer + 8), sizeof *g.ts);
     if (!g.ts) {
         ks_pool_destroy(g.pool);

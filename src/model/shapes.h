@@ -55,6 +55,14 @@ typedef struct ks_model_shape {
      * dense FFN by a router (ffn_gate_inp) and n_expert stacked SwiGLU
      * experts of n_ff_exp (ffn_{gate,up,down}_exps, 3-D) */
     int32_t n_expert, n_expert_used, n_ff_exp;
+    /* deepseek2: multi-head latent attention when kv_lora_rank > 0 (head_dim
+     * is then qk_nope + n_rot, the decompressed key, and n_head_kv 1: the
+     * latent head, as the converter writes them), shared experts beside the
+     * routed ones, the first n_dense_lead layers dense (n_ff), and the
+     * routed weights' scale; zero = absent */
+    int32_t kv_lora_rank, q_lora_rank, qk_nope, v_head;
+    int32_t n_expert_shared, n_dense_lead;
+    float expert_weights_scale;
 } ks_model_shape;
 
 int ks_shape_count(void);

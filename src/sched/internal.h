@@ -3,7 +3,7 @@
  * sched.c (the API: requests, submit, take, cancel, metrics), group.c
  * (contexts, one per KV page size in use: its slots, admission into a slot
  * with the request's own policy, and the end of one), loop.c (the scheduler thread: admission, housekeeping, one step of a
- * group, publishing; stop strings with the engine's matcher, infer/stop.h,
+ * group, publishing; stop strings with the engine's matcher, sample/stop.h,
  * the one `kvsieve run` uses).  Locking as in sched.h:
  * fields marked "under mu" are read and written with ks_sched.mu held;
  * contexts and slots' staging buffers belong to the scheduler thread.
@@ -12,8 +12,8 @@
 #define KS_SCHED_INTERNAL_H
 
 #include "core/core.h"
-#include "infer/json_constraint.h"
-#include "infer/stop.h"
+#include "sample/json_constraint.h"
+#include "sample/stop.h"
 #include "sched/buf.h"
 #include "sched/sched.h"
 

@@ -21,7 +21,7 @@
  *
  * The engine is used only through its public API (kvsieve.h): the scheduler
  * is an application of the engine, and other applications can do what it
- * does.  Besides, core.h gives it the allocator and infer/stop.h the
+ * does.  Besides, core.h gives it the allocator and sample/stop.h the
  * stop-string matcher `kvsieve run` uses (so both release the same text).
  */
 #define _GNU_SOURCE

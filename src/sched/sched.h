@@ -75,7 +75,7 @@
  *
  * Output.  Tokens are sampled per request (its own sampler and seed), turned
  * into text, and passed through the engine's stop-string matcher
- * (infer/stop.h, the one `kvsieve run` uses: no part of a stop string, no
+ * (sample/stop.h, the one `kvsieve run` uses: no part of a stop string, no
  * broken UTF-8 character is released).
  * A client takes the text released since its last take with
  * ks_sched_req_take, which blocks up to a timeout for news.  Cancellation
@@ -178,7 +178,7 @@ typedef struct ks_sched_req_params {
     bool no_prompt_cache;       /* neither restore from nor add to the prefix cache (cache_prompt: false) */
     bool logprobs;              /* report each generated token's log-probability (ks_sched_logprob) */
     int32_t top_logprobs;       /* and that many most likely alternatives, <= KS_SCHED_MAX_TOP_LOGPROBS */
-    /* structured output (infer/json_constraint.h): NULL for free text, ""
+    /* structured output (sample/json_constraint.h): NULL for free text, ""
      * for any JSON object, else a JSON Schema; compiled at submit (a bad
      * one is KS_SCHED_ERR_INVALID).  The output is then a complete document:
      * generation stops when it closes, and the budget always holds its close. */

@@ -8,6 +8,7 @@
  * these.
  */
 #include "select/policy.h"
+#include "kv/kv.h"
 #include "core/simd.h"
 #include "tensor/dtype.h"
 #include "tensor/simd_avx2.h"
@@ -15,6 +16,9 @@
 
 #include <math.h>
 #include <string.h>
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 /* A page's 8-bit bounds (kv_meta.h): the scale, then int8 lo[hd], hi[hd]. */
 static inline float bounds8_scale(const uint8_t *b) {
@@ -96,7 +100,7 @@ PAGE_BOUNDS_AVX512(page_upper_bounds16_avx512, uint16_t, LOAD_F16, SCALAR_F16)
 #define PAGES_AVX512(NAME, KT, LOAD_LO, LOAD_HI, SCALE, BYTES)                                                     \
     __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,f16c"))) static void NAME(                          \
         const float *q, int32_t G, const KT *const *kb, int32_t np, int32_t hd, float *out, float *red_max) {      \
-        float qp[4][512] __attribute__((aligned(64))), qn[4][512] __attribute__((aligned(64)));                   \
+        float qp[4][1024] __attribute__((aligned(64))), qn[4][1024] __attribute__((aligned(64)));                 \
         for (int32_t g0 = 0; g0 < G; g0 += 4) {                                                                   \
             int32_t ng = G - g0 < 4 ? G - g0 : 4;                                                                 \
             const __m512i rep4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);               \
@@ -184,8 +188,8 @@ void ks_page_upper_bounds16(const float *q, int32_t G, const uint16_t *kbound16,
         return;
     }
 #endif
-    float b[2 * 512]; /* the f32 values, then the f32 path (the store's head dims are at most 512) */
-    KS_ASSERT(hd <= 512);
+    float b[2 * KS_KV_MAX_HEAD_DIM]; /* the f32 values, then the f32 path (the store caps head dims) */
+    KS_ASSERT(hd <= KS_KV_MAX_HEAD_DIM);
     for (int32_t i = 0; i < 2 * hd; i++) b[i] = ks_f16_to_f32(kbound16[i]);
     ks_page_upper_bounds(q, G, b, b + hd, hd, out, stride);
 }
@@ -193,7 +197,7 @@ void ks_page_upper_bounds16(const float *q, int32_t G, const uint16_t *kbound16,
 void ks_page_upper_bounds16_pages(const float *q, int32_t G, const uint16_t *const *kb, int32_t np, int32_t hd,
                                   float *out, float *red_max) {
 #if defined(__x86_64__)
-    if (hd % 16 == 0 && hd <= 512 && ks_simd_current() >= KS_SIMD_AVX512) {
+    if (hd % 16 == 0 && hd <= 1024 && ks_simd_current() >= KS_SIMD_AVX512) {
         page_bounds16_pages_avx512(q, G, kb, np, hd, out, red_max);
         return;
     }
@@ -213,13 +217,13 @@ void ks_page_upper_bounds16_pages(const float *q, int32_t G, const uint16_t *con
 void ks_page_upper_bounds8_pages(const float *q, int32_t G, const uint8_t *const *kb, int32_t np, int32_t hd,
                                  float *out, float *red_max) {
 #if defined(__x86_64__)
-    if (hd % 16 == 0 && hd <= 512 && ks_simd_current() >= KS_SIMD_AVX512) {
+    if (hd % 16 == 0 && hd <= 1024 && ks_simd_current() >= KS_SIMD_AVX512) {
         page_bounds8_pages_avx512(q, G, kb, np, hd, out, red_max);
         return;
     }
 #endif
-    float b[2 * 512], one[64]; /* a page's int8 steps as floats, then the f32 bound times its scale */
-    KS_ASSERT(hd <= 512);
+    float b[2 * KS_KV_MAX_HEAD_DIM], one[64]; /* a page's int8 steps as floats, then the f32 bound times its scale */
+    KS_ASSERT(hd <= KS_KV_MAX_HEAD_DIM);
     for (int32_t p = 0; p < np; p++) {
         const int8_t *lohi = (const int8_t *)(kb[p] + 4);
         for (int32_t i = 0; i < 2 * hd; i++) b[i] = (float)lohi[i];
@@ -236,9 +240,48 @@ void ks_page_upper_bounds8_pages(const float *q, int32_t G, const uint8_t *const
     }
 }
 
+#if defined(__aarch64__)
+/* page_upper_bound_avx2's arithmetic in NEON: its two eight-lane
+ * accumulators as four quads, reduced in its order (the halves, then pairs),
+ * so a bound is the same float on either architecture.  Plain Armv8.0 NEON:
+ * every AArch64 CPU has it, and every path above falls back to this one, so
+ * the f16 and int8 page bounds are vectorised here too. */
+static float page_upper_bound_neon(const float *q, const float *kmin, const float *kmax, int32_t hd) {
+    float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, b0 = a0, b1 = a0; /* acc0 = [a0 a1], acc1 = [b0 b1] */
+    int32_t i = 0;
+    for (; i + 16 <= hd; i += 16) {
+        float32x4_t q0 = vld1q_f32(q + i), q1 = vld1q_f32(q + i + 4), q2 = vld1q_f32(q + i + 8), q3 = vld1q_f32(q + i + 12);
+        a0 = vaddq_f32(a0, vmaxq_f32(vmulq_f32(q0, vld1q_f32(kmin + i)), vmulq_f32(q0, vld1q_f32(kmax + i))));
+        a1 = vaddq_f32(a1, vmaxq_f32(vmulq_f32(q1, vld1q_f32(kmin + i + 4)), vmulq_f32(q1, vld1q_f32(kmax + i + 4))));
+        b0 = vaddq_f32(b0, vmaxq_f32(vmulq_f32(q2, vld1q_f32(kmin + i + 8)), vmulq_f32(q2, vld1q_f32(kmax + i + 8))));
+        b1 = vaddq_f32(b1, vmaxq_f32(vmulq_f32(q3, vld1q_f32(kmin + i + 12)), vmulq_f32(q3, vld1q_f32(kmax + i + 12))));
+    }
+    float32x4_t h = vaddq_f32(vaddq_f32(a0, b0), vaddq_f32(a1, b1)); /* acc's low half + high half */
+    float32x2_t p = vadd_f32(vget_low_f32(h), vget_high_f32(h));      /* [h0 + h2, h1 + h3] */
+    float s = vget_lane_f32(p, 0) + vget_lane_f32(p, 1);
+    for (; i < hd; i++) {
+        float a = q[i] * kmin[i], b = q[i] * kmax[i];
+        s += a > b ? a : b;
+    }
+    return s;
+}
+#endif
+
+const char *ks_page_bound_kernel_name(int32_t hd) {
+#if defined(__x86_64__)
+    if (hd >= 16 && ks_simd_current() >= KS_SIMD_AVX2) return "avx2";
+#elif defined(__aarch64__)
+    if (hd >= 16 && ks_simd_current() >= KS_SIMD_NEON) return "neon";
+#endif
+    (void)hd;
+    return "scalar";
+}
+
 float ks_page_upper_bound(const float *q, const float *kmin, const float *kmax, int32_t hd) {
 #if defined(__x86_64__)
     if (hd >= 16 && ks_simd_current() >= KS_SIMD_AVX2) return page_upper_bound_avx2(q, kmin, kmax, hd);
+#elif defined(__aarch64__)
+    if (hd >= 16 && ks_simd_current() >= KS_SIMD_NEON) return page_upper_bound_neon(q, kmin, kmax, hd);
 #endif
     float s = 0;
     for (int32_t i = 0; i < hd; i++) {

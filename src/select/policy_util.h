@@ -59,6 +59,9 @@ ks_status ks_policy_evict_scored(const ks_policy_env *env, const ks_prefill_info
 
 /* Quest's upper bound of q . k over a page: sum_i max(q_i min_i, q_i max_i). */
 float ks_page_upper_bound(const float *q, const float *kmin, const float *kmax, int32_t hd);
+/* The kernel ks_page_upper_bound runs at the current SIMD level for head
+ * dim hd ("avx2", "neon" or "scalar"), for the dispatch test. */
+const char *ks_page_bound_kernel_name(int32_t hd);
 /* The bounds of G query heads q [G][hd] over one page into out[g * stride],
  * each bit for bit ks_page_upper_bound's: the page's min and max are read
  * once for the group (AVX-512: all G heads per pass). */

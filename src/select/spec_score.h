@@ -29,7 +29,7 @@
 
 /* Largest head dim the kernels take (stack rows of this many floats), and
  * largest group (query heads per KV head) the group reduction takes. */
-enum { KS_SPEC_HD_MAX = 512, KS_SPEC_GROUP_MAX = 64 };
+enum { KS_SPEC_HD_MAX = 1024, KS_SPEC_GROUP_MAX = 64 };
 
 /* Elements per stored row: hd, rounded up to a whole Q8_0 block. */
 int ks_spec_kcache_dim(int hd);

@@ -14,7 +14,7 @@
 #include "server/api.h"
 
 #include "core/core.h"
-#include "infer/json_constraint.h"
+#include "sample/json_constraint.h"
 #include "kvsieve.h"
 
 #include <cjson/cJSON.h>
@@ -241,10 +241,47 @@ static char *content_text(const cJSON *c, int idx, ks_api_error *err) {
     return s;
 }
 
-/* The conversation: system (or developer), user and assistant messages in
- * any order, kept in order so the chat template renders it whole and turn
- * N+1 shares turn N's rendered prefix.  Tool roles and assistant tool calls
- * are a clear 400 until the server has tools. */
+/* An assistant's tool_calls: [{"id", "type": "function", "function":
+ * {"name", "arguments": "JSON text"}}], kept as compact JSON for the
+ * template.  NULL with err clear when absent, null or empty; NULL with
+ * err->status set when bad. */
+static char *parse_tool_calls(const cJSON *tc, int idx, ks_api_error *err) {
+    char param[96];
+    snprintf(param, sizeof param, "messages[%d].tool_calls", idx);
+    if (!tc || cJSON_IsNull(tc) || (cJSON_IsArray(tc) && cJSON_GetArraySize(tc) == 0)) return NULL;
+    if (!cJSON_IsArray(tc)) {
+        BAD("invalid_type", param, "'%s' must be an array, got %s", param, type_name(tc));
+        return NULL;
+    }
+    const cJSON *c;
+    int j = 0;
+    cJSON_ArrayForEach(c, tc) {
+        snprintf(param, sizeof param, "messages[%d].tool_calls[%d]", idx, j++);
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(c, "type"), *f = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(c, "id");
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name"), *args = cJSON_GetObjectItemCaseSensitive(f, "arguments");
+        if (!cJSON_IsObject(c) || !cJSON_IsObject(f) || !cJSON_IsString(nm) || (ty && !cJSON_IsString(ty)) ||
+            (id && !cJSON_IsString(id)) || !(cJSON_IsString(args) || cJSON_IsObject(args))) {
+            BAD("invalid_type", param,
+                "'%s' must be {\"id\": \"...\", \"type\": \"function\", \"function\": {\"name\": \"...\", "
+                "\"arguments\": \"{...}\"}}", param);
+            return NULL;
+        }
+        if (ty && strcmp(ty->valuestring, "function")) {
+            BAD("invalid_value", param, "'%s.type' must be 'function', got '%.32s'", param, ty->valuestring);
+            return NULL;
+        }
+    }
+    char *s = cJSON_PrintUnformatted(tc);
+    if (!s) NOMEM(param);
+    return s;
+}
+
+/* The conversation: system (or developer), user, assistant and tool
+ * messages in any order, kept in order so the chat template renders it
+ * whole and turn N+1 shares turn N's rendered prefix.  An assistant message
+ * may carry tool_calls (its content may then be null); a tool message is a
+ * call's result, with the tool_call_id it answers. */
 static bool parse_messages(const cJSON *root, ks_api_request *r, ks_api_error *err) {
     const cJSON *msgs = get_required(root, "messages", err);
     if (!msgs) return false;
@@ -275,7 +312,7 @@ static bool parse_messages(const cJSON *root, ks_api_request *r, ks_api_error *e
         snprintf(param, sizeof param, "messages[%d].role", i);
         if (!cJSON_IsString(role)) {
             BAD(role && !cJSON_IsNull(role) ? "invalid_type" : "missing_required_parameter", param,
-                "'%s' must be a string (system, developer, user or assistant)", param);
+                "'%s' must be a string (system, developer, user, assistant or tool)", param);
             return false;
         }
         const char *rn = role->valuestring;
@@ -283,35 +320,221 @@ static bool parse_messages(const cJSON *root, ks_api_request *r, ks_api_error *e
         if (!strcmp(rn, "system") || !strcmp(rn, "developer")) kind = KS_API_ROLE_SYSTEM;
         else if (!strcmp(rn, "user")) kind = KS_API_ROLE_USER;
         else if (!strcmp(rn, "assistant")) kind = KS_API_ROLE_ASSISTANT;
-        else if (!strcmp(rn, "tool") || !strcmp(rn, "function")) {
-            BAD("unsupported", param, "'%s' is '%s': tool and function messages are not supported (the server has no "
-                "tools yet); use system, developer, user and assistant", param, rn);
+        else if (!strcmp(rn, "tool")) kind = KS_API_ROLE_TOOL;
+        else if (!strcmp(rn, "function")) {
+            BAD("unsupported", param, "'%s' is 'function': the deprecated function role is not supported; send the "
+                "result as a 'tool' message with its 'tool_call_id'", param);
             return false;
         } else {
-            BAD("invalid_value", param, "'%s' must be system, developer, user or assistant, got '%.64s'", param, rn);
+            BAD("invalid_value", param, "'%s' must be system, developer, user, assistant or tool, got '%.64s'", param, rn);
             return false;
         }
+        ks_api_message *msg = &r->messages[r->n_messages++]; /* freed with the request from here on */
+        msg->role = kind;
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
         if (kind == KS_API_ROLE_ASSISTANT) {
-            static const char *const calls[] = {"tool_calls", "function_call"};
+            const cJSON *fc = cJSON_GetObjectItemCaseSensitive(m, "function_call");
+            if (fc && !cJSON_IsNull(fc)) {
+                snprintf(param, sizeof param, "messages[%d].function_call", i);
+                BAD("unsupported", param, "'%s': the deprecated function_call is not supported; use tool_calls", param);
+                return false;
+            }
+            err->status = 0;
+            msg->tool_calls = parse_tool_calls(cJSON_GetObjectItemCaseSensitive(m, "tool_calls"), i, err);
+            if (!msg->tool_calls && err->status) return false;
+            if (msg->tool_calls && (!content || cJSON_IsNull(content))) content = NULL; /* OpenAI sends null beside calls */
+        }
+        if (kind == KS_API_ROLE_TOOL) {
+            static const char *const keys[] = {"tool_call_id", "name"};
             for (int k = 0; k < 2; k++) {
-                const cJSON *tc = cJSON_GetObjectItemCaseSensitive(m, calls[k]);
-                if (tc && !cJSON_IsNull(tc) && !(cJSON_IsArray(tc) && cJSON_GetArraySize(tc) == 0)) {
-                    snprintf(param, sizeof param, "messages[%d].%s", i, calls[k]);
-                    BAD("unsupported", param, "'%s': assistant tool calls are not supported (the server has no tools "
-                        "yet)", param);
+                const char *v = NULL;
+                char pp[64];
+                snprintf(pp, sizeof pp, "messages[%d].%s", i, keys[k]);
+                int rc = get_str(m, keys[k], pp, &v, err);
+                if (rc < 0) return false;
+                if (rc == 0 && k == 0) {
+                    BAD("missing_required_parameter", pp, "'%s' is required in a tool message (the id of the call it "
+                        "answers)", pp);
+                    return false;
+                }
+                char **dst = k == 0 ? &msg->tool_call_id : &msg->name;
+                if (rc > 0 && !(*dst = ks_strdup(v))) {
+                    NOMEM(pp);
                     return false;
                 }
             }
         }
-        char *text = content_text(cJSON_GetObjectItemCaseSensitive(m, "content"), i, err);
-        if (!text) return false;
-        r->messages[r->n_messages++] = (ks_api_message){kind, text};
+        char *text = msg->tool_calls && !content ? ks_strdup("") : content_text(content, i, err);
+        if (!text) {
+            if (msg->tool_calls && !content) NOMEM("messages");
+            return false;
+        }
+        msg->content = text;
         any_user = any_user || kind == KS_API_ROLE_USER;
         i++;
     }
     if (!any_user) {
         BAD("invalid_value", "messages", "'messages' needs at least one message with role 'user'");
         return false;
+    }
+    return true;
+}
+
+/* OpenAI's function names: letters, digits, '_' and '-', 1 to 64. */
+static bool tool_name_ok(const char *s) {
+    size_t n = strlen(s);
+    if (n == 0 || n > 64) return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+/* The parameters schema of a function a call is forced to: compiled now,
+ * so a keyword the constraint cannot enforce is a 400 naming it. */
+static bool check_forced_schema(const cJSON *params, int idx, ks_api_error *err) {
+    if (!params) return true;
+    char *text = cJSON_PrintUnformatted(params), where[256], param[64];
+    snprintf(param, sizeof param, "tools[%d].function.parameters", idx);
+    if (!text) {
+        NOMEM(param);
+        return false;
+    }
+    ks_json_schema *cs = NULL;
+    ks_status st = ks_json_schema_compile(text, strlen(text), &cs, where, sizeof where);
+    ks_json_schema_destroy(cs);
+    free(text);
+    if (st == KS_OK) return true;
+    if (st == KS_ERR_NOMEM) NOMEM(param);
+    else BAD(st == KS_ERR_UNSUPPORTED ? "unsupported" : "invalid_value", param, "%s: %s (a forced call's arguments are "
+             "constrained to this schema)", param, where);
+    return false;
+}
+
+/* tools (an array of {"type": "function", "function": {"name",
+ * "description", "parameters", "strict"}}) and tool_choice ("auto",
+ * "none", "required", or {"type": "function", "function": {"name"}}). */
+static bool parse_tools(const cJSON *root, ks_api_request *r, ks_api_error *err) {
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    const cJSON *choice = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
+    if (tools && !cJSON_IsNull(tools)) {
+        if (r->kind != KS_API_CHAT) {
+            BAD("unsupported", "tools", "'tools' are taken by /v1/chat/completions only");
+            return false;
+        }
+        if (!cJSON_IsArray(tools)) {
+            BAD("invalid_type", "tools", "'tools' must be an array, got %s", type_name(tools));
+            return false;
+        }
+        if (cJSON_GetArraySize(tools) > KS_API_MAX_TOOLS) {
+            BAD("invalid_value", "tools", "at most %d tools", KS_API_MAX_TOOLS);
+            return false;
+        }
+        const cJSON *t;
+        int i = 0;
+        cJSON_ArrayForEach(t, tools) {
+            char param[64];
+            snprintf(param, sizeof param, "tools[%d]", i);
+            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type"), *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+            if (!cJSON_IsObject(t) || !cJSON_IsString(ty) || !cJSON_IsObject(f)) {
+                BAD("invalid_type", param, "'%s' must be {\"type\": \"function\", \"function\": {\"name\": ...}}", param);
+                return false;
+            }
+            if (strcmp(ty->valuestring, "function")) {
+                snprintf(param, sizeof param, "tools[%d].type", i);
+                BAD("unsupported", param, "'%s' is '%.32s': only function tools are supported", param, ty->valuestring);
+                return false;
+            }
+            const char *name = NULL, *desc = NULL;
+            bool strict;
+            snprintf(param, sizeof param, "tools[%d].function.name", i);
+            int rc = get_str(f, "name", param, &name, err);
+            if (rc < 0) return false;
+            if (rc == 0 || !tool_name_ok(name)) {
+                BAD(rc == 0 ? "missing_required_parameter" : "invalid_value", param,
+                    "'%s' must be 1 to 64 letters, digits, '_' or '-'", param);
+                return false;
+            }
+            for (int k = 0; k < r->n_tools; k++)
+                if (!strcmp(r->tool_names[k], name)) {
+                    BAD("invalid_value", param, "'%s': two tools are named '%s'", param, name);
+                    return false;
+                }
+            snprintf(param, sizeof param, "tools[%d].function.description", i);
+            if (get_str(f, "description", param, &desc, err) < 0) return false;
+            snprintf(param, sizeof param, "tools[%d].function.strict", i);
+            if (get_bool(f, "strict", param, &strict, err) < 0) return false;
+            const cJSON *pa = cJSON_GetObjectItemCaseSensitive(f, "parameters");
+            if (pa && !cJSON_IsNull(pa) && !cJSON_IsObject(pa)) {
+                snprintf(param, sizeof param, "tools[%d].function.parameters", i);
+                BAD("invalid_type", param, "'%s' must be a JSON Schema object, got %s", param, type_name(pa));
+                return false;
+            }
+            if (!(r->tool_names[r->n_tools] = ks_strdup(name))) {
+                NOMEM("tools");
+                return false;
+            }
+            r->n_tools++;
+            i++;
+        }
+        if (r->n_tools && !(r->tools = cJSON_PrintUnformatted(tools))) {
+            NOMEM("tools");
+            return false;
+        }
+    }
+    if (!choice || cJSON_IsNull(choice)) return true;
+    const char *want = NULL;
+    if (cJSON_IsString(choice)) {
+        const char *c = choice->valuestring;
+        if (!strcmp(c, "auto")) r->tool_choice = KS_API_TOOLS_AUTO;
+        else if (!strcmp(c, "none")) r->tool_choice = KS_API_TOOLS_NONE;
+        else if (!strcmp(c, "required")) r->tool_choice = KS_API_TOOLS_REQUIRED;
+        else {
+            BAD("invalid_value", "tool_choice", "'tool_choice' must be auto, none, required or {\"type\": \"function\", "
+                "\"function\": {\"name\": ...}}, got '%.32s'", c);
+            return false;
+        }
+    } else if (cJSON_IsObject(choice)) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(choice, "function");
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
+        if (!cJSON_IsString(nm)) {
+            BAD("invalid_type", "tool_choice", "'tool_choice' must be {\"type\": \"function\", \"function\": {\"name\": "
+                "\"...\"}}");
+            return false;
+        }
+        want = nm->valuestring;
+        r->tool_choice = KS_API_TOOLS_NAMED;
+    } else {
+        BAD("invalid_type", "tool_choice", "'tool_choice' must be a string or an object, got %s", type_name(choice));
+        return false;
+    }
+    if ((r->tool_choice == KS_API_TOOLS_REQUIRED || r->tool_choice == KS_API_TOOLS_NAMED) && r->n_tools == 0) {
+        BAD("invalid_value", "tool_choice", "'tool_choice' %s needs 'tools'", want ? "naming a function" : "'required'");
+        return false;
+    }
+    if (r->tool_choice == KS_API_TOOLS_REQUIRED || r->tool_choice == KS_API_TOOLS_NAMED) {
+        if (r->json_schema) {
+            BAD("invalid_value", "tool_choice", "a forced tool call cannot be combined with a JSON response_format");
+            return false;
+        }
+        const cJSON *t;
+        int i = 0, hit = -1;
+        cJSON_ArrayForEach(t, tools) {
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+            if (!want || !strcmp(r->tool_names[i], want)) {
+                hit = i;
+                if (r->n_tools == 1 || want) /* the schema a single-function call is held to */
+                    if (!check_forced_schema(cJSON_GetObjectItemCaseSensitive(f, "parameters"), i, err)) return false;
+            }
+            i++;
+        }
+        if (hit < 0) {
+            BAD("invalid_value", "tool_choice", "'tool_choice' names '%.64s', which is not in 'tools'", want);
+            return false;
+        }
+        if (want) snprintf(r->tool_name, sizeof r->tool_name, "%s", want);
     }
     return true;
 }
@@ -536,7 +759,14 @@ void ks_api_request_free(ks_api_request *r) {
     free(r->model);
     free(r->prompt);
     free(r->prompt_ids);
-    for (int32_t i = 0; i < r->n_messages; i++) free(r->messages[i].content);
+    for (int32_t i = 0; i < r->n_messages; i++) {
+        free(r->messages[i].content);
+        free(r->messages[i].tool_calls);
+        free(r->messages[i].tool_call_id);
+        free(r->messages[i].name);
+    }
+    free(r->tools);
+    for (int32_t i = 0; i < r->n_tools; i++) free(r->tool_names[i]);
     free(r->messages);
     for (int32_t i = 0; i < r->n_stops; i++) free(r->stops[i]);
     free(r->json_schema);
@@ -544,7 +774,7 @@ void ks_api_request_free(ks_api_request *r) {
 }
 
 /* response_format: text, json_object, or json_schema whose schema the
- * sampler enforces (infer/json_constraint.c).  A schema keyword it cannot
+ * sampler enforces (sample/json_constraint.c).  A schema keyword it cannot
  * enforce is refused by name, never ignored. */
 static bool parse_response_format(const cJSON *root, ks_api_request *out, ks_api_error *err) {
     const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
@@ -605,6 +835,44 @@ static bool parse_response_format(const cJSON *root, ks_api_request *out, ks_api
     out->json_schema = text ? text : ks_strdup("");
     if (!out->json_schema) {
         NOMEM("response_format");
+        return false;
+    }
+    return true;
+}
+
+/* The fields a request may carry: every one is read by this parser, except
+ * the few OpenAI fields accepted and knowingly ignored because they change
+ * nothing about the answer (docs/SERVER.md lists them: user, metadata,
+ * store, service_tier; presence_penalty and frequency_penalty are range
+ * checked and not applied).  Anything else is a 400 naming it: a misspelt
+ * "temprature" would otherwise pass silently with the default. */
+static const char *const known_common[] = {
+    "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "min_p", "top_k", "repeat_penalty",
+    "repetition_penalty", "seed", "stop", "n", "best_of", "presence_penalty", "frequency_penalty", "logprobs",
+    "response_format", "kvsieve", "cache_prompt", "user", "metadata", "store", "service_tier", NULL};
+static const char *const known_chat[] = {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                                         "parallel_tool_calls", NULL};
+static const char *const known_completions[] = {"prompt", "echo", "suffix", NULL};
+static const char *const known_ext[] = {"policy", "budget", "sink", "window", "page", "dense_layers", "policy_args",
+                                        "ignore_eos", "cache_prompt", NULL};
+
+static bool in_list(const char *const *list, const char *k) {
+    for (; *list; list++)
+        if (!strcmp(*list, k)) return true;
+    return false;
+}
+
+/* The first field of o that no list names: a 400 unknown_parameter. */
+static bool check_known(const cJSON *o, const char *prefix, const char *const *a, const char *const *b,
+                        ks_api_error *err) {
+    const cJSON *f;
+    cJSON_ArrayForEach(f, o) {
+        const char *k = f->string ? f->string : "";
+        if (in_list(a, k) || (b && in_list(b, k))) continue;
+        char param[64];
+        snprintf(param, sizeof param, "%s%.48s", prefix, k);
+        BAD("unknown_parameter", param, "Unrecognized request argument supplied: %s (docs/SERVER.md lists the fields)",
+            param);
         return false;
     }
     return true;
@@ -681,6 +949,7 @@ bool ks_api_parse(const char *body, size_t len, ks_api_kind kind, ks_api_request
         {"top_p", 0, true, 1, false, &out->top_p, KS_API_SET_TOP_P},
         {"min_p", 0, false, 1, true, &out->min_p, KS_API_SET_MIN_P},
         {"repeat_penalty", 0, true, 100, false, &out->repeat_penalty, KS_API_SET_REPEAT_PENALTY},
+        {"repetition_penalty", 0, true, 100, false, &out->repeat_penalty, KS_API_SET_REPEAT_PENALTY},
     };
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
         if ((k = get_num(root, nums[i].key, nums[i].key, nums[i].lo, nums[i].lo_open, nums[i].hi, nums[i].hi_open,
@@ -715,11 +984,13 @@ bool ks_api_parse(const char *body, size_t len, ks_api_kind kind, ks_api_request
         BAD("unsupported", "suffix", "suffix (insertion) is not supported");
         goto done;
     }
-    if ((v = cJSON_GetObjectItemCaseSensitive(root, "tools")) && cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0) {
-        BAD("unsupported", "tools", "tools are not supported");
-        goto done;
-    }
+    if (!parse_tools(root, out, err)) goto done;
+    if (get_bool(root, "parallel_tool_calls", "parallel_tool_calls", &(bool){0}, err) < 0) goto done;
     if (!parse_ext(root, out, err)) goto done;
+    /* last, so a request missing what it needs says that first */
+    if (!check_known(root, "", known_common, kind == KS_API_CHAT ? known_chat : known_completions, err)) goto done;
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(root, "kvsieve");
+    if (cJSON_IsObject(x) && !check_known(x, "kvsieve.", known_ext, NULL, err)) goto done;
     ok = true;
 done:
     cJSON_Delete(root);

@@ -14,8 +14,10 @@
  *
  * Unknown fields are ignored, as OpenAI's own server does; known fields of
  * the wrong type are errors.  Fields that ask for something not implemented
- * (n > 1, echo, suffix, best_of > 1, tools) are errors rather than
- * silently different answers.
+ * (n > 1, echo, suffix, best_of > 1) are errors rather than silently
+ * different answers.  `tools` and `tool_choice` are checked here (names,
+ * types, the parameters schema a forced call is constrained to); the
+ * calls themselves are parsed from the answer by toolcall.c.
  */
 #ifndef KS_SERVER_API_H
 #define KS_SERVER_API_H
@@ -52,13 +54,31 @@ enum {
     KS_API_EXT_ARGS = 1 << 6,
 };
 
-/* One message of a chat request: developer is folded into system; tool
- * and function roles are rejected by the parser (no tools yet). */
-typedef enum ks_api_role { KS_API_ROLE_SYSTEM = 0, KS_API_ROLE_USER = 1, KS_API_ROLE_ASSISTANT = 2 } ks_api_role;
+/* One message of a chat request: developer is folded into system; the
+ * deprecated function role is refused (tool replaces it). */
+typedef enum ks_api_role {
+    KS_API_ROLE_SYSTEM = 0,
+    KS_API_ROLE_USER = 1,
+    KS_API_ROLE_ASSISTANT = 2,
+    KS_API_ROLE_TOOL = 3
+} ks_api_role;
 typedef struct ks_api_message {
     ks_api_role role;
-    char *content;              /* text parts joined; never NULL */
+    char *content;              /* text parts joined; never NULL ("" for an assistant's null content) */
+    char *tool_calls;           /* assistant: its tool_calls, a checked JSON array (compact); NULL: none */
+    char *tool_call_id;         /* tool: the call it answers; NULL: none */
+    char *name;                 /* tool: the function's name; NULL: none */
 } ks_api_message;
+
+/* tool_choice */
+typedef enum ks_api_tool_choice {
+    KS_API_TOOLS_AUTO = 0,      /* the model may call (the default with tools) */
+    KS_API_TOOLS_NONE = 1,      /* no call: tools are neither rendered nor parsed */
+    KS_API_TOOLS_REQUIRED = 2,  /* exactly one call, sampling constrained to it */
+    KS_API_TOOLS_NAMED = 3,     /* one call of tool_name, constrained */
+} ks_api_tool_choice;
+
+enum { KS_API_MAX_TOOLS = 128 };
 
 typedef struct ks_api_request {
     ks_api_kind kind;
@@ -88,8 +108,15 @@ typedef struct ks_api_request {
     char policy_args[1024];
     /* response_format: NULL for text; "" for json_object (any JSON object);
      * else json_schema's schema as compact JSON, already compiled once to
-     * check it (infer/json_constraint.h) */
+     * check it (sample/json_constraint.h) */
     char *json_schema;
+    /* tools: the OpenAI array as compact JSON (NULL: none), its function
+     * names in order, and tool_choice */
+    char *tools;
+    char *tool_names[KS_API_MAX_TOOLS]; /* [n_tools] */
+    int32_t n_tools;
+    ks_api_tool_choice tool_choice;
+    char tool_name[65];         /* KS_API_TOOLS_NAMED: the function */
 } ks_api_request;
 
 typedef struct ks_api_error {

@@ -11,6 +11,7 @@
  */
 #define _GNU_SOURCE
 #include "server/internal.h"
+#include "server/toolcall.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,6 +94,80 @@ static cJSON *envelope(ks_server *srv, const char *id, const char *object, long 
     return o;
 }
 
+/* ---------------------------------------------------------------- tools -- */
+
+/* What a chat request's tools ask of the prompt and the answer: active when
+ * it has tools and tool_choice is not "none"; forced (required or named)
+ * adds the syntax's opener to the prompt and constrains the answer to the
+ * call's schema (toolcall.h). */
+typedef struct tool_plan {
+    bool active, forced;
+    ks_tool_syntax syn;          /* the syntax the answer is parsed in */
+    char *opener, *schema, *closer;
+    char *names[KS_API_MAX_TOOLS]; /* [n_names] the request's functions (taken from it: it is freed first) */
+    int32_t n_names;
+} tool_plan;
+
+static void tool_plan_free(tool_plan *tp) {
+    for (int32_t i = 0; i < tp->n_names; i++) free(tp->names[i]);
+    free(tp->opener);
+    free(tp->schema);
+    free(tp->closer);
+    memset(tp, 0, sizeof *tp);
+}
+
+static bool tool_plan_make(ks_server *srv, const ks_api_request *rq, tool_plan *tp, ks_api_error *e) {
+    memset(tp, 0, sizeof *tp);
+    tp->syn = ks_chat_tool_syntax(srv->model);
+    tp->active = rq->kind == KS_API_CHAT && rq->n_tools > 0 && rq->tool_choice != KS_API_TOOLS_NONE;
+    tp->forced = tp->active && (rq->tool_choice == KS_API_TOOLS_REQUIRED || rq->tool_choice == KS_API_TOOLS_NAMED);
+    if (!tp->forced) return true;
+    if (!ks_tool_forced(tp->syn, rq->tools, rq->tool_choice == KS_API_TOOLS_NAMED ? rq->tool_name : NULL, &tp->opener,
+                        &tp->schema, &tp->closer, &tp->syn))
+        return out_of_memory(e, "preparing the tool call");
+    return true;
+}
+
+/* The calls in an answer (opener + text + closer for a forced one);
+ * false on a refused allocation. */
+static bool tool_plan_parse(const tool_plan *tp, const char *text, size_t len, ks_tool_parsed *out) {
+    const char *const *names = (const char *const *)tp->names;
+    if (!tp->forced) return ks_tool_parse(tp->syn, text, len, names, tp->n_names, out);
+    ks_sbuf b = {0};
+    ks_sbuf_puts(&b, tp->opener);
+    ks_sbuf_put(&b, text, len);
+    ks_sbuf_puts(&b, tp->closer);
+    bool ok = !b.refused && ks_tool_parse(tp->syn, b.p, b.n, names, tp->n_names, out);
+    free(b.p);
+    return ok;
+}
+
+/* OpenAI's tool_calls array; with_index: a stream's delta form. */
+static cJSON *tool_calls_json(const ks_tool_parsed *tc, bool with_index) {
+    cJSON *a = cJSON_CreateArray();
+    for (int32_t i = 0; a && i < tc->n_calls; i++) {
+        cJSON *c = cJSON_CreateObject();
+        if (!c || !cJSON_AddItemToArray(a, c)) {
+            cJSON_Delete(c);
+            cJSON_Delete(a);
+            return NULL;
+        }
+        char id[48];
+        snprintf(id, sizeof id, "call_%016llx%08llx", (unsigned long long)random_u64(),
+                 (unsigned long long)(random_u64() & 0xffffffffull));
+        if (with_index) cJSON_AddNumberToObject(c, "index", i);
+        cJSON_AddStringToObject(c, "id", id);
+        cJSON_AddStringToObject(c, "type", "function");
+        cJSON *f = cJSON_AddObjectToObject(c, "function");
+        if (!f || !cJSON_AddStringToObject(f, "name", tc->calls[i].name) ||
+            !cJSON_AddStringToObject(f, "arguments", tc->calls[i].arguments)) {
+            cJSON_Delete(a);
+            return NULL;
+        }
+    }
+    return a;
+}
+
 /* ------------------------------------------------------------- stream -- */
 
 typedef struct stream {
@@ -109,6 +184,9 @@ typedef struct stream {
     ks_sbuf out;          /* SSE bytes not yet handed to libmicrohttpd */
     size_t off;
     double last_check;
+    tool_plan tools;      /* tools.active: the answer is held in acc until no call can begin in it */
+    ks_sbuf acc;          /* the answer so far (with tools) */
+    size_t sent;          /* bytes of acc sent as content */
 } stream;
 
 static void sse_put(stream *st, cJSON *root) {
@@ -165,6 +243,40 @@ static cJSON *chunk(stream *st, const char *text, size_t len, const char *finish
     return o;
 }
 
+/* Text as a content chunk, with the logprobs waiting for it. */
+static void stream_text(stream *st, const char *text, size_t len) {
+    sse_put(st, chunk(st, text, len, NULL, (const ks_sched_logprob *)st->lp_pending.p,
+                      (int32_t)(st->lp_pending.n / sizeof(ks_sched_logprob))));
+    st->lp_pending.n = 0;
+}
+
+/* The end of an answer with tools: its calls as one delta.tool_calls chunk
+ * (finish_reason tool_calls), or, when it made none, the text held back.
+ * Returns the finish reason. */
+static const char *stream_tools_end(stream *st, const char *finish) {
+    ks_tool_parsed tc;
+    if (!tool_plan_parse(&st->tools, st->acc.p ? st->acc.p : "", st->acc.n, &tc)) {
+        st->out.refused = true;
+        return finish;
+    }
+    if (tc.n_calls == 0) {
+        if (st->acc.n > st->sent) stream_text(st, st->acc.p + st->sent, st->acc.n - st->sent);
+        ks_tool_parsed_free(&tc);
+        return finish;
+    }
+    cJSON *o = chunk(st, NULL, 0, NULL, NULL, 0), *calls = tool_calls_json(&tc, true);
+    cJSON *c = o ? cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0) : NULL;
+    cJSON *d = c ? cJSON_GetObjectItemCaseSensitive(c, "delta") : NULL;
+    if (!d || !calls || !cJSON_AddItemToObject(d, "tool_calls", calls)) {
+        cJSON_Delete(calls);
+        cJSON_Delete(o);
+        o = NULL;
+    }
+    sse_put(st, o);
+    ks_tool_parsed_free(&tc);
+    return "tool_calls";
+}
+
 static void stream_absorb(stream *st, ks_sched_update *u) {
     /* tokens whose text is still held back (a possible stop string) wait
      * for the next chunk with text, or go with the final one */
@@ -172,10 +284,17 @@ static void stream_absorb(stream *st, ks_sched_update *u) {
     free(u->logprobs);
     u->logprobs = NULL;
     u->n_logprobs = 0;
-    if (u->text && u->len) {
-        sse_put(st, chunk(st, u->text, u->len, NULL, (const ks_sched_logprob *)st->lp_pending.p,
-                          (int32_t)(st->lp_pending.n / sizeof(ks_sched_logprob))));
-        st->lp_pending.n = 0;
+    if (u->text && u->len && st->tools.active) {
+        /* content streams up to where a call could begin; a forced call is all call */
+        ks_sbuf_put(&st->acc, u->text, u->len);
+        size_t safe = st->tools.forced || st->acc.refused ? 0 : ks_tool_stream_safe(st->tools.syn, st->acc.p, st->acc.n);
+        if (safe > st->sent) {
+            stream_text(st, st->acc.p + st->sent, safe - st->sent);
+            st->sent = safe;
+        }
+        if (st->acc.refused) st->out.refused = true;
+    } else if (u->text && u->len) {
+        stream_text(st, u->text, u->len);
     }
     free(u->text);
     u->text = NULL;
@@ -199,7 +318,9 @@ static void stream_absorb(stream *st, ks_sched_update *u) {
         ks_sbuf_puts(&st->out, "\n\n");
         free(s);
     } else {
-        sse_put(st, chunk(st, NULL, 0, finish_name(u->finish), (const ks_sched_logprob *)st->lp_pending.p,
+        const char *finish = finish_name(u->finish);
+        if (st->tools.active) finish = stream_tools_end(st, finish);
+        sse_put(st, chunk(st, NULL, 0, finish, (const ks_sched_logprob *)st->lp_pending.p,
                           (int32_t)(st->lp_pending.n / sizeof(ks_sched_logprob))));
         st->lp_pending.n = 0;
         if (st->include_usage) {
@@ -246,6 +367,8 @@ static void stream_free(void *cls) {
     atomic_fetch_sub(&st->srv->active, 1);
     free(st->out.p);
     free(st->lp_pending.p);
+    free(st->acc.p);
+    tool_plan_free(&st->tools);
     free(st);
 }
 
@@ -284,13 +407,24 @@ static bool merge_policy(ks_server *srv, const ks_api_request *rq, ks_sched_poli
 bool ks_server_chat_prompt(ks_server *srv, const ks_api_request *rq, char **text, bool *special, ks_api_error *e) {
     ks_chat_message *msgs = ks_malloc(sizeof *msgs * (size_t)rq->n_messages);
     if (!msgs) return out_of_memory(e, "reading the messages");
-    for (int32_t i = 0; i < rq->n_messages; i++)
-        msgs[i] = (ks_chat_message){rq->messages[i].role == KS_API_ROLE_SYSTEM ? KS_ROLE_SYSTEM
-                                    : rq->messages[i].role == KS_API_ROLE_USER ? KS_ROLE_USER
-                                                                               : KS_ROLE_ASSISTANT,
-                                    rq->messages[i].content};
+    for (int32_t i = 0; i < rq->n_messages; i++) {
+        const ks_api_message *m = &rq->messages[i];
+        msgs[i] = (ks_chat_message){m->role == KS_API_ROLE_SYSTEM ? KS_ROLE_SYSTEM
+                                    : m->role == KS_API_ROLE_USER ? KS_ROLE_USER
+                                    : m->role == KS_API_ROLE_TOOL ? KS_ROLE_TOOL
+                                                                  : KS_ROLE_ASSISTANT,
+                                    m->content, m->tool_calls, m->tool_call_id, m->name};
+    }
+    /* tool_choice none: the model is not told of the tools at all */
+    const char *tools = rq->tool_choice == KS_API_TOOLS_NONE ? NULL : rq->tools;
+    tool_plan tp;
+    if (!tool_plan_make(srv, rq, &tp, e)) {
+        free(msgs);
+        return false;
+    }
+    size_t op = tp.opener ? strlen(tp.opener) : 0; /* a forced call's opener ends the prompt */
     size_t need = 0, n = (size_t)rq->n_messages;
-    ks_status st = ks_chat_render(srv->model, msgs, n, NULL, 0, &need);
+    ks_status st = ks_chat_render_tools(srv->model, msgs, n, tools, NULL, 0, &need);
     if (st == KS_ERR_UNSUPPORTED) {
         size_t len = 0;
         for (size_t i = 0; i < n; i++) len += strlen(msgs[i].content) + 2;
@@ -310,11 +444,14 @@ bool ks_server_chat_prompt(ks_server *srv, const ks_api_request *rq, char **text
         *text = t;
         *special = false;
         free(msgs);
+        tool_plan_free(&tp);
         return true;
     }
-    *text = ks_malloc(need + 1);
-    st = *text ? ks_chat_render(srv->model, msgs, n, *text, need + 1, &need) : KS_ERR_NOMEM;
+    *text = ks_malloc(need + 1 + op);
+    st = *text ? ks_chat_render_tools(srv->model, msgs, n, tools, *text, need + 1, &need) : KS_ERR_NOMEM;
     free(msgs);
+    if (st == KS_OK && op) memcpy(*text + need, tp.opener, op + 1);
+    tool_plan_free(&tp);
     if (st != KS_OK) {
         free(*text);
         *text = NULL;
@@ -394,10 +531,17 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
     if (!ks_api_parse(body, len, kind, &rq, &e)) return ks_server_respond_error(srv, conn, &e);
     int32_t *ids = NULL, n_ids = 0;
     ks_sched_policy pol;
-    if (!merge_policy(srv, &rq, &pol, &e) || !prepare_prompt(srv, &rq, &ids, &n_ids, &e)) {
+    tool_plan tools = {0};
+    if (!merge_policy(srv, &rq, &pol, &e) || !tool_plan_make(srv, &rq, &tools, &e) ||
+        !prepare_prompt(srv, &rq, &ids, &n_ids, &e)) {
         ks_api_request_free(&rq);
+        tool_plan_free(&tools);
         return ks_server_respond_error(srv, conn, &e);
     }
+    /* the function names outlive the request (a stream parses at its end) */
+    memcpy(tools.names, rq.tool_names, sizeof(char *) * (size_t)rq.n_tools);
+    tools.n_names = rq.n_tools;
+    rq.n_tools = 0;
     const char *param = kind == KS_API_CHAT ? "messages" : "prompt";
     if (n_ids == 0) {
         ks_api_error_set(&e, 400, "invalid_request_error", "invalid_value", param, "the prompt has no tokens");
@@ -428,7 +572,7 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
         .no_prompt_cache = !rq.cache_prompt,
         .logprobs = rq.logprobs,
         .top_logprobs = rq.top_logprobs,
-        .json_schema = rq.json_schema,
+        .json_schema = tools.forced ? tools.schema : rq.json_schema,
     };
     ks_sched_error why;
     char msg[512];
@@ -474,6 +618,7 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
                 free(text.p);
                 free(lps.p);
                 free(u.logprobs);
+                tool_plan_free(&tools);
                 return MHD_NO;
             }
         }
@@ -487,6 +632,7 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
         free(text.p);
         free(lps.p);
         free(u.logprobs);
+        tool_plan_free(&tools);
         return ks_server_respond_error(srv, conn, &e);
     }
     if (!stream_it) {
@@ -495,10 +641,23 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
         cJSON *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
         cJSON_AddNumberToObject(c, "index", 0);
         bool whole = !text.refused && !lps.refused; /* every generated byte made it into the answer */
+        const char *finish = finish_name(u.finish);
         if (chat) {
             cJSON *m = cJSON_AddObjectToObject(c, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
-            whole = whole && add_clean_string(m, "content", text.p, text.n);
+            ks_tool_parsed tc = {0};
+            if (whole && tools.active) whole = tool_plan_parse(&tools, text.p ? text.p : "", text.n, &tc);
+            if (whole && tc.n_calls) {
+                cJSON *calls = tool_calls_json(&tc, false);
+                if (tc.content) whole = add_clean_string(m, "content", tc.content, strlen(tc.content));
+                else cJSON_AddNullToObject(m, "content");
+                whole = whole && calls && cJSON_AddItemToObject(m, "tool_calls", calls);
+                if (!whole) cJSON_Delete(calls);
+                finish = "tool_calls";
+            } else {
+                whole = whole && add_clean_string(m, "content", text.p, text.n);
+            }
+            ks_tool_parsed_free(&tc);
         } else {
             whole = whole && add_clean_string(c, "text", text.p, text.n);
         }
@@ -516,16 +675,18 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
             cJSON_Delete(c);
             out_of_memory(&e, "writing the answer");
             free(text.p);
+            tool_plan_free(&tools);
             ks_sched_req_release(srv->sched, req);
             atomic_fetch_sub(&srv->active, 1);
             return ks_server_respond_error(srv, conn, &e);
         }
         if (lpo) cJSON_AddItemToObject(c, "logprobs", lpo);
         else cJSON_AddNullToObject(c, "logprobs");
-        cJSON_AddStringToObject(c, "finish_reason", finish_name(u.finish));
+        cJSON_AddStringToObject(c, "finish_reason", finish);
         cJSON_AddItemToArray(choices, c);
         cJSON_AddItemToObject(o, "usage", usage_json(u.n_prompt, u.n_generated, u.n_cached));
         free(text.p);
+        tool_plan_free(&tools);
         ks_sched_req_release(srv->sched, req);
         atomic_fetch_sub(&srv->active, 1);
         return ks_server_respond_json(srv, conn, 200, o);
@@ -534,6 +695,7 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
     if (!st) {
         free(u.text);
         free(u.logprobs);
+        tool_plan_free(&tools);
         ks_sched_req_release(srv->sched, req);
         atomic_fetch_sub(&srv->active, 1);
         out_of_memory(&e, "starting the stream");
@@ -547,6 +709,7 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
     st->logprobs = want_lp;
     st->created = created;
     st->last_check = ks_sched_now();
+    st->tools = tools; /* the stream owns it now */
     snprintf(st->id, sizeof st->id, "%s", id);
     if (kind == KS_API_CHAT) sse_put(st, chunk(st, "", 0, NULL, NULL, 0)); /* the role first, as OpenAI does */
     stream_absorb(st, &u);
@@ -564,5 +727,6 @@ enum MHD_Result ks_server_handle_completion(ks_server *srv, struct MHD_Connectio
 fail:
     free(ids);
     ks_api_request_free(&rq);
+    tool_plan_free(&tools);
     return ks_server_respond_error(srv, conn, &e);
 }

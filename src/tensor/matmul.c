@@ -396,6 +396,14 @@ static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
         case KS_DTYPE_Q4_0: return dot ? ks_mm_q4_0_dot : ks_mm_q4_0_neon;
         case KS_DTYPE_Q4_K: return dot ? ks_mm_q4_k_dot : ks_mm_q4_k_neon;
         case KS_DTYPE_Q6_K: return dot ? ks_mm_q6_k_dot : ks_mm_q6_k_neon;
+        case KS_DTYPE_Q4_1: return dot ? ks_mm_q4_1_dot : ks_mm_q4_1_neon;
+        case KS_DTYPE_Q5_0: return dot ? ks_mm_q5_0_dot : ks_mm_q5_0_neon;
+        case KS_DTYPE_Q5_1: return dot ? ks_mm_q5_1_dot : ks_mm_q5_1_neon;
+        case KS_DTYPE_IQ4_NL: return dot ? ks_mm_iq4_nl_dot : ks_mm_iq4_nl_neon;
+        case KS_DTYPE_Q2_K: return dot ? ks_mm_q2_k_dot : ks_mm_q2_k_neon;
+        case KS_DTYPE_Q3_K: return dot ? ks_mm_q3_k_dot : ks_mm_q3_k_neon;
+        case KS_DTYPE_Q5_K: return dot ? ks_mm_q5_k_dot : ks_mm_q5_k_neon;
+        case KS_DTYPE_IQ4_XS: return dot ? ks_mm_iq4_xs_dot : ks_mm_iq4_xs_neon;
         default: break;
         }
     }
@@ -432,7 +440,9 @@ typedef struct {
 static const ks_mm_named ks_mm_names[] = {
     KS_MM_NAMED(ks_mm_f32_scalar), KS_MM_NAMED(ks_mm_f16_scalar), KS_MM_NAMED(ks_mm_bf16_scalar),
     KS_MM_NAMED(ks_mm_q8_0_scalar), KS_MM_NAMED(ks_mm_q4_0_scalar), KS_MM_NAMED(ks_mm_q4_k_scalar),
-    KS_MM_NAMED(ks_mm_q6_k_scalar),
+    KS_MM_NAMED(ks_mm_q6_k_scalar), KS_MM_NAMED(ks_mm_q4_1_scalar), KS_MM_NAMED(ks_mm_q5_0_scalar),
+    KS_MM_NAMED(ks_mm_q5_1_scalar), KS_MM_NAMED(ks_mm_iq4_nl_scalar), KS_MM_NAMED(ks_mm_q2_k_scalar),
+    KS_MM_NAMED(ks_mm_q3_k_scalar), KS_MM_NAMED(ks_mm_q5_k_scalar), KS_MM_NAMED(ks_mm_iq4_xs_scalar),
 #if KS_MM_HAVE_X86
     KS_MM_NAMED(ks_mm_f32_avx512), KS_MM_NAMED(ks_mm_f16_avx512), KS_MM_NAMED(ks_mm_bf16_avx512),
     KS_MM_NAMED(ks_mm_q8_0x_avx512), KS_MM_NAMED(ks_mm_q4_0x_avx512), KS_MM_NAMED(ks_mm_q4_kz_avx512),
@@ -440,6 +450,13 @@ static const ks_mm_named ks_mm_names[] = {
     KS_MM_NAMED(ks_mm_f32_avx2), KS_MM_NAMED(ks_mm_f16_avx2), KS_MM_NAMED(ks_mm_bf16_avx2),
     KS_MM_NAMED(ks_mm_q8_0_avx2), KS_MM_NAMED(ks_mm_q4_0_avx2), KS_MM_NAMED(ks_mm_q4_k_avx2),
     KS_MM_NAMED(ks_mm_q6_k_avx2),
+    /* the types of llama.cpp's mixes (matmul_x86_types.c) */
+    KS_MM_NAMED(ks_mm_q4_1z_avx512), KS_MM_NAMED(ks_mm_q5_0z_avx512), KS_MM_NAMED(ks_mm_q5_1z_avx512),
+    KS_MM_NAMED(ks_mm_iq4_nlz_avx512), KS_MM_NAMED(ks_mm_q2_kt_avx512), KS_MM_NAMED(ks_mm_q3_kt_avx512),
+    KS_MM_NAMED(ks_mm_q5_kz_avx512), KS_MM_NAMED(ks_mm_iq4_xsz_avx512), KS_MM_NAMED(ks_mm_q4_1t_avx2),
+    KS_MM_NAMED(ks_mm_q5_0t_avx2), KS_MM_NAMED(ks_mm_q5_1t_avx2), KS_MM_NAMED(ks_mm_iq4_nlt_avx2),
+    KS_MM_NAMED(ks_mm_q2_kt_avx2), KS_MM_NAMED(ks_mm_q3_kt_avx2), KS_MM_NAMED(ks_mm_q5_kt_avx2),
+    KS_MM_NAMED(ks_mm_iq4_xst_avx2),
 #endif
 #if KS_MM_HAVE_NEON
     KS_MM_NAMED(ks_mm_f32_neon), KS_MM_NAMED(ks_mm_f16_neon), KS_MM_NAMED(ks_mm_bf16_neon),
@@ -447,6 +464,11 @@ static const ks_mm_named ks_mm_names[] = {
     KS_MM_NAMED(ks_mm_q6_k_neon), KS_MM_NAMED(ks_mm_q8_0_dot), KS_MM_NAMED(ks_mm_q4_0_dot),
     KS_MM_NAMED(ks_mm_q4_k_dot), KS_MM_NAMED(ks_mm_q6_k_dot), KS_MM_NAMED(ks_mm_q8_0x2_i8mm),
     KS_MM_NAMED(ks_mm_q4_0x2_i8mm),
+#define KS_MM_NAMED_NEON_TYPE(stem) KS_MM_NAMED(stem##_neon), KS_MM_NAMED(stem##_dot)
+    KS_MM_NAMED_NEON_TYPE(ks_mm_q4_1), KS_MM_NAMED_NEON_TYPE(ks_mm_q5_0), KS_MM_NAMED_NEON_TYPE(ks_mm_q5_1),
+    KS_MM_NAMED_NEON_TYPE(ks_mm_iq4_nl), KS_MM_NAMED_NEON_TYPE(ks_mm_q2_k), KS_MM_NAMED_NEON_TYPE(ks_mm_q3_k),
+    KS_MM_NAMED_NEON_TYPE(ks_mm_q5_k), KS_MM_NAMED_NEON_TYPE(ks_mm_iq4_xs),
+#undef KS_MM_NAMED_NEON_TYPE
 #endif
 };
 #undef KS_MM_NAMED
@@ -499,6 +521,10 @@ static void ks_mm_quantize_one(const ks_mm_job *job, int64_t c) {
     if (job->xkind == KS_MM_XQ8S) { /* the plain split Q8 at every level, then the block sums */
 #if KS_MM_HAVE_X86
         if (job->level >= KS_SIMD_AVX2) ks_mm_quantize_q8_avx2(x, dst, job->cols);
+        else
+#endif
+#if KS_MM_HAVE_NEON
+        if (job->level >= KS_SIMD_NEON) ks_mm_quantize_q8_neon(x, dst, job->cols);
         else
 #endif
             ks_mm_quantize_q8(x, dst, job->cols);

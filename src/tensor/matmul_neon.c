@@ -308,6 +308,237 @@ KS_MM_NTGT static void KS_MM_NSFX(ks_mm_q6_k)(const uint8_t *w, const uint8_t *x
     for (int c = 0; c < nc; c++) y[c * ys] = s[c];
 }
 
+/* ------------------------------- the types of llama.cpp's mixes (Q8S) -- */
+/* Q4_1, Q5_0, Q5_1 and IQ4_NL against the Q8S partner (matmul_types.c):
+ * each block unpacked by NEON to its 32 signed integer weights in element
+ * order (two int8x16), four blocks' integer dots by KS_NDOT and one pairwise
+ * reduction, then per block the scalar kernel's very float expression
+ * (dw * dx * isum + m * sx, blocks in order), so every level gives the
+ * scalar bits.  The weights fit int8 and their products with the partner's
+ * int8 fit int16 (at most 127 * 127), as the plain pass's smull needs. */
+#ifndef KS_MM_NEON_TYPES_COMMON
+#define KS_MM_NEON_TYPES_COMMON 1
+/* bit i of the little-endian u32 at qh as 0x10 in byte i, for i in 16h..16h+15 */
+KS_NEON_INLINE uint8x16_t ks_neon_q5_high16(const uint8_t *qh, int h) {
+    static const uint8_t bits[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t v = vcombine_u8(vdup_n_u8(qh[2 * h]), vdup_n_u8(qh[2 * h + 1]));
+    return vandq_u8(vtstq_u8(v, vld1q_u8(bits)), vdupq_n_u8(0x10));
+}
+KS_NEON_INLINE void ks_neon_unpack_q4_1(const uint8_t *blk, int8x16_t *w0, int8x16_t *w1, float *dw, float *m) {
+    const ks_block_q4_1 *b = (const ks_block_q4_1 *)blk;
+    const uint8x16_t v = vld1q_u8(b->qs);
+    *w0 = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F)));
+    *w1 = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+    *dw = ks_f16_to_f32(b->d), *m = ks_f16_to_f32(b->m);
+}
+KS_NEON_INLINE void ks_neon_unpack_q5(const uint8_t *qs, const uint8_t *qh, int off, int8x16_t *w0, int8x16_t *w1) {
+    const uint8x16_t v = vld1q_u8(qs);
+    const uint8x16_t lo = vorrq_u8(vandq_u8(v, vdupq_n_u8(0x0F)), ks_neon_q5_high16(qh, 0));
+    const uint8x16_t hi = vorrq_u8(vshrq_n_u8(v, 4), ks_neon_q5_high16(qh, 1));
+    *w0 = vsubq_s8(vreinterpretq_s8_u8(lo), vdupq_n_s8((int8_t)off));
+    *w1 = vsubq_s8(vreinterpretq_s8_u8(hi), vdupq_n_s8((int8_t)off));
+}
+KS_NEON_INLINE void ks_neon_unpack_q5_0(const uint8_t *blk, int8x16_t *w0, int8x16_t *w1, float *dw, float *m) {
+    const ks_block_q5_0 *b = (const ks_block_q5_0 *)blk;
+    ks_neon_unpack_q5(b->qs, b->qh, 16, w0, w1);
+    *dw = ks_f16_to_f32(b->d), *m = 0.0f;
+}
+KS_NEON_INLINE void ks_neon_unpack_q5_1(const uint8_t *blk, int8x16_t *w0, int8x16_t *w1, float *dw, float *m) {
+    const ks_block_q5_1 *b = (const ks_block_q5_1 *)blk;
+    ks_neon_unpack_q5(b->qs, b->qh, 0, w0, w1);
+    *dw = ks_f16_to_f32(b->d), *m = ks_f16_to_f32(b->m);
+}
+/* the IQ4 levels by one table lookup (tbl) of each nibble */
+KS_NEON_INLINE void ks_neon_iq4_16(const uint8_t *qs, int8x16_t *w0, int8x16_t *w1) {
+    const int8x16_t lut = vld1q_s8(ks_iq4_values);
+    const uint8x16_t v = vld1q_u8(qs);
+    *w0 = vqtbl1q_s8(lut, vandq_u8(v, vdupq_n_u8(0x0F)));
+    *w1 = vqtbl1q_s8(lut, vshrq_n_u8(v, 4));
+}
+KS_NEON_INLINE void ks_neon_unpack_iq4_nl(const uint8_t *blk, int8x16_t *w0, int8x16_t *w1, float *dw, float *m) {
+    const ks_block_iq4_nl *b = (const ks_block_iq4_nl *)blk;
+    ks_neon_iq4_16(b->qs, w0, w1);
+    *dw = ks_f16_to_f32(b->d), *m = 0.0f;
+}
+#endif /* KS_MM_NEON_TYPES_COMMON */
+
+#define KS_NEON_Q32S_KERNEL(NAME, BT, UNPACK)                                                         \
+    KS_MM_NTGT static void NAME(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols, \
+                                float *y, int64_t ys) {                                               \
+        const int64_t nb = cols / KS_QK8_0;                                                           \
+        const size_t qoff = ks_mm_align64((size_t)cols), soff = ks_mm_q8_stride(cols);                \
+        float s[KS_MM_NC] = {0};                                                                      \
+        for (int64_t b = 0; b < nb; b += 4) {                                                         \
+            const int nk = nb - b < 4 ? (int)(nb - b) : 4;                                            \
+            int8x16_t wq[8];                                                                          \
+            float dw[4], m[4];                                                                        \
+            for (int k = 0; k < nk; k++)                                                              \
+                UNPACK(w + (size_t)(b + k) * sizeof(BT), &wq[2 * k], &wq[2 * k + 1], &dw[k], &m[k]);  \
+            for (int k = nk; k < 4; k++) wq[2 * k] = wq[2 * k + 1] = vdupq_n_s8(0);                   \
+            for (int c = 0; c < nc; c++) {                                                            \
+                const int8_t *q = (const int8_t *)(xq + c * xs) + b * 32;                             \
+                const float *dx = (const float *)(xq + c * xs + qoff) + b;                            \
+                const float *sx = (const float *)(xq + c * xs + soff) + b;                            \
+                int32x4_t p[4];                                                                       \
+                KS_NEON_UNROLL for (int k = 0; k < 4; k++) p[k] = vdupq_n_s32(0);                     \
+                for (int k = 0; k < nk; k++)                                                          \
+                    p[k] = KS_NDOT(KS_NDOT(p[k], wq[2 * k], vld1q_s8(q + 32 * k)), wq[2 * k + 1],     \
+                                   vld1q_s8(q + 32 * k + 16));                                        \
+                int32_t isum[4];                                                                      \
+                vst1q_s32(isum, ks_neon_hsum4(p[0], p[1], p[2], p[3]));                               \
+                for (int k = 0; k < nk; k++) s[c] += dw[k] * dx[k] * (float)isum[k] + m[k] * sx[k];   \
+            }                                                                                         \
+        }                                                                                             \
+        for (int c = 0; c < nc; c++) y[c * ys] = s[c];                                                \
+    }
+KS_NEON_Q32S_KERNEL(KS_MM_NSFX(ks_mm_q4_1), ks_block_q4_1, ks_neon_unpack_q4_1)
+KS_NEON_Q32S_KERNEL(KS_MM_NSFX(ks_mm_q5_0), ks_block_q5_0, ks_neon_unpack_q5_0)
+KS_NEON_Q32S_KERNEL(KS_MM_NSFX(ks_mm_q5_1), ks_block_q5_1, ks_neon_unpack_q5_1)
+KS_NEON_Q32S_KERNEL(KS_MM_NSFX(ks_mm_iq4_nl), ks_block_iq4_nl, ks_neon_unpack_iq4_nl)
+#undef KS_NEON_Q32S_KERNEL
+
+/* Q2_K, Q3_K, Q5_K and IQ4_XS against Q8_K: a super-block unpacked by NEON
+ * once per row into v[16] (16 signed weights per 16-element sub-block, the
+ * scalar ks_mm_unpack_k's order), its scales as int32 sc[16] and mins as
+ * int16 mn[16]; per vector 16 integer dots, weighted by the scales in int32
+ * (exact, so any order) and the scalar kernel's float expression. */
+#ifndef KS_MM_NEON_KX_COMMON
+#define KS_MM_NEON_KX_COMMON 1
+typedef struct {
+    int8x16_t v[16];
+    int32x4_t sc[4];  /* sub-block scales, four per vector */
+    int16x8_t mn[2];  /* sub-block mins (zero where the type has none) */
+    float d, dmin;
+} ks_neon_kx;
+
+KS_NEON_INLINE void ks_neon_kx_scales(ks_neon_kx *u, const int8_t *sc16 /* [16], fits int8 */) {
+    const int8x16_t s8 = vld1q_s8(sc16);
+    const int16x8_t a = vmovl_s8(vget_low_s8(s8)), b = vmovl_high_s8(s8);
+    u->sc[0] = vmovl_s16(vget_low_s16(a)), u->sc[1] = vmovl_high_s16(a);
+    u->sc[2] = vmovl_s16(vget_low_s16(b)), u->sc[3] = vmovl_high_s16(b);
+}
+
+/* Q2_K: element 128h + 32j + l is bits 2j of qs[32h + l]; scales low nibble, mins high */
+KS_NEON_INLINE void ks_neon_unpack_q2_k(const uint8_t *blk, ks_neon_kx *u) {
+    const ks_block_q2_k *b = (const ks_block_q2_k *)blk;
+    const uint8x16_t m3 = vdupq_n_u8(3);
+    KS_NEON_UNROLL for (int h = 0; h < 2; h++)
+        KS_NEON_UNROLL for (int k = 0; k < 2; k++) {
+            const uint8x16_t q = vld1q_u8(b->qs + 32 * h + 16 * k);
+            u->v[8 * h + k] = vreinterpretq_s8_u8(vandq_u8(q, m3));
+            u->v[8 * h + 2 + k] = vreinterpretq_s8_u8(vandq_u8(vshrq_n_u8(q, 2), m3));
+            u->v[8 * h + 4 + k] = vreinterpretq_s8_u8(vandq_u8(vshrq_n_u8(q, 4), m3));
+            u->v[8 * h + 6 + k] = vreinterpretq_s8_u8(vshrq_n_u8(q, 6));
+        }
+    const uint8x16_t s = vld1q_u8(b->scales);
+    const int16x8_t sl = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(vandq_u8(s, vdupq_n_u8(0x0F)))));
+    const int16x8_t sh = vreinterpretq_s16_u16(vmovl_high_u8(vandq_u8(s, vdupq_n_u8(0x0F))));
+    u->sc[0] = vmovl_s16(vget_low_s16(sl)), u->sc[1] = vmovl_high_s16(sl);
+    u->sc[2] = vmovl_s16(vget_low_s16(sh)), u->sc[3] = vmovl_high_s16(sh);
+    const uint8x16_t mh = vshrq_n_u8(s, 4);
+    u->mn[0] = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(mh)));
+    u->mn[1] = vreinterpretq_s16_u16(vmovl_high_u8(mh));
+    u->d = ks_f16_to_f32(b->d), u->dmin = ks_f16_to_f32(b->dmin);
+}
+
+/* Q3_K: Q2_K's low bits, minus 4 where the hmask bit (128h + 32j + l: bit
+ * 4h + j of hmask[l]) is clear; signed 6-bit scales (ks_q3k_get_scales - 32) */
+KS_NEON_INLINE void ks_neon_unpack_q3_k(const uint8_t *blk, ks_neon_kx *u) {
+    const ks_block_q3_k *b = (const ks_block_q3_k *)blk;
+    const uint8x16_t m3 = vdupq_n_u8(3), four = vdupq_n_u8(4);
+    const uint8x16_t hm[2] = {vld1q_u8(b->hmask), vld1q_u8(b->hmask + 16)};
+    KS_NEON_UNROLL for (int h = 0; h < 2; h++)
+        KS_NEON_UNROLL for (int k = 0; k < 2; k++) {
+            const uint8x16_t q = vld1q_u8(b->qs + 32 * h + 16 * k);
+            KS_NEON_UNROLL for (int j = 0; j < 4; j++) {
+                const uint8x16_t q2 = vandq_u8(vshlq_u8(q, vdupq_n_s8((int8_t)(-2 * j))), m3);
+                const uint8x16_t set = vtstq_u8(hm[k], vdupq_n_u8((uint8_t)(1u << (4 * h + j))));
+                u->v[8 * h + 2 * j + k] = vsubq_s8(vreinterpretq_s8_u8(q2), vreinterpretq_s8_u8(vbicq_u8(four, set)));
+            }
+        }
+    uint8_t sc[16];
+    int8_t s8[16];
+    ks_q3k_get_scales(b->scales, sc);
+    for (int i = 0; i < 16; i++) s8[i] = (int8_t)((int)sc[i] - 32);
+    ks_neon_kx_scales(u, s8);
+    u->mn[0] = u->mn[1] = vdupq_n_s16(0);
+    u->d = ks_f16_to_f32(b->d), u->dmin = 0.0f;
+}
+
+/* Q5_K: Q4_K's nibbles (element 64c + 32h + l: nibble h of qs[32c + l]) and
+ * the fifth bit (bit 2c + h of qh[l]); 6-bit scales and mins as Q4_K's */
+KS_NEON_INLINE void ks_neon_unpack_q5_k(const uint8_t *blk, ks_neon_kx *u) {
+    const ks_block_q5_k *b = (const ks_block_q5_k *)blk;
+    const uint8x16_t m4 = vdupq_n_u8(0x0F), f = vdupq_n_u8(0x10);
+    const uint8x16_t qh[2] = {vld1q_u8(b->qh), vld1q_u8(b->qh + 16)};
+    KS_NEON_UNROLL for (int c = 0; c < 4; c++)
+        KS_NEON_UNROLL for (int k = 0; k < 2; k++) {
+            const uint8x16_t q = vld1q_u8(b->qs + 32 * c + 16 * k);
+            const uint8x16_t b0 = vandq_u8(vtstq_u8(qh[k], vdupq_n_u8((uint8_t)(1u << (2 * c)))), f);
+            const uint8x16_t b1 = vandq_u8(vtstq_u8(qh[k], vdupq_n_u8((uint8_t)(2u << (2 * c)))), f);
+            u->v[4 * c + k] = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(q, m4), b0));
+            u->v[4 * c + 2 + k] = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(q, 4), b1));
+        }
+    uint8_t sc[8], m[8];
+    int8_t s8[16];
+    int16_t m16[16];
+    ks_mm_q4k_scales(b->scales, sc, m);
+    for (int i = 0; i < 16; i++) s8[i] = (int8_t)sc[i / 2], m16[i] = m[i / 2]; /* scales < 64 */
+    ks_neon_kx_scales(u, s8);
+    u->mn[0] = vld1q_s16(m16), u->mn[1] = vld1q_s16(m16 + 8);
+    u->d = ks_f16_to_f32(b->d), u->dmin = ks_f16_to_f32(b->dmin);
+}
+
+/* IQ4_XS: IQ4_NL's lookup per 32-sub-block; 6-bit scales minus 32 */
+KS_NEON_INLINE void ks_neon_unpack_iq4_xs(const uint8_t *blk, ks_neon_kx *u) {
+    const ks_block_iq4_xs *b = (const ks_block_iq4_xs *)blk;
+    int8_t s8[16];
+    KS_NEON_UNROLL for (int s = 0; s < 8; s++) {
+        ks_neon_iq4_16(b->qs + 16 * s, &u->v[2 * s], &u->v[2 * s + 1]);
+        const int ls = ((b->scales_l[s / 2] >> (4 * (s % 2))) & 0xF) | ((b->scales_h >> (2 * s)) & 3) << 4;
+        s8[2 * s] = s8[2 * s + 1] = (int8_t)(ls - 32);
+    }
+    ks_neon_kx_scales(u, s8);
+    u->mn[0] = u->mn[1] = vdupq_n_s16(0);
+    u->d = ks_f16_to_f32(b->d), u->dmin = 0.0f;
+}
+#endif /* KS_MM_NEON_KX_COMMON */
+
+#define KS_NEON_KX_KERNEL(NAME, BT, UNPACK)                                                           \
+    KS_MM_NTGT static void NAME(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols, \
+                                float *y, int64_t ys) {                                               \
+        const int64_t nb = cols / KS_QK_K;                                                            \
+        float s[KS_MM_NC] = {0};                                                                      \
+        for (int64_t b = 0; b < nb; b++) {                                                            \
+            ks_neon_kx u;                                                                             \
+            UNPACK(w + (size_t)b * sizeof(BT), &u);                                                   \
+            for (int c = 0; c < nc; c++) {                                                            \
+                const ks_block_q8_k *a = (const ks_block_q8_k *)(xq + c * xs) + b;                    \
+                int32x4_t t = vdupq_n_s32(0);                                                         \
+                KS_NEON_UNROLL for (int g = 0; g < 4; g++) {                                          \
+                    int32x4_t p[4];                                                                   \
+                    KS_NEON_UNROLL for (int k = 0; k < 4; k++)                                        \
+                        p[k] = KS_NDOT(vdupq_n_s32(0), u.v[4 * g + k], vld1q_s8(a->qs + 64 * g + 16 * k)); \
+                    t = vmlaq_s32(t, ks_neon_hsum4(p[0], p[1], p[2], p[3]), u.sc[g]);                 \
+                }                                                                                     \
+                const int32_t sumi = vaddvq_s32(t);                                                   \
+                const int16x8_t b0 = vld1q_s16(a->bsums), b1 = vld1q_s16(a->bsums + 8);               \
+                int32x4_t mm = vmull_s16(vget_low_s16(b0), vget_low_s16(u.mn[0]));                    \
+                mm = vmlal_high_s16(mm, b0, u.mn[0]);                                                 \
+                mm = vmlal_s16(mm, vget_low_s16(b1), vget_low_s16(u.mn[1]));                          \
+                mm = vmlal_high_s16(mm, b1, u.mn[1]);                                                 \
+                const int32_t summ = vaddvq_s32(mm);                                                  \
+                s[c] += a->d * (u.d * (float)sumi - u.dmin * (float)summ);                            \
+            }                                                                                         \
+        }                                                                                             \
+        for (int c = 0; c < nc; c++) y[c * ys] = s[c];                                                \
+    }
+KS_NEON_KX_KERNEL(KS_MM_NSFX(ks_mm_q2_k), ks_block_q2_k, ks_neon_unpack_q2_k)
+KS_NEON_KX_KERNEL(KS_MM_NSFX(ks_mm_q3_k), ks_block_q3_k, ks_neon_unpack_q3_k)
+KS_NEON_KX_KERNEL(KS_MM_NSFX(ks_mm_q5_k), ks_block_q5_k, ks_neon_unpack_q5_k)
+KS_NEON_KX_KERNEL(KS_MM_NSFX(ks_mm_iq4_xs), ks_block_iq4_xs, ks_neon_unpack_iq4_xs)
+#undef KS_NEON_KX_KERNEL
+
 /* -------------------------------- dot pass only: the i8mm two-row form -- */
 #if KS_MM_NEON_DOT
 /* Two weight rows (w, w + wrow) against nc vectors, taken in pairs (an odd

@@ -160,7 +160,7 @@ ks_status ks_rope_inv_freq(int n_rot, float base, const ks_rope_scaling *sc, flo
  * llama.cpp's reading (see ops.h).  Two of its quirks matter for identical
  * output: llama_context divides its yarn_attn_factor by 1 + 0.1 ln(s)
  * because ggml's rope kernel multiplies that factor back in whenever
- * ext_factor != 0, so the net magnitude is g(s, 1) [/ g(s, log_mul)] times
+ * ext_factor != 0, so the net magnitude is g(s, mscale) [/ g(s, log_mul)] times
  * rope.scaling.attn_factor; and the correction dims use the n_rot rotated
  * dims with floor/ceil and the clamp to [0, n_rot - 1], as HF does. */
 const char *ks_rope_scaling_name(ks_rope_scaling_type t) {
@@ -202,7 +202,8 @@ ks_status ks_rope_gguf_inv_freq(int n_rot, float base, const ks_rope_scaling *sc
         if (low < 0) low = 0;
         if (high > n_rot - 1) high = n_rot - 1;
         double s = 1.0 / fs;
-        ms *= sc->log_mul != 0 ? yarn_get_mscale(s, 1.0) / yarn_get_mscale(s, sc->log_mul) : yarn_get_mscale(s, 1.0);
+        double num = yarn_get_mscale(s, sc->yarn_mscale > 0 ? sc->yarn_mscale : 1.0);
+        ms *= sc->log_mul != 0 ? num / yarn_get_mscale(s, sc->log_mul) : num;
     }
     for (int j = 0; j < n_rot / 2; j++) {
         double f = pow((double)base, -2.0 * j / n_rot);

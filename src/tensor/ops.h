@@ -75,6 +75,8 @@ typedef struct ks_rope_scaling {
     /* GGUF only (ks_rope_gguf_inv_freq), as llama.cpp reads them: */
     float ext_factor;             /* YaRN ramp weight: < 0 = default (1 for YaRN, else 0) */
     float log_mul;                /* rope.scaling.yarn_log_multiplier (mscale_all_dim), 0 = none */
+    float yarn_mscale;            /* HF's mscale, the numerator's g(s, mscale); 0 = 1.  deepseek2 sets it to
+                                   * log_mul, as llama_context does, so that the cos/sin magnitude is 1 */
 } ks_rope_scaling;
 
 /* YaRN with the paper's defaults for factor s over orig_max_pos positions. */

@@ -9,7 +9,7 @@
  * multiply-adds where an f32 FMA over dequantised keys does 16, and 8-bit
  * keys turn a memory-bound scan compute-bound otherwise (the f16 kernels'
  * conversions plus a scale per chunk).  Header-only and always inline, like
- * simd_avx512.h: decode attention (infer/attn_avx512.c) and spec's scoring
+ * simd_avx512.h: decode attention (attn/attn_avx512.c) and spec's scoring
  * (select/spec_score.c) compile it inside their own target functions.
  */
 #ifndef KS_Q8DOT_AVX512_H

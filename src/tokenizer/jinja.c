@@ -56,6 +56,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <ctype.h>
 #include <string.h>
 #include <time.h>
 
@@ -2140,6 +2141,31 @@ static jv jv_apply_filter(jr *r, jv v, const char *s, size_t n, const jargs *a, 
         return v;
     }
     if (IS("items")) return jv_items(r, v, line);
+    if (IS("min") || IS("max")) { /* jinja2's: strings compared case-insensitively (ASCII here), empty -> undefined */
+        jj_list *l = jv_iter(r, v, line);
+        if (!l || l->n == 0) return JV_U;
+        bool want_max = IS("max"), cs = jv_truthy(arg(a, 0, "case_sensitive", jv_bool(false)));
+        jv best = l->a[0];
+        for (size_t i = 1; i < l->n; i++) {
+            jv x = l->a[i];
+            bool ok = true;
+            int c;
+            if (!cs && x.t == JV_STR && best.t == JV_STR) {
+                size_t m = x.n < best.n ? x.n : best.n, k = 0;
+                c = 0;
+                for (; k < m && !c; k++) {
+                    int p = tolower((unsigned char)x.u.s[k]), q = tolower((unsigned char)best.u.s[k]);
+                    c = p < q ? -1 : p > q;
+                }
+                if (!c) c = x.n < best.n ? -1 : x.n > best.n;
+            } else {
+                c = jv_cmp(r, x, best, line, &ok);
+            }
+            if (!ok) return JV_U;
+            if (want_max ? c > 0 : c < 0) best = x;
+        }
+        return best;
+    }
     if (IS("first") || IS("last")) {
         jj_list *l = jv_iter(r, v, line);
         if (!l || l->n == 0) return JV_U;

@@ -193,6 +193,23 @@ static ks_chat_family ks_tok_detect_chat(const ks_tokenizer *t, const ks_gguf *g
     return KS_CHAT_NONE;
 }
 
+/* The tool-call syntax a template teaches, by the markers it writes around
+ * a call.  Checked in this order because templates mention other
+ * families' markers: Hermes-3 on Llama 3.1 writes <tool_call> inside
+ * Llama 3 headers, DeepSeek's Llama distill writes both. */
+static ks_tool_syntax ks_tok_detect_tools(const char *tmpl, size_t len) {
+    if (ks_tok_mem_contains(tmpl, len, "<tool_call>")) return KS_TOOLS_HERMES;
+    if (ks_tok_mem_contains(tmpl, len, "tool▁calls▁begin")) return KS_TOOLS_DEEPSEEK;
+    if (ks_tok_mem_contains(tmpl, len, "[TOOL_CALLS]")) return KS_TOOLS_MISTRAL;
+    if (ks_tok_mem_contains(tmpl, len, "to=functions") || ks_tok_mem_contains(tmpl, len, "<|call|>"))
+        return KS_TOOLS_HARMONY;
+    if (ks_tok_mem_contains(tmpl, len, "<|python_tag|>") || ks_tok_mem_contains(tmpl, len, "<|start_header_id|>"))
+        return KS_TOOLS_LLAMA3;
+    return KS_TOOLS_GENERIC;
+}
+
+ks_tool_syntax ks_tokenizer_tool_syntax(const ks_tokenizer *t) { return t ? t->tools : KS_TOOLS_GENERIC; }
+
 static ks_status ks_tok_load(ks_tokenizer *t, const ks_gguf *g) {
     /* model */
     ks_gguf_str model;
@@ -349,6 +366,7 @@ static ks_status ks_tok_load(ks_tokenizer *t, const ks_gguf *g) {
             KS_LOG(WARN, "tokenizer: the GGUF's chat template is not usable (%s); chats use the built-in %s format",
                    ks_last_error(), ks_chat_family_name(t->chat));
     }
+    t->tools = t->chat_tmpl ? ks_tok_detect_tools(kv->str.data, kv->str.len) : KS_TOOLS_HERMES;
     return KS_OK;
 }
 

@@ -107,6 +107,15 @@ ks_status ks_tokenizer_chat_format(const ks_tokenizer *t, const char *system, co
  * template's), and KS_ERR_FORMAT when it fails and no family is known. */
 ks_status ks_tokenizer_chat_render(const ks_tokenizer *t, const ks_chat_message *msgs, size_t n_msgs, char *buf,
                                    size_t cap, size_t *n_out);
+/* The same with tools (an OpenAI tools JSON array, NULL: none): the
+ * template gets them as `tools`, and messages their tool_calls (arguments
+ * given as a JSON string become the object templates iterate),
+ * tool_call_id and name; a family renders them the Hermes way
+ * (tokenizer_chat.c). */
+ks_status ks_tokenizer_chat_render_tools(const ks_tokenizer *t, const ks_chat_message *msgs, size_t n_msgs,
+                                         const char *tools, char *buf, size_t cap, size_t *n_out);
+/* The tool-call syntax of the model's template (ks_chat_tool_syntax). */
+ks_tool_syntax ks_tokenizer_tool_syntax(const ks_tokenizer *t);
 /* The same for a given family; bos_text / eos_text: the vocabulary's BOS and
  * EOS token texts, which llama2 writes between turns (NULL: none).  Pure
  * string building, for tests of every family without a vocabulary. */

@@ -6,7 +6,7 @@
  *   1. The GGUF's own tokenizer.chat_template, executed by the Jinja subset
  *      interpreter (jinja.c) with messages, add_generation_prompt = true,
  *      bos_token and eos_token: byte for byte what Hugging Face's
- *      apply_chat_template produces (tests/test_jinja.c checks 66
+ *      apply_chat_template produces (tests/test_jinja.c checks 67
  *      published templates).  It is parsed once when the tokenizer loads.
  *   2. A built-in family (llama3, ChatML, phi-3, llama2), detected from the
  *      template text or the vocabulary's special tokens: when the GGUF has
@@ -39,9 +39,15 @@
  * puts a space before the answer ("[/INST] answer").  An executed template
  * keeps it only as far as the template does (Qwen3's drops earlier turns'
  * <think> blocks, for one): the prefix cache then hits up to where the
- * renderings differ.  Roles are system, user and assistant; developer is
- * the client's business (it maps to system).  Tool roles are rejected
- * before they get here.
+ * renderings differ.  Roles are system, user, assistant and tool;
+ * developer is the client's business (it maps to system).
+ *
+ * Tools: a template gets the request's `tools`, and each message its
+ * tool_calls, tool_call_id and name, as transformers passes them.  A
+ * family (no usable template) has no tool syntax of its own, so tools are
+ * written the Hermes way Qwen2.5's template does: a system message listing
+ * them, calls as <tool_call> blocks, results as <tool_response> user turns
+ * (ks_tokenizer_tool_syntax then says Hermes, the syntax a server parses).
  */
 #include "tokenizer/tokenizer_internal.h"
 
@@ -102,7 +108,7 @@ static void ks_tok_sb_put_trimmed(ks_tok_sb *b, const char *s, size_t n) {
 }
 
 static const char *ks_chat_role_name(ks_chat_role r) {
-    return r == KS_ROLE_SYSTEM ? "system" : r == KS_ROLE_USER ? "user" : "assistant";
+    return r == KS_ROLE_SYSTEM ? "system" : r == KS_ROLE_USER ? "user" : r == KS_ROLE_TOOL ? "tool" : "assistant";
 }
 
 /* The families whose messages are all "open ROLE close": the markers
@@ -222,13 +228,43 @@ static const char *ks_tok_special_text(const ks_tokenizer *t, int32_t id, char *
     return dst;
 }
 
-/* The conversation as the template's variables: messages, the generation
+/* A message's tool_calls for a template: the OpenAI array, with each
+ * function's `arguments` (a JSON string on the wire) turned into the
+ * object it encodes, since templates iterate it (`arguments.items()`) or
+ * write it with tojson (llama.cpp's server does the same).  NULL when the
+ * text is not a JSON array (the server has checked it already). */
+static cJSON *ks_tok_calls_json(const char *text) {
+    cJSON *a = cJSON_Parse(text);
+    if (!cJSON_IsArray(a)) {
+        cJSON_Delete(a);
+        return NULL;
+    }
+    cJSON *c;
+    cJSON_ArrayForEach(c, a) {
+        cJSON *f = cJSON_GetObjectItemCaseSensitive(c, "function");
+        cJSON *args = f ? cJSON_GetObjectItemCaseSensitive(f, "arguments") : NULL;
+        if (!cJSON_IsString(args)) continue;
+        cJSON *obj = cJSON_Parse(args->valuestring); /* not JSON: the string stays as it came */
+        if (obj && !cJSON_ReplaceItemInObjectCaseSensitive(f, "arguments", obj)) cJSON_Delete(obj);
+    }
+    return a;
+}
+
+/* The conversation as the template's variables: messages (with their
+ * tool calls, tool_call_id and name), tools when given, the generation
  * prompt always on (the caller generates the assistant's turn), and the
- * vocabulary's BOS / EOS texts. */
-static char *ks_tok_chat_vars(const ks_chat_message *msgs, size_t n, const char *bos, const char *eos) {
+ * vocabulary's BOS / EOS texts.  Without tools the variable is left
+ * undefined, as transformers leaves it. */
+static char *ks_tok_chat_vars(const ks_chat_message *msgs, size_t n, const char *tools, const char *bos,
+                              const char *eos) {
     cJSON *v = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(v, "messages");
     bool ok = v && arr && cJSON_AddBoolToObject(v, "add_generation_prompt", 1) &&
               cJSON_AddStringToObject(v, "bos_token", bos) && cJSON_AddStringToObject(v, "eos_token", eos);
+    if (ok && tools) {
+        cJSON *t = cJSON_Parse(tools);
+        ok = t && cJSON_AddItemToObject(v, "tools", t);
+        if (!ok) cJSON_Delete(t);
+    }
     for (size_t i = 0; ok && i < n; i++) {
         cJSON *m = cJSON_CreateObject();
         if (!m || !cJSON_AddItemToArray(arr, m)) {
@@ -238,6 +274,13 @@ static char *ks_tok_chat_vars(const ks_chat_message *msgs, size_t n, const char 
         }
         ok = cJSON_AddStringToObject(m, "role", ks_chat_role_name(msgs[i].role)) &&
              cJSON_AddStringToObject(m, "content", msgs[i].content);
+        if (ok && msgs[i].tool_calls) {
+            cJSON *c = ks_tok_calls_json(msgs[i].tool_calls);
+            ok = c && cJSON_AddItemToObject(m, "tool_calls", c);
+            if (!ok) cJSON_Delete(c);
+        }
+        if (ok && msgs[i].tool_call_id) ok = cJSON_AddStringToObject(m, "tool_call_id", msgs[i].tool_call_id);
+        if (ok && msgs[i].name) ok = cJSON_AddStringToObject(m, "name", msgs[i].name);
     }
     char *txt = ok ? cJSON_PrintUnformatted(v) : NULL;
     cJSON_Delete(v);
@@ -249,8 +292,9 @@ static char *ks_tok_chat_vars(const ks_chat_message *msgs, size_t n, const char 
  * first is dropped then (it would be doubled otherwise, which llama.cpp
  * warns about for the same reason). */
 static ks_status ks_tok_render_template(const ks_tokenizer *t, const char *bos, const char *eos,
-                                        const ks_chat_message *msgs, size_t n, char **out, size_t *n_out) {
-    char *vars = ks_tok_chat_vars(msgs, n, bos, eos);
+                                        const ks_chat_message *msgs, size_t n, const char *tools, char **out,
+                                        size_t *n_out) {
+    char *vars = ks_tok_chat_vars(msgs, n, tools, bos, eos);
     if (!vars) return KS_FAIL(KS_ERR_NOMEM, "chat: the template's variables for %zu messages", n);
     char *txt = NULL;
     size_t len = 0;
@@ -269,6 +313,105 @@ static ks_status ks_tok_render_template(const ks_tokenizer *t, const char *bos, 
 
 ks_status ks_tokenizer_chat_render(const ks_tokenizer *t, const ks_chat_message *msgs, size_t n_msgs, char *buf,
                                    size_t cap, size_t *n_out) {
+    return ks_tokenizer_chat_render_tools(t, msgs, n_msgs, NULL, buf, cap, n_out);
+}
+
+/* The Hermes convention (Qwen2.5's template words it so) for a family
+ * without tool syntax of its own: the tools as a system message (after the
+ * caller's first system message, if any), an assistant's calls as
+ * <tool_call>{"name", "arguments"}</tool_call> after its text, a tool
+ * result as a user turn in <tool_response> tags.  *out: messages whose
+ * contents point into *arena (both ks_malloc'd; the caller frees). */
+static ks_status ks_tok_tools_to_hermes(const ks_chat_message *msgs, size_t n, const char *tools,
+                                        ks_chat_message **out, size_t *n_out, char ***arena) {
+    ks_chat_message *m = ks_calloc(n + 1, sizeof *m);
+    char **keep = ks_calloc(n + 1, sizeof *keep);
+    if (!m || !keep) {
+        ks_free(m);
+        ks_free(keep);
+        return KS_FAIL(KS_ERR_NOMEM, "chat: tools for %zu messages", n);
+    }
+    size_t k = 0, kk = 0, i = 0;
+    bool refused = false;
+    if (tools) {
+        ks_tok_sb b = {0};
+        if (n && msgs[0].role == KS_ROLE_SYSTEM) {
+            ks_tok_sb_puts(&b, msgs[0].content);
+            ks_tok_sb_puts(&b, "\n\n");
+            i = 1;
+        }
+        ks_tok_sb_puts(&b, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                           "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
+        cJSON *ta = cJSON_Parse(tools), *t;
+        cJSON_ArrayForEach(t, ta) {
+            char *js = cJSON_PrintUnformatted(t);
+            ks_tok_sb_puts(&b, "\n");
+            if (js) ks_tok_sb_puts(&b, js);
+            else b.refused = true;
+            cJSON_free(js);
+        }
+        cJSON_Delete(ta);
+        ks_tok_sb_puts(&b, "\n</tools>\n\nFor each function call, return a json object with function name and "
+                           "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+                           "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>");
+        refused |= b.refused;
+        keep[kk++] = b.p;
+        m[k++] = (ks_chat_message){.role = KS_ROLE_SYSTEM, .content = b.p ? b.p : ""};
+    }
+    for (; i < n; i++) {
+        ks_chat_message x = msgs[i];
+        x.tool_calls = x.tool_call_id = x.name = NULL;
+        ks_tok_sb b = {0};
+        if (msgs[i].role == KS_ROLE_TOOL) {
+            ks_tok_sb_puts(&b, "<tool_response>\n");
+            ks_tok_sb_puts(&b, msgs[i].content);
+            ks_tok_sb_puts(&b, "\n</tool_response>");
+            x.role = KS_ROLE_USER;
+        } else if (msgs[i].role == KS_ROLE_ASSISTANT && msgs[i].tool_calls) {
+            ks_tok_sb_puts(&b, msgs[i].content);
+            cJSON *ca = ks_tok_calls_json(msgs[i].tool_calls), *c;
+            cJSON_ArrayForEach(c, ca) {
+                cJSON *f = cJSON_GetObjectItemCaseSensitive(c, "function");
+                cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
+                cJSON *args = cJSON_GetObjectItemCaseSensitive(f, "arguments");
+                char *a = args ? cJSON_PrintUnformatted(args) : NULL, *nj = NULL;
+                cJSON *ns = cJSON_CreateString(cJSON_IsString(nm) ? nm->valuestring : "");
+                nj = ns ? cJSON_PrintUnformatted(ns) : NULL;
+                cJSON_Delete(ns);
+                if (b.n) ks_tok_sb_puts(&b, "\n");
+                ks_tok_sb_puts(&b, "<tool_call>\n{\"name\": ");
+                ks_tok_sb_puts(&b, nj ? nj : "\"\"");
+                ks_tok_sb_puts(&b, ", \"arguments\": ");
+                ks_tok_sb_puts(&b, a ? a : "{}");
+                ks_tok_sb_puts(&b, "}\n</tool_call>");
+                cJSON_free(a);
+                cJSON_free(nj);
+            }
+            cJSON_Delete(ca);
+        } else {
+            m[k++] = x;
+            continue;
+        }
+        refused |= b.refused;
+        keep[kk++] = b.p;
+        x.content = b.p ? b.p : "";
+        m[k++] = x;
+    }
+    *out = m;
+    *n_out = k;
+    *arena = keep;
+    if (refused) return KS_FAIL(KS_ERR_NOMEM, "chat: tools for %zu messages", n);
+    return KS_OK;
+}
+
+static void ks_tok_arena_free(ks_chat_message *m, char **arena, size_t n) {
+    for (size_t i = 0; arena && i <= n; i++) ks_free(arena[i]);
+    ks_free(arena);
+    ks_free(m);
+}
+
+ks_status ks_tokenizer_chat_render_tools(const ks_tokenizer *t, const ks_chat_message *msgs, size_t n_msgs,
+                                         const char *tools, char *buf, size_t cap, size_t *n_out) {
     if (!t || !n_out || (!msgs && n_msgs) || (!buf && cap)) return KS_FAIL(KS_ERR_INVALID_ARG, "chat: NULL argument");
     char bos[64], eos[64];
     ks_tok_special_text(t, t->bos, bos, sizeof bos);
@@ -276,12 +419,13 @@ ks_status ks_tokenizer_chat_render(const ks_tokenizer *t, const ks_chat_message 
     if (t->chat_tmpl) {
         for (size_t i = 0; i < n_msgs; i++) {
             if (!msgs[i].content) return KS_FAIL(KS_ERR_INVALID_ARG, "chat: message %zu has no content", i);
-            if (msgs[i].role != KS_ROLE_SYSTEM && msgs[i].role != KS_ROLE_USER && msgs[i].role != KS_ROLE_ASSISTANT)
+            if (msgs[i].role != KS_ROLE_SYSTEM && msgs[i].role != KS_ROLE_USER && msgs[i].role != KS_ROLE_ASSISTANT &&
+                msgs[i].role != KS_ROLE_TOOL)
                 return KS_FAIL(KS_ERR_INVALID_ARG, "chat: message %zu has an unknown role %d", i, (int)msgs[i].role);
         }
         char *txt = NULL;
         size_t len = 0;
-        ks_status st = ks_tok_render_template(t, bos, eos, msgs, n_msgs, &txt, &len);
+        ks_status st = ks_tok_render_template(t, bos, eos, msgs, n_msgs, tools, &txt, &len);
         if (st == KS_OK) {
             if (len + 1 > cap) {
                 *n_out = len + 1;
@@ -301,7 +445,19 @@ ks_status ks_tokenizer_chat_render(const ks_tokenizer *t, const ks_chat_message 
         KS_LOG(WARN, "chat: the GGUF's template failed (%s); using the built-in %s format", ks_last_error(),
                ks_chat_family_name(t->chat));
     }
-    return ks_chat_render_family(t->chat, bos, eos, msgs, n_msgs, buf, cap, n_out);
+    bool any_tool = tools != NULL;
+    for (size_t i = 0; i < n_msgs; i++) {
+        if (!msgs[i].content) return KS_FAIL(KS_ERR_INVALID_ARG, "chat: message %zu has no content", i);
+        any_tool = any_tool || msgs[i].role == KS_ROLE_TOOL || msgs[i].tool_calls;
+    }
+    if (!any_tool || t->chat == KS_CHAT_NONE) return ks_chat_render_family(t->chat, bos, eos, msgs, n_msgs, buf, cap, n_out);
+    ks_chat_message *m = NULL;
+    char **arena = NULL;
+    size_t n = 0;
+    ks_status st = ks_tok_tools_to_hermes(msgs, n_msgs, tools, &m, &n, &arena);
+    if (st == KS_OK) st = ks_chat_render_family(t->chat, bos, eos, m, n, buf, cap, n_out);
+    ks_tok_arena_free(m, arena, n_msgs);
+    return st;
 }
 
 ks_status ks_tokenizer_chat_format(const ks_tokenizer *t, const char *system, const char *user, char *buf,
@@ -309,7 +465,7 @@ ks_status ks_tokenizer_chat_format(const ks_tokenizer *t, const char *system, co
     if (!t || !user || !n_out || (!buf && cap)) return KS_FAIL(KS_ERR_INVALID_ARG, "chat: NULL argument");
     ks_chat_message m[2];
     size_t n = 0;
-    if (system && system[0]) m[n++] = (ks_chat_message){KS_ROLE_SYSTEM, system};
-    m[n++] = (ks_chat_message){KS_ROLE_USER, user};
+    if (system && system[0]) m[n++] = (ks_chat_message){.role = KS_ROLE_SYSTEM, .content = system};
+    m[n++] = (ks_chat_message){.role = KS_ROLE_USER, .content = user};
     return ks_tokenizer_chat_render(t, m, n, buf, cap, n_out);
 }

@@ -78,6 +78,7 @@ struct ks_tokenizer {
     int n_eog;
     ks_chat_family chat;
     ks_jinja *chat_tmpl; /* tokenizer.chat_template parsed; NULL if absent or unparsable */
+    ks_tool_syntax tools; /* how the template writes tool calls (Hermes without a usable template) */
 };
 
 /* Growable id list the encoders append to. */

@@ -1,6 +1,6 @@
 /*
  * fuzz_prefix.c — libFuzzer entry point for the prefix cache's block reader
- * (src/infer/prefix_record.c, ks_pc_record_parse).
+ * (src/prefix/prefix_record.c, ks_pc_record_parse).
  *
  * Why: block files live in a directory that other processes and replicas
  * write (--cache-dir) and `kvsieve run --prompt-cache` reads a file the user
@@ -14,7 +14,7 @@
  * decides the sizes) and the mutations reach the checks behind them.  Built
  * only with clang and -DKVSIEVE_FUZZ=ON; seeds in tests/fuzz/corpus_prefix/.
  */
-#include "infer/prefix.h"
+#include "prefix/prefix.h"
 
 #include <stdint.h>
 #include <stdlib.h>

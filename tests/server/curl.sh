@@ -82,6 +82,8 @@ expect_err /v1/completions '{"prompt":"Once upon a time","max_tokens":120}' 400 
 long=$(printf 'once upon a time %.0s' $(seq 1 60))
 expect_err /v1/completions "{\"prompt\":\"$long\",\"max_tokens\":1}" 400 context_length_exceeded "prompt over the context"
 expect_err /v1/completions '{"prompt":"x","n":3}' 400 unsupported "n > 1"
+expect_err /v1/completions '{"prompt":"x","temprature":0}' 400 unknown_parameter "a misspelt field"
+expect_err /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"kvsieve":{"polcy":"quest"}}' 400 unknown_parameter "a misspelt kvsieve field"
 expect_err /v1/nothing '{}' 404 unknown_url "unknown URL"
 st=$(curl -s -o "$TMP/e.json" -w '%{http_code}' "${AUTH[@]}" "$BASE/v1/completions")
 [ "$st" = 405 ] || bad "GET on completions: $st"

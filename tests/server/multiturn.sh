@@ -125,15 +125,15 @@ expect_err '{"messages":[{"role":"user"}]}' missing_required_parameter 'messages
 expect_err '{"messages":[{"role":"user","content":42}]}' invalid_type 'messages[0].content' "non-string content"
 expect_err '{"messages":[{"content":"hi"}]}' missing_required_parameter 'messages[0].role' "missing role"
 expect_err "{\"messages\":[$U,{\"role\":\"narrator\",\"content\":\"x\"}]}" invalid_value 'messages[1].role' "unknown role"
-expect_err "{\"messages\":[$U,{\"role\":\"tool\",\"content\":\"x\",\"tool_call_id\":\"1\"}]}" unsupported 'messages[1].role' "tool role"
+expect_err "{\"messages\":[$U,{\"role\":\"tool\",\"content\":\"x\"}]}" missing_required_parameter 'messages[1].tool_call_id' "tool role without its call id"
 expect_err "{\"messages\":[$U,{\"role\":\"function\",\"name\":\"f\",\"content\":\"x\"}]}" unsupported 'messages[1].role' "function role"
-expect_err "{\"messages\":[$U,{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}]}" \
-  unsupported 'messages[1].tool_calls' "assistant tool calls"
+expect_err "{\"messages\":[$U,{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"1\",\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}]}" \
+  invalid_type 'messages[1].tool_calls[0]' "assistant tool call without arguments"
 expect_err '{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}' unsupported \
   'messages[0].content[0]' "image part"
 expect_err '{"messages":[{"role":"system","content":"s"},{"role":"assistant","content":"a"}]}' invalid_value messages "no user turn"
-post "{\"messages\":[$U,{\"role\":\"tool\",\"content\":\"x\"}]}" >/dev/null
-grep -q 'not supported' "$TMP/e.json" || bad "tool role message: $(cat "$TMP/e.json")"
+post "{\"messages\":[$U,{\"role\":\"function\",\"content\":\"x\"}]}" >/dev/null
+grep -q 'not supported' "$TMP/e.json" || bad "function role message: $(cat "$TMP/e.json")"
 stop_server "$PID" plain
 
 # ----- a chat template: a tiny model with the phi-3 vocabulary, three turns

@@ -11,6 +11,7 @@
 
 #include "server/api.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,7 +37,7 @@ static void test_completion_fields(void **state) {
     ks_api_error e;
     const char *b = "{\"model\":\"m\",\"prompt\":\"Once\",\"max_tokens\":8,\"temperature\":0,\"top_p\":0.5,"
                     "\"top_k\":3,\"min_p\":0.1,\"seed\":-5,\"stop\":[\"a\",\"bc\"],\"stream\":true,"
-                    "\"stream_options\":{\"include_usage\":true},\"user\":\"x\",\"unknown\":[1,{}],"
+                    "\"stream_options\":{\"include_usage\":true},\"user\":\"x\",\"metadata\":{\"a\":\"b\"},\"store\":false,"
                     "\"presence_penalty\":0.5,\"n\":1,\"logprobs\":null,\"echo\":false}";
     assert_true(parse(b, KS_API_COMPLETIONS, &r, &e));
     assert_string_equal(r.model, "m");
@@ -128,13 +129,17 @@ static void test_chat_errors(void **state) {
     expect_error("{\"messages\":[{\"role\":3,\"content\":\"x\"}]}", H, 400, "invalid_type", "messages[0].role");
     expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"robot\",\"content\":\"x\"}]}", H,
                  400, "invalid_value", "messages[1].role");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"tool\",\"content\":\"42\"}]}", H,
+                 400, "missing_required_parameter", "messages[1].tool_call_id");
     expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"tool\",\"content\":\"42\","
-                 "\"tool_call_id\":\"c1\"}]}", H, 400, "unsupported", "messages[1].role");
+                 "\"tool_call_id\":7}]}", H, 400, "invalid_type", "messages[1].tool_call_id");
     expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"function\",\"name\":\"f\","
                  "\"content\":\"42\"}]}", H, 400, "unsupported", "messages[1].role");
     expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":null,"
-                 "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}]}",
-                 H, 400, "unsupported", "messages[1].tool_calls");
+                 "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}]}",
+                 H, 400, "invalid_type", "messages[1].tool_calls[0]");
+    expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":null,"
+                 "\"tool_calls\":{}}]}", H, 400, "invalid_type", "messages[1].tool_calls");
     expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"\","
                  "\"function_call\":{\"name\":\"f\"}}]}", H, 400, "unsupported", "messages[1].function_call");
     /* content: missing, null, wrong type, empty parts, other part types */
@@ -158,12 +163,113 @@ static void test_chat_errors(void **state) {
     /* the message says what to do */
     ks_api_request r;
     ks_api_error e;
-    assert_false(parse("{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", H, &r, &e));
-    assert_non_null(strstr(e.message, "tool"));
+    assert_false(parse("{\"messages\":[{\"role\":\"function\",\"content\":\"x\"}]}", H, &r, &e));
+    assert_non_null(strstr(e.message, "tool_call_id"));
     assert_non_null(strstr(e.message, "not supported"));
     assert_false(parse("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_audio\"}]}]}", H, &r, &e));
     assert_non_null(strstr(e.message, "input_audio"));
     assert_non_null(strstr(e.message, "only text"));
+}
+
+#define TOOLS "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"d\"," \
+              "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}," \
+              "{\"type\":\"function\",\"function\":{\"name\":\"add\",\"strict\":true}}]"
+#define UMSG "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]"
+
+/* tools, tool_choice, and the tool messages of a conversation. */
+static void test_tools(void **state) {
+    (void)state;
+    const ks_api_kind H = KS_API_CHAT;
+    ks_api_request r;
+    ks_api_error e;
+    /* a whole round trip: the call the assistant made and its result */
+    const char *b = "{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"},{\"role\":\"assistant\","
+                    "\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":"
+                    "\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":"
+                    "\"c1\",\"name\":\"get_weather\",\"content\":\"sunny\"}],\"tools\":" TOOLS ",\"tool_choice\":\"auto\","
+                    "\"parallel_tool_calls\":false}";
+    assert_true(parse(b, H, &r, &e));
+    assert_int_equal(r.n_tools, 2);
+    assert_string_equal(r.tool_names[0], "get_weather");
+    assert_string_equal(r.tool_names[1], "add");
+    assert_int_equal(r.tool_choice, KS_API_TOOLS_AUTO);
+    assert_non_null(r.tools);
+    assert_int_equal(r.messages[1].role, KS_API_ROLE_ASSISTANT);
+    assert_string_equal(r.messages[1].content, "");
+    assert_non_null(strstr(r.messages[1].tool_calls, "\"get_weather\""));
+    assert_int_equal(r.messages[2].role, KS_API_ROLE_TOOL);
+    assert_string_equal(r.messages[2].tool_call_id, "c1");
+    assert_string_equal(r.messages[2].name, "get_weather");
+    assert_string_equal(r.messages[2].content, "sunny");
+    ks_api_request_free(&r);
+
+    assert_true(parse("{" UMSG ",\"tools\":" TOOLS ",\"tool_choice\":{\"type\":\"function\",\"function\":"
+                      "{\"name\":\"add\"}}}", H, &r, &e));
+    assert_int_equal(r.tool_choice, KS_API_TOOLS_NAMED);
+    assert_string_equal(r.tool_name, "add");
+    ks_api_request_free(&r);
+    assert_true(parse("{" UMSG ",\"tools\":" TOOLS ",\"tool_choice\":\"required\"}", H, &r, &e));
+    assert_int_equal(r.tool_choice, KS_API_TOOLS_REQUIRED);
+    ks_api_request_free(&r);
+    assert_true(parse("{" UMSG ",\"tools\":[],\"tool_choice\":\"none\"}", H, &r, &e));
+    assert_int_equal(r.n_tools, 0);
+    assert_null(r.tools);
+    ks_api_request_free(&r);
+
+    /* every bad field, named */
+    expect_error("{" UMSG ",\"tools\":{}}", H, 400, "invalid_type", "tools");
+    expect_error("{\"prompt\":\"x\",\"tools\":" TOOLS "}", KS_API_COMPLETIONS, 400, "unsupported", "tools");
+    expect_error("{" UMSG ",\"tools\":[1]}", H, 400, "invalid_type", "tools[0]");
+    expect_error("{" UMSG ",\"tools\":[{\"type\":\"code_interpreter\",\"function\":{}}]}", H, 400, "unsupported",
+                 "tools[0].type");
+    expect_error("{" UMSG ",\"tools\":[{\"type\":\"function\",\"function\":{}}]}", H, 400,
+                 "missing_required_parameter", "tools[0].function.name");
+    expect_error("{" UMSG ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a b\"}}]}", H, 400,
+                 "invalid_value", "tools[0].function.name");
+    expect_error("{" UMSG ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\"}},{\"type\":\"function\","
+                 "\"function\":{\"name\":\"a\"}}]}", H, 400, "invalid_value", "tools[1].function.name");
+    expect_error("{" UMSG ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":3}}]}", H,
+                 400, "invalid_type", "tools[0].function.parameters");
+    expect_error("{" UMSG ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"description\":1}}]}", H,
+                 400, "invalid_type", "tools[0].function.description");
+    expect_error("{" UMSG ",\"tool_choice\":\"required\"}", H, 400, "invalid_value", "tool_choice");
+    expect_error("{" UMSG ",\"tools\":" TOOLS ",\"tool_choice\":\"always\"}", H, 400, "invalid_value", "tool_choice");
+    expect_error("{" UMSG ",\"tools\":" TOOLS ",\"tool_choice\":3}", H, 400, "invalid_type", "tool_choice");
+    expect_error("{" UMSG ",\"tools\":" TOOLS ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}}",
+                 H, 400, "invalid_value", "tool_choice");
+    expect_error("{" UMSG ",\"tools\":" TOOLS ",\"tool_choice\":\"required\",\"response_format\":{\"type\":"
+                 "\"json_object\"}}", H, 400, "invalid_value", "tool_choice");
+    /* a forced call's schema must be one the constraint enforces; auto only renders it */
+    const char *pat = "[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":{\"type\":\"object\","
+                      "\"properties\":{\"s\":{\"type\":\"string\",\"pattern\":\"x+\"}}}}}]";
+    char body[1024];
+    snprintf(body, sizeof body, "{" UMSG ",\"tools\":%s,\"tool_choice\":\"required\"}", pat);
+    expect_error(body, H, 400, "unsupported", "tools[0].function.parameters");
+    snprintf(body, sizeof body, "{" UMSG ",\"tools\":%s}", pat);
+    assert_true(parse(body, H, &r, &e));
+    ks_api_request_free(&r);
+    expect_error("{" UMSG ",\"parallel_tool_calls\":1}", H, 400, "invalid_type", "parallel_tool_calls");
+}
+
+/* A field no list names is a 400 that names it, at the top level and in
+ * the kvsieve object; the kind decides (prompt in a chat request is one). */
+static void test_unknown_fields(void **state) {
+    (void)state;
+    expect_error("{\"prompt\":\"x\",\"temprature\":0.5}", KS_API_COMPLETIONS, 400, "unknown_parameter", "temprature");
+    expect_error("{" UMSG ",\"prompt\":\"x\"}", KS_API_CHAT, 400, "unknown_parameter", "prompt");
+    expect_error("{\"prompt\":\"x\",\"top_logprobs\":2}", KS_API_COMPLETIONS, 400, "unknown_parameter", "top_logprobs");
+    expect_error("{\"prompt\":\"x\",\"kvsieve\":{\"budgett\":3}}", KS_API_COMPLETIONS, 400, "unknown_parameter",
+                 "kvsieve.budgett");
+    expect_error("{" UMSG ",\"logit_bias\":{\"5\":1}}", KS_API_CHAT, 400, "unknown_parameter", "logit_bias");
+    ks_api_request r;
+    ks_api_error e;
+    assert_true(parse("{\"prompt\":\"x\",\"repetition_penalty\":1.3,\"service_tier\":\"auto\"}", KS_API_COMPLETIONS,
+                      &r, &e));
+    assert_true(r.set & KS_API_SET_REPEAT_PENALTY);
+    assert_true(r.repeat_penalty > 1.29f && r.repeat_penalty < 1.31f);
+    ks_api_request_free(&r);
+    assert_false(parse("{\"prompt\":\"x\",\"foo\":1}", KS_API_COMPLETIONS, &r, &e));
+    assert_non_null(strstr(e.message, "foo"));
 }
 
 static void test_extension(void **state) {
@@ -272,6 +378,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_completion_fields), cmocka_unit_test(test_chat_fields),
         cmocka_unit_test(test_chat_errors),
+        cmocka_unit_test(test_tools),
+        cmocka_unit_test(test_unknown_fields),
         cmocka_unit_test(test_extension),         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_error_json_and_utf8),
     };

@@ -33,7 +33,7 @@
 #include <immintrin.h>
 
 #include "core/simd.h"
-#include "infer/attn.h"
+#include "attn/attn.h"
 #include "tensor/dtype.h"
 
 enum { R = 16, P = 32, REPS = 7 };

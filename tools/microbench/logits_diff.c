@@ -2,7 +2,7 @@
  * logits_diff.c — the logits of the last token of a prompt, compared between
  * two runs of this program (diagnostics, not a test): the accuracy check of
  * an arithmetic change such as the bf16 prefill attention
- * (infer/attn_block_bf16.c), run once with KS_ATTN=f32 and once without.
+ * (attn/attn_block_bf16.c), run once with KS_ATTN=f32 and once without.
  *
  * Why a file and two processes: the attention kernel is chosen once per
  * process (ks_attention_block_bf16_usable caches KS_ATTN), so the two paths

@@ -3,8 +3,8 @@
 // turn streamed with chat.completions.create({stream: true}) and
 // stream_options.include_usage, its answer sent back as the assistant's turn
 // of the next request, as any chat UI does.  Each turn must complete (a role
-// chunk, text, a finish reason, usage with a growing prompt); the tool role
-// must come back as the client's BadRequestError.
+// chunk, text, a finish reason, usage with a growing prompt); the
+// deprecated function role must come back as the client's BadRequestError.
 //
 // usage.prompt_tokens_details.cached_tokens (OpenAI's field for prompt
 // tokens served from a prefix cache) is checked when present: an integer in
@@ -84,10 +84,10 @@ for (let turn = 0; turn < questions.length; turn++) {
   messages.push({ role: 'assistant', content });
 }
 
-// roles the server has no use for yet come back as a clear 400
+// the deprecated function role comes back as a clear 400 (tool messages: tools.mjs)
 await assert.rejects(
   client.chat.completions.create({ model, max_tokens: 4,
-    messages: [...messages, { role: 'tool', tool_call_id: 'call_1', content: '42' }] }),
+    messages: [...messages, { role: 'function', name: 'f', content: '42' }] }),
   (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.code === 'unsupported' &&
          e.param === `messages[${messages.length}].role`);
 

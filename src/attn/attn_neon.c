@@ -19,7 +19,7 @@
  * every ARM level.  On other architectures this file defines a stub that
  * declines, and the dispatch (attention.c) never calls it there anyway.
  */
-#include "infer/attn.h"
+#include "attn/attn.h"
 
 #if defined(__aarch64__)
 #include "tensor/simd_neon.h"
@@ -27,7 +27,7 @@
 #include <string.h>
 
 #define KS_ATTN_NEON_MAX_G 8
-#define KS_ATTN_NEON_MAX_HD 512
+#define KS_ATTN_NEON_MAX_HD 1024
 
 /* Eight elements of row r (f16, or Q8_0 blocks of 32: element i of block
  * i / 32, scale d) at element i, as two f32x4. */

@@ -30,7 +30,7 @@
  * of, a token that writes the completion's next byte always qualifies, so
  * the document is always complete when max_tokens runs out.
  */
-#include "infer/json_constraint.h"
+#include "sample/json_constraint.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

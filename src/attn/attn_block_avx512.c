@@ -5,7 +5,7 @@
  * (decode attention, which streams the cache once per query, is
  * attn_avx512.c).
  */
-#include "infer/attn.h"
+#include "attn/attn.h"
 
 #include "core/core.h"
 

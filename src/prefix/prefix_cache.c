@@ -1,7 +1,8 @@
 /*
  * prefix_cache.c — the prefix cache: pay for a long prompt once.  This file
- * holds its RAM tier (the table of blocks, their LRU, pinned store pages)
- * and its life cycle; prefix_cache.h lists the files beside it.
+ * holds its life cycle and the RAM tier's entry points (acquire, release,
+ * trim); the table of blocks itself, their LRU and pinned store pages, is
+ * prefix_table.c's; prefix_cache.h lists the files beside it.
  *
  * The same long prefix comes back again and again (a second question about
  * a document, the next turn of a chat, a shared system prompt).  Its KV is a
@@ -43,8 +44,9 @@
  * table while listed, by restores in progress and by the writer; a RAM miss
  * falls through to the directory (prefix_files.c).
  */
-#include "infer/prefix_cache.h"
+#include "prefix/prefix_cache.h"
 #include "gguf/gguf.h"
+#include "model/model.h"
 
 #include <errno.h>
 #include <string.h>
@@ -57,123 +59,11 @@ ks_prefix_cache_params ks_prefix_cache_default_params(void) {
 
 ks_pc_key ks_pc_model_key(const ks_prefix_cache *pc) { return pc->model; }
 
-static pc_block **bucket_of(ks_prefix_cache *pc, const ks_pc_key *k) { return &pc->buckets[k->a % N_BUCKETS]; }
-
-pc_block *ks_pc_find_locked(ks_prefix_cache *pc, const ks_pc_key *k) {
-    for (pc_block *b = *bucket_of(pc, k); b; b = b->hnext)
-        if (ks_pc_key_eq(&b->key, k)) return b;
-    return NULL;
-}
-
-void ks_pc_block_free(pc_block *b) {
-    for (pc_state *s = b->st, *nx; s; s = nx) {
-        nx = s->next;
-        ks_free(s->data);
-        ks_free(s);
-    }
-    ks_free(b->tok);
-    if (b->raw) ks_free(b->raw);
-    else ks_free(b->kv);
-    ks_free(b->pins);
-    ks_free(b);
-}
-
-void ks_pc_unref_locked(pc_block *b) {
-    if (--b->refs > 0) return;
-    if (b->pins) b->dead = true; /* its pages go at the next reap, on the thread driving their store */
-    else ks_pc_block_free(b);
-}
-
-static void unlist_locked(ks_prefix_cache *pc, pc_block *b);
-
-/* Let go of the pages of dead pinned blocks (caller holds mu and drives pc->pin_kv's context). */
-void ks_pc_reap_locked(ks_prefix_cache *pc) {
-    for (pc_block **pp = &pc->pinned; *pp;) {
-        pc_block *b = *pp;
-        if (!b->dead) {
-            pp = &b->pnext;
-            continue;
-        }
-        for (uint32_t l = 0; l < b->fmt.n_layer; l++)
-            for (uint32_t h = 0; h < b->fmt.n_head_kv; h++) ks_kv_unpin(pc->pin_kv, (int32_t)l, b->pins[l * b->fmt.n_head_kv + h]);
-        *pp = b->pnext;
-        ks_pc_block_free(b);
-    }
-}
-
-/* The pin store goes (ks_kv_destroy's hook): live pinned blocks become
- * blocks of bytes, dead ones go. */
-void ks_pc_pins_released(void *arg, ks_kv_store *kv) {
-    ks_prefix_cache *pc = arg;
-    pthread_mutex_lock(&pc->mu);
-    size_t page_bytes = ks_kv_page_bytes(kv);
-    while (pc->pinned) {
-        pc_block *b = pc->pinned;
-        pc->pinned = b->pnext;
-        b->pnext = NULL;
-        if (b->dead) {
-            ks_pc_block_free(b);
-            continue;
-        }
-        uint8_t *bytes = ks_malloc(b->kv_bytes);
-        ks_status st = bytes ? KS_OK : KS_FAIL(KS_ERR_NOMEM, "a block's bytes (%zu)", b->kv_bytes);
-        for (uint32_t i = 0; bytes && i < b->fmt.n_layer * b->fmt.n_head_kv && st == KS_OK; i++)
-            st = ks_kv_read_pinned(kv, (int32_t)(i / b->fmt.n_head_kv), b->pins[i], bytes + (size_t)i * page_bytes);
-        ks_free(b->pins);
-        b->pins = NULL;
-        if (st != KS_OK) { /* unreadable (slow tier I/O): the block goes */
-            KS_LOG(WARN, "prefix cache: a block's pages could not be read back: %s", ks_last_error());
-            ks_free(bytes);
-            if (b->listed) unlist_locked(pc, b);
-            continue;
-        }
-        b->kv = bytes;
-    }
-    pc->pin_kv = NULL;
-    pthread_mutex_unlock(&pc->mu);
-}
-
-static void unlist_locked(ks_prefix_cache *pc, pc_block *b) {
-    pc_block **pp = bucket_of(pc, &b->key);
-    while (*pp != b) pp = &(*pp)->hnext;
-    *pp = b->hnext;
-    b->listed = false;
-    pc->st.ram_bytes -= b->bytes;
-    pc->st.ram_blocks--;
-    ks_pc_unref_locked(b);
-}
-
-/* Evict LRU blocks until `need` more bytes fit under cap. */
-static void make_room_locked(ks_prefix_cache *pc, uint64_t cap, uint64_t need) {
-    while (pc->st.ram_blocks > 0 && pc->st.ram_bytes + need > cap) {
-        pc_block *old = NULL;
-        for (int i = 0; i < N_BUCKETS; i++)
-            for (pc_block *b = pc->buckets[i]; b; b = b->hnext)
-                if (!old || b->stamp < old->stamp) old = b;
-        unlist_locked(pc, old); /* a queued block stays alive for the writer (its ref) */
-        pc->st.evictions++;
-    }
-}
-
-/* List a new block (refs: the table's); false when it cannot fit the cap. */
-bool ks_pc_insert_locked(ks_prefix_cache *pc, pc_block *b) {
-    if (b->bytes > pc->limit) return false;
-    make_room_locked(pc, pc->limit, b->bytes);
-    b->stamp = ++pc->clock;
-    b->refs = 1;
-    b->listed = true;
-    b->hnext = *bucket_of(pc, &b->key);
-    *bucket_of(pc, &b->key) = b;
-    pc->st.ram_bytes += b->bytes;
-    pc->st.ram_blocks++;
-    return true;
-}
-
 void ks_prefix_cache_trim(ks_prefix_cache *pc, uint64_t ram_bytes) {
     if (!pc) return;
     pthread_mutex_lock(&pc->mu);
     pc->limit = ram_bytes < pc->p.ram_bytes ? ram_bytes : pc->p.ram_bytes;
-    make_room_locked(pc, pc->limit, 0);
+    ks_pc_make_room_locked(pc, pc->limit, 0);
     ks_pc_reap_locked(pc); /* called by the thread driving the pin store's context (the scheduler) */
     pthread_mutex_unlock(&pc->mu);
 }
@@ -269,7 +159,7 @@ void ks_prefix_cache_destroy(ks_prefix_cache *pc) {
         pthread_join(pc->writer, NULL);
     }
     for (int i = 0; i < N_BUCKETS; i++)
-        while (pc->buckets[i]) unlist_locked(pc, pc->buckets[i]);
+        while (pc->buckets[i]) ks_pc_unlist_locked(pc, pc->buckets[i]);
     for (pc_block *b = pc->pinned; b; b = b->pnext) b->dead = true; /* no reference is left */
     if (pc->pin_kv) {
         ks_pc_reap_locked(pc);
@@ -282,12 +172,6 @@ void ks_prefix_cache_destroy(ks_prefix_cache *pc) {
     ks_free(pc->disk);
     ks_free(pc->dir);
     ks_free(pc);
-}
-
-pc_state *ks_pc_state_of(pc_block *b, uint64_t pol) {
-    for (pc_state *s = b->st; s; s = s->next)
-        if (s->pol == pol) return s;
-    return NULL;
 }
 
 /* The block of key (RAM, else the directory), referenced for the caller;

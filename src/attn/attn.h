@@ -10,8 +10,8 @@
  * without the other.  The portable reference and the dispatch that picks a
  * kernel (ks_attention_segs, attention.c) are declared in infer.h.
  */
-#ifndef KS_INFER_ATTN_H
-#define KS_INFER_ATTN_H
+#ifndef KS_ATTN_ATTN_H
+#define KS_ATTN_ATTN_H
 
 #include "kvsieve.h"
 #include "tensor/dtype.h"
@@ -117,5 +117,23 @@ bool ks_attention_segs_neon(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int 
  * (the dispatch test).  x86 kernels can still decline inside; the name is
  * their documented conditions. */
 const char *ks_attention_kernel_name(ks_kv_type kt, int hd, int G);
+
+/* Attention of G query heads (q [G][hd]) over one KV head's rows K, V
+ * ([len][row]) : out [G][hd].  scores: [G][len] scratch, tmp: [hd] scratch.
+ * allow_simd=false forces the portable reference. */
+void ks_attention_group(ks_kv_type kt, const void *K, const void *V, int len, int hd, int G,
+                        const float *q, float *scores, float *out, float *tmp, bool allow_simd);
+
+/* Attention of G query heads over the concatenation of nseg segments (total
+ * rows): softmax renormalised over exactly these rows.  weights (optional,
+ * [total], accumulated +=): each row's probability summed over the G heads.
+ * scores: [max(G, 4)][total] scratch; tmp: [hd + 16]. */
+void ks_attention_segs(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
+                       float *scores, float *out, float *tmp, float *weights, bool allow_simd);
+/* The same with attention sinks (above): sinks [G] per-head logits in the
+ * softmax's denominator, or NULL (then exactly ks_attention_segs). */
+void ks_attention_segs_sinks(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
+                             float *scores, float *out, float *tmp, float *weights, bool allow_simd,
+                             const float *sinks);
 
 #endif

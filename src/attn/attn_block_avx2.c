@@ -4,7 +4,7 @@
  * 8-bit rows), each page converted once into an f32 tile that every query
  * of the block uses (decode attention is attn_avx2.c).
  */
-#include "infer/attn.h"
+#include "attn/attn.h"
 
 #include "core/core.h"
 
@@ -12,7 +12,7 @@
 
 #if defined(__x86_64__)
 #include "tensor/simd_avx2.h"
-#include "infer/attn_avx2_lanes.h"
+#include "attn/attn_avx2_lanes.h"
 
 /* ------------------------------------------------ prefill, query blocks -- */
 /* Causal attention of R consecutive query rows (G heads each) over one KV

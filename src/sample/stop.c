@@ -11,7 +11,7 @@
  * start of the next call, so a feed never copies output twice and the caller
  * never frees anything.
  */
-#include "infer/stop.h"
+#include "sample/stop.h"
 
 #include <string.h>
 

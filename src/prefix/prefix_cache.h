@@ -2,23 +2,24 @@
  * prefix_cache.h — the seams between the prefix cache's files, for those
  * files only (tests and the fuzz target use prefix.h, callers infer.h).
  *
- * The cache is one object (struct ks_prefix_cache, below) served by four
- * files, each with one job:
+ * The cache is one object (struct ks_prefix_cache, below) served by five
+ * files, each with one job (the last in infer/, beside the context):
  *   prefix_record.c   the block and state records (hashing, serialise,
  *                     parse): the untrusted-bytes side, fuzzed
- *   prefix_cache.c    the RAM tier: the table of blocks, its LRU, pinned
- *                     store pages; create / destroy
+ *   prefix_table.c    the RAM tier's table of blocks, its LRU, pinned
+ *                     store pages
+ *   prefix_cache.c    create / destroy; acquire, release, trim
  *   prefix_files.c    the directory tier (write-behind block files, their
  *                     LRU) and reading a one-file prompt cache
  *   prefix_context.c  the context's side: restore into a sequence, capture
  *                     after a prefill, save a prompt's blocks to one file
  * Every function named *_locked is called with the cache's mutex held.
  */
-#ifndef KS_INFER_PREFIX_CACHE_H
-#define KS_INFER_PREFIX_CACHE_H
+#ifndef KS_PREFIX_PREFIX_CACHE_H
+#define KS_PREFIX_PREFIX_CACHE_H
 
-#include "infer/internal.h"
-#include "infer/prefix.h"
+#include "kv/kv.h"
+#include "prefix/prefix.h"
 
 #include <pthread.h>
 
@@ -88,7 +89,7 @@ struct ks_prefix_cache {
 };
 
 
-/* ------------------------------------------------------- prefix_cache.c -- */
+/* ------------------------------------------------------- prefix_table.c -- */
 /* The listed block of key, or NULL. */
 pc_block *ks_pc_find_locked(ks_prefix_cache *pc, const ks_pc_key *k);
 /* Free a block that nobody references (its states, tokens and bytes). */
@@ -102,6 +103,12 @@ void ks_pc_reap_locked(ks_prefix_cache *pc);
 void ks_pc_pins_released(void *arg, ks_kv_store *kv);
 /* A block's state for policy configuration pol in RAM, or NULL. */
 pc_state *ks_pc_state_of(pc_block *b, uint64_t pol);
+/* Take a listed block off the table (dropping the table's reference). */
+void ks_pc_unlist_locked(ks_prefix_cache *pc, pc_block *b);
+/* Evict LRU blocks until `need` more bytes fit under cap. */
+void ks_pc_make_room_locked(ks_prefix_cache *pc, uint64_t cap, uint64_t need);
+
+/* ------------------------------------------------------- prefix_cache.c -- */
 /* The block of key (RAM, else the directory), referenced for the caller;
  * NULL when absent.  ks_pc_release drops the reference. */
 pc_block *ks_pc_acquire(ks_prefix_cache *pc, const ks_kv_store *kv, const ks_pc_key *key, const ks_pc_key *parent,

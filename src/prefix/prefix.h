@@ -1,11 +1,11 @@
 /*
- * prefix.h — the prefix cache's block record (infer/prefix_record.c), exposed for
+ * prefix.h — the prefix cache's block record (prefix/prefix_record.c), exposed for
  * the tests and the fuzz target: the parser is what reads untrusted bytes
  * (files another process or replica wrote), so it is a function of a buffer
  * alone, testable and fuzzable without a model.
  */
-#ifndef KS_INFER_PREFIX_H
-#define KS_INFER_PREFIX_H
+#ifndef KS_PREFIX_PREFIX_H
+#define KS_PREFIX_PREFIX_H
 
 #include "core/core.h"
 

@@ -5,8 +5,8 @@
  * interleaved head lanes of a score array.  Internal to src/infer; include
  * only inside `#if defined(__x86_64__)`.
  */
-#ifndef KS_INFER_ATTN_AVX2_LANES_H
-#define KS_INFER_ATTN_AVX2_LANES_H
+#ifndef KS_ATTN_AVX2_LANES_H
+#define KS_ATTN_AVX2_LANES_H
 
 #include <immintrin.h>
 #include <stdint.h>

@@ -11,9 +11,10 @@
  * reference is deliberately plain (convert a row, dot it, softmax, sum V) so
  * that it is obviously right.
  */
-#include "infer/infer.h"
+#include "attn/attn.h"
 
 #include "core/simd.h"
+#include "tensor/ops.h"
 
 #include <math.h>
 #include <string.h>
@@ -94,10 +95,10 @@ const char *ks_attention_kernel_name(ks_kv_type kt, int hd, int G) {
     const ks_simd_level lv = ks_simd_current();
     /* the conditions each kernel states in attn.h, in the dispatch's order */
     if (lv == KS_SIMD_AVX512 && (hd == 64 || hd == 128)) return "avx512";
-    if ((lv == KS_SIMD_AVX2 || lv == KS_SIMD_AVX512) && hd % 16 == 0 && hd <= 512 &&
+    if ((lv == KS_SIMD_AVX2 || lv == KS_SIMD_AVX512) && hd % 16 == 0 && hd <= 1024 &&
         (kt == KS_KV_F16 || hd % 32 == 0))
         return "avx2";
-    if (lv >= KS_SIMD_NEON && G >= 1 && G <= 8 && hd % 8 == 0 && hd <= 512 && (kt == KS_KV_F16 || hd % 32 == 0))
+    if (lv >= KS_SIMD_NEON && G >= 1 && G <= 8 && hd % 8 == 0 && hd <= 1024 && (kt == KS_KV_F16 || hd % 32 == 0))
         return "neon";
     return "reference";
 }

@@ -49,7 +49,7 @@
  * queries share the register tile with it (the shared loop runs to the
  * smallest count, each query finishes its own tail alone).
  */
-#include "infer/attn.h"
+#include "attn/attn.h"
 
 #include "core/core.h"
 

@@ -33,7 +33,7 @@
  * 8-bit KV slower than f16 (the conversions on top of the same FMA count);
  * one vpdpbusd does 64 multiply-adds where an FMA does 16.
  */
-#include "infer/attn.h"
+#include "attn/attn.h"
 
 #include "core/core.h"
 

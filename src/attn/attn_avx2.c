@@ -46,7 +46,7 @@
  * (q8v_block: the probabilities, times the rows' block scales, quantised to
  * 7 bits per block of rows, four rows interleaved per 32-bit lane).
  */
-#include "infer/attn.h"
+#include "attn/attn.h"
 
 #include "core/core.h"
 #include "core/simd.h"
@@ -58,13 +58,13 @@
 #include <immintrin.h>
 
 #include "tensor/simd_avx2.h"
-#include "infer/attn_avx2_lanes.h"
+#include "attn/attn_avx2_lanes.h"
 
 /* A block: the unit of the online softmax and of the memory order, as in
  * attn_avx512.c: one page (K rows then V rows, adjacent), a piece of a
  * longer one, or short runs merged (then the next block is prefetched). */
 enum { ATTN2_BLOCK_MAX = 32, ATTN2_BLOCK_MIN = 16 };
-#define KS_ATTN2_MAX_HD 512 /* the bundled model has 288; 4 x 512 scaled queries live on the stack */
+#define KS_ATTN2_MAX_HD 1024 /* latent attention: 576 (deepseek2); 4 x 1024 scaled queries live on the stack */
 /* the same plus 256-bit VNNI (AVX512-VNNI + VL: vpdpbusd on ymm) */
 #define TGT_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 #define INL_VNNI static inline __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"), always_inline))

@@ -25,7 +25,7 @@
  * state record (80-byte header and the policy's bytes, at most 1 GiB) is
  * checked the same way.
  */
-#include "infer/prefix.h"
+#include "prefix/prefix.h"
 #include "tensor/dtype.h"
 
 #include <string.h>
@@ -65,7 +65,7 @@ bool ks_pc_key_eq(const ks_pc_key *x, const ks_pc_key *y) { return x->a == y->a 
 
 size_t ks_pc_payload_bytes(const ks_pc_format *f) {
     if (f->kv_type > 1 || f->page < 1 || f->page > 4096 || f->n_layer < 1 || f->n_layer > 1024 || f->n_head_kv < 1 ||
-        f->n_head_kv > 1024 || f->head_dim < 1 || f->head_dim > 512)
+        f->n_head_kv > 1024 || f->head_dim < 1 || f->head_dim > 1024)
         return 0;
     if (f->kv_type == KS_KV_Q8 && f->head_dim % 32) return 0;
     size_t row = ks_kv_row_bytes((ks_kv_type)f->kv_type, (int)f->head_dim);

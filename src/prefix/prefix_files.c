@@ -40,11 +40,12 @@
  * pages of the context's store).
  */
 #define _GNU_SOURCE
-#include "infer/prefix_cache.h"
+#include "prefix/prefix_cache.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
