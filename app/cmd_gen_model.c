@@ -30,7 +30,7 @@ int cmd_gen_model(int argc, char **argv) {
         return 2;
     }
     if (!ks_gen_model_type_known(o.type)) {
-        fprintf(stderr, "kvsieve gen-model: unknown weight type '%s' (q8_0 q6_k q5_k_m q5_k q5_1 q5_0 q4_k_m q4_k q4_1 q4_0 iq4_xs iq4_nl q3_k q2_k f16 bf16 f32)\n", o.type);
+        fprintf(stderr, "kvsieve gen-model: unknown weight type '%s' (q8_0 q6_k q5_k_m q5_k q5_1 q5_0 q4_k_m q4_k q4_1 q4_0 iq4_xs iq4_nl q3_k q2_k mxfp4 f16 bf16 f32)\n", o.type);
         return 2;
     }
     ks_gen_model_params p = ks_gen_model_default_params();

@@ -187,7 +187,7 @@ static const app_opt g_opts[] = {
     {"--tensors", 0, OPT_FLAG, APP_INFO, F(show_tensors), 0, 0, 0, 0, 0, 0, "list the tensors", 0},
     /* gen-model */
     {"--shape", 0, OPT_STR, APP_GEN, F(shape), 0, 0, 0, 0, 0, "NAME", "model shape (listed below)", 0},
-    {"--type", 0, OPT_STR, APP_GEN, F(type), 0, 0, 0, 0, 0, "TYPE", "q8_0 | q6_k | q5_k_m | q5_k | q5_1 | q5_0 | q4_k_m | q4_k | q4_1 | q4_0 | iq4_xs | iq4_nl | q3_k | q2_k | f16 | bf16 | f32", 0},
+    {"--type", 0, OPT_STR, APP_GEN, F(type), 0, 0, 0, 0, 0, "TYPE", "q8_0 | q6_k | q5_k_m | q5_k | q5_1 | q5_0 | q4_k_m | q4_k | q4_1 | q4_0 | iq4_xs | iq4_nl | q3_k | q2_k | mxfp4 (experts; the rest q8_0) | f16 | bf16 | f32", 0},
     {"--vocab-from", 0, OPT_STR, APP_GEN, F(vocab_from), 0, 0, 0, 0, 0, "VOCAB.gguf", "tokenizer.* keys and vocabulary size", 0},
     {"--out", 0, OPT_STR, APP_GEN, F(out), 0, 0, 0, 0, 0, "FILE", "the GGUF to write", 0},
     {"--seed", 0, OPT_UINT, APP_GEN, F(gen_seed), 0, 0, 18446744073709551615.0, 0, "42", "N", "weights seed (default 42)", 0},

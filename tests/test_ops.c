@@ -60,7 +60,12 @@ static void test_softmax(void **state) {
     assert_float_equal(x[3], 0, 0);
 }
 
-static void ref_attention(const float *Kf, const float *Vf, int len, int hd, int G, const float *q, double *out) {
+/* sinks [G] (or NULL): one more logit per head in the softmax's
+ * denominator, with no value row (gpt-oss); mass_out (or NULL) gets the
+ * rows' total probability summed over the heads */
+static void ref_attention_sinks(const float *Kf, const float *Vf, int len, int hd, int G, const float *q,
+                                const float *sinks, double *out, double *mass_out) {
+    double mass = 0;
     for (int g = 0; g < G; g++) {
         double *sc = malloc(sizeof(double) * len), mx = -1e300, sum = 0;
         for (int t = 0; t < len; t++) {
@@ -69,7 +74,11 @@ static void ref_attention(const float *Kf, const float *Vf, int len, int hd, int
             sc[t] = d / sqrt(hd);
             if (sc[t] > mx) mx = sc[t];
         }
+        if (sinks && sinks[g] > mx) mx = sinks[g];
         for (int t = 0; t < len; t++) sum += (sc[t] = exp(sc[t] - mx));
+        double rows = sum;
+        if (sinks) sum += exp(sinks[g] - mx);
+        mass += rows / sum;
         for (int i = 0; i < hd; i++) {
             double acc = 0;
             for (int t = 0; t < len; t++) acc += sc[t] / sum * Vf[t * hd + i];
@@ -77,6 +86,11 @@ static void ref_attention(const float *Kf, const float *Vf, int len, int hd, int
         }
         free(sc);
     }
+    if (mass_out) *mass_out = mass;
+}
+
+static void ref_attention(const float *Kf, const float *Vf, int len, int hd, int G, const float *q, double *out) {
+    ref_attention_sinks(Kf, Vf, len, hd, G, q, NULL, out, NULL);
 }
 
 /* n random K and V rows stored as kt (K, V: [n][row bytes]) and, for the
@@ -131,7 +145,7 @@ static void check_attention(ks_kv_type kt, int len, int hd, int G, bool simd) {
 /* A fragmented selection (runs of 1-3 rows out of len) through every kernel
  * path — SIMD (blocks merged from short runs), portable — against the
  * float64 reference over exactly the selected rows. */
-static void check_segments(ks_kv_type kt, int len, int hd, int G) {
+static void check_segments_sinks(ks_kv_type kt, int len, int hd, int G, bool with_sinks) {
     if (kt != KS_KV_F16 && hd % 32) return;
     ks_rng rng = {(uint64_t)len * 17 + (uint64_t)hd + (uint64_t)G * 3};
     size_t rb = ks_kv_row_bytes(kt, hd);
@@ -155,22 +169,31 @@ static void check_segments(ks_kv_type kt, int len, int hd, int G) {
     float *q = malloc(sizeof(float) * G * hd), *out = malloc(sizeof(float) * G * hd), *reff = malloc(sizeof(float) * G * hd);
     float *scores = malloc(sizeof(float) * ((G > 4 ? G : 4) * total + 16)), *tmp = malloc(sizeof(float) * (hd + 16));
     float *w = calloc((size_t)total, sizeof(float));
-    double *ref = malloc(sizeof(double) * G * hd);
+    double *ref = malloc(sizeof(double) * G * hd), mass = G;
     for (int i = 0; i < G * hd; i++) q[i] = ks_rng_normal(&rng);
-    ref_attention(Kf, Vf, total, hd, G, q, ref);
+    /* sinks around the scores' scale (some heads give them most of the mass, some little) */
+    float sinks[8];
+    for (int g = 0; g < G && g < 8; g++) sinks[g] = 2.0f * ks_rng_normal(&rng) + 2.0f;
+    ref_attention_sinks(Kf, Vf, total, hd, G, q, with_sinks ? sinks : NULL, ref, &mass);
     for (int i = 0; i < G * hd; i++) reff[i] = (float)ref[i];
     for (int path = 0; path < 2; path++) {
         memset(w, 0, sizeof(float) * total);
-        ks_attention_segs(kt, segs, nseg, total, hd, G, q, scores, out, tmp, w, path == 0);
+        ks_attention_segs_sinks(kt, segs, nseg, total, hd, G, q, scores, out, tmp, w, path == 0,
+                                with_sinks ? sinks : NULL);
         double mx, e = ks_test_nmse(out, reff, (size_t)G * hd, &mx);
         double tol = kt == KS_KV_Q8 && path == 0 && ks_simd_x86(ks_simd_current()) ? 2e-2 : 1e-5; /* see check_attention */
-        if (e > tol) fail_msg("segments kt=%d len=%d hd=%d G=%d path %d: nmse %g", kt, len, hd, G, path, e);
+        if (e > tol)
+            fail_msg("segments kt=%d len=%d hd=%d G=%d path %d sinks %d: nmse %g", kt, len, hd, G, path, with_sinks, e);
         double sum = 0;
         for (int t = 0; t < total; t++) sum += w[t];
-        if (fabs(sum - G) > 1e-3) fail_msg("segments path %d: weights sum %g, want %d", path, sum, G);
+        if (fabs(sum - mass) > 1e-3) fail_msg("segments path %d: weights sum %g, want %g", path, sum, mass);
     }
     free(K); free(V); free(Kf); free(Vf); free(Ka); free(Va); free(segs); free(q); free(out); free(reff); free(scores);
     free(tmp); free(w); free(ref);
+}
+
+static void check_segments(ks_kv_type kt, int len, int hd, int G) {
+    check_segments_sinks(kt, len, hd, G, false);
 }
 
 /* Runs body once per SIMD kernel family this CPU has (AVX2, then AVX-512),
@@ -191,6 +214,17 @@ static void test_attention_segments(void **state) {
     int groups[] = {1, 2, 4, 7};
     FOR_EACH_SIMD_LEVEL(for (int kt = 0; kt < 2; kt++) for (int a = 0; a < 4; a++) for (int b = 0; b < 4; b++)
                             check_segments((ks_kv_type)kt, 700, hds[a], groups[b]));
+}
+
+/* Attention sinks (gpt-oss) through every decode kernel and the portable
+ * one, against float64: outputs, and the returned weights summing to the
+ * rows' share of the mass (the sinks take the rest). */
+static void test_attention_sinks(void **state) {
+    (void)state;
+    int hds[] = {64, 128, 48};
+    int groups[] = {1, 2, 4, 7};
+    FOR_EACH_SIMD_LEVEL(for (int kt = 0; kt < 2; kt++) for (int a = 0; a < 3; a++) for (int b = 0; b < 4; b++)
+                            check_segments_sinks((ks_kv_type)kt, 300, hds[a], groups[b], true));
 }
 
 /* A long context in whole pages (5000 rows, 32-row segments) with keys that
@@ -319,7 +353,7 @@ static float round_bf16(float f) {
  * prefill rests on).  Q8_0 KV (kt): the same bounds against the same
  * references on the dequantised keys and values, which the kernel rounds to
  * bf16 once each as it does f16 ones. */
-static void check_block_bf16(ks_kv_type kt, int n, int hd, int G, int P) {
+static void check_block_bf16_s(ks_kv_type kt, int n, int hd, int G, int P, bool with_sinks) {
     if (!ks_attention_block_bf16_usable()) return;
     enum { R = 16 };
     ks_rng rng = {(uint64_t)n * 5 + (uint64_t)hd + (uint64_t)G * 3 + (uint64_t)kt * 101};
@@ -339,7 +373,12 @@ static void check_block_bf16(ks_kv_type kt, int n, int hd, int G, int P) {
     ks_kv_seg segs[600];
     int nseg = 0;
     for (int t = 0; t < n; t += P) segs[nseg++] = (ks_kv_seg){K + rb * t, V + rb * t, n - t < P ? n - t : P};
-    if (kt == KS_KV_F16) /* the f16 entry point */
+    float sk[8], *sinks = with_sinks ? sk : NULL; /* gpt-oss's sinks (attn.h) */
+    for (int g = 0; g < G && g < 8; g++) sk[g] = 2.0f * ks_rng_normal(&rng) + 2.0f;
+    if (with_sinks)
+        assert_true(ks_attention_block_bf16_sinks(kt, segs, nseg, n_att, R, hd, G, q, (size_t)G * hd, out,
+                                                  (size_t)G * hd, scr, scale, sinks));
+    else if (kt == KS_KV_F16) /* the f16 entry point */
         assert_true(ks_attention_block_bf16((const ks_kv_seg16 *)segs, nseg, n_att, R, hd, G, q, (size_t)G * hd, out,
                                             (size_t)G * hd, scr, scale));
     else assert_true(ks_attention_block_bf16_kv(kt, segs, nseg, n_att, R, hd, G, q, (size_t)G * hd, out, (size_t)G * hd,
@@ -347,13 +386,13 @@ static void check_block_bf16(ks_kv_type kt, int n, int hd, int G, int P) {
     double *ref = malloc(sizeof(double) * G * hd);
     float *reff = malloc(sizeof(float) * G * hd);
     for (int r = 0; r < R; r++) {
-        ref_attention(Kf, Vf, n_att[r], hd, G, q + (size_t)r * G * hd, ref);
+        ref_attention_sinks(Kf, Vf, n_att[r], hd, G, q + (size_t)r * G * hd, sinks, ref, NULL);
         for (int i = 0; i < G * hd; i++) reff[i] = (float)ref[i];
         double mx, e = ks_test_nmse(out + (size_t)r * G * hd, reff, (size_t)G * hd, &mx);
         if (e > 2e-2) fail_msg("bf16 block kt=%d n=%d hd=%d G=%d P=%d row %d: nmse %g", kt, n, hd, G, P, r, e);
         float qr[4 * 512];
         for (int i = 0; i < G * hd; i++) qr[i] = round_bf16(q[(size_t)r * G * hd + i]);
-        ref_attention(Kb, Vb, n_att[r], hd, G, qr, ref);
+        ref_attention_sinks(Kb, Vb, n_att[r], hd, G, qr, sinks, ref, NULL);
         for (int i = 0; i < G * hd; i++) reff[i] = (float)ref[i];
         e = ks_test_nmse(out + (size_t)r * G * hd, reff, (size_t)G * hd, &mx);
         if (e > 3e-3)
@@ -365,11 +404,16 @@ static void check_block_bf16(ks_kv_type kt, int n, int hd, int G, int P) {
     for (int r = 0; r < R; r++) {
         int ns = 0;
         for (int t = 0; ns < nseg && t < n_att[r]; t += segs[ns++].len) {}
-        assert_true(ks_attention_block_bf16_kv(kt, segs, ns, n_att + r, 1, hd, G, q + (size_t)r * G * hd,
-                                               (size_t)G * hd, out2 + (size_t)r * G * hd, (size_t)G * hd, scr, scale));
+        assert_true(ks_attention_block_bf16_sinks(kt, segs, ns, n_att + r, 1, hd, G, q + (size_t)r * G * hd,
+                                                  (size_t)G * hd, out2 + (size_t)r * G * hd, (size_t)G * hd, scr, scale,
+                                                  sinks));
     }
     assert_memory_equal(out, out2, sizeof(float) * R * G * hd);
     free(K); free(V); free(Kf); free(Vf); free(Kb); free(Vb); free(q); free(out); free(out2); free(scr); free(ref); free(reff);
+}
+
+static void check_block_bf16(ks_kv_type kt, int n, int hd, int G, int P) {
+    check_block_bf16_s(kt, n, hd, G, P, false);
 }
 
 static void test_attention_block_bf16(void **state) {
@@ -379,6 +423,9 @@ static void test_attention_block_bf16(void **state) {
         check_block_bf16((ks_kv_type)kt, 513, 128, 2, 32);
         check_block_bf16((ks_kv_type)kt, 40, 32, 1, 16);
         check_block_bf16((ks_kv_type)kt, 1000, 64, 3, 64);
+        /* with gpt-oss's sinks: the same bounds against the references with sinks */
+        check_block_bf16_s((ks_kv_type)kt, 300, 64, 4, 32, true);
+        check_block_bf16_s((ks_kv_type)kt, 200, 64, 2, 16, true);
     }
 }
 
@@ -503,6 +550,7 @@ int main(void) {
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_segments),
+        cmocka_unit_test(test_attention_sinks),
         cmocka_unit_test(test_attention_pages),
         cmocka_unit_test(test_attention_block),
         cmocka_unit_test(test_attention_block_bf16),

@@ -33,8 +33,8 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
-static ks_model *g_gqa, *g_mha, *g_gemma;
-static char g_path[256], g_dir[256], g_gemma_path[256];
+static ks_model *g_gqa, *g_mha, *g_gemma, *g_gptoss;
+static char g_path[256], g_dir[256], g_gemma_path[256], g_gptoss_path[256];
 
 static int setup(void **state) {
     (void)state;
@@ -47,8 +47,13 @@ static int setup(void **state) {
     if (ks_gguf_open(ks_test_fixture("models/aidreams260K.gguf"), &vocab) != KS_OK) return -1;
     ks_shape_gen_params gp = {.type = KS_DTYPE_F16, .vocab = vocab, .seed = 11, .n_ctx = 512};
     ks_status st = ks_shape_generate(ks_shape_find("tiny-gemma3"), &gp, g_gemma_path, NULL);
+    /* gpt-oss: attention sinks, two sliding-window layers (window 16) and two global ones, MXFP4 experts */
+    snprintf(g_gptoss_path, sizeof g_gptoss_path, "/tmp/kvsieve-test-policy-gptoss-%d.gguf", (int)getpid());
+    ks_shape_gen_params gpo = {.type = KS_DTYPE_MXFP4, .vocab = vocab, .seed = 12, .n_ctx = 512};
+    if (st == KS_OK) st = ks_shape_generate(ks_shape_find("tiny-gptoss"), &gpo, g_gptoss_path, NULL);
     ks_gguf_close(vocab);
     if (st != KS_OK || ks_model_load(g_gemma_path, ks_model_default_params(), &g_gemma) != KS_OK) return -1;
+    if (ks_model_load(g_gptoss_path, ks_model_default_params(), &g_gptoss) != KS_OK) return -1;
     snprintf(g_dir, sizeof g_dir, "/tmp/kvsieve-test-policy-XXXXXX");
     return mkdtemp(g_dir) ? 0 : -1;
 }
@@ -58,8 +63,10 @@ static int teardown(void **state) {
     ks_model_destroy(g_gqa);
     ks_model_destroy(g_mha);
     ks_model_destroy(g_gemma);
+    ks_model_destroy(g_gptoss);
     unlink(g_path);
     unlink(g_gemma_path);
+    unlink(g_gptoss_path);
     rmdir(g_dir);
     return 0;
 }
@@ -178,6 +185,14 @@ static void test_full_budget_equals_dense_mha(void **state) {
 static void test_full_budget_equals_dense_gemma3(void **state) {
     (void)state;
     check_equal_dense(g_gemma, 90, 8);
+}
+
+/* gpt-oss: the sinks join every attention's softmax whatever a policy
+ * selects (they are no KV entries), local layers keep their window, and the
+ * MoE FFN runs between: at full budget every policy still equals dense. */
+static void test_full_budget_equals_dense_gptoss(void **state) {
+    (void)state;
+    check_equal_dense(g_gptoss, 90, 8);
 }
 
 static void test_sparse_differs_and_counts(void **state) {
@@ -849,6 +864,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full_budget_equals_dense_gqa), cmocka_unit_test(test_full_budget_equals_dense_mha),
         cmocka_unit_test(test_full_budget_equals_dense_gemma3),
+        cmocka_unit_test(test_full_budget_equals_dense_gptoss),
         cmocka_unit_test(test_sparse_differs_and_counts),    cmocka_unit_test(test_bad_policy_args),
         cmocka_unit_test(test_quest_finds_the_page),         cmocka_unit_test(test_h2o_keeps_heavy_hitters),
         cmocka_unit_test(test_streaming_window),             cmocka_unit_test(test_snapkv_keeps_attended),

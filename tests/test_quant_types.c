@@ -34,6 +34,7 @@ static const struct {
     {KS_DTYPE_Q5_1, 7, "q5_1", 32, 24},      {KS_DTYPE_Q2_K, 10, "q2_k", 256, 84},
     {KS_DTYPE_Q3_K, 11, "q3_k", 256, 110},   {KS_DTYPE_Q5_K, 13, "q5_k", 256, 176},
     {KS_DTYPE_IQ4_NL, 20, "iq4_nl", 32, 18}, {KS_DTYPE_IQ4_XS, 23, "iq4_xs", 256, 136},
+    {KS_DTYPE_MXFP4, 39, "mxfp4", 32, 17},
 };
 #define N_TYPES (sizeof k_types / sizeof k_types[0])
 
@@ -98,6 +99,7 @@ static void test_golden(void **state) {
  *   q3_K: amax16 / 4 (one level is -4 only)-> ~0.17   bound 0.22
  *   q2_K: range16 / 3                      -> ~0.3    bound 0.38
  *   iq4_nl / iq4_xs: 16 non-uniform levels -> ~0.08   bound 0.11
+ *   mxfp4: power-of-two scale, E2M1 levels -> ~0.12   bound 0.2
  * The measured values are printed for the record. */
 static const struct {
     ks_dtype t;
@@ -105,6 +107,7 @@ static const struct {
 } round_cases[] = {
     {KS_DTYPE_Q4_1, 0.11}, {KS_DTYPE_Q5_0, 0.06}, {KS_DTYPE_Q5_1, 0.06},   {KS_DTYPE_IQ4_NL, 0.11},
     {KS_DTYPE_Q2_K, 0.38}, {KS_DTYPE_Q3_K, 0.22}, {KS_DTYPE_Q5_K, 0.07}, {KS_DTYPE_IQ4_XS, 0.11},
+    {KS_DTYPE_MXFP4, 0.2},
 };
 
 static void test_roundtrip(void **state) {
@@ -139,15 +142,18 @@ static void test_zero_and_constant(void **state) {
     uint8_t buf[1024];
     for (size_t i = 0; i < N_TYPES; i++) {
         ks_dtype t = k_types[i].t;
+        /* MXFP4's levels in the top binade are 4, 6, 8, 12 (doubled): a
+         * constant lands up to a sixth away (0.3 -> 0.25) */
+        const float rel = t == KS_DTYPE_MXFP4 ? 0.2f : 0.1f;
         ks_quantize_row(t, z, buf, 512);
         ks_dequantize_row(t, buf, y, 512);
         for (int k = 0; k < 512; k++) assert_true(y[k] == 0.0f);
         ks_quantize_row(t, c, buf, 512);
         ks_dequantize_row(t, buf, y, 512);
-        for (int k = 0; k < 512; k++) assert_true(fabsf(y[k] - 0.75f) <= 0.75f * 0.1f);
+        for (int k = 0; k < 512; k++) assert_true(fabsf(y[k] - 0.75f) <= 0.75f * rel);
         ks_quantize_row(t, nc, buf, 512);
         ks_dequantize_row(t, buf, y, 512);
-        for (int k = 0; k < 512; k++) assert_true(fabsf(y[k] + 0.3f) <= 0.3f * 0.1f);
+        for (int k = 0; k < 512; k++) assert_true(fabsf(y[k] + 0.3f) <= 0.3f * rel);
     }
 }
 

@@ -696,6 +696,7 @@ static void test_pre_tokenizers(void **state) {
         {"deepseek-coder", {'1', '2', '3', '4', '5'}, 5},
         {"starcoder", {'1', '2', '3', '4', '5'}, 5},
         {"falcon", {257, 259}, 2},         /* [0-9]{3} pass after the gpt-2 one */
+        {"gpt-4o", {257, 259}, 2},         /* o200k (gpt-oss): \p{N}{1,3} too */
         {"no-such-pre", {258, '5'}, 2},    /* warns, then behaves like gpt-2 */
         {NULL, {258, '5'}, 2},
     };

@@ -26,7 +26,9 @@ PPL_CTX=128
 PPL_WINDOWS=8
 mkdir -p "$OUT"
 
-# name shape type ctx (CASES in the environment replaces the list)
+# name shape type ctx (CASES in the environment replaces the list, e.g. the
+# gpt-oss rows of docs/results/moe.md:
+#   CASES="tiny-gptoss-f32:tiny-gptoss:f32:4096 tiny-gptoss-mxfp4:tiny-gptoss:mxfp4:4096")
 CASES=${CASES:-"tiny-phi3-f16:tiny-phi3:f16:4096
 tiny-phi3-long-f16:tiny-phi3:f16:8192
 tiny-qwen3-yarn-f16:tiny-qwen3-yarn:f16:4096

@@ -42,6 +42,7 @@ _SCALAR_NP = {
 
 # GGML tensor types: id -> (name, elements per block, bytes per block)
 GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K, GGML_BF16 = 0, 1, 2, 8, 12, 14, 30
+GGML_MXFP4 = 39
 QK_K = 256
 GGML_TYPES = {
     GGML_F32: ("f32", 1, 4),
@@ -51,6 +52,7 @@ GGML_TYPES = {
     GGML_Q4_K: ("q4_k", QK_K, 2 + 2 + 12 + QK_K // 2),
     GGML_Q6_K: ("q6_k", QK_K, QK_K // 2 + QK_K // 4 + QK_K // 16 + 2),
     GGML_BF16: ("bf16", 1, 2),
+    GGML_MXFP4: ("mxfp4", 32, 1 + 16),
 }
 # block sizes of types we can parse but not dequantize (so tensor extents still validate)
 _OTHER_TYPES = {
@@ -307,6 +309,23 @@ def dequant_q6_k(raw, n):
     return ((d[:, None, None, None, None] * scale) * q).reshape(-1)  # (d * sc) * q
 
 
+# MXFP4 (OCP Microscaling Formats v1.0): per 32 values one E8M0 exponent
+# byte e (scale 2^(e - 127)) and 16 bytes of E2M1 codes, element j in the low
+# nibble of byte j, element j + 16 in the high one (GGML's block_mxfp4).
+# E2M1 code c: sign bit 3, then 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                 -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float64)
+
+
+def dequant_mxfp4(raw, n):
+    nb = n // 32
+    b = raw[:nb * 17].reshape(nb, 17)
+    scale = np.ldexp(1.0, b[:, 0].astype(np.int64) - 127)  # exact in float64
+    qs = b[:, 1:]
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=1)  # [nb, 32]: low nibbles first
+    return (E2M1[codes] * scale[:, None]).astype(np.float32).reshape(-1)
+
+
 def dequantize(raw, ttype, n):
     raw = np.asarray(raw, dtype=np.uint8)
     if ttype == GGML_F32:
@@ -324,6 +343,8 @@ def dequantize(raw, ttype, n):
         return dequant_q4_k(raw, n)
     if ttype == GGML_Q6_K:
         return dequant_q6_k(raw, n)
+    if ttype == GGML_MXFP4:
+        return dequant_mxfp4(raw, n)
     raise GGUFError("cannot dequantize type %s" % type_name(ttype))
 
 

@@ -99,6 +99,14 @@ def matrix():
                 ("gen", GEN_TOKENS), GEN_GREEDY, 2))
     out.append(("tiny-deepseek2-q8_0", {"shape": "tiny-deepseek2", "type": "q8_0", "vocab": SPM_VOCAB},
                 ("gen", GEN_TOKENS), GEN_GREEDY, 1))
+    # gpt-oss: f32 (its sinks, biases, clamped SwiGLU and routing alone) and the
+    # published files' weight layout (experts MXFP4, the other matrices Q8_0);
+    # 32 prompt tokens (twice the window) and 8 greedy steps: 4 of 8 experts in
+    # each of 4 layers give so many top-k boundaries that longer runs never
+    # kept every route ROUTE_MARGIN clear in 20 candidates
+    for t in ("f32", "mxfp4"):
+        out.append(("tiny-gptoss-%s" % t, {"shape": "tiny-gptoss", "type": t, "vocab": SPM_VOCAB},
+                    ("gen", 32), 8, 2))
     return out
 
 

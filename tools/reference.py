@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""reference.py — independent float64 torch forward pass for GGUF llama/qwen2/qwen3/qwen3moe/phi3/smollm3/mistral3/gemma3/deepseek2.
+"""reference.py — independent float64 torch forward pass for GGUF llama/qwen2/qwen3/qwen3moe/phi3/smollm3/mistral3/gemma3/deepseek2/gpt-oss.
 
 Written from the public model definitions (Llama / Qwen papers and the GGUF
 metadata conventions llama.cpp uses), not from kvsieve's C code; see
@@ -49,6 +49,20 @@ Architecture notes (verified against public llama.cpp sources):
     scale is 1/sqrt(head_dim) except for the 62-layer 27B
     (1/sqrt(n_embd / n_head)); an optional final_logit_softcapping c gives
     logits = c * tanh(logits / c).
+  * gpt-oss (OpenAI's gpt-oss model card and the HF GptOssForCausalLM
+    modeling code): NEOX RoPE with the file's YaRN on every layer; q/k/v and
+    attention output biases; per head a learned sink logit
+    (attn_sinks.weight) appended to that head's scores before the softmax
+    and dropped after it (so it takes probability mass but has no value);
+    layers alternate sliding-window (even l, window attention.sliding_window,
+    pattern 2) and full attention; post_attention_norm.weight is the FFN's
+    input RMSNorm (HF's post_attention_layernorm); every FFN a mixture of
+    experts: router logits with a bias, the top expert_used_count by logit,
+    weights softmax(those logits), expert FFN with biases
+    gate = min(x W_g + b_g, 7), up = clamp(x W_u + b_u, -7, 7),
+    out = ((up + 1) * gate * sigmoid(1.702 gate)) W_d + b_d.  YaRN's
+    correction range is rounded to whole dims (floor / ceil) as the GGUF
+    convention does; the HF config's "truncate": false is not a GGUF key.
   * deepseek2 (DeepSeek-V2 paper, Section 2; HF modeling_deepseek.py):
     multi-head latent attention computed in the non-absorbed form (keys and
     values decompressed per head from the latent), normal RoPE on the
@@ -71,7 +85,7 @@ import gguf_reader as G  # noqa: E402
 DT = torch.float64
 
 NORM_ROPE_ARCHS = {"llama", "smollm3", "mistral3", "deepseek2"}
-NEOX_ROPE_ARCHS = {"qwen2", "qwen3", "qwen3moe", "phi3", "gemma3"}
+NEOX_ROPE_ARCHS = {"qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "gpt-oss"}
 
 
 class Config:
@@ -123,8 +137,9 @@ def load_config(r):
     c.gemma = arch == "gemma3"
     c.embd_scale = c.gemma  # x * sqrt(n_embd)
     c.gelu = c.gemma        # GELU (tanh) gate instead of SiLU
-    c.n_swa = int(k("attention.sliding_window", 0)) if c.gemma else 0
-    c.swa_pattern = int(k("attention.sliding_window_pattern", 6))
+    c.gptoss = arch == "gpt-oss"
+    c.n_swa = int(k("attention.sliding_window", 0)) if c.gemma or c.gptoss else 0
+    c.swa_pattern = int(k("attention.sliding_window_pattern", 2 if c.gptoss else 6))
     c.freq_base_swa = float(k("rope.freq_base_swa", 10000.0))
     c.softcap = float(k("final_logit_softcapping", 0.0)) if c.gemma else 0.0
     c.attn_scale = 1.0 / math.sqrt(c.head_dim)
@@ -317,7 +332,7 @@ class Model:
             if p + "attn_k_norm.weight" in self.w:
                 k = self.rmsnorm(k, p + "attn_k_norm.weight")
             local = is_local(c, l)
-            inv = self.inv_freq_swa if local else None
+            inv = self.inv_freq_swa if local and not c.gptoss else None  # gpt-oss: one RoPE for all layers
             if not (c.nope_every and (l + 1) % c.nope_every == 0):  # smollm3's NoPE layers
                 q = self.rope(q, pos, inv)
                 k = self.rope(k, pos, inv)
@@ -330,9 +345,17 @@ class Model:
             kh = k.repeat_interleave(group, dim=1)  # query head j uses kv head j // group
             vh = v.repeat_interleave(group, dim=1)
             s = torch.einsum("thd,shd->hts", q, kh) * c.attn_scale + (mask_swa if local else mask)
-            a = torch.softmax(s, dim=-1)
+            if c.gptoss:  # the sink: one more logit per head in the softmax, no value
+                sink = self.w[p + "attn_sinks.weight"].reshape(c.n_head, 1, 1).expand(c.n_head, T, 1)
+                a = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :T]
+            else:
+                a = torch.softmax(s, dim=-1)
             o = torch.einsum("hts,shd->thd", a, vh).reshape(T, c.n_head * c.head_dim_v)
-            o = self.linear(o, p + "attn_output.weight")
+            o = self.linear(o, p + "attn_output.weight", p + "attn_output.bias")
+            if c.gptoss:  # post_attention_norm is the FFN's input norm
+                x = x + o
+                x = x + self.moe_gptoss(self.rmsnorm(x, p + "post_attention_norm.weight"), p)
+                continue
             if p + "post_attention_norm.weight" in self.w:  # gemma3
                 o = self.rmsnorm(o, p + "post_attention_norm.weight")
             x = x + o
@@ -466,6 +489,33 @@ class Model:
             out = out + self.linear(torch.nn.functional.silu(g) * u, p + "ffn_down_shexp.weight")
         return out
 
+    def moe_gptoss(self, h, p):
+        """gpt-oss's expert FFN of rows h [T, n_embd] (see the notes above)."""
+        c = self.c
+        logits = self.linear(h, p + "ffn_gate_inp.weight", p + "ffn_gate_inp.bias")
+        top, sel = torch.topk(logits, c.n_expert_used, dim=-1)
+        if c.n_expert_used < c.n_expert:
+            t1 = torch.topk(logits, c.n_expert_used + 1, dim=-1).values
+            self.route_margin = min(self.route_margin, float((t1[:, -2] - t1[:, -1]).min()))
+        w = torch.softmax(top, dim=-1)
+        gate, up, down = (self.w[p + "ffn_%s_exps.weight" % n] for n in ("gate", "up", "down"))
+        bg, bu, bd = (self.w[p + "ffn_%s_exps.bias" % n] for n in ("gate", "up", "down"))
+        alpha, limit = 1.702, 7.0
+        out = torch.zeros_like(h)
+        for t in range(h.shape[0]):
+            for j in range(c.n_expert_used):
+                e = int(sel[t, j])
+                x = h[t:t + 1]
+                if self.emulate:
+                    x = emulate_activation(x, self.wtypes[p + "ffn_gate_exps.weight"])
+                g = (x @ gate[e].T + bg[e]).clamp(max=limit)
+                u = (x @ up[e].T + bu[e]).clamp(-limit, limit)
+                y = (u + 1) * g * torch.sigmoid(alpha * g)
+                if self.emulate:
+                    y = emulate_activation(y, self.wtypes[p + "ffn_down_exps.weight"])
+                out[t] += w[t, j] * (y @ down[e].T + bd[e])[0]
+        return out
+
     def greedy(self, prompt, n):
         """Greedy continuation: returns (ids, margins) where margins[i] is the
         top-1 minus top-2 logit at step i."""
@@ -490,7 +540,7 @@ def emulate_activation(x, wtype):
     """Round activations the way an engine with integer dot products would
     (Q8_0 blocks of 32 for Q8_0/Q4_0 weights, Q8_K blocks of 256 for Q4_K/Q6_K);
     used only to estimate the error budget of the C engine (--emulate)."""
-    if wtype in (G.GGML_Q8_0, G.GGML_Q4_0):
+    if wtype in (G.GGML_Q8_0, G.GGML_Q4_0, G.GGML_MXFP4):
         bs = 32
     elif wtype in (G.GGML_Q4_K, G.GGML_Q6_K):
         bs = 256

@@ -19,9 +19,20 @@
 #include <math.h>
 #include <string.h>
 
-/* tmp: [hd]; scores [G][total]. */
+/* softmax of x[n] with a sink logit (attn.h) in the denominator */
+static void softmax_sink(float *x, int n, float sink) {
+    float mx = x[0];
+    for (int i = 1; i < n; i++)
+        if (x[i] > mx) mx = x[i];
+    float sum = 0;
+    for (int i = 0; i < n; i++) sum += x[i] = expf(x[i] - mx);
+    sum += expf(sink - mx);
+    for (int i = 0; i < n; i++) x[i] /= sum;
+}
+
+/* tmp: [hd]; scores [G][total]; sinks [G] or NULL. */
 static void attn_segs_ref(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
-                          float *scores, float *out, float scale, float *tmp) {
+                          float *scores, float *out, float scale, float *tmp, const float *sinks) {
     ks_dtype dt = ks_kv_dtype(kt);
     size_t row_bytes = ks_kv_row_bytes(kt, hd);
     int t = 0;
@@ -35,7 +46,9 @@ static void attn_segs_ref(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int to
                 scores[(size_t)g * total + t] = acc * scale;
             }
         }
-    for (int g = 0; g < G; g++) ks_softmax(scores + (size_t)g * total, total);
+    for (int g = 0; g < G; g++)
+        if (sinks) softmax_sink(scores + (size_t)g * total, total, sinks[g]);
+        else ks_softmax(scores + (size_t)g * total, total);
     for (int g = 0; g < G; g++) memset(out + (size_t)g * hd, 0, sizeof(float) * hd);
     t = 0;
     for (int si = 0; si < nseg; si++)
@@ -51,21 +64,28 @@ static void attn_segs_ref(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int to
 
 void ks_attention_segs(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                        float *scores, float *out, float *tmp, float *weights, bool allow_simd) {
+    ks_attention_segs_sinks(kt, segs, nseg, total, hd, G, q, scores, out, tmp, weights, allow_simd, NULL);
+}
+
+void ks_attention_segs_sinks(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
+                             float *scores, float *out, float *tmp, float *weights, bool allow_simd,
+                             const float *sinks) {
     KS_ASSERT(total > 0);
     float scale = 1.0f / sqrtf((float)hd);
 #if defined(__x86_64__)
     if (allow_simd && ks_simd_current() >= KS_SIMD_AVX512 &&
-        ks_attention_segs_avx512_kv(kt, segs, nseg, total, hd, G, q, scores, out, scale, weights))
+        ks_attention_segs_avx512_kv(kt, segs, nseg, total, hd, G, q, scores, out, scale, weights, sinks))
         return;
     if (allow_simd && ks_simd_current() >= KS_SIMD_AVX2 &&
-        ks_attention_segs_avx2(kt, segs, nseg, total, hd, G, q, scores, out, scale, weights))
+        ks_attention_segs_avx2(kt, segs, nseg, total, hd, G, q, scores, out, scale, weights, sinks))
         return;
 #elif defined(__aarch64__)
-    if (allow_simd && ks_simd_current() >= KS_SIMD_NEON &&
+    /* the NEON kernel has no sinks yet: a model with them takes the reference there */
+    if (allow_simd && !sinks && ks_simd_current() >= KS_SIMD_NEON &&
         ks_attention_segs_neon(kt, segs, nseg, total, hd, G, q, scores, out, scale, weights))
         return;
 #endif
-    attn_segs_ref(kt, segs, nseg, total, hd, G, q, scores, out, scale, tmp);
+    attn_segs_ref(kt, segs, nseg, total, hd, G, q, scores, out, scale, tmp, sinks);
     if (weights)
         for (int g = 0; g < G; g++)
             for (int t = 0; t < total; t++) weights[t] += scores[(size_t)g * total + t];

@@ -66,6 +66,12 @@ bool ks_attention_block_bf16_kv(ks_kv_type kt, const ks_kv_seg *segs, int nseg, 
                                 int G, const float *q, size_t q_stride, float *out, size_t out_stride, float *scratch,
                                 float scale);
 
+/* The same with attention sinks (gpt-oss; sinks [G] per query head of the
+ * group, or NULL), the only blocked prefill kernel that has them. */
+bool ks_attention_block_bf16_sinks(ks_kv_type kt, const ks_kv_seg *segs, int nseg, const int32_t *n_att, int R,
+                                   int hd, int G, const float *q, size_t q_stride, float *out, size_t out_stride,
+                                   float *scratch, float scale, const float *sinks);
+
 /* The prefill block kernels' causal clamp: of the page [e0, e0 + L), the
  * entries query x (row x / G of the block) sees; 0: none. */
 static inline int ks_attn_block_visible(const int32_t *n_att, int G, int x, int e0, int L) {
@@ -73,13 +79,21 @@ static inline int ks_attn_block_visible(const int32_t *n_att, int G, int x, int 
     return lim <= 0 ? 0 : lim > L ? L : lim;
 }
 
-/* AVX-512 f16 kernel for head dims 64 and 128; false if it does not apply.
+/* Attention sinks (gpt-oss; "Efficient Streaming Language Models with
+ * Attention Sinks", section 3.2, as a learned per-head logit): sinks, when
+ * not NULL, holds one logit per query head of the group ([G]) that joins the
+ * softmax's denominator with no value row, so a head can put mass on
+ * "nothing".  It is not a KV entry: no policy can drop it.  A kernel keeps
+ * its running max m and sum S as before and divides by S + exp(sink - m)
+ * at the end (the probabilities it returns for the policies too).
+ *
+ * AVX-512 f16 kernel for head dims 64 and 128; false if it does not apply.
  * scores: [total][4] scratch.  kt KS_KV_Q8: the same kernel over Q8_0 rows
  * on integer units: scores by zmm vpdpbusd against the query quantised once
  * per call, values by vpdpbusd against the probabilities quantised to u8
  * per block of rows. */
 bool ks_attention_segs_avx512_kv(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
-                                 float *scores, float *out, float scale, float *weights);
+                                 float *scores, float *out, float scale, float *weights, const float *sinks);
 bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
                               float *scores, float *out, float scale, float *weights);
 
@@ -90,7 +104,7 @@ bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int 
  * implies VNNI), maddubs otherwise); false if it does not apply.  scores:
  * [total][4] scratch. */
 bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
-                            float *scores, float *out, float scale, float *weights);
+                            float *scores, float *out, float scale, float *weights, const float *sinks);
 
 /* AArch64 NEON (attn_neon.c) for f16 KV and 8-bit KV (hd % 32), hd % 8 ==
  * 0 up to 512, G up to 8; false if it does not apply (always, off
@@ -127,5 +141,10 @@ void ks_attention_group(ks_kv_type kt, const void *K, const void *V, int len, in
  * scores: [max(G, 4)][total] scratch; tmp: [hd + 16]. */
 void ks_attention_segs(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                        float *scores, float *out, float *tmp, float *weights, bool allow_simd);
+/* The same with attention sinks (above): sinks [G] per-head logits in the
+ * softmax's denominator, or NULL (then exactly ks_attention_segs). */
+void ks_attention_segs_sinks(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
+                             float *scores, float *out, float *tmp, float *weights, bool allow_simd,
+                             const float *sinks);
 
 #endif

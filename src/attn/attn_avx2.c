@@ -465,7 +465,7 @@ static void q8v_unpermute(float *a, int hd) {
 
 INL void decode_group(const ks_kv_seg *segs, int nseg, int total, int hd, size_t rb, int NG, const int KT, int g0,
                       int ng, const void *qs, float *scores, float *out, bool want_probs, score_block_fn score_block,
-                      q8v_block_fn q8v_block) {
+                      q8v_block_fn q8v_block, const float *sinks) {
     const int SL = 8 / NG; /* ymm per head per V slice of 64 / NG floats */
     float acc_mem[4 * KS_ATTN2_MAX_HD] __attribute__((aligned(32))); /* [NG][hd] running sums */
     float s_blk[4 * ATTN2_BLOCK_MAX + 8] __attribute__((aligned(32)));  /* [row][NG] raw scores */
@@ -555,6 +555,11 @@ INL void decode_group(const ks_kv_seg *segs, int nseg, int total, int hd, size_t
     float sums[8], mxs[8];
     _mm256_storeu_ps(sums, run_sum);
     _mm256_storeu_ps(mxs, run_max);
+    if (sinks) { /* the sink joins the denominator (attn.h); lane l holds head l % NG */
+        for (int l = 0; l < 8; l++)
+            if (l % NG < ng) sums[l] += expf(sinks[l % NG] - mxs[l]);
+        run_sum = _mm256_loadu_ps(sums);
+    }
     for (int g = 0; g < ng; g++) {
         if (KT == 1) q8v_unpermute(acc_mem + (size_t)g * hd, hd);
         __m256 inv = _mm256_set1_ps(1.0f / sums[g]);
@@ -583,9 +588,9 @@ INL void decode_group(const ks_kv_seg *segs, int nseg, int total, int hd, size_t
 #define GROUP_FN_X(NAME, HD, NG, VKT, ROWS, TGTA, VBLK)                                                         \
     SCORE_BLOCK_FN(NAME##_scores, HD, NG, ROWS, TGTA)                                                           \
     TGT static void NAME(const ks_kv_seg *segs, int nseg, int total, int hd_rt, size_t rb, int g0, int ng,       \
-                         const void *qs, float *scores, float *out, bool want_probs) {                           \
+                         const void *qs, float *scores, float *out, bool want_probs, const float *sinks) {       \
         decode_group(segs, nseg, total, (HD) ? (HD) : hd_rt, rb, NG, VKT, g0, ng, qs, scores, out, want_probs,  \
-                     NAME##_scores, VBLK##_##NG);                                                              \
+                     NAME##_scores, VBLK##_##NG, sinks);                                                       \
     }
 /* the three group widths (NGP 1, 2, 4) of one kind */
 #define GROUP_FNS(NAME, HD, VKT, ROWS, TGTA, VBLK)             \
@@ -603,7 +608,8 @@ GROUP_FNS(group_q8, 0, 1, score_rows_q8_avx2, TGT, q8v_block)
 GROUP_FNS(group_q8v_64, 64, 1, score_rows_q8_vnni, TGT_VNNI, q8v_block_vnni)
 GROUP_FNS(group_q8v, 0, 1, score_rows_q8_vnni, TGT_VNNI, q8v_block_vnni)
 
-typedef void (*group_fn)(const ks_kv_seg *, int, int, int, size_t, int, int, const void *, float *, float *, bool);
+typedef void (*group_fn)(const ks_kv_seg *, int, int, int, size_t, int, int, const void *, float *, float *, bool,
+                         const float *);
 /* [f16 hd 64, f16 hd 128, f16 other hd, 8-bit hd 64, 8-bit, VNNI 8-bit hd 64, VNNI 8-bit][NGP 1, 2, 4] */
 static const group_fn group_fns[7][3] = {{group_64_1, group_64_2, group_64_4},
                                          {group_128_1, group_128_2, group_128_4},
@@ -614,7 +620,7 @@ static const group_fn group_fns[7][3] = {{group_64_1, group_64_2, group_64_4},
                                          {group_q8v_1, group_q8v_2, group_q8v_4}};
 
 bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
-                            float *scores, float *out, float scale, float *weights) {
+                            float *scores, float *out, float scale, float *weights, const float *sinks) {
     if (hd % 16 || hd > KS_ATTN2_MAX_HD || (kt != KS_KV_F16 && (kt != KS_KV_Q8 || hd % 32))) return false;
     size_t rb = ks_kv_row_bytes(kt, hd);
     for (int g0 = 0; g0 < G; g0 += 4) {
@@ -633,7 +639,8 @@ bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int 
             qarg = &qq;
             kind = (ks_simd_current() >= KS_SIMD_AVX512 ? 5 : 3) + (hd == 64 ? 0 : 1);
         }
-        group_fns[kind][NGP == 4 ? 2 : NGP - 1](segs, nseg, total, hd, rb, g0, ng, qarg, scores, out, weights != NULL);
+        group_fns[kind][NGP == 4 ? 2 : NGP - 1](segs, nseg, total, hd, rb, g0, ng, qarg, scores, out, weights != NULL,
+                                                sinks ? sinks + g0 : NULL);
         if (weights)
             for (int t = 0; t < total; t++)
                 for (int g = 0; g < ng; g++) weights[t] += scores[(size_t)NGP * t + g];
@@ -643,9 +650,9 @@ bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int 
 
 #else
 bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
-                            float *scores, float *out, float scale, float *weights) {
+                            float *scores, float *out, float scale, float *weights, const float *sinks) {
     (void)kt, (void)segs, (void)nseg, (void)total, (void)hd, (void)G, (void)q, (void)scores, (void)out, (void)scale;
-    (void)weights;
+    (void)weights, (void)sinks;
     return false;
 }
 #endif

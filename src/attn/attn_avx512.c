@@ -466,6 +466,12 @@ static inline void q8_unpermute(float *a, int hd) {
         KS_ASSERT(done == total);                                                                 \
         float sums[4];                                                                            \
         _mm_storeu_ps(sums, run_sum);                                                             \
+        if (sinks) { /* the sink joins the denominator (attn.h) */                                \
+            float mxs[4];                                                                         \
+            _mm_storeu_ps(mxs, run_max);                                                          \
+            for (int g = 0; g < ng; g++) sums[g] += expf(sinks[g] - mxs[g]);                      \
+            run_sum = _mm_loadu_ps(sums);                                                         \
+        }                                                                                         \
         for (int g = 0; g < ng; g++) {                                                            \
             if (KQ8) q8_unpermute(acc_mem[g], hd);                                                \
             __m512 inv = _mm512_set1_ps(1.0f / sums[g]);                                          \
@@ -491,7 +497,8 @@ static inline void q8_unpermute(float *a, int hd) {
  * The present heads' arithmetic is the same in both, so outputs are too. */
 #define DECODE_FN(NAME, HDV, VG, KQ8, GK)                                                                   \
     TGT static void NAME(const ks_kv_seg16 *segs, int nseg, int total, int hd, int g0, int ng, const float *q,       \
-                         const ks_q8_query *qz, float *scores, float *out, float scale, bool want_probs) {            \
+                         const ks_q8_query *qz, float *scores, float *out, float scale, bool want_probs,              \
+                         const float *sinks) {                                                                  \
         DECODE_BODY(HDV, VG, KQ8, GK);                                                                          \
     }
 DECODE_FN(decode64, 4, 4, 0, 4)
@@ -502,21 +509,23 @@ DECODE_FN(decode64_q8, 4, 4, 1, 4)
 DECODE_FN(decode128_q8, 8, 2, 1, 4)
 
 bool ks_attention_segs_avx512_kv(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G,
-                                 const float *q, float *scores, float *out, float scale, float *weights) {
+                                 const float *q, float *scores, float *out, float scale, float *weights,
+                                 const float *sinks) {
     if ((hd != 64 && hd != 128) || (kt != KS_KV_F16 && kt != KS_KV_Q8)) return false;
     const ks_kv_seg16 *s16 = (const ks_kv_seg16 *)segs; /* Q8_0 rows are even-sized: walked as uint16 */
     for (int g0 = 0; g0 < G; g0 += 4) {
         int ng = G - g0 < 4 ? G - g0 : 4;
         bool wp = weights != NULL;
+        const float *sk = sinks ? sinks + g0 : NULL;
         if (kt == KS_KV_Q8) {
             ks_q8_query qz;
             ks_q8_query_init(q, hd, g0, ng, scale, &qz);
-            if (hd == 64) decode64_q8(s16, nseg, total, hd, g0, ng, q, &qz, scores, out, scale, wp);
-            else decode128_q8(s16, nseg, total, hd, g0, ng, q, &qz, scores, out, scale, wp);
+            if (hd == 64) decode64_q8(s16, nseg, total, hd, g0, ng, q, &qz, scores, out, scale, wp, sk);
+            else decode128_q8(s16, nseg, total, hd, g0, ng, q, &qz, scores, out, scale, wp, sk);
         } else if (hd == 64) {
-            (ng <= 2 ? decode64_g2 : decode64)(s16, nseg, total, hd, g0, ng, q, NULL, scores, out, scale, wp);
+            (ng <= 2 ? decode64_g2 : decode64)(s16, nseg, total, hd, g0, ng, q, NULL, scores, out, scale, wp, sk);
         } else {
-            (ng <= 2 ? decode128_g2 : decode128)(s16, nseg, total, hd, g0, ng, q, NULL, scores, out, scale, wp);
+            (ng <= 2 ? decode128_g2 : decode128)(s16, nseg, total, hd, g0, ng, q, NULL, scores, out, scale, wp, sk);
         }
         if (weights)
             for (int t = 0; t < total; t++)
@@ -528,11 +537,12 @@ bool ks_attention_segs_avx512_kv(ks_kv_type kt, const ks_kv_seg *segs, int nseg,
 bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,
                               float *scores, float *out, float scale, float *weights) {
     return ks_attention_segs_avx512_kv(KS_KV_F16, (const ks_kv_seg *)segs, nseg, total, hd, G, q, scores, out, scale,
-                                       weights);
+                                       weights, NULL);
 }
 #else
 bool ks_attention_segs_avx512_kv(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G,
-                                 const float *q, float *scores, float *out, float scale, float *weights) {
+                                 const float *q, float *scores, float *out, float scale, float *weights,
+                                 const float *sinks) {
     return false;
 }
 bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int hd, int G, const float *q,

@@ -54,6 +54,7 @@
 #include "core/core.h"
 
 #include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -302,7 +303,8 @@ static void values_any(const u32a *const pb[NQ], float *const o[NQ], const u32a 
 }
 
 BINL void block_bf16(const ks_kv_seg *segs, const int32_t *n_att, int R, int hd, int G, const float *q,
-                     size_t q_stride, float *out, size_t out_stride, float *scratch, float scale, const int q8) {
+                     size_t q_stride, float *out, size_t out_stride, float *scratch, float scale, const int q8,
+                     const float *sinks) {
     const int RG = R * G, hp = hd / 2, Tp = TILE + 32;
     const size_t rb = ks_kv_row_bytes(q8 ? KS_KV_Q8 : KS_KV_F16, hd);
     /* scratch, as ks_attention_block_bf16_scratch counts it (64-byte pieces) */
@@ -409,33 +411,46 @@ BINL void block_bf16(const ks_kv_seg *segs, const int32_t *n_att, int R, int hd,
     }
     for (int x = 0; x < RG; x++) {
         float *o = out + (size_t)(x / G) * out_stride + (size_t)(x % G) * hd;
-        const __m512 inv = _mm512_set1_ps(1.0f / lrun[x]);
+        /* a sink (gpt-oss, attn.h) joins the denominator against the same running max */
+        const float l = sinks ? lrun[x] + expf(sinks[x % G] - mrun[x]) : lrun[x];
+        const __m512 inv = _mm512_set1_ps(1.0f / l);
         for (int i = 0; i < hd; i += 16) _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_loadu_ps(o + i), inv));
     }
 }
 
 /* one instantiation per KV format: the format's test stays out of the loops */
 static void block_bf16_f16(const ks_kv_seg *segs, const int32_t *n_att, int R, int hd, int G, const float *q,
-                           size_t q_stride, float *out, size_t out_stride, float *scratch, float scale) BTGT_ATTR;
+                           size_t q_stride, float *out, size_t out_stride, float *scratch, float scale,
+                           const float *sinks) BTGT_ATTR;
 static void block_bf16_f16(const ks_kv_seg *segs, const int32_t *n_att, int R, int hd, int G, const float *q,
-                           size_t q_stride, float *out, size_t out_stride, float *scratch, float scale) {
-    block_bf16(segs, n_att, R, hd, G, q, q_stride, out, out_stride, scratch, scale, 0);
+                           size_t q_stride, float *out, size_t out_stride, float *scratch, float scale,
+                           const float *sinks) {
+    block_bf16(segs, n_att, R, hd, G, q, q_stride, out, out_stride, scratch, scale, 0, sinks);
 }
 static void block_bf16_q8(const ks_kv_seg *segs, const int32_t *n_att, int R, int hd, int G, const float *q,
-                          size_t q_stride, float *out, size_t out_stride, float *scratch, float scale) BTGT_ATTR;
+                          size_t q_stride, float *out, size_t out_stride, float *scratch, float scale,
+                          const float *sinks) BTGT_ATTR;
 static void block_bf16_q8(const ks_kv_seg *segs, const int32_t *n_att, int R, int hd, int G, const float *q,
-                          size_t q_stride, float *out, size_t out_stride, float *scratch, float scale) {
-    block_bf16(segs, n_att, R, hd, G, q, q_stride, out, out_stride, scratch, scale, 1);
+                          size_t q_stride, float *out, size_t out_stride, float *scratch, float scale,
+                          const float *sinks) {
+    block_bf16(segs, n_att, R, hd, G, q, q_stride, out, out_stride, scratch, scale, 1, sinks);
+}
+
+bool ks_attention_block_bf16_sinks(ks_kv_type kt, const ks_kv_seg *segs, int nseg, const int32_t *n_att, int R,
+                                   int hd, int G, const float *q, size_t q_stride, float *out, size_t out_stride,
+                                   float *scratch, float scale, const float *sinks) {
+    if (hd % 32 || hd > 512 || R < 1 || G < 1 || (kt != KS_KV_F16 && kt != KS_KV_Q8)) return false;
+    (void)nseg; /* the segments are walked up to n_att[R - 1] entries */
+    (kt == KS_KV_Q8 ? block_bf16_q8 : block_bf16_f16)(segs, n_att, R, hd, G, q, q_stride, out, out_stride, scratch,
+                                                      scale, sinks);
+    return true;
 }
 
 bool ks_attention_block_bf16_kv(ks_kv_type kt, const ks_kv_seg *segs, int nseg, const int32_t *n_att, int R, int hd,
                                 int G, const float *q, size_t q_stride, float *out, size_t out_stride, float *scratch,
                                 float scale) {
-    if (hd % 32 || hd > 512 || R < 1 || G < 1 || (kt != KS_KV_F16 && kt != KS_KV_Q8)) return false;
-    (void)nseg; /* the segments are walked up to n_att[R - 1] entries */
-    (kt == KS_KV_Q8 ? block_bf16_q8 : block_bf16_f16)(segs, n_att, R, hd, G, q, q_stride, out, out_stride, scratch,
-                                                      scale);
-    return true;
+    return ks_attention_block_bf16_sinks(kt, segs, nseg, n_att, R, hd, G, q, q_stride, out, out_stride, scratch,
+                                         scale, NULL);
 }
 
 bool ks_attention_block_bf16(const ks_kv_seg16 *segs, int nseg, const int32_t *n_att, int R, int hd, int G,
@@ -463,5 +478,11 @@ bool ks_attention_block_bf16_kv(ks_kv_type kt, const ks_kv_seg *segs, int nseg, 
     (void)kt, (void)segs, (void)nseg, (void)n_att, (void)R, (void)hd, (void)G, (void)q, (void)q_stride, (void)out;
     (void)out_stride, (void)scratch, (void)scale;
     return false;
+}
+bool ks_attention_block_bf16_sinks(ks_kv_type kt, const ks_kv_seg *segs, int nseg, const int32_t *n_att, int R,
+                                   int hd, int G, const float *q, size_t q_stride, float *out, size_t out_stride,
+                                   float *scratch, float scale, const float *sinks) {
+    (void)sinks;
+    return ks_attention_block_bf16_kv(kt, segs, nseg, n_att, R, hd, G, q, q_stride, out, out_stride, scratch, scale);
 }
 #endif

@@ -161,7 +161,7 @@ static ks_status parse_tensor(cursor *c, ks_gguf_tensor *t, int64_t index) {
     KS_TRY(cur_u32(c, &type, "tensor type"));
     KS_TRY(cur_u64(c, &t->offset, "tensor offset"));
     if (!ks_dtype_is_weight_type(type))
-        return KS_FAIL(KS_ERR_UNSUPPORTED, "tensor '%s': type %u (%s) is not supported (supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs)",
+        return KS_FAIL(KS_ERR_UNSUPPORTED, "tensor '%s': type %u (%s) is not supported (supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs, mxfp4)",
                        nb, type, ks_dtype_name((ks_dtype)type));
     t->type = (ks_dtype)type;
     int64_t bs = ks_dtype_block_size(t->type);

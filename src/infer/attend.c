@@ -263,7 +263,9 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
         w = s->weights;
         memset(w, 0, sizeof(float) * (size_t)total);
     }
-    ks_attention_segs(c->kv_type, s->segs, nseg, total, hd, G, q, s->scores, o, s->tmp, w, true);
+    const float *sinks = c->model->layers[j->il].attn_sinks; /* gpt-oss: never selected away (attn.h) */
+    ks_attention_segs_sinks(c->kv_type, s->segs, nseg, total, hd, G, q, s->scores, o, s->tmp, w, true,
+                            sinks ? sinks + (size_t)h * G : NULL);
     if (want_w) ks_policy_after_attention(pol, &req, s->entries, w, total);
     s->entries_attended += (uint64_t)total;
     if (slow && sel.n_next > 0) KS_TRY(prefetch_next(c, s, seq, j->il, h, &sel));
@@ -329,8 +331,9 @@ static bool attend_block(ks_context *c, attn_job *j, ks_attn_scratch *s, int r0,
         return false; /* attend_one reports it */
     values_from_keys(c, s->segs, nseg);
     float scale = 1.0f / sqrtf((float)hd);
-    bool done = bf16 ? ks_attention_block_bf16_kv(c->kv_type, s->segs, nseg, n_att, R, hd, G, q, qo_stride, o,
-                                                  qo_stride, s->blk_bf16, scale)
+    const float *sinks = c->model->layers[j->il].attn_sinks; /* gpt-oss: bf16 only (ks_infer_attend_layer) */
+    bool done = bf16 ? ks_attention_block_bf16_sinks(c->kv_type, s->segs, nseg, n_att, R, hd, G, q, qo_stride, o,
+                                                     qo_stride, s->blk_bf16, scale, sinks ? sinks + (size_t)h * G : NULL)
                 : kern == BLK_AVX512
                     ? ks_attention_block_avx512((const ks_kv_seg16 *)s->segs, nseg, n_att, R, hd, G, q, qo_stride, o,
                                                 qo_stride, s->blk_S, s->blk_tile, scale)
@@ -385,6 +388,9 @@ ks_status ks_infer_attend_layer(ks_context *c, int il, int n, const int32_t *seq
      * bound per row only) do not take: every row goes through attend_one, at prefill and
      * decode alike, so a row's bits never depend on the chunk it falls in */
     if (c->model->layers[il].window > 0) job.blocked = false;
+    /* of the blocked kernels only the bf16 one has attention sinks (gpt-oss): elsewhere those
+     * layers' rows take attend_one too (the choice is the run's, as attend_block's bf16 one) */
+    if (c->model->layers[il].attn_sinks && block_kernel(c->kv_type, hd) != BLK_BF16) job.blocked = false;
     atomic_init(&job.next, 0);
     if (next) /* one counter per task row group (a block of rows, or a row) */
         for (int g = 0; g < n; g++) atomic_init(&c->att_heads_done[g], 0);

@@ -266,6 +266,9 @@ ks_status ks_infer_forward_rows(ks_context *c, int n, const int32_t *seq, const 
         } else {
             matmul_w(c, &L->wo, c->att, n, c->xn, true);
         }
+        if (L->bo)
+            for (int r = 0; r < n; r++)
+                for (int i = 0; i < D; i++) c->xn[(size_t)r * D + i] += L->bo[i];
         if (L->attn_post_norm) rows_run(c, ROWS_NORM, n, D, c->xn, c->xn, L->attn_post_norm, hp->rms_eps);
         rows_run(c, ROWS_ADD, n, D, c->x, c->xn, NULL, 0);
         mlp_rows(c, L, n);

@@ -24,6 +24,13 @@
  * row's output therefore does not depend on its batch-mates, so decode
  * agrees with prefill, and the per-row reference in tests/test_moe.c is
  * matched bit for bit.
+ *
+ * gpt-oss (model/arch_gptoss.c) adds biases to the router and to each
+ * expert's three products, weighs the selected experts by the softmax of
+ * their own logits (ks_moe_route_topk_softmax), and gates with its clamped
+ * SwiGLU: g = min(gate, 7), u = clamp(up, -7, 7), out = g sigmoid(1.702 g)
+ * (u + 1) (llama.cpp's ggml_swiglu_oai with alpha 1.702 and limit 7, the
+ * constants of the HF GptOssExperts).
  */
 #include "infer/moe.h"
 
@@ -125,13 +132,9 @@ size_t ks_moe_worker_scratch_bytes(const ks_model *m) {
     return need;
 }
 
-void ks_moe_route(const float *logits, int n_expert, int k, bool norm, int32_t *sel, float *w) {
-    float mx = logits[0];
-    for (int e = 1; e < n_expert; e++)
-        if (logits[e] > mx) mx = logits[e];
-    /* the k largest logits are the k largest probabilities: select on the
-     * logits by insertion into a list kept best first (strict > keeps the
-     * lower index ahead on a tie) */
+/* the k largest logits into sel, best first, by insertion into a list
+ * (strict > keeps the lower index ahead on a tie) */
+static void moe_top_k(const float *logits, int n_expert, int k, int32_t *sel) {
     int n = 0;
     for (int e = 0; e < n_expert; e++) {
         if (n == k && !(logits[e] > logits[sel[k - 1]])) continue;
@@ -142,6 +145,14 @@ void ks_moe_route(const float *logits, int n_expert, int k, bool norm, int32_t *
         }
         sel[i] = e;
     }
+}
+
+void ks_moe_route(const float *logits, int n_expert, int k, bool norm, int32_t *sel, float *w) {
+    float mx = logits[0];
+    for (int e = 1; e < n_expert; e++)
+        if (logits[e] > mx) mx = logits[e];
+    /* the k largest logits are the k largest probabilities */
+    moe_top_k(logits, n_expert, k, sel);
     float z = 0;
     for (int e = 0; e < n_expert; e++) z += expf(logits[e] - mx);
     float sum = 0;
@@ -155,14 +166,33 @@ void ks_moe_route(const float *logits, int n_expert, int k, bool norm, int32_t *
     }
 }
 
+void ks_moe_route_topk_softmax(const float *logits, int n_expert, int k, int32_t *sel, float *w) {
+    moe_top_k(logits, n_expert, k, sel);
+    const float mx = logits[sel[0]]; /* the best first */
+    float z = 0;
+    for (int i = 0; i < k; i++) z += w[i] = expf(logits[sel[i]] - mx);
+    for (int i = 0; i < k; i++) w[i] /= z;
+}
+
 /* ------------------------------------------------------------- SwiGLU -- */
 typedef struct {
     float *gate;
     const float *up;
     int64_t n; /* elements */
+    bool oai;  /* gpt-oss's clamped form */
 } swiglu_job;
 
-static void swiglu_range(float *g, const float *u, int64_t i0, int64_t i1) {
+#define OAI_ALPHA 1.702f
+#define OAI_LIMIT 7.0f
+
+static void swiglu_range(float *g, const float *u, int64_t i0, int64_t i1, bool oai) {
+    if (oai) {
+        for (int64_t i = i0; i < i1; i++) {
+            float x = fminf(g[i], OAI_LIMIT), y = fminf(fmaxf(u[i], -OAI_LIMIT), OAI_LIMIT);
+            g[i] = x / (1.0f + expf(OAI_ALPHA * -x)) * (y + 1.0f);
+        }
+        return;
+    }
     for (int64_t i = i0; i < i1; i++) {
         float x = g[i];
         g[i] = x / (1.0f + expf(-x)) * u[i];
@@ -173,7 +203,15 @@ static void swiglu_worker(void *arg, int ith, int nth) {
     const swiglu_job *j = arg;
     int64_t i0, i1;
     ks_pool_share(j->n, ith, nth, &i0, &i1);
-    swiglu_range(j->gate, j->up, i0, i1);
+    swiglu_range(j->gate, j->up, i0, i1, j->oai);
+}
+
+/* rows[m][width] += bias[width], one bias for every row */
+static void add_bias_rows(float *rows, int m, int64_t width, const float *bias) {
+    for (int i = 0; i < m; i++) {
+        float *r = rows + (size_t)i * (size_t)width;
+        for (int64_t d = 0; d < width; d++) r[d] += bias[d];
+    }
 }
 
 #define SWIGLU_PARALLEL_MIN (1 << 15) /* elements: below, the caller alone (a dispatch costs microseconds) */
@@ -195,8 +233,13 @@ void ks_moe_ffn(ks_pool *pool, const ks_hparams *hp, const ks_moe_layer *L, int 
     KS_ASSERT(n > 0 && n <= b->max_rows && E == b->n_expert && K == b->n_used && F == b->n_ff);
     /* route */
     matmul_count(pool, &L->router, xn, n, b->logits, mm_scratch, false, cnt);
+    if (L->router_b) add_bias_rows(b->logits, n, E, L->router_b);
     for (int r = 0; r < n; r++)
-        ks_moe_route(b->logits + (size_t)r * E, E, K, hp->expert_norm, b->sel + (size_t)r * K, b->w + (size_t)r * K);
+        if (hp->expert_softmax_topk)
+            ks_moe_route_topk_softmax(b->logits + (size_t)r * E, E, K, b->sel + (size_t)r * K, b->w + (size_t)r * K);
+        else
+            ks_moe_route(b->logits + (size_t)r * E, E, K, hp->expert_norm, b->sel + (size_t)r * K,
+                         b->w + (size_t)r * K);
     if (hp->expert_weights_scale != 0 && hp->expert_weights_scale != 1) /* deepseek2's routed_scaling_factor */
         for (int i = 0; i < n * K; i++) b->w[i] *= hp->expert_weights_scale;
     /* group: a counting sort of the (row, expert) pairs by expert, rows
@@ -226,10 +269,13 @@ void ks_moe_ffn(ks_pool *pool, const ks_hparams *hp, const ks_moe_layer *L, int 
         matmul_count(pool, wg, b->xg, m, b->gate, mm_scratch, false, cnt);
         bool same = wg->type == wu->type && wg->cols == wu->cols && wg->layout == wu->layout;
         matmul_count(pool, wu, b->xg, m, b->up, mm_scratch, same, cnt);
-        swiglu_job j = {b->gate, b->up, (int64_t)m * F};
+        if (L->gate_b) add_bias_rows(b->gate, m, F, L->gate_b + (size_t)e * F);
+        if (L->up_b) add_bias_rows(b->up, m, F, L->up_b + (size_t)e * F);
+        swiglu_job j = {b->gate, b->up, (int64_t)m * F, hp->ffn_swiglu_oai};
         if (pool && j.n >= SWIGLU_PARALLEL_MIN) ks_pool_run(pool, swiglu_worker, &j);
-        else swiglu_range(j.gate, j.up, 0, j.n);
+        else swiglu_range(j.gate, j.up, 0, j.n, j.oai);
         matmul_count(pool, &L->down[e], b->gate, m, b->yg, mm_scratch, false, cnt);
+        if (L->down_b) add_bias_rows(b->yg, m, (int64_t)D, L->down_b + (size_t)e * D);
         for (int i = 0; i < m; i++) {
             float *o = b->out + (size_t)rows[i] * D;
             const float *y = b->yg + (size_t)i * D;
@@ -243,9 +289,9 @@ void ks_moe_ffn(ks_pool *pool, const ks_hparams *hp, const ks_moe_layer *L, int 
         matmul_count(pool, wg, xn, n, b->gate, mm_scratch, false, cnt);
         bool same = wg->type == wu->type && wg->cols == wu->cols && wg->layout == wu->layout;
         matmul_count(pool, wu, xn, n, b->up, mm_scratch, same, cnt);
-        swiglu_job j = {b->gate, b->up, (int64_t)n * wg->rows};
+        swiglu_job j = {b->gate, b->up, (int64_t)n * wg->rows, false};
         if (pool && j.n >= SWIGLU_PARALLEL_MIN) ks_pool_run(pool, swiglu_worker, &j);
-        else swiglu_range(j.gate, j.up, 0, j.n);
+        else swiglu_range(j.gate, j.up, 0, j.n, false);
         matmul_count(pool, &L->sh_down, b->gate, n, b->yg, mm_scratch, false, cnt);
         for (size_t i = 0; i < (size_t)n * D; i++) b->out[i] += b->yg[i];
     }

@@ -49,6 +49,9 @@ size_t ks_moe_worker_scratch_bytes(const ks_model *m);
  * probabilities in w, divided by their sum (clamped below at 2^-14, as
  * llama.cpp does) when norm. */
 void ks_moe_route(const float *logits, int n_expert, int k, bool norm, int32_t *sel, float *w);
+/* gpt-oss's routing: the same k largest logits, weighted by the softmax of
+ * those k logits alone (hp->expert_softmax_topk). */
+void ks_moe_route_topk_softmax(const float *logits, int n_expert, int k, int32_t *sel, float *w);
 
 /* b->out[n][n_embd] = the MoE FFN of the rows xn[n][n_embd] (normed input).
  * Each expert's products run over the rows that chose it (gather, GEMM,

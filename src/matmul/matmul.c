@@ -127,7 +127,8 @@ static ks_mm_xkind ks_mm_xkind_of(ks_dtype t) {
     case KS_DTYPE_Q4_1:
     case KS_DTYPE_Q5_0:
     case KS_DTYPE_Q5_1:
-    case KS_DTYPE_IQ4_NL: return KS_MM_XQ8S; /* matmul_types.c */
+    case KS_DTYPE_IQ4_NL:
+    case KS_DTYPE_MXFP4: return KS_MM_XQ8S; /* matmul_types.c */
     case KS_DTYPE_Q2_K:
     case KS_DTYPE_Q3_K:
     case KS_DTYPE_Q4_K:
@@ -354,6 +355,7 @@ static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
         case KS_DTYPE_Q5_0: return ks_mm_q5_0z_avx512;
         case KS_DTYPE_Q5_1: return ks_mm_q5_1z_avx512;
         case KS_DTYPE_IQ4_NL: return ks_mm_iq4_nlz_avx512;
+        case KS_DTYPE_MXFP4: return ks_mm_mxfp4z_avx512;
         case KS_DTYPE_Q2_K: return ks_mm_q2_kt_avx512;
         case KS_DTYPE_Q3_K: return ks_mm_q3_kt_avx512;
         case KS_DTYPE_Q5_K: return ks_mm_q5_kz_avx512; /* zmm form */
@@ -374,6 +376,7 @@ static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
         case KS_DTYPE_Q5_0: return ks_mm_q5_0t_avx2;
         case KS_DTYPE_Q5_1: return ks_mm_q5_1t_avx2;
         case KS_DTYPE_IQ4_NL: return ks_mm_iq4_nlt_avx2;
+        case KS_DTYPE_MXFP4: return ks_mm_mxfp4t_avx2;
         case KS_DTYPE_Q2_K: return ks_mm_q2_kt_avx2;
         case KS_DTYPE_Q3_K: return ks_mm_q3_kt_avx2;
         case KS_DTYPE_Q5_K: return ks_mm_q5_kt_avx2;
@@ -417,6 +420,7 @@ static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
     case KS_DTYPE_Q5_0: return ks_mm_q5_0_scalar;
     case KS_DTYPE_Q5_1: return ks_mm_q5_1_scalar;
     case KS_DTYPE_IQ4_NL: return ks_mm_iq4_nl_scalar;
+    case KS_DTYPE_MXFP4: return ks_mm_mxfp4_scalar;
     case KS_DTYPE_Q2_K: return ks_mm_q2_k_scalar;
     case KS_DTYPE_Q3_K: return ks_mm_q3_k_scalar;
     case KS_DTYPE_Q5_K: return ks_mm_q5_k_scalar;

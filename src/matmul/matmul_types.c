@@ -1,7 +1,7 @@
 /*
  * matmul_types.c — the scalar reference kernels of the weight types added
- * for llama.cpp's mixes (Q4_1, Q5_0, Q5_1, IQ4_NL against a Q8 partner with
- * block sums; Q2_K, Q3_K, Q5_K, IQ4_XS against Q8_K), and that partner.
+ * for llama.cpp's mixes (Q4_1, Q5_0, Q5_1, IQ4_NL, and gpt-oss's MXFP4,
+ * against a Q8 partner with block sums; Q2_K, Q3_K, Q5_K, IQ4_XS against Q8_K), and that partner.
  *
  * A part of matmul.c's translation unit (included with KS_MM_TYPES_PART
  * defined, after the first types' scalar kernels), so the driver, the kernel
@@ -72,6 +72,12 @@ static void ks_mm_unpack32(ks_dtype t, const uint8_t *blk, int8_t *v, float *dw,
         *dw = ks_f16_to_f32(b->d);
         break;
     }
+    case KS_DTYPE_MXFP4: {
+        const ks_block_mxfp4 *b = (const ks_block_mxfp4 *)blk;
+        for (int i = 0; i < 16; i++) v[i] = ks_mxfp4_values[b->qs[i] & 0xF], v[i + 16] = ks_mxfp4_values[b->qs[i] >> 4];
+        *dw = ks_e8m0_half_to_f32(b->e);
+        break;
+    }
     default: KS_ASSERT(!"ks_mm_unpack32: not a 32-element extended type");
     }
 }
@@ -107,6 +113,7 @@ KS_MM_Q32S_SCALAR(ks_mm_q4_1_scalar, KS_DTYPE_Q4_1)
 KS_MM_Q32S_SCALAR(ks_mm_q5_0_scalar, KS_DTYPE_Q5_0)
 KS_MM_Q32S_SCALAR(ks_mm_q5_1_scalar, KS_DTYPE_Q5_1)
 KS_MM_Q32S_SCALAR(ks_mm_iq4_nl_scalar, KS_DTYPE_IQ4_NL)
+KS_MM_Q32S_SCALAR(ks_mm_mxfp4_scalar, KS_DTYPE_MXFP4)
 #undef KS_MM_Q32S_SCALAR
 
 /* One super-block of a Q8_K-partnered extended type as integers: v[256]

@@ -139,6 +139,14 @@ KS_MM_Q32S_KERNEL(ks_mm_iq4_nlt, ks_block_iq4_nl,
                   (wq = _mm256_shuffle_epi8(lut, KS_MM_SFX(ks_mm_nib32)(wb[b].qs)),
                    dw = KS_MM_SFX(ks_mm_h2f)(wb[b].d), m = 0.0f),
                   1, 0)
+/* MXFP4: IQ4_NL's form with the doubled E2M1 values as the table and the
+ * E8M0 scale as dw (one shuffle per block: 17 bytes in, 32 int8 out) */
+KS_MM_Q32S_KERNEL(ks_mm_mxfp4t, ks_block_mxfp4,
+                  (wq = _mm256_shuffle_epi8(
+                       _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ks_mxfp4_values)),
+                       KS_MM_SFX(ks_mm_nib32)(wb[b].qs)),
+                   dw = ks_e8m0_half_to_f32(wb[b].e), m = 0.0f),
+                  1, 0)
 #undef KS_MM_Q32S_KERNEL
 #undef KS_MM_Q32S_BLOCK
 #endif /* KS_MM_LEVEL < 2 */
@@ -170,6 +178,11 @@ KS_MM_INL __m256i KS_MM_SFX(ks_mm_u32_block)(ks_dtype t, const uint8_t *blk, __m
         *dw = KS_MM_SFX(ks_mm_h2f)(x->d), *m = -16.0f * *dw;
         return _mm256_or_si256(KS_MM_SFX(ks_mm_nib32)(x->qs), KS_MM_SFX(ks_mm_q5_high)(x->qh));
     }
+    case KS_DTYPE_MXFP4: { /* the table below holds the MXFP4 values for this type */
+        const ks_block_mxfp4 *x = (const ks_block_mxfp4 *)blk;
+        *dw = ks_e8m0_half_to_f32(x->e), *m = -128.0f * *dw;
+        return _mm256_shuffle_epi8(lut, KS_MM_SFX(ks_mm_nib32)(x->qs));
+    }
     default: { /* IQ4_NL */
         const ks_block_iq4_nl *x = (const ks_block_iq4_nl *)blk;
         *dw = KS_MM_SFX(ks_mm_h2f)(x->d), *m = -128.0f * *dw;
@@ -183,7 +196,8 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q32z_body)(ks_dtype t, const uint8_t *w, const ui
     const size_t bb = ks_dtype_block_bytes(t);
     const int64_t nb = cols / 32;
     const size_t doff = ks_mm_align64((size_t)cols), soff = ks_mm_q8_stride(cols);
-    const __m256i lut = _mm256_add_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ks_iq4_values)),
+    const int8_t *levels = t == KS_DTYPE_MXFP4 ? ks_mxfp4_values : ks_iq4_values;
+    const __m256i lut = _mm256_add_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels)),
                                         _mm256_set1_epi8((char)128));
     const __m512i half = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     __m512 acc[4];
@@ -239,6 +253,7 @@ KS_MM_Q32Z(ks_mm_q4_1z, KS_DTYPE_Q4_1)
 KS_MM_Q32Z(ks_mm_q5_0z, KS_DTYPE_Q5_0)
 KS_MM_Q32Z(ks_mm_q5_1z, KS_DTYPE_Q5_1)
 KS_MM_Q32Z(ks_mm_iq4_nlz, KS_DTYPE_IQ4_NL)
+KS_MM_Q32Z(ks_mm_mxfp4z, KS_DTYPE_MXFP4)
 #undef KS_MM_Q32Z
 #endif /* KS_MM_LEVEL >= 2 */
 

@@ -21,6 +21,7 @@ static const ks_arch_desc *const arch_table[] = {
     &ks_arch_mistral3,
     &ks_arch_gemma3,
     &ks_arch_qwen3moe,
+    &ks_arch_gptoss,
     &ks_arch_deepseek2,
 };
 #define N_ARCH (sizeof arch_table / sizeof arch_table[0])

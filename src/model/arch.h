@@ -39,6 +39,7 @@ extern const ks_arch_desc ks_arch_llama, ks_arch_mistral, ks_arch_qwen2, ks_arch
 extern const ks_arch_desc ks_arch_phi3, ks_arch_smollm3, ks_arch_mistral3;
 extern const ks_arch_desc ks_arch_gemma3;
 extern const ks_arch_desc ks_arch_qwen3moe;
+extern const ks_arch_desc ks_arch_gptoss;
 extern const ks_arch_desc ks_arch_deepseek2;
 
 /* The descriptor for general.architecture `name`, or NULL. */

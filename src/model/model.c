@@ -266,6 +266,9 @@ void ks_model_destroy(ks_model *m) {
         ks_free(L->ffn_norm);
         ks_free(L->attn_post_norm);
         ks_free(L->ffn_post_norm);
+        ks_free(L->bo);
+        ks_free(L->attn_sinks);
+        if (L->moe) ks_free(L->moe->bias_mem);
         ks_free(L->moe);
         if (L->mla) {
             ks_free(L->mla->q_a_norm);
@@ -395,6 +398,29 @@ static const char *const g_keys_read[] = {
     "expert_group_count", "expert_group_used_count",
 };
 
+/* Keys only some architectures' slots read: "key", then the '|'-separated
+ * architectures (phi3 files carry a sliding_window nothing reads). */
+static const char *const g_keys_read_by[][2] = {
+    {"expert_count", "qwen3moe|gpt-oss"},
+    {"expert_used_count", "qwen3moe|gpt-oss"},
+    {"expert_feed_forward_length", "qwen3moe|gpt-oss"},
+    {"attention.sliding_window", "gemma3|gpt-oss"},
+    {"attention.sliding_window_pattern", "gemma3|gpt-oss"},
+    {"rope.freq_base_swa", "gemma3|gpt-oss"},
+};
+
+static bool arch_in_list(const char *arch, const char *list) {
+    size_t al = strlen(arch);
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, '|');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (n == al && !memcmp(p, arch, al)) return true;
+        if (!e) break;
+        p = e + 1;
+    }
+    return false;
+}
+
 bool ks_model_key_read(const char *arch, const char *key, size_t len) {
     size_t al = strlen(arch);
     if (len <= al + 1 || memcmp(key, arch, al) != 0 || key[al] != '.') return true; /* not an <arch>.* key */
@@ -406,6 +432,9 @@ bool ks_model_key_read(const char *arch, const char *key, size_t len) {
         return false; /* only mistral3 reads it */
     for (size_t i = 0; i < sizeof g_keys_read / sizeof g_keys_read[0]; i++)
         if (strlen(g_keys_read[i]) == sl && !memcmp(suf, g_keys_read[i], sl)) return true;
+    for (size_t i = 0; i < sizeof g_keys_read_by / sizeof g_keys_read_by[0]; i++)
+        if (strlen(g_keys_read_by[i][0]) == sl && !memcmp(suf, g_keys_read_by[i][0], sl))
+            return arch_in_list(arch, g_keys_read_by[i][1]);
     return false;
 }
 
@@ -439,6 +468,9 @@ ks_status ks_model_describe(const ks_model *m, char *buf, size_t cap) {
         m->rope_freq_factors ? ", llama3 frequency factors" : "",
         m->output_tied ? ", tied output" : "",
         m->layers[0].q_norm ? ", q/k norm" : m->layers[0].bq ? ", qkv bias" : "");
+    if (m->layers[0].attn_sinks) /* gpt-oss */
+        OUT("attention:     a learned sink logit per head in every softmax, output bias%s\n",
+            hp->ffn_swiglu_oai ? "; experts: clamped SwiGLU (alpha 1.702, limit 7), weights softmax(top-k logits)" : "");
     const char *attn = hp->n_head_kv == hp->n_head ? "MHA" : hp->n_head_kv == 1 ? "MQA" : "GQA";
     OUT("shape:         n_embd %d, n_layer %d, n_ff %d, heads %d/%d kv (%s, group %d), head_dim %d, n_rot %d\n",
         hp->n_embd, hp->n_layer, hp->n_ff, hp->n_head, hp->n_head_kv, attn, hp->n_head / hp->n_head_kv,
@@ -470,7 +502,7 @@ ks_status ks_model_describe(const ks_model *m, char *buf, size_t cap) {
     for (int il = 0; il < hp->n_layer; il++) n_local += m->layers[il].window > 0;
     if (n_local)
         OUT("layers:        %d local (sliding window %d, rope base %g), %d global (rope base %g%s)\n", n_local,
-            hp->n_swa, hp->rope_base_swa, hp->n_layer - n_local, hp->rope_base,
+            hp->n_swa, hp->rope_base_swa > 0 ? hp->rope_base_swa : hp->rope_base, hp->n_layer - n_local, hp->rope_base,
             hp->rope_scaling.type == KS_ROPE_SCALING_LINEAR ? ", linear scaling" : "");
     /* type histogram over the tensors */
     int64_t count[KS_DTYPE_MAX_] = {0};

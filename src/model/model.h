@@ -21,6 +21,7 @@ typedef enum ks_arch {
     KS_ARCH_QWEN3,
     KS_ARCH_GEMMA3,
     KS_ARCH_QWEN3MOE,
+    KS_ARCH_GPTOSS,
     KS_ARCH_DEEPSEEK2,
     KS_ARCH_NONE
 } ks_arch;
@@ -36,6 +37,13 @@ typedef struct ks_moe_layer {
     ks_weight *gate, *up;     /* [n_expert] views, each [n_ff_exp][n_embd] */
     ks_weight *down;          /* [n_expert] views, each [n_embd][n_ff_exp] */
     size_t expert_bytes;      /* bytes of one expert's gate + up + down */
+    /* gpt-oss: biases of the router and of every expert's three products
+     * (ffn_gate_inp.bias, ffn_{gate,up,down}_exps.bias), views into the one
+     * owned block bias_mem; NULL where the model has none (qwen3moe) */
+    float *router_b;          /* [n_expert] */
+    float *gate_b, *up_b;     /* [n_expert][n_ff_exp] */
+    float *down_b;            /* [n_expert][n_embd] */
+    float *bias_mem;          /* owned */
     /* Shared experts (deepseek2): an always-on SwiGLU beside the routed ones,
      * n_expert_shared of them fused into one FFN of n_ff_exp * n_expert_shared
      * (llama.cpp's ffn_{gate,up,down}_shexp); data NULL when the model has none
@@ -84,6 +92,10 @@ typedef struct ks_layer {
      * at positions (p - window, p]; 0: a global layer (sees every key) */
     int32_t window;
     ks_moe_layer *moe;        /* owned; non-NULL: this layer's FFN is the MoE (w_gate/up/down unbound) */
+    float *bo;                /* [n_embd] attention output bias, or NULL (gpt-oss has one) */
+    /* gpt-oss: one learned logit per query head that joins the attention
+     * softmax's denominator (infer/attn.h); NULL: none */
+    float *attn_sinks;        /* [n_head] or NULL */
     ks_mla_layer *mla;        /* owned; non-NULL: latent attention (wq is Q when no q_a; wk, wv unbound) */
 } ks_layer;
 
@@ -112,6 +124,8 @@ typedef struct ks_hparams {
     /* mixture of experts (0 experts: a dense FFN) */
     int32_t n_expert, n_expert_used, n_ff_exp;
     bool expert_norm;         /* renormalise the selected experts' softmax weights to sum 1 */
+    bool expert_softmax_topk; /* gpt-oss: the weights are the softmax of the k selected logits only */
+    bool ffn_swiglu_oai;      /* gpt-oss's clamped SwiGLU (infer/moe.c) instead of silu(gate) * up */
     float expert_weights_scale; /* the routed weights times this (deepseek2's routed_scaling_factor); 0: none */
     int32_t n_expert_shared;  /* always-on experts beside the routed ones (ks_moe_layer.sh_*) */
     int32_t n_dense_lead;     /* leading layers whose FFN is dense (deepseek2's first_k_dense_replace) */

@@ -123,6 +123,16 @@ static const ks_model_shape g_shapes[] = {
     /* six layers: 0-4 local with a 16-entry window, 5 global (scaled by 8), so a 64-token prompt sees both */
     {"tiny-gemma3",   "gemma3",  256,  6,  4,  2,  64,      512, 1000000.f, 1e-6f,  8192, true,  false, true,  false, 8.f, 0, 0, 0,
      .swa_window = 16, .rope_scaling = "linear"},
+    /* gpt-oss-20b (HF config.json): 24 layers alternating a 128-token sliding window and full attention,
+     * 64/8 heads of 64 (q_dim 4096 > n_embd 2880), 32 experts of 2880, 4 active, q/k/v/o biases, sinks,
+     * YaRN x32 over 4096 (beta fast/slow 32/1), theta 150000, untied output, vocabulary 201088 (o200k_harmony;
+     * gen-model takes the --vocab-from file's) */
+    {"gpt-oss-20b",   "gpt-oss", 2880, 24, 64, 8, 64,     2880, 150000.f,  1e-5f, 131072, false, true,  false, false, 32.f, 0, 0, 4096,
+     .rope_scaling = "yarn", .swa_window = 128, .n_expert = 32, .n_expert_used = 4, .n_ff_exp = 2880},
+    /* four layers (0 and 2 local with a 16-entry window, 1 and 3 global), 8 experts of 256, 4 active:
+     * a 64-token prompt crosses the window */
+    {"tiny-gptoss",   "gpt-oss",  256,  4,  8,  2,  64,      256, 150000.f,  1e-5f, 131072, false, true,  false, false, 32.f, 0, 0, 4096,
+     .rope_scaling = "yarn", .swa_window = 16, .n_expert = 8, .n_expert_used = 4, .n_ff_exp = 256},
 };
 #pragma GCC diagnostic pop
 
@@ -188,6 +198,7 @@ uint32_t ks_shape_file_type(ks_dtype type) {
     case KS_DTYPE_IQ4_NL: return 25; /* MOSTLY_IQ4_NL */
     case KS_DTYPE_IQ4_XS: return 30; /* MOSTLY_IQ4_XS */
     case KS_DTYPE_BF16: return 32; /* MOSTLY_BF16 */
+    case KS_DTYPE_MXFP4: return 38; /* MOSTLY_MXFP4_MOE: experts MXFP4, the rest Q8_0 here */
     default: return 1024;          /* GUESSED */
     }
 }
@@ -207,6 +218,7 @@ typedef struct ks_gen_tensor {
     ks_dtype type;
     int64_t ne0, ne1;    /* row length, rows (of one expert when stacked) */
     int64_t ne2;         /* experts stacked in a 3-D tensor (ne = {ne0, ne1, ne2}), else 1 */
+    bool two_d;          /* a non-matrix kind written as 2-D (gpt-oss's per-expert bias tables) */
     float sigma;
     uint64_t stream;     /* hash of the name: the tensor's RNG stream */
     uint64_t nbytes;
@@ -323,6 +335,49 @@ static void ks_gen_add_experts(ks_gen *g, int64_t *n, const char *name, ks_dtype
     t->nbytes *= (uint64_t)n_expert;
 }
 
+/* The tensors of gpt-oss layer l (arch_gptoss.c names them): attention with
+ * q/k/v/o biases and a sink logit per head (sigma 1: sinks take a visible
+ * share of the softmax), post_attention_norm as the FFN's input norm, the
+ * router with its bias and the experts with theirs.  Weight type mxfp4 puts
+ * the experts in MXFP4 and the other matrices in Q8_0 (MXFP4 is an expert
+ * format in llama.cpp's files, its MOSTLY_MXFP4_MOE); any other type
+ * applies to every matrix. */
+static void ks_gen_plan_gptoss_layer(ks_gen *g, int64_t *n, int32_t l) {
+    const ks_model_shape *s = g->shape;
+    const ks_dtype xt = g->p->type, wt = xt == KS_DTYPE_MXFP4 ? KS_DTYPE_Q8_0 : xt;
+    const int64_t E = s->n_embd, D = s->head_dim, QD = (int64_t)s->n_head * D, KVD = (int64_t)s->n_head_kv * D;
+    const int64_t X = s->n_expert, FX = s->n_ff_exp;
+    const float sE = 1.0f / sqrtf((float)E);
+    char nm[64];
+#define KS_GEN_L(suffix) (snprintf(nm, sizeof nm, "blk.%d." suffix, (int)l), nm)
+    ks_gen_add(g, n, KS_GEN_L("attn_norm.weight"), KS_GEN_ONES, KS_DTYPE_F32, E, 1, 0.02f);
+    ks_gen_add(g, n, KS_GEN_L("attn_q.weight"), KS_GEN_MATRIX, wt, E, QD, sE);
+    ks_gen_add(g, n, KS_GEN_L("attn_q.bias"), KS_GEN_NOISE, KS_DTYPE_F32, QD, 1, 0.1f);
+    ks_gen_add(g, n, KS_GEN_L("attn_k.weight"), KS_GEN_MATRIX, wt, E, KVD, sE);
+    ks_gen_add(g, n, KS_GEN_L("attn_k.bias"), KS_GEN_NOISE, KS_DTYPE_F32, KVD, 1, 0.1f);
+    ks_gen_add(g, n, KS_GEN_L("attn_v.weight"), KS_GEN_MATRIX, wt, E, KVD, sE);
+    ks_gen_add(g, n, KS_GEN_L("attn_v.bias"), KS_GEN_NOISE, KS_DTYPE_F32, KVD, 1, 0.1f);
+    ks_gen_add(g, n, KS_GEN_L("attn_output.weight"), KS_GEN_MATRIX, wt, QD, E, 1.0f / sqrtf((float)QD));
+    ks_gen_add(g, n, KS_GEN_L("attn_output.bias"), KS_GEN_NOISE, KS_DTYPE_F32, E, 1, 0.1f);
+    ks_gen_add(g, n, KS_GEN_L("attn_sinks.weight"), KS_GEN_NOISE, KS_DTYPE_F32, s->n_head, 1, 1.0f);
+    ks_gen_add(g, n, KS_GEN_L("post_attention_norm.weight"), KS_GEN_ONES, KS_DTYPE_F32, E, 1, 0.02f);
+    /* router logits of std 4, not 1: with 4 of 8 experts kept, std-1 logits left some route of
+     * every 64-token prompt within 0.008 of a tie, which either engine's roundings can flip
+     * (tools/make_goldens.py, ROUTE_MARGIN) */
+    ks_gen_add(g, n, KS_GEN_L("ffn_gate_inp.weight"), KS_GEN_MATRIX, KS_DTYPE_F32, E, X, 4.0f * sE);
+    ks_gen_add(g, n, KS_GEN_L("ffn_gate_inp.bias"), KS_GEN_NOISE, KS_DTYPE_F32, X, 1, 0.1f);
+    ks_gen_add_experts(g, n, KS_GEN_L("ffn_gate_exps.weight"), xt, E, FX, X, sE);
+    ks_gen_add_experts(g, n, KS_GEN_L("ffn_down_exps.weight"), xt, FX, E, X, 1.0f / sqrtf((float)FX));
+    ks_gen_add_experts(g, n, KS_GEN_L("ffn_up_exps.weight"), xt, E, FX, X, sE);
+    ks_gen_add(g, n, KS_GEN_L("ffn_gate_exps.bias"), KS_GEN_NOISE, KS_DTYPE_F32, FX, X, 0.1f);
+    g->ts[*n - 1].two_d = true;
+    ks_gen_add(g, n, KS_GEN_L("ffn_down_exps.bias"), KS_GEN_NOISE, KS_DTYPE_F32, E, X, 0.1f);
+    g->ts[*n - 1].two_d = true;
+    ks_gen_add(g, n, KS_GEN_L("ffn_up_exps.bias"), KS_GEN_NOISE, KS_DTYPE_F32, FX, X, 0.1f);
+    g->ts[*n - 1].two_d = true;
+#undef KS_GEN_L
+}
+
 /* A deepseek2 layer after its attn_norm: latent attention (Q whole or low
  * rank, the latent + rope key projection and its norm, W_UK^T and W_UV per
  * head as the converter splits kv_b), then a dense FFN (the first
@@ -382,7 +437,8 @@ static void ks_gen_plan_mla_layer(ks_gen *g, int64_t *n, int32_t l, int32_t n_la
 /* Lists every tensor of the model, in llama.cpp's converter order. */
 static int64_t ks_gen_plan(ks_gen *g, int32_t n_layer, int64_t n_vocab) {
     const ks_model_shape *s = g->shape;
-    const ks_dtype wt = g->p->type;
+    /* MXFP4 is an expert type: the other matrices of an mxfp4 file are Q8_0 (ks_gen_plan_gptoss_layer) */
+    const ks_dtype wt = g->p->type == KS_DTYPE_MXFP4 ? KS_DTYPE_Q8_0 : g->p->type;
     const ks_dtype more = g->p->mix_k_m ? KS_DTYPE_Q6_K : wt; /* attn_v, ffn_down, output of an _M mix */
     const int64_t E = s->n_embd, F = s->n_ff, D = s->head_dim;
     const int64_t QD = (int64_t)s->n_head * D, KVD = (int64_t)s->n_head_kv * D;
@@ -394,6 +450,10 @@ static int64_t ks_gen_plan(ks_gen *g, int32_t n_layer, int64_t n_vocab) {
     if (s->rope_llama3) ks_gen_add(g, &n, "rope_freqs.weight", KS_GEN_ROPE, KS_DTYPE_F32, D / 2, 1, 0);
     ks_gen_add(g, &n, "token_embd.weight", KS_GEN_MATRIX, wt, E, n_vocab, se);
     for (int32_t l = 0; l < n_layer; l++) {
+        if (!strcmp(s->arch, "gpt-oss")) {
+            ks_gen_plan_gptoss_layer(g, &n, l);
+            continue;
+        }
 #define KS_GEN_T(suffix, kind, type, ne0, ne1, sigma)                  \
     do {                                                               \
         snprintf(nm, sizeof nm, "blk.%d." suffix, (int)l);            \
@@ -543,8 +603,8 @@ ks_status ks_shape_generate(const ks_model_shape *s, const ks_shape_gen_params *
     int n_threads = p->n_threads > 0 ? p->n_threads : ks_cpu_count();
     if (n_threads > 64) n_threads = 64;
     KS_TRY(ks_pool_create(n_threads, &g.pool));
-    /* upper bound: 2 + 17 per layer (deepseek2 with q_lora) + 3 */
-    g.ts = ks_calloc((size_t)(20 * (int64_t)n_layer + 8), sizeof *g.ts);
+    /* upper bound: 2 + 21 per layer (gpt-oss; deepseek2 with q_lora: 17) + 3 */
+    g.ts = ks_calloc((size_t)(24 * (int64_t)n_layer + 8), sizeof *g.ts);
     if (!g.ts) {
         ks_pool_destroy(g.pool);
         return KS_FAIL(KS_ERR_NOMEM, "gen-model: tensor plan of %d layers", n_layer);
@@ -558,7 +618,7 @@ ks_status ks_shape_generate(const ks_model_shape *s, const ks_shape_gen_params *
         for (int64_t i = 0; i < g.n_t && st == KS_OK; i++) {
             ks_gen_tensor *t = &g.ts[i];
             int64_t ne[3] = {t->ne0, t->ne1, t->ne2};
-            uint32_t n_dims = t->kind != KS_GEN_MATRIX ? 1 : t->ne2 > 1 ? 3 : 2;
+            uint32_t n_dims = t->kind != KS_GEN_MATRIX ? (t->two_d ? 2 : 1) : t->ne2 > 1 ? 3 : 2;
             st = ks_gguf_writer_add_tensor(w, t->name, t->type, n_dims, ne, NULL, ks_gen_fill, t);
             g.bytes_total += t->nbytes;
         }

@@ -61,6 +61,7 @@ static const ks_dtype_info ks_dtype_table[] = {
     {KS_DTYPE_IQ4_NL, "iq4_nl", 32, sizeof(ks_block_iq4_nl), true},
     {KS_DTYPE_IQ4_XS, "iq4_xs", KS_QK_K, sizeof(ks_block_iq4_xs), true},
     {KS_DTYPE_BF16, "bf16", 1, 2, true},
+    {KS_DTYPE_MXFP4, "mxfp4", 32, sizeof(ks_block_mxfp4), true},
 };
 #define KS_DTYPE_N (sizeof ks_dtype_table / sizeof ks_dtype_table[0])
 

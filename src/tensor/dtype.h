@@ -25,6 +25,12 @@
  *              q5 = nibble | bit i of qh (LE u32) << 4 for element i
  *   Q5_1 [32]: f16 d, m; uint8 qh[4]; uint8 qs[16];     x = d * q5 + m
  *   IQ4_NL [32]: f16 d; uint8 qs[16];                   x = d * kvalues[nibble]
+ *   MXFP4 [32]: uint8 e (E8M0 scale); uint8 qs[16] (E2M1 nibbles, lo/hi as
+ *              Q4_0); x = 2^(e - 128) * ks_mxfp4_values[nibble], the OCP
+ *              Microscaling spec's 2^(e - 127) times the E2M1 value, with the
+ *              E2M1 values doubled to integers and the scale halved (GGML's
+ *              kvalues_mxfp4 and GGML_E8M0_TO_FP32_HALF); gpt-oss ships its
+ *              experts in it
  *   Q2_K [256]: uint8 scales[16] (lo 4 bits scale, hi 4 bits min per 16);
  *              uint8 qs[64] (2-bit planes); f16 d, dmin; x = d*sc*q - dmin*m
  *   Q3_K [256]: uint8 hmask[32]; uint8 qs[64]; uint8 scales[12] (16 six-bit
@@ -68,6 +74,7 @@ typedef enum ks_dtype {
     KS_DTYPE_IQ4_NL = 20,
     KS_DTYPE_IQ4_XS = 23,
     KS_DTYPE_BF16 = 30,
+    KS_DTYPE_MXFP4 = 39,
     KS_DTYPE_MAX_ = 40 /* GGUF type ids at or above this are rejected */
 } ks_dtype;
 
@@ -87,6 +94,7 @@ typedef struct { ks_f16 d, m; uint8_t qs[16]; } ks_block_q4_1;
 typedef struct { ks_f16 d; uint8_t qh[4]; uint8_t qs[16]; } ks_block_q5_0;
 typedef struct { ks_f16 d, m; uint8_t qh[4]; uint8_t qs[16]; } ks_block_q5_1;
 typedef struct { ks_f16 d; uint8_t qs[16]; } ks_block_iq4_nl;
+typedef struct { uint8_t e; uint8_t qs[16]; } ks_block_mxfp4;
 typedef struct { uint8_t scales[KS_QK_K / 16]; uint8_t qs[KS_QK_K / 4]; ks_f16 d, dmin; } ks_block_q2_k;
 typedef struct { uint8_t hmask[KS_QK_K / 8]; uint8_t qs[KS_QK_K / 4]; uint8_t scales[12]; ks_f16 d; } ks_block_q3_k;
 typedef struct { ks_f16 d, dmin; uint8_t scales[12]; uint8_t qh[KS_QK_K / 8]; uint8_t qs[KS_QK_K / 2]; } ks_block_q5_k;
@@ -94,6 +102,12 @@ typedef struct { ks_f16 d; uint16_t scales_h; uint8_t scales_l[KS_QK_K / 64]; ui
 
 /* The 16 non-uniform levels of IQ4_NL / IQ4_XS (GGML's kvalues_iq4nl). */
 extern const int8_t ks_iq4_values[16];
+/* The 16 E2M1 values of MXFP4, doubled (GGML's kvalues_mxfp4): 0, 0.5, 1,
+ * 1.5, 2, 3, 4, 6 and their negatives, times 2. */
+extern const int8_t ks_mxfp4_values[16];
+/* An MXFP4 block's E8M0 scale e as the factor of the doubled values:
+ * 2^(e - 128) (e = 0 and 1 are subnormal floats; exact for every e). */
+float ks_e8m0_half_to_f32(uint8_t e);
 
 /* True for the types weights may have (the set the engine can compute with). */
 bool ks_dtype_is_weight_type(uint32_t type);

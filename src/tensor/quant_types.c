@@ -1,6 +1,6 @@
 /*
  * quant_types.c — scalar dequantizers and quantizers of Q4_1, Q5_0, Q5_1,
- * IQ4_NL, Q2_K, Q3_K, Q5_K and IQ4_XS.
+ * IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS and MXFP4.
  *
  * Why these types: a user's Q4_K_M or Q5_K_M file is not all Q4_K / Q5_K.
  * llama.cpp's mixes put some tensors in Q6_K, Q5_0 / Q5_1 / Q4_1 (rows whose
@@ -39,8 +39,21 @@ _Static_assert(sizeof(ks_block_q2_k) == 84, "q2_K block must match GGML");
 _Static_assert(sizeof(ks_block_q3_k) == 110, "q3_K block must match GGML");
 _Static_assert(sizeof(ks_block_q5_k) == 176, "q5_K block must match GGML");
 _Static_assert(sizeof(ks_block_iq4_xs) == 136, "iq4_xs block must match GGML");
+_Static_assert(sizeof(ks_block_mxfp4) == 17, "mxfp4 block must match GGML");
 
 const int8_t ks_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+/* E2M1 (sign, 2 exponent bits, 1 mantissa bit; OCP Microscaling Formats
+ * v1.0, section 5.3.3): 0, 0.5, 1, 1.5, 2, 3, 4, 6, doubled */
+const int8_t ks_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+float ks_e8m0_half_to_f32(uint8_t e) {
+    /* 2^(e - 128): the exponent field e - 1 for e >= 2, the subnormals
+     * 2^-128 and 2^-127 (mantissa bit 21 and 22) for e = 0 and 1 */
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
 
 bool ks_quant_ext_has(ks_dtype t) {
     switch (t) {
@@ -51,7 +64,8 @@ bool ks_quant_ext_has(ks_dtype t) {
     case KS_DTYPE_Q2_K:
     case KS_DTYPE_Q3_K:
     case KS_DTYPE_Q5_K:
-    case KS_DTYPE_IQ4_XS: return true;
+    case KS_DTYPE_IQ4_XS:
+    case KS_DTYPE_MXFP4: return true;
     default: return false;
     }
 }
@@ -129,6 +143,16 @@ static void ks_deq_iq4_nl(const ks_block_iq4_nl *x, float *y, int64_t nb) {
     }
 }
 
+static void ks_deq_mxfp4(const ks_block_mxfp4 *x, float *y, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, y += 32) {
+        float d = ks_e8m0_half_to_f32(x[b].e);
+        for (int i = 0; i < 16; i++) {
+            y[i] = d * (float)ks_mxfp4_values[x[b].qs[i] & 0xF];
+            y[i + 16] = d * (float)ks_mxfp4_values[x[b].qs[i] >> 4];
+        }
+    }
+}
+
 static void ks_deq_q2_k(const ks_block_q2_k *x, float *y, int64_t nb) {
     for (int64_t b = 0; b < nb; b++, y += KS_QK_K) {
         float d = ks_f16_to_f32(x[b].d), dmin = ks_f16_to_f32(x[b].dmin);
@@ -196,6 +220,7 @@ void ks_quant_ext_dequantize(ks_dtype t, const void *src, float *dst, int64_t n)
     case KS_DTYPE_Q3_K: ks_deq_q3_k(src, dst, n / KS_QK_K); break;
     case KS_DTYPE_Q5_K: ks_deq_q5_k(src, dst, n / KS_QK_K); break;
     case KS_DTYPE_IQ4_XS: ks_deq_iq4_xs(src, dst, n / KS_QK_K); break;
+    case KS_DTYPE_MXFP4: ks_deq_mxfp4(src, dst, n / 32); break;
     default: KS_ASSERT(!"ks_quant_ext_dequantize: not an extended type");
     }
 }
@@ -319,6 +344,34 @@ static void ks_q_iq4_nl(const float *x, ks_block_iq4_nl *y, int64_t nb) {
         float dh = ks_f16_to_f32(y[b].d);
         for (int i = 0; i < 32; i++) L[i] = (uint8_t)ks_qt_iq4_nearest(dh != 0.0f ? x[i] / dh : 0.0f);
         for (int i = 0; i < 16; i++) y[b].qs[i] = (uint8_t)(L[i] | L[i + 16] << 4);
+    }
+}
+
+/* The OCP Microscaling spec's conversion (v1.0, section 6.3): the shared
+ * exponent is floor(log2(amax)) minus E2M1's largest exponent (2), so the
+ * largest magnitude lands in [4, 8) of the element scale and values above
+ * 6 clip to 6; each element then takes the nearest E2M1 level (ties to the
+ * lower index). */
+static int ks_qt_mxfp4_nearest(float v /* in units of the doubled values */) {
+    int best = 0;
+    float err = fabsf(v - (float)ks_mxfp4_values[0]);
+    for (int i = 1; i < 16; i++) {
+        float e = fabsf(v - (float)ks_mxfp4_values[i]);
+        if (e < err) err = e, best = i;
+    }
+    return best;
+}
+
+static void ks_q_mxfp4(const float *x, ks_block_mxfp4 *y, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, x += 32) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
+        int e = 0;
+        if (amax > 0.0f && isfinite(amax)) e = ks_qt_clamp((int)floorf(log2f(amax)) - 2 + 127, 0, 254);
+        y[b].e = (uint8_t)e;
+        float d = ks_e8m0_half_to_f32(y[b].e); /* divide: 1 / 2^-128 is no float */
+        for (int i = 0; i < 16; i++)
+            y[b].qs[i] = (uint8_t)(ks_qt_mxfp4_nearest(x[i] / d) | ks_qt_mxfp4_nearest(x[i + 16] / d) << 4);
     }
 }
 
@@ -450,6 +503,7 @@ void ks_quant_ext_quantize(ks_dtype t, const float *src, void *dst, int64_t n) {
     case KS_DTYPE_Q3_K: ks_q_q3_k(src, dst, n / KS_QK_K); break;
     case KS_DTYPE_Q5_K: ks_q_q5_k(src, dst, n / KS_QK_K); break;
     case KS_DTYPE_IQ4_XS: ks_q_iq4_xs(src, dst, n / KS_QK_K); break;
+    case KS_DTYPE_MXFP4: ks_q_mxfp4(src, dst, n / 32); break;
     default: KS_ASSERT(!"ks_quant_ext_quantize: not an extended type");
     }
 }

@@ -1,6 +1,6 @@
 /*
  * quant_types.h — row converters of the weight types beyond the first seven
- * (Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS), which dtype.c's
+ * (Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS, MXFP4), which dtype.c's
  * ks_dequantize_row / ks_quantize_row dispatch to.  Internal to tensor/.
  *
  * They live in their own file so dtype.c stays the place of the table and

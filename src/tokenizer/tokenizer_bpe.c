@@ -85,6 +85,16 @@ size_t ks_tok_bpe_unmap(const ks_tokenizer *t, const char *src, size_t n, char *
 #define KS_RE_QWEN2                                                                      \
     KS_RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*" \
                        "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+/* o200k (GPT-4o, gpt-oss; tokenizer.ggml.pre "gpt-4o"): tiktoken's
+ * o200k_base pattern as its tokenizer.json publishes it, which PCRE2 takes
+ * as is (llama.cpp's own regex engine runs a rewrite of it without the
+ * Unicode categories; on text of Latin letters the two split alike) */
+#define KS_RE_O200K_CASE "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]"
+#define KS_RE_O200K_LOWER "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]"
+#define KS_RE_O200K                                                                                         \
+    "[^\\r\\n\\p{L}\\p{N}]?" KS_RE_O200K_CASE "*" KS_RE_O200K_LOWER "+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"          \
+    "|[^\\r\\n\\p{L}\\p{N}]?" KS_RE_O200K_CASE "+" KS_RE_O200K_LOWER "*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"        \
+    "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define KS_RE_CJK "[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"
 
 typedef struct ks_tok_pre_def {
@@ -94,7 +104,8 @@ typedef struct ks_tok_pre_def {
 } ks_tok_pre_def;
 
 static const ks_tok_pre_def g_pre_defs[] = {
-    {"default|gpt-2|gpt2|mpt|olmo|jais|phi-2|gpt-4o", false, {KS_RE_GPT2, NULL}},
+    {"default|gpt-2|gpt2|mpt|olmo|jais|phi-2", false, {KS_RE_GPT2, NULL}},
+    {"gpt-4o", false, {KS_RE_O200K, NULL}},
     {"llama3|llama-bpe|llama-v3", true, {KS_RE_LLAMA3, NULL}},
     {"dbrx|smaug-bpe|falcon3|pixtral|tekken", false, {KS_RE_LLAMA3, NULL}},
     {"qwen2|deepseek-r1-qwen|stablelm2|megrez", false, {KS_RE_QWEN2, NULL}},
