@@ -57,6 +57,11 @@ ks_status ks_model_bind_weight(ks_model *m, const char *name, int64_t rows, int6
 /* Rows [row0, row0 + rows) of a fused 2-D tensor [total_rows][cols]: a view, no copy. */
 ks_status ks_model_bind_rows(ks_model *m, const char *name, int64_t total_rows, int64_t row0, int64_t rows,
                              int64_t cols, ks_weight *w);
+/* The 3-D tensor `name` (ne {cols, rows, n}) as n views of [rows][cols], the
+ * i-th the i-th contiguous slice: stacked experts, or per-head matrices
+ * (deepseek2's k_b / v_b).  `what` names it in errors ("expert tensor"). */
+ks_status ks_model_bind_stacked(ks_model *m, const char *name, const char *what, int64_t rows, int64_t cols, int64_t n,
+                                ks_weight *views);
 /* A 1-D tensor of n elements as an owned f32 array; NULL if optional and absent. */
 ks_status ks_model_bind_vec(ks_model *m, const char *name, int64_t n, bool required, float **out);
 /* The llama tensor set of layer il (attn_norm, attn_q/k/v/output with

@@ -146,28 +146,6 @@ static ks_status deepseek2_read_hparams(const ks_gguf *g, ks_hparams *hp) {
     return KS_OK;
 }
 
-/* Binds the 3-D tensor `name` (ne {cols, rows, n}) as n views of [rows][cols],
- * the i-th the i-th contiguous slice (stacked experts, per-head k_b / v_b). */
-static ks_status bind_stacked(ks_model *m, const char *name, int64_t rows, int64_t cols, int64_t n, ks_weight *views) {
-    const ks_gguf_tensor *t = ks_gguf_find_tensor(m->gguf, name);
-    if (!t) return KS_FAIL(KS_ERR_FORMAT, "tensor '%s' is missing", name);
-    if (t->n_dims != 3 || t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != n)
-        return KS_FAIL(KS_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld, %lld] in %u dims, expected [%lld, %lld, %lld]",
-                       name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], t->n_dims,
-                       (long long)cols, (long long)rows, (long long)n);
-    if (!ks_dtype_is_weight_type((uint32_t)t->type) || ks_dtype_block_size(t->type) <= 0 ||
-        cols % ks_dtype_block_size(t->type) != 0)
-        return KS_FAIL(KS_ERR_UNSUPPORTED, "tensor '%s' has type %s, which a stacked matrix cannot use", name,
-                       ks_dtype_name(t->type));
-    const size_t slice = ks_dtype_row_bytes(t->type, cols) * (size_t)rows;
-    for (int64_t e = 0; e < n; e++)
-        views[e] = (ks_weight){.type = t->type, .rows = rows, .cols = cols,
-                               .data = (const uint8_t *)t->data + (size_t)e * slice};
-    m->weight_bytes += t->nbytes;
-    m->n_params += rows * cols * n;
-    return KS_OK;
-}
-
 /* The older fused kv_b [n_head * (qk_nope + v_head)][kv_lora_rank]: W_UV_h as
  * row views, W_UK_h transposed into a[n_head][kv_lora_rank][qk_nope] f32 of
  * the mla struct's own (the file's rows run along kv_lora_rank, the absorbed
@@ -226,8 +204,8 @@ static ks_status bind_mla(ks_model *m, int il, ks_layer *L) {
     if (hp->mla_fused_kv_b) {
         KS_TRY(bind_fused_kv_b(m, NAME("attn_kv_b.weight"), a));
     } else {
-        KS_TRY(bind_stacked(m, NAME("attn_k_b.weight"), R, hp->qk_nope, nh, a->k_b));
-        KS_TRY(bind_stacked(m, NAME("attn_v_b.weight"), hp->v_head_mla, R, nh, a->v_b));
+        KS_TRY(ks_model_bind_stacked(m, NAME("attn_k_b.weight"), "tensor", R, hp->qk_nope, nh, a->k_b));
+        KS_TRY(ks_model_bind_stacked(m, NAME("attn_v_b.weight"), "tensor", hp->v_head_mla, R, nh, a->v_b));
     }
     KS_TRY(ks_model_bind_weight(m, NAME("attn_output.weight"), E, nh * hp->v_head_mla, &L->wo));
     KS_TRY(ks_model_bind_vec(m, NAME("ffn_norm.weight"), E, true, &L->ffn_norm));
@@ -252,9 +230,9 @@ static ks_status bind_moe(ks_model *m, int il, ks_layer *L) {
     moe->up = moe->gate + n_expert;
     moe->down = moe->up + n_expert;
     KS_TRY(ks_model_bind_weight(m, NAME("ffn_gate_inp.weight"), hp->n_expert, E, &moe->router));
-    KS_TRY(bind_stacked(m, NAME("ffn_gate_exps.weight"), F, E, hp->n_expert, moe->gate));
-    KS_TRY(bind_stacked(m, NAME("ffn_up_exps.weight"), F, E, hp->n_expert, moe->up));
-    KS_TRY(bind_stacked(m, NAME("ffn_down_exps.weight"), E, F, hp->n_expert, moe->down));
+    KS_TRY(ks_model_bind_stacked(m, NAME("ffn_gate_exps.weight"), "expert tensor", F, E, hp->n_expert, moe->gate));
+    KS_TRY(ks_model_bind_stacked(m, NAME("ffn_up_exps.weight"), "expert tensor", F, E, hp->n_expert, moe->up));
+    KS_TRY(ks_model_bind_stacked(m, NAME("ffn_down_exps.weight"), "expert tensor", E, F, hp->n_expert, moe->down));
     moe->expert_bytes = ks_weight_bytes(&moe->gate[0]) + ks_weight_bytes(&moe->up[0]) + ks_weight_bytes(&moe->down[0]);
     if (FS > 0) {
         KS_TRY(ks_model_bind_weight(m, NAME("ffn_gate_shexp.weight"), FS, E, &moe->sh_gate));

@@ -78,30 +78,6 @@ static ks_status gptoss_read_hparams(const ks_gguf *g, ks_hparams *hp) {
     return KS_OK;
 }
 
-/* The stacked expert tensor `name` (ne {cols, rows, n_expert}) as n_expert
- * views (as qwen3moe's; a missing one or a type experts cannot use is a
- * clear error). */
-static ks_status bind_experts(ks_model *m, const char *name, int64_t rows, int64_t cols, ks_weight *views) {
-    const int64_t n_expert = m->hp.n_expert;
-    const ks_gguf_tensor *t = ks_gguf_find_tensor(m->gguf, name);
-    if (!t) return KS_FAIL(KS_ERR_FORMAT, "expert tensor '%s' is missing", name);
-    if (t->n_dims != 3 || t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != n_expert)
-        return KS_FAIL(KS_ERR_FORMAT, "expert tensor '%s' has shape [%lld, %lld, %lld] in %u dims, expected [%lld, %lld, %lld]",
-                       name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], t->n_dims,
-                       (long long)cols, (long long)rows, (long long)n_expert);
-    if (!ks_dtype_is_weight_type((uint32_t)t->type) || ks_dtype_block_size(t->type) <= 0 ||
-        cols % ks_dtype_block_size(t->type) != 0)
-        return KS_FAIL(KS_ERR_UNSUPPORTED, "expert tensor '%s' has type %s, which experts cannot use", name,
-                       ks_dtype_name(t->type));
-    const size_t slice = ks_dtype_row_bytes(t->type, cols) * (size_t)rows;
-    for (int64_t e = 0; e < n_expert; e++)
-        views[e] = (ks_weight){.type = t->type, .rows = rows, .cols = cols,
-                               .data = (const uint8_t *)t->data + (size_t)e * slice};
-    m->weight_bytes += t->nbytes;
-    m->n_params += rows * cols * n_expert;
-    return KS_OK;
-}
-
 /* A bias table [rows][cols] (ne {cols, rows}; rows 1: a vector, 1 or 2 dims)
  * dequantized into out[rows * cols]. */
 static ks_status bind_table(ks_model *m, const char *name, int64_t rows, int64_t cols, float *out) {
@@ -151,9 +127,9 @@ static ks_status gptoss_bind_layer(ks_model *m, int il, ks_layer *L) {
     moe->down_b = moe->up_b + E * F;
     KS_TRY(ks_model_bind_weight(m, NAME("ffn_gate_inp.weight"), E, D, &moe->router));
     KS_TRY(bind_table(m, NAME("ffn_gate_inp.bias"), 1, E, moe->router_b));
-    KS_TRY(bind_experts(m, NAME("ffn_gate_exps.weight"), F, D, moe->gate));
-    KS_TRY(bind_experts(m, NAME("ffn_up_exps.weight"), F, D, moe->up));
-    KS_TRY(bind_experts(m, NAME("ffn_down_exps.weight"), D, F, moe->down));
+    KS_TRY(ks_model_bind_stacked(m, NAME("ffn_gate_exps.weight"), "expert tensor", F, D, m->hp.n_expert, moe->gate));
+    KS_TRY(ks_model_bind_stacked(m, NAME("ffn_up_exps.weight"), "expert tensor", F, D, m->hp.n_expert, moe->up));
+    KS_TRY(ks_model_bind_stacked(m, NAME("ffn_down_exps.weight"), "expert tensor", D, F, m->hp.n_expert, moe->down));
     KS_TRY(bind_table(m, NAME("ffn_gate_exps.bias"), E, F, moe->gate_b));
     KS_TRY(bind_table(m, NAME("ffn_up_exps.bias"), E, F, moe->up_b));
     KS_TRY(bind_table(m, NAME("ffn_down_exps.bias"), E, D, moe->down_b));

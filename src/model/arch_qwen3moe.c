@@ -46,29 +46,6 @@ static ks_status qwen3moe_read_hparams(const ks_gguf *g, ks_hparams *hp) {
     return KS_OK;
 }
 
-/* Binds the stacked expert tensor `name` (ne {cols, rows, n_expert}) as
- * n_expert views, each expert's [rows][cols] the e-th contiguous slice. */
-static ks_status bind_experts(ks_model *m, const char *name, int64_t rows, int64_t cols, ks_weight *views) {
-    const int64_t n_expert = m->hp.n_expert;
-    const ks_gguf_tensor *t = ks_gguf_find_tensor(m->gguf, name);
-    if (!t) return KS_FAIL(KS_ERR_FORMAT, "expert tensor '%s' is missing", name);
-    if (t->n_dims != 3 || t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != n_expert)
-        return KS_FAIL(KS_ERR_FORMAT, "expert tensor '%s' has shape [%lld, %lld, %lld] in %u dims, expected [%lld, %lld, %lld]",
-                       name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], t->n_dims,
-                       (long long)cols, (long long)rows, (long long)n_expert);
-    if (!ks_dtype_is_weight_type((uint32_t)t->type) || ks_dtype_block_size(t->type) <= 0 ||
-        cols % ks_dtype_block_size(t->type) != 0)
-        return KS_FAIL(KS_ERR_UNSUPPORTED, "expert tensor '%s' has type %s, which experts cannot use", name,
-                       ks_dtype_name(t->type));
-    const size_t slice = ks_dtype_row_bytes(t->type, cols) * (size_t)rows;
-    for (int64_t e = 0; e < n_expert; e++)
-        views[e] = (ks_weight){.type = t->type, .rows = rows, .cols = cols,
-                               .data = (const uint8_t *)t->data + (size_t)e * slice};
-    m->weight_bytes += t->nbytes;
-    m->n_params += rows * cols * n_expert;
-    return KS_OK;
-}
-
 static ks_status qwen3moe_bind_layer(ks_model *m, int il, ks_layer *L) {
     const ks_hparams *hp = &m->hp;
     const int64_t E = hp->n_embd, F = hp->n_ff_exp;
@@ -85,9 +62,9 @@ static ks_status qwen3moe_bind_layer(ks_model *m, int il, ks_layer *L) {
     moe->up = moe->gate + n_expert;
     moe->down = moe->up + n_expert;
     KS_TRY(ks_model_bind_weight(m, NAME("ffn_gate_inp.weight"), hp->n_expert, E, &moe->router));
-    KS_TRY(bind_experts(m, NAME("ffn_gate_exps.weight"), F, E, moe->gate));
-    KS_TRY(bind_experts(m, NAME("ffn_up_exps.weight"), F, E, moe->up));
-    KS_TRY(bind_experts(m, NAME("ffn_down_exps.weight"), E, F, moe->down));
+    KS_TRY(ks_model_bind_stacked(m, NAME("ffn_gate_exps.weight"), "expert tensor", F, E, m->hp.n_expert, moe->gate));
+    KS_TRY(ks_model_bind_stacked(m, NAME("ffn_up_exps.weight"), "expert tensor", F, E, m->hp.n_expert, moe->up));
+    KS_TRY(ks_model_bind_stacked(m, NAME("ffn_down_exps.weight"), "expert tensor", E, F, m->hp.n_expert, moe->down));
 #undef NAME
     moe->expert_bytes = ks_weight_bytes(&moe->gate[0]) + ks_weight_bytes(&moe->up[0]) + ks_weight_bytes(&moe->down[0]);
     return KS_OK;

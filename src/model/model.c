@@ -154,6 +154,27 @@ static ks_status read_hparams(const ks_gguf *g, ks_hparams *hp, const ks_arch_de
 }
 
 /* Binds a 2-D weight and checks its shape ([rows][cols] = ne[1], ne[0]). */
+ks_status ks_model_bind_stacked(ks_model *m, const char *name, const char *what, int64_t rows, int64_t cols, int64_t n,
+                                ks_weight *views) {
+    const ks_gguf_tensor *t = ks_gguf_find_tensor(m->gguf, name);
+    if (!t) return KS_FAIL(KS_ERR_FORMAT, "%s '%s' is missing", what, name);
+    if (t->n_dims != 3 || t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != n)
+        return KS_FAIL(KS_ERR_FORMAT, "%s '%s' has shape [%lld, %lld, %lld] in %u dims, expected [%lld, %lld, %lld]",
+                       what, name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], t->n_dims,
+                       (long long)cols, (long long)rows, (long long)n);
+    if (!ks_dtype_is_weight_type((uint32_t)t->type) || ks_dtype_block_size(t->type) <= 0 ||
+        cols % ks_dtype_block_size(t->type) != 0)
+        return KS_FAIL(KS_ERR_UNSUPPORTED, "%s '%s' has type %s, which a stacked matrix cannot use", what, name,
+                       ks_dtype_name(t->type));
+    const size_t slice = ks_dtype_row_bytes(t->type, cols) * (size_t)rows;
+    for (int64_t e = 0; e < n; e++)
+        views[e] = (ks_weight){.type = t->type, .rows = rows, .cols = cols,
+                               .data = (const uint8_t *)t->data + (size_t)e * slice};
+    m->weight_bytes += t->nbytes;
+    m->n_params += rows * cols * n;
+    return KS_OK;
+}
+
 ks_status ks_model_bind_weight(ks_model *m, const char *name, int64_t rows, int64_t cols, ks_weight *w) {
     const ks_gguf_tensor *t = ks_gguf_find_tensor(m->gguf, name);
     if (!t) return KS_FAIL(KS_ERR_FORMAT, "tensor '%s' is missing", name);
