@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* The fixtures live in the repository (tests/fixtures, see its README.md);
  * CMake passes KS_FIXTURES_DIR, which a build may point elsewhere. */
@@ -111,4 +112,12 @@ int ks_test_policy_create(const char *name, const char *args, int32_t budget, in
     ks_policy_spec spec;
     ks_status st = ks_policy_spec_parse(name, args, budget, sink, window, dense_layers, &spec);
     return st != KS_OK ? (int)st : (int)ks_policy_create(&spec, env, out);
+}
+
+void ks_test_expect_load_refused(const char *path, const char *needle) {
+    ks_model *m = NULL;
+    assert_int_not_equal(ks_model_load(path, ks_model_default_params(), &m), KS_OK);
+    assert_null(m);
+    if (!strstr(ks_last_error(), needle)) fail_msg("error '%s' does not mention '%s'", ks_last_error(), needle);
+    unlink(path);
 }

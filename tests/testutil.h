@@ -43,6 +43,9 @@ int ks_test_write_file(const char *path, const void *data, size_t n);
  * written to path and loaded into *out.  0 on success. */
 struct ks_model;
 int ks_test_tiny_llama(int n_layer, uint64_t seed, const char *path, struct ks_model **out);
+/* Asserts that loading the model file at path fails, leaves no model, and
+ * that the error message contains needle; then removes the file. */
+void ks_test_expect_load_refused(const char *path, const char *needle);
 /* A policy instance over env from its name and arguments, through the one
  * parser (ks_policy_spec_parse) and ks_policy_create: the parser's status
  * when it refuses them, else create's. */
