@@ -42,7 +42,8 @@ Architecture notes (verified against public llama.cpp sources):
     sub-block's output before the residual add; FFN gate through GELU (tanh
     approximation).  Local (sliding-window) layers: with
     gemma3.attention.sliding_window = W, layer l is local unless
-    l % pattern == pattern - 1 (attention.sliding_window_pattern, default 6);
+    l % pattern == pattern - 1 (attention.sliding_window_pattern, default 6;
+    as an array, one bool per layer, true for local);
     a local query at position t sees keys at positions (t - W, t] and rotates
     with rope.freq_base_swa (default 10000) without scaling, while global
     layers use rope.freq_base with the file's linear scaling.  The attention
@@ -139,7 +140,14 @@ def load_config(r):
     c.gelu = c.gemma        # GELU (tanh) gate instead of SiLU
     c.gptoss = arch == "gpt-oss"
     c.n_swa = int(k("attention.sliding_window", 0)) if c.gemma or c.gptoss else 0
-    c.swa_pattern = int(k("attention.sliding_window_pattern", 2 if c.gptoss else 6))
+    # a period, or gguf-py's per-layer form: a list of bools, true for a local layer
+    pat = k("attention.sliding_window_pattern", 2 if c.gptoss else 6)
+    if isinstance(pat, list):
+        if len(pat) != c.n_layer:
+            raise SystemExit("reference.py: sliding_window_pattern has %d entries for %d layers" % (len(pat), c.n_layer))
+        c.swa_pattern = [bool(v) for v in pat]
+    else:
+        c.swa_pattern = int(pat)
     c.freq_base_swa = float(k("rope.freq_base_swa", 10000.0))
     c.softcap = float(k("final_logit_softcapping", 0.0)) if c.gemma else 0.0
     c.attn_scale = 1.0 / math.sqrt(c.head_dim)
@@ -191,6 +199,8 @@ def is_local(c, l):
     """Whether layer l is a sliding-window layer."""
     if c.n_swa <= 0:
         return False
+    if isinstance(c.swa_pattern, list):
+        return c.swa_pattern[l]
     return c.swa_pattern == 0 or l % c.swa_pattern < c.swa_pattern - 1
 
 
