@@ -93,14 +93,18 @@ if [ "$GRID" = 1 ]; then
       name=$shape-$type; f=$OUT/$name.gguf
       [ -f "$f" ] || "$KS" gen-model --shape "$shape" --type "$type" --vocab-from "$v" --out "$f" >/dev/null 2>"$OUT/$name.gen.err" \
         || { echo "| $shape | $type | gen-model failed | | | | |"; echo "$shape $type FAIL - -" >>"$ROWS"; continue; }
+      # kvsieve's outputs are kept from an earlier run (KS_ONLY=1 makes only them,
+      # e.g. while llama.cpp still builds); the files are byte-reproducible
+      grep -q '^perplexity: ' "$OUT/$name.ks.ppl" 2>/dev/null || {
+        "$KS" run -m "$f" -p "$PROMPT" -n 64 --temp 0 -c "$GRID_CTX" -t 2 >"$OUT/$name.ks.txt" 2>"$OUT/$name.ks.err"
+        "$KS" perplexity -m "$f" -f "$TEXT" -c "$PPL_CTX" --windows "$PPL_WINDOWS" --score-second-half -t 2 \
+          >"$OUT/$name.ks.ppl" 2>&1; }
+      [ "${KS_ONLY:-0}" = 1 ] && { echo "| $shape | $type | (kvsieve only) | $(sed -n 's/^perplexity: \([0-9.]*\).*/\1/p' "$OUT/$name.ks.ppl") | | | |"; continue; }
       "$LLAMA/llama-completion" -m "$f" -p "$PROMPT" -n 64 --temp 0 -c "$GRID_CTX" -t 2 -no-cnv --no-display-prompt \
         >"$OUT/$name.llama.txt" 2>"$OUT/$name.llama.err" </dev/null
-      "$KS" run -m "$f" -p "$PROMPT" -n 64 --temp 0 -c "$GRID_CTX" -t 2 >"$OUT/$name.ks.txt" 2>"$OUT/$name.ks.err"
       same=$(greedy_cmp "$name")
       "$LLAMA/llama-perplexity" -m "$f" -f "$TEXT" -c "$PPL_CTX" -b "$PPL_CTX" --chunks "$PPL_WINDOWS" -t 2 \
         >"$OUT/$name.llama.ppl" 2>&1 </dev/null
-      "$KS" perplexity -m "$f" -f "$TEXT" -c "$PPL_CTX" --windows "$PPL_WINDOWS" --score-second-half -t 2 \
-        >"$OUT/$name.ks.ppl" 2>&1
       lp=$(grep -o 'Final estimate: PPL = [0-9.]*' "$OUT/$name.llama.ppl" | grep -o '[0-9.]*$')
       kp=$(sed -n 's/^perplexity: \([0-9.]*\).*/\1/p' "$OUT/$name.ks.ppl")
       d=$(python3 -c "print('%+.3f%%' % (100*($kp/$lp-1)))" 2>/dev/null || echo "?")
