@@ -84,6 +84,9 @@ if [ "$GRID" = 1 ]; then
   SHAPES=${SHAPES:-"tiny-llama tiny-qwen2 tiny-qwen3 tiny-qwen3-yarn tiny-phi3 tiny-smollm3 tiny-mistral3 tiny-gemma3"}
   TYPES=${TYPES:-"f16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q3_k q2_k iq4_nl iq4_xs"}
   GRID_CTX=${GRID_CTX:-512}
+  # -t of both engines (results do not depend on it; 1 is far faster on a
+  # crowded host, where a second thread waits at every barrier)
+  T=${GRID_THREADS:-2}
   ROWS=$OUT/grid-rows.txt; : >"$ROWS"
   echo "| shape | type | greedy 64 tokens | kvsieve PPL | llama.cpp PPL | difference | max per-window difference |"
   echo "|---|---|---|---|---|---|---|"
@@ -91,19 +94,19 @@ if [ "$GRID" = 1 ]; then
     v=$VOCAB; case $shape in *phi3*) v=$PHI3_VOCAB;; esac
     for type in $TYPES; do
       name=$shape-$type; f=$OUT/$name.gguf
-      [ -f "$f" ] || "$KS" gen-model --shape "$shape" --type "$type" --vocab-from "$v" --out "$f" >/dev/null 2>"$OUT/$name.gen.err" \
-        || { echo "| $shape | $type | gen-model failed | | | | |"; echo "$shape $type FAIL - -" >>"$ROWS"; continue; }
+      [ -f "$f" ] || { "$KS" gen-model --shape "$shape" --type "$type" --vocab-from "$v" --out "$f.part" >/dev/null 2>"$OUT/$name.gen.err" \
+        && mv "$f.part" "$f"; } || { echo "| $shape | $type | gen-model failed | | | | |"; echo "$shape $type FAIL - -" >>"$ROWS"; continue; }
       # kvsieve's outputs are kept from an earlier run (KS_ONLY=1 makes only them,
       # e.g. while llama.cpp still builds); the files are byte-reproducible
       grep -q '^perplexity: ' "$OUT/$name.ks.ppl" 2>/dev/null || {
-        "$KS" run -m "$f" -p "$PROMPT" -n 64 --temp 0 -c "$GRID_CTX" -t 2 >"$OUT/$name.ks.txt" 2>"$OUT/$name.ks.err"
-        "$KS" perplexity -m "$f" -f "$TEXT" -c "$PPL_CTX" --windows "$PPL_WINDOWS" --score-second-half -t 2 \
+        "$KS" run -m "$f" -p "$PROMPT" -n 64 --temp 0 -c "$GRID_CTX" -t "$T" >"$OUT/$name.ks.txt" 2>"$OUT/$name.ks.err"
+        "$KS" perplexity -m "$f" -f "$TEXT" -c "$PPL_CTX" --windows "$PPL_WINDOWS" --score-second-half -t "$T" \
           >"$OUT/$name.ks.ppl" 2>&1; }
       [ "${KS_ONLY:-0}" = 1 ] && { echo "| $shape | $type | (kvsieve only) | $(sed -n 's/^perplexity: \([0-9.]*\).*/\1/p' "$OUT/$name.ks.ppl") | | | |"; continue; }
-      "$LLAMA/llama-completion" -m "$f" -p "$PROMPT" -n 64 --temp 0 -c "$GRID_CTX" -t 2 -no-cnv --no-display-prompt \
+      "$LLAMA/llama-completion" -m "$f" -p "$PROMPT" -n 64 --temp 0 -c "$GRID_CTX" -t "$T" -no-cnv --no-display-prompt \
         >"$OUT/$name.llama.txt" 2>"$OUT/$name.llama.err" </dev/null
       same=$(greedy_cmp "$name")
-      "$LLAMA/llama-perplexity" -m "$f" -f "$TEXT" -c "$PPL_CTX" -b "$PPL_CTX" --chunks "$PPL_WINDOWS" -t 2 \
+      "$LLAMA/llama-perplexity" -m "$f" -f "$TEXT" -c "$PPL_CTX" -b "$PPL_CTX" --chunks "$PPL_WINDOWS" -t "$T" \
         >"$OUT/$name.llama.ppl" 2>&1 </dev/null
       lp=$(grep -o 'Final estimate: PPL = [0-9.]*' "$OUT/$name.llama.ppl" | grep -o '[0-9.]*$')
       kp=$(sed -n 's/^perplexity: \([0-9.]*\).*/\1/p' "$OUT/$name.ks.ppl")
