@@ -625,6 +625,10 @@ def main(argv=None):
     ap.add_argument("--dump-logits", help="write f32 [n_tokens][n_vocab] teacher-forced logits")
     ap.add_argument("--n-ctx", type=int, default=0,
                     help="context size (LongRoPE's short/long choice; default min(trained, 4096))")
+    ap.add_argument("--against", action="append", default=[], metavar="FILE",
+                    help="an engine's greedy continuation (text, as kvsieve run or llama-completion print it): "
+                         "report the first step where it leaves the reference's, with that step's top-2 margin "
+                         "(repeatable)")
     ap.add_argument("--emulate", action="store_true",
                     help="round activations/KV like the C engine (error-budget estimation)")
     a = ap.parse_args(argv)
@@ -647,6 +651,26 @@ def main(argv=None):
     print("top-2 margins:", " ".join("%.3g" % x for x in margins))
     if spm_vocab(m.r) is not None:
         print("text: %r" % spm_decode(m.r, prompt + ids))
+    # Where an engine's text leaves the reference's: the first step whose
+    # decoded continuation is no longer a prefix of the engine's text (both
+    # decoded from the same prompt, so the prompt's text cancels).
+    for path in a.against:
+        if spm_vocab(m.r) is None:
+            raise SystemExit("reference.py: --against needs a SentencePiece vocabulary")
+        with open(path, encoding="utf-8", errors="replace") as f:
+            eng = f.read().rstrip()
+        base = spm_decode(m.r, prompt)
+        step = None
+        for i in range(len(ids)):
+            cont = spm_decode(m.r, prompt + ids[:i + 1])[len(base):].rstrip()
+            if not eng.startswith(cont):
+                step = i
+                break
+        if step is None:
+            print("against %s: agrees for all %d steps" % (path, len(ids)))
+        else:
+            print("against %s: leaves the reference at step %d (0-based), reference top-2 margin %.4g there" %
+                  (path, step, margins[step]))
     return 0
 
 
