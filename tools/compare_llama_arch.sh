@@ -103,11 +103,20 @@ if [ "$GRID" = 1 ]; then
         "$KS" perplexity -m "$f" -f "$TEXT" -c "$PPL_CTX" --windows "$PPL_WINDOWS" --score-second-half -t "$T" \
           >"$OUT/$name.ks.ppl" 2>&1; }
       [ "${KS_ONLY:-0}" = 1 ] && { echo "| $shape | $type | (kvsieve only) | $(sed -n 's/^perplexity: \([0-9.]*\).*/\1/p' "$OUT/$name.ks.ppl") | | | |"; continue; }
-      "$LLAMA/llama-completion" -m "$f" -p "$PROMPT" -n 64 --temp 0 -c "$GRID_CTX" -t "$T" -no-cnv --no-display-prompt \
-        >"$OUT/$name.llama.txt" 2>"$OUT/$name.llama.err" </dev/null
+      # llama.cpp's outputs are kept too once complete (a rerun fills the gaps)
+      [ -s "$OUT/$name.llama.txt" ] ||
+        "$LLAMA/llama-completion" -m "$f" -p "$PROMPT" -n 64 --temp 0 -c "$GRID_CTX" -t "$T" -no-cnv --no-display-prompt \
+          >"$OUT/$name.llama.txt" 2>"$OUT/$name.llama.err" </dev/null
       same=$(greedy_cmp "$name")
-      "$LLAMA/llama-perplexity" -m "$f" -f "$TEXT" -c "$PPL_CTX" -b "$PPL_CTX" --chunks "$PPL_WINDOWS" -t "$T" \
-        >"$OUT/$name.llama.ppl" 2>&1 </dev/null
+      # LLAMA_CHECK: tools/llama_check.c built against libllama, for a llama.cpp
+      # build whose tools are not done (the same scoring as llama-perplexity)
+      if grep -q 'Final estimate' "$OUT/$name.llama.ppl" 2>/dev/null; then :
+      elif [ -n "${LLAMA_CHECK:-}" ] && [ ! -x "$LLAMA/llama-perplexity" ]; then
+        "$LLAMA_CHECK" "$f" "$PROMPT" 1 "$GRID_CTX" "$TEXT" "$PPL_CTX" "$PPL_WINDOWS" >"$OUT/$name.llama.ppl" 2>/dev/null </dev/null
+      else
+        "$LLAMA/llama-perplexity" -m "$f" -f "$TEXT" -c "$PPL_CTX" -b "$PPL_CTX" --chunks "$PPL_WINDOWS" -t "$T" \
+          >"$OUT/$name.llama.ppl" 2>&1 </dev/null
+      fi
       lp=$(grep -o 'Final estimate: PPL = [0-9.]*' "$OUT/$name.llama.ppl" | grep -o '[0-9.]*$')
       kp=$(sed -n 's/^perplexity: \([0-9.]*\).*/\1/p' "$OUT/$name.ks.ppl")
       d=$(python3 -c "print('%+.3f%%' % (100*($kp/$lp-1)))" 2>/dev/null || echo "?")
