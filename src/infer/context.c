@@ -35,11 +35,13 @@ a depth the next allocates nothing (tests/test_step_alloc.c).  Creation
 #include <math.h>
 #include <string.h>
 
+#define KS_MOE_N_BATCH 1024 /* default prefill chunk of a model with experts (check_params) */
+
 ks_context_params ks_context_default_params(void) {
     return (ks_context_params){.n_ctx = 0,
                                .n_seq = 1,
                                .n_threads = 0,
-                               .n_batch = 256,
+                               .n_batch = 0, /* by the model: check_params */
                                .kv_type = KS_KV_F16,
                                .policy = "dense",
                                .budget = 0,
@@ -219,7 +221,11 @@ static ks_status svc_evict(void *svc, int32_t seq, int32_t layer, int32_t head, 
 static ks_status check_params(const ks_hparams *hp, ks_context_params *p) {
     if (p->n_ctx <= 0) p->n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
     if (p->n_threads <= 0) p->n_threads = ks_cpu_count();
-    if (p->n_batch <= 0) p->n_batch = 256;
+    /* A model with experts prefills in larger chunks: each expert's products
+     * run over the chunk's rows that chose it (infer/moe.c), n_batch x
+     * n_expert_used / n_expert of them on average (16 for Qwen3-30B-A3B at
+     * 256 rows), too few for the GEMM kernels to reach their peak. */
+    if (p->n_batch <= 0) p->n_batch = hp->n_expert > 0 ? KS_MOE_N_BATCH : 256;
     if (p->page <= 0) p->page = 32;
     if (p->n_seq <= 0 || p->n_seq > 4096) return KS_FAIL(KS_ERR_INVALID_ARG, "n_seq %d out of range [1, 4096]", p->n_seq);
     if (p->n_ctx > (1 << 24)) return KS_FAIL(KS_ERR_INVALID_ARG, "n_ctx %d is too large", p->n_ctx);
