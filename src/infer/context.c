@@ -257,6 +257,7 @@ static ks_status create_kv(ks_context *c, int32_t budget) {
     kp.type = p->kv_type;
     kp.offload_dir = p->kv_offload_dir;
     kp.slot_entries = ks_infer_buffer_entries(p, budget);
+    kp.k_only = hp->kv_lora_rank > 0; /* latent attention reads its values from the key rows (infer/mla.c) */
     /* headroom for a prefix cache's pinned pages (prefix/prefix_cache.c): one
      * sequence's full context; reserved address space, touched only when used */
     kp.pin_pages = hp->n_head_kv * ((p->n_ctx + p->page - 1) / p->page);
@@ -680,15 +681,15 @@ ks_status ks_seq_set_policy_spec(ks_context *c, int32_t seq, const ks_policy_spe
 
 void ks_context_kv_bytes(const ks_context *c, int64_t *fast, int64_t *slow) {
     const ks_hparams *hp = &c->model->hp;
-    int64_t f = 0, sl = 0;
+    int64_t f = 0, sl = 0, rows = hp->kv_lora_rank > 0 ? 1 : 2; /* a latent entry is one row (no V) */
     for (int32_t l = 0; l < hp->n_layer; l++) {
         int64_t e = 0;
         for (int32_t s = 0; s < c->n_seq; s++)
             for (int32_t h = 0; h < hp->n_head_kv; h++) e += ks_kv_n_entries(c->kv, s, l, h);
-        *(ks_kv_layer_tier(c->kv, l) == KS_TIER_SLOW ? &sl : &f) += 2 * e * (int64_t)c->kv_row_bytes;
+        *(ks_kv_layer_tier(c->kv, l) == KS_TIER_SLOW ? &sl : &f) += rows * e * (int64_t)c->kv_row_bytes;
     }
     for (int32_t s = 0; s < c->n_seq; s++) /* parked sequences: all in the slow tier */
-        sl += 2 * ks_kv_seq_parked_entries(c->kv, s) * (int64_t)c->kv_row_bytes;
+        sl += rows * ks_kv_seq_parked_entries(c->kv, s) * (int64_t)c->kv_row_bytes;
     if (fast) *fast = f;
     if (slow) *slow = sl;
 }
