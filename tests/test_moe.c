@@ -177,6 +177,10 @@ static void test_grouped_equals_per_row(void **state) {
         check_grouped(types[i], 6, 3, 5);
     }
     check_grouped(KS_DTYPE_F16, 4, 4, 9); /* every expert for every row */
+    /* enough (row, expert) pairs for the gather and the per-row sums to run
+     * on the pool (moe.c's COPY_PARALLEL_MIN: 200 x 2 x 256 floats) */
+    check_grouped(KS_DTYPE_Q8_0, 8, 2, 200);
+    check_grouped(KS_DTYPE_F16, 6, 3, 100);
 }
 
 /* --------------------------------------------- the generated model -- */
