@@ -552,6 +552,10 @@ static void ks_mm_quantize_one(const ks_mm_job *job, int64_t c) {
         ks_mm_quantize_q8_neon(x, dst, job->cols);
         return;
     }
+    if (job->level >= KS_SIMD_NEON && job->xkind == KS_MM_XQ8K) { /* ks_quantize_row's Q8_K bytes */
+        ks_mm_quantize_q8_k_neon(x, dst, job->cols);
+        return;
+    }
 #endif
     if (job->xkind == KS_MM_XQ8) ks_mm_quantize_q8(x, dst, job->cols);
     else ks_quantize_row(KS_DTYPE_Q8_K, x, dst, job->cols);

@@ -195,6 +195,34 @@ static void ks_mm_quantize_q8_neon(const float *x, uint8_t *dst, int64_t cols) {
         }
     }
 }
+/* The Q8_K partner of the K-quants and IQ4_XS (dtype.c, ks_quantize_row_q8_k)
+ * in NEON, to the same bytes: amax over the 256-block, d = amax / 127,
+ * x * (1 / d) rounded to nearest even (fcvtns, lrintf's default mode) and
+ * held to [-127, 127], and the sums of each 16.  Scalar on ARM it cost about
+ * as much per decode product as a Q2_K row set's dots (docs/BENCHMARKS.md,
+ * "Counted at run time"); x86 has ks_mm_quantize_q8_k_avx2 for it. */
+static void ks_mm_quantize_q8_k_neon(const float *x, uint8_t *dst, int64_t cols) {
+    ks_block_q8_k *y = (ks_block_q8_k *)dst;
+    for (int64_t b = 0; b < cols / KS_QK_K; b++, x += KS_QK_K) {
+        float32x4_t m0 = vdupq_n_f32(0.0f), m1 = m0;
+        for (int i = 0; i < KS_QK_K; i += 8) {
+            m0 = vmaxq_f32(m0, vabsq_f32(vld1q_f32(x + i)));
+            m1 = vmaxq_f32(m1, vabsq_f32(vld1q_f32(x + i + 4)));
+        }
+        const float amax = vmaxvq_f32(vmaxq_f32(m0, m1));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = d;
+        for (int i = 0; i < KS_QK_K; i += 16) {
+            int32x4_t r[4];
+            KS_NEON_UNROLL for (int k = 0; k < 4; k++) r[k] = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(x + i + 4 * k), id));
+            const int16x8_t h0 = vcombine_s16(vqmovn_s32(r[0]), vqmovn_s32(r[1]));
+            const int16x8_t h1 = vcombine_s16(vqmovn_s32(r[2]), vqmovn_s32(r[3]));
+            const int8x16_t q = vmaxq_s8(vcombine_s8(vqmovn_s16(h0), vqmovn_s16(h1)), vdupq_n_s8(-127));
+            vst1q_s8(y[b].qs + i, q);
+            y[b].bsums[i / 16] = (int16_t)vaddvq_s16(vpaddlq_s8(q));
+        }
+    }
+}
 #endif /* KS_MM_NEON_COMMON */
 
 /* ------------------------------------------- per pass: the dot kernels -- */
