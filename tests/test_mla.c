@@ -299,7 +299,9 @@ static void test_chunks_and_decode_agree(void **state) {
     int32_t z = 0;
     assert_int_equal(ks_decode(b, &z, &toks[n - 1], 1, lb), KS_OK);
     double mx, e = ks_test_nmse(lb, la, (size_t)Vv, &mx);
-    if (e > 1e-5) fail_msg("chunked prefill + decode vs one prefill: nmse %g (max %g)", e, mx);
+    /* the AVX2 attention kernels sum prefill and decode in different orders
+     * (nmse 1.4e-5 there, 1e-7 on AVX-512); test_infer.c allows 2e-4 */
+    if (e > 1e-4) fail_msg("chunked prefill + decode vs one prefill: nmse %g (max %g)", e, mx);
     free(la), free(lb);
     ks_context_destroy(a);
     ks_context_destroy(b);
