@@ -6,7 +6,8 @@
  * against dense (test_policy); this file checks what those cannot see:
  *  1. loading: which layers are local, the window, the two RoPE bases and
  *     the linear scaling, from the GGUF keys as llama.cpp reads them (the
- *     pattern key changes the split);
+ *     pattern key changes the split; as a per-layer array it is read layer
+ *     by layer, and an array of the wrong length is refused);
  *  2. a local layer's KV stays bounded: after a long prefill and decode its
  *     heads hold at most window + P - 1 entries and its pool only the pages
  *     of those, while the global layer holds everything;
@@ -35,13 +36,19 @@
 static char g_path[256], g_path_local[256];
 static ks_model *g_m;
 
-static int make_model(const ks_model_shape *s, const char *path, int32_t n_layer) {
+static int make_model_arr(const ks_model_shape *s, const char *path, int32_t n_layer, const uint8_t *swa_layers,
+                          int32_t n_swa_layers) {
     ks_gguf *vocab = NULL;
     if (ks_gguf_open(ks_test_fixture("models/aidreams260K.gguf"), &vocab) != KS_OK) return -1;
-    ks_shape_gen_params gp = {.type = KS_DTYPE_F16, .vocab = vocab, .seed = 7, .n_layer = n_layer, .n_ctx = 1024};
+    ks_shape_gen_params gp = {.type = KS_DTYPE_F16, .vocab = vocab, .seed = 7, .n_layer = n_layer, .n_ctx = 1024,
+                              .swa_layers = swa_layers, .n_swa_layers = n_swa_layers};
     ks_status st = ks_shape_generate(s, &gp, path, NULL);
     ks_gguf_close(vocab);
     return st == KS_OK ? 0 : -1;
+}
+
+static int make_model(const ks_model_shape *s, const char *path, int32_t n_layer) {
+    return make_model_arr(s, path, n_layer, NULL, 0);
 }
 
 static int setup(void **state) {
@@ -89,6 +96,20 @@ static void test_load_pattern(void **state) {
     assert_int_equal(m->layers[2].window, 0);
     assert_int_equal(m->layers[3].window, 16);
     ks_model_destroy(m);
+
+    /* the key as gguf-py's per-layer bool array (true: local), read layer by
+     * layer: a split no period gives */
+    static const uint8_t split[4] = {1, 0, 0, 1};
+    assert_int_equal(make_model_arr(&s, g_path_local, 4, split, 4), 0);
+    assert_int_equal(ks_model_load(g_path_local, ks_model_default_params(), &m), KS_OK);
+    assert_int_equal(m->layers[0].window, 16);
+    assert_int_equal(m->layers[1].window, 0);
+    assert_int_equal(m->layers[2].window, 0);
+    assert_int_equal(m->layers[3].window, 16);
+    ks_model_destroy(m);
+    /* an array of the wrong length is refused by name, not read past its end */
+    assert_int_equal(make_model_arr(&s, g_path_local, 4, split, 3), 0);
+    ks_test_expect_load_refused(g_path_local, "has 3 entries for 4 layers");
 }
 
 static ks_context *make_ctx(ks_model *m, int32_t n_ctx, int n_batch, const char *policy, int32_t budget) {

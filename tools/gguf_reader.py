@@ -13,9 +13,12 @@ Shape convention: GGUF ne[0] is the innermost (fastest-varying) dimension, so a
 tensor with ne=[in, out] is returned as a numpy array of shape (out, in): a
 row-major [out][in] matrix, i.e. y = W @ x.
 
-Supported tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K.  Dequantization
-is bit-exact to GGML's reference dequantize_row_* routines: every product is
-formed in float32 in the same order as the C reference.
+Supported tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K,
+Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4.  Dequantization is bit-exact to
+GGML's reference dequantize_row_* routines: every product is formed in float32
+in the same order as the C reference (`--selftest` checks each vectorised
+dequantizer against an element-by-element transcription of the C routine and,
+where tests/fixtures/quant/ has them, against gguf-py's values).
 """
 import struct
 import sys
@@ -42,6 +45,8 @@ _SCALAR_NP = {
 
 # GGML tensor types: id -> (name, elements per block, bytes per block)
 GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K, GGML_BF16 = 0, 1, 2, 8, 12, 14, 30
+GGML_Q4_1, GGML_Q5_0, GGML_Q5_1, GGML_Q2_K, GGML_Q3_K, GGML_Q5_K = 3, 6, 7, 10, 11, 13
+GGML_IQ4_NL, GGML_IQ4_XS = 20, 23
 GGML_MXFP4 = 39
 QK_K = 256
 GGML_TYPES = {
@@ -53,12 +58,18 @@ GGML_TYPES = {
     GGML_Q6_K: ("q6_k", QK_K, QK_K // 2 + QK_K // 4 + QK_K // 16 + 2),
     GGML_BF16: ("bf16", 1, 2),
     GGML_MXFP4: ("mxfp4", 32, 1 + 16),
+    GGML_Q4_1: ("q4_1", 32, 2 + 2 + 16),
+    GGML_Q5_0: ("q5_0", 32, 2 + 4 + 16),
+    GGML_Q5_1: ("q5_1", 32, 2 + 2 + 4 + 16),
+    GGML_Q2_K: ("q2_k", QK_K, QK_K // 16 + QK_K // 4 + 2 + 2),
+    GGML_Q3_K: ("q3_k", QK_K, QK_K // 8 + QK_K // 4 + 12 + 2),
+    GGML_Q5_K: ("q5_k", QK_K, 2 + 2 + 12 + QK_K // 8 + QK_K // 2),
+    GGML_IQ4_NL: ("iq4_nl", 32, 2 + 16),
+    GGML_IQ4_XS: ("iq4_xs", QK_K, 2 + 2 + QK_K // 64 + QK_K // 2),
 }
 # block sizes of types we can parse but not dequantize (so tensor extents still validate)
 _OTHER_TYPES = {
-    3: ("q4_1", 32, 20), 6: ("q5_0", 32, 22), 7: ("q5_1", 32, 24), 9: ("q8_1", 32, 36),
-    10: ("q2_k", 256, 84), 11: ("q3_k", 256, 110), 13: ("q5_k", 256, 176),
-    15: ("q8_k", 256, 292), 24: ("i8", 1, 1), 25: ("i16", 1, 2), 26: ("i32", 1, 4),
+    9: ("q8_1", 32, 36), 15: ("q8_k", 256, 292), 24: ("i8", 1, 1), 25: ("i16", 1, 2), 26: ("i32", 1, 4),
     27: ("i64", 1, 8), 28: ("f64", 1, 8),
 }
 
@@ -309,12 +320,143 @@ def dequant_q6_k(raw, n):
     return ((d[:, None, None, None, None] * scale) * q).reshape(-1)  # (d * sc) * q
 
 
+def dequant_q4_1(raw, n):
+    b = _blocks(raw, n, 32, 20)
+    d = _half(b[:, 0:2])[:, None]
+    m = _half(b[:, 2:4])[:, None]
+    qs = b[:, 4:20]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)
+    return (q * d + m).reshape(-1)  # x = nibble * d + m
+
+
+def _q5_high(qh4):
+    """[nb, 4] uint8 (a little-endian uint32 qh) -> [nb, 32] fifth bits (0 or 16):
+    element j < 16 takes bit j, element j + 16 bit j + 16 (GGML's xh_0 / xh_1)."""
+    qh = np.ascontiguousarray(qh4).view("<u4")[:, 0].astype(np.uint32)
+    bits = (qh[:, None] >> np.arange(32, dtype=np.uint32)[None, :]) & 1
+    return (bits << 4).astype(np.int32)
+
+
+def dequant_q5_0(raw, n):
+    b = _blocks(raw, n, 32, 22)
+    d = _half(b[:, 0:2])[:, None]
+    qs = b[:, 6:22]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.int32) | _q5_high(b[:, 2:6])
+    return ((q - 16).astype(np.float32) * d).reshape(-1)  # x = (q5 - 16) * d
+
+
+def dequant_q5_1(raw, n):
+    b = _blocks(raw, n, 32, 24)
+    d = _half(b[:, 0:2])[:, None]
+    m = _half(b[:, 2:4])[:, None]
+    qs = b[:, 8:24]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.int32) | _q5_high(b[:, 4:8])
+    return (q.astype(np.float32) * d + m).reshape(-1)  # x = q5 * d + m
+
+
+def dequant_q2_k(raw, n):
+    # block_q2_K: scales[16] (low nibble scale, high nibble min), qs[64], d, dmin.
+    # Per 128-element half: 32 bytes of qs, read 4 times at shifts 0, 2, 4, 6,
+    # each pass giving two 16-element sub-blocks (bytes 0..15 and 16..31).
+    b = _blocks(raw, n, QK_K, 84)
+    nb = b.shape[0]
+    sc = b[:, 0:16]
+    qs = b[:, 16:80].reshape(nb, 2, 1, 2, 16)               # [half, -, sub, 16]
+    d = _half(b[:, 80:82])
+    dmin = _half(b[:, 82:84])
+    shifts = np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1, 1)
+    q = ((qs >> shifts) & 3).astype(np.float32)             # [nb, half, pass, sub, 16]
+    dl = (d[:, None] * (sc & 0x0F).astype(np.float32)).reshape(nb, 2, 4, 2, 1)
+    ml = (dmin[:, None] * (sc >> 4).astype(np.float32)).reshape(nb, 2, 4, 2, 1)
+    return (dl * q - ml).reshape(-1)
+
+
+def _q3k_scales(sc):
+    """[nb, 12] uint8 -> [nb, 16] signed 6-bit scales (GGML's kmask1/kmask2 unpacking)."""
+    aux = np.ascontiguousarray(sc).view("<u4").astype(np.uint32)  # [nb, 3]
+    k1, k2 = np.uint32(0x03030303), np.uint32(0x0F0F0F0F)
+    a0, a1, tmp = aux[:, 0], aux[:, 1], aux[:, 2]
+    out = np.stack([(a0 & k2) | (((tmp >> 0) & k1) << 4),
+                    (a1 & k2) | (((tmp >> 2) & k1) << 4),
+                    ((a0 >> 4) & k2) | (((tmp >> 4) & k1) << 4),
+                    ((a1 >> 4) & k2) | (((tmp >> 6) & k1) << 4)], axis=1).astype("<u4")
+    return out.view(np.uint8).reshape(-1, 16).astype(np.int32) - 32
+
+
+def dequant_q3_k(raw, n):
+    # block_q3_K: hmask[32], qs[64], scales[12], d.  Like Q2_K's layout; the
+    # third bit comes from hmask bit m (m = 0..7 over the 8 passes), and a
+    # clear bit subtracts 4.
+    b = _blocks(raw, n, QK_K, 110)
+    nb = b.shape[0]
+    hm = b[:, 0:32].reshape(nb, 1, 1, 2, 16)
+    qs = b[:, 32:96].reshape(nb, 2, 1, 2, 16)
+    scales = _q3k_scales(b[:, 96:108]).astype(np.float32)
+    d = _half(b[:, 108:110])
+    shifts = np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1, 1)
+    mbit = np.arange(8, dtype=np.uint8).reshape(1, 2, 4, 1, 1)
+    low = ((qs >> shifts) & 3).astype(np.int32)
+    high = ((hm >> mbit) & 1).astype(np.int32)
+    q = (low - 4 * (1 - high)).astype(np.float32)              # [nb, half, pass, sub, 16]
+    dl = (d[:, None] * scales).reshape(nb, 2, 4, 2, 1)
+    return (dl * q).reshape(-1)
+
+
+def dequant_q5_k(raw, n):
+    b = _blocks(raw, n, QK_K, 176)
+    nb = b.shape[0]
+    d = _half(b[:, 0:2])
+    dmin = _half(b[:, 2:4])
+    s, m = _q4k_scale_min(b[:, 4:16])
+    qh = b[:, 16:48]                                        # [nb, 32]
+    qs = b[:, 48:176].reshape(nb, 4, 32)
+    lo = (qs & 0x0F).astype(np.int32)
+    hi = (qs >> 4).astype(np.int32)
+    g = np.arange(4, dtype=np.uint8).reshape(1, 4, 1)
+    lo |= (((qh[:, None, :] >> (2 * g)) & 1) << 4).astype(np.int32)
+    hi |= (((qh[:, None, :] >> (2 * g + 1)) & 1) << 4).astype(np.int32)
+    q = np.stack([lo, hi], axis=2).reshape(nb, 8, 32).astype(np.float32)
+    d_sub = (d[:, None] * s.astype(np.float32))[:, :, None]
+    m_sub = (dmin[:, None] * m.astype(np.float32))[:, :, None]
+    return (d_sub * q - m_sub).reshape(-1)
+
+
+# IQ4_NL / IQ4_XS: 4-bit indices into a fixed non-linear table (GGML's kvalues_iq4nl).
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10,
+                          1, 13, 25, 38, 53, 69, 89, 113], dtype=np.float32)
+
+
+def dequant_iq4_nl(raw, n):
+    b = _blocks(raw, n, 32, 18)
+    d = _half(b[:, 0:2])[:, None]
+    qs = b[:, 2:18]
+    q = KVALUES_IQ4NL[np.concatenate([qs & 0x0F, qs >> 4], axis=1)]
+    return (d * q).reshape(-1)
+
+
+def dequant_iq4_xs(raw, n):
+    # block_iq4_xs: d, scales_h (u16), scales_l[4], qs[128]; sub-block ib of 32
+    # has the 6-bit scale (nibble ib of scales_l) | (bits 2ib..2ib+1 of scales_h) << 4, minus 32.
+    b = _blocks(raw, n, QK_K, 136)
+    nb = b.shape[0]
+    d = _half(b[:, 0:2])
+    sh = np.ascontiguousarray(b[:, 2:4]).view("<u2")[:, 0].astype(np.int32)
+    sl = b[:, 4:8].astype(np.int32)
+    ib = np.arange(8)
+    ls = ((sl[:, ib // 2] >> (4 * (ib % 2))) & 0x0F) | (((sh[:, None] >> (2 * ib)) & 3) << 4)
+    dl = (d[:, None] * (ls - 32).astype(np.float32))[:, :, None]   # [nb, 8, 1]
+    qs = b[:, 8:136].reshape(nb, 8, 16)
+    q = KVALUES_IQ4NL[np.concatenate([qs & 0x0F, qs >> 4], axis=2)]  # [nb, 8, 32]
+    return (dl * q).reshape(-1)
+
+
 # MXFP4 (OCP Microscaling Formats v1.0): per 32 values one E8M0 exponent
 # byte e (scale 2^(e - 127)) and 16 bytes of E2M1 codes, element j in the low
 # nibble of byte j, element j + 16 in the high one (GGML's block_mxfp4).
-# E2M1 code c: sign bit 3, then 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+# E2M1 code c: sign bit 3, then 0, 0.5, 1, 1.5, 2, 3, 4, 6.  Code 8 (negative
+# zero in E2M1) is +0.0 here, as in GGML, whose table (kvalues_mxfp4) is int8.
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
-                 -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float64)
+                 0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float64)
 
 
 def dequant_mxfp4(raw, n):
@@ -345,7 +487,17 @@ def dequantize(raw, ttype, n):
         return dequant_q6_k(raw, n)
     if ttype == GGML_MXFP4:
         return dequant_mxfp4(raw, n)
+    fn = _MORE_DEQUANT.get(ttype)
+    if fn is not None:
+        return fn(raw, n)
     raise GGUFError("cannot dequantize type %s" % type_name(ttype))
+
+
+_MORE_DEQUANT = {
+    GGML_Q4_1: dequant_q4_1, GGML_Q5_0: dequant_q5_0, GGML_Q5_1: dequant_q5_1,
+    GGML_Q2_K: dequant_q2_k, GGML_Q3_K: dequant_q3_k, GGML_Q5_K: dequant_q5_k,
+    GGML_IQ4_NL: dequant_iq4_nl, GGML_IQ4_XS: dequant_iq4_xs,
+}
 
 
 # ------------------------------------------------------------------ misc --
@@ -438,33 +590,162 @@ def _literal_dequant(raw, ttype, n):
                 ql += 64
                 qh += 32
                 sc += 8
+    elif ttype in (GGML_Q4_1, GGML_Q5_0, GGML_Q5_1, GGML_IQ4_NL):
+        bb = GGML_TYPES[ttype][2]
+        for i in range(n // 32):
+            o = i * bb
+            d = f16(o)
+            if ttype == GGML_Q4_1:
+                m, qh, qs = f16(o + 2), 0, o + 4
+            elif ttype == GGML_Q5_0:
+                m, qh, qs = None, int.from_bytes(b[o + 2:o + 6], "little"), o + 6
+            elif ttype == GGML_Q5_1:
+                m, qh, qs = f16(o + 2), int.from_bytes(b[o + 4:o + 8], "little"), o + 8
+            else:
+                m, qh, qs = None, 0, o + 2
+            for j in range(16):
+                x0, x1 = b[qs + j] & 0x0F, b[qs + j] >> 4
+                if ttype == GGML_IQ4_NL:
+                    y[i * 32 + j] = d * KVALUES_IQ4NL[x0]
+                    y[i * 32 + j + 16] = d * KVALUES_IQ4NL[x1]
+                    continue
+                if ttype != GGML_Q4_1:
+                    x0 |= ((qh >> j) << 4) & 0x10
+                    x1 |= (qh >> (j + 12)) & 0x10
+                if ttype == GGML_Q5_0:
+                    y[i * 32 + j] = np.float32(x0 - 16) * d
+                    y[i * 32 + j + 16] = np.float32(x1 - 16) * d
+                else:
+                    y[i * 32 + j] = np.float32(x0) * d + m
+                    y[i * 32 + j + 16] = np.float32(x1) * d + m
+    elif ttype == GGML_Q2_K:
+        for i in range(n // 256):
+            o = i * 84
+            d, dmin = f16(o + 80), f16(o + 82)
+            q, is_, k = o + 16, 0, i * 256
+            for _ in range(2):
+                shift = 0
+                for _j in range(4):
+                    for half in (0, 16):
+                        sc = b[o + is_]
+                        is_ += 1
+                        dl, ml = d * np.float32(sc & 0xF), dmin * np.float32(sc >> 4)
+                        for l in range(16):
+                            y[k] = dl * np.float32((b[q + half + l] >> shift) & 3) - ml
+                            k += 1
+                    shift += 2
+                q += 32
+    elif ttype == GGML_Q3_K:
+        for i in range(n // 256):
+            o = i * 110
+            d = f16(o + 108)
+            aux = [int.from_bytes(b[o + 96 + 4 * t:o + 100 + 4 * t], "little") for t in range(3)]
+            k1, k2, tmp = 0x03030303, 0x0F0F0F0F, aux[2]
+            aux = [(aux[0] & k2) | (((tmp >> 0) & k1) << 4), (aux[1] & k2) | (((tmp >> 2) & k1) << 4),
+                   ((aux[0] >> 4) & k2) | (((tmp >> 4) & k1) << 4),
+                   ((aux[1] >> 4) & k2) | (((tmp >> 6) & k1) << 4)]
+            scales = [i8((aux[t // 4] >> (8 * (t % 4))) & 0xFF) for t in range(16)]
+            q, is_, m, k = o + 32, 0, 1, i * 256
+            for _ in range(2):
+                shift = 0
+                for _j in range(4):
+                    for half in (0, 16):
+                        dl = d * np.float32(scales[is_] - 32)
+                        is_ += 1
+                        for l in range(16):
+                            v = ((b[q + half + l] >> shift) & 3) - (0 if b[o + half + l] & m else 4)
+                            y[k] = dl * np.float32(v)
+                            k += 1
+                    shift += 2
+                    m <<= 1
+                q += 32
+    elif ttype == GGML_Q5_K:
+        for i in range(n // 256):
+            o = i * 176
+            d, dmin = f16(o), f16(o + 2)
+            sc = b[o + 4:o + 16]
+            ql, qh, k, u1, u2 = o + 48, o + 16, i * 256, 1, 2
+
+            def sm(j):
+                if j < 4:
+                    return sc[j] & 63, sc[j + 4] & 63
+                return ((sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4),
+                        (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4))
+            for is_ in range(0, 8, 2):
+                s1, m1 = sm(is_)
+                s2, m2 = sm(is_ + 1)
+                d1, mm1 = d * np.float32(s1), dmin * np.float32(m1)
+                d2, mm2 = d * np.float32(s2), dmin * np.float32(m2)
+                for l in range(32):
+                    y[k] = d1 * np.float32((b[ql + l] & 0xF) + (16 if b[qh + l] & u1 else 0)) - mm1
+                    k += 1
+                for l in range(32):
+                    y[k] = d2 * np.float32((b[ql + l] >> 4) + (16 if b[qh + l] & u2 else 0)) - mm2
+                    k += 1
+                ql += 32
+                u1 <<= 2
+                u2 <<= 2
+    elif ttype == GGML_IQ4_XS:
+        for i in range(n // 256):
+            o = i * 136
+            d = f16(o)
+            sh = b[o + 2] | (b[o + 3] << 8)
+            for ib in range(8):
+                ls = ((b[o + 4 + ib // 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4)
+                dl = d * np.float32(ls - 32)
+                qs = o + 8 + 16 * ib
+                for j in range(16):
+                    y[i * 256 + 32 * ib + j] = dl * KVALUES_IQ4NL[b[qs + j] & 0xF]
+                    y[i * 256 + 32 * ib + j + 16] = dl * KVALUES_IQ4NL[b[qs + j] >> 4]
     else:
         raise ValueError(ttype)
     return y
 
 
-def selftest(seed=1):
+# byte offsets of each type's f16 scale fields (kept finite in random blocks)
+_HALF_FIELDS = {
+    GGML_Q8_0: (0,), GGML_Q4_0: (0,), GGML_Q4_1: (0, 2), GGML_Q5_0: (0,), GGML_Q5_1: (0, 2),
+    GGML_Q2_K: (80, 82), GGML_Q3_K: (108,), GGML_Q4_K: (0, 2), GGML_Q5_K: (0, 2),
+    GGML_Q6_K: (208,), GGML_IQ4_NL: (0,), GGML_IQ4_XS: (0,),
+}
+
+
+def selftest(seed=1, fixtures=None):
     rng = np.random.default_rng(seed)
     ok = True
-    for ttype, nb in ((GGML_Q8_0, 40), (GGML_Q4_0, 40), (GGML_Q4_K, 6), (GGML_Q6_K, 6)):
+    for ttype in _HALF_FIELDS:
         _, bs, bb = GGML_TYPES[ttype]
+        nb = 40 if bs == 32 else 6
         raw = rng.integers(0, 256, size=(nb, bb), dtype=np.uint8)
         # keep the f16 scales finite and moderate: random exponent 0x2000..0x43ff
-        half = rng.integers(0x2000, 0x4400, size=(nb, 2), dtype=np.uint16)
-        half |= (rng.integers(0, 2, size=(nb, 2), dtype=np.uint16) << 15)
-        hb = half.view(np.uint8).reshape(nb, 4)
-        if ttype in (GGML_Q8_0, GGML_Q4_0):
-            raw[:, 0:2] = hb[:, 0:2]
-        elif ttype == GGML_Q4_K:
-            raw[:, 0:4] = hb
-        else:
-            raw[:, 208:210] = hb[:, 0:2]
+        for off in _HALF_FIELDS[ttype]:
+            half = rng.integers(0x2000, 0x4400, size=(nb, 1), dtype=np.uint16)
+            half |= (rng.integers(0, 2, size=(nb, 1), dtype=np.uint16) << 15)
+            raw[:, off:off + 2] = half.view(np.uint8).reshape(nb, 2)
         n = nb * bs
         a = dequantize(raw.reshape(-1), ttype, n)
         ref = _literal_dequant(raw.reshape(-1), ttype, n)
         same = np.array_equal(a.view(np.uint32), ref.view(np.uint32))
-        print("selftest %-5s %5d elements: %s" % (type_name(ttype), n,
-                                                 "bit-exact" if same else "MISMATCH"))
+        print("selftest %-6s %5d elements: %s" % (type_name(ttype), n,
+                                                  "bit-exact" if same else "MISMATCH"))
+        ok &= same
+    # gguf-py's values (tests/fixtures/quant/<type>.bin, tools/make_quant_fixtures.py):
+    # 1024 elements of blocks, then their 1024 float32 values
+    if fixtures is None:
+        import os
+        fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "quant")
+    import os
+    for ttype, (name, bs, bb) in sorted(GGML_TYPES.items()):
+        path = os.path.join(fixtures, name.lower() + ".bin")
+        if not os.path.exists(path):
+            continue
+        data = np.fromfile(path, np.uint8)
+        nraw = 1024 // bs * bb
+        want = data[nraw:nraw + 4096].view("<f4")
+        got = dequantize(data[:nraw], ttype, 1024)
+        same = np.array_equal(got.view(np.uint32), want.view(np.uint32))
+        print("selftest %-6s against gguf-py (%s): %s" % (name, os.path.basename(path),
+                                                          "bit-exact" if same else "MISMATCH"))
         ok &= same
     # f16 / bf16 conversions: every bit pattern
     allbits = np.arange(65536, dtype=np.uint16)

@@ -82,8 +82,9 @@ int main(int argc, char **argv) {
             cnt++;
         }
         llama_batch_free(bt);
+        printf("[%d]%.4f,", ch + 1, exp(nll / cnt)); /* the running value after each chunk, as llama-perplexity prints it */
     }
-    printf("Final estimate: PPL = %.4f (%d chunks, %d scored)\n", exp(nll / cnt), chunks, cnt);
+    printf("\nFinal estimate: PPL = %.4f (%d chunks, %d scored)\n", exp(nll / cnt), chunks, cnt);
     llama_free(c);
     llama_model_free(m);
     return 0;

@@ -42,7 +42,8 @@ Architecture notes (verified against public llama.cpp sources):
     sub-block's output before the residual add; FFN gate through GELU (tanh
     approximation).  Local (sliding-window) layers: with
     gemma3.attention.sliding_window = W, layer l is local unless
-    l % pattern == pattern - 1 (attention.sliding_window_pattern, default 6);
+    l % pattern == pattern - 1 (attention.sliding_window_pattern, default 6;
+    as an array, one bool per layer, true for local);
     a local query at position t sees keys at positions (t - W, t] and rotates
     with rope.freq_base_swa (default 10000) without scaling, while global
     layers use rope.freq_base with the file's linear scaling.  The attention
@@ -139,7 +140,14 @@ def load_config(r):
     c.gelu = c.gemma        # GELU (tanh) gate instead of SiLU
     c.gptoss = arch == "gpt-oss"
     c.n_swa = int(k("attention.sliding_window", 0)) if c.gemma or c.gptoss else 0
-    c.swa_pattern = int(k("attention.sliding_window_pattern", 2 if c.gptoss else 6))
+    # a period, or gguf-py's per-layer form: a list of bools, true for a local layer
+    pat = k("attention.sliding_window_pattern", 2 if c.gptoss else 6)
+    if isinstance(pat, list):
+        if len(pat) != c.n_layer:
+            raise SystemExit("reference.py: sliding_window_pattern has %d entries for %d layers" % (len(pat), c.n_layer))
+        c.swa_pattern = [bool(v) for v in pat]
+    else:
+        c.swa_pattern = int(pat)
     c.freq_base_swa = float(k("rope.freq_base_swa", 10000.0))
     c.softcap = float(k("final_logit_softcapping", 0.0)) if c.gemma else 0.0
     c.attn_scale = 1.0 / math.sqrt(c.head_dim)
@@ -191,6 +199,8 @@ def is_local(c, l):
     """Whether layer l is a sliding-window layer."""
     if c.n_swa <= 0:
         return False
+    if isinstance(c.swa_pattern, list):
+        return c.swa_pattern[l]
     return c.swa_pattern == 0 or l % c.swa_pattern < c.swa_pattern - 1
 
 
@@ -615,6 +625,10 @@ def main(argv=None):
     ap.add_argument("--dump-logits", help="write f32 [n_tokens][n_vocab] teacher-forced logits")
     ap.add_argument("--n-ctx", type=int, default=0,
                     help="context size (LongRoPE's short/long choice; default min(trained, 4096))")
+    ap.add_argument("--against", action="append", default=[], metavar="FILE",
+                    help="an engine's greedy continuation (text, as kvsieve run or llama-completion print it): "
+                         "report the first step where it leaves the reference's, with that step's top-2 margin "
+                         "(repeatable)")
     ap.add_argument("--emulate", action="store_true",
                     help="round activations/KV like the C engine (error-budget estimation)")
     a = ap.parse_args(argv)
@@ -637,6 +651,26 @@ def main(argv=None):
     print("top-2 margins:", " ".join("%.3g" % x for x in margins))
     if spm_vocab(m.r) is not None:
         print("text: %r" % spm_decode(m.r, prompt + ids))
+    # Where an engine's text leaves the reference's: the first step whose
+    # decoded continuation is no longer a prefix of the engine's text (both
+    # decoded from the same prompt, so the prompt's text cancels).
+    for path in a.against:
+        if spm_vocab(m.r) is None:
+            raise SystemExit("reference.py: --against needs a SentencePiece vocabulary")
+        with open(path, encoding="utf-8", errors="replace") as f:
+            eng = f.read().rstrip()
+        base = spm_decode(m.r, prompt)
+        step = None
+        for i in range(len(ids)):
+            cont = spm_decode(m.r, prompt + ids[:i + 1])[len(base):].rstrip()
+            if not eng.startswith(cont):
+                step = i
+                break
+        if step is None:
+            print("against %s: agrees for all %d steps" % (path, len(ids)))
+        else:
+            print("against %s: leaves the reference at step %d (0-based), reference top-2 margin %.4g there" %
+                  (path, step, margins[step]))
     return 0
 
 

@@ -8,7 +8,13 @@
  *    where pattern is <arch>.attention.sliding_window_pattern (default 6:
  *    five local layers, then one global).  This is how llama.cpp reads the
  *    file (set_swa_pattern without dense_first); the converter writes only
- *    sliding_window.  Without the key every layer is global.
+ *    sliding_window.  Without the key every layer is global.  gguf-py's
+ *    add_sliding_window_pattern also writes the key as an array, one bool
+ *    per layer, true for a sliding-window layer (its converters for
+ *    gemma3n and later write HF's layer_types that way); such an array is
+ *    read layer by layer here.  llama.cpp's gemma3 loader (get_key_or_arr
+ *    into a scalar, not required) skips an array and keeps the period 6, so
+ *    the two read the same layers exactly when the array has that period.
  *  - Two RoPE bases.  Global layers rotate with rope.freq_base (1e6) and
  *    the file's linear scaling (rope.scaling.factor: 8 on 4B and larger,
  *    read by model.c for every architecture); local layers with
@@ -34,17 +40,36 @@
 /* the period of local/global layers: llama.cpp's default when the key is absent */
 #define GEMMA3_SWA_PATTERN 6
 
-static ks_status gemma3_pattern(const ks_gguf *g, const char *arch, uint32_t *pattern) {
-    *pattern = GEMMA3_SWA_PATTERN;
-    KS_TRY(ks_arch_key_u32(g, arch, "attention.sliding_window_pattern", pattern, false));
+/* Whether layer il of n_layer is local: from the pattern key as a period
+ * (absent: GEMMA3_SWA_PATTERN) or as a per-layer array of bools / integers
+ * (non-zero: local), whose length must be n_layer. */
+static ks_status gemma3_layer_local(const ks_gguf *g, const char *arch, int32_t n_layer, int32_t il, bool *local) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", arch);
+    const ks_gguf_kv *kv = ks_gguf_find_kv(g, key);
+    if (kv && kv->type == KS_GGUF_ARRAY) {
+        if (kv->arr_type == KS_GGUF_STRING || kv->arr_type == KS_GGUF_ARRAY || !kv->arr_data)
+            return KS_FAIL(KS_ERR_FORMAT, "'%s' is an array of %s, expected bools (one per layer)", key,
+                           ks_gguf_type_name(kv->arr_type));
+        if (kv->arr_n != (uint64_t)n_layer)
+            return KS_FAIL(KS_ERR_FORMAT, "'%s' has %llu entries for %d layers", key, (unsigned long long)kv->arr_n,
+                           n_layer);
+        *local = ks_gguf_arr_f64(kv, (uint64_t)il) != 0.0;
+        return KS_OK;
+    }
+    uint32_t pattern = GEMMA3_SWA_PATTERN;
+    KS_TRY(ks_arch_key_u32(g, arch, "attention.sliding_window_pattern", &pattern, false));
+    /* pattern 0: every layer local (llama.cpp's n_pattern == 0) */
+    *local = pattern == 0 || (uint32_t)il % pattern < pattern - 1;
     return KS_OK;
 }
 
 static ks_status gemma3_read_hparams(const ks_gguf *g, ks_hparams *hp) {
     const char *a = hp->arch_name;
-    uint32_t n_swa = 0, pattern = 0;
+    uint32_t n_swa = 0;
+    bool local = false;
     KS_TRY(ks_arch_key_u32(g, a, "attention.sliding_window", &n_swa, false));
-    KS_TRY(gemma3_pattern(g, a, &pattern));
+    KS_TRY(gemma3_layer_local(g, a, hp->n_layer, 0, &local)); /* a malformed pattern key fails at load */
     if (n_swa > (1u << 24)) return KS_FAIL(KS_ERR_FORMAT, "sliding window %u is implausible", n_swa);
     hp->n_swa = (int32_t)n_swa;
     if (n_swa > 0) {
@@ -72,10 +97,8 @@ static ks_status gemma3_bind_layer(ks_model *m, int il, ks_layer *L) {
     snprintf(nm, sizeof nm, "blk.%d.post_ffw_norm.weight", il);
     KS_TRY(ks_model_bind_vec(m, nm, hp->n_embd, true, &L->ffn_post_norm));
     if (hp->n_swa > 0) {
-        uint32_t pattern = 0;
-        KS_TRY(gemma3_pattern(m->gguf, hp->arch_name, &pattern));
-        /* pattern 0: every layer local (llama.cpp's n_pattern == 0) */
-        bool local = pattern == 0 || (uint32_t)il % pattern < pattern - 1;
+        bool local = false;
+        KS_TRY(gemma3_layer_local(m->gguf, hp->arch_name, hp->n_layer, il, &local));
         L->window = local ? hp->n_swa : 0;
     }
     return KS_OK;

@@ -568,7 +568,10 @@ static void ks_gen_set_metadata(ks_gguf_writer *w, const ks_model_shape *s, cons
     if (s->yarn_log_mul > 0) ks_gguf_writer_set_f32(w, KS_GEN_KEY("rope.scaling.yarn_log_multiplier"), s->yarn_log_mul);
     if (s->attn_temp_scale > 0) ks_gguf_writer_set_f32(w, KS_GEN_KEY("attention.temperature_scale"), s->attn_temp_scale);
     if (s->swa_window > 0) ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.sliding_window"), (uint32_t)s->swa_window);
-    if (s->swa_pattern > 0)
+    if (p->swa_layers)
+        ks_gguf_writer_set_arr(w, KS_GEN_KEY("attention.sliding_window_pattern"), KS_GGUF_BOOL, p->swa_layers,
+                               (uint64_t)(p->n_swa_layers > 0 ? p->n_swa_layers : 0));
+    else if (s->swa_pattern > 0)
         ks_gguf_writer_set_u32(w, KS_GEN_KEY("attention.sliding_window_pattern"), (uint32_t)s->swa_pattern);
     ks_gguf_writer_set_u32(w, KS_GEN_KEY("vocab_size"), (uint32_t)n_vocab);
     if (s->n_expert > 0) {

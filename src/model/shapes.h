@@ -93,6 +93,11 @@ typedef struct ks_shape_gen_params {
     int32_t n_layer;         /* > 0: override the shape's layer count */
     int32_t n_ctx;           /* > 0: override the shape's context length */
     int32_t n_threads;       /* <= 0: all cores */
+    /* non-NULL: <arch>.attention.sliding_window_pattern written as gguf-py's
+     * per-layer form, an array of n_swa_layers bools (1: sliding-window layer),
+     * instead of the shape's period (tests of files converted that way) */
+    const uint8_t *swa_layers;
+    int32_t n_swa_layers;
     ks_shape_progress_fn progress; /* optional, called before each tensor */
     void *progress_user;
 } ks_shape_gen_params;
