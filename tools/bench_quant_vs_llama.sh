@@ -15,7 +15,10 @@
 # Env: KVSIEVE (default build/kvsieve), LLAMA_BIN (default /work/llama.cpp/build/bin),
 #      REPS (2), T (threads, 2), NP (prompt tokens, 512), NG (decode tokens, 32),
 #      LOCK (default /work/bench.lock; empty: no lock), LB_EXTRA (more llama-bench
-#      flags, e.g. "-r 1": its default is 5 repetitions of each test).
+#      flags, e.g. "-r 1": its default is 5 repetitions of each test),
+#      PROMPT_FILE (set: time llama.cpp with llama-completion instead, prefill of
+#      that text, about NP tokens, then NG tokens with --ignore-eos; its
+#      "prompt eval" and "eval" rates are the prefill and decode figures).
 set -u
 OUT=$1; shift
 KS=${KVSIEVE:-build/kvsieve}; LB=${LLAMA_BIN:-/work/llama.cpp/build/bin}
@@ -28,20 +31,26 @@ one() { # MODEL REP
     echo "\$ $KS bench -m $m -t $T --n-prompt $NP --n-gen $NG --depth 0"
     "$KS" bench -m "$m" -t "$T" --n-prompt "$NP" --n-gen "$NG" --depth 0 2>&1
     echo "# $(date -u +%FT%TZ) load: $(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "\$ $LB/llama-bench -m $m -t $T -p $NP -n $NG ${LB_EXTRA:-}"
-    "$LB/llama-bench" -m "$m" -t "$T" -p "$NP" -n "$NG" ${LB_EXTRA:-} 2>&1
+    if [ -n "${PROMPT_FILE:-}" ]; then
+      echo "\$ $LB/llama-completion -m $m -f $PROMPT_FILE -n $NG -t $T --temp 0 -no-cnv --ignore-eos --no-display-prompt"
+      "$LB/llama-completion" -m "$m" -f "$PROMPT_FILE" -n "$NG" -t "$T" --temp 0 -no-cnv --ignore-eos --no-display-prompt 2>&1 |
+        grep -E 'eval time|load time|total time|system_info'
+    else
+      echo "\$ $LB/llama-bench -m $m -t $T -p $NP -n $NG ${LB_EXTRA:-}"
+      "$LB/llama-bench" -m "$m" -t "$T" -p "$NP" -n "$NG" ${LB_EXTRA:-} 2>&1
+    fi
     echo "# $(date -u +%FT%TZ) load: $(cut -d' ' -f1-3 /proc/loadavg)"
   } > "$OUT/$b.rep$r.txt"
 }
 for r in $(seq 1 "$REPS"); do
   for m in "$@"; do
     if [ -n "$LOCK" ]; then
-      export -f one; export KS LB T NP NG OUT LB_EXTRA
+      export -f one; export KS LB T NP NG OUT LB_EXTRA PROMPT_FILE
       flock "$LOCK" bash -c "one '$m' $r"
     else
       one "$m" "$r"
     fi
     echo "== $(basename "$m") rep $r"
-    grep -E '^(prefill|dense) |^\| .*(pp|tg)[0-9]' "$OUT/$(basename "$m" .gguf).rep$r.txt"
+    grep -E '^(prefill|dense) |^\| .*(pp|tg)[0-9]|eval time' "$OUT/$(basename "$m" .gguf).rep$r.txt"
   done
 done
