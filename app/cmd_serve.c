@@ -87,7 +87,7 @@ static int serve_start(app_options *o, const ks_model *model, ks_prefix_cache *c
     sp.n_ctx = (int32_t)n_ctx;
     sp.n_parallel = (int32_t)o->parallel;
     sp.n_threads = (int32_t)o->n_threads;
-    sp.n_batch = (int32_t)o->n_batch;
+    if (o->n_batch) sp.n_batch = (int32_t)o->n_batch; /* else the server's default */
     sp.kv_type = o->kv_type;
     sp.max_waiting = (int32_t)o->max_queue;
     sp.max_groups = (int32_t)o->max_groups;

@@ -86,7 +86,7 @@ static const app_opt g_opts[] = {
     {"--stop", 0, OPT_CUSTOM, APP_RUN, 0, 0, 0, 0, 0, 0, "TEXT", "stop when TEXT is generated (repeatable)", app_parse_stop},
     {"--ignore-eos", 0, OPT_FLAG, APP_RUN, F(ignore_eos), 0, 0, 0, 0, 0, 0, "keep generating past end-of-generation tokens", 0},
     {"--kv-type", 0, OPT_KV_TYPE, KV_TYPED, F(kv_type), 0, 0, 0, 0, 0, "f16|q8", "KV cache element type (default f16)", 0},
-    {"--batch", 0, OPT_LONG, APP_RUN | APP_SERVE, F(n_batch), 0, 1, 65536, 0, "256", "N", "prefill chunk size in tokens (default 256)", 0},
+    {"--batch", 0, OPT_LONG, APP_RUN | APP_SERVE, F(n_batch), 0, 1, 65536, 0, 0, "N", "prefill chunk size in tokens (default 256; run: 1024 for a model with experts)", 0},
     {"--prompt-cache", 0, OPT_STR, APP_RUN, F(cache_file), 0, 0, 0, 0, 0, "FILE",
      "start from the longest prefix of the prompt cached in FILE, and save the\n"
      "prompt's KV there after prefill (exact: the same output as without it)", 0},

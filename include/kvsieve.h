@@ -127,7 +127,7 @@ typedef struct ks_context_params {
     int32_t n_ctx;        /* tokens per sequence (default: min(train ctx, 4096)) */
     int32_t n_seq;        /* independent sequences decoded together (default 1) */
     int32_t n_threads;    /* CPU worker threads (default: online cores) */
-    int32_t n_batch;      /* prefill chunk in tokens (default 256) */
+    int32_t n_batch;      /* prefill chunk in tokens (default 0: 256, or 1024 for a model with experts) */
     ks_kv_type kv_type;   /* KV cache element type (default f16) */
     /* Selection policy (docs/POLICIES.md): which KV entries a decode step
      * reads.  The six fields below are parsed once, by ks_context_create,

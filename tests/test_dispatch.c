@@ -29,7 +29,8 @@ static const struct {
                {KS_DTYPE_Q4_0, "q4_0"}, {KS_DTYPE_Q4_K, "q4_k"}, {KS_DTYPE_Q6_K, "q6_k"},
                /* the types of llama.cpp's mixes (index >= K_MIX) */
                {KS_DTYPE_Q4_1, "q4_1"}, {KS_DTYPE_Q5_0, "q5_0"}, {KS_DTYPE_Q5_1, "q5_1"}, {KS_DTYPE_IQ4_NL, "iq4_nl"},
-               {KS_DTYPE_Q2_K, "q2_k"}, {KS_DTYPE_Q3_K, "q3_k"}, {KS_DTYPE_Q5_K, "q5_k"}, {KS_DTYPE_IQ4_XS, "iq4_xs"}};
+               {KS_DTYPE_Q2_K, "q2_k"}, {KS_DTYPE_Q3_K, "q3_k"}, {KS_DTYPE_Q5_K, "q5_k"}, {KS_DTYPE_IQ4_XS, "iq4_xs"},
+               {KS_DTYPE_MXFP4, "mxfp4"}};
 #define K_MIX 7
 
 /* The x86 kernels of the mix types (matmul_x86_types.c): "t" is the ymm

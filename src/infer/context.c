@@ -35,11 +35,13 @@ a depth the next allocates nothing (tests/test_step_alloc.c).  Creation
 #include <math.h>
 #include <string.h>
 
+#define KS_MOE_N_BATCH 1024 /* default prefill chunk of a model with experts (check_params) */
+
 ks_context_params ks_context_default_params(void) {
     return (ks_context_params){.n_ctx = 0,
                                .n_seq = 1,
                                .n_threads = 0,
-                               .n_batch = 256,
+                               .n_batch = 0, /* by the model: check_params */
                                .kv_type = KS_KV_F16,
                                .policy = "dense",
                                .budget = 0,
@@ -219,7 +221,11 @@ static ks_status svc_evict(void *svc, int32_t seq, int32_t layer, int32_t head, 
 static ks_status check_params(const ks_hparams *hp, ks_context_params *p) {
     if (p->n_ctx <= 0) p->n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
     if (p->n_threads <= 0) p->n_threads = ks_cpu_count();
-    if (p->n_batch <= 0) p->n_batch = 256;
+    /* A model with experts prefills in larger chunks: each expert's products
+     * run over the chunk's rows that chose it (infer/moe.c), n_batch x
+     * n_expert_used / n_expert of them on average (16 for Qwen3-30B-A3B at
+     * 256 rows), too few for the GEMM kernels to reach their peak. */
+    if (p->n_batch <= 0) p->n_batch = hp->n_expert > 0 ? KS_MOE_N_BATCH : 256;
     if (p->page <= 0) p->page = 32;
     if (p->n_seq <= 0 || p->n_seq > 4096) return KS_FAIL(KS_ERR_INVALID_ARG, "n_seq %d out of range [1, 4096]", p->n_seq);
     if (p->n_ctx > (1 << 24)) return KS_FAIL(KS_ERR_INVALID_ARG, "n_ctx %d is too large", p->n_ctx);
@@ -251,6 +257,7 @@ static ks_status create_kv(ks_context *c, int32_t budget) {
     kp.type = p->kv_type;
     kp.offload_dir = p->kv_offload_dir;
     kp.slot_entries = ks_infer_buffer_entries(p, budget);
+    kp.k_only = hp->kv_lora_rank > 0; /* latent attention reads its values from the key rows (infer/mla.c) */
     /* headroom for a prefix cache's pinned pages (prefix/prefix_cache.c): one
      * sequence's full context; reserved address space, touched only when used */
     kp.pin_pages = hp->n_head_kv * ((p->n_ctx + p->page - 1) / p->page);
@@ -674,15 +681,15 @@ ks_status ks_seq_set_policy_spec(ks_context *c, int32_t seq, const ks_policy_spe
 
 void ks_context_kv_bytes(const ks_context *c, int64_t *fast, int64_t *slow) {
     const ks_hparams *hp = &c->model->hp;
-    int64_t f = 0, sl = 0;
+    int64_t f = 0, sl = 0, rows = hp->kv_lora_rank > 0 ? 1 : 2; /* a latent entry is one row (no V) */
     for (int32_t l = 0; l < hp->n_layer; l++) {
         int64_t e = 0;
         for (int32_t s = 0; s < c->n_seq; s++)
             for (int32_t h = 0; h < hp->n_head_kv; h++) e += ks_kv_n_entries(c->kv, s, l, h);
-        *(ks_kv_layer_tier(c->kv, l) == KS_TIER_SLOW ? &sl : &f) += 2 * e * (int64_t)c->kv_row_bytes;
+        *(ks_kv_layer_tier(c->kv, l) == KS_TIER_SLOW ? &sl : &f) += rows * e * (int64_t)c->kv_row_bytes;
     }
     for (int32_t s = 0; s < c->n_seq; s++) /* parked sequences: all in the slow tier */
-        sl += 2 * ks_kv_seq_parked_entries(c->kv, s) * (int64_t)c->kv_row_bytes;
+        sl += rows * ks_kv_seq_parked_entries(c->kv, s) * (int64_t)c->kv_row_bytes;
     if (fast) *fast = f;
     if (slow) *slow = sl;
 }

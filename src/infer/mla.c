@@ -25,9 +25,8 @@
  * Attention reads the values from the same K row (attend.c points each run's
  * V at its K), so a step reads each attended latent once and its output per
  * head is [sum p c ; sum p k_R], of which the first kv_lora_rank values feed
- * W_UV.  The store still writes a V row per entry as it does for every model
- * (the same values, never read by attention): an MLA entry occupies 2 x 576
- * elements of memory where llama.cpp's view of K needs 576 (docs/DESIGN.md).
+ * W_UV.  The store is k_only (kv.h): no V row is written or reserved, an
+ * entry occupies its 576 elements, as llama.cpp's view of K (docs/DESIGN.md).
  *
  * Scale.  The kernels scale logits by 1/sqrt(head_dim) of the latent head;
  * llama.cpp's kq_scale is mscale^2 / sqrt(qk_nope + qk_rope), so Q is
@@ -98,7 +97,7 @@ ks_status ks_infer_mla_qkv(ks_context *c, const ks_layer *L, int il, int n, cons
         if (obs_slot && obs_slot[r] >= 0)
             memcpy(c->obs_q + ((size_t)il * c->obs_cap + obs_slot[r]) * q_dim, c->q + (size_t)r * q_dim,
                    sizeof(float) * q_dim);
-        /* one latent head; its V row is the same values (the essay) */
+        /* one latent head; the k_only store keeps no V row (its values are k) */
         KS_TRY(ks_kv_append(c->kv, seq[r], il, 0, pos[r], k, k));
         c->n_att[r] = ks_kv_n_entries(c->kv, seq[r], il, 0);
         if (c->decoding) ks_policy_on_append(ks_infer_policy_of(c, seq[r]), seq[r], il, 0, pos[r], k);

@@ -15,8 +15,11 @@
  * Products are ks_matmul_weight_ex on expert views (any weight type, the
  * pool's threads split each expert's output rows).  Gate and up share one
  * quantization of the gathered rows (x_ready).  The gather, the SwiGLU and
- * the weighted scatter-add are per-row arithmetic; the SwiGLU runs on the
- * pool when it is large (a prefill), the copies stay on the caller.
+ * the weighted sum are per-row arithmetic over every (row, expert) pair of
+ * the call at once (pairs in expert order, so each expert's rows are one
+ * contiguous slice its products read and write in place); they run on the
+ * pool when large (a prefill), split by pairs (gather, SwiGLU) or by output
+ * rows (the sum, so each row's sum is one worker's, in its fixed order).
  *
  * Order of sums.  Each row's output is accumulated over its experts in
  * ascending expert index, whatever the batch holds, and each row of a
@@ -47,6 +50,8 @@ void ks_moe_buf_destroy(ks_moe_buf *b) {
     ks_free(b->start);
     ks_free(b->by_expert);
     ks_free(b->by_w);
+    ks_free(b->row_pair);
+    ks_free(b->row_fill);
     ks_free_aligned(b->xg);
     ks_free_aligned(b->gate);
     ks_free_aligned(b->up);
@@ -63,8 +68,9 @@ ks_status ks_moe_buf_create(const ks_hparams *hp, int32_t max_rows, ks_moe_buf *
     if (!b) return KS_FAIL(KS_ERR_NOMEM, "moe buffers");
     const size_t R = (size_t)max_rows, E = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used;
     const size_t D = (size_t)hp->n_embd;
-    /* gate / up hold one expert's rows, or the shared experts' wider ones */
-    const size_t F = (size_t)hp->n_ff_exp * (size_t)(hp->n_expert_shared > 1 ? hp->n_expert_shared : 1);
+    /* gate / up hold every (row, expert) pair's n_ff_exp values, or the shared experts' wider rows */
+    const size_t SH = (size_t)(hp->n_expert_shared > 1 ? hp->n_expert_shared : 1);
+    const size_t F = (size_t)hp->n_ff_exp * (K > SH ? K : SH);
     b->max_rows = max_rows;
     b->n_expert = hp->n_expert;
     b->n_used = hp->n_expert_used;
@@ -76,21 +82,23 @@ ks_status ks_moe_buf_create(const ks_hparams *hp, int32_t max_rows, ks_moe_buf *
     b->start = ks_malloc(sizeof(int32_t) * (E + 1));
     b->by_expert = ks_malloc(sizeof(int32_t) * R * K);
     b->by_w = ks_malloc(sizeof(float) * R * K);
-    b->xg = ks_malloc_aligned(sizeof(float) * R * D);
+    b->row_pair = ks_malloc(sizeof(int32_t) * R * K);
+    b->row_fill = ks_malloc(sizeof(int32_t) * R);
+    b->xg = ks_malloc_aligned(sizeof(float) * R * K * D);
     b->gate = ks_malloc_aligned(sizeof(float) * R * F);
     b->up = ks_malloc_aligned(sizeof(float) * R * F);
-    b->yg = ks_malloc_aligned(sizeof(float) * R * D);
+    b->yg = ks_malloc_aligned(sizeof(float) * R * K * D);
     b->out = ks_malloc_aligned(sizeof(float) * R * D);
-    if (!b->logits || !b->sel || !b->w || !b->start || !b->by_expert || !b->by_w || !b->xg || !b->gate || !b->up ||
+    if (!b->logits || !b->sel || !b->w || !b->start || !b->by_expert || !b->by_w || !b->row_pair || !b->row_fill || !b->xg || !b->gate || !b->up ||
         !b->yg || !b->out) {
         ks_moe_buf_destroy(b);
         return KS_FAIL(KS_ERR_NOMEM, "moe buffers of %zu rows, %zu experts", R, E);
     }
     /* touched now, so first use inside a step faults nothing in (as the context's activations) */
-    memset(b->xg, 0, sizeof(float) * R * D);
+    memset(b->xg, 0, sizeof(float) * R * K * D);
     memset(b->gate, 0, sizeof(float) * R * F);
     memset(b->up, 0, sizeof(float) * R * F);
-    memset(b->yg, 0, sizeof(float) * R * D);
+    memset(b->yg, 0, sizeof(float) * R * K * D);
     memset(b->out, 0, sizeof(float) * R * D);
     *out = b;
     return KS_OK;
@@ -226,6 +234,46 @@ static void matmul_count(ks_pool *pool, const ks_weight *w, const float *X, int 
     cnt->weight_bytes += ks_weight_bytes(w);
 }
 
+/* ------------------------------------------------ gather / scatter -- */
+typedef struct {
+    const ks_moe_buf *b;
+    const float *xn;
+    int n, K;
+} moe_copy_job;
+
+/* xg[i] = xn[by_expert[i]] for the pairs i of this worker's share */
+static void gather_worker(void *arg, int ith, int nth) {
+    const moe_copy_job *j = arg;
+    const size_t D = (size_t)j->b->n_embd;
+    int64_t i0, i1;
+    ks_pool_share((int64_t)j->n * j->K, ith, nth, &i0, &i1);
+    for (int64_t i = i0; i < i1; i++)
+        memcpy(j->b->xg + (size_t)i * D, j->xn + (size_t)j->b->by_expert[i] * D, sizeof(float) * D);
+}
+
+/* out[r] = sum over r's experts, ascending index, of w yg[pair], for the
+ * rows of this worker's share: each row is one worker's, so the order of its
+ * sum is the per-row loop's whatever the thread count */
+static void scatter_worker(void *arg, int ith, int nth) {
+    const moe_copy_job *j = arg;
+    const ks_moe_buf *b = j->b;
+    const size_t D = (size_t)b->n_embd;
+    int64_t r0, r1;
+    ks_pool_share(j->n, ith, nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        float *o = b->out + (size_t)r * D;
+        memset(o, 0, sizeof(float) * D);
+        for (int k = 0; k < j->K; k++) {
+            const int32_t i = b->row_pair[(size_t)r * j->K + k];
+            const float *y = b->yg + (size_t)i * D;
+            const float wi = b->by_w[i];
+            for (size_t d = 0; d < D; d++) o[d] += wi * y[d];
+        }
+    }
+}
+
+#define COPY_PARALLEL_MIN (1 << 16) /* floats copied: below, the caller alone */
+
 void ks_moe_ffn(ks_pool *pool, const ks_hparams *hp, const ks_moe_layer *L, int n, const float *xn, ks_moe_buf *b,
                 void *mm_scratch, ks_moe_counters *cnt) {
     const int E = hp->n_expert, K = hp->n_expert_used, F = hp->n_ff_exp;
@@ -257,41 +305,54 @@ void ks_moe_ffn(ks_pool *pool, const ks_hparams *hp, const ks_moe_layer *L, int 
         }
     for (int e = E; e > 0; e--) start[e] = start[e - 1]; /* the fill advanced each start to the next's */
     start[0] = 0;
-    memset(b->out, 0, sizeof(float) * (size_t)n * D);
-    /* one product per active expert over its rows */
+    /* each row's pairs in ascending expert order (the pairs are sorted by expert) */
+    int32_t *fill = b->row_fill;
+    memset(fill, 0, sizeof(int32_t) * (size_t)n);
+    for (int i = 0; i < n * K; i++) {
+        const int r = b->by_expert[i];
+        b->row_pair[(size_t)r * K + fill[r]++] = i;
+    }
+    /* gather every pair's input row at once: expert e's rows are xg[start[e], start[e+1]) */
+    moe_copy_job cj = {b, xn, n, K};
+    const bool par = pool && (int64_t)n * K * (int64_t)D >= COPY_PARALLEL_MIN;
+    if (par) ks_pool_run(pool, gather_worker, &cj);
+    else gather_worker(&cj, 0, 1);
+    /* gate and up of every active expert over its rows, in place in the pair order */
     for (int e = 0; e < E; e++) {
         const int m = start[e + 1] - start[e];
         if (!m) continue;
-        const int32_t *rows = b->by_expert + start[e];
-        const float *rw = b->by_w + start[e];
-        for (int i = 0; i < m; i++) memcpy(b->xg + (size_t)i * D, xn + (size_t)rows[i] * D, sizeof(float) * D);
+        const float *xg = b->xg + (size_t)start[e] * D;
+        float *g = b->gate + (size_t)start[e] * F, *u = b->up + (size_t)start[e] * F;
         const ks_weight *wg = &L->gate[e], *wu = &L->up[e];
-        matmul_count(pool, wg, b->xg, m, b->gate, mm_scratch, false, cnt);
+        matmul_count(pool, wg, xg, m, g, mm_scratch, false, cnt);
         bool same = wg->type == wu->type && wg->cols == wu->cols && wg->layout == wu->layout;
-        matmul_count(pool, wu, b->xg, m, b->up, mm_scratch, same, cnt);
-        if (L->gate_b) add_bias_rows(b->gate, m, F, L->gate_b + (size_t)e * F);
-        if (L->up_b) add_bias_rows(b->up, m, F, L->up_b + (size_t)e * F);
-        swiglu_job j = {b->gate, b->up, (int64_t)m * F, hp->ffn_swiglu_oai};
-        if (pool && j.n >= SWIGLU_PARALLEL_MIN) ks_pool_run(pool, swiglu_worker, &j);
-        else swiglu_range(j.gate, j.up, 0, j.n, j.oai);
-        matmul_count(pool, &L->down[e], b->gate, m, b->yg, mm_scratch, false, cnt);
-        if (L->down_b) add_bias_rows(b->yg, m, (int64_t)D, L->down_b + (size_t)e * D);
-        for (int i = 0; i < m; i++) {
-            float *o = b->out + (size_t)rows[i] * D;
-            const float *y = b->yg + (size_t)i * D;
-            const float wi = rw[i];
-            for (size_t d = 0; d < D; d++) o[d] += wi * y[d];
-        }
+        matmul_count(pool, wu, xg, m, u, mm_scratch, same, cnt);
+        if (L->gate_b) add_bias_rows(g, m, F, L->gate_b + (size_t)e * F);
+        if (L->up_b) add_bias_rows(u, m, F, L->up_b + (size_t)e * F);
+    }
+    /* one SwiGLU over all pairs (elementwise: the same values as per expert) */
+    swiglu_job j = {b->gate, b->up, (int64_t)n * K * F, hp->ffn_swiglu_oai};
+    if (pool && j.n >= SWIGLU_PARALLEL_MIN) ks_pool_run(pool, swiglu_worker, &j);
+    else swiglu_range(j.gate, j.up, 0, j.n, j.oai);
+    for (int e = 0; e < E; e++) {
+        const int m = start[e + 1] - start[e];
+        if (!m) continue;
+        float *y = b->yg + (size_t)start[e] * D;
+        matmul_count(pool, &L->down[e], b->gate + (size_t)start[e] * F, m, y, mm_scratch, false, cnt);
+        if (L->down_b) add_bias_rows(y, m, (int64_t)D, L->down_b + (size_t)e * D);
         if (cnt) cnt->expert_runs++;
     }
+    /* the weighted sum per row */
+    if (par) ks_pool_run(pool, scatter_worker, &cj);
+    else scatter_worker(&cj, 0, 1);
     if (L->sh_gate.data) { /* shared experts: every row, added after the routed sum as llama.cpp's graph does */
         const ks_weight *wg = &L->sh_gate, *wu = &L->sh_up;
         matmul_count(pool, wg, xn, n, b->gate, mm_scratch, false, cnt);
         bool same = wg->type == wu->type && wg->cols == wu->cols && wg->layout == wu->layout;
         matmul_count(pool, wu, xn, n, b->up, mm_scratch, same, cnt);
-        swiglu_job j = {b->gate, b->up, (int64_t)n * wg->rows, false};
-        if (pool && j.n >= SWIGLU_PARALLEL_MIN) ks_pool_run(pool, swiglu_worker, &j);
-        else swiglu_range(j.gate, j.up, 0, j.n, false);
+        swiglu_job sj = {b->gate, b->up, (int64_t)n * wg->rows, false};
+        if (pool && sj.n >= SWIGLU_PARALLEL_MIN) ks_pool_run(pool, swiglu_worker, &sj);
+        else swiglu_range(sj.gate, sj.up, 0, sj.n, false);
         matmul_count(pool, &L->sh_down, b->gate, n, b->yg, mm_scratch, false, cnt);
         for (size_t i = 0; i < (size_t)n * D; i++) b->out[i] += b->yg[i];
     }

@@ -21,9 +21,11 @@ typedef struct ks_moe_buf {
     int32_t *start;   /* [n_expert + 1] rows of expert e: by_expert[start[e], start[e+1]) */
     int32_t *by_expert; /* [max_rows * n_used] row indices grouped by expert, rows ascending */
     float *by_w;      /* [max_rows * n_used] the weight of that (row, expert) */
-    float *xg;        /* [max_rows][n_embd] one expert's gathered input rows */
-    float *gate, *up; /* [max_rows][n_ff] */
-    float *yg;        /* [max_rows][n_embd] one expert's output rows */
+    int32_t *row_pair; /* [max_rows][n_used] each row's pair indices, ascending expert */
+    int32_t *row_fill; /* [max_rows] fill counters of row_pair */
+    float *xg;        /* [max_rows * n_used][n_embd] every pair's input row, grouped by expert */
+    float *gate, *up; /* [max_rows * n_used][n_ff_exp] (or [max_rows][shared n_ff]) */
+    float *yg;        /* [max_rows * n_used][n_embd] every pair's expert output */
     float *out;       /* [max_rows][n_embd] the FFN's output, summed over experts */
 } ks_moe_buf;
 
@@ -54,10 +56,10 @@ void ks_moe_route(const float *logits, int n_expert, int k, bool norm, int32_t *
 void ks_moe_route_topk_softmax(const float *logits, int n_expert, int k, int32_t *sel, float *w);
 
 /* b->out[n][n_embd] = the MoE FFN of the rows xn[n][n_embd] (normed input).
- * Each expert's products run over the rows that chose it (gather, GEMM,
- * SwiGLU, GEMM, weighted scatter-add), experts in ascending index, so a
- * row's sum runs over its experts in that order whatever else is in the
- * batch.  mm_scratch: ks_moe_matmul_scratch_bytes(n) bytes, 64-aligned.
+ * Every (row, expert) pair's input is gathered at once, each expert's
+ * products run over the rows that chose it (GEMM, SwiGLU, GEMM), and each
+ * row sums its experts' outputs in ascending expert index, whatever else is
+ * in the batch; gather and sum run on the pool for a prefill.  mm_scratch: ks_moe_matmul_scratch_bytes(n) bytes, 64-aligned.
  * cnt (optional) accumulates. */
 void ks_moe_ffn(ks_pool *pool, const ks_hparams *hp, const ks_moe_layer *L, int n, const float *xn, ks_moe_buf *b,
                 void *mm_scratch, ks_moe_counters *cnt);

@@ -101,7 +101,7 @@ ks_status ks_infer_segs_resolve(ks_kv_store *kv, int32_t seq, int32_t layer, int
                 uint8_t *dst = gather + (size_t)pi * pb;
                 KS_TRY(ks_kv_read_page(kv, seq, layer, head, lp, dst));
                 K = dst;
-                V = dst + (size_t)P * row;
+                V = dst + ks_kv_page_v_off(kv); /* a k_only store's V rows are its K rows */
             } else {
                 ks_kv_fast_view_page(&view, lp, &K, &V);
             }

@@ -69,7 +69,9 @@ ks_status ks_infer_plan_init(ks_context *c) {
                                   .requests = c->n_seq,
                                   .budget = budget,
                                   .dlm_cache = ks_policy_own_kcache(c->policy),
-                                  .alpha = per_tok_scratch / (2.0 * elem * c->n_seq * hp->n_head_kv * hp->head_dim),
+                                  .k_only = hp->kv_lora_rank > 0,
+                                  .alpha = per_tok_scratch / ((hp->kv_lora_rank > 0 ? 1.0 : 2.0) * elem * c->n_seq *
+                                                              hp->n_head_kv * hp->head_dim),
                                   .mem_cap = p->mem_cap};
     for (int32_t il = 0; il < hp->n_layer; il++) c->plan.n_local += c->model->layers[il].window > 0;
     c->plan.window = hp->n_swa;

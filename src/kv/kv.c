@@ -40,6 +40,7 @@ ks_kv_params ks_kv_default_params(void) {
 
 size_t ks_kv_page_bytes(const ks_kv_store *kv) { return kv->page_bytes; }
 size_t ks_kv_row_size(const ks_kv_store *kv) { return kv->row; }
+size_t ks_kv_page_v_off(const ks_kv_store *kv) { return kv_row_off(kv, 0, true); }
 int32_t ks_kv_page_size(const ks_kv_store *kv) { return kv->P; }
 int32_t ks_kv_head_dim(const ks_kv_store *kv) { return kv->hd; }
 
@@ -105,7 +106,7 @@ ks_status ks_kv_create(const ks_kv_params *p, ks_kv_store **out) {
     kv->n_phys = kv->n_sh * kv->max_pages + kv->pin_cap;
     kv->n_slot = p->slot_entries > 0 && p->slot_entries < kv->max_pages * kv->P ? p->slot_entries : kv->max_pages * kv->P;
     kv->row = ks_kv_row_bytes(p->type, p->head_dim);
-    kv->page_bytes = 2 * (size_t)kv->P * kv->row;
+    kv->page_bytes = kv_n_halves(kv) * (size_t)kv->P * kv->row;
     kv->layers = ks_calloc((size_t)p->n_layer, sizeof(kv_layer));
     size_t n_heads_total = (size_t)p->n_seq * p->n_layer * p->n_head_kv;
     kv->table = ks_malloc(sizeof(int32_t) * n_heads_total * (size_t)kv->max_pages);
@@ -215,7 +216,7 @@ ks_status ks_kv_page_private(ks_kv_store *kv, int32_t seq, int32_t layer, int32_
     if (nid < 0) return KS_FAIL(KS_ERR_NOMEM, "layer %d KV page pool exhausted (%d pages) copying a shared page", layer, kv->n_phys);
     if (L->tier == KS_TIER_FAST) {
         memcpy(kv_fast_k(kv, L, nid), kv_fast_k(kv, L, id), kv_half_bytes(kv));
-        memcpy(kv_fast_v(kv, L, nid), kv_fast_v(kv, L, id), kv_half_bytes(kv));
+        if (!kv->p.k_only) memcpy(kv_fast_v(kv, L, nid), kv_fast_v(kv, L, id), kv_half_bytes(kv));
     } else { /* rare (layers are unshared when they move): a heap buffer, since appends to other layers run meanwhile */
         uint8_t *buf = ks_malloc(kv->page_bytes);
         ks_status st = buf ? ks_kv_page_read(kv, L, id, buf) : KS_FAIL(KS_ERR_NOMEM, "a page copy of %zu bytes", kv->page_bytes);
@@ -409,6 +410,7 @@ ks_status ks_kv_append(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head
     /* stack scratch: appends to different layers may run in parallel */
     uint8_t krow[KS_KV_MAX_HEAD_DIM * 2], vrow[KS_KV_MAX_HEAD_DIM * 2];
     ks_quantize_row(ks_kv_dtype(kv->p.type), k, krow, kv->hd);
+    if (kv->p.k_only) return ks_kv_append_stored(kv, seq, layer, head, pos, krow, krow); /* v unused */
     ks_quantize_row(ks_kv_dtype(kv->p.type), v, vrow, kv->hd);
     return ks_kv_append_stored(kv, seq, layer, head, pos, krow, vrow);
 }
@@ -438,22 +440,23 @@ ks_status ks_kv_append_stored(ks_kv_store *kv, int32_t seq, int32_t layer, int32
         if (L->fd >= 0) {
             off_t base = (off_t)id * (off_t)kv->page_bytes;
             KS_TRY(ks_kv_file_write(L->fd, krow, kv->row, base + (off_t)kv_row_off(kv, slot, false)));
-            KS_TRY(ks_kv_file_write(L->fd, vrow, kv->row, base + (off_t)kv_row_off(kv, slot, true)));
+            if (!kv->p.k_only)
+                KS_TRY(ks_kv_file_write(L->fd, vrow, kv->row, base + (off_t)kv_row_off(kv, slot, true)));
         }
-        atomic_fetch_add(&kv->bytes_stored, 2 * kv->row);
+        atomic_fetch_add(&kv->bytes_stored, kv_n_halves(kv) * kv->row);
         int32_t bs = L->slot_of[(size_t)id * kv->P + slot];
         if (bs >= 0) {
             memcpy(kv_slot_k(kv, L, bs), krow, kv->row);
-            memcpy(kv_slot_v(kv, L, bs), vrow, kv->row);
+            if (!kv->p.k_only) memcpy(kv_slot_v(kv, L, bs), vrow, kv->row);
         }
         uint8_t *m = kv_slow_mem(kv, L, id);
         if (m) {
             memcpy(m + kv_row_off(kv, slot, false), krow, kv->row);
-            memcpy(m + kv_row_off(kv, slot, true), vrow, kv->row);
+            if (!kv->p.k_only) memcpy(m + kv_row_off(kv, slot, true), vrow, kv->row);
         }
     } else {
         memcpy(kv_fast_k(kv, L, id) + (size_t)slot * kv->row, krow, kv->row);
-        memcpy(kv_fast_v(kv, L, id) + (size_t)slot * kv->row, vrow, kv->row);
+        if (!kv->p.k_only) memcpy(kv_fast_v(kv, L, id) + (size_t)slot * kv->row, vrow, kv->row);
     }
     ks_dequantize_row(ks_kv_dtype(kv->p.type), krow, key, kv->hd);
     meta_add(kv, L, id, slot, pos, key);
@@ -480,7 +483,7 @@ ks_status ks_kv_append_page_stored(ks_kv_store *kv, int32_t seq, int32_t layer, 
     if (id < 0) return KS_FAIL(KS_ERR_NOMEM, "layer %d KV page pool exhausted (%d pages)", layer, kv->n_phys);
     kv_table_of(kv, seq, layer, head)[lp] = id;
     memcpy(kv_fast_k(kv, L, id), page, (size_t)m * kv->row);
-    memcpy(kv_fast_v(kv, L, id), page + kv_row_off(kv, 0, true), (size_t)m * kv->row);
+    if (!kv->p.k_only) memcpy(kv_fast_v(kv, L, id), page + kv_row_off(kv, 0, true), (size_t)m * kv->row);
     /* the summaries as m appends leave them: min / max are exact in any
      * order, the sum is taken in row order, and the compact bounds of the
      * final min / max are what the last widening encoded */
@@ -567,7 +570,7 @@ ks_status ks_kv_compact(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t hea
         }
         pos_keep[w] = L->pos[(size_t)tab[rlp] * P + rs];
         memcpy(dst + kv_row_off(kv, ws, false), src + kv_row_off(kv, rs, false), kv->row);
-        memcpy(dst + kv_row_off(kv, ws, true), src + kv_row_off(kv, rs, true), kv->row);
+        if (!kv->p.k_only) memcpy(dst + kv_row_off(kv, ws, true), src + kv_row_off(kv, rs, true), kv->row);
         w++;
     }
     KS_ASSERT(w == kept);

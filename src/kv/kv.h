@@ -71,6 +71,8 @@ typedef struct ks_kv_params {
     int32_t slot_entries;     /* elastic buffer: entry slots per (seq, layer, head) of a SLOW layer; 0 = all */
     int32_t n_copy_threads;   /* copy engine workers (default 1) */
     int32_t pin_pages;        /* pages per layer that may be pinned (ks_kv_pin) beyond every sequence's own: the pool's headroom */
+    bool k_only;              /* no V rows: every V read is the entry's K row (latent attention, infer/mla.c, whose
+                               * values are its keys); appends store k only, pages are [P][row] K rows */
 } ks_kv_params;
 
 ks_kv_params ks_kv_default_params(void);
@@ -81,6 +83,9 @@ void ks_kv_destroy(ks_kv_store *kv);
 /* Bytes of one head-page (K and V) and of one row. */
 size_t ks_kv_page_bytes(const ks_kv_store *kv);
 size_t ks_kv_row_size(const ks_kv_store *kv);
+/* Offset of the V rows in a page as ks_kv_read_page returns it: P rows, or 0
+ * for a k_only store (its V rows are its K rows). */
+size_t ks_kv_page_v_off(const ks_kv_store *kv);
 
 /* Append one entry (position pos) to (seq, layer, head); k, v: [head_dim].
  * Appends to different layers may run concurrently; one layer's are serial.

@@ -87,7 +87,7 @@ static inline int32_t *kv_table_of(const ks_kv_store *kv, int32_t seq, int32_t l
 }
 /* Byte offset of row `slot` of K (or V) inside a page laid out K then V. */
 static inline size_t kv_row_off(const ks_kv_store *kv, int32_t slot, bool is_v) {
-    return ((is_v ? (size_t)kv->P : 0) + (size_t)slot) * kv->row;
+    return ((is_v && !kv->p.k_only ? (size_t)kv->P : 0) + (size_t)slot) * kv->row;
 }
 
 /* Fast-tier layout (FreeKV's hybrid layout): all K halves of a layer's pages
@@ -96,10 +96,13 @@ static inline size_t kv_row_off(const ks_kv_store *kv, int32_t slot, bool is_v) 
  * a flat cache.  The slow tier keeps each page's K and V together (one
  * transfer); loads split it into the two halves. */
 static inline size_t kv_half_bytes(const ks_kv_store *kv) { return (size_t)kv->P * kv->row; }
+/* 2 halves a page (K, V), or 1 in a k_only store */
+static inline size_t kv_n_halves(const ks_kv_store *kv) { return kv->p.k_only ? 1 : 2; }
 static inline uint8_t *kv_fast_k(const ks_kv_store *kv, const kv_layer *L, int32_t id) {
     return L->fast + (size_t)id * kv_half_bytes(kv);
 }
 static inline uint8_t *kv_fast_v(const ks_kv_store *kv, const kv_layer *L, int32_t id) {
+    if (kv->p.k_only) return L->fast + (size_t)id * kv_half_bytes(kv); /* V is K */
     return L->fast + ((size_t)kv->n_phys + (size_t)id) * kv_half_bytes(kv);
 }
 /* K (V) row of elastic-buffer slot s (= sh * n_slot + local slot). */
@@ -107,6 +110,7 @@ static inline uint8_t *kv_slot_k(const ks_kv_store *kv, const kv_layer *L, int32
     return L->slots + (size_t)s * kv->row;
 }
 static inline uint8_t *kv_slot_v(const ks_kv_store *kv, const kv_layer *L, int32_t s) {
+    if (kv->p.k_only) return L->slots + (size_t)s * kv->row;
     return L->slots + ((size_t)kv->n_sh * kv->n_slot + (size_t)s) * kv->row;
 }
 /* Contiguous bytes (K then V) of a page in the memory slow tier, or NULL. */

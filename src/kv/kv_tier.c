@@ -55,7 +55,7 @@ static ks_status file_read(int fd, void *dst, size_t n, off_t off) {
 ks_status ks_kv_page_read(const ks_kv_store *kv, const kv_layer *L, int32_t id, uint8_t *buf) {
     if (L->tier == KS_TIER_FAST) {
         memcpy(buf, kv_fast_k(kv, L, id), kv_half_bytes(kv));
-        memcpy(buf + kv_half_bytes(kv), kv_fast_v(kv, L, id), kv_half_bytes(kv));
+        if (!kv->p.k_only) memcpy(buf + kv_half_bytes(kv), kv_fast_v(kv, L, id), kv_half_bytes(kv));
         return KS_OK;
     }
     if (L->fail_reads) return KS_FAIL(KS_ERR_IO, "slow-tier read failed (injected)");
@@ -70,7 +70,7 @@ ks_status ks_kv_page_read(const ks_kv_store *kv, const kv_layer *L, int32_t id, 
 ks_status ks_kv_page_write(ks_kv_store *kv, kv_layer *L, int32_t id, const uint8_t *buf) {
     if (L->tier == KS_TIER_FAST) {
         memcpy(kv_fast_k(kv, L, id), buf, kv_half_bytes(kv));
-        memcpy(kv_fast_v(kv, L, id), buf + kv_half_bytes(kv), kv_half_bytes(kv));
+        if (!kv->p.k_only) memcpy(kv_fast_v(kv, L, id), buf + kv_half_bytes(kv), kv_half_bytes(kv));
         return KS_OK;
     }
     uint8_t *m = kv_slow_mem(kv, L, id);
@@ -81,7 +81,7 @@ ks_status ks_kv_page_write(ks_kv_store *kv, kv_layer *L, int32_t id, const uint8
         int32_t s = L->slot_of[(size_t)id * kv->P + r];
         if (s < 0) continue;
         memcpy(kv_slot_k(kv, L, s), buf + (size_t)r * kv->row, kv->row);
-        memcpy(kv_slot_v(kv, L, s), buf + kv_half_bytes(kv) + (size_t)r * kv->row, kv->row);
+        if (!kv->p.k_only) memcpy(kv_slot_v(kv, L, s), buf + kv_half_bytes(kv) + (size_t)r * kv->row, kv->row);
     }
     return KS_OK;
 }
@@ -142,7 +142,7 @@ ks_status ks_kv_set_layer_tier(ks_kv_store *kv, int32_t layer, ks_kv_tier tier) 
         uint8_t *slow = NULL;
         if (kv->p.offload_dir) KS_TRY(open_slow_file(kv, layer, &fd));
         else if (!(slow = ks_alloc_streamed(total))) return KS_FAIL(KS_ERR_NOMEM, "slow tier of %zu bytes refused", total);
-        uint8_t *slots = ks_alloc_streamed((size_t)kv->n_sh * kv->n_slot * 2 * kv->row);
+        uint8_t *slots = ks_alloc_streamed((size_t)kv->n_sh * kv->n_slot * kv_n_halves(kv) * kv->row);
         int32_t *slot_ent = ks_malloc(sizeof(int32_t) * (size_t)kv->n_sh * kv->n_slot);
         uint32_t *slot_stamp = ks_calloc((size_t)kv->n_sh * kv->n_slot, sizeof(uint32_t));
         int32_t *slot_victim = ks_malloc(sizeof(int32_t) * (size_t)kv->n_sh * kv->n_slot);
@@ -162,7 +162,7 @@ ks_status ks_kv_set_layer_tier(ks_kv_store *kv, int32_t layer, ks_kv_tier tier) 
             if (!L->in_use[id]) continue;
             uint8_t *src = kv->page_tmp;
             memcpy(src, kv_fast_k(kv, L, id), kv_half_bytes(kv));
-            memcpy(src + kv_half_bytes(kv), kv_fast_v(kv, L, id), kv_half_bytes(kv));
+            if (!kv->p.k_only) memcpy(src + kv_half_bytes(kv), kv_fast_v(kv, L, id), kv_half_bytes(kv));
             if (slow) memcpy(slow + (size_t)id * kv->page_bytes, src, kv->page_bytes);
             else {
                 ks_status st = ks_kv_file_write(fd, src, kv->page_bytes, (off_t)id * (off_t)kv->page_bytes);
@@ -202,7 +202,8 @@ ks_status ks_kv_set_layer_tier(ks_kv_store *kv, int32_t layer, ks_kv_tier tier) 
             return st;
         }
         memcpy(fast + (size_t)id * kv_half_bytes(kv), kv->page_tmp, kv_half_bytes(kv));
-        memcpy(fast + ((size_t)kv->n_phys + id) * kv_half_bytes(kv), kv->page_tmp + kv_half_bytes(kv), kv_half_bytes(kv));
+        if (!kv->p.k_only)
+            memcpy(fast + ((size_t)kv->n_phys + id) * kv_half_bytes(kv), kv->page_tmp + kv_half_bytes(kv), kv_half_bytes(kv));
         atomic_fetch_add(&kv->bytes_loaded, kv->page_bytes);
     }
     ks_kv_release_slow(L);
@@ -289,9 +290,9 @@ ks_status ks_kv_fetch(ks_kv_store *kv, int32_t seq, int32_t layer, int32_t head,
                            .fd = L->fd,
                            .offset = (off_t)off,
                            .dst = kv_slot_k(kv, L, base + s0),
-                           .dst2 = kv_slot_v(kv, L, base + s0),
-                           .bytes = 2 * (size_t)len * kv->row,
-                           .src2_off = kv_half_bytes(kv),
+                           .dst2 = kv->p.k_only ? NULL : kv_slot_v(kv, L, base + s0),
+                           .bytes = kv_n_halves(kv) * (size_t)len * kv->row,
+                           .src2_off = kv->p.k_only ? 0 : kv_half_bytes(kv),
                            .fail = L->fail_reads,
                            .ev = &L->ev};
         if (async) ks_copy_submit(kv->copy, &job);

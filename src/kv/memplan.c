@@ -11,7 +11,7 @@
 #include <math.h>
 
 static double per_token_layer(const ks_memplan_params *p) {
-    return 2.0 * p->kv_elem_bytes * (double)p->requests * p->n_head_kv * p->head_dim;
+    return (p->k_only ? 1.0 : 2.0) * p->kv_elem_bytes * (double)p->requests * p->n_head_kv * p->head_dim;
 }
 
 static int32_t n_global(const ks_memplan_params *p) { return p->n_layer - (p->n_local > 0 ? p->n_local : 0); }

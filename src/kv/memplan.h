@@ -27,6 +27,7 @@ typedef struct ks_memplan_params {
     double overhead;        /* c: factor on weights for activations etc. (paper: 1.3) */
     int32_t n_layer, n_head_kv, head_dim;
     double kv_elem_bytes;   /* bytes per K or V element (f16: 2; 8-bit: 34/32) */
+    bool k_only;            /* entries hold a K row only (latent attention: the values are the keys) */
     int32_t requests;       /* R: sequences decoded together */
     int32_t budget;         /* B: entries per head kept fast for an offloaded layer */
     bool dlm_cache;         /* count the retrieval head's K cache (the "+1") */

@@ -400,6 +400,7 @@ static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
         case KS_DTYPE_Q5_0: return dot ? ks_mm_q5_0_dot : ks_mm_q5_0_neon;
         case KS_DTYPE_Q5_1: return dot ? ks_mm_q5_1_dot : ks_mm_q5_1_neon;
         case KS_DTYPE_IQ4_NL: return dot ? ks_mm_iq4_nl_dot : ks_mm_iq4_nl_neon;
+        case KS_DTYPE_MXFP4: return dot ? ks_mm_mxfp4_dot : ks_mm_mxfp4_neon;
         case KS_DTYPE_Q2_K: return dot ? ks_mm_q2_k_dot : ks_mm_q2_k_neon;
         case KS_DTYPE_Q3_K: return dot ? ks_mm_q3_k_dot : ks_mm_q3_k_neon;
         case KS_DTYPE_Q5_K: return dot ? ks_mm_q5_k_dot : ks_mm_q5_k_neon;
@@ -443,6 +444,7 @@ static const ks_mm_named ks_mm_names[] = {
     KS_MM_NAMED(ks_mm_q6_k_scalar), KS_MM_NAMED(ks_mm_q4_1_scalar), KS_MM_NAMED(ks_mm_q5_0_scalar),
     KS_MM_NAMED(ks_mm_q5_1_scalar), KS_MM_NAMED(ks_mm_iq4_nl_scalar), KS_MM_NAMED(ks_mm_q2_k_scalar),
     KS_MM_NAMED(ks_mm_q3_k_scalar), KS_MM_NAMED(ks_mm_q5_k_scalar), KS_MM_NAMED(ks_mm_iq4_xs_scalar),
+    KS_MM_NAMED(ks_mm_mxfp4_scalar),
 #if KS_MM_HAVE_X86
     KS_MM_NAMED(ks_mm_f32_avx512), KS_MM_NAMED(ks_mm_f16_avx512), KS_MM_NAMED(ks_mm_bf16_avx512),
     KS_MM_NAMED(ks_mm_q8_0x_avx512), KS_MM_NAMED(ks_mm_q4_0x_avx512), KS_MM_NAMED(ks_mm_q4_kz_avx512),
@@ -456,7 +458,7 @@ static const ks_mm_named ks_mm_names[] = {
     KS_MM_NAMED(ks_mm_q5_kz_avx512), KS_MM_NAMED(ks_mm_iq4_xsz_avx512), KS_MM_NAMED(ks_mm_q4_1t_avx2),
     KS_MM_NAMED(ks_mm_q5_0t_avx2), KS_MM_NAMED(ks_mm_q5_1t_avx2), KS_MM_NAMED(ks_mm_iq4_nlt_avx2),
     KS_MM_NAMED(ks_mm_q2_kt_avx2), KS_MM_NAMED(ks_mm_q3_kt_avx2), KS_MM_NAMED(ks_mm_q5_kt_avx2),
-    KS_MM_NAMED(ks_mm_iq4_xst_avx2),
+    KS_MM_NAMED(ks_mm_iq4_xst_avx2), KS_MM_NAMED(ks_mm_mxfp4z_avx512), KS_MM_NAMED(ks_mm_mxfp4t_avx2),
 #endif
 #if KS_MM_HAVE_NEON
     KS_MM_NAMED(ks_mm_f32_neon), KS_MM_NAMED(ks_mm_f16_neon), KS_MM_NAMED(ks_mm_bf16_neon),
@@ -467,7 +469,7 @@ static const ks_mm_named ks_mm_names[] = {
 #define KS_MM_NAMED_NEON_TYPE(stem) KS_MM_NAMED(stem##_neon), KS_MM_NAMED(stem##_dot)
     KS_MM_NAMED_NEON_TYPE(ks_mm_q4_1), KS_MM_NAMED_NEON_TYPE(ks_mm_q5_0), KS_MM_NAMED_NEON_TYPE(ks_mm_q5_1),
     KS_MM_NAMED_NEON_TYPE(ks_mm_iq4_nl), KS_MM_NAMED_NEON_TYPE(ks_mm_q2_k), KS_MM_NAMED_NEON_TYPE(ks_mm_q3_k),
-    KS_MM_NAMED_NEON_TYPE(ks_mm_q5_k), KS_MM_NAMED_NEON_TYPE(ks_mm_iq4_xs),
+    KS_MM_NAMED_NEON_TYPE(ks_mm_q5_k), KS_MM_NAMED_NEON_TYPE(ks_mm_iq4_xs), KS_MM_NAMED_NEON_TYPE(ks_mm_mxfp4),
 #undef KS_MM_NAMED_NEON_TYPE
 #endif
 };
@@ -548,6 +550,10 @@ static void ks_mm_quantize_one(const ks_mm_job *job, int64_t c) {
 #if KS_MM_HAVE_NEON
     if (job->level >= KS_SIMD_NEON && job->xkind == KS_MM_XQ8) { /* the scalar layout and bytes */
         ks_mm_quantize_q8_neon(x, dst, job->cols);
+        return;
+    }
+    if (job->level >= KS_SIMD_NEON && job->xkind == KS_MM_XQ8K) { /* ks_quantize_row's Q8_K bytes */
+        ks_mm_quantize_q8_k_neon(x, dst, job->cols);
         return;
     }
 #endif

@@ -106,28 +106,51 @@ KS_NEON_INLINE void ks_neon_transpose4(int32x4_t r0, int32x4_t r1, int32x4_t r2,
 }
 
 /* f32 / f16 / bf16 weights: eight columns at a time, the row converted once
- * for all nc vectors; two accumulators per vector hide the FMA latency. */
-#define KS_NEON_FLOAT_KERNEL(NAME, WT, LOAD8, CONV1)                                                         \
-    static void NAME(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols, float *y,  \
-                     int64_t ys) {                                                                     \
+ * for all nc vectors; two accumulators per vector hide the FMA latency.
+ * The body is instantiated per vector count (NAME##_nc with a constant nc,
+ * dispatched by a switch): with a run-time nc GCC keeps acc[][] on the stack,
+ * a load and a store around every FMA, about 4x the AVX2 kernel's
+ * instructions per weight byte (docs/BENCHMARKS.md); with a constant one the
+ * vector loop unrolls and the accumulators live in registers.  The main loop
+ * takes 16 columns a trip as two 8-column steps into the same two chains, so
+ * the arithmetic, and the bits, are those of one 8-column step at a time. */
+_Static_assert(KS_MM_NC == 4, "KS_NEON_FLOAT_KERNEL's switch covers nc = 1..4");
+#define KS_NEON_FLOAT_STEP(WT, LOAD8, wr, i, nc, xq, xs, acc)                                            \
+    do {                                                                                               \
+        float32x4_t w0_, w1_;                                                                          \
+        LOAD8((wr) + (i), w0_, w1_);                                                                   \
+        KS_NEON_UNROLL for (int c_ = 0; c_ < (nc); c_++) {                                             \
+            const float *x_ = (const float *)((xq) + c_ * (xs)) + (i);                                 \
+            acc[c_][0] = vfmaq_f32(acc[c_][0], w0_, vld1q_f32(x_));                                    \
+            acc[c_][1] = vfmaq_f32(acc[c_][1], w1_, vld1q_f32(x_ + 4));                                \
+        }                                                                                              \
+    } while (0)
+#define KS_NEON_FLOAT_KERNEL(NAME, WT, LOAD8, CONV1)                                                   \
+    KS_NEON_INLINE void NAME##_nc(const uint8_t *w, const uint8_t *xq, size_t xs, const int nc,         \
+                                  int64_t cols, float *y, int64_t ys) {                                \
         const WT *wr = (const WT *)w;                                                                  \
         float32x4_t acc[KS_MM_NC][2];                                                                  \
-        for (int c = 0; c < nc; c++) acc[c][0] = acc[c][1] = vdupq_n_f32(0.0f);                        \
+        KS_NEON_UNROLL for (int c = 0; c < nc; c++) acc[c][0] = acc[c][1] = vdupq_n_f32(0.0f);         \
         int64_t i = 0;                                                                                 \
-        for (; i + 8 <= cols; i += 8) {                                                                \
-            float32x4_t w0, w1;                                                                        \
-            LOAD8(wr + i, w0, w1);                                                                     \
-            for (int c = 0; c < nc; c++) {                                                             \
-                const float *x = (const float *)(xq + c * xs) + i;                                     \
-                acc[c][0] = vfmaq_f32(acc[c][0], w0, vld1q_f32(x));                                   \
-                acc[c][1] = vfmaq_f32(acc[c][1], w1, vld1q_f32(x + 4));                                \
-            }                                                                                          \
+        for (; i + 16 <= cols; i += 16) {                                                              \
+            KS_NEON_FLOAT_STEP(WT, LOAD8, wr, i, nc, xq, xs, acc);                                     \
+            KS_NEON_FLOAT_STEP(WT, LOAD8, wr, i + 8, nc, xq, xs, acc);                                 \
         }                                                                                              \
-        for (int c = 0; c < nc; c++) {                                                                 \
+        for (; i + 8 <= cols; i += 8) KS_NEON_FLOAT_STEP(WT, LOAD8, wr, i, nc, xq, xs, acc);           \
+        KS_NEON_UNROLL for (int c = 0; c < nc; c++) {                                                  \
             const float *x = (const float *)(xq + c * xs);                                             \
             float s = vaddvq_f32(vaddq_f32(acc[c][0], acc[c][1]));                                     \
             for (int64_t k = i; k < cols; k++) s += CONV1(wr[k]) * x[k];                               \
             y[c * ys] = s;                                                                             \
+        }                                                                                              \
+    }                                                                                                  \
+    static void NAME(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols, float *y,   \
+                     int64_t ys) {                                                                     \
+        switch (nc) {                                                                                  \
+        case 1: NAME##_nc(w, xq, xs, 1, cols, y, ys); break;                                           \
+        case 2: NAME##_nc(w, xq, xs, 2, cols, y, ys); break;                                           \
+        case 3: NAME##_nc(w, xq, xs, 3, cols, y, ys); break;                                           \
+        default: NAME##_nc(w, xq, xs, 4, cols, y, ys); break; /* nc is 1..KS_MM_NC (4) */              \
         }                                                                                              \
     }
 #define KS_NEON_LOAD8_F32(p, a, b) ((a) = vld1q_f32(p), (b) = vld1q_f32((p) + 4))
@@ -135,7 +158,7 @@ KS_NEON_INLINE void ks_neon_transpose4(int32x4_t r0, int32x4_t r1, int32x4_t r2,
     do {                                                                                               \
         uint16x8_t h_ = vld1q_u16(p);                                                                  \
         (a) = vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h_)));                                    \
-        (b) = vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(h_)));                                   \
+        (b) = vcvt_high_f32_f16(vreinterpretq_f16_u16(h_)); /* fcvtl2 */                                     \
     } while (0)
 #define KS_NEON_LOAD8_BF16(p, a, b)                                                                    \
     do {                                                                                               \
@@ -169,6 +192,34 @@ static void ks_mm_quantize_q8_neon(const float *x, uint8_t *dst, int64_t cols) {
         KS_NEON_UNROLL for (int k = 0; k < 8; k += 2) {
             int16x8_t h = vcombine_s16(vmovn_s32(r[k]), vmovn_s32(r[k + 1]));
             vst1_s8(q + b * KS_QK8_0 + 4 * k, vmovn_s16(h));
+        }
+    }
+}
+/* The Q8_K partner of the K-quants and IQ4_XS (dtype.c, ks_quantize_row_q8_k)
+ * in NEON, to the same bytes: amax over the 256-block, d = amax / 127,
+ * x * (1 / d) rounded to nearest even (fcvtns, lrintf's default mode) and
+ * held to [-127, 127], and the sums of each 16.  Scalar on ARM it cost about
+ * as much per decode product as a Q2_K row set's dots (docs/BENCHMARKS.md,
+ * "Counted at run time"); x86 has ks_mm_quantize_q8_k_avx2 for it. */
+static void ks_mm_quantize_q8_k_neon(const float *x, uint8_t *dst, int64_t cols) {
+    ks_block_q8_k *y = (ks_block_q8_k *)dst;
+    for (int64_t b = 0; b < cols / KS_QK_K; b++, x += KS_QK_K) {
+        float32x4_t m0 = vdupq_n_f32(0.0f), m1 = m0;
+        for (int i = 0; i < KS_QK_K; i += 8) {
+            m0 = vmaxq_f32(m0, vabsq_f32(vld1q_f32(x + i)));
+            m1 = vmaxq_f32(m1, vabsq_f32(vld1q_f32(x + i + 4)));
+        }
+        const float amax = vmaxvq_f32(vmaxq_f32(m0, m1));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = d;
+        for (int i = 0; i < KS_QK_K; i += 16) {
+            int32x4_t r[4];
+            KS_NEON_UNROLL for (int k = 0; k < 4; k++) r[k] = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(x + i + 4 * k), id));
+            const int16x8_t h0 = vcombine_s16(vqmovn_s32(r[0]), vqmovn_s32(r[1]));
+            const int16x8_t h1 = vcombine_s16(vqmovn_s32(r[2]), vqmovn_s32(r[3]));
+            const int8x16_t q = vmaxq_s8(vcombine_s8(vqmovn_s16(h0), vqmovn_s16(h1)), vdupq_n_s8(-127));
+            vst1q_s8(y[b].qs + i, q);
+            y[b].bsums[i / 16] = (int16_t)vaddvq_s16(vpaddlq_s8(q));
         }
     }
 }
@@ -360,6 +411,17 @@ KS_NEON_INLINE void ks_neon_unpack_iq4_nl(const uint8_t *blk, int8x16_t *w0, int
     ks_neon_iq4_16(b->qs, w0, w1);
     *dw = ks_f16_to_f32(b->d), *m = 0.0f;
 }
+/* MXFP4 (OCP Microscaling Formats v1.0, section 5.3): the E2M1 levels doubled
+ * to integers by the same one-register lookup, and the shared E8M0 scale
+ * halved to match (ks_e8m0_half_to_f32), as the scalar unpack does */
+KS_NEON_INLINE void ks_neon_unpack_mxfp4(const uint8_t *blk, int8x16_t *w0, int8x16_t *w1, float *dw, float *m) {
+    const ks_block_mxfp4 *b = (const ks_block_mxfp4 *)blk;
+    const int8x16_t lut = vld1q_s8(ks_mxfp4_values);
+    const uint8x16_t v = vld1q_u8(b->qs);
+    *w0 = vqtbl1q_s8(lut, vandq_u8(v, vdupq_n_u8(0x0F)));
+    *w1 = vqtbl1q_s8(lut, vshrq_n_u8(v, 4));
+    *dw = ks_e8m0_half_to_f32(b->e), *m = 0.0f;
+}
 #endif /* KS_MM_NEON_TYPES_COMMON */
 
 #define KS_NEON_Q32S_KERNEL(NAME, BT, UNPACK)                                                         \
@@ -395,6 +457,7 @@ KS_NEON_Q32S_KERNEL(KS_MM_NSFX(ks_mm_q4_1), ks_block_q4_1, ks_neon_unpack_q4_1)
 KS_NEON_Q32S_KERNEL(KS_MM_NSFX(ks_mm_q5_0), ks_block_q5_0, ks_neon_unpack_q5_0)
 KS_NEON_Q32S_KERNEL(KS_MM_NSFX(ks_mm_q5_1), ks_block_q5_1, ks_neon_unpack_q5_1)
 KS_NEON_Q32S_KERNEL(KS_MM_NSFX(ks_mm_iq4_nl), ks_block_iq4_nl, ks_neon_unpack_iq4_nl)
+KS_NEON_Q32S_KERNEL(KS_MM_NSFX(ks_mm_mxfp4), ks_block_mxfp4, ks_neon_unpack_mxfp4)
 #undef KS_NEON_Q32S_KERNEL
 
 /* Q2_K, Q3_K, Q5_K and IQ4_XS against Q8_K: a super-block unpacked by NEON

@@ -547,7 +547,12 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_k_body)(const uint8_t *w, const uint8_t *xq, s
         const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(
             _mm_loadl_epi64((const __m128i *)mn), _mm_loadl_epi64((const __m128i *)mn)));
         const float d = KS_MM_SFX(ks_mm_h2f)(wb[b].d), dmin = KS_MM_SFX(ks_mm_h2f)(wb[b].dmin);
-        __m256i isum[4], isum2[4]; /* two chains: lo / hi sub-blocks */
+        /* two int32 chains (lo / hi sub-blocks) for one vector, whose adds would
+         * otherwise wait on each other; with 2-4 vectors the vectors' chains
+         * already overlap, and one chain each leaves fewer of the 16 ymm
+         * registers spilled (stack references in the AVX2 kernel: Q4_K 73 -> 33,
+         * Q5_K 89 -> 44, Q6_K 102 -> 73; same int32 sums, so the same bits) */
+        __m256i isum[4], isum2[4];
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = isum2[c] = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(wb[b].qs + 32 * j));
@@ -558,7 +563,8 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_k_body)(const uint8_t *w, const uint8_t *xq, s
                 __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)aq));
                 __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(aq + 32)));
                 isum[c] = KS_MM_SFX(ks_mm_dot_i16)(isum[c], plo, slo);
-                isum2[c] = KS_MM_SFX(ks_mm_dot_i16)(isum2[c], phi, shi);
+                if (NC == 1) isum2[c] = KS_MM_SFX(ks_mm_dot_i16)(isum2[c], phi, shi);
+                else isum[c] = KS_MM_SFX(ks_mm_dot_i16)(isum[c], phi, shi);
             }
         }
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
@@ -594,7 +600,7 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q6_k_body)(const uint8_t *w, const uint8_t *xq, s
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)wb[b].scales);
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
         const float d = KS_MM_SFX(ks_mm_h2f)(wb[b].d);
-        __m256i isum[4], isum2[4]; /* two chains: even / odd i */
+        __m256i isum[4], isum2[4]; /* two chains (even / odd i) for one vector only, as in Q4_K */
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = isum2[c] = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
             __m256i ql0 = _mm256_loadu_si256((const __m256i *)(wb[b].ql + 64 * h));
@@ -613,7 +619,7 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q6_k_body)(const uint8_t *w, const uint8_t *xq, s
                 _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
                     const int8_t *aq = ((const ks_block_q8_k *)(xq + c * xs))[b].qs + 128 * h + 32 * i;
                     __m256i p = _mm256_maddubs_epi16(v[i], _mm256_loadu_si256((const __m256i *)aq));
-                    if (i & 1) isum2[c] = KS_MM_SFX(ks_mm_dot_i16)(isum2[c], p, scv);
+                    if ((i & 1) && NC == 1) isum2[c] = KS_MM_SFX(ks_mm_dot_i16)(isum2[c], p, scv);
                     else isum[c] = KS_MM_SFX(ks_mm_dot_i16)(isum[c], p, scv);
                 }
             }

@@ -275,7 +275,7 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q5_kt_body)(const uint8_t *w, const uint8_t *xq, 
         const __m256i mins = _mm256_cvtepu8_epi16(
             _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)mn), _mm_loadl_epi64((const __m128i *)mn)));
         const float d = KS_MM_SFX(ks_mm_h2f)(wb[b].d), dmin = KS_MM_SFX(ks_mm_h2f)(wb[b].dmin);
-        __m256i isum[4], isum2[4];
+        __m256i isum[4], isum2[4]; /* two chains for one vector only, as in Q4_K (matmul_x86.c) */
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = isum2[c] = _mm256_setzero_si256();
         __m256i qh = _mm256_loadu_si256((const __m256i *)wb[b].qh);
         for (int j = 0; j < 4; j++) {
@@ -290,7 +290,8 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q5_kt_body)(const uint8_t *w, const uint8_t *xq, 
                 const __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)aq));
                 const __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(aq + 32)));
                 isum[c] = KS_MM_SFX(ks_mm_dot_i16)(isum[c], plo, slo);
-                isum2[c] = KS_MM_SFX(ks_mm_dot_i16)(isum2[c], phi, shi);
+                if (NC == 1) isum2[c] = KS_MM_SFX(ks_mm_dot_i16)(isum2[c], phi, shi);
+                else isum[c] = KS_MM_SFX(ks_mm_dot_i16)(isum[c], phi, shi);
             }
         }
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
@@ -571,7 +572,7 @@ KS_MM_INL void KS_MM_SFX(ks_mm_iq4_xst_body)(const uint8_t *w, const uint8_t *xq
                 const int8_t *aq = ((const ks_block_q8_k *)(xq + c * xs))[b].qs + 32 * s;
                 const __m256i p =
                     _mm256_maddubs_epi16(wu, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)aq), wq));
-                if (s & 1) isum2[c] = KS_MM_SFX(ks_mm_dot_i16)(isum2[c], p, scv);
+                if ((s & 1) && NC == 1) isum2[c] = KS_MM_SFX(ks_mm_dot_i16)(isum2[c], p, scv);
                 else isum[c] = KS_MM_SFX(ks_mm_dot_i16)(isum[c], p, scv);
             }
         }

@@ -538,7 +538,8 @@ ks_status ks_model_describe(const ks_model *m, char *buf, size_t cap) {
         if (count[t]) OUT(" %s x%lld (%.1f MiB)", ks_dtype_name((ks_dtype)t), (long long)count[t], bytes[t] / 1048576.0);
     OUT("\n");
     OUT("parameters:    %.3f M (%.1f MiB of weights)\n", m->n_params / 1e6, m->weight_bytes / 1048576.0);
-    double kv_layer_tok = 2.0 * hp->n_head_kv * hp->head_dim * 2; /* K+V, f16, one layer */
+    /* K+V, f16, one layer; a latent entry is its K row alone (infer/mla.c) */
+    double kv_layer_tok = (hp->kv_lora_rank > 0 ? 1.0 : 2.0) * hp->n_head_kv * hp->head_dim * 2;
     double kv_tok = kv_layer_tok * (hp->n_layer - n_local);           /* global layers grow with the context */
     double kv_local = kv_layer_tok * n_local * (hp->n_ctx_train < hp->n_swa ? hp->n_ctx_train : hp->n_swa);
     OUT("memory:        KV f16 %.1f KiB/token; at %d tokens %.1f MiB KV + %.1f MiB weights\n", kv_tok / 1024,

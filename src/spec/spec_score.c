@@ -3,7 +3,7 @@
  * per (row, KV head) the G DLM query heads against the head's K cache (f16
  * or Q8_0 rows),
  * then a per-head softmax folded into the group max.  Portable, AVX2 + FMA +
- * F16C, and AVX-512 paths; apart from spec_head.c, which keeps the head's model
+ * F16C, AVX-512 and NEON paths; apart from spec_head.c, which keeps the head's model
  * (fused features, q/k projections, K cache), and p_spec.c, the policy hooks.
  */
 #include "spec/spec_score.h"
@@ -22,6 +22,9 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#endif
+#if defined(__aarch64__)
+#include "tensor/simd_neon.h"
 #endif
 
 /* Row j of a K cache of type kt (f16 rows, or Q8_0 rows of hd rounded up to
@@ -426,6 +429,85 @@ KS_AVX2_TGT static void group_logweights_avx2(const float *x, int G, int32_t n, 
 }
 #endif
 
+#if defined(__aarch64__)
+/* NEON (every AArch64 CPU).  Scores: one key row at a time, converted to
+ * f32 once (f16 by fcvtl, Q8_0 as ks_dequantize_row does: d * q in f32) and
+ * dotted with the G heads' queries in four accumulators of four lanes, so
+ * the row's conversion is shared by the group as in the AVX2 form; the sum
+ * differs from the scalar path's only in order (test_spec bounds it). */
+static float dot_neon(const float *a, const float *b, int n) {
+    float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0, s2 = s0, s3 = s0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
+        s1 = vfmaq_f32(s1, vld1q_f32(a + i + 4), vld1q_f32(b + i + 4));
+        s2 = vfmaq_f32(s2, vld1q_f32(a + i + 8), vld1q_f32(b + i + 8));
+        s3 = vfmaq_f32(s3, vld1q_f32(a + i + 12), vld1q_f32(b + i + 12));
+    }
+    for (; i + 4 <= n; i += 4) s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
+    float acc = vaddvq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)));
+    for (; i < n; i++) acc += a[i] * b[i];
+    return acc;
+}
+
+static void scores_neon(const float *q, const uint8_t *K, size_t rb, bool q8, int32_t n, int hd, int G, float scale,
+                        float *out) {
+    float k[KS_SPEC_HD_MAX];
+    const int hdp = ks_spec_kcache_dim(hd);
+    for (int32_t j = 0; j < n; j++) {
+        const uint8_t *row = K + (size_t)j * rb;
+        if (!q8) {
+            const ks_f16 *h = (const ks_f16 *)row;
+            int i = 0;
+            for (; i + 8 <= hd; i += 8) {
+                const float16x8_t v = vreinterpretq_f16_u16(vld1q_u16(h + i));
+                vst1q_f32(k + i, vcvt_f32_f16(vget_low_f16(v)));
+                vst1q_f32(k + i + 4, vcvt_high_f32_f16(v));
+            }
+            for (; i < hd; i++) k[i] = ks_f16_to_f32(h[i]);
+        } else {
+            const ks_block_q8_0 *b = (const ks_block_q8_0 *)row;
+            for (int i = 0; i < hdp; i += 32, b++) {
+                const float32x4_t d = vdupq_n_f32(ks_f16_to_f32(b->d));
+                for (int h = 0; h < 32; h += 8) {
+                    const int16x8_t v = vmovl_s8(vld1_s8(b->qs + h));
+                    vst1q_f32(k + i + h, vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(v))), d));
+                    vst1q_f32(k + i + h + 4, vmulq_f32(vcvtq_f32_s32(vmovl_high_s16(v)), d));
+                }
+            }
+        }
+        for (int g = 0; g < G; g++) out[(size_t)g * n + j] = dot_neon(q + (size_t)g * hd, k, hd) * scale;
+    }
+}
+
+/* group_logweights_avx2 in 4 lanes */
+static float log_normaliser_neon(const float *x, int32_t n) {
+    float32x4_t mx = vdupq_n_f32(-INFINITY);
+    int32_t t = 0;
+    for (; t + 4 <= n; t += 4) mx = vmaxq_f32(mx, vld1q_f32(x + t));
+    float m = vmaxvq_f32(mx);
+    for (; t < n; t++) m = x[t] > m ? x[t] : m;
+    const float32x4_t mv = vdupq_n_f32(m);
+    float32x4_t sum = vdupq_n_f32(0.0f);
+    for (t = 0; t + 4 <= n; t += 4) sum = vaddq_f32(sum, ks_neon_exp_neg(vsubq_f32(vld1q_f32(x + t), mv)));
+    float tot = vaddvq_f32(sum);
+    for (; t < n; t++) tot += vgetq_lane_f32(ks_neon_exp_neg(vdupq_n_f32(x[t] - m)), 0);
+    return m + logf(tot);
+}
+
+static void group_logweights_neon(const float *x, int G, int32_t n, float *w) {
+    float c[KS_SPEC_GROUP_MAX];
+    for (int g = 0; g < G; g++) c[g] = log_normaliser_neon(x + (size_t)g * n, n);
+    int32_t t = 0;
+    for (; t + 4 <= n; t += 4) {
+        float32x4_t v = vsubq_f32(vld1q_f32(x + t), vdupq_n_f32(c[0]));
+        for (int g = 1; g < G; g++) v = vmaxq_f32(v, vsubq_f32(vld1q_f32(x + (size_t)g * n + t), vdupq_n_f32(c[g])));
+        vst1q_f32(w + t, v);
+    }
+    combine_from(x, G, n, c, t, w);
+}
+#endif
+
 int ks_spec_kcache_dim(int hd) { return (hd + 31) & ~31; }
 
 size_t ks_spec_kcache_row_bytes(ks_dtype kt, int hd) {
@@ -464,6 +546,12 @@ void ks_spec_scores(const float *q, const void *K, ks_dtype kt, int32_t n, int h
         return;
     }
 #endif
+#if defined(__aarch64__)
+    if (simd >= KS_SIMD_NEON) {
+        scores_neon(q, K, ks_spec_kcache_row_bytes(kt, hd), kt == KS_DTYPE_Q8_0, n, hd, G, scale, out);
+        return;
+    }
+#endif
     (void)simd;
     scores_ref(q, K, kt, n, hd, G, scale, out);
 }
@@ -478,6 +566,12 @@ void ks_spec_group_logweights(const float *x, int G, int32_t n, float *w, ks_sim
     }
     if (simd >= KS_SIMD_AVX2) {
         group_logweights_avx2(x, G, n, w);
+        return;
+    }
+#endif
+#if defined(__aarch64__)
+    if (simd >= KS_SIMD_NEON) {
+        group_logweights_neon(x, G, n, w);
         return;
     }
 #endif
