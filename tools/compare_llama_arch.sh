@@ -87,7 +87,7 @@ if [ "$GRID" = 1 ]; then
   # -t of both engines (results do not depend on it; 1 is far faster on a
   # crowded host, where a second thread waits at every barrier)
   T=${GRID_THREADS:-2}
-  ROWS=$OUT/grid-rows.txt; : >"$ROWS"
+  ROWS=${ROWS:-$OUT/grid-rows.txt}; : >"$ROWS"
   echo "| shape | type | greedy 64 tokens | kvsieve PPL | llama.cpp PPL | difference | max per-window difference |"
   echo "|---|---|---|---|---|---|---|"
   for shape in $SHAPES; do
