@@ -51,6 +51,18 @@ KS_AVX2_TGT static float page_upper_bound_avx2(const float *q, const float *kmin
     return s;
 }
 
+/* A page's f16 bounds to f32 by F16C, eight at a time; returns how many it
+ * converted (the caller does the rest).  The conversion is exact, so the
+ * floats, and the bounds, are those of ks_f16_to_f32: on AVX2 hosts the
+ * scalar conversion was 9% of a 128K sparse prefill's CPU time and the loop
+ * around it 6% (perf, docs/BENCHMARKS.md "128K"), more than the bounds. */
+KS_AVX2_TGT static int32_t f16_to_f32_f16c(const uint16_t *src, float *dst, int32_t n) {
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + i))));
+    return i;
+}
+
 /* The AVX2 kernel's arithmetic in 16 lanes: lanes 0-7 of acc are its acc0
  * and lanes 8-15 its acc1, summed in the same order, so each bound is bit
  * for bit page_upper_bound_avx2's; the min and max chunks are loaded once
@@ -190,7 +202,11 @@ void ks_page_upper_bounds16(const float *q, int32_t G, const uint16_t *kbound16,
 #endif
     float b[2 * KS_KV_MAX_HEAD_DIM]; /* the f32 values, then the f32 path (the store caps head dims) */
     KS_ASSERT(hd <= KS_KV_MAX_HEAD_DIM);
-    for (int32_t i = 0; i < 2 * hd; i++) b[i] = ks_f16_to_f32(kbound16[i]);
+    int32_t i = 0;
+#if defined(__x86_64__)
+    if (ks_simd_current() >= KS_SIMD_AVX2) i = f16_to_f32_f16c(kbound16, b, 2 * hd);
+#endif
+    for (; i < 2 * hd; i++) b[i] = ks_f16_to_f32(kbound16[i]);
     ks_page_upper_bounds(q, G, b, b + hd, hd, out, stride);
 }
 

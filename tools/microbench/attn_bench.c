@@ -23,7 +23,8 @@
  *
  * Usage: attn_bench [threads=2] [rounds=3] [hot_rows=1024] [split|paged] [f16|q8] [hd=64|128] [group=4]
  *                   [page_stride=1]  (from DRAM: every S-th page only, a page selector's reads;
- *                   tS: one token in every S rows instead, a token selector's scattered reads)
+ *                   tS: one token in every S rows instead, a token selector's scattered reads,
+ *                   also with the rows copied into a contiguous staging area first) [rows=32768]
  * (q8: the 8-bit KV cache's Q8_0 rows, 68 bytes at hd 64, on integer units:
  * run f16 and q8 back to back to compare them within one run)
  * Prints, per round, the best of 5 repetitions of: plain read, kernel hot,
@@ -42,7 +43,8 @@
 
 #include "infer/infer.h"
 
-enum { H = 8, N = 32768, P = 32, REPS = 5 };
+enum { H = 8, P = 32, REPS = 5 };
+static int N = 32768; /* rows per head (9th argument: 131072 for the 128K context) */
 static int G = 4;           /* query heads per KV head (7th argument) */
 static int PAGE_STRIDE = 1; /* from DRAM: every S-th page, as a page selector reads (8th argument) */
 static int TOKEN_STRIDE = 0; /* from DRAM: one token in every S rows at a hashed offset, as a token selector reads (8th argument tS) */
@@ -64,6 +66,8 @@ typedef struct {
     float *out;             /* [G][HD] */
     float *tmp;             /* portable-path scratch */
     ks_kv_seg *segs;        /* [N] */
+    uint8_t *stage;         /* [2][N][row]: tS's rows copied first (compact_segs) */
+    int compact;            /* tS from DRAM: copy the rows into stage before the kernel */
     float sink;             /* keeps the read loop's sum alive */
 } bench_thread;
 
@@ -85,6 +89,41 @@ __attribute__((target("avx2"))) static float read_bytes(const uint8_t *p, size_t
     float v[8];
     _mm256_storeu_ps(v, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
     return v[0] + v[7];
+}
+
+/* tS, rows copied first: each run's K and V rows copied into a contiguous
+ * staging area (K [cap][row], then V) in run order, the runs pointed there
+ * with their lengths unchanged (so the kernel's blocks and bits are too),
+ * prefetching the rows of the run AHEAD runs on.  The idea tested: a bare
+ * copy loop keeps more of a token selection's scattered misses in flight
+ * than the kernel, which computes between its prefetches.  Measured not to
+ * pay (docs/history/benchmarks-notebook.md, "Token selections copied
+ * first"), so the engine reads the rows in place. */
+static inline void copy_rows(uint8_t *dst, const uint8_t *src, size_t bytes) { /* 64 bytes at a time: no call per row */
+    size_t o = 0;
+    for (; o + 64 <= bytes; o += 64) memcpy(dst + o, src + o, 64);
+    if (o < bytes) memcpy(dst + o, src + o, bytes - o);
+}
+
+static int compact_segs(ks_kv_seg *segs, int nseg, size_t row_bytes, uint8_t *staging, size_t cap) {
+    enum { AHEAD = 8 };
+    uint8_t *Kd = staging, *Vd = staging + cap * row_bytes;
+    size_t t = 0;
+    for (int i = 0; i < nseg; i++) {
+        if (i + AHEAD < nseg)
+            for (size_t o = 0; o < row_bytes; o += 64) {
+                __builtin_prefetch((const uint8_t *)segs[i + AHEAD].K + o);
+                __builtin_prefetch((const uint8_t *)segs[i + AHEAD].V + o);
+            }
+        size_t bytes = (size_t)segs[i].len * row_bytes;
+        if (t + (size_t)segs[i].len > cap) return -1;
+        copy_rows(Kd + t * row_bytes, segs[i].K, bytes);
+        copy_rows(Vd + t * row_bytes, segs[i].V, bytes);
+        segs[i].K = Kd + t * row_bytes;
+        segs[i].V = Vd + t * row_bytes;
+        t += (size_t)segs[i].len;
+    }
+    return (int)t;
 }
 
 /* Head h of a layer: its K rows start at *K, its V rows at *V; in the
@@ -110,6 +149,7 @@ static void attend_head(bench_thread *t, const uint8_t *layer, int h, int rows) 
             size_t off = (size_t)(r / P) * stride + (size_t)(r % P) * ROW_BYTES;
             t->segs[nt++] = (ks_kv_seg){K + off, V + off, 1};
         }
+        if (t->compact && compact_segs(t->segs, nt, ROW_BYTES, t->stage, N) < 0) abort();
         ks_attention_segs(KVT, t->segs, nt, nt, HD, G, t->q, t->scores, t->out, t->tmp, NULL, true);
         return;
     }
@@ -174,6 +214,13 @@ int main(int argc, char **argv) {
         }
         L = 16 * 64 / HD;
     }
+    if (argc > 9) {
+        N = atoi(argv[9]);
+        if (N < 1024 || N > (1 << 20) || N % 1024) {
+            fprintf(stderr, "attn_bench: rows must be a multiple of 1024 in [1024, 1048576]\n");
+            return 2;
+        }
+    }
     if (argc > 8 && argv[8][0] == 't') TOKEN_STRIDE = atoi(argv[8] + 1) > 0 ? atoi(argv[8] + 1) : 1;
     else if (argc > 8) PAGE_STRIDE = atoi(argv[8]) > 0 ? atoi(argv[8]) : 1;
     if (argc > 7) {
@@ -222,7 +269,8 @@ int main(int argc, char **argv) {
         th[i].out = malloc(sizeof(float) * G * HD);
         th[i].tmp = malloc(sizeof(float) * (size_t)N * 4 + 65536);
         th[i].segs = malloc(sizeof(ks_kv_seg) * N);
-        if (!th[i].q || !th[i].scores || !th[i].out || !th[i].tmp || !th[i].segs) return 1;
+        th[i].stage = malloc(2 * (size_t)N * ROW_BYTES);
+        if (!th[i].q || !th[i].scores || !th[i].out || !th[i].tmp || !th[i].segs || !th[i].stage) return 1;
         for (int j = 0; j < G * HD; j++) th[i].q[j] = (float)(j % 7) * 0.1f;
     }
     double gb = (double)LAYER_BYTES * L / 1e9, rows = (double)L * H * N;
@@ -234,9 +282,16 @@ int main(int argc, char **argv) {
         printf("round %d: read %.1f ms (%.1f GB/s) | kernel hot %.1f ms (%.1f cycles/row/thread at %.2f GHz) | kernel "
                "from DRAM %.1f ms (%.1f GB/s of the pages read)\n",
                r, rd, gb / rd * 1e3, hot, hot * 1e-3 * ghz * 1e9 * nthr / rows, ghz, cold, gb / PAGE_STRIDE / cold * 1e3);
+        if (TOKEN_STRIDE > 0) { /* the same rows copied into a contiguous staging area first, alternated */
+            for (int i = 0; i < nthr; i++) th[i].compact = 1;
+            double gat = run_best(th, nthr, MODE_COLD);
+            for (int i = 0; i < nthr; i++) th[i].compact = 0;
+            double cold2 = run_best(th, nthr, MODE_COLD);
+            printf("round %d: tokens from DRAM, rows copied first %.1f ms, in place again %.1f ms\n", r, gat, cold2);
+        }
     }
     for (int i = 0; i < nthr; i++) {
-        free(th[i].q), free(th[i].scores), free(th[i].out), free(th[i].tmp), free(th[i].segs);
+        free(th[i].q), free(th[i].scores), free(th[i].out), free(th[i].tmp), free(th[i].segs), free(th[i].stage);
     }
     free(th);
     pthread_barrier_destroy(&bar);
