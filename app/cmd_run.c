@@ -111,12 +111,6 @@ static int run_prepare(app_options *o, run_state *s) {
         fprintf(stderr, "kvsieve run: give exactly one of -p PROMPT or -f FILE\n");
         return 2;
     }
-    if (o->cache_file && o->prefill_policy && strcmp(o->prefill_policy, "dense")) {
-        /* the file promises the dense prefill's exact KV to every later run that reads it */
-        fprintf(stderr, "kvsieve run: --prompt-cache keeps exact KV: it cannot be combined with --prefill-policy %s\n",
-                o->prefill_policy);
-        return 2;
-    }
     int rc = app_resolve_model(o, true);
     if (rc >= 0) return rc;
     if (o->file) {

@@ -90,12 +90,13 @@ static const app_opt g_opts[] = {
     {"--prompt-cache", 0, OPT_STR, APP_RUN, F(cache_file), 0, 0, 0, 0, 0, "FILE",
      "start from the longest prefix of the prompt cached in FILE, and save the\n"
      "prompt's KV there after prefill (exact: the same output as without it)", 0},
-    {"--prefill-policy", 0, OPT_STR, APP_RUN | APP_BENCH | APP_EVAL, F(prefill_policy), 0, 0, 0, 0, 0, "SPEC",
+    {"--prefill-policy", 0, OPT_STR, APP_RUN | APP_BENCH | APP_EVAL | APP_SERVE, F(prefill_policy), 0, 0, 0, 0, 0, "SPEC",
      "prompt attention: dense (default, exact) or quest[:budget=N,sink=N,window=N,dense=N]\n"
      "(opt-in sparse prefill: each block of 16 rows attends its sinks, a local window\n"
      "and the cached pages with the highest Quest bounds; defaults 2048, 32, 512, 2;\n"
      "bench prefills dense and SPEC side by side, eval gives SPEC to the compared\n"
-     "configurations and keeps the reference dense)", 0},
+     "configurations and keeps the reference dense; serve: each request's unless it\n"
+     "sends kvsieve.prefill_policy; a prompt cache keys its KV by SPEC)", 0},
     {"--no-bos", 0, OPT_FLAG, APP_RUN, F(no_bos), 0, 0, 0, 0, 0, 0, "do not prepend BOS", 0},
     {"--turnover", 0, OPT_FLAG, APP_RUN, F(turnover), 0, 0, 0, 0, 0, 0,
      "report the selection's turnover per step (entries new to it, what elastic loading\n"

@@ -278,6 +278,23 @@ ks_policy_config ks_policy_config_default(void);
 ks_status ks_seq_set_policy(ks_context *ctx, int32_t seq, const ks_policy_config *cfg);
 /* The same with the policy already parsed (NULL: the context's default). */
 ks_status ks_seq_set_policy_spec(ks_context *ctx, int32_t seq, const ks_policy_spec *spec);
+/* The prefill attention of one sequence's next prefills (the syntax of
+ * ks_context_params.prefill_policy); NULL: the context's.  It stays until
+ * set again.  A prefix cache keys the KV a prefill computes by this setting
+ * (docs/SERVER.md, "Prefix cache"), so a sparse prefill's blocks serve only
+ * prefills of the same setting, and never a dense one.  KS_ERR_INVALID_ARG
+ * when malformed (the sequence keeps its setting). */
+ks_status ks_seq_set_prefill_policy(ks_context *ctx, int32_t seq, const char *spec);
+/* A sparse prefill's rows share one selection per block of this many rows,
+ * the blocks on one grid of entries: chunks end on it (the prompt's end
+ * aside), and a prefill call that starts off it (ks_prefill_rest after an
+ * upto off the grid) splits a block, so its result differs from one call's
+ * and the sequence's blocks are not cached from then on. */
+enum { KS_PREFILL_BLOCK_ROWS = 16 };
+/* Check a prefill policy for a context of KV page `page` and write its
+ * canonical spelling ("dense", or "quest:budget=B,sink=S,window=W,dense=D"
+ * with every value written out) to out[cap] (96 bytes always suffice). */
+ks_status ks_prefill_policy_canonical(const char *spec, int32_t page, char *out, size_t cap);
 
 /* Move layer's KV between the fast (offload = false) and the slow tier for
  * all sequences; nothing is lost.  KS_ERR_IO/NOMEM leave the layer where it was. */

@@ -4,8 +4,10 @@
  * kernel on hosts that have it): a budget that covers every page gives the
  * dense prefill's logits bit for bit, as does a policy whose dense layers
  * cover the model (f16 and 8-bit KV); a binding budget reads fewer KV bytes, changes the logits
- * (something was dropped) and stays deterministic; malformed settings are
- * refused with a message, and the default is dense.
+ * (something was dropped) and stays deterministic, whatever the chunking;
+ * a prefix cache keys sparse KV by the setting (exact hits, no dense /
+ * sparse cross hits); malformed settings are refused with a message, and
+ * the default is dense.
  */
 #include "infer/infer.h"
 #include "testutil.h"
@@ -121,33 +123,163 @@ static void test_q8(void **state) {
     g_kv = KS_KV_F16;
 }
 
-/* A prefix cache holds exact KV only: a sparse prefill captures nothing,
- * a dense one does (and a sparse context may restore what it cached). */
-static void test_prefix_cache_exact_only(void **state) {
+/* A sparse prefill's rows share their block's selection, so its blocks sit
+ * on one grid of entries (attend.c): split into other chunks, or into two
+ * calls at any row, it gives the same bits as in one go. */
+static void test_chunking_invariant(void **state) {
     (void)state;
+    const char *spec = "quest:budget=96,sink=16,window=32,dense=1";
+    size_t V = (size_t)ks_model_n_vocab(g_model), n = (size_t)N_PROMPT * V;
+    float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
+    assert_non_null(a);
+    assert_non_null(b);
+    prefill(spec, N_PROMPT, 16, a);
+    const int bats[] = {40, 24, 64};
+    for (int i = 0; i < 3; i++) {
+        prefill(spec, bats[i], 16, b);
+        if (memcmp(a, b, sizeof(float) * n)) fail_msg("chunks of %d: logits differ from one chunk", bats[i]);
+    }
+    ks_context_params p = ks_context_default_params();
+    p.n_ctx = N_PROMPT;
+    p.n_threads = 2;
+    p.page = 16;
+    p.prefill_policy = spec;
+    ks_context *c = NULL;
+    assert_int_equal(ks_context_create(g_model, p, &c), KS_OK);
+    const int splits[] = {16, 96, 256}; /* on the grid of blocks */
+    for (int i = 0; i < 3; i++) {
+        ks_seq_reset(c, 0);
+        int k = splits[i];
+        assert_int_equal(ks_prefill(c, 0, g_ids, k, NULL, b), KS_OK);
+        assert_int_equal(ks_prefill(c, 0, g_ids + k, N_PROMPT - k, NULL, b + (size_t)k * V), KS_OK);
+        if (memcmp(a, b, sizeof(float) * n)) fail_msg("split at %d: logits differ from one call", k);
+    }
+    ks_context_destroy(c);
+    free(a);
+    free(b);
+}
+
+/* A context of prefill policy spec (NULL: dense), n_seq sequences. */
+static ks_context *ctx_of(const char *spec, int n_batch, int n_seq) {
+    ks_context_params p = ks_context_default_params();
+    p.n_ctx = N_PROMPT;
+    p.n_threads = 2;
+    p.n_batch = n_batch;
+    p.n_seq = n_seq;
+    p.page = 16;
+    p.prefill_policy = spec;
+    ks_context *c = NULL;
+    if (ks_context_create(g_model, p, &c) != KS_OK) fail_msg("%s: %s", spec ? spec : "dense", ks_last_error());
+    return c;
+}
+
+/* The prompt's last logits through the cache (pc NULL: a plain prefill);
+ * *hit: the rows restored. */
+static void last_logits(ks_context *c, ks_prefix_cache *pc, int32_t seq, const int32_t *ids, float *out, int32_t *hit) {
+    ks_seq_reset(c, seq);
+    *hit = 0;
+    if (pc) assert_int_equal(ks_prefill_cached(c, pc, seq, ids, N_PROMPT, out, hit), KS_OK);
+    else assert_int_equal(ks_prefill(c, seq, ids, N_PROMPT, out, NULL), KS_OK);
+}
+
+/* A prefix cache keys a prefill's KV by its prefill policy (the canonical
+ * spec in the chain's root): a follow-up of the same sparse setting restores
+ * the shared document and gives the bits of recomputing it sparsely, a
+ * dense prefill never reads sparse KV nor a sparse one dense KV, another
+ * sparse setting misses, and two spellings of one setting hit. */
+static void test_prefix_cache_keys(void **state) {
+    (void)state;
+    enum { DOC = 300 };
+    const char *spec = "quest:budget=96,sink=16,window=32,dense=1";
+    int32_t A[N_PROMPT], B[N_PROMPT];
+    memcpy(A, g_ids, sizeof A);
+    memcpy(B, g_ids, sizeof B);
+    int32_t Vv = ks_model_n_vocab(g_model);
+    for (int i = DOC; i < N_PROMPT; i++) B[i] = (g_ids[i] * 7 + 3) % Vv; /* another question */
+    size_t V = (size_t)Vv;
+    float *ref_sparse = malloc(sizeof(float) * V), *ref_dense = malloc(sizeof(float) * V), *got = malloc(sizeof(float) * V);
+    float *ref_dense_a = malloc(sizeof(float) * V);
+    int32_t hit = -1;
+    ks_context *cs = ctx_of(spec, 40, 1), *cd = ctx_of(NULL, 40, 2);
+    last_logits(cs, NULL, 0, B, ref_sparse, &hit);
+    last_logits(cd, NULL, 0, B, ref_dense, &hit);
+    last_logits(cd, NULL, 0, A, ref_dense_a, &hit);
+    assert_true(memcmp(ref_sparse, ref_dense, sizeof(float) * V) != 0); /* the sparse prefill dropped something */
     ks_prefix_cache_params pcp = ks_prefix_cache_default_params();
     ks_prefix_cache *pc = NULL;
     assert_int_equal(ks_prefix_cache_create(g_model, &pcp, &pc), KS_OK);
-    const char *specs[] = {"quest:budget=96,sink=16,window=32,dense=1", NULL};
-    uint64_t blocks[2];
-    for (int k = 0; k < 2; k++) {
-        ks_context_params p = ks_context_default_params();
-        p.n_ctx = N_PROMPT;
-        p.n_threads = 2;
-        p.page = 16;
-        p.prefill_policy = specs[k];
-        ks_context *c = NULL;
-        assert_int_equal(ks_context_create(g_model, p, &c), KS_OK);
-        int32_t n_cached = -1;
-        assert_int_equal(ks_prefill_cached(c, pc, 0, g_ids, N_PROMPT, NULL, &n_cached), KS_OK);
-        assert_int_equal(n_cached, 0); /* nothing exact was there to restore */
-        ks_prefix_cache_stats st;
-        ks_prefix_cache_get_stats(pc, &st);
-        blocks[k] = st.ram_blocks;
-        ks_context_destroy(c);
-    }
-    assert_true(blocks[0] == 0 && blocks[1] > 0);
+    /* the first question: nothing cached; its blocks are kept */
+    last_logits(cs, pc, 0, A, got, &hit);
+    assert_int_equal(hit, 0);
+    ks_prefix_cache_stats st;
+    ks_prefix_cache_get_stats(pc, &st);
+    assert_int_equal(st.ram_blocks, N_PROMPT / 16);
+    /* a dense prefill of the follow-up: no sparse block serves it */
+    last_logits(cd, pc, 0, B, got, &hit);
+    assert_int_equal(hit, 0);
+    assert_memory_equal(got, ref_dense, sizeof(float) * V);
+    /* the sparse follow-up: the document's whole blocks of 16 rows, bit-exact */
+    last_logits(cs, pc, 0, B, got, &hit);
+    assert_int_equal(hit, DOC / 16 * 16);
+    assert_memory_equal(got, ref_sparse, sizeof(float) * V);
+    /* the dense blocks the dense follow-up left serve dense prefills only */
+    last_logits(cd, pc, 1, A, got, &hit);
+    assert_int_equal(hit, DOC);
+    assert_memory_equal(got, ref_dense_a, sizeof(float) * V);
+    /* another spelling of the setting hits; another setting misses (cs's store holds
+     * the cached pages until it goes: then they are blocks of bytes any context reads) */
+    ks_context_destroy(cs);
+    ks_context *c2 = ctx_of("quest:dense=1,window=32,sink=16,budget=96", 64, 1);
+    last_logits(c2, pc, 0, B, got, &hit);
+    assert_int_equal(hit, (N_PROMPT - 1) / 16 * 16); /* B's own blocks now: all but the last row's block */
+    assert_memory_equal(got, ref_sparse, sizeof(float) * V);
+    ks_context_destroy(c2);
+    c2 = ctx_of("quest:budget=112,sink=16,window=32,dense=1", 64, 1);
+    last_logits(c2, pc, 0, B, got, &hit);
+    assert_int_equal(hit, 0);
+    ks_context_destroy(c2);
+    /* a sequence's own setting (ks_seq_set_prefill_policy) in a dense context */
+    assert_int_equal(ks_seq_set_prefill_policy(cd, 1, spec), KS_OK);
+    last_logits(cd, pc, 1, B, got, &hit);
+    assert_int_equal(hit, (N_PROMPT - 1) / 16 * 16);
+    assert_memory_equal(got, ref_sparse, sizeof(float) * V);
+    assert_int_equal(ks_seq_set_prefill_policy(cd, 1, "quest:budget=x"), KS_ERR_INVALID_ARG);
+    assert_int_equal(ks_seq_set_prefill_policy(cd, 2, spec), KS_ERR_INVALID_ARG); /* no such sequence */
+    last_logits(cd, pc, 1, B, got, &hit); /* the bad setting left the sequence's own */
+    assert_memory_equal(got, ref_sparse, sizeof(float) * V);
+    assert_int_equal(ks_seq_set_prefill_policy(cd, 1, NULL), KS_OK); /* back to the context's: dense */
+    last_logits(cd, pc, 1, B, got, &hit);
+    assert_int_equal(hit, N_PROMPT - 1); /* dense: up to the last row */
+    assert_memory_equal(got, ref_dense, sizeof(float) * V);
+    ks_context_destroy(cd);
     ks_prefix_cache_destroy(pc);
+    free(ref_sparse);
+    free(ref_dense);
+    free(ref_dense_a);
+    free(got);
+}
+
+/* A page that is not a whole number of blocks of rows: a page's KV would
+ * depend on the next page's tokens, so a sparse prefill caches nothing. */
+static void test_prefix_cache_odd_page(void **state) {
+    (void)state;
+    ks_context_params p = ks_context_default_params();
+    p.n_ctx = N_PROMPT;
+    p.n_threads = 2;
+    p.page = 24;
+    p.prefill_policy = "quest:budget=96,sink=16,window=24,dense=1";
+    ks_context *c = NULL;
+    assert_int_equal(ks_context_create(g_model, p, &c), KS_OK);
+    ks_prefix_cache_params pcp = ks_prefix_cache_default_params();
+    ks_prefix_cache *pc = NULL;
+    assert_int_equal(ks_prefix_cache_create(g_model, &pcp, &pc), KS_OK);
+    int32_t hit = -1;
+    assert_int_equal(ks_prefill_cached(c, pc, 0, g_ids, N_PROMPT, NULL, &hit), KS_OK);
+    ks_prefix_cache_stats st;
+    ks_prefix_cache_get_stats(pc, &st);
+    assert_int_equal(st.ram_blocks, 0);
+    ks_prefix_cache_destroy(pc);
+    ks_context_destroy(c);
 }
 
 static void test_bad_settings(void **state) {
@@ -175,6 +307,16 @@ static void test_bad_settings(void **state) {
     assert_true(sp.budget == 160 && sp.sink == 4 && sp.window == 64 && sp.dense_layers == 0);
     assert_int_equal(ks_prefill_sparse_parse("quest:window=64,budget=127,sink=4", 32, &sp), KS_ERR_INVALID_ARG);
     assert_null(ks_context_default_params().prefill_policy); /* dense by default */
+    char canon[96];
+    assert_int_equal(ks_prefill_policy_canonical("quest", 32, canon, sizeof canon), KS_OK);
+    assert_string_equal(canon, "quest:budget=2048,sink=32,window=512,dense=2");
+    assert_int_equal(ks_prefill_policy_canonical("quest:dense=0,budget=160,window=64,sink=4", 32, canon, sizeof canon), KS_OK);
+    assert_string_equal(canon, "quest:budget=160,sink=4,window=64,dense=0");
+    assert_int_equal(ks_prefill_policy_canonical(NULL, 32, canon, sizeof canon), KS_OK);
+    assert_string_equal(canon, "dense");
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(ks_prefill_policy_canonical(bad[i], 32, canon, sizeof canon), KS_ERR_INVALID_ARG);
+    assert_int_equal(ks_prefill_policy_canonical("quest", 0, canon, sizeof canon), KS_ERR_INVALID_ARG);
 }
 
 int main(void) {
@@ -182,7 +324,9 @@ int main(void) {
         cmocka_unit_test(test_full_budget_is_dense),
         cmocka_unit_test(test_binding_budget),
         cmocka_unit_test(test_q8),
-        cmocka_unit_test(test_prefix_cache_exact_only),
+        cmocka_unit_test(test_chunking_invariant),
+        cmocka_unit_test(test_prefix_cache_keys),
+        cmocka_unit_test(test_prefix_cache_odd_page),
         cmocka_unit_test(test_bad_settings),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -38,6 +38,7 @@ typedef struct {
     int il, n;
     const int32_t *seq, *pos;
     bool sparse;          /* a decode step: each row's policy may select (ks_infer_seq_sparse) */
+    int align;            /* rows of the first block before the chunk's first row (sparse prefill) */
     bool blocked;         /* prefill of one sequence: blocks of rows per task */
     atomic_int next;
     const ks_weight *wnext; /* or NULL: quantize each finished row for this weight's product */
@@ -354,12 +355,15 @@ static void attn_worker(void *arg, int ith, int nth) {
     ks_attn_scratch *s = &c->scr[ith];
     /* tasks are (block of rows, KV head) when blocked, else (row, KV head) */
     int rows_per_task = j->blocked ? KS_PREFILL_BLOCK : 1;
-    int total = (j->n + rows_per_task - 1) / rows_per_task * nkv;
+    int total = (j->align + j->n + rows_per_task - 1) / rows_per_task * nkv;
     for (;;) {
         int task = atomic_fetch_add(&j->next, 1);
         if (task >= total) break;
-        int r0 = task / nkv * rows_per_task, h = task % nkv;
-        int R = j->n - r0 < rows_per_task ? j->n - r0 : rows_per_task;
+        int g = task / nkv, h = task % nkv;
+        int r0 = g * rows_per_task - j->align, r1 = r0 + rows_per_task;
+        if (r0 < 0) r0 = 0;
+        if (r1 > j->n) r1 = j->n;
+        int R = r1 - r0;
         if (!(j->blocked && attend_block(c, j, s, r0, R, h)))
             for (int r = r0; r < r0 + R; r++) {
                 ks_status st = attend_one(c, j, s, r, h);
@@ -391,6 +395,13 @@ ks_status ks_infer_attend_layer(ks_context *c, int il, int n, const int32_t *seq
     /* of the blocked kernels only the bf16 one has attention sinks (gpt-oss): elsewhere those
      * layers' rows take attend_one too (the choice is the run's, as attend_block's bf16 one) */
     if (c->model->layers[il].attn_sinks && block_kernel(c->kv_type, hd) != BLK_BF16) job.blocked = false;
+    /* a sparse prefill's blocks start at entries that are multiples of KS_PREFILL_BLOCK,
+     * wherever the chunk starts: a block's selection is shared by its rows, so a row's
+     * KV depends on the block it falls in, and with blocks on one grid it depends on the
+     * tokens up to its block's end alone, whatever the chunking or a prefix-cache hit
+     * (which the cache's sparse keys rely on: infer/prefix_context.c); the first
+     * block may be short.  Dense rows do not depend on their block (no selection). */
+    if (job.blocked && c->seq_prefill[seq[0]].on) job.align = (c->n_att[0] - 1) % KS_PREFILL_BLOCK;
     atomic_init(&job.next, 0);
     if (next) /* one counter per task row group (a block of rows, or a row) */
         for (int g = 0; g < n; g++) atomic_init(&c->att_heads_done[g], 0);

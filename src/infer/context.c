@@ -107,6 +107,8 @@ void ks_context_destroy(ks_context *c) {
     ks_free(c->att_heads_done);
     ks_free(c->seq_len);
     ks_free(c->swa_hold);
+    ks_free(c->seq_prefill);
+    ks_free(c->seq_offgrid);
     ks_free(c->rope_cos_swa);
     ks_free(c->rope_sin_swa);
     ks_free((char *)c->params.kv_offload_dir);
@@ -323,6 +325,10 @@ static ks_status alloc_rows(ks_context *c) {
     c->seq_len = ks_calloc((size_t)c->n_seq, sizeof(int32_t));
     c->swa_hold = ks_calloc((size_t)c->n_seq, 1);
     if (!c->swa_hold) return KS_FAIL(KS_ERR_NOMEM, "sliding-window flags of %d sequences", c->n_seq);
+    c->seq_prefill = ks_malloc(sizeof(ks_prefill_sparse) * (size_t)c->n_seq);
+    c->seq_offgrid = ks_calloc((size_t)c->n_seq, 1);
+    if (!c->seq_prefill || !c->seq_offgrid) return KS_FAIL(KS_ERR_NOMEM, "prefill policies of %d sequences", c->n_seq);
+    for (int32_t i = 0; i < c->n_seq; i++) c->seq_prefill[i] = c->prefill_sparse;
     c->entropy = ks_malloc(sizeof(float) * (size_t)c->n_seq);
     c->varentropy = ks_malloc(sizeof(float) * (size_t)c->n_seq);
     if (!c->seq_len || !c->entropy || !c->varentropy) return KS_FAIL(KS_ERR_NOMEM, "state of %d sequences", c->n_seq);
@@ -700,6 +706,7 @@ void ks_seq_reset(ks_context *c, int32_t seq) {
     ks_policy_seq_reset(ks_infer_policy_of(c, seq), seq);
     c->seq_len[seq] = 0;
     c->swa_hold[seq] = 0;
+    c->seq_offgrid[seq] = 0;
     c->entropy[seq] = c->varentropy[seq] = NAN;
     if (c->turn_have) { /* the turnover probe's next step of seq sets a new baseline */
         size_t per = (size_t)c->model->hp.n_layer * c->model->hp.n_head_kv;

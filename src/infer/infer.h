@@ -23,6 +23,7 @@
 
 /* Query rows per prefill attention block (each KV page is read once per block). */
 #define KS_PREFILL_BLOCK 16
+_Static_assert(KS_PREFILL_BLOCK == KS_PREFILL_BLOCK_ROWS, "kvsieve.h states the sparse prefill's block");
 
 /* Per-worker scratch of the attention jobs. */
 typedef struct ks_attn_scratch {
@@ -131,7 +132,9 @@ struct ks_context {
     uint64_t *turn_orc;      /* [n_seq][n_layer][n_head_kv][turn_words] */
     uint8_t *turn_have;      /* [n_seq][n_layer][n_head_kv] */
     uint64_t *turn_cnt;      /* [n_seq][n_layer][n_head_kv][3]: policy moved, oracle moved, selected */
-    ks_prefill_sparse prefill_sparse; /* params.prefill_policy, parsed (prefill_sparse.c) */
+    ks_prefill_sparse prefill_sparse; /* params.prefill_policy, parsed (prefill_sparse.c): the sequences' default */
+    ks_prefill_sparse *seq_prefill;   /* [n_seq] each sequence's own (ks_seq_set_prefill_policy), from the default */
+    uint8_t *seq_offgrid;             /* [n_seq] a sparse prefill split a block of rows: nothing more is cached */
     ks_status step_status;   /* first failure inside a parallel section */
     atomic_flag step_failed;
     ks_stats stats;

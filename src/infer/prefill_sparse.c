@@ -48,6 +48,7 @@
 #include "policy/policy_util.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -109,6 +110,29 @@ ks_status ks_prefill_sparse_parse(const char *spec, int32_t page, ks_prefill_spa
     return KS_OK;
 }
 
+void ks_prefill_sparse_canonical(const ks_prefill_sparse *p, char *out, size_t cap) {
+    if (!p->on) snprintf(out, cap, "dense");
+    else snprintf(out, cap, "quest:budget=%d,sink=%d,window=%d,dense=%d", p->budget, p->sink, p->window, p->dense_layers);
+}
+
+ks_status ks_prefill_policy_canonical(const char *spec, int32_t page, char *out, size_t cap) {
+    if (!out || cap == 0) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL or empty output buffer");
+    if (page <= 0) return KS_FAIL(KS_ERR_INVALID_ARG, "page %d must be positive", page);
+    ks_prefill_sparse p;
+    KS_TRY(ks_prefill_sparse_parse(spec, page, &p));
+    ks_prefill_sparse_canonical(&p, out, cap);
+    return KS_OK;
+}
+
+ks_status ks_seq_set_prefill_policy(ks_context *c, int32_t seq, const char *spec) {
+    if (!c) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL context");
+    if (seq < 0 || seq >= c->n_seq) return KS_FAIL(KS_ERR_INVALID_ARG, "sequence %d out of range [0, %d)", seq, c->n_seq);
+    ks_prefill_sparse p = c->prefill_sparse;
+    if (spec) KS_TRY(ks_prefill_sparse_parse(spec, c->params.page, &p));
+    c->seq_prefill[seq] = p;
+    return KS_OK;
+}
+
 static void mask_set(uint64_t *m, int32_t a, int32_t b) {
     for (int32_t t = a; t < b;) {
         int32_t w = t >> 6, lo = t & 63, hi = b - (w << 6) < 64 ? b - (w << 6) : 64;
@@ -121,7 +145,7 @@ static void mask_set(uint64_t *m, int32_t a, int32_t b) {
 int32_t ks_prefill_sparse_plan(ks_context *c, ks_attn_scratch *s, int32_t seq, int il, int h, const float *q,
                                size_t q_stride, int R, const int32_t *n_att, int32_t *n_out, int32_t *npages,
                                int32_t *total) {
-    const ks_prefill_sparse *sp = &c->prefill_sparse;
+    const ks_prefill_sparse *sp = &c->seq_prefill[seq];
     if (!sp->on || il < sp->dense_layers) return -1;
     const ks_hparams *hp = &c->model->hp;
     int32_t P = c->params.page, G = hp->n_head / hp->n_head_kv, hd = hp->head_dim, n = n_att[R - 1];

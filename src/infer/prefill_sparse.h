@@ -33,4 +33,11 @@ enum { KS_PREFILL_SPARSE_BUDGET = 2048, KS_PREFILL_SPARSE_SINK = 32, KS_PREFILL_
  * naming the fault; *out written only on success. */
 ks_status ks_prefill_sparse_parse(const char *spec, int32_t page, ks_prefill_sparse *out);
 
+/* The canonical spec of a parsed setting: "dense", or
+ * "quest:budget=B,sink=S,window=W,dense=D" with every value written out, so
+ * that two spellings of one configuration ("quest" and its defaults named)
+ * are one string.  It is what the prefix cache keys a sparse prefill's KV
+ * by (infer/prefix_context.c).  cap >= 96 always suffices. */
+void ks_prefill_sparse_canonical(const ks_prefill_sparse *p, char *out, size_t cap);
+
 #endif

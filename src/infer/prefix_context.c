@@ -49,11 +49,36 @@ static ks_pc_format format_of(const ks_context *c) {
  * resolved (a LongRoPE model rotates by its short or long factors
  * depending on n_ctx, so two contexts of one model can store different K
  * for the same tokens; an unscaled model adds the same bytes to every root). */
-ks_pc_key ks_pc_context_root(const ks_prefix_cache *pc, const ks_context *c, const ks_pc_format *fmt) {
+static ks_pc_key root_of(const ks_prefix_cache *pc, const ks_context *c, const ks_prefill_sparse *sp,
+                         const ks_pc_format *fmt) {
     ks_pc_key model = ks_pc_model_key(pc);
     ks_pc_hash_feed(&model, c->rope_inv_freq, sizeof(double) * (size_t)(c->model->hp.n_rot / 2));
     ks_pc_hash_feed(&model, &c->rope_mscale, sizeof c->rope_mscale);
+    if (sp->on) { /* a sparse prefill's KV: its canonical spec joins the root (a dense root hashes nothing more) */
+        char spec[128];
+        ks_prefill_sparse_canonical(sp, spec, sizeof spec);
+        ks_pc_hash_feed(&model, "prefill_policy", 14);
+        ks_pc_hash_feed(&model, spec, strlen(spec) + 1);
+    }
     return ks_pc_root(&model, fmt);
+}
+
+ks_pc_key ks_pc_context_root(const ks_prefix_cache *pc, const ks_context *c, const ks_pc_format *fmt) {
+    return root_of(pc, c, &c->prefill_sparse, fmt);
+}
+
+/* The root of sequence seq's chains: its prefill policy's. */
+static ks_pc_key seq_root(const ks_prefix_cache *pc, const ks_context *c, int32_t seq, const ks_pc_format *fmt) {
+    return root_of(pc, c, &c->seq_prefill[seq], fmt);
+}
+
+/* Whether seq's prefills give KV the cache may key: always for dense; for a
+ * sparse prefill when its blocks of KS_PREFILL_BLOCK rows (whose rows share
+ * one selection, so a row's KV depends on the tokens up to its block's end)
+ * never straddle a page, so that a page's KV is a function of the tokens up
+ * to the page's end, as its key says (attend.c puts the blocks on one grid). */
+static bool seq_cacheable(const ks_context *c, int32_t seq, int32_t P) {
+    return !c->seq_prefill[seq].on || (P % KS_PREFILL_BLOCK == 0 && !c->seq_offgrid[seq]);
 }
 
 static uint64_t policy_key(const ks_context *c, int32_t seq) {
@@ -120,6 +145,8 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
     ks_policy *pol = ks_infer_policy_of(c, seq);
     ks_pc_format fmt = format_of(c);
     int32_t P = (int32_t)fmt.page;
+    if (!seq_cacheable(c, seq, P)) return KS_OK;
+    bool sparse = c->seq_prefill[seq].on;
     int32_t limit = ks_policy_prefix_shareable(pol) ? n - ks_policy_prefix_min_suffix(pol) : 0;
     size_t sbytes = ks_policy_prefix_state_bytes(pol, P);
     if (sbytes) limit = limit / P * P; /* per-token state is kept per whole block */
@@ -139,7 +166,7 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
     pc_block **got = ks_malloc(sizeof(pc_block *) * (size_t)(nb_max + 1));
     if (!got) return KS_FAIL(KS_ERR_NOMEM, "cached blocks of %d", nb_max);
     int32_t nb = 0;
-    ks_pc_key parent = ks_pc_context_root(pc, c, &fmt);
+    ks_pc_key parent = seq_root(pc, c, seq, &fmt);
     for (int32_t b = 0; b < nb_max; b++) {
         ks_pc_key key = ks_pc_chain(&parent, prompt + (size_t)b * P, P);
         pc_block *blk = ks_pc_acquire(pc, c->kv, &key, &parent, prompt + (size_t)b * P, &fmt);
@@ -182,6 +209,9 @@ ks_status ks_prefix_restore(ks_context *c, ks_prefix_cache *pc, int32_t seq, con
         pthread_mutex_unlock(&pc->mu);
     }
     int32_t hit = nb * P + tail < limit ? nb * P + tail : limit;
+    /* a sparse prefill's rows depend on the rest of their block: the hit ends on a block's
+     * end, so every restored row's block is restored whole and the rest starts a new one */
+    if (sparse) hit = hit / KS_PREFILL_BLOCK * KS_PREFILL_BLOCK;
     ks_status st = KS_OK;
     /* whole blocks mapped from pinned pages add no memory (the cache or
      * another sequence holds them, and the plan counts them once) */
@@ -237,10 +267,10 @@ static bool pin_block(ks_context *c, int32_t seq, int32_t b, pc_block *blk) {
 ks_status ks_prefix_capture_kv(ks_context *c, ks_prefix_cache *pc, int32_t seq, const int32_t *prompt, int32_t n) {
     ks_pc_format fmt = format_of(c);
     int32_t P = (int32_t)fmt.page, nb = n / P;
-    if (c->seq_len[seq] != n || nb == 0) return KS_OK;
+    if (c->seq_len[seq] != n || nb == 0 || !seq_cacheable(c, seq, P)) return KS_OK;
     const ks_hparams *hp = &c->model->hp;
     size_t page_bytes = ks_kv_page_bytes(c->kv);
-    ks_pc_key parent = ks_pc_context_root(pc, c, &fmt);
+    ks_pc_key parent = seq_root(pc, c, seq, &fmt);
     pthread_mutex_lock(&pc->mu);
     bool pin = pc->p.share_pages && (!pc->pin_kv || pc->pin_kv == c->kv);
     if (pin && !pc->pin_kv) { /* this context's store holds the cache's pages from now on */
@@ -331,9 +361,9 @@ ks_status ks_prefix_capture_state(ks_context *c, ks_prefix_cache *pc, int32_t se
     ks_pc_format fmt = format_of(c);
     int32_t P = (int32_t)fmt.page, nb = n / P;
     size_t sbytes = ks_policy_prefix_state_bytes(pol, P);
-    if (!sbytes || !ks_policy_prefix_shareable(pol)) return KS_OK;
+    if (!sbytes || !ks_policy_prefix_shareable(pol) || !seq_cacheable(c, seq, P)) return KS_OK;
     uint64_t pk = policy_key(c, seq);
-    ks_pc_key parent = ks_pc_context_root(pc, c, &fmt);
+    ks_pc_key parent = seq_root(pc, c, seq, &fmt);
     for (int32_t b = 0; b < nb; b++) {
         ks_pc_key key = ks_pc_chain(&parent, prompt + (size_t)b * P, P);
         parent = key;

@@ -143,6 +143,12 @@ static ks_status prefill_impl(ks_context *c, int32_t seq, const int32_t *tokens,
     int32_t obs_window = ks_infer_pol_of(c, seq)->obs_window;
     double t0 = ks_time_sec();
     int chunk = c->params.n_batch;
+    /* a sparse prefill's chunks end on the grid of blocks (attend.c), so that a block's rows
+     * are computed together whatever n_batch is; a call that starts off the grid, or chunks
+     * too small for a block, split one: the sequence's blocks are not cached from then on */
+    bool sparse = c->seq_prefill[seq].on;
+    if (sparse && (c->seq_len[seq] % KS_PREFILL_BLOCK || chunk < KS_PREFILL_BLOCK)) c->seq_offgrid[seq] = 1;
+    if (sparse && chunk >= KS_PREFILL_BLOCK) chunk = chunk / KS_PREFILL_BLOCK * KS_PREFILL_BLOCK;
     size_t V = (size_t)hp->n_vocab;
     int32_t skip = n_full - n; /* rows of the prompt before these */
     int32_t first_pos = c->seq_len[seq] - skip;
@@ -161,8 +167,11 @@ static ks_status prefill_impl(ks_context *c, int32_t seq, const int32_t *tokens,
     ks_status st = KS_OK;
     if (!sq || !ps || !obs || !want || (n_obs > 0 && !c->obs_q) || (!logits && ks_policy_wants_entropy(pol) && !last))
         st = KS_FAIL(KS_ERR_NOMEM, "prefill rows of a %d-token chunk", chunk);
-    for (int32_t off = 0; off < n && st == KS_OK; off += chunk) {
-        int m = n - off < chunk ? n - off : chunk;
+    for (int32_t off = 0, m = 0; off < n && st == KS_OK; off += m) {
+        m = n - off < chunk ? n - off : chunk;
+        /* a sparse chunk that does not end the call ends on the grid (after an off-grid start) */
+        int32_t over = sparse && off + m < n ? (c->seq_len[seq] + m) % KS_PREFILL_BLOCK : 0;
+        if (over < m) m -= over;
         bool last_chunk = off + m == n;
         for (int i = 0; i < m; i++) {
             sq[i] = seq;
@@ -182,8 +191,10 @@ static ks_status prefill_impl(ks_context *c, int32_t seq, const int32_t *tokens,
     /* every piece's whole blocks are final once computed (pieces are only
      * split for policies without prefill hooks): a long prompt cancelled
      * halfway leaves what it computed */
-    /* a sparse prefill's KV is an approximation: a prefix cache offers only exact blocks */
-    if (st == KS_OK && pc && !c->prefill_sparse.on) st = ks_prefix_capture_kv(c, pc, seq, full, n_full);
+    /* a sparse prefill's blocks go under a key of their own (the canonical
+     * prefill policy in the chain's root: prefix_context.c), which only a
+     * prefill of the same setting reads */
+    if (st == KS_OK && pc) st = ks_prefix_capture_kv(c, pc, seq, full, n_full);
     int32_t n_pseudo = 0;
     if (st == KS_OK && hooks) st = prefill_pseudo(c, seq, full, n_full, &n_pseudo);
     if (st == KS_OK && hooks && n_pseudo > 0) {
@@ -200,7 +211,7 @@ static ks_status prefill_impl(ks_context *c, int32_t seq, const int32_t *tokens,
                                 .first_pos = first_pos};
         st = ks_policy_on_prefill(pol, &info);
     }
-    if (st == KS_OK && hooks && pc && !c->prefill_sparse.on) st = ks_prefix_capture_state(c, pc, seq, full, n_full);
+    if (st == KS_OK && hooks && pc) st = ks_prefix_capture_state(c, pc, seq, full, n_full);
     if (st == KS_OK && last && ks_policy_wants_entropy(pol))
         entropy_of(last, (int32_t)V, &c->entropy[seq], &c->varentropy[seq]);
     ks_free(c->obs_q);

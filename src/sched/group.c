@@ -194,6 +194,7 @@ int32_t ks_sched_slot_prepare(ks_sched *s, group *g, const ks_sched_req *r, ks_s
     ks_seq_reset(g->ctx, i);
     const ks_sched_policy *pol = &r->policy;
     ks_status st = ks_seq_set_policy_spec(g->ctx, i, &pol->spec); /* the group's page is the request's */
+    if (st == KS_OK) st = ks_seq_set_prefill_policy(g->ctx, i, pol->prefill); /* before any restore: its key */
     if (st != KS_OK) {
         *why = st == KS_ERR_CONTEXT_FULL ? KS_SCHED_ERR_TOO_LONG : st == KS_ERR_NOMEM ? KS_SCHED_ERR_NOMEM : KS_SCHED_ERR_INVALID;
         snprintf(msg, msg_cap, "policy '%s' budget %d: %s (%s)", pol->spec.name, pol->spec.budget, ks_status_str(st),

@@ -107,6 +107,11 @@ typedef struct ks_sched_req ks_sched_req;
 typedef struct ks_sched_policy {
     ks_policy_spec spec;   /* parsed once, where the request or the flags came in */
     int32_t page;          /* tokens per KV page: another page gets a context of its own */
+    /* the prefill attention (ks_seq_set_prefill_policy), canonical
+     * (ks_prefill_policy_canonical: checked against page); "" is dense.  Not
+     * part of the policy instance: requests of any prefill policy share one;
+     * the prefix cache keys what a prefill computes by it. */
+    char prefill[96];
 } ks_sched_policy;
 
 /* The engine defaults (ks_policy_spec_default, the page of

@@ -679,6 +679,22 @@ static bool parse_ext(const cJSON *root, ks_api_request *r, ks_api_error *err) {
         snprintf(r->policy, sizeof r->policy, "%s", s);
         r->ext_set |= KS_API_EXT_POLICY;
     }
+    k = get_str(x, "prefill_policy", "kvsieve.prefill_policy", &s, err);
+    if (k < 0) return false;
+    if (k > 0) { /* the syntax here (page 1: the weakest budget check); the budget against the page at admission */
+        char canon[96];
+        if (strlen(s) >= sizeof r->prefill_policy) {
+            BAD("invalid_value", "kvsieve.prefill_policy", "'kvsieve.prefill_policy' must be under %zu bytes",
+                sizeof r->prefill_policy);
+            return false;
+        }
+        if (ks_prefill_policy_canonical(s, 1, canon, sizeof canon) != KS_OK) {
+            BAD("invalid_value", "kvsieve.prefill_policy", "%s (docs/POLICIES.md, \"Sparse prefill\")", ks_last_error());
+            return false;
+        }
+        snprintf(r->prefill_policy, sizeof r->prefill_policy, "%s", s);
+        r->ext_set |= KS_API_EXT_PREFILL;
+    }
     double d;
     struct {
         const char *key, *param;
@@ -854,7 +870,7 @@ static const char *const known_chat[] = {"messages", "max_completion_tokens", "t
                                          "parallel_tool_calls", NULL};
 static const char *const known_completions[] = {"prompt", "echo", "suffix", NULL};
 static const char *const known_ext[] = {"policy", "budget", "sink", "window", "page", "dense_layers", "policy_args",
-                                        "ignore_eos", "cache_prompt", NULL};
+                                        "ignore_eos", "cache_prompt", "prefill_policy", NULL};
 
 static bool in_list(const char *const *list, const char *k) {
     for (; *list; list++)

@@ -52,6 +52,7 @@ enum {
     KS_API_EXT_PAGE = 1 << 4,
     KS_API_EXT_DENSE_LAYERS = 1 << 5,
     KS_API_EXT_ARGS = 1 << 6,
+    KS_API_EXT_PREFILL = 1 << 7,
 };
 
 /* One message of a chat request: developer is folded into system; the
@@ -104,6 +105,7 @@ typedef struct ks_api_request {
     int32_t top_logprobs;       /* chat: top_logprobs; completions: the logprobs integer (0..20) */
     unsigned ext_set;           /* KS_API_EXT_* */
     char policy[128];
+    char prefill_policy[128];   /* kvsieve.prefill_policy (checked against the page at admission: merge_policy) */
     int32_t budget, sink, window, page, dense_layers;
     char policy_args[1024];
     /* response_format: NULL for text; "" for json_object (any JSON object);

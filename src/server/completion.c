@@ -411,6 +411,16 @@ static bool merge_policy(ks_server *srv, const ks_api_request *rq, ks_sched_poli
         return false;
     }
     ks_policy_spec_add_draft(&pol->spec, srv->model_path, &pol->spec);
+    /* the prefill policy (the server's --prefill-policy unless the request names one), checked
+     * against the request's page: a budget must leave a page to select beside sinks and window */
+    const char *pp = (rq->ext_set & KS_API_EXT_PREFILL) ? rq->prefill_policy : srv->p.defaults.prefill;
+    char canon[sizeof pol->prefill];
+    if (ks_prefill_policy_canonical(pp, pol->page, canon, sizeof canon) != KS_OK) {
+        ks_api_error_set(e, 400, "invalid_request_error", "invalid_value", "kvsieve.prefill_policy",
+                         "%s (docs/POLICIES.md, \"Sparse prefill\")", ks_last_error());
+        return false;
+    }
+    snprintf(pol->prefill, sizeof pol->prefill, "%s", canon);
     return true;
 }
 

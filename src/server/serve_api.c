@@ -40,6 +40,9 @@ static ks_status serve_sched_params(const ks_serve_params *p, ks_sched_params *s
     sp->cache = p->cache;
     ks_sched_policy *d = &sp->defaults;
     d->page = cp->page;
+    /* --prefill-policy: every request's unless it names its own (kvsieve.prefill_policy) */
+    ks_status st = ks_prefill_policy_canonical(cp->prefill_policy, cp->page, d->prefill, sizeof d->prefill);
+    if (st != KS_OK) return st;
     if (cp->policy_spec) {
         d->spec = *cp->policy_spec;
         return KS_OK;
