@@ -2,6 +2,7 @@
 # prefill_policy.sh — the CLI's --prefill-policy (the opt-in sparse prefill,
 # src/infer/prefill_sparse.c): malformed settings are refused with a message
 # naming the fault (never a crash, never a silently dense run); a prompt
+# cache file keeps a sparse prefill's KV for runs of the same setting only; a prompt
 # shorter than sink + window + one page leaves nothing to drop, so run's
 # greedy text under the default quest setting is dense's; bench prints the
 # dense and the sparse prefill rows side by side; eval compares dense after
@@ -21,9 +22,21 @@ for spec in sparse quest: quest:budget=abc quest:nokey=1 quest:budget=64, quest:
   grep -q "prefill policy" "$TMP/err" || fail "--prefill-policy $spec: message does not name it: $(cat "$TMP/err")"
 done
 
-"$KS" run -m "$MODEL" -p hi -n 1 --prefill-policy quest --prompt-cache "$TMP/pc.bin" >/dev/null 2>"$TMP/err"
-[ $? -eq 2 ] || fail "--prompt-cache with a sparse prefill: not a usage error"
-[ -e "$TMP/pc.bin" ] && fail "--prompt-cache with a sparse prefill wrote a cache file"
+# --prompt-cache keeps a sparse prefill's KV under its setting: the same
+# setting hits it (same text as without the file), dense never does
+LONGP="$(for i in $(seq 1 4); do printf 'the quiet farmer walks near the old bridge. '; done)"
+QS=quest:budget=96,sink=8,window=32,dense=0
+"$KS" run -m "$MODEL" -p "$LONGP" -n 6 --temp 0 --page 16 --prefill-policy $QS >"$TMP/nocache" 2>/dev/null || fail "sparse run"
+"$KS" run -m "$MODEL" -p "$LONGP" -n 6 --temp 0 --page 16 --prefill-policy $QS --prompt-cache "$TMP/pc.bin" \
+  >/dev/null 2>"$TMP/err" || fail "--prompt-cache with a sparse prefill: $(cat "$TMP/err")"
+[ -s "$TMP/pc.bin" ] || fail "--prompt-cache with a sparse prefill wrote no cache file"
+"$KS" run -m "$MODEL" -p "$LONGP" -n 6 --temp 0 --page 16 --prefill-policy $QS --prompt-cache "$TMP/pc.bin" \
+  >"$TMP/hit" 2>"$TMP/err" || fail "sparse follow-up"
+grep -q "cache: *[1-9][0-9]* prompt tokens cached" "$TMP/err" || fail "sparse follow-up: no hit: $(grep cache: "$TMP/err")"
+cmp -s "$TMP/nocache" "$TMP/hit" || fail "sparse follow-up: text differs from the run without the file"
+cp "$TMP/pc.bin" "$TMP/pc2.bin"
+"$KS" run -m "$MODEL" -p "$LONGP" -n 6 --temp 0 --page 16 --prompt-cache "$TMP/pc2.bin" >/dev/null 2>"$TMP/err" || fail "dense run with a sparse file"
+grep -q "cache: *0 prompt tokens cached" "$TMP/err" || fail "a dense run restored sparse KV: $(grep cache: "$TMP/err")"
 
 "$KS" run -m "$MODEL" -p "Once upon a time" -n 12 --temp 0 >"$TMP/dense" 2>/dev/null || fail "dense run"
 "$KS" run -m "$MODEL" -p "Once upon a time" -n 12 --temp 0 --prefill-policy quest >"$TMP/quest" 2>/dev/null || fail "quest run"

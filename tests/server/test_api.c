@@ -294,6 +294,12 @@ static void test_extension(void **state) {
     assert_true(parse("{\"prompt\":\"x\",\"kvsieve\":{\"policy_args\":\"k=1,j=2\"}}", KS_API_COMPLETIONS, &r, &e));
     assert_string_equal(r.policy_args, "k=1,j=2");
     ks_api_request_free(&r);
+    /* the prefill policy: kept as sent (its budget is checked against the page at admission) */
+    assert_true(parse("{\"prompt\":\"x\",\"kvsieve\":{\"prefill_policy\":\"quest:budget=1024\"}}", KS_API_COMPLETIONS, &r,
+                      &e));
+    assert_string_equal(r.prefill_policy, "quest:budget=1024");
+    assert_int_equal(r.ext_set, KS_API_EXT_PREFILL);
+    ks_api_request_free(&r);
 
     /* policy arguments are checked against the policy that will run */
     assert_false(ks_api_check_policy_args("dense", "nonsense_key=1", &e));
@@ -344,6 +350,14 @@ static void test_errors(void **state) {
     expect_error("{\"prompt\":\"x\",\"kvsieve\":{\"policy\":\"magic\"}}", C, 400, "unknown_policy", "kvsieve.policy");
     expect_error("{\"prompt\":\"x\",\"kvsieve\":{\"policy\":\"snapkv+magic\"}}", C, 400, "unknown_policy",
                  "kvsieve.policy");
+    /* malformed prefill policies */
+    const char *bad_pp[] = {"\"sparse\"", "\"quest:budget=abc\"", "\"quest:nokey=1\"", "\"quest:budget=64,\"",
+                            "\"quest:budget=40,sink=8,window=40\"", "7", "{}"};
+    for (size_t i = 0; i < sizeof bad_pp / sizeof bad_pp[0]; i++) {
+        char body[200];
+        snprintf(body, sizeof body, "{\"prompt\":\"x\",\"kvsieve\":{\"prefill_policy\":%s}}", bad_pp[i]);
+        expect_error(body, C, 400, i < 5 ? "invalid_value" : "invalid_type", "kvsieve.prefill_policy");
+    }
     /* asked-for features that are not there */
     expect_error("{\"prompt\":\"x\",\"n\":2}", C, 400, "unsupported", "n");
     /* logprobs: OpenAI's shapes, chat a boolean with top_logprobs, completions an integer */
