@@ -451,7 +451,8 @@ void ks_prefix_cache_flush(ks_prefix_cache *pc);
 void ks_prefix_cache_trim(ks_prefix_cache *pc, uint64_t ram_bytes);
 void ks_prefix_cache_get_stats(ks_prefix_cache *pc, ks_prefix_cache_stats *out);
 
-/* Start an empty sequence from the longest cached prefix of prompt[0, n)
+/* Start an empty sequence from the longest cached prefix of prompt[0, n),
+ * cached under the sequence's prefill policy (ks_seq_set_prefill_policy),
  * that its policy can use (ks_policy_prefix_shareable: 0 for policies whose
  * state a restore cannot rebuild; the policy's observation rows and the
  * last row are always left to compute): *n_restored rows are in the
@@ -471,7 +472,7 @@ ks_status ks_prefill_rest(ks_context *ctx, ks_prefix_cache *pc, int32_t seq, con
 ks_status ks_prefill_cached(ks_context *ctx, ks_prefix_cache *pc, int32_t seq, const int32_t *prompt, int32_t n,
                             float *logits, int32_t *n_cached);
 /* One file holding the cached blocks of prompt[0, n) in the context's KV
- * layout (`kvsieve run --prompt-cache`): written atomically; *n_blocks
+ * layout, under its prefill policy (`kvsieve run --prompt-cache`): written atomically; *n_blocks
  * receives how many.  Loading inserts every valid record into the cache
  * (an invalid one ends the file, counted in skipped_corrupt); a missing
  * file is KS_ERR_NOT_FOUND. */

@@ -39,9 +39,15 @@
  * dense prefill's (tests/test_prefill_sparse.c checks this).
  *
  * What changes.  Results depend on where blocks fall (the selection is per
- * block), so unlike a dense prefill a sparse one split into other chunks, or
- * resumed from a prefix-cache hit, is not bit-identical to one in one go:
- * it is an approximation users choose, and `kvsieve eval` measures it.
+ * block), so the blocks sit on one grid of entries (attend.c: the first
+ * block of a chunk that starts off the grid is short) and every chunk but a
+ * call's last ends on it (step.c): a row's KV then depends on the tokens up
+ * to its block's end alone, whatever n_batch, and a prompt split into calls
+ * on the grid, or resumed from a prefix-cache hit of the same setting (which
+ * ends on a block: prefix_context.c), is bit-identical to one in one go.  It
+ * is still an approximation of the dense prefill that users choose, and
+ * `kvsieve eval` measures it; the cache keys its KV by the canonical setting
+ * (ks_prefill_sparse_canonical), apart from dense KV.
  */
 #include "infer/internal.h"
 

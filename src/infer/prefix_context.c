@@ -8,6 +8,17 @@
  * (its store, its policy, its plan and pool); the cache's tiers
  * (prefix_cache.c, prefix_files.c) hold blocks and never run a model.
  *
+ * Sparse prefills.  A sparse prefill's KV (infer/prefill_sparse.c) is
+ * cached too, under a root with its canonical setting hashed in (root_of),
+ * so only prefills of that setting read it and dense keys are unchanged.
+ * It is exact because its rows' KV is a function of the tokens up to their
+ * block's end: the blocks of KS_PREFILL_BLOCK rows, which share one
+ * selection, sit on one grid of entries (attend.c) and every chunk but a
+ * call's last ends on it (step.c), so with pages a whole number of blocks a
+ * page's KV depends on the tokens up to its end, as its key says; a hit
+ * ends on a block's end so that the rest starts a new block.  A call that
+ * starts off the grid splits a block: the sequence caches nothing more.
+ *
  * Exactness.  A hit appends the cached rows to an empty sequence byte for
  * byte through the store (ks_kv_append_page_stored), which recomputes the
  * page summaries from the stored rows as row appends would: everything

@@ -44,8 +44,10 @@ bool ks_pc_key_eq(const ks_pc_key *x, const ks_pc_key *y);
 /* Bytes of a block's KV in a format (0 when the format is invalid). */
 size_t ks_pc_payload_bytes(const ks_pc_format *f);
 /* The key a block's chain starts from: the model and the KV layout.  A
- * prefill row's KV is a function of the tokens up to it alone (whatever the
- * chunking or thread count), so nothing else belongs in it. */
+ * dense prefill row's KV is a function of the tokens up to it alone
+ * (whatever the chunking or thread count), so nothing else belongs in it;
+ * a context hashes its RoPE and a sparse prefill's setting into the model
+ * key first (ks_pc_context_root). */
 ks_pc_key ks_pc_root(const ks_pc_key *model, const ks_pc_format *f);
 /* The key of a block of `page` tokens under parent. */
 ks_pc_key ks_pc_chain(const ks_pc_key *parent, const int32_t *tokens, int32_t page);
@@ -78,7 +80,9 @@ void ks_pc_state_header(uint8_t *hdr, const ks_pc_key *model, const ks_pc_key *k
 typedef struct ks_prefix_cache ks_prefix_cache;
 ks_pc_key ks_pc_model_key(const ks_prefix_cache *pc);
 /* The root of context c's chains in cache pc: ks_pc_root of the model key
- * with c's resolved RoPE (inverse frequencies, magnitude) hashed in. */
+ * with c's resolved RoPE (inverse frequencies, magnitude) hashed in, and,
+ * when c's default prefill policy is sparse, its canonical spec (a
+ * sequence of another setting chains from that setting's root). */
 struct ks_context;
 ks_pc_key ks_pc_context_root(const ks_prefix_cache *pc, const struct ks_context *c, const ks_pc_format *fmt);
 /* Write a record's header (KS_PC_HEADER_BYTES) for tokens and payload. */

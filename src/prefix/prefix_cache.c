@@ -6,9 +6,13 @@
  *
  * The same long prefix comes back again and again (a second question about
  * a document, the next turn of a chat, a shared system prompt).  Its KV is a
- * pure function of its tokens, the model and the KV layout: prefill attends
- * densely whatever the policy, and a row's K and V depend only on the rows
- * before it.  So the cache keeps prefill-computed KV in page-sized blocks,
+ * pure function of its tokens, the model, the KV layout and the prefill
+ * policy: a dense prefill (the default, whatever the decode policy) makes a
+ * row's K and V depend only on the rows before it, and a sparse one (Quest
+ * pages per block of 16 rows, infer/prefill_sparse.c) on the tokens up to
+ * its block's end, blocks on one grid; a sparse prefill's chains start from
+ * a root with its canonical setting hashed in (infer/prefix_context.c), so
+ * dense and sparse KV never meet.  So the cache keeps prefill-computed KV in page-sized blocks,
  * content-addressed (prefix_record.c: a block's key chains its parent's key
  * and its tokens from a root of the model's fingerprint and the layout).
  * Only full blocks are kept, and only rows a prefill computed (a decode

@@ -3,7 +3,8 @@
 # cache"): follow-up requests that share a long document with an earlier one
 # report usage.prompt_tokens_details.cached_tokens > 0 (plain and streamed)
 # and answer byte for byte what `kvsieve run` answers without any cache;
-# cache_prompt:false turns it off for one request; /metrics counts the hits.
+# cache_prompt:false turns it off for one request; /metrics counts the hits;
+# a request's kvsieve.prefill_policy keeps its KV apart from dense KV.
 # A second replica on the same --cache-dir hits the blocks the first wrote,
 # and so does the first after a restart; a directory whose block files were
 # truncated, bit-flipped or written for another model is served correctly,
@@ -48,6 +49,15 @@ PID_A=$PID; BASE_A=$BASE
 check first "$(ask r1 "$Q1")" ref1 eq0
 check follow "$(ask r2 "$Q2")" ref2 gt0
 check nocache "$(ask r2n "$Q2" ',"cache_prompt":false')" ref2 eq0
+# a sparse prefill's KV is cached under its own setting: the document's dense
+# blocks do not serve it, a second request of the same setting hits its own
+SPS="quest:budget=96,sink=8,window=16,dense=0"; Q4="The dog ran"
+"$KS" run -m "$MODEL" "${FLAGS[@]}" -p "$DOC $Q4" -n 24 --temp 0 --prefill-policy "$SPS" 2>/dev/null > "$TMP/ref4s" \
+  || bad "kvsieve run --prefill-policy failed"
+check sparse_first "$(ask s1 "$Q4" ",\"kvsieve\":{\"prefill_policy\":\"$SPS\"}")" ref4s eq0
+check sparse_follow "$(ask s2 "$Q4" ",\"kvsieve\":{\"prefill_policy\":\"$SPS\"}")" ref4s gt0
+code=$(curl -s -o "$TMP/bad.json" -w '%{http_code}' -d "$(req "$Q4" ',"kvsieve":{"prefill_policy":"quest:budget=abc"}')" "$BASE/v1/completions")
+[ "$code" = 400 ] && grep -q '"kvsieve.prefill_policy"' "$TMP/bad.json" || bad "a malformed prefill_policy: HTTP $code $(head -c 200 "$TMP/bad.json")"
 # two requests arriving together with the same new document: it is prefilled once (the second restores it)
 DOC2="Tom had a big red truck. He liked to push it up the hill and let it roll down fast. One day the truck hit a rock and a wheel fell off, so his dad helped him fix it with a little screw and some glue before dinner."
 for i in 1 2; do
