@@ -273,7 +273,8 @@ static void group_step(ks_sched *s, group *g, bool *did_decode, bool *did_prefil
         int32_t m = pf->chunkable && left > s->p.n_batch ? s->p.n_batch : left;
         /* a sparse prefill's piece ends on its grid of blocks (KS_PREFILL_BLOCK_ROWS), so
          * that its blocks are computed whole and its prompt's blocks can be cached */
-        int32_t over = m < left && strcmp(r->policy.prefill, "dense") ? (pf->n_fed + m) % KS_PREFILL_BLOCK_ROWS : 0;
+        bool sparse = r->policy.prefill[0] && strcmp(r->policy.prefill, "dense"); /* "": dense */
+        int32_t over = m < left && sparse ? (pf->n_fed + m) % KS_PREFILL_BLOCK_ROWS : 0;
         if (over < m) m -= over;
         bool last = m == left;
         if (st == KS_OK)
