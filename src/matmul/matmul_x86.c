@@ -531,7 +531,55 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q6_kz)(const uint8_t *w, const uint8_t *xq, size_t
  * AVX2 only (AVX-512 uses the zmm forms above).  Per super-block:
  * sum_j sc_j * (q_j . a_j) in int32 (maddubs to int16, then
  * times the 6-bit scale), minus sum_j m_j * (bsum pair of a), both scaled once
- * in f32 by d*da and dmin*da. */
+ * in f32 by d*da and dmin*da.
+ *
+ * Why the scale handling looks like this.  At n = 1 these kernels are bound
+ * by instructions per super-block, not by DRAM (docs/results/quant-types.md),
+ * and a per-byte scalar unpack of the 12 scale bytes plus one GPR->ymm
+ * broadcast per sub-block scale cost about as much as the dot products
+ * (perf: the out-of-line unpack alone was 13% of decode).  So the 12 bytes
+ * are unpacked as three 32-bit words (masks and shifts on all four bytes at
+ * once, on the integer ALUs the vector code leaves idle), widened once to
+ * int16 in both 128-bit lanes, and each sub-block's scale is one in-lane
+ * byte shuffle of that register with a constant control. */
+
+/* The 12 scale bytes of a Q4_K / Q5_K super-block (ks_mm_q4k_scales's
+ * layout) -> bytes [sc0..sc7 | m0..m7] of one xmm. */
+KS_MM_INL __m128i KS_MM_SFX(ks_mm_q4k_scales_v)(const uint8_t *q) {
+    uint32_t u0, u1, u2;
+    memcpy(&u0, q, 4);
+    memcpy(&u1, q + 4, 4);
+    memcpy(&u2, q + 8, 4);
+    const uint32_t k3f = 0x3f3f3f3fu, k0f = 0x0f0f0f0fu, k03 = 0x03030303u;
+    /* scales/mins 0-3: the low 6 bits of bytes 0-3 / 4-7; 4-7: a nibble of
+     * bytes 8-11 plus the top two bits of bytes 0-3 / 4-7 */
+    const uint32_t s03 = u0 & k3f, m03 = u1 & k3f;
+    const uint32_t s47 = (u2 & k0f) | (((u0 >> 6) & k03) << 4);
+    const uint32_t m47 = ((u2 >> 4) & k0f) | (((u1 >> 6) & k03) << 4);
+    return _mm_set_epi64x((long long)((uint64_t)m47 << 32 | m03), (long long)((uint64_t)s47 << 32 | s03));
+}
+
+/* Shuffle control broadcasting int16 word k of each 128-bit lane. */
+#define KS_MM_W16(k) _mm256_set1_epi16((short)(0x0100 + 0x0202 * (k)))
+
+/* Software prefetch distance of the K-quant row kernels, in bytes ahead of
+ * the super-block being read: like KS_MM_Q32_PF_BLOCKS, about one 4 KiB
+ * page, so the prefetch runs into the next rows of the thread's range which
+ * the hardware prefetcher (stopping at page ends) would find late. */
+#ifndef KS_MM_QK_PF_BYTES
+#define KS_MM_QK_PF_BYTES 4096
+#endif
+/* every 64-byte line of a super-block of SZ bytes, PF bytes ahead (addresses
+ * formed as integers: past the array's end they are harmless) */
+#if KS_MM_QK_PF_BYTES > 0
+#define KS_MM_QK_PREFETCH(p, SZ)                                                                   \
+    do {                                                                                           \
+        _Pragma("GCC unroll 8") for (size_t o_ = 0; o_ < (SZ); o_ += 64)                           \
+            _mm_prefetch((const char *)((uintptr_t)(p) + KS_MM_QK_PF_BYTES + o_), _MM_HINT_T0);    \
+    } while (0)
+#else
+#define KS_MM_QK_PREFETCH(p, SZ) ((void)0)
+#endif
 
 KS_MM_INL void KS_MM_SFX(ks_mm_q4_k_body)(const uint8_t *w, const uint8_t *xq, size_t xs,
                                           int64_t cols, float *y, int64_t ys, const int NC) {
@@ -541,11 +589,12 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_k_body)(const uint8_t *w, const uint8_t *xq, s
     __m256 acc[4];
     _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t sc[8], mn[8];
-        ks_mm_q4k_scales(wb[b].scales, sc, mn);
-        /* [m0 m0 m1 m1 ... m7 m7] as int16, to pair with the 16 bsums */
-        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(
-            _mm_loadl_epi64((const __m128i *)mn), _mm_loadl_epi64((const __m128i *)mn)));
+        KS_MM_QK_PREFETCH(wb + b, sizeof(ks_block_q4_k) + 48);
+        const __m128i scm = KS_MM_SFX(ks_mm_q4k_scales_v)(wb[b].scales);
+        /* [sc0..sc7] as int16 in both lanes; [m0 m0 m1 m1 ... m7 m7] as
+         * int16, to pair with the 16 bsums */
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));
         const float d = KS_MM_SFX(ks_mm_h2f)(wb[b].d), dmin = KS_MM_SFX(ks_mm_h2f)(wb[b].dmin);
         /* two int32 chains (lo / hi sub-blocks) for one vector, whose adds would
          * otherwise wait on each other; with 2-4 vectors the vectors' chains
@@ -554,10 +603,11 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_k_body)(const uint8_t *w, const uint8_t *xq, s
          * Q5_K 89 -> 44, Q6_K 102 -> 73; same int32 sums, so the same bits) */
         __m256i isum[4], isum2[4];
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = isum2[c] = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(wb[b].qs + 32 * j));
             __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            __m256i slo = _mm256_set1_epi16(sc[2 * j]), shi = _mm256_set1_epi16(sc[2 * j + 1]);
+            __m256i slo = _mm256_shuffle_epi8(scales, KS_MM_W16(2 * j));
+            __m256i shi = _mm256_shuffle_epi8(scales, KS_MM_W16(2 * j + 1));
             _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
                 const int8_t *aq = ((const ks_block_q8_k *)(xq + c * xs))[b].qs + 64 * j;
                 __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)aq));
@@ -592,17 +642,21 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q6_k_body)(const uint8_t *w, const uint8_t *xq, s
     const ks_block_q6_k *wb = (const ks_block_q6_k *)w;
     const int64_t nb = cols / KS_QK_K;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-    /* shuffle control picking scale s for bytes 0..7 and s+1 for 8..15 */
-    const __m128i pair = _mm_set_epi64x(0x0101010101010101LL, 0);
     __m256 acc[4];
     _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        KS_MM_QK_PREFETCH(wb + b, sizeof(ks_block_q6_k) + 46); /* 210 bytes: 4 lines */
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)wb[b].scales);
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        /* scales 0-7 (half 0) and 8-15 (half 1) as int16 in both 128-bit
+         * lanes: the scale pair of v[i] (sub-blocks s, s + 1 in the low and
+         * high lane) is then one in-lane shuffle with a constant control */
+        const __m256i sch[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00),
+                                _mm256_permute2x128_si256(sc16, sc16, 0x11)};
         const float d = KS_MM_SFX(ks_mm_h2f)(wb[b].d);
         __m256i isum[4], isum2[4]; /* two chains (even / odd i) for one vector only, as in Q4_K */
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = isum2[c] = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
             __m256i ql0 = _mm256_loadu_si256((const __m256i *)(wb[b].ql + 64 * h));
             __m256i ql1 = _mm256_loadu_si256((const __m256i *)(wb[b].ql + 64 * h + 32));
             __m256i qh = _mm256_loadu_si256((const __m256i *)(wb[b].qh + 32 * h));
@@ -613,9 +667,14 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q6_k_body)(const uint8_t *w, const uint8_t *xq, s
             v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
                                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
             _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
-                const int s = 8 * h + 2 * i; /* v[i] covers sub-blocks s, s+1 */
-                __m256i scv = _mm256_cvtepi8_epi16(
-                    _mm_shuffle_epi8(sc8, _mm_add_epi8(pair, _mm_set1_epi8((char)s))));
+                /* v[i] covers sub-blocks 8h + 2i (low lane) and 8h + 2i + 1 (high lane) */
+                __m256i scv = _mm256_shuffle_epi8(
+                    sch[h], _mm256_setr_epi16(0x0100 + 0x0404 * i, 0x0100 + 0x0404 * i, 0x0100 + 0x0404 * i,
+                                              0x0100 + 0x0404 * i, 0x0100 + 0x0404 * i, 0x0100 + 0x0404 * i,
+                                              0x0100 + 0x0404 * i, 0x0100 + 0x0404 * i, 0x0302 + 0x0404 * i,
+                                              0x0302 + 0x0404 * i, 0x0302 + 0x0404 * i, 0x0302 + 0x0404 * i,
+                                              0x0302 + 0x0404 * i, 0x0302 + 0x0404 * i, 0x0302 + 0x0404 * i,
+                                              0x0302 + 0x0404 * i));
                 _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
                     const int8_t *aq = ((const ks_block_q8_k *)(xq + c * xs))[b].qs + 128 * h + 32 * i;
                     __m256i p = _mm256_maddubs_epi16(v[i], _mm256_loadu_si256((const __m256i *)aq));

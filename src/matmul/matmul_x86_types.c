@@ -270,21 +270,24 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q5_kt_body)(const uint8_t *w, const uint8_t *xq, 
     __m256 acc[4];
     _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t sc[8], mn[8];
-        ks_mm_q4k_scales(wb[b].scales, sc, mn);
-        const __m256i mins = _mm256_cvtepu8_epi16(
-            _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)mn), _mm_loadl_epi64((const __m128i *)mn)));
+        KS_MM_QK_PREFETCH(wb + b, sizeof(ks_block_q5_k) + 16); /* 176 bytes: 3 lines */
+        /* scales and mins as in Q4_K (matmul_x86.c: word-wise unpack, one
+         * in-lane shuffle per sub-block scale) */
+        const __m128i scm = KS_MM_SFX(ks_mm_q4k_scales_v)(wb[b].scales);
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));
         const float d = KS_MM_SFX(ks_mm_h2f)(wb[b].d), dmin = KS_MM_SFX(ks_mm_h2f)(wb[b].dmin);
         __m256i isum[4], isum2[4]; /* two chains for one vector only, as in Q4_K (matmul_x86.c) */
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = isum2[c] = _mm256_setzero_si256();
         __m256i qh = _mm256_loadu_si256((const __m256i *)wb[b].qh);
-        for (int j = 0; j < 4; j++) {
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(wb[b].qs + 32 * j));
             const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m10));
             const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
                                                _mm256_and_si256(_mm256_slli_epi16(qh, 3), m10));
             qh = _mm256_srli_epi16(qh, 2);
-            const __m256i slo = _mm256_set1_epi16(sc[2 * j]), shi = _mm256_set1_epi16(sc[2 * j + 1]);
+            const __m256i slo = _mm256_shuffle_epi8(scales, KS_MM_W16(2 * j));
+            const __m256i shi = _mm256_shuffle_epi8(scales, KS_MM_W16(2 * j + 1));
             _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
                 const int8_t *aq = ((const ks_block_q8_k *)(xq + c * xs))[b].qs + 64 * j;
                 const __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)aq));
@@ -550,30 +553,65 @@ KS_MM_FN void KS_MM_SFX(ks_mm_iq4_xsz)(const uint8_t *w, const uint8_t *xq, size
 
 #if KS_MM_LEVEL < 2 /* the AVX-512 level has the zmm form above */
 /* -------------------------------------------------------------- IQ4_XS --
- * Per 32-element sub-block: the 16 qs bytes' nibbles looked up into the
- * IQ4 levels, the sign trick, and the int16 pair sums times the signed
- * 6-bit scale (ls - 32); d * da once per super-block. */
+ * Per 32-element sub-block: the nibbles looked up into the IQ4 levels, the
+ * sign trick, and the int16 pair sums times the signed 6-bit scale
+ * (ls - 32); d * da once per super-block.
+ *
+ * Bookkeeping is what bounds this at n = 1 (as in Q4_K, matmul_x86.c), so:
+ * the eight 6-bit scales are spread to bytes with word-wise shifts and masks
+ * on the integer ALUs (4-bit and 2-bit fields moved to 8-bit spacing in
+ * three doubling steps each), widened once and taken per sub-block by one
+ * in-lane shuffle; and one 32-byte load serves two sub-blocks: its low and
+ * high nibbles are [s: 0-15 | s+1: 0-15] and [s: 16-31 | s+1: 16-31], and two
+ * 128-bit lane permutes give each sub-block in element order, against one
+ * 16-byte load, nibble split and insert per sub-block before. */
+
+/* Bytes k = 0..7 of the result: (x >> (F * k)) & (2^F - 1), for F = 4 / 2
+ * fields of a 32 / 16-bit word. */
+static inline uint64_t ks_mm_spread4(uint64_t x) {
+    x = (x | x << 16) & 0x0000FFFF0000FFFFull;
+    x = (x | x << 8) & 0x00FF00FF00FF00FFull;
+    return (x | x << 4) & 0x0F0F0F0F0F0F0F0Full;
+}
+static inline uint64_t ks_mm_spread2(uint64_t x) {
+    x = (x | x << 24) & 0x000000FF000000FFull;
+    x = (x | x << 12) & 0x000F000F000F000Full;
+    return (x | x << 6) & 0x0303030303030303ull;
+}
+
 KS_MM_INL void KS_MM_SFX(ks_mm_iq4_xst_body)(const uint8_t *w, const uint8_t *xq, size_t xs, int64_t cols,
                                              float *y, int64_t ys, const int NC) {
     const ks_block_iq4_xs *wb = (const ks_block_iq4_xs *)w;
     const int64_t nb = cols / KS_QK_K;
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ks_iq4_values));
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256 acc[4];
     _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        KS_MM_QK_PREFETCH(wb + b, sizeof(ks_block_iq4_xs)); /* 136 bytes: 3 lines */
+        uint32_t sl;
+        memcpy(&sl, wb[b].scales_l, 4);
+        const uint64_t ls8 = ks_mm_spread4(sl) | ks_mm_spread2(wb[b].scales_h) << 4; /* byte s = ls_s */
+        const __m256i scales = _mm256_broadcastsi128_si256(
+            _mm_sub_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)ls8)), _mm_set1_epi16(32)));
         __m256i isum[4], isum2[4];
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = isum2[c] = _mm256_setzero_si256();
-        _Pragma("GCC unroll 8") for (int s = 0; s < 8; s++) {
-            const int ls = ((wb[b].scales_l[s / 2] >> (4 * (s % 2))) & 0xF) | ((wb[b].scales_h >> (2 * s)) & 3) << 4;
-            const __m256i scv = _mm256_set1_epi16((short)(ls - 32));
-            const __m256i wq = _mm256_shuffle_epi8(lut, KS_MM_SFX(ks_mm_nib32)(wb[b].qs + 16 * s));
-            const __m256i wu = _mm256_sign_epi8(wq, wq);
-            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
-                const int8_t *aq = ((const ks_block_q8_k *)(xq + c * xs))[b].qs + 32 * s;
-                const __m256i p =
-                    _mm256_maddubs_epi16(wu, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)aq), wq));
-                if ((s & 1) && NC == 1) isum2[c] = KS_MM_SFX(ks_mm_dot_i16)(isum2[c], p, scv);
-                else isum[c] = KS_MM_SFX(ks_mm_dot_i16)(isum[c], p, scv);
+        _Pragma("GCC unroll 4") for (int s2 = 0; s2 < 4; s2++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(wb[b].qs + 32 * s2));
+            const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(q, m4));
+            const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+            const __m256i wq2[2] = {_mm256_permute2x128_si256(lo, hi, 0x20), _mm256_permute2x128_si256(lo, hi, 0x31)};
+            _Pragma("GCC unroll 2") for (int t = 0; t < 2; t++) {
+                const int s = 2 * s2 + t;
+                const __m256i scv = _mm256_shuffle_epi8(scales, KS_MM_W16(s));
+                const __m256i wq = wq2[t], wu = _mm256_sign_epi8(wq, wq);
+                _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+                    const int8_t *aq = ((const ks_block_q8_k *)(xq + c * xs))[b].qs + 32 * s;
+                    const __m256i p =
+                        _mm256_maddubs_epi16(wu, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)aq), wq));
+                    if ((s & 1) && NC == 1) isum2[c] = KS_MM_SFX(ks_mm_dot_i16)(isum2[c], p, scv);
+                    else isum[c] = KS_MM_SFX(ks_mm_dot_i16)(isum[c], p, scv);
+                }
             }
         }
         const float d = KS_MM_SFX(ks_mm_h2f)(wb[b].d);
