@@ -55,6 +55,15 @@ typedef void (*ks_mm_kern)(const uint8_t *w, const uint8_t *xq, size_t xs, int n
 typedef void (*ks_mm_kern2)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int nc,
                             int64_t cols, float *y, int64_t ys);
 
+/* Optional many-row form for one tile of vectors: rows w + r * wrow, r < nr,
+ * results at y[c*ys + r].  Decode calls a kernel once per row, and a short
+ * row (2048 columns: 8 Q4_K super-blocks) paid the kernel's set-up (shuffle
+ * controls spilled to the stack, prologue, dispatch on nc) every time:
+ * about 10% of the AVX2 K-quant kernels' instructions at n = 1
+ * (docs/results/quant-types.md).  In this form the set-up is paid per call. */
+typedef void (*ks_mm_kernr)(const uint8_t *w, size_t wrow, int64_t nr, const uint8_t *xq, size_t xs, int nc,
+                            int64_t cols, float *y, int64_t ys);
+
 #define KS_MM_NC 4     /* vectors per kernel call */
 #define KS_MM_VG 16    /* most vectors per group (L2 reuse for large n) */
 #define KS_MM_GROUP_L1 (20 * 1024) /* activation bytes a group may keep in L1 */
@@ -340,6 +349,22 @@ static ks_mm_kern2 ks_mm_kernel2(ks_dtype t, ks_simd_level level) {
     return NULL;
 }
 
+static ks_mm_kernr ks_mm_kernel_rows(ks_dtype t, ks_simd_level level) {
+#if KS_MM_HAVE_X86
+    if (level == KS_SIMD_AVX2) {
+        switch (t) {
+        case KS_DTYPE_Q4_K: return ks_mm_q4_k_rows_avx2;
+        case KS_DTYPE_Q5_K: return ks_mm_q5_kt_rows_avx2;
+        case KS_DTYPE_Q6_K: return ks_mm_q6_k_rows_avx2;
+        case KS_DTYPE_IQ4_XS: return ks_mm_iq4_xst_rows_avx2;
+        default: break;
+        }
+    }
+#endif
+    (void)t, (void)level;
+    return NULL;
+}
+
 static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
 #if KS_MM_HAVE_X86
     if (level == KS_SIMD_AVX512) {
@@ -489,6 +514,7 @@ const char *ks_matmul_kernel_name(ks_dtype t, bool rows2) {
 typedef struct {
     ks_mm_kern kern;
     ks_mm_kern2 kern2; /* two-row form, or NULL */
+    ks_mm_kernr kernr; /* many-row form, or NULL */
     ks_simd_level level;
     ks_dtype wtype;
     ks_mm_xkind xkind;
@@ -617,6 +643,11 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
         int64_t r1 = r0 + chunk < r_end ? r0 + chunk : r_end;
         for (int64_t c0 = 0; c0 < job->n; c0 += vg) {
             int64_t c1 = c0 + vg < job->n ? c0 + vg : job->n;
+            if (job->kernr && !pair && c1 - c0 <= KS_MM_NC) { /* one tile: all rows in one call */
+                job->kernr(job->W + (size_t)r0 * job->wrow, job->wrow, r1 - r0, job->xq + (size_t)c0 * job->xs,
+                           job->xs, (int)(c1 - c0), job->cols, job->Y + c0 * job->rows + r0, job->rows);
+                continue;
+            }
             for (int64_t r = r0; r < r1;) {
                 const uint8_t *w = job->W + (size_t)r * job->wrow;
                 const bool two = pair && r + 1 < r1;
@@ -646,6 +677,7 @@ static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows
     ks_mm_job job = {
         .kern = ks_mm_kernel(wtype, level),
         .kern2 = ks_mm_kernel2(wtype, level),
+        .kernr = ks_mm_kernel_rows(wtype, level),
         .level = level,
         .wtype = wtype,
         .xkind = ks_mm_xkind_of(wtype),

@@ -73,6 +73,15 @@ KS_MM_INL float KS_MM_SFX(ks_mm_h2f)(ks_f16 h) { return _cvtsh_ss(h); }
     case 2: body(__VA_ARGS__, 2); break;           \
     default: body(__VA_ARGS__, 1); break;          \
     }
+/* the many-row form (matmul.c, ks_mm_kernr): the row loop inside each
+ * constant-nc case, so the body's set-up is hoisted out of it */
+#define KS_MM_ROWS_SWITCH(body)                                                                    \
+    switch (nc) {                                                                                  \
+    case 4: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 4); break; \
+    case 3: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 3); break; \
+    case 2: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 2); break; \
+    default: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 1); break; \
+    }
 
 /* --------------------------------------------------------- float weights -- */
 #if KS_MM_LEVEL >= 2
@@ -633,6 +642,11 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q4_k)(const uint8_t *w, const uint8_t *xq, size_t 
     KS_MM_NC_SWITCH(KS_MM_SFX(ks_mm_q4_k_body), w, xq, xs, cols, y, ys)
 }
 
+KS_MM_FN void KS_MM_SFX(ks_mm_q4_k_rows)(const uint8_t *w, size_t wrow, int64_t nr, const uint8_t *xq, size_t xs,
+                                      int nc, int64_t cols, float *y, int64_t ys) {
+    KS_MM_ROWS_SWITCH(KS_MM_SFX(ks_mm_q4_k_body))
+}
+
 /* ------------------------------------------------------------ Q6_K -------
  * q6 is used unsigned (0..63) in maddubs; the -32 offset is removed once per
  * super-block as 32 * sum_s sc_s * bsum_s. */
@@ -697,9 +711,15 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q6_k)(const uint8_t *w, const uint8_t *xq, size_t 
                                     int64_t cols, float *y, int64_t ys) {
     KS_MM_NC_SWITCH(KS_MM_SFX(ks_mm_q6_k_body), w, xq, xs, cols, y, ys)
 }
+
+KS_MM_FN void KS_MM_SFX(ks_mm_q6_k_rows)(const uint8_t *w, size_t wrow, int64_t nr, const uint8_t *xq, size_t xs,
+                                      int nc, int64_t cols, float *y, int64_t ys) {
+    KS_MM_ROWS_SWITCH(KS_MM_SFX(ks_mm_q6_k_body))
+}
 #endif /* KS_MM_LEVEL < 2 */
 
 #undef KS_MM_FN
 #undef KS_MM_INL
 #undef KS_MM_NC_SWITCH
+#undef KS_MM_ROWS_SWITCH
 #endif /* KS_MM_TEMPLATE_PASS */

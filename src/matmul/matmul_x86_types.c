@@ -41,6 +41,15 @@ typedef int ks_matmul_x86_types_is_included_by_matmul_c; /* standalone: nothing 
     case 2: body(__VA_ARGS__, 2); break;           \
     default: body(__VA_ARGS__, 1); break;          \
     }
+/* the many-row form (matmul.c, ks_mm_kernr): the row loop inside each
+ * constant-nc case, so the body's set-up is hoisted out of it */
+#define KS_MM_ROWS_SWITCH(body)                                                                    \
+    switch (nc) {                                                                                  \
+    case 4: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 4); break; \
+    case 3: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 3); break; \
+    case 2: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 2); break; \
+    default: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 1); break; \
+    }
 
 /* 32 nibbles of 16 bytes in element order: lo nibbles = 0..15, hi = 16..31 */
 KS_MM_INL __m256i KS_MM_SFX(ks_mm_nib32)(const uint8_t *qs) {
@@ -311,6 +320,11 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q5_kt_body)(const uint8_t *w, const uint8_t *xq, 
 KS_MM_FN void KS_MM_SFX(ks_mm_q5_kt)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols, float *y,
                                      int64_t ys) {
     KS_MM_NC_SWITCH(KS_MM_SFX(ks_mm_q5_kt_body), w, xq, xs, cols, y, ys)
+}
+
+KS_MM_FN void KS_MM_SFX(ks_mm_q5_kt_rows)(const uint8_t *w, size_t wrow, int64_t nr, const uint8_t *xq, size_t xs,
+                                      int nc, int64_t cols, float *y, int64_t ys) {
+    KS_MM_ROWS_SWITCH(KS_MM_SFX(ks_mm_q5_kt_body))
 }
 #endif /* KS_MM_LEVEL < 2 */
 
@@ -628,9 +642,15 @@ KS_MM_FN void KS_MM_SFX(ks_mm_iq4_xst)(const uint8_t *w, const uint8_t *xq, size
                                        int64_t ys) {
     KS_MM_NC_SWITCH(KS_MM_SFX(ks_mm_iq4_xst_body), w, xq, xs, cols, y, ys)
 }
+
+KS_MM_FN void KS_MM_SFX(ks_mm_iq4_xst_rows)(const uint8_t *w, size_t wrow, int64_t nr, const uint8_t *xq, size_t xs,
+                                      int nc, int64_t cols, float *y, int64_t ys) {
+    KS_MM_ROWS_SWITCH(KS_MM_SFX(ks_mm_iq4_xst_body))
+}
 #endif /* KS_MM_LEVEL < 2 */
 
 #undef KS_MM_FN
 #undef KS_MM_INL
 #undef KS_MM_NC_SWITCH
+#undef KS_MM_ROWS_SWITCH
 #endif /* KS_MM_TEMPLATE_PASS */
