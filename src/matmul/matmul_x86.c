@@ -604,7 +604,10 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_k_body)(const uint8_t *w, const uint8_t *xq, s
          * int16, to pair with the 16 bsums */
         const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
         const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));
-        const float d = KS_MM_SFX(ks_mm_h2f)(wb[b].d), dmin = KS_MM_SFX(ks_mm_h2f)(wb[b].dmin);
+        /* d and dmin by one conversion: [d, dmin, 0, 0] */
+        uint32_t ddm;
+        memcpy(&ddm, &wb[b].d, 4);
+        const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128((int)ddm));
         /* two int32 chains (lo / hi sub-blocks) for one vector, whose adds would
          * otherwise wait on each other; with 2-4 vectors the vectors' chains
          * already overlap, and one chain each leaves fewer of the 16 ymm
@@ -630,8 +633,10 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_k_body)(const uint8_t *w, const uint8_t *xq, s
             const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
             __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), mins);
             __m256i tot = _mm256_add_epi32(isum[c], isum2[c]);
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_set1_ps(d * a->d), acc[c]);
-            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin * a->d), acc[c]);
+            const __m128 s = _mm_mul_ps(dd, _mm_set1_ps(a->d)); /* [d * da, dmin * da]: the scalar products */
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_broadcastss_ps(s), acc[c]);
+            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum),
+                                      _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), _mm256_set1_epi32(1)), acc[c]);
         }
     }
     _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] = KS_MM_SFX(ks_mm_hsum8)(acc[c]);

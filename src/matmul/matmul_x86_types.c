@@ -285,7 +285,10 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q5_kt_body)(const uint8_t *w, const uint8_t *xq, 
         const __m128i scm = KS_MM_SFX(ks_mm_q4k_scales_v)(wb[b].scales);
         const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
         const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));
-        const float d = KS_MM_SFX(ks_mm_h2f)(wb[b].d), dmin = KS_MM_SFX(ks_mm_h2f)(wb[b].dmin);
+        /* d and dmin by one conversion: [d, dmin, 0, 0] */
+        uint32_t ddm;
+        memcpy(&ddm, &wb[b].d, 4);
+        const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128((int)ddm));
         __m256i isum[4], isum2[4]; /* two chains for one vector only, as in Q4_K (matmul_x86.c) */
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = isum2[c] = _mm256_setzero_si256();
         __m256i qh = _mm256_loadu_si256((const __m256i *)wb[b].qh);
@@ -309,9 +312,11 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q5_kt_body)(const uint8_t *w, const uint8_t *xq, 
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
             const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
             const __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), mins);
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(isum[c], isum2[c])), _mm256_set1_ps(d * a->d),
+            const __m128 s = _mm_mul_ps(dd, _mm_set1_ps(a->d)); /* [d * da, dmin * da] */
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(isum[c], isum2[c])), _mm256_broadcastss_ps(s),
                                      acc[c]);
-            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin * a->d), acc[c]);
+            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum),
+                                      _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), _mm256_set1_epi32(1)), acc[c]);
         }
     }
     _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] = KS_MM_SFX(ks_mm_hsum8)(acc[c]);
