@@ -577,26 +577,13 @@ KS_MM_FN void KS_MM_SFX(ks_mm_iq4_xsz)(const uint8_t *w, const uint8_t *xq, size
  * (ls - 32); d * da once per super-block.
  *
  * Bookkeeping is what bounds this at n = 1 (as in Q4_K, matmul_x86.c), so:
- * the eight 6-bit scales are spread to bytes with word-wise shifts and masks
- * on the integer ALUs (4-bit and 2-bit fields moved to 8-bit spacing in
- * three doubling steps each), widened once and taken per sub-block by one
- * in-lane shuffle; and one 32-byte load serves two sub-blocks: its low and
+ * the eight 6-bit scales are built in one xmm of int16 (the nibbles by a
+ * mask, a shift and an unpack; the 2-bit high parts by one multiply that
+ * shifts lane s left by 14 - 2s, then a shift right by 14) and each
+ * sub-block's scale is one in-lane shuffle of that register; and one 32-byte load serves two sub-blocks: its low and
  * high nibbles are [s: 0-15 | s+1: 0-15] and [s: 16-31 | s+1: 16-31], and two
  * 128-bit lane permutes give each sub-block in element order, against one
  * 16-byte load, nibble split and insert per sub-block before. */
-
-/* Bytes k = 0..7 of the result: (x >> (F * k)) & (2^F - 1), for F = 4 / 2
- * fields of a 32 / 16-bit word. */
-static inline uint64_t ks_mm_spread4(uint64_t x) {
-    x = (x | x << 16) & 0x0000FFFF0000FFFFull;
-    x = (x | x << 8) & 0x00FF00FF00FF00FFull;
-    return (x | x << 4) & 0x0F0F0F0F0F0F0F0Full;
-}
-static inline uint64_t ks_mm_spread2(uint64_t x) {
-    x = (x | x << 24) & 0x000000FF000000FFull;
-    x = (x | x << 12) & 0x000F000F000F000Full;
-    return (x | x << 6) & 0x0303030303030303ull;
-}
 
 KS_MM_INL void KS_MM_SFX(ks_mm_iq4_xst_body)(const uint8_t *w, const uint8_t *xq, size_t xs, int64_t cols,
                                              float *y, int64_t ys, const int NC) {
@@ -610,9 +597,17 @@ KS_MM_INL void KS_MM_SFX(ks_mm_iq4_xst_body)(const uint8_t *w, const uint8_t *xq
         KS_MM_QK_PREFETCH(wb + b, sizeof(ks_block_iq4_xs)); /* 136 bytes: 3 lines */
         uint32_t sl;
         memcpy(&sl, wb[b].scales_l, 4);
-        const uint64_t ls8 = ks_mm_spread4(sl) | ks_mm_spread2(wb[b].scales_h) << 4; /* byte s = ls_s */
+        const __m128i v = _mm_cvtsi32_si128((int)sl), m4x = _mm_set1_epi8(0x0F);
+        /* low nibbles: byte s = nibble s of scales_l */
+        const __m128i lo4 = _mm_cvtepu8_epi16(
+            _mm_unpacklo_epi8(_mm_and_si128(v, m4x), _mm_and_si128(_mm_srli_epi16(v, 4), m4x)));
+        /* high bits: bits 2s, 2s + 1 of scales_h moved to the top of lane s, then down */
+        const __m128i hi2 = _mm_srli_epi16(
+            _mm_mullo_epi16(_mm_set1_epi16((short)wb[b].scales_h),
+                            _mm_setr_epi16(1 << 14, 1 << 12, 1 << 10, 1 << 8, 1 << 6, 1 << 4, 1 << 2, 1)),
+            14);
         const __m256i scales = _mm256_broadcastsi128_si256(
-            _mm_sub_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)ls8)), _mm_set1_epi16(32)));
+            _mm_sub_epi16(_mm_or_si128(lo4, _mm_slli_epi16(hi2, 4)), _mm_set1_epi16(32))); /* ls_s - 32 */
         __m256i isum[4], isum2[4];
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = isum2[c] = _mm256_setzero_si256();
         _Pragma("GCC unroll 4") for (int s2 = 0; s2 < 4; s2++) {
