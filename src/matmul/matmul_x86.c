@@ -547,25 +547,29 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q6_kz)(const uint8_t *w, const uint8_t *xq, size_t
  * and a per-byte scalar unpack of the 12 scale bytes plus one GPR->ymm
  * broadcast per sub-block scale cost about as much as the dot products
  * (perf: the out-of-line unpack alone was 13% of decode).  So the 12 bytes
- * are unpacked as three 32-bit words (masks and shifts on all four bytes at
- * once, on the integer ALUs the vector code leaves idle), widened once to
- * int16 in both 128-bit lanes, and each sub-block's scale is one in-lane
- * byte shuffle of that register with a constant control. */
+ * are unpacked as 32-bit words, all four bytes of a word at once, in one
+ * xmm (ks_mm_q4k_scales_v: 8 vector ops), widened once to int16 in both
+ * 128-bit lanes, and each sub-block's scale is one in-lane byte shuffle of
+ * that register with a constant control.  d and dmin are converted by one
+ * vcvtph2ps.  With the many-row form (matmul.c) this took the kernel from
+ * 260 to 84 instructions per super-block at n = 1, same int32 sums
+ * (tools/insn_callgrind.sh, docs/results/quant-types.md). */
 
 /* The 12 scale bytes of a Q4_K / Q5_K super-block (ks_mm_q4k_scales's
- * layout) -> bytes [sc0..sc7 | m0..m7] of one xmm. */
-KS_MM_INL __m128i KS_MM_SFX(ks_mm_q4k_scales_v)(const uint8_t *q) {
-    uint32_t u0, u1, u2;
-    memcpy(&u0, q, 4);
-    memcpy(&u1, q + 4, 4);
-    memcpy(&u2, q + 8, 4);
-    const uint32_t k3f = 0x3f3f3f3fu, k0f = 0x0f0f0f0fu, k03 = 0x03030303u;
-    /* scales/mins 0-3: the low 6 bits of bytes 0-3 / 4-7; 4-7: a nibble of
-     * bytes 8-11 plus the top two bits of bytes 0-3 / 4-7 */
-    const uint32_t s03 = u0 & k3f, m03 = u1 & k3f;
-    const uint32_t s47 = (u2 & k0f) | (((u0 >> 6) & k03) << 4);
-    const uint32_t m47 = ((u2 >> 4) & k0f) | (((u1 >> 6) & k03) << 4);
-    return _mm_set_epi64x((long long)((uint64_t)m47 << 32 | m03), (long long)((uint64_t)s47 << 32 | s03));
+ * layout), read as the block's first 16 bytes (d, dmin, then the scales, in
+ * both block types) -> bytes [sc0..sc7 | m0..m7] of one xmm.  With u0, u1,
+ * u2 the scale words: scales 0-3 = u0 & 0x3f, mins 0-3 = u1 & 0x3f, scales
+ * 4-7 = (u2 & 0xf) | (u0 >> 6) << 4, mins 4-7 = (u2 >> 4) | (u1 >> 6) << 4,
+ * bytewise; two shuffles place [u0 u2 u1 u2] and [0 u0 0 u1], and a
+ * per-word shift, masks and an or finish all four words at once. */
+KS_MM_INL __m128i KS_MM_SFX(ks_mm_q4k_scales_v)(const void *blk) {
+    const __m128i x = _mm_loadu_si128((const __m128i *)blk);
+    const __m128i a = _mm_shuffle_epi8(x, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m128i hb = _mm_shuffle_epi8(x, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                                     _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    /* (u >> 6) << 4 per byte: bits 6-7 to 4-5 (bits from the next byte masked off) */
+    return _mm_or_si128(lo, _mm_and_si128(_mm_srli_epi32(hb, 2), _mm_set1_epi8(0x30)));
 }
 
 /* Shuffle control broadcasting int16 word k of each 128-bit lane. */
@@ -599,7 +603,7 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_k_body)(const uint8_t *w, const uint8_t *xq, s
     _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         KS_MM_QK_PREFETCH(wb + b, sizeof(ks_block_q4_k) + 48);
-        const __m128i scm = KS_MM_SFX(ks_mm_q4k_scales_v)(wb[b].scales);
+        const __m128i scm = KS_MM_SFX(ks_mm_q4k_scales_v)(wb + b);
         /* [sc0..sc7] as int16 in both lanes; [m0 m0 m1 m1 ... m7 m7] as
          * int16, to pair with the 16 bsums */
         const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));

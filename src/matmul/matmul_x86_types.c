@@ -282,7 +282,7 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q5_kt_body)(const uint8_t *w, const uint8_t *xq, 
         KS_MM_QK_PREFETCH(wb + b, sizeof(ks_block_q5_k) + 16); /* 176 bytes: 3 lines */
         /* scales and mins as in Q4_K (matmul_x86.c: word-wise unpack, one
          * in-lane shuffle per sub-block scale) */
-        const __m128i scm = KS_MM_SFX(ks_mm_q4k_scales_v)(wb[b].scales);
+        const __m128i scm = KS_MM_SFX(ks_mm_q4k_scales_v)(wb + b);
         const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
         const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));
         /* d and dmin by one conversion: [d, dmin, 0, 0] */
