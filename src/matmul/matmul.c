@@ -349,22 +349,6 @@ static ks_mm_kern2 ks_mm_kernel2(ks_dtype t, ks_simd_level level) {
     return NULL;
 }
 
-static ks_mm_kernr ks_mm_kernel_rows(ks_dtype t, ks_simd_level level) {
-#if KS_MM_HAVE_X86
-    if (level == KS_SIMD_AVX2) {
-        switch (t) {
-        case KS_DTYPE_Q4_K: return ks_mm_q4_k_rows_avx2;
-        case KS_DTYPE_Q5_K: return ks_mm_q5_kt_rows_avx2;
-        case KS_DTYPE_Q6_K: return ks_mm_q6_k_rows_avx2;
-        case KS_DTYPE_IQ4_XS: return ks_mm_iq4_xst_rows_avx2;
-        default: break;
-        }
-    }
-#endif
-    (void)t, (void)level;
-    return NULL;
-}
-
 static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
 #if KS_MM_HAVE_X86
     if (level == KS_SIMD_AVX512) {
@@ -455,6 +439,22 @@ static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
     }
 }
 
+static ks_mm_kernr ks_mm_kernel_rows(ks_dtype t, ks_simd_level level) {
+#if KS_MM_HAVE_X86
+    if (level == KS_SIMD_AVX2) {
+        switch (t) {
+        case KS_DTYPE_Q4_K: return ks_mm_q4_k_rows_avx2;
+        case KS_DTYPE_Q5_K: return ks_mm_q5_kt_rows_avx2;
+        case KS_DTYPE_Q6_K: return ks_mm_q6_k_rows_avx2;
+        case KS_DTYPE_IQ4_XS: return ks_mm_iq4_xst_rows_avx2;
+        default: break;
+        }
+    }
+#endif
+    (void)t, (void)level;
+    return NULL;
+}
+
 /* The kernels' names, for the dispatch test (tests/test_dispatch.c): a
  * pointer-to-name table, so the name reported is the function the dispatch
  * above really returns, and a silent fall back to scalar shows. */
@@ -514,7 +514,6 @@ const char *ks_matmul_kernel_name(ks_dtype t, bool rows2) {
 typedef struct {
     ks_mm_kern kern;
     ks_mm_kern2 kern2; /* two-row form, or NULL */
-    ks_mm_kernr kernr; /* many-row form, or NULL */
     ks_simd_level level;
     ks_dtype wtype;
     ks_mm_xkind xkind;
@@ -529,6 +528,7 @@ typedef struct {
     bool x_todo;       /* the worker quantizes X itself (share != NULL and X not ready) */
     float *Y;          /* [n][rows] */
     struct ks_mm_share *share; /* work cursors of the balanced prefill workers, or NULL */
+    ks_mm_kernr kernr; /* many-row form for decode tiles, or NULL */
 } ks_mm_job;
 
 /* Work cursors of a balanced product (ks_mm_p16_prefill_worker): the
@@ -677,7 +677,6 @@ static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows
     ks_mm_job job = {
         .kern = ks_mm_kernel(wtype, level),
         .kern2 = ks_mm_kernel2(wtype, level),
-        .kernr = ks_mm_kernel_rows(wtype, level),
         .level = level,
         .wtype = wtype,
         .xkind = ks_mm_xkind_of(wtype),
@@ -691,6 +690,7 @@ static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows
         .Y = Y,
         .xt = xt && level == KS_SIMD_AVX512,
         .share = share,
+        .kernr = ks_mm_kernel_rows(wtype, level),
     };
     if (share) {
         atomic_init(&share->qnext, 0);
