@@ -369,35 +369,46 @@ static void test_matmul_kquant_raw(void **state) {
 }
 
 /* The AVX2 two-row prefill tiles (matmul_x86_panel.c), taken from 8
- * vectors on: for each type that has one, a product of 11 vectors (tiles of
+ * vectors on (float weights: also whenever four vectors outgrow L1): for
+ * each type that has one, a product of 11 vectors (tiles of
  * 4, 4 and 3; 13 rows, so the last row runs the one-row kernel) gives, bit
  * for bit, what the one-row kernel gives vector by vector (decode equals
  * prefill), and agrees with the scalar kernels to float rounding.  Raw
- * random bytes with finite scales: every nibble, bit plane and 6-bit scale. */
+ * random bytes with finite scales: every nibble, bit plane and 6-bit scale
+ * (float types: random weights, 771 columns for the scalar tail). */
 static void test_matmul_avx2_x2(void **state) {
     (void)state;
     ks_simd_level hw = ks_simd_detect();
     if (!ks_simd_x86(hw)) skip();
     ks_simd_level saved = ks_simd_force(KS_SIMD_AVX2);
-    static const ks_dtype kt[] = {KS_DTYPE_Q4_K, KS_DTYPE_Q5_K, KS_DTYPE_Q6_K, KS_DTYPE_IQ4_XS};
-    const int64_t rows = 13, cols = 768, n = 11;
+    static const ks_dtype kt[] = {KS_DTYPE_Q4_K, KS_DTYPE_Q5_K, KS_DTYPE_Q6_K, KS_DTYPE_IQ4_XS,
+                                  KS_DTYPE_F32,  KS_DTYPE_F16,  KS_DTYPE_BF16};
+    const int64_t rows = 13, n = 11;
     ks_rng rng = {4321};
     ks_pool *pool2 = NULL;
     assert_int_equal(ks_pool_create(2, &pool2), KS_OK);
     for (size_t ti = 0; ti < sizeof kt / sizeof kt[0]; ti++) {
         const ks_dtype t = kt[ti];
         assert_non_null(ks_matmul_kernel_name(t, true));
-        const size_t rb = ks_dtype_row_bytes(t, cols), bb = ks_dtype_block_bytes(t);
-        int off[2];
-        scale_fields(t, off);
-        uint8_t *W = ks_malloc_aligned(rb * rows);
-        for (size_t i = 0; i < rb * rows; i++) W[i] = (uint8_t)ks_rng_next(&rng);
-        for (size_t o = 0; o < rb * rows; o += bb)
-            for (int k = 0; k < 2; k++)
-                if (off[k] >= 0) {
-                    ks_f16 d = ks_f32_to_f16((float)(0.001 + 0.01 * ks_rng_uniform(&rng)));
-                    memcpy(W + o + off[k], &d, 2);
-                }
+        const int64_t cols = is_float_type(t) ? 771 : 768; /* floats: a scalar tail after the 8-lane steps */
+        uint8_t *W;
+        if (is_float_type(t)) {
+            wmat mw = make_w(t, rows, cols, 41 + ti);
+            W = mw.W;
+            ks_free(mw.Wd);
+        } else {
+            const size_t rb = ks_dtype_row_bytes(t, cols), bb = ks_dtype_block_bytes(t);
+            int off[2];
+            scale_fields(t, off);
+            W = ks_malloc_aligned(rb * rows);
+            for (size_t i = 0; i < rb * rows; i++) W[i] = (uint8_t)ks_rng_next(&rng);
+            for (size_t o = 0; o < rb * rows; o += bb)
+                for (int k = 0; k < 2; k++)
+                    if (off[k] >= 0) {
+                        ks_f16 d = ks_f32_to_f16((float)(0.001 + 0.01 * ks_rng_uniform(&rng)));
+                        memcpy(W + o + off[k], &d, 2);
+                    }
+        }
         float *X = make_x(n, cols, 31 + ti);
         wmat m = {t, rows, cols, W, NULL};
         float Y[11 * 13], Y1[13], Ys[11 * 13];

@@ -338,6 +338,9 @@ static ks_mm_kern2 ks_mm_kernel2(ks_dtype t, ks_simd_level level) {
         case KS_DTYPE_Q5_K: return ks_mm_q5_kx2_avx2;
         case KS_DTYPE_Q6_K: return ks_mm_q6_kx2_avx2;
         case KS_DTYPE_IQ4_XS: return ks_mm_iq4_xsx2_avx2;
+        case KS_DTYPE_F32: return ks_mm_f32x2_avx2;
+        case KS_DTYPE_F16: return ks_mm_f16x2_avx2;
+        case KS_DTYPE_BF16: return ks_mm_bf16x2_avx2;
         default: break;
         }
     }
@@ -470,7 +473,8 @@ static const ks_mm_named ks_mm_names[] = {
     KS_MM_NAMED(ks_mm_q2_kt_avx2), KS_MM_NAMED(ks_mm_q3_kt_avx2), KS_MM_NAMED(ks_mm_q5_kt_avx2),
     KS_MM_NAMED(ks_mm_iq4_xst_avx2), KS_MM_NAMED(ks_mm_mxfp4z_avx512), KS_MM_NAMED(ks_mm_mxfp4t_avx2),
     KS_MM_NAMED(ks_mm_q4_kx2_avx2), KS_MM_NAMED(ks_mm_q5_kx2_avx2), KS_MM_NAMED(ks_mm_q6_kx2_avx2),
-    KS_MM_NAMED(ks_mm_iq4_xsx2_avx2),
+    KS_MM_NAMED(ks_mm_iq4_xsx2_avx2), KS_MM_NAMED(ks_mm_f32x2_avx2), KS_MM_NAMED(ks_mm_f16x2_avx2),
+    KS_MM_NAMED(ks_mm_bf16x2_avx2),
 #endif
 #if KS_MM_HAVE_NEON
     KS_MM_NAMED(ks_mm_f32_neon), KS_MM_NAMED(ks_mm_f16_neon), KS_MM_NAMED(ks_mm_bf16_neon),

@@ -498,6 +498,62 @@ KS_MM_K2(ks_mm_q6_kx2, KS_MM_K2_Q6_K)
 KS_MM_K2(ks_mm_iq4_xsx2, KS_MM_K2_IQ4_XS)
 #undef KS_MM_K2
 
+/* ------------------------------------- AVX2 two-row float-weight tile --
+ * Why: the one-row float kernel keeps one FMA chain per vector, four at
+ * most, and on Zen 3 an FMA has 4 cycles of latency on 2 pipes, so four
+ * chains fill half of them: a prefill product over f16 weights (the f16
+ * expert down projections of deepseek-v2-lite files, 1408 columns, which no
+ * 256-block type divides) ran at half the FMA peak.  Two rows give eight
+ * chains, and each activation load serves two rows.  Each (row, vector)
+ * chain is the one-row kernel's, op for op (the same loads, the same FMA
+ * order, the same hsum8 and scalar tail), so the bits are the same. */
+#define KS_MM_F2(name, WT, LOADW, CVT1)                                                                           \
+    KS_MM_INL void KS_MM_SFX(name##_body)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int64_t cols,  \
+                                          float *y, int64_t ys, const int NC) {                                    \
+        const WT *w0 = (const WT *)w, *w1 = (const WT *)(w + wrow);                                                \
+        __m256 acc0[4], acc1[4];                                                                                   \
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc0[c] = acc1[c] = _mm256_setzero_ps();             \
+        int64_t i = 0;                                                                                             \
+        for (; i + 8 <= cols; i += 8) {                                                                            \
+            const __m256 v0 = LOADW(w0 + i), v1 = LOADW(w1 + i);                                                   \
+            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                                                 \
+                const __m256 x = _mm256_loadu_ps((const float *)(xq + c * xs) + i);                                \
+                acc0[c] = _mm256_fmadd_ps(v0, x, acc0[c]);                                                         \
+                acc1[c] = _mm256_fmadd_ps(v1, x, acc1[c]);                                                         \
+            }                                                                                                      \
+        }                                                                                                          \
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                                                     \
+            const float *x = (const float *)(xq + c * xs);                                                         \
+            float s0 = KS_MM_SFX(ks_mm_hsum8)(acc0[c]), s1 = KS_MM_SFX(ks_mm_hsum8)(acc1[c]);                       \
+            for (int64_t k = i; k < cols; k++) s0 += CVT1(w0[k]) * x[k];                                           \
+            for (int64_t k = i; k < cols; k++) s1 += CVT1(w1[k]) * x[k];                                           \
+            y[c * ys] = s0;                                                                                        \
+            y[c * ys + 1] = s1;                                                                                    \
+        }                                                                                                          \
+    }                                                                                                              \
+    KS_MM_FN void KS_MM_SFX(name)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int nc, int64_t cols, \
+                                  float *y, int64_t ys) {                                                          \
+        switch (nc) {                                                                                              \
+        case 4: KS_MM_SFX(name##_body)(w, wrow, xq, xs, cols, y, ys, 4); break;                                    \
+        case 3: KS_MM_SFX(name##_body)(w, wrow, xq, xs, cols, y, ys, 3); break;                                    \
+        case 2: KS_MM_SFX(name##_body)(w, wrow, xq, xs, cols, y, ys, 2); break;                                    \
+        default: KS_MM_SFX(name##_body)(w, wrow, xq, xs, cols, y, ys, 1); break;                                   \
+        }                                                                                                          \
+    }
+#define KS_MM_F2_ID(x) (x)
+#define KS_MM_F2_LOAD_F32(p) _mm256_loadu_ps(p)
+#define KS_MM_F2_LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define KS_MM_F2_LOAD_BF16(p) \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+KS_MM_F2(ks_mm_f32x2, float, KS_MM_F2_LOAD_F32, KS_MM_F2_ID)
+KS_MM_F2(ks_mm_f16x2, ks_f16, KS_MM_F2_LOAD_F16, ks_f16_to_f32)
+KS_MM_F2(ks_mm_bf16x2, ks_bf16, KS_MM_F2_LOAD_BF16, ks_bf16_to_f32)
+#undef KS_MM_F2_ID
+#undef KS_MM_F2_LOAD_F32
+#undef KS_MM_F2_LOAD_F16
+#undef KS_MM_F2_LOAD_BF16
+#undef KS_MM_F2
+
 #undef KS_MM_FN
 #undef KS_MM_INL
 #endif /* KS_MM_LEVEL < 2 */
