@@ -353,6 +353,16 @@ static ks_mm_kern2 ks_mm_kernel2(ks_dtype t, ks_simd_level level) {
     return NULL;
 }
 
+/* Eight-row prefill tile (same signature as the two-row form, rows w ..
+ * w + 7 * wrow): the AVX2 Q4_K tile of matmul_x86_panel.c, or NULL. */
+static ks_mm_kern2 ks_mm_kernel8(ks_dtype t, ks_simd_level level) {
+#if KS_MM_HAVE_X86
+    if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q4_K) return ks_mm_q4_k8_avx2;
+#endif
+    (void)t, (void)level;
+    return NULL;
+}
+
 static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
 #if KS_MM_HAVE_X86
     if (level == KS_SIMD_AVX512) {
@@ -474,7 +484,7 @@ static const ks_mm_named ks_mm_names[] = {
     KS_MM_NAMED(ks_mm_iq4_xst_avx2), KS_MM_NAMED(ks_mm_mxfp4z_avx512), KS_MM_NAMED(ks_mm_mxfp4t_avx2),
     KS_MM_NAMED(ks_mm_q4_kx2_avx2), KS_MM_NAMED(ks_mm_q5_kx2_avx2), KS_MM_NAMED(ks_mm_q6_kx2_avx2),
     KS_MM_NAMED(ks_mm_iq4_xsx2_avx2), KS_MM_NAMED(ks_mm_f32x2_avx2), KS_MM_NAMED(ks_mm_f16x2_avx2),
-    KS_MM_NAMED(ks_mm_bf16x2_avx2),
+    KS_MM_NAMED(ks_mm_bf16x2_avx2), KS_MM_NAMED(ks_mm_q4_k8_avx2),
 #endif
 #if KS_MM_HAVE_NEON
     KS_MM_NAMED(ks_mm_f32_neon), KS_MM_NAMED(ks_mm_f16_neon), KS_MM_NAMED(ks_mm_bf16_neon),
@@ -505,6 +515,7 @@ const char *ks_matmul_kernel_name(ks_dtype t, bool rows2) {
 typedef struct {
     ks_mm_kern kern;
     ks_mm_kern2 kern2; /* two-row form, or NULL */
+    ks_mm_kern2 kern8; /* eight-row prefill tile, or NULL */
     ks_simd_level level;
     ks_dtype wtype;
     ks_mm_xkind xkind;
@@ -632,6 +643,7 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
     const bool pair = job->kern2 && job->n > 1 &&
                       (job->level == KS_SIMD_NEON_I8MM || KS_MM_NC * job->xs > KS_MM_GROUP_L1 ||
                        (job->level == KS_SIMD_AVX2 && job->n >= KS_MM_PAIR_N));
+    const bool eight = job->kern8 && job->n >= KS_MM_PAIR_N;
 
     for (int64_t r0 = r_begin; r0 < r_end; r0 += chunk) {
         int64_t r1 = r0 + chunk < r_end ? r0 + chunk : r_end;
@@ -639,6 +651,15 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
             int64_t c1 = c0 + vg < job->n ? c0 + vg : job->n;
             for (int64_t r = r0; r < r1;) {
                 const uint8_t *w = job->W + (size_t)r * job->wrow;
+                if (eight && r + 8 <= r1) {
+                    for (int64_t c = c0; c < c1; c += KS_MM_NC) {
+                        const int nc = (int)(c1 - c < KS_MM_NC ? c1 - c : KS_MM_NC);
+                        job->kern8(w, job->wrow, job->xq + (size_t)c * job->xs, job->xs, nc, job->cols,
+                                   job->Y + c * job->rows + r, job->rows);
+                    }
+                    r += 8;
+                    continue;
+                }
                 const bool two = pair && r + 1 < r1;
                 for (int64_t c = c0; c < c1; c += KS_MM_NC) {
                     int nc = (int)(c1 - c < KS_MM_NC ? c1 - c : KS_MM_NC);
@@ -666,6 +687,7 @@ static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows
     ks_mm_job job = {
         .kern = ks_mm_kernel(wtype, level),
         .kern2 = ks_mm_kernel2(wtype, level),
+        .kern8 = ks_mm_kernel8(wtype, level),
         .level = level,
         .wtype = wtype,
         .xkind = ks_mm_xkind_of(wtype),

@@ -498,6 +498,143 @@ KS_MM_K2(ks_mm_q6_kx2, KS_MM_K2_Q6_K)
 KS_MM_K2(ks_mm_iq4_xsx2, KS_MM_K2_IQ4_XS)
 #undef KS_MM_K2
 
+/* ---------------------------------- AVX2 eight-row Q4_K prefill tile ---
+ * Why: the one-row and two-row tiles above spend, per 32 weights, row and
+ * vector, a maddubs AND a madd (the sub-block scale), two of the two
+ * integer-multiply pipes' slots, and per (row, vector, super-block) an
+ * epilogue of about ten ops (the mins, two conversions, two FMAs) and at
+ * the end a horizontal sum: measured, they ran far below the multiply
+ * bound.  Here eight rows are transposed into the lanes of a ymm, 4 bytes
+ * each (lane r = 4 consecutive weights of row r), so a vector's activations
+ * enter as one broadcast dword (a load, no ALU op) and:
+ *   - the int16 pair sums of a sub-block's 8 dword groups are added in int16
+ *     before one madd with the scales of 8 rows (Q4_K weights are 0..15 and
+ *     activations |a| <= 127, so 8 maddubs outputs sum to at most
+ *     8 * 2 * 15 * 127 = 30480 < 32767: exact), one multiply-pipe op per
+ *     32 MACs instead of two;
+ *   - the epilogue (mins, conversions, FMAs) runs once per 8 rows, and the
+ *     lanes are the outputs: no horizontal sum, one 8-float store.
+ * The rows stay as the file stores them (no repacking, no memory, decode
+ * untouched): each 16 bytes of 8 rows are transposed in registers (two
+ * 128-bit loads per pair of rows r, r + 4 and an in-lane 4 x 4 dword
+ * transpose, 16 ops per 8 x 32 bytes), shared by the tile's vectors.  The
+ * 6-bit scales of the 8 rows are decoded in SIMD too (llama.cpp's k-quant
+ * mask formulas on the transposed header dwords).
+ * Arithmetic per output (row r, vector c), whatever n, the tiling or the
+ * thread: acc = 0; per super-block b, in order:
+ *     acc = fma((float)isum, d * da, acc); acc = fma(-(float)msum, dmin * da, acc)
+ * with isum = sum_s sc_s * (q_s . a_s) and msum = sum_s m_s * bsum_s exact
+ * int32 (tests/test_matmul.c emulates it in scalar C, bit for bit).  It is
+ * a different float order from the one-row kernel (8 lanes then a
+ * horizontal sum), so a product of n >= KS_MM_PAIR_N vectors (prefill) and
+ * one of fewer (decode) differ by float rounding, within the tolerance
+ * tests. */
+KS_MM_INL __m256i KS_MM_SFX(ks_mm_t8_load)(const uint8_t *p0, const uint8_t *p4) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p0)),
+                                   _mm_loadu_si128((const __m128i *)p4), 1);
+}
+
+/* The 16 bytes at offset off of rows 0..7 (row r at w + r * wrow + off) as
+ * four ymm: T[k] lane r = dword k of row r's 16 bytes. */
+KS_MM_INL void KS_MM_SFX(ks_mm_t8_transpose)(const uint8_t *w, size_t wrow, size_t off, __m256i T[4]) {
+    const __m256i q0 = KS_MM_SFX(ks_mm_t8_load)(w + off, w + 4 * wrow + off);
+    const __m256i q1 = KS_MM_SFX(ks_mm_t8_load)(w + wrow + off, w + 5 * wrow + off);
+    const __m256i q2 = KS_MM_SFX(ks_mm_t8_load)(w + 2 * wrow + off, w + 6 * wrow + off);
+    const __m256i q3 = KS_MM_SFX(ks_mm_t8_load)(w + 3 * wrow + off, w + 7 * wrow + off);
+    const __m256i t0 = _mm256_unpacklo_epi32(q0, q1), t1 = _mm256_unpackhi_epi32(q0, q1);
+    const __m256i t2 = _mm256_unpacklo_epi32(q2, q3), t3 = _mm256_unpackhi_epi32(q2, q3);
+    T[0] = _mm256_unpacklo_epi64(t0, t2);
+    T[1] = _mm256_unpackhi_epi64(t0, t2);
+    T[2] = _mm256_unpacklo_epi64(t1, t3);
+    T[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+/* pshufb control: in every dword p, bytes (4p + b0, 0, 4p + b1, 0) as int16 */
+KS_MM_INL __m256i KS_MM_SFX(ks_mm_t8_pick)(int b0, int b1) {
+    const __m128i c = _mm_setr_epi8((char)b0, (char)0x80, (char)b1, (char)0x80, (char)(4 + b0), (char)0x80, (char)(4 + b1),
+                                    (char)0x80, (char)(8 + b0), (char)0x80, (char)(8 + b1), (char)0x80, (char)(12 + b0),
+                                    (char)0x80, (char)(12 + b1), (char)0x80);
+    return _mm256_broadcastsi128_si256(c);
+}
+
+KS_MM_INL void KS_MM_SFX(ks_mm_q4_k8_body)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int64_t cols,
+                                           float *y, int64_t ys, const int NC) {
+    const int64_t nb = cols / KS_QK_K;
+    const size_t bb = sizeof(ks_block_q4_k);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), km1 = _mm256_set1_epi32(0x3f3f3f3f), km2 = _mm256_set1_epi32(0x0f0f0f0f),
+                  km3 = _mm256_set1_epi32(0x03030303);
+    __m256 acc[4];
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + (size_t)b * bb;
+        /* header dwords of the 8 rows: H[0] = d | dmin << 16, H[1..3] = the 12 scale bytes */
+        __m256i H[4];
+        KS_MM_SFX(ks_mm_t8_transpose)(wb, wrow, 0, H);
+        /* llama.cpp's k-quant scale unpacking (utmp, kmask1..3), on 8 rows at once */
+        const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(H[3], 4), km2),
+                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(H[2], 6), km3), 4));
+        const __m256i u1 = _mm256_or_si256(_mm256_and_si256(H[3], km2),
+                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(H[1], 6), km3), 4));
+        const __m256i u2 = _mm256_and_si256(H[2], km1), u0 = _mm256_and_si256(H[1], km1);
+        /* u0 / u1: sub-block scales 0-3 / 4-7 (byte s of each row's dword); u2 / u3: the mins */
+        __m256i scv[8], mnv[4];
+        _Pragma("GCC unroll 8") for (int s = 0; s < 8; s++) scv[s] =
+            _mm256_shuffle_epi8(s < 4 ? u0 : u1, KS_MM_SFX(ks_mm_t8_pick)(s & 3, s & 3));
+        _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) mnv[t] =
+            _mm256_shuffle_epi8(t < 2 ? u2 : u3, KS_MM_SFX(ks_mm_t8_pick)(2 * (t & 1), 2 * (t & 1) + 1));
+        /* d, dmin of rows 0..7 as f32 */
+        const __m256i dsel = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
+        const __m256i dd = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(H[0], dsel), 0xD8); /* d0..7 | dmin0..7 */
+        const __m256 d8 = _mm256_cvtph_ps(_mm256_castsi256_si128(dd)), dm8 = _mm256_cvtph_ps(_mm256_extracti128_si256(dd, 1));
+        __m256i isum[4];
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) { /* qs bytes 32j..32j+31: sub-blocks 2j (low nibbles), 2j + 1 (high) */
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                __m256i V[4];
+                KS_MM_SFX(ks_mm_t8_transpose)(wb, wrow, offsetof(ks_block_q4_k, qs) + 32 * (size_t)j + 16 * (size_t)h, V);
+                _Pragma("GCC unroll 2") for (int nib = 0; nib < 2; nib++) {
+                    __m256i W[4];
+                    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) W[k] =
+                        nib ? _mm256_and_si256(_mm256_srli_epi16(V[k], 4), m4) : _mm256_and_si256(V[k], m4);
+                    const __m256i sc = nib ? scv[2 * j + 1] : scv[2 * j];
+                    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+                        const int32_t *a = (const int32_t *)(((const ks_block_q8_k *)(xq + c * xs))[b].qs + 64 * j + 32 * nib + 16 * h);
+                        __m256i p = _mm256_maddubs_epi16(W[0], _mm256_set1_epi32(a[0]));
+                        _Pragma("GCC unroll 3") for (int k = 1; k < 4; k++) p =
+                            _mm256_add_epi16(p, _mm256_maddubs_epi16(W[k], _mm256_set1_epi32(a[k])));
+                        isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p, sc));
+                    }
+                }
+            }
+        }
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+            const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
+            int32_t hb[8]; /* dword t: (bsum 2t, bsum 2t + 1), bsum s = the sum of sub-block s's 32 activations */
+            _mm256_storeu_si256((__m256i *)hb, _mm256_hadd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums),
+                                                                 _mm256_loadu_si256((const __m256i *)a->bsums)));
+            __m256i msum = _mm256_madd_epi16(mnv[0], _mm256_set1_epi32(hb[0]));
+            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mnv[1], _mm256_set1_epi32(hb[1])));
+            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mnv[2], _mm256_set1_epi32(hb[4])));
+            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mnv[3], _mm256_set1_epi32(hb[5])));
+            const __m256 da = _mm256_set1_ps(a->d);
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(d8, da), acc[c]);
+            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dm8, da), acc[c]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) _mm256_storeu_ps(y + c * ys, acc[c]);
+}
+
+/* Rows w .. w + 7 * wrow times nc (1..4) vectors: y[c * ys + r], r < 8. */
+KS_MM_FN void KS_MM_SFX(ks_mm_q4_k8)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int nc, int64_t cols,
+                                     float *y, int64_t ys) {
+    switch (nc) {
+    case 4: KS_MM_SFX(ks_mm_q4_k8_body)(w, wrow, xq, xs, cols, y, ys, 4); break;
+    case 3: KS_MM_SFX(ks_mm_q4_k8_body)(w, wrow, xq, xs, cols, y, ys, 3); break;
+    case 2: KS_MM_SFX(ks_mm_q4_k8_body)(w, wrow, xq, xs, cols, y, ys, 2); break;
+    default: KS_MM_SFX(ks_mm_q4_k8_body)(w, wrow, xq, xs, cols, y, ys, 1); break;
+    }
+}
+
 /* ------------------------------------- AVX2 two-row float-weight tile --
  * Why: the one-row float kernel keeps one FMA chain per vector, four at
  * most, and on Zen 3 an FMA has 4 cycles of latency on 2 pipes, so four
