@@ -418,7 +418,7 @@ static void test_matmul_avx2_x2(void **state) {
             run_matmul(NULL, &m, X + c * cols, 1, Y1);
             for (int64_t r = 0; r < rows; r++) {
                 scale2 += (double)Y1[r] * Y1[r];
-                if (t == KS_DTYPE_Q4_K && r < 8) continue; /* Q4_K rows 0-7: the 8-row tile, test_matmul_avx2_q4_k8 */
+                if ((t == KS_DTYPE_Q4_K || t == KS_DTYPE_Q5_K) && r < 8) continue; /* the 8-row tile: test_matmul_avx2_k8 */
                 if (memcmp(&Y1[r], &Y[c * rows + r], sizeof(float)))
                     fprintf(stderr, "FAIL x2 %s row %lld vec %lld: %.9g vs one-row %.9g\n", ks_dtype_name(t), (long long)r,
                             (long long)c, Y[c * rows + r], Y1[r]);
@@ -437,7 +437,7 @@ static void test_matmul_avx2_x2(void **state) {
     ks_simd_force(saved);
 }
 
-/* The AVX2 eight-row Q4_K tile (matmul_x86_panel.c): its fixed arithmetic
+/* The AVX2 eight-row Q4_K and Q5_K tiles (matmul_x86_panel.c): their fixed arithmetic
  * per output, emulated in scalar C on the very activation bytes the product
  * makes (ks_matmul_quantize_x): per super-block, exact int32 sums isum =
  * sum_s sc_s (q_s . a_s) and msum = sum_s m_s bsum_s, then
@@ -457,56 +457,65 @@ static void q4k_scales_ref(const uint8_t *q, int sc[8], int m[8]) {
     }
 }
 
-static void test_matmul_avx2_q4_k8(void **state) {
+static void test_matmul_avx2_k8(void **state) {
     (void)state;
     ks_simd_level hw = ks_simd_detect();
     if (!ks_simd_x86(hw)) skip();
     ks_simd_level saved = ks_simd_force(KS_SIMD_AVX2);
+    for (int q5 = 0; q5 < 2; q5++) {
+    const ks_dtype t = q5 ? KS_DTYPE_Q5_K : KS_DTYPE_Q4_K;
     const int64_t rows = 21, cols = 768, nb = cols / 256;
-    const size_t rb = ks_dtype_row_bytes(KS_DTYPE_Q4_K, cols), xs = (nb * sizeof(ks_block_q8_k) + 63) & ~(size_t)63;
+    const size_t rb = ks_dtype_row_bytes(t, cols), bb = ks_dtype_block_bytes(t);
+    const size_t xs = (nb * sizeof(ks_block_q8_k) + 63) & ~(size_t)63;
     ks_rng rng = {999};
     uint8_t *W = ks_malloc_aligned(rb * rows);
     for (size_t i = 0; i < rb * rows; i++) W[i] = (uint8_t)ks_rng_next(&rng);
-    for (size_t o = 0; o < rb * rows; o += sizeof(ks_block_q4_k))
+    for (size_t o = 0; o < rb * rows; o += bb)
         for (int k = 0; k < 2; k++) {
             ks_f16 d = ks_f32_to_f16((float)(0.001 + 0.01 * ks_rng_uniform(&rng)));
             memcpy(W + o + 2 * k, &d, 2);
         }
-    ks_weight wt = {.type = KS_DTYPE_Q4_K, .rows = rows, .cols = cols, .data = W};
+    ks_weight wt = {.type = t, .rows = rows, .cols = cols, .data = W};
     ks_pool *pool2 = NULL;
     assert_int_equal(ks_pool_create(2, &pool2), KS_OK);
     static const int64_t ns[] = {8, 11, 21};
     for (size_t ni = 0; ni < 3; ni++) {
         const int64_t n = ns[ni];
         float *X = make_x(n, cols, 500 + ni);
-        uint8_t *xq = ks_malloc_aligned(ks_matmul_scratch_bytes(KS_DTYPE_Q4_K, cols, n));
+        uint8_t *xq = ks_malloc_aligned(ks_matmul_scratch_bytes(t, cols, n));
         for (int64_t c = 0; c < n; c++) ks_matmul_quantize_x(&wt, X + c * cols, c, xq);
         float *Y = ks_malloc(sizeof(float) * (size_t)(n * rows));
         for (int p = 0; p < 2; p++) {
-            wmat m = {KS_DTYPE_Q4_K, rows, cols, W, NULL};
+            wmat m = {t, rows, cols, W, NULL};
             run_matmul(p ? pool2 : NULL, &m, X, n, Y);
             for (int64_t c = 0; c < n; c++)
                 for (int64_t r = 0; r < 16; r++) { /* rows 0-15: two whole tiles (16-20: the other kernels) */
-                    const ks_block_q4_k *wb = (const ks_block_q4_k *)(W + (size_t)r * rb);
+                    const ks_block_q4_k *wb = (const ks_block_q4_k *)(W + (size_t)r * rb); /* Q4_K's fields, */
+                    const ks_block_q5_k *w5 = (const ks_block_q5_k *)(W + (size_t)r * rb);  /* or Q5_K's */
                     const ks_block_q8_k *a = (const ks_block_q8_k *)(xq + (size_t)c * xs);
                     float acc = 0.0f;
                     for (int64_t b = 0; b < nb; b++) {
                         int sc[8], mn[8];
-                        q4k_scales_ref(wb[b].scales, sc, mn);
+                        q4k_scales_ref(q5 ? w5[b].scales : wb[b].scales, sc, mn);
                         int32_t isum = 0, msum = 0;
                         for (int s = 0; s < 8; s++) {
                             int32_t dot = 0;
-                            for (int l = 0; l < 32; l++)
-                                dot += ((wb[b].qs[32 * (s / 2) + l] >> (4 * (s & 1))) & 0xF) * a[b].qs[32 * s + l];
+                            for (int l = 0; l < 32; l++) {
+                                const uint8_t *qs = q5 ? w5[b].qs : wb[b].qs;
+                                int q = (qs[32 * (s / 2) + l] >> (4 * (s & 1))) & 0xF;
+                                if (q5) q |= ((w5[b].qh[l] >> s) & 1) << 4;
+                                dot += q * a[b].qs[32 * s + l];
+                            }
                             isum += sc[s] * dot;
                             msum += mn[s] * (a[b].bsums[2 * s] + a[b].bsums[2 * s + 1]);
                         }
-                        const float dd = ks_f16_to_f32(wb[b].d) * a[b].d, dm = ks_f16_to_f32(wb[b].dmin) * a[b].d;
+                        const float dd = ks_f16_to_f32(q5 ? w5[b].d : wb[b].d) * a[b].d,
+                                    dm = ks_f16_to_f32(q5 ? w5[b].dmin : wb[b].dmin) * a[b].d;
                         acc = fmaf((float)isum, dd, acc);
                         acc = fmaf(-(float)msum, dm, acc);
                     }
                     if (memcmp(&acc, &Y[c * rows + r], sizeof(float)))
-                        fprintf(stderr, "FAIL q4_k8 n=%lld row %lld vec %lld: %.9g vs emulated %.9g\n", (long long)n,
+                        fprintf(stderr, "FAIL %s k8 n=%lld row %lld vec %lld: %.9g vs emulated %.9g\n", ks_dtype_name(t), (long long)n,
                                 (long long)r, (long long)c, Y[c * rows + r], acc);
                     assert_memory_equal(&acc, &Y[c * rows + r], sizeof(float));
                 }
@@ -517,6 +526,7 @@ static void test_matmul_avx2_q4_k8(void **state) {
     }
     ks_pool_destroy(pool2);
     ks_free_aligned(W);
+    }
     ks_simd_force(saved);
 }
 
@@ -743,7 +753,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_extremes),
         cmocka_unit_test(test_matmul_kquant_raw),
         cmocka_unit_test(test_matmul_avx2_x2),
-        cmocka_unit_test(test_matmul_avx2_q4_k8),
+        cmocka_unit_test(test_matmul_avx2_k8),
         cmocka_unit_test(test_matmul_packed_q8_0),
         cmocka_unit_test(test_matmul_quantize_x),
         cmocka_unit_test(test_matmul_packed_scales),

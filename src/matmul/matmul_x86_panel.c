@@ -557,10 +557,11 @@ KS_MM_INL __m256i KS_MM_SFX(ks_mm_t8_pick)(int b0, int b1) {
     return _mm256_broadcastsi128_si256(c);
 }
 
-KS_MM_INL void KS_MM_SFX(ks_mm_q4_k8_body)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int64_t cols,
-                                           float *y, int64_t ys, const int NC) {
+KS_MM_INL void KS_MM_SFX(ks_mm_q4_k8_body)(const bool Q5, const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs,
+                                           int64_t cols, float *y, int64_t ys, const int NC) {
     const int64_t nb = cols / KS_QK_K;
-    const size_t bb = sizeof(ks_block_q4_k);
+    const size_t bb = Q5 ? sizeof(ks_block_q5_k) : sizeof(ks_block_q4_k);
+    const size_t qs_off = Q5 ? offsetof(ks_block_q5_k, qs) : offsetof(ks_block_q4_k, qs);
     const __m256i m4 = _mm256_set1_epi8(0x0F), km1 = _mm256_set1_epi32(0x3f3f3f3f), km2 = _mm256_set1_epi32(0x0f0f0f0f),
                   km3 = _mm256_set1_epi32(0x03030303);
     __m256 acc[4];
@@ -588,14 +589,27 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_k8_body)(const uint8_t *w, size_t wrow, const 
         const __m256 d8 = _mm256_cvtph_ps(_mm256_castsi256_si128(dd)), dm8 = _mm256_cvtph_ps(_mm256_extracti128_si256(dd, 1));
         __m256i isum[4];
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
+        /* Q5_K: qh transposed once per super-block (qh byte l holds bit s = the fifth bit of element 32s + l) */
+        __m256i QH[2][4];
+        if (Q5) {
+            KS_MM_SFX(ks_mm_t8_transpose)(wb, wrow, offsetof(ks_block_q5_k, qh), QH[0]);
+            KS_MM_SFX(ks_mm_t8_transpose)(wb, wrow, offsetof(ks_block_q5_k, qh) + 16, QH[1]);
+        }
         for (int j = 0; j < 4; j++) { /* qs bytes 32j..32j+31: sub-blocks 2j (low nibbles), 2j + 1 (high) */
             _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
                 __m256i V[4];
-                KS_MM_SFX(ks_mm_t8_transpose)(wb, wrow, offsetof(ks_block_q4_k, qs) + 32 * (size_t)j + 16 * (size_t)h, V);
+                KS_MM_SFX(ks_mm_t8_transpose)(wb, wrow, qs_off + 32 * (size_t)j + 16 * (size_t)h, V);
                 _Pragma("GCC unroll 2") for (int nib = 0; nib < 2; nib++) {
                     __m256i W[4];
                     _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) W[k] =
                         nib ? _mm256_and_si256(_mm256_srli_epi16(V[k], 4), m4) : _mm256_and_si256(V[k], m4);
+                    if (Q5) { /* bit s = 2j + nib of each qh byte to 0x10 (16-bit shifts: no bit read crosses a byte) */
+                        const int sb = 2 * j + nib;
+                        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                            const __m256i hb = sb <= 4 ? _mm256_slli_epi16(QH[h][k], 4 - sb) : _mm256_srli_epi16(QH[h][k], sb - 4);
+                            W[k] = _mm256_or_si256(W[k], _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
+                        }
+                    }
                     const __m256i sc = nib ? scv[2 * j + 1] : scv[2 * j];
                     _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
                         const int32_t *a = (const int32_t *)(((const ks_block_q8_k *)(xq + c * xs))[b].qs + 64 * j + 32 * nib + 16 * h);
@@ -628,10 +642,23 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_k8_body)(const uint8_t *w, size_t wrow, const 
 KS_MM_FN void KS_MM_SFX(ks_mm_q4_k8)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int nc, int64_t cols,
                                      float *y, int64_t ys) {
     switch (nc) {
-    case 4: KS_MM_SFX(ks_mm_q4_k8_body)(w, wrow, xq, xs, cols, y, ys, 4); break;
-    case 3: KS_MM_SFX(ks_mm_q4_k8_body)(w, wrow, xq, xs, cols, y, ys, 3); break;
-    case 2: KS_MM_SFX(ks_mm_q4_k8_body)(w, wrow, xq, xs, cols, y, ys, 2); break;
-    default: KS_MM_SFX(ks_mm_q4_k8_body)(w, wrow, xq, xs, cols, y, ys, 1); break;
+    case 4: KS_MM_SFX(ks_mm_q4_k8_body)(false, w, wrow, xq, xs, cols, y, ys, 4); break;
+    case 3: KS_MM_SFX(ks_mm_q4_k8_body)(false, w, wrow, xq, xs, cols, y, ys, 3); break;
+    case 2: KS_MM_SFX(ks_mm_q4_k8_body)(false, w, wrow, xq, xs, cols, y, ys, 2); break;
+    default: KS_MM_SFX(ks_mm_q4_k8_body)(false, w, wrow, xq, xs, cols, y, ys, 1); break;
+    }
+}
+
+/* The same tile over Q5_K rows (the fifth bit plane OR'ed in; weights 0..31,
+ * so 4 maddubs outputs sum to at most 4 * 2 * 31 * 127 = 31496 in int16,
+ * exact): the same per-output arithmetic as the Q4_K tile. */
+KS_MM_FN void KS_MM_SFX(ks_mm_q5_k8)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int nc, int64_t cols,
+                                     float *y, int64_t ys) {
+    switch (nc) {
+    case 4: KS_MM_SFX(ks_mm_q4_k8_body)(true, w, wrow, xq, xs, cols, y, ys, 4); break;
+    case 3: KS_MM_SFX(ks_mm_q4_k8_body)(true, w, wrow, xq, xs, cols, y, ys, 3); break;
+    case 2: KS_MM_SFX(ks_mm_q4_k8_body)(true, w, wrow, xq, xs, cols, y, ys, 2); break;
+    default: KS_MM_SFX(ks_mm_q4_k8_body)(true, w, wrow, xq, xs, cols, y, ys, 1); break;
     }
 }
 
