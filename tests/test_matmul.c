@@ -418,7 +418,7 @@ static void test_matmul_avx2_x2(void **state) {
             run_matmul(NULL, &m, X + c * cols, 1, Y1);
             for (int64_t r = 0; r < rows; r++) {
                 scale2 += (double)Y1[r] * Y1[r];
-                if ((t == KS_DTYPE_Q4_K || t == KS_DTYPE_Q5_K) && r < 8) continue; /* the 8-row tile: test_matmul_avx2_k8 */
+                if ((t == KS_DTYPE_Q4_K || t == KS_DTYPE_Q5_K || t == KS_DTYPE_Q6_K) && r < 8) continue; /* 8-row tiles: below */
                 if (memcmp(&Y1[r], &Y[c * rows + r], sizeof(float)))
                     fprintf(stderr, "FAIL x2 %s row %lld vec %lld: %.9g vs one-row %.9g\n", ks_dtype_name(t), (long long)r,
                             (long long)c, Y[c * rows + r], Y1[r]);
@@ -527,6 +527,72 @@ static void test_matmul_avx2_k8(void **state) {
     ks_pool_destroy(pool2);
     ks_free_aligned(W);
     }
+    ks_simd_force(saved);
+}
+
+/* The AVX2 eight-row Q6_K tile: per output and super-block
+ * acc = fma((float)(isum - 32 corr), d * da, acc), isum = sum_s sc_s (q_s . a_s)
+ * over the 16-weight sub-blocks (q 0..63), corr = sum_s sc_s bsum_s; bit
+ * for bit, as test_matmul_avx2_k8. */
+static void test_matmul_avx2_q6_k8(void **state) {
+    (void)state;
+    ks_simd_level hw = ks_simd_detect();
+    if (!ks_simd_x86(hw)) skip();
+    ks_simd_level saved = ks_simd_force(KS_SIMD_AVX2);
+    const int64_t rows = 21, cols = 768, nb = cols / 256;
+    const size_t rb = ks_dtype_row_bytes(KS_DTYPE_Q6_K, cols), xs = (nb * sizeof(ks_block_q8_k) + 63) & ~(size_t)63;
+    ks_rng rng = {777};
+    uint8_t *W = ks_malloc_aligned(rb * rows);
+    for (size_t i = 0; i < rb * rows; i++) W[i] = (uint8_t)ks_rng_next(&rng);
+    for (size_t o = 0; o < rb * rows; o += sizeof(ks_block_q6_k)) {
+        ks_f16 d = ks_f32_to_f16((float)(0.001 + 0.01 * ks_rng_uniform(&rng)));
+        memcpy(W + o + offsetof(ks_block_q6_k, d), &d, 2);
+    }
+    ks_weight wt = {.type = KS_DTYPE_Q6_K, .rows = rows, .cols = cols, .data = W};
+    ks_pool *pool2 = NULL;
+    assert_int_equal(ks_pool_create(2, &pool2), KS_OK);
+    static const int64_t ns[] = {8, 11, 21};
+    for (size_t ni = 0; ni < 3; ni++) {
+        const int64_t n = ns[ni];
+        float *X = make_x(n, cols, 600 + ni);
+        uint8_t *xq = ks_malloc_aligned(ks_matmul_scratch_bytes(KS_DTYPE_Q6_K, cols, n));
+        for (int64_t c = 0; c < n; c++) ks_matmul_quantize_x(&wt, X + c * cols, c, xq);
+        float *Y = ks_malloc(sizeof(float) * (size_t)(n * rows));
+        for (int p = 0; p < 2; p++) {
+            wmat m = {KS_DTYPE_Q6_K, rows, cols, W, NULL};
+            run_matmul(p ? pool2 : NULL, &m, X, n, Y);
+            for (int64_t c = 0; c < n; c++)
+                for (int64_t r = 0; r < 16; r++) {
+                    const ks_block_q6_k *wb = (const ks_block_q6_k *)(W + (size_t)r * rb);
+                    const ks_block_q8_k *a = (const ks_block_q8_k *)(xq + (size_t)c * xs);
+                    float acc = 0.0f;
+                    for (int64_t b = 0; b < nb; b++) {
+                        int32_t isum = 0, corr = 0;
+                        for (int s = 0; s < 16; s++) {
+                            int32_t dot = 0;
+                            for (int e = 16 * s; e < 16 * s + 16; e++) {
+                                const int h = e / 128, i = (e % 128) / 32, l = e % 32;
+                                const uint8_t ql = wb[b].ql[64 * h + 32 * (i & 1) + l];
+                                const int q = (i >= 2 ? ql >> 4 : ql & 0xF) | ((wb[b].qh[32 * h + l] >> (2 * i)) & 3) << 4;
+                                dot += q * a[b].qs[e];
+                            }
+                            isum += wb[b].scales[s] * dot;
+                            corr += wb[b].scales[s] * a[b].bsums[s];
+                        }
+                        acc = fmaf((float)(isum - 32 * corr), ks_f16_to_f32(wb[b].d) * a[b].d, acc);
+                    }
+                    if (memcmp(&acc, &Y[c * rows + r], sizeof(float)))
+                        fprintf(stderr, "FAIL q6_k8 n=%lld row %lld vec %lld: %.9g vs emulated %.9g\n", (long long)n,
+                                (long long)r, (long long)c, Y[c * rows + r], acc);
+                    assert_memory_equal(&acc, &Y[c * rows + r], sizeof(float));
+                }
+        }
+        ks_free(Y);
+        ks_free_aligned(xq);
+        ks_free(X);
+    }
+    ks_pool_destroy(pool2);
+    ks_free_aligned(W);
     ks_simd_force(saved);
 }
 
@@ -754,6 +820,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_kquant_raw),
         cmocka_unit_test(test_matmul_avx2_x2),
         cmocka_unit_test(test_matmul_avx2_k8),
+        cmocka_unit_test(test_matmul_avx2_q6_k8),
         cmocka_unit_test(test_matmul_packed_q8_0),
         cmocka_unit_test(test_matmul_quantize_x),
         cmocka_unit_test(test_matmul_packed_scales),

@@ -354,11 +354,12 @@ static ks_mm_kern2 ks_mm_kernel2(ks_dtype t, ks_simd_level level) {
 }
 
 /* Eight-row prefill tile (same signature as the two-row form, rows w ..
- * w + 7 * wrow): the AVX2 Q4_K / Q5_K tiles of matmul_x86_panel.c, or NULL. */
+ * w + 7 * wrow): the AVX2 Q4_K / Q5_K / Q6_K tiles of matmul_x86_panel.c, or NULL. */
 static ks_mm_kern2 ks_mm_kernel8(ks_dtype t, ks_simd_level level) {
 #if KS_MM_HAVE_X86
     if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q4_K) return ks_mm_q4_k8_avx2;
     if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q5_K) return ks_mm_q5_k8_avx2;
+    if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q6_K) return ks_mm_q6_k8_avx2;
 #endif
     (void)t, (void)level;
     return NULL;
@@ -485,7 +486,7 @@ static const ks_mm_named ks_mm_names[] = {
     KS_MM_NAMED(ks_mm_iq4_xst_avx2), KS_MM_NAMED(ks_mm_mxfp4z_avx512), KS_MM_NAMED(ks_mm_mxfp4t_avx2),
     KS_MM_NAMED(ks_mm_q4_kx2_avx2), KS_MM_NAMED(ks_mm_q5_kx2_avx2), KS_MM_NAMED(ks_mm_q6_kx2_avx2),
     KS_MM_NAMED(ks_mm_iq4_xsx2_avx2), KS_MM_NAMED(ks_mm_f32x2_avx2), KS_MM_NAMED(ks_mm_f16x2_avx2),
-    KS_MM_NAMED(ks_mm_bf16x2_avx2), KS_MM_NAMED(ks_mm_q4_k8_avx2), KS_MM_NAMED(ks_mm_q5_k8_avx2),
+    KS_MM_NAMED(ks_mm_bf16x2_avx2), KS_MM_NAMED(ks_mm_q4_k8_avx2), KS_MM_NAMED(ks_mm_q5_k8_avx2), KS_MM_NAMED(ks_mm_q6_k8_avx2),
 #endif
 #if KS_MM_HAVE_NEON
     KS_MM_NAMED(ks_mm_f32_neon), KS_MM_NAMED(ks_mm_f16_neon), KS_MM_NAMED(ks_mm_bf16_neon),
