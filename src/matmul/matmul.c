@@ -33,7 +33,11 @@
  * instructions per MAC and the cores' balance): weights repacked at load
  * for it, their drivers and ks_matmul_weight are matmul_packed.c, a part of
  * this translation unit (it shares the driver below), and its AVX-512 tiles
- * are matmul_x86_panel.c, a template like matmul_x86.c.
+ * are matmul_x86_panel.c, a template like matmul_x86.c.  At the AVX2 level
+ * nothing is repacked: from KS_MM_PAIR_N vectors on, ks_mm_worker runs
+ * matmul_x86_panel.c's multi-row tiles on the file's rows (eight rows
+ * transposed in registers for Q4_K / Q5_K / Q6_K, two rows for IQ4_XS and
+ * the float types).
  */
 #include "matmul/matmul.h"
 

@@ -7,13 +7,19 @@
  *
  * Why a file of their own: the kernels of matmul_x86.c read weights as the
  * file stores them and serve every level and both decode and prefill; these
- * exist only at the AVX-512 VNNI level and only for the packed layouts, and
- * each carries its own argument about what bounds it (instructions per MAC,
+ * serve prefill only (the packed layouts at the AVX-512 VNNI level, the
+ * file's rows in multi-row tiles at AVX2), and each carries its own argument about what bounds it (instructions per MAC,
  * which pipes the epilogue shares with vpdpbusd, registers), which is where
  * a reader tuning prefill looks.  It is the same kind of template as
  * matmul_x86.c: matmul.c includes it right after that file in each level's
- * pass (the helpers it uses, e.g. ks_mm_dw4, come from there); below
- * AVX-512, and compiled on its own, it is empty.
+ * pass (the helpers it uses, e.g. ks_mm_dw4, come from there); compiled
+ * on its own it is empty.
+ *
+ * At the AVX2 level (KS_MM_LEVEL 1) it holds the prefill tiles that read
+ * the file's rows as they are (no repacking): the eight-row K-quant tiles
+ * (Q4_K, Q5_K, Q6_K: rows transposed in registers) and the two-row tiles
+ * (IQ4_XS, Q5_K/Q6_K/Q4_K leftovers, f32/f16/bf16), which matmul.c's
+ * ks_mm_worker takes from KS_MM_PAIR_N vectors on.
  */
 #ifndef KS_MM_TEMPLATE_PASS
 typedef int ks_matmul_x86_panel_is_included_by_matmul_c; /* standalone: nothing to compile */
