@@ -36,8 +36,8 @@
  * are matmul_x86_panel.c, a template like matmul_x86.c.  At the AVX2 level
  * nothing is repacked: from KS_MM_PAIR_N vectors on, ks_mm_worker runs
  * matmul_x86_panel.c's multi-row tiles on the file's rows (eight rows
- * transposed in registers for Q4_K / Q5_K / Q6_K, two rows for IQ4_XS and
- * the float types).
+ * transposed in registers for Q4_K / Q5_K / Q6_K, two rows for the float
+ * types).
  */
 #include "matmul/matmul.h"
 
@@ -64,7 +64,7 @@ typedef void (*ks_mm_kern2)(const uint8_t *w, size_t wrow, const uint8_t *xq, si
 #define KS_MM_GROUP_L1 (20 * 1024) /* activation bytes a group may keep in L1 */
 #define KS_MM_ROWS 16  /* row alignment of the thread split */
 #define KS_MM_CHUNK_BYTES (192 * 1024) /* weight bytes per row chunk (L2) */
-#define KS_MM_PAIR_N 8 /* vectors from which the AVX2 two-row prefill tiles run */
+#define KS_MM_PAIR_N 8 /* vectors from which the AVX2 multi-row prefill tiles run */
 
 static inline size_t ks_mm_align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
@@ -338,10 +338,6 @@ static ks_mm_kern2 ks_mm_kernel2(ks_dtype t, ks_simd_level level) {
     if (level == KS_SIMD_AVX512 && t == KS_DTYPE_Q4_0) return ks_mm_q4_0x2_avx512;
     if (level == KS_SIMD_AVX2) { /* prefill tiles, matmul_x86_panel.c */
         switch (t) {
-        case KS_DTYPE_Q4_K: return ks_mm_q4_kx2_avx2;
-        case KS_DTYPE_Q5_K: return ks_mm_q5_kx2_avx2;
-        case KS_DTYPE_Q6_K: return ks_mm_q6_kx2_avx2;
-        case KS_DTYPE_IQ4_XS: return ks_mm_iq4_xsx2_avx2;
         case KS_DTYPE_F32: return ks_mm_f32x2_avx2;
         case KS_DTYPE_F16: return ks_mm_f16x2_avx2;
         case KS_DTYPE_BF16: return ks_mm_bf16x2_avx2;
@@ -488,8 +484,7 @@ static const ks_mm_named ks_mm_names[] = {
     KS_MM_NAMED(ks_mm_q5_0t_avx2), KS_MM_NAMED(ks_mm_q5_1t_avx2), KS_MM_NAMED(ks_mm_iq4_nlt_avx2),
     KS_MM_NAMED(ks_mm_q2_kt_avx2), KS_MM_NAMED(ks_mm_q3_kt_avx2), KS_MM_NAMED(ks_mm_q5_kt_avx2),
     KS_MM_NAMED(ks_mm_iq4_xst_avx2), KS_MM_NAMED(ks_mm_mxfp4z_avx512), KS_MM_NAMED(ks_mm_mxfp4t_avx2),
-    KS_MM_NAMED(ks_mm_q4_kx2_avx2), KS_MM_NAMED(ks_mm_q5_kx2_avx2), KS_MM_NAMED(ks_mm_q6_kx2_avx2),
-    KS_MM_NAMED(ks_mm_iq4_xsx2_avx2), KS_MM_NAMED(ks_mm_f32x2_avx2), KS_MM_NAMED(ks_mm_f16x2_avx2),
+    KS_MM_NAMED(ks_mm_f32x2_avx2), KS_MM_NAMED(ks_mm_f16x2_avx2),
     KS_MM_NAMED(ks_mm_bf16x2_avx2), KS_MM_NAMED(ks_mm_q4_k8_avx2), KS_MM_NAMED(ks_mm_q5_k8_avx2), KS_MM_NAMED(ks_mm_q6_k8_avx2),
 #endif
 #if KS_MM_HAVE_NEON
@@ -643,8 +638,8 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
      * prefetcher, so they are used only where they pay. */
     /* smmla (i8mm) does two rows by two vectors per instruction: the
      * two-row form pays there whenever there are two vectors. */
-    /* The AVX2 K-quant tiles (matmul_x86_panel.c) are prefill tiles: taken
-     * from KS_MM_PAIR_N vectors on, below which (decode, small batches) the
+    /* The AVX2 prefill tiles (matmul_x86_panel.c) are taken from
+     * KS_MM_PAIR_N vectors on, below which (decode, small batches) the
      * one-row kernels stream W. */
     const bool pair = job->kern2 && job->n > 1 &&
                       (job->level == KS_SIMD_NEON_I8MM || KS_MM_NC * job->xs > KS_MM_GROUP_L1 ||

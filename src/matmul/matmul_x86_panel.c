@@ -17,9 +17,9 @@
  *
  * At the AVX2 level (KS_MM_LEVEL 1) it holds the prefill tiles that read
  * the file's rows as they are (no repacking): the eight-row K-quant tiles
- * (Q4_K, Q5_K, Q6_K: rows transposed in registers) and the two-row tiles
- * (IQ4_XS, Q5_K/Q6_K/Q4_K leftovers, f32/f16/bf16), which matmul.c's
- * ks_mm_worker takes from KS_MM_PAIR_N vectors on.
+ * (Q4_K, Q5_K, Q6_K: rows transposed in registers), which matmul.c's
+ * ks_mm_worker takes from KS_MM_PAIR_N vectors on, and the two-row
+ * float-weight tiles (f32, f16, bf16).
  */
 #ifndef KS_MM_TEMPLATE_PASS
 typedef int ks_matmul_x86_panel_is_included_by_matmul_c; /* standalone: nothing to compile */
@@ -334,179 +334,9 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q8_0t2)(const uint8_t *panel, size_t panel_bytes, 
 #if KS_MM_LEVEL < 2
 #define KS_MM_FN static __attribute__((target(KS_MM_TGT)))
 #define KS_MM_INL static inline __attribute__((target(KS_MM_TGT), always_inline))
-/* ------------------------- AVX2 two-row prefill tiles (K-quants, IQ4_XS) --
- * Why: at the AVX2 level a prefill product ran the decode kernels, one row
- * times four vectors: per 32 weights and vector a maddubs, a madd with the
- * sub-block scale and an add, plus an activation load, and per 32 weights
- * and ROW the unpacking (nibble masks, the fifth / sixth bit planes, the
- * IQ4 table), the scale decode (scalar, 6-bit fields) and the broadcasts,
- * shared by only four products.  Here two rows are taken at once: each
- * activation load serves two rows' maddubs, and each row's unpacked chunk
- * and scale still serve four vectors.  The rows are read as the file stores
- * them (no repacking: the two rows are wrow bytes apart), so the tile needs
- * no memory beyond the file's and decode keeps its streaming kernels.
- * What bounds it: per 32 weights, row and vector a maddubs and a madd, both
- * on the two integer-multiply pipes of Zen 3 (uops.info: VPMADDUBSW and
- * VPMADDWD ymm, 0.5 cycles), so at most 32 MACs per cycle per core; the
- * madd is what turns int16 pair sums into int32 with the sub-block scale,
- * and cannot be shared (each (row, vector, sub-block) has its own).
- * Arithmetic: per (row, vector) the int32 lanes hold the very sums of the
- * one-row kernel (the same 32-byte chunks, madd'ed with the same scales:
- * integer adds are exact in any order), and the float steps per super-block
- * (cvt, the d * da FMA, the mins / offset term, the final hsum8) are the
- * same ops in the same order: the two-row tile gives the one-row kernel's
- * bits (tests/test_matmul.c checks it, bit for bit, for every type).
- * Registers: 8 int32 sums + 2 unpacked chunks + 2 scales + an activation
- * fill 13 of the 16 ymm; the 8 float accumulators live in memory between
- * super-blocks (one load and store per 256 MACs x 8). */
-enum { KS_MM_K2_Q4_K, KS_MM_K2_Q5_K, KS_MM_K2_Q6_K, KS_MM_K2_IQ4_XS };
-
-/* Per row and super-block: the chunk scales as int16 pairs (so that the
- * broadcast is a plain vpbroadcastd load) and the epilogue's operands. */
-typedef struct {
-    int32_t sc[8];   /* chunk s (32 weights): its scale in both halves (Q6_K: two 16-weight scales) */
-    __m256i mins;    /* Q4_K/Q5_K: [m0 m0 .. m7 m7] int16; Q6_K: the 16 scales int16 */
-    float d, dmin;
-} KS_MM_SFX(ks_mm_k2_row);
-
-KS_MM_INL void KS_MM_SFX(ks_mm_k2_prep)(const int T, const uint8_t *blk, KS_MM_SFX(ks_mm_k2_row) *o) {
-    if (T == KS_MM_K2_Q4_K || T == KS_MM_K2_Q5_K) {
-        const uint8_t *scales = T == KS_MM_K2_Q4_K ? ((const ks_block_q4_k *)blk)->scales : ((const ks_block_q5_k *)blk)->scales;
-        uint8_t sc[8], mn[8];
-        ks_mm_q4k_scales(scales, sc, mn);
-        for (int j = 0; j < 8; j++) o->sc[j] = (int32_t)sc[j] * 0x10001;
-        o->mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)mn), _mm_loadl_epi64((const __m128i *)mn)));
-        if (T == KS_MM_K2_Q4_K) {
-            o->d = KS_MM_SFX(ks_mm_h2f)(((const ks_block_q4_k *)blk)->d);
-            o->dmin = KS_MM_SFX(ks_mm_h2f)(((const ks_block_q4_k *)blk)->dmin);
-        } else {
-            o->d = KS_MM_SFX(ks_mm_h2f)(((const ks_block_q5_k *)blk)->d);
-            o->dmin = KS_MM_SFX(ks_mm_h2f)(((const ks_block_q5_k *)blk)->dmin);
-        }
-    } else if (T == KS_MM_K2_Q6_K) {
-        const ks_block_q6_k *b6 = (const ks_block_q6_k *)blk;
-        for (int s = 0; s < 8; s++) /* int16 pairs: scale 2s in the low 8 words' positions, 2s+1 in the high */
-            o->sc[s] = (int32_t)(uint16_t)(int16_t)b6->scales[2 * s] | (int32_t)((uint32_t)(uint16_t)(int16_t)b6->scales[2 * s + 1] << 16);
-        o->mins = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b6->scales));
-        o->d = KS_MM_SFX(ks_mm_h2f)(b6->d);
-    } else {
-        const ks_block_iq4_xs *bx = (const ks_block_iq4_xs *)blk;
-        for (int s = 0; s < 8; s++) {
-            const int ls = ((bx->scales_l[s / 2] >> (4 * (s % 2))) & 0xF) | ((bx->scales_h >> (2 * s)) & 3) << 4;
-            o->sc[s] = (int32_t)(uint16_t)(int16_t)(ls - 32) * 0x10001;
-        }
-        o->d = KS_MM_SFX(ks_mm_h2f)(bx->d);
-    }
-}
-
-/* Chunk s (weights 32s .. 32s+31) of a super-block as the one-row kernel
- * feeds maddubs: u8 weights (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63) or, for
- * IQ4_XS, the signed levels (the sign trick is applied per vector). */
-KS_MM_INL __m256i KS_MM_SFX(ks_mm_k2_chunk)(const int T, const uint8_t *blk, int s, __m256i lut) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    if (T == KS_MM_K2_Q4_K || T == KS_MM_K2_Q5_K) {
-        const uint8_t *qs = T == KS_MM_K2_Q4_K ? ((const ks_block_q4_k *)blk)->qs : ((const ks_block_q5_k *)blk)->qs;
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * (s / 2)));
-        __m256i v = (s & 1) ? _mm256_and_si256(_mm256_srli_epi16(q, 4), m4) : _mm256_and_si256(q, m4);
-        if (T == KS_MM_K2_Q5_K) { /* bit s of qh[l] is element 32s + l's fifth bit (0x10) */
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)((const ks_block_q5_k *)blk)->qh);
-            const __m256i h = s <= 4 ? _mm256_slli_epi16(qh, 4 - s) : _mm256_srli_epi16(qh, s - 4);
-            v = _mm256_or_si256(v, _mm256_and_si256(h, _mm256_set1_epi8(0x10)));
-        }
-        return v;
-    }
-    if (T == KS_MM_K2_Q6_K) { /* as ks_mm_q6_k: chunk s = 128h + 32i */
-        const ks_block_q6_k *b6 = (const ks_block_q6_k *)blk;
-        const int h = s / 4, i = s % 4;
-        const __m256i m30 = _mm256_set1_epi8(0x30);
-        const __m256i ql = _mm256_loadu_si256((const __m256i *)(b6->ql + 64 * h + 32 * (i & 1)));
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b6->qh + 32 * h));
-        const __m256i lo = (i & 2) ? _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4) : _mm256_and_si256(ql, m4);
-        const __m256i hb = i == 0 ? _mm256_slli_epi16(qh, 4) : i == 1 ? _mm256_slli_epi16(qh, 2) : i == 2 ? qh : _mm256_srli_epi16(qh, 2);
-        return _mm256_or_si256(lo, _mm256_and_si256(hb, m30));
-    }
-    return _mm256_shuffle_epi8(lut, KS_MM_SFX(ks_mm_nib32)(((const ks_block_iq4_xs *)blk)->qs + 16 * s));
-}
-
-KS_MM_INL void KS_MM_SFX(ks_mm_k2_body)(const int T, const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs,
-                                        int64_t cols, float *y, int64_t ys, const int NC) {
-    const size_t bbytes = T == KS_MM_K2_Q4_K ? sizeof(ks_block_q4_k)
-                          : T == KS_MM_K2_Q5_K ? sizeof(ks_block_q5_k)
-                          : T == KS_MM_K2_Q6_K ? sizeof(ks_block_q6_k)
-                                               : sizeof(ks_block_iq4_xs);
-    const int64_t nb = cols / KS_QK_K;
-    const __m256i lut = T == KS_MM_K2_IQ4_XS ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ks_iq4_values))
-                                             : _mm256_setzero_si256();
-    __m256 acc[2][4];
-    _Pragma("GCC unroll 2") for (int r = 0; r < 2; r++) _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[r][c] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk[2] = {w + (size_t)b * bbytes, w + wrow + (size_t)b * bbytes};
-        KS_MM_SFX(ks_mm_k2_row) rp[2];
-        KS_MM_SFX(ks_mm_k2_prep)(T, blk[0], &rp[0]);
-        KS_MM_SFX(ks_mm_k2_prep)(T, blk[1], &rp[1]);
-        __m256i isum[2][4];
-        _Pragma("GCC unroll 2") for (int r = 0; r < 2; r++) _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[r][c] = _mm256_setzero_si256();
-        _Pragma("GCC unroll 8") for (int s = 0; s < 8; s++) {
-            __m256i wv[2], scv[2];
-            _Pragma("GCC unroll 2") for (int r = 0; r < 2; r++) {
-                wv[r] = KS_MM_SFX(ks_mm_k2_chunk)(T, blk[r], s, lut);
-                if (T == KS_MM_K2_Q6_K) /* scales 2s (words 0-7) and 2s + 1 (words 8-15) */
-                    scv[r] = _mm256_set_m128i(_mm_set1_epi16((short)(rp[r].sc[s] >> 16)), _mm_set1_epi16((short)rp[r].sc[s]));
-                else scv[r] = _mm256_set1_epi32(rp[r].sc[s]);
-            }
-            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
-                const __m256i a = _mm256_loadu_si256((const __m256i *)(((const ks_block_q8_k *)(xq + c * xs))[b].qs + 32 * s));
-                _Pragma("GCC unroll 2") for (int r = 0; r < 2; r++) {
-                    const __m256i p = T == KS_MM_K2_IQ4_XS
-                                          ? _mm256_maddubs_epi16(_mm256_sign_epi8(wv[r], wv[r]), _mm256_sign_epi8(a, wv[r]))
-                                          : _mm256_maddubs_epi16(wv[r], a);
-                    isum[r][c] = _mm256_add_epi32(isum[r][c], _mm256_madd_epi16(p, scv[r]));
-                }
-            }
-        }
-        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
-            const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
-            const __m256i bs = _mm256_loadu_si256((const __m256i *)a->bsums);
-            _Pragma("GCC unroll 2") for (int r = 0; r < 2; r++) {
-                if (T == KS_MM_K2_Q4_K || T == KS_MM_K2_Q5_K) {
-                    const __m256i msum = _mm256_madd_epi16(bs, rp[r].mins);
-                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][c]), _mm256_set1_ps(rp[r].d * a->d), acc[r][c]);
-                    acc[r][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(rp[r].dmin * a->d), acc[r][c]);
-                } else if (T == KS_MM_K2_Q6_K) {
-                    const __m256i corr = _mm256_madd_epi16(bs, rp[r].mins);
-                    const __m256i tot = _mm256_sub_epi32(isum[r][c], _mm256_slli_epi32(corr, 5));
-                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_set1_ps(rp[r].d * a->d), acc[r][c]);
-                } else {
-                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][c]), _mm256_set1_ps(rp[r].d * a->d), acc[r][c]);
-                }
-            }
-        }
-    }
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
-        y[c * ys] = KS_MM_SFX(ks_mm_hsum8)(acc[0][c]);
-        y[c * ys + 1] = KS_MM_SFX(ks_mm_hsum8)(acc[1][c]);
-    }
-}
-
-#define KS_MM_K2(name, T)                                                                                          \
-    KS_MM_FN void KS_MM_SFX(name)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int nc, int64_t cols, \
-                                  float *y, int64_t ys) {                                                          \
-        switch (nc) {                                                                                              \
-        case 4: KS_MM_SFX(ks_mm_k2_body)(T, w, wrow, xq, xs, cols, y, ys, 4); break;                               \
-        case 3: KS_MM_SFX(ks_mm_k2_body)(T, w, wrow, xq, xs, cols, y, ys, 3); break;                               \
-        case 2: KS_MM_SFX(ks_mm_k2_body)(T, w, wrow, xq, xs, cols, y, ys, 2); break;                               \
-        default: KS_MM_SFX(ks_mm_k2_body)(T, w, wrow, xq, xs, cols, y, ys, 1); break;                              \
-        }                                                                                                          \
-    }
-KS_MM_K2(ks_mm_q4_kx2, KS_MM_K2_Q4_K)
-KS_MM_K2(ks_mm_q5_kx2, KS_MM_K2_Q5_K)
-KS_MM_K2(ks_mm_q6_kx2, KS_MM_K2_Q6_K)
-KS_MM_K2(ks_mm_iq4_xsx2, KS_MM_K2_IQ4_XS)
-#undef KS_MM_K2
-
 /* ---------------------------------- AVX2 eight-row Q4_K prefill tile ---
- * Why: the one-row and two-row tiles above spend, per 32 weights, row and
- * vector, a maddubs AND a madd (the sub-block scale), two of the two
+ * Why: the one-row kernels (matmul_x86.c, matmul_x86_types.c) spend, per
+ * 32 weights, row and vector, a maddubs AND a madd (the sub-block scale), two of the two
  * integer-multiply pipes' slots, and per (row, vector, super-block) an
  * epilogue of about ten ops (the mins, two conversions, two FMAs) and at
  * the end a horizontal sum: measured, they ran far below the multiply
