@@ -86,12 +86,15 @@ static void test_matmul_kernels(void **state) {
             const char *got = ks_matmul_kernel_name(k_types[ti].t, false);
             if (!got || strcmp(got, want)) fail_msg("%s at %s: %s, expected %s", k_types[ti].stem,
                                                     ks_simd_name((ks_simd_level)lv), got ? got : "none", want);
-            /* the two-row form: AVX-512 and i8mm have one for Q8_0 and Q4_0 */
+            /* the two-row form: AVX-512 and i8mm have one for Q8_0 and Q4_0, AVX2 for
+             * the float types (its prefill tiles) */
             const char *got2 = ks_matmul_kernel_name(k_types[ti].t, true);
-            bool has2 = (lv == KS_SIMD_AVX512 || lv == KS_SIMD_NEON_I8MM) &&
-                        (k_types[ti].t == KS_DTYPE_Q8_0 || k_types[ti].t == KS_DTYPE_Q4_0);
+            const ks_dtype t2 = k_types[ti].t;
+            bool has2 = ((lv == KS_SIMD_AVX512 || lv == KS_SIMD_NEON_I8MM) && (t2 == KS_DTYPE_Q8_0 || t2 == KS_DTYPE_Q4_0)) ||
+                        (lv == KS_SIMD_AVX2 && (t2 == KS_DTYPE_F32 || t2 == KS_DTYPE_F16 || t2 == KS_DTYPE_BF16));
             if (has2) {
-                snprintf(want, sizeof want, "ks_mm_%sx2_%s", k_types[ti].stem, lv == KS_SIMD_AVX512 ? "avx512" : "i8mm");
+                snprintf(want, sizeof want, "ks_mm_%sx2_%s", k_types[ti].stem,
+                         lv == KS_SIMD_AVX512 ? "avx512" : lv == KS_SIMD_AVX2 ? "avx2" : "i8mm");
                 if (!got2 || strcmp(got2, want)) fail_msg("%s two-row at %s: %s, expected %s", k_types[ti].stem,
                                                           ks_simd_name((ks_simd_level)lv), got2 ? got2 : "none", want);
             } else if (got2) {
