@@ -189,6 +189,11 @@ static void test_grouped_equals_per_row(void **state) {
      * (Q5_0, or Q8_0 in the mix's "more bits" layers); 352 = 11 x 32 here */
     check_grouped_types(KS_DTYPE_Q4_K, KS_DTYPE_Q5_0, 352, 8, 2, 37);
     check_grouped_types(KS_DTYPE_Q4_K, KS_DTYPE_Q8_0, 352, 6, 3, 100);
+    /* one row per active expert: moe.c's decode path (two parallel runs for
+     * all experts' rows) must give the per-expert products' bits */
+    check_grouped(KS_DTYPE_Q4_K, 32, 8, 1);
+    check_grouped(KS_DTYPE_Q8_0, 64, 4, 2); /* two rows; distinct experts or the general path */
+    check_grouped_types(KS_DTYPE_Q4_K, KS_DTYPE_Q5_0, 352, 16, 6, 1);
 }
 
 /* --------------------------------------------- the generated model -- */
