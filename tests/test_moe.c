@@ -9,8 +9,8 @@
  *     experts: each row of a product is the same kernel arithmetic whatever
  *     the row count (8-bit activations are quantized per row), and both
  *     sides sum a row's experts in ascending index, so nothing may differ
- *     (except at AVX2 for the K-quants, whose eight-row prefill tiles take
- *     products of 8 rows or more: float rounding, bounded);
+ *     (at AVX2 the K-quants' eight-row prefill tiles and one-row kernels
+ *     share one per-output float order for this);
  *   - on a generated tiny-qwen3moe: prefill in one go, in chunks and token
  *     by token agree (the bounds of test_infer.c: the chunks and decode run
  *     other attention kernels, the MoE FFN is row-independent), a batch of
@@ -24,7 +24,6 @@
 #include "infer/moe.h"
 #include "model/shapes.h"
 #include "matmul/matmul.h"
-#include "core/simd.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -153,22 +152,7 @@ static void check_grouped_types(ks_dtype t, ks_dtype td, int F, int E, int K, in
     ks_moe_counters cnt = {0};
     ks_moe_ffn(pool, &hp, L, n, x, b, scratch, &cnt);
     moe_per_row(pool, &hp, L, n, x, ref, scratch);
-    /* The AVX2 eight-row K-quant tiles (matmul_x86_panel.c) run products of 8
-     * or more rows with their own fixed float order (lanes = weight rows, no
-     * horizontal sum): an expert with >= 8 gathered rows then differs from
-     * the one-row products by float rounding only, bounded per row at 1e-5
-     * of its largest output (the int32 sums are exact in both). */
-    const bool tiles8 = ks_simd_current() == KS_SIMD_AVX2 &&
-                        (t == KS_DTYPE_Q4_K || t == KS_DTYPE_Q5_K || t == KS_DTYPE_Q6_K);
     for (int i = 0; i < n * D; i++) {
-        if (tiles8) {
-            float mx = 0.0f;
-            for (int d = 0; d < D; d++) mx = fmaxf(mx, fabsf(ref[(size_t)(i / D) * D + d]));
-            if (!(fabsf(b->out[i] - ref[i]) <= 1e-5f * mx))
-                fail_msg("%s E=%d K=%d: row %d dim %d: grouped %.9g, per row %.9g (bound %.3g)", ks_dtype_name(t), E, K,
-                         i / D, i % D, b->out[i], ref[i], 1e-5 * mx);
-            continue;
-        }
         if (memcmp(&b->out[i], &ref[i], sizeof(float)))
             fail_msg("%s E=%d K=%d: row %d dim %d: grouped %.9g, per row %.9g", ks_dtype_name(t), E, K, i / D, i % D,
                      b->out[i], ref[i]);

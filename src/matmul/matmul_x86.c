@@ -594,13 +594,36 @@ KS_MM_INL __m128i KS_MM_SFX(ks_mm_q4k_scales_v)(const void *blk) {
 #define KS_MM_QK_PREFETCH(p, SZ) ((void)0)
 #endif
 
+/* The per-output float order of the AVX2 eight-row prefill tiles
+ * (matmul_x86_panel.c), which the row kernels below follow too: per
+ * super-block the exact int32 totals, then acc = fma(T, d * da, acc) and
+ * acc = fma(-M, dmin * da, acc) in that order.  An output's bits then do not
+ * depend on how many vectors share the product (one decode step, a batch of
+ * sequences, a prefill chunk, an expert's gathered rows), so a batch or a
+ * prefix-cache hit answers exactly what the lone request would.  The lanes
+ * are summed in int32 (exact: the same integers in any order), two vectors
+ * at once: [sum a, sum b, sum a, sum b]. */
+KS_MM_INL __m128i KS_MM_SFX(ks_mm_hsum2_i32)(__m256i a, __m256i b) {
+    __m256i x = _mm256_hadd_epi32(a, b);
+    x = _mm256_hadd_epi32(x, x);
+    return _mm_add_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+}
+
+/* acc = fma(T, s0, acc) then acc = fma(-M, s1, acc), lane 0, from t = [T, M, ..]
+ * and s = [s0, s1, ..] (the tiles' epilogue for one output) */
+KS_MM_INL __m128 KS_MM_SFX(ks_mm_kq_step)(__m128 acc, __m128i t, __m128 s) {
+    const __m128 f = _mm_cvtepi32_ps(t);
+    acc = _mm_fmadd_ss(f, s, acc);
+    return _mm_fnmadd_ss(_mm_movehdup_ps(f), _mm_movehdup_ps(s), acc);
+}
+
 KS_MM_INL void KS_MM_SFX(ks_mm_q4_k_body)(const uint8_t *w, const uint8_t *xq, size_t xs,
                                           int64_t cols, float *y, int64_t ys, const int NC) {
     const ks_block_q4_k *wb = (const ks_block_q4_k *)w;
     const int64_t nb = cols / KS_QK_K;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc[4];
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    __m128 acc[4]; /* lane 0: the output (ks_mm_hsum2_i32's order) */
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         KS_MM_QK_PREFETCH(wb + b, sizeof(ks_block_q4_k) + 48);
         const __m128i scm = KS_MM_SFX(ks_mm_q4k_scales_v)(wb + b);
@@ -638,12 +661,10 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_k_body)(const uint8_t *w, const uint8_t *xq, s
             __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), mins);
             __m256i tot = _mm256_add_epi32(isum[c], isum2[c]);
             const __m128 s = _mm_mul_ps(dd, _mm_set1_ps(a->d)); /* [d * da, dmin * da]: the scalar products */
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_broadcastss_ps(s), acc[c]);
-            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum),
-                                      _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), _mm256_set1_epi32(1)), acc[c]);
+            acc[c] = KS_MM_SFX(ks_mm_kq_step)(acc[c], KS_MM_SFX(ks_mm_hsum2_i32)(tot, msum), s);
         }
     }
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] = KS_MM_SFX(ks_mm_hsum8)(acc[c]);
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] = _mm_cvtss_f32(acc[c]);
 }
 
 KS_MM_FN void KS_MM_SFX(ks_mm_q4_k)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc,
@@ -665,8 +686,8 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q6_k_body)(const uint8_t *w, const uint8_t *xq, s
     const ks_block_q6_k *wb = (const ks_block_q6_k *)w;
     const int64_t nb = cols / KS_QK_K;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-    __m256 acc[4];
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    __m128 acc[4]; /* lane 0: the output, in the eight-row tile's order (ks_mm_hsum2_i32) */
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         KS_MM_QK_PREFETCH(wb + b, sizeof(ks_block_q6_k) + 46); /* 210 bytes: 4 lines */
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)wb[b].scales);
@@ -710,10 +731,10 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q6_k_body)(const uint8_t *w, const uint8_t *xq, s
             const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
             __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), sc16);
             __m256i tot = _mm256_sub_epi32(_mm256_add_epi32(isum[c], isum2[c]), _mm256_slli_epi32(corr, 5));
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_set1_ps(d * a->d), acc[c]);
+            acc[c] = _mm_fmadd_ss(_mm_cvtepi32_ps(KS_MM_SFX(ks_mm_hsum2_i32)(tot, tot)), _mm_set_ss(d * a->d), acc[c]);
         }
     }
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] = KS_MM_SFX(ks_mm_hsum8)(acc[c]);
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] = _mm_cvtss_f32(acc[c]);
 }
 
 KS_MM_FN void KS_MM_SFX(ks_mm_q6_k)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc,

@@ -360,11 +360,10 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q8_0t2)(const uint8_t *panel, size_t panel_bytes, 
  * thread: acc = 0; per super-block b, in order:
  *     acc = fma((float)isum, d * da, acc); acc = fma(-(float)msum, dmin * da, acc)
  * with isum = sum_s sc_s * (q_s . a_s) and msum = sum_s m_s * bsum_s exact
- * int32 (tests/test_matmul.c emulates it in scalar C, bit for bit).  It is
- * a different float order from the one-row kernel (8 lanes then a
- * horizontal sum), so a product of n >= KS_MM_PAIR_N vectors (prefill) and
- * one of fewer (decode) differ by float rounding, within the tolerance
- * tests. */
+ * int32 (tests/test_matmul.c emulates it in scalar C, bit for bit).  The
+ * AVX2 one-row kernels (matmul_x86.c, ks_mm_hsum2_i32) follow the same
+ * order, so a product of n >= KS_MM_PAIR_N vectors (prefill) and one of
+ * fewer (decode, the rows past the last whole eight) give the same bits. */
 KS_MM_INL __m256i KS_MM_SFX(ks_mm_t8_load)(const uint8_t *p0, const uint8_t *p4) {
     return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p0)),
                                    _mm_loadu_si128((const __m128i *)p4), 1);

@@ -276,8 +276,8 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q5_kt_body)(const uint8_t *w, const uint8_t *xq, 
     const ks_block_q5_k *wb = (const ks_block_q5_k *)w;
     const int64_t nb = cols / KS_QK_K;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10);
-    __m256 acc[4];
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    __m128 acc[4]; /* lane 0: the output, in the eight-row tile's order (matmul_x86.c, ks_mm_hsum2_i32) */
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         KS_MM_QK_PREFETCH(wb + b, sizeof(ks_block_q5_k) + 16); /* 176 bytes: 3 lines */
         /* scales and mins as in Q4_K (matmul_x86.c: word-wise unpack, one
@@ -315,13 +315,10 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q5_kt_body)(const uint8_t *w, const uint8_t *xq, 
             const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
             const __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), mins);
             const __m128 s = _mm_mul_ps(dd, _mm_set1_ps(a->d)); /* [d * da, dmin * da] */
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(isum[c], isum2[c])), _mm256_broadcastss_ps(s),
-                                     acc[c]);
-            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum),
-                                      _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), _mm256_set1_epi32(1)), acc[c]);
+            acc[c] = KS_MM_SFX(ks_mm_kq_step)(acc[c], KS_MM_SFX(ks_mm_hsum2_i32)(_mm256_add_epi32(isum[c], isum2[c]), msum), s);
         }
     }
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] = KS_MM_SFX(ks_mm_hsum8)(acc[c]);
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] = _mm_cvtss_f32(acc[c]);
 }
 
 KS_MM_FN void KS_MM_SFX(ks_mm_q5_kt)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols, float *y,
