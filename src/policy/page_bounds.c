@@ -182,6 +182,7 @@ PAGES_AVX512(page_bounds16_pages_avx512, uint16_t, LO16, HI16, ONE, 4 * (size_t)
 PAGES_AVX512(page_bounds8_pages_avx512, uint8_t, LO8, HI8, bounds8_scale, 4 + 2 * (size_t)hd)
 #endif
 
+#if defined(__x86_64__)
 /* ks_page_upper_bounds16_pages and ks_page_upper_bounds8_pages on AVX2
  * hosts (PAGES_AVX512 in 8 lanes), hd a multiple of 8: the per-page path
  * converted each page's bounds to floats in a scalar loop and summed one
@@ -250,6 +251,7 @@ KS_AVX2_TGT static void page_bounds16_pages_avx2(const float *q, int32_t G, cons
                                                  int32_t hd, float *out, float *red_max) {
     pages_avx2(q, G, (const void *const *)kb, np, hd, out, red_max, 0);
 }
+#endif
 
 void ks_page_upper_bounds(const float *q, int32_t G, const float *kmin, const float *kmax, int32_t hd, float *out,
                           size_t stride) {
