@@ -9,6 +9,7 @@
  */
 #include "policy/policy.h"
 #include "policy/topk_parts.h"
+#include "policy/policy_util.h"
 #include "core/simd.h"
 
 #include <math.h>
@@ -418,6 +419,18 @@ static int32_t topk_sampled(const float *x, int32_t n, int32_t k, int32_t *idx, 
 }
 
 int32_t ks_topk(const float *x, int32_t n, int32_t k, int32_t *idx) { return ks_topk_scratch(x, n, k, idx, NULL); }
+
+const char *ks_topk_kernel_name(void) {
+    ks_simd_level lv = ks_simd_current();
+#if defined(__x86_64__)
+    if (lv >= KS_SIMD_AVX512) return "avx512";
+    if (lv == KS_SIMD_AVX2) return "avx2";
+#elif defined(__aarch64__)
+    if (lv >= KS_SIMD_NEON) return "neon";
+#endif
+    (void)lv;
+    return "scalar";
+}
 
 uint32_t ks_topk_key(float x) { return topk_key(x); }
 uint32_t ks_topk_kth_key(const float *x, int32_t n, int32_t k, uint32_t *tmp, int32_t *ties) {

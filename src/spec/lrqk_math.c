@@ -539,7 +539,7 @@ void ks_lrqk_gram_kao_add(float *gram, float *kao, const float *keys, const floa
         gram_kao_add_avx512(gram, kao, keys, ak, sign, len, hd, r);
         return;
     }
-    if (r % 8 == 0 && r <= 64 && ks_simd_current() == KS_SIMD_AVX2) {
+    if (r % 8 == 0 && r <= 64 && ks_simd_current() >= KS_SIMD_AVX2) { /* also AVX-512 hosts at r % 16 != 0 */
         gram_kao_add_avx2(gram, kao, keys, ak, sign, len, hd, r);
         return;
     }
