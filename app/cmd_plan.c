@@ -13,6 +13,7 @@
 #include "args.h"
 #include "commands.h"
 #include "kvsieve.h"
+#include "kvsieve_tools.h"
 #include "opts.h"
 
 #include <stdio.h>
@@ -31,11 +32,18 @@ bool app_parse_dlm(app_options *o, const char *flag, const char *v) {
     return true;
 }
 
-static void plan_print(const app_options *o, const ks_context_params *cp, const ks_memplan_info *pl) {
+static void plan_print(const app_options *o, const ks_context_params *cp, const ks_memplan_info *pl,
+                       const ks_model_info *mi) {
     printf("model %s | policy %s | requests %d | budget %d | fast tier %.3f GB\n", o->model_path, cp->policy, pl->requests,
            pl->budget, pl->mem_cap / 1e9);
     printf("weights %.3f GB, policy weights %.4f GB, overhead x%.2f, alpha %.4f (measured runtime memory per token)\n",
            pl->model_bytes / 1e9, pl->dlm_bytes / 1e9, pl->overhead, pl->alpha);
+    /* the plan counts every expert as weights (mapped from the file); a step touches only the active ones */
+    if (mi->n_expert)
+        printf("experts %.3f GB of the weights (%d a layer, %d active), counted whole; a decode step of one token "
+               "reads %.3f GB of experts, %.3f GB of weights in all\n",
+               mi->expert_bytes / 1e9, mi->n_expert, mi->n_expert_used, mi->expert_active_bytes / 1e9,
+               mi->decode_bytes / 1e9);
     int n_global = pl->n_layer - pl->n_local;
     if (pl->n_local)
         printf("%d local layers (sliding window %d) hold min(S, %d) entries and stay fast; %d global layers below\n",
@@ -79,7 +87,9 @@ int cmd_plan(int argc, char **argv) {
     if (app_create_context(&o, m, cp, "building the plan", &ctx)) {
         ks_memplan_info pl;
         ks_context_memplan(ctx, &pl);
-        plan_print(&o, &cp, &pl);
+        ks_model_info mi;
+        ks_model_get_info(m, &mi);
+        plan_print(&o, &cp, &pl, &mi);
         rc = 0;
     }
     ks_context_destroy(ctx);

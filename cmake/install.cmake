@@ -47,3 +47,8 @@ set_tests_properties(install_pkgconfig PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 7
 if(KVSIEVE_SANITIZE)
   set_tests_properties(install_pkgconfig PROPERTIES ENVIRONMENT "KS_CONSUMER_LDFLAGS=-fsanitize=address,undefined")
 endif()
+# A cross build's programs run through its emulator (cmake/cross.cmake).
+if(CMAKE_CROSSCOMPILING AND CMAKE_CROSSCOMPILING_EMULATOR)
+  list(JOIN CMAKE_CROSSCOMPILING_EMULATOR " " ks_install_emu)
+  set_property(TEST install_pkgconfig APPEND PROPERTY ENVIRONMENT "KS_TEST_EMULATOR=${ks_install_emu}")
+endif()

@@ -126,6 +126,11 @@ typedef struct ks_model_info {
     int32_t n_layer, n_head, n_head_kv, head_dim, n_embd, n_vocab, n_ctx_train;
     double weight_bytes;     /* bytes of the weight tensors */
     int32_t n_local, n_swa;  /* sliding-window layers (they keep only their last n_swa entries) and the window; 0: none */
+    /* mixture of experts (0 without): n_expert per layer, n_expert_used active per token; expert_bytes of
+     * every layer's experts (part of weight_bytes), expert_active_bytes those one token reads, and
+     * decode_bytes the weights one decode step of one token streams (its active experts only) */
+    int32_t n_expert, n_expert_used;
+    double expert_bytes, expert_active_bytes, decode_bytes;
 } ks_model_info;
 void ks_model_get_info(const ks_model *model, ks_model_info *out);
 /* Bytes of one KV row of head_dim elements (one K or V vector of one head). */

@@ -86,12 +86,15 @@ static void test_matmul_kernels(void **state) {
             const char *got = ks_matmul_kernel_name(k_types[ti].t, false);
             if (!got || strcmp(got, want)) fail_msg("%s at %s: %s, expected %s", k_types[ti].stem,
                                                     ks_simd_name((ks_simd_level)lv), got ? got : "none", want);
-            /* the two-row form: AVX-512 and i8mm have one for Q8_0 and Q4_0 */
+            /* the two-row form: AVX-512 and i8mm have one for Q8_0 and Q4_0, AVX2 for
+             * the float types (its prefill tiles) */
             const char *got2 = ks_matmul_kernel_name(k_types[ti].t, true);
-            bool has2 = (lv == KS_SIMD_AVX512 || lv == KS_SIMD_NEON_I8MM) &&
-                        (k_types[ti].t == KS_DTYPE_Q8_0 || k_types[ti].t == KS_DTYPE_Q4_0);
+            const ks_dtype t2 = k_types[ti].t;
+            bool has2 = ((lv == KS_SIMD_AVX512 || lv == KS_SIMD_NEON_I8MM) && (t2 == KS_DTYPE_Q8_0 || t2 == KS_DTYPE_Q4_0)) ||
+                        (lv == KS_SIMD_AVX2 && (t2 == KS_DTYPE_F32 || t2 == KS_DTYPE_F16 || t2 == KS_DTYPE_BF16));
             if (has2) {
-                snprintf(want, sizeof want, "ks_mm_%sx2_%s", k_types[ti].stem, lv == KS_SIMD_AVX512 ? "avx512" : "i8mm");
+                snprintf(want, sizeof want, "ks_mm_%sx2_%s", k_types[ti].stem,
+                         lv == KS_SIMD_AVX512 ? "avx512" : lv == KS_SIMD_AVX2 ? "avx2" : "i8mm");
                 if (!got2 || strcmp(got2, want)) fail_msg("%s two-row at %s: %s, expected %s", k_types[ti].stem,
                                                           ks_simd_name((ks_simd_level)lv), got2 ? got2 : "none", want);
             } else if (got2) {
@@ -146,12 +149,33 @@ static void test_page_bound_kernel(void **state) {
     ks_simd_force(saved);
 }
 
+/* Quest's every-page scoring and the top-k's sampled filter and emit
+ * (policy/page_bounds.c, topk.c): the widest form at each level this CPU
+ * has, NEON at every ARM level, scalar when forced. */
+static void test_selection_kernels(void **state) {
+    (void)state;
+    ks_simd_level hw = ks_simd_detect(), saved = ks_simd_force(hw);
+    for (int lv = KS_SIMD_SCALAR; lv <= (int)KS_SIMD_LEVEL_MAX; lv++) {
+        if (lv != KS_SIMD_SCALAR && (lv > (int)hw || (lv >= KS_SIMD_NEON) != (hw >= KS_SIMD_NEON))) continue;
+        ks_simd_force((ks_simd_level)lv);
+        const char *want = lv >= KS_SIMD_NEON ? "neon" : lv == KS_SIMD_AVX512 ? "avx512" : lv == KS_SIMD_AVX2 ? "avx2" : "scalar";
+        assert_string_equal(ks_topk_kernel_name(), want);
+        assert_string_equal(ks_page_bounds_pages_kernel_name(64), want);
+        assert_string_equal(ks_page_bounds_pages_kernel_name(128), want);
+        /* hd 72: whole 8-lane chunks only (the AVX2 form, also on AVX-512 hosts) */
+        assert_string_equal(ks_page_bounds_pages_kernel_name(72), lv == KS_SIMD_AVX512 ? "avx2" : want);
+        assert_string_equal(ks_page_bounds_pages_kernel_name(60), "scalar");
+    }
+    ks_simd_force(saved);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_detected_level),
         cmocka_unit_test(test_matmul_kernels),
         cmocka_unit_test(test_attention_kernels),
         cmocka_unit_test(test_page_bound_kernel),
+        cmocka_unit_test(test_selection_kernels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -368,6 +368,210 @@ static void test_matmul_kquant_raw(void **state) {
     ks_simd_force(saved);
 }
 
+/* The AVX2 two-row float-weight tiles (matmul_x86_panel.c), taken from 8
+ * vectors on and whenever four vectors outgrow L1: a product of 11 vectors
+ * (tiles of 4, 4 and 3; 13 rows, so the last row runs the one-row kernel;
+ * 771 columns, a scalar tail) gives, bit for bit, what the one-row kernel
+ * gives vector by vector (decode equals prefill), and agrees with the
+ * scalar kernels to float rounding. */
+static void test_matmul_avx2_x2(void **state) {
+    (void)state;
+    ks_simd_level hw = ks_simd_detect();
+    if (!ks_simd_x86(hw)) skip();
+    ks_simd_level saved = ks_simd_force(KS_SIMD_AVX2);
+    static const ks_dtype kt[] = {KS_DTYPE_F32, KS_DTYPE_F16, KS_DTYPE_BF16};
+    const int64_t rows = 13, n = 11, cols = 771;
+    ks_pool *pool2 = NULL;
+    assert_int_equal(ks_pool_create(2, &pool2), KS_OK);
+    for (size_t ti = 0; ti < sizeof kt / sizeof kt[0]; ti++) {
+        const ks_dtype t = kt[ti];
+        assert_non_null(ks_matmul_kernel_name(t, true));
+        wmat m = make_w(t, rows, cols, 41 + ti);
+        float *X = make_x(n, cols, 31 + ti);
+        float Y[11 * 13], Y1[13], Ys[11 * 13];
+        run_matmul(pool2, &m, X, n, Y);
+        double scale2 = 0;
+        for (int64_t c = 0; c < n; c++) {
+            run_matmul(NULL, &m, X + c * cols, 1, Y1);
+            for (int64_t r = 0; r < rows; r++) {
+                scale2 += (double)Y1[r] * Y1[r];
+                if (memcmp(&Y1[r], &Y[c * rows + r], sizeof(float)))
+                    fprintf(stderr, "FAIL x2 %s row %lld vec %lld: %.9g vs one-row %.9g\n", ks_dtype_name(t), (long long)r,
+                            (long long)c, Y[c * rows + r], Y1[r]);
+                assert_memory_equal(&Y1[r], &Y[c * rows + r], sizeof(float));
+            }
+        }
+        ks_simd_force(KS_SIMD_SCALAR);
+        run_matmul(NULL, &m, X, n, Ys);
+        ks_simd_force(KS_SIMD_AVX2);
+        /* relative to the outputs' size (sum y^2, a smaller yardstick than the terms') */
+        assert_true(term_err(Y, Ys, (size_t)(n * rows), scale2) <= 1e-5);
+        ks_free(X);
+        free_w(&m);
+    }
+    ks_pool_destroy(pool2);
+    ks_simd_force(saved);
+}
+
+/* The AVX2 eight-row Q4_K and Q5_K tiles (matmul_x86_panel.c): their fixed arithmetic
+ * per output, emulated in scalar C on the very activation bytes the product
+ * makes (ks_matmul_quantize_x): per super-block, exact int32 sums isum =
+ * sum_s sc_s (q_s . a_s) and msum = sum_s m_s bsum_s, then
+ * acc = fma(isum, d * da, acc), acc = fma(-msum, dmin * da, acc).  Bit for
+ * bit at n = 8, 11 and 21, with and without a pool (every n and split runs
+ * the same per-output steps), on raw random bytes (every nibble and 6-bit
+ * scale); the rows past the last whole 8 run the other kernels. */
+static void q4k_scales_ref(const uint8_t *q, int sc[8], int m[8]) {
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            sc[j] = q[j] & 63;
+            m[j] = q[j + 4] & 63;
+        } else {
+            sc[j] = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+            m[j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+        }
+    }
+}
+
+static void test_matmul_avx2_k8(void **state) {
+    (void)state;
+    ks_simd_level hw = ks_simd_detect();
+    if (!ks_simd_x86(hw)) skip();
+    ks_simd_level saved = ks_simd_force(KS_SIMD_AVX2);
+    for (int q5 = 0; q5 < 2; q5++) {
+    const ks_dtype t = q5 ? KS_DTYPE_Q5_K : KS_DTYPE_Q4_K;
+    const int64_t rows = 21, cols = 768, nb = cols / 256;
+    const size_t rb = ks_dtype_row_bytes(t, cols), bb = ks_dtype_block_bytes(t);
+    const size_t xs = (nb * sizeof(ks_block_q8_k) + 63) & ~(size_t)63;
+    ks_rng rng = {999};
+    uint8_t *W = ks_malloc_aligned(rb * rows);
+    for (size_t i = 0; i < rb * rows; i++) W[i] = (uint8_t)ks_rng_next(&rng);
+    for (size_t o = 0; o < rb * rows; o += bb)
+        for (int k = 0; k < 2; k++) {
+            ks_f16 d = ks_f32_to_f16((float)(0.001 + 0.01 * ks_rng_uniform(&rng)));
+            memcpy(W + o + 2 * k, &d, 2);
+        }
+    ks_weight wt = {.type = t, .rows = rows, .cols = cols, .data = W};
+    ks_pool *pool2 = NULL;
+    assert_int_equal(ks_pool_create(2, &pool2), KS_OK);
+    static const int64_t ns[] = {8, 11, 21};
+    for (size_t ni = 0; ni < 3; ni++) {
+        const int64_t n = ns[ni];
+        float *X = make_x(n, cols, 500 + ni);
+        uint8_t *xq = ks_malloc_aligned(ks_matmul_scratch_bytes(t, cols, n));
+        for (int64_t c = 0; c < n; c++) ks_matmul_quantize_x(&wt, X + c * cols, c, xq);
+        float *Y = ks_malloc(sizeof(float) * (size_t)(n * rows));
+        for (int p = 0; p < 2; p++) {
+            wmat m = {t, rows, cols, W, NULL};
+            run_matmul(p ? pool2 : NULL, &m, X, n, Y);
+            for (int64_t c = 0; c < n; c++)
+                for (int64_t r = 0; r < 16; r++) { /* rows 0-15: two whole tiles (16-20: the other kernels) */
+                    const ks_block_q4_k *wb = (const ks_block_q4_k *)(W + (size_t)r * rb); /* Q4_K's fields, */
+                    const ks_block_q5_k *w5 = (const ks_block_q5_k *)(W + (size_t)r * rb);  /* or Q5_K's */
+                    const ks_block_q8_k *a = (const ks_block_q8_k *)(xq + (size_t)c * xs);
+                    float acc = 0.0f;
+                    for (int64_t b = 0; b < nb; b++) {
+                        int sc[8], mn[8];
+                        q4k_scales_ref(q5 ? w5[b].scales : wb[b].scales, sc, mn);
+                        int32_t isum = 0, msum = 0;
+                        for (int s = 0; s < 8; s++) {
+                            int32_t dot = 0;
+                            for (int l = 0; l < 32; l++) {
+                                const uint8_t *qs = q5 ? w5[b].qs : wb[b].qs;
+                                int q = (qs[32 * (s / 2) + l] >> (4 * (s & 1))) & 0xF;
+                                if (q5) q |= ((w5[b].qh[l] >> s) & 1) << 4;
+                                dot += q * a[b].qs[32 * s + l];
+                            }
+                            isum += sc[s] * dot;
+                            msum += mn[s] * (a[b].bsums[2 * s] + a[b].bsums[2 * s + 1]);
+                        }
+                        const float dd = ks_f16_to_f32(q5 ? w5[b].d : wb[b].d) * a[b].d,
+                                    dm = ks_f16_to_f32(q5 ? w5[b].dmin : wb[b].dmin) * a[b].d;
+                        acc = fmaf((float)isum, dd, acc);
+                        acc = fmaf(-(float)msum, dm, acc);
+                    }
+                    if (memcmp(&acc, &Y[c * rows + r], sizeof(float)))
+                        fprintf(stderr, "FAIL %s k8 n=%lld row %lld vec %lld: %.9g vs emulated %.9g\n", ks_dtype_name(t), (long long)n,
+                                (long long)r, (long long)c, Y[c * rows + r], acc);
+                    assert_memory_equal(&acc, &Y[c * rows + r], sizeof(float));
+                }
+        }
+        ks_free(Y);
+        ks_free_aligned(xq);
+        ks_free(X);
+    }
+    ks_pool_destroy(pool2);
+    ks_free_aligned(W);
+    }
+    ks_simd_force(saved);
+}
+
+/* The AVX2 eight-row Q6_K tile: per output and super-block
+ * acc = fma((float)(isum - 32 corr), d * da, acc), isum = sum_s sc_s (q_s . a_s)
+ * over the 16-weight sub-blocks (q 0..63), corr = sum_s sc_s bsum_s; bit
+ * for bit, as test_matmul_avx2_k8. */
+static void test_matmul_avx2_q6_k8(void **state) {
+    (void)state;
+    ks_simd_level hw = ks_simd_detect();
+    if (!ks_simd_x86(hw)) skip();
+    ks_simd_level saved = ks_simd_force(KS_SIMD_AVX2);
+    const int64_t rows = 21, cols = 768, nb = cols / 256;
+    const size_t rb = ks_dtype_row_bytes(KS_DTYPE_Q6_K, cols), xs = (nb * sizeof(ks_block_q8_k) + 63) & ~(size_t)63;
+    ks_rng rng = {777};
+    uint8_t *W = ks_malloc_aligned(rb * rows);
+    for (size_t i = 0; i < rb * rows; i++) W[i] = (uint8_t)ks_rng_next(&rng);
+    for (size_t o = 0; o < rb * rows; o += sizeof(ks_block_q6_k)) {
+        ks_f16 d = ks_f32_to_f16((float)(0.001 + 0.01 * ks_rng_uniform(&rng)));
+        memcpy(W + o + offsetof(ks_block_q6_k, d), &d, 2);
+    }
+    ks_weight wt = {.type = KS_DTYPE_Q6_K, .rows = rows, .cols = cols, .data = W};
+    ks_pool *pool2 = NULL;
+    assert_int_equal(ks_pool_create(2, &pool2), KS_OK);
+    static const int64_t ns[] = {8, 11, 21};
+    for (size_t ni = 0; ni < 3; ni++) {
+        const int64_t n = ns[ni];
+        float *X = make_x(n, cols, 600 + ni);
+        uint8_t *xq = ks_malloc_aligned(ks_matmul_scratch_bytes(KS_DTYPE_Q6_K, cols, n));
+        for (int64_t c = 0; c < n; c++) ks_matmul_quantize_x(&wt, X + c * cols, c, xq);
+        float *Y = ks_malloc(sizeof(float) * (size_t)(n * rows));
+        for (int p = 0; p < 2; p++) {
+            wmat m = {KS_DTYPE_Q6_K, rows, cols, W, NULL};
+            run_matmul(p ? pool2 : NULL, &m, X, n, Y);
+            for (int64_t c = 0; c < n; c++)
+                for (int64_t r = 0; r < 16; r++) {
+                    const ks_block_q6_k *wb = (const ks_block_q6_k *)(W + (size_t)r * rb);
+                    const ks_block_q8_k *a = (const ks_block_q8_k *)(xq + (size_t)c * xs);
+                    float acc = 0.0f;
+                    for (int64_t b = 0; b < nb; b++) {
+                        int32_t isum = 0, corr = 0;
+                        for (int s = 0; s < 16; s++) {
+                            int32_t dot = 0;
+                            for (int e = 16 * s; e < 16 * s + 16; e++) {
+                                const int h = e / 128, i = (e % 128) / 32, l = e % 32;
+                                const uint8_t ql = wb[b].ql[64 * h + 32 * (i & 1) + l];
+                                const int q = (i >= 2 ? ql >> 4 : ql & 0xF) | ((wb[b].qh[32 * h + l] >> (2 * i)) & 3) << 4;
+                                dot += q * a[b].qs[e];
+                            }
+                            isum += wb[b].scales[s] * dot;
+                            corr += wb[b].scales[s] * a[b].bsums[s];
+                        }
+                        acc = fmaf((float)(isum - 32 * corr), ks_f16_to_f32(wb[b].d) * a[b].d, acc);
+                    }
+                    if (memcmp(&acc, &Y[c * rows + r], sizeof(float)))
+                        fprintf(stderr, "FAIL q6_k8 n=%lld row %lld vec %lld: %.9g vs emulated %.9g\n", (long long)n,
+                                (long long)r, (long long)c, Y[c * rows + r], acc);
+                    assert_memory_equal(&acc, &Y[c * rows + r], sizeof(float));
+                }
+        }
+        ks_free(Y);
+        ks_free_aligned(xq);
+        ks_free(X);
+    }
+    ks_pool_destroy(pool2);
+    ks_free_aligned(W);
+    ks_simd_force(saved);
+}
+
 /* The transposed Q8_0 panels' arithmetic in scalar C (matmul_x86_panel.c, "Q8_0
  * transposed panels"): X quantized with a power-of-two scale per block
  * (dx = 2^k, k the least integer with amax <= 127 * 2^k, within [-100, 100];
@@ -590,6 +794,9 @@ int main(void) {
         cmocka_unit_test(test_matmul_chunked),
         cmocka_unit_test(test_matmul_extremes),
         cmocka_unit_test(test_matmul_kquant_raw),
+        cmocka_unit_test(test_matmul_avx2_x2),
+        cmocka_unit_test(test_matmul_avx2_k8),
+        cmocka_unit_test(test_matmul_avx2_q6_k8),
         cmocka_unit_test(test_matmul_packed_q8_0),
         cmocka_unit_test(test_matmul_quantize_x),
         cmocka_unit_test(test_matmul_packed_scales),

@@ -8,7 +8,9 @@
  *     experts one at a time, BIT FOR BIT, for f32, f16, q8_0 and q4_k
  *     experts: each row of a product is the same kernel arithmetic whatever
  *     the row count (8-bit activations are quantized per row), and both
- *     sides sum a row's experts in ascending index, so nothing may differ;
+ *     sides sum a row's experts in ascending index, so nothing may differ
+ *     (at AVX2 the K-quants' eight-row prefill tiles and one-row kernels
+ *     share one per-output float order for this);
  *   - on a generated tiny-qwen3moe: prefill in one go, in chunks and token
  *     by token agree (the bounds of test_infer.c: the chunks and decode run
  *     other attention kernels, the MoE FFN is row-independent), a batch of
@@ -118,8 +120,9 @@ static void moe_per_row(ks_pool *pool, const ks_hparams *hp, const ks_moe_layer 
     free(logits), free(g), free(u), free(y), free(idx), free(w);
 }
 
-static void check_grouped(ks_dtype t, int E, int K, int n) {
-    const int D = 256, F = 256;
+/* Experts whose gate / up are of type t and down of type td, n_ff_exp F. */
+static void check_grouped_types(ks_dtype t, ks_dtype td, int F, int E, int K, int n) {
+    const int D = 256;
     ks_hparams hp = {.n_embd = D, .n_expert = E, .n_expert_used = K, .n_ff_exp = F, .expert_norm = true};
     uint64_t seed = 1234 + (uint64_t)t * 77 + (uint64_t)E;
     ks_moe_layer *L = calloc(1, sizeof *L + 3 * (size_t)E * sizeof(ks_weight));
@@ -132,16 +135,16 @@ static void check_grouped(ks_dtype t, int E, int K, int n) {
     for (int e = 0; e < E; e++) {
         mats[3 * e] = random_matrix(t, F, D, 0.1f, &seed);
         mats[3 * e + 1] = random_matrix(t, F, D, 0.1f, &seed);
-        mats[3 * e + 2] = random_matrix(t, D, F, 0.1f, &seed);
+        mats[3 * e + 2] = random_matrix(td, D, F, 0.1f, &seed);
         L->gate[e] = (ks_weight){.type = t, .rows = F, .cols = D, .data = mats[3 * e]};
         L->up[e] = (ks_weight){.type = t, .rows = F, .cols = D, .data = mats[3 * e + 1]};
-        L->down[e] = (ks_weight){.type = t, .rows = D, .cols = F, .data = mats[3 * e + 2]};
+        L->down[e] = (ks_weight){.type = td, .rows = D, .cols = F, .data = mats[3 * e + 2]};
     }
     float *x = malloc(sizeof(float) * (size_t)n * D), *ref = malloc(sizeof(float) * (size_t)n * D);
     for (int i = 0; i < n * D; i++) x[i] = frand(&seed);
     ks_pool *pool = NULL;
     assert_int_equal(ks_pool_create(2, &pool), KS_OK);
-    size_t sb = ks_matmul_scratch_bytes(t, D, n) + ks_matmul_scratch_bytes(t, F, n) + 64;
+    size_t sb = ks_matmul_scratch_bytes(t, D, n) + ks_matmul_scratch_bytes(td, F, n) + 64;
     void *scratch = ks_malloc_aligned(sb);
     assert_non_null(scratch);
     ks_moe_buf *b = NULL;
@@ -149,10 +152,11 @@ static void check_grouped(ks_dtype t, int E, int K, int n) {
     ks_moe_counters cnt = {0};
     ks_moe_ffn(pool, &hp, L, n, x, b, scratch, &cnt);
     moe_per_row(pool, &hp, L, n, x, ref, scratch);
-    for (int i = 0; i < n * D; i++)
+    for (int i = 0; i < n * D; i++) {
         if (memcmp(&b->out[i], &ref[i], sizeof(float)))
             fail_msg("%s E=%d K=%d: row %d dim %d: grouped %.9g, per row %.9g", ks_dtype_name(t), E, K, i / D, i % D,
                      b->out[i], ref[i]);
+    }
     /* every active expert was read once, whatever the number of its rows */
     size_t expert = ks_weight_bytes(&L->gate[0]) + ks_weight_bytes(&L->up[0]) + ks_weight_bytes(&L->down[0]);
     assert_int_equal(cnt.weight_bytes, ks_weight_bytes(&L->router) + cnt.expert_runs * expert);
@@ -169,6 +173,8 @@ static void check_grouped(ks_dtype t, int E, int K, int n) {
     free(mats), free(router), free(L), free(x), free(ref);
 }
 
+static void check_grouped(ks_dtype t, int E, int K, int n) { check_grouped_types(t, t, 256, E, K, n); }
+
 static void test_grouped_equals_per_row(void **state) {
     (void)state;
     const ks_dtype types[] = {KS_DTYPE_F32, KS_DTYPE_F16, KS_DTYPE_Q8_0, KS_DTYPE_Q4_K};
@@ -181,6 +187,16 @@ static void test_grouped_equals_per_row(void **state) {
      * on the pool (moe.c's COPY_PARALLEL_MIN: 200 x 2 x 256 floats) */
     check_grouped(KS_DTYPE_Q8_0, 8, 2, 200);
     check_grouped(KS_DTYPE_F16, 6, 3, 100);
+    /* a Q4_K_M file's experts of 1408 (deepseek-v2-lite): gate / up Q4_K, down
+     * in llama.cpp's fallback types for rows that are not whole K blocks
+     * (Q5_0, or Q8_0 in the mix's "more bits" layers); 352 = 11 x 32 here */
+    check_grouped_types(KS_DTYPE_Q4_K, KS_DTYPE_Q5_0, 352, 8, 2, 37);
+    check_grouped_types(KS_DTYPE_Q4_K, KS_DTYPE_Q8_0, 352, 6, 3, 100);
+    /* one row per active expert: moe.c's decode path (two parallel runs for
+     * all experts' rows) must give the per-expert products' bits */
+    check_grouped(KS_DTYPE_Q4_K, 32, 8, 1);
+    check_grouped(KS_DTYPE_Q8_0, 64, 4, 2); /* two rows; distinct experts or the general path */
+    check_grouped_types(KS_DTYPE_Q4_K, KS_DTYPE_Q5_0, 352, 16, 6, 1);
 }
 
 /* --------------------------------------------- the generated model -- */

@@ -416,8 +416,8 @@ static void test_proxy_kernels_agree(void **state) {
 
 /* ks_lrqk_gram_kao_add at every SIMD level equals the portable loops bit
  * for bit (the Gram's upper triangle and all of K_O^T A_KO), for ranks the
- * zmm path takes (16, 32, 48, 64) and one it does not (8), rows entering
- * and leaving in one run. */
+ * zmm path takes (16, 32, 48, 64) and one only the ymm (AVX2) path takes
+ * (8), rows entering and leaving in one run. */
 static void test_gram_kao_bit_exact(void **state) {
     (void)state;
     const int32_t ranks[] = {8, 16, 32, 48, 64}, hd = 64, len = 37;

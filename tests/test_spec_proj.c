@@ -3,8 +3,8 @@
  * the selection must not move when they replace the generic paths.
  *
  *  - ks_spec_proj (four rows side by side, q and k in one dispatch) gives
- *    bit for bit what ks_matmul gives at n = 1, for bf16, f16 and f32
- *    weights, row counts that leave 1-3 rows over, on one thread and on a
+ *    bit for bit what ks_matmul gives at n = 1, at AVX2 and AVX-512 (each
+ *    level's ks_matmul), for bf16, f16 and f32 weights, row counts that leave 1-3 rows over, on one thread and on a
  *    pool of three.
  *  - ks_spec_group_topk (the group reduction fused with the top-k's sampled
  *    filter) returns the indices, in order, of ks_spec_group_logweights
@@ -46,11 +46,15 @@ static void *make_weights(ks_dtype t, int64_t rows, int64_t cols, uint64_t seed)
 
 static void test_proj_matches_matmul(void **state) {
     (void)state;
-    if (!ks_spec_proj_supported(KS_DTYPE_BF16, 64)) skip(); /* no AVX-512: p_spec uses ks_matmul */
+    ks_simd_level hw = ks_simd_detect(), saved = ks_simd_current();
+    if (!ks_spec_proj_supported(KS_DTYPE_BF16, 64)) skip(); /* not x86 with AVX2: p_spec uses ks_matmul */
     ks_pool *pool = NULL;
     assert_int_equal(ks_pool_create(3, &pool), KS_OK);
     const ks_dtype types[] = {KS_DTYPE_BF16, KS_DTYPE_F16, KS_DTYPE_F32};
     const int64_t rows_a[] = {1, 7, 33, 130}, rows_b[] = {5, 2, 64, 31}, cols_v[] = {16, 48, 512};
+    for (int lv = KS_SIMD_AVX2; lv <= (int)hw && lv <= (int)KS_SIMD_AVX512; lv++) { /* each x86 level: its ks_matmul */
+    ks_simd_force((ks_simd_level)lv);
+    assert_true(ks_spec_proj_supported(KS_DTYPE_BF16, 64));
     for (int ti = 0; ti < 3; ti++)
         for (int ri = 0; ri < 4; ri++)
             for (int ci = 0; ci < 3; ci++)
@@ -80,6 +84,8 @@ static void test_proj_matches_matmul(void **state) {
                     ks_free_aligned(ea);
                     ks_free_aligned(eb);
                 }
+    }
+    ks_simd_force(saved);
     ks_pool_destroy(pool);
 }
 

@@ -42,6 +42,8 @@
 #include <math.h>
 #include <string.h>
 
+#define FAST_PAIRS 64 /* (row, expert) pairs the decode path takes at most (moe_experts_fast) */
+
 void ks_moe_buf_destroy(ks_moe_buf *b) {
     if (!b) return;
     ks_free_aligned(b->logits);
@@ -57,6 +59,7 @@ void ks_moe_buf_destroy(ks_moe_buf *b) {
     ks_free_aligned(b->up);
     ks_free_aligned(b->yg);
     ks_free_aligned(b->out);
+    ks_free_aligned(b->xq);
     ks_free(b);
 }
 
@@ -89,8 +92,13 @@ ks_status ks_moe_buf_create(const ks_hparams *hp, int32_t max_rows, ks_moe_buf *
     b->up = ks_malloc_aligned(sizeof(float) * R * F);
     b->yg = ks_malloc_aligned(sizeof(float) * R * K * D);
     b->out = ks_malloc_aligned(sizeof(float) * R * D);
+    /* the decode path's quantized inputs, one slot a pair: an 8-bit format
+     * takes about a byte an element plus its scales (at most 1.14 bytes, Q8_K) */
+    b->xq_pairs = (int32_t)(R * K < FAST_PAIRS ? R * K : FAST_PAIRS);
+    b->xq_slot = (2 * (D > (size_t)hp->n_ff_exp ? D : (size_t)hp->n_ff_exp) + 1024 + 63) & ~(size_t)63;
+    b->xq = ks_malloc_aligned(b->xq_slot * (size_t)b->xq_pairs);
     if (!b->logits || !b->sel || !b->w || !b->start || !b->by_expert || !b->by_w || !b->row_pair || !b->row_fill || !b->xg || !b->gate || !b->up ||
-        !b->yg || !b->out) {
+        !b->yg || !b->out || !b->xq) {
         ks_moe_buf_destroy(b);
         return KS_FAIL(KS_ERR_NOMEM, "moe buffers of %zu rows, %zu experts", R, E);
     }
@@ -103,6 +111,7 @@ ks_status ks_moe_buf_create(const ks_hparams *hp, int32_t max_rows, ks_moe_buf *
     *out = b;
     return KS_OK;
 }
+
 
 size_t ks_moe_matmul_scratch_bytes(const ks_model *m, int64_t rows) {
     size_t need = 0;
@@ -274,6 +283,120 @@ static void scatter_worker(void *arg, int ith, int nth) {
 
 #define COPY_PARALLEL_MIN (1 << 16) /* floats copied: below, the caller alone */
 
+static size_t fast_slot_bytes(const ks_weight *w) { return (ks_matmul_scratch_bytes(w->type, w->cols, 1) + 63) & ~(size_t)63; }
+
+/* ------------------------------------------- decode: one pool run each -- */
+/* A decode step of one token (or a batch whose rows chose distinct experts)
+ * gives every active expert one row.  Run as above, that is three products
+ * per expert, each its own parallel-for of a few hundred rows: 8 experts x 3
+ * = 24 dispatches and barriers a layer (qwen3-30b-a3b), each costing a wake-up
+ * and a wait for the slower thread.  Here the gate and up rows of all active
+ * experts are one list split between the threads in one run, and the down
+ * rows another: two runs a layer.  Every output row is the same one-row
+ * kernel over the same quantized input as in the per-expert products (the
+ * split only decides which thread computes it), so the result is the same
+ * bits (tests/test_moe.c). */
+typedef struct {
+    const ks_moe_layer *L;
+    const ks_moe_buf *b;
+    const int32_t *act; /* [n_act] the active experts, ascending; expert act[a] has pair start[act[a]] */
+    int n_act;
+    int64_t F, D;
+    bool down;          /* false: gate and up (2F rows an expert); true: down (D rows) */
+    uint8_t *scratch;   /* pair p's quantized input at p * slot (the buffer's xq) */
+    size_t slot;
+} fast_job;
+
+#define FAST_UNIT 16 /* rows: the products' own split alignment (matmul.c) */
+
+static void fast_worker(void *arg, int ith, int nth) {
+    const fast_job *j = arg;
+    const ks_moe_buf *b = j->b;
+    const int64_t per = j->down ? j->D : 2 * j->F; /* rows an expert */
+    const int64_t units_per = (per + FAST_UNIT - 1) / FAST_UNIT;
+    int64_t u0, u1;
+    ks_pool_share(units_per * j->n_act, ith, nth, &u0, &u1);
+    for (int64_t u = u0; u < u1;) {
+        const int a = (int)(u / units_per);
+        const int e = j->act[a];
+        const int32_t p = b->start[e];                     /* the expert's one pair */
+        int64_t r0 = (u % units_per) * FAST_UNIT;
+        int64_t uend = (int64_t)(a + 1) * units_per < u1 ? (int64_t)(a + 1) * units_per : u1;
+        int64_t r1 = (uend - (int64_t)a * units_per) * FAST_UNIT;
+        if (r1 > per) r1 = per;
+        u = uend;
+        /* the rows [r0, r1) of this expert's list: gate rows [0, F), up rows [F, 2F), or down rows */
+        while (r0 < r1) {
+            const ks_weight *w;
+            const float *x;
+            float *y;
+            int64_t base, end;
+            if (j->down) {
+                w = &j->L->down[e], x = b->gate + (size_t)p * j->F, y = b->yg + (size_t)p * j->D, base = 0, end = per;
+            } else if (r0 < j->F) {
+                w = &j->L->gate[e], x = b->xg + (size_t)p * j->D, y = b->gate + (size_t)p * j->F, base = 0, end = j->F;
+            } else {
+                w = &j->L->up[e], x = b->xg + (size_t)p * j->D, y = b->up + (size_t)p * j->F, base = j->F, end = per;
+            }
+            const int64_t s1 = r1 < end ? r1 : end;
+            const size_t rb = ks_dtype_row_bytes(w->type, w->cols);
+            ks_weight view = *w;
+            view.data = (const uint8_t *)w->data + (size_t)(r0 - base) * rb;
+            view.rows = s1 - r0;
+            ks_matmul_weight_ex(NULL, &view, x, 1, y + (r0 - base), j->scratch + (size_t)p * j->slot, true);
+            r0 = s1;
+        }
+    }
+}
+
+/* Whether the active experts of this call can take the path above: one row
+ * each, file layout (a row range of a panel-packed matrix is not a matrix),
+ * gate and up quantizing their input alike, no biases (gpt-oss adds them per
+ * product; it keeps the general path), few enough pairs for the scratch. */
+static bool fast_ok(const ks_moe_layer *L, const ks_moe_buf *b, int n, int K, const int32_t *act, int n_act) {
+    if (n * K > b->xq_pairs || n_act != n * K || L->gate_b || L->up_b || L->down_b) return false;
+    for (int a = 0; a < n_act; a++) {
+        const int e = act[a];
+        const ks_weight *g = &L->gate[e], *u = &L->up[e], *d = &L->down[e];
+        if (b->start[e + 1] - b->start[e] != 1 || g->layout != KS_WEIGHT_ROWS || u->layout != KS_WEIGHT_ROWS ||
+            d->layout != KS_WEIGHT_ROWS || g->type != u->type || g->cols != u->cols || fast_slot_bytes(g) > b->xq_slot ||
+            fast_slot_bytes(d) > b->xq_slot)
+            return false;
+    }
+    return true;
+}
+
+static void moe_experts_fast(ks_pool *pool, const ks_moe_layer *L, ks_moe_buf *b, const int32_t *act, int n_act,
+                             int64_t F, int64_t D, bool oai, ks_moe_counters *cnt) {
+    double t0 = ks_time_sec();
+    fast_job j = {L, b, act, n_act, F, D, false, b->xq, b->xq_slot};
+    for (int a = 0; a < n_act; a++) { /* expert act[a]'s one pair */
+        const int32_t p = b->start[act[a]];
+        ks_matmul_quantize_x(&L->gate[act[a]], b->xg + (size_t)p * D, 0, j.scratch + (size_t)p * j.slot);
+    }
+    if (pool) ks_pool_run(pool, fast_worker, &j);
+    else fast_worker(&j, 0, 1);
+    swiglu_range(b->gate, b->up, 0, (int64_t)n_act * F, oai);
+    j.down = true;
+    for (int a = 0; a < n_act; a++) {
+        const int32_t p = b->start[act[a]];
+        ks_matmul_quantize_x(&L->down[act[a]], b->gate + (size_t)p * F, 0, j.scratch + (size_t)p * j.slot);
+    }
+    if (pool) ks_pool_run(pool, fast_worker, &j);
+    else fast_worker(&j, 0, 1);
+    if (!cnt) return;
+    cnt->matmul_seconds += ks_time_sec() - t0;
+    for (int a = 0; a < n_act; a++) {
+        const int e = act[a];
+        const ks_weight *ws[3] = {&L->gate[e], &L->up[e], &L->down[e]};
+        for (int i = 0; i < 3; i++) {
+            cnt->macs += (uint64_t)ws[i]->rows * (uint64_t)ws[i]->cols;
+            cnt->weight_bytes += ks_weight_bytes(ws[i]);
+        }
+        cnt->expert_runs++;
+    }
+}
+
 void ks_moe_ffn(ks_pool *pool, const ks_hparams *hp, const ks_moe_layer *L, int n, const float *xn, ks_moe_buf *b,
                 void *mm_scratch, ks_moe_counters *cnt) {
     const int E = hp->n_expert, K = hp->n_expert_used, F = hp->n_ff_exp;
@@ -317,6 +440,16 @@ void ks_moe_ffn(ks_pool *pool, const ks_hparams *hp, const ks_moe_layer *L, int 
     const bool par = pool && (int64_t)n * K * (int64_t)D >= COPY_PARALLEL_MIN;
     if (par) ks_pool_run(pool, gather_worker, &cj);
     else gather_worker(&cj, 0, 1);
+    /* a step that gives each active expert one row: two parallel runs for all of them */
+    int32_t act[FAST_PAIRS];
+    int n_act = 0;
+    if (n * K <= b->xq_pairs)
+        for (int e = 0; e < E; e++)
+            if (start[e + 1] > start[e]) act[n_act++] = e;
+    if (n * K <= b->xq_pairs && fast_ok(L, b, n, K, act, n_act)) {
+        moe_experts_fast(pool, L, b, act, n_act, F, (int64_t)D, hp->ffn_swiglu_oai, cnt);
+        goto sum;
+    }
     /* gate and up of every active expert over its rows, in place in the pair order */
     for (int e = 0; e < E; e++) {
         const int m = start[e + 1] - start[e];
@@ -342,6 +475,7 @@ void ks_moe_ffn(ks_pool *pool, const ks_hparams *hp, const ks_moe_layer *L, int 
         if (L->down_b) add_bias_rows(y, m, (int64_t)D, L->down_b + (size_t)e * D);
         if (cnt) cnt->expert_runs++;
     }
+sum:
     /* the weighted sum per row */
     if (par) ks_pool_run(pool, scatter_worker, &cj);
     else scatter_worker(&cj, 0, 1);

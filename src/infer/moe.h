@@ -27,6 +27,9 @@ typedef struct ks_moe_buf {
     float *gate, *up; /* [max_rows * n_used][n_ff_exp] (or [max_rows][shared n_ff]) */
     float *yg;        /* [max_rows * n_used][n_embd] every pair's expert output */
     float *out;       /* [max_rows][n_embd] the FFN's output, summed over experts */
+    uint8_t *xq;      /* [xq_pairs][xq_slot] a one-row-per-expert call's quantized inputs, one slot a pair */
+    size_t xq_slot;
+    int32_t xq_pairs;
 } ks_moe_buf;
 
 /* What the products of one call cost, for the context's statistics. */

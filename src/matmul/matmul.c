@@ -33,7 +33,11 @@
  * instructions per MAC and the cores' balance): weights repacked at load
  * for it, their drivers and ks_matmul_weight are matmul_packed.c, a part of
  * this translation unit (it shares the driver below), and its AVX-512 tiles
- * are matmul_x86_panel.c, a template like matmul_x86.c.
+ * are matmul_x86_panel.c, a template like matmul_x86.c.  At the AVX2 level
+ * nothing is repacked: from KS_MM_PAIR_N vectors on, ks_mm_worker runs
+ * matmul_x86_panel.c's multi-row tiles on the file's rows (eight rows
+ * transposed in registers for Q4_K / Q5_K / Q6_K, two rows for the float
+ * types).
  */
 #include "matmul/matmul.h"
 
@@ -55,11 +59,21 @@ typedef void (*ks_mm_kern)(const uint8_t *w, const uint8_t *xq, size_t xs, int n
 typedef void (*ks_mm_kern2)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int nc,
                             int64_t cols, float *y, int64_t ys);
 
+/* Optional many-row form for one tile of vectors: rows w + r * wrow, r < nr,
+ * results at y[c*ys + r].  Decode calls a kernel once per row, and a short
+ * row (2048 columns: 8 Q4_K super-blocks) paid the kernel's set-up (shuffle
+ * controls spilled to the stack, prologue, dispatch on nc) every time:
+ * about 10% of the AVX2 K-quant kernels' instructions at n = 1
+ * (docs/results/quant-types.md).  In this form the set-up is paid per call. */
+typedef void (*ks_mm_kernr)(const uint8_t *w, size_t wrow, int64_t nr, const uint8_t *xq, size_t xs, int nc,
+                            int64_t cols, float *y, int64_t ys);
+
 #define KS_MM_NC 4     /* vectors per kernel call */
 #define KS_MM_VG 16    /* most vectors per group (L2 reuse for large n) */
 #define KS_MM_GROUP_L1 (20 * 1024) /* activation bytes a group may keep in L1 */
 #define KS_MM_ROWS 16  /* row alignment of the thread split */
 #define KS_MM_CHUNK_BYTES (192 * 1024) /* weight bytes per row chunk (L2) */
+#define KS_MM_PAIR_N 8 /* vectors from which the AVX2 multi-row prefill tiles run */
 
 static inline size_t ks_mm_align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
@@ -331,12 +345,32 @@ static ks_mm_kern2 ks_mm_kernel2(ks_dtype t, ks_simd_level level) {
 #if KS_MM_HAVE_X86
     if (level == KS_SIMD_AVX512 && t == KS_DTYPE_Q8_0) return ks_mm_q8_0x2_avx512;
     if (level == KS_SIMD_AVX512 && t == KS_DTYPE_Q4_0) return ks_mm_q4_0x2_avx512;
+    if (level == KS_SIMD_AVX2) { /* prefill tiles, matmul_x86_panel.c */
+        switch (t) {
+        case KS_DTYPE_F32: return ks_mm_f32x2_avx2;
+        case KS_DTYPE_F16: return ks_mm_f16x2_avx2;
+        case KS_DTYPE_BF16: return ks_mm_bf16x2_avx2;
+        default: break;
+        }
+    }
 #elif KS_MM_HAVE_NEON
     if (level == KS_SIMD_NEON_I8MM && t == KS_DTYPE_Q8_0) return ks_mm_q8_0x2_i8mm;
     if (level == KS_SIMD_NEON_I8MM && t == KS_DTYPE_Q4_0) return ks_mm_q4_0x2_i8mm;
 #else
     (void)t, (void)level;
 #endif
+    return NULL;
+}
+
+/* Eight-row prefill tile (same signature as the two-row form, rows w ..
+ * w + 7 * wrow): the AVX2 Q4_K / Q5_K / Q6_K tiles of matmul_x86_panel.c, or NULL. */
+static ks_mm_kern2 ks_mm_kernel8(ks_dtype t, ks_simd_level level) {
+#if KS_MM_HAVE_X86
+    if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q4_K) return ks_mm_q4_k8_avx2;
+    if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q5_K) return ks_mm_q5_k8_avx2;
+    if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q6_K) return ks_mm_q6_k8_avx2;
+#endif
+    (void)t, (void)level;
     return NULL;
 }
 
@@ -430,6 +464,22 @@ static ks_mm_kern ks_mm_kernel(ks_dtype t, ks_simd_level level) {
     }
 }
 
+static ks_mm_kernr ks_mm_kernel_rows(ks_dtype t, ks_simd_level level) {
+#if KS_MM_HAVE_X86
+    if (level == KS_SIMD_AVX2) {
+        switch (t) {
+        case KS_DTYPE_Q4_K: return ks_mm_q4_k_rows_avx2;
+        case KS_DTYPE_Q5_K: return ks_mm_q5_kt_rows_avx2;
+        case KS_DTYPE_Q6_K: return ks_mm_q6_k_rows_avx2;
+        case KS_DTYPE_IQ4_XS: return ks_mm_iq4_xst_rows_avx2;
+        default: break;
+        }
+    }
+#endif
+    (void)t, (void)level;
+    return NULL;
+}
+
 /* The kernels' names, for the dispatch test (tests/test_dispatch.c): a
  * pointer-to-name table, so the name reported is the function the dispatch
  * above really returns, and a silent fall back to scalar shows. */
@@ -459,6 +509,8 @@ static const ks_mm_named ks_mm_names[] = {
     KS_MM_NAMED(ks_mm_q5_0t_avx2), KS_MM_NAMED(ks_mm_q5_1t_avx2), KS_MM_NAMED(ks_mm_iq4_nlt_avx2),
     KS_MM_NAMED(ks_mm_q2_kt_avx2), KS_MM_NAMED(ks_mm_q3_kt_avx2), KS_MM_NAMED(ks_mm_q5_kt_avx2),
     KS_MM_NAMED(ks_mm_iq4_xst_avx2), KS_MM_NAMED(ks_mm_mxfp4z_avx512), KS_MM_NAMED(ks_mm_mxfp4t_avx2),
+    KS_MM_NAMED(ks_mm_f32x2_avx2), KS_MM_NAMED(ks_mm_f16x2_avx2),
+    KS_MM_NAMED(ks_mm_bf16x2_avx2), KS_MM_NAMED(ks_mm_q4_k8_avx2), KS_MM_NAMED(ks_mm_q5_k8_avx2), KS_MM_NAMED(ks_mm_q6_k8_avx2),
 #endif
 #if KS_MM_HAVE_NEON
     KS_MM_NAMED(ks_mm_f32_neon), KS_MM_NAMED(ks_mm_f16_neon), KS_MM_NAMED(ks_mm_bf16_neon),
@@ -489,6 +541,7 @@ const char *ks_matmul_kernel_name(ks_dtype t, bool rows2) {
 typedef struct {
     ks_mm_kern kern;
     ks_mm_kern2 kern2; /* two-row form, or NULL */
+    ks_mm_kern2 kern8; /* eight-row prefill tile, or NULL */
     ks_simd_level level;
     ks_dtype wtype;
     ks_mm_xkind xkind;
@@ -503,6 +556,7 @@ typedef struct {
     bool x_todo;       /* the worker quantizes X itself (share != NULL and X not ready) */
     float *Y;          /* [n][rows] */
     struct ks_mm_share *share; /* work cursors of the balanced prefill workers, or NULL */
+    ks_mm_kernr kernr; /* many-row form for decode tiles, or NULL */
 } ks_mm_job;
 
 /* Work cursors of a balanced product (ks_mm_p16_prefill_worker): the
@@ -610,15 +664,34 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
      * prefetcher, so they are used only where they pay. */
     /* smmla (i8mm) does two rows by two vectors per instruction: the
      * two-row form pays there whenever there are two vectors. */
+    /* The AVX2 prefill tiles (matmul_x86_panel.c) are taken from
+     * KS_MM_PAIR_N vectors on, below which (decode, small batches) the
+     * one-row kernels stream W. */
     const bool pair = job->kern2 && job->n > 1 &&
-                      (job->level == KS_SIMD_NEON_I8MM || KS_MM_NC * job->xs > KS_MM_GROUP_L1);
+                      (job->level == KS_SIMD_NEON_I8MM || KS_MM_NC * job->xs > KS_MM_GROUP_L1 ||
+                       (job->level == KS_SIMD_AVX2 && job->n >= KS_MM_PAIR_N));
+    const bool eight = job->kern8 && job->n >= KS_MM_PAIR_N;
 
     for (int64_t r0 = r_begin; r0 < r_end; r0 += chunk) {
         int64_t r1 = r0 + chunk < r_end ? r0 + chunk : r_end;
         for (int64_t c0 = 0; c0 < job->n; c0 += vg) {
             int64_t c1 = c0 + vg < job->n ? c0 + vg : job->n;
+            if (job->kernr && !pair && c1 - c0 <= KS_MM_NC) { /* one tile: all rows in one call */
+                job->kernr(job->W + (size_t)r0 * job->wrow, job->wrow, r1 - r0, job->xq + (size_t)c0 * job->xs,
+                           job->xs, (int)(c1 - c0), job->cols, job->Y + c0 * job->rows + r0, job->rows);
+                continue;
+            }
             for (int64_t r = r0; r < r1;) {
                 const uint8_t *w = job->W + (size_t)r * job->wrow;
+                if (eight && r + 8 <= r1) {
+                    for (int64_t c = c0; c < c1; c += KS_MM_NC) {
+                        const int nc = (int)(c1 - c < KS_MM_NC ? c1 - c : KS_MM_NC);
+                        job->kern8(w, job->wrow, job->xq + (size_t)c * job->xs, job->xs, nc, job->cols,
+                                   job->Y + c * job->rows + r, job->rows);
+                    }
+                    r += 8;
+                    continue;
+                }
                 const bool two = pair && r + 1 < r1;
                 for (int64_t c = c0; c < c1; c += KS_MM_NC) {
                     int nc = (int)(c1 - c < KS_MM_NC ? c1 - c : KS_MM_NC);
@@ -646,6 +719,7 @@ static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows
     ks_mm_job job = {
         .kern = ks_mm_kernel(wtype, level),
         .kern2 = ks_mm_kernel2(wtype, level),
+        .kern8 = ks_mm_kernel8(wtype, level),
         .level = level,
         .wtype = wtype,
         .xkind = ks_mm_xkind_of(wtype),
@@ -659,6 +733,7 @@ static void ks_mm_run(ks_pool *pool, ks_dtype wtype, const void *W, int64_t rows
         .Y = Y,
         .xt = xt && level == KS_SIMD_AVX512,
         .share = share,
+        .kernr = ks_mm_kernel_rows(wtype, level),
     };
     if (share) {
         atomic_init(&share->qnext, 0);

@@ -73,6 +73,15 @@ KS_MM_INL float KS_MM_SFX(ks_mm_h2f)(ks_f16 h) { return _cvtsh_ss(h); }
     case 2: body(__VA_ARGS__, 2); break;           \
     default: body(__VA_ARGS__, 1); break;          \
     }
+/* the many-row form (matmul.c, ks_mm_kernr): the row loop inside each
+ * constant-nc case, so the body's set-up is hoisted out of it */
+#define KS_MM_ROWS_SWITCH(body)                                                                    \
+    switch (nc) {                                                                                  \
+    case 4: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 4); break; \
+    case 3: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 3); break; \
+    case 2: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 2); break; \
+    default: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 1); break; \
+    }
 
 /* --------------------------------------------------------- float weights -- */
 #if KS_MM_LEVEL >= 2
@@ -531,22 +540,101 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q6_kz)(const uint8_t *w, const uint8_t *xq, size_t
  * AVX2 only (AVX-512 uses the zmm forms above).  Per super-block:
  * sum_j sc_j * (q_j . a_j) in int32 (maddubs to int16, then
  * times the 6-bit scale), minus sum_j m_j * (bsum pair of a), both scaled once
- * in f32 by d*da and dmin*da. */
+ * in f32 by d*da and dmin*da.
+ *
+ * Why the scale handling looks like this.  At n = 1 these kernels are bound
+ * by instructions per super-block, not by DRAM (docs/results/quant-types.md),
+ * and a per-byte scalar unpack of the 12 scale bytes plus one GPR->ymm
+ * broadcast per sub-block scale cost about as much as the dot products
+ * (perf: the out-of-line unpack alone was 13% of decode).  So the 12 bytes
+ * are unpacked as 32-bit words, all four bytes of a word at once, in one
+ * xmm (ks_mm_q4k_scales_v: 8 vector ops), widened once to int16 in both
+ * 128-bit lanes, and each sub-block's scale is one in-lane byte shuffle of
+ * that register with a constant control.  d and dmin are converted by one
+ * vcvtph2ps.  With the many-row form (matmul.c) this took the kernel from
+ * 260 to 84 instructions per super-block at n = 1, same int32 sums
+ * (tools/insn_callgrind.sh, docs/results/quant-types.md). */
+
+/* The 12 scale bytes of a Q4_K / Q5_K super-block (ks_mm_q4k_scales's
+ * layout), read as the block's first 16 bytes (d, dmin, then the scales, in
+ * both block types) -> bytes [sc0..sc7 | m0..m7] of one xmm.  With u0, u1,
+ * u2 the scale words: scales 0-3 = u0 & 0x3f, mins 0-3 = u1 & 0x3f, scales
+ * 4-7 = (u2 & 0xf) | (u0 >> 6) << 4, mins 4-7 = (u2 >> 4) | (u1 >> 6) << 4,
+ * bytewise; two shuffles place [u0 u2 u1 u2] and [0 u0 0 u1], and a
+ * per-word shift, masks and an or finish all four words at once. */
+KS_MM_INL __m128i KS_MM_SFX(ks_mm_q4k_scales_v)(const void *blk) {
+    const __m128i x = _mm_loadu_si128((const __m128i *)blk);
+    const __m128i a = _mm_shuffle_epi8(x, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m128i hb = _mm_shuffle_epi8(x, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                                     _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    /* (u >> 6) << 4 per byte: bits 6-7 to 4-5 (bits from the next byte masked off) */
+    return _mm_or_si128(lo, _mm_and_si128(_mm_srli_epi32(hb, 2), _mm_set1_epi8(0x30)));
+}
+
+/* Shuffle control broadcasting int16 word k of each 128-bit lane. */
+#define KS_MM_W16(k) _mm256_set1_epi16((short)(0x0100 + 0x0202 * (k)))
+
+/* Software prefetch distance of the K-quant row kernels, in bytes ahead of
+ * the super-block being read: like KS_MM_Q32_PF_BLOCKS, about one 4 KiB
+ * page, so the prefetch runs into the next rows of the thread's range which
+ * the hardware prefetcher (stopping at page ends) would find late. */
+#ifndef KS_MM_QK_PF_BYTES
+#define KS_MM_QK_PF_BYTES 4096
+#endif
+/* every 64-byte line of a super-block of SZ bytes, PF bytes ahead (addresses
+ * formed as integers: past the array's end they are harmless) */
+#if KS_MM_QK_PF_BYTES > 0
+#define KS_MM_QK_PREFETCH(p, SZ)                                                                   \
+    do {                                                                                           \
+        _Pragma("GCC unroll 8") for (size_t o_ = 0; o_ < (SZ); o_ += 64)                           \
+            _mm_prefetch((const char *)((uintptr_t)(p) + KS_MM_QK_PF_BYTES + o_), _MM_HINT_T0);    \
+    } while (0)
+#else
+#define KS_MM_QK_PREFETCH(p, SZ) ((void)0)
+#endif
+
+/* The per-output float order of the AVX2 eight-row prefill tiles
+ * (matmul_x86_panel.c), which the row kernels below follow too: per
+ * super-block the exact int32 totals, then acc = fma(T, d * da, acc) and
+ * acc = fma(-M, dmin * da, acc) in that order.  An output's bits then do not
+ * depend on how many vectors share the product (one decode step, a batch of
+ * sequences, a prefill chunk, an expert's gathered rows), so a batch or a
+ * prefix-cache hit answers exactly what the lone request would.  The lanes
+ * are summed in int32 (exact: the same integers in any order), two vectors
+ * at once: [sum a, sum b, sum a, sum b]. */
+KS_MM_INL __m128i KS_MM_SFX(ks_mm_hsum2_i32)(__m256i a, __m256i b) {
+    __m256i x = _mm256_hadd_epi32(a, b);
+    x = _mm256_hadd_epi32(x, x);
+    return _mm_add_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+}
+
+/* acc = fma(T, s0, acc) then acc = fma(-M, s1, acc), lane 0, from t = [T, M, ..]
+ * and s = [s0, s1, ..] (the tiles' epilogue for one output) */
+KS_MM_INL __m128 KS_MM_SFX(ks_mm_kq_step)(__m128 acc, __m128i t, __m128 s) {
+    const __m128 f = _mm_cvtepi32_ps(t);
+    acc = _mm_fmadd_ss(f, s, acc);
+    return _mm_fnmadd_ss(_mm_movehdup_ps(f), _mm_movehdup_ps(s), acc);
+}
 
 KS_MM_INL void KS_MM_SFX(ks_mm_q4_k_body)(const uint8_t *w, const uint8_t *xq, size_t xs,
                                           int64_t cols, float *y, int64_t ys, const int NC) {
     const ks_block_q4_k *wb = (const ks_block_q4_k *)w;
     const int64_t nb = cols / KS_QK_K;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc[4];
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    __m128 acc[4]; /* lane 0: the output (ks_mm_hsum2_i32's order) */
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t sc[8], mn[8];
-        ks_mm_q4k_scales(wb[b].scales, sc, mn);
-        /* [m0 m0 m1 m1 ... m7 m7] as int16, to pair with the 16 bsums */
-        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(
-            _mm_loadl_epi64((const __m128i *)mn), _mm_loadl_epi64((const __m128i *)mn)));
-        const float d = KS_MM_SFX(ks_mm_h2f)(wb[b].d), dmin = KS_MM_SFX(ks_mm_h2f)(wb[b].dmin);
+        KS_MM_QK_PREFETCH(wb + b, sizeof(ks_block_q4_k) + 48);
+        const __m128i scm = KS_MM_SFX(ks_mm_q4k_scales_v)(wb + b);
+        /* [sc0..sc7] as int16 in both lanes; [m0 m0 m1 m1 ... m7 m7] as
+         * int16, to pair with the 16 bsums */
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));
+        /* d and dmin by one conversion: [d, dmin, 0, 0] */
+        uint32_t ddm;
+        memcpy(&ddm, &wb[b].d, 4);
+        const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128((int)ddm));
         /* two int32 chains (lo / hi sub-blocks) for one vector, whose adds would
          * otherwise wait on each other; with 2-4 vectors the vectors' chains
          * already overlap, and one chain each leaves fewer of the 16 ymm
@@ -554,10 +642,11 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_k_body)(const uint8_t *w, const uint8_t *xq, s
          * Q5_K 89 -> 44, Q6_K 102 -> 73; same int32 sums, so the same bits) */
         __m256i isum[4], isum2[4];
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = isum2[c] = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(wb[b].qs + 32 * j));
             __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            __m256i slo = _mm256_set1_epi16(sc[2 * j]), shi = _mm256_set1_epi16(sc[2 * j + 1]);
+            __m256i slo = _mm256_shuffle_epi8(scales, KS_MM_W16(2 * j));
+            __m256i shi = _mm256_shuffle_epi8(scales, KS_MM_W16(2 * j + 1));
             _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
                 const int8_t *aq = ((const ks_block_q8_k *)(xq + c * xs))[b].qs + 64 * j;
                 __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)aq));
@@ -571,16 +660,21 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_k_body)(const uint8_t *w, const uint8_t *xq, s
             const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
             __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), mins);
             __m256i tot = _mm256_add_epi32(isum[c], isum2[c]);
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_set1_ps(d * a->d), acc[c]);
-            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin * a->d), acc[c]);
+            const __m128 s = _mm_mul_ps(dd, _mm_set1_ps(a->d)); /* [d * da, dmin * da]: the scalar products */
+            acc[c] = KS_MM_SFX(ks_mm_kq_step)(acc[c], KS_MM_SFX(ks_mm_hsum2_i32)(tot, msum), s);
         }
     }
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] = KS_MM_SFX(ks_mm_hsum8)(acc[c]);
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] = _mm_cvtss_f32(acc[c]);
 }
 
 KS_MM_FN void KS_MM_SFX(ks_mm_q4_k)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc,
                                     int64_t cols, float *y, int64_t ys) {
     KS_MM_NC_SWITCH(KS_MM_SFX(ks_mm_q4_k_body), w, xq, xs, cols, y, ys)
+}
+
+KS_MM_FN void KS_MM_SFX(ks_mm_q4_k_rows)(const uint8_t *w, size_t wrow, int64_t nr, const uint8_t *xq, size_t xs,
+                                      int nc, int64_t cols, float *y, int64_t ys) {
+    KS_MM_ROWS_SWITCH(KS_MM_SFX(ks_mm_q4_k_body))
 }
 
 /* ------------------------------------------------------------ Q6_K -------
@@ -592,17 +686,21 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q6_k_body)(const uint8_t *w, const uint8_t *xq, s
     const ks_block_q6_k *wb = (const ks_block_q6_k *)w;
     const int64_t nb = cols / KS_QK_K;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-    /* shuffle control picking scale s for bytes 0..7 and s+1 for 8..15 */
-    const __m128i pair = _mm_set_epi64x(0x0101010101010101LL, 0);
-    __m256 acc[4];
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    __m128 acc[4]; /* lane 0: the output, in the eight-row tile's order (ks_mm_hsum2_i32) */
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        KS_MM_QK_PREFETCH(wb + b, sizeof(ks_block_q6_k) + 46); /* 210 bytes: 4 lines */
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)wb[b].scales);
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        /* scales 0-7 (half 0) and 8-15 (half 1) as int16 in both 128-bit
+         * lanes: the scale pair of v[i] (sub-blocks s, s + 1 in the low and
+         * high lane) is then one in-lane shuffle with a constant control */
+        const __m256i sch[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00),
+                                _mm256_permute2x128_si256(sc16, sc16, 0x11)};
         const float d = KS_MM_SFX(ks_mm_h2f)(wb[b].d);
         __m256i isum[4], isum2[4]; /* two chains (even / odd i) for one vector only, as in Q4_K */
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = isum2[c] = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
             __m256i ql0 = _mm256_loadu_si256((const __m256i *)(wb[b].ql + 64 * h));
             __m256i ql1 = _mm256_loadu_si256((const __m256i *)(wb[b].ql + 64 * h + 32));
             __m256i qh = _mm256_loadu_si256((const __m256i *)(wb[b].qh + 32 * h));
@@ -613,9 +711,14 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q6_k_body)(const uint8_t *w, const uint8_t *xq, s
             v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
                                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
             _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
-                const int s = 8 * h + 2 * i; /* v[i] covers sub-blocks s, s+1 */
-                __m256i scv = _mm256_cvtepi8_epi16(
-                    _mm_shuffle_epi8(sc8, _mm_add_epi8(pair, _mm_set1_epi8((char)s))));
+                /* v[i] covers sub-blocks 8h + 2i (low lane) and 8h + 2i + 1 (high lane) */
+                __m256i scv = _mm256_shuffle_epi8(
+                    sch[h], _mm256_setr_epi16(0x0100 + 0x0404 * i, 0x0100 + 0x0404 * i, 0x0100 + 0x0404 * i,
+                                              0x0100 + 0x0404 * i, 0x0100 + 0x0404 * i, 0x0100 + 0x0404 * i,
+                                              0x0100 + 0x0404 * i, 0x0100 + 0x0404 * i, 0x0302 + 0x0404 * i,
+                                              0x0302 + 0x0404 * i, 0x0302 + 0x0404 * i, 0x0302 + 0x0404 * i,
+                                              0x0302 + 0x0404 * i, 0x0302 + 0x0404 * i, 0x0302 + 0x0404 * i,
+                                              0x0302 + 0x0404 * i));
                 _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
                     const int8_t *aq = ((const ks_block_q8_k *)(xq + c * xs))[b].qs + 128 * h + 32 * i;
                     __m256i p = _mm256_maddubs_epi16(v[i], _mm256_loadu_si256((const __m256i *)aq));
@@ -628,19 +731,25 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q6_k_body)(const uint8_t *w, const uint8_t *xq, s
             const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
             __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), sc16);
             __m256i tot = _mm256_sub_epi32(_mm256_add_epi32(isum[c], isum2[c]), _mm256_slli_epi32(corr, 5));
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_set1_ps(d * a->d), acc[c]);
+            acc[c] = _mm_fmadd_ss(_mm_cvtepi32_ps(KS_MM_SFX(ks_mm_hsum2_i32)(tot, tot)), _mm_set_ss(d * a->d), acc[c]);
         }
     }
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] = KS_MM_SFX(ks_mm_hsum8)(acc[c]);
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] = _mm_cvtss_f32(acc[c]);
 }
 
 KS_MM_FN void KS_MM_SFX(ks_mm_q6_k)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc,
                                     int64_t cols, float *y, int64_t ys) {
     KS_MM_NC_SWITCH(KS_MM_SFX(ks_mm_q6_k_body), w, xq, xs, cols, y, ys)
 }
+
+KS_MM_FN void KS_MM_SFX(ks_mm_q6_k_rows)(const uint8_t *w, size_t wrow, int64_t nr, const uint8_t *xq, size_t xs,
+                                      int nc, int64_t cols, float *y, int64_t ys) {
+    KS_MM_ROWS_SWITCH(KS_MM_SFX(ks_mm_q6_k_body))
+}
 #endif /* KS_MM_LEVEL < 2 */
 
 #undef KS_MM_FN
 #undef KS_MM_INL
 #undef KS_MM_NC_SWITCH
+#undef KS_MM_ROWS_SWITCH
 #endif /* KS_MM_TEMPLATE_PASS */

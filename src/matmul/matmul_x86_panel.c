@@ -7,13 +7,19 @@
  *
  * Why a file of their own: the kernels of matmul_x86.c read weights as the
  * file stores them and serve every level and both decode and prefill; these
- * exist only at the AVX-512 VNNI level and only for the packed layouts, and
- * each carries its own argument about what bounds it (instructions per MAC,
+ * serve prefill only (the packed layouts at the AVX-512 VNNI level, the
+ * file's rows in multi-row tiles at AVX2), and each carries its own argument about what bounds it (instructions per MAC,
  * which pipes the epilogue shares with vpdpbusd, registers), which is where
  * a reader tuning prefill looks.  It is the same kind of template as
  * matmul_x86.c: matmul.c includes it right after that file in each level's
- * pass (the helpers it uses, e.g. ks_mm_dw4, come from there); below
- * AVX-512, and compiled on its own, it is empty.
+ * pass (the helpers it uses, e.g. ks_mm_dw4, come from there); compiled
+ * on its own it is empty.
+ *
+ * At the AVX2 level (KS_MM_LEVEL 1) it holds the prefill tiles that read
+ * the file's rows as they are (no repacking): the eight-row K-quant tiles
+ * (Q4_K, Q5_K, Q6_K: rows transposed in registers), which matmul.c's
+ * ks_mm_worker takes from KS_MM_PAIR_N vectors on, and the two-row
+ * float-weight tiles (f32, f16, bf16).
  */
 #ifndef KS_MM_TEMPLATE_PASS
 typedef int ks_matmul_x86_panel_is_included_by_matmul_c; /* standalone: nothing to compile */
@@ -324,4 +330,315 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q8_0t2)(const uint8_t *panel, size_t panel_bytes, 
 #undef KS_MM_FN
 #undef KS_MM_INL
 #endif /* KS_MM_LEVEL >= 2 */
+
+#if KS_MM_LEVEL < 2
+#define KS_MM_FN static __attribute__((target(KS_MM_TGT)))
+#define KS_MM_INL static inline __attribute__((target(KS_MM_TGT), always_inline))
+/* ---------------------------------- AVX2 eight-row Q4_K prefill tile ---
+ * Why: the one-row kernels (matmul_x86.c, matmul_x86_types.c) spend, per
+ * 32 weights, row and vector, a maddubs AND a madd (the sub-block scale), two of the two
+ * integer-multiply pipes' slots, and per (row, vector, super-block) an
+ * epilogue of about ten ops (the mins, two conversions, two FMAs) and at
+ * the end a horizontal sum: measured, they ran far below the multiply
+ * bound.  Here eight rows are transposed into the lanes of a ymm, 4 bytes
+ * each (lane r = 4 consecutive weights of row r), so a vector's activations
+ * enter as one broadcast dword (a load, no ALU op) and:
+ *   - the int16 pair sums of a sub-block's 8 dword groups are added in int16
+ *     before one madd with the scales of 8 rows (Q4_K weights are 0..15 and
+ *     activations |a| <= 127, so 8 maddubs outputs sum to at most
+ *     8 * 2 * 15 * 127 = 30480 < 32767: exact), one multiply-pipe op per
+ *     32 MACs instead of two;
+ *   - the epilogue (mins, conversions, FMAs) runs once per 8 rows, and the
+ *     lanes are the outputs: no horizontal sum, one 8-float store.
+ * The rows stay as the file stores them (no repacking, no memory, decode
+ * untouched): each 16 bytes of 8 rows are transposed in registers (two
+ * 128-bit loads per pair of rows r, r + 4 and an in-lane 4 x 4 dword
+ * transpose, 16 ops per 8 x 32 bytes), shared by the tile's vectors.  The
+ * 6-bit scales of the 8 rows are decoded in SIMD too (llama.cpp's k-quant
+ * mask formulas on the transposed header dwords).
+ * Arithmetic per output (row r, vector c), whatever n, the tiling or the
+ * thread: acc = 0; per super-block b, in order:
+ *     acc = fma((float)isum, d * da, acc); acc = fma(-(float)msum, dmin * da, acc)
+ * with isum = sum_s sc_s * (q_s . a_s) and msum = sum_s m_s * bsum_s exact
+ * int32 (tests/test_matmul.c emulates it in scalar C, bit for bit).  The
+ * AVX2 one-row kernels (matmul_x86.c, ks_mm_hsum2_i32) follow the same
+ * order, so a product of n >= KS_MM_PAIR_N vectors (prefill) and one of
+ * fewer (decode, the rows past the last whole eight) give the same bits. */
+KS_MM_INL __m256i KS_MM_SFX(ks_mm_t8_load)(const uint8_t *p0, const uint8_t *p4) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p0)),
+                                   _mm_loadu_si128((const __m128i *)p4), 1);
+}
+
+/* The 16 bytes at offset off of rows 0..7 (row r at w + r * wrow + off) as
+ * four ymm: T[k] lane r = dword k of row r's 16 bytes. */
+KS_MM_INL void KS_MM_SFX(ks_mm_t8_transpose)(const uint8_t *w, size_t wrow, size_t off, __m256i T[4]) {
+    const __m256i q0 = KS_MM_SFX(ks_mm_t8_load)(w + off, w + 4 * wrow + off);
+    const __m256i q1 = KS_MM_SFX(ks_mm_t8_load)(w + wrow + off, w + 5 * wrow + off);
+    const __m256i q2 = KS_MM_SFX(ks_mm_t8_load)(w + 2 * wrow + off, w + 6 * wrow + off);
+    const __m256i q3 = KS_MM_SFX(ks_mm_t8_load)(w + 3 * wrow + off, w + 7 * wrow + off);
+    const __m256i t0 = _mm256_unpacklo_epi32(q0, q1), t1 = _mm256_unpackhi_epi32(q0, q1);
+    const __m256i t2 = _mm256_unpacklo_epi32(q2, q3), t3 = _mm256_unpackhi_epi32(q2, q3);
+    T[0] = _mm256_unpacklo_epi64(t0, t2);
+    T[1] = _mm256_unpackhi_epi64(t0, t2);
+    T[2] = _mm256_unpacklo_epi64(t1, t3);
+    T[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+/* pshufb control: in every dword p, bytes (4p + b0, 0, 4p + b1, 0) as int16 */
+KS_MM_INL __m256i KS_MM_SFX(ks_mm_t8_pick)(int b0, int b1) {
+    const __m128i c = _mm_setr_epi8((char)b0, (char)0x80, (char)b1, (char)0x80, (char)(4 + b0), (char)0x80, (char)(4 + b1),
+                                    (char)0x80, (char)(8 + b0), (char)0x80, (char)(8 + b1), (char)0x80, (char)(12 + b0),
+                                    (char)0x80, (char)(12 + b1), (char)0x80);
+    return _mm256_broadcastsi128_si256(c);
+}
+
+KS_MM_INL void KS_MM_SFX(ks_mm_q4_k8_body)(const bool Q5, const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs,
+                                           int64_t cols, float *y, int64_t ys, const int NC) {
+    const int64_t nb = cols / KS_QK_K;
+    const size_t bb = Q5 ? sizeof(ks_block_q5_k) : sizeof(ks_block_q4_k);
+    const size_t qs_off = Q5 ? offsetof(ks_block_q5_k, qs) : offsetof(ks_block_q4_k, qs);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), km1 = _mm256_set1_epi32(0x3f3f3f3f), km2 = _mm256_set1_epi32(0x0f0f0f0f),
+                  km3 = _mm256_set1_epi32(0x03030303);
+    __m256 acc[4];
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + (size_t)b * bb;
+        /* header dwords of the 8 rows: H[0] = d | dmin << 16, H[1..3] = the 12 scale bytes */
+        __m256i H[4];
+        KS_MM_SFX(ks_mm_t8_transpose)(wb, wrow, 0, H);
+        /* llama.cpp's k-quant scale unpacking (utmp, kmask1..3), on 8 rows at once */
+        const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(H[3], 4), km2),
+                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(H[2], 6), km3), 4));
+        const __m256i u1 = _mm256_or_si256(_mm256_and_si256(H[3], km2),
+                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(H[1], 6), km3), 4));
+        const __m256i u2 = _mm256_and_si256(H[2], km1), u0 = _mm256_and_si256(H[1], km1);
+        /* u0 / u1: sub-block scales 0-3 / 4-7 (byte s of each row's dword); u2 / u3: the mins */
+        __m256i scv[8], mnv[4];
+        _Pragma("GCC unroll 8") for (int s = 0; s < 8; s++) scv[s] =
+            _mm256_shuffle_epi8(s < 4 ? u0 : u1, KS_MM_SFX(ks_mm_t8_pick)(s & 3, s & 3));
+        _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) mnv[t] =
+            _mm256_shuffle_epi8(t < 2 ? u2 : u3, KS_MM_SFX(ks_mm_t8_pick)(2 * (t & 1), 2 * (t & 1) + 1));
+        /* d, dmin of rows 0..7 as f32 */
+        const __m256i dsel = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
+        const __m256i dd = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(H[0], dsel), 0xD8); /* d0..7 | dmin0..7 */
+        const __m256 d8 = _mm256_cvtph_ps(_mm256_castsi256_si128(dd)), dm8 = _mm256_cvtph_ps(_mm256_extracti128_si256(dd, 1));
+        __m256i isum[4];
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
+        /* Q5_K: qh transposed once per super-block (qh byte l holds bit s = the fifth bit of element 32s + l) */
+        __m256i QH[2][4];
+        if (Q5) {
+            KS_MM_SFX(ks_mm_t8_transpose)(wb, wrow, offsetof(ks_block_q5_k, qh), QH[0]);
+            KS_MM_SFX(ks_mm_t8_transpose)(wb, wrow, offsetof(ks_block_q5_k, qh) + 16, QH[1]);
+        }
+        for (int j = 0; j < 4; j++) { /* qs bytes 32j..32j+31: sub-blocks 2j (low nibbles), 2j + 1 (high) */
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                __m256i V[4];
+                KS_MM_SFX(ks_mm_t8_transpose)(wb, wrow, qs_off + 32 * (size_t)j + 16 * (size_t)h, V);
+                _Pragma("GCC unroll 2") for (int nib = 0; nib < 2; nib++) {
+                    __m256i W[4];
+                    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) W[k] =
+                        nib ? _mm256_and_si256(_mm256_srli_epi16(V[k], 4), m4) : _mm256_and_si256(V[k], m4);
+                    if (Q5) { /* bit s = 2j + nib of each qh byte to 0x10 (16-bit shifts: no bit read crosses a byte) */
+                        const int sb = 2 * j + nib;
+                        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                            const __m256i hb = sb <= 4 ? _mm256_slli_epi16(QH[h][k], 4 - sb) : _mm256_srli_epi16(QH[h][k], sb - 4);
+                            W[k] = _mm256_or_si256(W[k], _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
+                        }
+                    }
+                    const __m256i sc = nib ? scv[2 * j + 1] : scv[2 * j];
+                    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+                        const int32_t *a = (const int32_t *)(((const ks_block_q8_k *)(xq + c * xs))[b].qs + 64 * j + 32 * nib + 16 * h);
+                        __m256i p = _mm256_maddubs_epi16(W[0], _mm256_set1_epi32(a[0]));
+                        _Pragma("GCC unroll 3") for (int k = 1; k < 4; k++) p =
+                            _mm256_add_epi16(p, _mm256_maddubs_epi16(W[k], _mm256_set1_epi32(a[k])));
+                        isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p, sc));
+                    }
+                }
+            }
+        }
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+            const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
+            int32_t hb[8]; /* dword t: (bsum 2t, bsum 2t + 1), bsum s = the sum of sub-block s's 32 activations */
+            _mm256_storeu_si256((__m256i *)hb, _mm256_hadd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums),
+                                                                 _mm256_loadu_si256((const __m256i *)a->bsums)));
+            __m256i msum = _mm256_madd_epi16(mnv[0], _mm256_set1_epi32(hb[0]));
+            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mnv[1], _mm256_set1_epi32(hb[1])));
+            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mnv[2], _mm256_set1_epi32(hb[4])));
+            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mnv[3], _mm256_set1_epi32(hb[5])));
+            const __m256 da = _mm256_set1_ps(a->d);
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(d8, da), acc[c]);
+            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dm8, da), acc[c]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) _mm256_storeu_ps(y + c * ys, acc[c]);
+}
+
+/* Rows w .. w + 7 * wrow times nc (1..4) vectors: y[c * ys + r], r < 8. */
+KS_MM_FN void KS_MM_SFX(ks_mm_q4_k8)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int nc, int64_t cols,
+                                     float *y, int64_t ys) {
+    switch (nc) {
+    case 4: KS_MM_SFX(ks_mm_q4_k8_body)(false, w, wrow, xq, xs, cols, y, ys, 4); break;
+    case 3: KS_MM_SFX(ks_mm_q4_k8_body)(false, w, wrow, xq, xs, cols, y, ys, 3); break;
+    case 2: KS_MM_SFX(ks_mm_q4_k8_body)(false, w, wrow, xq, xs, cols, y, ys, 2); break;
+    default: KS_MM_SFX(ks_mm_q4_k8_body)(false, w, wrow, xq, xs, cols, y, ys, 1); break;
+    }
+}
+
+/* The same tile over Q5_K rows (the fifth bit plane OR'ed in; weights 0..31,
+ * so 4 maddubs outputs sum to at most 4 * 2 * 31 * 127 = 31496 in int16,
+ * exact): the same per-output arithmetic as the Q4_K tile. */
+KS_MM_FN void KS_MM_SFX(ks_mm_q5_k8)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int nc, int64_t cols,
+                                     float *y, int64_t ys) {
+    switch (nc) {
+    case 4: KS_MM_SFX(ks_mm_q4_k8_body)(true, w, wrow, xq, xs, cols, y, ys, 4); break;
+    case 3: KS_MM_SFX(ks_mm_q4_k8_body)(true, w, wrow, xq, xs, cols, y, ys, 3); break;
+    case 2: KS_MM_SFX(ks_mm_q4_k8_body)(true, w, wrow, xq, xs, cols, y, ys, 2); break;
+    default: KS_MM_SFX(ks_mm_q4_k8_body)(true, w, wrow, xq, xs, cols, y, ys, 1); break;
+    }
+}
+
+/* The eight-row tile over Q6_K rows.  Weights are 0..63 (the -32 offset
+ * taken off once per super-block as 32 * sum_s sc_s * bsum_s, as in
+ * ks_mm_q6_k), so two maddubs outputs sum to at most 2 * 2 * 63 * 127 =
+ * 32004 in int16 and a 16-weight sub-block (4 dword groups) takes two
+ * madds with its signed scale.  Per output, per super-block:
+ *     acc = fma((float)(isum - 32 * corr), d * da, acc)
+ * isum = sum_s sc_s (q_s . a_s), corr = sum_s sc_s bsum_s, exact int32. */
+KS_MM_INL void KS_MM_SFX(ks_mm_q6_k8_body)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int64_t cols,
+                                           float *y, int64_t ys, const int NC) {
+    const int64_t nb = cols / KS_QK_K;
+    const size_t bb = sizeof(ks_block_q6_k);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc[4];
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + (size_t)b * bb;
+        /* the 16 int8 scales of 8 rows: S[k] lane r = scales 4k..4k+3 of row r */
+        __m256i S[4];
+        KS_MM_SFX(ks_mm_t8_transpose)(wb, wrow, offsetof(ks_block_q6_k, scales), S);
+        __m256i scv[16], scp[8]; /* (sc_s, sc_s) and (sc_2t, sc_2t+1) per row, int16 sign-extended */
+        _Pragma("GCC unroll 16") for (int sb = 0; sb < 16; sb++) scv[sb] =
+            _mm256_shuffle_epi8(S[sb >> 2], KS_MM_SFX(ks_mm_t8_pick)(sb & 3, sb & 3));
+        _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++) scp[t] =
+            _mm256_shuffle_epi8(S[t >> 1], KS_MM_SFX(ks_mm_t8_pick)(2 * (t & 1), 2 * (t & 1) + 1));
+        /* pick() zero-extends: sign-extend the int8 in each int16 */
+        _Pragma("GCC unroll 16") for (int sb = 0; sb < 16; sb++) scv[sb] = _mm256_srai_epi16(_mm256_slli_epi16(scv[sb], 8), 8);
+        _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++) scp[t] = _mm256_srai_epi16(_mm256_slli_epi16(scp[t], 8), 8);
+        ks_f16 dh[8];
+        for (int r = 0; r < 8; r++) memcpy(&dh[r], wb + (size_t)r * wrow + offsetof(ks_block_q6_k, d), sizeof(ks_f16));
+        const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
+        __m256i isum[4];
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) /* elements 128h .. 128h + 127 */
+            _Pragma("GCC unroll 2") for (int hh = 0; hh < 2; hh++) { /* l = 16hh .. 16hh + 15 of each 32-run */
+                __m256i QH[4];
+                KS_MM_SFX(ks_mm_t8_transpose)(wb, wrow, offsetof(ks_block_q6_k, qh) + 32 * (size_t)h + 16 * (size_t)hh, QH);
+                _Pragma("GCC unroll 2") for (int odd = 0; odd < 2; odd++) { /* ql bytes 64h + 32 odd + 16hh + .. */
+                    __m256i V[4];
+                    KS_MM_SFX(ks_mm_t8_transpose)(wb, wrow, offsetof(ks_block_q6_k, ql) + 64 * (size_t)h + 32 * (size_t)odd + 16 * (size_t)hh, V);
+                    _Pragma("GCC unroll 2") for (int up = 0; up < 2; up++) { /* low / high nibbles */
+                        const int i = odd + 2 * up; /* the 32-run: elements 128h + 32i + l */
+                        const int sb = 8 * h + 2 * i + hh;
+                        __m256i W[4];
+                        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                            const __m256i lo = up ? _mm256_and_si256(_mm256_srli_epi16(V[k], 4), m4) : _mm256_and_si256(V[k], m4);
+                            const __m256i hb = i == 0 ? _mm256_slli_epi16(QH[k], 4)
+                                               : i == 1 ? _mm256_slli_epi16(QH[k], 2)
+                                               : i == 2 ? QH[k]
+                                                        : _mm256_srli_epi16(QH[k], 2);
+                            W[k] = _mm256_or_si256(lo, _mm256_and_si256(hb, m30));
+                        }
+                        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+                            const int32_t *a = (const int32_t *)(((const ks_block_q8_k *)(xq + c * xs))[b].qs + 128 * h + 32 * i + 16 * hh);
+                            const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(W[0], _mm256_set1_epi32(a[0])),
+                                                                _mm256_maddubs_epi16(W[1], _mm256_set1_epi32(a[1])));
+                            const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(W[2], _mm256_set1_epi32(a[2])),
+                                                                _mm256_maddubs_epi16(W[3], _mm256_set1_epi32(a[3])));
+                            isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(_mm256_madd_epi16(p0, scv[sb]),
+                                                                                 _mm256_madd_epi16(p1, scv[sb])));
+                        }
+                    }
+                }
+            }
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+            const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
+            const int32_t *bs = (const int32_t *)a->bsums; /* dword t: (bsum 2t, bsum 2t + 1), 16 activations each */
+            __m256i corr = _mm256_madd_epi16(scp[0], _mm256_set1_epi32(bs[0]));
+            _Pragma("GCC unroll 7") for (int t = 1; t < 8; t++) corr = _mm256_add_epi32(corr, _mm256_madd_epi16(scp[t], _mm256_set1_epi32(bs[t])));
+            const __m256i tot = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(corr, 5));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_mul_ps(d8, _mm256_set1_ps(a->d)), acc[c]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) _mm256_storeu_ps(y + c * ys, acc[c]);
+}
+
+KS_MM_FN void KS_MM_SFX(ks_mm_q6_k8)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int nc, int64_t cols,
+                                     float *y, int64_t ys) {
+    switch (nc) {
+    case 4: KS_MM_SFX(ks_mm_q6_k8_body)(w, wrow, xq, xs, cols, y, ys, 4); break;
+    case 3: KS_MM_SFX(ks_mm_q6_k8_body)(w, wrow, xq, xs, cols, y, ys, 3); break;
+    case 2: KS_MM_SFX(ks_mm_q6_k8_body)(w, wrow, xq, xs, cols, y, ys, 2); break;
+    default: KS_MM_SFX(ks_mm_q6_k8_body)(w, wrow, xq, xs, cols, y, ys, 1); break;
+    }
+}
+
+/* ------------------------------------- AVX2 two-row float-weight tile --
+ * Why: the one-row float kernel keeps one FMA chain per vector, four at
+ * most, and on Zen 3 an FMA has 4 cycles of latency on 2 pipes, so four
+ * chains fill half of them: a prefill product over f16 weights (the f16
+ * expert down projections of deepseek-v2-lite files, 1408 columns, which no
+ * 256-block type divides) ran at half the FMA peak.  Two rows give eight
+ * chains, and each activation load serves two rows.  Each (row, vector)
+ * chain is the one-row kernel's, op for op (the same loads, the same FMA
+ * order, the same hsum8 and scalar tail), so the bits are the same. */
+#define KS_MM_F2(name, WT, LOADW, CVT1)                                                                           \
+    KS_MM_INL void KS_MM_SFX(name##_body)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int64_t cols,  \
+                                          float *y, int64_t ys, const int NC) {                                    \
+        const WT *w0 = (const WT *)w, *w1 = (const WT *)(w + wrow);                                                \
+        __m256 acc0[4], acc1[4];                                                                                   \
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc0[c] = acc1[c] = _mm256_setzero_ps();             \
+        int64_t i = 0;                                                                                             \
+        for (; i + 8 <= cols; i += 8) {                                                                            \
+            const __m256 v0 = LOADW(w0 + i), v1 = LOADW(w1 + i);                                                   \
+            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                                                 \
+                const __m256 x = _mm256_loadu_ps((const float *)(xq + c * xs) + i);                                \
+                acc0[c] = _mm256_fmadd_ps(v0, x, acc0[c]);                                                         \
+                acc1[c] = _mm256_fmadd_ps(v1, x, acc1[c]);                                                         \
+            }                                                                                                      \
+        }                                                                                                          \
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                                                     \
+            const float *x = (const float *)(xq + c * xs);                                                         \
+            float s0 = KS_MM_SFX(ks_mm_hsum8)(acc0[c]), s1 = KS_MM_SFX(ks_mm_hsum8)(acc1[c]);                       \
+            for (int64_t k = i; k < cols; k++) s0 += CVT1(w0[k]) * x[k];                                           \
+            for (int64_t k = i; k < cols; k++) s1 += CVT1(w1[k]) * x[k];                                           \
+            y[c * ys] = s0;                                                                                        \
+            y[c * ys + 1] = s1;                                                                                    \
+        }                                                                                                          \
+    }                                                                                                              \
+    KS_MM_FN void KS_MM_SFX(name)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int nc, int64_t cols, \
+                                  float *y, int64_t ys) {                                                          \
+        switch (nc) {                                                                                              \
+        case 4: KS_MM_SFX(name##_body)(w, wrow, xq, xs, cols, y, ys, 4); break;                                    \
+        case 3: KS_MM_SFX(name##_body)(w, wrow, xq, xs, cols, y, ys, 3); break;                                    \
+        case 2: KS_MM_SFX(name##_body)(w, wrow, xq, xs, cols, y, ys, 2); break;                                    \
+        default: KS_MM_SFX(name##_body)(w, wrow, xq, xs, cols, y, ys, 1); break;                                   \
+        }                                                                                                          \
+    }
+#define KS_MM_F2_ID(x) (x)
+#define KS_MM_F2_LOAD_F32(p) _mm256_loadu_ps(p)
+#define KS_MM_F2_LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define KS_MM_F2_LOAD_BF16(p) \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+KS_MM_F2(ks_mm_f32x2, float, KS_MM_F2_LOAD_F32, KS_MM_F2_ID)
+KS_MM_F2(ks_mm_f16x2, ks_f16, KS_MM_F2_LOAD_F16, ks_f16_to_f32)
+KS_MM_F2(ks_mm_bf16x2, ks_bf16, KS_MM_F2_LOAD_BF16, ks_bf16_to_f32)
+#undef KS_MM_F2_ID
+#undef KS_MM_F2_LOAD_F32
+#undef KS_MM_F2_LOAD_F16
+#undef KS_MM_F2_LOAD_BF16
+#undef KS_MM_F2
+
+#undef KS_MM_FN
+#undef KS_MM_INL
+#endif /* KS_MM_LEVEL < 2 */
 #endif /* KS_MM_TEMPLATE_PASS */

@@ -41,6 +41,15 @@ typedef int ks_matmul_x86_types_is_included_by_matmul_c; /* standalone: nothing 
     case 2: body(__VA_ARGS__, 2); break;           \
     default: body(__VA_ARGS__, 1); break;          \
     }
+/* the many-row form (matmul.c, ks_mm_kernr): the row loop inside each
+ * constant-nc case, so the body's set-up is hoisted out of it */
+#define KS_MM_ROWS_SWITCH(body)                                                                    \
+    switch (nc) {                                                                                  \
+    case 4: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 4); break; \
+    case 3: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 3); break; \
+    case 2: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 2); break; \
+    default: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 1); break; \
+    }
 
 /* 32 nibbles of 16 bytes in element order: lo nibbles = 0..15, hi = 16..31 */
 KS_MM_INL __m256i KS_MM_SFX(ks_mm_nib32)(const uint8_t *qs) {
@@ -260,31 +269,39 @@ KS_MM_Q32Z(ks_mm_mxfp4z, KS_DTYPE_MXFP4)
 #if KS_MM_LEVEL < 2 /* the AVX-512 level has the zmm form below */
 /* ---------------------------------------------------------------- Q5_K --
  * Q4_K's layout plus a fifth bit plane: qh[l] bit 2c is element 64c + l's,
- * bit 2c + 1 element 64c + 32 + l's; qh is shifted right by 2 per chunk (the
- * bits 16-bit shifts carry across bytes never reach the bits read). */
+ * bit 2c + 1 element 64c + 32 + l's; each is shifted to bit 4 by a 16-bit
+ * shift of qh (the bits it carries across bytes are masked off). */
 KS_MM_INL void KS_MM_SFX(ks_mm_q5_kt_body)(const uint8_t *w, const uint8_t *xq, size_t xs, int64_t cols,
                                            float *y, int64_t ys, const int NC) {
     const ks_block_q5_k *wb = (const ks_block_q5_k *)w;
     const int64_t nb = cols / KS_QK_K;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10);
-    __m256 acc[4];
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    __m128 acc[4]; /* lane 0: the output, in the eight-row tile's order (matmul_x86.c, ks_mm_hsum2_i32) */
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t sc[8], mn[8];
-        ks_mm_q4k_scales(wb[b].scales, sc, mn);
-        const __m256i mins = _mm256_cvtepu8_epi16(
-            _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)mn), _mm_loadl_epi64((const __m128i *)mn)));
-        const float d = KS_MM_SFX(ks_mm_h2f)(wb[b].d), dmin = KS_MM_SFX(ks_mm_h2f)(wb[b].dmin);
+        KS_MM_QK_PREFETCH(wb + b, sizeof(ks_block_q5_k) + 16); /* 176 bytes: 3 lines */
+        /* scales and mins as in Q4_K (matmul_x86.c: word-wise unpack, one
+         * in-lane shuffle per sub-block scale) */
+        const __m128i scm = KS_MM_SFX(ks_mm_q4k_scales_v)(wb + b);
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));
+        /* d and dmin by one conversion: [d, dmin, 0, 0] */
+        uint32_t ddm;
+        memcpy(&ddm, &wb[b].d, 4);
+        const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128((int)ddm));
         __m256i isum[4], isum2[4]; /* two chains for one vector only, as in Q4_K (matmul_x86.c) */
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = isum2[c] = _mm256_setzero_si256();
-        __m256i qh = _mm256_loadu_si256((const __m256i *)wb[b].qh);
-        for (int j = 0; j < 4; j++) {
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)wb[b].qh);
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(wb[b].qs + 32 * j));
-            const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m10));
-            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
-                                               _mm256_and_si256(_mm256_slli_epi16(qh, 3), m10));
-            qh = _mm256_srli_epi16(qh, 2);
-            const __m256i slo = _mm256_set1_epi16(sc[2 * j]), shi = _mm256_set1_epi16(sc[2 * j + 1]);
+            /* bits 2j and 2j + 1 of qh moved straight to bit 4 (constant
+             * shifts once unrolled; one fewer op per chunk than shifting qh) */
+            const __m256i h0 = 2 * j <= 4 ? _mm256_slli_epi16(qh, 4 - 2 * j) : _mm256_srli_epi16(qh, 2 * j - 4);
+            const __m256i h1 = 2 * j <= 3 ? _mm256_slli_epi16(qh, 3 - 2 * j) : _mm256_srli_epi16(qh, 2 * j - 3);
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_and_si256(h0, m10));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), _mm256_and_si256(h1, m10));
+            const __m256i slo = _mm256_shuffle_epi8(scales, KS_MM_W16(2 * j));
+            const __m256i shi = _mm256_shuffle_epi8(scales, KS_MM_W16(2 * j + 1));
             _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
                 const int8_t *aq = ((const ks_block_q8_k *)(xq + c * xs))[b].qs + 64 * j;
                 const __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)aq));
@@ -297,17 +314,21 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q5_kt_body)(const uint8_t *w, const uint8_t *xq, 
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
             const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
             const __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), mins);
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(isum[c], isum2[c])), _mm256_set1_ps(d * a->d),
-                                     acc[c]);
-            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin * a->d), acc[c]);
+            const __m128 s = _mm_mul_ps(dd, _mm_set1_ps(a->d)); /* [d * da, dmin * da] */
+            acc[c] = KS_MM_SFX(ks_mm_kq_step)(acc[c], KS_MM_SFX(ks_mm_hsum2_i32)(_mm256_add_epi32(isum[c], isum2[c]), msum), s);
         }
     }
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] = KS_MM_SFX(ks_mm_hsum8)(acc[c]);
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] = _mm_cvtss_f32(acc[c]);
 }
 
 KS_MM_FN void KS_MM_SFX(ks_mm_q5_kt)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols, float *y,
                                      int64_t ys) {
     KS_MM_NC_SWITCH(KS_MM_SFX(ks_mm_q5_kt_body), w, xq, xs, cols, y, ys)
+}
+
+KS_MM_FN void KS_MM_SFX(ks_mm_q5_kt_rows)(const uint8_t *w, size_t wrow, int64_t nr, const uint8_t *xq, size_t xs,
+                                      int nc, int64_t cols, float *y, int64_t ys) {
+    KS_MM_ROWS_SWITCH(KS_MM_SFX(ks_mm_q5_kt_body))
 }
 #endif /* KS_MM_LEVEL < 2 */
 
@@ -550,30 +571,60 @@ KS_MM_FN void KS_MM_SFX(ks_mm_iq4_xsz)(const uint8_t *w, const uint8_t *xq, size
 
 #if KS_MM_LEVEL < 2 /* the AVX-512 level has the zmm form above */
 /* -------------------------------------------------------------- IQ4_XS --
- * Per 32-element sub-block: the 16 qs bytes' nibbles looked up into the
- * IQ4 levels, the sign trick, and the int16 pair sums times the signed
- * 6-bit scale (ls - 32); d * da once per super-block. */
+ * Per 32-element sub-block: the nibbles looked up into the IQ4 levels, the
+ * sign trick, and the int16 pair sums times the signed 6-bit scale
+ * (ls - 32); d * da once per super-block.
+ *
+ * Bookkeeping is what bounds this at n = 1 (as in Q4_K, matmul_x86.c), so:
+ * the eight 6-bit scales are built in one xmm of int16 (the nibbles by a
+ * mask, a shift and an unpack; the 2-bit high parts by one multiply that
+ * shifts lane s left by 14 - 2s, then a shift right by 14) and each
+ * sub-block's scale is one in-lane shuffle of that register; and one 32-byte load serves two sub-blocks: its low and
+ * high nibbles are [s: 0-15 | s+1: 0-15] and [s: 16-31 | s+1: 16-31], and two
+ * 128-bit lane permutes give each sub-block in element order, against one
+ * 16-byte load, nibble split and insert per sub-block before. */
+
 KS_MM_INL void KS_MM_SFX(ks_mm_iq4_xst_body)(const uint8_t *w, const uint8_t *xq, size_t xs, int64_t cols,
                                              float *y, int64_t ys, const int NC) {
     const ks_block_iq4_xs *wb = (const ks_block_iq4_xs *)w;
     const int64_t nb = cols / KS_QK_K;
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ks_iq4_values));
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256 acc[4];
     _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        KS_MM_QK_PREFETCH(wb + b, sizeof(ks_block_iq4_xs)); /* 136 bytes: 3 lines */
+        uint32_t sl;
+        memcpy(&sl, wb[b].scales_l, 4);
+        const __m128i v = _mm_cvtsi32_si128((int)sl), m4x = _mm_set1_epi8(0x0F);
+        /* low nibbles: byte s = nibble s of scales_l */
+        const __m128i lo4 = _mm_cvtepu8_epi16(
+            _mm_unpacklo_epi8(_mm_and_si128(v, m4x), _mm_and_si128(_mm_srli_epi16(v, 4), m4x)));
+        /* high bits: bits 2s, 2s + 1 of scales_h moved to the top of lane s, then down */
+        const __m128i hi2 = _mm_srli_epi16(
+            _mm_mullo_epi16(_mm_set1_epi16((short)wb[b].scales_h),
+                            _mm_setr_epi16(1 << 14, 1 << 12, 1 << 10, 1 << 8, 1 << 6, 1 << 4, 1 << 2, 1)),
+            14);
+        const __m256i scales = _mm256_broadcastsi128_si256(
+            _mm_sub_epi16(_mm_or_si128(lo4, _mm_slli_epi16(hi2, 4)), _mm_set1_epi16(32))); /* ls_s - 32 */
         __m256i isum[4], isum2[4];
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = isum2[c] = _mm256_setzero_si256();
-        _Pragma("GCC unroll 8") for (int s = 0; s < 8; s++) {
-            const int ls = ((wb[b].scales_l[s / 2] >> (4 * (s % 2))) & 0xF) | ((wb[b].scales_h >> (2 * s)) & 3) << 4;
-            const __m256i scv = _mm256_set1_epi16((short)(ls - 32));
-            const __m256i wq = _mm256_shuffle_epi8(lut, KS_MM_SFX(ks_mm_nib32)(wb[b].qs + 16 * s));
-            const __m256i wu = _mm256_sign_epi8(wq, wq);
-            _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
-                const int8_t *aq = ((const ks_block_q8_k *)(xq + c * xs))[b].qs + 32 * s;
-                const __m256i p =
-                    _mm256_maddubs_epi16(wu, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)aq), wq));
-                if ((s & 1) && NC == 1) isum2[c] = KS_MM_SFX(ks_mm_dot_i16)(isum2[c], p, scv);
-                else isum[c] = KS_MM_SFX(ks_mm_dot_i16)(isum[c], p, scv);
+        _Pragma("GCC unroll 4") for (int s2 = 0; s2 < 4; s2++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(wb[b].qs + 32 * s2));
+            const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(q, m4));
+            const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+            const __m256i wq2[2] = {_mm256_permute2x128_si256(lo, hi, 0x20), _mm256_permute2x128_si256(lo, hi, 0x31)};
+            _Pragma("GCC unroll 2") for (int t = 0; t < 2; t++) {
+                const int s = 2 * s2 + t;
+                const __m256i scv = _mm256_shuffle_epi8(scales, KS_MM_W16(s));
+                const __m256i wq = wq2[t], wu = _mm256_sign_epi8(wq, wq);
+                _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+                    const int8_t *aq = ((const ks_block_q8_k *)(xq + c * xs))[b].qs + 32 * s;
+                    const __m256i p =
+                        _mm256_maddubs_epi16(wu, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)aq), wq));
+                    if ((s & 1) && NC == 1) isum2[c] = KS_MM_SFX(ks_mm_dot_i16)(isum2[c], p, scv);
+                    else isum[c] = KS_MM_SFX(ks_mm_dot_i16)(isum[c], p, scv);
+                }
             }
         }
         const float d = KS_MM_SFX(ks_mm_h2f)(wb[b].d);
@@ -590,9 +641,15 @@ KS_MM_FN void KS_MM_SFX(ks_mm_iq4_xst)(const uint8_t *w, const uint8_t *xq, size
                                        int64_t ys) {
     KS_MM_NC_SWITCH(KS_MM_SFX(ks_mm_iq4_xst_body), w, xq, xs, cols, y, ys)
 }
+
+KS_MM_FN void KS_MM_SFX(ks_mm_iq4_xst_rows)(const uint8_t *w, size_t wrow, int64_t nr, const uint8_t *xq, size_t xs,
+                                      int nc, int64_t cols, float *y, int64_t ys) {
+    KS_MM_ROWS_SWITCH(KS_MM_SFX(ks_mm_iq4_xst_body))
+}
 #endif /* KS_MM_LEVEL < 2 */
 
 #undef KS_MM_FN
 #undef KS_MM_INL
 #undef KS_MM_NC_SWITCH
+#undef KS_MM_ROWS_SWITCH
 #endif /* KS_MM_TEMPLATE_PASS */

@@ -32,6 +32,16 @@ void ks_model_get_info(const ks_model *m, ks_model_info *out) {
                            .n_vocab = hp->n_vocab, .n_ctx_train = hp->n_ctx_train,
                            .weight_bytes = (double)m->weight_bytes, .n_swa = hp->n_swa};
     for (int il = 0; il < hp->n_layer; il++) out->n_local += m->layers[il].window > 0;
+    /* as ks_model_describe's "decode bytes": every matrix once, one embedding row, the active experts */
+    double step = (double)m->weight_bytes - (m->output_tied ? 0 : (double)ks_weight_bytes(&m->tok_embd));
+    out->n_expert = hp->n_expert;
+    out->n_expert_used = hp->n_expert_used;
+    for (int il = 0; il < hp->n_layer; il++)
+        if (m->layers[il].moe) {
+            out->expert_bytes += (double)m->layers[il].moe->expert_bytes * hp->n_expert;
+            out->expert_active_bytes += (double)m->layers[il].moe->expert_bytes * hp->n_expert_used;
+        }
+    out->decode_bytes = step - (out->expert_bytes - out->expert_active_bytes);
 }
 
 /* ------------------------------------------------------------------ info -- */

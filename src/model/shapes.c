@@ -115,6 +115,13 @@ static const ks_model_shape g_shapes[] = {
      40.f, 0, 0, 4096, .rope_scaling = "yarn", .yarn_log_mul = 0.0707f, .n_rot = 64,
      .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 256, .kv_lora_rank = 512, .qk_nope = 64, .v_head = 64,
      .n_expert_shared = 1, .n_dense_lead = 1, .expert_weights_scale = 2.0f},
+    /* experts of 352 = 11 x 32 (as V2-Lite's 1408 = 44 x 32, not a multiple of
+     * the K-quant block of 256): the _K_M mix's fallback types for the
+     * experts' and shared expert's down matrices (ks_gen_fallback) */
+    {"tiny-deepseek2-odd", "deepseek2", 256, 3, 4, 1, 128, 512, 10000.f, 1e-6f, 163840, false, false, false, false,
+     40.f, 0, 0, 4096, .rope_scaling = "yarn", .yarn_log_mul = 0.0707f, .n_rot = 64,
+     .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 352, .kv_lora_rank = 512, .qk_nope = 64, .v_head = 64,
+     .n_expert_shared = 1, .n_dense_lead = 1, .expert_weights_scale = 2.0f},
     /* the same with DeepSeek-V2's low-rank Q (attn_q_a, its norm, attn_q_b) */
     {"tiny-deepseek2-qlora", "deepseek2", 256, 3, 4, 1, 128, 512, 10000.f, 1e-6f, 163840, false, false, false, false,
      40.f, 0, 0, 4096, .rope_scaling = "yarn", .yarn_log_mul = 0.0707f, .n_rot = 64,
@@ -206,6 +213,29 @@ uint32_t ks_shape_file_type(ks_dtype type) {
 /* llama.cpp's choice of the layers whose attn_v and ffn_down get more bits
  * in its _M mixes: the first and last eighth, and every third in between. */
 static bool ks_gen_more_bits(int32_t i, int32_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+/* A type whose blocks do not tile a row of ne0 is replaced as llama.cpp's
+ * quantizer replaces it (llama-quant.cpp, tensor_type_fallback): each
+ * 256-block type by a 32-block type of about as many bits (Q4_K -> Q5_0,
+ * Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K / Q3_K -> Q4_0, IQ4_XS -> IQ4_NL), and
+ * f16 only when that still does not tile the row.  DeepSeek-V2-Lite's
+ * ffn_down_exps (1408 columns) and attn_k_b (128) are the rows that need it:
+ * a Q4_K_M download holds them in Q5_0 / Q8_0, not f16. */
+static ks_dtype ks_gen_fallback(ks_dtype type, int64_t ne0) {
+    int64_t bs = ks_dtype_block_size(type);
+    if (bs > 0 && ne0 % bs == 0) return type;
+    switch (type) {
+    case KS_DTYPE_Q4_K: type = KS_DTYPE_Q5_0; break;
+    case KS_DTYPE_Q5_K: type = KS_DTYPE_Q5_1; break;
+    case KS_DTYPE_Q6_K: type = KS_DTYPE_Q8_0; break;
+    case KS_DTYPE_Q2_K:
+    case KS_DTYPE_Q3_K: type = KS_DTYPE_Q4_0; break;
+    case KS_DTYPE_IQ4_XS: type = KS_DTYPE_IQ4_NL; break;
+    default: return KS_DTYPE_F16;
+    }
+    bs = ks_dtype_block_size(type);
+    return bs > 0 && ne0 % bs == 0 ? type : KS_DTYPE_F16;
+}
 
 /* ----------------------------------------------------------- generator -- */
 typedef enum { KS_GEN_MATRIX, KS_GEN_ONES, KS_GEN_NOISE, KS_GEN_ROPE, KS_GEN_ROPE_SHORT, KS_GEN_ROPE_LONG } ks_gen_kind;
@@ -313,16 +343,13 @@ static void ks_gen_add(ks_gen *g, int64_t *n, const char *name, ks_gen_kind kind
     KS_ASSERT(strlen(name) < sizeof t->name);
     strcpy(t->name, name);
     t->kind = kind;
-    /* quantized rows need whole blocks; fall back to f16 as llama.cpp falls
-     * back to a non-K type for odd rows */
-    if (ks_dtype_block_size(type) <= 0 || ne0 % ks_dtype_block_size(type) != 0) type = KS_DTYPE_F16;
-    t->type = type;
+    t->type = ks_gen_fallback(type, ne0);
     t->ne0 = ne0;
     t->ne1 = ne1;
     t->sigma = sigma;
     t->stream = ks_gen_hash_name(name);
     t->ne2 = 1;
-    t->nbytes = (uint64_t)ks_dtype_row_bytes(type, ne0) * (uint64_t)ne1;
+    t->nbytes = (uint64_t)ks_dtype_row_bytes(t->type, ne0) * (uint64_t)ne1;
 }
 
 /* A stacked expert tensor: n_expert matrices of [ne1][ne0], one 3-D tensor
@@ -410,7 +437,9 @@ static void ks_gen_plan_mla_layer(ks_gen *g, int64_t *n, int32_t l, int32_t n_la
     KS_GEN_T("attn_kv_a_mqa.weight", KS_GEN_MATRIX, wt, E, R + rope, sE);
     KS_GEN_T("attn_kv_a_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, R, 1, 0.02f);
     KS_GEN_X("attn_k_b.weight", wt, s->qk_nope, R, nh, 1.0f / sqrtf((float)s->qk_nope));
-    KS_GEN_X("attn_v_b.weight", ks_gen_more_bits(l, n_layer) ? more : wt, R, s->v_head, nh, 1.0f / sqrtf((float)R));
+    /* attn_v_b is not an attn_v tensor to llama.cpp's mix (its category
+     * match is the exact "attn_v.weight"): plain type, no extra bits */
+    KS_GEN_X("attn_v_b.weight", wt, R, s->v_head, nh, 1.0f / sqrtf((float)R));
     KS_GEN_T("attn_output.weight", KS_GEN_MATRIX, wt, VD, E, 1.0f / sqrtf((float)VD));
     KS_GEN_T("ffn_norm.weight", KS_GEN_ONES, KS_DTYPE_F32, E, 1, 0.02f);
     if (l < s->n_dense_lead || s->n_expert == 0) {
@@ -420,14 +449,16 @@ static void ks_gen_plan_mla_layer(ks_gen *g, int64_t *n, int32_t l, int32_t n_la
                  1.0f / sqrtf((float)s->n_ff));
     } else {
         const int64_t X = s->n_expert, FX = s->n_ff_exp, FS = (int64_t)s->n_ff_exp * s->n_expert_shared;
+        /* every "ffn_down" tensor (dense, routed, shared) follows the _M rule by its layer */
+        const ks_dtype down = ks_gen_more_bits(l, n_layer) ? more : wt;
         KS_GEN_T("ffn_gate_inp.weight", KS_GEN_MATRIX, KS_DTYPE_F32, E, X, sE);
         KS_GEN_X("ffn_gate_exps.weight", wt, E, FX, X, sE);
-        KS_GEN_X("ffn_down_exps.weight", wt, FX, E, X, 1.0f / sqrtf((float)FX));
+        KS_GEN_X("ffn_down_exps.weight", down, FX, E, X, 1.0f / sqrtf((float)FX));
         KS_GEN_X("ffn_up_exps.weight", wt, E, FX, X, sE);
         if (FS > 0) {
             KS_GEN_T("ffn_gate_shexp.weight", KS_GEN_MATRIX, wt, E, FS, sE);
             KS_GEN_T("ffn_up_shexp.weight", KS_GEN_MATRIX, wt, E, FS, sE);
-            KS_GEN_T("ffn_down_shexp.weight", KS_GEN_MATRIX, wt, FS, E, 1.0f / sqrtf((float)FS));
+            KS_GEN_T("ffn_down_shexp.weight", KS_GEN_MATRIX, down, FS, E, 1.0f / sqrtf((float)FS));
         }
     }
 #undef KS_GEN_T
@@ -490,8 +521,11 @@ static int64_t ks_gen_plan(ks_gen *g, int32_t n_layer, int64_t n_vocab) {
             KS_GEN_T("ffn_gate_inp.weight", KS_GEN_MATRIX, KS_DTYPE_F32, E, X, sE);
             snprintf(nm, sizeof nm, "blk.%d.ffn_gate_exps.weight", (int)l);
             ks_gen_add_experts(g, &n, nm, wt, E, FX, X, sE);
+            /* llama.cpp's mix gives ffn_down_exps the dense ffn_down's extra bits,
+             * the layer read from the name (llama-quant.cpp, layer_info) */
             snprintf(nm, sizeof nm, "blk.%d.ffn_down_exps.weight", (int)l);
-            ks_gen_add_experts(g, &n, nm, wt, FX, E, X, 1.0f / sqrtf((float)FX));
+            ks_gen_add_experts(g, &n, nm, ks_gen_more_bits(l, n_layer) ? more : wt, FX, E, X,
+                               1.0f / sqrtf((float)FX));
             snprintf(nm, sizeof nm, "blk.%d.ffn_up_exps.weight", (int)l);
             ks_gen_add_experts(g, &n, nm, wt, E, FX, X, sE);
             continue;

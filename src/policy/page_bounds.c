@@ -18,6 +18,8 @@
 #include <string.h>
 #if defined(__aarch64__)
 #include <arm_neon.h>
+static void pages_neon(const float *q, int32_t G, const void *const *kb, int32_t np, int32_t hd, float *out,
+                       float *red_max, int T8);
 #endif
 
 /* A page's 8-bit bounds (kv_meta.h): the scale, then int8 lo[hd], hi[hd]. */
@@ -182,6 +184,77 @@ PAGES_AVX512(page_bounds16_pages_avx512, uint16_t, LO16, HI16, ONE, 4 * (size_t)
 PAGES_AVX512(page_bounds8_pages_avx512, uint8_t, LO8, HI8, bounds8_scale, 4 + 2 * (size_t)hd)
 #endif
 
+#if defined(__x86_64__)
+/* ks_page_upper_bounds16_pages and ks_page_upper_bounds8_pages on AVX2
+ * hosts (PAGES_AVX512 in 8 lanes), hd a multiple of 8: the per-page path
+ * converted each page's bounds to floats in a scalar loop and summed one
+ * head at a time, most of Quest's selection at 32K tokens.  Here, for each
+ * group of up to four heads, q+ and q- once; then per two pages and 8
+ * channels, the pages' lo and hi converted once and two FMAs per (page,
+ * head) into eight accumulators (2 x 4: what 16 ymm registers hold with the
+ * operands), reduced together by ks_avx2_reduce8.  The bounds are the FMA
+ * form's (PAGES_AVX512's rounding): the per-page ones up to rounding. */
+KS_AVX2_INL __m256 pages_load_avx2(const void *b, int32_t i, const int T8) {
+    if (T8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)((const uint8_t *)b + 4 + i))));
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)b + i)));
+}
+KS_AVX2_INL void pages_avx2(const float *q, int32_t G, const void *const *kb, int32_t np, int32_t hd, float *out,
+                            float *red_max, const int T8) {
+    float qp[4][1024] __attribute__((aligned(32))), qn[4][1024] __attribute__((aligned(32)));
+    const size_t hi_off = (size_t)hd; /* elements from lo to hi, either type */
+    const size_t bytes = T8 ? 4 + 2 * (size_t)hd : 4 * (size_t)hd;
+    for (int32_t g0 = 0; g0 < G; g0 += 4) {
+        int32_t ng = G - g0 < 4 ? G - g0 : 4;
+        for (int32_t g = 0; g < 4; g++)
+            for (int32_t i = 0; i < hd; i++) {
+                float x = g < ng ? q[(size_t)(g0 + g) * hd + i] : 0.0f;
+                qp[g][i] = x > 0 ? x : 0.0f;
+                qn[g][i] = x < 0 ? x : 0.0f;
+            }
+        for (int32_t p = 0; p < np; p += 2) {
+            int32_t nr = np - p < 2 ? np - p : 2;
+            const void *b[2] = {kb[p], kb[p + (nr > 1)]}; /* a short group repeats a page */
+            if (g0 == 0 && p + 6 <= np) /* the pages two groups ahead: their ids need not be adjacent */
+                for (int32_t r = 4; r < 6; r++) ks_prefetch_lines(kb[p + r], bytes);
+            __m256 acc[8];
+            _Pragma("GCC unroll 8") for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
+            for (int32_t i = 0; i < hd; i += 8) {
+                __m256 lo[2], hi[2];
+                _Pragma("GCC unroll 2") for (int r = 0; r < 2; r++) {
+                    lo[r] = pages_load_avx2(b[r], i, T8);
+                    hi[r] = pages_load_avx2(b[r], i + (int32_t)hi_off, T8);
+                }
+                _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
+                    __m256 pp = _mm256_load_ps(&qp[g][i]), pn = _mm256_load_ps(&qn[g][i]);
+                    _Pragma("GCC unroll 2") for (int r = 0; r < 2; r++)
+                        acc[4 * r + g] = _mm256_fmadd_ps(pp, hi[r], _mm256_fmadd_ps(pn, lo[r], acc[4 * r + g]));
+                }
+            }
+            float sv[8];
+            _mm256_storeu_ps(sv, ks_avx2_reduce8(acc)); /* lane 4 * page + head */
+            for (int32_t r = 0; r < nr; r++) {
+                float sc = T8 ? bounds8_scale(b[r]) : 1.0f;
+                float mx = sv[4 * r] * sc;
+                for (int32_t g = 0; g < ng; g++) {
+                    float v = sv[4 * r + g] * sc;
+                    if (out) out[(size_t)(g0 + g) * np + p + r] = v;
+                    mx = v > mx ? v : mx;
+                }
+                if (red_max) red_max[p + r] = g0 == 0 || mx > red_max[p + r] ? mx : red_max[p + r];
+            }
+        }
+    }
+}
+KS_AVX2_TGT static void page_bounds8_pages_avx2(const float *q, int32_t G, const uint8_t *const *kb, int32_t np,
+                                                int32_t hd, float *out, float *red_max) {
+    pages_avx2(q, G, (const void *const *)kb, np, hd, out, red_max, 1);
+}
+KS_AVX2_TGT static void page_bounds16_pages_avx2(const float *q, int32_t G, const uint16_t *const *kb, int32_t np,
+                                                 int32_t hd, float *out, float *red_max) {
+    pages_avx2(q, G, (const void *const *)kb, np, hd, out, red_max, 0);
+}
+#endif
+
 void ks_page_upper_bounds(const float *q, int32_t G, const float *kmin, const float *kmax, int32_t hd, float *out,
                           size_t stride) {
 #if defined(__x86_64__)
@@ -217,6 +290,16 @@ void ks_page_upper_bounds16_pages(const float *q, int32_t G, const uint16_t *con
         page_bounds16_pages_avx512(q, G, kb, np, hd, out, red_max);
         return;
     }
+    if (hd % 8 == 0 && hd <= 1024 && ks_simd_current() >= KS_SIMD_AVX2) { /* also AVX-512 hosts at hd % 16 != 0 */
+        page_bounds16_pages_avx2(q, G, kb, np, hd, out, red_max);
+        return;
+    }
+#endif
+#if defined(__aarch64__)
+    if (hd % 8 == 0 && hd <= 1024 && ks_simd_current() >= KS_SIMD_NEON) {
+        pages_neon(q, G, (const void *const *)kb, np, hd, out, red_max, 0);
+        return;
+    }
 #endif
     float one[64];
     for (int32_t p = 0; p < np; p++)
@@ -235,6 +318,16 @@ void ks_page_upper_bounds8_pages(const float *q, int32_t G, const uint8_t *const
 #if defined(__x86_64__)
     if (hd % 16 == 0 && hd <= 1024 && ks_simd_current() >= KS_SIMD_AVX512) {
         page_bounds8_pages_avx512(q, G, kb, np, hd, out, red_max);
+        return;
+    }
+    if (hd % 8 == 0 && hd <= 1024 && ks_simd_current() >= KS_SIMD_AVX2) { /* also AVX-512 hosts at hd % 16 != 0 */
+        page_bounds8_pages_avx2(q, G, kb, np, hd, out, red_max);
+        return;
+    }
+#endif
+#if defined(__aarch64__)
+    if (hd % 8 == 0 && hd <= 1024 && ks_simd_current() >= KS_SIMD_NEON) {
+        pages_neon(q, G, (const void *const *)kb, np, hd, out, red_max, 1);
         return;
     }
 #endif
@@ -282,6 +375,82 @@ static float page_upper_bound_neon(const float *q, const float *kmin, const floa
     return s;
 }
 #endif
+
+#if defined(__aarch64__)
+/* pages_avx2 in NEON (every AArch64 CPU; issue 51): for each group of up to
+ * four heads, q+ and q- once; per four pages and 4 channels the pages' lo
+ * and hi converted once (int8 by two widenings, f16 by FCVTL) and two FMAs
+ * per (page, head) into sixteen accumulators (of 32 q registers).  The
+ * bounds are the FMA form's, as on x86: the per-page ones up to rounding. */
+static inline float32x4_t pages_load_f16_neon(const void *b, int32_t i) {
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)b + i)));
+}
+static void pages_neon(const float *q, int32_t G, const void *const *kb, int32_t np, int32_t hd, float *out,
+                       float *red_max, int T8) {
+    float qp[4][1024] __attribute__((aligned(16))), qn[4][1024] __attribute__((aligned(16)));
+    for (int32_t g0 = 0; g0 < G; g0 += 4) {
+        int32_t ng = G - g0 < 4 ? G - g0 : 4;
+        for (int32_t g = 0; g < 4; g++)
+            for (int32_t i = 0; i < hd; i++) {
+                float x = g < ng ? q[(size_t)(g0 + g) * hd + i] : 0.0f;
+                qp[g][i] = x > 0 ? x : 0.0f;
+                qn[g][i] = x < 0 ? x : 0.0f;
+            }
+        for (int32_t p = 0; p < np; p += 4) {
+            int32_t nr = np - p < 4 ? np - p : 4;
+            const void *b[4];
+            for (int32_t r = 0; r < 4; r++) b[r] = kb[p + (r < nr ? r : 0)]; /* a short group repeats a page */
+            float32x4_t acc[16];
+            for (int a = 0; a < 16; a++) acc[a] = vdupq_n_f32(0.0f);
+            for (int32_t i = 0; i < hd; i += 8) { /* two chunks of 4 channels: 8 int8 steps per load */
+                for (int32_t h = 0; h < 2; h++) {
+                    float32x4_t lo[4], hi[4];
+                    for (int r = 0; r < 4; r++) {
+                        if (T8) {
+                            int8x8_t l8 = vld1_s8((const int8_t *)b[r] + 4 + i), h8 = vld1_s8((const int8_t *)b[r] + 4 + hd + i);
+                            int16x8_t l16 = vmovl_s8(l8), h16 = vmovl_s8(h8);
+                            lo[r] = vcvtq_f32_s32(vmovl_s16(h ? vget_high_s16(l16) : vget_low_s16(l16)));
+                            hi[r] = vcvtq_f32_s32(vmovl_s16(h ? vget_high_s16(h16) : vget_low_s16(h16)));
+                        } else {
+                            lo[r] = pages_load_f16_neon(b[r], i + 4 * h);
+                            hi[r] = pages_load_f16_neon(b[r], hd + i + 4 * h);
+                        }
+                    }
+                    for (int g = 0; g < 4; g++) {
+                        float32x4_t pp = vld1q_f32(&qp[g][i + 4 * h]), pn = vld1q_f32(&qn[g][i + 4 * h]);
+                        for (int r = 0; r < 4; r++)
+                            acc[4 * r + g] = vfmaq_f32(vfmaq_f32(acc[4 * r + g], pn, lo[r]), pp, hi[r]);
+                    }
+                }
+            }
+            for (int32_t r = 0; r < nr; r++) {
+                float sc = 1.0f;
+                if (T8) sc = bounds8_scale(b[r]);
+                float mx = vaddvq_f32(acc[4 * r]) * sc;
+                for (int32_t g = 0; g < ng; g++) {
+                    float v = vaddvq_f32(acc[4 * r + g]) * sc;
+                    if (out) out[(size_t)(g0 + g) * np + p + r] = v;
+                    mx = v > mx ? v : mx;
+                }
+                if (red_max) red_max[p + r] = g0 == 0 || mx > red_max[p + r] ? mx : red_max[p + r];
+            }
+        }
+    }
+}
+#endif
+
+const char *ks_page_bounds_pages_kernel_name(int32_t hd) {
+    ks_simd_level lv = ks_simd_current();
+#if defined(__x86_64__)
+    if (hd % 16 == 0 && hd <= 1024 && lv >= KS_SIMD_AVX512) return "avx512";
+    if (hd % 8 == 0 && hd <= 1024 && lv >= KS_SIMD_AVX2) return "avx2";
+#elif defined(__aarch64__)
+    if (hd % 8 == 0 && hd <= 1024 && lv >= KS_SIMD_NEON) return "neon";
+#endif
+    (void)lv;
+    (void)hd;
+    return "scalar";
+}
 
 const char *ks_page_bound_kernel_name(int32_t hd) {
 #if defined(__x86_64__)

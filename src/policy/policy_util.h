@@ -62,6 +62,12 @@ float ks_page_upper_bound(const float *q, const float *kmin, const float *kmax, 
 /* The kernel ks_page_upper_bound runs at the current SIMD level for head
  * dim hd ("avx2", "neon" or "scalar"), for the dispatch test. */
 const char *ks_page_bound_kernel_name(int32_t hd);
+/* The kernels ks_page_upper_bounds8_pages / ks_page_upper_bounds16_pages
+ * (every page of a head at once: Quest's scoring) and the top-k's sampled
+ * filter and emit run at the current SIMD level, for the dispatch test:
+ * "avx512", "avx2", "neon" or "scalar" (pages: head dim hd). */
+const char *ks_page_bounds_pages_kernel_name(int32_t hd);
+const char *ks_topk_kernel_name(void);
 /* The bounds of G query heads q [G][hd] over one page into out[g * stride],
  * each bit for bit ks_page_upper_bound's: the page's min and max are read
  * once for the group (AVX-512: all G heads per pass). */

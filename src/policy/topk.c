@@ -9,6 +9,7 @@
  */
 #include "policy/policy.h"
 #include "policy/topk_parts.h"
+#include "policy/policy_util.h"
 #include "core/simd.h"
 
 #include <math.h>
@@ -17,6 +18,9 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include "tensor/simd_avx2.h"
+#elif defined(__aarch64__)
+#include <arm_neon.h>
 #endif
 /* The heap's order: the better of (value, index) pairs. */
 static bool better(float a, int32_t ia, float b, int32_t ib) { return a > b || (a == b && ia < ib); }
@@ -81,11 +85,22 @@ static uint32_t kth_largest_key(const float *x, int32_t n, int32_t k, uint32_t *
 #if defined(__x86_64__)
 static int32_t topk_emit_avx512(const float *x, const int32_t *pos, int32_t n, uint32_t th, int32_t *ties, int32_t *idx,
                                 int32_t *done);
+static int32_t topk_emit_avx2(const float *x, const int32_t *pos, int32_t n, uint32_t th, int32_t *ties, int32_t *idx,
+                              int32_t room, int32_t *done);
+#elif defined(__aarch64__)
+static int32_t topk_emit_neon(const float *x, const int32_t *pos, int32_t n, uint32_t th, int32_t *ties, int32_t *idx,
+                              int32_t *done);
 #endif
-static int32_t topk_emit(const float *x, const int32_t *pos, int32_t n, uint32_t th, int32_t ties, int32_t *idx) {
+static int32_t topk_emit(const float *x, const int32_t *pos, int32_t n, uint32_t th, int32_t ties, int32_t *idx,
+                         int32_t room) {
     int32_t m = 0, i = 0;
+    (void)room;
 #if defined(__x86_64__)
-    if (ks_simd_current() >= KS_SIMD_AVX512) m = topk_emit_avx512(x, pos, n, th, &ties, idx, &i);
+    ks_simd_level lv = ks_simd_current();
+    if (lv >= KS_SIMD_AVX512) m = topk_emit_avx512(x, pos, n, th, &ties, idx, &i);
+    else if (lv == KS_SIMD_AVX2) m = topk_emit_avx2(x, pos, n, th, &ties, idx, room, &i);
+#elif defined(__aarch64__)
+    if (ks_simd_current() >= KS_SIMD_NEON) m = topk_emit_neon(x, pos, n, th, &ties, idx, &i);
 #endif
     for (; i < n; i++) {
         uint32_t u = topk_key(x[i]);
@@ -154,6 +169,211 @@ __attribute__((target("avx512f"))) static int32_t topk_emit_avx512(const float *
 }
 #endif
 
+#if defined(__x86_64__)
+const uint64_t ks_topk_pack8_lanes[256] = {
+    0x0000000000000000ull, 0x0000000000000000ull, 0x0000000000000001ull, 0x0000000000000100ull,
+    0x0000000000000002ull, 0x0000000000000200ull, 0x0000000000000201ull, 0x0000000000020100ull,
+    0x0000000000000003ull, 0x0000000000000300ull, 0x0000000000000301ull, 0x0000000000030100ull,
+    0x0000000000000302ull, 0x0000000000030200ull, 0x0000000000030201ull, 0x0000000003020100ull,
+    0x0000000000000004ull, 0x0000000000000400ull, 0x0000000000000401ull, 0x0000000000040100ull,
+    0x0000000000000402ull, 0x0000000000040200ull, 0x0000000000040201ull, 0x0000000004020100ull,
+    0x0000000000000403ull, 0x0000000000040300ull, 0x0000000000040301ull, 0x0000000004030100ull,
+    0x0000000000040302ull, 0x0000000004030200ull, 0x0000000004030201ull, 0x0000000403020100ull,
+    0x0000000000000005ull, 0x0000000000000500ull, 0x0000000000000501ull, 0x0000000000050100ull,
+    0x0000000000000502ull, 0x0000000000050200ull, 0x0000000000050201ull, 0x0000000005020100ull,
+    0x0000000000000503ull, 0x0000000000050300ull, 0x0000000000050301ull, 0x0000000005030100ull,
+    0x0000000000050302ull, 0x0000000005030200ull, 0x0000000005030201ull, 0x0000000503020100ull,
+    0x0000000000000504ull, 0x0000000000050400ull, 0x0000000000050401ull, 0x0000000005040100ull,
+    0x0000000000050402ull, 0x0000000005040200ull, 0x0000000005040201ull, 0x0000000504020100ull,
+    0x0000000000050403ull, 0x0000000005040300ull, 0x0000000005040301ull, 0x0000000504030100ull,
+    0x0000000005040302ull, 0x0000000504030200ull, 0x0000000504030201ull, 0x0000050403020100ull,
+    0x0000000000000006ull, 0x0000000000000600ull, 0x0000000000000601ull, 0x0000000000060100ull,
+    0x0000000000000602ull, 0x0000000000060200ull, 0x0000000000060201ull, 0x0000000006020100ull,
+    0x0000000000000603ull, 0x0000000000060300ull, 0x0000000000060301ull, 0x0000000006030100ull,
+    0x0000000000060302ull, 0x0000000006030200ull, 0x0000000006030201ull, 0x0000000603020100ull,
+    0x0000000000000604ull, 0x0000000000060400ull, 0x0000000000060401ull, 0x0000000006040100ull,
+    0x0000000000060402ull, 0x0000000006040200ull, 0x0000000006040201ull, 0x0000000604020100ull,
+    0x0000000000060403ull, 0x0000000006040300ull, 0x0000000006040301ull, 0x0000000604030100ull,
+    0x0000000006040302ull, 0x0000000604030200ull, 0x0000000604030201ull, 0x0000060403020100ull,
+    0x0000000000000605ull, 0x0000000000060500ull, 0x0000000000060501ull, 0x0000000006050100ull,
+    0x0000000000060502ull, 0x0000000006050200ull, 0x0000000006050201ull, 0x0000000605020100ull,
+    0x0000000000060503ull, 0x0000000006050300ull, 0x0000000006050301ull, 0x0000000605030100ull,
+    0x0000000006050302ull, 0x0000000605030200ull, 0x0000000605030201ull, 0x0000060503020100ull,
+    0x0000000000060504ull, 0x0000000006050400ull, 0x0000000006050401ull, 0x0000000605040100ull,
+    0x0000000006050402ull, 0x0000000605040200ull, 0x0000000605040201ull, 0x0000060504020100ull,
+    0x0000000006050403ull, 0x0000000605040300ull, 0x0000000605040301ull, 0x0000060504030100ull,
+    0x0000000605040302ull, 0x0000060504030200ull, 0x0000060504030201ull, 0x0006050403020100ull,
+    0x0000000000000007ull, 0x0000000000000700ull, 0x0000000000000701ull, 0x0000000000070100ull,
+    0x0000000000000702ull, 0x0000000000070200ull, 0x0000000000070201ull, 0x0000000007020100ull,
+    0x0000000000000703ull, 0x0000000000070300ull, 0x0000000000070301ull, 0x0000000007030100ull,
+    0x0000000000070302ull, 0x0000000007030200ull, 0x0000000007030201ull, 0x0000000703020100ull,
+    0x0000000000000704ull, 0x0000000000070400ull, 0x0000000000070401ull, 0x0000000007040100ull,
+    0x0000000000070402ull, 0x0000000007040200ull, 0x0000000007040201ull, 0x0000000704020100ull,
+    0x0000000000070403ull, 0x0000000007040300ull, 0x0000000007040301ull, 0x0000000704030100ull,
+    0x0000000007040302ull, 0x0000000704030200ull, 0x0000000704030201ull, 0x0000070403020100ull,
+    0x0000000000000705ull, 0x0000000000070500ull, 0x0000000000070501ull, 0x0000000007050100ull,
+    0x0000000000070502ull, 0x0000000007050200ull, 0x0000000007050201ull, 0x0000000705020100ull,
+    0x0000000000070503ull, 0x0000000007050300ull, 0x0000000007050301ull, 0x0000000705030100ull,
+    0x0000000007050302ull, 0x0000000705030200ull, 0x0000000705030201ull, 0x0000070503020100ull,
+    0x0000000000070504ull, 0x0000000007050400ull, 0x0000000007050401ull, 0x0000000705040100ull,
+    0x0000000007050402ull, 0x0000000705040200ull, 0x0000000705040201ull, 0x0000070504020100ull,
+    0x0000000007050403ull, 0x0000000705040300ull, 0x0000000705040301ull, 0x0000070504030100ull,
+    0x0000000705040302ull, 0x0000070504030200ull, 0x0000070504030201ull, 0x0007050403020100ull,
+    0x0000000000000706ull, 0x0000000000070600ull, 0x0000000000070601ull, 0x0000000007060100ull,
+    0x0000000000070602ull, 0x0000000007060200ull, 0x0000000007060201ull, 0x0000000706020100ull,
+    0x0000000000070603ull, 0x0000000007060300ull, 0x0000000007060301ull, 0x0000000706030100ull,
+    0x0000000007060302ull, 0x0000000706030200ull, 0x0000000706030201ull, 0x0000070603020100ull,
+    0x0000000000070604ull, 0x0000000007060400ull, 0x0000000007060401ull, 0x0000000706040100ull,
+    0x0000000007060402ull, 0x0000000706040200ull, 0x0000000706040201ull, 0x0000070604020100ull,
+    0x0000000007060403ull, 0x0000000706040300ull, 0x0000000706040301ull, 0x0000070604030100ull,
+    0x0000000706040302ull, 0x0000070604030200ull, 0x0000070604030201ull, 0x0007060403020100ull,
+    0x0000000000070605ull, 0x0000000007060500ull, 0x0000000007060501ull, 0x0000000706050100ull,
+    0x0000000007060502ull, 0x0000000706050200ull, 0x0000000706050201ull, 0x0000070605020100ull,
+    0x0000000007060503ull, 0x0000000706050300ull, 0x0000000706050301ull, 0x0000070605030100ull,
+    0x0000000706050302ull, 0x0000070605030200ull, 0x0000070605030201ull, 0x0007060503020100ull,
+    0x0000000007060504ull, 0x0000000706050400ull, 0x0000000706050401ull, 0x0000070605040100ull,
+    0x0000000706050402ull, 0x0000070605040200ull, 0x0000070605040201ull, 0x0007060504020100ull,
+    0x0000000706050403ull, 0x0000070605040300ull, 0x0000070605040301ull, 0x0007060504030100ull,
+    0x0000070605040302ull, 0x0007060504030200ull, 0x0007060504030201ull, 0x0706050403020100ull,
+};
+
+/* topk_filter_avx512 in 8 lanes for AVX2 hosts (AMD Zen 1-3, most laptops),
+ * where the scalar filter was most of Quest's and SpeContext's selection at
+ * 32K tokens: the passing lanes packed by a permutation (ks_topk_pack8)
+ * and stored whole where the 8 lanes fit below cap (the tail of cand runs
+ * into cand_pos, so the last stores go through a buffer).  The same
+ * candidates in the same order as the scalar loop. */
+KS_AVX2_TGT static int32_t topk_filter_avx2(const float *x, int32_t n, uint32_t t, float *cand, int32_t *pos,
+                                            int32_t cap, int32_t *done) {
+    const __m256i tv = _mm256_set1_epi32((int32_t)(t ^ 0x80000000u));
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    int32_t c = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256i below = _mm256_cmpgt_epi32(tv, ks_topk_skey8(v));
+        unsigned keep = ~(unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(below)) & 0xFFu;
+        if (!keep) continue;
+        int32_t nk = __builtin_popcount(keep);
+        if (c + nk > cap) {
+            *done = n;
+            return -1;
+        }
+        __m256i perm = ks_topk_pack8(keep);
+        __m256 pv = _mm256_permutevar8x32_ps(v, perm);
+        __m256i pp = _mm256_permutevar8x32_epi32(_mm256_add_epi32(lanes, _mm256_set1_epi32(i)), perm);
+        if (c + 8 <= cap) {
+            _mm256_storeu_ps(cand + c, pv);
+            _mm256_storeu_si256((__m256i *)(void *)(pos + c), pp);
+        } else {
+            float bv[8];
+            int32_t bp[8];
+            _mm256_storeu_ps(bv, pv);
+            _mm256_storeu_si256((__m256i *)(void *)bp, pp);
+            memcpy(cand + c, bv, sizeof(float) * (size_t)nk);
+            memcpy(pos + c, bp, sizeof(int32_t) * (size_t)nk);
+        }
+        c += nk;
+    }
+    *done = i;
+    return c;
+}
+
+/* topk_emit_avx512 in 8 lanes: the same indices in the same order (ties to
+ * the first `left` equal keys), whole 8-lane stores while they fit in room. */
+KS_AVX2_TGT static int32_t topk_emit_avx2(const float *x, const int32_t *pos, int32_t n, uint32_t th, int32_t *ties,
+                                          int32_t *idx, int32_t room, int32_t *done) {
+    const __m256i tv = _mm256_set1_epi32((int32_t)(th ^ 0x80000000u));
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    int32_t m = 0, i = 0, left = *ties;
+    for (; i + 8 <= n; i += 8) {
+        __m256i key = ks_topk_skey8(_mm256_loadu_ps(x + i));
+        unsigned gt = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(key, tv)));
+        unsigned eq = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(key, tv)));
+        while (eq && __builtin_popcount(eq) > left) eq &= ~(1u << (31 - __builtin_clz(eq))); /* the first `left` */
+        left -= __builtin_popcount(eq);
+        unsigned keep = gt | eq;
+        if (!keep) continue;
+        __m256i p = pos ? _mm256_loadu_si256((const __m256i *)(const void *)(pos + i))
+                        : _mm256_add_epi32(lanes, _mm256_set1_epi32(i));
+        p = _mm256_permutevar8x32_epi32(p, ks_topk_pack8(keep));
+        int32_t nk = __builtin_popcount(keep);
+        if (m + 8 <= room) {
+            _mm256_storeu_si256((__m256i *)(void *)(idx + m), p);
+        } else {
+            int32_t bp[8];
+            _mm256_storeu_si256((__m256i *)(void *)bp, p);
+            memcpy(idx + m, bp, sizeof(int32_t) * (size_t)nk);
+        }
+        m += nk;
+    }
+    *ties = left;
+    *done = i;
+    return m;
+}
+#endif
+
+#if defined(__aarch64__)
+/* The keys of 4 floats (topk_key's order): NaN as -inf, -0 as +0. */
+static inline uint32x4_t topk_key4(float32x4_t v) {
+    uint32x4_t ok = vceqq_f32(v, v);
+    float32x4_t f = vaddq_f32(vbslq_f32(ok, v, vdupq_n_f32(-INFINITY)), vdupq_n_f32(0.0f));
+    uint32x4_t b = vreinterpretq_u32_f32(f);
+    uint32x4_t neg = vreinterpretq_u32_s32(vshrq_n_s32(vreinterpretq_s32_u32(b), 31));
+    return veorq_u32(b, vorrq_u32(neg, vdupq_n_u32(0x80000000u)));
+}
+/* The lanes of a comparison as a 4-bit mask (bit l: lane l). */
+static inline unsigned topk_mask4(uint32x4_t m) {
+    static const uint32_t bit[4] = {1, 2, 4, 8};
+    return vaddvq_u32(vandq_u32(m, vld1q_u32(bit)));
+}
+
+/* topk_filter_avx2 in 4 lanes for NEON (every AArch64 CPU): the keys
+ * compared 4 at a time and the rare passing lanes stored one by one; the
+ * same candidates in the same order as the scalar loop. */
+static int32_t topk_filter_neon(const float *x, int32_t n, uint32_t t, float *cand, int32_t *pos, int32_t cap,
+                                int32_t *done) {
+    const uint32x4_t tv = vdupq_n_u32(t);
+    int32_t c = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint32x4_t k0 = vcgeq_u32(topk_key4(vld1q_f32(x + i)), tv), k1 = vcgeq_u32(topk_key4(vld1q_f32(x + i + 4)), tv);
+        if (vmaxvq_u32(vorrq_u32(k0, k1)) == 0) continue;
+        unsigned keep = topk_mask4(k0) | topk_mask4(k1) << 4;
+        int32_t nk = __builtin_popcount(keep);
+        if (c + nk > cap) {
+            *done = n;
+            return -1;
+        }
+        for (; keep; keep &= keep - 1) {
+            int l = __builtin_ctz(keep);
+            cand[c] = x[i + l];
+            pos[c++] = i + l;
+        }
+    }
+    *done = i;
+    return c;
+}
+
+/* topk_emit_avx2 in 4 lanes (NEON) */
+static int32_t topk_emit_neon(const float *x, const int32_t *pos, int32_t n, uint32_t th, int32_t *ties, int32_t *idx,
+                              int32_t *done) {
+    const uint32x4_t tv = vdupq_n_u32(th);
+    int32_t m = 0, i = 0, left = *ties;
+    for (; i + 4 <= n; i += 4) {
+        uint32x4_t key = topk_key4(vld1q_f32(x + i));
+        unsigned gt = topk_mask4(vcgtq_u32(key, tv)), eq = topk_mask4(vceqq_u32(key, tv));
+        while (eq && __builtin_popcount(eq) > left) eq &= ~(1u << (31 - __builtin_clz(eq))); /* the first `left` */
+        left -= __builtin_popcount(eq);
+        for (unsigned keep = gt | eq; keep; keep &= keep - 1) {
+            int l = __builtin_ctz(keep);
+            idx[m++] = pos ? pos[i + l] : i + l;
+        }
+    }
+    *ties = left;
+    *done = i;
+    return m;
+}
+#endif
+
 /* k far below n (k <= n / 8: Quest's pages, SpeContext's tokens): a
  * threshold read off every 8th entry, meant to lie a little below the k-th
  * largest key, keeps the entries at or above it, in index order, with their
@@ -182,7 +402,11 @@ static int32_t topk_sampled(const float *x, int32_t n, int32_t k, int32_t *idx, 
     uint32_t t = kth_largest_key(sample, m, want, sample_tmp, &ties);
     int32_t i = 0;
 #if defined(__x86_64__)
-    if (ks_simd_current() >= KS_SIMD_AVX512) c = topk_filter_avx512(x, n, t, cand, cand_pos, cap, &i);
+    ks_simd_level lv = ks_simd_current();
+    if (lv >= KS_SIMD_AVX512) c = topk_filter_avx512(x, n, t, cand, cand_pos, cap, &i);
+    else if (lv == KS_SIMD_AVX2) c = topk_filter_avx2(x, n, t, cand, cand_pos, cap, &i);
+#elif defined(__aarch64__)
+    if (ks_simd_current() >= KS_SIMD_NEON) c = topk_filter_neon(x, n, t, cand, cand_pos, cap, &i);
 #endif
     for (; i < n && c >= 0; i++) {
         if (topk_key(x[i]) < t) continue;
@@ -191,17 +415,30 @@ static int32_t topk_sampled(const float *x, int32_t n, int32_t k, int32_t *idx, 
     }
     if (c < k) return -1;
     uint32_t th = kth_largest_key(cand, c, k, cand_tmp, &ties);
-    return topk_emit(cand, cand_pos, c, th, ties, idx);
+    return topk_emit(cand, cand_pos, c, th, ties, idx, k);
 }
 
 int32_t ks_topk(const float *x, int32_t n, int32_t k, int32_t *idx) { return ks_topk_scratch(x, n, k, idx, NULL); }
+
+const char *ks_topk_kernel_name(void) {
+    ks_simd_level lv = ks_simd_current();
+#if defined(__x86_64__)
+    if (lv >= KS_SIMD_AVX512) return "avx512";
+    if (lv == KS_SIMD_AVX2) return "avx2";
+#elif defined(__aarch64__)
+    if (lv >= KS_SIMD_NEON) return "neon";
+#endif
+    (void)lv;
+    return "scalar";
+}
 
 uint32_t ks_topk_key(float x) { return topk_key(x); }
 uint32_t ks_topk_kth_key(const float *x, int32_t n, int32_t k, uint32_t *tmp, int32_t *ties) {
     return kth_largest_key(x, n, k, tmp, ties);
 }
-int32_t ks_topk_emit(const float *x, const int32_t *pos, int32_t n, uint32_t th, int32_t ties, int32_t *idx) {
-    return topk_emit(x, pos, n, th, ties, idx);
+int32_t ks_topk_emit(const float *x, const int32_t *pos, int32_t n, uint32_t th, int32_t ties, int32_t *idx,
+                     int32_t room) {
+    return topk_emit(x, pos, n, th, ties, idx, room);
 }
 
 static int32_t topk_heap(const float *x, int32_t n, int32_t k, int32_t *idx);
@@ -234,7 +471,7 @@ int32_t ks_topk_scratch(const float *x, int32_t n, int32_t k, int32_t *idx, floa
         if (m < 0) {
             int32_t ties;
             uint32_t th = kth_largest_key(x, n, k, (uint32_t *)(void *)scr, &ties);
-            m = topk_emit(x, NULL, n, th, ties, idx);
+            m = topk_emit(x, NULL, n, th, ties, idx, k);
         }
         if (scr != tmp) ks_free(scr);
         KS_ASSERT(m == k);

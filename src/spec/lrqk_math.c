@@ -497,6 +497,39 @@ __attribute__((target("avx512f"))) static void gram_kao_add_avx512(float *gram, 
         for (int z = 0; z < nz; z++) _mm512_storeu_ps(row + 16 * z, acc[z]);
     }
 }
+
+/* gram_kao_add_avx512 on ymm for AVX2 hosts, r % 8 == 0 and r <= 64: the
+ * same products and adds in the same order (multiply, then add: no FMA), so
+ * bit for bit the loops above. */
+__attribute__((target("avx2"))) static void gram_kao_add_avx2(float *gram, float *kao, const float *keys,
+                                                                const float *ak, const float *sign, int32_t len,
+                                                                int32_t hd, int32_t r) {
+    const int nz = r / 8;
+    for (int32_t i = 0; i < r; i++) { /* Gram row i, from column block i / 8 */
+        float *g = gram + (size_t)i * r;
+        int z0 = i / 8;
+        __m256 acc[8];
+        for (int z = z0; z < nz; z++) acc[z] = _mm256_loadu_ps(g + 8 * z);
+        for (int32_t x = 0; x < len; x++) {
+            const float *a = ak + (size_t)x * r;
+            __m256 ai = _mm256_set1_ps(0.0f + sign[x] * a[i]);
+            for (int z = z0; z < nz; z++)
+                acc[z] = _mm256_add_ps(acc[z], _mm256_mul_ps(ai, _mm256_loadu_ps(a + 8 * z)));
+        }
+        for (int z = z0; z < nz; z++) _mm256_storeu_ps(g + 8 * z, acc[z]);
+    }
+    for (int32_t c = 0; c < hd; c++) { /* K_O^T A_KO row c */
+        float *row = kao + (size_t)c * r;
+        __m256 acc[8];
+        for (int z = 0; z < nz; z++) acc[z] = _mm256_loadu_ps(row + 8 * z);
+        for (int32_t x = 0; x < len; x++) {
+            const float *a = ak + (size_t)x * r;
+            __m256 kc = _mm256_set1_ps(sign[x] * keys[(size_t)x * hd + c]);
+            for (int z = 0; z < nz; z++) acc[z] = _mm256_add_ps(acc[z], _mm256_mul_ps(kc, _mm256_loadu_ps(a + 8 * z)));
+        }
+        for (int z = 0; z < nz; z++) _mm256_storeu_ps(row + 8 * z, acc[z]);
+    }
+}
 #endif
 
 void ks_lrqk_gram_kao_add(float *gram, float *kao, const float *keys, const float *ak, const float *sign, int32_t len,
@@ -504,6 +537,10 @@ void ks_lrqk_gram_kao_add(float *gram, float *kao, const float *keys, const floa
 #if defined(__x86_64__)
     if (r % 16 == 0 && r <= 64 && ks_simd_current() >= KS_SIMD_AVX512) {
         gram_kao_add_avx512(gram, kao, keys, ak, sign, len, hd, r);
+        return;
+    }
+    if (r % 8 == 0 && r <= 64 && ks_simd_current() >= KS_SIMD_AVX2) { /* also AVX-512 hosts at r % 16 != 0 */
+        gram_kao_add_avx2(gram, kao, keys, ak, sign, len, hd, r);
         return;
     }
 #endif

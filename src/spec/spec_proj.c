@@ -11,10 +11,11 @@
  * hidden and the loop is bound by loads and conversions.
  *
  * Exactness: each row's accumulator sees the same FMAs in the same column
- * order as ks_matmul's AVX-512 body (lane l sums columns l, l + 16, ...),
- * then the same _mm512_reduce_add_ps, and cols is a multiple of 16 (no
- * scalar tail), so y is bit for bit ks_matmul's: the head's queries, keys
- * and selections do not move (tests/test_spec_proj.c checks it).
+ * order as ks_matmul's body at the level in force (AVX-512: lane l sums
+ * columns l, l + 16, ..., then _mm512_reduce_add_ps; AVX2: 8 lanes, then
+ * ks_mm_hsum8's reduction), and cols is a multiple of 16 (no scalar tail),
+ * so y is bit for bit ks_matmul's: the head's queries, keys and selections
+ * do not move (tests/test_spec_proj.c checks it at each level).
  */
 #include "spec/spec_proj.h"
 
@@ -62,6 +63,53 @@ SPEC_PROJ_INL void rows_span(const ks_spec_proj_mat *m, int64_t r0, int64_t r1, 
     for (; r < r1; r++) rows_dot(w + (size_t)r * rb, rb, es, x, m->cols, m->y + r, 1, T);
 }
 
+/* The AVX2 form (AMD Zen 1-3, most laptops): ks_matmul's AVX2 float body
+ * is one 8-lane FMA chain per row (lane l sums columns l, l + 8, ...), then
+ * ks_mm_hsum8's reduction (the halves, movehl, movehdup); four rows share
+ * each load of x here, with the same per-row order and the same reduction,
+ * so y is bit for bit ks_matmul's at this level. */
+#define SPEC_PROJ2_INL static inline __attribute__((target("avx2,fma,f16c"), always_inline))
+SPEC_PROJ2_INL __m256 load_w8(const void *p, const int T) {
+    if (T == 2) return _mm256_loadu_ps((const float *)p);
+    if (T == 1) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+SPEC_PROJ2_INL float hsum8(__m256 v) { /* ks_mm_hsum8's order */
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+SPEC_PROJ2_INL void rows_dot8(const uint8_t *w, size_t rb, size_t es, const float *x, int64_t cols, float *y,
+                              const int R, const int T) {
+    __m256 acc[4];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < cols; i += 8) {
+        __m256 xv = _mm256_loadu_ps(x + i);
+        if ((i * (int64_t)es & 63) == 0) /* once per 64-byte line */
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+                _mm_prefetch((const char *)(w + (size_t)r * rb + (size_t)i * es) + SPEC_PF, _MM_HINT_T0);
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+            acc[r] = _mm256_fmadd_ps(load_w8(w + (size_t)r * rb + (size_t)i * es, T), xv, acc[r]);
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) y[r] = hsum8(acc[r]);
+}
+SPEC_PROJ2_INL void rows_span8(const ks_spec_proj_mat *m, int64_t r0, int64_t r1, const float *x, const int T) {
+    size_t es = T == 2 ? 4 : 2, rb = es * (size_t)m->cols;
+    const uint8_t *w = m->w;
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) rows_dot8(w + (size_t)r * rb, rb, es, x, m->cols, m->y + r, 4, T);
+    for (; r < r1; r++) rows_dot8(w + (size_t)r * rb, rb, es, x, m->cols, m->y + r, 1, T);
+}
+__attribute__((target("avx2,fma,f16c"))) static void rows_avx2(const ks_spec_proj_mat *m, int64_t r0, int64_t r1,
+                                                               const float *x) {
+    switch (m->type) {
+    case KS_DTYPE_F32: rows_span8(m, r0, r1, x, 2); break;
+    case KS_DTYPE_F16: rows_span8(m, r0, r1, x, 1); break;
+    default: rows_span8(m, r0, r1, x, 0); break;
+    }
+}
+
 __attribute__((target(SPEC_PROJ_TGT))) static void rows_avx512(const ks_spec_proj_mat *m, int64_t r0, int64_t r1,
                                                                const float *x) {
     switch (m->type) {
@@ -74,7 +122,7 @@ __attribute__((target(SPEC_PROJ_TGT))) static void rows_avx512(const ks_spec_pro
 
 bool ks_spec_proj_supported(ks_dtype type, int64_t cols) {
 #if defined(__x86_64__)
-    return ks_simd_current() == KS_SIMD_AVX512 && cols > 0 && cols % 16 == 0 &&
+    return ks_simd_x86(ks_simd_current()) && cols > 0 && cols % 16 == 0 &&
            (type == KS_DTYPE_BF16 || type == KS_DTYPE_F16 || type == KS_DTYPE_F32);
 #else
     (void)type;
@@ -87,6 +135,7 @@ typedef struct {
     const ks_spec_proj_mat *mats;
     int n_mats;
     const float *x;
+    bool avx512; /* else the AVX2 form: ks_matmul's order at the level in force */
 } proj_job;
 
 /* The rows of all matrices in one sequence, in units of four rows, shared
@@ -105,7 +154,8 @@ static void proj_worker(void *arg, int ith, int nth) {
         int64_t a = u0 > base ? u0 - base : 0, b = u1 - base < mu ? u1 - base : mu;
         if (a < b) {
             int64_t r0 = a * 4, r1 = b * 4 < m->rows ? b * 4 : m->rows;
-            rows_avx512(m, r0, r1, j->x);
+            if (j->avx512) rows_avx512(m, r0, r1, j->x);
+            else rows_avx2(m, r0, r1, j->x);
         }
         base += mu;
     }
@@ -118,6 +168,6 @@ static void proj_worker(void *arg, int ith, int nth) {
 
 void ks_spec_proj(ks_pool *pool, const ks_spec_proj_mat *mats, int n_mats, const float *x) {
     for (int i = 0; i < n_mats; i++) KS_ASSERT(ks_spec_proj_supported(mats[i].type, mats[i].cols));
-    proj_job j = {.mats = mats, .n_mats = n_mats, .x = x};
+    proj_job j = {.mats = mats, .n_mats = n_mats, .x = x, .avx512 = ks_simd_current() == KS_SIMD_AVX512};
     ks_pool_run(pool, proj_worker, &j);
 }

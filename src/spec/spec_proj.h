@@ -8,7 +8,8 @@
  * rather than on memory.  These kernels run four rows' chains side by side
  * with the very same per-row arithmetic (lane-wise FMAs in column order, the
  * same horizontal sum), so every output is bit for bit what ks_matmul's
- * AVX-512 kernel gives, and the selections do not change.  q_proj and k_proj
+ * AVX-512 or AVX2 kernel gives at the level in force, and the selections
+ * do not change.  q_proj and k_proj
  * read the same input, so they share one dispatch of the pool.
  */
 #ifndef KS_SPEC_SPEC_PROJ_H
@@ -28,8 +29,8 @@ typedef struct {
 } ks_spec_proj_mat;
 
 /* Whether ks_spec_proj computes y = W x for this matrix exactly as
- * ks_matmul(n = 1) does at the current SIMD level (AVX-512, a float type,
- * cols a multiple of 16); otherwise the caller uses ks_matmul. */
+ * ks_matmul(n = 1) does at the current SIMD level (AVX-512 or AVX2, a float
+ * type, cols a multiple of 16); otherwise the caller uses ks_matmul. */
 bool ks_spec_proj_supported(ks_dtype type, int64_t cols);
 
 /* y = W x for each of n_mats matrices (all with x's cols), on the pool:

@@ -286,7 +286,7 @@ __attribute__((target("avx512f,avx512dq,fma"))) static int32_t group_topk_avx512
     }
     if (cnt < k) return -1;
     uint32_t th = ks_topk_kth_key(cand, cnt, k, cand_tmp, &ties);
-    int32_t got = ks_topk_emit(cand, cand_pos, cnt, th, ties, idx);
+    int32_t got = ks_topk_emit(cand, cand_pos, cnt, th, ties, idx, k);
     for (int32_t j = 0; j < got; j++) idx[j] += lo;
     return got;
 }
@@ -426,6 +426,64 @@ KS_AVX2_TGT static void group_logweights_avx2(const float *x, int G, int32_t n, 
         _mm256_storeu_ps(w + t, v);
     }
     combine_from(x, G, n, c, t, w);
+}
+
+/* group_topk_avx512 in 8 lanes: the weights as group_logweights_avx2 makes
+ * them (MAXPS below n8, fmaxf in the tail), the sample and the filter of
+ * topk.c's topk_filter_avx2 over them as they are made; the same set and
+ * order as the unfused AVX2 path.  -1 where the filter gives up. */
+KS_AVX2_TGT static int32_t group_topk_avx2(const float *x, int G, int32_t n, const float *c, int32_t lo, int32_t hi,
+                                           int32_t k, int32_t *idx, float *w) {
+    int32_t nn = hi - lo, m, want;
+    if (!ks_topk_sample_plan(nn, k, &m, &want)) return -1;
+    const int32_t n8 = n & ~7, cap = nn / 4;
+    float *sample = w;                                         /* [m] */
+    uint32_t *sample_tmp = (uint32_t *)(void *)(w + m);        /* [m] */
+    float *cand = w + 2 * m;                                   /* [nn / 4] */
+    int32_t *cand_pos = (int32_t *)(void *)(cand + cap);       /* [nn / 4] */
+    uint32_t *cand_tmp = (uint32_t *)(void *)(cand_pos + cap); /* [nn / 4] */
+    for (int32_t i = 0; i < m; i++) sample[i] = weight_at(x, G, n, c, lo + 8 * i, n8);
+    int32_t ties, cnt = 0, i = 0;
+    uint32_t t = ks_topk_kth_key(sample, m, want, sample_tmp, &ties);
+    const __m256i tv = _mm256_set1_epi32((int32_t)(t ^ 0x80000000u));
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (; lo + i + 8 <= n8 && i + 8 <= nn; i += 8) {
+        const float *xt = x + lo + i;
+        __m256 v = _mm256_sub_ps(_mm256_loadu_ps(xt), _mm256_set1_ps(c[0]));
+        for (int g = 1; g < G; g++)
+            v = _mm256_max_ps(v, _mm256_sub_ps(_mm256_loadu_ps(xt + (size_t)g * n), _mm256_set1_ps(c[g])));
+        __m256i below = _mm256_cmpgt_epi32(tv, ks_topk_skey8(v));
+        unsigned keep = ~(unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(below)) & 0xFFu;
+        if (!keep) continue;
+        int32_t nk = __builtin_popcount(keep);
+        if (cnt + nk > cap) return -1;
+        __m256i perm = ks_topk_pack8(keep);
+        __m256 pv = _mm256_permutevar8x32_ps(v, perm);
+        __m256i pp = _mm256_permutevar8x32_epi32(_mm256_add_epi32(lanes, _mm256_set1_epi32(i)), perm);
+        if (cnt + 8 <= cap) { /* whole stores while they stay in cand (its tail runs into cand_pos) */
+            _mm256_storeu_ps(cand + cnt, pv);
+            _mm256_storeu_si256((__m256i *)(void *)(cand_pos + cnt), pp);
+        } else {
+            float bv[8];
+            int32_t bp[8];
+            _mm256_storeu_ps(bv, pv);
+            _mm256_storeu_si256((__m256i *)(void *)bp, pp);
+            memcpy(cand + cnt, bv, sizeof(float) * (size_t)nk);
+            memcpy(cand_pos + cnt, bp, sizeof(int32_t) * (size_t)nk);
+        }
+        cnt += nk;
+    }
+    for (; i < nn; i++) {
+        float v = weight_at(x, G, n, c, lo + i, n8);
+        if (ks_topk_key(v) < t) continue;
+        if (cnt == cap) return -1;
+        cand[cnt] = v, cand_pos[cnt++] = i;
+    }
+    if (cnt < k) return -1;
+    uint32_t th = ks_topk_kth_key(cand, cnt, k, cand_tmp, &ties);
+    int32_t got = ks_topk_emit(cand, cand_pos, cnt, th, ties, idx, k);
+    for (int32_t j = 0; j < got; j++) idx[j] += lo;
+    return got;
 }
 #endif
 
@@ -599,6 +657,13 @@ int32_t ks_spec_group_topk(float *x, int G, int32_t n, int32_t lo, int32_t hi, i
         if (got >= 0) return got;
         combine_avx512(x, G, n, c, w); /* the filter gave up: every weight, then the whole select */
         return ks_topk_range(w, lo, hi, k, idx, x);
+    }
+    if (simd == KS_SIMD_AVX2 && n > 0) {
+        float c[KS_SPEC_GROUP_MAX];
+        for (int g = 0; g < G; g++) c[g] = log_normaliser_avx2(x + (size_t)g * n, n);
+        int32_t got = group_topk_avx2(x, G, n, c, lo, hi, k, idx, w);
+        if (got >= 0) return got;
+        /* the filter gave up: group_logweights_avx2's weights, then the whole select */
     }
 #endif
     ks_spec_group_logweights(x, G, n, w, simd);

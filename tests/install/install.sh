@@ -4,7 +4,10 @@
 # then a program (hello.c) built with only pkg-config's flags, run on the
 # fixture model; the installed binary must run too.
 # Usage: bash install.sh <build-dir> <fixtures-dir> <scratch-dir> <cc>
+# KS_TEST_EMULATOR (set by a cross build, cmake/install.cmake) runs the
+# target's programs: the host kernel cannot run them itself.
 set -u
+EMU=${KS_TEST_EMULATOR:-}
 BUILD=$1; FIX=$2; TMP=$3; CC=$4
 DIR=$(cd "$(dirname "$0")" && pwd)
 command -v pkg-config >/dev/null 2>&1 || { echo "SKIP: pkg-config not found"; exit 77; }
@@ -24,7 +27,7 @@ FLAGS=$(pkg-config --cflags --libs kvsieve) || { echo "FAIL: pkg-config kvsieve"
 echo "pkg-config: $FLAGS"
 "$CC" -std=c11 -o "$TMP/hello" "$DIR/hello.c" $FLAGS ${KS_CONSUMER_LDFLAGS:-} > "$TMP/cc.log" 2>&1 ||
   { echo "FAIL: building against the installed tree: $(head -20 "$TMP/cc.log")"; exit 1; }
-"$TMP/hello" "$FIX/models/aidreams260K.gguf" || { echo "FAIL: hello"; fail=1; }
-"$P/bin/kvsieve" info -m "$FIX/models/aidreams260K.gguf" > /dev/null 2>&1 || { echo "FAIL: the installed kvsieve"; fail=1; }
+$EMU "$TMP/hello" "$FIX/models/aidreams260K.gguf" || { echo "FAIL: hello"; fail=1; }
+$EMU "$P/bin/kvsieve" info -m "$FIX/models/aidreams260K.gguf" > /dev/null 2>&1 || { echo "FAIL: the installed kvsieve"; fail=1; }
 [ $fail -eq 0 ] && echo PASS
 exit $fail
