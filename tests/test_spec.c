@@ -337,6 +337,7 @@ static void test_score_kernels(void **state) {
                 float *kd = malloc(sizeof(float) * KS_SPEC_HD_MAX), *ref = malloc(sizeof(float) * G * n);
                 float *got = malloc(sizeof(float) * G * n), *bound = malloc(sizeof(float) * G * n);
                 float *qround = malloc(sizeof(float) * G * n), *refq = malloc(sizeof(float) * G * n);
+                float *refi = malloc(sizeof(float) * G * n);
                 uint8_t *K = malloc(rb * n);
                 random_fill(q, (size_t)G * hd, 100 + a * 10 + b, 1.0f);
                 random_fill(kf, (size_t)n * hd, 200 + a * 10 + b, 1.0f);
@@ -365,13 +366,40 @@ static void test_score_kernels(void **state) {
                             double acc = 0;
                             for (int i = 0; i < hd; i++) acc += (double)qi[i] * d[i / 32] * kd[i];
                             refq[(size_t)g * n + j] = (float)acc;
+                            /* the integer paths' bits: exact int32 block sums, then the
+                             * VNNI kernel's epilogue per 64-value chunk (spec_score.c) */
+                            const uint8_t *row = K + (size_t)j * rb;
+                            float f = 0.0f;
+                            for (int c = 0; c < hd / 64; c++) {
+                                float part[2], p[2];
+                                for (int h = 0; h < 2; h++) {
+                                    const uint8_t *blk = row + 34 * (size_t)(2 * c + h);
+                                    ks_f16 dk;
+                                    memcpy(&dk, blk, 2);
+                                    int32_t isum = 0;
+                                    for (int i = 0; i < 32; i++) isum += (int32_t)(int8_t)blk[2 + i] * qi[64 * c + 32 * h + i];
+                                    part[h] = (float)isum;
+                                    p[h] = ks_f16_to_f32(dk) * d[2 * c + h];
+                                }
+                                float sc = part[0] * p[0];
+                                sc = fmaf(part[1], p[1], sc);
+                                f = c ? f + sc : sc;
+                            }
+                            refi[(size_t)g * n + j] = f;
                         }
                     }
                 }
                 for (int lv = KS_SIMD_AVX2; lv <= (int)hw; lv++) {
                     if ((lv >= KS_SIMD_NEON) != (hw >= KS_SIMD_NEON)) continue; /* the CPU's own family of levels */
-                    bool vnni = lv == KS_SIMD_AVX512 && kt8 && (hd == 64 || hd == 128);
+                    /* every SIMD level scores Q8_0 keys at hd 64 / 128 on integer units */
+                    bool vnni = kt8 && (hd == 64 || hd == 128);
                     ks_spec_scores(q, K, kt, n, hd, G, scale, got, (ks_simd_level)lv);
+                    if (vnni && memcmp(got, refi, sizeof(float) * (size_t)G * n)) {
+                        size_t i = 0;
+                        while (memcmp(got + i, refi + i, sizeof(float))) i++;
+                        fail_msg("%s, kcache q8_0, hd %d, G %d: score[%zu][%zu] %.9g, the integer path's bits %.9g",
+                                 ks_simd_name((ks_simd_level)lv), hd, G, i / n, i % n, got[i], refi[i]);
+                    }
                     for (size_t i = 0; i < (size_t)G * n; i++) {
                         float lim = bound[i] + (vnni ? qround[i] : 0.0f);
                         if (vnni && !(fabsf(got[i] - refq[i]) <= bound[i]))
@@ -391,6 +419,7 @@ static void test_score_kernels(void **state) {
                 free(bound);
                 free(qround);
                 free(refq);
+                free(refi);
                 free(K);
             }
     }

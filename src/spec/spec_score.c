@@ -18,6 +18,7 @@
 #include "tensor/simd_avx512.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__)
@@ -62,6 +63,26 @@ static void combine_from(const float *x, int G, int32_t n, const float *c, int32
         float v = x[t] - c[0];
         for (int g = 1; g < G; g++) v = fmaxf(v, x[(size_t)g * n + t] - c[g]);
         w[t] = v;
+    }
+}
+
+/* One head's scaled query in Q8_0 blocks, as the AVX-512 VNNI path
+ * quantises it (ks_q8_query_init: q * scale, then ks_quantize_query_q8):
+ * the query side of the integer paths for Q8_0 keys at hd 64 or 128
+ * (AVX2, NEON and q8_int_ref), which all give the VNNI path's bits. */
+typedef struct q8_head {
+    int8_t qi[128] __attribute__((aligned(32)));
+    uint8_t qa[128] __attribute__((aligned(32))); /* |qi| */
+    float d[4];
+} q8_head;
+
+static void q8_heads_init(const float *q, int hd, int G, float scale, q8_head *qh) {
+    float qs[128];
+    uint8_t qu[128];
+    for (int g = 0; g < G; g++) {
+        for (int i = 0; i < hd; i++) qs[i] = q[(size_t)g * hd + i] * scale;
+        ks_quantize_query_q8(qs, hd, qh[g].qi, qu, qh[g].d);
+        for (int i = 0; i < hd; i++) qh[g].qa[i] = (uint8_t)abs(qh[g].qi[i]);
     }
 }
 
@@ -379,6 +400,82 @@ KS_AVX2_INL void scores_blocked_avx2(const float *q, const uint8_t *K, size_t rb
     }
 }
 
+/* The integer path for Q8_0 keys at hd 64 or 128, AVX2's form of
+ * scores_q8_vnni, with the same bits: each head's scaled query quantised
+ * once into Q8_0 blocks (q8_heads_init), each (row, head, block) dot product
+ * summed exactly in int32, then the VNNI kernel's float epilogue per 64-value
+ * chunk c: s = I_2c * (dk_2c * dq_2c), s = fma(I_2c+1, dk_2c+1 * dq_2c+1, s),
+ * f = c ? f + s : s.  AVX2 has no u8 x s8 dword dot product; vpmaddubsw
+ * with the sign trick (|k| unsigned, q with k's sign applied) sums byte
+ * pairs into int16 without saturating (|k| <= 128, |q| <= 127: at most
+ * 32,512), vpmaddwd by ones widens the pairs to int32.  Eight rows at a
+ * time, each (head, block) reduced over the rows' eight vectors by one
+ * hadd butterfly into a vector whose lanes are the rows, so the epilogue
+ * and the store run across rows as the VNNI kernel's do. */
+KS_AVX2_INL __m256i q8_reduce8_epi32(const __m256i a[8]) {
+    __m256i h01 = _mm256_hadd_epi32(a[0], a[1]), h23 = _mm256_hadd_epi32(a[2], a[3]);
+    __m256i h45 = _mm256_hadd_epi32(a[4], a[5]), h67 = _mm256_hadd_epi32(a[6], a[7]);
+    __m256i l = _mm256_hadd_epi32(h01, h23), h = _mm256_hadd_epi32(h45, h67); /* per 128-bit half */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(l, h, 0x20), _mm256_permute2x128_si256(l, h, 0x31));
+}
+
+/* lane r: the exact integer dot product of block b of row kp[r] with qv */
+KS_AVX2_INL __m256i q8_block8_avx2(const uint8_t *const kp[8], int b, __m256i qv, __m256i qa) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i v[8];
+    _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
+        __m256i k = _mm256_loadu_si256((const __m256i *)(kp[r] + 34 * (size_t)b + 2));
+        v[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(k, qv)), ones);
+    }
+    return q8_reduce8_epi32(v);
+}
+
+KS_AVX2_INL void scores_q8_int_avx2_nb(const q8_head *qh, const uint8_t *K, size_t rb, int32_t n, int G, float *out,
+                                       const int NB) {
+    for (int32_t j = 0; j < n; j += 8) {
+        int nr = n - j < 8 ? (int)(n - j) : 8;
+        ks_prefetch_lines(K + (size_t)j * rb + KS_STREAM_AHEAD, 8 * rb);
+        const uint8_t *kp[8];
+        _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) /* a short block repeats row j */
+            kp[r] = K + (size_t)(j + (r < nr ? r : 0)) * rb;
+        __m256 dk[4]; /* [block] lane r: row r's f16 scale */
+        _Pragma("GCC unroll 4") for (int b = 0; b < NB; b++) {
+            uint16_t hk[8];
+            _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) memcpy(&hk[r], kp[r] + 34 * (size_t)b, 2);
+            dk[b] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hk));
+        }
+        for (int g = 0; g < G; g++) { /* heads inner: the eight rows stay in L1 for the whole group */
+            __m256 f = _mm256_setzero_ps();
+            _Pragma("GCC unroll 2") for (int c = 0; c < NB / 2; c++) {
+                __m256i i0 = q8_block8_avx2(kp, 2 * c, _mm256_load_si256((const __m256i *)(qh[g].qi + 64 * c)),
+                                            _mm256_load_si256((const __m256i *)(qh[g].qa + 64 * c)));
+                __m256i i1 = q8_block8_avx2(kp, 2 * c + 1, _mm256_load_si256((const __m256i *)(qh[g].qi + 64 * c + 32)),
+                                            _mm256_load_si256((const __m256i *)(qh[g].qa + 64 * c + 32)));
+                __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(i0), _mm256_mul_ps(dk[2 * c], _mm256_set1_ps(qh[g].d[2 * c])));
+                s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_mul_ps(dk[2 * c + 1], _mm256_set1_ps(qh[g].d[2 * c + 1])),
+                                    s);
+                f = c ? _mm256_add_ps(f, s) : s;
+            }
+            float *o = out + (size_t)g * n + j;
+            if (nr == 8) {
+                _mm256_storeu_ps(o, f);
+            } else {
+                float t[8];
+                _mm256_storeu_ps(t, f);
+                memcpy(o, t, sizeof(float) * (size_t)nr);
+            }
+        }
+    }
+}
+
+KS_AVX2_TGT static void scores_q8_int_avx2(const float *q, const uint8_t *K, size_t rb, int32_t n, int hd, int G,
+                                           float scale, float *out) {
+    q8_head qh[KS_SPEC_GROUP_MAX];
+    q8_heads_init(q, hd, G, scale, qh);
+    if (hd == 64) scores_q8_int_avx2_nb(qh, K, rb, n, G, out, 2);
+    else scores_q8_int_avx2_nb(qh, K, rb, n, G, out, 4);
+}
+
 #define SCORES_AVX2_GB(Q8)                                                                \
     switch (G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1) {                       \
     case 8: scores_blocked_avx2(q, K, rb, n, hd, G, scale, out, 8, Q8); break;            \
@@ -391,6 +488,10 @@ KS_AVX2_TGT static void scores_avx2(const float *q, const uint8_t *K, size_t rb,
                                     float scale, float *out) {
     if (hd < 8) {
         scores_ref(q, K, q8 ? KS_DTYPE_Q8_0 : KS_DTYPE_F16, n, hd, G, scale, out);
+        return;
+    }
+    if (q8 && (hd == 64 || hd == 128)) { /* 2.1x the float path's speed (docs/policies/spec-scores.md) */
+        scores_q8_int_avx2(q, K, rb, n, hd, G, scale, out);
         return;
     }
     if (q8) {
