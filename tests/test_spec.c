@@ -313,6 +313,35 @@ static void test_simd_matches_scalar(void **state) {
     }
 }
 
+/* Which scoring kernel runs at each level this CPU has, by name
+ * (test_dispatch's way): Q8_0 keys at hd 64 / 128 on the integer path of
+ * the level (sdot where the CPU has dotprod, smull / sadalp on plain NEON),
+ * so a path falling back to the float or scalar one fails here.  Under
+ * `make test-arm`, QEMU_CPU=max runs the sdot kernel and cortex-a53 the
+ * plain NEON one. */
+static void test_score_kernel_names(void **state) {
+    (void)state;
+    ks_simd_level hw = ks_simd_detect();
+    for (int lv = KS_SIMD_SCALAR; lv <= (int)hw; lv++) {
+        if (lv != KS_SIMD_SCALAR && (lv >= KS_SIMD_NEON) != (hw >= KS_SIMD_NEON)) continue;
+        const char *q8 = "scalar", *fl = "scalar";
+        switch ((ks_simd_level)lv) {
+        case KS_SIMD_AVX2: q8 = "q8_int_avx2", fl = "avx2"; break;
+        case KS_SIMD_AVX512: q8 = "q8_vnni", fl = "avx512"; break;
+        case KS_SIMD_NEON: q8 = "q8_int_neon", fl = "neon"; break;
+        case KS_SIMD_NEON_DOT:
+        case KS_SIMD_NEON_I8MM: q8 = "q8_int_dot", fl = "neon"; break;
+        default: break;
+        }
+        for (int hd = 64; hd <= 128; hd += 64) {
+            assert_string_equal(ks_spec_scores_kernel_name(KS_DTYPE_Q8_0, hd, (ks_simd_level)lv), q8);
+            assert_string_equal(ks_spec_scores_kernel_name(KS_DTYPE_F16, hd, (ks_simd_level)lv), fl);
+        }
+        assert_string_equal(ks_spec_scores_kernel_name(KS_DTYPE_Q8_0, 70, (ks_simd_level)lv), fl); /* float path */
+        fprintf(stderr, "spec scores at %s: q8_0 %s, f16 %s\n", ks_simd_name((ks_simd_level)lv), q8, fl);
+    }
+}
+
 /* ------------------------------------------- kernels, under bounds -- */
 /* ks_spec_scores at every SIMD level against the scalar path (which
  * dequantises the keys exactly and sums in f32): within 1e-5 of sum |q_i k_i|
@@ -618,6 +647,7 @@ int main(void) {
         cmocka_unit_test(test_select_mqa),
         cmocka_unit_test(test_simd_matches_scalar),
         cmocka_unit_test(test_score_kernels),
+        cmocka_unit_test(test_score_kernel_names),
         cmocka_unit_test(test_full_budget_equals_dense),
         cmocka_unit_test(test_elastic_loading_exact),
         cmocka_unit_test(test_plan_once_per_step),

@@ -3,8 +3,9 @@
  * the selection must not move when they replace the generic paths.
  *
  *  - ks_spec_proj (four rows side by side, q and k in one dispatch) gives
- *    bit for bit what ks_matmul gives at n = 1, at AVX2 and AVX-512 (each
- *    level's ks_matmul), for bf16, f16 and f32 weights, row counts that leave 1-3 rows over, on one thread and on a
+ *    bit for bit what ks_matmul gives at n = 1, at AVX2 and AVX-512, or at
+ *    NEON, dotprod and i8mm (each level's ks_matmul; the kernel asserted by
+ *    name), for bf16, f16 and f32 weights, row counts that leave 1-3 rows over, on one thread and on a
  *    pool of three.
  *  - ks_spec_group_topk (the group reduction fused with the top-k's sampled
  *    filter) returns the indices, in order, of ks_spec_group_logweights
@@ -47,14 +48,20 @@ static void *make_weights(ks_dtype t, int64_t rows, int64_t cols, uint64_t seed)
 static void test_proj_matches_matmul(void **state) {
     (void)state;
     ks_simd_level hw = ks_simd_detect(), saved = ks_simd_current();
-    if (!ks_spec_proj_supported(KS_DTYPE_BF16, 64)) skip(); /* not x86 with AVX2: p_spec uses ks_matmul */
+    if (!ks_spec_proj_supported(KS_DTYPE_BF16, 64)) skip(); /* no SIMD level: p_spec uses ks_matmul */
     ks_pool *pool = NULL;
     assert_int_equal(ks_pool_create(3, &pool), KS_OK);
     const ks_dtype types[] = {KS_DTYPE_BF16, KS_DTYPE_F16, KS_DTYPE_F32};
     const int64_t rows_a[] = {1, 7, 33, 130}, rows_b[] = {5, 2, 64, 31}, cols_v[] = {16, 48, 512};
-    for (int lv = KS_SIMD_AVX2; lv <= (int)hw && lv <= (int)KS_SIMD_AVX512; lv++) { /* each x86 level: its ks_matmul */
+    /* each level of the CPU's family against its own ks_matmul: AVX2 and
+     * AVX-512 on x86, NEON, dotprod and i8mm on ARM (all three run the NEON
+     * form, as ks_matmul runs its NEON float kernels at each) */
+    const bool arm = hw >= KS_SIMD_NEON;
+    for (int lv = arm ? KS_SIMD_NEON : KS_SIMD_AVX2; lv <= (int)hw && (arm || lv <= (int)KS_SIMD_AVX512); lv++) {
     ks_simd_force((ks_simd_level)lv);
     assert_true(ks_spec_proj_supported(KS_DTYPE_BF16, 64));
+    assert_string_equal(ks_spec_proj_kernel_name(), arm ? "neon" : lv == KS_SIMD_AVX512 ? "avx512" : "avx2");
+    print_message("spec_proj at %s: %s\n", ks_simd_name((ks_simd_level)lv), ks_spec_proj_kernel_name());
     for (int ti = 0; ti < 3; ti++)
         for (int ri = 0; ri < 4; ri++)
             for (int ci = 0; ci < 3; ci++)
@@ -85,6 +92,9 @@ static void test_proj_matches_matmul(void **state) {
                     ks_free_aligned(eb);
                 }
     }
+    ks_simd_force(KS_SIMD_SCALAR); /* no kernel of its own there: the caller uses ks_matmul */
+    assert_false(ks_spec_proj_supported(KS_DTYPE_BF16, 64));
+    assert_null(ks_spec_proj_kernel_name());
     ks_simd_force(saved);
     ks_pool_destroy(pool);
 }

@@ -13,7 +13,7 @@
  * Exactness: each row's accumulator sees the same FMAs in the same column
  * order as ks_matmul's body at the level in force (AVX-512: lane l sums
  * columns l, l + 16, ..., then _mm512_reduce_add_ps; AVX2: 8 lanes, then
- * ks_mm_hsum8's reduction), and cols is a multiple of 16 (no scalar tail),
+ * ks_mm_hsum8's reduction; NEON: rows_dot_neon), and cols is a multiple of 16 (no scalar tail),
  * so y is bit for bit ks_matmul's: the head's queries, keys and selections
  * do not move (tests/test_spec_proj.c checks it at each level).
  */
@@ -120,14 +120,89 @@ __attribute__((target(SPEC_PROJ_TGT))) static void rows_avx512(const ks_spec_pro
 }
 #endif
 
+#if defined(__aarch64__)
+#include <arm_neon.h>
+/* The NEON form (every AArch64 level: ks_matmul runs its float kernels,
+ * ks_mm_f32/f16/bf16_neon, at dotprod and i8mm too): there each row is two
+ * 4-lane FMA chains over 8 columns a step (columns i..i+3 into the first,
+ * i+4..i+7 into the second), then vaddvq_f32 of their sum; with cols a
+ * multiple of 16 no scalar tail.  Four rows share each load of x here with
+ * that very order, so y is bit for bit ks_matmul's on ARM as well; eight
+ * chains in flight cover the FMA latency that one row's two cannot. */
+#define SPEC_PF_NEON 2048 /* SPEC_PF's distance: not measured on ARM */
+static inline __attribute__((always_inline)) void load_w8_neon(const uint8_t *p, float32x4_t *a, float32x4_t *b,
+                                                               const int T) {
+    if (T == 2) {
+        *a = vld1q_f32((const float *)p), *b = vld1q_f32((const float *)p + 4);
+    } else if (T == 1) {
+        uint16x8_t h = vld1q_u16((const uint16_t *)p);
+        *a = vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h)));
+        *b = vcvt_high_f32_f16(vreinterpretq_f16_u16(h));
+    } else {
+        uint16x8_t h = vld1q_u16((const uint16_t *)p);
+        *a = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h), 16));
+        *b = vreinterpretq_f32_u32(vshll_high_n_u16(h, 16));
+    }
+}
+static inline __attribute__((always_inline)) void rows_dot_neon(const uint8_t *w, size_t rb, size_t es,
+                                                                 const float *x, int64_t cols, float *y, const int R,
+                                                                 const int T) {
+    float32x4_t acc[4][2];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = vdupq_n_f32(0.0f);
+    for (int64_t i = 0; i < cols; i += 8) {
+        const float32x4_t x0 = vld1q_f32(x + i), x1 = vld1q_f32(x + i + 4);
+        if ((i * (int64_t)es & 63) == 0) /* once per 64-byte line */
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+                __builtin_prefetch(w + (size_t)r * rb + (size_t)i * es + SPEC_PF_NEON);
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            float32x4_t w0, w1;
+            load_w8_neon(w + (size_t)r * rb + (size_t)i * es, &w0, &w1, T);
+            acc[r][0] = vfmaq_f32(acc[r][0], w0, x0);
+            acc[r][1] = vfmaq_f32(acc[r][1], w1, x1);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) y[r] = vaddvq_f32(vaddq_f32(acc[r][0], acc[r][1]));
+}
+static inline __attribute__((always_inline)) void rows_span_neon(const ks_spec_proj_mat *m, int64_t r0, int64_t r1,
+                                                                  const float *x, const int T) {
+    size_t es = T == 2 ? 4 : 2, rb = es * (size_t)m->cols;
+    const uint8_t *w = m->w;
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) rows_dot_neon(w + (size_t)r * rb, rb, es, x, m->cols, m->y + r, 4, T);
+    for (; r < r1; r++) rows_dot_neon(w + (size_t)r * rb, rb, es, x, m->cols, m->y + r, 1, T);
+}
+static void rows_neon(const ks_spec_proj_mat *m, int64_t r0, int64_t r1, const float *x) {
+    switch (m->type) {
+    case KS_DTYPE_F32: rows_span_neon(m, r0, r1, x, 2); break;
+    case KS_DTYPE_F16: rows_span_neon(m, r0, r1, x, 1); break;
+    default: rows_span_neon(m, r0, r1, x, 0); break;
+    }
+}
+#endif
+
 bool ks_spec_proj_supported(ks_dtype type, int64_t cols) {
+#if defined(__x86_64__) || defined(__aarch64__)
+    ks_simd_level lv = ks_simd_current();
 #if defined(__x86_64__)
-    return ks_simd_x86(ks_simd_current()) && cols > 0 && cols % 16 == 0 &&
+    bool simd = ks_simd_x86(lv);
+#else
+    bool simd = lv >= KS_SIMD_NEON;
+#endif
+    return simd && cols > 0 && cols % 16 == 0 &&
            (type == KS_DTYPE_BF16 || type == KS_DTYPE_F16 || type == KS_DTYPE_F32);
 #else
     (void)type;
     (void)cols;
     return false;
+#endif
+}
+
+const char *ks_spec_proj_kernel_name(void) {
+    if (!ks_spec_proj_supported(KS_DTYPE_BF16, 16)) return NULL;
+#if defined(__aarch64__)
+    return "neon";
+#else
+    return ks_simd_current() == KS_SIMD_AVX512 ? "avx512" : "avx2";
 #endif
 }
 
@@ -141,7 +216,7 @@ typedef struct {
 /* The rows of all matrices in one sequence, in units of four rows, shared
  * out evenly (the matrices have the same row length). */
 static void proj_worker(void *arg, int ith, int nth) {
-#if defined(__x86_64__)
+#if defined(__x86_64__) || defined(__aarch64__)
     const proj_job *j = arg;
     int64_t units = 0;
     for (int i = 0; i < j->n_mats; i++) units += (j->mats[i].rows + 3) / 4;
@@ -154,8 +229,12 @@ static void proj_worker(void *arg, int ith, int nth) {
         int64_t a = u0 > base ? u0 - base : 0, b = u1 - base < mu ? u1 - base : mu;
         if (a < b) {
             int64_t r0 = a * 4, r1 = b * 4 < m->rows ? b * 4 : m->rows;
+#if defined(__x86_64__)
             if (j->avx512) rows_avx512(m, r0, r1, j->x);
             else rows_avx2(m, r0, r1, j->x);
+#else
+            rows_neon(m, r0, r1, j->x);
+#endif
         }
         base += mu;
     }

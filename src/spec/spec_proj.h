@@ -8,7 +8,7 @@
  * rather than on memory.  These kernels run four rows' chains side by side
  * with the very same per-row arithmetic (lane-wise FMAs in column order, the
  * same horizontal sum), so every output is bit for bit what ks_matmul's
- * AVX-512 or AVX2 kernel gives at the level in force, and the selections
+ * AVX-512, AVX2 or NEON kernel gives at the level in force, and the selections
  * do not change.  q_proj and k_proj
  * read the same input, so they share one dispatch of the pool.
  */
@@ -29,9 +29,13 @@ typedef struct {
 } ks_spec_proj_mat;
 
 /* Whether ks_spec_proj computes y = W x for this matrix exactly as
- * ks_matmul(n = 1) does at the current SIMD level (AVX-512 or AVX2, a float
+ * ks_matmul(n = 1) does at the current SIMD level (AVX-512, AVX2 or NEON, a float
  * type, cols a multiple of 16); otherwise the caller uses ks_matmul. */
 bool ks_spec_proj_supported(ks_dtype type, int64_t cols);
+
+/* The form ks_spec_proj runs at the current level: "avx512", "avx2" or
+ * "neon" (every ARM level), NULL where it has none (tests assert it). */
+const char *ks_spec_proj_kernel_name(void);
 
 /* y = W x for each of n_mats matrices (all with x's cols), on the pool:
  * their rows are shared out among the workers in runs of four. */

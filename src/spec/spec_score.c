@@ -194,10 +194,6 @@ SPEC_AVX512_TGT static void scores_q8_vnni(const float *q, const uint8_t *K, siz
 SPEC_AVX512_TGT static void scores_avx512(const float *q, const uint8_t *K, size_t rb, bool q8, int32_t n, int hd,
                                           int G, float scale, float *out) {
     int GB = G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
-    if (q8 && (hd == 64 || hd == 128)) {
-        scores_q8_vnni(q, K, rb, n, hd, G, scale, out);
-        return;
-    }
     if (q8) {
         switch (GB) {
         case 4: scores_blocked_avx512(q, K, rb, n, hd, G, scale, out, 4, 1); break;
@@ -490,10 +486,6 @@ KS_AVX2_TGT static void scores_avx2(const float *q, const uint8_t *K, size_t rb,
         scores_ref(q, K, q8 ? KS_DTYPE_Q8_0 : KS_DTYPE_F16, n, hd, G, scale, out);
         return;
     }
-    if (q8 && (hd == 64 || hd == 128)) { /* 2.1x the float path's speed (docs/policies/spec-scores.md) */
-        scores_q8_int_avx2(q, K, rb, n, hd, G, scale, out);
-        return;
-    }
     if (q8) {
         SCORES_AVX2_GB(1)
     } else {
@@ -639,6 +631,94 @@ static void scores_neon(const float *q, const uint8_t *K, size_t rb, bool q8, in
     }
 }
 
+/* The integer path for Q8_0 keys at hd 64 or 128 on NEON, with the AVX2 and
+ * VNNI paths' bits (q8_head, scores_q8_int_avx2): four rows at a time, each
+ * (row, head, block) dot product exact in int32 lanes, the four rows'
+ * partials reduced by two pairwise adds into a vector whose lanes are the
+ * rows, then the same float epilogue per 64-value chunk (the mul, then
+ * fmla, then the add across chunks).  DOT: sdot (16 multiply-adds a
+ * instruction, dotprod CPUs); otherwise smull / smlal2 into int16 (two
+ * products a lane, at most 2 * 128 * 127 = 32,512: no overflow) and
+ * sadalp into int32, 4x the instructions and every AArch64 CPU has them. */
+#if defined(__clang__)
+#define SPEC_NEON_TGT_DOT __attribute__((target("dotprod")))
+#else
+#define SPEC_NEON_TGT_DOT __attribute__((target("arch=armv8.2-a+dotprod")))
+#endif
+#define SPEC_NEON_INL static inline __attribute__((always_inline))
+#define SPEC_NEON_AHEAD 2048 /* KS_STREAM_AHEAD's distance (simd_avx2.h): not measured on ARM */
+
+/* int32 partials of one 32-byte block (k at kb, query q0 / q1) */
+SPEC_NEON_INL int32x4_t q8_block_neon(const int8_t *kb, int8x16_t q0, int8x16_t q1) {
+    const int8x16_t k0 = vld1q_s8(kb), k1 = vld1q_s8(kb + 16);
+    int16x8_t p0 = vmull_s8(vget_low_s8(k0), vget_low_s8(q0));
+    p0 = vmlal_high_s8(p0, k0, q0);
+    int16x8_t p1 = vmull_s8(vget_low_s8(k1), vget_low_s8(q1));
+    p1 = vmlal_high_s8(p1, k1, q1);
+    return vpadalq_s16(vpaddlq_s16(p0), p1);
+}
+
+SPEC_NEON_TGT_DOT SPEC_NEON_INL int32x4_t q8_block_dot(const int8_t *kb, int8x16_t q0, int8x16_t q1) {
+    return vdotq_s32(vdotq_s32(vdupq_n_s32(0), vld1q_s8(kb), q0), vld1q_s8(kb + 16), q1);
+}
+
+/* The kernel once per block form, each under its own target (an always
+ * inline body may not call sdot from a function built without dotprod). */
+#define SPEC_Q8_NEON_KERNEL(NAME, ATTR, BLOCK)                                                                    \
+    ATTR SPEC_NEON_INL void NAME##_nb(const q8_head *qh, const uint8_t *K, size_t rb, int32_t n, int G, float *out, \
+                                      const int NB) {                                                           \
+        for (int32_t j = 0; j < n; j += 4) {                                                                    \
+            int nr = n - j < 4 ? (int)(n - j) : 4;                                                              \
+            for (size_t l = 0; l < 4 * rb; l += 64) /* the K cache's stream, as the x86 kernels */             \
+                __builtin_prefetch(K + (size_t)j * rb + SPEC_NEON_AHEAD + l);                                   \
+            const uint8_t *kp[4];                                                                               \
+            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) /* a short block repeats row j */               \
+                kp[r] = K + (size_t)(j + (r < nr ? r : 0)) * rb;                                                \
+            float32x4_t dk[4];                                                                                  \
+            _Pragma("GCC unroll 4") for (int b = 0; b < NB; b++) {                                              \
+                uint16_t hk[4];                                                                                 \
+                _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) memcpy(&hk[r], kp[r] + 34 * (size_t)b, 2);  \
+                dk[b] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(hk)));                                       \
+            }                                                                                                   \
+            for (int g = 0; g < G; g++) {                                                                       \
+                float32x4_t f = vdupq_n_f32(0.0f);                                                              \
+                _Pragma("GCC unroll 2") for (int c = 0; c < NB / 2; c++) {                                      \
+                    int32x4_t in[2];                                                                            \
+                    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {                                       \
+                        const int b = 2 * c + h;                                                                \
+                        const int8x16_t q0 = vld1q_s8(qh[g].qi + 32 * b), q1 = vld1q_s8(qh[g].qi + 32 * b + 16); \
+                        int32x4_t v[4];                                                                         \
+                        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)                                     \
+                            v[r] = BLOCK((const int8_t *)(kp[r] + 34 * (size_t)b + 2), q0, q1);                 \
+                        in[h] = vpaddq_s32(vpaddq_s32(v[0], v[1]), vpaddq_s32(v[2], v[3])); /* lane r: row r */ \
+                    }                                                                                           \
+                    float32x4_t s =                                                                             \
+                        vmulq_f32(vcvtq_f32_s32(in[0]), vmulq_f32(dk[2 * c], vdupq_n_f32(qh[g].d[2 * c])));     \
+                    s = vfmaq_f32(s, vcvtq_f32_s32(in[1]), vmulq_f32(dk[2 * c + 1], vdupq_n_f32(qh[g].d[2 * c + 1]))); \
+                    f = c ? vaddq_f32(f, s) : s;                                                                \
+                }                                                                                               \
+                float *o = out + (size_t)g * n + j;                                                             \
+                if (nr == 4) {                                                                                  \
+                    vst1q_f32(o, f);                                                                            \
+                } else {                                                                                        \
+                    float t[4];                                                                                 \
+                    vst1q_f32(t, f);                                                                            \
+                    memcpy(o, t, sizeof(float) * (size_t)nr);                                                   \
+                }                                                                                               \
+            }                                                                                                   \
+        }                                                                                                       \
+    }                                                                                                           \
+    ATTR static void NAME(const float *q, const uint8_t *K, size_t rb, int32_t n, int hd, int G, float scale,   \
+                          float *out) {                                                                         \
+        q8_head qh[KS_SPEC_GROUP_MAX];                                                                          \
+        q8_heads_init(q, hd, G, scale, qh);                                                                     \
+        if (hd == 64) NAME##_nb(qh, K, rb, n, G, out, 2);                                                       \
+        else NAME##_nb(qh, K, rb, n, G, out, 4);                                                                \
+    }
+SPEC_Q8_NEON_KERNEL(scores_q8_int_neon, , q8_block_neon)
+SPEC_Q8_NEON_KERNEL(scores_q8_int_dot, SPEC_NEON_TGT_DOT, q8_block_dot)
+#undef SPEC_Q8_NEON_KERNEL
+
 /* group_logweights_avx2 in 4 lanes */
 static float log_normaliser_neon(const float *x, int32_t n) {
     float32x4_t mx = vdupq_n_f32(-INFINITY);
@@ -690,29 +770,56 @@ void ks_spec_kcache_store(ks_dtype kt, const float *k, int hd, void *row) {
     ks_quantize_row(KS_DTYPE_Q8_0, padded, row, hdp);
 }
 
+/* Which kernel ks_spec_scores runs: one choice for the dispatch and for
+ * ks_spec_scores_kernel_name, so a test that asserts the name asserts the
+ * path.  Q8_0 keys at hd 64 or 128 go to the integer paths at every SIMD
+ * level (the same bits on each; 2.1x the AVX2 float path's speed on Zen 3,
+ * docs/policies/spec-scores.md). */
+typedef enum { SP_SCALAR, SP_AVX2, SP_Q8_AVX2, SP_AVX512, SP_Q8_VNNI, SP_NEON, SP_Q8_NEON, SP_Q8_DOT } scores_path_t;
+static const char *const k_scores_names[] = {"scalar", "avx2",   "q8_int_avx2", "avx512",
+                                             "q8_vnni", "neon", "q8_int_neon", "q8_int_dot"};
+
+static scores_path_t scores_path(ks_dtype kt, int hd, ks_simd_level simd) {
+    const bool qint = kt == KS_DTYPE_Q8_0 && (hd == 64 || hd == 128);
+    (void)qint;
+#if defined(__x86_64__)
+    if (simd >= KS_SIMD_AVX512) return qint ? SP_Q8_VNNI : SP_AVX512;
+    if (simd >= KS_SIMD_AVX2) return qint ? SP_Q8_AVX2 : hd < 8 ? SP_SCALAR : SP_AVX2;
+#endif
+#if defined(__aarch64__)
+    if (simd >= KS_SIMD_NEON_DOT && qint) return SP_Q8_DOT;
+    if (simd >= KS_SIMD_NEON) return qint ? SP_Q8_NEON : SP_NEON;
+#endif
+    (void)simd;
+    (void)hd;
+    return SP_SCALAR;
+}
+
+const char *ks_spec_scores_kernel_name(ks_dtype kt, int hd, ks_simd_level simd) {
+    return k_scores_names[scores_path(kt, hd, simd)];
+}
+
 void ks_spec_scores(const float *q, const void *K, ks_dtype kt, int32_t n, int hd, int G, float scale, float *out,
                     ks_simd_level simd) {
     KS_ASSERT((kt == KS_DTYPE_F16 || kt == KS_DTYPE_Q8_0) && hd <= KS_SPEC_HD_MAX);
+    const size_t rb = ks_spec_kcache_row_bytes(kt, hd);
+    const bool q8 = kt == KS_DTYPE_Q8_0;
+    (void)rb;
+    (void)q8;
+    switch (scores_path(kt, hd, simd)) {
 #if defined(__x86_64__)
-    size_t rb = ks_spec_kcache_row_bytes(kt, hd);
-    bool q8 = kt == KS_DTYPE_Q8_0;
-    if (simd >= KS_SIMD_AVX512) {
-        scores_avx512(q, K, rb, q8, n, hd, G, scale, out);
-        return;
-    }
-    if (simd >= KS_SIMD_AVX2) {
-        scores_avx2(q, K, rb, q8, n, hd, G, scale, out);
-        return;
-    }
+    case SP_Q8_VNNI: scores_q8_vnni(q, K, rb, n, hd, G, scale, out); return;
+    case SP_AVX512: scores_avx512(q, K, rb, q8, n, hd, G, scale, out); return;
+    case SP_Q8_AVX2: scores_q8_int_avx2(q, K, rb, n, hd, G, scale, out); return;
+    case SP_AVX2: scores_avx2(q, K, rb, q8, n, hd, G, scale, out); return;
 #endif
 #if defined(__aarch64__)
-    if (simd >= KS_SIMD_NEON) {
-        scores_neon(q, K, ks_spec_kcache_row_bytes(kt, hd), kt == KS_DTYPE_Q8_0, n, hd, G, scale, out);
-        return;
-    }
+    case SP_Q8_DOT: scores_q8_int_dot(q, K, rb, n, hd, G, scale, out); return;
+    case SP_Q8_NEON: scores_q8_int_neon(q, K, rb, n, hd, G, scale, out); return;
+    case SP_NEON: scores_neon(q, K, rb, q8, n, hd, G, scale, out); return;
 #endif
-    (void)simd;
-    scores_ref(q, K, kt, n, hd, G, scale, out);
+    default: scores_ref(q, K, kt, n, hd, G, scale, out); return;
+    }
 }
 
 void ks_spec_group_logweights(const float *x, int G, int32_t n, float *w, ks_simd_level simd) {

@@ -43,6 +43,14 @@ void ks_spec_kcache_store(ks_dtype kt, const float *k, int hd, void *row);
 void ks_spec_scores(const float *q, const void *K, ks_dtype kt, int32_t n, int hd, int G, float scale, float *out,
                     ks_simd_level simd);
 
+/* The name of the kernel ks_spec_scores runs for keys of type kt and head
+ * dim hd at level simd (tests assert it, so no path falls back silently):
+ * "q8_vnni", "avx512", "q8_int_avx2", "avx2", "q8_int_dot", "q8_int_neon",
+ * "neon" or "scalar".  The "q8_" integer paths (Q8_0 keys at hd 64 or 128)
+ * quantise the scaled query to Q8_0 blocks and give the same bits at every
+ * level. */
+const char *ks_spec_scores_kernel_name(ks_dtype kt, int hd, ks_simd_level simd);
+
 /* w[j] = max over the G rows of x [G][n] of log softmax(x_g)[j]: the group
  * reduction of the heads' attention weights in the log domain (x is left
  * as it is).  G <= KS_SPEC_GROUP_MAX; nothing for n <= 0. */
