@@ -10,8 +10,11 @@
  *    with the head's K cache in f16 and in Q8_0 (kcache=q8_0).
  *  - The scoring kernels against a scalar reference under stated tolerances
  *    (f16 and Q8_0 keys, head dims 64, 70 and 128, including the integer
- *    VNNI path whose query is quantised too), and the group's log weights
- *    against a double-precision log-softmax.
+ *    paths whose query is quantised too: AVX-512 VNNI, AVX2, NEON sdot and
+ *    plain NEON, each also bit for bit against a scalar emulation of their
+ *    shared integer sums and epilogue), which kernel each level runs (by
+ *    name), and the group's log weights against a double-precision
+ *    log-softmax.
  *  - With a budget >= the sequence, spec equals dense bit for bit (batch 1
  *    and 2, with slow-tier layers in memory and in files).
  *  - Elastic loading: with a small budget and layers in the slow tier, the
@@ -345,11 +348,14 @@ static void test_score_kernel_names(void **state) {
 /* ------------------------------------------- kernels, under bounds -- */
 /* ks_spec_scores at every SIMD level against the scalar path (which
  * dequantises the keys exactly and sums in f32): within 1e-5 of sum |q_i k_i|
- * (summation order).  The AVX-512 VNNI path (Q8_0 keys, hd 64 or 128) also
- * rounds the scaled query to Q8_0 blocks (ks_quantize_query_q8): it is held
- * to the same 1e-5 against a double-precision dot product of that rounded
- * query with the keys, and the rounding itself is bounded by
- * sum |k_i| * max|q| / 254 from the scalar scores. */
+ * (summation order).  The integer paths (Q8_0 keys, hd 64 or 128, at every
+ * SIMD level) also round the scaled query to Q8_0 blocks
+ * (ks_quantize_query_q8): they are held to the same 1e-5 against a
+ * double-precision dot product of that rounded query with the keys, the
+ * rounding itself is bounded by sum |k_i| * max|q| / 254 from the scalar
+ * scores, and their bits must equal a scalar emulation of the VNNI kernel's
+ * arithmetic (exact int32 block sums, then its float epilogue), so every
+ * ISA scores alike. */
 static void test_score_kernels(void **state) {
     (void)state;
     const int hds[] = {64, 70, 128}, Gs[] = {1, 2, 3, 4, 8};
