@@ -8,7 +8,7 @@
  *              rank 32, head dim 64, a run of 64 rows; unit: one
  *              multiply-add of the update (64 x (32 x 33 / 2 + 64 x 32)).
  *   attn_sinks decode attention with attention sinks (ks_attention_segs_sinks,
- *              gpt-oss's form), f16 KV, head dim 64, 4 heads, 4096 rows;
+ *              gpt-oss's form), f16 KV, head dim 64, 4 heads, 512 rows;
  *              unit: one byte of K and V read.
  *
  * Why: QEMU runs the ARM kernels here, so they cannot be timed; what can be
@@ -46,7 +46,7 @@ static int gram_kao(int reps) {
 }
 
 static int attn_sinks(int reps) {
-    enum { HD = 64, G = 4, N = 4096 };
+    enum { HD = 64, G = 4, N = 512 };
     const size_t rb = ks_kv_row_bytes(KS_KV_F16, HD);
     uint16_t *K = ks_malloc(rb * N), *V = ks_malloc(rb * N);
     float *q = ks_malloc(sizeof(float) * G * HD), *out = ks_malloc(sizeof(float) * G * HD);
