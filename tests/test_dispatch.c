@@ -17,6 +17,7 @@
 #include "attn/attn.h"
 #include "matmul/matmul.h"
 #include "policy/policy_util.h"
+#include "spec/lrqk_math.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -169,6 +170,21 @@ static void test_selection_kernels(void **state) {
     ks_simd_force(saved);
 }
 
+/* LRQK's Gram and K_O^T A_KO update (spec/lrqk_math.c): zmm at r % 16,
+ * ymm at r % 8, NEON quads at r % 4 on every ARM level, up to r = 64;
+ * scalar otherwise or when forced. */
+static void test_lrqk_kernel(void **state) {
+    (void)state;
+    ks_simd_level hw = ks_simd_detect(), saved = ks_simd_force(hw);
+    const char *r32 = hw >= KS_SIMD_NEON ? "neon" : hw == KS_SIMD_AVX512 ? "avx512" : hw == KS_SIMD_AVX2 ? "avx2" : "scalar";
+    assert_string_equal(ks_lrqk_gram_kao_kernel_name(32), r32);
+    assert_string_equal(ks_lrqk_gram_kao_kernel_name(12), hw >= KS_SIMD_NEON ? "neon" : "scalar");
+    assert_string_equal(ks_lrqk_gram_kao_kernel_name(68), "scalar");
+    ks_simd_force(KS_SIMD_SCALAR);
+    assert_string_equal(ks_lrqk_gram_kao_kernel_name(32), "scalar");
+    ks_simd_force(saved);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_detected_level),
@@ -176,6 +192,7 @@ int main(void) {
         cmocka_unit_test(test_attention_kernels),
         cmocka_unit_test(test_page_bound_kernel),
         cmocka_unit_test(test_selection_kernels),
+        cmocka_unit_test(test_lrqk_kernel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -313,7 +313,7 @@ static void check_block(ks_kv_type kt, int n, int hd, int G, int P) {
             for (int t = 0; t < n_att[r]; t += P)
                 rs[nrs++] = (ks_kv_seg){K + rb * t, V + rb * t, n_att[r] - t < P ? n_att[r] - t : P};
             float *sc = malloc(sizeof(float) * G * n), *one = malloc(sizeof(float) * G * hd);
-            assert_true(ks_attention_segs_neon(kt, rs, nrs, n_att[r], hd, G, q + (size_t)r * G * hd, sc, one, scale, NULL));
+            assert_true(ks_attention_segs_neon(kt, rs, nrs, n_att[r], hd, G, q + (size_t)r * G * hd, sc, one, scale, NULL, NULL));
             if (memcmp(one, out + (size_t)r * G * hd, sizeof(float) * G * hd))
                 fail_msg("block kt=%d n=%d hd=%d G=%d P=%d row %d: not the decode kernel's bits", kt, n, hd, G, P, r);
             free(sc), free(one);

@@ -416,11 +416,12 @@ static void test_proxy_kernels_agree(void **state) {
 
 /* ks_lrqk_gram_kao_add at every SIMD level equals the portable loops bit
  * for bit (the Gram's upper triangle and all of K_O^T A_KO), for ranks the
- * zmm path takes (16, 32, 48, 64) and one only the ymm (AVX2) path takes
- * (8), rows entering and leaving in one run. */
+ * zmm path takes (16, 32, 48, 64), one only the ymm (AVX2) path takes
+ * (8) and one only the NEON path takes (12), rows entering and leaving in
+ * one run. */
 static void test_gram_kao_bit_exact(void **state) {
     (void)state;
-    const int32_t ranks[] = {8, 16, 32, 48, 64}, hd = 64, len = 37;
+    const int32_t ranks[] = {8, 12, 16, 32, 48, 64}, hd = 64, len = 37;
     ks_simd_level hw = ks_simd_detect(), saved = ks_simd_force(hw);
     for (size_t ri = 0; ri < sizeof ranks / sizeof ranks[0]; ri++) {
         int32_t r = ranks[ri];

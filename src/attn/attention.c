@@ -80,9 +80,8 @@ void ks_attention_segs_sinks(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int
         ks_attention_segs_avx2(kt, segs, nseg, total, hd, G, q, scores, out, scale, weights, sinks))
         return;
 #elif defined(__aarch64__)
-    /* the NEON kernel has no sinks yet: a model with them takes the reference there */
-    if (allow_simd && !sinks && ks_simd_current() >= KS_SIMD_NEON &&
-        ks_attention_segs_neon(kt, segs, nseg, total, hd, G, q, scores, out, scale, weights))
+    if (allow_simd && ks_simd_current() >= KS_SIMD_NEON &&
+        ks_attention_segs_neon(kt, segs, nseg, total, hd, G, q, scores, out, scale, weights, sinks))
         return;
 #endif
     attn_segs_ref(kt, segs, nseg, total, hd, G, q, scores, out, scale, tmp, sinks);

@@ -107,10 +107,10 @@ bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int 
                             float *scores, float *out, float scale, float *weights, const float *sinks);
 
 /* AArch64 NEON (attn_neon.c) for f16 KV and 8-bit KV (hd % 32), hd % 8 ==
- * 0 up to 512, G up to 8; false if it does not apply (always, off
- * AArch64).  scores: [G][total] scratch. */
+ * 0 up to 1024, G up to 8, with or without sinks (above); false if it does
+ * not apply (always, off AArch64).  scores: [G][total] scratch. */
 bool ks_attention_segs_neon(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
-                            float *scores, float *out, float scale, float *weights);
+                            float *scores, float *out, float scale, float *weights, const float *sinks);
 /* The prefill block form of it (attn_neon.c): ks_attention_block_avx2's
  * contract (f16 KV with hd % 8 == 0, 8-bit KV with hd % 32 == 0; S and
  * tile as there), each query's output bit for bit what

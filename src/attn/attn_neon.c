@@ -24,6 +24,7 @@
 #if defined(__aarch64__)
 #include "tensor/simd_neon.h"
 
+#include <math.h>
 #include <string.h>
 
 #define KS_ATTN_NEON_MAX_G 8
@@ -48,7 +49,7 @@ static inline void attn_neon_load8(ks_kv_type kt, const uint8_t *r, int i, float
 }
 
 bool ks_attention_segs_neon(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
-                            float *scores, float *out, float scale, float *weights) {
+                            float *scores, float *out, float scale, float *weights, const float *sinks) {
     if (G < 1 || G > KS_ATTN_NEON_MAX_G || hd % 8 || hd > KS_ATTN_NEON_MAX_HD ||
         (kt != KS_KV_F16 && (kt != KS_KV_Q8 || hd % 32)))
         return false;
@@ -73,7 +74,17 @@ bool ks_attention_segs_neon(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int 
         }
     for (int g = 0; g < G; g++) {
         float *sg = scores + (size_t)g * total;
-        float inv = 1.0f / ks_neon_softmax_exp(sg, total);
+        float mx = -INFINITY;
+        if (sinks) { /* the sink joins the denominator at the scores' max (attn.h), as the other kernels' */
+            float32x4_t m4 = vdupq_n_f32(-INFINITY);
+            int k = 0;
+            for (; k + 4 <= total; k += 4) m4 = vmaxq_f32(m4, vld1q_f32(sg + k));
+            mx = vmaxvq_f32(m4);
+            for (; k < total; k++) mx = sg[k] > mx ? sg[k] : mx;
+        }
+        float sum = ks_neon_softmax_exp(sg, total);
+        if (sinks) sum += expf(sinks[g] - mx);
+        float inv = 1.0f / sum;
         float32x4_t iv = vdupq_n_f32(inv);
         int k = 0;
         for (; k + 4 <= total; k += 4) vst1q_f32(sg + k, vmulq_f32(vld1q_f32(sg + k), iv));
@@ -213,9 +224,9 @@ bool ks_attention_block_neon(ks_kv_type kt, const ks_kv_seg *segs, int nseg, con
     return false;
 }
 bool ks_attention_segs_neon(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
-                            float *scores, float *out, float scale, float *weights) {
+                            float *scores, float *out, float scale, float *weights, const float *sinks) {
     (void)kt, (void)segs, (void)nseg, (void)total, (void)hd, (void)G, (void)q, (void)scores, (void)out, (void)scale;
-    (void)weights;
+    (void)weights, (void)sinks;
     return false;
 }
 #endif

@@ -64,6 +64,9 @@
 #include "core/simd.h"
 #include "tensor/simd_avx2.h"
 
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -331,10 +334,10 @@ static void lrqk_append(void *state, int32_t seq, int32_t layer, int32_t head, i
  * The proxy scores over [sink, n - window) use GCC/clang vector extensions
  * in blocks of 4 lanes (SSE2's width, so no ABI questions) when r % 4 == 0
  * (the default 32), so they vectorise at -O2 without fast-math, and AVX2
- * where the CPU has it; other ranks take the scalar loops.  The Gram and
- * K_O^T A_KO updates over the rows entering / leaving O are
- * ks_lrqk_gram_kao_add (lrqk_math.c: zmm where the CPU has AVX-512, bit
- * for bit the portable loops). */
+ * (x86) or NEON FMA chains (ARM) where the CPU has them; other ranks take
+ * the scalar loops.  The Gram and K_O^T A_KO updates over the rows entering
+ * / leaving O are ks_lrqk_gram_kao_add (lrqk_math.c: zmm, ymm or NEON
+ * quads, bit for bit the portable loops). */
 typedef float lrqk_v4 __attribute__((vector_size(16)));
 
 static inline lrqk_v4 v4_load(const float *p) {
@@ -383,6 +386,40 @@ KS_AVX2_TGT static void proxy_scores_avx2(const float *ak, int32_t m, int32_t r,
         }
     }
 }
+#elif defined(__aarch64__)
+/* proxy_scores_avx2 in NEON quads (every AArch64 CPU), r % 4 == 0: two
+ * rows x four heads of the group (padded with copies of head 0) in eight
+ * FMA chains over r, reduced by pairwise adds into one [head] quad per row,
+ * whose max over the heads is the row's score.  The selection it gives is
+ * the portable form's (tests/test_p_lrqk.c, test_proxy_kernels_agree); the
+ * sums differ from it in rounding only (FMA, pairwise reduction). */
+static void proxy_scores_neon(const float *ak, int32_t m, int32_t r, const float *qhat, int32_t G, float *sc) {
+    for (int32_t i = 0; i < m; i += 2) {
+        const float *a0 = ak + (size_t)i * r, *a1 = i + 1 < m ? a0 + r : a0;
+        float32x4_t best0 = vdupq_n_f32(-INFINITY), best1 = best0;
+        for (int32_t g0 = 0; g0 < G; g0 += 4) {
+            const float *qg[4];
+            for (int g = 0; g < 4; g++) qg[g] = qhat + (size_t)(g0 + g < G ? g0 + g : 0) * r;
+            float32x4_t acc[8];
+            for (int k = 0; k < 8; k++) acc[k] = vdupq_n_f32(0.0f);
+            for (int32_t j = 0; j < r; j += 4) {
+                float32x4_t x0 = vld1q_f32(a0 + j), x1 = vld1q_f32(a1 + j);
+                for (int g = 0; g < 4; g++) {
+                    float32x4_t qv = vld1q_f32(qg[g] + j);
+                    acc[g] = vfmaq_f32(acc[g], x0, qv);
+                    acc[4 + g] = vfmaq_f32(acc[4 + g], x1, qv);
+                }
+            }
+            /* [row 0: heads 0-3] and [row 1: heads 0-3] */
+            float32x4_t h0 = vpaddq_f32(vpaddq_f32(acc[0], acc[1]), vpaddq_f32(acc[2], acc[3]));
+            float32x4_t h1 = vpaddq_f32(vpaddq_f32(acc[4], acc[5]), vpaddq_f32(acc[6], acc[7]));
+            best0 = vmaxq_f32(best0, h0);
+            best1 = vmaxq_f32(best1, h1);
+        }
+        sc[i] = vmaxvq_f32(best0);
+        if (i + 1 < m) sc[i + 1] = vmaxvq_f32(best1);
+    }
+}
 #endif
 
 /* sc[i] = max_g A_K[i] . q^_g for m rows of ak [m][r], qhat [G][r].
@@ -394,6 +431,11 @@ static ks_status proxy_scores(const float *ak, int32_t m, int32_t r, const float
 #if defined(__x86_64__)
     if (r % 8 == 0 && ks_simd_current() >= KS_SIMD_AVX2) {
         proxy_scores_avx2(ak, m, r, qhat, G, sc);
+        return KS_OK;
+    }
+#elif defined(__aarch64__)
+    if (r % 4 == 0 && ks_simd_current() >= KS_SIMD_NEON) {
+        proxy_scores_neon(ak, m, r, qhat, G, sc);
         return KS_OK;
     }
 #endif

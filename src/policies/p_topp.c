@@ -36,6 +36,9 @@
 #include "policy/policy.h"
 #include "core/simd.h"
 #include "tensor/simd_avx2.h"
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 #include <math.h>
 #include <stdatomic.h>
@@ -150,6 +153,24 @@ KS_AVX2_TGT static void logits_avx2(const float *q, const float *keys, int32_t G
             sc[(size_t)g * m + i] = d * scale;
         }
 }
+#elif defined(__aarch64__)
+/* logits_avx2 in NEON quads (every AArch64 CPU): two FMA chains over the
+ * head dim, summed across lanes once per key. */
+static void logits_neon(const float *q, const float *keys, int32_t G, int32_t m, int32_t hd, float scale, float *sc) {
+    for (int32_t g = 0; g < G; g++)
+        for (int32_t i = 0; i < m; i++) {
+            const float *a = q + (size_t)g * hd, *k = keys + (size_t)i * hd;
+            float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = acc0;
+            int32_t t = 0;
+            for (; t + 8 <= hd; t += 8) {
+                acc0 = vfmaq_f32(acc0, vld1q_f32(a + t), vld1q_f32(k + t));
+                acc1 = vfmaq_f32(acc1, vld1q_f32(a + t + 4), vld1q_f32(k + t + 4));
+            }
+            float d = vaddvq_f32(vaddq_f32(acc0, acc1));
+            for (; t < hd; t++) d += a[t] * k[t];
+            sc[(size_t)g * m + i] = d * scale;
+        }
+}
 #endif
 
 static ks_status topp_refine(void *state, const ks_select_req *req, ks_selection *sel) {
@@ -199,6 +220,9 @@ static ks_status topp_refine(void *state, const ks_select_req *req, ks_selection
     float scale = 1.0f / sqrtf((float)hd), *w = sc + (size_t)m * G;
 #if defined(__x86_64__)
     if (ks_simd_current() >= KS_SIMD_AVX2) logits_avx2(req->q, keys, G, m, hd, scale, sc);
+    else
+#elif defined(__aarch64__)
+    if (ks_simd_current() >= KS_SIMD_NEON) logits_neon(req->q, keys, G, m, hd, scale, sc);
     else
 #endif
         logits_c(req->q, keys, G, m, hd, scale, sc);

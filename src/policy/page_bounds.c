@@ -278,6 +278,13 @@ void ks_page_upper_bounds16(const float *q, int32_t G, const uint16_t *kbound16,
     int32_t i = 0;
 #if defined(__x86_64__)
     if (ks_simd_current() >= KS_SIMD_AVX2) i = f16_to_f32_f16c(kbound16, b, 2 * hd);
+#elif defined(__aarch64__)
+    if (ks_simd_current() >= KS_SIMD_NEON) /* fcvtl, exact as F16C is: the same floats */
+        for (; i + 8 <= 2 * hd; i += 8) {
+            uint16x8_t h = vld1q_u16(kbound16 + i);
+            vst1q_f32(b + i, vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h))));
+            vst1q_f32(b + i + 4, vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(h))));
+        }
 #endif
     for (; i < 2 * hd; i++) b[i] = ks_f16_to_f32(kbound16[i]);
     ks_page_upper_bounds(q, G, b, b + hd, hd, out, stride);

@@ -8,6 +8,7 @@
 #include "policy/policy.h"
 #include "core/simd.h"
 #include "tensor/simd_avx2.h"
+#include "tensor/simd_neon.h"
 
 #include <math.h>
 #include <string.h>
@@ -21,10 +22,13 @@ KS_AVX2_TGT static float softmax_exp_avx2(float *x, int32_t n) { return ks_avx2_
 
 /* x[0..n) = e^(x - max x) in place; returns their sum.  FreeKV's group
  * reduction runs it G times per selection over every competing page, so the
- * AVX2 polynomial (relative error ~2e-7) replaces libm's expf there. */
+ * AVX2 polynomial (relative error ~2e-7) replaces libm's expf there; on
+ * ARM the same polynomial in NEON quads (tensor/simd_neon.h). */
 static float softmax_exp(float *x, int32_t n) {
 #if defined(__x86_64__)
     if (ks_simd_current() >= KS_SIMD_AVX2) return softmax_exp_avx2(x, n);
+#elif defined(__aarch64__)
+    if (ks_simd_current() >= KS_SIMD_NEON) return ks_neon_softmax_exp(x, n);
 #endif
     float mx = -INFINITY;
     for (int32_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;

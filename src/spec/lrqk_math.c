@@ -20,6 +20,8 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
 #endif
 
 ks_status ks_lrqk_solve(int32_t n, double *A, double *B, int32_t m) {
@@ -532,6 +534,55 @@ __attribute__((target("avx2"))) static void gram_kao_add_avx2(float *gram, float
 }
 #endif
 
+#if defined(__aarch64__)
+/* gram_kao_add_avx2 in NEON quads (every AArch64 CPU), r % 4 == 0 and
+ * r <= 64: a row of the Gram or of K_O^T A_KO (at most 16 quads of the 32
+ * registers) stays in registers while every row of the run is added to it.
+ * vmulq_f32 then vaddq_f32, never vfmaq (the library is built without FMA
+ * contraction, -std=c11), so each element gets the same products in the same
+ * order as the portable loops: bit for bit theirs on the Gram's upper
+ * triangle and all of K_O^T A_KO, which tests/test_p_lrqk.c checks at every
+ * level. */
+static void gram_kao_add_neon(float *gram, float *kao, const float *keys, const float *ak, const float *sign,
+                              int32_t len, int32_t hd, int32_t r) {
+    const int nz = r / 4;
+    for (int32_t i = 0; i < r; i++) { /* Gram row i, from column quad i / 4 */
+        float *g = gram + (size_t)i * r;
+        int z0 = i / 4;
+        float32x4_t acc[16];
+        for (int z = z0; z < nz; z++) acc[z] = vld1q_f32(g + 4 * z);
+        for (int32_t x = 0; x < len; x++) {
+            const float *a = ak + (size_t)x * r;
+            float32x4_t ai = vdupq_n_f32(0.0f + sign[x] * a[i]);
+            for (int z = z0; z < nz; z++) acc[z] = vaddq_f32(acc[z], vmulq_f32(ai, vld1q_f32(a + 4 * z)));
+        }
+        for (int z = z0; z < nz; z++) vst1q_f32(g + 4 * z, acc[z]);
+    }
+    for (int32_t c = 0; c < hd; c++) { /* K_O^T A_KO row c */
+        float *row = kao + (size_t)c * r;
+        float32x4_t acc[16];
+        for (int z = 0; z < nz; z++) acc[z] = vld1q_f32(row + 4 * z);
+        for (int32_t x = 0; x < len; x++) {
+            const float *a = ak + (size_t)x * r;
+            float32x4_t kc = vdupq_n_f32(sign[x] * keys[(size_t)x * hd + c]);
+            for (int z = 0; z < nz; z++) acc[z] = vaddq_f32(acc[z], vmulq_f32(kc, vld1q_f32(a + 4 * z)));
+        }
+        for (int z = 0; z < nz; z++) vst1q_f32(row + 4 * z, acc[z]);
+    }
+}
+#endif
+
+const char *ks_lrqk_gram_kao_kernel_name(int32_t r) {
+#if defined(__x86_64__)
+    if (r % 16 == 0 && r <= 64 && ks_simd_current() >= KS_SIMD_AVX512) return "avx512";
+    if (r % 8 == 0 && r <= 64 && ks_simd_current() >= KS_SIMD_AVX2) return "avx2";
+#elif defined(__aarch64__)
+    if (r % 4 == 0 && r <= 64 && ks_simd_current() >= KS_SIMD_NEON) return "neon";
+#endif
+    (void)r;
+    return "scalar";
+}
+
 void ks_lrqk_gram_kao_add(float *gram, float *kao, const float *keys, const float *ak, const float *sign, int32_t len,
                           int32_t hd, int32_t r) {
 #if defined(__x86_64__)
@@ -541,6 +592,11 @@ void ks_lrqk_gram_kao_add(float *gram, float *kao, const float *keys, const floa
     }
     if (r % 8 == 0 && r <= 64 && ks_simd_current() >= KS_SIMD_AVX2) { /* also AVX-512 hosts at r % 16 != 0 */
         gram_kao_add_avx2(gram, kao, keys, ak, sign, len, hd, r);
+        return;
+    }
+#elif defined(__aarch64__)
+    if (r % 4 == 0 && r <= 64 && ks_simd_current() >= KS_SIMD_NEON) {
+        gram_kao_add_neon(gram, kao, keys, ak, sign, len, hd, r);
         return;
     }
 #endif

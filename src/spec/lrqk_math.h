@@ -74,6 +74,10 @@ int32_t ks_lrqk_topk(const float *sc, int32_t m, int32_t k, int32_t *idx, float 
 void ks_lrqk_gram_kao_add(float *gram, float *kao, const float *keys, const float *ak, const float *sign, int32_t len,
                           int32_t hd, int32_t r);
 
+/* Which form ks_lrqk_gram_kao_add takes for rank r at the current SIMD
+ * level: "avx512", "avx2", "neon" or "scalar" (tests/test_dispatch.c). */
+const char *ks_lrqk_gram_kao_kernel_name(int32_t r);
+
 /* Deterministic N(0, 1) fill (splitmix64 + Box-Muller). */
 void ks_lrqk_randn(float *x, size_t n, uint64_t seed);
 
