@@ -703,6 +703,72 @@ static void test_matmul_packed_q8_0(void **state) {
     ks_pool_destroy(pool2);
 }
 
+/* Q4_K repacked into eight-row groups (ks_matmul_pack, AVX2 hosts): at every
+ * level, every n (decode 1-4, small batches, prefill tiles and tails) and
+ * with and without a pool, the very bits of the product over the file's
+ * rows, which test_matmul_avx2_k8 ties to the scalar emulation.  Quantized
+ * weights and raw random bytes (every nibble and 6-bit scale); row counts
+ * that are no multiple of 8 keep the file layout. */
+static void test_matmul_packed_q4_k(void **state) {
+    (void)state;
+    ks_pool *pool2 = NULL;
+    assert_int_equal(ks_pool_create(2, &pool2), KS_OK);
+    static const int64_t shapes[][2] = {{8, 256}, {24, 768}, {12, 512}, {200, 2048}, {40, 8192}};
+    static const int64_t ns[] = {1, 2, 3, 4, 5, 8, 9, 12, 33};
+    enum { NMAX = 33 };
+    const ks_dtype t = KS_DTYPE_Q4_K;
+    for (size_t si = 0; si < 2 * sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t rows = shapes[si / 2][0], cols = shapes[si / 2][1];
+        const bool raw = si % 2;
+        wmat m = make_w(t, rows, cols, 71 + si);
+        const size_t rb = ks_dtype_row_bytes(t, cols), bytes = rb * (size_t)rows;
+        if (raw) {
+            ks_rng rng = {1234 + si};
+            for (size_t i = 0; i < bytes; i++) ((uint8_t *)m.W)[i] = (uint8_t)ks_rng_next(&rng);
+            for (size_t o = 0; o < bytes; o += sizeof(ks_block_q4_k))
+                for (int k = 0; k < 2; k++) {
+                    ks_f16 d = ks_f32_to_f16((float)(0.001 + 0.01 * ks_rng_uniform(&rng)));
+                    memcpy((uint8_t *)m.W + o + 2 * k, &d, 2);
+                }
+        }
+        void *P = ks_malloc_aligned(bytes + 64);
+        memcpy((uint8_t *)P + 32, m.W, bytes); /* 32-byte aligned only, as in a GGUF file */
+        ks_weight w = {.type = t, .rows = rows, .cols = cols, .data = (uint8_t *)P + 32};
+        const bool packs = ks_matmul_can_pack(&w);
+        assert_int_equal(packs, rows % 8 == 0 && ks_simd_detect() == KS_SIMD_AVX2);
+        assert_int_equal(ks_matmul_pack(&w), KS_OK);
+        assert_int_equal(w.layout, packs ? KS_WEIGHT_Q4_K_X8 : KS_WEIGHT_ROWS);
+        if (packs) assert_true(ks_matmul_worker_scratch_bytes(&w) >= 8 * rb);
+        float *X = make_x(NMAX, cols, 72 + si);
+        float *Y = ks_malloc(sizeof(float) * (size_t)(NMAX * rows)), *Yp = ks_malloc(sizeof(float) * (size_t)(NMAX * rows));
+        void *scratch = ks_malloc_aligned(ks_matmul_scratch_bytes(t, cols, NMAX));
+        for (int lv = KS_SIMD_SCALAR; lv <= (int)ks_simd_detect(); lv++) {
+            ks_simd_level prev = ks_simd_force((ks_simd_level)lv);
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+                for (int pi = 0; pi < 2; pi++) {
+                    ks_pool *pool = pi ? pool2 : NULL;
+                    ks_matmul(pool, t, m.W, rows, cols, X, ns[ni], Y, scratch);
+                    for (int64_t i = 0; i < ns[ni] * rows; i++) Yp[i] = NAN;
+                    ks_matmul_weight(pool, &w, X, ns[ni], Yp, scratch);
+                    for (int64_t i = 0; i < ns[ni] * rows; i++)
+                        if (memcmp(&Y[i], &Yp[i], sizeof(float)))
+                            fprintf(stderr, "FAIL q4_K x8 %lldx%lld raw=%d level %d n=%lld out %lld: %.9g vs rows %.9g\n",
+                                    (long long)rows, (long long)cols, (int)raw, lv, (long long)ns[ni], (long long)i, Yp[i],
+                                    Y[i]);
+                    assert_memory_equal(Y, Yp, sizeof(float) * (size_t)(ns[ni] * rows));
+                }
+            ks_simd_force(prev);
+        }
+        ks_free_aligned(scratch);
+        ks_free(X);
+        ks_free(Y);
+        ks_free(Yp);
+        ks_free_aligned(P);
+        free_w(&m);
+    }
+    ks_pool_destroy(pool2);
+}
+
 /* ks_matmul_quantize_x row by row, then the product with x_ready: the very
  * bits of the product that quantizes X itself, for every type and layout
  * (file rows, the 4-row panels, the transposed Q8_0 panels), at decode and
@@ -797,6 +863,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_avx2_x2),
         cmocka_unit_test(test_matmul_avx2_k8),
         cmocka_unit_test(test_matmul_avx2_q6_k8),
+        cmocka_unit_test(test_matmul_packed_q4_k),
         cmocka_unit_test(test_matmul_packed_q8_0),
         cmocka_unit_test(test_matmul_quantize_x),
         cmocka_unit_test(test_matmul_packed_scales),

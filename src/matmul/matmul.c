@@ -299,6 +299,7 @@ static void ks_mm_q6_k_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, in
 #include "matmul_x86.c"
 #include "matmul_x86_types.c"
 #include "matmul_x86_panel.c"
+#include "matmul_x86_q4k.c"
 #include "matmul_x86_quant.c"
 #undef KS_MM_SFX
 #undef KS_MM_TGT

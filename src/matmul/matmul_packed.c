@@ -40,6 +40,9 @@ typedef int ks_matmul_packed_is_included_by_matmul_c; /* standalone: nothing to 
 #define KS_MM_P4_KGROUPS 16 /* groups (128 columns each) per K block */
 
 bool ks_matmul_can_pack(const ks_weight *w) {
+    if (w->layout == KS_WEIGHT_ROWS && w->type == KS_DTYPE_Q4_K && w->data) /* eight-row groups, AVX2 only */
+        return w->rows > 0 && w->rows % 8 == 0 && w->cols > 0 && w->cols % KS_QK_K == 0 &&
+               ks_simd_detect() == KS_SIMD_AVX2;
     if (w->layout != KS_WEIGHT_ROWS || (w->type != KS_DTYPE_Q8_0 && w->type != KS_DTYPE_Q4_0) || !w->data) return false;
     if (w->type == KS_DTYPE_Q8_0 && w->rows > 0 && w->rows % 16 == 0 && w->cols > 0 && w->cols % KS_QK8_0 == 0)
         return ks_simd_detect() == KS_SIMD_AVX512; /* transposed 16-row panels */
@@ -246,8 +249,110 @@ static void ks_mm_p16_worker(void *arg, int ith, int nth) {
     }
 }
 
+/* ----------------------------------- Q4_K in eight-row groups (AVX2) --
+ * Layout KS_WEIGHT_Q4_K_X8 (matmul_x86_q4k.c has it in full and says why):
+ * rows 8g..8g+7 form group g, in place of those rows (8 * nb * 144 bytes);
+ * per super-block 1152 bytes: the eight rows' f16 d, then f16 dmin, then
+ * their 12 scale bytes as three arrays of eight dwords, then the quants as
+ * 32 chunks of 32 bytes (chunk 8m + k, bytes 4r..4r+3 = row r's qs[32m + 4k ..]).
+ * One layout serves decode and prefill: the kernel is the same for every n. */
+#define KS_MM_X8_SBYTES 1152 /* one super-block of eight rows */
+
+static void ks_mm_x8_pack_group(const uint8_t *rows, int64_t nb, uint8_t *grp) {
+    const size_t rb = (size_t)nb * sizeof(ks_block_q4_k);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *o = grp + (size_t)b * KS_MM_X8_SBYTES;
+        for (int r = 0; r < 8; r++) {
+            const ks_block_q4_k *blk = (const ks_block_q4_k *)(rows + (size_t)r * rb) + b;
+            memcpy(o + 2 * r, &blk->d, 2);
+            memcpy(o + 16 + 2 * r, &blk->dmin, 2);
+            for (int k = 0; k < 3; k++) memcpy(o + 32 + 32 * k + 4 * r, blk->scales + 4 * k, 4);
+            for (int ch = 0; ch < 32; ch++) memcpy(o + 128 + 32 * ch + 4 * r, blk->qs + 32 * (ch / 8) + 4 * (ch % 8), 4);
+        }
+    }
+}
+
+static void ks_mm_x8_unpack_group(const uint8_t *grp, int64_t nb, uint8_t *rows) {
+    const size_t rb = (size_t)nb * sizeof(ks_block_q4_k);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *o = grp + (size_t)b * KS_MM_X8_SBYTES;
+        for (int r = 0; r < 8; r++) {
+            ks_block_q4_k *blk = (ks_block_q4_k *)(rows + (size_t)r * rb) + b;
+            memcpy(&blk->d, o + 2 * r, 2);
+            memcpy(&blk->dmin, o + 16 + 2 * r, 2);
+            for (int k = 0; k < 3; k++) memcpy(blk->scales + 4 * k, o + 32 + 32 * k + 4 * r, 4);
+            for (int ch = 0; ch < 32; ch++) memcpy(blk->qs + 32 * (ch / 8) + 4 * (ch % 8), o + 128 + 32 * ch + 4 * r, 4);
+        }
+    }
+}
+
+static ks_status ks_mm_pack_x8(ks_weight *w) {
+    const int64_t nb = w->cols / KS_QK_K;
+    const size_t gbytes = 8 * (size_t)nb * sizeof(ks_block_q4_k);
+    KS_ASSERT(gbytes == (size_t)nb * KS_MM_X8_SBYTES); /* in place: same size */
+    uint8_t *tmp = ks_malloc(gbytes);
+    if (!tmp) return KS_FAIL(KS_ERR_NOMEM, "repacking a %lld-column matrix", (long long)w->cols);
+    uint8_t *base = (uint8_t *)(uintptr_t)w->data; /* the caller made it writable */
+    for (int64_t g = 0; g < w->rows / 8; g++) {
+        memcpy(tmp, base + (size_t)g * gbytes, gbytes);
+        ks_mm_x8_pack_group(tmp, nb, base + (size_t)g * gbytes);
+    }
+    ks_free(tmp);
+    w->layout = KS_WEIGHT_Q4_K_X8;
+    return KS_OK;
+}
+
+/* The product over eight-row groups: the rows split between the threads and
+ * blocked for L2 / L1 exactly as ks_mm_worker does for the file's rows, every
+ * eight rows one call of the level's group kernel (AVX2); below AVX2 (tests
+ * forcing a level) each group is unpacked into rows for the level's kernel,
+ * the same bits as the unpacked matrix. */
+static void ks_mm_x8_worker(void *arg, int ith, int nth) {
+    const ks_mm_job *job = arg;
+    const int64_t units = (job->rows + KS_MM_ROWS - 1) / KS_MM_ROWS;
+    int64_t u0, u1;
+    ks_pool_share(units, ith, nth, &u0, &u1);
+    const int64_t r_begin = u0 * KS_MM_ROWS, r_end = u1 * KS_MM_ROWS < job->rows ? u1 * KS_MM_ROWS : job->rows;
+    if (r_begin >= r_end) return;
+#if KS_MM_HAVE_X86
+    if (job->level == KS_SIMD_AVX2) {
+        int64_t chunk = (int64_t)(KS_MM_CHUNK_BYTES / job->wrow) / KS_MM_ROWS * KS_MM_ROWS;
+        if (chunk < KS_MM_ROWS) chunk = KS_MM_ROWS;
+        int64_t vg = (int64_t)(KS_MM_GROUP_L1 / job->xs) / KS_MM_NC * KS_MM_NC;
+        if (vg < KS_MM_NC) vg = KS_MM_NC;
+        if (vg > KS_MM_VG) vg = KS_MM_VG;
+        if (job->n <= vg) chunk = r_end - r_begin; /* one pass: W streams once regardless */
+        for (int64_t r0 = r_begin; r0 < r_end; r0 += chunk) {
+            const int64_t r1 = r0 + chunk < r_end ? r0 + chunk : r_end;
+            for (int64_t c0 = 0; c0 < job->n; c0 += vg) {
+                const int64_t c1 = c0 + vg < job->n ? c0 + vg : job->n;
+                for (int64_t r = r0; r < r1; r += 8)
+                    for (int64_t c = c0; c < c1; c += KS_MM_NC) {
+                        const int nc = (int)(c1 - c < KS_MM_NC ? c1 - c : KS_MM_NC);
+                        ks_mm_q4_kx8_avx2(job->W + (size_t)r * job->wrow, job->xq + (size_t)c * job->xs, job->xs, nc,
+                                          job->cols, job->Y + c * job->rows + r, job->rows);
+                    }
+            }
+        }
+        return;
+    }
+#endif
+    uint8_t *rows = ks_scratch(KS_SCRATCH_KERNEL, 8 * job->wrow);
+    KS_ASSERT(rows); /* reserved before the run (ks_matmul_worker_scratch_bytes) */
+    for (int64_t r = r_begin; r < r_end; r += 8) {
+        ks_mm_x8_unpack_group(job->W + (size_t)r * job->wrow, job->cols / KS_QK_K, rows);
+        for (int i = 0; i < 8; i++)
+            for (int64_t c = 0; c < job->n; c += KS_MM_NC) {
+                const int nc = (int)(job->n - c < KS_MM_NC ? job->n - c : KS_MM_NC);
+                job->kern(rows + (size_t)i * job->wrow, job->xq + (size_t)c * job->xs, job->xs, nc, job->cols,
+                          job->Y + c * job->rows + r + i, job->rows);
+            }
+    }
+}
+
 ks_status ks_matmul_pack(ks_weight *w) {
     if (!ks_matmul_can_pack(w)) return KS_OK;
+    if (w->type == KS_DTYPE_Q4_K) return ks_mm_pack_x8(w);
     if (w->type == KS_DTYPE_Q8_0 && w->rows % 16 == 0) return ks_mm_pack_p16(w);
     const bool q8 = w->type == KS_DTYPE_Q8_0;
     const int64_t nb = w->cols / 32, ng = nb / 4;
@@ -361,6 +466,7 @@ static void ks_mm_packed_worker(void *arg, int ith, int nth) {
 }
 
 size_t ks_matmul_worker_scratch_bytes(const ks_weight *w) {
+    if (w->layout == KS_WEIGHT_Q4_K_X8) return 8 * ks_dtype_row_bytes(w->type, w->cols); /* one group unpacked */
     const int64_t nb = w->cols / KS_QK8_0;
     size_t panel_bytes;
     if (w->layout == KS_WEIGHT_Q8_0_P16) panel_bytes = (size_t)nb * 544;
@@ -391,6 +497,12 @@ void ks_matmul_weight_ex(ks_pool *pool, const ks_weight *w, const float *X, int6
         }
 #endif
         ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_p16_worker, x_ready, true, NULL);
+        return;
+    }
+    if (w->layout == KS_WEIGHT_Q4_K_X8) {
+        KS_ASSERT(w->type == KS_DTYPE_Q4_K && w->rows % 8 == 0);
+        if (w->rows == 0 || n == 0) return;
+        ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_x8_worker, x_ready, false, NULL);
         return;
     }
     KS_ASSERT((w->layout == KS_WEIGHT_Q8_0_P4 && w->type == KS_DTYPE_Q8_0) ||

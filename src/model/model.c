@@ -308,8 +308,9 @@ void ks_model_destroy(ks_model *m) {
     ks_free(m);
 }
 
-/* Repack the layer matrices the prefill GEMM has a packed tile for
- * (ks_matmul_pack: Q8_0 and Q4_0), without doubling resident memory.
+/* Repack the layer matrices that have a packed layout (ks_matmul_pack:
+ * Q8_0 and Q4_0 for the AVX-512 prefill GEMM, Q4_K in eight-row groups for
+ * AVX2 decode and prefill), without doubling resident memory.
  * Read into memory (--no-mmap), the buffer is ours: they are repacked in
  * place.  From a mapped file they are copied into one huge-page buffer
  * (ks_alloc_streamed) and repacked there, and the file's pages under them
@@ -341,8 +342,11 @@ static ks_status repack_weights(ks_model *m, bool mapped) {
             }
         for (int e = 0; L->moe && e < m->hp.n_expert; e++) {
             ks_weight *ew[] = {&L->moe->gate[e], &L->moe->up[e], &L->moe->down[e]};
+            /* Q4_K experts keep the file's rows (its eight-row groups are for dense layers): the
+             * single-token expert path (moe.c) reads rows, and a mapped MoE file's experts are
+             * most of its bytes, which the copy below would have to hold */
             for (size_t i = 0; i < 3; i++)
-                if (ks_matmul_can_pack(ew[i])) {
+                if (ks_matmul_can_pack(ew[i]) && ew[i]->type != KS_DTYPE_Q4_K) {
                     ws[n++] = ew[i];
                     total += (ks_weight_bytes(ew[i]) + 63) & ~(size_t)63;
                 }

@@ -14,6 +14,8 @@
  * a kernel must retire few instructions per byte to keep up with memory.
  *
  * Usage: insn_bench type [rows=256] [cols=4096] [reps=2]; KS_SIMD caps the level.
+ * INSN_PACK=1 repacks the matrix first where ks_matmul_pack would at load
+ * (e.g. Q4_K's eight-row groups on AVX2) and runs ks_matmul_weight on it.
  */
 #include "core/core.h"
 #include "core/simd.h"
@@ -47,13 +49,17 @@ int main(int argc, char **argv) {
     ks_quantize_row(t, x, W, cols);
     for (int64_t r = 1; r < rows; r++) memcpy(W + (size_t)r * rb, W, rb);
     for (int64_t i = 0; i < cols; i++) x[i] = ks_rng_normal(&rng);
+    ks_weight w = {.type = t, .rows = rows, .cols = cols, .data = W};
+    const char *pk = getenv("INSN_PACK");
+    if (pk && atoi(pk) && ks_matmul_pack(&w) != KS_OK) return 1;
     double sum = 0;
     for (int k = 0; k < reps; k++) {
-        ks_matmul(NULL, t, W, rows, cols, x, 1, y, scratch);
+        ks_matmul_weight(NULL, &w, x, 1, y, scratch);
         sum += y[k % rows];
     }
     printf("%s %s %lldx%lld: %zu bytes, kernel %s, reps %d (checksum %g)\n", tname, ks_simd_name(ks_simd_current()),
-           (long long)rows, (long long)cols, bytes, ks_matmul_kernel_name(t, false), reps, sum);
+           (long long)rows, (long long)cols, bytes, w.layout != KS_WEIGHT_ROWS ? "packed" : ks_matmul_kernel_name(t, false),
+           reps, sum);
     ks_free_aligned(W);
     ks_free(x);
     ks_free(y);
