@@ -53,6 +53,7 @@
 #include "infer/internal.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 static void mla_matmul(ks_context *c, const ks_weight *w, const float *X, int n, float *Y) {
@@ -73,28 +74,32 @@ typedef struct {
     size_t y_step;
     uint8_t *scratch;   /* head h's quantized input at scratch + h * slot */
     size_t slot;
+    atomic_llong next;  /* the next unclaimed unit */
 } mla_heads_job;
 
 #define MLA_UNIT 16 /* rows: the products' own split alignment (matmul.c) */
+#define MLA_CLAIM 8 /* units a thread claims at a time (a shared cursor, as moe.c's fast_worker) */
 
 static void mla_heads_worker(void *arg, int ith, int nth) {
-    const mla_heads_job *j = arg;
-    const int64_t per = j->w[0].rows, units_per = (per + MLA_UNIT - 1) / MLA_UNIT;
+    (void)ith, (void)nth;
+    mla_heads_job *j = arg;
+    const int64_t per = j->w[0].rows, units_per = (per + MLA_UNIT - 1) / MLA_UNIT, total = units_per * j->nh;
     const size_t rb = ks_dtype_row_bytes(j->w[0].type, j->w[0].cols);
-    int64_t u0, u1;
-    ks_pool_share(units_per * j->nh, ith, nth, &u0, &u1);
-    for (int64_t u = u0; u < u1;) {
-        const int h = (int)(u / units_per);
-        const int64_t uend = (int64_t)(h + 1) * units_per < u1 ? (int64_t)(h + 1) * units_per : u1;
-        const int64_t r0 = (u % units_per) * MLA_UNIT;
-        int64_t r1 = (uend - (int64_t)h * units_per) * MLA_UNIT;
-        if (r1 > per) r1 = per;
-        u = uend;
-        ks_weight view = j->w[h];
-        view.data = (const uint8_t *)view.data + (size_t)r0 * rb;
-        view.rows = r1 - r0;
-        ks_matmul_weight_ex(NULL, &view, j->x + (size_t)h * j->x_step, 1, j->y + (size_t)h * j->y_step + r0,
-                            j->scratch + (size_t)h * j->slot, true);
+    for (int64_t u0; (u0 = atomic_fetch_add(&j->next, MLA_CLAIM)) < total;) {
+        const int64_t u1 = u0 + MLA_CLAIM < total ? u0 + MLA_CLAIM : total;
+        for (int64_t u = u0; u < u1;) {
+            const int h = (int)(u / units_per);
+            const int64_t uend = (int64_t)(h + 1) * units_per < u1 ? (int64_t)(h + 1) * units_per : u1;
+            const int64_t r0 = (u % units_per) * MLA_UNIT;
+            int64_t r1 = (uend - (int64_t)h * units_per) * MLA_UNIT;
+            if (r1 > per) r1 = per;
+            u = uend;
+            ks_weight view = j->w[h];
+            view.data = (const uint8_t *)view.data + (size_t)r0 * rb;
+            view.rows = r1 - r0;
+            ks_matmul_weight_ex(NULL, &view, j->x + (size_t)h * j->x_step, 1, j->y + (size_t)h * j->y_step + r0,
+                                j->scratch + (size_t)h * j->slot, true);
+        }
     }
 }
 
@@ -112,7 +117,8 @@ static bool mla_heads_run(ks_context *c, const ks_weight *w, int nh, const float
     const size_t slot = (ks_matmul_scratch_bytes(w[0].type, w[0].cols, 1) + 63) & ~(size_t)63;
     if (slot * (size_t)nh > ks_matmul_scratch_bytes(w[0].type, w[0].cols, c->max_rows)) return false;
     double t0 = ks_time_sec();
-    mla_heads_job j = {w, nh, x, x_step, y, y_step, c->mm_scratch, slot};
+    mla_heads_job j = {w, nh, x, x_step, y, y_step, c->mm_scratch, slot, 0};
+    atomic_init(&j.next, 0);
     for (int h = 0; h < nh; h++) ks_matmul_quantize_x(&w[h], x + (size_t)h * x_step, 0, j.scratch + (size_t)h * slot);
     if (c->pool) ks_pool_run(c->pool, mla_heads_worker, &j);
     else mla_heads_worker(&j, 0, 1);
