@@ -315,6 +315,59 @@ static void test_chunks_and_decode_agree(void **state) {
     ks_context_destroy(b);
 }
 
+/* One decode step of one row runs all heads' absorption (W_UK_h^T) and value
+ * projection (W_UV_h) in one pool run (mla.c, mla_heads_run); two rows take
+ * the per-head loop.  Every output row is the same one-row kernel either way,
+ * so two sequences decoded one at a time give the bits of the two decoded
+ * together (the experts' one-row path is held the same way in test_moe). */
+static void one_row_heads_case(ks_model *m, const char *what) {
+    const int n = 24, Vv = m->hp.n_vocab;
+    int32_t ta[24], tb[24];
+    for (int i = 0; i < n; i++) ta[i] = (i * 13 + 5) % Vv, tb[i] = (i * 7 + 11) % Vv;
+    ks_context_params p = ks_context_default_params();
+    p.n_ctx = 64;
+    p.n_seq = 2;
+    p.n_threads = 2;
+    ks_context *one = NULL, *two = NULL;
+    assert_int_equal(ks_context_create(m, p, &one), KS_OK);
+    assert_int_equal(ks_context_create(m, p, &two), KS_OK);
+    float *l1 = malloc(sizeof(float) * 2 * Vv), *l2 = malloc(sizeof(float) * 2 * Vv);
+    for (int k = 0; k < 2; k++) {
+        ks_context *c = k ? two : one;
+        assert_int_equal(ks_prefill(c, 0, ta, n - 1, l1, NULL), KS_OK);
+        assert_int_equal(ks_prefill(c, 1, tb, n - 1, l1, NULL), KS_OK);
+    }
+    const int32_t seqs[2] = {0, 1}, toks[2] = {ta[n - 1], tb[n - 1]};
+    assert_int_equal(ks_decode(one, &seqs[0], &toks[0], 1, l1), KS_OK);
+    assert_int_equal(ks_decode(one, &seqs[1], &toks[1], 1, l1 + Vv), KS_OK);
+    assert_int_equal(ks_decode(two, seqs, toks, 2, l2), KS_OK);
+    for (int i = 0; i < 2 * Vv; i++)
+        if (memcmp(&l1[i], &l2[i], sizeof(float)) != 0)
+            fail_msg("%s: sequence %d logit %d: one row at a time %.9g, two rows %.9g", what, i / Vv, i % Vv, l1[i],
+                     l2[i]);
+    free(l1), free(l2);
+    ks_context_destroy(one);
+    ks_context_destroy(two);
+}
+
+static void test_one_row_heads_equal_loop(void **state) {
+    (void)state;
+    one_row_heads_case(g_model, "tiny-deepseek2 f16");
+    /* the q4_k_m mix: attn_k_b Q5_0 (64 columns), attn_v_b Q4_K */
+    char pq[320];
+    snprintf(pq, sizeof pq, "%s/heads-q4_k_m.gguf", g_dir);
+    ks_gguf *vocab = NULL;
+    assert_int_equal(ks_gguf_open(ks_test_fixture("models/aidreams260K.gguf"), &vocab), KS_OK);
+    ks_shape_gen_params gp = {.type = KS_DTYPE_Q4_K, .mix_k_m = true, .vocab = vocab, .seed = 7, .n_ctx = 1024};
+    assert_int_equal(ks_shape_generate(ks_shape_find("tiny-deepseek2-odd"), &gp, pq, NULL), KS_OK);
+    ks_gguf_close(vocab);
+    ks_model *mq = NULL;
+    assert_int_equal(ks_model_load(pq, ks_model_default_params(), &mq), KS_OK);
+    assert_int_equal(mq->layers[1].mla->k_b[0].type, KS_DTYPE_Q5_0);
+    one_row_heads_case(mq, "tiny-deepseek2-odd q4_k_m");
+    ks_model_destroy(mq);
+}
+
 /* llama.cpp's Q4_K_M mix on a shape whose experts' rows are not whole K
  * blocks (experts of 352 as V2-Lite's 1408): gen-model writes the types
  * llama-quantize writes (attn_k_b of 64 columns and the down matrices in
@@ -590,6 +643,7 @@ int main(void) {
         cmocka_unit_test(test_full_budget_equals_dense),
         cmocka_unit_test(test_sparse_reads_selected_latents),
         cmocka_unit_test(test_chunks_and_decode_agree),
+        cmocka_unit_test(test_one_row_heads_equal_loop),
         cmocka_unit_test(test_step_allocates_nothing),
         cmocka_unit_test(test_fused_kv_b_form),
         cmocka_unit_test(test_k_m_mix_fallback_types),

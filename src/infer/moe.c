@@ -40,6 +40,7 @@
 #include "matmul/matmul.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #define FAST_PAIRS 64 /* (row, expert) pairs the decode path takes at most (moe_experts_fast) */
@@ -305,46 +306,55 @@ typedef struct {
     bool down;          /* false: gate and up (2F rows an expert); true: down (D rows) */
     uint8_t *scratch;   /* pair p's quantized input at p * slot (the buffer's xq) */
     size_t slot;
+    atomic_llong next;  /* the next unclaimed unit */
 } fast_job;
 
 #define FAST_UNIT 16 /* rows: the products' own split alignment (matmul.c) */
+#define FAST_CLAIM 8 /* units a thread claims at a time */
 
+/* The threads claim FAST_CLAIM units at a time from a shared cursor instead
+ * of splitting the list in halves up front: on a host whose cores other jobs
+ * share, a thread descheduled mid-run no longer leaves its half for the other
+ * to wait on; the faster thread takes what is left.  Which thread computes a
+ * row does not change its bits. */
 static void fast_worker(void *arg, int ith, int nth) {
-    const fast_job *j = arg;
+    (void)ith, (void)nth;
+    fast_job *j = arg;
     const ks_moe_buf *b = j->b;
     const int64_t per = j->down ? j->D : 2 * j->F; /* rows an expert */
-    const int64_t units_per = (per + FAST_UNIT - 1) / FAST_UNIT;
-    int64_t u0, u1;
-    ks_pool_share(units_per * j->n_act, ith, nth, &u0, &u1);
-    for (int64_t u = u0; u < u1;) {
-        const int a = (int)(u / units_per);
-        const int e = j->act[a];
-        const int32_t p = b->start[e];                     /* the expert's one pair */
-        int64_t r0 = (u % units_per) * FAST_UNIT;
-        int64_t uend = (int64_t)(a + 1) * units_per < u1 ? (int64_t)(a + 1) * units_per : u1;
-        int64_t r1 = (uend - (int64_t)a * units_per) * FAST_UNIT;
-        if (r1 > per) r1 = per;
-        u = uend;
-        /* the rows [r0, r1) of this expert's list: gate rows [0, F), up rows [F, 2F), or down rows */
-        while (r0 < r1) {
-            const ks_weight *w;
-            const float *x;
-            float *y;
-            int64_t base, end;
-            if (j->down) {
-                w = &j->L->down[e], x = b->gate + (size_t)p * j->F, y = b->yg + (size_t)p * j->D, base = 0, end = per;
-            } else if (r0 < j->F) {
-                w = &j->L->gate[e], x = b->xg + (size_t)p * j->D, y = b->gate + (size_t)p * j->F, base = 0, end = j->F;
-            } else {
-                w = &j->L->up[e], x = b->xg + (size_t)p * j->D, y = b->up + (size_t)p * j->F, base = j->F, end = per;
+    const int64_t units_per = (per + FAST_UNIT - 1) / FAST_UNIT, total = units_per * j->n_act;
+    for (int64_t u0; (u0 = atomic_fetch_add(&j->next, FAST_CLAIM)) < total;) {
+        const int64_t u1 = u0 + FAST_CLAIM < total ? u0 + FAST_CLAIM : total;
+        for (int64_t u = u0; u < u1;) {
+            const int a = (int)(u / units_per);
+            const int e = j->act[a];
+            const int32_t p = b->start[e];                     /* the expert's one pair */
+            int64_t r0 = (u % units_per) * FAST_UNIT;
+            int64_t uend = (int64_t)(a + 1) * units_per < u1 ? (int64_t)(a + 1) * units_per : u1;
+            int64_t r1 = (uend - (int64_t)a * units_per) * FAST_UNIT;
+            if (r1 > per) r1 = per;
+            u = uend;
+            /* the rows [r0, r1) of this expert's list: gate rows [0, F), up rows [F, 2F), or down rows */
+            while (r0 < r1) {
+                const ks_weight *w;
+                const float *x;
+                float *y;
+                int64_t base, end;
+                if (j->down) {
+                    w = &j->L->down[e], x = b->gate + (size_t)p * j->F, y = b->yg + (size_t)p * j->D, base = 0, end = per;
+                } else if (r0 < j->F) {
+                    w = &j->L->gate[e], x = b->xg + (size_t)p * j->D, y = b->gate + (size_t)p * j->F, base = 0, end = j->F;
+                } else {
+                    w = &j->L->up[e], x = b->xg + (size_t)p * j->D, y = b->up + (size_t)p * j->F, base = j->F, end = per;
+                }
+                const int64_t s1 = r1 < end ? r1 : end;
+                const size_t rb = ks_dtype_row_bytes(w->type, w->cols);
+                ks_weight view = *w;
+                view.data = (const uint8_t *)w->data + (size_t)(r0 - base) * rb;
+                view.rows = s1 - r0;
+                ks_matmul_weight_ex(NULL, &view, x, 1, y + (r0 - base), j->scratch + (size_t)p * j->slot, true);
+                r0 = s1;
             }
-            const int64_t s1 = r1 < end ? r1 : end;
-            const size_t rb = ks_dtype_row_bytes(w->type, w->cols);
-            ks_weight view = *w;
-            view.data = (const uint8_t *)w->data + (size_t)(r0 - base) * rb;
-            view.rows = s1 - r0;
-            ks_matmul_weight_ex(NULL, &view, x, 1, y + (r0 - base), j->scratch + (size_t)p * j->slot, true);
-            r0 = s1;
         }
     }
 }
@@ -369,7 +379,8 @@ static bool fast_ok(const ks_moe_layer *L, const ks_moe_buf *b, int n, int K, co
 static void moe_experts_fast(ks_pool *pool, const ks_moe_layer *L, ks_moe_buf *b, const int32_t *act, int n_act,
                              int64_t F, int64_t D, bool oai, ks_moe_counters *cnt) {
     double t0 = ks_time_sec();
-    fast_job j = {L, b, act, n_act, F, D, false, b->xq, b->xq_slot};
+    fast_job j = {L, b, act, n_act, F, D, false, b->xq, b->xq_slot, 0};
+    atomic_init(&j.next, 0);
     for (int a = 0; a < n_act; a++) { /* expert act[a]'s one pair */
         const int32_t p = b->start[act[a]];
         ks_matmul_quantize_x(&L->gate[act[a]], b->xg + (size_t)p * D, 0, j.scratch + (size_t)p * j.slot);
@@ -378,6 +389,7 @@ static void moe_experts_fast(ks_pool *pool, const ks_moe_layer *L, ks_moe_buf *b
     else fast_worker(&j, 0, 1);
     swiglu_range(b->gate, b->up, 0, (int64_t)n_act * F, oai);
     j.down = true;
+    atomic_store(&j.next, 0);
     for (int a = 0; a < n_act; a++) {
         const int32_t p = b->start[act[a]];
         ks_matmul_quantize_x(&L->down[act[a]], b->gate + (size_t)p * F, 0, j.scratch + (size_t)p * j.slot);
