@@ -90,6 +90,11 @@ static const app_opt g_opts[] = {
     {"--prompt-cache", 0, OPT_STR, APP_RUN, F(cache_file), 0, 0, 0, 0, 0, "FILE",
      "start from the longest prefix of the prompt cached in FILE, and save the\n"
      "prompt's KV there after prefill (exact: the same output as without it)", 0},
+    {"--prompt-cache-every", 0, OPT_LONG, APP_RUN, F(cache_every), 0, -1, 1 << 30, 0, "-1", "N",
+     "with --prompt-cache: also append the prompt's KV computed so far to FILE every\n"
+     "N prompt tokens, so that a killed run restarted with the same command resumes\n"
+     "from the last checkpoint (default: 8192 for prompts over 16384 tokens, else\n"
+     "only after the answer; 0 = only after the answer)", 0},
     {"--prefill-policy", 0, OPT_STR, APP_RUN | APP_BENCH | APP_EVAL | APP_SERVE, F(prefill_policy), 0, 0, 0, 0, 0, "SPEC",
      "prompt attention: dense (default, exact) or quest[:budget=N,sink=N,window=N,dense=N]\n"
      "(opt-in sparse prefill: each block of 16 rows attends its sinks, a local window\n"

@@ -51,6 +51,7 @@ typedef struct app_options {
     bool chat, ignore_eos, no_bos;
     bool turnover;                   /* --turnover: the selection turnover probe */
     const char *system, *cache_file;
+    long cache_every;                /* --prompt-cache-every: tokens between checkpoints (-1: by the prompt's length) */
     ks_sampler_params sampler;
     const char *stops[APP_MAX_STOPS];
     size_t n_stops;
