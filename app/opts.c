@@ -130,6 +130,9 @@ static const app_opt g_opts[] = {
     {"--prefill-reps", 0, OPT_I32, APP_BENCH, F(prefill_reps), 0, 1, APP_PREFILL_REPS_MAX, 0, "1", "N",
      "prefill each length N times on fresh contexts, then print the median\n"
      "and range of tok/s and of the GEMM's share of the peak (default 1)", 0},
+    {"--prefill-depth", 0, OPT_LONG, APP_BENCH, F(prefill_depth), 0, 0, 1 << 24, 0, 0, "D",
+     "prefill each --n-prompt after D tokens of synthetic KV (a follow-up question\n"
+     "against a cached document: its rows attend all D; default 0)", 0},
     {"--no-prefill", 0, OPT_FLAG, APP_BENCH, F(no_prefill), 0, 0, 0, 0, 0, 0, "skip the prefill rows", 0},
     {"--no-mmap", 0, OPT_FLAG, APP_BENCH, F(no_mmap), 0, 0, 0, 0, 0, 0,
      "read the weights into huge-page memory instead of mapping the file", 0},

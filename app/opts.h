@@ -64,6 +64,7 @@ typedef struct app_options {
     long depths[APP_LIST_CAP], batches[APP_LIST_CAP], prompts[APP_LIST_CAP];
     int n_depths, n_batches, n_prompts;
     long bench_gen;
+    long prefill_depth;              /* --prefill-depth: synthetic KV before each prefill row (a follow-up's prompt) */
     int32_t prefill_reps;            /* --prefill-reps: prefills of each length (1..APP_PREFILL_REPS_MAX) */
     bool no_prefill, no_mmap, no_repack;
     int offload[3], n_offload;

@@ -7,7 +7,7 @@
 # same text, dense and sparse; a prompt
 # shorter than sink + window + one page leaves nothing to drop, so run's
 # greedy text under the default quest setting is dense's; bench prints the
-# dense and the sparse prefill rows side by side; eval compares dense after
+# dense and the sparse prefill rows side by side (also at --prefill-depth); eval compares dense after
 # a sparse prefill with the dense reference.
 # Usage: bash prefill_policy.sh <kvsieve> <fixtures-dir> <scratch-dir>
 set -u
@@ -67,6 +67,11 @@ cmp -s "$TMP/dense" "$TMP/quest" || fail "a short prompt's text differs under --
   >"$TMP/bench" 2>/dev/null || fail "bench --prefill-policy"
 grep -q "^prefill  " "$TMP/bench" || fail "bench: no dense prefill row"
 grep -q "^prefill/sparse" "$TMP/bench" || fail "bench: no sparse prefill row"
+
+# --prefill-depth: a follow-up's prefill after synthetic cached rows, dense and sparse rows
+"$KS" bench -m "$MODEL" -t 1 --n-prompt 16 --prefill-depth 96 --depth 0 --n-gen 1 \
+  --prefill-policy quest:budget=80,sink=8,window=16,dense=0 >"$TMP/bench" 2>/dev/null || fail "bench --prefill-depth"
+grep -q "^prefill@96 " "$TMP/bench" && grep -q "^sparse@96 " "$TMP/bench" || fail "bench --prefill-depth: rows missing"
 
 "$KS" eval -m "$MODEL" --lengths 128 --samples 1 --depths 0.5 -t 1 --task passkey --policy dense --page 8 \
   --prefill-policy quest:budget=40,sink=8,window=16,dense=0 >"$TMP/eval" 2>/dev/null || fail "eval --prefill-policy"
