@@ -142,7 +142,12 @@ static int run_prepare(app_options *o, run_state *s) {
  * nothing from then on). */
 static int32_t run_checkpoint_every(const app_options *o, const run_state *s) {
     long every = o->cache_every < 0 ? (s->n_prompt > 16384 ? 8192 : 0) : o->cache_every;
-    if (!o->cache_file || every <= 0 || !ks_policy_prefill_chunkable(s->cp.policy)) return 0;
+    if (!o->cache_file || every <= 0) return 0;
+    if (!ks_policy_prefill_chunkable(s->cp.policy)) { /* its prefill hooks need the prompt in one call */
+        fprintf(stderr, "kvsieve run: policy %s prefills the prompt in one piece: no checkpoints before the answer\n",
+                s->cp.policy);
+        return 0;
+    }
     long g = s->cp.page > 0 ? s->cp.page : 1, a = g, b = KS_PREFILL_BLOCK_ROWS;
     while (b) {
         long t = a % b;
