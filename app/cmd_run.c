@@ -43,7 +43,7 @@ typedef struct run_state {
     int32_t *ids;
     float *logits;
     double t_submit, ttft, t_pf, t_load, t_save;
-    int32_t n_cached, n_saved;
+    int32_t n_cached, n_saved, every, n_checkpoints;
     ks_stats s_prefill;
     const char *why;
     bool matched;
@@ -132,7 +132,44 @@ static int run_prepare(app_options *o, run_state *s) {
     return -1;
 }
 
-/* llama-cli's --prompt-cache: start from a file of the prompt's KV blocks (run_save_cache writes them after). */
+/* The tokens between two checkpoints of the prefill (--prompt-cache-every):
+ * 0 for none.  By default a prompt over 16K tokens is checkpointed every
+ * 8192, a few minutes of a 1B model's prefill on two cores and 1/16 of a
+ * 128K prompt, and a shorter one not at all (it is done in minutes).  The
+ * interval is a whole number of pages (only whole blocks are cached) and
+ * of the sparse prefill's blocks of KS_PREFILL_BLOCK_ROWS rows (a call that
+ * starts off their grid would split one, and a sparse sequence caches
+ * nothing from then on). */
+static int32_t run_checkpoint_every(const app_options *o, const run_state *s) {
+    long every = o->cache_every < 0 ? (s->n_prompt > 16384 ? 8192 : 0) : o->cache_every;
+    if (!o->cache_file || every <= 0) return 0;
+    if (!ks_policy_prefill_chunkable(s->cp.policy)) { /* its prefill hooks need the prompt in one call */
+        fprintf(stderr, "kvsieve run: policy %s prefills the prompt in one piece: no checkpoints before the answer\n",
+                s->cp.policy);
+        return 0;
+    }
+    long g = s->cp.page > 0 ? s->cp.page : 1, a = g, b = KS_PREFILL_BLOCK_ROWS;
+    while (b) {
+        long t = a % b;
+        a = b;
+        b = t;
+    }
+    long grid = g / a * KS_PREFILL_BLOCK_ROWS;
+    every = (every + grid - 1) / grid * grid;
+    return every < (long)s->n_prompt ? (int32_t)every : 0;
+}
+
+/* llama-cli's --prompt-cache: start from a file of the prompt's KV blocks
+ * (run_save_cache writes them after the answer).  With checkpoints the rest
+ * of the prompt is prefilled in pieces ending on multiples of the interval,
+ * each piece's blocks appended to the file before the next starts
+ * (ks_prefix_cache_append_file: a kill mid-append leaves the records before
+ * it), so a killed run given the same command restores the longest saved
+ * prefix and goes on.  The result is the uninterrupted run's bit for bit: a
+ * prefill row's KV does not depend on the call it is computed in
+ * (tests/test_prefix.c, test_chunk_invariance; a sparse prefill's pieces end
+ * on its block grid), and the prompt's last piece runs the policy's prefill
+ * hooks over the whole prompt as one prefill would (ks_prefill_rest). */
 static int run_prefill(app_options *o, run_state *s) {
     const char *cmd = o->cmd, *cache_file = o->cache_file;
     ks_status st;
@@ -146,7 +183,33 @@ static int run_prefill(app_options *o, run_state *s) {
         st = ks_prefix_cache_load_file(s->pcache, cache_file, &nb);
         if (st != KS_OK && st != KS_ERR_NOT_FOUND) { app_report(cmd, "reading the prompt cache", st); return 1; }
         s->t_load = ks_time_sec() - s->t_submit;
-        st = ks_prefill_cached(s->ctx, s->pcache, 0, s->ids, (int32_t)s->n_prompt, s->logits, &s->n_cached);
+        int32_t n = (int32_t)s->n_prompt, every = s->every = run_checkpoint_every(o, s);
+        st = ks_prefix_restore(s->ctx, s->pcache, 0, s->ids, n, &s->n_cached);
+        if (st == KS_OK && every)
+            fprintf(stderr, "kvsieve run: %d of %d prompt tokens restored from %s; checkpoints every %d tokens\n",
+                    s->n_cached, n, cache_file, every);
+        /* test hook: end the process (as a kill would) after this many checkpoints */
+        const char *hook = getenv("KS_TEST_EXIT_AFTER_CHECKPOINTS");
+        int kill_after = hook ? atoi(hook) : 0, done = 0;
+        for (int32_t have = s->n_cached; st == KS_OK && have < n;) {
+            int32_t upto = every ? (have / every + 1) * every : n;
+            if (upto > n) upto = n;
+            st = ks_prefill_rest(s->ctx, s->pcache, 0, s->ids, n, upto, s->logits);
+            if (st != KS_OK) break;
+            have = upto;
+            if (upto == n) break;
+            double t0 = ks_time_sec();
+            int32_t nf = 0;
+            if ((st = ks_prefix_cache_append_file(s->pcache, s->ctx, s->ids, upto, cache_file, &nf)) != KS_OK) {
+                app_report(cmd, "writing a prompt-cache checkpoint", st);
+                return 1;
+            }
+            s->n_checkpoints++;
+            s->t_save += ks_time_sec() - t0;
+            fprintf(stderr, "kvsieve run: checkpoint: %d of %d prompt tokens prefilled, %d blocks in %s (%.1f s since "
+                            "the start)\n", upto, n, nf, cache_file, ks_time_sec() - s->t_submit);
+            if (kill_after > 0 && ++done == kill_after) _Exit(3);
+        }
     } else {
         st = ks_prefill(s->ctx, 0, s->ids, (int32_t)s->n_prompt, s->logits, NULL);
     }
@@ -158,13 +221,19 @@ static int run_prefill(app_options *o, run_state *s) {
 }
 
 /* After the answer, not before its first token: the prompt's blocks are
- * full pages, which generation never writes. */
+ * full pages, which generation never writes.  A checkpointed run appends
+ * the blocks after its last checkpoint to the same file (the whole file
+ * rewritten would be a second copy of a 128K prompt's KV on the disk);
+ * otherwise the file is written whole and renamed over the old one. */
 static int run_save_cache(app_options *o, run_state *s) {
     if (!o->cache_file) return -1;
     double t0 = ks_time_sec();
-    ks_status st = ks_prefix_cache_save_file(s->pcache, s->ctx, s->ids, (int32_t)s->n_prompt, o->cache_file, &s->n_saved);
+    ks_status st = s->every ? ks_prefix_cache_append_file(s->pcache, s->ctx, s->ids, (int32_t)s->n_prompt, o->cache_file,
+                                                          &s->n_saved)
+                            : ks_prefix_cache_save_file(s->pcache, s->ctx, s->ids, (int32_t)s->n_prompt, o->cache_file,
+                                                        &s->n_saved);
     if (st != KS_OK) { app_report(o->cmd, "writing the prompt cache", st); return 1; }
-    s->t_save = ks_time_sec() - t0;
+    s->t_save += ks_time_sec() - t0;
     return -1;
 }
 
@@ -208,8 +277,9 @@ static void run_report(const app_options *o, const run_state *s) {
     fprintf(stderr, "  prompt:  %5zu tokens in %7.3f s = %8.2f tok/s\n", n_prompt, pf_s, pf_s > 0 ? n_prompt / pf_s : 0);
     if (o->cache_file)
         fprintf(stderr, "  cache:   %d prompt tokens cached, %zu computed, prompt done after %.3f s (cache read %.3f s); "
-                        "%d blocks saved to %s in %.3f s\n",
-                s->n_cached, n_prompt - (size_t)s->n_cached, s->t_pf, s->t_load, s->n_saved, o->cache_file, s->t_save);
+                        "%d blocks saved to %s in %.3f s (%d checkpoints)\n",
+                s->n_cached, n_prompt - (size_t)s->n_cached, s->t_pf, s->t_load, s->n_saved, o->cache_file, s->t_save,
+                s->n_checkpoints);
     if (s->ttft >= 0) fprintf(stderr, "  time to first token: %.3f s\n", s->ttft);
     if (sd.tokens_decoded)
         fprintf(stderr, "  decode:  %5llu tokens in %7.3f s = %8.2f tok/s, %.2f GB/s (weights %.2f + KV %.3f GB read)\n",

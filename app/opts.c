@@ -90,6 +90,11 @@ static const app_opt g_opts[] = {
     {"--prompt-cache", 0, OPT_STR, APP_RUN, F(cache_file), 0, 0, 0, 0, 0, "FILE",
      "start from the longest prefix of the prompt cached in FILE, and save the\n"
      "prompt's KV there after prefill (exact: the same output as without it)", 0},
+    {"--prompt-cache-every", 0, OPT_LONG, APP_RUN, F(cache_every), 0, -1, 1 << 30, 0, "-1", "N",
+     "with --prompt-cache: also append the prompt's KV computed so far to FILE every\n"
+     "N prompt tokens, so that a killed run restarted with the same command resumes\n"
+     "from the last checkpoint (default: 8192 for prompts over 16384 tokens, else\n"
+     "only after the answer; 0 = only after the answer)", 0},
     {"--prefill-policy", 0, OPT_STR, APP_RUN | APP_BENCH | APP_EVAL | APP_SERVE, F(prefill_policy), 0, 0, 0, 0, 0, "SPEC",
      "prompt attention: dense (default, exact) or quest[:budget=N,sink=N,window=N,dense=N]\n"
      "(opt-in sparse prefill: each block of 16 rows attends its sinks, a local window\n"
@@ -125,6 +130,9 @@ static const app_opt g_opts[] = {
     {"--prefill-reps", 0, OPT_I32, APP_BENCH, F(prefill_reps), 0, 1, APP_PREFILL_REPS_MAX, 0, "1", "N",
      "prefill each length N times on fresh contexts, then print the median\n"
      "and range of tok/s and of the GEMM's share of the peak (default 1)", 0},
+    {"--prefill-depth", 0, OPT_LONG, APP_BENCH, F(prefill_depth), 0, 0, 1 << 24, 0, 0, "D",
+     "prefill each --n-prompt after D tokens of synthetic KV (a follow-up question\n"
+     "against a cached document: its rows attend all D; default 0)", 0},
     {"--no-prefill", 0, OPT_FLAG, APP_BENCH, F(no_prefill), 0, 0, 0, 0, 0, 0, "skip the prefill rows", 0},
     {"--no-mmap", 0, OPT_FLAG, APP_BENCH, F(no_mmap), 0, 0, 0, 0, 0, 0,
      "read the weights into huge-page memory instead of mapping the file", 0},

@@ -51,6 +51,7 @@ typedef struct app_options {
     bool chat, ignore_eos, no_bos;
     bool turnover;                   /* --turnover: the selection turnover probe */
     const char *system, *cache_file;
+    long cache_every;                /* --prompt-cache-every: tokens between checkpoints (-1: by the prompt's length) */
     ks_sampler_params sampler;
     const char *stops[APP_MAX_STOPS];
     size_t n_stops;
@@ -63,6 +64,7 @@ typedef struct app_options {
     long depths[APP_LIST_CAP], batches[APP_LIST_CAP], prompts[APP_LIST_CAP];
     int n_depths, n_batches, n_prompts;
     long bench_gen;
+    long prefill_depth;              /* --prefill-depth: synthetic KV before each prefill row (a follow-up's prompt) */
     int32_t prefill_reps;            /* --prefill-reps: prefills of each length (1..APP_PREFILL_REPS_MAX) */
     bool no_prefill, no_mmap, no_repack;
     int offload[3], n_offload;

@@ -478,6 +478,16 @@ ks_status ks_prefill_cached(ks_context *ctx, ks_prefix_cache *pc, int32_t seq, c
  * file is KS_ERR_NOT_FOUND. */
 ks_status ks_prefix_cache_save_file(ks_prefix_cache *pc, const ks_context *ctx, const int32_t *prompt, int32_t n,
                                     const char *path, int32_t *n_blocks);
+/* A checkpoint of a long prefill into the same file: the file keeps its
+ * records that are known good (read by ks_prefix_cache_load_file of this
+ * cache, or appended by this function) and are prompt[0, n)'s chain in
+ * order, is cut after them (a record torn by a kill, another prompt's
+ * blocks), and the cached blocks of prompt[0, n) after them are appended,
+ * then fsync.  A kill during the append leaves a file that still loads
+ * every record before the torn one.  *n_blocks receives the blocks the
+ * file holds. */
+ks_status ks_prefix_cache_append_file(ks_prefix_cache *pc, const ks_context *ctx, const int32_t *prompt, int32_t n,
+                                      const char *path, int32_t *n_blocks);
 ks_status ks_prefix_cache_load_file(ks_prefix_cache *pc, const char *path, int32_t *n_blocks);
 
 /* ------------------------------------------------------------- sampling -- */

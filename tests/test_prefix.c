@@ -14,7 +14,8 @@
  * 2. Files are untrusted: truncated, bit-flipped and foreign-model block
  *    files are skipped and counted, and the answer stays the uncached one;
  *    the record parser refuses each corruption on its own.
- * 3. The one-file prompt cache of `kvsieve run --prompt-cache`.
+ * 3. The one-file prompt cache of `kvsieve run --prompt-cache`, and its
+ *    checkpoints (appends) surviving a kill mid-prefill, bit for bit.
  * 4. Shared pages: a RAM hit maps the cached pages (no copy) for every
  *    policy that does not evict; three sequences of one context on one
  *    document (two mapping the first's pages while it decodes, one with a
@@ -816,6 +817,119 @@ static void test_prompt_file(void **state) {
     ks_context_destroy(c);
 }
 
+/* A checkpointed prefill (`kvsieve run --prompt-cache-every`): a prompt
+ * prefilled in pieces with its blocks appended to one file after each, the
+ * process "killed" after the second checkpoint (cache and sequence dropped,
+ * a torn record left at the file's end), then resumed from the file by a
+ * new cache gives the prompt's and the greedy decode's logits of one
+ * uninterrupted prefill bit for bit, dense and under a sparse prefill whose
+ * budget binds; the resume cuts the torn bytes and the finished file holds
+ * every block, each in order. */
+static void decode_greedy(ks_context *c, float *out) {
+    int32_t Vv = g_model->hp.n_vocab;
+    for (int t = 0; t < STEPS; t++) {
+        const float *row = out + (size_t)t * Vv;
+        int32_t best = 0, seq = 0;
+        for (int32_t j = 1; j < Vv; j++) best = row[j] > row[best] ? j : best;
+        if (ks_decode(c, &seq, &best, 1, out + (size_t)(t + 1) * Vv) != KS_OK) fail_msg("decode: %s", ks_last_error());
+    }
+}
+
+static void check_resume(const char *prefill_policy, const char *policy) {
+    enum { N = 150, PG = 16, EVERY = 32 };
+    int32_t p[N];
+    make_prompt(p, N - 10, 10, 3);
+    ks_context_params cp = ks_context_default_params();
+    cp.n_ctx = NCTX;
+    cp.n_threads = 2;
+    cp.n_batch = 24; /* not a divisor of the interval: the pieces' chunks differ from one prefill's */
+    cp.page = PG;
+    cp.policy = policy;
+    cp.budget = 48;
+    cp.prefill_policy = prefill_policy;
+    ks_context *c = NULL;
+    assert_int_equal(ks_context_create(g_model, cp, &c), KS_OK);
+    size_t bytes = sizeof(float) * (size_t)(1 + STEPS) * g_model->hp.n_vocab;
+    float *ref = malloc(bytes), *got = malloc(bytes);
+    assert_int_equal(ks_prefill(c, 0, p, N, ref, NULL), KS_OK);
+    decode_greedy(c, ref);
+    char path[400];
+    snprintf(path, sizeof path, "%s/resume.cache", g_tmp);
+    unlink(path);
+    ks_prefix_cache_params pp = ks_prefix_cache_default_params();
+    ks_prefix_cache *pc = NULL;
+    int32_t nb = -1, hit = -1;
+    /* the first run: killed after its second checkpoint */
+    ks_seq_reset(c, 0);
+    assert_int_equal(ks_prefix_cache_create(g_model, &pp, &pc), KS_OK);
+    assert_int_equal(ks_prefix_restore(c, pc, 0, p, N, &hit), KS_OK);
+    assert_int_equal(hit, 0);
+    for (int32_t upto = EVERY; upto <= 2 * EVERY; upto += EVERY) {
+        assert_int_equal(ks_prefill_rest(c, pc, 0, p, N, upto, NULL), KS_OK);
+        assert_int_equal(ks_prefix_cache_append_file(pc, c, p, upto, path, &nb), KS_OK);
+        assert_int_equal(nb, upto / PG);
+    }
+    ks_prefix_cache_destroy(pc);
+    ks_seq_reset(c, 0);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    off_t rec = sb.st_size / (2 * EVERY / PG);
+    FILE *f = fopen(path, "ab"); /* a torn record: the kill came in the middle of a third append */
+    assert_non_null(f);
+    char junk[700];
+    memset(junk, 0x5A, sizeof junk);
+    memcpy(junk, "KSPCBLK", 8);
+    assert_int_equal(fwrite(junk, 1, sizeof junk, f), sizeof junk);
+    fclose(f);
+    /* the same command again: restores the checkpoints and goes on */
+    assert_int_equal(ks_prefix_cache_create(g_model, &pp, &pc), KS_OK);
+    assert_int_equal(ks_prefix_cache_load_file(pc, path, &nb), KS_OK);
+    assert_int_equal(nb, 2 * EVERY / PG);
+    assert_int_equal(ks_prefix_restore(c, pc, 0, p, N, &hit), KS_OK);
+    assert_int_equal(hit, 2 * EVERY);
+    for (int32_t have = hit; have < N;) {
+        int32_t upto = (have / EVERY + 1) * EVERY < N ? (have / EVERY + 1) * EVERY : N;
+        assert_int_equal(ks_prefill_rest(c, pc, 0, p, N, upto, upto == N ? got : NULL), KS_OK);
+        assert_int_equal(ks_prefix_cache_append_file(pc, c, p, upto, path, &nb), KS_OK);
+        have = upto;
+    }
+    decode_greedy(c, got);
+    if (memcmp(got, ref, bytes)) fail_msg("prefill %s, policy %s: the resumed run's logits differ", prefill_policy, policy);
+    assert_int_equal(nb, N / PG);
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_size, rec * (N / PG)); /* the torn bytes are gone */
+    ks_prefix_cache_destroy(pc);
+    assert_int_equal(ks_prefix_cache_create(g_model, &pp, &pc), KS_OK);
+    assert_int_equal(ks_prefix_cache_load_file(pc, path, &nb), KS_OK);
+    assert_int_equal(nb, N / PG);
+    ks_prefix_cache_destroy(pc);
+    /* a file of another prompt is replaced, not appended to */
+    int32_t q[N];
+    make_prompt(q, N - 10, 10, 4);
+    q[0] = (q[0] + 1) % V;
+    assert_int_equal(ks_prefix_cache_create(g_model, &pp, &pc), KS_OK);
+    assert_int_equal(ks_prefix_cache_load_file(pc, path, &nb), KS_OK);
+    ks_seq_reset(c, 0);
+    assert_int_equal(ks_prefix_restore(c, pc, 0, q, N, &hit), KS_OK);
+    assert_int_equal(hit, 0);
+    assert_int_equal(ks_prefill_rest(c, pc, 0, q, N, EVERY, NULL), KS_OK);
+    assert_int_equal(ks_prefix_cache_append_file(pc, c, q, EVERY, path, &nb), KS_OK);
+    assert_int_equal(nb, EVERY / PG);
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_size, rec * (EVERY / PG));
+    ks_prefix_cache_destroy(pc);
+    free(ref);
+    free(got);
+    ks_context_destroy(c);
+}
+
+static void test_prompt_file_resume(void **state) {
+    (void)state;
+    check_resume(NULL, "dense");
+    check_resume(NULL, "quest");
+    check_resume("quest:budget=48,sink=4,window=16,dense=0", "dense");
+}
+
 /* docs/POLICIES.md's prefix-caching table says what the registry says. */
 static void test_docs_table(void **state) {
     (void)state;
@@ -851,6 +965,7 @@ int main(void) {
         cmocka_unit_test(test_corrupt_files),
         cmocka_unit_test(test_heal),
         cmocka_unit_test(test_prompt_file),
+        cmocka_unit_test(test_prompt_file_resume),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -48,6 +48,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static ks_pc_format format_of(const ks_context *c) {
@@ -419,15 +420,12 @@ ks_status ks_prefix_capture_state(ks_context *c, ks_prefix_cache *pc, int32_t se
 }
 
 /* ------------------------------------------------ one-file caches -- */
-ks_status ks_prefix_cache_save_file(ks_prefix_cache *pc, const ks_context *c, const int32_t *prompt, int32_t n,
-                                    const char *path, int32_t *n_blocks) {
-    if (!pc || !c || !prompt || !path) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL argument");
-    ks_pc_format fmt = format_of(c);
-    int32_t P = (int32_t)fmt.page, nb = n / P;
-    pc_block **got = ks_malloc(sizeof(pc_block *) * (size_t)(nb + 1));
-    if (!got) return KS_FAIL(KS_ERR_NOMEM, "blocks of %d", nb);
-    int32_t k = 0;
-    ks_pc_key parent = ks_pc_context_root(pc, c, &fmt);
+/* The listed blocks of prompt[0, n)'s chain under c's root, referenced,
+ * up to the first one missing (or pinned in another context's store). */
+static int32_t chain_blocks(ks_prefix_cache *pc, const ks_context *c, const ks_pc_format *fmt, const int32_t *prompt,
+                            int32_t nb, pc_block **got) {
+    int32_t P = (int32_t)fmt->page, k = 0;
+    ks_pc_key parent = ks_pc_context_root(pc, c, fmt);
     pthread_mutex_lock(&pc->mu);
     for (int32_t b = 0; b < nb; b++) {
         ks_pc_key key = ks_pc_chain(&parent, prompt + (size_t)b * P, P);
@@ -438,27 +436,31 @@ ks_status ks_prefix_cache_save_file(ks_prefix_cache *pc, const ks_context *c, co
         parent = key;
     }
     pthread_mutex_unlock(&pc->mu);
-    /* Written a record at a time into a temporary file, then fsync and
-     * rename (as publish): a pinned block's bytes are read from the store
-     * (this thread drives it) into one reused buffer. */
-    static _Atomic uint64_t serial;
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d.%llu", path, (int)getpid(), (unsigned long long)atomic_fetch_add(&serial, 1));
-    ks_status st = KS_OK;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) st = KS_FAIL(KS_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    return k;
+}
+
+static void unref_blocks(ks_prefix_cache *pc, pc_block **got, int32_t k) {
+    pthread_mutex_lock(&pc->mu);
+    for (int32_t i = 0; i < k; i++) ks_pc_unref_locked(got[i]);
+    pthread_mutex_unlock(&pc->mu);
+}
+
+/* Write the records of got[from, k) to fd, a record at a time: a pinned
+ * block's bytes are read from the store (this thread drives it) into *own,
+ * one reused buffer. */
+static ks_status write_records(int fd, ks_prefix_cache *pc, const ks_context *c, pc_block **got, int32_t from,
+                               int32_t k, uint8_t **own) {
     size_t page_bytes = ks_kv_page_bytes(c->kv);
-    uint8_t *own = NULL;
-    for (int32_t i = 0; i < k && st == KS_OK; i++) {
+    ks_status st = KS_OK;
+    for (int32_t i = from; i < k && st == KS_OK; i++) {
         const uint8_t *payload = got[i]->kv;
+        int32_t P = (int32_t)got[i]->fmt.page;
         if (got[i]->pins) {
-            if (!own && !(own = ks_malloc(got[i]->kv_bytes))) {
-                st = KS_FAIL(KS_ERR_NOMEM, "a block's bytes (%zu)", got[i]->kv_bytes);
-                break;
-            }
+            if (!*own && !(*own = ks_malloc(got[i]->kv_bytes)))
+                return KS_FAIL(KS_ERR_NOMEM, "a block's bytes (%zu)", got[i]->kv_bytes);
             for (uint32_t j = 0; j < got[i]->fmt.n_layer * got[i]->fmt.n_head_kv && st == KS_OK; j++)
-                st = ks_kv_read_pinned(c->kv, (int32_t)(j / got[i]->fmt.n_head_kv), got[i]->pins[j], own + j * page_bytes);
-            payload = own;
+                st = ks_kv_read_pinned(c->kv, (int32_t)(j / got[i]->fmt.n_head_kv), got[i]->pins[j], *own + j * page_bytes);
+            payload = *own;
         }
         uint8_t hdr[KS_PC_HEADER_BYTES];
         if (st == KS_OK) {
@@ -468,18 +470,102 @@ ks_status ks_prefix_cache_save_file(ks_prefix_cache *pc, const ks_context *c, co
         if (st == KS_OK) st = ks_pc_write_all(fd, got[i]->tok, sizeof(int32_t) * P);
         if (st == KS_OK) st = ks_pc_write_all(fd, payload, got[i]->kv_bytes);
     }
+    return st;
+}
+
+ks_status ks_prefix_cache_save_file(ks_prefix_cache *pc, const ks_context *c, const int32_t *prompt, int32_t n,
+                                    const char *path, int32_t *n_blocks) {
+    if (!pc || !c || !prompt || !path) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL argument");
+    ks_pc_format fmt = format_of(c);
+    int32_t P = (int32_t)fmt.page, nb = n / P;
+    pc_block **got = ks_malloc(sizeof(pc_block *) * (size_t)(nb + 1));
+    if (!got) return KS_FAIL(KS_ERR_NOMEM, "blocks of %d", nb);
+    int32_t k = chain_blocks(pc, c, &fmt, prompt, nb, got);
+    /* Written a record at a time into a temporary file, then fsync and
+     * rename (as publish). */
+    static _Atomic uint64_t serial;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d.%llu", path, (int)getpid(), (unsigned long long)atomic_fetch_add(&serial, 1));
+    ks_status st = KS_OK;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) st = KS_FAIL(KS_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    uint8_t *own = NULL;
+    if (st == KS_OK) st = write_records(fd, pc, c, got, 0, k, &own);
     if (fd >= 0) {
         if (st == KS_OK && fsync(fd) != 0) st = KS_FAIL(KS_ERR_IO, "fsync %s: %s", tmp, strerror(errno));
         if (close(fd) != 0 && st == KS_OK) st = KS_FAIL(KS_ERR_IO, "close %s: %s", tmp, strerror(errno));
         if (st == KS_OK && rename(tmp, path) != 0) st = KS_FAIL(KS_ERR_IO, "rename %s: %s", tmp, strerror(errno));
         if (st != KS_OK) unlink(tmp);
     }
-    pthread_mutex_lock(&pc->mu);
-    for (int32_t i = 0; i < k; i++) ks_pc_unref_locked(got[i]);
-    pthread_mutex_unlock(&pc->mu);
+    unref_blocks(pc, got, k);
     ks_free(own);
     ks_free(got);
     if (st == KS_OK && n_blocks) *n_blocks = k;
     return st;
 }
 
+/* A checkpoint of a long prefill (`kvsieve run --prompt-cache-every`).
+ * Rewriting the whole file at every checkpoint would write a 128K-token
+ * prompt's KV (4 GB for a 1B model at f16) once per checkpoint and need
+ * twice its size on disk, so the file grows by appends instead, and what
+ * makes that safe is the loader: it reads records in order and stops at
+ * the first one that fails validation (a short header, a size past the end
+ * of the file, a checksum), keeping every record before it.  A kill in the
+ * middle of an append therefore leaves a file that restores its whole
+ * records, and the next append first cuts the file back to the records
+ * known good (in_file: read back by ks_prefix_cache_load_file, which
+ * checked them, or written by an append of this cache) that are this
+ * prompt's chain, in order; anything after (a torn record, another
+ * prompt's blocks, bytes the loader never reached) is truncated away and
+ * the chain written from there.  fsync before returning: a checkpoint
+ * claimed is on the disk. */
+ks_status ks_prefix_cache_append_file(ks_prefix_cache *pc, const ks_context *c, const int32_t *prompt, int32_t n,
+                                      const char *path, int32_t *n_blocks) {
+    if (!pc || !c || !prompt || !path) return KS_FAIL(KS_ERR_INVALID_ARG, "NULL argument");
+    if (n < 0) return KS_FAIL(KS_ERR_INVALID_ARG, "prompt of %d tokens", n);
+    ks_pc_format fmt = format_of(c);
+    int32_t P = (int32_t)fmt.page, nb = n / P;
+    pc_block **got = ks_malloc(sizeof(pc_block *) * (size_t)(nb + 1));
+    if (!got) return KS_FAIL(KS_ERR_NOMEM, "blocks of %d", nb);
+    int32_t k = chain_blocks(pc, c, &fmt, prompt, nb, got);
+    ks_status st = KS_OK;
+    uint8_t *own = NULL;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) st = KS_FAIL(KS_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    if (st == KS_OK && (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)))
+        st = KS_FAIL(KS_ERR_IO, "%s is not a regular file", path);
+    /* the records already there that are this chain's, known good, in order */
+    uint64_t off = 0, len = st == KS_OK ? (uint64_t)sb.st_size : 0;
+    size_t rec = KS_PC_HEADER_BYTES + sizeof(int32_t) * (size_t)P + ks_pc_payload_bytes(&fmt);
+    int32_t have = 0;
+    while (st == KS_OK && have < k && len - off >= rec) {
+        uint8_t hdr[KS_PC_HEADER_BYTES];
+        if (pread(fd, hdr, sizeof hdr, (off_t)off) != (ssize_t)sizeof hdr) break;
+        ks_pc_format f = ks_pc_header_format(hdr);
+        uint64_t key[2];
+        memcpy(key, hdr + 48, sizeof key);
+        pthread_mutex_lock(&pc->mu);
+        bool good = got[have]->in_file;
+        pthread_mutex_unlock(&pc->mu);
+        if (!good || memcmp(&f, &fmt, sizeof f) || key[0] != got[have]->key.a || key[1] != got[have]->key.b) break;
+        off += rec;
+        have++;
+    }
+    if (st == KS_OK && off != len && ftruncate(fd, (off_t)off) != 0)
+        st = KS_FAIL(KS_ERR_IO, "truncating %s: %s", path, strerror(errno));
+    if (st == KS_OK && lseek(fd, (off_t)off, SEEK_SET) < 0) st = KS_FAIL(KS_ERR_IO, "seek %s: %s", path, strerror(errno));
+    if (st == KS_OK) st = write_records(fd, pc, c, got, have, k, &own);
+    if (st == KS_OK && fsync(fd) != 0) st = KS_FAIL(KS_ERR_IO, "fsync %s: %s", path, strerror(errno));
+    if (fd >= 0 && close(fd) != 0 && st == KS_OK) st = KS_FAIL(KS_ERR_IO, "close %s: %s", path, strerror(errno));
+    if (st == KS_OK) {
+        pthread_mutex_lock(&pc->mu);
+        for (int32_t i = have; i < k; i++) got[i]->in_file = true;
+        pthread_mutex_unlock(&pc->mu);
+    }
+    unref_blocks(pc, got, k);
+    ks_free(own);
+    ks_free(got);
+    if (st == KS_OK && n_blocks) *n_blocks = k;
+    return st;
+}

@@ -48,6 +48,8 @@ typedef struct pc_block {
     bool listed;
     bool queued;           /* waiting for the writer */
     bool st_queued;        /* a state of it waits for the writer */
+    bool in_file;          /* its record is in the one-file prompt cache this cache reads and appends
+                            * (read back and checked, or appended): ks_prefix_cache_append_file */
     struct pc_block *hnext;
 } pc_block;
 

@@ -36,8 +36,10 @@
  * A one-file prompt cache (`kvsieve run --prompt-cache`) is the same
  * records one after another; it is read here a record at a time, each
  * block keeping the buffer its record was read into (no second copy of a
- * payload).  Writing one is prefix_context.c's (the blocks may be pinned
- * pages of the context's store).
+ * payload); reading stops at the first record that fails validation, which
+ * is what lets a checkpointed prefill append to the file (a torn last
+ * record leaves the ones before it).  Writing one is prefix_context.c's
+ * (the blocks may be pinned pages of the context's store).
  */
 #define _GNU_SOURCE
 #include "prefix/prefix_cache.h"
@@ -528,6 +530,7 @@ ks_status ks_prefix_cache_load_file(ks_prefix_cache *pc, const char *path, int32
         memcpy(b->tok, r.tokens, sizeof(int32_t) * r.fmt.page);
         b->kv_bytes = r.payload_bytes;
         b->raw = buf; /* the payload stays where it was read */
+        b->in_file = true;
         b->kv = (uint8_t *)r.payload;
         b->bytes = b->kv_bytes + sizeof(int32_t) * r.fmt.page + sizeof *b;
         buf = NULL;

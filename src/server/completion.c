@@ -412,13 +412,25 @@ static bool merge_policy(ks_server *srv, const ks_api_request *rq, ks_sched_poli
     }
     ks_policy_spec_add_draft(&pol->spec, srv->model_path, &pol->spec);
     /* the prefill policy (the server's --prefill-policy unless the request names one), checked
-     * against the request's page: a budget must leave a page to select beside sinks and window */
-    const char *pp = (rq->ext_set & KS_API_EXT_PREFILL) ? rq->prefill_policy : srv->p.defaults.prefill;
+     * against the request's page: a budget must leave a page to select beside sinks and window.
+     * A request that names its own setting is refused when it does not fit its page (its
+     * mistake, said in a 400).  The server's setting was checked at start against the server's
+     * page only, and a request asking for larger pages (kvsieve.page) may leave it no page to
+     * select: that request asked for nothing wrong, so it prefills dense (the exact prefill the
+     * sparse one approximates, and what every request gets without --prefill-policy) and the
+     * log says why, rather than a 400 naming a field the request never sent. */
+    bool own = rq->ext_set & KS_API_EXT_PREFILL;
+    const char *pp = own ? rq->prefill_policy : srv->p.defaults.prefill;
     char canon[sizeof pol->prefill];
     if (ks_prefill_policy_canonical(pp, pol->page, canon, sizeof canon) != KS_OK) {
-        ks_api_error_set(e, 400, "invalid_request_error", "invalid_value", "kvsieve.prefill_policy",
-                         "%s (docs/POLICIES.md, \"Sparse prefill\")", ks_last_error());
-        return false;
+        if (own) {
+            ks_api_error_set(e, 400, "invalid_request_error", "invalid_value", "kvsieve.prefill_policy",
+                             "%s (docs/POLICIES.md, \"Sparse prefill\")", ks_last_error());
+            return false;
+        }
+        KS_LOG(WARN, "serve: --prefill-policy %s does not fit the request's page of %d tokens (%s): the request "
+                     "prefills dense", pp, pol->page, ks_last_error());
+        snprintf(canon, sizeof canon, "dense");
     }
     snprintf(pol->prefill, sizeof pol->prefill, "%s", canon);
     return true;

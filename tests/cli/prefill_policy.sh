@@ -2,10 +2,12 @@
 # prefill_policy.sh — the CLI's --prefill-policy (the opt-in sparse prefill,
 # src/infer/prefill_sparse.c): malformed settings are refused with a message
 # naming the fault (never a crash, never a silently dense run); a prompt
-# cache file keeps a sparse prefill's KV for runs of the same setting only; a prompt
+# cache file keeps a sparse prefill's KV for runs of the same setting only, and
+# a checkpointed prefill (--prompt-cache-every) killed midway resumes to the
+# same text, dense and sparse; a prompt
 # shorter than sink + window + one page leaves nothing to drop, so run's
 # greedy text under the default quest setting is dense's; bench prints the
-# dense and the sparse prefill rows side by side; eval compares dense after
+# dense and the sparse prefill rows side by side (also at --prefill-depth); eval compares dense after
 # a sparse prefill with the dense reference.
 # Usage: bash prefill_policy.sh <kvsieve> <fixtures-dir> <scratch-dir>
 set -u
@@ -38,6 +40,25 @@ cp "$TMP/pc.bin" "$TMP/pc2.bin"
 "$KS" run -m "$MODEL" -p "$LONGP" -n 6 --temp 0 --page 16 --prompt-cache "$TMP/pc2.bin" >/dev/null 2>"$TMP/err" || fail "dense run with a sparse file"
 grep -q "cache: *0 prompt tokens cached" "$TMP/err" || fail "a dense run restored sparse KV: $(grep cache: "$TMP/err")"
 
+# --prompt-cache-every: a run killed after its second checkpoint (the test
+# hook ends the process as a kill would), with a torn record after them, is
+# resumed by the same command from 32 saved tokens, and its text is the
+# uninterrupted run's, dense and sparse; a bad interval is refused
+for PP in dense $QS; do
+  rm -f "$TMP/ck.bin"
+  "$KS" run -m "$MODEL" -p "$LONGP" -n 12 --temp 0 --page 16 --prefill-policy $PP >"$TMP/ckref" 2>/dev/null || fail "run $PP"
+  KS_TEST_EXIT_AFTER_CHECKPOINTS=2 "$KS" run -m "$MODEL" -p "$LONGP" -n 12 --temp 0 --page 16 --prefill-policy $PP \
+    --prompt-cache "$TMP/ck.bin" --prompt-cache-every 16 >/dev/null 2>"$TMP/err"
+  [ $? -eq 3 ] || fail "checkpoint hook $PP: $(cat "$TMP/err")"
+  head -c 1000 "$TMP/ck.bin" >>"$TMP/ck.bin"
+  "$KS" run -m "$MODEL" -p "$LONGP" -n 12 --temp 0 --page 16 --prefill-policy $PP --prompt-cache "$TMP/ck.bin" \
+    --prompt-cache-every 16 >"$TMP/ckgot" 2>"$TMP/err" || fail "resumed run $PP: $(cat "$TMP/err")"
+  grep -q "cache: *32 prompt tokens cached" "$TMP/err" || fail "resume $PP: $(grep cache: "$TMP/err")"
+  cmp -s "$TMP/ckref" "$TMP/ckgot" || fail "resume $PP: text differs from the uninterrupted run"
+done
+"$KS" run -m "$MODEL" -p "x" -n 1 --prompt-cache "$TMP/ck.bin" --prompt-cache-every -2 >/dev/null 2>"$TMP/err"
+[ $? -eq 2 ] && grep -q "prompt-cache-every" "$TMP/err" || fail "--prompt-cache-every -2: $(cat "$TMP/err")"
+
 "$KS" run -m "$MODEL" -p "Once upon a time" -n 12 --temp 0 >"$TMP/dense" 2>/dev/null || fail "dense run"
 "$KS" run -m "$MODEL" -p "Once upon a time" -n 12 --temp 0 --prefill-policy quest >"$TMP/quest" 2>/dev/null || fail "quest run"
 cmp -s "$TMP/dense" "$TMP/quest" || fail "a short prompt's text differs under --prefill-policy quest"
@@ -46,6 +67,11 @@ cmp -s "$TMP/dense" "$TMP/quest" || fail "a short prompt's text differs under --
   >"$TMP/bench" 2>/dev/null || fail "bench --prefill-policy"
 grep -q "^prefill  " "$TMP/bench" || fail "bench: no dense prefill row"
 grep -q "^prefill/sparse" "$TMP/bench" || fail "bench: no sparse prefill row"
+
+# --prefill-depth: a follow-up's prefill after synthetic cached rows, dense and sparse rows
+"$KS" bench -m "$MODEL" -t 1 --n-prompt 16 --prefill-depth 96 --depth 0 --n-gen 1 \
+  --prefill-policy quest:budget=80,sink=8,window=16,dense=0 >"$TMP/bench" 2>/dev/null || fail "bench --prefill-depth"
+grep -q "^prefill@96 " "$TMP/bench" && grep -q "^sparse@96 " "$TMP/bench" || fail "bench --prefill-depth: rows missing"
 
 "$KS" eval -m "$MODEL" --lengths 128 --samples 1 --depths 0.5 -t 1 --task passkey --policy dense --page 8 \
   --prefill-policy quest:budget=40,sink=8,window=16,dense=0 >"$TMP/eval" 2>/dev/null || fail "eval --prefill-policy"

@@ -4,7 +4,9 @@
 # report usage.prompt_tokens_details.cached_tokens > 0 (plain and streamed)
 # and answer byte for byte what `kvsieve run` answers without any cache;
 # cache_prompt:false turns it off for one request; /metrics counts the hits;
-# a request's kvsieve.prefill_policy keeps its KV apart from dense KV.
+# a request's kvsieve.prefill_policy keeps its KV apart from dense KV, and a
+# server-wide --prefill-policy too small for a request's own page leaves that
+# request dense rather than refused.
 # A second replica on the same --cache-dir hits the blocks the first wrote,
 # and so does the first after a restart; a directory whose block files were
 # truncated, bit-flipped or written for another model is served correctly,
@@ -126,6 +128,18 @@ for _ in $(seq 1 100); do [ "$(metric prefix_cache_healed_total)" -ge 1 ] 2>/dev
 [ "$(metric prefix_cache_healed_total)" -ge 1 ] 2>/dev/null || bad "no bad block file healed"
 stop_server "$PID" c
 grep -q "prefix cache: skipped" "$TMP/c.err" || bad "no warning for the skipped blocks"
+
+# a server-wide --prefill-policy that leaves no page to select at a request's own, larger page
+# (kvsieve.page 64: 64 + 16 + 64 > 96) does not make that request invalid: it prefills dense and
+# answers what a dense run at that page does; a request naming that setting itself is refused
+"$KS" run -m "$MODEL" "${FLAGS[@]}" --page 64 -p "$DOC $Q1" -n 24 --temp 0 2>/dev/null > "$TMP/ref1p64" || bad "run --page 64"
+start_server d -m "$MODEL" "${FLAGS[@]}" --prefill-policy "quest:budget=96,sink=8,window=16,dense=0"
+check server_policy_page "$(ask d1 "$Q1" ',"kvsieve":{"page":64}')" ref1p64 eq0
+code=$(curl -s -o "$TMP/bad2.json" -w '%{http_code}' \
+  -d "$(req "$Q1" ',"kvsieve":{"page":64,"prefill_policy":"quest:budget=96,sink=8,window=16,dense=0"}')" "$BASE/v1/completions")
+[ "$code" = 400 ] && grep -q '"kvsieve.prefill_policy"' "$TMP/bad2.json" || bad "a request's own prefill_policy too small for its page: HTTP $code"
+stop_server "$PID" d
+grep -q "does not fit the request's page" "$TMP/d.err" || bad "no log line for the server's prefill policy falling back to dense"
 
 # kvsieve run --prompt-cache FILE
 rm -f "$TMP/prompt.cache"
