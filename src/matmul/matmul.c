@@ -299,6 +299,7 @@ static void ks_mm_q6_k_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, in
 #include "matmul_x86.c"
 #include "matmul_x86_types.c"
 #include "matmul_x86_panel.c"
+#include "matmul_x86_tiles.c"
 #include "matmul_x86_quant.c"
 #undef KS_MM_SFX
 #undef KS_MM_TGT
@@ -309,6 +310,7 @@ static void ks_mm_q6_k_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, in
 #include "matmul_x86.c"
 #include "matmul_x86_types.c"
 #include "matmul_x86_panel.c"
+#include "matmul_x86_tiles.c"
 #include "matmul_x86_quant.c"
 #undef KS_MM_SFX
 #undef KS_MM_TGT
@@ -369,6 +371,7 @@ static ks_mm_kern2 ks_mm_kernel8(ks_dtype t, ks_simd_level level) {
     if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q4_K) return ks_mm_q4_k8_avx2;
     if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q5_K) return ks_mm_q5_k8_avx2;
     if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q6_K) return ks_mm_q6_k8_avx2;
+    if (level == KS_SIMD_AVX2 && t == KS_DTYPE_IQ4_XS) return ks_mm_iq4_xs8_avx2; /* matmul_x86_tiles.c */
 #endif
     (void)t, (void)level;
     return NULL;
@@ -511,6 +514,7 @@ static const ks_mm_named ks_mm_names[] = {
     KS_MM_NAMED(ks_mm_iq4_xst_avx2), KS_MM_NAMED(ks_mm_mxfp4z_avx512), KS_MM_NAMED(ks_mm_mxfp4t_avx2),
     KS_MM_NAMED(ks_mm_f32x2_avx2), KS_MM_NAMED(ks_mm_f16x2_avx2),
     KS_MM_NAMED(ks_mm_bf16x2_avx2), KS_MM_NAMED(ks_mm_q4_k8_avx2), KS_MM_NAMED(ks_mm_q5_k8_avx2), KS_MM_NAMED(ks_mm_q6_k8_avx2),
+    KS_MM_NAMED(ks_mm_iq4_xs8_avx2),
 #endif
 #if KS_MM_HAVE_NEON
     KS_MM_NAMED(ks_mm_f32_neon), KS_MM_NAMED(ks_mm_f16_neon), KS_MM_NAMED(ks_mm_bf16_neon),
