@@ -35,9 +35,9 @@
  * this translation unit (it shares the driver below), and its AVX-512 tiles
  * are matmul_x86_panel.c, a template like matmul_x86.c.  At the AVX2 level
  * nothing is repacked: from KS_MM_PAIR_N vectors on, ks_mm_worker runs
- * matmul_x86_panel.c's multi-row tiles on the file's rows (eight rows
- * transposed in registers for Q4_K / Q5_K / Q6_K, two rows for the float
- * types).
+ * multi-row tiles on the file's rows (eight rows transposed in registers:
+ * Q4_K / Q6_K in matmul_x86_panel.c, Q5_K / IQ4_XS with up to KS_MM_T8_NC
+ * vectors per call in matmul_x86_tiles.c; two rows for the float types).
  */
 #include "matmul/matmul.h"
 
@@ -368,7 +368,8 @@ static ks_mm_kern2 ks_mm_kernel2(ks_dtype t, ks_simd_level level) {
 }
 
 /* Eight-row prefill tile (same signature as the two-row form, rows w ..
- * w + 7 * wrow): the AVX2 Q4_K / Q5_K / Q6_K tiles of matmul_x86_panel.c, or NULL. */
+ * w + 7 * wrow): the AVX2 Q4_K / Q6_K tiles of matmul_x86_panel.c, the
+ * Q5_K / IQ4_XS tiles of matmul_x86_tiles.c, or NULL. */
 static ks_mm_kern2 ks_mm_kernel8(ks_dtype t, ks_simd_level level) {
 #if KS_MM_HAVE_X86
     if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q4_K) return ks_mm_q4_k8_avx2;
