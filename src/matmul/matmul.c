@@ -374,7 +374,7 @@ static ks_mm_kern2 ks_mm_kernel8(ks_dtype t, ks_simd_level level) {
 #if KS_MM_HAVE_X86
     if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q4_K) return ks_mm_q4_k8_avx2;
     if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q5_K) return ks_mm_q5_k8w_avx2; /* matmul_x86_tiles.c */
-    if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q6_K) return ks_mm_q6_k8_avx2;
+    if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q6_K) return ks_mm_q6_k8w_avx2; /* matmul_x86_tiles.c */
     if (level == KS_SIMD_AVX2 && t == KS_DTYPE_IQ4_XS) return ks_mm_iq4_xs8_avx2; /* matmul_x86_tiles.c */
 #endif
     (void)t, (void)level;
@@ -518,7 +518,7 @@ static const ks_mm_named ks_mm_names[] = {
     KS_MM_NAMED(ks_mm_iq4_xst_avx2), KS_MM_NAMED(ks_mm_mxfp4z_avx512), KS_MM_NAMED(ks_mm_mxfp4t_avx2),
     KS_MM_NAMED(ks_mm_f32x2_avx2), KS_MM_NAMED(ks_mm_f16x2_avx2),
     KS_MM_NAMED(ks_mm_bf16x2_avx2), KS_MM_NAMED(ks_mm_q4_k8_avx2), KS_MM_NAMED(ks_mm_q5_k8_avx2), KS_MM_NAMED(ks_mm_q6_k8_avx2),
-    KS_MM_NAMED(ks_mm_iq4_xs8_avx2), KS_MM_NAMED(ks_mm_q5_k8w_avx2),
+    KS_MM_NAMED(ks_mm_iq4_xs8_avx2), KS_MM_NAMED(ks_mm_q5_k8w_avx2), KS_MM_NAMED(ks_mm_q6_k8w_avx2),
 #endif
 #if KS_MM_HAVE_NEON
     KS_MM_NAMED(ks_mm_f32_neon), KS_MM_NAMED(ks_mm_f16_neon), KS_MM_NAMED(ks_mm_bf16_neon),
@@ -669,7 +669,7 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
     /* vectors per eight-row tile call: matmul_x86_tiles.c's take up to
      * KS_MM_T8_NC (their weight unpack shared by more vectors; a tile reads
      * its eight rows and vectors super-block by super-block, from L2) */
-    const int64_t nc8 = job->wtype == KS_DTYPE_IQ4_XS || job->wtype == KS_DTYPE_Q5_K ? KS_MM_T8_NC : KS_MM_NC;
+    const int64_t nc8 = job->wtype == KS_DTYPE_IQ4_XS || job->wtype == KS_DTYPE_Q5_K || job->wtype == KS_DTYPE_Q6_K ? KS_MM_T8_NC : KS_MM_NC;
     if (eight && vg < nc8) vg = nc8;
     if (job->n <= vg) chunk = r_end - r_begin; /* one pass: W streams once regardless */
     /* Two-row tiles share each activation load by two rows, halving L2

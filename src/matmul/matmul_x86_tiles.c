@@ -209,6 +209,97 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q5_k8w)(const uint8_t *w, size_t wrow, const uint8
     }
 }
 
+/* -------------------------------------------- AVX2 eight-row Q6_K tile --
+ * matmul_x86_panel.c's Q6_K tile (ks_mm_q6_k8) taking up to KS_MM_T8_NC
+ * vectors per call, as the Q5_K copy above: its per-super-block unpack (16
+ * scales of 8 rows, the ql / qh transposes and the 2-bit planes) shared by
+ * twice the vectors.  The same per-output arithmetic, so the same bits
+ * (test_matmul_avx2_q6_k8). */
+KS_MM_INL void KS_MM_SFX(ks_mm_q6_k8w_body)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int64_t cols,
+                                           float *y, int64_t ys, const int NC) {
+    const int64_t nb = cols / KS_QK_K;
+    const size_t bb = sizeof(ks_block_q6_k);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc[KS_MM_T8_NC];
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + (size_t)b * bb;
+        /* the 16 int8 scales of 8 rows: S[k] lane r = scales 4k..4k+3 of row r */
+        __m256i S[4];
+        KS_MM_SFX(ks_mm_t8_transpose)(wb, wrow, offsetof(ks_block_q6_k, scales), S);
+        __m256i scv[16], scp[8]; /* (sc_s, sc_s) and (sc_2t, sc_2t+1) per row, int16 sign-extended */
+        _Pragma("GCC unroll 16") for (int sb = 0; sb < 16; sb++) scv[sb] =
+            _mm256_shuffle_epi8(S[sb >> 2], KS_MM_SFX(ks_mm_t8_pick)(sb & 3, sb & 3));
+        _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++) scp[t] =
+            _mm256_shuffle_epi8(S[t >> 1], KS_MM_SFX(ks_mm_t8_pick)(2 * (t & 1), 2 * (t & 1) + 1));
+        /* pick() zero-extends: sign-extend the int8 in each int16 */
+        _Pragma("GCC unroll 16") for (int sb = 0; sb < 16; sb++) scv[sb] = _mm256_srai_epi16(_mm256_slli_epi16(scv[sb], 8), 8);
+        _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++) scp[t] = _mm256_srai_epi16(_mm256_slli_epi16(scp[t], 8), 8);
+        ks_f16 dh[8];
+        for (int r = 0; r < 8; r++) memcpy(&dh[r], wb + (size_t)r * wrow + offsetof(ks_block_q6_k, d), sizeof(ks_f16));
+        const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
+        __m256i isum[KS_MM_T8_NC];
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) /* elements 128h .. 128h + 127 */
+            _Pragma("GCC unroll 2") for (int hh = 0; hh < 2; hh++) { /* l = 16hh .. 16hh + 15 of each 32-run */
+                __m256i QH[4];
+                KS_MM_SFX(ks_mm_t8_transpose)(wb, wrow, offsetof(ks_block_q6_k, qh) + 32 * (size_t)h + 16 * (size_t)hh, QH);
+                _Pragma("GCC unroll 2") for (int odd = 0; odd < 2; odd++) { /* ql bytes 64h + 32 odd + 16hh + .. */
+                    __m256i V[4];
+                    KS_MM_SFX(ks_mm_t8_transpose)(wb, wrow, offsetof(ks_block_q6_k, ql) + 64 * (size_t)h + 32 * (size_t)odd + 16 * (size_t)hh, V);
+                    _Pragma("GCC unroll 2") for (int up = 0; up < 2; up++) { /* low / high nibbles */
+                        const int i = odd + 2 * up; /* the 32-run: elements 128h + 32i + l */
+                        const int sb = 8 * h + 2 * i + hh;
+                        __m256i W[4];
+                        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                            const __m256i lo = up ? _mm256_and_si256(_mm256_srli_epi16(V[k], 4), m4) : _mm256_and_si256(V[k], m4);
+                            const __m256i hb = i == 0 ? _mm256_slli_epi16(QH[k], 4)
+                                               : i == 1 ? _mm256_slli_epi16(QH[k], 2)
+                                               : i == 2 ? QH[k]
+                                                        : _mm256_srli_epi16(QH[k], 2);
+                            W[k] = _mm256_or_si256(lo, _mm256_and_si256(hb, m30));
+                        }
+                        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
+                            const int32_t *a = (const int32_t *)(((const ks_block_q8_k *)(xq + c * xs))[b].qs + 128 * h + 32 * i + 16 * hh);
+                            const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(W[0], _mm256_set1_epi32(a[0])),
+                                                                _mm256_maddubs_epi16(W[1], _mm256_set1_epi32(a[1])));
+                            const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(W[2], _mm256_set1_epi32(a[2])),
+                                                                _mm256_maddubs_epi16(W[3], _mm256_set1_epi32(a[3])));
+                            isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(_mm256_madd_epi16(p0, scv[sb]),
+                                                                                 _mm256_madd_epi16(p1, scv[sb])));
+                        }
+                    }
+                }
+            }
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
+            const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
+            const int32_t *bs = (const int32_t *)a->bsums; /* dword t: (bsum 2t, bsum 2t + 1), 16 activations each */
+            __m256i corr = _mm256_madd_epi16(scp[0], _mm256_set1_epi32(bs[0]));
+            _Pragma("GCC unroll 7") for (int t = 1; t < 8; t++) corr = _mm256_add_epi32(corr, _mm256_madd_epi16(scp[t], _mm256_set1_epi32(bs[t])));
+            const __m256i tot = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(corr, 5));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_mul_ps(d8, _mm256_set1_ps(a->d)), acc[c]);
+        }
+    }
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) _mm256_storeu_ps(y + c * ys, acc[c]);
+}
+
+/* Rows w .. w + 7 * wrow times nc (1..KS_MM_T8_NC) vectors: y[c * ys + r], r < 8. */
+KS_MM_FN void KS_MM_SFX(ks_mm_q6_k8w)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int nc, int64_t cols,
+                                      float *y, int64_t ys) {
+    switch (nc) {
+#if KS_MM_T8_NC > 4
+    case 8: KS_MM_SFX(ks_mm_q6_k8w_body)(w, wrow, xq, xs, cols, y, ys, 8); break;
+    case 7: KS_MM_SFX(ks_mm_q6_k8w_body)(w, wrow, xq, xs, cols, y, ys, 7); break;
+    case 6: KS_MM_SFX(ks_mm_q6_k8w_body)(w, wrow, xq, xs, cols, y, ys, 6); break;
+    case 5: KS_MM_SFX(ks_mm_q6_k8w_body)(w, wrow, xq, xs, cols, y, ys, 5); break;
+#endif
+    case 4: KS_MM_SFX(ks_mm_q6_k8w_body)(w, wrow, xq, xs, cols, y, ys, 4); break;
+    case 3: KS_MM_SFX(ks_mm_q6_k8w_body)(w, wrow, xq, xs, cols, y, ys, 3); break;
+    case 2: KS_MM_SFX(ks_mm_q6_k8w_body)(w, wrow, xq, xs, cols, y, ys, 2); break;
+    default: KS_MM_SFX(ks_mm_q6_k8w_body)(w, wrow, xq, xs, cols, y, ys, 1); break;
+    }
+}
+
 #undef KS_MM_FN
 #undef KS_MM_INL
 #endif /* KS_MM_LEVEL < 2 */
