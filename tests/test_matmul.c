@@ -572,6 +572,73 @@ static void test_matmul_avx2_q6_k8(void **state) {
     ks_simd_force(saved);
 }
 
+/* The AVX2 eight-row IQ4_XS tile (matmul_x86_tiles.c): per output and
+ * super-block acc = fma((float)isum, d * da, acc), isum = sum_s (ls_s - 32)
+ * (q_s . a_s) exact over the 32-weight sub-blocks (q the IQ4 levels); bit
+ * for bit, as test_matmul_avx2_k8.  Rows 16-20 run the one-row kernel,
+ * which takes the same steps: they are checked too, and n = 1 (decode)
+ * against the same emulation. */
+static void test_matmul_avx2_iq4_xs8(void **state) {
+    (void)state;
+    ks_simd_level hw = ks_simd_detect();
+    if (!ks_simd_x86(hw)) skip();
+    ks_simd_level saved = ks_simd_force(KS_SIMD_AVX2);
+    assert_non_null(ks_matmul_kernel_name(KS_DTYPE_IQ4_XS, false));
+    const int64_t rows = 21, cols = 768, nb = cols / 256;
+    const size_t rb = ks_dtype_row_bytes(KS_DTYPE_IQ4_XS, cols), xs = (nb * sizeof(ks_block_q8_k) + 63) & ~(size_t)63;
+    ks_rng rng = {4242};
+    uint8_t *W = ks_malloc_aligned(rb * rows);
+    for (size_t i = 0; i < rb * rows; i++) W[i] = (uint8_t)ks_rng_next(&rng);
+    for (size_t o = 0; o < rb * rows; o += sizeof(ks_block_iq4_xs)) {
+        ks_f16 d = ks_f32_to_f16((float)(0.001 + 0.01 * ks_rng_uniform(&rng)));
+        memcpy(W + o + offsetof(ks_block_iq4_xs, d), &d, 2);
+    }
+    ks_weight wt = {.type = KS_DTYPE_IQ4_XS, .rows = rows, .cols = cols, .data = W};
+    ks_pool *pool2 = NULL;
+    assert_int_equal(ks_pool_create(2, &pool2), KS_OK);
+    static const int64_t ns[] = {1, 8, 11, 21};
+    for (size_t ni = 0; ni < 4; ni++) {
+        const int64_t n = ns[ni];
+        float *X = make_x(n, cols, 700 + ni);
+        uint8_t *xq = ks_malloc_aligned(ks_matmul_scratch_bytes(KS_DTYPE_IQ4_XS, cols, n));
+        for (int64_t c = 0; c < n; c++) ks_matmul_quantize_x(&wt, X + c * cols, c, xq);
+        float *Y = ks_malloc(sizeof(float) * (size_t)(n * rows));
+        for (int p = 0; p < 2; p++) {
+            wmat m = {KS_DTYPE_IQ4_XS, rows, cols, W, NULL};
+            run_matmul(p ? pool2 : NULL, &m, X, n, Y);
+            for (int64_t c = 0; c < n; c++)
+                for (int64_t r = 0; r < rows; r++) {
+                    const ks_block_iq4_xs *wb = (const ks_block_iq4_xs *)(W + (size_t)r * rb);
+                    const ks_block_q8_k *a = (const ks_block_q8_k *)(xq + (size_t)c * xs);
+                    float acc = 0.0f;
+                    for (int64_t b = 0; b < nb; b++) {
+                        int32_t isum = 0;
+                        for (int s = 0; s < 8; s++) {
+                            const int ls = ((wb[b].scales_l[s / 2] >> (4 * (s & 1))) & 0xF) | (((wb[b].scales_h >> (2 * s)) & 3) << 4);
+                            int32_t dot = 0;
+                            for (int l = 0; l < 16; l++) {
+                                const uint8_t q = wb[b].qs[16 * s + l];
+                                dot += ks_iq4_values[q & 0xF] * a[b].qs[32 * s + l] + ks_iq4_values[q >> 4] * a[b].qs[32 * s + 16 + l];
+                            }
+                            isum += (ls - 32) * dot;
+                        }
+                        acc = fmaf((float)isum, ks_f16_to_f32(wb[b].d) * a[b].d, acc);
+                    }
+                    if (memcmp(&acc, &Y[c * rows + r], sizeof(float)))
+                        fprintf(stderr, "FAIL iq4_xs8 n=%lld row %lld vec %lld: %.9g vs emulated %.9g\n", (long long)n,
+                                (long long)r, (long long)c, Y[c * rows + r], acc);
+                    assert_memory_equal(&acc, &Y[c * rows + r], sizeof(float));
+                }
+        }
+        ks_free(Y);
+        ks_free_aligned(xq);
+        ks_free(X);
+    }
+    ks_pool_destroy(pool2);
+    ks_free_aligned(W);
+    ks_simd_force(saved);
+}
+
 /* The transposed Q8_0 panels' arithmetic in scalar C (matmul_x86_panel.c, "Q8_0
  * transposed panels"): X quantized with a power-of-two scale per block
  * (dx = 2^k, k the least integer with amax <= 127 * 2^k, within [-100, 100];
@@ -864,6 +931,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_avx2_k8),
         cmocka_unit_test(test_matmul_avx2_q6_k8),
         cmocka_unit_test(test_matmul_packed_q4_k),
+        cmocka_unit_test(test_matmul_avx2_iq4_xs8),
         cmocka_unit_test(test_matmul_packed_q8_0),
         cmocka_unit_test(test_matmul_quantize_x),
         cmocka_unit_test(test_matmul_packed_scales),

@@ -35,9 +35,9 @@
  * this translation unit (it shares the driver below), and its AVX-512 tiles
  * are matmul_x86_panel.c, a template like matmul_x86.c.  At the AVX2 level
  * nothing is repacked: from KS_MM_PAIR_N vectors on, ks_mm_worker runs
- * matmul_x86_panel.c's multi-row tiles on the file's rows (eight rows
- * transposed in registers for Q4_K / Q5_K / Q6_K, two rows for the float
- * types).
+ * multi-row tiles on the file's rows (eight rows transposed in registers:
+ * Q4_K / Q6_K in matmul_x86_panel.c, Q5_K / IQ4_XS with up to KS_MM_T8_NC
+ * vectors per call in matmul_x86_tiles.c; two rows for the float types).
  */
 #include "matmul/matmul.h"
 
@@ -74,6 +74,9 @@ typedef void (*ks_mm_kernr)(const uint8_t *w, size_t wrow, int64_t nr, const uin
 #define KS_MM_ROWS 16  /* row alignment of the thread split */
 #define KS_MM_CHUNK_BYTES (192 * 1024) /* weight bytes per row chunk (L2) */
 #define KS_MM_PAIR_N 8 /* vectors from which the AVX2 multi-row prefill tiles run */
+#ifndef KS_MM_T8_NC
+#define KS_MM_T8_NC 8  /* most vectors per call of matmul_x86_tiles.c's eight-row tiles */
+#endif
 
 static inline size_t ks_mm_align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
@@ -300,6 +303,7 @@ static void ks_mm_q6_k_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, in
 #include "matmul_x86_types.c"
 #include "matmul_x86_panel.c"
 #include "matmul_x86_q4k.c"
+#include "matmul_x86_tiles.c"
 #include "matmul_x86_quant.c"
 #undef KS_MM_SFX
 #undef KS_MM_TGT
@@ -310,6 +314,7 @@ static void ks_mm_q6_k_scalar(const uint8_t *w, const uint8_t *xq, size_t xs, in
 #include "matmul_x86.c"
 #include "matmul_x86_types.c"
 #include "matmul_x86_panel.c"
+#include "matmul_x86_tiles.c"
 #include "matmul_x86_quant.c"
 #undef KS_MM_SFX
 #undef KS_MM_TGT
@@ -364,12 +369,14 @@ static ks_mm_kern2 ks_mm_kernel2(ks_dtype t, ks_simd_level level) {
 }
 
 /* Eight-row prefill tile (same signature as the two-row form, rows w ..
- * w + 7 * wrow): the AVX2 Q4_K / Q5_K / Q6_K tiles of matmul_x86_panel.c, or NULL. */
+ * w + 7 * wrow): the AVX2 Q4_K / Q6_K tiles of matmul_x86_panel.c, the
+ * Q5_K / IQ4_XS tiles of matmul_x86_tiles.c, or NULL. */
 static ks_mm_kern2 ks_mm_kernel8(ks_dtype t, ks_simd_level level) {
 #if KS_MM_HAVE_X86
     if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q4_K) return ks_mm_q4_k8_avx2;
-    if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q5_K) return ks_mm_q5_k8_avx2;
-    if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q6_K) return ks_mm_q6_k8_avx2;
+    if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q5_K) return ks_mm_q5_k8w_avx2; /* matmul_x86_tiles.c */
+    if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q6_K) return ks_mm_q6_k8w_avx2; /* matmul_x86_tiles.c */
+    if (level == KS_SIMD_AVX2 && t == KS_DTYPE_IQ4_XS) return ks_mm_iq4_xs8_avx2; /* matmul_x86_tiles.c */
 #endif
     (void)t, (void)level;
     return NULL;
@@ -512,6 +519,7 @@ static const ks_mm_named ks_mm_names[] = {
     KS_MM_NAMED(ks_mm_iq4_xst_avx2), KS_MM_NAMED(ks_mm_mxfp4z_avx512), KS_MM_NAMED(ks_mm_mxfp4t_avx2),
     KS_MM_NAMED(ks_mm_f32x2_avx2), KS_MM_NAMED(ks_mm_f16x2_avx2),
     KS_MM_NAMED(ks_mm_bf16x2_avx2), KS_MM_NAMED(ks_mm_q4_k8_avx2), KS_MM_NAMED(ks_mm_q5_k8_avx2), KS_MM_NAMED(ks_mm_q6_k8_avx2),
+    KS_MM_NAMED(ks_mm_iq4_xs8_avx2), KS_MM_NAMED(ks_mm_q5_k8w_avx2), KS_MM_NAMED(ks_mm_q6_k8w_avx2),
 #endif
 #if KS_MM_HAVE_NEON
     KS_MM_NAMED(ks_mm_f32_neon), KS_MM_NAMED(ks_mm_f16_neon), KS_MM_NAMED(ks_mm_bf16_neon),
@@ -658,6 +666,12 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
     int64_t vg = (int64_t)(KS_MM_GROUP_L1 / job->xs) / KS_MM_NC * KS_MM_NC;
     if (vg < KS_MM_NC) vg = KS_MM_NC;
     if (vg > KS_MM_VG) vg = KS_MM_VG;
+    const bool eight = job->kern8 && job->n >= KS_MM_PAIR_N;
+    /* vectors per eight-row tile call: matmul_x86_tiles.c's take up to
+     * KS_MM_T8_NC (their weight unpack shared by more vectors; a tile reads
+     * its eight rows and vectors super-block by super-block, from L2) */
+    const int64_t nc8 = job->wtype == KS_DTYPE_IQ4_XS || job->wtype == KS_DTYPE_Q5_K || job->wtype == KS_DTYPE_Q6_K ? KS_MM_T8_NC : KS_MM_NC;
+    if (eight && vg < nc8) vg = nc8;
     if (job->n <= vg) chunk = r_end - r_begin; /* one pass: W streams once regardless */
     /* Two-row tiles share each activation load by two rows, halving L2
      * traffic, which only matters once a tile's activations outgrow L1 (long
@@ -671,7 +685,6 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
     const bool pair = job->kern2 && job->n > 1 &&
                       (job->level == KS_SIMD_NEON_I8MM || KS_MM_NC * job->xs > KS_MM_GROUP_L1 ||
                        (job->level == KS_SIMD_AVX2 && job->n >= KS_MM_PAIR_N));
-    const bool eight = job->kern8 && job->n >= KS_MM_PAIR_N;
 
     for (int64_t r0 = r_begin; r0 < r_end; r0 += chunk) {
         int64_t r1 = r0 + chunk < r_end ? r0 + chunk : r_end;
@@ -685,8 +698,8 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
             for (int64_t r = r0; r < r1;) {
                 const uint8_t *w = job->W + (size_t)r * job->wrow;
                 if (eight && r + 8 <= r1) {
-                    for (int64_t c = c0; c < c1; c += KS_MM_NC) {
-                        const int nc = (int)(c1 - c < KS_MM_NC ? c1 - c : KS_MM_NC);
+                    for (int64_t c = c0; c < c1; c += nc8) {
+                        const int nc = (int)(c1 - c < nc8 ? c1 - c : nc8);
                         job->kern8(w, job->wrow, job->xq + (size_t)c * job->xs, job->xs, nc, job->cols,
                                    job->Y + c * job->rows + r, job->rows);
                     }

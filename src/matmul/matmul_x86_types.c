@@ -582,7 +582,10 @@ KS_MM_FN void KS_MM_SFX(ks_mm_iq4_xsz)(const uint8_t *w, const uint8_t *xq, size
  * sub-block's scale is one in-lane shuffle of that register; and one 32-byte load serves two sub-blocks: its low and
  * high nibbles are [s: 0-15 | s+1: 0-15] and [s: 16-31 | s+1: 16-31], and two
  * 128-bit lane permutes give each sub-block in element order, against one
- * 16-byte load, nibble split and insert per sub-block before. */
+ * 16-byte load, nibble split and insert per sub-block before.
+ * The int32 lanes are summed per super-block (exact) before the one FMA by
+ * d * da, the eight-row prefill tile's order (matmul_x86_tiles.c): an
+ * output has the same bits in decode, batches and prefill. */
 
 KS_MM_INL void KS_MM_SFX(ks_mm_iq4_xst_body)(const uint8_t *w, const uint8_t *xq, size_t xs, int64_t cols,
                                              float *y, int64_t ys, const int NC) {
@@ -590,8 +593,8 @@ KS_MM_INL void KS_MM_SFX(ks_mm_iq4_xst_body)(const uint8_t *w, const uint8_t *xq
     const int64_t nb = cols / KS_QK_K;
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ks_iq4_values));
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc[4];
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    __m128 acc[4]; /* lane 0: the output, in the eight-row tile's order (matmul_x86_tiles.c, ks_mm_hsum2_i32) */
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         KS_MM_QK_PREFETCH(wb + b, sizeof(ks_block_iq4_xs)); /* 136 bytes: 3 lines */
         uint32_t sl;
@@ -630,11 +633,11 @@ KS_MM_INL void KS_MM_SFX(ks_mm_iq4_xst_body)(const uint8_t *w, const uint8_t *xq
         const float d = KS_MM_SFX(ks_mm_h2f)(wb[b].d);
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
             const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(isum[c], isum2[c])), _mm256_set1_ps(d * a->d),
-                                     acc[c]);
+            const __m256i tot = _mm256_add_epi32(isum[c], isum2[c]);
+            acc[c] = _mm_fmadd_ss(_mm_cvtepi32_ps(KS_MM_SFX(ks_mm_hsum2_i32)(tot, tot)), _mm_set_ss(d * a->d), acc[c]);
         }
     }
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] = KS_MM_SFX(ks_mm_hsum8)(acc[c]);
+    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] = _mm_cvtss_f32(acc[c]);
 }
 
 KS_MM_FN void KS_MM_SFX(ks_mm_iq4_xst)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols, float *y,
