@@ -770,18 +770,21 @@ static void test_matmul_packed_q8_0(void **state) {
     ks_pool_destroy(pool2);
 }
 
-/* Q4_K repacked into eight-row groups (ks_matmul_pack, AVX2 hosts): at every
- * level, every n (decode 1-4, small batches, prefill tiles and tails) and
+/* Q4_K repacked into eight-row groups (ks_matmul_pack: four-byte lanes on
+ * AVX2 hosts, eight-byte lanes on AVX-512 VNNI hosts): at every level, every
+ * n (decode 1-9, prefill tiles and tails, the balanced prefill split) and
  * with and without a pool, the very bits of the product over the file's
- * rows, which test_matmul_avx2_k8 ties to the scalar emulation.  Quantized
- * weights and raw random bytes (every nibble and 6-bit scale); row counts
- * that are no multiple of 8 keep the file layout. */
+ * rows at that level, which test_matmul_avx2_k8 ties to the scalar
+ * emulation; the AVX-512 group kernel has the AVX2 level's float order
+ * (matmul_x86_q4k.c), so at AVX-512 its reference is the file's rows at
+ * AVX2.  Quantized weights and raw random bytes (every nibble and 6-bit
+ * scale); row counts that are no multiple of 8 keep the file layout. */
 static void test_matmul_packed_q4_k(void **state) {
     (void)state;
     ks_pool *pool2 = NULL;
     assert_int_equal(ks_pool_create(2, &pool2), KS_OK);
-    static const int64_t shapes[][2] = {{8, 256}, {24, 768}, {12, 512}, {200, 2048}, {40, 8192}};
-    static const int64_t ns[] = {1, 2, 3, 4, 5, 8, 9, 12, 33};
+    static const int64_t shapes[][2] = {{8, 256}, {24, 768}, {12, 512}, {200, 2048}, {40, 8192}, {13, 256}, {8, 2560}};
+    static const int64_t ns[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 33};
     enum { NMAX = 33 };
     const ks_dtype t = KS_DTYPE_Q4_K;
     for (size_t si = 0; si < 2 * sizeof shapes / sizeof shapes[0]; si++) {
@@ -802,9 +805,10 @@ static void test_matmul_packed_q4_k(void **state) {
         memcpy((uint8_t *)P + 32, m.W, bytes); /* 32-byte aligned only, as in a GGUF file */
         ks_weight w = {.type = t, .rows = rows, .cols = cols, .data = (uint8_t *)P + 32};
         const bool packs = ks_matmul_can_pack(&w);
-        assert_int_equal(packs, rows % 8 == 0 && ks_simd_detect() == KS_SIMD_AVX2);
+        const bool z = ks_simd_detect() == KS_SIMD_AVX512;
+        assert_int_equal(packs, rows % 8 == 0 && (ks_simd_detect() == KS_SIMD_AVX2 || z));
         assert_int_equal(ks_matmul_pack(&w), KS_OK);
-        assert_int_equal(w.layout, packs ? KS_WEIGHT_Q4_K_X8 : KS_WEIGHT_ROWS);
+        assert_int_equal(w.layout, !packs ? KS_WEIGHT_ROWS : z ? KS_WEIGHT_Q4_K_X8Q : KS_WEIGHT_Q4_K_X8);
         if (packs) assert_true(ks_matmul_worker_scratch_bytes(&w) >= 8 * rb);
         float *X = make_x(NMAX, cols, 72 + si);
         float *Y = ks_malloc(sizeof(float) * (size_t)(NMAX * rows)), *Yp = ks_malloc(sizeof(float) * (size_t)(NMAX * rows));
@@ -814,7 +818,10 @@ static void test_matmul_packed_q4_k(void **state) {
             for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
                 for (int pi = 0; pi < 2; pi++) {
                     ks_pool *pool = pi ? pool2 : NULL;
+                    const bool via_avx2 = packs && z && lv == KS_SIMD_AVX512;
+                    if (via_avx2) ks_simd_force(KS_SIMD_AVX2);
                     ks_matmul(pool, t, m.W, rows, cols, X, ns[ni], Y, scratch);
+                    if (via_avx2) ks_simd_force(KS_SIMD_AVX512);
                     for (int64_t i = 0; i < ns[ni] * rows; i++) Yp[i] = NAN;
                     ks_matmul_weight(pool, &w, X, ns[ni], Yp, scratch);
                     for (int64_t i = 0; i < ns[ni] * rows; i++)

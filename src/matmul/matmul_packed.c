@@ -40,9 +40,9 @@ typedef int ks_matmul_packed_is_included_by_matmul_c; /* standalone: nothing to 
 #define KS_MM_P4_KGROUPS 16 /* groups (128 columns each) per K block */
 
 bool ks_matmul_can_pack(const ks_weight *w) {
-    if (w->layout == KS_WEIGHT_ROWS && w->type == KS_DTYPE_Q4_K && w->data) /* eight-row groups, AVX2 only */
+    if (w->layout == KS_WEIGHT_ROWS && w->type == KS_DTYPE_Q4_K && w->data) /* eight-row groups, AVX2 and AVX-512 */
         return w->rows > 0 && w->rows % 8 == 0 && w->cols > 0 && w->cols % KS_QK_K == 0 &&
-               ks_simd_detect() == KS_SIMD_AVX2;
+               (ks_simd_detect() == KS_SIMD_AVX2 || ks_simd_detect() == KS_SIMD_AVX512);
     if (w->layout != KS_WEIGHT_ROWS || (w->type != KS_DTYPE_Q8_0 && w->type != KS_DTYPE_Q4_0) || !w->data) return false;
     if (w->type == KS_DTYPE_Q8_0 && w->rows > 0 && w->rows % 16 == 0 && w->cols > 0 && w->cols % KS_QK8_0 == 0)
         return ks_simd_detect() == KS_SIMD_AVX512; /* transposed 16-row panels */
@@ -172,8 +172,13 @@ static void ks_mm_wait_at_least(atomic_llong *v, long long want) {
  * hand-off per matmul instead of two.  Which thread computes an output
  * changes nothing in its arithmetic (one tile call over all of K, the same
  * bits for every nc), so the result is the static split's, bit for bit. */
-static void ks_mm_p16_prefill_worker(void *arg, int ith, int nth) {
-    const ks_mm_job *job = arg;
+typedef void (*ks_mm_unit_fn)(const ks_mm_job *job, int64_t b0, int64_t b1, int64_t c0, int64_t c1);
+
+/* The balanced product over n_panels panels of panel_bytes each, row blocks
+ * a multiple of np panels, unit() running one unit: the transposed Q8_0
+ * panels (below) and the AVX-512 Q4_K groups (ks_mm_x8q_prefill_worker). */
+static void ks_mm_balanced(const ks_mm_job *job, int ith, int nth, int64_t n_panels, size_t panel_bytes, int64_t np,
+                           ks_mm_unit_fn unit) {
     ks_mm_share *sh = job->share;
     const int64_t n = job->n;
     if (job->x_todo) {
@@ -186,10 +191,8 @@ static void ks_mm_p16_prefill_worker(void *arg, int ith, int nth) {
         }
         ks_mm_wait_at_least(&sh->qdone, n);
     }
-    const int64_t nb = job->cols / KS_QK8_0, n_panels = job->rows / 16;
-    const size_t panel_bytes = (size_t)nb * 544;
-    int64_t block = (int64_t)(KS_MM_T2_BLOCK_BYTES / panel_bytes) / KS_MM_T2_NP * KS_MM_T2_NP;
-    if (block < KS_MM_T2_NP) block = KS_MM_T2_NP;
+    int64_t block = (int64_t)(KS_MM_T2_BLOCK_BYTES / panel_bytes) / np * np;
+    if (block < np) block = np;
     const int64_t nseg = (n + KS_MM_SEG - 1) / KS_MM_SEG;
     const int shares = nth < KS_MM_SHARES ? nth : KS_MM_SHARES;
     for (int k = 0; k < shares; k++) {
@@ -201,9 +204,14 @@ static void ks_mm_p16_prefill_worker(void *arg, int ith, int nth) {
             const long long u = atomic_fetch_add_explicit(&sh->unit[t].next, 1, memory_order_relaxed);
             if (u >= units) break;
             const int64_t b0 = p0 + (u / nseg) * block, c0 = (u % nseg) * KS_MM_SEG;
-            ks_mm_p16_unit(job, b0, b0 + block < p1 ? b0 + block : p1, c0, c0 + KS_MM_SEG < n ? c0 + KS_MM_SEG : n);
+            unit(job, b0, b0 + block < p1 ? b0 + block : p1, c0, c0 + KS_MM_SEG < n ? c0 + KS_MM_SEG : n);
         }
     }
+}
+
+static void ks_mm_p16_prefill_worker(void *arg, int ith, int nth) {
+    const ks_mm_job *job = arg;
+    ks_mm_balanced(job, ith, nth, job->rows / 16, (size_t)(job->cols / KS_QK8_0) * 544, KS_MM_T2_NP, ks_mm_p16_unit);
 }
 #endif
 
@@ -249,16 +257,20 @@ static void ks_mm_p16_worker(void *arg, int ith, int nth) {
     }
 }
 
-/* ----------------------------------- Q4_K in eight-row groups (AVX2) --
- * Layout KS_WEIGHT_Q4_K_X8 (matmul_x86_q4k.c has it in full and says why):
- * rows 8g..8g+7 form group g, in place of those rows (8 * nb * 144 bytes);
- * per super-block 1152 bytes: the eight rows' f16 d, then f16 dmin, then
- * their 12 scale bytes as three arrays of eight dwords, then the quants as
- * 32 chunks of 32 bytes (chunk 8m + k, bytes 4r..4r+3 = row r's qs[32m + 4k ..]).
- * One layout serves decode and prefill: the kernel is the same for every n. */
+/* ------------------------ Q4_K in eight-row groups (AVX2 and AVX-512) --
+ * Layouts KS_WEIGHT_Q4_K_X8 (AVX2) and KS_WEIGHT_Q4_K_X8Q (AVX-512 VNNI;
+ * matmul_x86_q4k.c has both in full and says why): rows 8g..8g+7 form group
+ * g, in place of those rows (8 * nb * 144 bytes); per super-block 1152
+ * bytes: the eight rows' f16 d, then f16 dmin, then their 12 scale bytes as
+ * three arrays of eight dwords, then the quants in chunks of 8 * L bytes,
+ * L the lane width (4: X8, 8: X8Q): chunk ch, bytes L r .. L r + L - 1 =
+ * row r's qs[L ch ..].  The host's level picks the lane width at load; one
+ * layout serves decode and prefill (the kernel is the same for every n). */
 #define KS_MM_X8_SBYTES 1152 /* one super-block of eight rows */
 
-static void ks_mm_x8_pack_group(const uint8_t *rows, int64_t nb, uint8_t *grp) {
+static int ks_mm_x8_lanew(ks_weight_layout l) { return l == KS_WEIGHT_Q4_K_X8Q ? 8 : 4; }
+
+static void ks_mm_x8_pack_group(const uint8_t *rows, int64_t nb, uint8_t *grp, int lw) {
     const size_t rb = (size_t)nb * sizeof(ks_block_q4_k);
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *o = grp + (size_t)b * KS_MM_X8_SBYTES;
@@ -267,12 +279,12 @@ static void ks_mm_x8_pack_group(const uint8_t *rows, int64_t nb, uint8_t *grp) {
             memcpy(o + 2 * r, &blk->d, 2);
             memcpy(o + 16 + 2 * r, &blk->dmin, 2);
             for (int k = 0; k < 3; k++) memcpy(o + 32 + 32 * k + 4 * r, blk->scales + 4 * k, 4);
-            for (int ch = 0; ch < 32; ch++) memcpy(o + 128 + 32 * ch + 4 * r, blk->qs + 32 * (ch / 8) + 4 * (ch % 8), 4);
+            for (int ch = 0; ch < 128 / lw; ch++) memcpy(o + 128 + 8 * lw * ch + lw * r, blk->qs + lw * ch, (size_t)lw);
         }
     }
 }
 
-static void ks_mm_x8_unpack_group(const uint8_t *grp, int64_t nb, uint8_t *rows) {
+static void ks_mm_x8_unpack_group(const uint8_t *grp, int64_t nb, uint8_t *rows, int lw) {
     const size_t rb = (size_t)nb * sizeof(ks_block_q4_k);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *o = grp + (size_t)b * KS_MM_X8_SBYTES;
@@ -281,12 +293,12 @@ static void ks_mm_x8_unpack_group(const uint8_t *grp, int64_t nb, uint8_t *rows)
             memcpy(&blk->d, o + 2 * r, 2);
             memcpy(&blk->dmin, o + 16 + 2 * r, 2);
             for (int k = 0; k < 3; k++) memcpy(blk->scales + 4 * k, o + 32 + 32 * k + 4 * r, 4);
-            for (int ch = 0; ch < 32; ch++) memcpy(blk->qs + 32 * (ch / 8) + 4 * (ch % 8), o + 128 + 32 * ch + 4 * r, 4);
+            for (int ch = 0; ch < 128 / lw; ch++) memcpy(blk->qs + lw * ch, o + 128 + 8 * lw * ch + lw * r, (size_t)lw);
         }
     }
 }
 
-static ks_status ks_mm_pack_x8(ks_weight *w) {
+static ks_status ks_mm_pack_x8(ks_weight *w, ks_weight_layout layout) {
     const int64_t nb = w->cols / KS_QK_K;
     const size_t gbytes = 8 * (size_t)nb * sizeof(ks_block_q4_k);
     KS_ASSERT(gbytes == (size_t)nb * KS_MM_X8_SBYTES); /* in place: same size */
@@ -295,27 +307,29 @@ static ks_status ks_mm_pack_x8(ks_weight *w) {
     uint8_t *base = (uint8_t *)(uintptr_t)w->data; /* the caller made it writable */
     for (int64_t g = 0; g < w->rows / 8; g++) {
         memcpy(tmp, base + (size_t)g * gbytes, gbytes);
-        ks_mm_x8_pack_group(tmp, nb, base + (size_t)g * gbytes);
+        ks_mm_x8_pack_group(tmp, nb, base + (size_t)g * gbytes, ks_mm_x8_lanew(layout));
     }
     ks_free(tmp);
-    w->layout = KS_WEIGHT_Q4_K_X8;
+    w->layout = layout;
     return KS_OK;
 }
 
 /* The product over eight-row groups: the rows split between the threads and
  * blocked for L2 / L1 exactly as ks_mm_worker does for the file's rows, every
- * eight rows one call of the level's group kernel (AVX2); below AVX2 (tests
- * forcing a level) each group is unpacked into rows for the level's kernel,
- * the same bits as the unpacked matrix. */
-static void ks_mm_x8_worker(void *arg, int ith, int nth) {
-    const ks_mm_job *job = arg;
+ * eight rows one call of the layout's group kernel where the level has it
+ * (X8 at AVX2, X8Q at AVX-512); at any other level (tests forcing one) each
+ * group is unpacked into rows for the level's kernel, the same bits as the
+ * unpacked matrix at that level.  X8Q prefill at AVX-512 is
+ * ks_mm_x8q_prefill_worker below. */
+static void ks_mm_x8_rows_work(const ks_mm_job *job, int ith, int nth, int lw) {
     const int64_t units = (job->rows + KS_MM_ROWS - 1) / KS_MM_ROWS;
     int64_t u0, u1;
     ks_pool_share(units, ith, nth, &u0, &u1);
     const int64_t r_begin = u0 * KS_MM_ROWS, r_end = u1 * KS_MM_ROWS < job->rows ? u1 * KS_MM_ROWS : job->rows;
     if (r_begin >= r_end) return;
 #if KS_MM_HAVE_X86
-    if (job->level == KS_SIMD_AVX2) {
+    if ((lw == 4 && job->level == KS_SIMD_AVX2) || (lw == 8 && job->level == KS_SIMD_AVX512)) {
+        const int tile = lw == 4 ? KS_MM_NC : KS_MM_X8Q_NC;
         int64_t chunk = (int64_t)(KS_MM_CHUNK_BYTES / job->wrow) / KS_MM_ROWS * KS_MM_ROWS;
         if (chunk < KS_MM_ROWS) chunk = KS_MM_ROWS;
         int64_t vg = (int64_t)(KS_MM_GROUP_L1 / job->xs) / KS_MM_NC * KS_MM_NC;
@@ -327,10 +341,11 @@ static void ks_mm_x8_worker(void *arg, int ith, int nth) {
             for (int64_t c0 = 0; c0 < job->n; c0 += vg) {
                 const int64_t c1 = c0 + vg < job->n ? c0 + vg : job->n;
                 for (int64_t r = r0; r < r1; r += 8)
-                    for (int64_t c = c0; c < c1; c += KS_MM_NC) {
-                        const int nc = (int)(c1 - c < KS_MM_NC ? c1 - c : KS_MM_NC);
-                        ks_mm_q4_kx8_avx2(job->W + (size_t)r * job->wrow, job->xq + (size_t)c * job->xs, job->xs, nc,
-                                          job->cols, job->Y + c * job->rows + r, job->rows);
+                    for (int64_t c = c0; c < c1; c += tile) {
+                        const int nc = (int)(c1 - c < tile ? c1 - c : tile);
+                        (lw == 4 ? ks_mm_q4_kx8_avx2 : ks_mm_q4_kx8q_avx512)(
+                            job->W + (size_t)r * job->wrow, job->xq + (size_t)c * job->xs, job->xs, nc, job->cols,
+                            job->Y + c * job->rows + r, job->rows);
                     }
             }
         }
@@ -340,7 +355,7 @@ static void ks_mm_x8_worker(void *arg, int ith, int nth) {
     uint8_t *rows = ks_scratch(KS_SCRATCH_KERNEL, 8 * job->wrow);
     KS_ASSERT(rows); /* reserved before the run (ks_matmul_worker_scratch_bytes) */
     for (int64_t r = r_begin; r < r_end; r += 8) {
-        ks_mm_x8_unpack_group(job->W + (size_t)r * job->wrow, job->cols / KS_QK_K, rows);
+        ks_mm_x8_unpack_group(job->W + (size_t)r * job->wrow, job->cols / KS_QK_K, rows, lw);
         for (int i = 0; i < 8; i++)
             for (int64_t c = 0; c < job->n; c += KS_MM_NC) {
                 const int nc = (int)(job->n - c < KS_MM_NC ? job->n - c : KS_MM_NC);
@@ -350,9 +365,37 @@ static void ks_mm_x8_worker(void *arg, int ith, int nth) {
     }
 }
 
+static void ks_mm_x8_worker(void *arg, int ith, int nth) { ks_mm_x8_rows_work(arg, ith, nth, 4); }
+static void ks_mm_x8q_worker(void *arg, int ith, int nth) { ks_mm_x8_rows_work(arg, ith, nth, 8); }
+
+#if KS_MM_HAVE_X86
+/* Groups g0..g1-1 (a row block, its weights kept in L2) times vectors
+ * c0..c1-1, KS_MM_X8Q_NC vectors a call (their activations in L1). */
+static void ks_mm_x8q_unit(const ks_mm_job *job, int64_t g0, int64_t g1, int64_t c0, int64_t c1) {
+    const size_t gbytes = 8 * job->wrow;
+    for (int64_t c = c0; c < c1; c += KS_MM_X8Q_NC) {
+        const int nc = (int)(c1 - c < KS_MM_X8Q_NC ? c1 - c : KS_MM_X8Q_NC);
+        for (int64_t g = g0; g < g1; g++)
+            ks_mm_q4_kx8q_avx512(job->W + (size_t)g * gbytes, job->xq + (size_t)c * job->xs, job->xs, nc, job->cols,
+                                 job->Y + c * job->rows + 8 * g, job->rows);
+    }
+}
+
+/* X8Q prefill at AVX-512: the transposed Q8_0 panels' balanced split
+ * (ks_mm_balanced: contiguous shares claimed in units, the activations
+ * quantized by whoever comes first), a group of eight rows as the panel.
+ * Each output is one kernel call over all of K, so the bits are the static
+ * split's. */
+static void ks_mm_x8q_prefill_worker(void *arg, int ith, int nth) {
+    const ks_mm_job *job = arg;
+    ks_mm_balanced(job, ith, nth, job->rows / 8, 8 * job->wrow, 1, ks_mm_x8q_unit);
+}
+#endif
+
 ks_status ks_matmul_pack(ks_weight *w) {
     if (!ks_matmul_can_pack(w)) return KS_OK;
-    if (w->type == KS_DTYPE_Q4_K) return ks_mm_pack_x8(w);
+    if (w->type == KS_DTYPE_Q4_K)
+        return ks_mm_pack_x8(w, ks_simd_detect() == KS_SIMD_AVX512 ? KS_WEIGHT_Q4_K_X8Q : KS_WEIGHT_Q4_K_X8);
     if (w->type == KS_DTYPE_Q8_0 && w->rows % 16 == 0) return ks_mm_pack_p16(w);
     const bool q8 = w->type == KS_DTYPE_Q8_0;
     const int64_t nb = w->cols / 32, ng = nb / 4;
@@ -466,7 +509,8 @@ static void ks_mm_packed_worker(void *arg, int ith, int nth) {
 }
 
 size_t ks_matmul_worker_scratch_bytes(const ks_weight *w) {
-    if (w->layout == KS_WEIGHT_Q4_K_X8) return 8 * ks_dtype_row_bytes(w->type, w->cols); /* one group unpacked */
+    if (w->layout == KS_WEIGHT_Q4_K_X8 || w->layout == KS_WEIGHT_Q4_K_X8Q)
+        return 8 * ks_dtype_row_bytes(w->type, w->cols); /* one group unpacked */
     const int64_t nb = w->cols / KS_QK8_0;
     size_t panel_bytes;
     if (w->layout == KS_WEIGHT_Q8_0_P16) panel_bytes = (size_t)nb * 544;
@@ -499,10 +543,20 @@ void ks_matmul_weight_ex(ks_pool *pool, const ks_weight *w, const float *X, int6
         ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_p16_worker, x_ready, true, NULL);
         return;
     }
-    if (w->layout == KS_WEIGHT_Q4_K_X8) {
+    if (w->layout == KS_WEIGHT_Q4_K_X8 || w->layout == KS_WEIGHT_Q4_K_X8Q) {
         KS_ASSERT(w->type == KS_DTYPE_Q4_K && w->rows % 8 == 0);
         if (w->rows == 0 || n == 0) return;
-        ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_x8_worker, x_ready, false, NULL);
+        const bool q = w->layout == KS_WEIGHT_Q4_K_X8Q;
+#if KS_MM_HAVE_X86
+        if (q && n >= KS_MM_PAIR_N && ks_simd_current() == KS_SIMD_AVX512) { /* prefill: balanced units */
+            ks_mm_share share;
+            ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_x8q_prefill_worker, x_ready,
+                      false, &share);
+            return;
+        }
+#endif
+        ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, q ? ks_mm_x8q_worker : ks_mm_x8_worker,
+                  x_ready, false, NULL);
         return;
     }
     KS_ASSERT((w->layout == KS_WEIGHT_Q8_0_P4 && w->type == KS_DTYPE_Q8_0) ||

@@ -42,7 +42,6 @@
 #ifndef KS_MM_TEMPLATE_PASS
 typedef int ks_matmul_x86_q4k_is_included_by_matmul_c; /* standalone: nothing to compile */
 #else
-#if KS_MM_LEVEL < 2
 #define KS_MM_FN static __attribute__((target(KS_MM_TGT)))
 #define KS_MM_INL static inline __attribute__((target(KS_MM_TGT), always_inline))
 
@@ -55,6 +54,8 @@ typedef int ks_matmul_x86_q4k_is_included_by_matmul_c; /* standalone: nothing to
 #ifndef KS_MM_X8_PF_BYTES
 #define KS_MM_X8_PF_BYTES 4096
 #endif
+
+#if KS_MM_LEVEL < 2
 
 /* An int16 running sum kept as one chain.  Integer adds may be reassociated,
  * and GCC turned each sub-block's chain of eight into a tree whose leaves (all
@@ -179,10 +180,168 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q4_kx8)(const uint8_t *grp, const uint8_t *xq, siz
     }
 }
 
+#undef KS_MM_X8_KEEP
+#endif /* KS_MM_LEVEL < 2 */
+
+#if KS_MM_LEVEL >= 2
+/* ------------------------------------------ AVX-512 VNNI: eight-byte lanes --
+ * Layout KS_WEIGHT_Q4_K_X8Q: the header of KS_WEIGHT_Q4_K_X8 (d[8], dmin[8],
+ * H[3][8]), then the quants as 16 chunks of 64 bytes: chunk 4m + k, bytes
+ * 8r..8r+7 = row r's qs[32m + 8k .. +7] (low nibbles: sub-block 2m,
+ * elements 8k..8k+7; high: sub-block 2m + 1).
+ *
+ * Why its own lane width.  vpdpbusd takes u8 weights 0..15 against s8
+ * activations straight to int32, so no maddubs / madd pair is needed and the
+ * zmm holds 64 weights; what each product needs beside it is its activation
+ * operand, four activation bytes per dword lane matching that lane's
+ * weights.  With eight-byte lanes, dword lane 2r + j of a chunk holds row
+ * r's elements 8k + 4j .. + 3, so the operand is the eight activation bytes
+ * a[8k .. 8k + 7] broadcast as a qword: vpbroadcastq from memory, a load
+ * and no shuffle, one per chunk and vector, serving all eight rows.  (The
+ * four-byte lanes of the AVX2 layout would want a[4k] in one half of the zmm
+ * and a[4k + 4] in the other: a permute per operand.)  No transposes, no
+ * horizontal sums until the super-block's end, where lanes 2r and 2r + 1
+ * meet in one integer add.
+ *
+ * Per super-block and vector: 32 vpdpbusd (2048 multiply-adds), 8 vpdpwssd
+ * applying the sub-block scales (the int32 lanes of a sub-block's four
+ * vpdpbusd sum at most 16 * 15 * 127 = 30480, an int16; the scale vector's
+ * int32 lanes are (scale, 0) int16 pairs, so the lane's sign-extension half
+ * meets the zero: matmul_x86.c's Q4_K zmm form does the same), 4 vpdpwssd
+ * for the mins against the Q8_K bsums, and a 9-op epilogue.  The weight side
+ * (nibble split, scale and min vectors by vpshufb) is built once per
+ * super-block for every vector of the call, so prefill tiles of up to
+ * KS_MM_X8Q_NC vectors share it.
+ *
+ * Arithmetic per output: exactly the AVX2 eight-row kernel's above (and so
+ * the AVX2 one-row kernel's over the file's rows):
+ *     acc = fma((float)isum, d * da, acc); acc = fma(-(float)msum, dmin * da, acc)
+ * per super-block in order, isum and msum exact int32, whatever n, tiling
+ * or thread: decode and prefill give the same bits, and they are the bits
+ * the AVX2 level gives for the same matrix (tests/test_matmul.c).  They are
+ * not the bits of the AVX-512 one-row kernel over the file's rows
+ * (ks_mm_q4_kz, float lanes summed at the row's end), which `--no-repack`
+ * and row counts that are no multiple of 8 keep using. */
+
+/* vpshufb controls over a scale dword array arranged by
+ * _mm512_shuffle_i64x2(u, u, (1, 1, 0, 0)) (128-bit lane q holding rows
+ * 4 (q / 2) .. + 3): dword lane L (row L / 2) takes byte s of its row's
+ * dword, zero-extended (S) or as an (m, m) int16 pair (M, s + (L & 1)). */
+#define KS_MM_X8Q_B(L, s) (4 * (2 * (((L) >> 2) & 1) + (((L) >> 1) & 1)) + (s))
+#define KS_MM_X8Q_S(L, s) ((int)(KS_MM_X8Q_B(L, s) | 0x80808000u))
+#define KS_MM_X8Q_M(L, s) \
+    ((int)(KS_MM_X8Q_B(L, (s) + ((L) & 1)) | 0x8000u | ((unsigned)KS_MM_X8Q_B(L, (s) + ((L) & 1)) << 16) | 0x80000000u))
+#define KS_MM_X8Q_CTL(F, s)                                                                                           \
+    _mm512_setr_epi32(F(0, s), F(1, s), F(2, s), F(3, s), F(4, s), F(5, s), F(6, s), F(7, s), F(8, s), F(9, s),       \
+                      F(10, s), F(11, s), F(12, s), F(13, s), F(14, s), F(15, s))
+
+KS_MM_INL void KS_MM_SFX(ks_mm_q4_kx8q_body)(const uint8_t *grp, const uint8_t *xq, size_t xs, int64_t cols, float *y,
+                                             int64_t ys, const int NC) {
+    const int64_t nb = cols / KS_QK_K;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m256i km1 = _mm256_set1_epi32(0x3f3f3f3f), km2 = _mm256_set1_epi32(0x0f0f0f0f),
+                  km3 = _mm256_set1_epi32(0x03030303);
+    /* lanes 2r / 2r + 1 of isum (first 8 outputs) and of msum (last 8) */
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
+                  od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    __m256 acc[KS_MM_X8Q_NC];
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *sb = grp + (size_t)b * KS_MM_X8_SB;
+#if KS_MM_X8_PF_BYTES > 0
+        _Pragma("GCC unroll 18") for (int o = 0; o < KS_MM_X8_SB; o += 64)
+            _mm_prefetch((const char *)((uintptr_t)sb + KS_MM_X8_PF_BYTES + (uintptr_t)o), _MM_HINT_T0);
+#endif
+        /* the AVX2 kernel's scale unpacking: u0 / u1 scales 0-3 / 4-7, u2 / u3 mins 0-3 / 4-7 */
+        const __m256i H1 = _mm256_loadu_si256((const __m256i *)(sb + 32)),
+                      H2 = _mm256_loadu_si256((const __m256i *)(sb + 64)),
+                      H3 = _mm256_loadu_si256((const __m256i *)(sb + 96));
+        const __m256i u0 = _mm256_and_si256(H1, km1);
+        const __m256i u1 = _mm256_or_si256(_mm256_and_si256(H3, km2),
+                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(H1, 6), km3), 4));
+        const __m512i z0 = _mm512_castsi256_si512(u0), z1 = _mm512_castsi256_si512(u1);
+        const __m512i U0 = _mm512_shuffle_i64x2(z0, z0, _MM_SHUFFLE(1, 1, 0, 0)),
+                      U1 = _mm512_shuffle_i64x2(z1, z1, _MM_SHUFFLE(1, 1, 0, 0));
+        __m512i isum[KS_MM_X8Q_NC];
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) isum[c] = _mm512_setzero_si512();
+        const uint8_t *qs = sb + KS_MM_X8_QS;
+        _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++) {
+            __m512i plo[KS_MM_X8Q_NC], phi[KS_MM_X8Q_NC];
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                const __m512i V = _mm512_loadu_si512((const void *)(qs + 64 * (4 * m + k)));
+                const __m512i lo = _mm512_and_si512(V, m4), hi = _mm512_and_si512(_mm512_srli_epi16(V, 4), m4);
+                _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
+                    const int8_t *a = ((const ks_block_q8_k *)(xq + c * xs))[b].qs + 64 * m + 8 * k;
+                    int64_t al, ah;
+                    memcpy(&al, a, 8);
+                    memcpy(&ah, a + 32, 8);
+                    plo[c] = _mm512_dpbusd_epi32(k ? plo[c] : _mm512_setzero_si512(), lo, _mm512_set1_epi64(al));
+                    phi[c] = _mm512_dpbusd_epi32(k ? phi[c] : _mm512_setzero_si512(), hi, _mm512_set1_epi64(ah));
+                }
+            }
+            const __m512i Us = m < 2 ? U0 : U1;
+            const __m512i slo = _mm512_shuffle_epi8(Us, (m & 1) ? KS_MM_X8Q_CTL(KS_MM_X8Q_S, 2) : KS_MM_X8Q_CTL(KS_MM_X8Q_S, 0));
+            const __m512i shi = _mm512_shuffle_epi8(Us, (m & 1) ? KS_MM_X8Q_CTL(KS_MM_X8Q_S, 3) : KS_MM_X8Q_CTL(KS_MM_X8Q_S, 1));
+            _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
+                isum[c] = _mm512_dpwssd_epi32(isum[c], plo[c], slo);
+                isum[c] = _mm512_dpwssd_epi32(isum[c], phi[c], shi);
+            }
+        }
+        /* the mins: M_t, lane 2r + j = row r's (m_s, m_s), s = 2t + j, against bsums dword s */
+        const __m256i u2 = _mm256_and_si256(H2, km1);
+        const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(H3, 4), km2),
+                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(H2, 6), km3), 4));
+        const __m512i z2 = _mm512_castsi256_si512(u2), z3 = _mm512_castsi256_si512(u3);
+        const __m512i U2 = _mm512_shuffle_i64x2(z2, z2, _MM_SHUFFLE(1, 1, 0, 0)),
+                      U3 = _mm512_shuffle_i64x2(z3, z3, _MM_SHUFFLE(1, 1, 0, 0));
+        const __m512i ce = KS_MM_X8Q_CTL(KS_MM_X8Q_M, 0), co = KS_MM_X8Q_CTL(KS_MM_X8Q_M, 2);
+        const __m512i M0 = _mm512_shuffle_epi8(U2, ce), M1 = _mm512_shuffle_epi8(U2, co),
+                      M2 = _mm512_shuffle_epi8(U3, ce), M3 = _mm512_shuffle_epi8(U3, co);
+        const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb)),
+                     dm8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16)));
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
+            const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
+            int64_t bs[4];
+            memcpy(bs, a->bsums, sizeof bs);
+            __m512i msum = _mm512_dpwssd_epi32(_mm512_setzero_si512(), M0, _mm512_set1_epi64(bs[0]));
+            msum = _mm512_dpwssd_epi32(msum, M1, _mm512_set1_epi64(bs[1]));
+            msum = _mm512_dpwssd_epi32(msum, M2, _mm512_set1_epi64(bs[2]));
+            msum = _mm512_dpwssd_epi32(msum, M3, _mm512_set1_epi64(bs[3]));
+            /* [isum of rows 0-7 | msum of rows 0-7], exact */
+            const __m512i both = _mm512_add_epi32(_mm512_permutex2var_epi32(isum[c], ev, msum),
+                                                  _mm512_permutex2var_epi32(isum[c], od, msum));
+            const __m512 f = _mm512_cvtepi32_ps(both);
+            const __m256 da = _mm256_set1_ps(a->d);
+            acc[c] = _mm256_fmadd_ps(_mm512_castps512_ps256(f), _mm256_mul_ps(d8, da), acc[c]);
+            acc[c] = _mm256_fnmadd_ps(_mm512_extractf32x8_ps(f, 1), _mm256_mul_ps(dm8, da), acc[c]);
+        }
+    }
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) _mm256_storeu_ps(y + c * ys, acc[c]);
+}
+
+/* Group grp (eight interleaved rows, eight-byte lanes) times nc (1..KS_MM_X8Q_NC)
+ * vectors: y[c * ys + r], r < 8. */
+KS_MM_FN void KS_MM_SFX(ks_mm_q4_kx8q)(const uint8_t *grp, const uint8_t *xq, size_t xs, int nc, int64_t cols,
+                                       float *y, int64_t ys) {
+    switch (nc) {
+#if KS_MM_X8Q_NC >= 6
+    case 6: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 6); break;
+    case 5: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 5); break;
+#endif
+    case 4: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 4); break;
+    case 3: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 3); break;
+    case 2: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 2); break;
+    default: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 1); break;
+    }
+}
+#undef KS_MM_X8Q_B
+#undef KS_MM_X8Q_S
+#undef KS_MM_X8Q_M
+#undef KS_MM_X8Q_CTL
+#endif /* KS_MM_LEVEL >= 2 */
+
 #undef KS_MM_X8_SB
 #undef KS_MM_X8_QS
-#undef KS_MM_X8_KEEP
 #undef KS_MM_FN
 #undef KS_MM_INL
-#endif /* KS_MM_LEVEL < 2 */
 #endif /* KS_MM_TEMPLATE_PASS */
