@@ -78,7 +78,7 @@ typedef void (*ks_mm_kernr)(const uint8_t *w, size_t wrow, int64_t nr, const uin
 #define KS_MM_T8_NC 8  /* most vectors per call of matmul_x86_tiles.c's eight-row tiles */
 #endif
 #ifndef KS_MM_X8Q_NC
-#define KS_MM_X8Q_NC 4 /* most vectors per call of the AVX-512 Q4_K group kernel (matmul_x86_q4k.c) */
+#define KS_MM_X8Q_NC 6 /* most vectors per call of the AVX-512 Q4_K group kernel (matmul_x86_q4k.c) */
 #endif
 
 static inline size_t ks_mm_align64(size_t x) { return (x + 63) & ~(size_t)63; }
