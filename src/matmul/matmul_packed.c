@@ -43,6 +43,9 @@ bool ks_matmul_can_pack(const ks_weight *w) {
     if (w->layout == KS_WEIGHT_ROWS && w->type == KS_DTYPE_Q4_K && w->data) /* eight-row groups, AVX2 and AVX-512 */
         return w->rows > 0 && w->rows % 8 == 0 && w->cols > 0 && w->cols % KS_QK_K == 0 &&
                (ks_simd_detect() == KS_SIMD_AVX2 || ks_simd_detect() == KS_SIMD_AVX512);
+    if (w->layout == KS_WEIGHT_ROWS && w->type == KS_DTYPE_Q6_K && w->data) /* eight-row groups, AVX-512 only */
+        return w->rows > 0 && w->rows % 8 == 0 && w->cols > 0 && w->cols % KS_QK_K == 0 &&
+               ks_simd_detect() == KS_SIMD_AVX512;
     if (w->layout != KS_WEIGHT_ROWS || (w->type != KS_DTYPE_Q8_0 && w->type != KS_DTYPE_Q4_0) || !w->data) return false;
     if (w->type == KS_DTYPE_Q8_0 && w->rows > 0 && w->rows % 16 == 0 && w->cols > 0 && w->cols % KS_QK8_0 == 0)
         return ks_simd_detect() == KS_SIMD_AVX512; /* transposed 16-row panels */
@@ -314,6 +317,57 @@ static ks_status ks_mm_pack_x8(ks_weight *w, ks_weight_layout layout) {
     return KS_OK;
 }
 
+/* Q6_K in eight-row groups with eight-byte lanes (KS_WEIGHT_Q6_K_X8Q,
+ * AVX-512 VNNI; matmul_x86_q4k.c has it in full and says why): per
+ * super-block 1680 bytes: the eight rows' f16 d, their int8 scales [16][8],
+ * ql as 16 chunks of 64 bytes (chunk c, bytes 8r..8r+7 = row r's ql[8c ..]),
+ * qh as 8 such chunks. */
+#define KS_MM_Q6Q_SBYTES 1680
+
+static void ks_mm_q6q_pack_group(const uint8_t *rows, int64_t nb, uint8_t *grp) {
+    const size_t rb = (size_t)nb * sizeof(ks_block_q6_k);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *o = grp + (size_t)b * KS_MM_Q6Q_SBYTES;
+        for (int r = 0; r < 8; r++) {
+            const ks_block_q6_k *blk = (const ks_block_q6_k *)(rows + (size_t)r * rb) + b;
+            memcpy(o + 2 * r, &blk->d, 2);
+            for (int s = 0; s < 16; s++) o[16 + 8 * s + r] = (uint8_t)blk->scales[s];
+            for (int c = 0; c < 16; c++) memcpy(o + 144 + 64 * c + 8 * r, blk->ql + 8 * c, 8);
+            for (int c = 0; c < 8; c++) memcpy(o + 1168 + 64 * c + 8 * r, blk->qh + 8 * c, 8);
+        }
+    }
+}
+
+static void ks_mm_q6q_unpack_group(const uint8_t *grp, int64_t nb, uint8_t *rows) {
+    const size_t rb = (size_t)nb * sizeof(ks_block_q6_k);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *o = grp + (size_t)b * KS_MM_Q6Q_SBYTES;
+        for (int r = 0; r < 8; r++) {
+            ks_block_q6_k *blk = (ks_block_q6_k *)(rows + (size_t)r * rb) + b;
+            memcpy(&blk->d, o + 2 * r, 2);
+            for (int s = 0; s < 16; s++) blk->scales[s] = (int8_t)o[16 + 8 * s + r];
+            for (int c = 0; c < 16; c++) memcpy(blk->ql + 8 * c, o + 144 + 64 * c + 8 * r, 8);
+            for (int c = 0; c < 8; c++) memcpy(blk->qh + 8 * c, o + 1168 + 64 * c + 8 * r, 8);
+        }
+    }
+}
+
+static ks_status ks_mm_pack_q6q(ks_weight *w) {
+    const int64_t nb = w->cols / KS_QK_K;
+    const size_t gbytes = 8 * (size_t)nb * sizeof(ks_block_q6_k);
+    KS_ASSERT(gbytes == (size_t)nb * KS_MM_Q6Q_SBYTES); /* in place: same size */
+    uint8_t *tmp = ks_malloc(gbytes);
+    if (!tmp) return KS_FAIL(KS_ERR_NOMEM, "repacking a %lld-column matrix", (long long)w->cols);
+    uint8_t *base = (uint8_t *)(uintptr_t)w->data; /* the caller made it writable */
+    for (int64_t g = 0; g < w->rows / 8; g++) {
+        memcpy(tmp, base + (size_t)g * gbytes, gbytes);
+        ks_mm_q6q_pack_group(tmp, nb, base + (size_t)g * gbytes);
+    }
+    ks_free(tmp);
+    w->layout = KS_WEIGHT_Q6_K_X8Q;
+    return KS_OK;
+}
+
 /* The product over eight-row groups: the rows split between the threads and
  * blocked for L2 / L1 exactly as ks_mm_worker does for the file's rows, every
  * eight rows one call of the layout's group kernel where the level has it
@@ -343,7 +397,9 @@ static void ks_mm_x8_rows_work(const ks_mm_job *job, int ith, int nth, int lw) {
                 for (int64_t r = r0; r < r1; r += 8)
                     for (int64_t c = c0; c < c1; c += tile) {
                         const int nc = (int)(c1 - c < tile ? c1 - c : tile);
-                        (lw == 4 ? ks_mm_q4_kx8_avx2 : ks_mm_q4_kx8q_avx512)(
+                        (lw == 4                            ? ks_mm_q4_kx8_avx2
+                         : job->wtype == KS_DTYPE_Q6_K ? ks_mm_q6_kx8q_avx512
+                                                       : ks_mm_q4_kx8q_avx512)(
                             job->W + (size_t)r * job->wrow, job->xq + (size_t)c * job->xs, job->xs, nc, job->cols,
                             job->Y + c * job->rows + r, job->rows);
                     }
@@ -355,7 +411,8 @@ static void ks_mm_x8_rows_work(const ks_mm_job *job, int ith, int nth, int lw) {
     uint8_t *rows = ks_scratch(KS_SCRATCH_KERNEL, 8 * job->wrow);
     KS_ASSERT(rows); /* reserved before the run (ks_matmul_worker_scratch_bytes) */
     for (int64_t r = r_begin; r < r_end; r += 8) {
-        ks_mm_x8_unpack_group(job->W + (size_t)r * job->wrow, job->cols / KS_QK_K, rows, lw);
+        if (job->wtype == KS_DTYPE_Q6_K) ks_mm_q6q_unpack_group(job->W + (size_t)r * job->wrow, job->cols / KS_QK_K, rows);
+        else ks_mm_x8_unpack_group(job->W + (size_t)r * job->wrow, job->cols / KS_QK_K, rows, lw);
         for (int i = 0; i < 8; i++)
             for (int64_t c = 0; c < job->n; c += KS_MM_NC) {
                 const int nc = (int)(job->n - c < KS_MM_NC ? job->n - c : KS_MM_NC);
@@ -376,7 +433,7 @@ static void ks_mm_x8q_unit(const ks_mm_job *job, int64_t g0, int64_t g1, int64_t
     for (int64_t c = c0; c < c1; c += KS_MM_X8Q_NC) {
         const int nc = (int)(c1 - c < KS_MM_X8Q_NC ? c1 - c : KS_MM_X8Q_NC);
         for (int64_t g = g0; g < g1; g++)
-            ks_mm_q4_kx8q_avx512(job->W + (size_t)g * gbytes, job->xq + (size_t)c * job->xs, job->xs, nc, job->cols,
+            (job->wtype == KS_DTYPE_Q6_K ? ks_mm_q6_kx8q_avx512 : ks_mm_q4_kx8q_avx512)(job->W + (size_t)g * gbytes, job->xq + (size_t)c * job->xs, job->xs, nc, job->cols,
                                  job->Y + c * job->rows + 8 * g, job->rows);
     }
 }
@@ -396,6 +453,7 @@ ks_status ks_matmul_pack(ks_weight *w) {
     if (!ks_matmul_can_pack(w)) return KS_OK;
     if (w->type == KS_DTYPE_Q4_K)
         return ks_mm_pack_x8(w, ks_simd_detect() == KS_SIMD_AVX512 ? KS_WEIGHT_Q4_K_X8Q : KS_WEIGHT_Q4_K_X8);
+    if (w->type == KS_DTYPE_Q6_K) return ks_mm_pack_q6q(w);
     if (w->type == KS_DTYPE_Q8_0 && w->rows % 16 == 0) return ks_mm_pack_p16(w);
     const bool q8 = w->type == KS_DTYPE_Q8_0;
     const int64_t nb = w->cols / 32, ng = nb / 4;
@@ -509,7 +567,7 @@ static void ks_mm_packed_worker(void *arg, int ith, int nth) {
 }
 
 size_t ks_matmul_worker_scratch_bytes(const ks_weight *w) {
-    if (w->layout == KS_WEIGHT_Q4_K_X8 || w->layout == KS_WEIGHT_Q4_K_X8Q)
+    if (w->layout == KS_WEIGHT_Q4_K_X8 || w->layout == KS_WEIGHT_Q4_K_X8Q || w->layout == KS_WEIGHT_Q6_K_X8Q)
         return 8 * ks_dtype_row_bytes(w->type, w->cols); /* one group unpacked */
     const int64_t nb = w->cols / KS_QK8_0;
     size_t panel_bytes;
@@ -543,10 +601,10 @@ void ks_matmul_weight_ex(ks_pool *pool, const ks_weight *w, const float *X, int6
         ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_p16_worker, x_ready, true, NULL);
         return;
     }
-    if (w->layout == KS_WEIGHT_Q4_K_X8 || w->layout == KS_WEIGHT_Q4_K_X8Q) {
-        KS_ASSERT(w->type == KS_DTYPE_Q4_K && w->rows % 8 == 0);
+    if (w->layout == KS_WEIGHT_Q4_K_X8 || w->layout == KS_WEIGHT_Q4_K_X8Q || w->layout == KS_WEIGHT_Q6_K_X8Q) {
+        KS_ASSERT(w->type == (w->layout == KS_WEIGHT_Q6_K_X8Q ? KS_DTYPE_Q6_K : KS_DTYPE_Q4_K) && w->rows % 8 == 0);
         if (w->rows == 0 || n == 0) return;
-        const bool q = w->layout == KS_WEIGHT_Q4_K_X8Q;
+        const bool q = w->layout != KS_WEIGHT_Q4_K_X8;
 #if KS_MM_HAVE_X86
         if (q && n >= KS_MM_PAIR_N && ks_simd_current() == KS_SIMD_AVX512) { /* prefill: balanced units */
             ks_mm_share share;

@@ -47,6 +47,7 @@ typedef int ks_matmul_x86_q4k_is_included_by_matmul_c; /* standalone: nothing to
 
 #define KS_MM_X8_SB 1152 /* bytes of one super-block of eight rows */
 #define KS_MM_X8_QS 128  /* offset of the quants in it */
+#define KS_MM_Q6Q_SB 1680 /* bytes of one Q6_K super-block of eight rows (KS_WEIGHT_Q6_K_X8Q) */
 
 /* Software prefetch distance over the group's stream: as the row kernels'
  * KS_MM_QK_PF_BYTES (about one 4 KiB page ahead, where the hardware
@@ -334,6 +335,130 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q4_kx8q)(const uint8_t *grp, const uint8_t *xq, si
     default: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 1); break;
     }
 }
+/* ------------------------------------------- Q6_K, AVX-512 VNNI: eight-byte lanes --
+ * Layout KS_WEIGHT_Q6_K_X8Q: rows 8g..8g+7 form group g, in place of those
+ * rows (8 * nb * 210 bytes); per super-block 1680 bytes:
+ *     f16 d[8]                                   (16 B, lane r = row r)
+ *     i8  sc[16][8]: sub-block s's scale of row r (128 B)
+ *     u8  ql[16][64]: chunk c, bytes 8r..8r+7 = row r's ql[8c ..] (1024 B)
+ *     u8  qh[8][64]:  chunk c, bytes 8r..8r+7 = row r's qh[8c ..] (512 B)
+ * The lanes are Q4_K's eight bytes, for the same reason (the activation
+ * operand a broadcast qword).  For half h and k < 4, ql chunks 8h + k and
+ * 8h + k + 4 and qh chunk 4h + k hold four weight zmm: elements
+ * 128h + 32i + 8k .. + 7 of every row (i = 0..3: ql 8h + k low nibbles, its
+ * sibling's low nibbles, the first's high, the sibling's high, each with
+ * qh's bit pair 2i .. 2i + 1 as bits 4-5), so a weight is a u8 in 0..63 and
+ * the -32 offset goes into the int32 sum as -32 sum_s sc_s bsum_s (four
+ * vpdpwssd against the Q8_K bsums).  A vpdpbusd lane sums at most
+ * 4 * 63 * 127 = 32004, an int16, so each one meets its sub-block's scale in
+ * one vpdpwssd ((sc, 0) int16 pairs, built by a zero-masked vpermw): 32 +
+ * 32 + 4 dot products per super-block and vector, the unpack (13 ops per
+ * 4 weight zmm) shared by the call's vectors.
+ *
+ * Arithmetic per output: acc = 0; per super-block acc = fma((float)isum,
+ * d * da, acc), isum = sum_s sc_s (q_s - 32) . a_s exact in int32: the AVX2
+ * Q6_K kernels' (the eight-row tile and the one-row kernel,
+ * matmul_x86_tiles.c / matmul_x86.c), so at AVX-512 decode and prefill give
+ * the bits the AVX2 level gives for the same matrix. */
+KS_MM_INL void KS_MM_SFX(ks_mm_q6_kx8q_body)(const uint8_t *grp, const uint8_t *xq, size_t xs, int64_t cols, float *y,
+                                             int64_t ys, const int NC) {
+    const int64_t nb = cols / KS_QK_K;
+    const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    /* word 2L of S (L = 2r + j): scale of row r, sub-block (s mod 4) of a 4-sub-block sc16 (index 8 (s mod 4) + r);
+     * word 2L + 1 zero (masked) */
+#define KS_MM_Q6Q_SI(L, s) ((8 * (s) + ((L) >> 1)) | ((8 * (s) + ((L) >> 1)) << 16))
+    /* words 2L, 2L + 1 of O_t: -32 sc of row r, sub-blocks 4t + 2j, 4t + 2j + 1 */
+#define KS_MM_Q6Q_OI(L, s) ((8 * 2 * ((L) & 1) + ((L) >> 1)) | ((8 * (2 * ((L) & 1) + 1) + ((L) >> 1)) << 16))
+    const __m512i sidx[4] = {KS_MM_X8Q_CTL(KS_MM_Q6Q_SI, 0), KS_MM_X8Q_CTL(KS_MM_Q6Q_SI, 1),
+                             KS_MM_X8Q_CTL(KS_MM_Q6Q_SI, 2), KS_MM_X8Q_CTL(KS_MM_Q6Q_SI, 3)};
+    const __m512i oidx = KS_MM_X8Q_CTL(KS_MM_Q6Q_OI, 0);
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+#undef KS_MM_Q6Q_SI
+#undef KS_MM_Q6Q_OI
+    __m256 acc[KS_MM_X8Q_NC];
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *sb = grp + (size_t)b * KS_MM_Q6Q_SB;
+#if KS_MM_X8_PF_BYTES > 0
+        _Pragma("GCC unroll 27") for (int o = 0; o < KS_MM_Q6Q_SB; o += 64)
+            _mm_prefetch((const char *)((uintptr_t)sb + KS_MM_X8_PF_BYTES + (uintptr_t)o), _MM_HINT_T0);
+#endif
+        const uint8_t *ql = sb + 144, *qh = sb + 1168;
+        __m512i isum[KS_MM_X8Q_NC];
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) isum[c] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            /* scales of sub-blocks 8h .. 8h + 3 and 8h + 4 .. 8h + 7, int16 [s][r] */
+            const __m512i scA = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(sb + 16 + 64 * h))),
+                          scB = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(sb + 16 + 64 * h + 32)));
+            /* the offset: O_t, t = 2h (scA) and 2h + 1 (scB), against bsums[4t .. 4t + 3] */
+            const __m512i oA = _mm512_permutexvar_epi16(oidx, _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(scA, 5))),
+                          oB = _mm512_permutexvar_epi16(oidx, _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(scB, 5)));
+            _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
+                const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
+                int64_t bs[2];
+                memcpy(bs, a->bsums + 8 * h, sizeof bs);
+                isum[c] = _mm512_dpwssd_epi32(isum[c], oA, _mm512_set1_epi64(bs[0]));
+                isum[c] = _mm512_dpwssd_epi32(isum[c], oB, _mm512_set1_epi64(bs[1]));
+            }
+            _Pragma("GCC unroll 2") for (int kp = 0; kp < 2; kp++) {
+                /* S_i: the scale of sub-block 8h + 2i + kp, for elements 128h + 32i + 8k (k = 2kp, 2kp + 1) */
+                const __m512i S0 = _mm512_maskz_permutexvar_epi16(0x55555555u, sidx[kp], scA),
+                              S1 = _mm512_maskz_permutexvar_epi16(0x55555555u, sidx[2 + kp], scA),
+                              S2 = _mm512_maskz_permutexvar_epi16(0x55555555u, sidx[kp], scB),
+                              S3 = _mm512_maskz_permutexvar_epi16(0x55555555u, sidx[2 + kp], scB);
+                _Pragma("GCC unroll 2") for (int kk = 0; kk < 2; kk++) {
+                    const int k = 2 * kp + kk;
+                    const __m512i QH = _mm512_loadu_si512((const void *)(qh + 64 * (4 * h + k))),
+                                  L0 = _mm512_loadu_si512((const void *)(ql + 64 * (8 * h + k))),
+                                  L1 = _mm512_loadu_si512((const void *)(ql + 64 * (8 * h + k + 4)));
+                    /* (A & 0x0F) | B, B already masked to bits 4-5: vpternlogd 0xEC over (A, B, 0x0F) */
+                    const __m512i W0 = _mm512_ternarylogic_epi32(L0, _mm512_and_si512(_mm512_slli_epi16(QH, 4), m30), m0f, 0xEC),
+                                  W1 = _mm512_ternarylogic_epi32(L1, _mm512_and_si512(_mm512_slli_epi16(QH, 2), m30), m0f, 0xEC),
+                                  W2 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(L0, 4), _mm512_and_si512(QH, m30), m0f, 0xEC),
+                                  W3 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(L1, 4),
+                                                                 _mm512_and_si512(_mm512_srli_epi16(QH, 2), m30), m0f, 0xEC);
+                    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
+                        const int8_t *a = ((const ks_block_q8_k *)(xq + c * xs))[b].qs + 128 * h + 8 * k;
+                        int64_t a0, a1, a2, a3;
+                        memcpy(&a0, a, 8);
+                        memcpy(&a1, a + 32, 8);
+                        memcpy(&a2, a + 64, 8);
+                        memcpy(&a3, a + 96, 8);
+                        const __m512i z = _mm512_setzero_si512();
+                        isum[c] = _mm512_dpwssd_epi32(isum[c], _mm512_dpbusd_epi32(z, W0, _mm512_set1_epi64(a0)), S0);
+                        isum[c] = _mm512_dpwssd_epi32(isum[c], _mm512_dpbusd_epi32(z, W1, _mm512_set1_epi64(a1)), S1);
+                        isum[c] = _mm512_dpwssd_epi32(isum[c], _mm512_dpbusd_epi32(z, W2, _mm512_set1_epi64(a2)), S2);
+                        isum[c] = _mm512_dpwssd_epi32(isum[c], _mm512_dpbusd_epi32(z, W3, _mm512_set1_epi64(a3)), S3);
+                    }
+                }
+            }
+        }
+        const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb));
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
+            const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
+            /* lanes 2r + 1 into 2r, then the even lanes: row r's isum, exact */
+            const __m512i t = _mm512_add_epi32(isum[c], _mm512_srli_epi64(isum[c], 32));
+            const __m256 f = _mm256_cvtepi32_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi32(ev, t)));
+            acc[c] = _mm256_fmadd_ps(f, _mm256_mul_ps(d8, _mm256_set1_ps(a->d)), acc[c]);
+        }
+    }
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) _mm256_storeu_ps(y + c * ys, acc[c]);
+}
+
+KS_MM_FN void KS_MM_SFX(ks_mm_q6_kx8q)(const uint8_t *grp, const uint8_t *xq, size_t xs, int nc, int64_t cols,
+                                       float *y, int64_t ys) {
+    switch (nc) {
+#if KS_MM_X8Q_NC >= 6
+    case 6: KS_MM_SFX(ks_mm_q6_kx8q_body)(grp, xq, xs, cols, y, ys, 6); break;
+    case 5: KS_MM_SFX(ks_mm_q6_kx8q_body)(grp, xq, xs, cols, y, ys, 5); break;
+#endif
+    case 4: KS_MM_SFX(ks_mm_q6_kx8q_body)(grp, xq, xs, cols, y, ys, 4); break;
+    case 3: KS_MM_SFX(ks_mm_q6_kx8q_body)(grp, xq, xs, cols, y, ys, 3); break;
+    case 2: KS_MM_SFX(ks_mm_q6_kx8q_body)(grp, xq, xs, cols, y, ys, 2); break;
+    default: KS_MM_SFX(ks_mm_q6_kx8q_body)(grp, xq, xs, cols, y, ys, 1); break;
+    }
+}
+
 #undef KS_MM_X8Q_B
 #undef KS_MM_X8Q_S
 #undef KS_MM_X8Q_M
@@ -342,6 +467,7 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q4_kx8q)(const uint8_t *grp, const uint8_t *xq, si
 
 #undef KS_MM_X8_SB
 #undef KS_MM_X8_QS
+#undef KS_MM_Q6Q_SB
 #undef KS_MM_FN
 #undef KS_MM_INL
 #endif /* KS_MM_TEMPLATE_PASS */

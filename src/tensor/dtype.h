@@ -150,6 +150,7 @@ typedef enum ks_weight_layout {
     KS_WEIGHT_Q8_0_P16 = 3, /* 16-row panels transposed by 4-byte groups */
     KS_WEIGHT_Q4_K_X8 = 4,  /* Q4_K, 8-row groups interleaved per super-block (AVX2 decode and prefill) */
     KS_WEIGHT_Q4_K_X8Q = 5, /* the same with 8-byte lanes (AVX-512 VNNI decode and prefill) */
+    KS_WEIGHT_Q6_K_X8Q = 6, /* Q6_K, 8-row groups with 8-byte lanes (AVX-512 VNNI decode and prefill) */
 } ks_weight_layout;
 
 /* A 2-D weight matrix: [rows][cols] of type, rows contiguous (a model's
