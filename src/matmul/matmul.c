@@ -22,8 +22,10 @@
  *     Q4_0 use a grouped partner instead (4 blocks per zmm, lane order,
  *     expanded scales, weight-offset correction; see matmul_x86.c), about
  *     2x fewer vector ops per MAC.  Q4_K and Q6_K keep the ordinary Q8_K
- *     partner at every level; their AVX-512 kernels read it as four zmm per
- *     super-block (per-lane sub-block scales, SIMD scale unpacking).
+ *     partner at every level; their AVX-512 kernels over the file's rows
+ *     read it as four zmm per super-block (per-lane sub-block scales, SIMD
+ *     scale unpacking), their group kernels over repacked rows
+ *     (matmul_x86_q4k.c) as broadcast qwords.
  * The scalar kernels below are the reference: the SIMD kernels (AVX2+FMA and
  * AVX-512 VNNI, compiled from matmul_x86.c with target attributes so the
  * library needs no -march flag) must agree with them to float rounding, which
@@ -33,11 +35,14 @@
  * instructions per MAC and the cores' balance): weights repacked at load
  * for it, their drivers and ks_matmul_weight are matmul_packed.c, a part of
  * this translation unit (it shares the driver below), and its AVX-512 tiles
- * are matmul_x86_panel.c, a template like matmul_x86.c.  At the AVX2 level
- * nothing is repacked: from KS_MM_PAIR_N vectors on, ks_mm_worker runs
- * multi-row tiles on the file's rows (eight rows transposed in registers:
- * Q4_K / Q6_K in matmul_x86_panel.c, Q5_K / IQ4_XS with up to KS_MM_T8_NC
- * vectors per call in matmul_x86_tiles.c; two rows for the float types).
+ * are matmul_x86_panel.c, a template like matmul_x86.c.  Q4_K (AVX2 and
+ * AVX-512) and Q6_K (AVX-512) are repacked into eight-row groups whose one
+ * kernel per level serves decode and prefill (matmul_x86_q4k.c).  Where
+ * nothing is repacked at the AVX2 level, from KS_MM_PAIR_N vectors on,
+ * ks_mm_worker runs multi-row tiles on the file's rows (eight rows
+ * transposed in registers: Q4_K / Q6_K in matmul_x86_panel.c, Q5_K / IQ4_XS
+ * with up to KS_MM_T8_NC vectors per call in matmul_x86_tiles.c; two rows
+ * for the float types).
  */
 #include "matmul/matmul.h"
 

@@ -3,7 +3,9 @@
  * layouts (ks_matmul_pack, in place, the same size as the file's rows),
  * their drivers (which tile runs where, how the threads share a product),
  * and ks_matmul_weight, the product of a bound weight in whatever layout it
- * has.  The tiles themselves are matmul_x86_panel.c.
+ * has.  The tiles themselves are matmul_x86_panel.c (Q8_0 / Q4_0) and
+ * matmul_x86_q4k.c (the K-quants' eight-row groups, whose one kernel also
+ * serves decode: the layout is chosen for both regimes).
  *
  * Why apart from matmul.c: matmul.c is the product as the file stores the
  * weights, tuned for decode (stream W once from DRAM); this file is the
@@ -158,7 +160,8 @@ static void ks_mm_wait_at_least(atomic_llong *v, long long want) {
 #define KS_MM_SEG (8 * KS_MM_T2_NC) /* vectors per unit of work */
 
 /* The prefill product over transposed panels (n > KS_MM_P16_NC, AVX-512),
- * balanced so that neither core waits for the other.
+ * balanced so that neither core waits for the other (and, through
+ * ks_mm_balanced, the AVX-512 K-quant groups' prefill).
  *
  * Why: a static half each (what decode does) made every matmul as slow as
  * its later thread, and a thread is often late: the worker wakes from the

@@ -1,7 +1,10 @@
 /*
- * matmul_x86_q4k.c — the AVX2 product over Q4_K weights repacked at load
- * into eight-row interleaved super-blocks (KS_WEIGHT_Q4_K_X8, made by
- * ks_matmul_pack, matmul_packed.c): one kernel for decode and prefill.
+ * matmul_x86_q4k.c — the K-quant products over weights repacked at load into
+ * eight-row interleaved super-blocks (made by ks_matmul_pack,
+ * matmul_packed.c), one kernel per layout for decode and prefill:
+ *   - AVX2: Q4_K in four-byte lanes (KS_WEIGHT_Q4_K_X8), maddubs / madd;
+ *   - AVX-512 VNNI: Q4_K and Q6_K in eight-byte lanes (KS_WEIGHT_Q4_K_X8Q,
+ *     KS_WEIGHT_Q6_K_X8Q), vpdpbusd / vpdpwssd (second half of the file).
  *
  * Why a repacked layout.  On AVX2 without VNNI an int8 product is maddubs
  * (u8 x s8 pairs to int16) then madd (to int32), and the Q4_K eight-row
@@ -15,7 +18,12 @@
  * remain, and one broadcast activation dword serves eight rows in decode as
  * in prefill.  The idea of interleaving rows at load for AVX2 is llama.cpp's
  * (block_q4_Kx8, ggml-cpu/repack.cpp); the layout and the arithmetic here
- * are this engine's own (its per-output float order below).
+ * are this engine's own (its per-output float order below).  At AVX-512 the
+ * one-row zmm kernels over the file's rows (matmul_x86.c) ran the 1B Q4_K_M
+ * model's prefill GEMM at 14% of the int8 peak: one row per call, so every
+ * activation load and every weight unpack served one row; the groups there
+ * serve eight rows per activation broadcast and up to KS_MM_X8Q_NC vectors
+ * per weight unpack (docs/BENCHMARKS.md has the gain).
  *
  * Layout: rows 8g..8g+7 form group g, which sits where those rows sat
  * (8 * nb * 144 bytes); per super-block b it holds 1152 = 8 * 144 bytes:
@@ -35,8 +43,8 @@
  * activations of this level |a| <= 127 (even -128 would do), so the sum is
  * at most 8 * 2 * 15 * 128 = 30720 < 32767, exact.
  *
- * It is a template like matmul_x86.c: matmul.c includes it in the AVX2 pass
- * (the AVX-512 level keeps its zmm kernels over the file's rows); compiled
+ * It is a template like matmul_x86.c: matmul.c includes it in both x86
+ * passes (the AVX2 kernel at level 1, the AVX-512 ones at level 2); compiled
  * on its own it is empty.
  */
 #ifndef KS_MM_TEMPLATE_PASS

@@ -310,7 +310,8 @@ void ks_model_destroy(ks_model *m) {
 
 /* Repack the layer matrices that have a packed layout (ks_matmul_pack:
  * Q8_0 and Q4_0 for the AVX-512 prefill GEMM, Q4_K in eight-row groups for
- * AVX2 decode and prefill), without doubling resident memory.
+ * AVX2 and AVX-512 decode and prefill, Q6_K likewise at AVX-512), without
+ * doubling resident memory.
  * Read into memory (--no-mmap), the buffer is ours: they are repacked in
  * place.  From a mapped file they are copied into one huge-page buffer
  * (ks_alloc_streamed) and repacked there, and the file's pages under them
@@ -322,7 +323,8 @@ void ks_model_destroy(ks_model *m) {
  * the buffer cannot be had, the file layout stays (products are the same
  * bits either way for the 4-row panels; the transposed Q8_0 panels round
  * activations to power-of-two scales, matmul_x86_panel.c, so their products
- * differ from the file layout's by that rounding). */
+ * differ from the file layout's by that rounding; the AVX-512 K-quant groups
+ * have the AVX2 level's float order, not the file layout's zmm kernels'). */
 static ks_status repack_list(ks_model *m, ks_weight **ws, size_t n, size_t total, bool mapped);
 
 static ks_status repack_weights(ks_model *m, bool mapped) {
