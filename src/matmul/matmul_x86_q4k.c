@@ -56,6 +56,7 @@ typedef int ks_matmul_x86_q4k_is_included_by_matmul_c; /* standalone: nothing to
 #define KS_MM_X8_SB 1152 /* bytes of one super-block of eight rows */
 #define KS_MM_X8_QS 128  /* offset of the quants in it */
 #define KS_MM_Q6Q_SB 1680 /* bytes of one Q6_K super-block of eight rows (KS_WEIGHT_Q6_K_X8Q) */
+#define KS_MM_IQ4Q_SB 1088 /* bytes of one IQ4_XS super-block of eight rows (KS_WEIGHT_IQ4_XS_X8Q) */
 
 /* Software prefetch distance over the group's stream: as the row kernels'
  * KS_MM_QK_PF_BYTES (about one 4 KiB page ahead, where the hardware
@@ -467,6 +468,122 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q6_kx8q)(const uint8_t *grp, const uint8_t *xq, si
     }
 }
 
+/* ----------------------------------------- IQ4_XS, AVX-512 VNNI: eight-byte lanes --
+ * Layout KS_WEIGHT_IQ4_XS_X8Q: rows 8g..8g+7 form group g, in place of those
+ * rows (8 * nb * 136 bytes); per super-block 1088 bytes:
+ *     f16 d[8], u16 scales_h[8]                   (32 B, lane r = row r)
+ *     u32 scales_l[8]: row r's four scales_l bytes (32 B)
+ *     u8  qs[16][64]: chunk c, bytes 8r..8r+7 = row r's qs[8c ..] (1024 B)
+ * Chunk 2j + h holds sub-block j's elements 8h .. 8h + 7 (low nibbles) and
+ * 16 + 8h .. (high), so each vpdpbusd meets a broadcast qword of
+ * activations, as for Q4_K.
+ *
+ * The levels (ks_iq4_values, -127..113) are signed and vpdpbusd wants its
+ * weights unsigned: one vpshufb maps a nibble to level + 128 (1..241), and
+ * the offset leaves 128 sum(a) per sub-block, taken out as
+ * -128 sum_s (ls_s - 32) bsum_s by four vpdpwssd against the Q8_K bsums
+ * (as Q4_K's mins).  A lane of a sub-block's four vpdpbusd reaches
+ * 16 * 241 * 127, no int16, so its scale is applied by one vpmulld (exact
+ * int32) and an add: 32 vpdpbusd, 8 vpmulld, 4 vpdpwssd per super-block and
+ * vector; the nibble split, the lookups and the scale vectors are shared by
+ * the call's vectors.
+ *
+ * Arithmetic per output: acc = 0; per super-block acc = fma((float)isum,
+ * d * da, acc), isum = sum_s (ls_s - 32) (q_s . a_s) exact in int32: the
+ * AVX2 IQ4_XS kernels' (the eight-row tile and the one-row kernel,
+ * matmul_x86_tiles.c), so at AVX-512 decode and prefill give the bits the
+ * AVX2 level gives for the same matrix. */
+KS_MM_INL void KS_MM_SFX(ks_mm_iq4_xsx8q_body)(const uint8_t *grp, const uint8_t *xq, size_t xs, int64_t cols, float *y,
+                                               int64_t ys, const int NC) {
+    const int64_t nb = cols / KS_QK_K;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), lo4 = _mm512_set1_epi32(0x0F), b45 = _mm512_set1_epi32(0x30),
+                  k32 = _mm512_set1_epi32(32);
+    int8_t lut8[16];
+    for (int i = 0; i < 16; i++) lut8[i] = (int8_t)(ks_iq4_values[i] + 128);
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut8));
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+    /* vpshufb control: the low int16 of each dword into both halves */
+    const __m512i w2 = _mm512_set4_epi32(0x0D0C0D0C, 0x09080908, 0x05040504, 0x01000100);
+    __m256 acc[KS_MM_X8Q_NC];
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *sb = grp + (size_t)b * KS_MM_IQ4Q_SB;
+#if KS_MM_X8_PF_BYTES > 0
+        _Pragma("GCC unroll 17") for (int o = 0; o < KS_MM_IQ4Q_SB; o += 64)
+            _mm_prefetch((const char *)((uintptr_t)sb + KS_MM_X8_PF_BYTES + (uintptr_t)o), _MM_HINT_T0);
+#endif
+        /* lanes 2r, 2r + 1: row r's scales_h, scales_l dword */
+        const __m512i SH = _mm512_permutexvar_epi32(
+                          dup, _mm512_castsi256_si512(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(sb + 16))))),
+                      SL = _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(sb + 32))));
+        const uint8_t *qs = sb + 64;
+        __m512i isum[KS_MM_X8Q_NC];
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) isum[c] = _mm512_setzero_si512();
+        __m512i Sprev = _mm512_setzero_si512();
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+            /* ls_j - 32 of every row, int32: nibble j of scales_l | bits 2j, 2j + 1 of scales_h as bits 4, 5 */
+            const __m512i hs = 2 * j < 4 ? _mm512_slli_epi32(SH, 4 - 2 * j) : _mm512_srli_epi32(SH, 2 * j - 4);
+            const __m512i S = _mm512_sub_epi32(
+                _mm512_ternarylogic_epi32(_mm512_srli_epi32(SL, 4 * j), _mm512_and_si512(hs, b45), lo4, 0xEC), k32);
+            const __m512i V0 = _mm512_loadu_si512((const void *)(qs + 64 * (2 * j))),
+                          V1 = _mm512_loadu_si512((const void *)(qs + 64 * (2 * j + 1)));
+            const __m512i l0 = _mm512_shuffle_epi8(lut, _mm512_and_si512(V0, m4)),
+                          h0 = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(V0, 4), m4)),
+                          l1 = _mm512_shuffle_epi8(lut, _mm512_and_si512(V1, m4)),
+                          h1 = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(V1, 4), m4));
+            /* for odd j, the offset of sub-blocks j - 1 (lanes 2r) and j (lanes 2r + 1): (v, v) int16 pairs,
+             * v = -128 (ls - 32), against bsums dword j - 1 + (lane & 1) */
+            __m512i C = _mm512_setzero_si512();
+            if (j & 1)
+                C = _mm512_shuffle_epi8(
+                    _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(_mm512_mask_blend_epi32(0xAAAA, Sprev, S), 7)), w2);
+            _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
+                const ks_block_q8_k *ab = ((const ks_block_q8_k *)(xq + c * xs)) + b;
+                const int8_t *a = ab->qs + 32 * j;
+                int64_t a0, a1, a2, a3;
+                memcpy(&a0, a, 8);
+                memcpy(&a1, a + 16, 8);
+                memcpy(&a2, a + 8, 8);
+                memcpy(&a3, a + 24, 8);
+                __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), l0, _mm512_set1_epi64(a0));
+                p = _mm512_dpbusd_epi32(p, h0, _mm512_set1_epi64(a1));
+                p = _mm512_dpbusd_epi32(p, l1, _mm512_set1_epi64(a2));
+                p = _mm512_dpbusd_epi32(p, h1, _mm512_set1_epi64(a3));
+                isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(p, S));
+                if (j & 1) {
+                    int64_t bs;
+                    memcpy(&bs, ab->bsums + 4 * (j / 2), 8);
+                    isum[c] = _mm512_dpwssd_epi32(isum[c], C, _mm512_set1_epi64(bs));
+                }
+            }
+            Sprev = S;
+        }
+        const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb));
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
+            const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
+            const __m512i t = _mm512_add_epi32(isum[c], _mm512_srli_epi64(isum[c], 32));
+            const __m256 f = _mm256_cvtepi32_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi32(ev, t)));
+            acc[c] = _mm256_fmadd_ps(f, _mm256_mul_ps(d8, _mm256_set1_ps(a->d)), acc[c]);
+        }
+    }
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) _mm256_storeu_ps(y + c * ys, acc[c]);
+}
+
+KS_MM_FN void KS_MM_SFX(ks_mm_iq4_xsx8q)(const uint8_t *grp, const uint8_t *xq, size_t xs, int nc, int64_t cols,
+                                         float *y, int64_t ys) {
+    switch (nc) {
+#if KS_MM_X8Q_NC >= 6
+    case 6: KS_MM_SFX(ks_mm_iq4_xsx8q_body)(grp, xq, xs, cols, y, ys, 6); break;
+    case 5: KS_MM_SFX(ks_mm_iq4_xsx8q_body)(grp, xq, xs, cols, y, ys, 5); break;
+#endif
+    case 4: KS_MM_SFX(ks_mm_iq4_xsx8q_body)(grp, xq, xs, cols, y, ys, 4); break;
+    case 3: KS_MM_SFX(ks_mm_iq4_xsx8q_body)(grp, xq, xs, cols, y, ys, 3); break;
+    case 2: KS_MM_SFX(ks_mm_iq4_xsx8q_body)(grp, xq, xs, cols, y, ys, 2); break;
+    default: KS_MM_SFX(ks_mm_iq4_xsx8q_body)(grp, xq, xs, cols, y, ys, 1); break;
+    }
+}
+
 #undef KS_MM_X8Q_B
 #undef KS_MM_X8Q_S
 #undef KS_MM_X8Q_M
@@ -476,6 +593,7 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q6_kx8q)(const uint8_t *grp, const uint8_t *xq, si
 #undef KS_MM_X8_SB
 #undef KS_MM_X8_QS
 #undef KS_MM_Q6Q_SB
+#undef KS_MM_IQ4Q_SB
 #undef KS_MM_FN
 #undef KS_MM_INL
 #endif /* KS_MM_TEMPLATE_PASS */
