@@ -785,7 +785,7 @@ static void packed_k_case(ks_dtype t) {
     static const int64_t shapes[][2] = {{8, 256}, {24, 768}, {12, 512}, {200, 2048}, {40, 8192}, {13, 256}, {8, 2560}};
     static const int64_t ns[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 33};
     enum { NMAX = 33 };
-    const bool q6 = t == KS_DTYPE_Q6_K, iq4 = t == KS_DTYPE_IQ4_XS;
+    const bool q6 = t == KS_DTYPE_Q6_K, iq4 = t == KS_DTYPE_IQ4_XS, q5 = t == KS_DTYPE_Q5_K;
     for (size_t si = 0; si < 2 * sizeof shapes / sizeof shapes[0]; si++) {
         const int64_t rows = shapes[si / 2][0], cols = shapes[si / 2][1];
         const bool raw = si % 2;
@@ -805,11 +805,12 @@ static void packed_k_case(ks_dtype t) {
         ks_weight w = {.type = t, .rows = rows, .cols = cols, .data = (uint8_t *)P + 32};
         const bool packs = ks_matmul_can_pack(&w);
         const bool z = ks_simd_detect() == KS_SIMD_AVX512;
-        assert_int_equal(packs, rows % 8 == 0 && ((!q6 && !iq4 && ks_simd_detect() == KS_SIMD_AVX2) || z));
+        assert_int_equal(packs, rows % 8 == 0 && ((!q6 && !iq4 && !q5 && ks_simd_detect() == KS_SIMD_AVX2) || z));
         assert_int_equal(ks_matmul_pack(&w), KS_OK);
         assert_int_equal(w.layout, !packs ? KS_WEIGHT_ROWS
                                    : q6   ? KS_WEIGHT_Q6_K_X8Q
                                    : iq4  ? KS_WEIGHT_IQ4_XS_X8Q
+                                   : q5   ? KS_WEIGHT_Q5_K_X8Q
                                    : z    ? KS_WEIGHT_Q4_K_X8Q
                                           : KS_WEIGHT_Q4_K_X8);
         if (packs) assert_true(ks_matmul_worker_scratch_bytes(&w) >= 8 * rb);
@@ -830,7 +831,7 @@ static void packed_k_case(ks_dtype t) {
                     for (int64_t i = 0; i < ns[ni] * rows; i++)
                         if (memcmp(&Y[i], &Yp[i], sizeof(float)))
                             fprintf(stderr, "FAIL %s x8 %lldx%lld raw=%d level %d n=%lld out %lld: %.9g vs rows %.9g\n",
-                                    q6 ? "q6_K" : iq4 ? "iq4_xs" : "q4_K", (long long)rows, (long long)cols, (int)raw, lv, (long long)ns[ni], (long long)i, Yp[i],
+                                    q6 ? "q6_K" : iq4 ? "iq4_xs" : q5 ? "q5_K" : "q4_K", (long long)rows, (long long)cols, (int)raw, lv, (long long)ns[ni], (long long)i, Yp[i],
                                     Y[i]);
                     assert_memory_equal(Y, Yp, sizeof(float) * (size_t)(ns[ni] * rows));
                 }
@@ -858,10 +859,15 @@ static void test_matmul_packed_q6_k(void **state) {
     packed_k_case(KS_DTYPE_Q6_K);
 }
 
-/* IQ4_XS in eight-row groups (AVX-512 VNNI hosts only), likewise. */
+/* IQ4_XS and Q5_K in eight-row groups (AVX-512 VNNI hosts only), likewise. */
 static void test_matmul_packed_iq4_xs(void **state) {
     (void)state;
     packed_k_case(KS_DTYPE_IQ4_XS);
+}
+
+static void test_matmul_packed_q5_k(void **state) {
+    (void)state;
+    packed_k_case(KS_DTYPE_Q5_K);
 }
 
 /* ks_matmul_quantize_x row by row, then the product with x_ready: the very
@@ -961,6 +967,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_packed_q4_k),
         cmocka_unit_test(test_matmul_packed_q6_k),
         cmocka_unit_test(test_matmul_packed_iq4_xs),
+        cmocka_unit_test(test_matmul_packed_q5_k),
         cmocka_unit_test(test_matmul_avx2_iq4_xs8),
         cmocka_unit_test(test_matmul_packed_q8_0),
         cmocka_unit_test(test_matmul_quantize_x),

@@ -45,7 +45,7 @@ bool ks_matmul_can_pack(const ks_weight *w) {
     if (w->layout == KS_WEIGHT_ROWS && w->type == KS_DTYPE_Q4_K && w->data) /* eight-row groups, AVX2 and AVX-512 */
         return w->rows > 0 && w->rows % 8 == 0 && w->cols > 0 && w->cols % KS_QK_K == 0 &&
                (ks_simd_detect() == KS_SIMD_AVX2 || ks_simd_detect() == KS_SIMD_AVX512);
-    if (w->layout == KS_WEIGHT_ROWS && (w->type == KS_DTYPE_Q6_K || w->type == KS_DTYPE_IQ4_XS) &&
+    if (w->layout == KS_WEIGHT_ROWS && (w->type == KS_DTYPE_Q6_K || w->type == KS_DTYPE_IQ4_XS || w->type == KS_DTYPE_Q5_K) &&
         w->data) /* eight-row groups, AVX-512 only */
         return w->rows > 0 && w->rows % 8 == 0 && w->cols > 0 && w->cols % KS_QK_K == 0 &&
                ks_simd_detect() == KS_SIMD_AVX512;
@@ -390,21 +390,61 @@ static void ks_mm_iq4q_unpack_group(const uint8_t *grp, int64_t nb, uint8_t *row
     }
 }
 
-/* Q6_K or IQ4_XS into its eight-row groups, in place. */
+/* Q5_K in eight-row groups with eight-byte lanes (KS_WEIGHT_Q5_K_X8Q,
+ * AVX-512 VNNI; matmul_x86_q4k.c): Q4_K's X8Q super-block (1152 bytes: d,
+ * dmin, the scale dwords, the qs chunks), then qh as 4 chunks of 64 bytes
+ * (chunk c, bytes 8r..8r+7 = row r's qh[8c ..]). */
+#define KS_MM_Q5Q_SBYTES 1408
+
+static void ks_mm_q5q_pack_group(const uint8_t *rows, int64_t nb, uint8_t *grp) {
+    const size_t rb = (size_t)nb * sizeof(ks_block_q5_k);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *o = grp + (size_t)b * KS_MM_Q5Q_SBYTES;
+        for (int r = 0; r < 8; r++) {
+            const ks_block_q5_k *blk = (const ks_block_q5_k *)(rows + (size_t)r * rb) + b;
+            memcpy(o + 2 * r, &blk->d, 2);
+            memcpy(o + 16 + 2 * r, &blk->dmin, 2);
+            for (int k = 0; k < 3; k++) memcpy(o + 32 + 32 * k + 4 * r, blk->scales + 4 * k, 4);
+            for (int c = 0; c < 16; c++) memcpy(o + 128 + 64 * c + 8 * r, blk->qs + 8 * c, 8);
+            for (int c = 0; c < 4; c++) memcpy(o + 1152 + 64 * c + 8 * r, blk->qh + 8 * c, 8);
+        }
+    }
+}
+
+static void ks_mm_q5q_unpack_group(const uint8_t *grp, int64_t nb, uint8_t *rows) {
+    const size_t rb = (size_t)nb * sizeof(ks_block_q5_k);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *o = grp + (size_t)b * KS_MM_Q5Q_SBYTES;
+        for (int r = 0; r < 8; r++) {
+            ks_block_q5_k *blk = (ks_block_q5_k *)(rows + (size_t)r * rb) + b;
+            memcpy(&blk->d, o + 2 * r, 2);
+            memcpy(&blk->dmin, o + 16 + 2 * r, 2);
+            for (int k = 0; k < 3; k++) memcpy(blk->scales + 4 * k, o + 32 + 32 * k + 4 * r, 4);
+            for (int c = 0; c < 16; c++) memcpy(blk->qs + 8 * c, o + 128 + 64 * c + 8 * r, 8);
+            for (int c = 0; c < 4; c++) memcpy(blk->qh + 8 * c, o + 1152 + 64 * c + 8 * r, 8);
+        }
+    }
+}
+
+/* Q6_K, IQ4_XS or Q5_K into its eight-row groups, in place. */
 static ks_status ks_mm_pack_groups(ks_weight *w) {
-    const bool q6 = w->type == KS_DTYPE_Q6_K;
+    const ks_dtype t = w->type;
     const int64_t nb = w->cols / KS_QK_K;
-    const size_t gbytes = 8 * ks_dtype_row_bytes(w->type, w->cols);
-    KS_ASSERT(gbytes == (size_t)nb * (q6 ? KS_MM_Q6Q_SBYTES : KS_MM_IQ4Q_SBYTES)); /* in place: same size */
+    const size_t gbytes = 8 * ks_dtype_row_bytes(t, w->cols);
+    KS_ASSERT(gbytes == (size_t)nb * (t == KS_DTYPE_Q6_K   ? KS_MM_Q6Q_SBYTES
+                                      : t == KS_DTYPE_Q5_K ? KS_MM_Q5Q_SBYTES
+                                                           : KS_MM_IQ4Q_SBYTES)); /* in place: same size */
     uint8_t *tmp = ks_malloc(gbytes);
     if (!tmp) return KS_FAIL(KS_ERR_NOMEM, "repacking a %lld-column matrix", (long long)w->cols);
     uint8_t *base = (uint8_t *)(uintptr_t)w->data; /* the caller made it writable */
     for (int64_t g = 0; g < w->rows / 8; g++) {
         memcpy(tmp, base + (size_t)g * gbytes, gbytes);
-        (q6 ? ks_mm_q6q_pack_group : ks_mm_iq4q_pack_group)(tmp, nb, base + (size_t)g * gbytes);
+        (t == KS_DTYPE_Q6_K   ? ks_mm_q6q_pack_group
+         : t == KS_DTYPE_Q5_K ? ks_mm_q5q_pack_group
+                              : ks_mm_iq4q_pack_group)(tmp, nb, base + (size_t)g * gbytes);
     }
     ks_free(tmp);
-    w->layout = q6 ? KS_WEIGHT_Q6_K_X8Q : KS_WEIGHT_IQ4_XS_X8Q;
+    w->layout = t == KS_DTYPE_Q6_K ? KS_WEIGHT_Q6_K_X8Q : t == KS_DTYPE_Q5_K ? KS_WEIGHT_Q5_K_X8Q : KS_WEIGHT_IQ4_XS_X8Q;
     return KS_OK;
 }
 
@@ -440,6 +480,7 @@ static void ks_mm_x8_rows_work(const ks_mm_job *job, int ith, int nth, int lw) {
                         (lw == 4                              ? ks_mm_q4_kx8_avx2
                          : job->wtype == KS_DTYPE_Q6_K   ? ks_mm_q6_kx8q_avx512
                          : job->wtype == KS_DTYPE_IQ4_XS ? ks_mm_iq4_xsx8q_avx512
+                         : job->wtype == KS_DTYPE_Q5_K   ? ks_mm_q5_kx8q_avx512
                                                          : ks_mm_q4_kx8q_avx512)(
                             job->W + (size_t)r * job->wrow, job->xq + (size_t)c * job->xs, job->xs, nc, job->cols,
                             job->Y + c * job->rows + r, job->rows);
@@ -455,6 +496,8 @@ static void ks_mm_x8_rows_work(const ks_mm_job *job, int ith, int nth, int lw) {
         if (job->wtype == KS_DTYPE_Q6_K) ks_mm_q6q_unpack_group(job->W + (size_t)r * job->wrow, job->cols / KS_QK_K, rows);
         else if (job->wtype == KS_DTYPE_IQ4_XS)
             ks_mm_iq4q_unpack_group(job->W + (size_t)r * job->wrow, job->cols / KS_QK_K, rows);
+        else if (job->wtype == KS_DTYPE_Q5_K)
+            ks_mm_q5q_unpack_group(job->W + (size_t)r * job->wrow, job->cols / KS_QK_K, rows);
         else ks_mm_x8_unpack_group(job->W + (size_t)r * job->wrow, job->cols / KS_QK_K, rows, lw);
         for (int i = 0; i < 8; i++)
             for (int64_t c = 0; c < job->n; c += KS_MM_NC) {
@@ -478,6 +521,7 @@ static void ks_mm_x8q_unit(const ks_mm_job *job, int64_t g0, int64_t g1, int64_t
         for (int64_t g = g0; g < g1; g++)
             (job->wtype == KS_DTYPE_Q6_K     ? ks_mm_q6_kx8q_avx512
              : job->wtype == KS_DTYPE_IQ4_XS ? ks_mm_iq4_xsx8q_avx512
+             : job->wtype == KS_DTYPE_Q5_K   ? ks_mm_q5_kx8q_avx512
                                              : ks_mm_q4_kx8q_avx512)(job->W + (size_t)g * gbytes, job->xq + (size_t)c * job->xs, job->xs, nc, job->cols,
                                  job->Y + c * job->rows + 8 * g, job->rows);
     }
@@ -498,7 +542,7 @@ ks_status ks_matmul_pack(ks_weight *w) {
     if (!ks_matmul_can_pack(w)) return KS_OK;
     if (w->type == KS_DTYPE_Q4_K)
         return ks_mm_pack_x8(w, ks_simd_detect() == KS_SIMD_AVX512 ? KS_WEIGHT_Q4_K_X8Q : KS_WEIGHT_Q4_K_X8);
-    if (w->type == KS_DTYPE_Q6_K || w->type == KS_DTYPE_IQ4_XS) return ks_mm_pack_groups(w);
+    if (w->type == KS_DTYPE_Q6_K || w->type == KS_DTYPE_IQ4_XS || w->type == KS_DTYPE_Q5_K) return ks_mm_pack_groups(w);
     if (w->type == KS_DTYPE_Q8_0 && w->rows % 16 == 0) return ks_mm_pack_p16(w);
     const bool q8 = w->type == KS_DTYPE_Q8_0;
     const int64_t nb = w->cols / 32, ng = nb / 4;
@@ -613,7 +657,7 @@ static void ks_mm_packed_worker(void *arg, int ith, int nth) {
 
 size_t ks_matmul_worker_scratch_bytes(const ks_weight *w) {
     if (w->layout == KS_WEIGHT_Q4_K_X8 || w->layout == KS_WEIGHT_Q4_K_X8Q || w->layout == KS_WEIGHT_Q6_K_X8Q ||
-        w->layout == KS_WEIGHT_IQ4_XS_X8Q)
+        w->layout == KS_WEIGHT_IQ4_XS_X8Q || w->layout == KS_WEIGHT_Q5_K_X8Q)
         return 8 * ks_dtype_row_bytes(w->type, w->cols); /* one group unpacked */
     const int64_t nb = w->cols / KS_QK8_0;
     size_t panel_bytes;
@@ -648,9 +692,10 @@ void ks_matmul_weight_ex(ks_pool *pool, const ks_weight *w, const float *X, int6
         return;
     }
     if (w->layout == KS_WEIGHT_Q4_K_X8 || w->layout == KS_WEIGHT_Q4_K_X8Q || w->layout == KS_WEIGHT_Q6_K_X8Q ||
-        w->layout == KS_WEIGHT_IQ4_XS_X8Q) {
+        w->layout == KS_WEIGHT_IQ4_XS_X8Q || w->layout == KS_WEIGHT_Q5_K_X8Q) {
         KS_ASSERT(w->type == (w->layout == KS_WEIGHT_Q6_K_X8Q     ? KS_DTYPE_Q6_K
                               : w->layout == KS_WEIGHT_IQ4_XS_X8Q ? KS_DTYPE_IQ4_XS
+                              : w->layout == KS_WEIGHT_Q5_K_X8Q   ? KS_DTYPE_Q5_K
                                                                   : KS_DTYPE_Q4_K) &&
                   w->rows % 8 == 0);
         if (w->rows == 0 || n == 0) return;

@@ -56,6 +56,7 @@ typedef int ks_matmul_x86_q4k_is_included_by_matmul_c; /* standalone: nothing to
 #define KS_MM_X8_SB 1152 /* bytes of one super-block of eight rows */
 #define KS_MM_X8_QS 128  /* offset of the quants in it */
 #define KS_MM_Q6Q_SB 1680 /* bytes of one Q6_K super-block of eight rows (KS_WEIGHT_Q6_K_X8Q) */
+#define KS_MM_Q5Q_SB 1408 /* bytes of one Q5_K super-block of eight rows (KS_WEIGHT_Q5_K_X8Q) */
 #define KS_MM_IQ4Q_SB 1088 /* bytes of one IQ4_XS super-block of eight rows (KS_WEIGHT_IQ4_XS_X8Q) */
 
 /* Software prefetch distance over the group's stream: as the row kernels'
@@ -245,10 +246,18 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q4_kx8)(const uint8_t *grp, const uint8_t *xq, siz
     _mm512_setr_epi32(F(0, s), F(1, s), F(2, s), F(3, s), F(4, s), F(5, s), F(6, s), F(7, s), F(8, s), F(9, s),       \
                       F(10, s), F(11, s), F(12, s), F(13, s), F(14, s), F(15, s))
 
+/* qh's bit pair moved by s (left if positive) within each byte */
+KS_MM_INL __m512i KS_MM_SFX(ks_mm_x8q_shift)(__m512i v, int s) {
+    return s > 0 ? _mm512_slli_epi16(v, (unsigned)s) : s < 0 ? _mm512_srli_epi16(v, (unsigned)-s) : v;
+}
+
+/* Q4_K, and Q5_K when Q5 (KS_WEIGHT_Q5_K_X8Q: the same super-block with qh
+ * after the quants, see below). */
 KS_MM_INL void KS_MM_SFX(ks_mm_q4_kx8q_body)(const uint8_t *grp, const uint8_t *xq, size_t xs, int64_t cols, float *y,
-                                             int64_t ys, const int NC) {
+                                             int64_t ys, const int NC, const int Q5) {
     const int64_t nb = cols / KS_QK_K;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    const int sbytes = Q5 ? KS_MM_Q5Q_SB : KS_MM_X8_SB;
     const __m256i km1 = _mm256_set1_epi32(0x3f3f3f3f), km2 = _mm256_set1_epi32(0x0f0f0f0f),
                   km3 = _mm256_set1_epi32(0x03030303);
     /* lanes 2r / 2r + 1 of isum (first 8 outputs) and of msum (last 8) */
@@ -257,9 +266,9 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_kx8q_body)(const uint8_t *grp, const uint8_t *
     __m256 acc[KS_MM_X8Q_NC];
     _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *sb = grp + (size_t)b * KS_MM_X8_SB;
+        const uint8_t *sb = grp + (size_t)b * (size_t)sbytes;
 #if KS_MM_X8_PF_BYTES > 0
-        _Pragma("GCC unroll 18") for (int o = 0; o < KS_MM_X8_SB; o += 64)
+        _Pragma("GCC unroll 22") for (int o = 0; o < sbytes; o += 64)
             _mm_prefetch((const char *)((uintptr_t)sb + KS_MM_X8_PF_BYTES + (uintptr_t)o), _MM_HINT_T0);
 #endif
         /* the AVX2 kernel's scale unpacking: u0 / u1 scales 0-3 / 4-7, u2 / u3 mins 0-3 / 4-7 */
@@ -277,24 +286,35 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_kx8q_body)(const uint8_t *grp, const uint8_t *
         const uint8_t *qs = sb + KS_MM_X8_QS;
         _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++) {
             __m512i plo[KS_MM_X8Q_NC], phi[KS_MM_X8Q_NC];
+            const __m512i Us = m < 2 ? U0 : U1;
+            const __m512i slo = _mm512_shuffle_epi8(Us, (m & 1) ? KS_MM_X8Q_CTL(KS_MM_X8Q_S, 2) : KS_MM_X8Q_CTL(KS_MM_X8Q_S, 0));
+            const __m512i shi = _mm512_shuffle_epi8(Us, (m & 1) ? KS_MM_X8Q_CTL(KS_MM_X8Q_S, 3) : KS_MM_X8Q_CTL(KS_MM_X8Q_S, 1));
             _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
                 const __m512i V = _mm512_loadu_si512((const void *)(qs + 64 * (4 * m + k)));
-                const __m512i lo = _mm512_and_si512(V, m4), hi = _mm512_and_si512(_mm512_srli_epi16(V, 4), m4);
+                __m512i lo, hi;
+                if (Q5) { /* the fifth bit: qh chunk k's bits 2m (low nibbles) and 2m + 1 (high) to bit 4 */
+                    const __m512i QH = _mm512_loadu_si512((const void *)(sb + KS_MM_X8_SB + 64 * k));
+                    lo = _mm512_ternarylogic_epi32(V, _mm512_and_si512(KS_MM_SFX(ks_mm_x8q_shift)(QH, 4 - 2 * m), b4), m4, 0xEC);
+                    hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(V, 4),
+                                                   _mm512_and_si512(KS_MM_SFX(ks_mm_x8q_shift)(QH, 3 - 2 * m), b4), m4, 0xEC);
+                } else {
+                    lo = _mm512_and_si512(V, m4);
+                    hi = _mm512_and_si512(_mm512_srli_epi16(V, 4), m4);
+                }
+                /* a chain restarts where the int16 bound would be passed: every 4 products of 0..15, 2 of 0..31 */
+                const bool first = Q5 ? !(k & 1) : k == 0, last = Q5 ? (k & 1) : k == 3;
                 _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
                     const int8_t *a = ((const ks_block_q8_k *)(xq + c * xs))[b].qs + 64 * m + 8 * k;
                     int64_t al, ah;
                     memcpy(&al, a, 8);
                     memcpy(&ah, a + 32, 8);
-                    plo[c] = _mm512_dpbusd_epi32(k ? plo[c] : _mm512_setzero_si512(), lo, _mm512_set1_epi64(al));
-                    phi[c] = _mm512_dpbusd_epi32(k ? phi[c] : _mm512_setzero_si512(), hi, _mm512_set1_epi64(ah));
+                    plo[c] = _mm512_dpbusd_epi32(first ? _mm512_setzero_si512() : plo[c], lo, _mm512_set1_epi64(al));
+                    phi[c] = _mm512_dpbusd_epi32(first ? _mm512_setzero_si512() : phi[c], hi, _mm512_set1_epi64(ah));
+                    if (last) {
+                        isum[c] = _mm512_dpwssd_epi32(isum[c], plo[c], slo);
+                        isum[c] = _mm512_dpwssd_epi32(isum[c], phi[c], shi);
+                    }
                 }
-            }
-            const __m512i Us = m < 2 ? U0 : U1;
-            const __m512i slo = _mm512_shuffle_epi8(Us, (m & 1) ? KS_MM_X8Q_CTL(KS_MM_X8Q_S, 2) : KS_MM_X8Q_CTL(KS_MM_X8Q_S, 0));
-            const __m512i shi = _mm512_shuffle_epi8(Us, (m & 1) ? KS_MM_X8Q_CTL(KS_MM_X8Q_S, 3) : KS_MM_X8Q_CTL(KS_MM_X8Q_S, 1));
-            _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
-                isum[c] = _mm512_dpwssd_epi32(isum[c], plo[c], slo);
-                isum[c] = _mm512_dpwssd_epi32(isum[c], phi[c], shi);
             }
         }
         /* the mins: M_t, lane 2r + j = row r's (m_s, m_s), s = 2t + j, against bsums dword s */
@@ -335,13 +355,34 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q4_kx8q)(const uint8_t *grp, const uint8_t *xq, si
                                        float *y, int64_t ys) {
     switch (nc) {
 #if KS_MM_X8Q_NC >= 6
-    case 6: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 6); break;
-    case 5: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 5); break;
+    case 6: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 6, 0); break;
+    case 5: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 5, 0); break;
 #endif
-    case 4: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 4); break;
-    case 3: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 3); break;
-    case 2: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 2); break;
-    default: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 1); break;
+    case 4: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 4, 0); break;
+    case 3: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 3, 0); break;
+    case 2: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 2, 0); break;
+    default: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 1, 0); break;
+    }
+}
+
+/* Q5_K (KS_WEIGHT_Q5_K_X8Q): Q4_K's eight-row super-block (1152 bytes) and
+ * after it qh as 4 chunks of 64 bytes (chunk k, bytes 8r..8r+7 = row r's
+ * qh[8k ..]): 1408 = 8 * 176 bytes.  A weight is the nibble with qh's bit
+ * as bit 4 (vpternlogd), 0..31, so a vpdpbusd lane reaches 4 * 31 * 127 and
+ * two of them (not four) sum within int16 before the scale's vpdpwssd: 16
+ * vpdpwssd per super-block and vector instead of 8.  Arithmetic per output
+ * exactly Q4_K's (the AVX2 Q5_K kernels', matmul_x86_tiles.c). */
+KS_MM_FN void KS_MM_SFX(ks_mm_q5_kx8q)(const uint8_t *grp, const uint8_t *xq, size_t xs, int nc, int64_t cols,
+                                       float *y, int64_t ys) {
+    switch (nc) {
+#if KS_MM_X8Q_NC >= 6
+    case 6: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 6, 1); break;
+    case 5: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 5, 1); break;
+#endif
+    case 4: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 4, 1); break;
+    case 3: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 3, 1); break;
+    case 2: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 2, 1); break;
+    default: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 1, 1); break;
     }
 }
 /* ------------------------------------------- Q6_K, AVX-512 VNNI: eight-byte lanes --
@@ -593,6 +634,7 @@ KS_MM_FN void KS_MM_SFX(ks_mm_iq4_xsx8q)(const uint8_t *grp, const uint8_t *xq, 
 #undef KS_MM_X8_SB
 #undef KS_MM_X8_QS
 #undef KS_MM_Q6Q_SB
+#undef KS_MM_Q5Q_SB
 #undef KS_MM_IQ4Q_SB
 #undef KS_MM_FN
 #undef KS_MM_INL

@@ -344,12 +344,12 @@ static ks_status repack_weights(ks_model *m, bool mapped) {
             }
         for (int e = 0; L->moe && e < m->hp.n_expert; e++) {
             ks_weight *ew[] = {&L->moe->gate[e], &L->moe->up[e], &L->moe->down[e]};
-            /* Q4_K / Q6_K / IQ4_XS experts keep the file's rows (their eight-row groups are for dense layers): the
+            /* K-quant / IQ4_XS experts keep the file's rows (their eight-row groups are for dense layers): the
              * single-token expert path (moe.c) reads rows, and a mapped MoE file's experts are
              * most of its bytes, which the copy below would have to hold */
             for (size_t i = 0; i < 3; i++)
-                if (ks_matmul_can_pack(ew[i]) && ew[i]->type != KS_DTYPE_Q4_K && ew[i]->type != KS_DTYPE_Q6_K &&
-                    ew[i]->type != KS_DTYPE_IQ4_XS) {
+                if (ks_matmul_can_pack(ew[i]) && ew[i]->type != KS_DTYPE_Q4_K && ew[i]->type != KS_DTYPE_Q5_K &&
+                    ew[i]->type != KS_DTYPE_Q6_K && ew[i]->type != KS_DTYPE_IQ4_XS) {
                     ws[n++] = ew[i];
                     total += (ks_weight_bytes(ew[i]) + 63) & ~(size_t)63;
                 }

@@ -152,6 +152,7 @@ typedef enum ks_weight_layout {
     KS_WEIGHT_Q4_K_X8Q = 5, /* the same with 8-byte lanes (AVX-512 VNNI decode and prefill) */
     KS_WEIGHT_Q6_K_X8Q = 6, /* Q6_K, 8-row groups with 8-byte lanes (AVX-512 VNNI decode and prefill) */
     KS_WEIGHT_IQ4_XS_X8Q = 7, /* IQ4_XS, likewise */
+    KS_WEIGHT_Q5_K_X8Q = 8,   /* Q5_K, likewise */
 } ks_weight_layout;
 
 /* A 2-D weight matrix: [rows][cols] of type, rows contiguous (a model's
