@@ -777,8 +777,10 @@ static void test_matmul_packed_q8_0(void **state) {
  * rows at that level, which test_matmul_avx2_k8 ties to the scalar
  * emulation; the AVX-512 group kernel has the AVX2 level's float order
  * (matmul_x86_q4k.c), so at AVX-512 its reference is the file's rows at
- * AVX2.  Quantized weights and raw random bytes (every nibble and 6-bit
- * scale); row counts that are no multiple of 8 keep the file layout. */
+ * AVX2.  Vector 0's outputs are checked to be the same bits at every n
+ * (decode against prefill).  Quantized weights and raw random bytes (every
+ * nibble and 6-bit scale); row counts that are no multiple of 8 (13, 12)
+ * keep the file layout. */
 static void packed_k_case(ks_dtype t) {
     ks_pool *pool2 = NULL;
     assert_int_equal(ks_pool_create(2, &pool2), KS_OK);
@@ -816,6 +818,7 @@ static void packed_k_case(ks_dtype t) {
         if (packs) assert_true(ks_matmul_worker_scratch_bytes(&w) >= 8 * rb);
         float *X = make_x(NMAX, cols, 72 + si);
         float *Y = ks_malloc(sizeof(float) * (size_t)(NMAX * rows)), *Yp = ks_malloc(sizeof(float) * (size_t)(NMAX * rows));
+        float *Y1 = ks_malloc(sizeof(float) * (size_t)rows); /* vector 0 at n = 1, no pool: decode's bits */
         void *scratch = ks_malloc_aligned(ks_matmul_scratch_bytes(t, cols, NMAX));
         for (int lv = KS_SIMD_SCALAR; lv <= (int)ks_simd_detect(); lv++) {
             ks_simd_level prev = ks_simd_force((ks_simd_level)lv);
@@ -831,9 +834,12 @@ static void packed_k_case(ks_dtype t) {
                     for (int64_t i = 0; i < ns[ni] * rows; i++)
                         if (memcmp(&Y[i], &Yp[i], sizeof(float)))
                             fprintf(stderr, "FAIL %s x8 %lldx%lld raw=%d level %d n=%lld out %lld: %.9g vs rows %.9g\n",
-                                    q6 ? "q6_K" : iq4 ? "iq4_xs" : q5 ? "q5_K" : "q4_K", (long long)rows, (long long)cols, (int)raw, lv, (long long)ns[ni], (long long)i, Yp[i],
-                                    Y[i]);
+                                    q6 ? "q6_K" : iq4 ? "iq4_xs" : q5 ? "q5_K" : "q4_K", (long long)rows, (long long)cols,
+                                    (int)raw, lv, (long long)ns[ni], (long long)i, Yp[i], Y[i]);
                     assert_memory_equal(Y, Yp, sizeof(float) * (size_t)(ns[ni] * rows));
+                    /* decode and prefill: vector 0's outputs the same bits whatever n and the split */
+                    if (ni == 0 && pi == 0) memcpy(Y1, Yp, sizeof(float) * (size_t)rows);
+                    else assert_memory_equal(Y1, Yp, sizeof(float) * (size_t)rows);
                 }
             ks_simd_force(prev);
         }
@@ -841,6 +847,7 @@ static void packed_k_case(ks_dtype t) {
         ks_free(X);
         ks_free(Y);
         ks_free(Yp);
+        ks_free(Y1);
         ks_free_aligned(P);
         free_w(&m);
     }
