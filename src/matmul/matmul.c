@@ -82,8 +82,12 @@ typedef void (*ks_mm_kernr)(const uint8_t *w, size_t wrow, int64_t nr, const uin
 #ifndef KS_MM_T8_NC
 #define KS_MM_T8_NC 8  /* most vectors per call of matmul_x86_tiles.c's eight-row tiles */
 #endif
+/* Most vectors per call of the AVX-512 group kernels (matmul_x86_q4k.c): 8
+ * spills a few registers and still beat 6 on every type (2048 x 2048 x 512,
+ * 1 thread, G MAC per CPU-s: Q4_K 175 against 167, Q5_K 138 against 131,
+ * Q6_K 111 against 107, IQ4_XS 122 against 113; alternated, host shared). */
 #ifndef KS_MM_X8Q_NC
-#define KS_MM_X8Q_NC 6 /* most vectors per call of the AVX-512 Q4_K group kernel (matmul_x86_q4k.c) */
+#define KS_MM_X8Q_NC 8
 #endif
 
 static inline size_t ks_mm_align64(size_t x) { return (x + 63) & ~(size_t)63; }

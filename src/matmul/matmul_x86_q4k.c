@@ -380,6 +380,10 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_kx8q_body)(const uint8_t *grp, const uint8_t *
 KS_MM_FN void KS_MM_SFX(ks_mm_q4_kx8q)(const uint8_t *grp, const uint8_t *xq, size_t xs, int nc, int64_t cols,
                                        float *y, int64_t ys) {
     switch (nc) {
+#if KS_MM_X8Q_NC >= 8
+    case 8: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 8, 0); break;
+    case 7: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 7, 0); break;
+#endif
 #if KS_MM_X8Q_NC >= 6
     case 6: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 6, 0); break;
     case 5: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 5, 0); break;
@@ -401,6 +405,10 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q4_kx8q)(const uint8_t *grp, const uint8_t *xq, si
 KS_MM_FN void KS_MM_SFX(ks_mm_q5_kx8q)(const uint8_t *grp, const uint8_t *xq, size_t xs, int nc, int64_t cols,
                                        float *y, int64_t ys) {
     switch (nc) {
+#if KS_MM_X8Q_NC >= 8
+    case 8: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 8, 1); break;
+    case 7: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 7, 1); break;
+#endif
 #if KS_MM_X8Q_NC >= 6
     case 6: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 6, 1); break;
     case 5: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 5, 1); break;
@@ -524,6 +532,10 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q6_kx8q_body)(const uint8_t *grp, const uint8_t *
 KS_MM_FN void KS_MM_SFX(ks_mm_q6_kx8q)(const uint8_t *grp, const uint8_t *xq, size_t xs, int nc, int64_t cols,
                                        float *y, int64_t ys) {
     switch (nc) {
+#if KS_MM_X8Q_NC >= 8
+    case 8: KS_MM_SFX(ks_mm_q6_kx8q_body)(grp, xq, xs, cols, y, ys, 8); break;
+    case 7: KS_MM_SFX(ks_mm_q6_kx8q_body)(grp, xq, xs, cols, y, ys, 7); break;
+#endif
 #if KS_MM_X8Q_NC >= 6
     case 6: KS_MM_SFX(ks_mm_q6_kx8q_body)(grp, xq, xs, cols, y, ys, 6); break;
     case 5: KS_MM_SFX(ks_mm_q6_kx8q_body)(grp, xq, xs, cols, y, ys, 5); break;
@@ -640,6 +652,10 @@ KS_MM_INL void KS_MM_SFX(ks_mm_iq4_xsx8q_body)(const uint8_t *grp, const uint8_t
 KS_MM_FN void KS_MM_SFX(ks_mm_iq4_xsx8q)(const uint8_t *grp, const uint8_t *xq, size_t xs, int nc, int64_t cols,
                                          float *y, int64_t ys) {
     switch (nc) {
+#if KS_MM_X8Q_NC >= 8
+    case 8: KS_MM_SFX(ks_mm_iq4_xsx8q_body)(grp, xq, xs, cols, y, ys, 8); break;
+    case 7: KS_MM_SFX(ks_mm_iq4_xsx8q_body)(grp, xq, xs, cols, y, ys, 7); break;
+#endif
 #if KS_MM_X8Q_NC >= 6
     case 6: KS_MM_SFX(ks_mm_iq4_xsx8q_body)(grp, xq, xs, cols, y, ys, 6); break;
     case 5: KS_MM_SFX(ks_mm_iq4_xsx8q_body)(grp, xq, xs, cols, y, ys, 5); break;
