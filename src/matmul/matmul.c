@@ -36,8 +36,9 @@
  * for it, their drivers and ks_matmul_weight are matmul_packed.c, a part of
  * this translation unit (it shares the driver below), and its AVX-512 tiles
  * are matmul_x86_panel.c, a template like matmul_x86.c.  Q4_K (AVX2 and
- * AVX-512) and Q6_K (AVX-512) are repacked into eight-row groups whose one
- * kernel per level serves decode and prefill (matmul_x86_q4k.c).  Where
+ * AVX-512) and Q5_K, Q6_K, IQ4_XS (AVX-512) are repacked into eight-row
+ * groups whose one kernel per type and level serves decode and prefill
+ * (matmul_x86_q4k.c).  Where
  * nothing is repacked at the AVX2 level, from KS_MM_PAIR_N vectors on,
  * ks_mm_worker runs multi-row tiles on the file's rows (eight rows
  * transposed in registers: Q4_K / Q6_K in matmul_x86_panel.c, Q5_K / IQ4_XS

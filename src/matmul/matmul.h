@@ -49,9 +49,9 @@ void ks_matmul_weight_ex(ks_pool *pool, const ks_weight *w, const float *X, int6
 void ks_matmul_quantize_x(const ks_weight *w, const float *x, int64_t c, void *scratch);
 
 /* Whether ks_matmul_pack would repack w: a Q8_0 or Q4_0 matrix with rows
- * and blocks per row multiples of 4, or a Q6_K one with rows a multiple of
- * 8, on a CPU with AVX-512 VNNI; a Q4_K one with rows a multiple of 8 on a
- * CPU with AVX2 or AVX-512 VNNI. */
+ * and blocks per row multiples of 4, or a Q5_K, Q6_K or IQ4_XS one with
+ * rows a multiple of 8, on a CPU with AVX-512 VNNI; a Q4_K one with rows a
+ * multiple of 8 on a CPU with AVX2 or AVX-512 VNNI. */
 bool ks_matmul_can_pack(const ks_weight *w);
 
 /* Repack w's bytes IN PLACE (they must be writable: w->data is cast) into
@@ -60,7 +60,7 @@ bool ks_matmul_can_pack(const ks_weight *w);
  * 16-row panels, whose products have their own fixed arithmetic per output
  * (the same bits for every n and chunking; float rounding away from the
  * unpacked kernel); the 4-row panels (Q4_0, other Q8_0) give the unpacked
- * kernel's very bits; Q4_K and Q6_K become eight-row groups
+ * kernel's very bits; Q4_K, Q5_K, Q6_K and IQ4_XS become eight-row groups
  * (matmul_x86_q4k.c) whose products have the AVX2 level's arithmetic at
  * every n (at AVX-512, float rounding away from the file layout's zmm
  * kernels).  Correct at every level.  No-op when

@@ -3,8 +3,9 @@
  * eight-row interleaved super-blocks (made by ks_matmul_pack,
  * matmul_packed.c), one kernel per layout for decode and prefill:
  *   - AVX2: Q4_K in four-byte lanes (KS_WEIGHT_Q4_K_X8), maddubs / madd;
- *   - AVX-512 VNNI: Q4_K and Q6_K in eight-byte lanes (KS_WEIGHT_Q4_K_X8Q,
- *     KS_WEIGHT_Q6_K_X8Q), vpdpbusd / vpdpwssd (second half of the file).
+ *   - AVX-512 VNNI: Q4_K, Q5_K, Q6_K and IQ4_XS in eight-byte lanes
+ *     (KS_WEIGHT_Q4_K_X8Q, _Q5_K_X8Q, _Q6_K_X8Q, _IQ4_XS_X8Q), vpdpbusd /
+ *     vpdpwssd (second half of the file).
  *
  * Why a repacked layout.  On AVX2 without VNNI an int8 product is maddubs
  * (u8 x s8 pairs to int16) then madd (to int32), and the Q4_K eight-row
@@ -219,7 +220,8 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q4_kx8)(const uint8_t *grp, const uint8_t *xq, siz
  * vpdpbusd sum at most 16 * 15 * 127 = 30480, an int16; the scale vector's
  * int32 lanes are (scale, 0) int16 pairs, so the lane's sign-extension half
  * meets the zero: matmul_x86.c's Q4_K zmm form does the same), 4 vpdpwssd
- * for the mins against the Q8_K bsums, and a 9-op epilogue.  The weight side
+ * for the mins against the Q8_K bsums, and an epilogue of 13 ops per two
+ * vectors (their outputs share a zmm; 9 for a vector alone).  The weight side
  * (nibble split, scale and min vectors by vpshufb) is built once per
  * super-block for every vector of the call, so prefill tiles of up to
  * KS_MM_X8Q_NC vectors share it.

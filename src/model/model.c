@@ -310,8 +310,8 @@ void ks_model_destroy(ks_model *m) {
 
 /* Repack the layer matrices that have a packed layout (ks_matmul_pack:
  * Q8_0 and Q4_0 for the AVX-512 prefill GEMM, Q4_K in eight-row groups for
- * AVX2 and AVX-512 decode and prefill, Q6_K likewise at AVX-512), without
- * doubling resident memory.
+ * AVX2 and AVX-512 decode and prefill, Q5_K, Q6_K and IQ4_XS likewise at
+ * AVX-512), without doubling resident memory.
  * Read into memory (--no-mmap), the buffer is ours: they are repacked in
  * place.  From a mapped file they are copied into one huge-page buffer
  * (ks_alloc_streamed) and repacked there, and the file's pages under them
