@@ -248,7 +248,7 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q4_kx8)(const uint8_t *grp, const uint8_t *xq, siz
     _mm512_setr_epi32(F(0, s), F(1, s), F(2, s), F(3, s), F(4, s), F(5, s), F(6, s), F(7, s), F(8, s), F(9, s),       \
                       F(10, s), F(11, s), F(12, s), F(13, s), F(14, s), F(15, s))
 
-/* qh's bit pair moved by s (left if positive) within each byte */
+/* Q5_K's qh bits moved by s (left if positive), each byte's from its own byte once masked */
 KS_MM_INL __m512i KS_MM_SFX(ks_mm_x8q_shift)(__m512i v, int s) {
     return s > 0 ? _mm512_slli_epi16(v, (unsigned)s) : s < 0 ? _mm512_srli_epi16(v, (unsigned)-s) : v;
 }
