@@ -151,19 +151,8 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_kx8_body)(const uint8_t *grp, const uint8_t *x
             _mm256_shuffle_epi8(t < 2 ? u2 : u3, KS_MM_SFX(ks_mm_t8_pick)(2 * (t & 1), 2 * (t & 1) + 1));
         const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb)),
                      dm8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16)));
-        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
-            const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
-            int32_t hb[8]; /* dword t: (bsum 2t, bsum 2t + 1), bsum s = the sum of sub-block s's 32 activations */
-            _mm256_storeu_si256((__m256i *)hb, _mm256_hadd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums),
-                                                                 _mm256_loadu_si256((const __m256i *)a->bsums)));
-            __m256i msum = _mm256_madd_epi16(mnv[0], _mm256_set1_epi32(hb[0]));
-            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mnv[1], _mm256_set1_epi32(hb[1])));
-            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mnv[2], _mm256_set1_epi32(hb[4])));
-            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mnv[3], _mm256_set1_epi32(hb[5])));
-            const __m256 da = _mm256_set1_ps(a->d);
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(d8, da), acc[c]);
-            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dm8, da), acc[c]);
-        }
+        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] =
+            KS_MM_SFX(ks_mm_k8_finish)(acc[c], isum[c], mnv, d8, dm8, ((const ks_block_q8_k *)(xq + c * xs)) + b);
     }
     _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) _mm256_storeu_ps(y + c * ys, acc[c]);
 }
