@@ -701,11 +701,11 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
     if (vg < KS_MM_NC) vg = KS_MM_NC;
     if (vg > KS_MM_VG) vg = KS_MM_VG;
     const bool eight = job->kern8 && job->n >= KS_MM_PAIR_N;
-    /* vectors per eight-row tile call: up to KS_MM_T8_NC for IQ4_XS, Q5_K
-     * and Q6_K (their weight unpack shared by more vectors; a tile reads its
-     * eight rows and vectors super-block by super-block, from L2) */
-    const int64_t nc8 = job->wtype == KS_DTYPE_IQ4_XS || job->wtype == KS_DTYPE_Q5_K || job->wtype == KS_DTYPE_Q6_K ? KS_MM_T8_NC : KS_MM_NC;
-    if (eight && vg < nc8) vg = nc8;
+    /* vectors per eight-row tile call: up to KS_MM_T8_NC (the weight unpack
+     * shared by more vectors; a tile reads its eight rows and vectors
+     * super-block by super-block, from L2), also where the L1 rule above
+     * leaves fewer (rows of 8192 columns) */
+    if (eight && vg < KS_MM_T8_NC) vg = KS_MM_T8_NC;
     if (job->n <= vg) chunk = r_end - r_begin; /* one pass: W streams once regardless */
     /* Two-row tiles share each activation load by two rows, halving L2
      * traffic, which only matters once a tile's activations outgrow L1 (long
@@ -732,8 +732,8 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
             for (int64_t r = r0; r < r1;) {
                 const uint8_t *w = job->W + (size_t)r * job->wrow;
                 if (eight && r + 8 <= r1) {
-                    for (int64_t c = c0; c < c1; c += nc8) {
-                        const int nc = (int)(c1 - c < nc8 ? c1 - c : nc8);
+                    for (int64_t c = c0; c < c1; c += KS_MM_T8_NC) {
+                        const int nc = (int)(c1 - c < KS_MM_T8_NC ? c1 - c : KS_MM_T8_NC);
                         job->kern8(w, job->wrow, job->xq + (size_t)c * job->xs, job->xs, nc, job->cols,
                                    job->Y + c * job->rows + r, job->rows);
                     }

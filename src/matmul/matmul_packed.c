@@ -321,14 +321,17 @@ static void ks_mm_x8_worker(void *arg, int ith, int nth) {
         int64_t vg = (int64_t)(KS_MM_GROUP_L1 / job->xs) / KS_MM_NC * KS_MM_NC;
         if (vg < KS_MM_NC) vg = KS_MM_NC;
         if (vg > KS_MM_VG) vg = KS_MM_VG;
+        /* up to KS_MM_T8_NC vectors a call, as the eight-row tiles over the
+         * file's rows: each pass over a group's weights serves more vectors */
+        if (vg < KS_MM_T8_NC) vg = KS_MM_T8_NC;
         if (job->n <= vg) chunk = r_end - r_begin; /* one pass: W streams once regardless */
         for (int64_t r0 = r_begin; r0 < r_end; r0 += chunk) {
             const int64_t r1 = r0 + chunk < r_end ? r0 + chunk : r_end;
             for (int64_t c0 = 0; c0 < job->n; c0 += vg) {
                 const int64_t c1 = c0 + vg < job->n ? c0 + vg : job->n;
                 for (int64_t r = r0; r < r1; r += 8)
-                    for (int64_t c = c0; c < c1; c += KS_MM_NC) {
-                        const int nc = (int)(c1 - c < KS_MM_NC ? c1 - c : KS_MM_NC);
+                    for (int64_t c = c0; c < c1; c += KS_MM_T8_NC) {
+                        const int nc = (int)(c1 - c < KS_MM_T8_NC ? c1 - c : KS_MM_T8_NC);
                         ks_mm_q4_kx8_avx2(job->W + (size_t)r * job->wrow, job->xq + (size_t)c * job->xs, job->xs, nc,
                                           job->cols, job->Y + c * job->rows + r, job->rows);
                     }

@@ -483,12 +483,12 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_k8_body)(const bool Q5, const uint8_t *w, size
 }
 
 /* Rows w .. w + 7 * wrow times nc (1..KS_MM_T8_NC) vectors: y[c * ys + r],
- * r < 8.  How many vectors a call gets is matmul.c's worker's choice: up
- * to KS_MM_T8_NC for Q5_K and Q6_K, whose weight unpack per 32 bytes of
- * eight rows (the transposes, nibble masks, Q5_K's fifth bit: about 60 ops
- * per super-block and 8 rows, against ~20 per vector for the products) is
- * then shared by twice the vectors; the per-output arithmetic is the same
- * whatever nc, so the bits are too. */
+ * r < 8.  matmul.c's worker gives every eight-row tile up to KS_MM_T8_NC
+ * vectors a call: the weight unpack per 32 bytes of eight rows (the
+ * transposes, nibble masks, Q5_K's fifth bit: about 60 ops per super-block
+ * and 8 rows, against ~20 per vector for the products) is then shared by
+ * twice the vectors of the 4 it used to take.  The per-output arithmetic is
+ * the same whatever nc, so the bits are too. */
 KS_MM_FN void KS_MM_SFX(ks_mm_q4_k8)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int nc, int64_t cols,
                                      float *y, int64_t ys) {
     KS_MM_T8_SWITCH(KS_MM_SFX(ks_mm_q4_k8_body), false, w, wrow, xq, xs, cols, y, ys)
