@@ -38,12 +38,11 @@
  * are matmul_x86_panel.c, a template like matmul_x86.c.  Q4_K (AVX2 and
  * AVX-512) and Q5_K, Q6_K, IQ4_XS (AVX-512) are repacked into eight-row
  * groups whose one kernel per type and level serves decode and prefill
- * (matmul_x86_q4k.c).  Where
- * nothing is repacked at the AVX2 level, from KS_MM_PAIR_N vectors on,
- * ks_mm_worker runs multi-row tiles on the file's rows (eight rows
- * transposed in registers: Q4_K / Q6_K in matmul_x86_panel.c, Q5_K / IQ4_XS
- * with up to KS_MM_T8_NC vectors per call in matmul_x86_tiles.c; two rows
- * for the float types).
+ * (matmul_x86_q4k.c).  Where nothing is repacked at the AVX2 level, from
+ * KS_MM_PAIR_N vectors on, ks_mm_worker runs multi-row tiles on the file's
+ * rows (eight rows transposed in registers, up to KS_MM_T8_NC vectors a
+ * call: Q4_K / Q5_K / Q6_K in matmul_x86_panel.c, IQ4_XS in
+ * matmul_x86_tiles.c; two rows for the float types).
  */
 #include "matmul/matmul.h"
 
@@ -81,7 +80,7 @@ typedef void (*ks_mm_kernr)(const uint8_t *w, size_t wrow, int64_t nr, const uin
 #define KS_MM_CHUNK_BYTES (192 * 1024) /* weight bytes per row chunk (L2) */
 #define KS_MM_PAIR_N 8 /* vectors from which the AVX2 multi-row prefill tiles run */
 #ifndef KS_MM_T8_NC
-#define KS_MM_T8_NC 8  /* most vectors per call of matmul_x86_tiles.c's eight-row tiles */
+#define KS_MM_T8_NC 8  /* most vectors per call of the AVX2 eight-row tiles (4 or 8) */
 #endif
 /* Most vectors per call of the AVX-512 group kernels (matmul_x86_q4k.c): 8
  * spills a few registers and still beat 6 on every type (2048 x 2048 x 512,
@@ -90,6 +89,39 @@ typedef void (*ks_mm_kernr)(const uint8_t *w, size_t wrow, int64_t nr, const uin
 #ifndef KS_MM_X8Q_NC
 #define KS_MM_X8Q_NC 8
 #endif
+/* The entry of a SIMD kernel: body(args..., NC) with NC = nc a constant, so
+ * that the body's loops over the vectors unroll and its accumulators stay in
+ * registers.  KS_MM_NC_SWITCH: the one-row kernels (matmul_x86.c,
+ * matmul_x86_types.c), nc = 1..KS_MM_NC; KS_MM_T8_SWITCH: the eight-row
+ * tiles (matmul_x86_panel.c, matmul_x86_tiles.c, matmul_x86_q4k.c), nc =
+ * 1..KS_MM_T8_NC. */
+#define KS_MM_CASES_1_TO_4(body, ...)  \
+    case 4: body(__VA_ARGS__, 4); break; \
+    case 3: body(__VA_ARGS__, 3); break; \
+    case 2: body(__VA_ARGS__, 2); break; \
+    default: body(__VA_ARGS__, 1); break;
+#if KS_MM_T8_NC > 4
+#define KS_MM_CASES_5_TO_8(body, ...)  \
+    case 8: body(__VA_ARGS__, 8); break; \
+    case 7: body(__VA_ARGS__, 7); break; \
+    case 6: body(__VA_ARGS__, 6); break; \
+    case 5: body(__VA_ARGS__, 5); break;
+#else
+#define KS_MM_CASES_5_TO_8(body, ...)
+#endif
+#define KS_MM_NC_SWITCH(body, ...) \
+    switch (nc) { KS_MM_CASES_1_TO_4(body, __VA_ARGS__) }
+#define KS_MM_T8_SWITCH(body, ...) \
+    switch (nc) { KS_MM_CASES_5_TO_8(body, __VA_ARGS__) KS_MM_CASES_1_TO_4(body, __VA_ARGS__) }
+/* The many-row form (ks_mm_kernr): the row loop inside each constant-nc
+ * case, so the body's set-up is hoisted out of it. */
+#define KS_MM_ROWS_SWITCH(body)                                                                    \
+    switch (nc) {                                                                                  \
+    case 4: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 4); break; \
+    case 3: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 3); break; \
+    case 2: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 2); break; \
+    default: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 1); break; \
+    }
 
 static inline size_t ks_mm_align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
@@ -383,13 +415,13 @@ static ks_mm_kern2 ks_mm_kernel2(ks_dtype t, ks_simd_level level) {
 }
 
 /* Eight-row prefill tile (same signature as the two-row form, rows w ..
- * w + 7 * wrow): the AVX2 Q4_K / Q6_K tiles of matmul_x86_panel.c, the
- * Q5_K / IQ4_XS tiles of matmul_x86_tiles.c, or NULL. */
+ * w + 7 * wrow, 1..KS_MM_T8_NC vectors): the AVX2 Q4_K / Q5_K / Q6_K tiles
+ * of matmul_x86_panel.c, the IQ4_XS tile of matmul_x86_tiles.c, or NULL. */
 static ks_mm_kern2 ks_mm_kernel8(ks_dtype t, ks_simd_level level) {
 #if KS_MM_HAVE_X86
     if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q4_K) return ks_mm_q4_k8_avx2;
-    if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q5_K) return ks_mm_q5_k8w_avx2; /* matmul_x86_tiles.c */
-    if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q6_K) return ks_mm_q6_k8w_avx2; /* matmul_x86_tiles.c */
+    if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q5_K) return ks_mm_q5_k8_avx2;
+    if (level == KS_SIMD_AVX2 && t == KS_DTYPE_Q6_K) return ks_mm_q6_k8_avx2;
     if (level == KS_SIMD_AVX2 && t == KS_DTYPE_IQ4_XS) return ks_mm_iq4_xs8_avx2; /* matmul_x86_tiles.c */
 #endif
     (void)t, (void)level;
@@ -533,7 +565,7 @@ static const ks_mm_named ks_mm_names[] = {
     KS_MM_NAMED(ks_mm_iq4_xst_avx2), KS_MM_NAMED(ks_mm_mxfp4z_avx512), KS_MM_NAMED(ks_mm_mxfp4t_avx2),
     KS_MM_NAMED(ks_mm_f32x2_avx2), KS_MM_NAMED(ks_mm_f16x2_avx2),
     KS_MM_NAMED(ks_mm_bf16x2_avx2), KS_MM_NAMED(ks_mm_q4_k8_avx2), KS_MM_NAMED(ks_mm_q5_k8_avx2), KS_MM_NAMED(ks_mm_q6_k8_avx2),
-    KS_MM_NAMED(ks_mm_iq4_xs8_avx2), KS_MM_NAMED(ks_mm_q5_k8w_avx2), KS_MM_NAMED(ks_mm_q6_k8w_avx2),
+    KS_MM_NAMED(ks_mm_iq4_xs8_avx2),
 #endif
 #if KS_MM_HAVE_NEON
     KS_MM_NAMED(ks_mm_f32_neon), KS_MM_NAMED(ks_mm_f16_neon), KS_MM_NAMED(ks_mm_bf16_neon),
@@ -681,11 +713,11 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
     if (vg < KS_MM_NC) vg = KS_MM_NC;
     if (vg > KS_MM_VG) vg = KS_MM_VG;
     const bool eight = job->kern8 && job->n >= KS_MM_PAIR_N;
-    /* vectors per eight-row tile call: matmul_x86_tiles.c's take up to
-     * KS_MM_T8_NC (their weight unpack shared by more vectors; a tile reads
-     * its eight rows and vectors super-block by super-block, from L2) */
-    const int64_t nc8 = job->wtype == KS_DTYPE_IQ4_XS || job->wtype == KS_DTYPE_Q5_K || job->wtype == KS_DTYPE_Q6_K ? KS_MM_T8_NC : KS_MM_NC;
-    if (eight && vg < nc8) vg = nc8;
+    /* vectors per eight-row tile call: up to KS_MM_T8_NC (the weight unpack
+     * shared by more vectors; a tile reads its eight rows and vectors
+     * super-block by super-block, from L2), also where the L1 rule above
+     * leaves fewer (rows of 8192 columns) */
+    if (eight && vg < KS_MM_T8_NC) vg = KS_MM_T8_NC;
     if (job->n <= vg) chunk = r_end - r_begin; /* one pass: W streams once regardless */
     /* Two-row tiles share each activation load by two rows, halving L2
      * traffic, which only matters once a tile's activations outgrow L1 (long
@@ -712,8 +744,8 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
             for (int64_t r = r0; r < r1;) {
                 const uint8_t *w = job->W + (size_t)r * job->wrow;
                 if (eight && r + 8 <= r1) {
-                    for (int64_t c = c0; c < c1; c += nc8) {
-                        const int nc = (int)(c1 - c < nc8 ? c1 - c : nc8);
+                    for (int64_t c = c0; c < c1; c += KS_MM_T8_NC) {
+                        const int nc = (int)(c1 - c < KS_MM_T8_NC ? c1 - c : KS_MM_T8_NC);
                         job->kern8(w, job->wrow, job->xq + (size_t)c * job->xs, job->xs, nc, job->cols,
                                    job->Y + c * job->rows + r, job->rows);
                     }

@@ -463,12 +463,15 @@ static void ks_mm_x8_rows_work(const ks_mm_job *job, int ith, int nth, int lw) {
     if (r_begin >= r_end) return;
 #if KS_MM_HAVE_X86
     if ((lw == 4 && job->level == KS_SIMD_AVX2) || (lw == 8 && job->level == KS_SIMD_AVX512)) {
-        const int tile = lw == 4 ? KS_MM_NC : KS_MM_X8Q_NC;
+        const int tile = lw == 4 ? KS_MM_T8_NC : KS_MM_X8Q_NC;
         int64_t chunk = (int64_t)(KS_MM_CHUNK_BYTES / job->wrow) / KS_MM_ROWS * KS_MM_ROWS;
         if (chunk < KS_MM_ROWS) chunk = KS_MM_ROWS;
         int64_t vg = (int64_t)(KS_MM_GROUP_L1 / job->xs) / KS_MM_NC * KS_MM_NC;
         if (vg < KS_MM_NC) vg = KS_MM_NC;
         if (vg > KS_MM_VG) vg = KS_MM_VG;
+        /* up to KS_MM_T8_NC vectors a call, as the eight-row tiles over the
+         * file's rows: each pass over a group's weights serves more vectors */
+        if (vg < KS_MM_T8_NC) vg = KS_MM_T8_NC;
         if (job->n <= vg) chunk = r_end - r_begin; /* one pass: W streams once regardless */
         for (int64_t r0 = r_begin; r0 < r_end; r0 += chunk) {
             const int64_t r1 = r0 + chunk < r_end ? r0 + chunk : r_end;

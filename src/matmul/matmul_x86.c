@@ -66,23 +66,6 @@ KS_MM_INL __m256i KS_MM_SFX(ks_mm_dot_i16)(__m256i acc, __m256i p, __m256i sc) {
 
 KS_MM_INL float KS_MM_SFX(ks_mm_h2f)(ks_f16 h) { return _cvtsh_ss(h); }
 
-#define KS_MM_NC_SWITCH(body, ...)                 \
-    switch (nc) {                                  \
-    case 4: body(__VA_ARGS__, 4); break;           \
-    case 3: body(__VA_ARGS__, 3); break;           \
-    case 2: body(__VA_ARGS__, 2); break;           \
-    default: body(__VA_ARGS__, 1); break;          \
-    }
-/* the many-row form (matmul.c, ks_mm_kernr): the row loop inside each
- * constant-nc case, so the body's set-up is hoisted out of it */
-#define KS_MM_ROWS_SWITCH(body)                                                                    \
-    switch (nc) {                                                                                  \
-    case 4: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 4); break; \
-    case 3: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 3); break; \
-    case 2: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 2); break; \
-    default: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 1); break; \
-    }
-
 /* --------------------------------------------------------- float weights -- */
 #if KS_MM_LEVEL >= 2
 #define KS_MM_FVL 16
@@ -420,20 +403,32 @@ KS_MM_QX_KERNEL(ks_mm_q4_0x, ks_block_q4_0, KS_MM_SFX(ks_mm_q4x_wgroup))
  * Q6_K: ql[0..63] & 15 is elements 0-63 in order and ql >> 4 elements
  * 64-127, the two high bits coming from qh[0..31] at a per-half shift; q is
  * used unsigned (0..63) and the -32 offset is folded into the int32 chain as
- * -32 * sum_s sc_s * bsum_s (one madd, the chain's starting value). */
+ * -32 * sum_s sc_s * bsum_s (one madd, the chain's starting value).
+ *
+ * Q5_K (Q5 set; ks_mm_q5_kz, matmul_x86_types.c) is the Q4_K kernel plus the
+ * fifth bit plane: zmm k (chunk k, sub-blocks 2k and 2k + 1) takes bit 2k of
+ * qh[l] in its low half and bit 2k + 1 in its high half, brought to bit 4 by
+ * a per-half variable shift of qh broadcast to both halves.  q5 <= 31, so
+ * four products per int32 lane stay within int16 (4 * 31 * 127) for the
+ * vpdpwssd scaling.  The header (d, dmin, the 12 scale bytes) is Q4_K's. */
 #if KS_MM_LEVEL >= 2
 
-KS_MM_INL void KS_MM_SFX(ks_mm_q4_kz_body)(const uint8_t *w, const uint8_t *xq, size_t xs,
+KS_MM_INL void KS_MM_SFX(ks_mm_q4_kz_body)(const bool Q5, const uint8_t *w, const uint8_t *xq, size_t xs,
                                            int64_t cols, float *y, int64_t ys, const int NC) {
-    const ks_block_q4_k *wb = (const ks_block_q4_k *)w;
     const int64_t nb = cols / KS_QK_K;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const size_t bb = Q5 ? sizeof(ks_block_q5_k) : sizeof(ks_block_q4_k);
+    const size_t qs_off = Q5 ? offsetof(ks_block_q5_k, qs) : offsetof(ks_block_q4_k, qs);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
     /* scales[i] sits at byte 4 + i of the block's first 16 bytes */
     const __m128i i1 = _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m128i i2 = _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11);
     const __m128i mlo = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15);
     /* lane l of weight zmm k belongs to sub-block 2k + l / 8 */
     const __m512i s0i = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    /* Q5_K: the shift that brings bit 2k (low half) / 2k + 1 (high half) of qh to bit 0 */
+    __m512i cnt[4];
+    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) cnt[k] =
+        _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * k)), _mm256_set1_epi16((short)(2 * k + 1)), 1);
     __m512 accd[4];
     __m256 accm[4];
     _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
@@ -441,7 +436,8 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_kz_body)(const uint8_t *w, const uint8_t *xq, 
         accm[c] = _mm256_setzero_ps();
     }
     for (int64_t b = 0; b < nb; b++) {
-        const __m128i hd = _mm_loadu_si128((const __m128i *)(wb + b)); /* d, dmin, scales */
+        const uint8_t *blk = w + (size_t)b * bb;
+        const __m128i hd = _mm_loadu_si128((const __m128i *)blk); /* d, dmin, scales */
         const __m128i t1 = _mm_shuffle_epi8(hd, i1), t2 = _mm_shuffle_epi8(hd, i2);
         const __m128i u = _mm_mask_blend_epi8(0xF000, t1, _mm_srli_epi16(t1, 4));
         const __m128i scm = _mm_or_si128(_mm_and_si128(u, mlo),
@@ -456,10 +452,15 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_kz_body)(const uint8_t *w, const uint8_t *xq, 
         const __m256 mv = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
         __m512i W[4];
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-            const __m512i z = _mm512_loadu_si512((const void *)(wb[b].qs + 64 * h));
+            const __m512i z = _mm512_loadu_si512((const void *)(blk + qs_off + 64 * h));
             const __m512i lo = _mm512_and_si512(z, m4), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
             W[2 * h] = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
             W[2 * h + 1] = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2));
+        }
+        if (Q5) {
+            const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + offsetof(ks_block_q5_k, qh))));
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) W[k] = _mm512_or_si512(
+                W[k], _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, cnt[k]), one), 4));
         }
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
             const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
@@ -482,7 +483,7 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_kz_body)(const uint8_t *w, const uint8_t *xq, 
 
 KS_MM_FN void KS_MM_SFX(ks_mm_q4_kz)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc,
                                      int64_t cols, float *y, int64_t ys) {
-    KS_MM_NC_SWITCH(KS_MM_SFX(ks_mm_q4_kz_body), w, xq, xs, cols, y, ys)
+    KS_MM_NC_SWITCH(KS_MM_SFX(ks_mm_q4_kz_body), false, w, xq, xs, cols, y, ys)
 }
 
 KS_MM_INL void KS_MM_SFX(ks_mm_q6_kz_body)(const uint8_t *w, const uint8_t *xq, size_t xs,
@@ -750,6 +751,4 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q6_k_rows)(const uint8_t *w, size_t wrow, int64_t 
 
 #undef KS_MM_FN
 #undef KS_MM_INL
-#undef KS_MM_NC_SWITCH
-#undef KS_MM_ROWS_SWITCH
 #endif /* KS_MM_TEMPLATE_PASS */

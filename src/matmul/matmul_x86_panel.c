@@ -17,9 +17,10 @@
  *
  * At the AVX2 level (KS_MM_LEVEL 1) it holds the prefill tiles that read
  * the file's rows as they are (no repacking): the eight-row K-quant tiles
- * (Q4_K, Q5_K, Q6_K: rows transposed in registers), which matmul.c's
- * ks_mm_worker takes from KS_MM_PAIR_N vectors on, and the two-row
- * float-weight tiles (f32, f16, bf16).
+ * (Q4_K, Q5_K, Q6_K: rows transposed in registers, up to KS_MM_T8_NC
+ * vectors a call), which matmul.c's ks_mm_worker takes from KS_MM_PAIR_N
+ * vectors on, and the two-row float-weight tiles (f32, f16, bf16).
+ * matmul_x86_tiles.c has IQ4_XS's eight-row tile.
  */
 #ifndef KS_MM_TEMPLATE_PASS
 typedef int ks_matmul_x86_panel_is_included_by_matmul_c; /* standalone: nothing to compile */
@@ -392,6 +393,25 @@ KS_MM_INL __m256i KS_MM_SFX(ks_mm_t8_pick)(int b0, int b1) {
     return _mm256_broadcastsi128_si256(c);
 }
 
+/* The end of a Q4_K / Q5_K super-block for one vector, eight rows in the
+ * lanes (this file's tile and matmul_x86_q4k.c's groups): msum = sum_s m_s
+ * bsum_s exact in int32 (mnv[t]: the rows' mins of sub-blocks 2t, 2t + 1 as
+ * int16 pairs), then acc = fma(isum, d * da, acc) and acc = fma(-msum,
+ * dmin * da, acc), the order of every Q4_K / Q5_K kernel of this level. */
+KS_MM_INL __m256 KS_MM_SFX(ks_mm_k8_finish)(__m256 acc, __m256i isum, const __m256i mnv[4], __m256 d8, __m256 dm8,
+                                            const ks_block_q8_k *a) {
+    int32_t hb[8]; /* dword t: (bsum 2t, bsum 2t + 1), bsum s = the sum of sub-block s's 32 activations */
+    _mm256_storeu_si256((__m256i *)hb, _mm256_hadd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums),
+                                                         _mm256_loadu_si256((const __m256i *)a->bsums)));
+    __m256i msum = _mm256_madd_epi16(mnv[0], _mm256_set1_epi32(hb[0]));
+    msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mnv[1], _mm256_set1_epi32(hb[1])));
+    msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mnv[2], _mm256_set1_epi32(hb[4])));
+    msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mnv[3], _mm256_set1_epi32(hb[5])));
+    const __m256 da = _mm256_set1_ps(a->d);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d8, da), acc);
+    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dm8, da), acc);
+}
+
 KS_MM_INL void KS_MM_SFX(ks_mm_q4_k8_body)(const bool Q5, const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs,
                                            int64_t cols, float *y, int64_t ys, const int NC) {
     const int64_t nb = cols / KS_QK_K;
@@ -399,8 +419,8 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_k8_body)(const bool Q5, const uint8_t *w, size
     const size_t qs_off = Q5 ? offsetof(ks_block_q5_k, qs) : offsetof(ks_block_q4_k, qs);
     const __m256i m4 = _mm256_set1_epi8(0x0F), km1 = _mm256_set1_epi32(0x3f3f3f3f), km2 = _mm256_set1_epi32(0x0f0f0f0f),
                   km3 = _mm256_set1_epi32(0x03030303);
-    __m256 acc[4];
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    __m256 acc[KS_MM_T8_NC];
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *wb = w + (size_t)b * bb;
         /* header dwords of the 8 rows: H[0] = d | dmin << 16, H[1..3] = the 12 scale bytes */
@@ -422,8 +442,8 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_k8_body)(const bool Q5, const uint8_t *w, size
         const __m256i dsel = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
         const __m256i dd = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(H[0], dsel), 0xD8); /* d0..7 | dmin0..7 */
         const __m256 d8 = _mm256_cvtph_ps(_mm256_castsi256_si128(dd)), dm8 = _mm256_cvtph_ps(_mm256_extracti128_si256(dd, 1));
-        __m256i isum[4];
-        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
+        __m256i isum[KS_MM_T8_NC];
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
         /* Q5_K: qh transposed once per super-block (qh byte l holds bit s = the fifth bit of element 32s + l) */
         __m256i QH[2][4];
         if (Q5) {
@@ -446,7 +466,7 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_k8_body)(const bool Q5, const uint8_t *w, size
                         }
                     }
                     const __m256i sc = nib ? scv[2 * j + 1] : scv[2 * j];
-                    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+                    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
                         const int32_t *a = (const int32_t *)(((const ks_block_q8_k *)(xq + c * xs))[b].qs + 64 * j + 32 * nib + 16 * h);
                         __m256i p = _mm256_maddubs_epi16(W[0], _mm256_set1_epi32(a[0]));
                         _Pragma("GCC unroll 3") for (int k = 1; k < 4; k++) p =
@@ -456,32 +476,22 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_k8_body)(const bool Q5, const uint8_t *w, size
                 }
             }
         }
-        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
-            const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
-            int32_t hb[8]; /* dword t: (bsum 2t, bsum 2t + 1), bsum s = the sum of sub-block s's 32 activations */
-            _mm256_storeu_si256((__m256i *)hb, _mm256_hadd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums),
-                                                                 _mm256_loadu_si256((const __m256i *)a->bsums)));
-            __m256i msum = _mm256_madd_epi16(mnv[0], _mm256_set1_epi32(hb[0]));
-            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mnv[1], _mm256_set1_epi32(hb[1])));
-            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mnv[2], _mm256_set1_epi32(hb[4])));
-            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mnv[3], _mm256_set1_epi32(hb[5])));
-            const __m256 da = _mm256_set1_ps(a->d);
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(d8, da), acc[c]);
-            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dm8, da), acc[c]);
-        }
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc[c] =
+            KS_MM_SFX(ks_mm_k8_finish)(acc[c], isum[c], mnv, d8, dm8, ((const ks_block_q8_k *)(xq + c * xs)) + b);
     }
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) _mm256_storeu_ps(y + c * ys, acc[c]);
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) _mm256_storeu_ps(y + c * ys, acc[c]);
 }
 
-/* Rows w .. w + 7 * wrow times nc (1..4) vectors: y[c * ys + r], r < 8. */
+/* Rows w .. w + 7 * wrow times nc (1..KS_MM_T8_NC) vectors: y[c * ys + r],
+ * r < 8.  matmul.c's worker gives every eight-row tile up to KS_MM_T8_NC
+ * vectors a call: the weight unpack per 32 bytes of eight rows (the
+ * transposes, nibble masks, Q5_K's fifth bit: about 60 ops per super-block
+ * and 8 rows, against ~20 per vector for the products) is then shared by
+ * twice the vectors of the 4 it used to take.  The per-output arithmetic is
+ * the same whatever nc, so the bits are too. */
 KS_MM_FN void KS_MM_SFX(ks_mm_q4_k8)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int nc, int64_t cols,
                                      float *y, int64_t ys) {
-    switch (nc) {
-    case 4: KS_MM_SFX(ks_mm_q4_k8_body)(false, w, wrow, xq, xs, cols, y, ys, 4); break;
-    case 3: KS_MM_SFX(ks_mm_q4_k8_body)(false, w, wrow, xq, xs, cols, y, ys, 3); break;
-    case 2: KS_MM_SFX(ks_mm_q4_k8_body)(false, w, wrow, xq, xs, cols, y, ys, 2); break;
-    default: KS_MM_SFX(ks_mm_q4_k8_body)(false, w, wrow, xq, xs, cols, y, ys, 1); break;
-    }
+    KS_MM_T8_SWITCH(KS_MM_SFX(ks_mm_q4_k8_body), false, w, wrow, xq, xs, cols, y, ys)
 }
 
 /* The same tile over Q5_K rows (the fifth bit plane OR'ed in; weights 0..31,
@@ -489,12 +499,7 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q4_k8)(const uint8_t *w, size_t wrow, const uint8_
  * exact): the same per-output arithmetic as the Q4_K tile. */
 KS_MM_FN void KS_MM_SFX(ks_mm_q5_k8)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int nc, int64_t cols,
                                      float *y, int64_t ys) {
-    switch (nc) {
-    case 4: KS_MM_SFX(ks_mm_q4_k8_body)(true, w, wrow, xq, xs, cols, y, ys, 4); break;
-    case 3: KS_MM_SFX(ks_mm_q4_k8_body)(true, w, wrow, xq, xs, cols, y, ys, 3); break;
-    case 2: KS_MM_SFX(ks_mm_q4_k8_body)(true, w, wrow, xq, xs, cols, y, ys, 2); break;
-    default: KS_MM_SFX(ks_mm_q4_k8_body)(true, w, wrow, xq, xs, cols, y, ys, 1); break;
-    }
+    KS_MM_T8_SWITCH(KS_MM_SFX(ks_mm_q4_k8_body), true, w, wrow, xq, xs, cols, y, ys)
 }
 
 /* The eight-row tile over Q6_K rows.  Weights are 0..63 (the -32 offset
@@ -509,8 +514,8 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q6_k8_body)(const uint8_t *w, size_t wrow, const 
     const int64_t nb = cols / KS_QK_K;
     const size_t bb = sizeof(ks_block_q6_k);
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-    __m256 acc[4];
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    __m256 acc[KS_MM_T8_NC];
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *wb = w + (size_t)b * bb;
         /* the 16 int8 scales of 8 rows: S[k] lane r = scales 4k..4k+3 of row r */
@@ -527,8 +532,8 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q6_k8_body)(const uint8_t *w, size_t wrow, const 
         ks_f16 dh[8];
         for (int r = 0; r < 8; r++) memcpy(&dh[r], wb + (size_t)r * wrow + offsetof(ks_block_q6_k, d), sizeof(ks_f16));
         const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
-        __m256i isum[4];
-        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
+        __m256i isum[KS_MM_T8_NC];
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) /* elements 128h .. 128h + 127 */
             _Pragma("GCC unroll 2") for (int hh = 0; hh < 2; hh++) { /* l = 16hh .. 16hh + 15 of each 32-run */
                 __m256i QH[4];
@@ -548,7 +553,7 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q6_k8_body)(const uint8_t *w, size_t wrow, const 
                                                         : _mm256_srli_epi16(QH[k], 2);
                             W[k] = _mm256_or_si256(lo, _mm256_and_si256(hb, m30));
                         }
-                        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+                        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
                             const int32_t *a = (const int32_t *)(((const ks_block_q8_k *)(xq + c * xs))[b].qs + 128 * h + 32 * i + 16 * hh);
                             const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(W[0], _mm256_set1_epi32(a[0])),
                                                                 _mm256_maddubs_epi16(W[1], _mm256_set1_epi32(a[1])));
@@ -560,7 +565,7 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q6_k8_body)(const uint8_t *w, size_t wrow, const 
                     }
                 }
             }
-        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
             const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
             const int32_t *bs = (const int32_t *)a->bsums; /* dword t: (bsum 2t, bsum 2t + 1), 16 activations each */
             __m256i corr = _mm256_madd_epi16(scp[0], _mm256_set1_epi32(bs[0]));
@@ -569,17 +574,12 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q6_k8_body)(const uint8_t *w, size_t wrow, const 
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_mul_ps(d8, _mm256_set1_ps(a->d)), acc[c]);
         }
     }
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) _mm256_storeu_ps(y + c * ys, acc[c]);
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) _mm256_storeu_ps(y + c * ys, acc[c]);
 }
 
 KS_MM_FN void KS_MM_SFX(ks_mm_q6_k8)(const uint8_t *w, size_t wrow, const uint8_t *xq, size_t xs, int nc, int64_t cols,
                                      float *y, int64_t ys) {
-    switch (nc) {
-    case 4: KS_MM_SFX(ks_mm_q6_k8_body)(w, wrow, xq, xs, cols, y, ys, 4); break;
-    case 3: KS_MM_SFX(ks_mm_q6_k8_body)(w, wrow, xq, xs, cols, y, ys, 3); break;
-    case 2: KS_MM_SFX(ks_mm_q6_k8_body)(w, wrow, xq, xs, cols, y, ys, 2); break;
-    default: KS_MM_SFX(ks_mm_q6_k8_body)(w, wrow, xq, xs, cols, y, ys, 1); break;
-    }
+    KS_MM_T8_SWITCH(KS_MM_SFX(ks_mm_q6_k8_body), w, wrow, xq, xs, cols, y, ys)
 }
 
 /* ------------------------------------- AVX2 two-row float-weight tile --

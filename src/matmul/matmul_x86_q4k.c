@@ -87,8 +87,8 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_kx8_body)(const uint8_t *grp, const uint8_t *x
     const int64_t nb = cols / KS_QK_K;
     const __m256i m4 = _mm256_set1_epi8(0x0F), km1 = _mm256_set1_epi32(0x3f3f3f3f), km2 = _mm256_set1_epi32(0x0f0f0f0f),
                   km3 = _mm256_set1_epi32(0x03030303);
-    __m256 acc[4];
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    __m256 acc[KS_MM_T8_NC];
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *sb = grp + (size_t)b * KS_MM_X8_SB;
 #if KS_MM_X8_PF_BYTES > 0
@@ -103,8 +103,8 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_kx8_body)(const uint8_t *grp, const uint8_t *x
                                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(H1, 6), km3), 4));
         const __m256i u0 = _mm256_and_si256(H1, km1);
         /* u0 / u1: sub-block scales 0-3 / 4-7 (byte s of each row's dword) */
-        __m256i isum[4];
-        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
+        __m256i isum[KS_MM_T8_NC];
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
         const uint8_t *qs = sb + KS_MM_X8_QS;
         _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++) {
             const __m256i slo = _mm256_shuffle_epi8(m < 2 ? u0 : u1, KS_MM_SFX(ks_mm_t8_pick)((2 * m) & 3, (2 * m) & 3));
@@ -133,13 +133,13 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_kx8_body)(const uint8_t *grp, const uint8_t *x
                     isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(phi[c], shi));
                     KS_MM_X8_KEEP(isum[c]);
                 }
-            } else { /* 3-4 vectors: one nibble plane per pass (fewer live registers) */
+            } else { /* 3 or more vectors: one nibble plane per pass (fewer live registers) */
                 _Pragma("GCC unroll 2") for (int nib = 0; nib < 2; nib++) {
-                    __m256i p[4];
+                    __m256i p[KS_MM_T8_NC];
                     _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
                         const __m256i V = _mm256_loadu_si256((const __m256i *)(qs + 32 * (8 * m + k)));
                         const __m256i Wv = nib ? _mm256_and_si256(_mm256_srli_epi16(V, 4), m4) : _mm256_and_si256(V, m4);
-                        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+                        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
                             const int8_t *a = ((const ks_block_q8_k *)(xq + c * xs))[b].qs + 64 * m + 32 * nib + 4 * k;
                             int32_t av;
                             memcpy(&av, a, 4);
@@ -148,7 +148,7 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_kx8_body)(const uint8_t *grp, const uint8_t *x
                             KS_MM_X8_KEEP(p[c]);
                         }
                     }
-                    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
+                    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
                         isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p[c], nib ? shi : slo));
                         KS_MM_X8_KEEP(isum[c]);
                     }
@@ -164,32 +164,16 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_kx8_body)(const uint8_t *grp, const uint8_t *x
             _mm256_shuffle_epi8(t < 2 ? u2 : u3, KS_MM_SFX(ks_mm_t8_pick)(2 * (t & 1), 2 * (t & 1) + 1));
         const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb)),
                      dm8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16)));
-        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
-            const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
-            int32_t hb[8]; /* dword t: (bsum 2t, bsum 2t + 1), bsum s = the sum of sub-block s's 32 activations */
-            _mm256_storeu_si256((__m256i *)hb, _mm256_hadd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums),
-                                                                 _mm256_loadu_si256((const __m256i *)a->bsums)));
-            __m256i msum = _mm256_madd_epi16(mnv[0], _mm256_set1_epi32(hb[0]));
-            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mnv[1], _mm256_set1_epi32(hb[1])));
-            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mnv[2], _mm256_set1_epi32(hb[4])));
-            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mnv[3], _mm256_set1_epi32(hb[5])));
-            const __m256 da = _mm256_set1_ps(a->d);
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(d8, da), acc[c]);
-            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dm8, da), acc[c]);
-        }
+        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) acc[c] =
+            KS_MM_SFX(ks_mm_k8_finish)(acc[c], isum[c], mnv, d8, dm8, ((const ks_block_q8_k *)(xq + c * xs)) + b);
     }
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) _mm256_storeu_ps(y + c * ys, acc[c]);
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) _mm256_storeu_ps(y + c * ys, acc[c]);
 }
 
-/* Group grp (eight interleaved rows) times nc (1..4) vectors: y[c * ys + r], r < 8. */
+/* Group grp (eight interleaved rows) times nc (1..KS_MM_T8_NC) vectors: y[c * ys + r], r < 8. */
 KS_MM_FN void KS_MM_SFX(ks_mm_q4_kx8)(const uint8_t *grp, const uint8_t *xq, size_t xs, int nc, int64_t cols, float *y,
                                       int64_t ys) {
-    switch (nc) {
-    case 4: KS_MM_SFX(ks_mm_q4_kx8_body)(grp, xq, xs, cols, y, ys, 4); break;
-    case 3: KS_MM_SFX(ks_mm_q4_kx8_body)(grp, xq, xs, cols, y, ys, 3); break;
-    case 2: KS_MM_SFX(ks_mm_q4_kx8_body)(grp, xq, xs, cols, y, ys, 2); break;
-    default: KS_MM_SFX(ks_mm_q4_kx8_body)(grp, xq, xs, cols, y, ys, 1); break;
-    }
+    KS_MM_T8_SWITCH(KS_MM_SFX(ks_mm_q4_kx8_body), grp, xq, xs, cols, y, ys)
 }
 
 #undef KS_MM_X8_KEEP

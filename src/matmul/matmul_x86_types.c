@@ -34,22 +34,6 @@ typedef int ks_matmul_x86_types_is_included_by_matmul_c; /* standalone: nothing 
 
 #define KS_MM_FN static __attribute__((target(KS_MM_TGT)))
 #define KS_MM_INL static inline __attribute__((target(KS_MM_TGT), always_inline))
-#define KS_MM_NC_SWITCH(body, ...)                 \
-    switch (nc) {                                  \
-    case 4: body(__VA_ARGS__, 4); break;           \
-    case 3: body(__VA_ARGS__, 3); break;           \
-    case 2: body(__VA_ARGS__, 2); break;           \
-    default: body(__VA_ARGS__, 1); break;          \
-    }
-/* the many-row form (matmul.c, ks_mm_kernr): the row loop inside each
- * constant-nc case, so the body's set-up is hoisted out of it */
-#define KS_MM_ROWS_SWITCH(body)                                                                    \
-    switch (nc) {                                                                                  \
-    case 4: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 4); break; \
-    case 3: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 3); break; \
-    case 2: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 2); break; \
-    default: for (int64_t r = 0; r < nr; r++) body(w + (size_t)r * wrow, xq, xs, cols, y + r, ys, 1); break; \
-    }
 
 /* 32 nibbles of 16 bytes in element order: lo nibbles = 0..15, hi = 16..31 */
 KS_MM_INL __m256i KS_MM_SFX(ks_mm_nib32)(const uint8_t *qs) {
@@ -334,78 +318,11 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q5_kt_rows)(const uint8_t *w, size_t wrow, int64_t
 
 #if KS_MM_LEVEL >= 2
 /* Q5_K's zmm form at the AVX-512 level: matmul_x86.c's Q4_K zmm kernel
- * (its comment has the layout work: a super-block as four zmm of 64
- * weights in element order against four plain loads of the Q8_K partner,
- * per-lane sub-block scales by one vpdpwssd) plus the fifth bit plane: zmm k
- * (chunk k, sub-blocks 2k and 2k + 1) takes bit 2k of qh[l] in its low half
- * and bit 2k + 1 in its high half, brought to bit 4 by a per-half variable
- * shift of qh broadcast to both halves.  q5 <= 31, so four products per
- * int32 lane stay within int16 (4 * 31 * 127) for the vpdpwssd scaling. */
-KS_MM_INL void KS_MM_SFX(ks_mm_q5_kz_body)(const uint8_t *w, const uint8_t *xq, size_t xs, int64_t cols,
-                                           float *y, int64_t ys, const int NC) {
-    const ks_block_q5_k *wb = (const ks_block_q5_k *)w;
-    const int64_t nb = cols / KS_QK_K;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
-    /* the scale bytes sit at 4..15 of the block, as in Q4_K */
-    const __m128i i1 = _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m128i i2 = _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11);
-    const __m128i mlo = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15);
-    const __m512i s0i = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    __m512i cnt[4];
-    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) cnt[k] =
-        _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * k)), _mm256_set1_epi16((short)(2 * k + 1)), 1);
-    __m512 accd[4];
-    __m256 accm[4];
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
-        accd[c] = _mm512_setzero_ps();
-        accm[c] = _mm256_setzero_ps();
-    }
-    for (int64_t b = 0; b < nb; b++) {
-        const __m128i hd = _mm_loadu_si128((const __m128i *)(wb + b)); /* d, dmin, scales */
-        const __m128i t1 = _mm_shuffle_epi8(hd, i1), t2 = _mm_shuffle_epi8(hd, i2);
-        const __m128i u = _mm_mask_blend_epi8(0xF000, t1, _mm_srli_epi16(t1, 4));
-        const __m128i scm = _mm_or_si128(_mm_and_si128(u, mlo),
-                                         _mm_and_si128(_mm_srli_epi16(t2, 2), _mm_set1_epi8(0x30)));
-        const __m512i sc32 = _mm512_cvtepu8_epi32(scm); /* [sc0..7, m0..7] */
-        __m512i S[4];
-        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) S[k] = _mm512_permutexvar_epi32(
-            _mm512_add_epi32(s0i, _mm512_set1_epi32(2 * k)), sc32);
-        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm)); /* m0 m0 m1 m1 .. */
-        const __m128 dd = _mm_cvtph_ps(hd);
-        const __m512 dv = _mm512_broadcastss_ps(dd);
-        const __m256 mv = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
-        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)wb[b].qh));
-        __m512i W[4];
-        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-            const __m512i z = _mm512_loadu_si512((const void *)(wb[b].qs + 64 * h));
-            const __m512i lo = _mm512_and_si512(z, m4), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
-            W[2 * h] = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
-            W[2 * h + 1] = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2));
-        }
-        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) W[k] = _mm512_or_si512(
-            W[k], _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, cnt[k]), one), 4));
-        _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {
-            const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
-            __m512i isum = _mm512_setzero_si512();
-            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
-                const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[k],
-                                                      _mm512_loadu_si512((const void *)(a->qs + 64 * k)));
-                isum = _mm512_dpwssd_epi32(isum, p, S[k]);
-            }
-            const __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), mins);
-            const __m512 da = _mm512_set1_ps(a->d);
-            accd[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dv, da), accd[c]);
-            accm[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(mv, _mm512_castps512_ps256(da)),
-                                      accm[c]);
-        }
-    }
-    _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) y[c * ys] =
-        _mm512_reduce_add_ps(accd[c]) - KS_MM_SFX(ks_mm_hsum8)(accm[c]);
-}
-
+ * with its fifth bit plane (Q5 set; that kernel's comment has the layout
+ * work), which reads Q5_K's bytes at Q4_K's rate. */
 KS_MM_FN void KS_MM_SFX(ks_mm_q5_kz)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols, float *y,
                                      int64_t ys) {
-    KS_MM_NC_SWITCH(KS_MM_SFX(ks_mm_q5_kz_body), w, xq, xs, cols, y, ys)
+    KS_MM_NC_SWITCH(KS_MM_SFX(ks_mm_q4_kz_body), true, w, xq, xs, cols, y, ys)
 }
 #endif /* KS_MM_LEVEL >= 2 */
 
@@ -653,6 +570,4 @@ KS_MM_FN void KS_MM_SFX(ks_mm_iq4_xst_rows)(const uint8_t *w, size_t wrow, int64
 
 #undef KS_MM_FN
 #undef KS_MM_INL
-#undef KS_MM_NC_SWITCH
-#undef KS_MM_ROWS_SWITCH
 #endif /* KS_MM_TEMPLATE_PASS */
