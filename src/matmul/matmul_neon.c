@@ -229,6 +229,20 @@ static void ks_mm_quantize_q8_k_neon(const float *x, uint8_t *dst, int64_t cols)
         }
     }
 }
+/* Q4_K's and Q5_K's eight 6-bit scales and mins from their 12 bytes, the
+ * values ks_mm_q4k_scales gives, four at a time in 32-bit words (scale j < 4
+ * is q[j] & 63, min j < 4 q[j + 4] & 63; for j >= 4 the low nibbles of
+ * q[j + 4] take the top two bits of q[j - 4] (scales) or q[j] (mins) as
+ * bits 4-5; every shift's spill into the next byte is masked off) */
+KS_NEON_INLINE void ks_neon_q4k_scales8(const uint8_t *q, uint8x8_t *sc, uint8x8_t *m) {
+    uint32_t w[3], s[2], n[2];
+    memcpy(w, q, 12);
+    s[0] = w[0] & 0x3F3F3F3Fu, n[0] = w[1] & 0x3F3F3F3Fu;
+    s[1] = (w[2] & 0x0F0F0F0Fu) | ((w[0] >> 6) & 0x03030303u) << 4;
+    n[1] = ((w[2] >> 4) & 0x0F0F0F0Fu) | ((w[1] >> 6) & 0x03030303u) << 4;
+    *sc = vreinterpret_u8_u32(vld1_u32(s)), *m = vreinterpret_u8_u32(vld1_u32(n));
+}
+
 #endif /* KS_MM_NEON_COMMON */
 
 /* ------------------------------------------- per pass: the dot kernels -- */
@@ -286,8 +300,8 @@ KS_MM_NTGT static void KS_MM_NSFX(ks_mm_q4_k)(const uint8_t *w, const uint8_t *x
     float s[KS_MM_NC] = {0};
     const uint8x16_t m4 = vdupq_n_u8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t sc[8], m[8];
-        ks_mm_q4k_scales(wb[b].scales, sc, m);
+        uint8x8_t sc, m;
+        ks_neon_q4k_scales8(wb[b].scales, &sc, &m);
         int8x16_t lo[8], hi[8]; /* sub-block 2p: lo[2p], lo[2p+1]; sub-block 2p+1: hi[...] */
         KS_NEON_UNROLL for (int p = 0; p < 4; p++)
             KS_NEON_UNROLL for (int h = 0; h < 2; h++) {
@@ -295,9 +309,9 @@ KS_MM_NTGT static void KS_MM_NSFX(ks_mm_q4_k)(const uint8_t *w, const uint8_t *x
                 lo[2 * p + h] = vreinterpretq_s8_u8(vandq_u8(v, m4));
                 hi[2 * p + h] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
             }
-        const int32x4_t sc_lo = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vld1_u8(sc)))));
-        const int32x4_t sc_hi = vreinterpretq_s32_u32(vmovl_u16(vget_high_u16(vmovl_u8(vld1_u8(sc)))));
-        const int16x8_t mm = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(m)));
+        const int32x4_t sc_lo = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(vmovl_u8(sc))));
+        const int32x4_t sc_hi = vreinterpretq_s32_u32(vmovl_u16(vget_high_u16(vmovl_u8(sc))));
+        const int16x8_t mm = vreinterpretq_s16_u16(vmovl_u8(m));
         const float dw = ks_f16_to_f32(wb[b].d), dmin = ks_f16_to_f32(wb[b].dmin);
         for (int c = 0; c < nc; c++) {
             const ks_block_q8_k *a = (const ks_block_q8_k *)(xq + c * xs) + b;
@@ -480,11 +494,24 @@ typedef struct {
     float d, dmin;
 } ks_neon_kx;
 
-KS_NEON_INLINE void ks_neon_kx_scales(ks_neon_kx *u, const int8_t *sc16 /* [16], fits int8 */) {
-    const int8x16_t s8 = vld1q_s8(sc16);
+KS_NEON_INLINE void ks_neon_kx_scales_v(ks_neon_kx *u, int8x16_t s8) {
     const int16x8_t a = vmovl_s8(vget_low_s8(s8)), b = vmovl_high_s8(s8);
     u->sc[0] = vmovl_s16(vget_low_s16(a)), u->sc[1] = vmovl_high_s16(a);
     u->sc[2] = vmovl_s16(vget_low_s16(b)), u->sc[3] = vmovl_high_s16(b);
+}
+KS_NEON_INLINE void ks_neon_kx_scales(ks_neon_kx *u, const int8_t *sc16 /* [16], fits int8 */) {
+    ks_neon_kx_scales_v(u, vld1q_s8(sc16));
+}
+
+/* Q4_K's and Q5_K's scales and mins, each repeated for the two 16-weight
+ * halves of its 32-sub-block by one zip (a scalar loop of 16 here, with
+ * ks_mm_q4k_scales, was half of the Q4_K two-row tile's instructions) */
+KS_NEON_INLINE void ks_neon_kx_scales_mins8(ks_neon_kx *u, const uint8_t *q12) {
+    uint8x8_t s, m;
+    ks_neon_q4k_scales8(q12, &s, &m);
+    ks_neon_kx_scales_v(u, vreinterpretq_s8_u8(vcombine_u8(vzip1_u8(s, s), vzip2_u8(s, s)))); /* < 64: fits int8 */
+    u->mn[0] = vreinterpretq_s16_u16(vmovl_u8(vzip1_u8(m, m)));
+    u->mn[1] = vreinterpretq_s16_u16(vmovl_u8(vzip2_u8(m, m)));
 }
 
 /* Q2_K: element 128h + 32j + l is bits 2j of qs[32h + l]; scales low nibble, mins high */
@@ -548,13 +575,7 @@ KS_NEON_INLINE void ks_neon_unpack_q5_k(const uint8_t *blk, ks_neon_kx *u) {
             u->v[4 * c + k] = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(q, m4), b0));
             u->v[4 * c + 2 + k] = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(q, 4), b1));
         }
-    uint8_t sc[8], m[8];
-    int8_t s8[16];
-    int16_t m16[16];
-    ks_mm_q4k_scales(b->scales, sc, m);
-    for (int i = 0; i < 16; i++) s8[i] = (int8_t)sc[i / 2], m16[i] = m[i / 2]; /* scales < 64 */
-    ks_neon_kx_scales(u, s8);
-    u->mn[0] = vld1q_s16(m16), u->mn[1] = vld1q_s16(m16 + 8);
+    ks_neon_kx_scales_mins8(u, b->scales);
     u->d = ks_f16_to_f32(b->d), u->dmin = ks_f16_to_f32(b->dmin);
 }
 
@@ -789,13 +810,7 @@ KS_NEON_INLINE void ks_neon_unpack_q4_k(const uint8_t *blk, ks_neon_kx *u) {
             u->v[4 * c + k] = vreinterpretq_s8_u8(vandq_u8(q, m4));
             u->v[4 * c + 2 + k] = vreinterpretq_s8_u8(vshrq_n_u8(q, 4));
         }
-    uint8_t sc[8], m[8];
-    int8_t s8[16];
-    int16_t m16[16];
-    ks_mm_q4k_scales(b->scales, sc, m);
-    for (int i = 0; i < 16; i++) s8[i] = (int8_t)sc[i / 2], m16[i] = m[i / 2]; /* scales < 64 */
-    ks_neon_kx_scales(u, s8);
-    u->mn[0] = vld1q_s16(m16), u->mn[1] = vld1q_s16(m16 + 8);
+    ks_neon_kx_scales_mins8(u, b->scales);
     u->d = ks_f16_to_f32(b->d), u->dmin = ks_f16_to_f32(b->dmin);
 }
 
