@@ -413,6 +413,76 @@ static void test_matmul_avx2_x2(void **state) {
     ks_simd_force(saved);
 }
 
+/* The i8mm two-row tiles (matmul_neon.c, smmla), which the driver takes at
+ * that level for every product of more than one vector: per output they
+ * compute the sdot kernel's exact integer sums and then its very float
+ * steps in its order, so the product at the i8mm level is the dotprod
+ * level's bit for bit, at every n.  Every quantized type; odd row counts
+ * (the last row of each thread's share runs the one-row kernel); n = 1..9
+ * (vector pairs, a lone last vector paired with itself, tiles of four);
+ * column counts with a partial group of four 32-blocks; quantized weights
+ * and raw random bytes (every nibble, scale and min pattern); with and
+ * without a pool. */
+static void test_matmul_i8mm_x2(void **state) {
+    (void)state;
+    const ks_simd_level hw = ks_simd_detect();
+    if (hw != KS_SIMD_NEON_I8MM) skip();
+    static const ks_dtype kt[] = {KS_DTYPE_Q8_0, KS_DTYPE_Q4_0, KS_DTYPE_Q4_1, KS_DTYPE_Q5_0,  KS_DTYPE_Q5_1,
+                                  KS_DTYPE_IQ4_NL, KS_DTYPE_MXFP4, KS_DTYPE_Q2_K, KS_DTYPE_Q3_K, KS_DTYPE_Q4_K,
+                                  KS_DTYPE_Q5_K, KS_DTYPE_Q6_K, KS_DTYPE_IQ4_XS};
+    enum { NMAX = 9 };
+    ks_pool *pool2 = NULL;
+    assert_int_equal(ks_pool_create(2, &pool2), KS_OK);
+    ks_simd_level saved = ks_simd_force(KS_SIMD_NEON_I8MM);
+    for (size_t ti = 0; ti < sizeof kt / sizeof kt[0]; ti++) {
+        const ks_dtype t = kt[ti];
+        const int64_t cols = ks_dtype_block_size(t) == 32 ? 352 : 768; /* 11 blocks or 3 super-blocks */
+        const char *name2 = ks_matmul_kernel_name(t, true);
+        assert_non_null(name2);
+        assert_non_null(strstr(name2, "x2_i8mm"));
+        for (int raw = 0; raw < 2; raw++) {
+            const int64_t rows = raw ? 7 : 37; /* 37: a pool splits it 32 + 5 */
+            wmat m = make_w(t, rows, cols, 500 + 2 * ti + raw);
+            if (raw) {
+                const size_t rb = ks_dtype_row_bytes(t, cols), bb = ks_dtype_block_bytes(t);
+                uint8_t *W = m.W;
+                ks_rng rng = {600 + ti};
+                int off[2];
+                scale_fields(t, off);
+                for (size_t i = 0; i < rb * (size_t)rows; i++) W[i] = (uint8_t)ks_rng_next(&rng);
+                for (size_t o = 0; o < rb * (size_t)rows; o += bb) /* finite, varied block scales */
+                    if (t == KS_DTYPE_MXFP4) W[o] = (uint8_t)(118 + ks_rng_next(&rng) % 8);
+                    else for (int k = 0; k < 2; k++)
+                        if (off[k] >= 0) {
+                            ks_f16 d = ks_f32_to_f16((float)(0.001 + 0.01 * ks_rng_uniform(&rng)));
+                            memcpy(W + o + off[k], &d, 2);
+                        }
+            }
+            float *X = make_x(NMAX, cols, 700 + ti);
+            float *Yd = ks_malloc(sizeof(float) * (size_t)(NMAX * rows)), *Yi = ks_malloc(sizeof(float) * (size_t)(NMAX * rows));
+            for (int64_t n = 1; n <= NMAX; n++) {
+                ks_simd_force(KS_SIMD_NEON_DOT);
+                run_matmul(NULL, &m, X, n, Yd);
+                ks_simd_force(KS_SIMD_NEON_I8MM);
+                for (int pi = 0; pi < 2; pi++) {
+                    run_matmul(pi ? pool2 : NULL, &m, X, n, Yi);
+                    for (int64_t i = 0; i < n * rows; i++)
+                        if (memcmp(&Yd[i], &Yi[i], sizeof(float)))
+                            fprintf(stderr, "FAIL i8mm x2 %s raw=%d rows=%lld n=%lld pool=%d out %lld: %.9g vs dotprod %.9g\n",
+                                    ks_dtype_name(t), raw, (long long)rows, (long long)n, pi, (long long)i, Yi[i], Yd[i]);
+                    assert_memory_equal(Yd, Yi, sizeof(float) * (size_t)(n * rows));
+                }
+            }
+            ks_free(X);
+            ks_free(Yd);
+            ks_free(Yi);
+            free_w(&m);
+        }
+    }
+    ks_simd_force(saved);
+    ks_pool_destroy(pool2);
+}
+
 /* The AVX2 eight-row Q4_K and Q5_K tiles (matmul_x86_panel.c): their fixed arithmetic
  * per output, emulated in scalar C on the very activation bytes the product
  * makes (ks_matmul_quantize_x): per super-block, exact int32 sums isum =
@@ -969,6 +1039,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_extremes),
         cmocka_unit_test(test_matmul_kquant_raw),
         cmocka_unit_test(test_matmul_avx2_x2),
+        cmocka_unit_test(test_matmul_i8mm_x2),
         cmocka_unit_test(test_matmul_avx2_k8),
         cmocka_unit_test(test_matmul_avx2_q6_k8),
         cmocka_unit_test(test_matmul_packed_q4_k),

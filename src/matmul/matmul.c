@@ -406,8 +406,24 @@ static ks_mm_kern2 ks_mm_kernel2(ks_dtype t, ks_simd_level level) {
         }
     }
 #elif KS_MM_HAVE_NEON
-    if (level == KS_SIMD_NEON_I8MM && t == KS_DTYPE_Q8_0) return ks_mm_q8_0x2_i8mm;
-    if (level == KS_SIMD_NEON_I8MM && t == KS_DTYPE_Q4_0) return ks_mm_q4_0x2_i8mm;
+    if (level == KS_SIMD_NEON_I8MM) { /* smmla two-row tiles, matmul_neon.c: every quantized type */
+        switch (t) {
+        case KS_DTYPE_Q8_0: return ks_mm_q8_0x2_i8mm;
+        case KS_DTYPE_Q4_0: return ks_mm_q4_0x2_i8mm;
+        case KS_DTYPE_Q4_1: return ks_mm_q4_1x2_i8mm;
+        case KS_DTYPE_Q5_0: return ks_mm_q5_0x2_i8mm;
+        case KS_DTYPE_Q5_1: return ks_mm_q5_1x2_i8mm;
+        case KS_DTYPE_IQ4_NL: return ks_mm_iq4_nlx2_i8mm;
+        case KS_DTYPE_MXFP4: return ks_mm_mxfp4x2_i8mm;
+        case KS_DTYPE_Q2_K: return ks_mm_q2_kx2_i8mm;
+        case KS_DTYPE_Q3_K: return ks_mm_q3_kx2_i8mm;
+        case KS_DTYPE_Q4_K: return ks_mm_q4_kx2_i8mm;
+        case KS_DTYPE_Q5_K: return ks_mm_q5_kx2_i8mm;
+        case KS_DTYPE_Q6_K: return ks_mm_q6_kx2_i8mm;
+        case KS_DTYPE_IQ4_XS: return ks_mm_iq4_xsx2_i8mm;
+        default: break;
+        }
+    }
 #else
     (void)t, (void)level;
 #endif
@@ -572,7 +588,10 @@ static const ks_mm_named ks_mm_names[] = {
     KS_MM_NAMED(ks_mm_q8_0_neon), KS_MM_NAMED(ks_mm_q4_0_neon), KS_MM_NAMED(ks_mm_q4_k_neon),
     KS_MM_NAMED(ks_mm_q6_k_neon), KS_MM_NAMED(ks_mm_q8_0_dot), KS_MM_NAMED(ks_mm_q4_0_dot),
     KS_MM_NAMED(ks_mm_q4_k_dot), KS_MM_NAMED(ks_mm_q6_k_dot), KS_MM_NAMED(ks_mm_q8_0x2_i8mm),
-    KS_MM_NAMED(ks_mm_q4_0x2_i8mm),
+    KS_MM_NAMED(ks_mm_q4_0x2_i8mm), KS_MM_NAMED(ks_mm_q4_1x2_i8mm), KS_MM_NAMED(ks_mm_q5_0x2_i8mm),
+    KS_MM_NAMED(ks_mm_q5_1x2_i8mm), KS_MM_NAMED(ks_mm_iq4_nlx2_i8mm), KS_MM_NAMED(ks_mm_mxfp4x2_i8mm),
+    KS_MM_NAMED(ks_mm_q2_kx2_i8mm), KS_MM_NAMED(ks_mm_q3_kx2_i8mm), KS_MM_NAMED(ks_mm_q4_kx2_i8mm),
+    KS_MM_NAMED(ks_mm_q5_kx2_i8mm), KS_MM_NAMED(ks_mm_q6_kx2_i8mm), KS_MM_NAMED(ks_mm_iq4_xsx2_i8mm),
 #define KS_MM_NAMED_NEON_TYPE(stem) KS_MM_NAMED(stem##_neon), KS_MM_NAMED(stem##_dot)
     KS_MM_NAMED_NEON_TYPE(ks_mm_q4_1), KS_MM_NAMED_NEON_TYPE(ks_mm_q5_0), KS_MM_NAMED_NEON_TYPE(ks_mm_q5_1),
     KS_MM_NAMED_NEON_TYPE(ks_mm_iq4_nl), KS_MM_NAMED_NEON_TYPE(ks_mm_q2_k), KS_MM_NAMED_NEON_TYPE(ks_mm_q3_k),
@@ -724,7 +743,9 @@ static void ks_mm_worker(void *arg, int ith, int nth) {
      * rows, n > 1); on short rows two interleaved row streams defeat the
      * prefetcher, so they are used only where they pay. */
     /* smmla (i8mm) does two rows by two vectors per instruction: the
-     * two-row form pays there whenever there are two vectors. */
+     * two-row form, which every quantized type has at that level
+     * (matmul_neon.c, the same bits as the one-row sdot kernels), pays
+     * there whenever there are two vectors. */
     /* The AVX2 prefill tiles (matmul_x86_panel.c) are taken from
      * KS_MM_PAIR_N vectors on, below which (decode, small batches) the
      * one-row kernels stream W. */
