@@ -113,6 +113,27 @@ typedef void (*ks_mm_kernr)(const uint8_t *w, size_t wrow, int64_t nr, const uin
     switch (nc) { KS_MM_CASES_1_TO_4(body, __VA_ARGS__) }
 #define KS_MM_T8_SWITCH(body, ...) \
     switch (nc) { KS_MM_CASES_5_TO_8(body, __VA_ARGS__) KS_MM_CASES_1_TO_4(body, __VA_ARGS__) }
+/* KS_MM_X8Q_SWITCH: the AVX-512 group kernels (matmul_x86_q4k.c), nc =
+ * 1..KS_MM_X8Q_NC (4, 6 or 8). */
+#if KS_MM_X8Q_NC >= 8
+#define KS_MM_X8Q_CASES_7_8(body, ...) \
+    case 8: body(__VA_ARGS__, 8); break; \
+    case 7: body(__VA_ARGS__, 7); break;
+#else
+#define KS_MM_X8Q_CASES_7_8(body, ...)
+#endif
+#if KS_MM_X8Q_NC >= 6
+#define KS_MM_X8Q_CASES_5_6(body, ...) \
+    case 6: body(__VA_ARGS__, 6); break; \
+    case 5: body(__VA_ARGS__, 5); break;
+#else
+#define KS_MM_X8Q_CASES_5_6(body, ...)
+#endif
+#define KS_MM_X8Q_SWITCH(body, ...)                                                                     \
+    switch (nc) {                                                                                   \
+        KS_MM_X8Q_CASES_7_8(body, __VA_ARGS__)                                                      \
+        KS_MM_X8Q_CASES_5_6(body, __VA_ARGS__) KS_MM_CASES_1_TO_4(body, __VA_ARGS__)                \
+    }
 /* The many-row form (ks_mm_kernr): the row loop inside each constant-nc
  * case, so the body's set-up is hoisted out of it. */
 #define KS_MM_ROWS_SWITCH(body)                                                                    \

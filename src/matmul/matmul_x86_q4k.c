@@ -363,22 +363,20 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q4_kx8q_body)(const uint8_t *grp, const uint8_t *
 
 /* Group grp (eight interleaved rows, eight-byte lanes) times nc (1..KS_MM_X8Q_NC)
  * vectors: y[c * ys + r], r < 8. */
+/* The Q4_K and Q5_K entries of the one body (Q5: qh's fifth bit), with NC
+ * last as KS_MM_X8Q_SWITCH passes it. */
+KS_MM_INL void KS_MM_SFX(ks_mm_q4_kx8q_q4)(const uint8_t *grp, const uint8_t *xq, size_t xs, int64_t cols, float *y,
+                                           int64_t ys, const int NC) {
+    KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, NC, 0);
+}
+KS_MM_INL void KS_MM_SFX(ks_mm_q4_kx8q_q5)(const uint8_t *grp, const uint8_t *xq, size_t xs, int64_t cols, float *y,
+                                           int64_t ys, const int NC) {
+    KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, NC, 1);
+}
+
 KS_MM_FN void KS_MM_SFX(ks_mm_q4_kx8q)(const uint8_t *grp, const uint8_t *xq, size_t xs, int nc, int64_t cols,
                                        float *y, int64_t ys) {
-    switch (nc) {
-#if KS_MM_X8Q_NC >= 8
-    case 8: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 8, 0); break;
-    case 7: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 7, 0); break;
-#endif
-#if KS_MM_X8Q_NC >= 6
-    case 6: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 6, 0); break;
-    case 5: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 5, 0); break;
-#endif
-    case 4: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 4, 0); break;
-    case 3: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 3, 0); break;
-    case 2: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 2, 0); break;
-    default: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 1, 0); break;
-    }
+    KS_MM_X8Q_SWITCH(KS_MM_SFX(ks_mm_q4_kx8q_q4), grp, xq, xs, cols, y, ys)
 }
 
 /* Q5_K (KS_WEIGHT_Q5_K_X8Q): Q4_K's eight-row super-block (1152 bytes) and
@@ -390,21 +388,24 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q4_kx8q)(const uint8_t *grp, const uint8_t *xq, si
  * exactly Q4_K's (the AVX2 Q5_K kernels', matmul_x86_tiles.c). */
 KS_MM_FN void KS_MM_SFX(ks_mm_q5_kx8q)(const uint8_t *grp, const uint8_t *xq, size_t xs, int nc, int64_t cols,
                                        float *y, int64_t ys) {
-    switch (nc) {
-#if KS_MM_X8Q_NC >= 8
-    case 8: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 8, 1); break;
-    case 7: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 7, 1); break;
-#endif
-#if KS_MM_X8Q_NC >= 6
-    case 6: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 6, 1); break;
-    case 5: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 5, 1); break;
-#endif
-    case 4: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 4, 1); break;
-    case 3: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 3, 1); break;
-    case 2: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 2, 1); break;
-    default: KS_MM_SFX(ks_mm_q4_kx8q_body)(grp, xq, xs, cols, y, ys, 1, 1); break;
+    KS_MM_X8Q_SWITCH(KS_MM_SFX(ks_mm_q4_kx8q_q5), grp, xq, xs, cols, y, ys)
+}
+/* The float step of super-block b for the Q6_K and IQ4_XS groups: row r's
+ * exact int32 sum is lanes 2r and 2r + 1 of isum[c] (added, then the even
+ * lanes gathered), times d_r (the group's eight f16 scales at sb) and the
+ * vector's d, into acc[c]: acc = fma(isum, d_r * d_a, acc). */
+KS_MM_INL void KS_MM_SFX(ks_mm_x8q_step)(const __m512i *isum, const uint8_t *sb, const uint8_t *xq, size_t xs,
+                                         int64_t b, __m256 *acc, const int NC) {
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+    const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb));
+    _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
+        const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
+        const __m512i t = _mm512_add_epi32(isum[c], _mm512_srli_epi64(isum[c], 32));
+        const __m256 f = _mm256_cvtepi32_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi32(ev, t)));
+        acc[c] = _mm256_fmadd_ps(f, _mm256_mul_ps(d8, _mm256_set1_ps(a->d)), acc[c]);
     }
 }
+
 /* ------------------------------------------- Q6_K, AVX-512 VNNI: eight-byte lanes --
  * Layout KS_WEIGHT_Q6_K_X8Q: rows 8g..8g+7 form group g, in place of those
  * rows (8 * nb * 210 bytes); per super-block 1680 bytes:
@@ -442,7 +443,6 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q6_kx8q_body)(const uint8_t *grp, const uint8_t *
     const __m512i sidx[4] = {KS_MM_X8Q_CTL(KS_MM_Q6Q_SI, 0), KS_MM_X8Q_CTL(KS_MM_Q6Q_SI, 1),
                              KS_MM_X8Q_CTL(KS_MM_Q6Q_SI, 2), KS_MM_X8Q_CTL(KS_MM_Q6Q_SI, 3)};
     const __m512i oidx = KS_MM_X8Q_CTL(KS_MM_Q6Q_OI, 0);
-    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
 #undef KS_MM_Q6Q_SI
 #undef KS_MM_Q6Q_OI
     __m256 acc[KS_MM_X8Q_NC];
@@ -503,34 +503,14 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q6_kx8q_body)(const uint8_t *grp, const uint8_t *
                 }
             }
         }
-        const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb));
-        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
-            const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
-            /* lanes 2r + 1 into 2r, then the even lanes: row r's isum, exact */
-            const __m512i t = _mm512_add_epi32(isum[c], _mm512_srli_epi64(isum[c], 32));
-            const __m256 f = _mm256_cvtepi32_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi32(ev, t)));
-            acc[c] = _mm256_fmadd_ps(f, _mm256_mul_ps(d8, _mm256_set1_ps(a->d)), acc[c]);
-        }
+        KS_MM_SFX(ks_mm_x8q_step)(isum, sb, xq, xs, b, acc, NC);
     }
     _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) _mm256_storeu_ps(y + c * ys, acc[c]);
 }
 
 KS_MM_FN void KS_MM_SFX(ks_mm_q6_kx8q)(const uint8_t *grp, const uint8_t *xq, size_t xs, int nc, int64_t cols,
                                        float *y, int64_t ys) {
-    switch (nc) {
-#if KS_MM_X8Q_NC >= 8
-    case 8: KS_MM_SFX(ks_mm_q6_kx8q_body)(grp, xq, xs, cols, y, ys, 8); break;
-    case 7: KS_MM_SFX(ks_mm_q6_kx8q_body)(grp, xq, xs, cols, y, ys, 7); break;
-#endif
-#if KS_MM_X8Q_NC >= 6
-    case 6: KS_MM_SFX(ks_mm_q6_kx8q_body)(grp, xq, xs, cols, y, ys, 6); break;
-    case 5: KS_MM_SFX(ks_mm_q6_kx8q_body)(grp, xq, xs, cols, y, ys, 5); break;
-#endif
-    case 4: KS_MM_SFX(ks_mm_q6_kx8q_body)(grp, xq, xs, cols, y, ys, 4); break;
-    case 3: KS_MM_SFX(ks_mm_q6_kx8q_body)(grp, xq, xs, cols, y, ys, 3); break;
-    case 2: KS_MM_SFX(ks_mm_q6_kx8q_body)(grp, xq, xs, cols, y, ys, 2); break;
-    default: KS_MM_SFX(ks_mm_q6_kx8q_body)(grp, xq, xs, cols, y, ys, 1); break;
-    }
+    KS_MM_X8Q_SWITCH(KS_MM_SFX(ks_mm_q6_kx8q_body), grp, xq, xs, cols, y, ys)
 }
 
 /* ----------------------------------------- IQ4_XS, AVX-512 VNNI: eight-byte lanes --
@@ -567,7 +547,6 @@ KS_MM_INL void KS_MM_SFX(ks_mm_iq4_xsx8q_body)(const uint8_t *grp, const uint8_t
     for (int i = 0; i < 16; i++) lut8[i] = (int8_t)(ks_iq4_values[i] + 128);
     const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut8));
     const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
     /* vpshufb control: the low int16 of each dword into both halves */
     const __m512i w2 = _mm512_set4_epi32(0x0D0C0D0C, 0x09080908, 0x05040504, 0x01000100);
     __m256 acc[KS_MM_X8Q_NC];
@@ -624,33 +603,14 @@ KS_MM_INL void KS_MM_SFX(ks_mm_iq4_xsx8q_body)(const uint8_t *grp, const uint8_t
             }
             Sprev = S;
         }
-        const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb));
-        _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) {
-            const ks_block_q8_k *a = ((const ks_block_q8_k *)(xq + c * xs)) + b;
-            const __m512i t = _mm512_add_epi32(isum[c], _mm512_srli_epi64(isum[c], 32));
-            const __m256 f = _mm256_cvtepi32_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi32(ev, t)));
-            acc[c] = _mm256_fmadd_ps(f, _mm256_mul_ps(d8, _mm256_set1_ps(a->d)), acc[c]);
-        }
+        KS_MM_SFX(ks_mm_x8q_step)(isum, sb, xq, xs, b, acc, NC);
     }
     _Pragma("GCC unroll 8") for (int c = 0; c < NC; c++) _mm256_storeu_ps(y + c * ys, acc[c]);
 }
 
 KS_MM_FN void KS_MM_SFX(ks_mm_iq4_xsx8q)(const uint8_t *grp, const uint8_t *xq, size_t xs, int nc, int64_t cols,
                                          float *y, int64_t ys) {
-    switch (nc) {
-#if KS_MM_X8Q_NC >= 8
-    case 8: KS_MM_SFX(ks_mm_iq4_xsx8q_body)(grp, xq, xs, cols, y, ys, 8); break;
-    case 7: KS_MM_SFX(ks_mm_iq4_xsx8q_body)(grp, xq, xs, cols, y, ys, 7); break;
-#endif
-#if KS_MM_X8Q_NC >= 6
-    case 6: KS_MM_SFX(ks_mm_iq4_xsx8q_body)(grp, xq, xs, cols, y, ys, 6); break;
-    case 5: KS_MM_SFX(ks_mm_iq4_xsx8q_body)(grp, xq, xs, cols, y, ys, 5); break;
-#endif
-    case 4: KS_MM_SFX(ks_mm_iq4_xsx8q_body)(grp, xq, xs, cols, y, ys, 4); break;
-    case 3: KS_MM_SFX(ks_mm_iq4_xsx8q_body)(grp, xq, xs, cols, y, ys, 3); break;
-    case 2: KS_MM_SFX(ks_mm_iq4_xsx8q_body)(grp, xq, xs, cols, y, ys, 2); break;
-    default: KS_MM_SFX(ks_mm_iq4_xsx8q_body)(grp, xq, xs, cols, y, ys, 1); break;
-    }
+    KS_MM_X8Q_SWITCH(KS_MM_SFX(ks_mm_iq4_xsx8q_body), grp, xq, xs, cols, y, ys)
 }
 
 #undef KS_MM_X8Q_B
