@@ -552,6 +552,11 @@ static void test_full_budget_equals_dense(void **state) {
         g_spec_extra = "";
         if (memcmp(q8w, ref, bytes * n_seq)) fail_msg("spec weights=q8_0 (batch %d) differs from dense", n_seq);
         free(q8w);
+        g_spec_extra = ",weights=q4_k"; /* Q4_K projections (fc and q_proj in eight-row groups, k_proj's 140 rows not) */
+        float *q4w = run("spec", np + steps + 1, 0, NULL, n_seq, np, steps, -1);
+        g_spec_extra = "";
+        if (memcmp(q4w, ref, bytes * n_seq)) fail_msg("spec weights=q4_k (batch %d) differs from dense", n_seq);
+        free(q4w);
         g_spec_extra = ",kcache=q8_0"; /* 8-bit head keys: full budget is still dense */
         float *q8k = run("spec", np + steps + 1, 0, NULL, n_seq, np, steps, -1);
         g_spec_extra = "";
@@ -642,6 +647,9 @@ static void test_bad_dlm(void **state) {
     assert_int_equal(ks_context_create(g_llama, p, &c), KS_ERR_INVALID_ARG);
     assert_non_null(strstr(ks_last_error(), "kcache=q4"));
     snprintf(args, sizeof args, "dlm=%s,weights=q8_0", g_dlm_rand);
+    assert_int_equal(ks_context_create(g_llama, p, &c), KS_OK);
+    ks_context_destroy(c);
+    snprintf(args, sizeof args, "dlm=%s,weights=q4_k", g_dlm_rand);
     assert_int_equal(ks_context_create(g_llama, p, &c), KS_OK);
     ks_context_destroy(c);
 }

@@ -37,9 +37,10 @@
  * states) the paper describes as the cheaper option.
  *
  * Arguments: dlm=DIR (required: an EAGLE-3 checkpoint directory),
- * variant=fused|embed, yarn=auto|off|FACTOR, weights=auto|q8_0|native (the
- * projections requantised to Q8_0 at load, or in the checkpoint's precision;
- * auto, the default, is q8_0 where the rows are whole Q8_0 blocks),
+ * variant=fused|embed, yarn=auto|off|FACTOR, weights=auto|q8_0|q4_k|native
+ * (the projections requantised to Q8_0 or Q4_K at load, or in the
+ * checkpoint's precision; auto, the default, is q8_0 where the rows are
+ * whole Q8_0 blocks),
  * kcache=q8_0|f16 (the head's K cache rows; q8_0 by default),
  * aux_ids=[in:|out:]A:B:C (the fused states' layers, overriding the checkpoint's).
  */
@@ -98,18 +99,15 @@ static void spec_destroy(void *state) {
 }
 
 
-static bool q8_0_rows_fit(const ks_eagle3 *dlm, bool embed_only) {
-    return dlm->wq.cols % 32 == 0 && dlm->wk.cols % 32 == 0 && (embed_only || dlm->fc.cols % 32 == 0);
-}
-
 static ks_status spec_create(const ks_policy_env *env, const ks_policy_spec *p, void **state) {
     char dir[1024], variant[16], yarn[32], wtype[16], kctype[16], auxs[64];
     KS_TRY(ks_args_str(p->args, "dlm", "", dir, sizeof dir));
     KS_TRY(ks_args_str(p->args, "weights", "auto", wtype, sizeof wtype));
     bool weights_auto = !strcmp(wtype, "auto");
-    bool requant = weights_auto || !strcmp(wtype, "q8_0");
+    ks_dtype requant_to = !strcmp(wtype, "q4_k") ? KS_DTYPE_Q4_K : KS_DTYPE_Q8_0;
+    bool requant = weights_auto || !strcmp(wtype, "q8_0") || !strcmp(wtype, "q4_k");
     if (!requant && strcmp(wtype, "native"))
-        return KS_FAIL(KS_ERR_INVALID_ARG, "spec weights=%s: expected auto, q8_0 or native", wtype);
+        return KS_FAIL(KS_ERR_INVALID_ARG, "spec weights=%s: expected auto, q8_0, q4_k or native", wtype);
     KS_TRY(ks_args_str(p->args, "kcache", "q8_0", kctype, sizeof kctype));
     bool kc_q8 = !strcmp(kctype, "q8_0");
     if (!kc_q8 && strcmp(kctype, "f16"))
@@ -174,8 +172,8 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_spec *p, 
     /* auto: Q8_0 wherever its 32-column blocks tile the rows (measured
      * within noise of the checkpoint's precision at half the bytes a step:
      * docs/results/EVAL.md, "spec's projections in Q8_0"), else native */
-    if (st == KS_OK && weights_auto && !q8_0_rows_fit(dlm, embed_only)) requant = false;
-    if (st == KS_OK && requant) st = ks_spec_requantize_q8_0(s, embed_only);
+    if (st == KS_OK && weights_auto && !ks_spec_requantize_fits(dlm, embed_only, requant_to)) requant = false;
+    if (st == KS_OK && requant) st = ks_spec_requantize(s, embed_only, requant_to);
     /* YaRN when the context outgrows the DLM's training length */
     if (st == KS_OK && strcmp(yarn, "off")) {
         double factor = 0;

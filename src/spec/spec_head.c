@@ -78,6 +78,13 @@ static void embed(spec_state *s, int32_t tok, float *out) {
     ks_dequantize_row(w->type, (const uint8_t *)w->data + ks_dtype_row_bytes(w->type, s->H) * (size_t)tok, out, s->H);
 }
 
+/* Y[n][rows] = X[n][cols] W^T for one of the head's matrices, in its layout. */
+static void project(spec_state *s, ks_dtype t, const void *w, ks_weight_layout l, int64_t rows, int64_t cols,
+                    const float *X, int32_t n, float *Y) {
+    ks_weight wt = {.type = t, .rows = rows, .cols = cols, .data = w, .layout = l};
+    ks_matmul_weight(s->env.pool, &wt, X, n, Y, s->mm);
+}
+
 /* Rows: token, position, hidden of the previous position ([n_aux*tH] or
  * NULL = zeros).  Computes x for each row, then q (optional) and k in one
  * batched matmul each; q/k get norms and RoPE.  Results in s->q / s->k. */
@@ -103,7 +110,7 @@ static bool head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_
             ks_spec_proj_mat fc = {s->t_fc, s->w_fc, s->H, (int64_t)w, s->f};
             ks_spec_proj(s->env.pool, &fc, 1, fin);
         } else {
-            ks_matmul(s->env.pool, s->t_fc, s->w_fc, s->H, (int64_t)w, fin, n, s->f, s->mm);
+            project(s, s->t_fc, s->w_fc, s->l_fc, s->H, (int64_t)w, fin, n, s->f);
         }
     }
     for (int32_t r = 0; r < n; r++) {
@@ -125,8 +132,8 @@ static bool head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_
                                   {s->t_q, s->w_q, (int64_t)s->Hq * s->hd, 2 * s->H, s->q}};
         ks_spec_proj(s->env.pool, qk, want_q ? 2 : 1, s->x);
     } else {
-        if (want_q) ks_matmul(s->env.pool, s->t_q, s->w_q, (int64_t)s->Hq * s->hd, 2 * s->H, s->x, n, s->q, s->mm);
-        ks_matmul(s->env.pool, s->t_k, s->w_k, (int64_t)s->Hkv * s->hd, 2 * s->H, s->x, n, s->k, s->mm);
+        if (want_q) project(s, s->t_q, s->w_q, s->l_q, (int64_t)s->Hq * s->hd, 2 * s->H, s->x, n, s->q);
+        project(s, s->t_k, s->w_k, s->l_k, (int64_t)s->Hkv * s->hd, 2 * s->H, s->x, n, s->k);
     }
     /* rotate_half RoPE (pairs (j, j + hd/2)), cos/sin scaled by mscale as in HF */
     float *sn = cs + s->hd / 2;
@@ -188,43 +195,73 @@ float *ks_spec_bnd_at(spec_state *s, int32_t seq, int32_t pos) {
 
 /* weights=q8_0: fc, q_proj and k_proj as Q8_0 rows (the target's own
  * 8-bit format), so the once-a-step projections read about half the bytes
- * of bf16 / f16 weights (a quarter of f32).  The projections change by the
- * rounding of Q8_0, so the selection may differ slightly from the
- * checkpoint's precision; docs/results/POLICIES.md has the measured effect. */
-ks_status ks_spec_requantize_q8_0(spec_state *s, bool embed_only) {
+ * of bf16 / f16 weights (a quarter of f32).  weights=q4_k: Q4_K rows,
+ * about a quarter of bf16's bytes, in the eight-row groups the target's
+ * Q4_K weights take on AVX2 / AVX-512 VNNI hosts (matmul_x86_q4k.c), so
+ * the head's step reads them at the target's decode rate.  Either rounding
+ * moves the projections, so the selection may differ slightly from the
+ * checkpoint's precision; docs/results/EVAL.md has the measured effect. */
+bool ks_spec_requantize_fits(const ks_eagle3 *dlm, bool embed_only, ks_dtype to) {
+    int64_t b = ks_dtype_block_size(to);
+    return b > 0 && dlm->wq.cols % b == 0 && dlm->wk.cols % b == 0 && (embed_only || dlm->fc.cols % b == 0);
+}
+
+ks_status ks_spec_requantize(spec_state *s, bool embed_only, ks_dtype to) {
     const ks_eagle3_mat *m[3] = {&s->dlm->wq, &s->dlm->wk, embed_only ? NULL : &s->dlm->fc};
     ks_dtype *t[3] = {&s->t_q, &s->t_k, &s->t_fc};
     const void **w[3] = {&s->w_q, &s->w_k, &s->w_fc};
+    ks_weight_layout *l[3] = {&s->l_q, &s->l_k, &s->l_fc};
+    const char *name = ks_dtype_name(to);
+    KS_ASSERT(to == KS_DTYPE_Q8_0 || to == KS_DTYPE_Q4_K);
+    if (!ks_spec_requantize_fits(s->dlm, embed_only, to))
+        return KS_FAIL(KS_ERR_UNSUPPORTED, "spec weights=%s: a DLM matrix's columns are not whole %lld-column blocks",
+                       name, (long long)ks_dtype_block_size(to));
     size_t total = 0, off[3] = {0};
     for (int i = 0; i < 3; i++) {
         if (!m[i]) continue;
-        if (m[i]->cols % 32)
-            return KS_FAIL(KS_ERR_UNSUPPORTED, "spec weights=q8_0: a DLM matrix has %lld columns, not a multiple of 32",
-                           (long long)m[i]->cols);
         off[i] = total;
-        total += ks_dtype_row_bytes(KS_DTYPE_Q8_0, m[i]->cols) * (size_t)m[i]->rows;
+        total += ks_dtype_row_bytes(to, m[i]->cols) * (size_t)m[i]->rows;
     }
     s->own_w = ks_malloc(total);
-    if (!s->own_w) return KS_FAIL(KS_ERR_NOMEM, "spec weights=q8_0: %zu bytes", total);
+    if (!s->own_w) return KS_FAIL(KS_ERR_NOMEM, "spec weights=%s: %zu bytes", name, total);
     float *row = NULL;
+    size_t tiles = 0; /* the packed kernels' per-worker bytes */
     for (int i = 0; i < 3; i++) {
         if (!m[i]) continue;
         float *grown = ks_realloc(row, sizeof(float) * (size_t)m[i]->cols);
         if (!grown) {
             ks_free(row);
-            return KS_FAIL(KS_ERR_NOMEM, "spec weights=q8_0: a row of %lld", (long long)m[i]->cols);
+            return KS_FAIL(KS_ERR_NOMEM, "spec weights=%s: a row of %lld", name, (long long)m[i]->cols);
         }
         row = grown;
-        size_t src_rb = ks_dtype_row_bytes(*t[i], m[i]->cols), dst_rb = ks_dtype_row_bytes(KS_DTYPE_Q8_0, m[i]->cols);
+        size_t src_rb = ks_dtype_row_bytes(*t[i], m[i]->cols), dst_rb = ks_dtype_row_bytes(to, m[i]->cols);
         uint8_t *dst = (uint8_t *)s->own_w + off[i];
         for (int64_t r = 0; r < m[i]->rows; r++) {
             ks_dequantize_row(*t[i], (const uint8_t *)m[i]->data + (size_t)r * src_rb, row, m[i]->cols);
-            ks_quantize_row(KS_DTYPE_Q8_0, row, dst + (size_t)r * dst_rb, m[i]->cols);
+            ks_quantize_row(to, row, dst + (size_t)r * dst_rb, m[i]->cols);
         }
-        *t[i] = KS_DTYPE_Q8_0;
+        ks_weight wt = {.type = to, .rows = m[i]->rows, .cols = m[i]->cols, .data = dst, .layout = KS_WEIGHT_ROWS};
+        if (to == KS_DTYPE_Q4_K && ks_matmul_can_pack(&wt)) {
+            ks_status st = ks_matmul_pack(&wt);
+            if (st != KS_OK) {
+                ks_free(row);
+                return st;
+            }
+            size_t need = ks_matmul_worker_scratch_bytes(&wt);
+            if (need > tiles) tiles = need;
+        }
+        *t[i] = to;
         *w[i] = dst;
+        *l[i] = wt.layout;
     }
     ks_free(row);
+    /* the groups' kernels take their tiles from every worker's kernel slot
+     * and cannot report a refusal from inside the pool: grown here, on the
+     * creating thread (which raises the process's mark) and on every worker */
+    if (tiles) {
+        if (!ks_scratch(KS_SCRATCH_KERNEL, tiles)) return KS_FAIL(KS_ERR_NOMEM, "spec weights=%s: %zu bytes of tiles", name, tiles);
+        ks_pool_reserve_scratch(s->env.pool);
+    }
     return KS_OK;
 }
 
