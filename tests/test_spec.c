@@ -552,11 +552,15 @@ static void test_full_budget_equals_dense(void **state) {
         g_spec_extra = "";
         if (memcmp(q8w, ref, bytes * n_seq)) fail_msg("spec weights=q8_0 (batch %d) differs from dense", n_seq);
         free(q8w);
-        g_spec_extra = ",weights=q4_k"; /* Q4_K projections (fc and q_proj in eight-row groups, k_proj's 140 rows not) */
-        float *q4w = run("spec", np + steps + 1, 0, NULL, n_seq, np, steps, -1);
-        g_spec_extra = "";
-        if (memcmp(q4w, ref, bytes * n_seq)) fail_msg("spec weights=q4_k (batch %d) differs from dense", n_seq);
-        free(q4w);
+        /* K-quant projections (fc and q_proj in eight-row groups where the host packs, k_proj's 140 rows not) */
+        static const char *const kq[] = {",weights=q6_k", ",weights=q5_k", ",weights=q4_k"};
+        for (int i = 0; i < 3; i++) {
+            g_spec_extra = kq[i];
+            float *kqw = run("spec", np + steps + 1, 0, NULL, n_seq, np, steps, -1);
+            g_spec_extra = "";
+            if (memcmp(kqw, ref, bytes * n_seq)) fail_msg("spec %s (batch %d) differs from dense", kq[i] + 1, n_seq);
+            free(kqw);
+        }
         g_spec_extra = ",kcache=q8_0"; /* 8-bit head keys: full budget is still dense */
         float *q8k = run("spec", np + steps + 1, 0, NULL, n_seq, np, steps, -1);
         g_spec_extra = "";

@@ -5,8 +5,10 @@
 # `kvsieve bench` with dense at depth B and every policy at the deeper
 # depths side by side, so each ratio comes from one run; the medians of the
 # per-run ratios and selection shares are printed at the end.
-# Every layer is sparse (--dense-layers 0) and spec's projections are Q8_0,
-# as in docs/BENCHMARKS.md.  Each ratio is also given in CPU time (the
+# Every layer is sparse (--dense-layers 0) and spec's projections are in
+# the type SPEC_WEIGHTS names (default auto, spec's own default: see
+# docs/POLICIES.md; q8_0 for the rows of docs/BENCHMARKS.md before
+# weights=q4_k existed).  Each ratio is also given in CPU time (the
 # process's CPU seconds per step, `cpu_ms_per_step`), which a host shared
 # with other jobs moves far less than wall time.
 # Usage: tools/bench_sparse.sh KVSIEVE MODEL.gguf [RUNS=5] [BATCH=1] [BUDGET=2048] [DEPTHS=16384,32768] [POLICIES=quest,spec,streaming] [EXTRA]
@@ -15,11 +17,11 @@ set -euo pipefail
 KS=$1; MODEL=$2; RUNS=${3:-5}; BATCH=${4:-1}; B=${5:-2048}; DEPTHS=${6:-16384,32768}; POL=${7:-quest,spec,streaming}
 read -r -a EXTRA <<< "${8:-}"
 cpu=$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ *//')
-echo "host: ${cpu:-unknown CPU}, $(nproc) cpus; batch $BATCH, budget $B, depths $DEPTHS, $RUNS runs${8:+, $8}"
+echo "host: ${cpu:-unknown CPU}, $(nproc) cpus; batch $BATCH, budget $B, depths $DEPTHS, $RUNS runs, spec.weights=${SPEC_WEIGHTS:-auto}${8:+, $8}"
 all=()
 for i in $(seq 1 "$RUNS"); do
   json=$("$KS" bench -m "$MODEL" --depth "$B,$DEPTHS" --batch "$BATCH" -t 2 --n-gen 8 --no-prefill \
-         --policy "dense,$POL" --budget "$B" --dense-layers 0 --policy-arg spec.weights=q8_0 ${EXTRA[@]+"${EXTRA[@]}"} --json 2>/dev/null)
+         --policy "dense,$POL" --budget "$B" --dense-layers 0 --policy-arg spec.weights="${SPEC_WEIGHTS:-auto}" ${EXTRA[@]+"${EXTRA[@]}"} --json 2>/dev/null)
   line=$(/usr/bin/python3 -c '
 import json, sys
 d = json.loads(sys.argv[1]); B = int(sys.argv[2])

@@ -37,10 +37,10 @@
  * states) the paper describes as the cheaper option.
  *
  * Arguments: dlm=DIR (required: an EAGLE-3 checkpoint directory),
- * variant=fused|embed, yarn=auto|off|FACTOR, weights=auto|q8_0|q4_k|native
- * (the projections requantised to Q8_0 or Q4_K at load, or in the
- * checkpoint's precision; auto, the default, is q8_0 where the rows are
- * whole Q8_0 blocks),
+ * variant=fused|embed, yarn=auto|off|FACTOR,
+ * weights=auto|q8_0|q6_k|q5_k|q4_k|native (the projections requantised at
+ * load, or in the checkpoint's precision; auto, the default, is q8_0 where
+ * the rows are whole Q8_0 blocks),
  * kcache=q8_0|f16 (the head's K cache rows; q8_0 by default),
  * aux_ids=[in:|out:]A:B:C (the fused states' layers, overriding the checkpoint's).
  */
@@ -104,10 +104,13 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_spec *p, 
     KS_TRY(ks_args_str(p->args, "dlm", "", dir, sizeof dir));
     KS_TRY(ks_args_str(p->args, "weights", "auto", wtype, sizeof wtype));
     bool weights_auto = !strcmp(wtype, "auto");
-    ks_dtype requant_to = !strcmp(wtype, "q4_k") ? KS_DTYPE_Q4_K : KS_DTYPE_Q8_0;
-    bool requant = weights_auto || !strcmp(wtype, "q8_0") || !strcmp(wtype, "q4_k");
+    ks_dtype requant_to = !strcmp(wtype, "q6_k")   ? KS_DTYPE_Q6_K
+                          : !strcmp(wtype, "q5_k") ? KS_DTYPE_Q5_K
+                          : !strcmp(wtype, "q4_k") ? KS_DTYPE_Q4_K
+                                                   : KS_DTYPE_Q8_0;
+    bool requant = weights_auto || !strcmp(wtype, "q8_0") || requant_to != KS_DTYPE_Q8_0;
     if (!requant && strcmp(wtype, "native"))
-        return KS_FAIL(KS_ERR_INVALID_ARG, "spec weights=%s: expected auto, q8_0, q4_k or native", wtype);
+        return KS_FAIL(KS_ERR_INVALID_ARG, "spec weights=%s: expected auto, q8_0, q6_k, q5_k, q4_k or native", wtype);
     KS_TRY(ks_args_str(p->args, "kcache", "q8_0", kctype, sizeof kctype));
     bool kc_q8 = !strcmp(kctype, "q8_0");
     if (!kc_q8 && strcmp(kctype, "f16"))

@@ -195,12 +195,13 @@ float *ks_spec_bnd_at(spec_state *s, int32_t seq, int32_t pos) {
 
 /* weights=q8_0: fc, q_proj and k_proj as Q8_0 rows (the target's own
  * 8-bit format), so the once-a-step projections read about half the bytes
- * of bf16 / f16 weights (a quarter of f32).  weights=q4_k: Q4_K rows,
- * about a quarter of bf16's bytes, in the eight-row groups the target's
- * Q4_K weights take on AVX2 / AVX-512 VNNI hosts (matmul_x86_q4k.c), so
- * the head's step reads them at the target's decode rate.  Either rounding
- * moves the projections, so the selection may differ slightly from the
- * checkpoint's precision; docs/results/EVAL.md has the measured effect. */
+ * of bf16 / f16 weights (a quarter of f32).  weights=q6_k, q5_k, q4_k:
+ * K-quant rows (0.82, 0.69, 0.56 bytes a weight against Q8_0's 1.06), in
+ * the eight-row groups the target's K-quant weights take on AVX-512 VNNI
+ * hosts (Q4_K on AVX2 too; matmul_x86_q4k.c), so the head's step reads
+ * them at the target's decode rate.  Every rounding moves the projections,
+ * so the selection may differ slightly from the checkpoint's precision;
+ * docs/results/EVAL.md has the measured effect. */
 bool ks_spec_requantize_fits(const ks_eagle3 *dlm, bool embed_only, ks_dtype to) {
     int64_t b = ks_dtype_block_size(to);
     return b > 0 && dlm->wq.cols % b == 0 && dlm->wk.cols % b == 0 && (embed_only || dlm->fc.cols % b == 0);
@@ -212,7 +213,7 @@ ks_status ks_spec_requantize(spec_state *s, bool embed_only, ks_dtype to) {
     const void **w[3] = {&s->w_q, &s->w_k, &s->w_fc};
     ks_weight_layout *l[3] = {&s->l_q, &s->l_k, &s->l_fc};
     const char *name = ks_dtype_name(to);
-    KS_ASSERT(to == KS_DTYPE_Q8_0 || to == KS_DTYPE_Q4_K);
+    KS_ASSERT(to == KS_DTYPE_Q8_0 || to == KS_DTYPE_Q6_K || to == KS_DTYPE_Q5_K || to == KS_DTYPE_Q4_K);
     if (!ks_spec_requantize_fits(s->dlm, embed_only, to))
         return KS_FAIL(KS_ERR_UNSUPPORTED, "spec weights=%s: a DLM matrix's columns are not whole %lld-column blocks",
                        name, (long long)ks_dtype_block_size(to));
@@ -241,7 +242,7 @@ ks_status ks_spec_requantize(spec_state *s, bool embed_only, ks_dtype to) {
             ks_quantize_row(to, row, dst + (size_t)r * dst_rb, m[i]->cols);
         }
         ks_weight wt = {.type = to, .rows = m[i]->rows, .cols = m[i]->cols, .data = dst, .layout = KS_WEIGHT_ROWS};
-        if (to == KS_DTYPE_Q4_K && ks_matmul_can_pack(&wt)) {
+        if (to != KS_DTYPE_Q8_0 && ks_matmul_can_pack(&wt)) { /* Q8_0 keeps the rows the unpacked kernel reads */
             ks_status st = ks_matmul_pack(&wt);
             if (st != KS_OK) {
                 ks_free(row);
