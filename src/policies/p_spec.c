@@ -39,13 +39,16 @@
  * Arguments: dlm=DIR (required: an EAGLE-3 checkpoint directory),
  * variant=fused|embed, yarn=auto|off|FACTOR,
  * weights=auto|q8_0|q6_k|q5_k|q4_k|native (the projections requantised at
- * load, or in the checkpoint's precision; auto, the default, is q8_0 where
- * the rows are whole Q8_0 blocks),
+ * load, or in the checkpoint's precision; auto, the default, is q6_k where
+ * the rows are whole Q6_K blocks and the host packs Q6_K, else q8_0 where
+ * they are whole Q8_0 blocks),
  * kcache=q8_0|f16 (the head's K cache rows; q8_0 by default),
  * aux_ids=[in:|out:]A:B:C (the fused states' layers, overriding the checkpoint's).
  */
 #include "spec/spec_head.h"
 #include "spec/spec_score.h"
+
+#include "matmul/matmul.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -172,10 +175,17 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_spec *p, 
     s->w_fc = dlm->fc.data;
     s->w_q = dlm->wq.data;
     s->w_k = dlm->wk.data;
-    /* auto: Q8_0 wherever its 32-column blocks tile the rows (measured
-     * within noise of the checkpoint's precision at half the bytes a step:
-     * docs/results/EVAL.md, "spec's projections in Q8_0"), else native */
-    if (st == KS_OK && weights_auto && !ks_spec_requantize_fits(dlm, embed_only, requant_to)) requant = false;
+    /* auto: Q6_K where its 256-column blocks tile the rows and the host
+     * reads Q6_K in eight-row groups (AVX-512 VNNI), else Q8_0 wherever its
+     * 32-column blocks do, else native.  Each was measured within noise of
+     * the one before at fewer bytes a step (docs/results/EVAL.md, "spec's
+     * projections in Q8_0" and "... in Q6_K"). */
+    if (st == KS_OK && weights_auto) {
+        ks_weight probe = {.type = KS_DTYPE_Q6_K, .rows = 8, .cols = KS_QK_K, .layout = KS_WEIGHT_ROWS};
+        if (ks_matmul_can_pack(&probe) && ks_spec_requantize_fits(dlm, embed_only, KS_DTYPE_Q6_K))
+            requant_to = KS_DTYPE_Q6_K;
+        else if (!ks_spec_requantize_fits(dlm, embed_only, requant_to)) requant = false;
+    }
     if (st == KS_OK && requant) st = ks_spec_requantize(s, embed_only, requant_to);
     /* YaRN when the context outgrows the DLM's training length */
     if (st == KS_OK && strcmp(yarn, "off")) {
