@@ -181,7 +181,8 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_spec *p, 
      * the one before at fewer bytes a step (docs/results/EVAL.md, "spec's
      * projections in Q8_0" and "... in Q6_K"). */
     if (st == KS_OK && weights_auto) {
-        ks_weight probe = {.type = KS_DTYPE_Q6_K, .rows = 8, .cols = KS_QK_K, .layout = KS_WEIGHT_ROWS};
+        static const uint8_t no_bytes[1]; /* can_pack asks for bound data, never reads it */
+        ks_weight probe = {.type = KS_DTYPE_Q6_K, .rows = 8, .cols = KS_QK_K, .data = no_bytes, .layout = KS_WEIGHT_ROWS};
         if (ks_matmul_can_pack(&probe) && ks_spec_requantize_fits(dlm, embed_only, KS_DTYPE_Q6_K))
             requant_to = KS_DTYPE_Q6_K;
         else if (!ks_spec_requantize_fits(dlm, embed_only, requant_to)) requant = false;

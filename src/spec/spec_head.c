@@ -196,12 +196,15 @@ float *ks_spec_bnd_at(spec_state *s, int32_t seq, int32_t pos) {
 /* weights=q8_0: fc, q_proj and k_proj as Q8_0 rows (the target's own
  * 8-bit format), so the once-a-step projections read about half the bytes
  * of bf16 / f16 weights (a quarter of f32).  weights=q6_k, q5_k, q4_k:
- * K-quant rows (0.82, 0.69, 0.56 bytes a weight against Q8_0's 1.06), in
- * the eight-row groups the target's K-quant weights take on AVX-512 VNNI
- * hosts (Q4_K on AVX2 too; matmul_x86_q4k.c), so the head's step reads
- * them at the target's decode rate.  Every rounding moves the projections,
- * so the selection may differ slightly from the checkpoint's precision;
- * docs/results/EVAL.md has the measured effect. */
+ * K-quant rows (0.82, 0.69, 0.56 bytes a weight against Q8_0's 1.06).
+ * Each is then packed as the target's own weights of that type are
+ * (ks_matmul_pack: Q8_0 panels on AVX-512, K-quant eight-row groups on
+ * AVX-512 VNNI, Q4_K's on AVX2 too), because the one-row kernels of the
+ * file layout read a step's 24 MB of M's head at about a fifth of the
+ * rate the packed ones reach (perf of a 32K spec step: 7% of the CPU in
+ * the one-row Q8_0 kernel for 2% of the bytes).  Every rounding moves the
+ * projections, so the selection may differ slightly from the checkpoint's
+ * precision; docs/results/EVAL.md has the measured effect. */
 bool ks_spec_requantize_fits(const ks_eagle3 *dlm, bool embed_only, ks_dtype to) {
     int64_t b = ks_dtype_block_size(to);
     return b > 0 && dlm->wq.cols % b == 0 && dlm->wk.cols % b == 0 && (embed_only || dlm->fc.cols % b == 0);
@@ -242,7 +245,7 @@ ks_status ks_spec_requantize(spec_state *s, bool embed_only, ks_dtype to) {
             ks_quantize_row(to, row, dst + (size_t)r * dst_rb, m[i]->cols);
         }
         ks_weight wt = {.type = to, .rows = m[i]->rows, .cols = m[i]->cols, .data = dst, .layout = KS_WEIGHT_ROWS};
-        if (to != KS_DTYPE_Q8_0 && ks_matmul_can_pack(&wt)) { /* Q8_0 keeps the rows the unpacked kernel reads */
+        if (ks_matmul_can_pack(&wt)) { /* the target's decode layout: panels (Q8_0) or eight-row groups */
             ks_status st = ks_matmul_pack(&wt);
             if (st != KS_OK) {
                 ks_free(row);
