@@ -1,12 +1,14 @@
 /*
  * test_ops.c — the forward pass's small kernels against plain references:
  * RMSNorm, RoPE in both pairings (and with llama3 frequency factors), softmax,
+ * GEGLU's GELU-tanh at every SIMD level,
  * and grouped attention (SIMD f16 path vs the portable path, f16 and 8-bit KV,
  * MHA/GQA/MQA group sizes) against a double-precision reference.
  */
 #include "infer/infer.h"
 #include "testutil.h"
 #include "core/simd.h"
+#include "tensor/act.h"
 
 #include <math.h>
 #include <string.h>
@@ -543,11 +545,50 @@ static void test_attention_q8_values(void **state) {
                             check_q8_values(lens[a], hds[h], qmuls[m]));
 }
 
+/* GEGLU's GELU-tanh (tensor/act.c: the sigmoid form over the vector exp)
+ * against 0.5 g (1 + tanh u) in double (the same identity), at every SIMD level up to this
+ * CPU's, for lengths that leave every tail, over the range where the
+ * activation matters and far past it (saturated and underflowed lanes). */
+static void test_geglu_tanh(void **state) {
+    (void)state;
+    enum { N = 300 };
+    float g[N], up[N], got[N];
+    ks_rng r = {42};
+    for (int i = 0; i < N; i++) {
+        g[i] = (float)(ks_rng_uniform(&r) * 24 - 12);
+        up[i] = (float)(ks_rng_uniform(&r) * 4 - 2);
+    }
+    const float special[] = {0.0f, -0.0f, 1e-4f, -1e-4f, 30.0f, -30.0f, 200.0f, -200.0f, 0.5f, -0.5f, 3.0f, -3.0f};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) g[i * 7] = special[i];
+    const int64_t lens[] = {1, 3, 7, 8, 15, 16, 17, 33, 40, 257, N};
+    ks_simd_level hw = ks_simd_detect(), saved = ks_simd_force(hw);
+    for (int lv = KS_SIMD_SCALAR; lv <= (int)hw; lv++) {
+        ks_simd_force((ks_simd_level)lv);
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            int64_t n = lens[li];
+            memcpy(got, g, sizeof(float) * (size_t)n);
+            ks_geglu_tanh(got, up, n);
+            for (int64_t i = 0; i < n; i++) {
+                double x = g[i], u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
+                /* 0.5 (1 + tanh u) as 1 / (1 + e^(-2u)): the same number without
+                 * 1 + tanh u's cancellation, which double alone loses below u ~ -10 */
+                double ref = x / (1.0 + exp(-2.0 * u)) * up[i];
+                /* u's own float rounding (a few ulp) moves e^(-2|u|) by 2|u| times as much */
+                if (!(fabs(got[i] - ref) <= (2e-6 + 4e-7 * fabs(2 * u)) * fabs(ref) + 1e-30))
+                    fail_msg("level %d, n %lld, i %lld: g %g up %g: %.9g against %.9g", lv, (long long)n, (long long)i,
+                             g[i], up[i], got[i], ref);
+            }
+        }
+    }
+    ks_simd_force(saved);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope_pairs),
         cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_geglu_tanh),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_segments),
         cmocka_unit_test(test_attention_sinks),

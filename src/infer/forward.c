@@ -17,6 +17,7 @@
  */
 #include "infer/internal.h"
 #include "infer/moe.h"
+#include "tensor/act.h"
 
 #include <math.h>
 #include <string.h>
@@ -55,12 +56,7 @@ static void rows_range(const rows_job *j, int r0, int r1) {
                 o[i] = g / (1.0f + expf(-g)) * x[i];
             }
             break;
-        case ROWS_GEGLU: /* gemma: GELU, tanh approximation */
-            for (size_t i = 0; i < W; i++) {
-                float g = o[i];
-                o[i] = 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g))) * x[i];
-            }
-            break;
+        case ROWS_GEGLU: ks_geglu_tanh(o, x, (int64_t)W); break; /* gemma: GELU, tanh approximation */
         case ROWS_ADD:
             for (size_t i = 0; i < W; i++) o[i] += x[i];
             break;
