@@ -1,7 +1,8 @@
 /*
  * matmul_x86_q4k.c — the K-quant products over weights repacked at load into
  * eight-row interleaved super-blocks (made by ks_matmul_pack,
- * matmul_packed.c), one kernel per layout for decode and prefill:
+ * matmul_packed.c; the layouts byte by byte: matmul_packed_x8q.c), one
+ * kernel per layout for decode and prefill:
  *   - AVX2: Q4_K in four-byte lanes (KS_WEIGHT_Q4_K_X8), maddubs / madd;
  *   - AVX-512 VNNI: Q4_K, Q5_K, Q6_K and IQ4_XS in eight-byte lanes
  *     (KS_WEIGHT_Q4_K_X8Q, _Q5_K_X8Q, _Q6_K_X8Q, _IQ4_XS_X8Q), vpdpbusd /
