@@ -971,6 +971,7 @@ static void test_matmul_group_layouts(void **state) {
         assert_true(g->block_bytes <= 256 && g->sbytes <= 2048);
         for (int f = 0; f < g->nfields; f++) {
             const ks_matmul_group_field *fl = &g->field[f];
+            assert_true(fl->lane == 1 || fl->lane == 2 || fl->lane == 4 || fl->lane == 8);
             for (int c = 0; c < fl->count; c++)
                 for (int i = 0; i < fl->lane; i++) {
                     const int s = fl->src + fl->lane * c + i, d0 = fl->dst + 8 * fl->lane * c + i;

@@ -79,6 +79,18 @@ const ks_matmul_group_layout *ks_matmul_group_layout_of(ks_weight_layout layout)
     return NULL;
 }
 
+/* One lane's bytes, each width a fixed-size copy (a move, where a memcpy
+ * of a variable size would be a call per lane: a model's worth of lanes at
+ * load). */
+static inline void ks_mm_copy_lane(uint8_t *dst, const uint8_t *src, int lane) {
+    switch (lane) {
+    case 8: memcpy(dst, src, 8); break;
+    case 4: memcpy(dst, src, 4); break;
+    case 2: memcpy(dst, src, 2); break;
+    default: KS_ASSERT(lane == 1); *dst = *src; break;
+    }
+}
+
 void ks_matmul_group_pack(const ks_matmul_group_layout *g, const uint8_t *rows, int64_t nb, uint8_t *grp) {
     const size_t rb = (size_t)nb * g->block_bytes;
     for (int64_t b = 0; b < nb; b++) {
@@ -88,7 +100,7 @@ void ks_matmul_group_pack(const ks_matmul_group_layout *g, const uint8_t *rows, 
             for (int f = 0; f < g->nfields; f++) {
                 const ks_matmul_group_field *fl = &g->field[f];
                 for (int c = 0; c < fl->count; c++)
-                    memcpy(o + fl->dst + 8 * fl->lane * c + fl->lane * r, blk + fl->src + fl->lane * c, fl->lane);
+                    ks_mm_copy_lane(o + fl->dst + 8 * fl->lane * c + fl->lane * r, blk + fl->src + fl->lane * c, fl->lane);
             }
         }
     }
@@ -103,7 +115,7 @@ void ks_matmul_group_unpack(const ks_matmul_group_layout *g, const uint8_t *grp,
             for (int f = 0; f < g->nfields; f++) {
                 const ks_matmul_group_field *fl = &g->field[f];
                 for (int c = 0; c < fl->count; c++)
-                    memcpy(blk + fl->src + fl->lane * c, o + fl->dst + 8 * fl->lane * c + fl->lane * r, fl->lane);
+                    ks_mm_copy_lane(blk + fl->src + fl->lane * c, o + fl->dst + 8 * fl->lane * c + fl->lane * r, fl->lane);
             }
         }
     }

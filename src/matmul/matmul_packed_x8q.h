@@ -27,7 +27,7 @@ extern "C" {
 typedef struct {
     uint16_t src;  /* offset of the field in the file's block */
     uint16_t dst;  /* offset of its first chunk in the eight-row super-block */
-    uint8_t lane;  /* bytes of one row per chunk */
+    uint8_t lane;  /* bytes of one row per chunk: 1, 2, 4 or 8 */
     uint8_t count; /* chunks */
 } ks_matmul_group_field;
 
