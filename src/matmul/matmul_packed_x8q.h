@@ -48,7 +48,8 @@ typedef struct {
 const ks_matmul_group_layout *ks_matmul_group_layout_of(ks_weight_layout layout);
 
 /* Eight rows of nb blocks each (row r at rows + r * nb * block_bytes) into
- * one group of nb super-blocks, and back.  Out of place. */
+ * one group of nb super-blocks, and back.  Out of place; g as
+ * ks_matmul_group_layout_of returned it. */
 void ks_matmul_group_pack(const ks_matmul_group_layout *g, const uint8_t *rows, int64_t nb, uint8_t *grp);
 void ks_matmul_group_unpack(const ks_matmul_group_layout *g, const uint8_t *grp, int64_t nb, uint8_t *rows);
 
