@@ -26,6 +26,7 @@
 #include "tensor/dtype.h"
 #include "core/simd.h"
 #include "matmul/matmul.h"
+#include "matmul/matmul_packed_x8q.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -947,6 +948,84 @@ static void test_matmul_packed_q5_k(void **state) {
     packed_k_case(KS_DTYPE_Q5_K);
 }
 
+/* The K-quants' eight-row group layouts as data (matmul_packed_x8q.c), all
+ * five: each layout's fields read every byte of a block once and write
+ * every byte of the super-block once, and unpack undoes pack on random
+ * bytes (the output buffers filled with other bytes first, so a byte left
+ * unwritten shows).  The X8 layout, which only an AVX2 host packs, is also
+ * multiplied here at every level (through its AVX2 kernel at AVX2): the
+ * bits of the file's rows at that level. */
+static void test_matmul_group_layouts(void **state) {
+    (void)state;
+    static const ks_weight_layout layouts[] = {KS_WEIGHT_Q4_K_X8, KS_WEIGHT_Q4_K_X8Q, KS_WEIGHT_Q6_K_X8Q,
+                                               KS_WEIGHT_IQ4_XS_X8Q, KS_WEIGHT_Q5_K_X8Q};
+    assert_null(ks_matmul_group_layout_of(KS_WEIGHT_ROWS));
+    assert_null(ks_matmul_group_layout_of(KS_WEIGHT_Q8_0_P16));
+    for (size_t li = 0; li < sizeof layouts / sizeof layouts[0]; li++) {
+        const ks_matmul_group_layout *g = ks_matmul_group_layout_of(layouts[li]);
+        assert_non_null(g);
+        assert_int_equal(g->layout, layouts[li]);
+        assert_int_equal(g->block_bytes, ks_dtype_row_bytes(g->type, KS_QK_K));
+        assert_int_equal(g->sbytes, 8 * g->block_bytes);
+        int src_uses[256] = {0}, dst_uses[2048] = {0};
+        assert_true(g->block_bytes <= 256 && g->sbytes <= 2048);
+        for (int f = 0; f < g->nfields; f++) {
+            const ks_matmul_group_field *fl = &g->field[f];
+            assert_true(fl->lane == 1 || fl->lane == 2 || fl->lane == 4 || fl->lane == 8);
+            for (int c = 0; c < fl->count; c++)
+                for (int i = 0; i < fl->lane; i++) {
+                    const int s = fl->src + fl->lane * c + i, d0 = fl->dst + 8 * fl->lane * c + i;
+                    assert_true(s < g->block_bytes && d0 + 7 * fl->lane < g->sbytes);
+                    src_uses[s]++;
+                    for (int r = 0; r < 8; r++) dst_uses[d0 + fl->lane * r]++;
+                }
+        }
+        for (int i = 0; i < g->block_bytes; i++) assert_int_equal(src_uses[i], 1);
+        for (int i = 0; i < g->sbytes; i++) assert_int_equal(dst_uses[i], 1);
+        for (int64_t nb = 1; nb <= 5; nb += 2) {
+            const size_t bytes = 8 * (size_t)nb * g->block_bytes;
+            uint8_t *rows = ks_malloc(bytes), *grp = ks_malloc(bytes), *back = ks_malloc(bytes);
+            ks_rng rng = {900 + 10 * li + (uint64_t)nb};
+            for (size_t i = 0; i < bytes; i++) rows[i] = (uint8_t)ks_rng_next(&rng);
+            memset(grp, 0x5A, bytes);
+            ks_matmul_group_pack(g, rows, nb, grp);
+            memset(back, 0xA5, bytes);
+            ks_matmul_group_unpack(g, grp, nb, back);
+            assert_memory_equal(rows, back, bytes);
+            ks_free(rows);
+            ks_free(grp);
+            ks_free(back);
+        }
+    }
+    /* X8 (four-byte lanes) multiplied: the layout its AVX2 kernel reads */
+    enum { ROWS = 16, COLS = 512, NMAX = 9 };
+    wmat m = make_w(KS_DTYPE_Q4_K, ROWS, COLS, 911);
+    const size_t bytes = ks_dtype_row_bytes(KS_DTYPE_Q4_K, COLS) * ROWS;
+    void *P = ks_malloc_aligned(bytes);
+    memcpy(P, m.W, bytes);
+    ks_weight w = {.type = KS_DTYPE_Q4_K, .rows = ROWS, .cols = COLS, .data = P};
+    assert_int_equal(ks_matmul_group_pack_weight(&w, KS_WEIGHT_Q4_K_X8), KS_OK);
+    assert_int_equal(w.layout, KS_WEIGHT_Q4_K_X8);
+    float *X = make_x(NMAX, COLS, 912), *Y = ks_malloc(sizeof(float) * NMAX * ROWS),
+          *Yp = ks_malloc(sizeof(float) * NMAX * ROWS);
+    void *scratch = ks_malloc_aligned(ks_matmul_scratch_bytes(KS_DTYPE_Q4_K, COLS, NMAX));
+    for (int lv = KS_SIMD_SCALAR; lv <= (int)ks_simd_detect(); lv++) {
+        ks_simd_level prev = ks_simd_force((ks_simd_level)lv);
+        for (int64_t n = 1; n <= NMAX; n += 4) {
+            ks_matmul(NULL, KS_DTYPE_Q4_K, m.W, ROWS, COLS, X, n, Y, scratch);
+            ks_matmul_weight(NULL, &w, X, n, Yp, scratch);
+            assert_memory_equal(Y, Yp, sizeof(float) * (size_t)(n * ROWS));
+        }
+        ks_simd_force(prev);
+    }
+    ks_free_aligned(scratch);
+    ks_free(X);
+    ks_free(Y);
+    ks_free(Yp);
+    ks_free_aligned(P);
+    free_w(&m);
+}
+
 /* ks_matmul_quantize_x row by row, then the product with x_ready: the very
  * bits of the product that quantizes X itself, for every type and layout
  * (file rows, the 4-row panels, the transposed Q8_0 panels), at decode and
@@ -1046,6 +1125,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_packed_q6_k),
         cmocka_unit_test(test_matmul_packed_iq4_xs),
         cmocka_unit_test(test_matmul_packed_q5_k),
+        cmocka_unit_test(test_matmul_group_layouts),
         cmocka_unit_test(test_matmul_avx2_iq4_xs8),
         cmocka_unit_test(test_matmul_packed_q8_0),
         cmocka_unit_test(test_matmul_quantize_x),

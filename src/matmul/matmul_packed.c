@@ -1,6 +1,7 @@
 /*
  * matmul_packed.c — weights repacked at load for the prefill GEMM: the
- * layouts (ks_matmul_pack, in place, the same size as the file's rows),
+ * layouts (ks_matmul_pack, in place, the same size as the file's rows; the
+ * K-quants' eight-row groups described as data in matmul_packed_x8q.c),
  * their drivers (which tile runs where, how the threads share a product),
  * and ks_matmul_weight, the product of a bound weight in whatever layout it
  * has.  The tiles themselves are matmul_x86_panel.c (Q8_0 / Q4_0) and
@@ -18,6 +19,8 @@
 #ifndef KS_MM_PACKED_PART
 typedef int ks_matmul_packed_is_included_by_matmul_c; /* standalone: nothing to compile */
 #else
+#include "matmul/matmul_packed_x8q.h"
+
 /* ------------------------------------ packed Q8_0 / Q4_0 (prefill GEMM) --
  * (Q8_0 matrices whose rows are a multiple of 16 take the transposed
  * 16-row panels instead: ks_mm_pack_p16 below, matmul_x86_panel.c.)
@@ -264,188 +267,19 @@ static void ks_mm_p16_worker(void *arg, int ith, int nth) {
     }
 }
 
-/* ------------------------ Q4_K in eight-row groups (AVX2 and AVX-512) --
- * Layouts KS_WEIGHT_Q4_K_X8 (AVX2) and KS_WEIGHT_Q4_K_X8Q (AVX-512 VNNI;
- * matmul_x86_q4k.c has both in full and says why): rows 8g..8g+7 form group
- * g, in place of those rows (8 * nb * 144 bytes); per super-block 1152
- * bytes: the eight rows' f16 d, then f16 dmin, then their 12 scale bytes as
- * three arrays of eight dwords, then the quants in chunks of 8 * L bytes,
- * L the lane width (4: X8, 8: X8Q): chunk ch, bytes L r .. L r + L - 1 =
- * row r's qs[L ch ..].  The host's level picks the lane width at load; one
- * layout serves decode and prefill (the kernel is the same for every n). */
-#define KS_MM_X8_SBYTES 1152 /* one super-block of eight rows */
+/* ------------------ K-quants in eight-row groups (X8: AVX2, X8Q: AVX-512) --
+ * Q4_K (lane width 4 at AVX2, 8 at AVX-512 VNNI) and Q6_K, IQ4_XS, Q5_K
+ * (AVX-512 VNNI) repacked into groups of eight rows whose one kernel per
+ * type and level serves decode and prefill (matmul_x86_q4k.c).  The layouts
+ * themselves, their pack and their unpack: matmul_packed_x8q.c. */
 
-static int ks_mm_x8_lanew(ks_weight_layout l) { return l == KS_WEIGHT_Q4_K_X8Q ? 8 : 4; }
-
-static void ks_mm_x8_pack_group(const uint8_t *rows, int64_t nb, uint8_t *grp, int lw) {
-    const size_t rb = (size_t)nb * sizeof(ks_block_q4_k);
-    for (int64_t b = 0; b < nb; b++) {
-        uint8_t *o = grp + (size_t)b * KS_MM_X8_SBYTES;
-        for (int r = 0; r < 8; r++) {
-            const ks_block_q4_k *blk = (const ks_block_q4_k *)(rows + (size_t)r * rb) + b;
-            memcpy(o + 2 * r, &blk->d, 2);
-            memcpy(o + 16 + 2 * r, &blk->dmin, 2);
-            for (int k = 0; k < 3; k++) memcpy(o + 32 + 32 * k + 4 * r, blk->scales + 4 * k, 4);
-            for (int ch = 0; ch < 128 / lw; ch++) memcpy(o + 128 + 8 * lw * ch + lw * r, blk->qs + lw * ch, (size_t)lw);
-        }
-    }
-}
-
-static void ks_mm_x8_unpack_group(const uint8_t *grp, int64_t nb, uint8_t *rows, int lw) {
-    const size_t rb = (size_t)nb * sizeof(ks_block_q4_k);
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *o = grp + (size_t)b * KS_MM_X8_SBYTES;
-        for (int r = 0; r < 8; r++) {
-            ks_block_q4_k *blk = (ks_block_q4_k *)(rows + (size_t)r * rb) + b;
-            memcpy(&blk->d, o + 2 * r, 2);
-            memcpy(&blk->dmin, o + 16 + 2 * r, 2);
-            for (int k = 0; k < 3; k++) memcpy(blk->scales + 4 * k, o + 32 + 32 * k + 4 * r, 4);
-            for (int ch = 0; ch < 128 / lw; ch++) memcpy(blk->qs + lw * ch, o + 128 + 8 * lw * ch + lw * r, (size_t)lw);
-        }
-    }
-}
-
-static ks_status ks_mm_pack_x8(ks_weight *w, ks_weight_layout layout) {
-    const int64_t nb = w->cols / KS_QK_K;
-    const size_t gbytes = 8 * (size_t)nb * sizeof(ks_block_q4_k);
-    KS_ASSERT(gbytes == (size_t)nb * KS_MM_X8_SBYTES); /* in place: same size */
-    uint8_t *tmp = ks_malloc(gbytes);
-    if (!tmp) return KS_FAIL(KS_ERR_NOMEM, "repacking a %lld-column matrix", (long long)w->cols);
-    uint8_t *base = (uint8_t *)(uintptr_t)w->data; /* the caller made it writable */
-    for (int64_t g = 0; g < w->rows / 8; g++) {
-        memcpy(tmp, base + (size_t)g * gbytes, gbytes);
-        ks_mm_x8_pack_group(tmp, nb, base + (size_t)g * gbytes, ks_mm_x8_lanew(layout));
-    }
-    ks_free(tmp);
-    w->layout = layout;
-    return KS_OK;
-}
-
-/* Q6_K in eight-row groups with eight-byte lanes (KS_WEIGHT_Q6_K_X8Q,
- * AVX-512 VNNI; matmul_x86_q4k.c has it in full and says why): per
- * super-block 1680 bytes: the eight rows' f16 d, their int8 scales [16][8],
- * ql as 16 chunks of 64 bytes (chunk c, bytes 8r..8r+7 = row r's ql[8c ..]),
- * qh as 8 such chunks. */
-#define KS_MM_Q6Q_SBYTES 1680
-
-static void ks_mm_q6q_pack_group(const uint8_t *rows, int64_t nb, uint8_t *grp) {
-    const size_t rb = (size_t)nb * sizeof(ks_block_q6_k);
-    for (int64_t b = 0; b < nb; b++) {
-        uint8_t *o = grp + (size_t)b * KS_MM_Q6Q_SBYTES;
-        for (int r = 0; r < 8; r++) {
-            const ks_block_q6_k *blk = (const ks_block_q6_k *)(rows + (size_t)r * rb) + b;
-            memcpy(o + 2 * r, &blk->d, 2);
-            for (int s = 0; s < 16; s++) o[16 + 8 * s + r] = (uint8_t)blk->scales[s];
-            for (int c = 0; c < 16; c++) memcpy(o + 144 + 64 * c + 8 * r, blk->ql + 8 * c, 8);
-            for (int c = 0; c < 8; c++) memcpy(o + 1168 + 64 * c + 8 * r, blk->qh + 8 * c, 8);
-        }
-    }
-}
-
-static void ks_mm_q6q_unpack_group(const uint8_t *grp, int64_t nb, uint8_t *rows) {
-    const size_t rb = (size_t)nb * sizeof(ks_block_q6_k);
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *o = grp + (size_t)b * KS_MM_Q6Q_SBYTES;
-        for (int r = 0; r < 8; r++) {
-            ks_block_q6_k *blk = (ks_block_q6_k *)(rows + (size_t)r * rb) + b;
-            memcpy(&blk->d, o + 2 * r, 2);
-            for (int s = 0; s < 16; s++) blk->scales[s] = (int8_t)o[16 + 8 * s + r];
-            for (int c = 0; c < 16; c++) memcpy(blk->ql + 8 * c, o + 144 + 64 * c + 8 * r, 8);
-            for (int c = 0; c < 8; c++) memcpy(blk->qh + 8 * c, o + 1168 + 64 * c + 8 * r, 8);
-        }
-    }
-}
-
-/* IQ4_XS in eight-row groups with eight-byte lanes (KS_WEIGHT_IQ4_XS_X8Q,
- * AVX-512 VNNI; matmul_x86_q4k.c): per super-block 1088 bytes: the eight
- * rows' f16 d, u16 scales_h, scales_l as eight dwords, then qs as 16 chunks
- * of 64 bytes (chunk c, bytes 8r..8r+7 = row r's qs[8c ..]). */
-#define KS_MM_IQ4Q_SBYTES 1088
-
-static void ks_mm_iq4q_pack_group(const uint8_t *rows, int64_t nb, uint8_t *grp) {
-    const size_t rb = (size_t)nb * sizeof(ks_block_iq4_xs);
-    for (int64_t b = 0; b < nb; b++) {
-        uint8_t *o = grp + (size_t)b * KS_MM_IQ4Q_SBYTES;
-        for (int r = 0; r < 8; r++) {
-            const ks_block_iq4_xs *blk = (const ks_block_iq4_xs *)(rows + (size_t)r * rb) + b;
-            memcpy(o + 2 * r, &blk->d, 2);
-            memcpy(o + 16 + 2 * r, &blk->scales_h, 2);
-            memcpy(o + 32 + 4 * r, blk->scales_l, 4);
-            for (int c = 0; c < 16; c++) memcpy(o + 64 + 64 * c + 8 * r, blk->qs + 8 * c, 8);
-        }
-    }
-}
-
-static void ks_mm_iq4q_unpack_group(const uint8_t *grp, int64_t nb, uint8_t *rows) {
-    const size_t rb = (size_t)nb * sizeof(ks_block_iq4_xs);
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *o = grp + (size_t)b * KS_MM_IQ4Q_SBYTES;
-        for (int r = 0; r < 8; r++) {
-            ks_block_iq4_xs *blk = (ks_block_iq4_xs *)(rows + (size_t)r * rb) + b;
-            memcpy(&blk->d, o + 2 * r, 2);
-            memcpy(&blk->scales_h, o + 16 + 2 * r, 2);
-            memcpy(blk->scales_l, o + 32 + 4 * r, 4);
-            for (int c = 0; c < 16; c++) memcpy(blk->qs + 8 * c, o + 64 + 64 * c + 8 * r, 8);
-        }
-    }
-}
-
-/* Q5_K in eight-row groups with eight-byte lanes (KS_WEIGHT_Q5_K_X8Q,
- * AVX-512 VNNI; matmul_x86_q4k.c): Q4_K's X8Q super-block (1152 bytes: d,
- * dmin, the scale dwords, the qs chunks), then qh as 4 chunks of 64 bytes
- * (chunk c, bytes 8r..8r+7 = row r's qh[8c ..]). */
-#define KS_MM_Q5Q_SBYTES 1408
-
-static void ks_mm_q5q_pack_group(const uint8_t *rows, int64_t nb, uint8_t *grp) {
-    const size_t rb = (size_t)nb * sizeof(ks_block_q5_k);
-    for (int64_t b = 0; b < nb; b++) {
-        uint8_t *o = grp + (size_t)b * KS_MM_Q5Q_SBYTES;
-        for (int r = 0; r < 8; r++) {
-            const ks_block_q5_k *blk = (const ks_block_q5_k *)(rows + (size_t)r * rb) + b;
-            memcpy(o + 2 * r, &blk->d, 2);
-            memcpy(o + 16 + 2 * r, &blk->dmin, 2);
-            for (int k = 0; k < 3; k++) memcpy(o + 32 + 32 * k + 4 * r, blk->scales + 4 * k, 4);
-            for (int c = 0; c < 16; c++) memcpy(o + 128 + 64 * c + 8 * r, blk->qs + 8 * c, 8);
-            for (int c = 0; c < 4; c++) memcpy(o + 1152 + 64 * c + 8 * r, blk->qh + 8 * c, 8);
-        }
-    }
-}
-
-static void ks_mm_q5q_unpack_group(const uint8_t *grp, int64_t nb, uint8_t *rows) {
-    const size_t rb = (size_t)nb * sizeof(ks_block_q5_k);
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *o = grp + (size_t)b * KS_MM_Q5Q_SBYTES;
-        for (int r = 0; r < 8; r++) {
-            ks_block_q5_k *blk = (ks_block_q5_k *)(rows + (size_t)r * rb) + b;
-            memcpy(&blk->d, o + 2 * r, 2);
-            memcpy(&blk->dmin, o + 16 + 2 * r, 2);
-            for (int k = 0; k < 3; k++) memcpy(blk->scales + 4 * k, o + 32 + 32 * k + 4 * r, 4);
-            for (int c = 0; c < 16; c++) memcpy(blk->qs + 8 * c, o + 128 + 64 * c + 8 * r, 8);
-            for (int c = 0; c < 4; c++) memcpy(blk->qh + 8 * c, o + 1152 + 64 * c + 8 * r, 8);
-        }
-    }
-}
-
-/* Q6_K, IQ4_XS or Q5_K into its eight-row groups, in place. */
-static ks_status ks_mm_pack_groups(ks_weight *w) {
-    const ks_dtype t = w->type;
-    const int64_t nb = w->cols / KS_QK_K;
-    const size_t gbytes = 8 * ks_dtype_row_bytes(t, w->cols);
-    KS_ASSERT(gbytes == (size_t)nb * (t == KS_DTYPE_Q6_K   ? KS_MM_Q6Q_SBYTES
-                                      : t == KS_DTYPE_Q5_K ? KS_MM_Q5Q_SBYTES
-                                                           : KS_MM_IQ4Q_SBYTES)); /* in place: same size */
-    uint8_t *tmp = ks_malloc(gbytes);
-    if (!tmp) return KS_FAIL(KS_ERR_NOMEM, "repacking a %lld-column matrix", (long long)w->cols);
-    uint8_t *base = (uint8_t *)(uintptr_t)w->data; /* the caller made it writable */
-    for (int64_t g = 0; g < w->rows / 8; g++) {
-        memcpy(tmp, base + (size_t)g * gbytes, gbytes);
-        (t == KS_DTYPE_Q6_K   ? ks_mm_q6q_pack_group
-         : t == KS_DTYPE_Q5_K ? ks_mm_q5q_pack_group
-                              : ks_mm_iq4q_pack_group)(tmp, nb, base + (size_t)g * gbytes);
-    }
-    ks_free(tmp);
-    w->layout = t == KS_DTYPE_Q6_K ? KS_WEIGHT_Q6_K_X8Q : t == KS_DTYPE_Q5_K ? KS_WEIGHT_Q5_K_X8Q : KS_WEIGHT_IQ4_XS_X8Q;
-    return KS_OK;
+/* The group layout of a type at lane width lw (4: X8, 8: X8Q). */
+static ks_weight_layout ks_mm_x8_layout(ks_dtype t, int lw) {
+    return lw == 4                  ? KS_WEIGHT_Q4_K_X8
+           : t == KS_DTYPE_Q6_K     ? KS_WEIGHT_Q6_K_X8Q
+           : t == KS_DTYPE_IQ4_XS   ? KS_WEIGHT_IQ4_XS_X8Q
+           : t == KS_DTYPE_Q5_K     ? KS_WEIGHT_Q5_K_X8Q
+                                    : KS_WEIGHT_Q4_K_X8Q;
 }
 
 /* The product over eight-row groups: the rows split between the threads and
@@ -495,13 +329,9 @@ static void ks_mm_x8_rows_work(const ks_mm_job *job, int ith, int nth, int lw) {
 #endif
     uint8_t *rows = ks_scratch(KS_SCRATCH_KERNEL, 8 * job->wrow);
     KS_ASSERT(rows); /* reserved before the run (ks_matmul_worker_scratch_bytes) */
+    const ks_matmul_group_layout *g = ks_matmul_group_layout_of(ks_mm_x8_layout(job->wtype, lw));
     for (int64_t r = r_begin; r < r_end; r += 8) {
-        if (job->wtype == KS_DTYPE_Q6_K) ks_mm_q6q_unpack_group(job->W + (size_t)r * job->wrow, job->cols / KS_QK_K, rows);
-        else if (job->wtype == KS_DTYPE_IQ4_XS)
-            ks_mm_iq4q_unpack_group(job->W + (size_t)r * job->wrow, job->cols / KS_QK_K, rows);
-        else if (job->wtype == KS_DTYPE_Q5_K)
-            ks_mm_q5q_unpack_group(job->W + (size_t)r * job->wrow, job->cols / KS_QK_K, rows);
-        else ks_mm_x8_unpack_group(job->W + (size_t)r * job->wrow, job->cols / KS_QK_K, rows, lw);
+        ks_matmul_group_unpack(g, job->W + (size_t)r * job->wrow, job->cols / KS_QK_K, rows);
         for (int i = 0; i < 8; i++)
             for (int64_t c = 0; c < job->n; c += KS_MM_NC) {
                 const int nc = (int)(job->n - c < KS_MM_NC ? job->n - c : KS_MM_NC);
@@ -543,9 +373,10 @@ static void ks_mm_x8q_prefill_worker(void *arg, int ith, int nth) {
 
 ks_status ks_matmul_pack(ks_weight *w) {
     if (!ks_matmul_can_pack(w)) return KS_OK;
-    if (w->type == KS_DTYPE_Q4_K)
-        return ks_mm_pack_x8(w, ks_simd_detect() == KS_SIMD_AVX512 ? KS_WEIGHT_Q4_K_X8Q : KS_WEIGHT_Q4_K_X8);
-    if (w->type == KS_DTYPE_Q6_K || w->type == KS_DTYPE_IQ4_XS || w->type == KS_DTYPE_Q5_K) return ks_mm_pack_groups(w);
+    if (w->type == KS_DTYPE_Q4_K) /* four-byte lanes at AVX2, eight at AVX-512 */
+        return ks_matmul_group_pack_weight(w, ks_mm_x8_layout(w->type, ks_simd_detect() == KS_SIMD_AVX512 ? 8 : 4));
+    if (w->type == KS_DTYPE_Q6_K || w->type == KS_DTYPE_IQ4_XS || w->type == KS_DTYPE_Q5_K)
+        return ks_matmul_group_pack_weight(w, ks_mm_x8_layout(w->type, 8));
     if (w->type == KS_DTYPE_Q8_0 && w->rows % 16 == 0) return ks_mm_pack_p16(w);
     const bool q8 = w->type == KS_DTYPE_Q8_0;
     const int64_t nb = w->cols / 32, ng = nb / 4;
@@ -659,9 +490,7 @@ static void ks_mm_packed_worker(void *arg, int ith, int nth) {
 }
 
 size_t ks_matmul_worker_scratch_bytes(const ks_weight *w) {
-    if (w->layout == KS_WEIGHT_Q4_K_X8 || w->layout == KS_WEIGHT_Q4_K_X8Q || w->layout == KS_WEIGHT_Q6_K_X8Q ||
-        w->layout == KS_WEIGHT_IQ4_XS_X8Q || w->layout == KS_WEIGHT_Q5_K_X8Q)
-        return 8 * ks_dtype_row_bytes(w->type, w->cols); /* one group unpacked */
+    if (ks_matmul_group_layout_of(w->layout)) return 8 * ks_dtype_row_bytes(w->type, w->cols); /* one group unpacked */
     const int64_t nb = w->cols / KS_QK8_0;
     size_t panel_bytes;
     if (w->layout == KS_WEIGHT_Q8_0_P16) panel_bytes = (size_t)nb * 544;
@@ -694,13 +523,9 @@ void ks_matmul_weight_ex(ks_pool *pool, const ks_weight *w, const float *X, int6
         ks_mm_run(pool, w->type, w->data, w->rows, w->cols, X, n, Y, scratch, ks_mm_p16_worker, x_ready, true, NULL);
         return;
     }
-    if (w->layout == KS_WEIGHT_Q4_K_X8 || w->layout == KS_WEIGHT_Q4_K_X8Q || w->layout == KS_WEIGHT_Q6_K_X8Q ||
-        w->layout == KS_WEIGHT_IQ4_XS_X8Q || w->layout == KS_WEIGHT_Q5_K_X8Q) {
-        KS_ASSERT(w->type == (w->layout == KS_WEIGHT_Q6_K_X8Q     ? KS_DTYPE_Q6_K
-                              : w->layout == KS_WEIGHT_IQ4_XS_X8Q ? KS_DTYPE_IQ4_XS
-                              : w->layout == KS_WEIGHT_Q5_K_X8Q   ? KS_DTYPE_Q5_K
-                                                                  : KS_DTYPE_Q4_K) &&
-                  w->rows % 8 == 0);
+    const ks_matmul_group_layout *g = ks_matmul_group_layout_of(w->layout);
+    if (g) { /* eight-row groups */
+        KS_ASSERT(w->type == g->type && w->rows % 8 == 0);
         if (w->rows == 0 || n == 0) return;
         const bool q = w->layout != KS_WEIGHT_Q4_K_X8;
 #if KS_MM_HAVE_X86

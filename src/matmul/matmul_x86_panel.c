@@ -336,7 +336,7 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q8_0t2)(const uint8_t *panel, size_t panel_bytes, 
 #define KS_MM_FN static __attribute__((target(KS_MM_TGT)))
 #define KS_MM_INL static inline __attribute__((target(KS_MM_TGT), always_inline))
 /* ---------------------------------- AVX2 eight-row Q4_K prefill tile ---
- * Why: the one-row kernels (matmul_x86.c, matmul_x86_types.c) spend, per
+ * Why: the one-row kernels (matmul_x86_kquant.c, matmul_x86_types.c) spend, per
  * 32 weights, row and vector, a maddubs AND a madd (the sub-block scale), two of the two
  * integer-multiply pipes' slots, and per (row, vector, super-block) an
  * epilogue of about ten ops (the mins, two conversions, two FMAs) and at
@@ -362,7 +362,7 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q8_0t2)(const uint8_t *panel, size_t panel_bytes, 
  *     acc = fma((float)isum, d * da, acc); acc = fma(-(float)msum, dmin * da, acc)
  * with isum = sum_s sc_s * (q_s . a_s) and msum = sum_s m_s * bsum_s exact
  * int32 (tests/test_matmul.c emulates it in scalar C, bit for bit).  The
- * AVX2 one-row kernels (matmul_x86.c, ks_mm_hsum2_i32) follow the same
+ * AVX2 one-row kernels (matmul_x86_kquant.c, ks_mm_hsum2_i32) follow the same
  * order, so a product of n >= KS_MM_PAIR_N vectors (prefill) and one of
  * fewer (decode, the rows past the last whole eight) give the same bits. */
 KS_MM_INL __m256i KS_MM_SFX(ks_mm_t8_load)(const uint8_t *p0, const uint8_t *p4) {

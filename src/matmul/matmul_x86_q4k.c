@@ -1,7 +1,8 @@
 /*
  * matmul_x86_q4k.c — the K-quant products over weights repacked at load into
  * eight-row interleaved super-blocks (made by ks_matmul_pack,
- * matmul_packed.c), one kernel per layout for decode and prefill:
+ * matmul_packed.c; the layouts byte by byte: matmul_packed_x8q.c), one
+ * kernel per layout for decode and prefill:
  *   - AVX2: Q4_K in four-byte lanes (KS_WEIGHT_Q4_K_X8), maddubs / madd;
  *   - AVX-512 VNNI: Q4_K, Q5_K, Q6_K and IQ4_XS in eight-byte lanes
  *     (KS_WEIGHT_Q4_K_X8Q, _Q5_K_X8Q, _Q6_K_X8Q, _IQ4_XS_X8Q), vpdpbusd /
@@ -12,7 +13,7 @@
  * prefill tile over the file's rows (matmul_x86_panel.c) spends most of its
  * shuffle-pipe slots transposing eight rows into the lanes of a ymm (llvm-mca,
  * Zen 3: about 54 cycles per 2048 multiply-adds against 40 for the multiply
- * pipes), while the one-row decode kernel (matmul_x86.c) pays a madd per 32
+ * pipes), while the one-row decode kernel (matmul_x86_kquant.c) pays a madd per 32
  * weights and an integer horizontal sum per super-block and vector.  Stored
  * already transposed, a 32-byte load IS the register the tile wants (lane r
  * = four bytes of row r), so neither the transposes nor the horizontal sums
@@ -20,7 +21,7 @@
  * in prefill.  The idea of interleaving rows at load for AVX2 is llama.cpp's
  * (block_q4_Kx8, ggml-cpu/repack.cpp); the layout and the arithmetic here
  * are this engine's own (its per-output float order below).  At AVX-512 the
- * one-row zmm kernels over the file's rows (matmul_x86.c) ran the 1B Q4_K_M
+ * one-row zmm kernels over the file's rows (matmul_x86_kquant.c) ran the 1B Q4_K_M
  * model's prefill GEMM at 14% of the int8 peak: one row per call, so every
  * activation load and every weight unpack served one row; the groups there
  * serve eight rows per activation broadcast and up to KS_MM_X8Q_NC vectors
@@ -203,7 +204,7 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q4_kx8)(const uint8_t *grp, const uint8_t *xq, siz
  * applying the sub-block scales (the int32 lanes of a sub-block's four
  * vpdpbusd sum at most 16 * 15 * 127 = 30480, an int16; the scale vector's
  * int32 lanes are (scale, 0) int16 pairs, so the lane's sign-extension half
- * meets the zero: matmul_x86.c's Q4_K zmm form does the same), 4 vpdpwssd
+ * meets the zero: matmul_x86_kquant.c's Q4_K zmm form does the same), 4 vpdpwssd
  * for the mins against the Q8_K bsums, and an epilogue of 13 ops per two
  * vectors (their outputs share a zmm; 9 for a vector alone).  The weight side
  * (nibble split, scale and min vectors by vpshufb) is built once per
@@ -429,7 +430,7 @@ KS_MM_INL void KS_MM_SFX(ks_mm_x8q_step)(const __m512i *isum, const uint8_t *sb,
  * Arithmetic per output: acc = 0; per super-block acc = fma((float)isum,
  * d * da, acc), isum = sum_s sc_s (q_s - 32) . a_s exact in int32: the AVX2
  * Q6_K kernels' (the eight-row tile and the one-row kernel,
- * matmul_x86_tiles.c / matmul_x86.c), so at AVX-512 decode and prefill give
+ * matmul_x86_tiles.c / matmul_x86_kquant.c), so at AVX-512 decode and prefill give
  * the bits the AVX2 level gives for the same matrix. */
 KS_MM_INL void KS_MM_SFX(ks_mm_q6_kx8q_body)(const uint8_t *grp, const uint8_t *xq, size_t xs, int64_t cols, float *y,
                                              int64_t ys, const int NC) {

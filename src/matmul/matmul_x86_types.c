@@ -12,7 +12,7 @@
  * AVX-512 level, through ks_mm_dot_u8s8 / ks_mm_dot_i16) does that: per
  * 32-byte run of weights it spends 3-6 vector ops per vector of the tile.
  * Q5_K and IQ4_XS, the main types of Q5_K_M and IQ4_XS files, have zmm
- * forms at the AVX-512 level instead (Q5_K: Q4_K's from matmul_x86.c plus
+ * forms at the AVX-512 level instead (Q5_K: Q4_K's from matmul_x86_kquant.c plus
  * the fifth bit plane; IQ4_XS: the levels biased to unsigned), which read
  * their bytes at Q4_K's rate (docs/BENCHMARKS.md).
  *
@@ -260,11 +260,11 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q5_kt_body)(const uint8_t *w, const uint8_t *xq, 
     const ks_block_q5_k *wb = (const ks_block_q5_k *)w;
     const int64_t nb = cols / KS_QK_K;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10);
-    __m128 acc[4]; /* lane 0: the output, in the eight-row tile's order (matmul_x86.c, ks_mm_hsum2_i32) */
+    __m128 acc[4]; /* lane 0: the output, in the eight-row tile's order (matmul_x86_kquant.c, ks_mm_hsum2_i32) */
     _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) acc[c] = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         KS_MM_QK_PREFETCH(wb + b, sizeof(ks_block_q5_k) + 16); /* 176 bytes: 3 lines */
-        /* scales and mins as in Q4_K (matmul_x86.c: word-wise unpack, one
+        /* scales and mins as in Q4_K (matmul_x86_kquant.c: word-wise unpack, one
          * in-lane shuffle per sub-block scale) */
         const __m128i scm = KS_MM_SFX(ks_mm_q4k_scales_v)(wb + b);
         const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
@@ -273,7 +273,7 @@ KS_MM_INL void KS_MM_SFX(ks_mm_q5_kt_body)(const uint8_t *w, const uint8_t *xq, 
         uint32_t ddm;
         memcpy(&ddm, &wb[b].d, 4);
         const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128((int)ddm));
-        __m256i isum[4], isum2[4]; /* two chains for one vector only, as in Q4_K (matmul_x86.c) */
+        __m256i isum[4], isum2[4]; /* two chains for one vector only, as in Q4_K (matmul_x86_kquant.c) */
         _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) isum[c] = isum2[c] = _mm256_setzero_si256();
         const __m256i qh = _mm256_loadu_si256((const __m256i *)wb[b].qh);
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
@@ -317,7 +317,7 @@ KS_MM_FN void KS_MM_SFX(ks_mm_q5_kt_rows)(const uint8_t *w, size_t wrow, int64_t
 #endif /* KS_MM_LEVEL < 2 */
 
 #if KS_MM_LEVEL >= 2
-/* Q5_K's zmm form at the AVX-512 level: matmul_x86.c's Q4_K zmm kernel
+/* Q5_K's zmm form at the AVX-512 level: matmul_x86_kquant.c's Q4_K zmm kernel
  * with its fifth bit plane (Q5 set; that kernel's comment has the layout
  * work), which reads Q5_K's bytes at Q4_K's rate. */
 KS_MM_FN void KS_MM_SFX(ks_mm_q5_kz)(const uint8_t *w, const uint8_t *xq, size_t xs, int nc, int64_t cols, float *y,
@@ -492,7 +492,7 @@ KS_MM_FN void KS_MM_SFX(ks_mm_iq4_xsz)(const uint8_t *w, const uint8_t *xq, size
  * sign trick, and the int16 pair sums times the signed 6-bit scale
  * (ls - 32); d * da once per super-block.
  *
- * Bookkeeping is what bounds this at n = 1 (as in Q4_K, matmul_x86.c), so:
+ * Bookkeeping is what bounds this at n = 1 (as in Q4_K, matmul_x86_kquant.c), so:
  * the eight 6-bit scales are built in one xmm of int16 (the nibbles by a
  * mask, a shift and an unpack; the 2-bit high parts by one multiply that
  * shifts lane s left by 14 - 2s, then a shift right by 14) and each
