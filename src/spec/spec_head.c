@@ -10,7 +10,7 @@
  * The head keeps its own full K cache (one layer) indexed by position, Q8_0
  * rows by default (`kcache=f16` for f16 rows): at long contexts that cache
  * is most of the bytes a selection reads (32K positions x 8 KV heads x 64
- * dims are 33.5 MB of f16 against the projections' 24.5 MB of Q8_0), and
+ * dims are 33.5 MB of f16 against the projections' 24.5 MB of Q8_0, 18.9 of Q6_K), and
  * 8-bit keys halve it at the cost of the keys' rounding in the scores, which
  * kvsieve eval measures as noise (docs/results/POLICIES.md, "Deviations").
  * Prompt keys are computed from the hidden states the framework captures
@@ -199,10 +199,12 @@ float *ks_spec_bnd_at(spec_state *s, int32_t seq, int32_t pos) {
  * K-quant rows (0.82, 0.69, 0.56 bytes a weight against Q8_0's 1.06).
  * Each is then packed as the target's own weights of that type are
  * (ks_matmul_pack: Q8_0 panels on AVX-512, K-quant eight-row groups on
- * AVX-512 VNNI, Q4_K's on AVX2 too), because the one-row kernels of the
- * file layout read a step's 24 MB of M's head at about a fifth of the
- * rate the packed ones reach (perf of a 32K spec step: 7% of the CPU in
- * the one-row Q8_0 kernel for 2% of the bytes).  Every rounding moves the
+ * AVX-512 VNNI, Q4_K's on AVX2 too), so the head runs the kernels the
+ * target's decode runs: the K-quants' one-row kernels are the slow ones
+ * (a Q4_K_M 1B decode went from 20 to 39 tok/s with the groups,
+ * docs/BENCHMARKS.md), while Q8_0's read at about the packed rate (perf
+ * of a 32K spec step: the head's Q8_0 rows 1.8% of the CPU for 2.1% of
+ * the bytes, its Q6_K groups 1.6% for 1.6%).  Every rounding moves the
  * projections, so the selection may differ slightly from the checkpoint's
  * precision; docs/results/EVAL.md has the measured effect. */
 bool ks_spec_requantize_fits(const ks_eagle3 *dlm, bool embed_only, ks_dtype to) {

@@ -22,7 +22,7 @@ typedef struct {
     int32_t H, Hq, Hkv, hd, G, tH;        /* DLM hidden, heads, kv heads, head dim, group, target hidden */
     ks_dtype t_fc, t_q, t_k;              /* weight types for ks_matmul */
     const void *w_fc, *w_q, *w_k;         /* the weights as the matmuls read them: the checkpoint's, or own_w */
-    ks_weight_layout l_fc, l_q, l_k;      /* their layouts (KS_WEIGHT_ROWS unless a K-quant weights= packed them) */
+    ks_weight_layout l_fc, l_q, l_k;      /* their layouts (KS_WEIGHT_ROWS unless ks_spec_requantize packed them) */
     void *own_w;                          /* weights= a quantised type: fc, q_proj, k_proj requantised (owned), else NULL */
     uint8_t *kc;                          /* [n_seq][Hkv][n_ctx] rows of kc_rb bytes: head K cache by position */
     ks_dtype kc_type;                     /* KS_DTYPE_F16 or KS_DTYPE_Q8_0 (kcache=) */
@@ -60,8 +60,8 @@ static inline uint8_t *ks_spec_kc_at(spec_state *s, int32_t seq, int32_t kvh, in
 /* The type ks_matmul reads a DLM matrix as (F32, F16 or BF16). */
 ks_status ks_spec_dtype_of(const ks_eagle3_mat *m, ks_dtype *out);
 /* weights=q8_0, q6_k, q5_k or q4_k (to: that type): fc, q_proj and k_proj
- * requantised into s->own_w (the K-quants repacked where the host's
- * kernels take eight-row groups). */
+ * requantised into s->own_w, then packed where the host packs the
+ * target's weights of that type (ks_matmul_can_pack). */
 ks_status ks_spec_requantize(spec_state *s, bool embed_only, ks_dtype to);
 /* Whether every projection's rows are whole blocks of type to. */
 bool ks_spec_requantize_fits(const ks_eagle3 *dlm, bool embed_only, ks_dtype to);
