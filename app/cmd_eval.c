@@ -14,7 +14,9 @@
  * context: free-running (task accuracy, token agreement with the dense
  * output) and teacher-forced with the dense tokens (top-1 agreement and
  * KL(dense || policy) position by position, and the attention recall probe:
- * the share of the dense attention mass its selections cover).  A budget
+ * the share of the dense attention mass its selections cover); with
+ * --share-prefill those runs restore the prompt's KV where an earlier run of
+ * the same prefill setting computed it (eval_open_cache).  A budget
  * "6%" is 6% of each instance's length.  --calibrate also collects the
  * entropy and varentropy of every dense output distribution, averages them
  * per KV page of generated tokens (--page) and stores the 99th percentiles of
@@ -185,6 +187,9 @@ typedef struct eval_state {
     double *cal_h, *cal_v; /* [n_cal] entropies of the dense runs (--calibrate) */
     size_t n_cal, cap_cal, n_cal_tok; /* pages, room, tokens */
     uint64_t *pol_sel, *pol_reb;
+    ks_prefix_cache *pc;   /* --share-prefill: this length's cache, or NULL */
+    uint64_t pc_cap;       /* its RAM cap */
+    int64_t restored, prompt_rows; /* this length's prompt rows restored / prefilled, every run */
 } eval_state;
 
 /* Dense first (the reference), then every other policy x budget. */
@@ -240,6 +245,8 @@ static int eval_lengths(const app_options *o, eval_state *e) {
     return -1;
 }
 
+static void eval_open_cache(const app_options *o, eval_state *e, int l);
+
 /* One context per configuration, sized for length l (budgets in % follow it). */
 static int eval_open_contexts(app_options *o, eval_state *e, int l) {
     for (int k = 0; k < e->n_cfg; k++) {
@@ -266,7 +273,50 @@ static int eval_open_contexts(app_options *o, eval_state *e, int l) {
             return 1;
         }
     }
+    eval_open_cache(o, e, l);
     return -1;
+}
+
+/* --share-prefill at length l: a RAM prefix cache every configuration's
+ * runs go through, so that each instance's prompt is computed once per
+ * prefill setting and KV layout (the reference's dense prefill serves every
+ * configuration that prefills densely; a teacher-forced run restores its
+ * own free run's).  A restore is byte for byte and leaves what a policy
+ * observes to compute (SnapKV's window, DapQ's pseudo tokens; LRQK and
+ * spec without cached state recompute), so the figures are those of
+ * separate prefills; only tok/s changes.  It holds one copy of the prompt's
+ * KV beside the contexts' own, so it stays off where three copies would
+ * not fit in the memory available, and for sliding-window models, whose
+ * local layers would then keep every row of the prompt (a cached prompt
+ * must be restorable at any block). */
+static void eval_open_cache(const app_options *o, eval_state *e, int l) {
+    if (!o->share_prefill) return;
+    ks_model_info mi;
+    ks_model_get_info(e->m, &mi);
+    if (mi.n_local > 0) {
+        if (l == 0)
+            fprintf(stderr, "kvsieve eval: --share-prefill: off for this model (sliding-window layers would keep "
+                            "every row of a cached prompt)\n");
+        return;
+    }
+    double per_token = (double)mi.n_layer * mi.n_head_kv * 2.0 * (double)ks_kv_type_row_bytes(KS_KV_F16, mi.head_dim);
+    double kv = per_token * e->lens[l], avail = (double)ks_host_mem_available();
+    if (3.0 * kv > avail) {
+        fprintf(stderr, "kvsieve eval: --share-prefill: off at length %d (the prompt's KV, %.2f GB, three times "
+                        "over does not fit in the %.2f GB available)\n", e->lens[l], kv / 1e9, avail / 1e9);
+        return;
+    }
+    ks_prefix_cache_params pp = ks_prefix_cache_default_params();
+    pp.ram_bytes = (uint64_t)(1.25 * kv) + (64ull << 20); /* the rows, a policy's per-token state, the tokens */
+    pp.share_pages = false; /* blocks of bytes: every context restores them (pages pin in one store) */
+    pp.write_behind = false;
+    e->pc_cap = pp.ram_bytes;
+    ks_status st = ks_prefix_cache_create(e->m, &pp, &e->pc);
+    if (st != KS_OK) {
+        app_report("eval", "--share-prefill's cache (computing every prefill instead)", st);
+        e->pc = NULL;
+    }
+    e->restored = e->prompt_rows = 0;
 }
 
 /* --calibrate: per-page means of the dense distributions. */
@@ -288,8 +338,11 @@ static ks_status eval_compare(eval_state *e, int k, const ks_eval_instance *inst
     ks_eval_result fr, tf;
     ks_eval_run_opts of = ks_eval_run_default_opts();
     of.keep_logits = true;
+    of.prefix = e->pc;
     ks_status st;
     if ((st = ks_eval_run(e->ctxs[k], e->m, inst, &of, &fr)) != KS_OK) return st;
+    e->restored += fr.n_restored;
+    e->prompt_rows += fr.n_prompt;
     /* a free run that produced exactly the dense tokens *is* the teacher-forced
      * run (same inputs, same steps): reuse it instead of running again */
     bool same = fr.n_gen == ref->n_gen && (ref->n_gen == 0 || !memcmp(fr.tokens, ref->tokens, sizeof(int32_t) * ref->n_gen));
@@ -311,7 +364,10 @@ static ks_status eval_compare(eval_state *e, int k, const ks_eval_instance *inst
         ot.forced = ref->tokens;
         ot.n_forced = ref->n_gen;
         ot.keep_logits = true;
+        ot.prefix = e->pc;
         if ((st = ks_eval_run(e->ctxs[k], e->m, inst, &ot, &tf)) != KS_OK) { ks_eval_result_free(&fr); return st; }
+        e->restored += tf.n_restored;
+        e->prompt_rows += tf.n_prompt;
         ks_context_take_recall(e->ctxs[k], NULL, &recall);
     }
     double agree_tf = 1, agree_free = 1, kl = 0;
@@ -348,11 +404,14 @@ static int eval_reference(app_options *o, eval_state *e, const ks_eval_instance 
                           ks_eval_result *ref) {
     ks_eval_run_opts ro = ks_eval_run_default_opts();
     ro.keep_logits = e->n_cfg > 1 || o->calibrate;
+    ro.prefix = e->pc;
     ks_simd_level simd_saved = ks_simd_current();
     if (o->ref_simd >= 0) ks_simd_force((ks_simd_level)o->ref_simd); /* no other thread runs: a step boundary */
     ks_status st = ks_eval_run(e->ctxs[0], e->m, inst, &ro, ref);
     ks_simd_force(simd_saved);
     if (st != KS_OK) { app_report(o->cmd, "running an instance", st); return 1; }
+    e->restored += ref->n_restored;
+    e->prompt_rows += ref->n_prompt;
     if (o->calibrate && ref->n_gen > 0) eval_collect_calibration(o, e, ref);
     if (o->show) eval_show(e->m, inst, ref, s);
     if (o->dump_dir && (st = eval_dump_prompt(o->dump_dir, inst, s)) != KS_OK) {
@@ -388,6 +447,10 @@ static int eval_sample(app_options *o, eval_state *e, int t, int l, int d, long 
     if (rc >= 0) { ks_eval_instance_free(&inst); return rc; }
     for (int k = 1; k < e->n_cfg && st == KS_OK; k++)
         st = eval_compare(e, k, &inst, &ref, eval_cell_at(e, k, t, l, d, o->n_eval_depths));
+    if (e->pc) { /* the next instance shares no prompt with this one: its blocks go */
+        ks_prefix_cache_trim(e->pc, 0);
+        ks_prefix_cache_trim(e->pc, e->pc_cap);
+    }
     ks_eval_result_free(&ref);
     ks_eval_instance_free(&inst);
     if (st != KS_OK) { app_report(o->cmd, "running an instance on a policy", st); return 1; }
@@ -413,6 +476,13 @@ static int eval_cell_run(app_options *o, eval_state *e, int t, int l, int d) {
 
 /* The policy counters of length l's contexts, then the contexts go. */
 static void eval_close_contexts(eval_state *e, int l) {
+    if (e->pc) {
+        fprintf(stderr, "kvsieve eval: len %6d: --share-prefill restored %lld of %lld prompt rows (%.1f%%)\n", e->lens[l],
+                (long long)e->restored, (long long)e->prompt_rows,
+                e->prompt_rows ? 100.0 * (double)e->restored / (double)e->prompt_rows : 0.0);
+        ks_prefix_cache_destroy(e->pc);
+        e->pc = NULL;
+    }
     for (int k = 0; k < e->n_cfg; k++) {
         ks_stats cs;
         ks_context_stats(e->ctxs[k], &cs);
@@ -525,6 +595,7 @@ int cmd_eval(int argc, char **argv) {
     free(e->pol_sel);
     free(e->cells);
     free(e->sums);
+    ks_prefix_cache_destroy(e->pc); /* a sweep stopped by an error */
     for (int k = 0; k < e->n_cfg; k++) ks_context_destroy(e->ctxs[k]);
     free(e->ctxs);
     ks_model_destroy(e->m);

@@ -155,6 +155,11 @@ static const app_opt g_opts[] = {
      "write CHESS's thresholds (99th percentiles of the dense runs' per-page mean\n"
      "entropy and varentropy, pages of --page tokens) to MODEL.gguf.chess.json, which\n"
      "run/bench/eval then pass to chess", 0},
+    {"--share-prefill", 0, OPT_FLAG, APP_EVAL, F(share_prefill), 0, 0, 0, 0, 0, 0,
+     "compute each instance's prompt once per prefill setting: the configurations\n"
+     "(and their teacher-forced runs) restore it through a prefix cache in RAM, byte\n"
+     "for byte, so every figure but tok/s is the same; off for sliding-window models\n"
+     "and where the prompt's KV would not fit beside the contexts", 0},
     {"--show", 0, OPT_FLAG, APP_EVAL, F(show), 0, 0, 0, 0, 0, 0,
      "print each instance's question, expected and dense answer to stderr (a failing\n"
      "task's errors, read one by one)", 0},
@@ -225,8 +230,8 @@ static const app_command g_cmds[] = {
     {"eval", APP_EVAL, true, false,
      "kvsieve eval [-m MODEL.gguf] [--task LIST|all] [--lengths 1024,4096,8192] [--depths 0,0.25,...]\n"
      "                    [--samples N] [--seed S] [-t THREADS] [--json] [--plot FILE.svg] [--calibrate] [--show]\n"
-     "                    [--dump-prompts DIR] [--policy dense,quest,...] [--budget 3%,6%,12%] [--kv-type f16|q8]\n"
-     "                    [--reference-simd scalar|avx2|avx512|neon|dotprod|i8mm] [policy flags]",
+     "                    [--dump-prompts DIR] [--share-prefill] [--policy dense,quest,...] [--budget 3%,6%,12%]\n"
+     "                    [--kv-type f16|q8] [--reference-simd scalar|avx2|avx512|neon|dotprod|i8mm] [policy flags]",
      "Dense always runs as the reference.  --kv-type q8: the compared configurations keep 8-bit KV\n"
      "(Q8_0 rows) while the dense reference stays f16; list dense in --policy to compare dense on q8 with it.\n"},
     {"perplexity", APP_PPL, false, false,

@@ -69,7 +69,7 @@ typedef struct app_options {
     bool no_prefill, no_mmap, no_repack;
     int offload[3], n_offload;
     /* eval */
-    bool task_on[8], tasks_given, calibrate, show;
+    bool task_on[8], tasks_given, calibrate, show, share_prefill;
     long lengths[APP_LIST_CAP];
     int n_lengths;
     double eval_depths[APP_LIST_CAP];

@@ -110,6 +110,9 @@ typedef struct ks_eval_run_opts {
     const int32_t *forced;    /* [n_forced] teacher-forced GEN tokens, or NULL: greedy */
     int32_t n_forced;
     bool keep_logits;         /* keep [n_gen][n_vocab] logits behind the GEN tokens */
+    ks_prefix_cache *prefix;  /* optional (borrowed): the first TEXT segment through it (ks_prefill_cached):
+                               * restored where a run of the same prompt, KV layout and prefill setting
+                               * cached it, then captured for the next; the logits are the same bits */
 } ks_eval_run_opts;
 ks_eval_run_opts ks_eval_run_default_opts(void);
 
@@ -118,6 +121,7 @@ typedef struct ks_eval_result {
     char *answer;         /* text of the last GEN segment (owned) */
     int32_t n_prompt;     /* tokens prefilled (TEXT segments) */
     int32_t n_gen;        /* tokens decoded (GEN segments) */
+    int32_t n_restored;   /* of n_prompt, rows restored from opts.prefix instead of computed */
     int32_t *tokens;      /* [n_gen] decoded tokens, all GEN segments in order (owned) */
     float *logits;        /* [n_gen][n_vocab] logits each token was chosen from, or NULL (owned) */
     double seconds;       /* wall time of prefill + decode */

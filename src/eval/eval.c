@@ -9,7 +9,12 @@
  * dense tokens (opts.forced) and can keep the logits each token was chosen
  * from.  Tokens that end a GEN segment (a newline, end of generation) are
  * recorded with their logits but not fed to the context, so a forced replay
- * takes the same stop decisions at the same positions.
+ * takes the same stop decisions at the same positions.  With a prefix
+ * cache (opts.prefix) the prompt's first segment is restored where an
+ * earlier run cached it: the cache restores rows byte for byte and leaves
+ * the rows a policy observes to compute, so the run's logits are the
+ * uncached run's bits (docs/SERVER.md, "Prefix cache") and only its time
+ * differs.
  */
 #include "core/core.h"
 #include "eval/eval.h"
@@ -19,7 +24,7 @@
 #include <string.h>
 
 ks_eval_run_opts ks_eval_run_default_opts(void) {
-    return (ks_eval_run_opts){.seq = 0, .forced = NULL, .n_forced = 0, .keep_logits = false};
+    return (ks_eval_run_opts){.seq = 0, .forced = NULL, .n_forced = 0, .keep_logits = false, .prefix = NULL};
 }
 
 void ks_eval_result_free(ks_eval_result *res) {
@@ -49,7 +54,7 @@ ks_status ks_eval_run(ks_context *ctx, const ks_model *model, const ks_eval_inst
     char **gen_text = ks_calloc((size_t)n_gen_segs + 1, sizeof(char *)); /* [n_gen_segs] */
     int32_t *ids = NULL;
     size_t ids_cap = 0;
-    int32_t n_prompt = 0, n_gen = 0, gi = 0;
+    int32_t n_prompt = 0, n_gen = 0, gi = 0, n_restored = 0;
     ks_status st = !logits || !tokens || (opts.keep_logits && !kept) || !gen_text
                        ? KS_FAIL(KS_ERR_NOMEM, "eval run buffers (%d tokens)", gen_cap)
                        : KS_OK;
@@ -74,7 +79,10 @@ ks_status ks_eval_run(ks_context *ctx, const ks_model *model, const ks_eval_inst
             }
             if (st != KS_OK) break;
             if (n == 0) continue;
-            st = ks_prefill(ctx, opts.seq, ids, (int32_t)n, logits, NULL);
+            /* the prompt's first segment starts the (reset) sequence: a cache can give its rows */
+            if (opts.prefix && ks_seq_len(ctx, opts.seq) == 0)
+                st = ks_prefill_cached(ctx, opts.prefix, opts.seq, ids, (int32_t)n, logits, &n_restored);
+            else st = ks_prefill(ctx, opts.seq, ids, (int32_t)n, logits, NULL);
             n_prompt += (int32_t)n;
             continue;
         }
@@ -110,6 +118,7 @@ ks_status ks_eval_run(ks_context *ctx, const ks_model *model, const ks_eval_inst
             .answer = ks_strdup(answer), /* checked below */
             .n_prompt = n_prompt,
             .n_gen = n_gen,
+            .n_restored = n_restored,
             .tokens = tokens,
             .logits = kept,
             .seconds = secs,

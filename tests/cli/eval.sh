@@ -118,6 +118,30 @@ PY
     >"$TMP/ref.txt" 2>"$TMP/err" || bad "eval --reference-simd failed: $(cat "$TMP/err")"
 grep -q "^dense/ref-scalar" "$TMP/ref.txt" || bad "reference label: $(cat "$TMP/ref.txt")"
 
+# --share-prefill: the prompt computed once per prefill setting and restored by the other configurations
+# and the teacher-forced runs; every figure but tok/s is the separate prefills' (spec recomputes until its
+# own run cached its head's keys, lrqk is never restored), and the restored rows are reported
+for sp in "" --share-prefill; do
+  "$KS" eval -m "$BUNDLED" --task passkey,longgen --lengths 300 --depths 0.5 --samples 2 -t 2 \
+    --policy quest,spec,snapkv,lrqk,dapq --budget 25% --json $sp >"$TMP/share$sp.json" 2>"$TMP/share$sp.err" \
+    || bad "eval $sp failed: $(cat "$TMP/share$sp.err")"
+done
+grep -q "share-prefill restored [1-9][0-9]* of [0-9]* prompt rows" "$TMP/share--share-prefill.err" \
+  || bad "--share-prefill: no restored rows reported: $(cat "$TMP/share--share-prefill.err")"
+grep -q "share-prefill" "$TMP/share.err" && bad "restored rows reported without --share-prefill"
+python3 - "$TMP/share.json" "$TMP/share--share-prefill.json" <<'PY' || bad "--share-prefill changed a figure"
+import json, sys
+def strip(x):
+    if isinstance(x, dict):
+        return {k: strip(v) for k, v in x.items() if k != "tok_s"}
+    if isinstance(x, list):
+        return [strip(v) for v in x]
+    return x
+a, b = (strip(json.load(open(f))) for f in sys.argv[1:3])
+assert len(a["summary"]) == 6, a["summary"]
+assert a == b, (a, b)
+PY
+
 # usage errors exit 2
 expect2() { "$KS" eval -m "$MODEL" "$@" >/dev/null 2>"$TMP/err"; rc=$?; [ $rc -eq 2 ] || bad "eval $* exited $rc"; }
 expect2 --policy nosuch --budget 64
