@@ -169,12 +169,14 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_spec *p, 
     if (st == KS_OK && !dlm->has_embed && c->hidden_size != env->n_embd)
         st = KS_FAIL(KS_ERR_INVALID_ARG, "DLM without embed_tokens needs the target's hidden size %d (has %d)",
                      env->n_embd, c->hidden_size);
-    if (st == KS_OK) st = ks_spec_dtype_of(&dlm->wq, &s->t_q);
-    if (st == KS_OK) st = ks_spec_dtype_of(&dlm->wk, &s->t_k);
-    if (st == KS_OK && !embed_only) st = ks_spec_dtype_of(&dlm->fc, &s->t_fc);
-    s->w_fc = dlm->fc.data;
-    s->w_q = dlm->wq.data;
-    s->w_k = dlm->wk.data;
+    const ks_eagle3_mat *mats[3] = {&dlm->wq, &dlm->wk, embed_only ? NULL : &dlm->fc};
+    ks_weight *projs[3] = {&s->proj_q, &s->proj_k, &s->proj_fc};
+    for (int i = 0; i < 3 && st == KS_OK; i++) /* the checkpoint's rows, as ks_matmul reads them */
+        if (mats[i]) {
+            *projs[i] = (ks_weight){.rows = mats[i]->rows, .cols = mats[i]->cols, .data = mats[i]->data,
+                                    .layout = KS_WEIGHT_ROWS};
+            st = ks_spec_dtype_of(mats[i], &projs[i]->type);
+        }
     /* auto: Q6_K where its 256-column blocks tile the rows and the host
      * reads Q6_K in eight-row groups (AVX-512 VNNI), else Q8_0 wherever its
      * 32-column blocks do, else native.  Each was measured within noise of
@@ -238,9 +240,8 @@ static ks_status spec_create(const ks_policy_env *env, const ks_policy_spec *p, 
     s->sel = ks_malloc(sizeof(int32_t) * n_seq * s->Hkv * n_ctx);
     s->sel_n = ks_calloc(n_seq * s->Hkv, sizeof(int32_t));
     s->sel_pos = ks_malloc(sizeof(int32_t) * n_seq);
-    s->step_weight_bytes = ks_dtype_row_bytes(s->t_q, dlm->wq.cols) * (size_t)dlm->wq.rows +
-                           ks_dtype_row_bytes(s->t_k, dlm->wk.cols) * (size_t)dlm->wk.rows;
-    if (!embed_only) s->step_weight_bytes += ks_dtype_row_bytes(s->t_fc, dlm->fc.cols) * (size_t)dlm->fc.rows;
+    s->step_weight_bytes = ks_weight_bytes(&s->proj_q) + ks_weight_bytes(&s->proj_k);
+    if (!embed_only) s->step_weight_bytes += ks_weight_bytes(&s->proj_fc);
     s->n_scr_threads = ks_pool_size(env->pool);
     s->scr = ks_malloc(sizeof(float) * (size_t)s->n_scr_threads * (s->G + 1) * n_ctx);
     if (s->n_aux && env->kv) /* the hidden states at page boundaries (prefix caching) */

@@ -60,10 +60,10 @@ static bool grow_rows(spec_state *s, int32_t rows) {
     s->f = ks_malloc_aligned(sizeof(float) * (size_t)rows * s->H);
     s->q = ks_malloc_aligned(sizeof(float) * (size_t)rows * s->Hq * s->hd);
     s->k = ks_malloc_aligned(sizeof(float) * (size_t)rows * s->Hkv * s->hd);
-    size_t mm = ks_matmul_scratch_bytes(s->t_q, 2 * s->H, rows);
-    size_t m2 = ks_matmul_scratch_bytes(s->t_k, 2 * s->H, rows);
+    size_t mm = ks_matmul_scratch_bytes(s->proj_q.type, 2 * s->H, rows);
+    size_t m2 = ks_matmul_scratch_bytes(s->proj_k.type, 2 * s->H, rows);
     if (!s->embed_only) {
-        size_t m3 = ks_matmul_scratch_bytes(s->t_fc, (int64_t)s->n_aux * s->tH, rows);
+        size_t m3 = ks_matmul_scratch_bytes(s->proj_fc.type, (int64_t)s->n_aux * s->tH, rows);
         if (m3 > mm) mm = m3;
     }
     s->mm = ks_malloc_aligned((mm > m2 ? mm : m2) + 64);
@@ -79,10 +79,8 @@ static void embed(spec_state *s, int32_t tok, float *out) {
 }
 
 /* Y[n][rows] = X[n][cols] W^T for one of the head's matrices, in its layout. */
-static void project(spec_state *s, ks_dtype t, const void *w, ks_weight_layout l, int64_t rows, int64_t cols,
-                    const float *X, int32_t n, float *Y) {
-    ks_weight wt = {.type = t, .rows = rows, .cols = cols, .data = w, .layout = l};
-    ks_matmul_weight(s->env.pool, &wt, X, n, Y, s->mm);
+static void project(spec_state *s, const ks_weight *w, const float *X, int32_t n, float *Y) {
+    ks_matmul_weight(s->env.pool, w, X, n, Y, s->mm);
 }
 
 /* Rows: token, position, hidden of the previous position ([n_aux*tH] or
@@ -106,11 +104,11 @@ static bool head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_
                 memset(fin + r * w, 0, sizeof(float) * w);
             }
         }
-        if (n == 1 && ks_spec_proj_supported(s->t_fc, (int64_t)w)) { /* a step: bit for bit ks_matmul's */
-            ks_spec_proj_mat fc = {s->t_fc, s->w_fc, s->H, (int64_t)w, s->f};
+        if (n == 1 && ks_spec_proj_supported(s->proj_fc.type, (int64_t)w)) { /* a step: bit for bit ks_matmul's */
+            ks_spec_proj_mat fc = {s->proj_fc.type, s->proj_fc.data, s->H, (int64_t)w, s->f};
             ks_spec_proj(s->env.pool, &fc, 1, fin);
         } else {
-            project(s, s->t_fc, s->w_fc, s->l_fc, s->H, (int64_t)w, fin, n, s->f);
+            project(s, &s->proj_fc, fin, n, s->f);
         }
     }
     for (int32_t r = 0; r < n; r++) {
@@ -126,14 +124,14 @@ static bool head_rows(spec_state *s, int32_t n, const int32_t *tok, const int32_
             ks_rmsnorm(x + s->H, f, s->dlm->hidden_norm, s->H, c->rms_eps);
         }
     }
-    if (n == 1 && ks_spec_proj_supported(s->t_q, 2 * s->H) && ks_spec_proj_supported(s->t_k, 2 * s->H)) {
+    if (n == 1 && ks_spec_proj_supported(s->proj_q.type, 2 * s->H) && ks_spec_proj_supported(s->proj_k.type, 2 * s->H)) {
         /* a step: q and k in one dispatch, bit for bit ks_matmul's (spec_proj.h) */
-        ks_spec_proj_mat qk[2] = {{s->t_k, s->w_k, (int64_t)s->Hkv * s->hd, 2 * s->H, s->k},
-                                  {s->t_q, s->w_q, (int64_t)s->Hq * s->hd, 2 * s->H, s->q}};
+        ks_spec_proj_mat qk[2] = {{s->proj_k.type, s->proj_k.data, (int64_t)s->Hkv * s->hd, 2 * s->H, s->k},
+                                  {s->proj_q.type, s->proj_q.data, (int64_t)s->Hq * s->hd, 2 * s->H, s->q}};
         ks_spec_proj(s->env.pool, qk, want_q ? 2 : 1, s->x);
     } else {
-        if (want_q) project(s, s->t_q, s->w_q, s->l_q, (int64_t)s->Hq * s->hd, 2 * s->H, s->x, n, s->q);
-        project(s, s->t_k, s->w_k, s->l_k, (int64_t)s->Hkv * s->hd, 2 * s->H, s->x, n, s->k);
+        if (want_q) project(s, &s->proj_q, s->x, n, s->q);
+        project(s, &s->proj_k, s->x, n, s->k);
     }
     /* rotate_half RoPE (pairs (j, j + hd/2)), cos/sin scaled by mscale as in HF */
     float *sn = cs + s->hd / 2;
@@ -214,9 +212,7 @@ bool ks_spec_requantize_fits(const ks_eagle3 *dlm, bool embed_only, ks_dtype to)
 
 ks_status ks_spec_requantize(spec_state *s, bool embed_only, ks_dtype to) {
     const ks_eagle3_mat *m[3] = {&s->dlm->wq, &s->dlm->wk, embed_only ? NULL : &s->dlm->fc};
-    ks_dtype *t[3] = {&s->t_q, &s->t_k, &s->t_fc};
-    const void **w[3] = {&s->w_q, &s->w_k, &s->w_fc};
-    ks_weight_layout *l[3] = {&s->l_q, &s->l_k, &s->l_fc};
+    ks_weight *w[3] = {&s->proj_q, &s->proj_k, &s->proj_fc};
     const char *name = ks_dtype_name(to);
     KS_ASSERT(to == KS_DTYPE_Q8_0 || to == KS_DTYPE_Q6_K || to == KS_DTYPE_Q5_K || to == KS_DTYPE_Q4_K);
     if (!ks_spec_requantize_fits(s->dlm, embed_only, to))
@@ -240,10 +236,10 @@ ks_status ks_spec_requantize(spec_state *s, bool embed_only, ks_dtype to) {
             return KS_FAIL(KS_ERR_NOMEM, "spec weights=%s: a row of %lld", name, (long long)m[i]->cols);
         }
         row = grown;
-        size_t src_rb = ks_dtype_row_bytes(*t[i], m[i]->cols), dst_rb = ks_dtype_row_bytes(to, m[i]->cols);
+        size_t src_rb = ks_dtype_row_bytes(w[i]->type, m[i]->cols), dst_rb = ks_dtype_row_bytes(to, m[i]->cols);
         uint8_t *dst = (uint8_t *)s->own_w + off[i];
         for (int64_t r = 0; r < m[i]->rows; r++) {
-            ks_dequantize_row(*t[i], (const uint8_t *)m[i]->data + (size_t)r * src_rb, row, m[i]->cols);
+            ks_dequantize_row(w[i]->type, (const uint8_t *)m[i]->data + (size_t)r * src_rb, row, m[i]->cols);
             ks_quantize_row(to, row, dst + (size_t)r * dst_rb, m[i]->cols);
         }
         ks_weight wt = {.type = to, .rows = m[i]->rows, .cols = m[i]->cols, .data = dst, .layout = KS_WEIGHT_ROWS};
@@ -256,9 +252,7 @@ ks_status ks_spec_requantize(spec_state *s, bool embed_only, ks_dtype to) {
             size_t need = ks_matmul_worker_scratch_bytes(&wt);
             if (need > tiles) tiles = need;
         }
-        *t[i] = to;
-        *w[i] = dst;
-        *l[i] = wt.layout;
+        *w[i] = wt;
     }
     ks_free(row);
     /* the groups' kernels take their tiles from every worker's kernel slot

@@ -20,9 +20,9 @@ typedef struct {
     bool embed_only;
     int32_t n_aux, aux[3];
     int32_t H, Hq, Hkv, hd, G, tH;        /* DLM hidden, heads, kv heads, head dim, group, target hidden */
-    ks_dtype t_fc, t_q, t_k;              /* weight types for ks_matmul */
-    const void *w_fc, *w_q, *w_k;         /* the weights as the matmuls read them: the checkpoint's, or own_w */
-    ks_weight_layout l_fc, l_q, l_k;      /* their layouts (KS_WEIGHT_ROWS unless ks_spec_requantize packed them) */
+    /* fc, q_proj and k_proj as the matmuls read them: the checkpoint's rows, or own_w's (requantised,
+     * packed where the host packs the type: ks_spec_requantize) */
+    ks_weight proj_fc, proj_q, proj_k;
     void *own_w;                          /* weights= a quantised type: fc, q_proj, k_proj requantised (owned), else NULL */
     uint8_t *kc;                          /* [n_seq][Hkv][n_ctx] rows of kc_rb bytes: head K cache by position */
     ks_dtype kc_type;                     /* KS_DTYPE_F16 or KS_DTYPE_Q8_0 (kcache=) */
