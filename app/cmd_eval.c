@@ -404,7 +404,9 @@ static int eval_reference(app_options *o, eval_state *e, const ks_eval_instance 
                           ks_eval_result *ref) {
     ks_eval_run_opts ro = ks_eval_run_default_opts();
     ro.keep_logits = e->n_cfg > 1 || o->calibrate;
-    ro.prefix = e->pc;
+    /* a reference on other kernels (--reference-simd) computes KV the others must not restore:
+     * the cache keys a prompt by model, layout and prefill setting, not by kernels */
+    ro.prefix = o->ref_simd >= 0 ? NULL : e->pc;
     ks_simd_level simd_saved = ks_simd_current();
     if (o->ref_simd >= 0) ks_simd_force((ks_simd_level)o->ref_simd); /* no other thread runs: a step boundary */
     ks_status st = ks_eval_run(e->ctxs[0], e->m, inst, &ro, ref);

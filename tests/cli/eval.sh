@@ -141,6 +141,17 @@ a, b = (strip(json.load(open(f))) for f in sys.argv[1:3])
 assert len(a["summary"]) == 6, a["summary"]
 assert a == b, (a, b)
 PY
+# a reference on other kernels caches nothing the compared configurations would restore
+for sp in "" --share-prefill; do
+  "$KS" eval -m "$BUNDLED" --task passkey --lengths 300 --depths 0.5 --samples 1 -t 2 --policy dense,quest \
+    --budget 25% --reference-simd scalar --json $sp >"$TMP/rsimd$sp.json" 2>"$TMP/err" || bad "eval --reference-simd $sp failed"
+done
+python3 - "$TMP/rsimd.json" "$TMP/rsimd--share-prefill.json" <<'PY' || bad "--share-prefill with --reference-simd changed a figure"
+import json, sys
+strip = lambda d: [{k: v for k, v in x.items() if k != "tok_s"} for x in d["summary"]]
+a, b = (strip(json.load(open(f))) for f in sys.argv[1:3])
+assert a == b and a[1]["config"] == "dense", (a, b)
+PY
 
 # usage errors exit 2
 expect2() { "$KS" eval -m "$MODEL" "$@" >/dev/null 2>"$TMP/err"; rc=$?; [ $rc -eq 2 ] || bad "eval $* exited $rc"; }
