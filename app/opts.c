@@ -56,6 +56,17 @@ bool app_parse_depths(app_options *o, const char *flag, const char *v);
 bool app_parse_ref_simd(app_options *o, const char *flag, const char *v);
 bool app_parse_dlm(app_options *o, const char *flag, const char *v);
 
+static bool app_parse_expert_pack(app_options *o, const char *flag, const char *v) {
+    static const char *const names[] = {"auto", "on", "off"}; /* ks_expert_pack order */
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(v, names[i])) {
+            o->expert_pack = (ks_expert_pack)i;
+            return true;
+        }
+    fprintf(stderr, "kvsieve %s: %s must be auto, on or off, got '%s'\n", o->cmd, flag, v);
+    return false;
+}
+
 #define F(field) offsetof(app_options, field)
 #define MODELS (APP_RUN | APP_BENCH | APP_EVAL | APP_PPL | APP_PLAN | APP_SERVE | APP_TOKENIZE | APP_INFO)
 #define THREADED (APP_RUN | APP_BENCH | APP_EVAL | APP_PPL | APP_PLAN | APP_SERVE)
@@ -137,6 +148,10 @@ static const app_opt g_opts[] = {
     {"--no-mmap", 0, OPT_FLAG, APP_BENCH, F(no_mmap), 0, 0, 0, 0, 0, 0,
      "read the weights into huge-page memory instead of mapping the file", 0},
     {"--no-repack", 0, OPT_FLAG, APP_BENCH, F(no_repack), 0, 0, 0, 0, 0, 0, "keep the file's weight layout (no packed prefill GEMM)", 0},
+    {"--expert-pack", 0, OPT_CUSTOM, THREADED, 0, 0, 0, 0, 0, 0, "auto|on|off",
+     "MoE K-quant experts in eight-row groups (default auto: when read into memory,\n"
+     "or when the resident copy of a mapped file's experts takes at most half the available memory)",
+     app_parse_expert_pack},
     {"--offload", 0, OPT_CUSTOM, APP_BENCH, 0, 0, 0, 0, 0, "none", "none,all,adaptive",
      "slow-tier modes to compare: nothing offloaded, every layer\n"
      "offloaded, or SpeContext's adaptive manager under --mem-cap (default none)", app_parse_offload},
@@ -416,6 +431,7 @@ int app_resolve_model(app_options *o, bool calibrate) {
 }
 
 bool app_load_model(const app_options *o, ks_model_params mp, ks_model **out) {
+    mp.expert_pack = o->expert_pack;
     ks_status st = ks_model_load(o->model_path, mp, out);
     if (st != KS_OK) app_report(o->cmd, mp.vocab_only ? "loading the vocabulary" : "loading the model", st);
     return st == KS_OK;

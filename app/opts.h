@@ -67,6 +67,7 @@ typedef struct app_options {
     long prefill_depth;              /* --prefill-depth: synthetic KV before each prefill row (a follow-up's prompt) */
     int32_t prefill_reps;            /* --prefill-reps: prefills of each length (1..APP_PREFILL_REPS_MAX) */
     bool no_prefill, no_mmap, no_repack;
+    ks_expert_pack expert_pack;      /* --expert-pack (all commands that load a model for inference) */
     int offload[3], n_offload;
     /* eval */
     bool task_on[8], tasks_given, calibrate, show, share_prefill;

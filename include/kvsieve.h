@@ -49,11 +49,24 @@ const char *ks_last_error(void);
 /* ---------------------------------------------------------------- model -- */
 typedef struct ks_model ks_model;
 
+/* Whether a mixture-of-experts model's K-quant and IQ4_XS experts are
+ * repacked at load into the eight-row groups the dense matrices get (faster
+ * decode and prefill products; a resident copy of those experts when the
+ * file is mapped).  AUTO packs them when read into memory, and from a mapped
+ * file when the copy takes at most half of the memory available at load:
+ * a model whose experts would not fit keeps reading them from the mapping. */
+typedef enum ks_expert_pack {
+    KS_EXPERT_PACK_AUTO = 0,
+    KS_EXPERT_PACK_ON,
+    KS_EXPERT_PACK_OFF,
+} ks_expert_pack;
+
 typedef struct ks_model_params {
     bool use_mmap;   /* map weights zero-copy (default true) */
     bool vocab_only; /* load only the tokenizer (vocabulary GGUF files) */
     bool no_repack;  /* keep the file's weight layout (default false: Q8_0 layer matrices are
                         repacked in place at load for the prefill GEMM; same bits, same memory) */
+    ks_expert_pack expert_pack; /* K-quant / IQ4_XS experts (default AUTO); no_repack overrides it */
 } ks_model_params;
 
 ks_model_params ks_model_default_params(void);

@@ -99,7 +99,8 @@ static const tolerance g_tol_mla_q8 = {"q8_0", 0.16, 1.4, false};
  * what the engine shows (tiny-deepseek2-qlora-f16: nerr 2.77e-3, max abs
  * 0.0285; tiny-deepseek2-f16: 1.39e-3, 0.0128; the low-rank query adds a
  * normed intermediate).  Bounds: 2.5x, on every host: the bf16 prefill
- * kernel takes head dims up to 512, so these run f32 attention anyway. */
+ * kernel takes heads over 512 only under KS_ATTN=bf16 (attn.h,
+ * ks_attention_block_bf16_wide), so these run f32 attention. */
 static const tolerance g_tol_mla_float = {"f16", 7e-3, 7e-2, true};
 
 static const tolerance *tolerance_for(const char *type, const char *shape) {

@@ -120,8 +120,11 @@ static void moe_per_row(ks_pool *pool, const ks_hparams *hp, const ks_moe_layer 
     free(logits), free(g), free(u), free(y), free(idx), free(w);
 }
 
-/* Experts whose gate / up are of type t and down of type td, n_ff_exp F. */
-static void check_grouped_types(ks_dtype t, ks_dtype td, int F, int E, int K, int n) {
+/* Experts whose gate / up are of type t and down of type td, n_ff_exp F;
+ * with pack, each expert repacked as the loader would (ks_matmul_pack: the
+ * eight-row groups of the K-quants, the Q8_0 panels), where this CPU has
+ * the layout. */
+static void check_grouped_pack(ks_dtype t, ks_dtype td, int F, int E, int K, int n, bool pack) {
     const int D = 256;
     ks_hparams hp = {.n_embd = D, .n_expert = E, .n_expert_used = K, .n_ff_exp = F, .expert_norm = true};
     uint64_t seed = 1234 + (uint64_t)t * 77 + (uint64_t)E;
@@ -139,6 +142,12 @@ static void check_grouped_types(ks_dtype t, ks_dtype td, int F, int E, int K, in
         L->gate[e] = (ks_weight){.type = t, .rows = F, .cols = D, .data = mats[3 * e]};
         L->up[e] = (ks_weight){.type = t, .rows = F, .cols = D, .data = mats[3 * e + 1]};
         L->down[e] = (ks_weight){.type = td, .rows = D, .cols = F, .data = mats[3 * e + 2]};
+        for (int i = 0; pack && i < 3; i++) {
+            ks_weight *w = i == 0 ? &L->gate[e] : i == 1 ? &L->up[e] : &L->down[e];
+            const bool can = ks_matmul_can_pack(w);
+            assert_int_equal(ks_matmul_pack(w), KS_OK);
+            assert_true(can == (w->layout != KS_WEIGHT_ROWS));
+        }
     }
     float *x = malloc(sizeof(float) * (size_t)n * D), *ref = malloc(sizeof(float) * (size_t)n * D);
     for (int i = 0; i < n * D; i++) x[i] = frand(&seed);
@@ -166,11 +175,20 @@ static void check_grouped_types(ks_dtype t, ks_dtype td, int F, int E, int K, in
     ks_moe_ffn(pool, &hp, L, 1, x, b, scratch, &one);
     assert_int_equal(one.expert_runs, K);
     assert_memory_equal(b->out, ref, sizeof(float) * D);
+    /* ... through the single-token path for the file's rows and the eight-row
+     * groups alike (moe.c cuts both at multiples of 16 rows); the panel
+     * layouts keep the per-expert products */
+    const bool cuttable = ks_matmul_row_align(&L->gate[0]) > 0 && ks_matmul_row_align(&L->down[0]) > 0;
+    assert_int_equal(one.fast_calls, cuttable ? 1 : 0);
     ks_moe_buf_destroy(b);
     ks_free_aligned(scratch);
     ks_pool_destroy(pool);
     for (int i = 0; i < 3 * E; i++) free(mats[i]);
     free(mats), free(router), free(L), free(x), free(ref);
+}
+
+static void check_grouped_types(ks_dtype t, ks_dtype td, int F, int E, int K, int n) {
+    check_grouped_pack(t, td, F, E, K, n, false);
 }
 
 static void check_grouped(ks_dtype t, int E, int K, int n) { check_grouped_types(t, t, 256, E, K, n); }
@@ -197,6 +215,25 @@ static void test_grouped_equals_per_row(void **state) {
     check_grouped(KS_DTYPE_Q4_K, 32, 8, 1);
     check_grouped(KS_DTYPE_Q8_0, 64, 4, 2); /* two rows; distinct experts or the general path */
     check_grouped_types(KS_DTYPE_Q4_K, KS_DTYPE_Q5_0, 352, 16, 6, 1);
+}
+
+/* Experts repacked as the loader packs them (--expert-pack): the grouped
+ * prefill and the single-token path give the per-row loop's bits over the
+ * same packed matrices, so the path's cuts of the eight-row groups land on
+ * whole groups (a wrong cut reads another expert's or another group's
+ * bytes and changes the output). */
+static void test_grouped_packed_experts(void **state) {
+    (void)state;
+    const ks_dtype types[] = {KS_DTYPE_Q4_K, KS_DTYPE_Q5_K, KS_DTYPE_Q6_K, KS_DTYPE_IQ4_XS};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        check_grouped_pack(types[i], types[i], 256, 8, 2, 37, true);
+        check_grouped_pack(types[i], types[i], 256, 32, 8, 1, true);
+    }
+    /* the deepseek-v2-lite mix: Q4_K gate / up, Q5_0 (file rows) or Q8_0 (panels) down */
+    check_grouped_pack(KS_DTYPE_Q4_K, KS_DTYPE_Q5_0, 352, 16, 6, 1, true);
+    check_grouped_pack(KS_DTYPE_Q4_K, KS_DTYPE_Q5_0, 352, 8, 2, 37, true);
+    check_grouped_pack(KS_DTYPE_Q4_K, KS_DTYPE_Q8_0, 352, 16, 6, 1, true);
+    check_grouped_pack(KS_DTYPE_Q8_0, KS_DTYPE_Q8_0, 256, 16, 4, 1, true);
 }
 
 /* --------------------------------------------- the generated model -- */
@@ -335,6 +372,42 @@ static void test_prefill_decode_agree_q8_0(void **state) {
     unlink(path);
 }
 
+/* Q4_K experts under each --expert-pack mode: ON and AUTO (a tiny file fits
+ * in half of any host's free memory) repack them into eight-row groups where
+ * this CPU has them, OFF keeps the file's rows; prefill and decode agree in
+ * each, and the model's description says what was packed. */
+static void test_prefill_decode_agree_q4_k_packed(void **state) {
+    (void)state;
+    char path[160];
+    snprintf(path, sizeof path, "%s/tiny-qwen3moe-q4_k.gguf", g_dir);
+    ks_gguf *vocab = NULL;
+    assert_int_equal(ks_gguf_open(ks_test_fixture("models/aidreams260K.gguf"), &vocab), KS_OK);
+    ks_shape_gen_params gp = {.type = KS_DTYPE_Q4_K, .vocab = vocab, .seed = 7, .n_ctx = 512, .n_threads = 2};
+    assert_int_equal(ks_shape_generate(ks_shape_find("tiny-qwen3moe"), &gp, path, NULL), KS_OK);
+    ks_gguf_close(vocab);
+    ks_model *saved = g_model;
+    const ks_expert_pack modes[] = {KS_EXPERT_PACK_ON, KS_EXPERT_PACK_OFF, KS_EXPERT_PACK_AUTO, KS_EXPERT_PACK_AUTO};
+    for (int i = 0; i < 4; i++) {
+        ks_model_params mp = ks_model_default_params();
+        mp.expert_pack = modes[i];
+        mp.use_mmap = i != 3; /* the last: read into memory, packed in place */
+        assert_int_equal(ks_model_load(path, mp, &g_model), KS_OK);
+        const ks_moe_layer *L = g_model->layers[0].moe;
+        ks_weight probe = L->gate[1];
+        probe.layout = KS_WEIGHT_ROWS;
+        const bool packed = modes[i] != KS_EXPERT_PACK_OFF && ks_matmul_can_pack(&probe);
+        assert_true((L->gate[1].layout != KS_WEIGHT_ROWS) == packed);
+        assert_true((L->down[7].layout != KS_WEIGHT_ROWS) == packed);
+        char info[4096];
+        assert_int_equal(ks_model_describe(g_model, info, sizeof info), KS_OK);
+        assert_true((strstr(info, "expert pack:") != NULL) == packed);
+        prefill_chunks_decode_agree();
+        ks_model_destroy(g_model);
+    }
+    g_model = saved;
+    unlink(path);
+}
+
 /* two sequences decoded in one batch give each the logits it gets alone */
 static void test_batch_equals_single(void **state) {
     (void)state;
@@ -416,11 +489,13 @@ int main(void) {
     const struct CMUnitTest unit[] = {
         cmocka_unit_test(test_route),
         cmocka_unit_test(test_grouped_equals_per_row),
+        cmocka_unit_test(test_grouped_packed_experts),
     };
     const struct CMUnitTest model[] = {
         cmocka_unit_test(test_model_binds_experts),
         cmocka_unit_test(test_prefill_chunks_decode_agree),
         cmocka_unit_test(test_prefill_decode_agree_q8_0),
+        cmocka_unit_test(test_prefill_decode_agree_q4_k_packed),
         cmocka_unit_test(test_batch_equals_single),
         cmocka_unit_test(test_bad_files),
     };

@@ -100,7 +100,7 @@ static void ref_attention(const float *Kf, const float *Vf, int len, int hd, int
 static void fill_kv(ks_kv_type kt, ks_rng *rng, int n, int hd, uint8_t *K, uint8_t *V, float *Kf, float *Vf) {
     size_t rb = ks_kv_row_bytes(kt, hd);
     for (int t = 0; t < n; t++) {
-        float kr[512], vr[512];
+        float kr[1024], vr[1024]; /* up to KS_ATTN_BF16_MAX_HD */
         for (int i = 0; i < hd; i++) kr[i] = ks_rng_normal(rng), vr[i] = ks_rng_normal(rng);
         if (kt == KS_KV_F16) {
             for (int i = 0; i < hd; i++) {
@@ -386,13 +386,12 @@ static void check_block_bf16_s(ks_kv_type kt, int n, int hd, int G, int P, bool 
     else assert_true(ks_attention_block_bf16_kv(kt, segs, nseg, n_att, R, hd, G, q, (size_t)G * hd, out, (size_t)G * hd,
                                                 scr, scale));
     double *ref = malloc(sizeof(double) * G * hd);
-    float *reff = malloc(sizeof(float) * G * hd);
+    float *reff = malloc(sizeof(float) * G * hd), *qr = malloc(sizeof(float) * G * hd);
     for (int r = 0; r < R; r++) {
         ref_attention_sinks(Kf, Vf, n_att[r], hd, G, q + (size_t)r * G * hd, sinks, ref, NULL);
         for (int i = 0; i < G * hd; i++) reff[i] = (float)ref[i];
         double mx, e = ks_test_nmse(out + (size_t)r * G * hd, reff, (size_t)G * hd, &mx);
         if (e > 2e-2) fail_msg("bf16 block kt=%d n=%d hd=%d G=%d P=%d row %d: nmse %g", kt, n, hd, G, P, r, e);
-        float qr[4 * 512];
         for (int i = 0; i < G * hd; i++) qr[i] = round_bf16(q[(size_t)r * G * hd + i]);
         ref_attention_sinks(Kb, Vb, n_att[r], hd, G, qr, sinks, ref, NULL);
         for (int i = 0; i < G * hd; i++) reff[i] = (float)ref[i];
@@ -411,7 +410,7 @@ static void check_block_bf16_s(ks_kv_type kt, int n, int hd, int G, int P, bool 
                                                   sinks));
     }
     assert_memory_equal(out, out2, sizeof(float) * R * G * hd);
-    free(K); free(V); free(Kf); free(Vf); free(Kb); free(Vb); free(q); free(out); free(out2); free(scr); free(ref); free(reff);
+    free(K); free(V); free(Kf); free(Vf); free(Kb); free(Vb); free(q); free(out); free(out2); free(scr); free(ref); free(reff); free(qr);
 }
 
 static void check_block_bf16(ks_kv_type kt, int n, int hd, int G, int P) {
@@ -425,6 +424,8 @@ static void test_attention_block_bf16(void **state) {
         check_block_bf16((ks_kv_type)kt, 513, 128, 2, 32);
         check_block_bf16((ks_kv_type)kt, 40, 32, 1, 16);
         check_block_bf16((ks_kv_type)kt, 1000, 64, 3, 64);
+        /* MLA's absorbed attention (deepseek2): 16 heads on one latent head of 512 + 64 */
+        check_block_bf16((ks_kv_type)kt, 150, 576, 16, 32);
         /* with gpt-oss's sinks: the same bounds against the references with sinks */
         check_block_bf16_s((ks_kv_type)kt, 300, 64, 4, 32, true);
         check_block_bf16_s((ks_kv_type)kt, 200, 64, 2, 16, true);

@@ -48,14 +48,23 @@ bool ks_attention_block_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, con
 /* The same on AVX-512 BF16 (attn_block_bf16.c): Q, K, probabilities and V
  * rounded to bf16, products summed in f32 by vdpbf16ps, an online softmax
  * over tiles of KS_ATTN_BF16_TILE keys aligned to absolute entry positions
- * (no score matrix).  f16 KV (Q8_0: _kv below), hd % 32 == 0 (up to 512); scratch: floats as
+ * (no score matrix).  f16 KV (Q8_0: _kv below), hd % 32 == 0 (up to
+ * KS_ATTN_BF16_MAX_HD: MLA's latent heads are 576); scratch: floats as
  * ks_attention_block_bf16_scratch counts them.  A query's output depends on
  * its own q, the keys it sees and its count only, never on the block, chunk
  * or segment boundaries.  _usable: the CPU has AVX-512 BF16 and KS_ATTN is
  * not "f32" (which keeps the f32 kernels: the old goldens stay checkable). */
 #define KS_ATTN_BF16_TILE 128
+#define KS_ATTN_BF16_MAX_HD 1024
 size_t ks_attention_block_bf16_scratch(int R, int G, int hd);
 bool ks_attention_block_bf16_usable(void);
+/* Whether the prefill takes the bf16 kernel for heads wider than 512 too
+ * (KS_ATTN=bf16; MLA's 576-dim latent heads).  Off by default: on the
+ * deepseek2 goldens the rounding of those wide rows moved the logits by
+ * nerr 0.019-0.023 where the f32 kernel gives 0.0014-0.0028, and a
+ * low-rank-Q model's perplexity by +0.56% against llama.cpp's (f32: +0.08%;
+ * docs/results/mla.md) for a prefill 1.4x faster at 2048 tokens. */
+bool ks_attention_block_bf16_wide(void);
 bool ks_attention_block_bf16(const ks_kv_seg16 *segs, int nseg, const int32_t *n_att, int R, int hd, int G,
                              const float *q, size_t q_stride, float *out, size_t out_stride, float *scratch,
                              float scale);

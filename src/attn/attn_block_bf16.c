@@ -92,6 +92,15 @@ bool ks_attention_block_bf16_usable(void) {
     return cached;
 }
 
+bool ks_attention_block_bf16_wide(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        const char *env = getenv("KS_ATTN");
+        cached = ks_attention_block_bf16_usable() && env && !strcmp(env, "bf16");
+    }
+    return cached;
+}
+
 /* sixteen f32 -> sixteen bf16 (round to nearest even) as raw 16-bit words */
 BINL __m256i to_bf16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
 
@@ -439,7 +448,7 @@ static void block_bf16_q8(const ks_kv_seg *segs, const int32_t *n_att, int R, in
 bool ks_attention_block_bf16_sinks(ks_kv_type kt, const ks_kv_seg *segs, int nseg, const int32_t *n_att, int R,
                                    int hd, int G, const float *q, size_t q_stride, float *out, size_t out_stride,
                                    float *scratch, float scale, const float *sinks) {
-    if (hd % 32 || hd > 512 || R < 1 || G < 1 || (kt != KS_KV_F16 && kt != KS_KV_Q8)) return false;
+    if (hd % 32 || hd > KS_ATTN_BF16_MAX_HD || R < 1 || G < 1 || (kt != KS_KV_F16 && kt != KS_KV_Q8)) return false;
     (void)nseg; /* the segments are walked up to n_att[R - 1] entries */
     (kt == KS_KV_Q8 ? block_bf16_q8 : block_bf16_f16)(segs, n_att, R, hd, G, q, q_stride, out, out_stride, scratch,
                                                       scale, sinks);
@@ -465,6 +474,7 @@ size_t ks_attention_block_bf16_scratch(int R, int G, int hd) {
     return 0;
 }
 bool ks_attention_block_bf16_usable(void) { return false; }
+bool ks_attention_block_bf16_wide(void) { return false; }
 bool ks_attention_block_bf16(const ks_kv_seg16 *segs, int nseg, const int32_t *n_att, int R, int hd, int G,
                              const float *q, size_t q_stride, float *out, size_t out_stride, float *scratch,
                              float scale) {

@@ -284,8 +284,11 @@ static blk_kernel block_kernel(ks_kv_type kt, int hd) {
     if (!(kt == KS_KV_F16 || hd % 32 == 0) || hd % 16) return BLK_NONE;
     if (lv >= KS_SIMD_NEON) return BLK_NEON;
     if (!ks_simd_x86(lv)) return BLK_NONE;
-    /* AVX-512 BF16 hosts: the bf16 kernel with its online softmax (no score matrix) */
-    if (lv == KS_SIMD_AVX512 && hd % 32 == 0 && hd <= 512 && ks_attention_block_bf16_usable()) return BLK_BF16;
+    /* AVX-512 BF16 hosts: the bf16 kernel with its online softmax (no score matrix); heads over 512
+     * (MLA's latents) only when asked for (ks_attention_block_bf16_wide: their rounding costs more) */
+    if (lv == KS_SIMD_AVX512 && hd % 32 == 0 && ks_attention_block_bf16_usable() &&
+        (hd <= 512 || (hd <= KS_ATTN_BF16_MAX_HD && ks_attention_block_bf16_wide())))
+        return BLK_BF16;
     return kt == KS_KV_F16 && lv == KS_SIMD_AVX512 ? BLK_AVX512 : BLK_AVX2;
 }
 

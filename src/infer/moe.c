@@ -348,6 +348,8 @@ static void fast_worker(void *arg, int ith, int nth) {
                     w = &j->L->up[e], x = b->xg + (size_t)p * j->D, y = b->up + (size_t)p * j->F, base = j->F, end = per;
                 }
                 const int64_t s1 = r1 < end ? r1 : end;
+                /* fast_ok checked that every cut here falls on w's row alignment */
+                KS_ASSERT((r0 - base) % ks_matmul_row_align(w) == 0 && (s1 - base) % ks_matmul_row_align(w) == 0);
                 const size_t rb = ks_dtype_row_bytes(w->type, w->cols);
                 ks_weight view = *w;
                 view.data = (const uint8_t *)w->data + (size_t)(r0 - base) * rb;
@@ -359,17 +361,26 @@ static void fast_worker(void *arg, int ith, int nth) {
     }
 }
 
+/* Whether a product of the path above can cut w's rows where it does: at
+ * multiples of FAST_UNIT and at w's end (a row range of the file layout or of
+ * the eight-row groups is a matrix; of a panel layout it is not). */
+static bool fast_cuts(const ks_weight *w) {
+    const int64_t a = ks_matmul_row_align(w);
+    return a > 0 && FAST_UNIT % a == 0 && w->rows % a == 0;
+}
+
 /* Whether the active experts of this call can take the path above: one row
- * each, file layout (a row range of a panel-packed matrix is not a matrix),
- * gate and up quantizing their input alike, no biases (gpt-oss adds them per
- * product; it keeps the general path), few enough pairs for the scratch. */
+ * each, layouts the path can cut (fast_cuts), gate and up alike (type,
+ * layout: one quantization of their input serves both), no biases (gpt-oss
+ * adds them per product; it keeps the general path), few enough pairs for
+ * the scratch. */
 static bool fast_ok(const ks_moe_layer *L, const ks_moe_buf *b, int n, int K, const int32_t *act, int n_act) {
     if (n * K > b->xq_pairs || n_act != n * K || L->gate_b || L->up_b || L->down_b) return false;
     for (int a = 0; a < n_act; a++) {
         const int e = act[a];
         const ks_weight *g = &L->gate[e], *u = &L->up[e], *d = &L->down[e];
-        if (b->start[e + 1] - b->start[e] != 1 || g->layout != KS_WEIGHT_ROWS || u->layout != KS_WEIGHT_ROWS ||
-            d->layout != KS_WEIGHT_ROWS || g->type != u->type || g->cols != u->cols || fast_slot_bytes(g) > b->xq_slot ||
+        if (b->start[e + 1] - b->start[e] != 1 || !fast_cuts(g) || !fast_cuts(u) || !fast_cuts(d) ||
+            g->layout != u->layout || g->type != u->type || g->cols != u->cols || fast_slot_bytes(g) > b->xq_slot ||
             fast_slot_bytes(d) > b->xq_slot)
             return false;
     }
@@ -397,6 +408,7 @@ static void moe_experts_fast(ks_pool *pool, const ks_moe_layer *L, ks_moe_buf *b
     if (pool) ks_pool_run(pool, fast_worker, &j);
     else fast_worker(&j, 0, 1);
     if (!cnt) return;
+    cnt->fast_calls++;
     cnt->matmul_seconds += ks_time_sec() - t0;
     for (int a = 0; a < n_act; a++) {
         const int e = act[a];

@@ -37,6 +37,7 @@ typedef struct ks_moe_counters {
     double matmul_seconds;
     uint64_t macs, weight_bytes; /* only the experts that ran (and the router) */
     uint64_t expert_runs;        /* (expert, call) pairs that ran: one weight read each */
+    uint64_t fast_calls;         /* calls that ran the single-token path (two pool runs for all experts) */
 } ks_moe_counters;
 
 /* Buffers for max_rows rows of a model with hp->n_expert > 0. */

@@ -54,6 +54,14 @@ void ks_matmul_quantize_x(const ks_weight *w, const float *x, int64_t c, void *s
  * multiple of 8 on a CPU with AVX2 or AVX-512 VNNI. */
 bool ks_matmul_can_pack(const ks_weight *w);
 
+/* The row multiple at which w's rows can be cut into matrices of w's own
+ * layout: rows [r0, r1) with r0 and r1 multiples of it are the matrix of
+ * r1 - r0 rows at w->data + r0 * ks_dtype_row_bytes(type, cols).  1 for the
+ * file's rows, 8 for the eight-row groups (each group is eight rows' bytes,
+ * consecutive), 0 for the panel layouts (their scales follow a panel's
+ * quants, so a cut is no matrix). */
+int64_t ks_matmul_row_align(const ks_weight *w);
+
 /* Repack w's bytes IN PLACE (they must be writable: w->data is cast) into
  * the panel layout of the AVX-512 prefill tile and set w->layout; the size
  * does not change.  Q8_0 with rows a multiple of 16 becomes transposed

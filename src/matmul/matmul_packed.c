@@ -489,6 +489,11 @@ static void ks_mm_packed_worker(void *arg, int ith, int nth) {
     }
 }
 
+int64_t ks_matmul_row_align(const ks_weight *w) {
+    if (w->layout == KS_WEIGHT_ROWS) return 1;
+    return ks_matmul_group_layout_of(w->layout) ? 8 : 0;
+}
+
 size_t ks_matmul_worker_scratch_bytes(const ks_weight *w) {
     if (ks_matmul_group_layout_of(w->layout)) return 8 * ks_dtype_row_bytes(w->type, w->cols); /* one group unpacked */
     const int64_t nb = w->cols / KS_QK8_0;

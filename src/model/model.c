@@ -15,6 +15,7 @@
 #include "model/arch.h"
 
 #include "core/file.h"
+#include "core/platform.h"
 #include "matmul/matmul.h"
 
 #include <math.h>
@@ -327,35 +328,64 @@ void ks_model_destroy(ks_model *m) {
  * have the AVX2 level's float order, not the file layout's zmm kernels'). */
 static ks_status repack_list(ks_model *m, ks_weight **ws, size_t n, size_t total, bool mapped);
 
-static ks_status repack_weights(ks_model *m, bool mapped) {
+static bool is_group_expert_type(ks_dtype t) {
+    return t == KS_DTYPE_Q4_K || t == KS_DTYPE_Q5_K || t == KS_DTYPE_Q6_K || t == KS_DTYPE_IQ4_XS;
+}
+
+/* Whether the K-quant / IQ4_XS experts join the repack (ks_expert_pack).
+ * Their eight-row groups serve the single-token expert path as well as the
+ * grouped prefill (moe.c slices them at multiples of 8 rows), so the only
+ * cost is memory: from a mapped file the experts are most of the model's
+ * bytes, and a copy that crowded out the page cache and the KV would undo
+ * what mapping them buys (a 30B-A3B file in 24 GB).  Half of what the OS
+ * could give now leaves the other half to the KV, the page cache of what
+ * stays mapped, and other processes. */
+static bool pack_group_experts(ks_expert_pack mode, bool mapped, size_t expert_bytes, size_t other_bytes) {
+    if (mode == KS_EXPERT_PACK_ON) return true;
+    if (mode == KS_EXPERT_PACK_OFF) return false;
+    if (!mapped) return true; /* in place: no second copy */
+    const size_t avail = ks_platform_mem_available();
+    return avail && expert_bytes + other_bytes <= avail / 2;
+}
+
+static ks_status repack_weights(ks_model *m, bool mapped, ks_expert_pack mode) {
     /* the layer matrices, and in MoE layers every expert's three (each view
      * packs on its own: a product never spans two experts) */
-    const size_t cap = (size_t)m->hp.n_layer * (7 + 3 * (size_t)m->hp.n_expert);
+    const size_t cap = (size_t)m->hp.n_layer * (13 + 3 * (size_t)m->hp.n_expert);
     ks_weight **ws = ks_malloc(cap * sizeof *ws);
     if (!ws) return KS_OK; /* keep the file layout */
-    size_t n = 0, total = 0;
-    for (int il = 0; il < m->hp.n_layer; il++) {
-        ks_layer *L = &m->layers[il];
-        ks_weight *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof lw / sizeof lw[0]; i++)
-            if (ks_matmul_can_pack(lw[i])) {
-                ws[n++] = lw[i];
-                total += (ks_weight_bytes(lw[i]) + 63) & ~(size_t)63;
-            }
-        for (int e = 0; L->moe && e < m->hp.n_expert; e++) {
-            ks_weight *ew[] = {&L->moe->gate[e], &L->moe->up[e], &L->moe->down[e]};
-            /* K-quant / IQ4_XS experts keep the file's rows (their eight-row groups are for dense layers): the
-             * single-token expert path (moe.c) reads rows, and a mapped MoE file's experts are
-             * most of its bytes, which the copy below would have to hold */
-            for (size_t i = 0; i < 3; i++)
-                if (ks_matmul_can_pack(ew[i]) && ew[i]->type != KS_DTYPE_Q4_K && ew[i]->type != KS_DTYPE_Q5_K &&
-                    ew[i]->type != KS_DTYPE_Q6_K && ew[i]->type != KS_DTYPE_IQ4_XS) {
-                    ws[n++] = ew[i];
-                    total += (ks_weight_bytes(ew[i]) + 63) & ~(size_t)63;
+    size_t n = 0, total = 0, n_group = 0, group_total = 0;
+    /* two passes: the matrices always packed, then the group-type experts,
+     * kept apart so they can be left out as a whole */
+    for (int pass = 0; pass < 2; pass++)
+        for (int il = 0; il < m->hp.n_layer; il++) {
+            ks_layer *L = &m->layers[il];
+            ks_moe_layer *E = L->moe;
+            ks_mla_layer *A = L->mla;
+            ks_weight none = {0}; /* data NULL: never packed */
+            ks_weight *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down,
+                               E ? &E->sh_gate : &none, E ? &E->sh_up : &none, E ? &E->sh_down : &none,
+                               A ? &A->wq_a : &none, A ? &A->wq_b : &none, A ? &A->wkv_a : &none};
+            for (size_t i = 0; pass == 0 && i < sizeof lw / sizeof lw[0]; i++)
+                if (lw[i]->data && ks_matmul_can_pack(lw[i])) {
+                    ws[n++] = lw[i];
+                    total += (ks_weight_bytes(lw[i]) + 63) & ~(size_t)63;
                 }
+            for (int e = 0; L->moe && e < m->hp.n_expert; e++) {
+                ks_weight *ew[] = {&L->moe->gate[e], &L->moe->up[e], &L->moe->down[e]};
+                for (size_t i = 0; i < 3; i++) {
+                    if (!ks_matmul_can_pack(ew[i]) || is_group_expert_type(ew[i]->type) != (pass == 1)) continue;
+                    const size_t b = (ks_weight_bytes(ew[i]) + 63) & ~(size_t)63;
+                    ws[n++] = ew[i];
+                    if (pass == 1) n_group++, group_total += b;
+                    else total += b;
+                }
+            }
         }
-    }
-    ks_status st = repack_list(m, ws, n, total, mapped);
+    if (n_group && !pack_group_experts(mode, mapped, group_total, total)) n -= n_group, n_group = 0, group_total = 0;
+    ks_status st = repack_list(m, ws, n, total + group_total, mapped);
+    /* no buffer for a mapped file's copy leaves every matrix in the file layout */
+    if (st == KS_OK && n_group && ws[n - 1]->layout != KS_WEIGHT_ROWS) m->packed_expert_bytes = group_total;
     ks_free(ws);
     return st;
 }
@@ -399,7 +429,7 @@ ks_status ks_model_load(const char *path, ks_model_params params, ks_model **out
     const ks_arch_desc *desc = NULL;
     if (st == KS_OK && !params.vocab_only) st = read_hparams(m->gguf, &m->hp, &desc);
     if (st == KS_OK && !params.vocab_only) st = bind_weights(m, desc);
-    if (st == KS_OK && !params.vocab_only && !params.no_repack) st = repack_weights(m, params.use_mmap);
+    if (st == KS_OK && !params.vocab_only && !params.no_repack) st = repack_weights(m, params.use_mmap, params.expert_pack);
     if (st != KS_OK) {
         ks_model_destroy(m);
         return st;
@@ -567,6 +597,9 @@ ks_status ks_model_describe(const ks_model *m, char *buf, size_t cap) {
             }
         OUT("experts:       %d per layer, %d active per token, expert n_ff %d; %.1f of %.1f MiB of expert weights "
             "read per token\n", hp->n_expert, hp->n_expert_used, hp->n_ff_exp, active / 1048576.0, all / 1048576.0);
+        if (m->packed_expert_bytes)
+            OUT("expert pack:   %.1f MiB of K-quant experts repacked into eight-row groups%s\n",
+                m->packed_expert_bytes / 1048576.0, m->packed ? " (a resident copy: the file is mapped)" : "");
         step_bytes -= all - active;
     }
     OUT("decode bytes:  %.1f MiB of weights read per step (output matrix included%s)\n", step_bytes / 1048576.0,

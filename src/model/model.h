@@ -151,6 +151,7 @@ struct ks_model {
     size_t weight_bytes;      /* bytes of all weight tensors */
     int64_t n_params;
     void *packed;             /* huge-page copy of the repacked layer weights of a mapped file, or NULL */
+    size_t packed_expert_bytes; /* K-quant / IQ4_XS experts repacked into eight-row groups (ks_expert_pack) */
     float *rope_factors_short, *rope_factors_long; /* [n_rot/2] LongRoPE divisors, or NULL */
 };
 
