@@ -302,6 +302,19 @@ static void check_block(ks_kv_type kt, int n, int hd, int G, int P) {
                   : ks_attention_block_avx2(kt, segs, nseg, n_att, R, hd, G, q, (size_t)G * hd, out, (size_t)G * hd, S,
                                             tile, scale);
     assert_true(ok);
+    if (kt == KS_KV_F16 && !neon && ks_simd_current() >= KS_SIMD_AVX512) {
+        /* the AVX-512 kernel scores up to 8 queries per K vector: each query alone (one row, one head) gives its bits */
+        float *one = malloc(sizeof(float) * R * G * hd);
+        for (int r = 0; r < R; r++)
+            for (int g = 0; g < G; g++) {
+                const size_t at = (size_t)r * G * hd + (size_t)g * hd;
+                assert_true(ks_attention_block_avx512((const ks_kv_seg16 *)segs, nseg, n_att + r, 1, hd, 1, q + at,
+                                                      (size_t)hd, one + at, (size_t)hd, S, tile, scale));
+            }
+        if (memcmp(one, out, sizeof(float) * R * G * hd))
+            fail_msg("block n=%d hd=%d G=%d: the block's queries differ from each query alone", n, hd, G);
+        free(one);
+    }
     double *ref = malloc(sizeof(double) * G * hd);
     float *reff = malloc(sizeof(float) * G * hd);
     for (int r = 0; r < R; r++) {
@@ -331,6 +344,7 @@ static void test_attention_block(void **state) {
         check_block(KS_KV_F16, 300, 64, 4, 32);
         check_block(KS_KV_F16, 513, 128, 2, 32);
         check_block(KS_KV_F16, 100, 288, 2, 16);
+        check_block(KS_KV_F16, 150, 576, 16, 32); /* MLA's absorbed heads: 16 on one 576-dim latent */
         check_block(KS_KV_Q8, 300, 64, 4, 32);
         check_block(KS_KV_Q8, 100, 288, 2, 16);
     });

@@ -75,21 +75,65 @@ INL void tile_f16_t(const uint16_t *rows, int L, int Lp, int hd, float *kt) {
     }
 }
 
-/* Scores of sixteen keys (kt + t: [hd][Lp]) against query qq: the one-key
- * kernel's arithmetic, per lane (see above). */
-INL __m512 scores16(const float *qq, const float *kt, int Lp, int hv, float scale) {
-    __m512 A[16];
-    _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) {
-        A[j] = _mm512_mul_ps(_mm512_set1_ps(qq[j]), _mm512_loadu_ps(kt + (size_t)j * Lp));
-        for (int i = 1; i < hv; i++)
-            A[j] = _mm512_fmadd_ps(_mm512_set1_ps(qq[j + 16 * i]), _mm512_loadu_ps(kt + (size_t)(j + 16 * i) * Lp), A[j]);
+/* Scores of sixteen keys (kt + t: [hd][Lp]) against N queries qq[x] (N <=
+ * SCORE_NQ, a compile-time constant at each call): the one-key kernel's
+ * arithmetic, per lane (see above): A_j = q[j] k[j], then FMAs over i in
+ * order, then the reduction tree.  One K vector serves the N queries (1 + N
+ * loads for N FMAs, where a query alone needs two loads an FMA and runs at
+ * half the FMA rate), and the N chains of one j hide the FMA latency.  The
+ * 16 A_j of each query wait in memory for the tree; the order of the
+ * operations inside each A_j is the same for any N, so a query's scores do
+ * not depend on its neighbours. */
+enum { SCORE_NQ = 8 };
+INL void scores16_n(const float *const qq[SCORE_NQ], const float *kt, int Lp, int hv, float scale,
+                    __m512 sc[SCORE_NQ], const int N) {
+    __m512 A[SCORE_NQ][16];
+    for (int j = 0; j < 16; j++) {
+        __m512 acc[SCORE_NQ];
+        const __m512 k0 = _mm512_loadu_ps(kt + (size_t)j * Lp);
+        _Pragma("GCC unroll 8") for (int x = 0; x < N; x++) acc[x] = _mm512_mul_ps(_mm512_set1_ps(qq[x][j]), k0);
+        for (int i = 1; i < hv; i++) {
+            const __m512 k = _mm512_loadu_ps(kt + (size_t)(j + 16 * i) * Lp);
+            _Pragma("GCC unroll 8") for (int x = 0; x < N; x++) acc[x] =
+                _mm512_fmadd_ps(_mm512_set1_ps(qq[x][j + 16 * i]), k, acc[x]);
+        }
+        _Pragma("GCC unroll 8") for (int x = 0; x < N; x++) A[x][j] = acc[x];
     }
-    /* _mm512_reduce_add_ps: (a + a>>8), then (+ >>4), then (+ >>2), then lanes 0 + 1 */
-    __m512 T3[8], T6[4];
-    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) T3[j] = _mm512_add_ps(A[j + 8], A[j]);
-    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) T6[j] = _mm512_add_ps(T3[j + 4], T3[j]);
-    __m512 T80 = _mm512_add_ps(T6[0], T6[2]), T81 = _mm512_add_ps(T6[1], T6[3]);
-    return _mm512_mul_ps(_mm512_add_ps(T80, T81), _mm512_set1_ps(scale));
+    _Pragma("GCC unroll 8") for (int x = 0; x < N; x++) {
+        __m512 T3[8], T6[4];
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) T3[j] = _mm512_add_ps(A[x][j + 8], A[x][j]);
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) T6[j] = _mm512_add_ps(T3[j + 4], T3[j]);
+        __m512 T80 = _mm512_add_ps(T6[0], T6[2]), T81 = _mm512_add_ps(T6[1], T6[3]);
+        sc[x] = _mm512_mul_ps(_mm512_add_ps(T80, T81), _mm512_set1_ps(scale));
+    }
+}
+
+/* The visible scores of queries [x0, x0 + N) of the block, which all see lim
+ * keys of this page, into their rows of S. */
+INL void scores_rows_n(const float *const qq[SCORE_NQ], float *const srow[SCORE_NQ], const float *tile, int Lp, int hv,
+                       float scale, int lim, const int N) {
+    for (int t = 0; t < lim; t += 16) {
+        __m512 sc[SCORE_NQ];
+        scores16_n(qq, tile + t, Lp, hv, scale, sc, N);
+        _Pragma("GCC unroll 8") for (int x = 0; x < N; x++) {
+            if (t + 16 <= lim) _mm512_storeu_ps(srow[x] + t, sc[x]);
+            else _mm512_mask_storeu_ps(srow[x] + t, (__mmask16)((1u << (lim - t)) - 1), sc[x]);
+        }
+    }
+}
+
+TGT static void scores_rows(const float *const qq[SCORE_NQ], float *const srow[SCORE_NQ], const float *tile, int Lp,
+                            int hv, float scale, int lim, int N) {
+    switch (N) {
+    case 8: scores_rows_n(qq, srow, tile, Lp, hv, scale, lim, 8); break;
+    case 7: scores_rows_n(qq, srow, tile, Lp, hv, scale, lim, 7); break;
+    case 6: scores_rows_n(qq, srow, tile, Lp, hv, scale, lim, 6); break;
+    case 5: scores_rows_n(qq, srow, tile, Lp, hv, scale, lim, 5); break;
+    case 4: scores_rows_n(qq, srow, tile, Lp, hv, scale, lim, 4); break;
+    case 3: scores_rows_n(qq, srow, tile, Lp, hv, scale, lim, 3); break;
+    case 2: scores_rows_n(qq, srow, tile, Lp, hv, scale, lim, 2); break;
+    default: scores_rows_n(qq, srow, tile, Lp, hv, scale, lim, 1); break;
+    }
 }
 
 /* o[0..hd) += sum over t < lim of p[t] * tile[t] (each lane in t order), for
@@ -132,16 +176,15 @@ TGT bool ks_attention_block_avx512(const ks_kv_seg16 *segs, int nseg, const int3
     for (int si = 0, e0 = 0; si < nseg; e0 += segs[si].len, si++) {
         int L = segs[si].len, Lp = (L + 15) & ~15;
         tile_f16_t(segs[si].K, L, Lp, hd, tile);
-        for (int x = 0; x < RG; x++) {
-            int r = x / G, g = x % G, lim = ks_attn_block_visible(n_att, G, x, e0, L);
-            if (!lim) continue;
-            const float *qq = q + (size_t)r * q_stride + (size_t)g * hd;
-            float *srow = S + (size_t)x * n_max + e0;
-            for (int t = 0; t < lim; t += 16) {
-                __m512 sc = scores16(qq, tile + t, Lp, hv, scale);
-                if (t + 16 <= lim) _mm512_storeu_ps(srow + t, sc);
-                else _mm512_mask_storeu_ps(srow + t, (__mmask16)((1u << (lim - t)) - 1), sc);
+        for (int x0 = 0, x1; x0 < RG; x0 = x1) { /* runs of up to SCORE_NQ queries that see the same keys */
+            const int lim = ks_attn_block_visible(n_att, G, x0, e0, L);
+            const float *qq[SCORE_NQ];
+            float *srow[SCORE_NQ];
+            for (x1 = x0; x1 < RG && x1 - x0 < SCORE_NQ && ks_attn_block_visible(n_att, G, x1, e0, L) == lim; x1++) {
+                qq[x1 - x0] = q + (size_t)(x1 / G) * q_stride + (size_t)(x1 % G) * hd;
+                srow[x1 - x0] = S + (size_t)x1 * n_max + e0;
             }
+            if (lim) scores_rows(qq, srow, tile, Lp, hv, scale, lim, x1 - x0);
         }
     }
     /* softmax per query over its visible entries */
