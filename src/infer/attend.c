@@ -198,7 +198,8 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
     /* after a prefill eviction the evicted entries are gone: no dense mass to compare with */
     if (c->recall_probe && c->decoding && n == j->pos[r] + 1 && (all || !slow)) {
         size_t slot = (size_t)j->il * hp->n_head_kv + (size_t)h;
-        s->recall_sum[slot] += all ? 1.0 : recall_of_mask(c, s, seq, j->il, h, n, q, mask, turn);
+        const double rec = all ? 1.0 : recall_of_mask(c, s, seq, j->il, h, n, q, mask, turn);
+        s->recall_sum[slot] += (uint64_t)llround(rec * KS_RECALL_ONE);
         s->recall_n[slot]++;
     }
     int32_t npages, total, nseg;

@@ -432,7 +432,7 @@ static ks_status alloc_scratch(ks_context *c) {
         s->segs = ks_malloc(sizeof(ks_kv_seg) * (n_ctx + 1));
         s->first = ks_malloc(sizeof(int32_t) * (n_ctx + 1));
         s->probe_out = ks_malloc(sizeof(float) * (size_t)hp->n_head * hp->head_dim);
-        s->recall_sum = ks_calloc((size_t)hp->n_layer * hp->n_head_kv, sizeof(double));
+        s->recall_sum = ks_calloc((size_t)hp->n_layer * hp->n_head_kv, sizeof(uint64_t));
         s->recall_n = ks_calloc((size_t)hp->n_layer * hp->n_head_kv, sizeof(uint32_t));
         if (!s->scores || !s->tmp || !s->weights || !s->entries || !s->mask || !s->sel || !s->next || !s->pages ||
             !s->segs || !s->first || !s->probe_out || !s->recall_sum || !s->recall_n)
@@ -753,14 +753,15 @@ void ks_context_take_recall(ks_context *c, double *per, double *mean) {
     double tot = 0;
     size_t cnt = 0;
     for (size_t i = 0; i < n; i++) {
-        double sum = 0;
+        uint64_t fix = 0; /* which worker probed which row is the scheduler's: integer sums do not care */
         uint32_t k = 0;
         for (int t = 0; t < c->params.n_threads; t++) {
-            sum += c->scr[t].recall_sum[i];
+            fix += c->scr[t].recall_sum[i];
             k += c->scr[t].recall_n[i];
             c->scr[t].recall_sum[i] = 0;
             c->scr[t].recall_n[i] = 0;
         }
+        const double sum = (double)fix / KS_RECALL_ONE;
         if (per) per[i] = k ? sum / k : NAN;
         if (k) tot += sum / k, cnt++;
     }

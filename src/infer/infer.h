@@ -26,6 +26,8 @@
 _Static_assert(KS_PREFILL_BLOCK == KS_PREFILL_BLOCK_ROWS, "kvsieve.h states the sparse prefill's block");
 
 /* Per-worker scratch of the attention jobs. */
+#define KS_RECALL_ONE 4294967296.0 /* 2^32: a recall of 1 in ks_attn_scratch.recall_sum's fixed point */
+
 typedef struct ks_attn_scratch {
     float *scores;        /* [max(G, 4) * n_ctx] scores / probabilities */
     float *tmp;           /* [head_dim + 16] */
@@ -43,7 +45,8 @@ typedef struct ks_attn_scratch {
     float *blk_tile;      /* [page][head_dim] f32 tile of one page (lazy) */
     float *blk_bf16;      /* the bf16 block kernel's tiles and online-softmax state (lazy) */
     const void **sp_kb;   /* [n_ctx / P + 1] page bounds of the sparse prefill's scoring (lazy) */
-    double *recall_sum;   /* [n_layer][n_head_kv] recall probe sums of this worker */
+    uint64_t *recall_sum; /* [n_layer][n_head_kv] recall probe sums of this worker, in units of 2^-32
+                           * (fixed point: the threads' sums add in any order to the same total) */
     uint32_t *recall_n;   /* [n_layer][n_head_kv] */
     double select_seconds;
     double gather_seconds; /* decode: segment walk and staging copies (attend_one) */
