@@ -349,17 +349,22 @@ static void test_prefill_chunks_decode_agree(void **state) {
     prefill_chunks_decode_agree();
 }
 
+/* tiny-qwen3moe with every matrix of type t, into g_dir (path: its name) */
+static void write_tiny_typed(ks_dtype t, char *path, size_t cap) {
+    snprintf(path, cap, "%s/tiny-qwen3moe-%s.gguf", g_dir, ks_dtype_name(t));
+    ks_gguf *vocab = NULL;
+    assert_int_equal(ks_gguf_open(ks_test_fixture("models/aidreams260K.gguf"), &vocab), KS_OK);
+    ks_shape_gen_params gp = {.type = t, .vocab = vocab, .seed = 7, .n_ctx = 512, .n_threads = 2};
+    assert_int_equal(ks_shape_generate(ks_shape_find("tiny-qwen3moe"), &gp, path, NULL), KS_OK);
+    ks_gguf_close(vocab);
+}
+
 /* The same with Q8_0 experts, which the loader repacks into the prefill
  * GEMM's panels on AVX-512 VNNI hosts (model.c), both mapped and read. */
 static void test_prefill_decode_agree_q8_0(void **state) {
     (void)state;
     char path[160];
-    snprintf(path, sizeof path, "%s/tiny-qwen3moe-q8_0.gguf", g_dir);
-    ks_gguf *vocab = NULL;
-    assert_int_equal(ks_gguf_open(ks_test_fixture("models/aidreams260K.gguf"), &vocab), KS_OK);
-    ks_shape_gen_params gp = {.type = KS_DTYPE_Q8_0, .vocab = vocab, .seed = 7, .n_ctx = 512, .n_threads = 2};
-    assert_int_equal(ks_shape_generate(ks_shape_find("tiny-qwen3moe"), &gp, path, NULL), KS_OK);
-    ks_gguf_close(vocab);
+    write_tiny_typed(KS_DTYPE_Q8_0, path, sizeof path);
     ks_model *saved = g_model;
     for (int mm = 0; mm < 2; mm++) {
         ks_model_params mp = ks_model_default_params();
@@ -379,12 +384,7 @@ static void test_prefill_decode_agree_q8_0(void **state) {
 static void test_prefill_decode_agree_q4_k_packed(void **state) {
     (void)state;
     char path[160];
-    snprintf(path, sizeof path, "%s/tiny-qwen3moe-q4_k.gguf", g_dir);
-    ks_gguf *vocab = NULL;
-    assert_int_equal(ks_gguf_open(ks_test_fixture("models/aidreams260K.gguf"), &vocab), KS_OK);
-    ks_shape_gen_params gp = {.type = KS_DTYPE_Q4_K, .vocab = vocab, .seed = 7, .n_ctx = 512, .n_threads = 2};
-    assert_int_equal(ks_shape_generate(ks_shape_find("tiny-qwen3moe"), &gp, path, NULL), KS_OK);
-    ks_gguf_close(vocab);
+    write_tiny_typed(KS_DTYPE_Q4_K, path, sizeof path);
     ks_model *saved = g_model;
     const ks_expert_pack modes[] = {KS_EXPERT_PACK_ON, KS_EXPERT_PACK_OFF, KS_EXPERT_PACK_AUTO, KS_EXPERT_PACK_AUTO};
     for (int i = 0; i < 4; i++) {
