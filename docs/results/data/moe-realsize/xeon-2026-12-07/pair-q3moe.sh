@@ -14,8 +14,8 @@ for rep in 1 2; do
   echo "== llama-bench decode d0 $(date -u +%T)"
   $LB -m $F -t 2 -p 0 -n 64 -r 2 2>&1 | grep -v "^$"
 done
-echo "== kvsieve prefill 4096 $(date -u +%T)"
-$K bench -m $F -t 2 --n-prompt 4096 --n-gen 1 --depth 0 --batch 1 2>&1 | grep "^prefill"
-echo "== llama-bench prefill 4096 $(date -u +%T)"
-$LB -m $F -t 2 -p 4096 -n 0 -r 1 2>&1 | grep -v "^$"
+echo "== kvsieve prefill 512 $(date -u +%T)"
+$K bench -m $F -t 2 --n-prompt 512 --n-gen 1 --depth 0 --batch 1 2>&1 | grep "^prefill"
+echo "== llama-bench prefill 512 $(date -u +%T)"
+$LB -m $F -t 2 -p 512 -n 0 -r 1 2>&1 | grep -v "^$"
 echo "== end $(date -u +%T) $(uptime)"
