@@ -151,11 +151,14 @@ typedef struct {
 /* Prefill distinct prompts into n_seq sequences, then n_steps greedy decode
  * steps as one batch; every step's logits [n_steps][n_seq][V] (malloc'd);
  * *st (optional) receives the context's statistics. */
+static int g_threads = 2;       /* run_decode's */
+static bool g_split_wait = false; /* run_decode's: a split step's second thread always takes its half */
+
 static float *run_decode(const run_cfg *cfg, int n_prompt, int n_steps, int n_seq, ks_stats *st) {
     ks_context_params p = ks_context_default_params();
     p.n_ctx = n_prompt + n_steps + 1;
     p.n_seq = n_seq;
-    p.n_threads = 2;
+    p.n_threads = g_threads;
     p.n_batch = 64;
     p.policy = cfg->policy;
     p.policy_args = cfg->args;
@@ -167,6 +170,7 @@ static float *run_decode(const run_cfg *cfg, int n_prompt, int n_steps, int n_se
     p.kv_offload_dir = cfg->dir;
     ks_context *c = NULL;
     if (ks_context_create(g_model, p, &c) != KS_OK) fail_msg("%s: %s", cfg->policy, ks_last_error());
+    c->split_wait = g_split_wait;
     const int32_t Vv = g_model->hp.n_vocab;
     float *out = malloc(sizeof(float) * (size_t)n_steps * n_seq * Vv), *logits = malloc(sizeof(float) * n_seq * Vv);
     int32_t *prompt = malloc(sizeof(int32_t) * (size_t)n_prompt), seqs[2] = {0, 1}, toks[2];
@@ -244,6 +248,59 @@ static void test_full_budget_equals_dense(void **state) {
         }
         free(ref);
     }
+}
+
+/* Sixteen query heads on the latent head (V2-Lite's count): on AVX-512 the
+ * decode attention takes the wide kernel in two halves of eight heads, and a
+ * one-row step on two threads gives the upper half to the second thread
+ * (attend.c, attn_split; here the first waits for it: c->split_wait).  The logits must not depend on that: one thread
+ * and two give the same bits, dense and every policy at a full budget agree
+ * bit for bit (quest: published halves; h2o: weights, both halves on one
+ * thread; spec), batch 1 and 2, and spec at a small budget runs. */
+static void test_wide_group_split(void **state) {
+    (void)state;
+    char path[400];
+    snprintf(path, sizeof path, "%s/tiny-deepseek2-wide.gguf", g_dir);
+    ks_gguf *vocab = NULL;
+    assert_int_equal(ks_gguf_open(ks_test_fixture("models/aidreams260K.gguf"), &vocab), KS_OK);
+    ks_shape_gen_params gp = {.type = KS_DTYPE_F16, .vocab = vocab, .seed = 11, .n_ctx = 1024};
+    assert_int_equal(ks_shape_generate(ks_shape_find("tiny-deepseek2-wide"), &gp, path, NULL), KS_OK);
+    ks_gguf_close(vocab);
+    ks_model *wide = NULL, *saved = g_model;
+    assert_int_equal(ks_model_load(path, ks_model_default_params(), &wide), KS_OK);
+    assert_int_equal(wide->hp.n_head, 16);
+    g_model = wide;
+    const int np = 120, steps = 4;
+    g_split_wait = true;
+    const size_t Vv = (size_t)wide->hp.n_vocab;
+    char spec_args[400];
+    snprintf(spec_args, sizeof spec_args, "dlm=%s", g_dlm);
+    for (int n_seq = 1; n_seq <= 2; n_seq++) {
+        size_t bytes = sizeof(float) * steps * n_seq * Vv;
+        run_cfg dense = {.policy = "dense"};
+        g_threads = 1;
+        float *one = run_decode(&dense, np, steps, n_seq, NULL);
+        g_threads = 2;
+        float *ref = run_decode(&dense, np, steps, n_seq, NULL);
+        if (memcmp(one, ref, bytes) != 0) fail_msg("dense, batch %d: one thread and two differ", n_seq);
+        const char *pols[] = {"quest", "h2o", "spec"};
+        for (int i = 0; i < 3; i++) {
+            bool spec = !strcmp(pols[i], "spec");
+            run_cfg cfg = {.policy = pols[i], .args = spec ? spec_args : NULL, .budget = np + steps + 1};
+            float *got = run_decode(&cfg, np, steps, n_seq, NULL);
+            if (memcmp(got, ref, bytes) != 0)
+                fail_msg("policy %s (batch %d) differs from dense at a full budget", pols[i], n_seq);
+            free(got);
+        }
+        run_cfg small = {.policy = "spec", .args = spec_args, .budget = 48};
+        ks_stats st;
+        free(run_decode(&small, np, steps, n_seq, &st));
+        free(one);
+        free(ref);
+    }
+    g_split_wait = false;
+    g_model = saved;
+    ks_model_destroy(wide);
 }
 
 /* spec at a 6% budget on a 400-token context: it runs, selects, and every
@@ -641,6 +698,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_binds_latent_head),
         cmocka_unit_test(test_full_budget_equals_dense),
+        cmocka_unit_test(test_wide_group_split),
         cmocka_unit_test(test_sparse_reads_selected_latents),
         cmocka_unit_test(test_chunks_and_decode_agree),
         cmocka_unit_test(test_one_row_heads_equal_loop),

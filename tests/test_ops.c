@@ -174,8 +174,9 @@ static void check_segments_sinks(ks_kv_type kt, int len, int hd, int G, bool wit
     double *ref = malloc(sizeof(double) * G * hd), mass = G;
     for (int i = 0; i < G * hd; i++) q[i] = ks_rng_normal(&rng);
     /* sinks around the scores' scale (some heads give them most of the mass, some little) */
-    float sinks[8];
-    for (int g = 0; g < G && g < 8; g++) sinks[g] = 2.0f * ks_rng_normal(&rng) + 2.0f;
+    float sinks[32];
+    KS_ASSERT(G <= 32);
+    for (int g = 0; g < G; g++) sinks[g] = 2.0f * ks_rng_normal(&rng) + 2.0f;
     ref_attention_sinks(Kf, Vf, total, hd, G, q, with_sinks ? sinks : NULL, ref, &mass);
     for (int i = 0; i < G * hd; i++) reff[i] = (float)ref[i];
     for (int path = 0; path < 2; path++) {
@@ -272,6 +273,23 @@ static void test_attention_pages(void **state) {
     int hds[] = {64, 128};
     int groups[] = {1, 4, 7};
     FOR_EACH_SIMD_LEVEL(for (int a = 0; a < 2; a++) for (int b = 0; b < 3; b++) check_pages(5000, hds[a], groups[b]));
+}
+
+/* Wide query groups on one KV head (latent attention: 16 heads on a 576-dim
+ * latent; more than sixteen take two passes; 5 and 12 are padded to 8 and
+ * 16): the AVX-512 wide kernel where it applies (f16; 8-bit KV takes the
+ * AVX2 one), every level against float64, with and without sinks, and over
+ * a long paged context against the portable kernel's weights. */
+static void test_attention_wide(void **state) {
+    (void)state;
+    const int shapes[][2] = {{576, 16}, {576, 12}, {96, 20}, {288, 5}, {32, 17}};
+    FOR_EACH_SIMD_LEVEL(for (int kt = 0; kt < 2; kt++) for (int i = 0; i < 5; i++) {
+        check_segments((ks_kv_type)kt, 300, shapes[i][0], shapes[i][1]);
+        check_segments_sinks((ks_kv_type)kt, 120, shapes[i][0], shapes[i][1], true);
+    });
+    FOR_EACH_SIMD_LEVEL(check_pages(2000, 576, 16));
+    if (ks_simd_detect() == KS_SIMD_AVX512)
+        assert_string_equal(ks_attention_kernel_name(KS_KV_F16, 576, 16), "avx512_wide");
 }
 
 /* The prefill block kernel: R query rows with causal limits over pages, each
@@ -608,6 +626,7 @@ int main(void) {
         cmocka_unit_test(test_attention_segments),
         cmocka_unit_test(test_attention_sinks),
         cmocka_unit_test(test_attention_pages),
+        cmocka_unit_test(test_attention_wide),
         cmocka_unit_test(test_attention_block),
         cmocka_unit_test(test_attention_block_bf16),
         cmocka_unit_test(test_attention_q8_levels),

@@ -76,6 +76,9 @@ void ks_attention_segs_sinks(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int
     if (allow_simd && ks_simd_current() >= KS_SIMD_AVX512 &&
         ks_attention_segs_avx512_kv(kt, segs, nseg, total, hd, G, q, scores, out, scale, weights, sinks))
         return;
+    if (allow_simd && ks_simd_current() >= KS_SIMD_AVX512 &&
+        ks_attention_segs_avx512_wide(kt, segs, nseg, total, hd, G, q, scores, out, scale, weights, sinks))
+        return;
     if (allow_simd && ks_simd_current() >= KS_SIMD_AVX2 &&
         ks_attention_segs_avx2(kt, segs, nseg, total, hd, G, q, scores, out, scale, weights, sinks))
         return;
@@ -94,6 +97,7 @@ const char *ks_attention_kernel_name(ks_kv_type kt, int hd, int G) {
     const ks_simd_level lv = ks_simd_current();
     /* the conditions each kernel states in attn.h, in the dispatch's order */
     if (lv == KS_SIMD_AVX512 && (hd == 64 || hd == 128)) return "avx512";
+    if (lv == KS_SIMD_AVX512 && kt == KS_KV_F16 && G > 4 && hd % 32 == 0 && hd <= 1024) return "avx512_wide";
     if ((lv == KS_SIMD_AVX2 || lv == KS_SIMD_AVX512) && hd % 16 == 0 && hd <= 1024 &&
         (kt == KS_KV_F16 || hd % 32 == 0))
         return "avx2";

@@ -115,6 +115,15 @@ bool ks_attention_segs_avx512(const ks_kv_seg16 *segs, int nseg, int total, int 
 bool ks_attention_segs_avx2(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                             float *scores, float *out, float scale, float *weights, const float *sinks);
 
+/* AVX-512 kernel for a wide group (attn_avx512_wide.c): f16 KV, G > 4 query
+ * heads on one KV head (latent attention's 16), head dims that are
+ * multiples of 32 up to 1024; each row is read and converted once for up to
+ * sixteen heads.  false if it does not apply.  scores: [total][G] scratch
+ * (probabilities when weights is not NULL). */
+bool ks_attention_segs_avx512_wide(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G,
+                                   const float *q, float *scores, float *out, float scale, float *weights,
+                                   const float *sinks);
+
 /* AArch64 NEON (attn_neon.c) for f16 KV and 8-bit KV (hd % 32), hd % 8 ==
  * 0 up to 1024, G up to 8, with or without sinks (above); false if it does
  * not apply (always, off AArch64).  scores: [G][total] scratch. */

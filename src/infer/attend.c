@@ -30,6 +30,7 @@
 #include "policy/policy_util.h" /* ks_topk_scratch: the turnover probe's oracle */
 
 #include <math.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -42,7 +43,30 @@ typedef struct {
     bool blocked;         /* prefill of one sequence: blocks of rows per task */
     atomic_int next;
     const ks_weight *wnext; /* or NULL: quantize each finished row for this weight's product */
+    int parts;              /* tasks per (row, KV head): 2 when a decode step splits its query heads */
+    struct attn_split *split; /* [rows x KV heads] when parts == 2 */
 } attn_job;
+
+/* A decode step with fewer (row, KV head) tasks than threads, on a wide
+ * group (latent attention: one KV head, 16 query heads), would leave the
+ * other threads idle through the layer's attention, which at 32K is most of
+ * the step.  Its query heads are then two halves, each a task: the first
+ * (attend_one) selects, plans and publishes the runs, attends the lower half
+ * and waits for the upper; the second (split_upper) waits for the runs and
+ * attends the upper half.  Whichever of the two claims the upper half first
+ * runs it, so one thread alone, or a second that arrives late, still
+ * finishes it.  The halves are the same kernel calls whether or not another
+ * thread takes one (split_heads), so the bits never depend on the threads. */
+typedef struct attn_split {
+    atomic_int state;   /* 0: not yet planned; 1: runs published, upper half to run; 2: none (done by the first) */
+    atomic_int claimed; /* the upper half taken */
+    atomic_int done;    /* the upper half finished */
+    const ks_kv_seg *segs;
+    int nseg, total;
+    const float *q, *sinks; /* q, sinks: the group's; NULL sinks: none */
+    float *o;
+} attn_split;
+enum { ATTN_SPLIT_MAX = 16 }; /* (row, KV head) tasks a step splits at most: fewer than the threads */
 
 static void record_failure(ks_context *c, ks_status st) {
     if (!atomic_flag_test_and_set(&c->step_failed)) c->step_status = st;
@@ -160,8 +184,45 @@ static ks_status prefetch_next(ks_context *c, ks_attn_scratch *s, int32_t seq, i
     return KS_OK;
 }
 
+/* Whether this run's decode attends a group of G heads as two halves (the
+ * wide kernel's conditions for G / 2 heads: attn_avx512_wide.c). */
+static bool split_heads(const ks_context *c, int G) {
+    const ks_hparams *hp = &c->model->hp;
+    return c->kv_type == KS_KV_F16 && ks_simd_current() == KS_SIMD_AVX512 && G >= 16 && G % 2 == 0 &&
+           hp->head_dim % 32 == 0 && hp->head_dim <= 1024;
+}
+
+/* Heads [a, b) of the group over the runs. */
+static void attend_heads(const ks_context *c, const ks_kv_seg *segs, int nseg, int total, int G, int a, int b,
+                         const float *q, float *o, float *scores, float *tmp, float *w, const float *sinks) {
+    int hd = c->model->hp.head_dim;
+    ks_attention_segs_sinks(c->kv_type, segs, nseg, total, hd, b - a, q + (size_t)a * hd, scores, o + (size_t)a * hd,
+                            tmp, w, true, sinks ? sinks + a : NULL);
+    (void)G;
+}
+
+static void split_pause(int *spins) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+    if ((++*spins & 63) == 0) sched_yield(); /* let a descheduled peer run */
+}
+
+/* The second task of a split (row, KV head): the upper half, if the first
+ * published runs and has not taken it itself. */
+static void split_upper(ks_context *c, ks_attn_scratch *s, attn_split *sp) {
+    if (atomic_exchange_explicit(&sp->claimed, 1, memory_order_acq_rel)) return;
+    int st, spins = 0;
+    while ((st = atomic_load_explicit(&sp->state, memory_order_acquire)) == 0) split_pause(&spins);
+    if (st == 1) {
+        int G = c->model->hp.n_head / c->model->hp.n_head_kv;
+        attend_heads(c, sp->segs, sp->nseg, sp->total, G, G / 2, G, sp->q, sp->o, s->scores, s->tmp, NULL, sp->sinks);
+    }
+    atomic_store_explicit(&sp->done, 1, memory_order_release);
+}
+
 /* One (row, KV head): selection (decode, sparse layers), segments, kernel. */
-static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int r, int h) {
+static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int r, int h, attn_split *sp) {
     const ks_hparams *hp = &c->model->hp;
     int G = hp->n_head / hp->n_head_kv, hd = hp->head_dim;
     int32_t seq = j->seq[r], n = c->n_att[(size_t)r * hp->n_head_kv + h];
@@ -266,8 +327,28 @@ static ks_status attend_one(ks_context *c, attn_job *j, ks_attn_scratch *s, int 
         memset(w, 0, sizeof(float) * (size_t)total);
     }
     const float *sinks = c->model->layers[j->il].attn_sinks; /* gpt-oss: never selected away (attn.h) */
-    ks_attention_segs_sinks(c->kv_type, s->segs, nseg, total, hd, G, q, s->scores, o, s->tmp, w, true,
-                            sinks ? sinks + (size_t)h * G : NULL);
+    if (sinks) sinks += (size_t)h * G;
+    if (!split_heads(c, G)) {
+        ks_attention_segs_sinks(c->kv_type, s->segs, nseg, total, hd, G, q, s->scores, o, s->tmp, w, true, sinks);
+    } else if (sp && !want_w) { /* the upper half to another thread, if one takes it (attn_split) */
+        sp->segs = s->segs; /* the second part reads them until it reports done */
+        sp->nseg = nseg;
+        sp->total = total;
+        sp->q = q;
+        sp->sinks = sinks;
+        sp->o = o;
+        atomic_store_explicit(&sp->state, 1, memory_order_release);
+        for (int spins = 0; c->split_wait && !atomic_load_explicit(&sp->claimed, memory_order_acquire);)
+            split_pause(&spins);
+        attend_heads(c, s->segs, nseg, total, G, 0, G / 2, q, o, s->scores, s->tmp, NULL, sinks);
+        if (!atomic_exchange_explicit(&sp->claimed, 1, memory_order_acq_rel))
+            attend_heads(c, s->segs, nseg, total, G, G / 2, G, q, o, s->scores, s->tmp, NULL, sinks);
+        else
+            for (int spins = 0; !atomic_load_explicit(&sp->done, memory_order_acquire);) split_pause(&spins);
+    } else { /* both halves here: the same calls, so the same bits */
+        attend_heads(c, s->segs, nseg, total, G, 0, G / 2, q, o, s->scores, s->tmp, w, sinks);
+        attend_heads(c, s->segs, nseg, total, G, G / 2, G, q, o, s->scores, s->tmp, w, sinks);
+    }
     if (want_w) ks_policy_after_attention(pol, &req, s->entries, w, total);
     s->entries_attended += (uint64_t)total;
     if (slow && sel.n_next > 0) KS_TRY(prefetch_next(c, s, seq, j->il, h, &sel));
@@ -357,12 +438,20 @@ static void attn_worker(void *arg, int ith, int nth) {
     ks_context *c = j->c;
     int nkv = c->model->hp.n_head_kv;
     ks_attn_scratch *s = &c->scr[ith];
-    /* tasks are (block of rows, KV head) when blocked, else (row, KV head) */
+    /* tasks are (block of rows, KV head) when blocked, else (row, KV head), each in j->parts
+     * consecutive parts (the first part of a pair is always handed out first) */
     int rows_per_task = j->blocked ? KS_PREFILL_BLOCK : 1;
-    int total = (j->align + j->n + rows_per_task - 1) / rows_per_task * nkv;
+    int total = (j->align + j->n + rows_per_task - 1) / rows_per_task * nkv * j->parts;
     for (;;) {
         int task = atomic_fetch_add(&j->next, 1);
         if (task >= total) break;
+        int part = task % j->parts;
+        attn_split *sp = j->parts > 1 ? &j->split[task / j->parts] : NULL;
+        if (part == 1) {
+            split_upper(c, s, sp);
+            continue;
+        }
+        task /= j->parts;
         int g = task / nkv, h = task % nkv;
         int r0 = g * rows_per_task - j->align, r1 = r0 + rows_per_task;
         if (r0 < 0) r0 = 0;
@@ -370,9 +459,13 @@ static void attn_worker(void *arg, int ith, int nth) {
         int R = r1 - r0;
         if (!(j->blocked && attend_block(c, j, s, r0, R, h)))
             for (int r = r0; r < r0 + R; r++) {
-                ks_status st = attend_one(c, j, s, r, h);
+                ks_status st = attend_one(c, j, s, r, h, sp);
                 if (st != KS_OK) record_failure(c, st);
             }
+        if (sp) { /* a failed or unsplit row: release the second part */
+            int zero = 0;
+            atomic_compare_exchange_strong_explicit(&sp->state, &zero, 2, memory_order_release, memory_order_relaxed);
+        }
         /* the rows' last head: whoever wrote it quantizes them for the next product while they
          * are in cache (the counter's acq_rel RMWs order the other heads' writes before it) */
         if (j->wnext && atomic_fetch_add_explicit(&c->att_heads_done[task / nkv], 1, memory_order_acq_rel) == nkv - 1) {
@@ -406,6 +499,20 @@ ks_status ks_infer_attend_layer(ks_context *c, int il, int n, const int32_t *seq
      * (which the cache's sparse keys rely on: infer/prefix_context.c); the first
      * block may be short.  Dense rows do not depend on their block (no selection). */
     if (job.blocked && c->seq_prefill[seq[0]].on) job.align = (c->n_att[0] - 1) % KS_PREFILL_BLOCK;
+    /* a decode step whose (row, KV head) tasks leave threads idle, on a wide group: halves (attn_split) */
+    attn_split split[ATTN_SPLIT_MAX];
+    int G = c->model->hp.n_head / c->model->hp.n_head_kv, nkv = c->model->hp.n_head_kv;
+    job.parts = 1;
+    if (c->decoding && !job.blocked && split_heads(c, G) && n * nkv < ks_pool_size(c->pool) &&
+        n * nkv <= ATTN_SPLIT_MAX) {
+        job.parts = 2;
+        job.split = split;
+        for (int i = 0; i < n * nkv; i++) {
+            atomic_init(&split[i].state, 0);
+            atomic_init(&split[i].claimed, 0);
+            atomic_init(&split[i].done, 0);
+        }
+    }
     atomic_init(&job.next, 0);
     if (next) /* one counter per task row group (a block of rows, or a row) */
         for (int g = 0; g < n; g++) atomic_init(&c->att_heads_done[g], 0);

@@ -98,6 +98,7 @@ struct ks_context {
     atomic_int *att_heads_done; /* [max_rows] KV heads finished per row group of an attention pass (attend.c) */
     int32_t *seq_len;        /* [n_seq] next position of each sequence */
     bool decoding;           /* the rows being computed are a decode step */
+    bool split_wait;         /* tests: a split decode task waits for its second part to claim the upper half (attend.c) */
     uint64_t step_serial;    /* decode steps so far (keys step_plans) */
     uint64_t scratch_epoch;  /* ks_scratch_epoch() when the pool last reserved its scratch */
     ks_step_plan *step_plans; /* [n_seq][n_head_kv], buffers allocated on first use */

@@ -115,6 +115,13 @@ static const ks_model_shape g_shapes[] = {
      40.f, 0, 0, 4096, .rope_scaling = "yarn", .yarn_log_mul = 0.0707f, .n_rot = 64,
      .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 256, .kv_lora_rank = 512, .qk_nope = 64, .v_head = 64,
      .n_expert_shared = 1, .n_dense_lead = 1, .expert_weights_scale = 2.0f},
+    /* V2-Lite's 16 query heads on the tiny latent head: the decode kernel's
+     * wide group (attn_avx512_wide.c) and the step's split of its heads
+     * between threads (attend.c) */
+    {"tiny-deepseek2-wide", "deepseek2", 256, 3, 16, 1, 128, 512, 10000.f, 1e-6f, 163840, false, false, false, false,
+     40.f, 0, 0, 4096, .rope_scaling = "yarn", .yarn_log_mul = 0.0707f, .n_rot = 64,
+     .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 256, .kv_lora_rank = 512, .qk_nope = 64, .v_head = 64,
+     .n_expert_shared = 1, .n_dense_lead = 1, .expert_weights_scale = 2.0f},
     /* experts of 352 = 11 x 32 (as V2-Lite's 1408 = 44 x 32, not a multiple of
      * the K-quant block of 256): the _K_M mix's fallback types for the
      * experts' and shared expert's down matrices (ks_gen_fallback) */
