@@ -552,8 +552,8 @@ static void test_config_rope_and_aux(void **state) {
 static void test_yarn_composes(void **state) {
     (void)state;
     const char *cfgs[3] = {",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":2.0}",
-                           ",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,"
-                           "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":64}",
+                           (",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,"
+                            "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":64}"),
                            ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":2.0,\"original_max_position_embeddings\":256}"};
     for (int c = 0; c < 3; c++) {
         char name[32];

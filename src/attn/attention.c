@@ -101,7 +101,7 @@ const char *ks_attention_kernel_name(ks_kv_type kt, int hd, int G) {
     if ((lv == KS_SIMD_AVX2 || lv == KS_SIMD_AVX512) && hd % 16 == 0 && hd <= 1024 &&
         (kt == KS_KV_F16 || hd % 32 == 0))
         return "avx2";
-    if (lv >= KS_SIMD_NEON && G >= 1 && G <= 8 && hd % 8 == 0 && hd <= 1024 && (kt == KS_KV_F16 || hd % 32 == 0))
+    if (lv >= KS_SIMD_NEON && G >= 1 && hd % 8 == 0 && hd <= 1024 && (kt == KS_KV_F16 || hd % 32 == 0))
         return "neon";
     return "reference";
 }

@@ -125,7 +125,7 @@ bool ks_attention_segs_avx512_wide(ks_kv_type kt, const ks_kv_seg *segs, int nse
                                    const float *sinks);
 
 /* AArch64 NEON (attn_neon.c) for f16 KV and 8-bit KV (hd % 32), hd % 8 ==
- * 0 up to 1024, G up to 8, with or without sinks (above); false if it does
+ * 0 up to 1024, any G (eight heads a pass), with or without sinks (above); false if it does
  * not apply (always, off AArch64).  scores: [G][total] scratch. */
 bool ks_attention_segs_neon(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                             float *scores, float *out, float scale, float *weights, const float *sinks);

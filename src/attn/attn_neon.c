@@ -50,9 +50,18 @@ static inline void attn_neon_load8(ks_kv_type kt, const uint8_t *r, int i, float
 
 bool ks_attention_segs_neon(ks_kv_type kt, const ks_kv_seg *segs, int nseg, int total, int hd, int G, const float *q,
                             float *scores, float *out, float scale, float *weights, const float *sinks) {
-    if (G < 1 || G > KS_ATTN_NEON_MAX_G || hd % 8 || hd > KS_ATTN_NEON_MAX_HD ||
-        (kt != KS_KV_F16 && (kt != KS_KV_Q8 || hd % 32)))
-        return false;
+    if (G < 1 || hd % 8 || hd > KS_ATTN_NEON_MAX_HD || (kt != KS_KV_F16 && (kt != KS_KV_Q8 || hd % 32))) return false;
+    if (G > KS_ATTN_NEON_MAX_G) { /* a wider group (latent attention's 16 heads): eight heads a pass; a head's
+                                   * arithmetic does not depend on the others, and the weights add up in the
+                                   * same head order */
+        for (int g0 = 0; g0 < G; g0 += KS_ATTN_NEON_MAX_G) {
+            int ng = G - g0 < KS_ATTN_NEON_MAX_G ? G - g0 : KS_ATTN_NEON_MAX_G;
+            if (!ks_attention_segs_neon(kt, segs, nseg, total, hd, ng, q + (size_t)g0 * hd, scores + (size_t)g0 * total,
+                                        out + (size_t)g0 * hd, scale, weights, sinks ? sinks + g0 : NULL))
+                return false;
+        }
+        return true;
+    }
     const size_t rb = ks_kv_row_bytes(kt, hd);
     /* scores[g][t] = scale * q_g . k_t: each K row converted once for the group */
     int t = 0;
