@@ -261,13 +261,8 @@ static void test_wide_group_split(void **state) {
     (void)state;
     char path[400];
     snprintf(path, sizeof path, "%s/tiny-deepseek2-wide.gguf", g_dir);
-    ks_gguf *vocab = NULL;
-    assert_int_equal(ks_gguf_open(ks_test_fixture("models/aidreams260K.gguf"), &vocab), KS_OK);
-    ks_shape_gen_params gp = {.type = KS_DTYPE_F16, .vocab = vocab, .seed = 11, .n_ctx = 1024};
-    assert_int_equal(ks_shape_generate(ks_shape_find("tiny-deepseek2-wide"), &gp, path, NULL), KS_OK);
-    ks_gguf_close(vocab);
     ks_model *wide = NULL, *saved = g_model;
-    assert_int_equal(ks_model_load(path, ks_model_default_params(), &wide), KS_OK);
+    assert_int_equal(ks_test_tiny_shape("tiny-deepseek2-wide", 0, 11, 1024, path, &wide), 0);
     assert_int_equal(wide->hp.n_head, 16);
     g_model = wide;
     const int np = 120, steps = 4;

@@ -166,13 +166,8 @@ static void test_no_allocation_with_local_layers(void **state) {
     char path[600], args[600];
     snprintf(path, sizeof path, "%s/tiny-gemma3.gguf", g_tmp);
     snprintf(args, sizeof args, "dlm=%s", g_dlm);
-    ks_gguf *vocab = NULL;
-    assert_int_equal(ks_gguf_open(ks_test_fixture("models/aidreams260K.gguf"), &vocab), KS_OK);
-    ks_shape_gen_params gp = {.type = KS_DTYPE_F16, .vocab = vocab, .seed = 9, .n_ctx = 512};
-    assert_int_equal(ks_shape_generate(ks_shape_find("tiny-gemma3"), &gp, path, NULL), KS_OK);
-    ks_gguf_close(vocab);
     ks_model *saved = g_model;
-    assert_int_equal(ks_model_load(path, ks_model_default_params(), &g_model), KS_OK);
+    assert_int_equal(ks_test_tiny_shape("tiny-gemma3", 0, 9, 512, path, &g_model), 0);
     const ks_policy_i *const *reg = ks_policy_list();
     int failures = 0;
     for (int i = 0; reg[i]; i++)

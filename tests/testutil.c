@@ -97,14 +97,19 @@ int ks_test_write_file(const char *path, const void *data, size_t n) {
     return fclose(f) == 0 && w == n ? 0 : -1;
 }
 
-int ks_test_tiny_llama(int n_layer, uint64_t seed, const char *path, struct ks_model **out) {
+int ks_test_tiny_shape(const char *shape, int n_layer, uint64_t seed, int32_t n_ctx, const char *path,
+                       struct ks_model **out) {
     ks_gguf *vocab = NULL;
     if (ks_gguf_open(ks_test_fixture("models/aidreams260K.gguf"), &vocab) != KS_OK) return -1;
-    ks_shape_gen_params gp = {.type = KS_DTYPE_F16, .vocab = vocab, .seed = seed, .n_layer = n_layer, .n_ctx = 512};
-    ks_status st = ks_shape_generate(ks_shape_find("tiny-llama"), &gp, path, NULL);
+    ks_shape_gen_params gp = {.type = KS_DTYPE_F16, .vocab = vocab, .seed = seed, .n_layer = n_layer, .n_ctx = n_ctx};
+    ks_status st = ks_shape_generate(ks_shape_find(shape), &gp, path, NULL);
     ks_gguf_close(vocab);
     if (st != KS_OK) return -1;
     return ks_model_load(path, ks_model_default_params(), out) == KS_OK ? 0 : -1;
+}
+
+int ks_test_tiny_llama(int n_layer, uint64_t seed, const char *path, struct ks_model **out) {
+    return ks_test_tiny_shape("tiny-llama", n_layer, seed, 512, path, out);
 }
 
 int ks_test_policy_create(const char *name, const char *args, int32_t budget, int32_t sink, int32_t window,

@@ -43,6 +43,10 @@ int ks_test_write_file(const char *path, const void *data, size_t n);
  * written to path and loaded into *out.  0 on success. */
 struct ks_model;
 int ks_test_tiny_llama(int n_layer, uint64_t seed, const char *path, struct ks_model **out);
+/* gen-model's shape `shape` (f16, the aidreams260K vocabulary; n_layer 0:
+ * the shape's own) written to path and loaded into *out; 0 on success. */
+int ks_test_tiny_shape(const char *shape, int n_layer, uint64_t seed, int32_t n_ctx, const char *path,
+                       struct ks_model **out);
 /* Asserts that loading the model file at path fails, leaves no model, and
  * that the error message contains needle; then removes the file. */
 void ks_test_expect_load_refused(const char *path, const char *needle);
