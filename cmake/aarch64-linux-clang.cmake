@@ -7,7 +7,7 @@
 # the NEON kernels' per-function target attributes and intrinsics and that
 # what it makes passes the emulated suite (README.md, "macOS").  CC names the
 # clang to use; otherwise the newest of clang-19 .. clang-16 found
-# (`apt-get install clang-19 lld-19` on Debian 12).  Clang's driver finds
+# (`apt-get install clang-19` on Debian 12).  Clang's driver finds
 # Debian's cross GCC runtime (crt files, libgcc) and binutils by the target
 # triple.
 include(${CMAKE_CURRENT_LIST_DIR}/aarch64-linux-gnu.cmake)

@@ -56,6 +56,9 @@ function(ks_label_emu_slow)
   # (a few seconds natively) ran past 600 s on a loaded 2-core host.
   get_property(all DIRECTORY ${CMAKE_SOURCE_DIR} PROPERTY TESTS)
   foreach(t ${all})
+    # Scripts that read the host's /proc/cpuinfo for x86 features must know
+    # the CLI they run is another architecture's (tests/cli/model.sh).
+    set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT "KS_TEST_TARGET=${CMAKE_SYSTEM_PROCESSOR}")
     get_test_property(${t} TIMEOUT limit)
     if(limit)
       math(EXPR limit "${limit} * 6")
